@@ -1,0 +1,153 @@
+"""A complete, minimal agent loop with the context guard, for any OpenAI-compatible server.
+
+Every model call goes through the guard: ``prepare`` builds the view
+(summary + recent history + the turn so far) within the window, the call
+is made with the ``openai`` SDK, a context-overflow error goes through
+``recover`` and one retry, and the finished turn is recorded with the
+provider's usage (which calibrates the guard's token estimate). Two small
+tools (read a file, list a directory) make it a real tool-calling loop.
+
+    python examples/agent_loop.py --base-url http://127.0.0.1:8001/v1 --model gpt-4o \\
+        --api-key test --prompt "List the examples directory" --prompt "Read README.md"
+
+Without ``--redis-url`` the sessions live in an in-process fakeredis;
+without ``--broker-url`` no worker summarizes in the background (the guard
+still truncates and recovers on its own). See examples/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from shared import (
+    CeleryEnqueuer,
+    ContextGuard,
+    NullEnqueuer,
+    PreparedView,
+    SessionStore,
+    connect,
+    from_openai,
+    publisher_app,
+)
+
+SYSTEM = "You are a helpful assistant with read-only access to files under the working directory."
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a text file (relative path).",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "list_dir", "description": "List a directory (relative path, '.' for the root).",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                       "required": ["path"]}}},
+]
+MAX_TOOL_ROUNDS = 8
+MAX_TOOL_OUTPUT = 8_000  # characters: one tool result must not fill a small window
+
+
+def run_tool(root: Path, name: str, arguments: str) -> str:
+    """Execute one tool call; errors are answers the model can read, not exceptions."""
+    try:
+        path = (root / str(json.loads(arguments or "{}").get("path", "."))).resolve()
+        if not path.is_relative_to(root):
+            return "error: path outside the working directory"
+        if name == "list_dir":
+            return "\n".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()))
+        if name == "read_file":
+            return path.read_text(encoding="utf-8", errors="replace")[:MAX_TOOL_OUTPUT]
+        return f"error: unknown tool {name!r}"
+    except (OSError, ValueError) as exc:
+        return f"error: {exc}"
+
+
+class Agent:
+    def __init__(self, guard: ContextGuard, client: openai.OpenAI, model: str,
+                 max_tokens: int, root: Path) -> None:
+        self.guard, self.client, self.model = guard, client, model
+        self.max_tokens, self.root = max_tokens, root
+
+    def _call(self, view: PreparedView) -> Any:
+        return self.client.chat.completions.create(
+            model=self.model, messages=view.openai(),  # type: ignore[arg-type]
+            tools=TOOLS, max_tokens=self.max_tokens)  # type: ignore[arg-type]
+
+    # -- the loop: prepare -> call -> (recover -> retry) -> tools ... -> record_turn --------
+    def turn(self, session_id: str, text: str) -> str:
+        turn: list[dict[str, Any]] = [{"role": "user", "content": text}]
+        args = (SYSTEM, TOOLS, self.max_tokens, self.model)
+        for _ in range(MAX_TOOL_ROUNDS):
+            view = self.guard.prepare(session_id, *args, pending=from_openai(turn))
+            try:
+                reply = self._call(view)
+            except openai.BadRequestError as exc:
+                retry = self.guard.recover(session_id, exc, *args, pending=from_openai(turn))
+                if retry is None:  # not a context overflow: a real error
+                    raise
+                print(f"[guard] context overflow: retried with "
+                      f"{retry.report.estimated_prompt_tokens} tokens (window "
+                      f"{retry.report.budget.window})", file=sys.stderr)
+                reply = self._call(retry)
+            message = reply.choices[0].message
+            calls = [call.model_dump() for call in message.tool_calls or []]
+            turn.append({"role": "assistant", "content": message.content, "tool_calls": calls})
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                output = run_tool(self.root, call.function.name, call.function.arguments)
+                turn.append({"role": "tool", "tool_call_id": call.id, "content": output})
+        else:
+            turn.append({"role": "assistant", "content": "(stopped: too many tool rounds)"})
+        self.guard.record_turn(session_id, from_openai(turn), usage=reply.usage)
+        return str(turn[-1].get("content") or "")
+
+
+def build_guard(args: argparse.Namespace) -> ContextGuard:
+    if args.redis_url:
+        store = SessionStore(connect(args.redis_url))
+    else:
+        import fakeredis  # pip install 'context-compaction[embedded]'
+
+        store = SessionStore(fakeredis.FakeRedis())
+    enqueuer = CeleryEnqueuer(publisher_app(args.broker_url)) if args.broker_url \
+        else NullEnqueuer()
+    overrides = {args.model: args.window} if args.window else None
+    return ContextGuard(store, enqueuer, overrides=overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"),
+                        help="OpenAI-compatible endpoint (default: api.openai.com)")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="API key (default: $OPENAI_API_KEY)")
+    parser.add_argument("--model", default="gpt-4o-mini")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="output reserve per call")
+    parser.add_argument("--window", type=int, help="context window to assume for --model")
+    parser.add_argument("--redis-url", help="session store (default: in-process fakeredis)")
+    parser.add_argument("--broker-url", help="Celery broker of the compaction workers")
+    parser.add_argument("--session", default="agent-loop", help="session id")
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="what the tools may read")
+    parser.add_argument("--prompt", action="append", default=[],
+                        help="a user message (repeatable); without any, read lines from stdin")
+    args = parser.parse_args(argv)
+    if not args.api_key:
+        parser.error("no API key: pass --api-key or set OPENAI_API_KEY (any value for a "
+                     "local server)")
+    client = openai.OpenAI(api_key=args.api_key, base_url=args.base_url, max_retries=2,
+                           timeout=120)
+    agent = Agent(build_guard(args), client, args.model, args.max_tokens, args.root.resolve())
+    prompts = args.prompt or (line.strip() for line in sys.stdin if line.strip())
+    for text in prompts:
+        print(f"> {text}\n{agent.turn(args.session, text)}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,432 @@
+"""The agent's hot path: a synchronous guard that never calls an LLM.
+
+``prepare`` reads the session in one atomic Redis call, builds the view
+(summary + messages since the watermark + pending messages), checks the
+full budget and, when the request would not fit, truncates the view
+without an LLM, records that truncation through the store's
+compare-and-swap (so the next call starts from it) and asks a worker to
+replace it with a real summary. ``record_turn`` appends and enqueues,
+coalesced. ``recover`` handles a provider's context-overflow error: learn the
+stated limit, compact hard, return a view for one retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from shared.budget import BudgetReport, check_budget, ensure_reducible
+from shared.calibration import Calibration
+from shared.cheap import plan_cheap_stages
+from shared.config import CompactionPolicy
+from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
+from shared.errors import InvalidInput, StoreUnavailable
+from shared.limits import LimitBook, ModelLimits, model_limits, output_reserve
+from shared.messages import Message, validate_messages
+from shared.overflow import is_context_overflow, parse_overflow
+from shared.prepared import PreparedView, ViewReport
+from shared.records import SessionState, SummaryRecord, ViewData
+from shared.repair import repair_tool_pairs
+from shared.store import SessionStore
+from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.truncation import emergency_truncate
+from shared.usage import reported_prompt_tokens
+from shared.view import (
+    Regions,
+    apply_cheap,
+    assemble,
+    calibrated_total,
+    cheap_savings,
+    summary_block,
+)
+
+log = logging.getLogger(__name__)
+TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
+R = TypeVar("R")
+
+
+def _check_request(system_prompt: object, tools: object) -> None:
+    """The caller's fixed request parts, checked before anything is read or hashed."""
+    if not isinstance(system_prompt, str):
+        raise InvalidInput(f"expected a string, got {type(system_prompt).__name__}",
+                           field="system_prompt")
+    try:
+        system_prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("is not valid unicode (lone surrogate)",
+                           field="system_prompt") from None
+    if tools is None:
+        return
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidInput(f"expected a list of tool definitions, got {type(tools).__name__}",
+                           field="tools")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise InvalidInput("expected an object", field=f"tools[{i}]")
+
+
+class ContextGuard:
+    """Synchronous, LLM-free context guard for one tenant's sessions."""
+
+    def __init__(self, store: SessionStore, enqueuer: Enqueuer | None = None, *,
+                 policy: CompactionPolicy | None = None,
+                 overrides: Mapping[str, ModelLimits | int] | None = None,
+                 counter: TokenCounter | None = None) -> None:
+        self.store = store
+        self.enqueuer = enqueuer or NullEnqueuer()
+        self.policy = policy or CompactionPolicy()
+        self.overrides = dict(overrides or {})
+        self.counter = counter or store.counter or DEFAULT_COUNTER
+        self.limits = LimitBook()
+        self._fixed_cache: dict[str, int] = {}
+        self._sent: dict[str, tuple[int, int, int]] = {}  # session -> (heuristic, end, version)
+
+    # -- figures -----------------------------------------------------------------
+    def _cached(self, key: str, compute: Callable[[], int]) -> int:
+        value = self._fixed_cache.get(key)
+        if value is None:
+            if len(self._fixed_cache) > 256:
+                self._fixed_cache.clear()
+            value = self._fixed_cache[key] = compute()
+        return value
+
+    def _system_tokens(self, system_prompt: str) -> int:
+        key = "s" + hashlib.blake2b(system_prompt.encode(), digest_size=16).hexdigest()
+        return self._cached(key, lambda: self.counter.message(
+            Message(role="system", content=system_prompt)) if system_prompt else 0)
+
+    def _tool_tokens(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
+        if not tools:
+            return 0
+        try:
+            raw = json.dumps(tools, sort_keys=True, default=str)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput(f"not serializable as JSON: {str(exc)[:200]}",
+                               field="tools") from None
+        key = "t" + hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+        return self._cached(key, lambda: self.counter.tools(list(tools)))
+
+    def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
+        learned = dict(self.limits.as_mapping())
+        if state is not None and state.learned_window and state.model == model:
+            learned.setdefault(model, state.learned_window)
+        return model_limits(model, overrides=self.overrides or None, learned=learned or None)
+
+    # -- prepare -------------------------------------------------------------------
+    def prepare(self, session_id: str, system_prompt: str = "",
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                pending: Sequence[Message | Mapping[str, Any]] = (),
+                fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
+                ) -> PreparedView:
+        """The view to send now, with its budget report.
+
+        ``pending`` are messages of the current turn not yet recorded (the
+        new user message, say). ``fallback_messages``: when Redis is down,
+        build a locally truncated view from these instead of raising.
+        """
+        started = time.perf_counter()
+        _check_request(system_prompt, tools)
+        extra = validate_messages(pending, prefix="pending")
+        try:
+            data = self.store.load_view(session_id)
+        except StoreUnavailable:
+            if fallback_messages is None:
+                raise
+            return self._degraded(session_id, system_prompt, tools, max_tokens, model,
+                                  validate_messages(fallback_messages) + extra, started)
+        force = self.policy.recovery_ratio if data.state.recover_next else None
+        return self._build(session_id, data, system_prompt, tools, max_tokens, model, extra,
+                           started, force_ratio=force)
+
+    def _build(self, session_id: str, data: ViewData, system_prompt: str,
+               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
+               extra: list[Message], started: float, *, force_ratio: float | None = None,
+               ) -> PreparedView:
+        state = data.state
+        limits = self.model_limits(model, state)
+        reserve = output_reserve(limits, max_tokens)
+        window = limits.context_window
+        w = state.watermark
+        regions = Regions(
+            system=self._system_tokens(system_prompt),
+            summary=data.summary.tokens if data.summary else 0,
+            tools=self._tool_tokens(tools),
+            history=(data.history_tokens - cheap_savings(data.cheap, w, data.length)
+                     + sum(self.counter.message(m) for m in extra)),
+            overhead=self.counter.messages([]),
+        )
+        self._remember_figures(session_id, state, regions, reserve, model, window)
+        estimated = calibrated_total(regions, state, data.length)
+        report = self._check(window, reserve, regions, estimated, extra)
+
+        decisions = data.cheap
+        enqueued = False
+        if self.policy.proactive and report.should_compact:
+            decisions = self._cheap_stage(session_id, data)
+            if len(decisions) != len(data.cheap):
+                regions = Regions(regions.system, regions.summary, regions.tools,
+                                  regions.history - (cheap_savings(decisions, w, data.length)
+                                                     - cheap_savings(data.cheap, w, data.length)),
+                                  regions.overhead)
+                estimated = calibrated_total(regions, state, data.length)
+                report = self._check(window, reserve, regions, estimated, extra)
+            enqueued = self._enqueue(session_id)
+
+        history = apply_cheap(data.messages(), w, decisions) + extra
+        summary = data.summary
+        truncated, dropped, note = False, 0, ""
+        over = not report.within_budget and (self.policy.proactive or force_ratio is not None)
+        if over or force_ratio is not None:
+            ensure_reducible(report)
+            budget = self._history_budget(report, regions, estimated, window, force_ratio)
+            result = emergency_truncate(history, budget, self.counter,
+                                        drop_fraction=self.policy.emergency_drop_fraction)
+            history, dropped, note, truncated = result.messages, result.dropped, result.note, True
+            # Only what is gone from the start moves the watermark; messages dropped
+            # inside one long turn are dropped again (deterministically) next time.
+            summary = self._record_truncation(session_id, data, result.dropped_prefix, note)
+            if force_ratio is not None:
+                self.store.update_state(session_id, recover_next=0)
+            enqueued = self._enqueue(session_id, force=True) or enqueued
+            regions = Regions(regions.system, summary.tokens if summary else 0, regions.tools,
+                              sum(self.counter.message(m) for m in history), regions.overhead)
+            estimated = Calibration(state.calibration_ratio).apply(regions.total)
+            report = self._check(window, reserve, regions, estimated, extra)
+
+        messages = assemble(system_prompt, summary, repair_tool_pairs(history),
+                            placement=self.policy.summary_placement)
+        self._sent[session_id] = (regions.total, data.length + len(extra), state.version)
+        return PreparedView(messages=messages, report=ViewReport(
+            session_id=session_id, model=model, limits_source=limits.source, budget=report,
+            estimated_prompt_tokens=estimated,
+            watermark=summary.watermark if truncated and summary is not None else w,
+            version=state.version, length=data.length, summary_kind=state.summary_kind,
+            cheap_applied=len(decisions), truncated=truncated, dropped_messages=dropped,
+            note=note, enqueued=enqueued, pending_job=data.pending or enqueued,
+            recovery=force_ratio is not None, degraded=False,
+            elapsed_ms=(time.perf_counter() - started) * 1000))
+
+    def _check(self, window: int, reserve: int, regions: Regions, estimated: int,
+               extra: Sequence[Message]) -> BudgetReport:
+        fixed = regions.system + regions.summary + regions.tools + regions.overhead
+        # The floor counts the newest *user* message: it cannot be dropped. A huge
+        # tool result can: emergency truncation clips it head and tail.
+        newest = (self.counter.message(extra[-1])
+                  if extra and extra[-1].role == "user" else 0)
+        return check_budget(window=window, reserve=reserve, system=regions.system,
+                            summary=regions.summary, tools=regions.tools + regions.overhead,
+                            history=max(0, estimated - fixed), newest=newest,
+                            trigger_ratio=self.policy.trigger_ratio,
+                            target_ratio=self.policy.target_ratio)
+
+    def _history_budget(self, report: BudgetReport, regions: Regions, estimated: int,
+                        window: int, force_ratio: float | None) -> int:
+        """History tokens (heuristic units) that fit: the budget, or the recovery target."""
+        ratio = estimated / regions.total if regions.total else 1.0
+        fixed = regions.system + regions.summary + regions.tools + regions.overhead
+        # Aim a little below the budget: the estimate is only an estimate.
+        room = int(report.input_budget * TRUNCATION_HEADROOM) - int(fixed * ratio)
+        if force_ratio is not None:
+            room = min(room, int(window * force_ratio) - int(fixed * ratio))
+        return max(1, int(room / max(ratio, 1e-6)))
+
+    def _cheap_stage(self, session_id: str, data: ViewData) -> dict[int, Any]:
+        """Decide cheap-stage replacements once, record them, return all decisions."""
+        plan = plan_cheap_stages(data.messages(), data.state.watermark, data.cheap,
+                                 policy=self.policy, counter=self.counter)
+        if not plan:
+            return dict(data.cheap)
+        self.store.record_cheap(session_id, plan)
+        decisions = dict(data.cheap)
+        for d in plan:
+            decisions.setdefault(d.index, d)
+        return decisions
+
+    def _record_truncation(self, session_id: str, data: ViewData, dropped: int,
+                           note: str) -> SummaryRecord | None:
+        """Store the truncation as a summary (CAS), so the next call starts from it."""
+        previous = data.summary
+        logged = max(0, min(dropped, data.length - data.state.watermark))
+        text = (previous.text + "\n\n" if previous else "") + note
+        record = SummaryRecord(
+            watermark=data.state.watermark + logged, kind="truncation", text=text,
+            ledger=previous.ledger if previous else "",
+            ledger_json=previous.ledger_json if previous else None,
+            tokens=0, covers_from=data.state.watermark, source_version=data.state.version,
+            stages=["emergency_truncation"])
+        record = record.model_copy(update={"tokens": self.counter.text(summary_block(record))})
+        if logged == 0:  # nothing gone from the start: the note rides along, unrecorded
+            return record
+        result = self.store.commit_summary(session_id, record, data.state.version)
+        if not result.ok:
+            log.info("truncation summary for %s lost its swap (%s)", session_id, result.reason)
+        return record
+
+    def _remember_figures(self, session_id: str, state: SessionState, regions: Regions,
+                          reserve: int, model: str, window: int) -> None:
+        """Record the request figures the worker needs, only when they changed."""
+        figures = {"system_tokens": regions.system, "tool_tokens": regions.tools,
+                   "max_tokens": reserve, "model": model, "window": window}
+        current = {"system_tokens": state.system_tokens, "tool_tokens": state.tool_tokens,
+                   "max_tokens": state.max_tokens, "model": state.model, "window": state.window}
+        if figures != current:
+            self.store.update_state(session_id, **figures)
+
+    def _enqueue(self, session_id: str, *, force: bool = False) -> bool:
+        if force:
+            self.store.update_state(session_id, force_requested=1)
+        return request_summary(self.store, self.enqueuer, session_id)
+
+    def _degraded(self, session_id: str, system_prompt: str,
+                  tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                  model: str, history: list[Message], started: float) -> PreparedView:
+        """Redis is down: a locally truncated view of the caller's own messages."""
+        limits = self.model_limits(model)
+        reserve = output_reserve(limits, max_tokens)
+        regions = Regions(self._system_tokens(system_prompt), 0, self._tool_tokens(tools),
+                          sum(self.counter.message(m) for m in history), self.counter.messages([]))
+        report = self._check(limits.context_window, reserve, regions, regions.total, history[-1:])
+        dropped, note, summary = 0, "", None
+        if not report.within_budget:
+            ensure_reducible(report)
+            budget = self._history_budget(report, regions, regions.total,
+                                          limits.context_window, None)
+            result = emergency_truncate(history, budget, self.counter,
+                                        drop_fraction=self.policy.emergency_drop_fraction)
+            history, dropped, note = result.messages, result.dropped, result.note
+            summary = SummaryRecord(watermark=0, kind="truncation", text=note,
+                                    tokens=self.counter.text(note) + 8)
+            regions = Regions(regions.system, summary.tokens, regions.tools,
+                              sum(self.counter.message(m) for m in history), regions.overhead)
+            report = self._check(limits.context_window, reserve, regions, regions.total,
+                                 history[-1:])
+        messages = assemble(system_prompt, summary, repair_tool_pairs(history),
+                            placement=self.policy.summary_placement)
+        return PreparedView(messages=messages, report=ViewReport(
+            session_id=session_id, model=model, limits_source=limits.source, budget=report,
+            estimated_prompt_tokens=regions.total, watermark=0, version=0, length=len(history),
+            summary_kind="", cheap_applied=0, truncated=dropped > 0, dropped_messages=dropped,
+            note=note, enqueued=False, pending_job=False, recovery=False, degraded=True,
+            elapsed_ms=(time.perf_counter() - started) * 1000))
+
+    # -- after the call --------------------------------------------------------------
+    def record_turn(self, session_id: str, messages: Sequence[Message | Mapping[str, Any]],
+                    usage: Any = None) -> int:
+        """Append the turn's messages and enqueue ``maybe_summarize`` (coalesced).
+
+        ``usage`` is the provider's usage for the request that produced the
+        last assistant message of ``messages``; it anchors the hybrid
+        estimate and updates the calibration ratio.
+        """
+        encoded = self.store.encode(session_id, messages)
+        length, _, version, _ = self.store.append_encoded(session_id, encoded)
+        reported = reported_prompt_tokens(usage)
+        if reported is not None:
+            self._calibrate(session_id, reported, version)
+        if self.policy.proactive:
+            request_summary(self.store, self.enqueuer, session_id)
+        return length
+
+    def _calibrate(self, session_id: str, reported: int, version: int) -> None:
+        sent = self._sent.pop(session_id, None)
+        if sent is None or sent[2] != version:
+            return
+        heuristic, end, _ = sent
+        state = self.store.state(session_id)
+        fields: dict[str, Any] = {"anchor_reported": reported, "anchor_estimated": heuristic,
+                                  "anchor_end": end, "anchor_version": version}
+        window = state.learned_window or state.window
+        if window and (reported > window or (heuristic > 1000 and reported < heuristic * 0.5)):
+            # Silent truncation upstream: the provider saw far less than we sent,
+            # or more than its window. Treat it like an overflow.
+            log.warning("session %s: reported %d prompt tokens for ~%d sent (window %d): "
+                        "silent truncation suspected", session_id, reported, heuristic, window)
+            fields = {"silent_truncation_flags": state.silent_truncation_flags + 1,
+                      "recover_next": 1}
+        else:
+            cal = Calibration(state.calibration_ratio, state.calibration_samples)
+            cal = cal.update(reported, heuristic)
+            fields.update(calibration_ratio=cal.ratio, calibration_samples=cal.samples)
+        self.store.update_state(session_id, **fields)
+
+    # -- reactive recovery -----------------------------------------------------------------
+    def recover(self, session_id: str, error: object, system_prompt: str = "",
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView | None:
+        """After a provider error: None if it is not a context overflow, else a view to retry.
+
+        The stated limit is learned (used from now on); the view is compacted
+        to a fifth of the window with force, without an LLM, and a worker is
+        asked to replace the truncation with a real summary. Recovery runs
+        even when proactive compaction is switched off.
+        """
+        if not is_context_overflow(error):
+            return None
+        info = parse_overflow(error)
+        if info is not None and info.limit:
+            self.limits.learn(model, info.limit)
+            self.store.update_state(session_id, learned_window=info.limit, model=model,
+                                    last_overflow_at=time.time())
+        started = time.perf_counter()
+        extra = validate_messages(pending, prefix="pending")
+        data = self.store.load_view(session_id)
+        return self._build(session_id, data, system_prompt, tools, max_tokens, model, extra,
+                           started, force_ratio=self.policy.recovery_ratio)
+
+    def call(self, session_id: str, send: Callable[[PreparedView], R], *,
+             system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
+             max_tokens: int | None = None, model: str = "gpt-4o",
+             pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
+        """prepare -> send -> on overflow recover and send once more.
+
+        ``send`` does the provider call with the view (e.g. an ``openai``
+        client call with ``view.openai()``). The retry after recovery is not
+        one of the caller's retry attempts; any other error propagates.
+        """
+        view = self.prepare(session_id, system_prompt, tools, max_tokens, model, pending=pending)
+        try:
+            return send(view), view
+        except Exception as exc:
+            retry = self.recover(session_id, exc, system_prompt, tools, max_tokens, model,
+                                 pending=pending)
+            if retry is None:
+                raise
+        return send(retry), retry
+
+    # -- introspection -------------------------------------------------------------------------
+    def stats(self, session_id: str) -> dict[str, Any]:
+        """Tokens by region, usage ratio, watermark, summaries, pending job."""
+        data = self.store.load_view(session_id)
+        state = data.state
+        limits = self.model_limits(state.model or "gpt-4o", state)
+        reserve = state.max_tokens or output_reserve(limits, None)
+        history = data.history_tokens - cheap_savings(data.cheap, state.watermark, data.length)
+        regions = Regions(state.system_tokens, data.summary.tokens if data.summary else 0,
+                          state.tool_tokens, history, self.counter.messages([]))
+        estimated = calibrated_total(regions, state, data.length)
+        report = self._check(limits.context_window, reserve, regions, estimated, [])
+        summaries = self.store.summaries(session_id)
+        return {
+            "session_id": session_id, "tenant": self.store.tenant, "length": data.length,
+            "watermark": state.watermark, "version": state.version, "model": state.model,
+            "window": limits.context_window, "limits_source": limits.source,
+            "reserve": reserve, "regions": {"system": regions.system, "summary": regions.summary,
+                                            "tools": regions.tools, "history": history},
+            "estimated_prompt_tokens": estimated, "usage_ratio": report.usage_ratio,
+            "should_compact": report.should_compact, "within_budget": report.within_budget,
+            "summary_kind": state.summary_kind, "cheap_decisions": len(data.cheap),
+            "summaries": [{"watermark": s.watermark, "kind": s.kind, "tokens": s.tokens,
+                           "created_at": s.created_at} for s in summaries],
+            "pending_job": data.pending, "calibration_ratio": state.calibration_ratio,
+            "calibration_samples": state.calibration_samples,
+            "silent_truncation_flags": state.silent_truncation_flags,
+        }
+
+
+__all__ = ["ContextGuard", "PreparedView", "ViewReport"]

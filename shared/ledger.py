@@ -1,0 +1,484 @@
+"""Deterministic fact ledger carried verbatim beside every summary.
+
+LLM summaries keep the gist and lose the details an agent needs to carry on:
+file paths, commands, identifiers, amounts, and the user's exact
+constraints. The ledger extracts those without an LLM, so they survive any
+number of compactions word for word. Workers build it with
+:func:`extract_facts` and :meth:`Ledger.merge`; the guard injects
+``ledger.missing_from(summary).capped(n).render()`` beside the summary.
+
+What is extracted, and from where (system messages are never summarized,
+tool results are bulky and left to the summarizer):
+
+- user text: URLs, paths, identifiers, meaningful numbers, shell commands
+  in backticks or shell code fences, and constraint sentences;
+- assistant text: URLs, paths, strong identifiers (ids, hashes, tickets),
+  numbers;
+- tool calls: identifiers, numbers and URLs in short arguments, commands
+  that run something (pure inspection such as ``cat`` or ``grep`` is
+  recorded only as a file read), and file operations: paths read or
+  modified, from file tools' arguments and from bash commands parsed with
+  :mod:`shlex` (tolerant of garbage: a command that does not parse yields
+  what its words suggest, never an exception).
+
+Indexes are absolute (``start`` + position), so ledgers of consecutive
+ranges merge exactly: ``extract(m[:k]).merge(extract(m[k:], start=k)) ==
+extract(m)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.errors import InvalidInput
+from shared.fileops import (
+    file_ops,
+    is_program,
+    looks_like_path,
+    runs_something,
+    shell_command,
+    strip_heredocs,
+)
+from shared.messages import Message, validate_message
+
+FactKind = Literal["identifier", "path", "url", "command", "number", "constraint"]
+FileStatus = Literal["read", "modified"]
+
+MAX_FACT_CHARS = 240
+MAX_CONSTRAINT_CHARS = 400
+_LABELS = {"identifier": "id", "path": "path", "url": "url", "command": "cmd", "number": "num"}
+HEADERS = ("## Facts (verbatim)", "## Constraints", "## Files read", "## Files modified")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fact(_Frozen):
+    """One verbatim fact; ``count`` is the number of messages it was seen in."""
+
+    kind: FactKind
+    text: str = Field(min_length=1, max_length=2000)
+    first_seen: int = Field(ge=0)
+    last_seen: int = Field(ge=0)
+    count: int = Field(default=1, ge=1)
+
+    @field_validator("text")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if "\n" in value or "\r" in value or not value.strip():
+            raise ValueError("a fact is one non-blank line")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Fact:
+        if self.last_seen < self.first_seen:
+            raise ValueError("last_seen comes before first_seen")
+        return self
+
+
+class FileOp(_Frozen):
+    """A file the agent touched; ``modified`` wins over ``read`` for good."""
+
+    path: str = Field(min_length=1, max_length=1000)
+    status: FileStatus
+    first_seen: int = Field(ge=0)
+    last_seen: int = Field(ge=0)
+    count: int = Field(default=1, ge=1)
+
+
+def _combine_counts(a: int, b: int, overlap: bool) -> int:
+    # Disjoint ranges saw different messages: counts add up. Overlapping ranges
+    # (a retry, a re-extraction) may have seen the same ones: take the larger.
+    return max(a, b) if overlap else a + b
+
+
+class Ledger(_Frozen):
+    """Facts and file operations for messages ``[start, end)``; JSON-serializable."""
+
+    start: int = Field(default=0, ge=0)
+    end: int = Field(default=0, ge=0)
+    facts: tuple[Fact, ...] = ()
+    files: tuple[FileOp, ...] = ()
+
+    @model_validator(mode="after")
+    def _range(self) -> Ledger:
+        if self.end < self.start:
+            raise ValueError("end comes before start")
+        return self
+
+    # -- views -------------------------------------------------------------
+    @property
+    def constraints(self) -> tuple[Fact, ...]:
+        return tuple(f for f in self.facts if f.kind == "constraint")
+
+    @property
+    def files_read(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files if f.status == "read")
+
+    @property
+    def files_modified(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files if f.status == "modified")
+
+    def is_empty(self) -> bool:
+        return not self.facts and not self.files
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Ledger:
+        return cls.model_validate_json(raw)
+
+    # -- combination -------------------------------------------------------
+    def merge(self, newer: Ledger) -> Ledger:
+        """Union of both ledgers: first-seen kept, duplicates folded, modified wins.
+
+        Idempotent (``a.merge(a) == a``) and, for ledgers of consecutive
+        ranges, associative and order-independent.
+        """
+        overlap = max(self.start, newer.start) < min(self.end, newer.end) or (
+            (self.start, self.end) == (newer.start, newer.end)
+        )
+        # Fold the older range first whatever the call order, so ties in first_seen keep
+        # the order of appearance and a.merge(b) == b.merge(a) for disjoint ranges.
+        older, later = sorted((self, newer), key=lambda ledger: (ledger.start, ledger.end))
+        facts: dict[tuple[str, str], Fact] = {}
+        for f in (*older.facts, *later.facts):
+            old = facts.get((f.kind, f.text))
+            facts[(f.kind, f.text)] = f if old is None else old.model_copy(update={
+                "first_seen": min(old.first_seen, f.first_seen),
+                "last_seen": max(old.last_seen, f.last_seen),
+                "count": _combine_counts(old.count, f.count, overlap),
+            })
+        files: dict[str, FileOp] = {}
+        for op in (*older.files, *later.files):
+            prev = files.get(op.path)
+            files[op.path] = op if prev is None else prev.model_copy(update={
+                "status": "modified" if "modified" in (prev.status, op.status) else "read",
+                "first_seen": min(prev.first_seen, op.first_seen),
+                "last_seen": max(prev.last_seen, op.last_seen),
+                "count": _combine_counts(prev.count, op.count, overlap),
+            })
+        has_range = self.end > self.start, newer.end > newer.start
+        if all(has_range) or not any(has_range):
+            start, end = min(self.start, newer.start), max(self.end, newer.end)
+        else:
+            start, end = (self.start, self.end) if has_range[0] else (newer.start, newer.end)
+        return Ledger(start=start, end=end, facts=_sorted_facts(facts.values()),
+                      files=_sorted_files(files.values()))
+
+    def missing_from(self, text: str) -> Ledger:
+        """The facts and files that ``text`` does not contain verbatim (to inject)."""
+        return self.model_copy(update={
+            "facts": tuple(f for f in self.facts if f.text not in text),
+            "files": tuple(f for f in self.files if f.path not in text),
+        })
+
+    def capped(self, max_chars: int) -> Ledger:
+        """A sub-ledger whose :meth:`render` is at most ``max_chars`` characters.
+
+        Priority, so that summary plus ledger never grow without bound while
+        the most useful lines survive: (1) constraints, (2) modified files,
+        (3) other facts, (4) files read. Within each group, items are taken
+        alternately from the most recent (``last_seen``) and the most frequent
+        (``count``) not yet taken; an item that does not fit is skipped and
+        smaller ones after it may still be taken. A path fact that repeats a
+        tracked file costs nothing (it is not rendered) and stays with its file.
+        """
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 0:
+            raise InvalidInput("must be a non-negative integer", field="max_chars")
+        facts = self._shown_facts()
+        groups: list[list[Fact | FileOp]] = [
+            [f for f in facts if f.kind == "constraint"],
+            [f for f in self.files if f.status == "modified"],
+            [f for f in facts if f.kind != "constraint"],
+            [f for f in self.files if f.status == "read"],
+        ]
+        used, opened = 0, set[int]()
+        keep_facts: list[Fact] = []
+        keep_files: list[FileOp] = []
+        for group in groups:
+            for item in _interleave(group):
+                section = _section_of(item)
+                cost = 1 + len(_line(item))
+                if section not in opened:
+                    cost += len(HEADERS[section]) + (2 if opened else 0)
+                if used + cost > max_chars:
+                    continue
+                used += cost
+                opened.add(section)
+                if isinstance(item, Fact):
+                    keep_facts.append(item)
+                else:
+                    keep_files.append(item)
+        kept_paths = {f.path for f in keep_files}
+        kept = {id(f) for f in (*keep_facts, *keep_files)}
+        return self.model_copy(update={
+            "facts": tuple(f for f in self.facts if id(f) in kept
+                           or (f.kind == "path" and f.text in kept_paths)),
+            "files": tuple(f for f in self.files if id(f) in kept),
+        })
+
+    def _shown_facts(self) -> tuple[Fact, ...]:
+        """Facts worth a line: a path already listed under the files is not repeated."""
+        tracked = {f.path for f in self.files}
+        return tuple(f for f in self.facts if not (f.kind == "path" and f.text in tracked))
+
+    def render(self) -> str:
+        """Compact markdown: the four sections that have content, in fixed order."""
+        sections: list[list[str]] = [[], [], [], []]
+        items: tuple[Fact | FileOp, ...] = (*self._shown_facts(), *self.files)
+        for item in items:
+            sections[_section_of(item)].append(_line(item))
+        blocks = [HEADERS[i] + "".join("\n" + line for line in lines)
+                  for i, lines in enumerate(sections) if lines]
+        return "\n\n".join(blocks)
+
+
+def _section_of(item: Fact | FileOp) -> int:
+    if isinstance(item, Fact):
+        return 1 if item.kind == "constraint" else 0
+    return 3 if item.status == "modified" else 2
+
+
+def _line(item: Fact | FileOp) -> str:
+    if isinstance(item, FileOp):
+        return f"- {item.path}"
+    if item.kind == "constraint":
+        return f"- {item.text}"
+    return f"- {_LABELS[item.kind]}: {item.text}"
+
+
+def _interleave(items: list[Fact | FileOp]) -> Iterable[Fact | FileOp]:
+    """Alternate between most recent and most frequent, each item once."""
+    recent = sorted(items, key=lambda f: (-f.last_seen, -f.count, f.first_seen))
+    frequent = sorted(items, key=lambda f: (-f.count, -f.last_seen, f.first_seen))
+    seen: set[int] = set()
+    for pair in zip(recent, frequent, strict=True):
+        for item in pair:
+            if id(item) not in seen:
+                seen.add(id(item))
+                yield item
+
+
+_KIND_ORDER = {"constraint": 0, "identifier": 1, "path": 2, "url": 3, "command": 4, "number": 5}
+
+
+def _sorted_facts(facts: Iterable[Fact]) -> tuple[Fact, ...]:
+    # Stable: facts first seen in the same message keep their order of appearance.
+    return tuple(sorted(facts, key=lambda f: (f.first_seen, _KIND_ORDER[f.kind])))
+
+
+def _sorted_files(files: Iterable[FileOp]) -> tuple[FileOp, ...]:
+    return tuple(sorted(files, key=lambda f: f.first_seen))
+
+
+# -- extraction ------------------------------------------------------------
+
+_URL = re.compile(r"https?://[^\s<>\"'`\])}]+")
+_PATH = re.compile(
+    r"(?<![\w@:/.~-])(?:~/|\.\.?/|/)?[\w@+-][\w.@+-]*(?:/[\w.@+-]+)+/?"
+    r"|(?<![\w@:/.-])[\w@+-][\w.@+-]*\.(?:py|pyi|js|jsx|ts|tsx|json|md|rst|txt|toml|ya?ml|cfg|"
+    r"ini|sh|html?|css|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sql|csv|xml|lock|ipynb|log)\b"
+)
+_NUMBER = re.compile(
+    r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{2,5})?\b"  # IPv4 (optionally with port)
+    r"|\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:Z|[+-]\d{2}:?\d{2})?)?\b"  # ISO date
+    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|"
+    r"December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.? \d{1,2}(?:st|nd|rd|th)?\b"
+    r"(?:,? \d{4}\b)?|\b\d{1,2}(?::\d{2})? ?(?:am|pm|AM|PM)\b"
+    r"|\b\d{1,2}/\d{1,2}/\d{4}\b"
+    r"|[$€£¥]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|K|M|bn|million|billion)\b)?"
+    r"|\b\d[\d,]*(?:\.\d+)?\s?(?:USD|EUR|GBP|JPY|CHF|CAD|AUD|dollars|euros|pounds)\b"
+    r"|\bv\d+(?:\.\d+){1,3}\b|\b\d+\.\d+\.\d+(?:[-.]?(?:rc|a|b|dev|post)\d*)?\b"
+    r"|\b(?:[Vv]ersion|Python|python) \d+(?:\.\d+)+\b"
+    r"|\b(?:localhost|[\w-]+\.[\w.-]+):\d{2,5}\b|\b[Pp]ort:? ?\d{2,5}\b"
+    r"|\b(?:HTTP|[Ee]rror|[Ss]tatus(?: code)?|[Ee]xit (?:code|status)|errno|returncode)"
+    r"[ :=]*\d{1,4}\b"
+    r"|\b\d+(?:\.\d+)?%"
+)
+_STRONG_ID = re.compile(
+    r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"  # e-mail address
+    r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"  # UUID
+    r"|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"  # hash
+    r"|\b(?!(?:UTF|ISO|SHA|MD|AES|GMT|UTC)-)[A-Z][A-Z0-9]{1,9}-\d{1,7}\b|(?<![\w&])#\d{2,}\b"
+    r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{5,12}\b"  # booking / flight codes
+    r"|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_\d{3,}\b"  # user_name_1234, credit_card_42
+)
+_CODE_ID = re.compile(
+    r"\b_*[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b|\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b"
+    r"|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|\b[a-z]+(?:[A-Z][a-z0-9]+)+\b"
+    r"|\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b"
+)
+_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh", "terminal"}
+_BACKTICK = re.compile(r"(?<!`)`([^`\n]{3,200})`(?!`)")
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(*])")
+_BULLET = re.compile(r"^\s*(?:[-*•>]|\d+[.)])\s+")
+# Keywords of an explicit constraint. "don't", "make sure" and "only" are so common in
+# chat ("I don't have my ID", "I'll make sure to...", "the only thing") that they count
+# only in an imperative position; system-like instructions count at the sentence start.
+_CONSTRAINT = re.compile(
+    r"\b(?:must|mustn't|never|always|ensure|without|required?|mandatory|forbidden|not allowed|"
+    r"avoid|should not|shouldn't|no more than|at most|at least|from now on|going forward|"
+    r"remember to|keep in mind|I (?:do not|don't) want)\b"
+    r"|\bprefer(?:red|ably)?\b"
+    r"|(?:^|\b(?:please|you|and|but|so|just)\s+)(?:do not|don't|make sure|only|keep|use|stick to)\b"
+    r"|(?<!the )(?<!not )(?<!I )(?<!I'll )\bonly\b(?! if\b)"
+    r"|^(?:You are|Act as|Respond in|Answer in|Reply in|Write in|Use only)\b",
+    re.I,
+)
+_TAG = re.compile(r"</?[A-Za-z][\w-]*>")  # markup such as <pr_description>, not identifiers
+_ID_KEY = re.compile(r"(?:^|_)(?:id|ids|number|code|key|ref|sku)$", re.I)
+
+
+def _mask(text: str, pattern: re.Pattern[str], out: list[tuple[str, str]], kind: str,
+          keep: Any = None) -> str:
+    """Record every match of ``pattern`` as ``kind`` and blank it out for later passes."""
+    def repl(m: re.Match[str]) -> str:
+        value = m.group(0).rstrip(".,;:!?")
+        if value and len(value) <= MAX_FACT_CHARS and (keep is None or keep(value)):
+            out.append((kind, value))
+        return " " * len(m.group(0))
+    return pattern.sub(repl, text)
+
+
+def _scan(text: str, ids: re.Pattern[str] | None, *, code_ids: bool,
+          paths: bool = True) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    text = _mask(_TAG.sub(lambda m: " " * len(m.group(0)), text), _URL, out, "url")
+    text = _mask(text, _PATH, [] if not paths else out, "path", looks_like_path)
+    text = _mask(text, _NUMBER, out, "number")
+    if ids is not None:
+        text = _mask(text, ids, out, "identifier")
+    if code_ids:
+        _mask(text, _CODE_ID, out, "identifier")
+    return out
+
+
+def _constraints(prose: str) -> list[tuple[str, str]]:
+    out = []
+    for line in prose.splitlines():
+        for sentence in _SENTENCE_SPLIT.split(_BULLET.sub("", line).strip()):
+            s = sentence.strip()
+            sized = 8 <= len(s) <= MAX_CONSTRAINT_CHARS and len(s.split()) >= 3
+            if sized and _CONSTRAINT.search(s):
+                out.append(("constraint", s))
+    return out
+
+
+def _shell_commands(text: str) -> list[tuple[str, str]]:
+    """Commands the user wrote in shell code fences or inline backticks."""
+    out = []
+    for m in _FENCE.finditer(text):
+        if m.group(1).lower() in _SHELL_LANGS:
+            for line in strip_heredocs(m.group(2)).splitlines():
+                cmd = line.strip().removeprefix("$ ").strip()
+                words = cmd.split()
+                plausible = len(words) > 1 and re.match(r"^[a-z][\w.-]*$", words[0])
+                if words and len(cmd) <= MAX_FACT_CHARS and (is_program(words[0]) or plausible):
+                    out.append(("command", cmd))
+    for m in _BACKTICK.finditer(_FENCE.sub(" ", text)):
+        cmd = m.group(1).strip()
+        if len(cmd.split()) >= 2 and is_program(cmd.split()[0]):
+            out.append(("command", cmd))
+    return out
+
+
+def _short_strings(value: Any, key: str = "") -> Iterable[tuple[str, str]]:
+    """(key, string) for every short string inside a parsed tool-call argument."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _short_strings(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _short_strings(v, key)
+    elif isinstance(value, str) and len(value) <= MAX_FACT_CHARS and "\n" not in value:
+        yield key, value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and _ID_KEY.search(key):
+        yield key, str(value)
+
+
+_Found = list[tuple[str, str]]
+
+
+def _tool_call_facts(name: str, arguments: str) -> tuple[_Found, _Found]:
+    facts: list[tuple[str, str]] = []
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        args = {}
+    command = shell_command(name, args)
+    if command is not None:
+        body = strip_heredocs(command)
+        facts += _scan(body, _STRONG_ID, code_ids=True, paths=False)  # paths: see file_ops
+        first = command.strip().split("\n", 1)[0].strip()
+        if first and len(first) <= MAX_FACT_CHARS and runs_something(first):
+            facts.append(("command", first))
+    else:
+        for key, value in _short_strings(args):
+            if _ID_KEY.search(key) and value.strip() and " " not in value.strip():
+                facts.append(("identifier", value.strip()))
+            else:
+                facts += _scan(value, _STRONG_ID, code_ids=True)
+    return facts, file_ops(name, args)
+
+
+def _message_facts(m: Message) -> tuple[_Found, _Found]:
+    facts: list[tuple[str, str]] = []
+    files: list[tuple[str, str]] = []
+    text = m.text()
+    if m.role == "user":
+        prose = _FENCE.sub(" ", text)
+        facts += _scan(prose, _STRONG_ID, code_ids=True)
+        facts += _shell_commands(text)
+        facts += _constraints(prose)
+    elif m.role == "assistant":
+        facts += _scan(text, _STRONG_ID, code_ids=False)
+        for tc in m.tool_calls:
+            f, ops = _tool_call_facts(tc.name, tc.arguments)
+            facts += f
+            files += ops
+    return facts, files
+
+
+def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
+    """The ledger of ``messages``, whose first element has absolute index ``start``."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InvalidInput("must be a non-negative integer", field="start")
+    facts: dict[tuple[str, str], Fact] = {}
+    files: dict[str, FileOp] = {}
+    for offset, raw in enumerate(messages):
+        i = start + offset
+        m = validate_message(raw, offset)
+        found, ops = _message_facts(m)
+        for kind, text in dict.fromkeys(found):
+            old = facts.get((kind, text))
+            facts[(kind, text)] = (
+                Fact(kind=kind, text=text, first_seen=i, last_seen=i)
+                if old is None else old.model_copy(update={"last_seen": i, "count": old.count + 1})
+            )
+        touched: dict[str, str] = {}
+        for path, status in ops:
+            touched[path] = "modified" if "modified" in (touched.get(path), status) else status
+        for path, status in touched.items():
+            prev = files.get(path)
+            files[path] = (
+                FileOp(path=path, status=status, first_seen=i, last_seen=i)
+                if prev is None else prev.model_copy(update={
+                    "status": "modified" if "modified" in (prev.status, status) else "read",
+                    "last_seen": i, "count": prev.count + 1})
+            )
+    return Ledger(start=start, end=start + len(messages), facts=_sorted_facts(facts.values()),
+                  files=_sorted_files(files.values()))
+
+
+__all__ = [
+    "HEADERS", "Fact", "FactKind", "FileOp", "FileStatus", "Ledger", "extract_facts", "file_ops",
+]

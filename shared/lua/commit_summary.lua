@@ -1,0 +1,67 @@
+-- commit_summary.lua: the one compare-and-swap writer of compaction state.
+--
+-- KEYS[1] state      hash   version, watermark, summary_tokens, summary_kind
+-- KEYS[2] sums       hash   watermark -> summary record JSON
+-- KEYS[3] sumidx     zset   watermark scored by watermark (ordering, retention)
+-- KEYS[4] log        list   read only: the watermark may not pass its length
+-- KEYS[5] cheap      hash   message index -> cheap-stage decision; entries below
+--                           the new watermark are dropped (no longer in any view)
+-- KEYS[6..] other data keys, only for the TTL refresh
+-- ARGV[1] expected version
+-- ARGV[2] new watermark
+-- ARGV[3] summary record JSON
+-- ARGV[4] summary tokens
+-- ARGV[5] summary kind (llm, offline, truncation)
+-- ARGV[6] retention (summaries kept)
+-- ARGV[7] ttl in seconds (0 = no expiry)
+--
+-- Returns {"ok", new_version, watermark}
+--      or {"conflict", reason, current_version, current_watermark}
+-- with reason "version" (someone else wrote or history was edited),
+-- "backwards" (the watermark would move back) or "beyond_log".
+
+local expected = tonumber(ARGV[1])
+local w = tonumber(ARGV[2])
+local cur = redis.call('HMGET', KEYS[1], 'version', 'watermark')
+local version = tonumber(cur[1]) or 0
+local cur_w = tonumber(cur[2]) or 0
+if version ~= expected then
+  return {'conflict', 'version', version, cur_w}
+end
+if w < cur_w then
+  return {'conflict', 'backwards', version, cur_w}
+end
+if w > redis.call('LLEN', KEYS[4]) then
+  return {'conflict', 'beyond_log', version, cur_w}
+end
+
+redis.call('HSET', KEYS[2], w, ARGV[3])
+redis.call('ZADD', KEYS[3], w, w)
+version = version + 1
+redis.call('HSET', KEYS[1], 'version', version, 'watermark', w,
+  'summary_tokens', ARGV[4], 'summary_kind', ARGV[5])
+
+for _, field in ipairs(redis.call('HKEYS', KEYS[5])) do
+  if tonumber(field) < w then
+    redis.call('HDEL', KEYS[5], field)
+  end
+end
+
+local retention = tonumber(ARGV[6])
+local count = redis.call('ZCARD', KEYS[3])
+if count > retention then
+  for _, old in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - retention - 1)) do
+    if tonumber(old) ~= w then
+      redis.call('ZREM', KEYS[3], old)
+      redis.call('HDEL', KEYS[2], old)
+    end
+  end
+end
+
+local ttl = tonumber(ARGV[7])
+if ttl > 0 then
+  for i = 1, #KEYS do
+    redis.call('EXPIRE', KEYS[i], ttl)
+  end
+end
+return {'ok', version, w}

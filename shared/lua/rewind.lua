@@ -1,0 +1,26 @@
+-- rewind.lua: make the summary at an earlier (or any kept) watermark current.
+-- The log is untouched; 0 means "no summary, send the whole log".
+--
+-- KEYS[1] state    hash   version, watermark, summary_tokens, summary_kind
+-- KEYS[2] sums     hash   read: the target summary must exist
+-- KEYS[3] cheap    hash   cleared: decisions were made for the old view
+-- ARGV[1] watermark
+--
+-- Returns {new_version, watermark} or the error reply "NO_SUMMARY <watermark>".
+
+local w = tonumber(ARGV[1])
+local tokens = 0
+local kind = ''
+if w ~= 0 then
+  local raw = redis.call('HGET', KEYS[2], w)
+  if not raw then
+    return redis.error_reply('NO_SUMMARY ' .. w)
+  end
+  local record = cjson.decode(raw)
+  tokens = record['tokens'] or 0
+  kind = record['kind'] or ''
+end
+redis.call('DEL', KEYS[3])
+local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'watermark', w, 'summary_tokens', tokens, 'summary_kind', kind)
+return {version, w}

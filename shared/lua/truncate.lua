@@ -1,0 +1,60 @@
+-- truncate.lua: a history edit. Drops log positions >= index (the edited
+-- or regenerated message and everything after it), bumps the version so
+-- every in-flight compaction loses its compare-and-swap, and falls back to
+-- the newest summary whose watermark <= index.
+--
+-- KEYS[1] log      list
+-- KEYS[2] cum      list   trimmed in step with log
+-- KEYS[3] state    hash   version, watermark, summary_tokens, summary_kind, anchor_*
+-- KEYS[4] sums     hash   summaries past the index are deleted (they cover gone messages)
+-- KEYS[5] sumidx   zset
+-- KEYS[6] cheap    hash   decisions at or past the index are deleted
+-- ARGV[1] index (0 <= index <= length)
+-- ARGV[2] ttl in seconds (0 = no expiry)
+--
+-- Returns {new_version, new_watermark, new_length}
+-- or the error reply "INDEX_OUT_OF_RANGE <length>".
+
+local index = tonumber(ARGV[1])
+local len = redis.call('LLEN', KEYS[1])
+if index < 0 or index > len then
+  return redis.error_reply('INDEX_OUT_OF_RANGE ' .. len)
+end
+if index == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+else
+  redis.call('LTRIM', KEYS[1], 0, index - 1)
+  redis.call('LTRIM', KEYS[2], 0, index - 1)
+end
+
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. index, '+inf')) do
+  redis.call('ZREM', KEYS[5], w)
+  redis.call('HDEL', KEYS[4], w)
+end
+for _, field in ipairs(redis.call('HKEYS', KEYS[6])) do
+  if tonumber(field) >= index then
+    redis.call('HDEL', KEYS[6], field)
+  end
+end
+
+local new_w = 0
+local tokens = 0
+local kind = ''
+local best = redis.call('ZREVRANGEBYSCORE', KEYS[5], index, '-inf', 'LIMIT', 0, 1)
+if #best > 0 then
+  new_w = tonumber(best[1])
+  local record = cjson.decode(redis.call('HGET', KEYS[4], best[1]))
+  tokens = record['tokens'] or 0
+  kind = record['kind'] or ''
+end
+local version = redis.call('HINCRBY', KEYS[3], 'version', 1)
+redis.call('HSET', KEYS[3], 'watermark', new_w, 'summary_tokens', tokens, 'summary_kind', kind)
+redis.call('HDEL', KEYS[3], 'anchor_reported', 'anchor_estimated', 'anchor_end', 'anchor_version')
+
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  for i = 1, #KEYS do
+    redis.call('EXPIRE', KEYS[i], ttl)
+  end
+end
+return {version, new_w, index}

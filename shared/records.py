@@ -1,0 +1,143 @@
+"""Typed records the store reads and writes (pydantic at the Redis boundary)."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.messages import Message
+
+SummaryKind = Literal["llm", "offline", "truncation"]
+
+
+class SummaryRecord(BaseModel):
+    """One summary, covering messages ``[0, watermark)`` of the log."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    watermark: int = Field(ge=0)
+    kind: SummaryKind
+    text: str
+    ledger: str = Field(default="", description="rendered fact ledger injected beside the text")
+    ledger_json: str | None = Field(default=None, description="the Ledger model, for merging")
+    tokens: int = Field(ge=0, description="estimated tokens of text + ledger as injected")
+    covers_from: int = Field(default=0, ge=0, description="watermark of the summary it merged")
+    source_version: int = Field(default=0, ge=0)
+    model: str | None = None
+    input_tokens: int = Field(default=0, ge=0, description="summarizer input spent")
+    output_tokens: int = Field(default=0, ge=0)
+    stages: list[str] = Field(default_factory=list)
+    created_at: float = Field(default_factory=time.time)
+
+    def injected_text(self) -> str:
+        """What the guard injects: the summary, then the ledger of facts it must keep."""
+        return f"{self.text}\n\n{self.ledger}".strip() if self.ledger else self.text
+
+
+class CheapDecision(BaseModel):
+    """A cheap-stage replacement of one message's content, decided once and kept."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    index: int = Field(ge=0)
+    stage: Literal["clear_tool_output", "dedupe_read"]
+    placeholder: str
+    saved_tokens: int = Field(ge=0)
+
+
+class UsageAnchor(BaseModel):
+    """The provider's reported prompt tokens for one earlier request of this view."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reported: int
+    estimated: int
+    end: int = Field(description="log length the request covered")
+    version: int
+
+
+class SessionState(BaseModel):
+    """The ``state`` hash, typed. Figures the worker needs for the full budget formula."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: int = 0
+    watermark: int = 0
+    summary_tokens: int = 0
+    summary_kind: str = ""
+    system_tokens: int = 0
+    tool_tokens: int = 0
+    max_tokens: int = 0
+    model: str = ""
+    window: int = 0
+    learned_window: int = 0
+    calibration_ratio: float = 1.0
+    calibration_samples: int = 0
+    anchor_reported: int | None = None
+    anchor_estimated: int | None = None
+    anchor_end: int | None = None
+    anchor_version: int | None = None
+    last_overflow_at: float | None = None
+    silent_truncation_flags: int = 0
+    recover_next: int = Field(default=0, description="1: next prepare compacts to recovery ratio")
+    force_requested: int = Field(default=0, description="1: next job compacts even below trigger")
+
+    @classmethod
+    def from_hash(cls, raw: dict[str, str]) -> SessionState:
+        return cls.model_validate({k: v for k, v in raw.items() if v != ""})
+
+    def anchor(self) -> UsageAnchor | None:
+        if None in (self.anchor_reported, self.anchor_estimated, self.anchor_end,
+                    self.anchor_version):
+            return None
+        assert self.anchor_reported is not None and self.anchor_estimated is not None
+        assert self.anchor_end is not None and self.anchor_version is not None
+        return UsageAnchor(reported=self.anchor_reported, estimated=self.anchor_estimated,
+                           end=self.anchor_end, version=self.anchor_version)
+
+
+class CommitResult(BaseModel):
+    """Outcome of the compare-and-swap: losing a race is a result, not an exception."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    version: int
+    watermark: int
+    reason: Literal["", "version", "backwards", "beyond_log"] = ""
+
+
+class ViewData(BaseModel):
+    """One atomic read of everything prepare() needs."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    state: SessionState
+    raw_messages: list[str]
+    tokens_before_watermark: int
+    tokens_total: int
+    length: int
+    summary: SummaryRecord | None
+    cheap: dict[int, CheapDecision]
+    pending: bool
+
+    @property
+    def history_tokens(self) -> int:
+        """Estimated tokens of log[watermark:], before cheap-stage savings."""
+        return self.tokens_total - self.tokens_before_watermark
+
+    def messages(self) -> list[Message]:
+        return [Message.model_validate_json(raw) for raw in self.raw_messages]
+
+
+__all__ = [
+    "CheapDecision",
+    "CommitResult",
+    "SessionState",
+    "SummaryKind",
+    "SummaryRecord",
+    "UsageAnchor",
+    "ViewData",
+]

@@ -1,0 +1,117 @@
+"""Pure assembly of the view sent to the model, and its token accounting.
+
+The view is ``[system prompt (+ summary)] [summary message?] [log from the
+watermark, with cheap-stage placeholders] [pending messages]``. Nothing here
+does I/O: the guard reads the store once and calls these functions; the
+workers use the same accounting for their trigger, so both agree on what a
+session costs (one estimator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.messages import Message
+from shared.records import CheapDecision, SessionState, SummaryRecord
+from shared.tokens import Calibration, hybrid_estimate
+
+SUMMARY_OPEN = "<conversation_summary>"
+SUMMARY_CLOSE = "</conversation_summary>"
+SUMMARY_INTRO = (
+    "The earlier part of this conversation was compacted. What follows summarizes it; "
+    "the messages after it continue from there."
+)
+
+
+def summary_block(record: SummaryRecord) -> str:
+    """The text injected for a summary: framed, with its fact ledger."""
+    return f"{SUMMARY_INTRO}\n{SUMMARY_OPEN}\n{record.injected_text()}\n{SUMMARY_CLOSE}"
+
+
+def apply_cheap(messages: Sequence[Message], offset: int,
+                decisions: Mapping[int, CheapDecision]) -> list[Message]:
+    """Replace the content of decided messages by their placeholders.
+
+    ``offset`` is the log index of ``messages[0]``. Tool calls and ids are
+    kept, so tool pairs stay intact.
+    """
+    if not decisions:
+        return list(messages)
+    out: list[Message] = []
+    for i, message in enumerate(messages):
+        decision = decisions.get(offset + i)
+        out.append(message if decision is None
+                   else message.model_copy(update={"content": decision.placeholder}))
+    return out
+
+
+def cheap_savings(decisions: Mapping[int, CheapDecision], start: int, end: int) -> int:
+    """Tokens saved by decisions on log positions ``[start, end)``."""
+    return sum(d.saved_tokens for i, d in decisions.items() if start <= i < end)
+
+
+def assemble(system_prompt: str, summary: SummaryRecord | None, history: Sequence[Message],
+             *, placement: str = "system") -> list[Message]:
+    """The message list to send, system message first (if any)."""
+    out: list[Message] = []
+    system = system_prompt
+    lead: Message | None = None
+    if summary is not None:
+        block = summary_block(summary)
+        # A cut inside a long turn leaves the history starting at an assistant
+        # message; Anthropic and Gemini need a user message first, so the
+        # summary then leads as that user message.
+        if placement == "system" and (not history or history[0].role == "user"):
+            system = f"{system_prompt}\n\n{block}" if system_prompt else block
+        else:
+            lead = Message(role="user", content=block, metadata={"compaction": "summary"})
+    if system:
+        out.append(Message(role="system", content=system))
+    if lead is not None:
+        out.append(lead)
+    out.extend(history)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Regions:
+    """Heuristic tokens of each region of one request (before calibration)."""
+
+    system: int
+    summary: int
+    tools: int
+    history: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.system + self.summary + self.tools + self.history + self.overhead
+
+
+def calibrated_total(regions: Regions, state: SessionState, covered_end: int) -> int:
+    """Estimated prompt tokens of this request, hybrid where possible.
+
+    If the provider reported usage for an earlier request of the *same* view
+    (same version: no compaction or edit since), the estimate is that
+    report plus the calibrated heuristic for what was added since; otherwise
+    the heuristic times the session's calibration ratio, which survives
+    compaction.
+    """
+    calibration = Calibration(ratio=state.calibration_ratio, samples=state.calibration_samples)
+    anchor = state.anchor()
+    if anchor is not None and anchor.version == state.version and anchor.end <= covered_end:
+        return hybrid_estimate(anchor.reported, anchor.estimated, regions.total, calibration)
+    return calibration.apply(regions.total)
+
+
+__all__ = [
+    "SUMMARY_CLOSE",
+    "SUMMARY_OPEN",
+    "Regions",
+    "apply_cheap",
+    "assemble",
+    "calibrated_total",
+    "cheap_savings",
+    "summary_block",
+]

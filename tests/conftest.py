@@ -1,0 +1,76 @@
+"""Shared fixtures: fakeredis for fast tests, a real Redis where behaviour depends on it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from shared.config import StoreConfig
+from shared.store import SessionStore
+from tests.redis_server import RedisServer, find_redis
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real Redis (the machine's, or one started for this run)."""
+    try:
+        url, server = find_redis()
+    except RuntimeError as exc:
+        pytest.fail(f"tests need a real Redis and none could be found or started: {exc}")
+    yield url
+    if isinstance(server, RedisServer):
+        server.stop()
+
+
+def _cleanup(client: Any, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i:i + 500])
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A key prefix of this test's own, so tests never see each other's keys."""
+    return "t" + secrets.token_hex(5)
+
+
+@pytest.fixture
+def real_redis(redis_url: str, key_prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+    yield client
+    _cleanup(client, key_prefix)
+    client.close()
+
+
+@pytest.fixture
+def fake_redis() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def any_redis(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Any]:
+    """Runs a test on fakeredis (with lua) and on the real server."""
+    if request.param == "fakeredis":
+        yield fakeredis.FakeRedis()
+    else:
+        yield request.getfixturevalue("real_redis")
+
+
+@pytest.fixture
+def store(any_redis: Any, key_prefix: str) -> SessionStore:
+    return SessionStore(any_redis, StoreConfig(key_prefix=key_prefix))
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    if not (DATA_DIR / "transcripts.dev.jsonl").exists():
+        pytest.skip(f"real data not found at {DATA_DIR} (the ../shared/data kit)")
+    return DATA_DIR

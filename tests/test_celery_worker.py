@@ -1,0 +1,192 @@
+"""Real Celery workers on a real Redis broker: compaction, kill -9, races."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from shared.adapters import from_openai
+from shared.config import StoreConfig
+from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
+from shared.guard import ContextGuard
+from shared.repair import validate_view
+from shared.store import SessionStore
+from shared.turns import turn_starts
+from tests.celery_worker import WorkerProcess, purge_queue, worker_env
+from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.fakes.openai_server import FakeOpenAIServer
+from workers.fakes.summaries import SummarizerResponder
+
+pytestmark = [pytest.mark.celery, pytest.mark.slow]
+
+
+def with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
+
+
+@pytest.fixture
+def urls(redis_url: str) -> Iterator[tuple[str, str]]:
+    broker, store = with_db(redis_url, 12), with_db(redis_url, 11)
+    purge_queue(broker)
+    yield broker, store
+    purge_queue(broker)
+
+
+@pytest.fixture
+def store_client(urls: tuple[str, str], key_prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(urls[1])
+    yield client
+    for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+        client.delete(key)
+
+
+def demo_turns(n: int) -> list[list[Any]]:
+    body = from_openai(generate_session(n))[1:]
+    starts = turn_starts(body)
+    return [body[a:b] for a, b in zip(starts, [*starts[1:], len(body)], strict=True)]
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def test_worker_compacts_in_the_background(urls: tuple[str, str], key_prefix: str,
+                                           store_client: redis.Redis) -> None:
+    broker, store_url = urls
+    worker = WorkerProcess("w1", worker_env(broker_url=broker, redis_url=store_url,
+                                            key_prefix=key_prefix)).start()
+    try:
+        store = SessionStore(store_client, StoreConfig(key_prefix=key_prefix))
+        guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker)),
+                             overrides={"gpt-4o": 24_000})
+        for turn in demo_turns(30):
+            view = guard.prepare("s1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+            assert view.report.budget.within_budget
+            assert validate_view(view.messages, "openai") == []
+            guard.record_turn("s1", turn)
+            time.sleep(0.05)
+        assert wait_for(lambda: store.state("s1").watermark > 0, 20), worker.log()[-3000:]
+        assert wait_for(lambda: not store.is_pending("s1"), 20)
+        summaries = store.summaries("s1")
+        assert summaries and all(s.kind in ("offline", "truncation") for s in summaries)
+        assert "compaction.maybe_summarize" in worker.log()
+    finally:
+        worker.stop()
+
+
+def test_kill9_mid_summarization_is_redelivered_and_completes(
+        urls: tuple[str, str], key_prefix: str, store_client: redis.Redis) -> None:
+    broker, store_url = urls
+    store = SessionStore(store_client, StoreConfig(key_prefix=key_prefix))
+    for turn in demo_turns(12):
+        store.append("s2", turn)
+    with FakeOpenAIServer(responder=SummarizerResponder(), latency=3.0) as llm:
+        env = worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                         summarizer="openai", summarizer_base_url=llm.base_url,
+                         summarizer_api_key="k", summarizer_timeout="20",
+                         broker_visibility_timeout="6", broker_restore_sweep_seconds="1",
+                         task_time_limit="20", task_soft_time_limit="15")
+        first = WorkerProcess("victim", env).start()
+        second = WorkerProcess("heir", env)
+        try:
+            _kill_mid_job_then_recover(first, second, broker, llm, store)
+        finally:
+            first.kill9()
+            second.stop()
+
+
+def _kill_mid_job_then_recover(first: WorkerProcess, second: WorkerProcess, broker: str,
+                               llm: FakeOpenAIServer, store: SessionStore) -> None:
+    app = publisher_app(broker)
+    app.send_task(TASK_COMPACT, args=["s2"],
+                  kwargs={"tenant": "default", "force": True, "keep_recent": 2000},
+                  queue="compaction")
+    assert wait_for(lambda: len(llm.requests) >= 1, 20), first.log()[-3000:]
+    first.kill9()  # mid-summarization: the LLM call is in flight
+    assert store.state("s2").watermark == 0
+    second.start()
+    assert wait_for(lambda: store.state("s2").watermark > 0, 40), second.log()[-3000:]
+    state = store.state("s2")
+    assert state.version == 1, "exactly one summary write"
+    assert [s.kind for s in store.summaries("s2")] == ["llm"]
+    assert len(llm.requests) >= 2  # the killed attempt and the redelivered one
+
+
+def test_four_workers_appends_edit_and_manual_compactions(
+        urls: tuple[str, str], key_prefix: str, store_client: redis.Redis) -> None:
+    """Every view valid; the watermark only goes back through an edit; no stale summary."""
+    broker, store_url = urls
+    env = worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix)
+    workers = [WorkerProcess(f"race{i}", env, concurrency=2) for i in range(4)]
+    store = SessionStore(store_client, StoreConfig(key_prefix=key_prefix))
+    publisher = publisher_app(broker)
+    guard = ContextGuard(store, CeleryEnqueuer(publisher), overrides={"gpt-4o": 16_000})
+    turns = demo_turns(80)
+    observed: list[tuple[int, int]] = []
+    edits: list[tuple[int, int]] = []  # (version after the edit, index)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def appender(part: list[list[Any]]) -> None:
+        try:
+            for turn in part:
+                guard.record_turn("race", turn)
+                time.sleep(0.02)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def viewer() -> None:
+        try:
+            while not stop.is_set():
+                view = guard.prepare("race", SYSTEM_PROMPT, TOOLS, 1500, "gpt-4o")
+                for provider in ("openai", "anthropic", "gemini"):
+                    problems = validate_view(view.messages, provider)
+                    assert problems == [], (provider, problems)
+                observed.append((view.report.version, view.report.watermark))
+                if len(observed) % 25 == 0:
+                    publisher.send_task(TASK_COMPACT, args=["race"],
+                                        kwargs={"tenant": "default"}, queue="compaction")
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    try:
+        for w in workers:
+            w.start()
+        threads = [threading.Thread(target=appender, args=(turns[i::2],)) for i in range(2)]
+        threads.append(threading.Thread(target=viewer))
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        index = store.length("race") // 2
+        edits.append((store.truncate_after("race", index).version, index))
+        for t in threads[:2]:
+            t.join()
+        time.sleep(3)
+        stop.set()
+        threads[2].join()
+        assert not errors, errors
+        assert store.state("race").watermark > 0
+    finally:
+        stop.set()
+        for w in workers:
+            w.stop()
+    for (v1, w1), (v2, w2) in itertools.pairwise(observed):
+        if w2 < w1:
+            assert any(v1 < ev <= v2 for ev, _ in edits), (v1, w1, v2, w2)
+    edit_version, edit_index = edits[0]
+    for record in store.summaries("race"):
+        if record.watermark > edit_index:
+            assert record.source_version >= edit_version, "a stale summary was stored"

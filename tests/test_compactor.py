@@ -1,0 +1,178 @@
+"""One job's decisions and effects: trigger, cut, incremental merge, ledger, CAS."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.adapters import from_openai
+from shared.config import CompactionPolicy
+from shared.errors import BadSummary, SummarizerUnavailable
+from shared.guard import ContextGuard
+from shared.ledger import Ledger
+from shared.messages import Message
+from shared.repair import validate_view
+from shared.store import SessionStore
+from shared.turns import turn_starts
+from workers.compactor import Compactor
+from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.fakes.behaviour import Fault
+from workers.fakes.openai_server import FakeOpenAIServer
+from workers.fakes.summaries import SummarizerResponder
+from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.providers import OpenAIClient
+
+
+def turns_of(messages: list[Message]) -> list[list[Message]]:
+    starts = turn_starts(messages)
+    return [messages[a:b] for a, b in zip(starts, [*starts[1:], len(messages)], strict=True)]
+
+
+@pytest.fixture
+def demo_turns() -> list[list[Message]]:
+    return turns_of(from_openai(generate_session(40))[1:])
+
+
+def feed(store: SessionStore, turns: list[list[Message]], window: int = 32_000) -> ContextGuard:
+    guard = ContextGuard(store, overrides={"gpt-4o": window})
+    for t in turns:
+        guard.prepare("s", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=t[:1])
+        guard.record_turn("s", t)
+    return guard
+
+
+@pytest.fixture
+def llm_server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(window=128_000, responder=SummarizerResponder()) as server:
+        yield server
+
+
+def llm_engine(server: FakeOpenAIServer, **kw: Any) -> SummaryEngine:
+    client = OpenAIClient("gpt-4o-mini", base_url=server.base_url, api_key="k", timeout=5)
+    return SummaryEngine(client, **kw)
+
+
+def test_not_due_exits_fast(store: SessionStore, demo_turns: list[list[Message]]) -> None:
+    feed(store, demo_turns[:2])
+    started = time.perf_counter()
+    outcome = Compactor(store, SummaryEngine(None)).run("s")
+    assert outcome.status == "skipped" and "below trigger" in outcome.reason
+    assert (time.perf_counter() - started) < 0.05
+
+
+def test_offline_compaction_cuts_on_a_turn_boundary(store: SessionStore,
+                                                    demo_turns: list[list[Message]]) -> None:
+    guard = feed(store, demo_turns[:12])
+    before = store.messages("s")
+    outcome = Compactor(store, SummaryEngine(None)).run("s")
+    assert outcome.status == "compacted", outcome.reason
+    w = outcome.watermark_after
+    # A turn boundary, or a unit boundary inside a long turn (split turn).
+    assert 0 < w < len(before) and before[w].role in ("user", "assistant")
+    assert before[w].role == "user" or "turn_prefix_summary" in outcome.stages \
+        or outcome.summary_kind == "offline"
+    assert outcome.tokens_after < outcome.tokens_before * 0.7
+    assert outcome.summary_kind == "offline"
+    record = store.load_view("s").summary
+    assert record is not None and "## Goal" in record.text
+    assert record.ledger_json and not Ledger.from_json(record.ledger_json).is_empty()
+    view = guard.prepare("s", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o")
+    for provider in ("openai", "anthropic", "gemini"):
+        assert validate_view(view.messages, provider) == []
+    # Right after a compaction nothing is due: hysteresis.
+    assert Compactor(store, SummaryEngine(None)).run("s").status == "skipped"
+
+
+def test_incremental_merge_sends_only_new_messages(store: SessionStore,
+                                                   demo_turns: list[list[Message]],
+                                                   llm_server: FakeOpenAIServer) -> None:
+    compactor = Compactor(store, llm_engine(llm_server))
+    feed(store, demo_turns[:12])
+    first = compactor.run("s")
+    assert first.status == "compacted" and first.summary_kind == "llm"
+    sent_before = len(llm_server.requests)
+    feed(store, demo_turns[12:24])
+    second = compactor.run("s", manual=True)
+    assert second.status == "compacted", second.reason
+    prompts = [r.body["messages"][1]["content"] for r in llm_server.requests[sent_before:]]
+    updates = [p for p in prompts if "<previous_summary>" in p]
+    assert len(updates) == 1 and "Update an existing summary" in updates[0]
+    shown = [int(i) for p in prompts for i in re.findall(r'<message index="(\d+)"', p)]
+    assert min(shown) == first.watermark_after  # nothing before the watermark is re-sent
+    assert max(shown) < second.watermark_after
+
+
+def test_bad_llm_reply_is_never_stored(store: SessionStore, demo_turns: list[list[Message]],
+                                       llm_server: FakeOpenAIServer) -> None:
+    feed(store, demo_turns[:12])
+    compactor = Compactor(store, llm_engine(llm_server))
+    llm_server.faults.next(Fault.refusal())
+    with pytest.raises(BadSummary):
+        compactor.run("s")
+    llm_server.faults.next(Fault.server_error())
+    with pytest.raises(SummarizerUnavailable):
+        compactor.run("s")
+    llm_server.faults.next(Fault.empty())
+    with pytest.raises(BadSummary):
+        compactor.run("s")
+    assert store.state("s").watermark == 0 and store.summaries("s") == []
+    fallback = compactor.run("s", use_llm=False)
+    assert fallback.status == "compacted" and fallback.summary_kind == "offline"
+    upgraded = compactor.run("s")  # an LLM is back: the offline summary is rebuilt
+    assert upgraded.status == "compacted" and upgraded.summary_kind == "llm"
+
+
+def test_edit_during_summarization_loses_the_swap(store: SessionStore,
+                                                  demo_turns: list[list[Message]]) -> None:
+    feed(store, demo_turns[:12])
+    engine = SummaryEngine(None)
+    compactor = Compactor(store, engine)
+    original = engine.summarize
+
+    def edit_then_summarize(*args: Any, **kw: Any) -> Any:
+        store.truncate_after("s", store.length("s") - 3)  # the user edited a message
+        engine.summarize = original  # type: ignore[method-assign]
+        return original(*args, **kw)
+
+    engine.summarize = edit_then_summarize  # type: ignore[method-assign]
+    outcome = compactor.run("s")
+    state = store.state("s")
+    assert state.version >= 2  # the edit, then the retried commit
+    assert outcome.status == "compacted" and state.watermark == outcome.watermark_after
+    assert state.watermark <= store.length("s")
+
+
+def test_facts_survive_twenty_compactions(store: SessionStore, data_dir: Path) -> None:
+    """A lossy model keeps half of the facts; the ledger keeps all of them in the view."""
+    rows = [json.loads(line) for line in (data_dir / "transcripts.dev.jsonl").open()]
+    session = max(rows, key=lambda r: len(r["messages"]))
+    messages = from_openai(session["messages"])
+    system, body = messages[0].text(), messages[1:]
+    units = [body[i:i + 6] for i in range(0, len(body), 6)]  # one agent step at a time
+    policy = CompactionPolicy(max_ledger_chars=3000, max_summary_tokens=1500)
+    with FakeOpenAIServer(window=200_000,
+                          responder=SummarizerResponder(keep_facts=0.5)) as server:
+        compactor = Compactor(store, llm_engine(server, max_summary_tokens=1500), policy=policy)
+        guard = ContextGuard(store, policy=policy)
+        compactions = 0
+        for unit in units:
+            guard.record_turn("s", unit)
+            outcome = compactor.run("s", manual=True, keep_recent=200)
+            if outcome.status == "compacted":
+                compactions += 1
+                record = store.load_view("s").summary
+                assert record is not None and record.ledger_json
+                ledger = Ledger.from_json(record.ledger_json)
+                view = guard.prepare("s", system, max_tokens=1000, model="gpt-4o")
+                text = "\n".join(m.text() for m in view.messages)
+                assert ledger.missing_from(text).is_empty()
+                assert len(record.injected_text()) < 1500 * 4 + 3000 + 500
+            if compactions >= 20:
+                break
+    assert compactions >= 20

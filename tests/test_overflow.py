@@ -1,0 +1,553 @@
+"""Overflow detection: the labelled dev set, one real error shape per provider, SDK exceptions,
+cause chains, proxy-wrapped JSON, false-alarm traps, and a never-raises property."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from google.genai import errors as genai_errors
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.overflow import (
+    ErrorKind,
+    OverflowInfo,
+    classify_error,
+    is_context_overflow,
+    is_tool_pairing_error,
+    parse_overflow,
+)
+
+K = ErrorKind
+DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "data" / "overflow_errors.dev.json"
+ENTRIES: list[dict[str, Any]] = (
+    json.loads(DEV_SET.read_text(encoding="utf-8")) if DEV_SET.exists() else []
+)
+needs_dev_set = pytest.mark.skipif(not ENTRIES, reason=f"labelled errors not found at {DEV_SET}")
+
+# The file's labels -> our kinds. Payload-size codes ("content_too_large") are labelled overflow
+# there; both make is_context_overflow() true, which is what the guard acts on.
+ACCEPTED: dict[str, set[ErrorKind]] = {
+    "context_overflow": {K.CONTEXT_OVERFLOW, K.PAYLOAD_SIZE},
+    "output_reserve_overflow": {K.CONTEXT_OVERFLOW},
+    "payload_size": {K.PAYLOAD_SIZE, K.CONTEXT_OVERFLOW},
+    "rate_limit": {K.RATE_LIMIT}, "quota": {K.QUOTA}, "capacity": {K.OVERLOADED, K.QUOTA},
+    "overloaded": {K.OVERLOADED}, "server_error": {K.SERVER_ERROR},
+    "network": {K.SERVER_ERROR}, "auth": {K.AUTH}, "output_limit": {K.OUTPUT_LIMIT},
+    "tool_pairing": {K.TOOL_PAIRING}, "content_filter": {K.CONTENT_FILTER},
+    "empty": {K.OTHER}, "unknown": {K.OTHER},
+}
+# The file's token keys -> OverflowInfo fields.
+TOKEN_FIELDS = {"actual": "requested", "limit": "limit", "input": "prompt_tokens",
+                "input_at_least": "prompt_tokens", "output_reserved": "output_tokens",
+                "excess": "excess"}
+
+
+class ProviderError(Exception):
+    """An SDK-less error carrying an HTTP status, like most provider clients raise."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def _forms(entry: dict[str, Any]) -> list[object]:
+    """The same error as a string, an exception with a status, and a JSON body."""
+    message, status = entry["message"], entry.get("http_status")
+    body = {"error": {"message": message, "code": status}} if status else {"message": message}
+    return [message, ProviderError(message, status), body]
+
+
+def _ids(entries: list[dict[str, Any]]) -> list[str]:
+    return [f"{i}-{e['provider']}-{e['kind']}" for i, e in enumerate(entries)]
+
+
+@needs_dev_set
+@pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
+def test_dev_set_labels(entry: dict[str, Any]) -> None:
+    for form in _forms(entry):
+        kind = classify_error(form)
+        if entry.get("ambiguous"):
+            continue  # borderline labels: measured in BENCHMARKS.md, not asserted
+        assert is_context_overflow(form) == entry["is_overflow"], (form, kind)
+        assert kind in ACCEPTED[entry["kind"]], (form, kind)
+
+
+@needs_dev_set
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.get("tokens")],
+                         ids=_ids([e for e in ENTRIES if e.get("tokens")]))
+def test_dev_set_numbers_are_recovered(entry: dict[str, Any]) -> None:
+    info = parse_overflow(ProviderError(entry["message"], entry.get("http_status")))
+    assert info is not None
+    for key, value in entry["tokens"].items():
+        assert getattr(info, TOKEN_FIELDS[key]) == value, (key, info)
+
+
+# -- one real shape per provider (from their documented / observed error bodies) --------------
+OVERFLOWS: list[tuple[str, object, dict[str, int]]] = [
+    ("openai", {"error": {"message": "This model's maximum context length is 128000 tokens. "
+     "However, your messages resulted in 130512 tokens (129000 in the messages, 1512 in the "
+     "functions). Please reduce the length of the messages or functions.", "type":
+     "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
+     {"limit": 128000, "requested": 130512}),
+    ("openai-responses", {"error": {"message": "Your input exceeds the context window of this "
+     "model. Please adjust your input and try again.", "type": "invalid_request_error",
+     "param": "input", "code": "context_length_exceeded"}}, {}),
+    ("azure", "Error code: 400 - {'error': {'message': \"This model's maximum context length is "
+     "8192 tokens. However, you requested 9000 tokens (5000 in the messages, 4000 in the "
+     "completion). Please reduce the length of the messages or completion.\", 'type': "
+     "'invalid_request_error', 'param': 'messages', 'code': 'context_length_exceeded'}}",
+     {"limit": 8192, "requested": 9000, "prompt_tokens": 5000, "output_tokens": 4000}),
+    ("anthropic", {"type": "error", "error": {"type": "invalid_request_error",
+     "message": "prompt is too long: 208815 tokens > 200000 maximum"}},
+     {"limit": 200000, "prompt_tokens": 208815}),
+    ("anthropic-reserve", {"type": "error", "error": {"type": "invalid_request_error",
+     "message": "input length and `max_tokens` exceed context limit: 197000 + 8192 > 200000, "
+     "decrease input length or `max_tokens` and try again"}},
+     {"limit": 200000, "prompt_tokens": 197000, "output_tokens": 8192}),
+    ("bedrock", "An error occurred (ValidationException) when calling the Converse operation: "
+     "The model returned the following errors: Input is too long for requested model.", {}),
+    ("bedrock-titan", "An error occurred (ValidationException) when calling the InvokeModel "
+     "operation: Too many input tokens. Max input tokens: 8192, request input token count: 9120",
+     {"limit": 8192, "prompt_tokens": 9120}),
+    ("gemini", {"error": {"code": 400, "message": "The input token count (1203991) exceeds the "
+     "maximum number of tokens allowed (1048576).", "status": "INVALID_ARGUMENT"}},
+     {"limit": 1048576, "prompt_tokens": 1203991}),
+    ("vertex", {"error": {"code": 400, "message": "Unable to submit request because the input "
+     "token count is 1500000 but model only supports up to 1048576. Reduce the input token count "
+     "and try again.", "status": "INVALID_ARGUMENT"}},
+     {"limit": 1048576, "prompt_tokens": 1500000}),
+    ("mistral", {"object": "error", "message": "Prompt contains 40014 tokens and 0 draft tokens, "
+     "too large for model with 32768 maximum context length", "type": "invalid_request_error",
+     "param": None, "code": None}, {"limit": 32768, "prompt_tokens": 40014}),
+    ("groq", {"error": {"message": "Please reduce the length of the messages or completion.",
+     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
+     {}),
+    ("xai", {"code": "Client specified an invalid argument", "error": "This model's maximum "
+     "prompt length is 131072 but the request contains 140515 tokens."},
+     {"limit": 131072, "prompt_tokens": 140515}),
+    ("deepseek", {"error": {"message": "This model's maximum context length is 131072 tokens. "
+     "However, you requested 140000 tokens (132000 in the messages, 8000 in the completion). "
+     "Please reduce the length of the messages or completion.", "type": "invalid_request_error",
+     "param": None, "code": "invalid_request_error"}},
+     {"limit": 131072, "requested": 140000, "prompt_tokens": 132000}),
+    ("openrouter", {"error": {"message": "Provider returned error", "code": 400, "metadata": {
+     "raw": json.dumps({"error": {"message": "This endpoint's maximum context length is 131072 "
+                       "tokens. However, you requested about 150210 tokens (140210 of text input,"
+                       " 10000 in the output). Please reduce the length of either one, or use the"
+                       " \"middle-out\" transform to compress your prompt automatically.",
+                       "code": 400}}), "provider_name": "DeepInfra"}}},
+     {"limit": 131072, "requested": 150210, "prompt_tokens": 140210, "output_tokens": 10000}),
+    ("together", {"error": {"message": "Input validation error: `inputs` tokens + "
+     "`max_new_tokens` must be <= 8193. Given: 8000 `inputs` tokens and 1000 `max_new_tokens`",
+     "type": "invalid_request_error", "param": "max_tokens", "code": None}},
+     {"limit": 8193, "prompt_tokens": 8000, "output_tokens": 1000}),
+    ("cohere", {"message": "too many tokens: size limit exceeded by 11326 tokens. Try using "
+     "shorter or fewer inputs, or setting prompt_truncation='AUTO'."}, {"excess": 11326}),
+    ("cohere-v1", "too many tokens: total number of tokens in the prompt cannot exceed 4081 - "
+     "received 4292. Try using a shorter prompt, or enabling prompt truncating.",
+     {"limit": 4081, "prompt_tokens": 4292}),
+    ("vllm", {"object": "error", "message": "This model's maximum context length is 32768 tokens."
+     " However, your request has 40012 input tokens. Please reduce the length of the input "
+     "messages.", "type": "BadRequestError", "param": None, "code": 400},
+     {"limit": 32768, "prompt_tokens": 40012}),
+    ("vllm-reserve", "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's "
+     "maximum context length is 8192 tokens and your request has 1200 input tokens "
+     "(8000 > 8192 - 1200).", {"limit": 8192, "prompt_tokens": 1200, "output_tokens": 8000}),
+    ("ollama", {"error": "prompt too long; exceeded max context length by 2107 tokens"},
+     {"excess": 2107}),
+    ("ollama-embed", {"error": "the input length exceeds the context length"}, {}),
+    ("llama.cpp", {"error": {"code": 400, "message": "request (9412 tokens) exceeds the available"
+     " context size (8192 tokens), try increasing it", "type": "exceed_context_size_error",
+     "n_prompt_tokens": 9412, "n_ctx": 8192}}, {"limit": 8192, "prompt_tokens": 9412}),
+    ("llama.cpp-structured", {"error": {"code": 400, "message": "the request exceeds the available "
+     "context size, try increasing it", "type": "exceed_context_size_error",
+     "n_prompt_tokens": 5000, "n_ctx": 4096}}, {"limit": 4096, "prompt_tokens": 5000}),
+    ("lm-studio", {"error": "Trying to keep the first 6269 tokens when context the overflows. "
+     "However, the model is loaded with context length of only 4096 tokens, which is not enough. "
+     "Try to load the model with a larger context length, or provide a shorter input"},
+     {"limit": 4096, "prompt_tokens": 6269}),
+    ("litellm", {"error": {"message": "litellm.ContextWindowExceededError: litellm.BadRequestError"
+     ": AnthropicException - " + json.dumps({"type": "error", "error": {"type":
+     "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+     "type": None, "param": None, "code": "400"}}, {"limit": 200000, "prompt_tokens": 210000}),
+    ("fireworks", "The prompt is too long: 140000, model maximum context length: 131072",
+     {"limit": 131072}),
+    ("openai-legacy", "This model's maximum context length is 4097 tokens, however you requested "
+     "4500 tokens (3500 in your prompt; 1000 for the completion). Please reduce your prompt; or "
+     "completion length.", {"limit": 4097, "requested": 4500, "prompt_tokens": 3500,
+                            "output_tokens": 1000}),
+    ("github-models", ProviderError(json.dumps({"error": {"message": "Request body too large for "
+     "gpt-4o model. Max size: 8000 tokens.", "type": "invalid_request_error", "param": None,
+     "code": "tokens_limit_reached"}}), 413), {"limit": 8000}),
+    ("tgi", "Input validation error: `inputs` must have less than 4096 tokens. Given: 5123",
+     {"limit": 4096, "prompt_tokens": 5123}),
+]
+
+
+@pytest.mark.parametrize(("name", "error", "numbers"), OVERFLOWS, ids=[o[0] for o in OVERFLOWS])
+def test_provider_overflow_shapes(name: str, error: object, numbers: dict[str, int]) -> None:
+    assert classify_error(error) is K.CONTEXT_OVERFLOW, name
+    info = parse_overflow(error)
+    assert info is not None
+    for field, value in numbers.items():
+        assert getattr(info, field) == value, (field, info)
+
+
+NOT_OVERFLOWS: list[tuple[str, object, ErrorKind]] = [
+    ("openai-tpm", ProviderError("Request too large for gpt-4o in organization org-abc on tokens "
+     "per min (TPM): Limit 30000, Requested 45000. The input or output tokens must be reduced in"
+     " order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn"
+     " more.", 429), K.RATE_LIMIT),
+    ("openai-quota", {"error": {"message": "You exceeded your current quota, please check your "
+     "plan and billing details.", "type": "insufficient_quota", "code": "insufficient_quota"}},
+     K.QUOTA),
+    ("openai-max-tokens", "max_tokens is too large: 100000. This model supports at most 16384 "
+     "completion tokens, whereas you provided 100000.", K.OUTPUT_LIMIT),
+    ("openai-user-param", {"error": {"message": "Invalid 'user': string too long. Expected a "
+     "string with maximum length 64, but got a string with length 80 instead.", "type":
+     "invalid_request_error", "param": "user", "code": "string_above_max_length"}}, K.OTHER),
+    ("openai-key", ProviderError("Incorrect API key provided: sk-abc. You can find your API key "
+     "at https://platform.openai.com/account/api-keys.", 401), K.AUTH),
+    ("azure-rate", "Requests to the ChatCompletions_Create Operation under Azure OpenAI API "
+     "version 2024-02-01 have exceeded token rate limit of your current OpenAI S0 pricing tier. "
+     "Please retry after 6 seconds.", K.RATE_LIMIT),
+    ("azure-filter", {"error": {"message": "The response was filtered due to the prompt "
+     "triggering Azure OpenAI's content management policy.", "type": None, "param": "prompt",
+     "code": "content_filter", "status": 400}}, K.CONTENT_FILTER),
+    ("anthropic-rate", {"type": "error", "error": {"type": "rate_limit_error", "message": "This "
+     "request would exceed the rate limit for your organization of 40,000 input tokens per "
+     "minute. Please reduce the prompt length or the maximum tokens requested, or try again "
+     "later."}}, K.RATE_LIMIT),
+    ("anthropic-credit", "Your credit balance is too low to access the Anthropic API. Please go "
+     "to Plans & Billing to upgrade or purchase credits.", K.QUOTA),
+    ("anthropic-output", {"type": "error", "error": {"type": "invalid_request_error", "message":
+     "max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens for "
+     "claude-sonnet-4-20250514"}}, K.OUTPUT_LIMIT),
+    ("anthropic-overloaded", ProviderError("Overloaded", 529), K.OVERLOADED),
+    ("anthropic-image", {"type": "error", "error": {"type": "invalid_request_error", "message":
+     "messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: 6291456 bytes > "
+     "5242880 bytes"}}, K.OTHER),
+    ("bedrock-throttle", "An error occurred (ThrottlingException) when calling the InvokeModel "
+     "operation (reached max retries: 4): Too many tokens, please wait before trying again.",
+     K.RATE_LIMIT),
+    ("bedrock-quota", "ServiceQuotaExceededException: You have exceeded the number of tokens per "
+     "day for this model.", K.QUOTA),
+    ("gemini-quota", {"error": {"code": 429, "message": "You exceeded your current quota. Quota "
+     "exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_input_"
+     "token_count, limit: 250000, model: gemini-2.5-pro", "status": "RESOURCE_EXHAUSTED"}},
+     K.QUOTA),
+    ("vertex-exhausted", {"error": {"code": 429, "message": "Resource exhausted. Please try again "
+     "later.", "status": "RESOURCE_EXHAUSTED"}}, K.QUOTA),
+    ("gemini-overloaded", {"error": {"code": 503, "message": "The model is overloaded. Please "
+     "try again later.", "status": "UNAVAILABLE"}}, K.OVERLOADED),
+    ("vertex-output", "Unable to submit request because it has a maxOutputTokens value of 100000"
+     " but the supported range is from 1 (inclusive) to 65537 (exclusive). Update the value and "
+     "try again.", K.OUTPUT_LIMIT),
+    ("mistral-rate", ProviderError(json.dumps({"message": "Requests rate limit exceeded"}), 429),
+     K.RATE_LIMIT),
+    ("mistral-capacity", {"object": "error", "message": "Service tier capacity exceeded for this "
+     "model.", "type": "service_tier_capacity_exceeded", "code": "3505"}, K.OVERLOADED),
+    ("groq-413-tpm", ProviderError(json.dumps({"error": {"message": "Request too large for model "
+     "`llama-3.3-70b-versatile` in organization `org_01` service tier `on_demand` on tokens per "
+     "minute (TPM): Limit 12000, Requested 15520, please reduce your message size and try again.",
+     "type": "tokens", "code": "rate_limit_exceeded"}}), 413), K.RATE_LIMIT),
+    ("groq-tpd", "Rate limit reached for model `llama-3.3-70b-versatile` in organization `org_01`"
+     " service tier `on_demand` on tokens per day (TPD): Limit 100000, Used 99000, Requested "
+     "2000. Please try again in 12m.", K.RATE_LIMIT),
+    ("deepseek-balance", ProviderError("Insufficient Balance", 402), K.QUOTA),
+    ("openrouter-credits", {"error": {"message": "This request requires more credits, or fewer "
+     "max_tokens. You requested up to 16384 tokens, but can only afford 8000. To increase, visit "
+     "https://openrouter.ai/settings/credits and upgrade to a paid account", "code": 402}},
+     K.QUOTA),
+    ("together-output", "Input validation error: `max_new_tokens` must be <= 4096. Given: 5000",
+     K.OUTPUT_LIMIT),
+    ("cohere-output", "too many tokens: max tokens must be less than or equal to 4096, the "
+     "maximum output for this model - received 8192.", K.OUTPUT_LIMIT),
+    ("cohere-trial", ProviderError("You are using a Trial key, which is limited to 10 API calls "
+     "/ minute.", 429), K.RATE_LIMIT),
+    ("ollama-crash", ProviderError("model runner has unexpectedly stopped", 500), K.SERVER_ERROR),
+    ("go-timeout", 'Post "http://localhost:11434/api/chat": context deadline exceeded',
+     K.SERVER_ERROR),
+    ("openai-500", ProviderError("The server had an error while processing your request. Sorry "
+     "about that!", 500), K.SERVER_ERROR),
+    ("model-missing", ProviderError("The model `gpt-9` does not exist or you do not have access "
+     "to it.", 404), K.OTHER),
+    ("gemini-cache", "Cached content is too small. total_token_count=1000, "
+     "min_total_token_count=4096", K.OTHER),
+    ("openai-moderation", "Invalid prompt: your prompt was flagged as potentially violating our "
+     "usage policy. Please try again with a different prompt.", K.CONTENT_FILTER),
+]
+
+
+@pytest.mark.parametrize(("name", "error", "kind"), NOT_OVERFLOWS,
+                         ids=[o[0] for o in NOT_OVERFLOWS])
+def test_look_alikes_are_not_overflow(name: str, error: object, kind: ErrorKind) -> None:
+    assert classify_error(error) is kind, name
+    assert not is_context_overflow(error) and parse_overflow(error) is None
+
+
+PAYLOADS: list[tuple[str, object, ErrorKind]] = [
+    ("anthropic-bytes", ProviderError(json.dumps({"type": "error", "error": {"type":
+     "request_too_large", "message": "Request exceeds the maximum allowed number of bytes."}}),
+     413), K.PAYLOAD_SIZE),
+    ("gemini-payload", {"error": {"code": 400, "message": "Request payload size exceeds the "
+     "limit: 20971520 bytes.", "status": "INVALID_ARGUMENT"}}, K.PAYLOAD_SIZE),
+    ("nginx-413", ProviderError("<html><head><title>413 Request Entity Too Large</title>"
+     "</head></html>", 413), K.PAYLOAD_SIZE),
+    ("grpc", "Sent message larger than max (50000056 vs. 20971520)", K.PAYLOAD_SIZE),
+    ("bare-413", ProviderError("", 413), K.PAYLOAD_SIZE),
+]
+
+
+@pytest.mark.parametrize(("name", "error", "kind"), PAYLOADS, ids=[o[0] for o in PAYLOADS])
+def test_payload_size_is_compactable_but_teaches_no_token_limit(name: str, error: object,
+                                                                kind: ErrorKind) -> None:
+    """Body bytes over a cap: compaction shrinks the body, so the guard treats it as an
+    overflow, but a byte limit must never reach the token LimitBook."""
+    assert classify_error(error) is kind, name
+    info = parse_overflow(error)
+    assert is_context_overflow(error) and info is not None
+    assert info.kind == "payload_size" and info.limit is None
+
+
+TOOL_PAIRING = [
+    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+    "with 'tool_calls'.",
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+    " 'tool_call_id'. The following tool_call_ids did not have response messages: call_abc",
+    "messages.3: `tool_use` ids were found without `tool_result` blocks immediately after: "
+    "toolu_01A. Each `tool_use` block must have a corresponding `tool_result` block in the next "
+    "message.",
+    "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_01B. "
+    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+    "Please ensure that function response turn comes immediately after a function call turn.",
+    "Please ensure that the number of function response parts is equal to the number of function"
+    " call parts of the function call turn.",
+    "ValidationException: Expected toolResult blocks at messages.2.content for the following "
+    "Ids: tooluse_abc",
+    "Not the same number of function calls and responses",
+    "No tool output found for function call call_xyz.",
+]
+
+
+@pytest.mark.parametrize("message", TOOL_PAIRING)
+def test_tool_pairing_errors(message: str) -> None:
+    assert is_tool_pairing_error(message) and not is_context_overflow(message)
+
+
+# -- real SDK exceptions -------------------------------------------------------------------
+REQUEST = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
+
+
+def _openai_error(cls: type[openai.APIStatusError], status: int, body: dict[str, Any]
+                  ) -> openai.APIStatusError:
+    # openai 3.x annotates its own httpx fork; an httpx.Response is what callers hold.
+    response: Any = httpx.Response(status, request=REQUEST, json=body)
+    return cls(f"Error code: {status} - {body}", response=response, body=body.get("error", body))
+
+
+def test_openai_sdk_exceptions() -> None:
+    body = {"error": {"message": "This model's maximum context length is 16385 tokens. However, "
+                      "your messages resulted in 17001 tokens.", "type": "invalid_request_error",
+                      "param": "messages", "code": "context_length_exceeded"}}
+    error = _openai_error(openai.BadRequestError, 400, body)
+    info = parse_overflow(error)
+    assert info is not None and (info.limit, info.requested) == (16385, 17001)
+    assert info.provider == "openai" and info.overshoot() == 616
+    rate = _openai_error(openai.RateLimitError, 429, {"error": {"message": "Rate limit reached "
+                         "for gpt-4o on tokens per min (TPM)", "code": "rate_limit_exceeded"}})
+    assert classify_error(rate) is K.RATE_LIMIT
+    crash = _openai_error(openai.InternalServerError, 500, {"error": {"code": 500, "message":
+                          "the request exceeds the available context size, try increasing it",
+                          "type": "server_error"}})
+    assert classify_error(crash) is K.CONTEXT_OVERFLOW  # llama.cpp reports overflow as 500
+    assert classify_error(_openai_error(openai.InternalServerError, 500, {})) is K.SERVER_ERROR
+    response: Any = httpx.Response(400, request=REQUEST, text="context_length_exceeded")
+    bare = openai.BadRequestError("Error code: 400", response=response, body=None)
+    assert is_context_overflow(bare)
+
+
+def test_google_genai_exceptions() -> None:
+    over = genai_errors.ClientError(400, {"error": {"code": 400, "message": "The input token "
+                                    "count (1118493) exceeds the maximum number of tokens allowed"
+                                    " (1048575).", "status": "INVALID_ARGUMENT"}})
+    info = parse_overflow(over)
+    assert info is not None and (info.limit, info.prompt_tokens) == (1048575, 1118493)
+    assert info.provider == "gemini"
+    quota = genai_errors.ClientError(429, {"error": {"code": 429, "message": "Resource has been "
+                                     "exhausted (e.g. check quota).", "status":
+                                     "RESOURCE_EXHAUSTED"}})
+    assert classify_error(quota) is K.QUOTA
+    busy = genai_errors.ServerError(503, {"error": {"code": 503, "message": "The model is "
+                                    "overloaded. Please try again later.", "status":
+                                    "UNAVAILABLE"}})
+    assert classify_error(busy) is K.OVERLOADED
+
+
+def test_httpx_status_errors_read_the_response() -> None:
+    body = {"error": {"code": 400, "message": "request (9412 tokens) exceeds the available context"
+                      " size (8192 tokens), try increasing it", "type": "exceed_context_size_error",
+                      "n_prompt_tokens": 9412, "n_ctx": 8192}}
+    response = httpx.Response(400, request=REQUEST, json=body)
+    error = httpx.HTTPStatusError("Client error '400 Bad Request'", request=REQUEST,
+                                  response=response)
+    info = parse_overflow(error)
+    assert info is not None and (info.limit, info.prompt_tokens, info.provider) == (
+        8192, 9412, "llama.cpp")
+    nginx = httpx.Response(413, request=REQUEST, text="<html><head><title>413 Request Entity Too"
+                           " Large</title></head></html>")
+    too_big = httpx.HTTPStatusError("413", request=REQUEST, response=nginx)
+    assert classify_error(too_big) is K.PAYLOAD_SIZE and is_context_overflow(too_big)
+    payload = parse_overflow(too_big)
+    assert payload is not None and payload.kind == "payload_size" and payload.limit is None
+    unread = httpx.Response(503, request=REQUEST, stream=httpx.ByteStream(b"x"))
+    assert classify_error(httpx.HTTPStatusError("x", request=REQUEST, response=unread)) \
+        is K.SERVER_ERROR  # .text raises ResponseNotRead: the status still counts
+
+
+def test_botocore_style_response_dict() -> None:
+    class ClientError(Exception):
+        def __init__(self, response: dict[str, Any], operation: str) -> None:
+            error = response["Error"]
+            super().__init__(f"An error occurred ({error['Code']}) when calling the {operation} "
+                             f"operation: {error['Message']}")
+            self.response = response
+
+    over = ClientError({"Error": {"Code": "ValidationException", "Message": "Input is too long "
+                        "for requested model."}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+                       "Converse")
+    info = parse_overflow(over)
+    assert info is not None and info.provider == "bedrock"
+    throttled = ClientError({"Error": {"Code": "ThrottlingException", "Message": "Too many "
+                             "requests, please wait before trying again."},
+                             "ResponseMetadata": {"HTTPStatusCode": 429}}, "Converse")
+    assert classify_error(throttled) is K.RATE_LIMIT
+
+
+# -- chains, wrappers and odd inputs ----------------------------------------------------------
+def test_cause_and_context_chains_are_walked() -> None:
+    overflow = ProviderError("prompt is too long: 250000 tokens > 200000 maximum", 400)
+    try:
+        try:
+            raise overflow
+        except ProviderError as exc:
+            raise RuntimeError("agent step failed") from exc
+    except RuntimeError as wrapped:
+        assert is_context_overflow(wrapped)
+        info = parse_overflow(wrapped)
+        assert info is not None and info.limit == 200000
+    try:
+        try:
+            raise ProviderError("Rate limit exceeded", 429)
+        except ProviderError:
+            raise ValueError("retry budget spent") from None  # context kept, cause suppressed
+    except ValueError as later:
+        assert classify_error(later) is K.RATE_LIMIT
+    group = ExceptionGroup("parallel calls", [ValueError("x"), overflow])
+    assert is_context_overflow(group)
+    try:
+        raise ProviderError("litellm.ServiceUnavailableError: upstream failed", 503) from overflow
+    except ProviderError as generic:
+        assert is_context_overflow(generic)  # the specific cause beats the generic wrapper
+
+
+def test_cycles_and_deep_chains_terminate() -> None:
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert classify_error(a) is K.OTHER
+    head = current = RuntimeError("level 0")
+    for i in range(1, 500):
+        nxt = RuntimeError(f"level {i}")
+        current.__cause__ = nxt
+        current = nxt
+    current.__cause__ = ProviderError("context_length_exceeded")
+    assert classify_error(head) is K.OTHER  # beyond the depth bound: not walked, no recursion
+
+
+def test_duck_typed_objects_and_hostile_attributes() -> None:
+    class Hostile:
+        status_code = 413
+
+        @property
+        def message(self) -> str:
+            raise RuntimeError("boom")
+
+        def __str__(self) -> str:
+            raise RuntimeError("no str either")
+
+    assert classify_error(Hostile()) is K.PAYLOAD_SIZE
+    response_like = type("Resp", (), {"status_code": 401, "text": "{}"})()
+    assert classify_error(type("E", (), {"response": response_like})()) is K.AUTH
+    assert classify_error(b'{"error": {"code": "context_length_exceeded"}}') is K.CONTEXT_OVERFLOW
+    assert classify_error(None) is K.OTHER and classify_error("") is K.OTHER
+    assert classify_error(ProviderError("", 429)) is K.RATE_LIMIT
+    assert classify_error(ProviderError("whatever", 503)) is K.SERVER_ERROR
+    assert classify_error(ProviderError("too many tokens", 503)) is K.SERVER_ERROR
+    assert classify_error(ProviderError("too many tokens", 400)) is K.CONTEXT_OVERFLOW
+
+
+def test_doubly_wrapped_proxy_json_with_escapes() -> None:
+    inner = json.dumps({"error": {"message": "This model's maximum context length is 8192 tokens."
+                                  " However, your messages resulted in 9001 tokens."}})
+    outer = json.dumps({"detail": json.dumps({"error": {"message": inner}})})
+    info = parse_overflow("proxy said: " + outer)
+    assert info is not None and (info.limit, info.requested) == (8192, 9001)
+
+
+def test_output_reserve_overflow_is_an_overflow_with_its_own_kind() -> None:
+    info = parse_overflow("This model's maximum context length is 65536 tokens. However, you "
+                          "requested 64000 output tokens and your prompt contains at least 1537 "
+                          "input tokens, for a total of at least 65537 tokens.")
+    assert info is not None and info.kind == "output_reserve_overflow"
+    assert (info.prompt_tokens, info.output_tokens, info.requested) == (1537, 64000, 65537)
+    assert info.overshoot() == 1
+    plain = parse_overflow("prompt is too long: 250000 tokens > 200000 maximum")
+    assert plain is not None and plain.kind == "context_overflow"
+
+
+def test_error_kind_retryable() -> None:
+    assert K.RATE_LIMIT.retryable and K.SERVER_ERROR.retryable and K.OVERLOADED.retryable
+    assert not K.CONTEXT_OVERFLOW.retryable and not K.QUOTA.retryable
+    assert OverflowInfo(kind="context_overflow").overshoot() is None
+
+
+# -- properties ------------------------------------------------------------------------------
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)
+PHRASES = st.sampled_from(["maximum context length is 8192", "429", "rate limit", "quota",
+                           "prompt is too long: 9 tokens > 8 maximum", "too many tokens", "{",
+                           "\\\"", "context_length_exceeded", "max_tokens is too large", "413"])
+
+
+def _exception(message: str, status: object, body: object) -> Exception:
+    error = ProviderError(message)
+    error.status_code = status  # type: ignore[assignment]
+    error.body = body  # type: ignore[attr-defined]
+    return error
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    JSONISH,
+    st.builds(lambda parts: " ".join(parts), st.lists(PHRASES | st.text(max_size=30), max_size=6)),
+    st.builds(_exception, st.text(max_size=200), JSONISH, JSONISH),
+))
+def test_classify_never_raises_and_agrees_with_parse(value: object) -> None:
+    kind = classify_error(value)
+    assert isinstance(kind, ErrorKind)
+    info = parse_overflow(value)
+    assert (info is not None) == is_context_overflow(value)
+    if info is not None:
+        for number in (info.limit, info.requested, info.prompt_tokens, info.output_tokens,
+                       info.excess):
+            assert number is None or number >= 0

@@ -1,0 +1,294 @@
+"""Turn boundaries, tool units, safe cuts and cut points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.errors import InvalidInput
+from shared.messages import Message, ToolCall
+from shared.repair import validate_view
+from shared.turns import (
+    SPLIT_TURN_MIN_PREFIX,
+    CutPoint,
+    Unit,
+    find_cut_point,
+    is_safe_cut,
+    leading_system_count,
+    safe_cut,
+    tool_units,
+    turn_starts,
+    unit_boundaries,
+)
+from tests.strategies import (
+    CharCounter,
+    any_conversations,
+    conversations,
+    load_transcripts,
+    peer_cases,
+    peer_messages,
+)
+
+COUNT = CharCounter()
+
+
+def sys(text: str = "rules") -> Message:
+    return Message(role="system", content=text)
+
+
+def user(text: str = "question") -> Message:
+    return Message(role="user", content=text)
+
+
+def bot(text: str = "answer") -> Message:
+    return Message(role="assistant", content=text)
+
+
+def call(*ids: str) -> Message:
+    return Message(role="assistant", tool_calls=[ToolCall(id=i, name="bash") for i in ids])
+
+
+def result(call_id: str, text: str = "ok") -> Message:
+    return Message(role="tool", tool_call_id=call_id, content=text)
+
+
+# -- units and turns ------------------------------------------------------------------
+
+def test_parallel_calls_and_their_results_form_one_unit() -> None:
+    messages = [user(), call("a", "b"), result("b"), result("a"), bot()]
+    assert tool_units(messages) == [Unit(0, 1), Unit(1, 4), Unit(4, 5)]
+    assert unit_boundaries(messages) == [0, 1, 4, 5]
+
+
+def test_a_result_that_drifted_away_stretches_its_unit_over_the_gap() -> None:
+    messages = [user(), call("a"), user("interrupt"), bot(), result("a"), user("next")]
+    assert tool_units(messages) == [Unit(0, 1), Unit(1, 5), Unit(5, 6)]
+    assert turn_starts(messages) == [0, 5]  # the user message inside the unit starts nothing
+
+
+def test_stray_tool_messages_are_absorbed_so_no_cut_starts_with_a_result() -> None:
+    messages = [user(), result("ghost"), bot()]
+    assert tool_units(messages) == [Unit(0, 2), Unit(2, 3)]
+    assert not is_safe_cut(messages, 1)
+
+
+def test_leading_system_messages_are_the_head_and_belong_to_no_turn() -> None:
+    messages = [sys(), sys("more"), user(), bot(), sys("mid"), user()]
+    assert leading_system_count(messages) == 2
+    assert turn_starts(messages) == [2, 5]
+    assert tool_units(messages)[0] == Unit(2, 3)
+    assert not is_safe_cut(messages, 0) and is_safe_cut(messages, 2) and is_safe_cut(messages, 6)
+
+
+def test_empty_and_system_only_histories() -> None:
+    assert turn_starts([]) == [] and tool_units([]) == [] and unit_boundaries([]) == [0, 0]
+    assert turn_starts([sys()]) == [] and unit_boundaries([sys()]) == [1, 1]
+
+
+# -- safe_cut ---------------------------------------------------------------------------
+
+def test_safe_cut_snaps_to_the_nearest_turn_start_ties_to_the_earlier() -> None:
+    messages = [user(), bot(), bot(), user(), bot(), bot(), bot(), bot()]
+    assert safe_cut(messages, 1) == 0
+    assert safe_cut(messages, 2) == 3
+    assert safe_cut(messages, 3) == 3
+    assert safe_cut(messages, 7) == 8  # n is the boundary after the last turn
+    tie = [user(), bot(), bot(), bot(), user(), bot()]
+    assert safe_cut(tie, 2) == 0  # 2 away from 0 and from 4: the earlier compacts less
+
+
+def test_safe_cut_never_compacts_the_head() -> None:
+    messages = [sys(), user(), bot(), user(), bot()]
+    assert safe_cut(messages, 0) == 1
+    assert safe_cut(messages, 2) == 1
+
+
+def test_safe_cut_without_user_messages_falls_back_to_unit_boundaries() -> None:
+    messages = [call("a", "b"), result("a"), result("b"), bot(), call("c"), result("c")]
+    assert safe_cut(messages, 1) == 0
+    assert safe_cut(messages, 2) == 3
+    assert safe_cut(messages, 5) == 4
+
+
+@pytest.mark.parametrize("target", [-1, 6, True, "2"])
+def test_safe_cut_rejects_targets_outside_the_list(target: Any) -> None:
+    with pytest.raises(InvalidInput) as info:
+        safe_cut([user(), bot(), user(), bot(), user()], target)
+    assert info.value.field == "target"
+
+
+# -- find_cut_point ---------------------------------------------------------------------
+
+def test_cut_keeps_at_least_the_recent_tokens_and_lands_on_a_turn_start() -> None:
+    messages = [user("a" * 9), bot("b" * 9), user("c" * 9), bot("d" * 9), user("e" * 9)]
+    # 10 tokens each with CharCounter; 25 recent tokens reach back into turn 2 (index 2)
+    cut = find_cut_point(messages, 25, COUNT)
+    assert cut == CutPoint(index=2, turn_start=2, split_turn=False, head=0, kept_tokens=30)
+    assert cut.compacted == (0, 2) and cut.prefix is None and cut.whole_turns == (0, 2)
+    assert find_cut_point(messages, 20, COUNT).index == 2  # 20 reaches index 3, in turn 2
+
+
+def test_cut_keeps_everything_when_history_is_smaller_than_asked() -> None:
+    messages = [sys(), user(), bot()]
+    cut = find_cut_point(messages, 10_000, COUNT)
+    assert (cut.index, cut.head, cut.split_turn) == (1, 1, False)
+    assert cut.compacted == (1, 1)
+
+
+def test_zero_keep_compacts_everything_and_trivial_histories() -> None:
+    messages = [user(), bot()]
+    assert find_cut_point(messages, 0, COUNT).index == 2
+    assert find_cut_point([], 100, COUNT) == CutPoint(0, 0, False, 0, 0)
+    assert find_cut_point([sys(), sys()], 100, COUNT).index == 2
+
+
+def test_a_single_giant_message_is_kept_whole() -> None:
+    giant = [user("x" * 100_000)]
+    assert find_cut_point(giant, 10, COUNT).index == 0
+    messages = [user(), bot(), user("x" * 100_000)]
+    assert find_cut_point(messages, 10, COUNT).index == 2
+
+
+def _long_turn(steps: int) -> list[Message]:
+    messages = [user("old"), bot("old answer"), user("do it")]
+    for k in range(steps):
+        messages += [call(f"c{k}a", f"c{k}b"), result(f"c{k}a", "r" * 50),
+                     result(f"c{k}b", "r" * 50)]
+    return [*messages, bot("done")]
+
+
+def test_a_long_turn_is_split_at_a_unit_boundary_with_its_prefix_named() -> None:
+    messages = _long_turn(6)  # turn 2 runs from index 2 to 21
+    cut = find_cut_point(messages, 120, COUNT)
+    assert cut.split_turn and cut.turn_start == 2
+    assert cut.index in unit_boundaries(messages)
+    assert cut.index - cut.turn_start >= SPLIT_TURN_MIN_PREFIX
+    assert cut.prefix == (2, cut.index) and cut.whole_turns == (0, 2)
+    assert messages[cut.index].tool_calls  # a call with its results, not a result
+
+
+def test_a_short_prefix_snaps_back_to_the_turn_start() -> None:
+    messages = _long_turn(1)  # turn: user, call, 2 results, final: prefix < 5
+    cut = find_cut_point(messages, 60, COUNT)
+    assert (cut.index, cut.split_turn) == (2, False)
+
+
+def test_no_user_message_at_all_cuts_at_a_unit_boundary() -> None:
+    messages = [call(f"c{k}") if k % 2 == 0 else result(f"c{k - 1}", "r" * 20) for k in range(16)]
+    cut = find_cut_point(messages, 30, COUNT)
+    assert cut.turn_start == 0 and cut.split_turn and cut.index % 2 == 0
+
+
+@pytest.mark.parametrize("keep", [-1, 2.5, None, False])
+def test_find_cut_point_rejects_bad_keep(keep: Any) -> None:
+    with pytest.raises(InvalidInput) as info:
+        find_cut_point([user()], keep)
+    assert info.value.field == "keep_recent_tokens"
+
+
+# -- properties ------------------------------------------------------------------------
+
+def _suffix(messages: list[Message], index: int) -> int:
+    return sum(COUNT.message(m) for m in messages[index:])
+
+
+def _halves_are_valid(messages: list[Message], cut: int) -> None:
+    head = leading_system_count(messages)
+    assert validate_view(messages[:cut], "openai") == []
+    assert validate_view(messages[:head] + messages[cut:], "openai") == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversations(), st.integers(0, 400))
+def test_safe_cut_lands_on_a_turn_boundary_and_separates_no_pair(
+    messages: list[Message], raw: int
+) -> None:
+    target = raw % (len(messages) + 1)
+    cut = safe_cut(messages, target)
+    head = leading_system_count(messages)
+    starts = turn_starts(messages)
+    allowed = {head, *starts, len(messages)} if starts else set(unit_boundaries(messages))
+    assert cut in allowed and is_safe_cut(messages, cut)
+    assert all(abs(c - max(target, head)) >= abs(cut - max(target, head)) for c in allowed)
+    _halves_are_valid(messages, cut)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_conversations(), st.integers(0, 3000))
+def test_cut_point_invariants(messages: list[Message], keep: int) -> None:
+    cut = find_cut_point(messages, keep, COUNT)
+    head, n = leading_system_count(messages), len(messages)
+    body_tokens = _suffix(messages, head)
+    assert head <= cut.turn_start <= cut.index <= n and cut.head == head
+    assert is_safe_cut(messages, cut.index)
+    assert cut.kept_tokens == _suffix(messages, cut.index)
+    assert cut.kept_tokens >= min(keep, body_tokens)
+    if cut.split_turn:
+        assert cut.index - cut.turn_start >= SPLIT_TURN_MIN_PREFIX
+        assert cut.turn_start in [head, *turn_starts(messages)]
+    else:
+        assert cut.index in [head, *turn_starts(messages), n]
+    # no later turn boundary would still keep `keep` tokens: the cut is not over-cautious
+    later = [b for b in [*turn_starts(messages), n] if b > cut.index]
+    assert all(_suffix(messages, b) < keep for b in later) or keep == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations(min_turns=1), st.integers(0, 3000))
+def test_cut_point_of_a_valid_conversation_keeps_valid_halves(
+    messages: list[Message], keep: int
+) -> None:
+    _halves_are_valid(messages, find_cut_point(messages, keep, COUNT).index)
+
+
+# -- real data -------------------------------------------------------------------------
+
+def test_cut_points_on_the_real_sessions(data_dir: Path) -> None:
+    sessions = load_transcripts(data_dir)
+    assert len(sessions) == 40
+    for session_id, messages in sessions:
+        for keep in (0, 2_000, 8_000, 20_000, 1_000_000):
+            cut = find_cut_point(messages, keep)  # the project's default estimator
+            assert is_safe_cut(messages, cut.index), session_id
+            assert cut.kept_tokens >= min(keep, _default_suffix(messages, cut.head)), session_id
+            if cut.split_turn:
+                assert cut.index - cut.turn_start >= SPLIT_TURN_MIN_PREFIX
+            kept = messages[:cut.head] + messages[cut.index:]
+            assert not [p for p in validate_view(kept, "openai") if "tool" in p], session_id
+
+
+def _default_suffix(messages: list[Message], index: int) -> int:
+    from shared.tokens import DEFAULT_COUNTER
+
+    return sum(DEFAULT_COUNTER.message(m) for m in messages[index:])
+
+
+TURN_FUNCTIONS = ("find_safe_boundary", "is_safe_boundary", "parse_turn_boundaries",
+                  "find_nearest_user_message", "summarize_session_plan", "maybe_summarize_trigger")
+
+
+def test_peer_cases_meet_our_invariants(data_dir: Path) -> None:
+    """Peer inputs, our invariants (their expected values carry their bugs; not compared)."""
+    cases = peer_cases(data_dir, *TURN_FUNCTIONS)
+    assert cases, "no turn-boundary cases in peer_cases.json"
+    for case in cases:
+        raw = case["input"].get("messages", case["input"].get("history", []))
+        messages = peer_messages(raw)
+        n = len(messages)
+        target = case["input"].get("target_index", case["input"].get("index", n // 2))
+        if 0 <= target <= n:
+            cut = safe_cut(messages, target)
+            assert is_safe_cut(messages, cut), case["id"]
+            _halves_are_valid(messages, cut)
+        else:
+            with pytest.raises(InvalidInput):
+                safe_cut(messages, target)
+        for keep in (0, 5, 50, 10_000):
+            point = find_cut_point(messages, keep, COUNT)
+            assert is_safe_cut(messages, point.index), case["id"]
+            if not point.split_turn:
+                assert point.index in [point.head, *turn_starts(messages), n], case["id"]

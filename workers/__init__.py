@@ -1,0 +1,1 @@
+"""Celery workers: summarize sessions off the hot path."""

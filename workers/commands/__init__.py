@@ -1,0 +1,1 @@
+"""Sub-commands of the ``compaction`` console script (one module each)."""

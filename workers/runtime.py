@@ -1,0 +1,59 @@
+"""Per-process objects of a worker, built once from settings.
+
+The store client and the summarizer are built lazily the first time a job
+runs in a process (after prefork's fork, so no socket is shared between
+children) and reused by every thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from shared.store import SessionStore, connect
+from workers.compactor import Compactor
+from workers.settings import Settings
+from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.providers import client_from_settings
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    settings: Settings
+    store: SessionStore
+    engine: SummaryEngine
+
+    def compactor(self, tenant: str) -> Compactor:
+        return Compactor(self.store.for_tenant(tenant), self.engine,
+                         policy=self.settings.policy(), counter=self.store.counter)
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    config = settings.store_config()
+    store = SessionStore(connect(settings.redis_url, config), config, tenant=settings.tenant)
+    engine = SummaryEngine(client_from_settings(settings), counter=store.counter,
+                           max_summary_tokens=settings.max_summary_tokens,
+                           max_input_tokens=settings.summarizer_max_input_tokens)
+    return Runtime(settings=settings, store=store, engine=engine)
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime(settings: Settings) -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None or _runtime.settings is not settings:
+            _runtime = build_runtime(settings)
+        return _runtime
+
+
+def set_runtime(runtime: Runtime | None) -> None:
+    """Install a runtime explicitly (the embedded demo, tests)."""
+    global _runtime
+    with _lock:
+        _runtime = runtime
+
+
+__all__ = ["Runtime", "build_runtime", "get_runtime", "set_runtime"]

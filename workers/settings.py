@@ -1,0 +1,135 @@
+"""Settings, read once at the edges (worker start-up, CLI) from ``COMPACTION_*``.
+
+Library code never reads the environment: the edges build a
+:class:`Settings` here and pass plain config objects (``StoreConfig``,
+``CompactionPolicy``) into ``shared``. An invalid value stops start-up
+with a message naming the environment variable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.config import CompactionPolicy, StoreConfig
+from shared.errors import ConfigError
+
+ENV_PREFIX = "COMPACTION_"
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Each field is ``COMPACTION_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # connections
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0",
+                           description="session store (standalone Redis)")
+    broker_url: str = Field(default="redis://127.0.0.1:6379/1",
+                            description="Celery broker: a separate db or instance, noeviction")
+    tenant: str = Field(default="default", description="tenant namespace of the keys")
+    key_prefix: str = "cmp"
+    redis_socket_timeout: float = Field(default=0.5, gt=0)
+    session_ttl_seconds: int | None = Field(default=None, gt=0)
+    summary_retention: int = Field(default=50, ge=1)
+
+    # policy
+    trigger_ratio: float = Field(default=0.80, gt=0, le=1)
+    target_ratio: float = Field(default=0.50, gt=0, le=1)
+    keep_recent_ratio: float = Field(default=0.25, gt=0, lt=1)
+    keep_recent_tokens: int | None = Field(default=None, gt=0)
+    message_threshold: int = Field(default=400, gt=0)
+    min_saving_ratio: float = Field(default=0.10, ge=0, lt=1)
+    max_summary_tokens: int = Field(default=2000, gt=0)
+    max_ledger_chars: int = Field(default=4000, gt=0)
+    summary_placement: Literal["system", "message"] = "system"
+    proactive: bool = Field(default=True, description="kill switch; recovery stays on")
+
+    # summarizer
+    summarizer: Literal["offline", "openai", "vertex", "gemini"] = "offline"
+    summarizer_model: str | None = Field(
+        default=None, description="default: a cheap model of the provider")
+    summarizer_base_url: str | None = None
+    summarizer_api_key: SecretStr | None = None
+    summarizer_timeout: float = Field(default=60.0, gt=0, description="per LLM call, seconds")
+    summarizer_max_input_tokens: int | None = Field(default=None, gt=0)
+    vertex_project: str | None = None
+    vertex_location: str = "us-central1"
+
+    # worker
+    broker_restore_sweep_seconds: int = Field(
+        default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
+    broker_visibility_timeout: int | None = Field(
+        default=None, gt=0, description="default: hard time limit + 2 x backoff max + 60 s")
+    task_soft_time_limit: int = Field(default=240, gt=0)
+    task_time_limit: int = Field(default=300, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_backoff_max: int = Field(default=60, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.target_ratio >= self.trigger_ratio:
+            raise ValueError("COMPACTION_TARGET_RATIO must be below COMPACTION_TRIGGER_RATIO")
+        if self.task_soft_time_limit >= self.task_time_limit:
+            raise ValueError(
+                "COMPACTION_TASK_SOFT_TIME_LIMIT must be below COMPACTION_TASK_TIME_LIMIT")
+        if self.summarizer == "vertex" and not self.vertex_project:
+            raise ValueError("COMPACTION_VERTEX_PROJECT is required when "
+                             "COMPACTION_SUMMARIZER=vertex")
+        if (self.summarizer == "openai" and not self.summarizer_api_key
+                and not self.summarizer_base_url):
+            raise ValueError("COMPACTION_SUMMARIZER_API_KEY (or COMPACTION_SUMMARIZER_BASE_URL "
+                             "for a keyless local server) is required when "
+                             "COMPACTION_SUMMARIZER=openai")
+        return self
+
+    @property
+    def summarizer_model_name(self) -> str:
+        if self.summarizer_model:
+            return self.summarizer_model
+        return "gpt-4o-mini" if self.summarizer == "openai" else "gemini-2.5-flash-lite"
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(key_prefix=self.key_prefix, summary_retention=self.summary_retention,
+                           lease_ttl_seconds=self.lease_seconds,
+                           ttl_seconds=self.session_ttl_seconds,
+                           socket_timeout=self.redis_socket_timeout,
+                           connect_timeout=self.redis_socket_timeout)
+
+    def policy(self) -> CompactionPolicy:
+        return CompactionPolicy(
+            trigger_ratio=self.trigger_ratio, target_ratio=self.target_ratio,
+            keep_recent_ratio=self.keep_recent_ratio, keep_recent_tokens=self.keep_recent_tokens,
+            message_threshold=self.message_threshold, min_saving_ratio=self.min_saving_ratio,
+            max_summary_tokens=self.max_summary_tokens, max_ledger_chars=self.max_ledger_chars,
+            summary_placement=self.summary_placement, proactive=self.proactive)
+
+    @property
+    def visibility_timeout(self) -> int:
+        """Above the hard time limit plus the longest retry backoff (see workers.app)."""
+        if self.broker_visibility_timeout is not None:
+            return self.broker_visibility_timeout
+        return self.task_time_limit + self.retry_backoff_max * 2 + 60
+
+    @property
+    def lease_seconds(self) -> int:
+        """A job's lease outlives its hard time limit but expires before redelivery."""
+        return min(self.task_time_limit + 30, max(1, self.visibility_timeout - 1))
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment once; a bad value raises ConfigError naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+            problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+__all__ = ["ENV_PREFIX", "Settings", "load_settings"]

@@ -1,0 +1,153 @@
+"""Summarizer models behind the ``LLMClient`` protocol.
+
+- :class:`OpenAIClient`: OpenAI and any OpenAI-compatible endpoint
+  (``base_url``: vLLM, Ollama, OpenRouter, LiteLLM, Azure OpenAI's v1
+  endpoint) through the ``openai`` SDK.
+- :class:`GeminiClient`: Gemini through ``google-genai``, in Vertex AI mode
+  (``vertexai=True`` with project and location) or API-key mode.
+  google-genai is the successor of ``vertexai.generative_models`` from
+  google-cloud-aiplatform, which is deprecated (removal announced for
+  June 2026).
+
+Celery owns retries (backoff with jitter): the SDKs' own retries are set
+low, and every call carries a client timeout, because the threads pool
+enforces no time limit. Errors are mapped onto the project's tree:
+transient ones (timeouts, connection errors, 429, 5xx) become
+``SummarizerUnavailable``; anything else ``SummarizerError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.errors import ConfigError, SummarizerError, SummarizerUnavailable
+from shared.limits import model_limits
+from workers.summarizer.engine import Completion, LLMClient
+
+SDK_RETRIES = 0
+
+
+def _transient_status(status: int | None) -> bool:
+    return status is not None and (status == 429 or status == 408 or status >= 500)
+
+
+class OpenAIClient:
+    """Chat Completions on any OpenAI-compatible server."""
+
+    name = "openai"
+
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
+                 timeout: float = 60.0, context_window: int | None = None,
+                 http_client: Any = None) -> None:
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ConfigError("COMPACTION_SUMMARIZER=openai needs the 'openai' extra: "
+                              "pip install 'context-compaction[openai]'") from exc
+        self._openai = openai
+        self.model = model
+        self.context_window = context_window or model_limits(model).context_window
+        self.client = openai.OpenAI(api_key=api_key or "unused", base_url=base_url,
+                                    timeout=timeout, max_retries=SDK_RETRIES,
+                                    http_client=http_client)
+
+    def complete(self, messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
+        openai = self._openai
+        try:
+            response = self.client.chat.completions.create(
+                model=self.model, messages=messages,  # type: ignore[arg-type]
+                max_tokens=max_output_tokens, temperature=0)
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except openai.APIStatusError as exc:
+            error = SummarizerUnavailable if _transient_status(exc.status_code) \
+                else SummarizerError
+            raise error(f"{self.name}: HTTP {exc.status_code}: {exc.message}") from exc
+        except (openai.OpenAIError, ValueError) as exc:  # garbage bodies (JSONDecodeError)
+            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise SummarizerUnavailable(f"{self.name}: reply without choices")
+        choice = choices[0]
+        if choice.finish_reason == "length":
+            raise SummarizerUnavailable(f"{self.name}: summary cut off at max_tokens")
+        usage = response.usage
+        return Completion(text=choice.message.content or "",
+                          input_tokens=usage.prompt_tokens if usage else 0,
+                          output_tokens=usage.completion_tokens if usage else 0,
+                          model=response.model or self.model)
+
+
+class GeminiClient:
+    """Gemini through google-genai: Vertex AI (project/location) or an API key."""
+
+    name = "gemini"
+
+    def __init__(self, model: str, *, vertexai: bool, project: str | None = None,
+                 location: str | None = None, api_key: str | None = None,
+                 timeout: float = 60.0, base_url: str | None = None,
+                 credentials: Any = None, context_window: int | None = None) -> None:
+        try:
+            from google import genai
+            from google.genai import types
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ConfigError("COMPACTION_SUMMARIZER=vertex needs the 'vertex' extra: "
+                              "pip install 'context-compaction[vertex]'") from exc
+        self._types = types
+        self.model = model
+        self.context_window = context_window or model_limits(model).context_window
+        options = types.HttpOptions(
+            timeout=int(timeout * 1000), base_url=base_url,
+            retry_options=types.HttpRetryOptions(attempts=1))
+        if vertexai:
+            self.client = genai.Client(vertexai=True, project=project, location=location,
+                                       credentials=credentials, http_options=options)
+        else:
+            self.client = genai.Client(api_key=api_key, http_options=options)
+
+    def complete(self, messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
+        from google.genai import errors
+
+        types = self._types
+        system = "\n\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+        contents = [types.Content(role="model" if m["role"] == "assistant" else "user",
+                                  parts=[types.Part(text=str(m["content"]))])
+                    for m in messages if m["role"] != "system"]
+        config = types.GenerateContentConfig(system_instruction=system or None,
+                                             max_output_tokens=max_output_tokens,
+                                             temperature=0)
+        try:
+            response = self.client.models.generate_content(
+                model=self.model, contents=contents, config=config)
+        except errors.APIError as exc:
+            error = SummarizerUnavailable if _transient_status(exc.code) else SummarizerError
+            raise error(f"{self.name}: HTTP {exc.code}: {exc.message}") from exc
+        except Exception as exc:  # httpx timeouts, connection errors, bad bodies
+            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        candidates = response.candidates or []
+        finish = str(candidates[0].finish_reason or "") if candidates else ""
+        if finish.endswith("MAX_TOKENS"):
+            raise SummarizerUnavailable(f"{self.name}: summary cut off at max_output_tokens")
+        usage = response.usage_metadata
+        return Completion(text=response.text or "",
+                          input_tokens=(usage.prompt_token_count or 0) if usage else 0,
+                          output_tokens=(usage.candidates_token_count or 0) if usage else 0,
+                          model=self.model)
+
+
+def client_from_settings(settings: Any) -> LLMClient | None:
+    """The configured summarizer model, or None for the offline summarizer."""
+    key = settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None
+    if settings.summarizer == "offline":
+        return None
+    if settings.summarizer == "openai":
+        return OpenAIClient(settings.summarizer_model_name, api_key=key,
+                            base_url=settings.summarizer_base_url,
+                            timeout=settings.summarizer_timeout)
+    return GeminiClient(settings.summarizer_model_name, vertexai=settings.summarizer == "vertex",
+                        project=settings.vertex_project, location=settings.vertex_location,
+                        api_key=key, timeout=settings.summarizer_timeout,
+                        base_url=settings.summarizer_base_url)
+
+
+__all__ = ["GeminiClient", "OpenAIClient", "client_from_settings"]
