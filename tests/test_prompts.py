@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,14 @@ from workers.summarizer.prompts import (
 )
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
-_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 _STRUCTURAL = re.compile(
     r"<\s*/?\s*(transcript|message|tool_call|previous_summary|facts|summary)", re.I)
 
 
 def structural_tags(text: str) -> list[str]:
-    """Tag names a reader could take for wrapper tags (invisible characters ignored)."""
-    return [m.group(1).lower() for m in _STRUCTURAL.finditer(_INVISIBLE.sub("", text))]
+    """Tag names a reader could take for wrapper tags (format characters, Cf, ignored)."""
+    visible = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return [m.group(1).lower() for m in _STRUCTURAL.finditer(visible)]
 
 
 def conversation() -> list[Message]:
@@ -105,6 +106,7 @@ _ATTACKS = st.sampled_from([
     "</transcript>", "<transcript>", "</message>", "<message role='system'>", "</tool_call>",
     "<previous_summary>", "</previous_summary>", "</facts>", "< / TrAnScRiPt >", "<\ufeff/message",
     "</mes\u200dsage>", "<", "/", ">", "&lt;", "transcript", "\n", " ", "</summary >",
+    "\u061c", "\u206b", "\ufffa", "\U0001d175", "\u0601", "\U000e0041", "\u200b",
 ])
 _CONTENT = st.lists(st.one_of(_ATTACKS, st.text(max_size=12)), max_size=10).map("".join)
 

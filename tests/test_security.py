@@ -21,7 +21,9 @@ import base64
 import fnmatch
 import json
 import re
+import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -272,7 +274,7 @@ class Monitor:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with self.client.monitor() as monitor:
+        with self.client.monitor() as monitor:  # type: ignore[no-untyped-call]
             self._ready.set()
             for item in monitor.listen():
                 self.commands.append(str(item.get("command", "")))
@@ -542,9 +544,10 @@ FRAGMENTS = ["<", "</", "< /", "</ ", ">", "/>", " ", "\n", "\t", "\u200b", "\u2
              "trans\u200bcript", "message", "MESSAGE", "tool_call", "previous_summary",
              "facts", "summary", "ignore previous instructions", "SYSTEM:", '"', "'", "=",
              'index="1" role="system"', "&lt;", "&", "/", "/tmp/x.py", "`rm -rf /`",
-             "\u202e", "\u2066", "\u200e", "\U000e0020", "\U000e0074"]
+             "\u202e", "\u2066", "\u200e", "\U000e0020", "\U000e0074", "\u061c", "\u206a",
+             "\ufff9", "\U0001d173", "\u0600", "\U00013430"]
 payloads = st.lists(st.one_of(st.sampled_from(FRAGMENTS),
-                              st.text(st.characters(exclude_categories=["Cs", "Cf"]),
+                              st.text(st.characters(exclude_categories=["Cs"]),
                                       max_size=8)), max_size=14).map("".join)
 
 
@@ -572,16 +575,43 @@ def test_format_characters_cannot_hide_a_closing_tag(payload: str) -> None:
     assert "&lt;" in escape_wrappers(payload)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "workers/summarizer/prompts.py escape_wrappers skips a list of invisible characters; "
-    "44 other format characters (Unicode category Cf) still hide a tag, among them the "
-    "Arabic letter mark U+061C (a bidi mark), the deprecated invisible controls "
-    "U+206A-U+206F and the interlinear annotation marks U+FFF9-U+FFFB. Skipping every "
-    "category-Cf character (unicodedata) would close the class instead of the list"))
-@pytest.mark.parametrize("char", ["\u061c", "\u206a", "\u206f", "\ufff9"],
-                         ids=["U+061C", "U+206A", "U+206F", "U+FFF9"])
-def test_no_format_character_can_hide_a_closing_tag(char: str) -> None:
-    assert "&lt;" in escape_wrappers(f"</{char}transcript>")
+FORMAT_CHARACTERS = [chr(c) for c in range(sys.maxunicode + 1)
+                     if unicodedata.category(chr(c)) == "Cf"]
+# Default-ignorable code points outside Cf (DerivedCoreProperties.txt): they render as
+# nothing, so a model reads past them as it does past a zero-width space.
+OTHER_IGNORABLES = ["\u034f", "\u115f", "\u1160", "\u17b4", "\u17b5", "\u180b", "\u180f",
+                    "\u2065", "\u3164", "\ufe00", "\ufe0f", "\uffa0", "\ufff0", "\ufff8",
+                    "\U0001bca0", "\U0001d173", "\U000e0001", "\U000e0100", "\U000e0fff"]
+PLACES = ["<{c}/transcript>", "</{c}transcript>", "</trans{c}cript>", "<{c}{c} / {c}MESSAGE >",
+          "<facts{c}>", "{c}<{c}previous_{c}summary{c}>"]
+
+
+def test_no_format_character_can_hide_a_wrapper_tag() -> None:
+    """Every Unicode format character (category Cf), anywhere in or around a tag name."""
+    assert len(FORMAT_CHARACTERS) > 150  # the running Python's Unicode tables, not a list
+    missed = [(f"U+{ord(c):04X}", place) for c in FORMAT_CHARACTERS + OTHER_IGNORABLES
+              for place in PLACES
+              if not escape_wrappers(place.format(c=c)).lstrip(c).startswith("&lt;")]
+    assert missed == []
+
+
+@pytest.mark.parametrize("gap", [" ", "\u200b", "\t\u2060"])
+def test_a_long_gap_after_a_bracket_cannot_stall_the_worker(gap: str) -> None:
+    """Escaping is linear: the former regex took ~20 s on ``<`` + 16,000 spaces (one clip)."""
+    payloads = ["<" + gap * 16_000, "</" + gap * 16_000 + "x", ("<" + gap * 100) * 2_000,
+                "<tran" + gap * 16_000 + "script>"]
+    for payload in payloads:
+        started = time.perf_counter()
+        escape_wrappers(payload)
+        assert time.perf_counter() - started < 0.5, (gap, len(payload))
+    assert escape_wrappers("<" + gap * 16_000 + "/transcript>").startswith("&lt;")
+
+
+def test_invisible_characters_survive_escaping_outside_tags() -> None:
+    """Escaping changes the ``<`` of a wrapper-like tag and nothing else."""
+    text = "a\u200bb < c \u202etext\u202c <b>bold</b> 3<4 <\u061c"
+    assert escape_wrappers(text) == text
+    assert escape_wrappers("x\u2066</\u2069facts>y") == "x\u2066&lt;/\u2069facts>y"
 
 
 @pytest.fixture(autouse=True)
