@@ -268,6 +268,13 @@ def test_flower_lists_the_workers_jobs_and_refuses_strangers(
                            30, logs)
         assert health.text == "OK"
 
+        # Events are pub/sub: Flower only sees what is published after it subscribed.
+        # The worker's heartbeat reaching Flower proves its event receiver is live,
+        # so the task-received events (which carry the task's name) cannot be missed.
+        _wait_for(f"{node} online in /api/workers?status=1", lambda: (
+            http.get("/api/workers", params={"status": 1}, auth=auth).json().get(node) or None),
+            30, logs)
+
         task_ids = {publisher.send_task(TASK_MAYBE_SUMMARIZE, args=[session_id],
                                         kwargs={"tenant": "default"}, queue=QUEUE).id: session_id
                     for session_id in sessions}
@@ -294,11 +301,9 @@ def test_flower_lists_the_workers_jobs_and_refuses_strangers(
         assert "'status': 'skipped'" in results["short-a"], results["short-a"]
         assert store.state("long").watermark > 0  # the job Flower reported really ran
 
-        # Online per the worker's own heartbeat events ...
-        _wait_for(f"{node} online in /api/workers?status=1", lambda: (
-            http.get("/api/workers", params={"status": 1}, auth=auth).json().get(node) or None),
-            30, logs)
-        # ... and, asked over remote control, consuming the compaction queue.
+        # Still online per its heartbeats, and, asked over remote control, consuming
+        # the compaction queue.
+        assert http.get("/api/workers", params={"status": 1}, auth=auth).json().get(node)
         workers = http.get("/api/workers", params={"refresh": 1, "workername": node},
                            auth=auth, timeout=15)
         assert workers.status_code == 200, workers.text
