@@ -317,15 +317,33 @@ class SessionStore:
         return bool(self._run("release_lease", lambda: self._scripts["lease"](
             keys=[self.keys(session_id).lease], args=[token, "release", 0])))
 
-    def mark_dirty(self, session_id: str) -> None:
+    def mark_dirty(self, session_id: str, request: str = "") -> None:
+        """Ask the lease holder to run once more; ``request`` (one line) rides along.
+
+        Requests accumulate (APPEND) until the holder takes them, so two busy
+        callers never overwrite each other's parameters.
+        """
+        if not isinstance(request, str) or "\n" in request:
+            raise InvalidInput("must be a string of one line", field="request")
         k = self.keys(session_id)
-        self._run("mark_dirty", lambda: self.redis.set(
-            k.dirty, "1", ex=self.config.lease_ttl_seconds))
+
+        def write() -> None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.append(k.dirty, "\n" + request)
+            pipe.expire(k.dirty, self.config.lease_ttl_seconds)
+            pipe.execute()
+
+        self._run("mark_dirty", write)
 
     def take_dirty(self, session_id: str) -> bool:
         """Read and clear the dirty flag in one step."""
-        return self._run("take_dirty",
-                         lambda: self.redis.getdel(self.keys(session_id).dirty)) is not None
+        return self.take_dirty_requests(session_id) is not None
+
+    def take_dirty_requests(self, session_id: str) -> list[str] | None:
+        """Read and clear the dirty flag in one step: None when it was not set, else
+        the non-empty requests left with it, oldest first."""
+        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
+        return None if raw is None else [line for line in _s(raw).split("\n") if line]
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""
