@@ -54,7 +54,8 @@ class CutPoint:
     the cut splits a turn; ``head`` when no user message precedes the cut).
     ``split_turn``: the cut lies inside a turn, at a unit boundary, because the
     turn's compacted prefix ``[turn_start, index)`` has at least
-    :data:`SPLIT_TURN_MIN_PREFIX` messages; that prefix gets its own summary.
+    :data:`SPLIT_TURN_MIN_PREFIX` messages, or because the kept part had to fit
+    ``max_kept_tokens``; that prefix gets its own summary.
     ``kept_tokens``: tokens of ``[index, n)`` by the counter used (per message,
     without request overhead).
     """
@@ -178,7 +179,11 @@ def safe_cut(messages: Sequence[Message], target: int) -> int:
 
 
 def find_cut_point(
-    messages: Sequence[Message], keep_recent_tokens: int, counter: TokenCounter | None = None
+    messages: Sequence[Message],
+    keep_recent_tokens: int,
+    counter: TokenCounter | None = None,
+    *,
+    max_kept_tokens: int | None = None,
 ) -> CutPoint:
     """Cut so that at least ``keep_recent_tokens`` of the newest messages stay.
 
@@ -195,11 +200,27 @@ def find_cut_point(
     (``index == head``); ``keep_recent_tokens == 0`` compacts everything
     (``index == n``, the boundary after the last turn). Only system messages,
     or none: ``index == n == head``.
+
+    ``max_kept_tokens`` bounds the kept part from above, and wins over
+    ``keep_recent_tokens``: snapping back to a turn start, or one huge unit
+    (a long tool output, a heredoc written in one reply), can keep far more
+    than asked, and a compaction that keeps more than its budget leaves the
+    session over its window. When the kept part would exceed the bound, the
+    cut moves forward to the first unit boundary whose kept part fits: it
+    may then split a turn whatever the prefix length, and it compacts
+    everything (``index == n``) when nothing smaller fits. A tool call and
+    its results still stay on one side.
     """
     if isinstance(keep_recent_tokens, bool) or not isinstance(keep_recent_tokens, int):
         raise InvalidInput("expected an int", field="keep_recent_tokens")
     if keep_recent_tokens < 0:
         raise InvalidInput(f"must be >= 0, got {keep_recent_tokens}", field="keep_recent_tokens")
+    if max_kept_tokens is not None and (
+        isinstance(max_kept_tokens, bool) or not isinstance(max_kept_tokens, int)
+        or max_kept_tokens < 0
+    ):
+        raise InvalidInput(f"expected an int >= 0, got {max_kept_tokens!r}",
+                           field="max_kept_tokens")
     count = counter or DEFAULT_COUNTER
     n = len(messages)
     head = leading_system_count(messages)
@@ -219,7 +240,28 @@ def find_cut_point(
     else:
         index, split = unit_cut, True
     kept_tokens = kept if index == point else sum(count.message(m) for m in messages[index:])
-    return CutPoint(index, turn_start, split, head, kept_tokens)
+    if max_kept_tokens is None or kept_tokens <= max_kept_tokens:
+        return CutPoint(index, turn_start, split, head, kept_tokens)
+    return _cap_kept(messages, units, index, kept_tokens, max_kept_tokens, count)
+
+
+def _cap_kept(messages: Sequence[Message], units: list[Unit], index: int, kept: int,
+              limit: int, count: TokenCounter) -> CutPoint:
+    """The first unit boundary after ``index`` whose kept part holds at most ``limit`` tokens."""
+    n = len(messages)
+    head = leading_system_count(messages)
+    for unit in units:
+        if unit.start < index:
+            continue
+        if kept <= limit:
+            index = unit.start
+            break
+        kept -= sum(count.message(m) for m in messages[unit.start:unit.end])
+    else:
+        index, kept = n, 0
+    starts = [s for s in [*_turn_starts(messages, units), n] if s <= index]
+    turn_start = starts[-1] if starts else head
+    return CutPoint(index, turn_start, index != turn_start, head, kept)
 
 
 __all__ = [

@@ -190,6 +190,41 @@ def test_find_cut_point_rejects_bad_keep(keep: Any) -> None:
     assert info.value.field == "keep_recent_tokens"
 
 
+def test_a_huge_recent_tool_output_is_compacted_when_the_kept_part_has_a_bound() -> None:
+    """A short turn with a huge result: the snap back keeps it all, the bound moves the cut."""
+    messages = [user("old"), bot("old answer"), user("lint it"), call("c1"),
+                result("c1", "W0611 unused import\n" * 200), bot("mostly unused imports")]
+    loose = find_cut_point(messages, 25, COUNT)
+    assert (loose.index, loose.split_turn) == (2, False) and loose.kept_tokens > 4000
+    cut = find_cut_point(messages, 25, COUNT, max_kept_tokens=100)
+    assert cut == CutPoint(index=5, turn_start=2, split_turn=True, head=0,
+                           kept_tokens=_suffix(messages, 5))
+    assert cut.kept_tokens <= 100 and cut.prefix == (2, 5)
+    assert find_cut_point(messages, 25, COUNT, max_kept_tokens=10_000) == loose
+
+
+def test_a_newest_unit_larger_than_the_bound_is_compacted_too() -> None:
+    messages = [sys(), user("write it"), bot("x" * 5000)]
+    assert find_cut_point(messages, 10, COUNT).index == 1
+    cut = find_cut_point(messages, 10, COUNT, max_kept_tokens=50)
+    assert (cut.index, cut.kept_tokens, cut.split_turn) == (3, 0, False)
+    assert cut.compacted == (1, 3)
+
+
+def test_the_bound_never_separates_a_call_from_its_results() -> None:
+    messages = [user("go"), call("a", "b"), result("a", "r" * 900), result("b", "r" * 900),
+                bot("done")]
+    cut = find_cut_point(messages, 5, COUNT, max_kept_tokens=200)
+    assert cut.index == 4 and is_safe_cut(messages, cut.index)
+
+
+@pytest.mark.parametrize("bound", [-1, 2.5, "10", True])
+def test_find_cut_point_rejects_a_bad_bound(bound: Any) -> None:
+    with pytest.raises(InvalidInput) as info:
+        find_cut_point([user()], 0, max_kept_tokens=bound)
+    assert info.value.field == "max_kept_tokens"
+
+
 # -- properties ------------------------------------------------------------------------
 
 def _suffix(messages: list[Message], index: int) -> int:
@@ -237,6 +272,26 @@ def test_cut_point_invariants(messages: list[Message], keep: int) -> None:
     assert all(_suffix(messages, b) < keep for b in later) or keep == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(any_conversations(), st.integers(0, 3000), st.integers(0, 3000))
+def test_a_bounded_cut_keeps_at_most_the_bound(messages: list[Message], keep: int,
+                                               bound: int) -> None:
+    loose = find_cut_point(messages, keep, COUNT)
+    cut = find_cut_point(messages, keep, COUNT, max_kept_tokens=bound)
+    assert cut.kept_tokens == _suffix(messages, cut.index) <= bound
+    assert is_safe_cut(messages, cut.index) and cut.head == loose.head
+    if loose.kept_tokens <= bound:
+        assert cut == loose
+        return
+    # compacts more than the loose cut, but no more than it must
+    assert cut.index > loose.index
+    skipped = [b for b in unit_boundaries(messages) if loose.index <= b < cut.index]
+    assert all(_suffix(messages, b) > bound for b in skipped)
+    starts = [cut.head, *turn_starts(messages), len(messages)]  # n ends the last turn
+    assert cut.turn_start == max(s for s in starts if s <= cut.index)
+    assert cut.split_turn == (cut.index not in starts)
+
+
 @settings(max_examples=200, deadline=None)
 @given(conversations(min_turns=1), st.integers(0, 3000))
 def test_cut_point_of_a_valid_conversation_keeps_valid_halves(
@@ -259,6 +314,9 @@ def test_cut_points_on_the_real_sessions(data_dir: Path) -> None:
                 assert cut.index - cut.turn_start >= SPLIT_TURN_MIN_PREFIX
             kept = messages[:cut.head] + messages[cut.index:]
             assert not [p for p in validate_view(kept, "openai") if "tool" in p], session_id
+            bounded = find_cut_point(messages, keep, max_kept_tokens=keep + 1_000)
+            assert bounded.kept_tokens <= keep + 1_000, session_id
+            assert is_safe_cut(messages, bounded.index), session_id
 
 
 def _default_suffix(messages: list[Message], index: int) -> int:
