@@ -16,11 +16,13 @@ from shared.config import CompactionPolicy
 from shared.errors import BadSummary, SummarizerUnavailable
 from shared.guard import ContextGuard
 from shared.ledger import Ledger
-from shared.messages import Message
+from shared.messages import Message, ToolCall
+from shared.records import SummaryRecord
 from shared.repair import validate_view
 from shared.store import SessionStore
+from shared.tokens import DEFAULT_COUNTER
 from shared.turns import turn_starts
-from workers.compactor import Compactor
+from workers.compactor import MAX_ATTEMPTS, Compactor
 from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.fakes.behaviour import Fault
 from workers.fakes.openai_server import FakeOpenAIServer
@@ -176,3 +178,164 @@ def test_facts_survive_twenty_compactions(store: SessionStore, data_dir: Path) -
             if compactions >= 20:
                 break
     assert compactions >= 20
+
+
+# -- a job that loses its swap to the guard's emergency truncation ----------------------
+def truncation_at(store: SessionStore, watermark: int, note: str = "[context truncated]"
+                  ) -> None:
+    """Commit what the guard's emergency truncation commits: a note moving the watermark."""
+    state = store.state("s")
+    record = SummaryRecord(watermark=watermark, kind="truncation", text=note, tokens=20,
+                           covers_from=state.watermark, source_version=state.version,
+                           stages=["emergency_truncation"])
+    assert store.commit_summary("s", record, state.version).ok
+
+
+def during_summary(engine: SummaryEngine, action: Any, times: int = 1) -> list[int]:
+    """Run ``action(call_number)`` while the first ``times`` summaries are being written."""
+    original = engine.summarize
+    calls: list[int] = []
+
+    def summarize(*args: Any, **kw: Any) -> Any:
+        calls.append(len(calls))
+        draft = original(*args, **kw)
+        if len(calls) <= times:
+            action(len(calls))
+        return draft
+
+    engine.summarize = summarize  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_truncation_behind_the_cut_is_replaced_by_the_lost_summary(
+        store: SessionStore, demo_turns: list[list[Message]],
+        llm_server: FakeOpenAIServer) -> None:
+    feed(store, demo_turns[:12])
+    engine = llm_engine(llm_server)
+    calls = during_summary(engine, lambda _: truncation_at(store, 4))
+    outcome = Compactor(store, engine).run("s")
+    assert outcome.status == "compacted" and outcome.over_truncation, outcome
+    assert outcome.attempts == 2 and "replaced_truncation" in outcome.stages
+    assert len(calls) == 1  # the summary was written once and kept
+    current = store.load_view("s").summary
+    assert current is not None and current.kind == "llm"
+    assert current.watermark == outcome.watermark_after > 4
+    assert store.state("s").force_requested == 0
+
+
+def test_a_truncation_past_the_cut_gets_the_dropped_range_merged_on(
+        store: SessionStore, demo_turns: list[list[Message]],
+        llm_server: FakeOpenAIServer) -> None:
+    feed(store, demo_turns[:12])
+    length = store.length("s")
+    engine = llm_engine(llm_server)
+    cuts: list[int] = []
+    original_commit = store.commit_summary
+
+    def commit(session_id: str, record: SummaryRecord, expected: int) -> Any:
+        cuts.append(record.watermark)
+        return original_commit(session_id, record, expected)
+
+    store.commit_summary = commit  # type: ignore[method-assign,assignment]
+    during_summary(engine, lambda _: truncation_at(store, length - 2))
+    sent_before = len(llm_server.requests)
+    outcome = Compactor(store, engine).run("s")
+    assert outcome.status == "compacted" and outcome.over_truncation, outcome
+    assert "merged_over_truncation" in outcome.stages
+    first_cut = cuts[1]  # cuts[0] is the test's own truncation
+    assert first_cut < length - 2 <= outcome.watermark_after
+    current = store.load_view("s").summary
+    assert current is not None and current.kind == "llm" and current.covers_from == first_cut
+    # the second request merges onto the lost summary: only the dropped range is sent
+    prompts = [r.body["messages"][1]["content"] for r in llm_server.requests[sent_before:]]
+    merged = [p for p in prompts if f'<message index="{first_cut}"' in p]
+    assert merged and "<previous_summary>" in merged[-1]
+    shown = [int(i) for i in re.findall(r'<message index="(\d+)"', merged[-1])]
+    assert min(shown) == first_cut
+
+
+def test_a_newer_real_summary_is_never_overwritten(store: SessionStore,
+                                                   demo_turns: list[list[Message]]) -> None:
+    feed(store, demo_turns[:12])
+    other = Compactor(store, SummaryEngine(None))
+    engine = SummaryEngine(None)
+    newer: list[int] = []
+
+    def another_worker(_: int) -> None:
+        done = other.run("s", manual=True, keep_recent=200)
+        assert done.status == "compacted"
+        newer.append(done.watermark_after)
+
+    during_summary(engine, another_worker)
+    outcome = Compactor(store, engine).run("s")
+    assert outcome.status == "covered" and not outcome.over_truncation
+    assert store.state("s").watermark == newer[0]
+    assert [s.kind for s in store.summaries("s")] == ["offline"]
+
+
+def test_a_lost_summary_is_dropped_after_a_history_edit(store: SessionStore,
+                                                        demo_turns: list[list[Message]]) -> None:
+    feed(store, demo_turns[:12])
+    engine = SummaryEngine(None)
+    length = store.length("s")
+
+    def truncate_then_edit(_: int) -> None:
+        truncation_at(store, 4)
+        store.truncate_after("s", length - 6)  # the user edited a message: log shrinks
+
+    during_summary(engine, truncate_then_edit)
+    outcome = Compactor(store, engine).run("s", force=True)
+    assert not outcome.over_truncation
+    state = store.state("s")
+    assert state.watermark <= store.length("s") == length - 6
+    assert all(s.watermark <= length - 6 for s in store.summaries("s"))
+
+
+def test_a_job_that_keeps_losing_to_truncations_gives_up_without_moving_back(
+        store: SessionStore, demo_turns: list[list[Message]]) -> None:
+    """A truncation to the end of a growing log during every attempt: each merge loses."""
+    feed(store, demo_turns[:12])
+    engine = SummaryEngine(None)
+    marks: list[int] = []
+
+    def agent_turn_then_truncation(_: int) -> None:
+        store.append("s", [Message(role="user", content="Continue."),
+                           Message(role="assistant", content="Continuing.")])
+        marks.append(store.length("s"))
+        truncation_at(store, marks[-1])
+
+    calls = during_summary(engine, agent_turn_then_truncation, times=MAX_ATTEMPTS)
+    outcome = Compactor(store, engine).run("s", force=True)
+    assert (outcome.status, outcome.attempts, len(calls)) == ("covered", MAX_ATTEMPTS,
+                                                              MAX_ATTEMPTS)
+    state = store.state("s")
+    assert state.watermark == marks[-1] and state.summary_kind == "truncation"
+    watermarks = [r.watermark for r in sorted(store.summaries("s"),
+                                              key=lambda r: r.source_version)]
+    assert watermarks == sorted(watermarks)
+
+
+# -- the kept part fits the target --------------------------------------------------------
+def test_a_huge_recent_tool_output_does_not_survive_the_compaction(
+        store: SessionStore, demo_turns: list[list[Message]]) -> None:
+    """A short last turn with a huge tool result: snapping back to its start kept it whole."""
+    feed(store, demo_turns[:8])
+    call = ToolCall(id="lint", name="bash", arguments={"command": "pylint src"})
+    output = "".join(f"src/mod{i}.py:{i}:0: W0611: Unused import os (unused-import)\n"
+                     for i in range(1200))
+    last = [Message(role="user", content="Lint the package."),
+            Message(role="assistant", tool_calls=[call]),
+            Message(role="tool", tool_call_id="lint", content=output),
+            Message(role="assistant", content="1,200 unused imports, all of os.")]
+    feed(store, [last])
+    compactor = Compactor(store, SummaryEngine(None))
+    data = store.load_view("s")
+    budget = compactor._estimate(data)[2]
+    target = int(CompactionPolicy().target_ratio * budget)
+    assert DEFAULT_COUNTER.message(last[2]) > target  # kept whole, no cut could reach it
+    outcome = compactor.run("s")
+    assert outcome.status == "compacted", outcome.reason
+    kept = store.messages("s", outcome.watermark_after)
+    assert [m.text() for m in kept] == [last[3].text()]  # the call and its output compacted
+    assert outcome.tokens_after <= target
+    assert store.load_view("s").summary.kind == "offline"  # type: ignore[union-attr]

@@ -8,12 +8,28 @@
    under 10%; a split turn's prefix gets its own summary.
 3. Summarize the range since the base summary, merged into it.
 4. Fact ledger beside the summary: facts the summary dropped are injected.
-5. Write through the store's compare-and-swap; on conflict re-read, stop if
-   the range is covered, else try once more; never overwrite newer state.
+5. Write through the store's compare-and-swap; on conflict re-read and try
+   again (at most :data:`MAX_ATTEMPTS` in all); never overwrite newer state.
+
+The kept part is bounded too: the cut keeps at least about a quarter of the
+window, but never more than the target leaves beside the fixed parts and a
+full-size summary. Snapping back to a turn start can otherwise keep a huge
+recent tool output whole, and the compaction would leave the session over
+its window (the guard then truncates every turn until the next job).
 
 A summary that is not an LLM summary (truncation, offline fallback) is
 rebuilt from the raw log the next time an LLM is available: the range then
 starts at the newest LLM summary, so the better summary replaces it.
+
+The guard's emergency truncation commits through the same compare-and-swap,
+and it happens exactly when a job is late, so a job often loses its swap to
+one. Throwing the real summary away would leave the lossy truncation in
+place until yet another job; instead, when every commit since the job read
+the session was a guard truncation (the log is append-only otherwise, so
+the summary still describes it), the summary is kept: committed as it is
+when it reaches at least the truncation's watermark, else used as the base
+that the range the truncation dropped is merged onto. A newer real summary
+or a history edit in between makes it worthless, and it is dropped.
 """
 
 from __future__ import annotations
@@ -32,12 +48,17 @@ from shared.records import SessionState, SummaryRecord, ViewData
 from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.turns import find_cut_point
-from shared.view import Regions, calibrated_total, cheap_savings, summary_block
+from shared.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
 from workers.summarizer.engine import SummaryEngine
 
 log = logging.getLogger("compaction.job")
 Status = Literal["skipped", "compacted", "covered", "conflict"]
 SUMMARY_FRAMING_TOKENS = 40
+MAX_ATTEMPTS = 3
+"""Summarize-and-swap attempts per job: a late job may lose to the guard's
+truncation twice in a row on a fast agent; a third loss is left to the next job."""
+MAX_VERSIONS_CHECKED = 50
+"""Commits since the read that are inspected before reusing a lost summary."""
 
 
 @dataclass(slots=True)
@@ -58,10 +79,23 @@ class JobOutcome:
     model: str | None = None
     summarizer_input_tokens: int = 0
     summarizer_output_tokens: int = 0
+    attempts: int = 1
+    over_truncation: bool = False
+    """The summary replaced a guard truncation that had won the compare-and-swap."""
     latency_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Lost:
+    """A summary that lost its compare-and-swap, and the version it was written against."""
+
+    record: SummaryRecord
+    version: int
+    reusable: bool
+    """Every commit since ``version`` was a guard truncation: the record is still true."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +139,14 @@ class Compactor:
         return calibrated_total(regions, state, data.length), window, window - reserve
 
     def plan(self, session_id: str, data: ViewData, *, force: bool,
-             keep_recent: int | None, manual: bool = False) -> _Plan | str:
+             keep_recent: int | None, manual: bool = False,
+             carry: SummaryRecord | None = None) -> _Plan | str:
         """A plan, or the reason to skip.
 
         ``manual`` (a /compact) skips the trigger check; ``force`` (after an
         overflow or truncation) also skips the minimum-saving check.
+        ``carry``: a real summary of an earlier range of this log that lost
+        its swap to a truncation; it is a base candidate for the rebuild.
         """
         state = data.state
         forced = force or bool(state.force_requested)
@@ -130,10 +167,13 @@ class Compactor:
                 return (f"below trigger: {report.usage_ratio:.0%} of the input budget, "
                         f"{since} messages since the watermark")
         fixed = state.system_tokens + state.tool_tokens + self.policy.max_summary_tokens
-        keep = keep_recent if keep_recent is not None else min(
-            self.policy.keep_recent_for(window), max(0, report.target_tokens - fixed))
-        messages = data.messages()
-        cut = find_cut_point(messages, max(0, keep), self.counter)
+        room = max(0, report.target_tokens - fixed)
+        keep = max(0, keep_recent if keep_recent is not None else min(
+            self.policy.keep_recent_for(window), room))
+        # Cut on what the guard sends (cheap-stage placeholders applied), keep at
+        # most what the target leaves: the summary then fits beside the kept part.
+        messages = apply_cheap(data.messages(), state.watermark, data.cheap)
+        cut = find_cut_point(messages, keep, self.counter, max_kept_tokens=max(keep, room))
         if cut.index <= cut.head and not rebuild:
             return "nothing to cut: the recent messages alone are what is kept"
         freed = self.counter.messages(messages[:cut.index]) - SUMMARY_FRAMING_TOKENS
@@ -141,69 +181,102 @@ class Compactor:
             return f"would free {freed} tokens, under {self.policy.min_saving_ratio:.0%}"
         base_summary = data.summary
         if rebuild:
-            base_summary = self._rebuild_base(session_id, state.watermark)
+            base_summary = self._rebuild_base(session_id, state.watermark, carry)
         base = base_summary.watermark if base_summary else 0
         prefix = (state.watermark + cut.turn_start) if cut.split_turn else None
         return _Plan(base=base, base_summary=base_summary, cut=state.watermark + cut.index,
                      prefix_start=prefix, tokens_before=estimated, forced=forced)
 
-    def _rebuild_base(self, session_id: str, watermark: int) -> SummaryRecord | None:
+    def _rebuild_base(self, session_id: str, watermark: int,
+                      carry: SummaryRecord | None = None) -> SummaryRecord | None:
         """The newest summary worth building on: an LLM one, else offline, else none."""
         wanted = ("llm",) if self.engine.is_llm else ("llm", "offline")
-        candidates = [s for s in self.store.summaries(session_id)
+        stored = self.store.summaries(session_id)
+        candidates = [s for s in [*stored, *([carry] if carry else [])]
                       if s.kind in wanted and s.watermark <= watermark]
-        return candidates[-1] if candidates else None
+        return max(candidates, key=lambda s: s.watermark) if candidates else None
+
+    def _only_truncations(self, session_id: str, since: int, until: int) -> bool:
+        """True when versions ``[since, until)`` were all committed by guard truncations.
+
+        Every commit bumps the version by one and stores a record whose
+        ``source_version`` is the version it replaced; an edit or a rewind
+        bumps it without a record. So a gap, or any other kind, means the log
+        or the summary changed in a way a lost summary cannot survive.
+        """
+        if not 0 <= since < until or until - since > MAX_VERSIONS_CHECKED:
+            return False
+        kinds = {s.source_version: s.kind for s in self.store.summaries(session_id)}
+        return all(kinds.get(v) == "truncation" for v in range(since, until))
 
     # -- the job -------------------------------------------------------------------
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
             use_llm: bool = True, deadline: float | None = None,
             manual: bool = False) -> JobOutcome:
-        """One compaction attempt (and one retry after a lost compare-and-swap)."""
+        """One compaction; after a lost compare-and-swap, up to :data:`MAX_ATTEMPTS` in all."""
         started = time.perf_counter()
         args = (session_id, force, keep_recent, use_llm, deadline, manual)
-        outcome = self._attempt(*args)
-        if outcome.status == "conflict":
-            outcome = self._attempt(*args)
+        lost: _Lost | None = None
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            outcome, lost = self._attempt(*args, lost=lost)
+            outcome.attempts = attempt
+            if lost is None or (outcome.status == "covered" and not lost.reusable):
+                break
         outcome.latency_ms = round((time.perf_counter() - started) * 1000, 2)
         log.info("compaction.end %s", json.dumps(outcome.as_dict(), sort_keys=True))
         return outcome
 
     def _attempt(self, session_id: str, force: bool, keep_recent: int | None, use_llm: bool,
-                 deadline: float | None, manual: bool) -> JobOutcome:
+                 deadline: float | None, manual: bool, *,
+                 lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         data = self.store.load_view(session_id)
         state = data.state
         outcome = JobOutcome(session_id=session_id, status="skipped",
                              messages_before=data.length - state.watermark,
                              watermark_before=state.watermark)
-        plan = self.plan(session_id, data, force=force, keep_recent=keep_recent, manual=manual)
-        if isinstance(plan, str):
-            outcome.reason = plan
-            return outcome
-        log.info("compaction.start %s", json.dumps({
-            "session_id": session_id, "watermark": state.watermark, "cut": plan.cut,
-            "base": plan.base, "tokens_before": plan.tokens_before, "forced": plan.forced}))
-        outcome.tokens_before = plan.tokens_before
-        record, draft_stages = self._summarize(session_id, data, plan, use_llm, deadline)
+        # Checked against this read: the swap below expects exactly this version.
+        carry = (lost.record if lost is not None
+                 and self._only_truncations(session_id, lost.version, state.version) else None)
+        if carry is not None and carry.watermark >= state.watermark:
+            # The truncation dropped less than the summary covers: it replaces it as it is.
+            record = carry.model_copy(update={"source_version": state.version})
+            outcome.tokens_before = self._estimate(data)[0]
+            stages = [*record.stages, "replaced_truncation"]
+        else:
+            plan = self.plan(session_id, data, force=force, keep_recent=keep_recent,
+                             manual=manual, carry=carry)
+            if isinstance(plan, str):
+                outcome.reason = plan
+                return outcome, None
+            log.info("compaction.start %s", json.dumps({
+                "session_id": session_id, "watermark": state.watermark, "cut": plan.cut,
+                "base": plan.base, "tokens_before": plan.tokens_before, "forced": plan.forced,
+                "attempt_over_truncation": carry is not None}))
+            outcome.tokens_before = plan.tokens_before
+            record, stages = self._summarize(session_id, data, plan, use_llm, deadline)
+            if carry is not None and plan.base_summary is carry:
+                stages = [*stages, "merged_over_truncation"]
         result = self.store.commit_summary(session_id, record, state.version)
         if not result.ok:
             current = self.store.state(session_id)
-            covered = current.watermark >= record.watermark
-            outcome.status = "covered" if covered else "conflict"
+            outcome.status = "covered" if current.watermark >= record.watermark else "conflict"
             outcome.reason = f"compare-and-swap lost ({result.reason})"
-            return outcome
+            reusable = self._only_truncations(session_id, state.version, current.version)
+            return outcome, _Lost(record, state.version, reusable)
         if state.force_requested:
             self.store.update_state(session_id, force_requested=0)
         after = self.store.load_view(session_id)
         outcome.status = "compacted"
+        outcome.over_truncation = carry is not None
         outcome.tokens_after = self._estimate(after)[0]
         outcome.messages_after = after.length - after.state.watermark
         outcome.watermark_after = record.watermark
         outcome.summary_kind = record.kind
-        outcome.stages = draft_stages
+        outcome.stages = stages
         outcome.model = record.model
         outcome.summarizer_input_tokens = record.input_tokens
         outcome.summarizer_output_tokens = record.output_tokens
-        return outcome
+        return outcome, None
 
     def _summarize(self, session_id: str, data: ViewData, plan: _Plan, use_llm: bool,
                    deadline: float | None) -> tuple[SummaryRecord, list[str]]:
