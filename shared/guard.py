@@ -8,13 +8,24 @@ compare-and-swap (so the next call starts from it) and asks a worker to
 replace it with a real summary. ``record_turn`` appends and enqueues,
 coalesced. ``recover`` handles a provider's context-overflow error: learn the
 stated limit, compact hard, return a view for one retry.
+
+Cost on the hot path: one Redis round trip per ``prepare`` (two more only
+when it writes: new figures, cheap decisions, a truncation), and Python work
+that does not grow with the history. The guard keeps each session's decoded
+view (:class:`shared.view.ViewCache`) and asks the store only for what was
+appended since, so a 10,000-message session costs what a 100-message one
+does. ``record_turn`` is one round trip (append, pending flag and state in
+one script) plus the calibration write and the publish.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -25,11 +36,12 @@ from shared.cheap import plan_cheap_stages
 from shared.config import CompactionPolicy
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
 from shared.errors import InvalidInput, StoreUnavailable
+from shared.keys import validate_session_id
 from shared.limits import LimitBook, ModelLimits, model_limits, output_reserve
 from shared.messages import Message, validate_messages
 from shared.overflow import is_context_overflow, parse_overflow
 from shared.prepared import PreparedView, ViewReport
-from shared.records import SessionState, SummaryRecord, ViewData
+from shared.records import AppendResult, SessionState, SummaryRecord, ViewData
 from shared.repair import repair_tool_pairs
 from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
@@ -37,10 +49,13 @@ from shared.truncation import emergency_truncate
 from shared.usage import reported_prompt_tokens
 from shared.view import (
     Regions,
+    ViewCache,
     apply_cheap,
     assemble,
     calibrated_total,
     cheap_savings,
+    decode_view,
+    pairs_intact,
     summary_block,
 )
 
@@ -70,19 +85,28 @@ def _check_request(system_prompt: object, tools: object) -> None:
 
 
 class ContextGuard:
-    """Synchronous, LLM-free context guard for one tenant's sessions."""
+    """Synchronous, LLM-free context guard for one tenant's sessions.
+
+    ``view_cache``: the decoded views it keeps between calls (default: 256
+    sessions, 50,000 messages in all); ``ViewCache(0, 0)`` turns caching off.
+    One guard per process is the intended use; it is thread-safe.
+    """
 
     def __init__(self, store: SessionStore, enqueuer: Enqueuer | None = None, *,
                  policy: CompactionPolicy | None = None,
                  overrides: Mapping[str, ModelLimits | int] | None = None,
-                 counter: TokenCounter | None = None) -> None:
+                 counter: TokenCounter | None = None,
+                 view_cache: ViewCache | None = None) -> None:
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
         self.policy = policy or CompactionPolicy()
         self.overrides = dict(overrides or {})
         self.counter = counter or store.counter or DEFAULT_COUNTER
         self.limits = LimitBook()
+        self.views = view_cache if view_cache is not None else ViewCache()
         self._fixed_cache: dict[str, int] = {}
+        self._tools_seen: tuple[Any, int] | None = None  # (a private copy of tools, tokens)
+        self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, tuple[int, int, int]] = {}  # session -> (heuristic, end, version)
 
     # -- figures -----------------------------------------------------------------
@@ -102,19 +126,42 @@ class ContextGuard:
     def _tool_tokens(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
         if not tools:
             return 0
+        seen = self._tools_seen
+        if seen is not None and seen[0] == tools:  # the same definitions as last call
+            return int(seen[1])
         try:
             raw = json.dumps(tools, sort_keys=True, default=str)
         except (ValueError, RecursionError) as exc:
             raise InvalidInput(f"not serializable as JSON: {str(exc)[:200]}",
                                field="tools") from None
         key = "t" + hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
-        return self._cached(key, lambda: self.counter.tools(list(tools)))
+        tokens = self._cached(key, lambda: self.counter.tools(list(tools)))
+        # A private copy: the caller may mutate its list in place between calls.
+        self._tools_seen = (copy.deepcopy(list(tools)), tokens)
+        return tokens
 
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
         learned = dict(self.limits.as_mapping())
         if state is not None and state.learned_window and state.model == model:
             learned.setdefault(model, state.learned_window)
-        return model_limits(model, overrides=self.overrides or None, learned=learned or None)
+        key = (model, tuple(sorted(learned.items())))
+        found = self._limits_seen.get(key)
+        if found is None:
+            found = model_limits(model, overrides=self.overrides or None,
+                                 learned=learned or None)
+            if len(self._limits_seen) > 256:
+                self._limits_seen.clear()
+            self._limits_seen[key] = found
+        return found
+
+    def load(self, session_id: str) -> ViewData:
+        """The session's view, read incrementally against the cached one (one round trip)."""
+        validate_session_id(session_id)  # before it is used as a cache key
+        cached = self.views.get(session_id)
+        raw = self.store.read_view(session_id, cached.cursor if cached is not None else None)
+        data, entry = decode_view(raw, cached)
+        self.views.put(session_id, entry)
+        return data
 
     # -- prepare -------------------------------------------------------------------
     def prepare(self, session_id: str, system_prompt: str = "",
@@ -133,7 +180,7 @@ class ContextGuard:
         _check_request(system_prompt, tools)
         extra = validate_messages(pending, prefix="pending")
         try:
-            data = self.store.load_view(session_id)
+            data = self.load(session_id)
         except StoreUnavailable:
             if fallback_messages is None:
                 raise
@@ -146,7 +193,7 @@ class ContextGuard:
     def _build(self, session_id: str, data: ViewData, system_prompt: str,
                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                extra: list[Message], started: float, *, force_ratio: float | None = None,
-               ) -> PreparedView:
+               retry_lost_swap: bool = True) -> PreparedView:
         state = data.state
         limits = self.model_limits(model, state)
         reserve = output_reserve(limits, max_tokens)
@@ -189,7 +236,14 @@ class ContextGuard:
             history, dropped, note, truncated = result.messages, result.dropped, result.note, True
             # Only what is gone from the start moves the watermark; messages dropped
             # inside one long turn are dropped again (deterministically) next time.
-            summary = self._record_truncation(session_id, data, result.dropped_prefix, note)
+            summary, recorded = self._record_truncation(session_id, data,
+                                                        result.dropped_prefix, note)
+            if not recorded and retry_lost_swap:
+                # A worker's summary (or an edit) landed since the read: build from it
+                # instead (it may fit without truncating), once.
+                return self._build(session_id, self.load(session_id), system_prompt, tools,
+                                   max_tokens, model, extra, started, force_ratio=force_ratio,
+                                   retry_lost_swap=False)
             if force_ratio is not None:
                 self.store.update_state(session_id, recover_next=0)
             enqueued = self._enqueue(session_id, force=True) or enqueued
@@ -198,7 +252,9 @@ class ContextGuard:
             estimated = Calibration(state.calibration_ratio).apply(regions.total)
             report = self._check(window, reserve, regions, estimated, extra)
 
-        messages = assemble(system_prompt, summary, repair_tool_pairs(history),
+        if not pairs_intact(history):
+            history = repair_tool_pairs(history)
+        messages = assemble(system_prompt, summary, history,
                             placement=self.policy.summary_placement)
         self._sent[session_id] = (regions.total, data.length + len(extra), state.version)
         return PreparedView(messages=messages, report=ViewReport(
@@ -248,8 +304,11 @@ class ContextGuard:
         return decisions
 
     def _record_truncation(self, session_id: str, data: ViewData, dropped: int,
-                           note: str) -> SummaryRecord | None:
-        """Store the truncation as a summary (CAS), so the next call starts from it."""
+                           note: str) -> tuple[SummaryRecord, bool]:
+        """Store the truncation as a summary (CAS), so the next call starts from it.
+
+        Returns the record and False when its swap was lost (someone wrote first).
+        """
         previous = data.summary
         logged = max(0, min(dropped, data.length - data.state.watermark))
         text = (previous.text + "\n\n" if previous else "") + note
@@ -261,11 +320,11 @@ class ContextGuard:
             stages=["emergency_truncation"])
         record = record.model_copy(update={"tokens": self.counter.text(summary_block(record))})
         if logged == 0:  # nothing gone from the start: the note rides along, unrecorded
-            return record
+            return record, True
         result = self.store.commit_summary(session_id, record, data.state.version)
         if not result.ok:
             log.info("truncation summary for %s lost its swap (%s)", session_id, result.reason)
-        return record
+        return record, result.ok
 
     def _remember_figures(self, session_id: str, state: SessionState, regions: Regions,
                           reserve: int, model: str, window: int) -> None:
@@ -316,28 +375,67 @@ class ContextGuard:
 
     # -- after the call --------------------------------------------------------------
     def record_turn(self, session_id: str, messages: Sequence[Message | Mapping[str, Any]],
-                    usage: Any = None) -> int:
+                    usage: Any = None, *, request_id: str | None = None) -> int:
         """Append the turn's messages and enqueue ``maybe_summarize`` (coalesced).
 
         ``usage`` is the provider's usage for the request that produced the
         last assistant message of ``messages``; it anchors the hybrid
         estimate and updates the calibration ratio.
+
+        The append carries a request id (``request_id``, or a fresh one per
+        call) and is retried once, with the same id, when Redis did not
+        answer: the store applies it at most once, so a lost reply cannot
+        duplicate the turn. The wait is bounded by two socket timeouts.
+        Once the turn is stored, a failure of the calibration write or of
+        the publish is logged, not raised: raising would invite the caller
+        to record the turn again; the next turn enqueues again anyway.
         """
         encoded = self.store.encode(session_id, messages)
-        length, _, version, _ = self.store.append_encoded(session_id, encoded)
         reported = reported_prompt_tokens(usage)
-        if reported is not None:
-            self._calibrate(session_id, reported, version)
-        if self.policy.proactive:
-            request_summary(self.store, self.enqueuer, session_id)
-        return length
+        calibrate = reported is not None and session_id in self._sent
+        rid = request_id if request_id is not None else secrets.token_hex(12)
+        result = self._append(session_id, encoded, rid, with_state=calibrate)
+        try:
+            if calibrate and reported is not None:
+                self._calibrate(session_id, reported, result)
+            if result.marked:
+                self._publish(session_id)
+        except StoreUnavailable as exc:
+            log.warning("session %s: turn stored, follow-up failed: %s", session_id, exc)
+        return result.length
 
-    def _calibrate(self, session_id: str, reported: int, version: int) -> None:
+    def _append(self, session_id: str, encoded: Sequence[tuple[str, int]], request_id: str,
+                *, with_state: bool) -> AppendResult:
+        def attempt() -> AppendResult:
+            return self.store.append_encoded(session_id, encoded, request_id=request_id,
+                                             mark_pending=self.policy.proactive,
+                                             with_state=with_state)
+        try:
+            return attempt()
+        except StoreUnavailable as exc:
+            log.info("session %s: append %s unanswered (%s); retrying once", session_id,
+                     request_id, exc)
+            return attempt()
+
+    def _publish(self, session_id: str) -> None:
+        """Publish the job this turn's append marked pending; unmark if it cannot be sent.
+
+        The same contract as :func:`shared.enqueue.request_summary`, whose
+        flag-setting half ran inside the append script.
+        """
+        try:
+            self.enqueuer.enqueue(self.store.tenant, session_id)
+        except Exception as exc:
+            with contextlib.suppress(StoreUnavailable):
+                self.store.clear_pending(session_id)
+            log.warning("enqueue failed for session %s: %s", session_id, exc)
+
+    def _calibrate(self, session_id: str, reported: int, appended: AppendResult) -> None:
         sent = self._sent.pop(session_id, None)
-        if sent is None or sent[2] != version:
+        state = appended.state
+        if sent is None or state is None or sent[2] != appended.version:
             return
-        heuristic, end, _ = sent
-        state = self.store.state(session_id)
+        heuristic, end, version = sent
         fields: dict[str, Any] = {"anchor_reported": reported, "anchor_estimated": heuristic,
                                   "anchor_end": end, "anchor_version": version}
         window = state.learned_window or state.window
@@ -375,7 +473,7 @@ class ContextGuard:
                                     last_overflow_at=time.time())
         started = time.perf_counter()
         extra = validate_messages(pending, prefix="pending")
-        data = self.store.load_view(session_id)
+        data = self.load(session_id)
         return self._build(session_id, data, system_prompt, tools, max_tokens, model, extra,
                            started, force_ratio=self.policy.recovery_ratio)
 
@@ -402,7 +500,7 @@ class ContextGuard:
     # -- introspection -------------------------------------------------------------------------
     def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""
-        data = self.store.load_view(session_id)
+        data = self.load(session_id)
         state = data.state
         limits = self.model_limits(state.model or "gpt-4o", state)
         reserve = state.max_tokens or output_reserve(limits, None)

@@ -16,6 +16,7 @@ from shared.errors import InvalidInput
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+REQUEST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
 DEFAULT_TENANT = "default"
 
 
@@ -39,6 +40,17 @@ def validate_session_id(session_id: str) -> str:
     return session_id
 
 
+def validate_request_id(request_id: str) -> str:
+    """An idempotency key: stored as a hash field, so the same strict charset."""
+    if not isinstance(request_id, str) or not REQUEST_RE.fullmatch(request_id):
+        raise InvalidInput(
+            "must be 1-128 characters of letters, digits, '_', '.', ':', '-' and start with a "
+            f"letter or digit (got {request_id!r:.80})",
+            field="request_id",
+        )
+    return request_id
+
+
 @dataclass(frozen=True, slots=True)
 class SessionKeys:
     """All keys of one session; build with :meth:`for_session` (validates)."""
@@ -51,6 +63,8 @@ class SessionKeys:
     summaries: str
     summary_index: str
     cheap: str
+    requests: str
+    request_order: str
     pending: str
     lease: str
     dirty: str
@@ -69,6 +83,8 @@ class SessionKeys:
             summaries=f"{base}:sums",
             summary_index=f"{base}:sumidx",
             cheap=f"{base}:cheap",
+            requests=f"{base}:reqs",
+            request_order=f"{base}:reqorder",
             pending=f"{base}:pending",
             lease=f"{base}:lease",
             dirty=f"{base}:dirty",
@@ -77,6 +93,11 @@ class SessionKeys:
     def data_keys(self) -> list[str]:
         """Keys that hold session data (TTL applies to these)."""
         return [self.log, self.cum, self.state, self.summaries, self.summary_index, self.cheap]
+
+    def all_keys(self) -> list[str]:
+        """Every key of the session: data, recent append request ids, flags, lease."""
+        return [*self.data_keys(), self.requests, self.request_order, self.pending,
+                self.lease, self.dirty]
 
 
 def session_pattern(prefix: str, tenant: str) -> str:
@@ -89,6 +110,7 @@ __all__ = [
     "DEFAULT_TENANT",
     "SessionKeys",
     "session_pattern",
+    "validate_request_id",
     "validate_session_id",
     "validate_tenant",
 ]

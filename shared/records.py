@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from shared.messages import Message
 
@@ -110,18 +111,23 @@ class CommitResult(BaseModel):
 
 
 class ViewData(BaseModel):
-    """One atomic read of everything prepare() needs."""
+    """One atomic read of everything prepare() needs, decoded.
+
+    ``history`` is ``log[watermark:length]``: the messages the view is built
+    from (before cheap-stage placeholders and pending messages).
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     state: SessionState
-    raw_messages: list[str]
+    history: list[Message]
     tokens_before_watermark: int
     tokens_total: int
     length: int
     summary: SummaryRecord | None
     cheap: dict[int, CheapDecision]
     pending: bool
+    epoch: str = Field(default="", description="changes when the session is re-created")
 
     @property
     def history_tokens(self) -> int:
@@ -129,15 +135,115 @@ class ViewData(BaseModel):
         return self.tokens_total - self.tokens_before_watermark
 
     def messages(self) -> list[Message]:
-        return [Message.model_validate_json(raw) for raw in self.raw_messages]
+        """A copy of ``history`` (callers may extend it)."""
+        return list(self.history)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewCursor:
+    """What a reader already holds of a session's view, for an incremental read.
+
+    The reader holds ``log[watermark:end]`` and the summary of (``epoch``,
+    ``version``); ``total`` is the running token total at ``end``, checked
+    by the store as a guard against a log that was replaced behind the
+    version (a restored backup, a hand edit).
+    """
+
+    epoch: str
+    version: int
+    end: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawView:
+    """The store's undecoded view read: JSON as Redis returned it.
+
+    Decoding is left to the caller so that a reader with a cache (the guard)
+    decodes only what is new. ``messages_json`` is a JSON array of
+    ``log[start:length]``; ``start`` is the watermark for a full read and
+    the cursor's end for an incremental one (``partial``), where the summary
+    is not sent again (``summary_json`` is None) because the reader has it.
+    """
+
+    state_raw: dict[str, str]
+    messages_json: bytes
+    start: int
+    tokens_before_watermark: int
+    tokens_total: int
+    length: int
+    summary_json: bytes | None
+    cheap_raw: dict[int, str]
+    pending: bool
+
+    @property
+    def epoch(self) -> str:
+        return self.state_raw.get("epoch", "")
+
+    @property
+    def watermark(self) -> int:
+        return int(self.state_raw.get("watermark") or 0)
+
+    @property
+    def partial(self) -> bool:
+        return self.start > self.watermark
+
+    def state(self) -> SessionState:
+        return SessionState.from_hash(self.state_raw)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Outcome of one append.
+
+    ``duplicate``: the request id had been seen, nothing was written, and
+    ``length`` / ``tokens_before`` are those of the first append. ``marked``:
+    this append set the session's pending flag, so its caller publishes the
+    summary job (coalescing: one job per burst). ``state`` is the session
+    state after the append, when it was asked for.
+    """
+
+    length: int
+    watermark: int
+    version: int
+    tokens_before: int
+    duplicate: bool = False
+    marked: bool = False
+    state: SessionState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEdit:
+    """Outcome of a history edit (truncate_after, rewind): the session as the edit left it.
+
+    Read atomically with the edit, so ``version`` is the one the edit
+    created (a separate read could already see a later writer's).
+    """
+
+    version: int
+    watermark: int
+    length: int
+
+
+_MESSAGE_LIST: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+
+
+def decode_messages(raw: bytes | str) -> list[Message]:
+    """A JSON array of stored messages, decoded in one pass."""
+    return _MESSAGE_LIST.validate_json(raw)
 
 
 __all__ = [
+    "AppendResult",
     "CheapDecision",
     "CommitResult",
+    "HistoryEdit",
+    "RawView",
     "SessionState",
     "SummaryKind",
     "SummaryRecord",
     "UsageAnchor",
+    "ViewCursor",
     "ViewData",
+    "decode_messages",
 ]

@@ -6,11 +6,18 @@ so that every in-flight compaction loses its swap. The store is bound to one
 tenant at construction: a caller cannot name another tenant's keys.
 
 Every Redis failure surfaces as :class:`StoreUnavailable` within the socket
-timeouts configured in :class:`StoreConfig`, never as a hang.
+timeouts configured in :class:`StoreConfig`, never as a hang. An append whose
+reply was lost (a timeout after Redis applied it) is safe to retry when it
+carries a request id: the second attempt is recognised and writes nothing.
+
+Standalone Redis and Redis Cluster alike: every key of a session shares one
+hash tag, and every multi-key operation is one Lua script over the keys it
+is given, so it runs on the node that owns the session's slot.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,24 +25,34 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.retry import Retry
 
 from shared.config import StoreConfig
 from shared.errors import InvalidInput, LimitExceeded, StoreUnavailable
-from shared.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
+from shared.keys import DEFAULT_TENANT, SessionKeys, validate_request_id, validate_tenant
 from shared.messages import Message, validate_messages
 from shared.records import (
+    AppendResult,
     CheapDecision,
     CommitResult,
+    HistoryEdit,
+    RawView,
     SessionState,
     SummaryRecord,
+    ViewCursor,
     ViewData,
+    decode_messages,
 )
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 
 T = TypeVar("T")
 _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                    redis.exceptions.BusyLoadingError)
+SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
+IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
+IDEMPOTENCY_TTL_SECONDS = 3600
 
 
 def _load_lua(name: str) -> str:
@@ -50,6 +67,15 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+def _json_pairs(raw: bytes | str) -> dict[str, str]:
+    """A flat HGETALL reply the script encoded with cjson (``{}`` when empty on real Redis)."""
+    flat = json.loads(raw)
+    if not isinstance(flat, list):
+        return {}
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
 @contextmanager
 def redis_errors(what: str) -> Iterator[None]:
     """Turn connection trouble into the typed StoreUnavailable."""
@@ -60,29 +86,64 @@ def redis_errors(what: str) -> Iterator[None]:
 
 
 def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
-    """A client with bounded socket timeouts (no call can hang)."""
+    """A client with bounded socket timeouts and no silent retries (no call can hang).
+
+    redis-py clients built by hand retry failed commands up to ten times
+    with backoff by default: seconds of stall on the hot path, and a
+    replayed non-idempotent write. The store's callers decide about retries.
+    """
     cfg = config or StoreConfig()
     return redis.Redis.from_url(
         url,
         socket_timeout=cfg.socket_timeout,
         socket_connect_timeout=cfg.connect_timeout,
-        retry_on_timeout=False,
+        retry=Retry(NoBackoff(), 0),
         health_check_interval=30,
     )
 
 
+def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
+    """A Redis Cluster client (any node's URL) with the same bounded timeouts.
+
+    Cluster clients follow slot moves (MOVED/ASK) themselves; retries on
+    connection errors are limited to one, so a dead node still surfaces as
+    :class:`StoreUnavailable` within a few socket timeouts.
+    """
+    from redis.cluster import RedisCluster
+
+    cfg = config or StoreConfig()
+    return RedisCluster.from_url(
+        url,
+        socket_timeout=cfg.socket_timeout,
+        socket_connect_timeout=cfg.connect_timeout,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
 class SessionStore:
-    """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests)."""
+    """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests).
+
+    ``idempotency_keep`` / ``idempotency_ttl``: how many append request ids
+    a session remembers, and for how long (seconds): a retried append is
+    recognised within these bounds.
+    """
 
     def __init__(self, client: Any, config: StoreConfig | None = None, *,
-                 tenant: str = DEFAULT_TENANT, counter: TokenCounter | None = None) -> None:
+                 tenant: str = DEFAULT_TENANT, counter: TokenCounter | None = None,
+                 idempotency_keep: int = IDEMPOTENCY_KEEP,
+                 idempotency_ttl: int = IDEMPOTENCY_TTL_SECONDS) -> None:
+        for name, value in (("idempotency_keep", idempotency_keep),
+                            ("idempotency_ttl", idempotency_ttl)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput("must be a positive integer", field=name)
         self.redis = client
         self.config = config or StoreConfig()
         self.tenant = validate_tenant(tenant)
         self.counter = counter or DEFAULT_COUNTER
+        self.idempotency_keep = idempotency_keep
+        self.idempotency_ttl = idempotency_ttl
         self._scripts: dict[str, Script] = {
-            name: client.register_script(_load_lua(f"{name}.lua"))
-            for name in ("append", "commit_summary", "truncate", "rewind", "view", "lease")
+            name: client.register_script(_load_lua(f"{name}.lua")) for name in SCRIPTS
         }
 
     def keys(self, session_id: str) -> SessionKeys:
@@ -90,11 +151,19 @@ class SessionStore:
 
     def for_tenant(self, tenant: str) -> SessionStore:
         """The same connection, bound to another tenant (for operators, not agents)."""
-        return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter)
+        return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter,
+                            idempotency_keep=self.idempotency_keep,
+                            idempotency_ttl=self.idempotency_ttl)
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
-        with redis_errors(what):
+        try:
             return fn()
+        except _REDIS_FAILURES as exc:
+            raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
+
+    def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts[name]
+        return self._run(what, lambda: script(keys=keys, args=args))
 
     @property
     def _ttl(self) -> int:
@@ -123,28 +192,51 @@ class SessionStore:
             out.append((raw, self.counter.message(message)))
         return out
 
-    def append(self, session_id: str, messages: Iterable[Any]) -> int:
-        """Append atomically (all or nothing); returns the new length of the log."""
-        return self.append_encoded(session_id, self.encode(session_id, messages))[0]
+    def append(self, session_id: str, messages: Iterable[Any], *,
+               request_id: str | None = None) -> int:
+        """Append atomically (all or nothing); returns the new length of the log.
 
-    def append_encoded(self, session_id: str,
-                       encoded: Sequence[tuple[str, int]]) -> tuple[int, int, int, int]:
-        """Append pre-encoded messages; returns (length, watermark, version, tokens before)."""
+        With a ``request_id``, the append happens at most once: a retry with
+        the same id (after a timeout that left the outcome unknown) writes
+        nothing and returns the length the first attempt produced.
+        """
+        return self.append_encoded(session_id, self.encode(session_id, messages),
+                                   request_id=request_id).length
+
+    def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
+                       request_id: str | None = None, mark_pending: bool = False,
+                       with_state: bool = False) -> AppendResult:
+        """Append pre-encoded messages (see :meth:`append`).
+
+        ``mark_pending``: also set the session's pending flag if absent, in
+        the same script (``result.marked`` says whether this call set it).
+        ``with_state``: return the state hash after the append too.
+        """
+        if request_id is not None:
+            validate_request_id(request_id)
         k = self.keys(session_id)
-        args: list[Any] = [self.config.max_messages_per_session, self._ttl, len(encoded)]
+        args: list[Any] = [self.config.max_messages_per_session, self._ttl,
+                           secrets.token_hex(8), request_id or "", self.idempotency_keep,
+                           self.idempotency_ttl,
+                           self.config.pending_ttl_seconds if mark_pending else 0,
+                           1 if with_state else 0, len(encoded)]
         for raw, tokens in encoded:
             args.extend((raw, tokens))
-        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap]
+        keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
+                k.summaries, k.summary_index, k.cheap]
         try:
-            result = self._run("append", lambda: self._scripts["append"](keys=keys, args=args))
+            result = self._script("append", "append", keys, args)
         except redis.exceptions.ResponseError as exc:
             if str(exc).startswith("SESSION_FULL"):
                 raise LimitExceeded(
                     f"session {session_id!r} would exceed "
                     f"{self.config.max_messages_per_session} messages", field="messages") from None
             raise
-        length, watermark, version, before = (int(x) for x in result)
-        return length, watermark, version, before
+        length, watermark, version, before, duplicate, marked, state = result
+        return AppendResult(
+            length=int(length), watermark=int(watermark), version=int(version),
+            tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
+            state=SessionState.from_hash(_json_pairs(state)) if state else None)
 
     def length(self, session_id: str) -> int:
         return int(self._run("length", lambda: self.redis.llen(self.keys(session_id).log)))
@@ -164,13 +256,14 @@ class SessionStore:
         k = self.keys(session_id)
 
         def read() -> list[Any]:
-            pipe = self.redis.pipeline(transaction=False)
+            pipe = self.redis.pipeline(transaction=False)  # one slot: fine on a Cluster too
             pipe.lindex(k.cum, end - 1)
-            pipe.lindex(k.cum, start - 1) if start > 0 else pipe.echo("0")
+            if start > 0:
+                pipe.lindex(k.cum, start - 1)
             return list(pipe.execute())
 
-        hi, lo = self._run("range_tokens", read)
-        return int(hi or 0) - int(lo or 0)
+        values = self._run("range_tokens", read)
+        return int(values[0] or 0) - (int(values[1] or 0) if start > 0 else 0)
 
     # -- state and summaries ----------------------------------------------------
     def state(self, session_id: str) -> SessionState:
@@ -184,23 +277,46 @@ class SessionStore:
             self._run("update_state",
                       lambda: self.redis.hset(self.keys(session_id).state, mapping=clean))
 
-    def load_view(self, session_id: str) -> ViewData:
-        """One atomic read of everything prepare() needs."""
+    def read_view(self, session_id: str, since: ViewCursor | None = None) -> RawView:
+        """One atomic read of the view, undecoded; only what is new when ``since`` still holds.
+
+        With a cursor from an earlier read of the same (epoch, version), the
+        reply carries ``log[since.end:]`` and no summary (``partial``);
+        otherwise, or when the session changed under the cursor, everything
+        from the watermark.
+        """
         k = self.keys(session_id)
         keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
-        raw = self._run("view", lambda: self._scripts["view"](keys=keys, args=[]))
-        state_flat, messages, before, total, length, summary, cheap_flat, pending = raw
-        cheap = {int(f): CheapDecision.model_validate_json(v)
-                 for f, v in _pairs(cheap_flat).items()}
-        return ViewData(
-            state=SessionState.from_hash(_pairs(state_flat)),
-            raw_messages=[_s(m) for m in messages],
+        args: list[Any] = (["", 0, 0, 0] if since is None else
+                           [since.epoch, since.version, since.end, since.total])
+        raw = self._script("view", "view", keys, args)
+        state, messages, before, total, length, summary, cheap, pending, start = raw
+        return RawView(
+            state_raw=_json_pairs(state),
+            messages_json=messages,
+            start=int(start),
             tokens_before_watermark=int(before),
             tokens_total=int(total),
             length=int(length),
-            summary=SummaryRecord.model_validate_json(summary) if summary else None,
-            cheap=cheap,
+            summary_json=summary or None,
+            cheap_raw={int(f): v for f, v in _json_pairs(cheap).items()},
             pending=bool(pending),
+        )
+
+    def load_view(self, session_id: str) -> ViewData:
+        """One atomic read of everything prepare() needs, decoded."""
+        raw = self.read_view(session_id)
+        return ViewData(
+            state=raw.state(),
+            history=decode_messages(raw.messages_json),
+            tokens_before_watermark=raw.tokens_before_watermark,
+            tokens_total=raw.tokens_total,
+            length=raw.length,
+            summary=(SummaryRecord.model_validate_json(raw.summary_json)
+                     if raw.summary_json else None),
+            cheap={i: CheapDecision.model_validate_json(v) for i, v in raw.cheap_raw.items()},
+            pending=raw.pending,
+            epoch=raw.epoch,
         )
 
     def commit_summary(self, session_id: str, record: SummaryRecord,
@@ -211,8 +327,7 @@ class SessionStore:
         args: list[str | int] = [expected_version, record.watermark, record.model_dump_json(),
                                  record.tokens, record.kind, self.config.summary_retention,
                                  self._ttl]
-        raw = self._run("commit_summary",
-                        lambda: self._scripts["commit_summary"](keys=keys, args=args))
+        raw = self._script("commit_summary", "commit_summary", keys, list(args))
         if _s(raw[0]) == "ok":
             return CommitResult(ok=True, version=int(raw[1]), watermark=int(raw[2]))
         return CommitResult(ok=False, reason=_s(raw[1]),
@@ -230,36 +345,37 @@ class SessionStore:
         records = [SummaryRecord.model_validate_json(v) for v in raw.values()]
         return sorted(records, key=lambda r: r.watermark)
 
-    def truncate_after(self, session_id: str, index: int) -> SessionState:
+    def truncate_after(self, session_id: str, index: int) -> HistoryEdit:
         """A history edit: drop positions ``>= index``, bump the version, fall back.
 
         The summary becomes the newest one whose watermark is ``<= index``.
         This is the only operation that removes messages from the log: the
-        user changed history; compaction itself never deletes.
+        user changed history; compaction itself never deletes. Returns the
+        version the edit created (read atomically with it).
         """
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise InvalidInput("must be a non-negative integer", field="index")
         k = self.keys(session_id)
         keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap]
         try:
-            self._run("truncate_after",
-                      lambda: self._scripts["truncate"](keys=keys, args=[index, self._ttl]))
+            raw = self._script("truncate_after", "truncate", keys, [index, self._ttl])
         except redis.exceptions.ResponseError as exc:
             if str(exc).startswith("INDEX_OUT_OF_RANGE"):
                 length = str(exc).split()[-1]
                 raise InvalidInput(f"{index} is past the end of the log ({length} messages)",
                                    field="index") from None
             raise
-        return self.state(session_id)
+        version, watermark, new_length = (int(x) for x in raw)
+        return HistoryEdit(version=version, watermark=watermark, length=new_length)
 
     def rewind(self, session_id: str, watermark: int) -> SessionState:
-        """Make the kept summary at ``watermark`` current (0: no summary)."""
+        """Make the kept summary at ``watermark`` current (0: no summary); the state after."""
         if not isinstance(watermark, int) or isinstance(watermark, bool) or watermark < 0:
             raise InvalidInput("must be a non-negative integer", field="watermark")
         k = self.keys(session_id)
+        keys = [k.state, k.summaries, k.cheap, k.log, k.cum, k.summary_index]
         try:
-            self._run("rewind", lambda: self._scripts["rewind"](
-                keys=[k.state, k.summaries, k.cheap], args=[watermark]))
+            self._script("rewind", "rewind", keys, [watermark, self._ttl])
         except redis.exceptions.ResponseError as exc:
             if str(exc).startswith("NO_SUMMARY"):
                 raise InvalidInput(f"no kept summary at watermark {watermark}",
@@ -270,20 +386,13 @@ class SessionStore:
     # -- cheap-stage decisions ---------------------------------------------------
     def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
         """Record decisions once (first writer wins), so the view's prefix stays stable."""
-        k = self.keys(session_id)
         items = list(decisions)
         if not items:
             return 0
-
-        def write() -> int:
-            pipe = self.redis.pipeline(transaction=True)
-            for d in items:
-                pipe.hsetnx(k.cheap, d.index, d.model_dump_json())
-            if self._ttl:
-                pipe.expire(k.cheap, self._ttl)
-            return sum(1 for r in pipe.execute()[: len(items)] if r)
-
-        return self._run("record_cheap", write)
+        args: list[Any] = [self._ttl]
+        for d in items:
+            args.extend((d.index, d.model_dump_json()))
+        return int(self._script("record_cheap", "cheap", [self.keys(session_id).cheap], args))
 
     # -- worker coordination -----------------------------------------------------
     def mark_pending(self, session_id: str) -> bool:
@@ -309,13 +418,13 @@ class SessionStore:
 
     def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
         ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        return bool(self._run("extend_lease", lambda: self._scripts["lease"](
-            keys=[self.keys(session_id).lease], args=[token, "extend", ttl_ms])))
+        return bool(self._script("extend_lease", "lease", [self.keys(session_id).lease],
+                                 [token, "extend", ttl_ms]))
 
     def release_lease(self, session_id: str, token: str) -> bool:
         """Release only if the caller still owns it (an expired lease may have moved on)."""
-        return bool(self._run("release_lease", lambda: self._scripts["lease"](
-            keys=[self.keys(session_id).lease], args=[token, "release", 0])))
+        return bool(self._script("release_lease", "lease", [self.keys(session_id).lease],
+                                 [token, "release", 0]))
 
     def mark_dirty(self, session_id: str, request: str = "") -> None:
         """Ask the lease holder to run once more; ``request`` (one line) rides along.
@@ -347,9 +456,9 @@ class SessionStore:
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""
-        k = self.keys(session_id)
-        self._run("delete", lambda: self.redis.delete(
-            *k.data_keys(), k.pending, k.lease, k.dirty))
+        keys = self.keys(session_id).all_keys()
+        self._run("delete", lambda: self.redis.delete(*keys))
 
 
-__all__ = ["SessionStore", "connect", "redis_errors"]
+__all__ = ["IDEMPOTENCY_KEEP", "IDEMPOTENCY_TTL_SECONDS", "SessionStore", "connect",
+           "connect_cluster", "redis_errors"]

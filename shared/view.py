@@ -5,15 +5,32 @@ watermark, with cheap-stage placeholders] [pending messages]``. Nothing here
 does I/O: the guard reads the store once and calls these functions; the
 workers use the same accounting for their trigger, so both agree on what a
 session costs (one estimator).
+
+The hot path's cost lives here too. Decoding the messages of the view is
+most of what ``prepare`` would spend, and between two compactions the view
+only grows at its end, so :class:`ViewCache` keeps each session's decoded
+view and :func:`decode_view` decodes only what an incremental read brought.
+:func:`pairs_intact` lets the guard skip tool-pair repair of a view that
+needs none (the common case: the log holds complete turns).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.messages import Message
-from shared.records import CheapDecision, SessionState, SummaryRecord
+from shared.records import (
+    CheapDecision,
+    RawView,
+    SessionState,
+    SummaryRecord,
+    ViewCursor,
+    ViewData,
+    decode_messages,
+)
 from shared.tokens import Calibration, hybrid_estimate
 
 SUMMARY_OPEN = "<conversation_summary>"
@@ -105,13 +122,169 @@ def calibrated_total(regions: Regions, state: SessionState, covered_end: int) ->
     return calibration.apply(regions.total)
 
 
+def _blank(message: Message) -> bool:
+    """A user/assistant message without tool calls, media or text (repair drops these)."""
+    if message.tool_calls or message.role not in ("user", "assistant"):
+        return False
+    if isinstance(message.content, str):
+        return not message.content.strip()
+    return message.media_count() == 0 and not message.text().strip()
+
+
+def pairs_intact(messages: Sequence[Message]) -> bool:
+    """True when :func:`shared.repair.repair_tool_pairs` would return ``messages`` unchanged.
+
+    A conservative, linear check of what repair guarantees: after the
+    leading system messages, the first message is a user message; every
+    assistant message with tool calls is followed directly by exactly one
+    result per call; call ids are unique in the list; no result stands
+    elsewhere; no user or assistant message is blank. False means "repair
+    it", not "it is broken": the guard then runs the full repair.
+    """
+    i, n = 0, len(messages)
+    while i < n and messages[i].role == "system":
+        i += 1
+    if i < n and messages[i].role != "user":
+        return False
+    seen: set[str] = set()
+    open_calls: set[str] = set()
+    for message in messages[i:]:
+        role = message.role
+        if role == "tool":
+            call_id = message.tool_call_id or ""
+            if call_id not in open_calls:
+                return False
+            open_calls.discard(call_id)
+            continue
+        if open_calls or _blank(message):
+            return False
+        if message.tool_calls:
+            for call in message.tool_calls:
+                if call.id in seen:
+                    return False
+                seen.add(call.id)
+                open_calls.add(call.id)
+    return not open_calls
+
+
+@dataclass(frozen=True, slots=True)
+class CachedView:
+    """One session's decoded view as of one read: ``log[watermark:end]`` and the rest."""
+
+    epoch: str
+    version: int
+    watermark: int
+    end: int
+    total: int
+    history: tuple[Message, ...]
+    summary: SummaryRecord | None
+    state_raw: Mapping[str, str]
+    state: SessionState
+    cheap_raw: Mapping[int, str]
+    cheap: Mapping[int, CheapDecision]
+
+    @property
+    def cursor(self) -> ViewCursor:
+        return ViewCursor(self.epoch, self.version, self.end, self.total)
+
+
+class ViewCache:
+    """Decoded views of recently used sessions, least recently used evicted.
+
+    Bounded twice: at most ``max_sessions`` sessions and ``max_messages``
+    messages in all (a view larger than that is not kept). Entries are
+    immutable and replaced whole, so concurrent prepares of one session
+    cannot corrupt each other: the worst case is a re-read.
+    """
+
+    def __init__(self, max_sessions: int = 256, max_messages: int = 50_000) -> None:
+        self.max_sessions = max_sessions
+        self.max_messages = max_messages
+        self._entries: OrderedDict[str, CachedView] = OrderedDict()
+        self._messages = 0
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> CachedView | None:
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                self._entries.move_to_end(session_id)
+            return entry
+
+    def put(self, session_id: str, entry: CachedView | None) -> None:
+        with self._lock:
+            old = self._entries.pop(session_id, None)
+            if old is not None:
+                self._messages -= len(old.history)
+            if entry is None or len(entry.history) > self.max_messages or not self.max_sessions:
+                return
+            self._entries[session_id] = entry
+            self._messages += len(entry.history)
+            while self._entries and (len(self._entries) > self.max_sessions
+                                     or self._messages > self.max_messages):
+                _, evicted = self._entries.popitem(last=False)
+                self._messages -= len(evicted.history)
+
+    def discard(self, session_id: str) -> None:
+        self.put(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, CachedView | None]:
+    """The full view from a read and the cached view it was made against.
+
+    Decodes only what ``cached`` does not hold: the new messages of an
+    incremental read, a changed state hash, new cheap decisions. Returns
+    the view and the entry to cache (None when the session has no epoch).
+    """
+    if raw.partial:
+        if cached is None or cached.end != raw.start:
+            raise ValueError("an incremental read needs the cached view it continues")
+        history = list(cached.history)
+        if raw.start < raw.length:
+            history += decode_messages(raw.messages_json)
+        summary = cached.summary
+    else:
+        history = decode_messages(raw.messages_json)
+        summary = (SummaryRecord.model_validate_json(raw.summary_json)
+                   if raw.summary_json else None)
+    if cached is not None and cached.state_raw == raw.state_raw:
+        state = cached.state
+    else:
+        state = raw.state()
+    if cached is not None and cached.cheap_raw == raw.cheap_raw:
+        cheap = dict(cached.cheap)
+    else:
+        known = cached.cheap_raw if cached is not None else {}
+        cheap = {i: (cached.cheap[i] if cached is not None and known.get(i) == v
+                     else CheapDecision.model_validate_json(v))
+                 for i, v in raw.cheap_raw.items()}
+    data = ViewData.model_construct(
+        state=state, history=history, tokens_before_watermark=raw.tokens_before_watermark,
+        tokens_total=raw.tokens_total, length=raw.length, summary=summary, cheap=cheap,
+        pending=raw.pending, epoch=raw.epoch)
+    if not raw.epoch:
+        return data, None
+    entry = CachedView(
+        epoch=raw.epoch, version=state.version, watermark=state.watermark, end=raw.length,
+        total=raw.tokens_total, history=tuple(history), summary=summary,
+        state_raw=raw.state_raw, state=state, cheap_raw=raw.cheap_raw, cheap=cheap)
+    return data, entry
+
+
 __all__ = [
     "SUMMARY_CLOSE",
     "SUMMARY_OPEN",
+    "CachedView",
     "Regions",
+    "ViewCache",
     "apply_cheap",
     "assemble",
     "calibrated_total",
     "cheap_savings",
+    "decode_view",
+    "pairs_intact",
     "summary_block",
 ]

@@ -76,7 +76,7 @@ def test_commit_summary_compare_and_swap(store: SessionStore) -> None:
     assert (state.version, state.watermark, state.summary_kind) == (1, 4, "llm")
     view = store.load_view("s")
     assert view.summary is not None and view.summary.watermark == 4
-    assert len(view.raw_messages) == 4
+    assert len(view.history) == 4
 
 
 def test_truncate_after_falls_back_to_newest_covering_summary(store: SessionStore) -> None:

@@ -1,19 +1,53 @@
--- append.lua: append messages to a session's log, all or nothing.
+-- append.lua: append messages to a session's log, all or nothing, at most once
+-- per request id.
 --
 -- KEYS[1] log        list   message JSON, append-only
 -- KEYS[2] cum        list   running token totals parallel to log (cum[i] = tokens of 0..i)
--- KEYS[3] state      hash   version, watermark, ... (created here with version 0)
--- KEYS[4..] other data keys of the session, only for the TTL refresh
+-- KEYS[3] state      hash   version, watermark, epoch, ... (created here)
+-- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked" of its append
+-- KEYS[5] reqorder   list   request ids, newest first (bounds reqs)
+-- KEYS[6] pending    string the coalescing flag of the summary job
+-- KEYS[7..] other data keys of the session, only for the TTL refresh
 -- ARGV[1] max messages per session
 -- ARGV[2] ttl in seconds (0 = no expiry)
--- ARGV[3] n, then n pairs: ARGV[4+2i] message JSON, ARGV[5+2i] its token estimate
+-- ARGV[3] epoch: a random token kept only if the session has none yet. A
+--         deleted (or expired) session that comes back gets a new epoch, so
+--         readers that cache its view (keyed by epoch and version) notice.
+-- ARGV[4] request id ('' = none)
+-- ARGV[5] request ids kept per session
+-- ARGV[6] ttl of the request ids, seconds
+-- ARGV[7] pending flag ttl in seconds (0 = do not set the flag)
+-- ARGV[8] 1 = also return the state hash as JSON
+-- ARGV[9] n, then n pairs: ARGV[10+2i] message JSON, ARGV[11+2i] its token estimate
 --
--- Returns {new_length, watermark, version, tokens_before_append}
--- or the error reply "SESSION_FULL <current length>".
+-- Returns {new_length, watermark, version, tokens_before_append, duplicate,
+--          marked, state_json_or_false}
+-- duplicate = 1: the request id was seen; nothing was written and the
+-- figures (length, tokens before, marked) are those of the first append.
+-- marked = 1: this append set the pending flag, so its caller publishes the job.
+-- Error reply "SESSION_FULL <current length>" when the limit would be passed.
+
+local function state_reply()
+  if ARGV[8] == '1' then
+    return cjson.encode(redis.call('HGETALL', KEYS[3]))
+  end
+  return false
+end
+
+local request_id = ARGV[4]
+if request_id ~= '' then
+  local seen = redis.call('HGET', KEYS[4], request_id)
+  if seen then
+    local length, before, marked = string.match(seen, '^(%d+):(%d+):(%d+)$')
+    local cur = redis.call('HMGET', KEYS[3], 'watermark', 'version')
+    return {tonumber(length), tonumber(cur[1]) or 0, tonumber(cur[2]) or 0,
+            tonumber(before), 1, tonumber(marked), state_reply()}
+  end
+end
 
 local max_len = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[9])
 local len = redis.call('LLEN', KEYS[1])
 if len + n > max_len then
   return redis.error_reply('SESSION_FULL ' .. len)
@@ -27,8 +61,8 @@ local before = total
 local msgs = {}
 local cums = {}
 for i = 0, n - 1 do
-  msgs[#msgs + 1] = ARGV[4 + 2 * i]
-  total = total + tonumber(ARGV[5 + 2 * i])
+  msgs[#msgs + 1] = ARGV[10 + 2 * i]
+  total = total + tonumber(ARGV[11 + 2 * i])
   cums[#cums + 1] = total
 end
 if n > 0 then
@@ -37,10 +71,35 @@ if n > 0 then
 end
 redis.call('HSETNX', KEYS[3], 'version', 0)
 redis.call('HSETNX', KEYS[3], 'watermark', 0)
+redis.call('HSETNX', KEYS[3], 'epoch', ARGV[3])
+
+local marked = 0
+local pending_ttl = tonumber(ARGV[7])
+if pending_ttl > 0 and redis.call('SET', KEYS[6], '1', 'NX', 'EX', pending_ttl) then
+  marked = 1
+end
+
+if request_id ~= '' then
+  redis.call('HSET', KEYS[4], request_id, (len + n) .. ':' .. before .. ':' .. marked)
+  redis.call('LPUSH', KEYS[5], request_id)
+  local keep = tonumber(ARGV[5])
+  while redis.call('LLEN', KEYS[5]) > keep do
+    redis.call('HDEL', KEYS[4], redis.call('RPOP', KEYS[5]))
+  end
+  local req_ttl = tonumber(ARGV[6])
+  if ttl > 0 and ttl < req_ttl then
+    req_ttl = ttl
+  end
+  redis.call('EXPIRE', KEYS[4], req_ttl)
+  redis.call('EXPIRE', KEYS[5], req_ttl)
+end
+
 if ttl > 0 then
   for i = 1, #KEYS do
-    redis.call('EXPIRE', KEYS[i], ttl)
+    if i < 4 or i > 6 then
+      redis.call('EXPIRE', KEYS[i], ttl)
+    end
   end
 end
 local state = redis.call('HMGET', KEYS[3], 'watermark', 'version')
-return {len + n, tonumber(state[1]), tonumber(state[2]), before}
+return {len + n, tonumber(state[1]), tonumber(state[2]), before, 0, marked, state_reply()}

@@ -4,9 +4,12 @@
 -- KEYS[1] state    hash   version, watermark, summary_tokens, summary_kind
 -- KEYS[2] sums     hash   read: the target summary must exist
 -- KEYS[3] cheap    hash   cleared: decisions were made for the old view
+-- KEYS[4] log      list   read only: its length is returned
+-- KEYS[5..] other data keys, only for the TTL refresh
 -- ARGV[1] watermark
+-- ARGV[2] ttl in seconds (0 = no expiry)
 --
--- Returns {new_version, watermark} or the error reply "NO_SUMMARY <watermark>".
+-- Returns {new_version, watermark, length} or the error reply "NO_SUMMARY <watermark>".
 
 local w = tonumber(ARGV[1])
 local tokens = 0
@@ -23,4 +26,10 @@ end
 redis.call('DEL', KEYS[3])
 local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'watermark', w, 'summary_tokens', tokens, 'summary_kind', kind)
-return {version, w}
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  for i = 1, #KEYS do
+    redis.call('EXPIRE', KEYS[i], ttl)
+  end
+end
+return {version, w, redis.call('LLEN', KEYS[4])}
