@@ -317,7 +317,8 @@ def test_a_job_that_keeps_losing_to_truncations_gives_up_without_moving_back(
 
 # -- the kept part fits the target --------------------------------------------------------
 def test_a_huge_recent_tool_output_does_not_survive_the_compaction(
-        store: SessionStore, demo_turns: list[list[Message]]) -> None:
+        store: SessionStore, demo_turns: list[list[Message]],
+        llm_server: FakeOpenAIServer) -> None:
     """A short last turn with a huge tool result: snapping back to its start kept it whole."""
     feed(store, demo_turns[:8])
     call = ToolCall(id="lint", name="bash", arguments={"command": "pylint src"})
@@ -328,7 +329,7 @@ def test_a_huge_recent_tool_output_does_not_survive_the_compaction(
             Message(role="tool", tool_call_id="lint", content=output),
             Message(role="assistant", content="1,200 unused imports, all of os.")]
     feed(store, [last])
-    compactor = Compactor(store, SummaryEngine(None))
+    compactor = Compactor(store, llm_engine(llm_server))
     data = store.load_view("s")
     budget = compactor._estimate(data)[2]
     target = int(CompactionPolicy().target_ratio * budget)
@@ -338,4 +339,6 @@ def test_a_huge_recent_tool_output_does_not_survive_the_compaction(
     kept = store.messages("s", outcome.watermark_after)
     assert [m.text() for m in kept] == [last[3].text()]  # the call and its output compacted
     assert outcome.tokens_after <= target
-    assert store.load_view("s").summary.kind == "offline"  # type: ignore[union-attr]
+    # the turn is split after 3 messages: merged into the summary, not a prefix summary
+    assert outcome.stages == ["fresh_summary"] and len(llm_server.requests) == 1
+    assert store.load_view("s").summary.kind == "llm"  # type: ignore[union-attr]

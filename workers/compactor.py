@@ -183,7 +183,12 @@ class Compactor:
         if rebuild:
             base_summary = self._rebuild_base(session_id, state.watermark, carry)
         base = base_summary.watermark if base_summary else 0
-        prefix = (state.watermark + cut.turn_start) if cut.split_turn else None
+        # A split turn's prefix gets a summary of its own when it is long enough to
+        # be worth one; a short one (the bound on the kept part can split a turn
+        # right after its user message) is merged with the rest: a summary of two
+        # messages is no shorter than they are.
+        long_prefix = cut.index - cut.turn_start >= self.policy.split_turn_min_messages
+        prefix = (state.watermark + cut.turn_start) if cut.split_turn and long_prefix else None
         return _Plan(base=base, base_summary=base_summary, cut=state.watermark + cut.index,
                      prefix_start=prefix, tokens_before=estimated, forced=forced)
 
