@@ -199,17 +199,19 @@ class ContextGuard:
         reserve = output_reserve(limits, max_tokens)
         window = limits.context_window
         w = state.watermark
+        extra_tokens = [self.counter.message(m) for m in extra]
+        newest = self._newest(extra, extra_tokens)
         regions = Regions(
             system=self._system_tokens(system_prompt),
             summary=data.summary.tokens if data.summary else 0,
             tools=self._tool_tokens(tools),
             history=(data.history_tokens - cheap_savings(data.cheap, w, data.length)
-                     + sum(self.counter.message(m) for m in extra)),
+                     + sum(extra_tokens)),
             overhead=self.counter.messages([]),
         )
         self._remember_figures(session_id, state, regions, reserve, model, window)
         estimated = calibrated_total(regions, state, data.length)
-        report = self._check(window, reserve, regions, estimated, extra)
+        report = self._check(window, reserve, regions, estimated, newest)
 
         decisions = data.cheap
         enqueued = False
@@ -221,7 +223,7 @@ class ContextGuard:
                                                      - cheap_savings(data.cheap, w, data.length)),
                                   regions.overhead)
                 estimated = calibrated_total(regions, state, data.length)
-                report = self._check(window, reserve, regions, estimated, extra)
+                report = self._check(window, reserve, regions, estimated, newest)
             enqueued = self._enqueue(session_id)
 
         history = apply_cheap(data.messages(), w, decisions) + extra
@@ -250,14 +252,15 @@ class ContextGuard:
             regions = Regions(regions.system, summary.tokens if summary else 0, regions.tools,
                               sum(self.counter.message(m) for m in history), regions.overhead)
             estimated = Calibration(state.calibration_ratio).apply(regions.total)
-            report = self._check(window, reserve, regions, estimated, extra)
+            report = self._check(window, reserve, regions, estimated, newest)
 
         if not pairs_intact(history):
             history = repair_tool_pairs(history)
         messages = assemble(system_prompt, summary, history,
                             placement=self.policy.summary_placement)
         self._sent[session_id] = (regions.total, data.length + len(extra), state.version)
-        return PreparedView(messages=messages, report=ViewReport(
+        # Trusted, typed values: constructed without re-validating ~60 messages.
+        return PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
             session_id=session_id, model=model, limits_source=limits.source, budget=report,
             estimated_prompt_tokens=estimated,
             watermark=summary.watermark if truncated and summary is not None else w,
@@ -267,13 +270,19 @@ class ContextGuard:
             recovery=force_ratio is not None, degraded=False,
             elapsed_ms=(time.perf_counter() - started) * 1000))
 
+    def _newest(self, extra: Sequence[Message], tokens: Sequence[int] | None = None) -> int:
+        """Tokens of the newest message when it is a *user* message (else 0).
+
+        The budget's floor counts it: it cannot be dropped. A huge tool
+        result can: emergency truncation clips it head and tail.
+        """
+        if not extra or extra[-1].role != "user":
+            return 0
+        return tokens[-1] if tokens else self.counter.message(extra[-1])
+
     def _check(self, window: int, reserve: int, regions: Regions, estimated: int,
-               extra: Sequence[Message]) -> BudgetReport:
+               newest: int) -> BudgetReport:
         fixed = regions.system + regions.summary + regions.tools + regions.overhead
-        # The floor counts the newest *user* message: it cannot be dropped. A huge
-        # tool result can: emergency truncation clips it head and tail.
-        newest = (self.counter.message(extra[-1])
-                  if extra and extra[-1].role == "user" else 0)
         return check_budget(window=window, reserve=reserve, system=regions.system,
                             summary=regions.summary, tools=regions.tools + regions.overhead,
                             history=max(0, estimated - fixed), newest=newest,
@@ -349,7 +358,8 @@ class ContextGuard:
         reserve = output_reserve(limits, max_tokens)
         regions = Regions(self._system_tokens(system_prompt), 0, self._tool_tokens(tools),
                           sum(self.counter.message(m) for m in history), self.counter.messages([]))
-        report = self._check(limits.context_window, reserve, regions, regions.total, history[-1:])
+        report = self._check(limits.context_window, reserve, regions, regions.total,
+                             self._newest(history))
         dropped, note, summary = 0, "", None
         if not report.within_budget:
             ensure_reducible(report)
@@ -363,10 +373,11 @@ class ContextGuard:
             regions = Regions(regions.system, summary.tokens, regions.tools,
                               sum(self.counter.message(m) for m in history), regions.overhead)
             report = self._check(limits.context_window, reserve, regions, regions.total,
-                                 history[-1:])
+                                 self._newest(history))
         messages = assemble(system_prompt, summary, repair_tool_pairs(history),
                             placement=self.policy.summary_placement)
-        return PreparedView(messages=messages, report=ViewReport(
+        # Trusted, typed values: constructed without re-validating ~60 messages.
+        return PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
             session_id=session_id, model=model, limits_source=limits.source, budget=report,
             estimated_prompt_tokens=regions.total, watermark=0, version=0, length=len(history),
             summary_kind="", cheap_applied=0, truncated=dropped > 0, dropped_messages=dropped,
@@ -508,7 +519,7 @@ class ContextGuard:
         regions = Regions(state.system_tokens, data.summary.tokens if data.summary else 0,
                           state.tool_tokens, history, self.counter.messages([]))
         estimated = calibrated_total(regions, state, data.length)
-        report = self._check(limits.context_window, reserve, regions, estimated, [])
+        report = self._check(limits.context_window, reserve, regions, estimated, 0)
         summaries = self.store.summaries(session_id)
         return {
             "session_id": session_id, "tenant": self.store.tenant, "length": data.length,

@@ -48,8 +48,12 @@ from shared.records import (
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 
 T = TypeVar("T")
+# What "Redis is not there right now" looks like. The cluster errors count too:
+# every key of one call shares a slot, so they can only mean an unreachable or
+# reconfiguring cluster (no reachable node, slot not covered, CLUSTERDOWN).
 _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                   redis.exceptions.BusyLoadingError)
+                   redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
+                   redis.exceptions.RedisClusterException)
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
