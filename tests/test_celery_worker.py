@@ -11,18 +11,25 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+from celery.utils.time import get_exponential_backoff_interval
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.adapters import from_openai
 from shared.config import StoreConfig
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
+from shared.errors import SummarizerUnavailable
 from shared.guard import ContextGuard
 from shared.repair import validate_view
 from shared.store import SessionStore
 from shared.turns import turn_starts
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
+from tests.redis_server import start_server
+from workers.app import celery_config
 from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.fakes.openai_server import FakeOpenAIServer
 from workers.fakes.summaries import SummarizerResponder
+from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
 
@@ -32,9 +39,18 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
 
 
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A redis-server of this module's own, so that another run of the suite on the
+    machine's Redis cannot take these workers' jobs (or these workers its)."""
+    server = start_server()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
-def urls(redis_url: str) -> Iterator[tuple[str, str]]:
-    broker, store = with_db(redis_url, 12), with_db(redis_url, 11)
+def urls(own_redis_url: str) -> Iterator[tuple[str, str]]:
+    broker, store = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
     purge_queue(broker)
     yield broker, store
     purge_queue(broker)
@@ -190,3 +206,45 @@ def test_four_workers_appends_edit_and_manual_compactions(
     for record in store.summaries("race"):
         if record.watermark > edit_index:
             assert record.source_version >= edit_version, "a stale summary was stored"
+
+
+# ------------------------------------------------------------------ timing settings
+
+def test_default_timing_redelivers_a_killed_job_within_about_four_minutes() -> None:
+    """The defaults: 180 s job, 210 s lease, 8 s longest countdown, 258 s visibility."""
+    settings = load_settings()
+    assert settings.longest_job_seconds == 180
+    assert settings.lease_seconds == 210
+    assert settings.longest_retry_countdown == 8
+    assert settings.visibility_timeout == 258  # was 480 s before the review
+    options = celery_config(settings)["broker_transport_options"]
+    assert options["visibility_timeout"] == settings.visibility_timeout
+    assert settings.store_config().lease_ttl_seconds == settings.lease_seconds
+
+
+@settings(max_examples=300, deadline=None)
+@given(soft=st.integers(1, 3600), extra=st.integers(1, 600), retries=st.integers(0, 12),
+       backoff_max=st.integers(1, 3600), call=st.floats(0.1, 600), sweep=st.integers(1, 60))
+def test_derived_timing_keeps_redelivery_after_the_lease(soft: int, extra: int, retries: int,
+                                                         backoff_max: int, call: float,
+                                                         sweep: int) -> None:
+    """Lease > longest job; visibility > longest Celery countdown + lease + one sweep."""
+    s = load_settings(task_soft_time_limit=soft, task_time_limit=soft + extra,
+                      max_retries=retries, retry_backoff_max=backoff_max,
+                      summarizer_timeout=call, broker_restore_sweep_seconds=sweep)
+    countdowns = [get_exponential_backoff_interval(RETRY_BACKOFF_FACTOR, r, backoff_max,
+                                                   full_jitter=False) for r in range(retries)]
+    assert s.longest_retry_countdown == max(countdowns, default=0)
+    assert s.longest_job_seconds >= s.task_time_limit
+    assert s.longest_job_seconds >= s.task_soft_time_limit + call  # threads: one late call
+    assert s.lease_seconds > s.longest_job_seconds
+    assert s.visibility_timeout > s.longest_retry_countdown + s.lease_seconds + sweep
+
+
+def test_only_summarizer_unavailable_is_retried_by_celery() -> None:
+    from workers.tasks import compact, maybe_summarize
+
+    for task in (compact, maybe_summarize):
+        assert task.autoretry_for == (SummarizerUnavailable,)
+        assert task.retry_backoff == RETRY_BACKOFF_FACTOR
+        assert task.retry_backoff_max == load_settings().retry_backoff_max

@@ -6,9 +6,9 @@ invariant; the script runs them long and prints the figures in
 BENCHMARKS.md. The checkers themselves are tested first, on hand-made
 broken states, so that an empty violation list means something.
 
-Real Redis at 127.0.0.1:6379 (store db 7, broker db 8, a key prefix per
-test), except the restart and load tests, which start redis-servers of
-their own. Whole file: about a minute.
+A redis-server of the module's own (store db 7, broker db 8, a key prefix
+per test); the restart and load tests start redis-servers of their own.
+Whole file: about two minutes.
 """
 
 from __future__ import annotations
@@ -40,19 +40,34 @@ from scripts.reliability import (
     with_db,
 )
 from shared.config import StoreConfig
+from shared.errors import SummarizerUnavailable
 from shared.records import SummaryRecord
 from shared.store import SessionStore
+from tests.redis_server import start_server
 from workers.compactor import Compactor
 from workers.fakes.behaviour import Fault
+from workers.fakes.openai_server import FakeOpenAIServer
+from workers.fakes.summaries import SummarizerResponder
 from workers.runtime import Runtime, set_runtime
-from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.engine import MAX_REFOLDS, SummaryEngine
+from workers.summarizer.providers import OpenAIClient
 
 pytestmark = [pytest.mark.redis]
 
 
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A redis-server of this module's own: other runs of the suite on the machine's
+    Redis (another checkout, a colleague's CI) would otherwise share the broker db
+    and take each other's jobs."""
+    server = start_server()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
-def env(redis_url: str) -> Iterator[Env]:
-    env = Env(with_db(redis_url, 7), with_db(redis_url, 8))
+def env(own_redis_url: str) -> Iterator[Env]:
+    env = Env(with_db(own_redis_url, 7), with_db(own_redis_url, 8))
     env.purge()
     yield env
     env.cleanup()
@@ -168,11 +183,14 @@ def test_races_appends_edits_and_manual_compactions(env: Env) -> None:
 
 @pytest.mark.celery
 def test_summarizer_failures_store_no_bad_summary_and_fall_back(env: Env) -> None:
-    """Timeouts, 429, 5xx, garbage, empty, refusal, endless: bounded retries, offline fallback."""
+    """Timeouts, 429, 5xx, garbage: bounded retries, then the offline fallback; 400, empty,
+    refusal, endless: the fallback at once; the summarizer's own overflow: smaller chunks."""
     result = run_failures(env, max_retries=1)
     assert result.violations == []
     kinds = {case.session_id: case.kind for case in result.cases}
-    assert kinds == {sid: expected for sid, (_, _, expected) in FAILURE_CASES.items()}
+    assert kinds == {sid: spec.expected for sid, spec in FAILURE_CASES.items()}
+    retried = {case.session_id for case in result.cases if case.events["task-retried"]}
+    assert retried == {sid for sid, spec in FAILURE_CASES.items() if spec.retried}
     assert all(case.reason for case in result.cases), "every failure must be logged with why"
 
 
@@ -186,13 +204,6 @@ def test_load_smoke_queue_drains_and_no_job_is_lost() -> None:
     assert len(result.prepare_ms) == 12 * 16
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "workers/tasks.py run_job: a job that finds the lease taken only sets the dirty flag and "
-    "returns 'busy'; the owner reruns with force=False, keep_recent=None, manual=False, so a "
-    "manual /compact (compaction.compact) arriving during another job is silently dropped "
-    "when the session is not due. Related: a busy job that sets the flag after the owner's "
-    "last take_dirty() (or after MAX_DIRTY_RERUNS) is not rerun at all; the 60 s race run "
-    "left such a flag behind (BENCHMARKS.md, Reliability)"))
 def test_a_manual_compaction_that_finds_the_lease_busy_still_happens(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.tasks import _settings, compact, maybe_summarize
@@ -223,3 +234,225 @@ def test_a_manual_compaction_that_finds_the_lease_busy_still_happens(
     finally:
         set_runtime(None)
     assert store.state("s").watermark > 0, "the /compact sent while the lease was busy never ran"
+
+
+# ------------------------------------------------------------------ the lease protocol
+
+@pytest.fixture
+def eager_store() -> Iterator[SessionStore]:
+    """A fakeredis store installed as the worker runtime (offline summarizer), two sessions."""
+    from workers.tasks import _settings
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    for sid in ("s", "t"):
+        for turn in demo_turns(12):  # ~24k tokens: not due for gpt-4o, a /compact compacts
+            store.append(sid, turn)
+    set_runtime(Runtime(settings=_settings(), store=store, engine=SummaryEngine(None)))
+    yield store
+    set_runtime(None)
+
+
+def _record_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """Every Compactor.run call, with its arguments."""
+    original = Compactor.run
+    runs: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        runs.append((session_id, {k: kwargs.get(k) for k in ("force", "keep_recent",
+                                                              "manual")}))
+        return original(self, session_id, **kwargs)
+
+    monkeypatch.setattr(Compactor, "run", run)
+    return runs
+
+
+def test_a_request_left_just_before_the_release_is_still_run(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The busy request lands after the holder's last look at the flag, before its release."""
+    from workers.tasks import compact, maybe_summarize
+
+    runs = _record_runs(monkeypatch)
+    release = SessionStore.release_lease
+    busy: list[dict[str, Any]] = []
+
+    def late_request(self: SessionStore, session_id: str, token: str) -> bool:
+        if not busy:
+            busy.append(compact.apply(args=[session_id], kwargs={"keep_recent": 2000}).get())
+        return release(self, session_id, token)
+
+    monkeypatch.setattr(SessionStore, "release_lease", late_request)
+    result = maybe_summarize.apply(args=["s"]).get()
+    assert busy[0]["status"] == "busy"
+    assert result["status"] == "skipped" and result["reruns"] == ["compacted"]
+    assert runs == [("s", {"force": False, "keep_recent": None, "manual": False}),
+                    ("s", {"force": False, "keep_recent": 2000, "manual": True})]
+    assert eager_store.state("s").watermark > 0
+    assert integrity(eager_store, "s") == []  # no lease, no dirty flag left
+
+
+def test_a_busy_job_takes_the_lease_when_the_holder_just_released(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder releases between the busy job's first try and its flag: it runs itself."""
+    from workers.tasks import compact
+
+    runs = _record_runs(monkeypatch)
+    keys = eager_store.keys("s")
+    eager_store.redis.set(keys.lease, "another-worker", px=60_000)
+    mark = SessionStore.mark_dirty
+
+    def holder_releases(self: SessionStore, session_id: str, request: str = "") -> None:
+        mark(self, session_id, request)
+        self.redis.delete(keys.lease)  # the holder finished and found no flag yet
+
+    monkeypatch.setattr(SessionStore, "mark_dirty", holder_releases)
+    result = compact.apply(args=["s"], kwargs={"keep_recent": 2000, "force": True}).get()
+    assert result["status"] == "compacted"
+    assert runs == [("s", {"force": True, "keep_recent": 2000, "manual": True})]
+    assert integrity(eager_store, "s") == []
+
+
+def test_every_busy_request_is_run_once_with_its_own_parameters(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests accumulate in the flag (none overwrites another); duplicates run once."""
+    from workers.tasks import compact, maybe_summarize
+
+    runs = _record_runs(monkeypatch)
+    original = Compactor.run
+    sent = False
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            for kwargs_ in ({"keep_recent": 2000}, {}, {"keep_recent": 800, "force": True},
+                            {"keep_recent": 2000}):
+                assert compact.apply(args=["s"], kwargs=kwargs_).get()["status"] == "busy"
+            assert maybe_summarize.apply(args=["s"]).get()["status"] == "busy"
+        return original(self, session_id, **kwargs)
+
+    monkeypatch.setattr(Compactor, "run", run)
+    result = maybe_summarize.apply(args=["s"]).get()
+    assert [kwargs for _, kwargs in runs] == [
+        {"force": False, "keep_recent": None, "manual": False},  # its own request
+        {"force": False, "keep_recent": 2000, "manual": True},
+        {"force": False, "keep_recent": None, "manual": True},
+        {"force": True, "keep_recent": 800, "manual": True},
+        {"force": False, "keep_recent": None, "manual": False},  # the plain rerun, last
+    ]
+    assert len(result["reruns"]) == 4 and integrity(eager_store, "s") == []
+
+
+def test_a_rerun_that_will_be_retried_puts_its_requests_back(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retryable failure on someone else's request: back in the flag, lease released."""
+    from types import SimpleNamespace
+
+    from shared.errors import SummarizerUnavailable
+    from workers.tasks import Request, run_job
+
+    original = Compactor.run
+    calls = 0
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise SummarizerUnavailable("openai: HTTP 503")
+        return original(self, session_id, **kwargs)
+
+    monkeypatch.setattr(Compactor, "run", run)
+    for request in (Request(keep_recent=2000, manual=True), Request(force=True, manual=True)):
+        eager_store.mark_dirty("s", request.encode())
+    task = SimpleNamespace(request=SimpleNamespace(retries=0), max_retries=3)
+    with pytest.raises(SummarizerUnavailable):
+        run_job(task, "s", "default", force=False, keep_recent=None)
+    assert not eager_store.redis.exists(eager_store.keys("s").lease)
+    left = eager_store.take_dirty_requests("s")
+    assert left is not None
+    assert [Request.decode(line) for line in left] == [
+        Request(keep_recent=2000, manual=True), Request(force=True, manual=True)]
+
+
+def test_requests_read_back_tolerantly() -> None:
+    from workers.tasks import Request
+
+    request = Request(force=True, keep_recent=300, manual=True)
+    assert Request.decode(request.encode()) == request
+    for line in ("1", "", "not json", "[1, 2]", '{"keep_recent": -4}', '{"keep_recent": true}',
+                 '{"force": "yes"}'):
+        assert Request.decode(line) == Request(), line  # a plain rerun
+
+
+# ------------------------------------------------------------------ what is retried
+
+BAD_REQUEST = Fault.http_error(400, '{"error": {"message": "Invalid request: unknown '
+                                    'parameter", "type": "invalid_request_error"}}')
+
+
+@pytest.mark.parametrize(("fault", "retried"), [
+    (Fault.server_error(), True), (Fault.rate_limit(0.1), True), (Fault.unavailable(), True),
+    (Fault.reset(), True), (Fault.garbage(), True), (BAD_REQUEST, False),
+    (Fault.http_error(401, '{"error": {"message": "Incorrect API key provided", '
+                           '"type": "invalid_request_error", "code": "invalid_api_key"}}'),
+     False),
+    (Fault.empty(), False), (Fault.refusal(), False), (Fault.endless(), False),
+], ids=["500", "429", "503", "reset", "garbage", "400", "401", "empty", "refusal", "endless"])
+def test_only_failures_that_may_pass_later_are_retried(
+        eager_store: SessionStore, fault: Fault, retried: bool) -> None:
+    """The real openai SDK against the fake server, through the Celery task (eager)."""
+    from workers.tasks import _settings, compact
+
+    settings = _settings()
+    with FakeOpenAIServer() as server:
+        server.faults.always(fault)
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        set_runtime(Runtime(settings=settings, store=eager_store, engine=SummaryEngine(client)))
+        result = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+        requests = [r for r in server.requests if r.path.endswith("/chat/completions")]
+    assert result["status"] == "compacted" and result["summary_kind"] == "offline"
+    assert result["stages"][0] == "fallback_after_llm_failure"
+    assert ("last attempt" if retried else "not retryable") in result["reason"]
+    assert len(requests) == (settings.max_retries + 1 if retried else 1)
+    assert result["attempt"] == (settings.max_retries + 1 if retried else 1)
+
+
+def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStore) -> None:
+    """The summarizer's real window is smaller than configured: refold, no retry, no fallback."""
+    from workers.tasks import _settings, compact
+
+    with FakeOpenAIServer(window=9_000, responder=SummarizerResponder()) as server:
+        # The client believes the model has 128k tokens: the first request overflows.
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        engine = SummaryEngine(client)
+        set_runtime(Runtime(settings=_settings(), store=eager_store, engine=engine))
+        result = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+        statuses = [r.status for r in server.requests if r.path.endswith("/chat/completions")]
+        again = len(statuses)
+        second = compact.apply(args=["t"], kwargs={"keep_recent": 2000}).get()
+        later = [r.status for r in server.requests[again:]
+                 if r.path.endswith("/chat/completions")]
+    assert result["status"] == "compacted" and result["summary_kind"] == "llm", result
+    assert statuses[0] == 400 and set(statuses[1:]) == {200} and len(statuses) >= 3
+    assert any(s.startswith("summarizer_overflow_refold_") for s in result["stages"])
+    assert any(s.startswith("folded_") for s in result["stages"])
+    assert result["attempt"] == 1  # not retried through Celery
+    assert engine.max_input_tokens < 9_000  # learned from the error text
+    assert second["summary_kind"] == "llm" and set(later) == {200}  # no overflow any more
+
+
+def test_an_overflow_that_smaller_chunks_cannot_fix_falls_back() -> None:
+    """A window too small for even one message: bounded refolds, then SummarizerError."""
+    from shared.errors import SummarizerError
+    from shared.ledger import Ledger
+    from shared.messages import Message
+
+    with FakeOpenAIServer(window=600) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        engine = SummaryEngine(client, max_summary_tokens=500)
+        messages = [Message(role="user", content=f"step {i}: " + "word " * 300)
+                    for i in range(6)]
+        with pytest.raises(SummarizerError) as caught:
+            engine.summarize(messages, None, Ledger())
+        sent = len([r for r in server.requests if r.path.endswith("/chat/completions")])
+    assert not isinstance(caught.value, SummarizerUnavailable)
+    assert 1 <= sent <= MAX_REFOLDS + 1

@@ -8,6 +8,7 @@ with a message naming the environment variable.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
@@ -17,6 +18,9 @@ from shared.config import CompactionPolicy, StoreConfig
 from shared.errors import ConfigError
 
 ENV_PREFIX = "COMPACTION_"
+RETRY_BACKOFF_FACTOR = 2  # Celery retry_backoff: countdowns 2, 4, 8... s (capped, jittered)
+LEASE_MARGIN_SECONDS = 30  # lease beyond the longest job (store calls, a slow release)
+REDELIVERY_MARGIN_SECONDS = 30  # visibility beyond lease + countdown (clock, scheduling)
 
 
 class Settings(BaseSettings):
@@ -58,15 +62,17 @@ class Settings(BaseSettings):
     vertex_project: str | None = None
     vertex_location: str = "us-central1"
 
-    # worker
+    # worker (time limits, lease, retries and redelivery: see "Timing" below)
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
     broker_visibility_timeout: int | None = Field(
-        default=None, gt=0, description="default: hard time limit + 2 x backoff max + 60 s")
-    task_soft_time_limit: int = Field(default=240, gt=0)
-    task_time_limit: int = Field(default=300, gt=0)
+        default=None, gt=0,
+        description="default: lease + longest retry countdown + sweep + 30 s (about 4 min)")
+    task_soft_time_limit: int = Field(
+        default=120, gt=0, description="a job starts no LLM call after this many seconds")
+    task_time_limit: int = Field(default=180, gt=0)
     max_retries: int = Field(default=3, ge=0)
-    retry_backoff_max: int = Field(default=60, gt=0)
+    retry_backoff_max: int = Field(default=30, gt=0, description="cap of one retry countdown")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -106,17 +112,61 @@ class Settings(BaseSettings):
             max_summary_tokens=self.max_summary_tokens, max_ledger_chars=self.max_ledger_chars,
             summary_placement=self.summary_placement, proactive=self.proactive)
 
+    # -- Timing ------------------------------------------------------------------
+    # A job's message stays unacknowledged from delivery to the end of the job
+    # (acks_late), and a retry's message from its delivery to the end of its run,
+    # countdown included. Redis redelivers what stays unacknowledged longer than
+    # the visibility timeout, so: lease > longest job, and visibility > longest
+    # retry countdown + lease, so that a redelivered job of a dead worker finds the
+    # lease expired (a job that finds it busy leaves its request to the holder,
+    # and a dead holder runs nothing).
+    #
+    # The trade-off: a worker killed by SIGKILL (OOM, lost node) gets its job
+    # redelivered only after the visibility timeout, and the session cannot be
+    # compacted before its lease expires; meanwhile the guard keeps the agent's
+    # requests inside the window by emergency truncation, healed afterwards. Every
+    # second cut from the time limits shortens that wait; the price is that a job
+    # starting LLM calls later than the soft limit stops (SummarizerUnavailable,
+    # retried, then the offline fallback). 120 s covers a summary plus a split-turn
+    # prefix, or about four folded chunks, at a 30 s call; raise both limits for
+    # agents whose ranges fold into many chunks (a 1M-token window summarized by a
+    # 128k model). Defaults: 180 s hard limit (120 s soft + one 60 s call), 210 s
+    # lease, 8 s longest countdown (3 retries: 2, 4, 8 s), visibility 258 s, where
+    # the former defaults (300 s, 2 x 60 s backoff + 60 s) gave 480 s.
+
+    @property
+    def longest_job_seconds(self) -> int:
+        """The hard limit, or soft limit + one LLM call where the pool enforces no limit
+        (threads: the job checks its deadline between calls, each call has its timeout)."""
+        return max(self.task_time_limit,
+                   self.task_soft_time_limit + math.ceil(self.summarizer_timeout))
+
+    @property
+    def longest_retry_countdown(self) -> int:
+        """Celery's exponential backoff: ``factor * 2**retries`` capped, the last retry
+        being the longest (jitter only shortens it)."""
+        if self.max_retries == 0:
+            return 0
+        exponent: int = min(self.max_retries - 1, 32)
+        return min(self.retry_backoff_max, RETRY_BACKOFF_FACTOR << exponent)
+
     @property
     def visibility_timeout(self) -> int:
-        """Above the hard time limit plus the longest retry backoff (see workers.app)."""
+        """Above the longest retry countdown plus the lease (see "Timing" above)."""
         if self.broker_visibility_timeout is not None:
             return self.broker_visibility_timeout
-        return self.task_time_limit + self.retry_backoff_max * 2 + 60
+        return (self.longest_job_seconds + LEASE_MARGIN_SECONDS + self.longest_retry_countdown
+                + self.broker_restore_sweep_seconds + REDELIVERY_MARGIN_SECONDS)
 
     @property
     def lease_seconds(self) -> int:
-        """A job's lease outlives its hard time limit but expires before redelivery."""
-        return min(self.task_time_limit + 30, max(1, self.visibility_timeout - 1))
+        """A job's lease outlives the longest job but expires before redelivery.
+
+        An explicit ``COMPACTION_BROKER_VISIBILITY_TIMEOUT`` below the derived one
+        (tests that kill workers use a few seconds) shortens the lease with it.
+        """
+        return min(self.longest_job_seconds + LEASE_MARGIN_SECONDS,
+                   max(1, self.visibility_timeout - 1))
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -132,4 +182,5 @@ def load_settings(**overrides: object) -> Settings:
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 
-__all__ = ["ENV_PREFIX", "Settings", "load_settings"]
+__all__ = ["ENV_PREFIX", "LEASE_MARGIN_SECONDS", "REDELIVERY_MARGIN_SECONDS",
+           "RETRY_BACKOFF_FACTOR", "Settings", "load_settings"]

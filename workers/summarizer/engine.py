@@ -3,19 +3,25 @@
 Only the messages since the watermark are sent, with the previous summary
 and an update prompt (never a summary from scratch). When the range is
 larger than the summarizer model's own window, it is split at message
-boundaries and folded chunk by chunk. Every reply passes the quality check
-before it can become a summary; failures raise (the Celery task retries with
-backoff, then falls back to the offline summarizer).
+boundaries and folded chunk by chunk. When the summarizer itself answers
+that a request overflowed its window (its real window is smaller than
+configured, or its tokenizer counts more than ours), what is left of the
+range is split again into smaller chunks and folding goes on; the window the
+error states is kept for later jobs. Every reply passes the quality check
+before it can become a summary; failures raise (the Celery task retries a
+``SummarizerUnavailable`` with backoff and falls back to the offline
+summarizer for anything else, or on the last attempt).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.errors import SummarizerUnavailable
+from shared.errors import InvalidInput, SummarizerError, SummarizerUnavailable
 from shared.ledger import Ledger
 from shared.messages import Message
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
@@ -24,10 +30,29 @@ from workers.summarizer.prompts import (
     build_summary_request,
     build_turn_prefix_request,
     chunk_for_window,
+    request_tokens,
 )
 from workers.summarizer.quality import check_summary
 
+log = logging.getLogger("compaction.summarizer")
 PREFIX_HEADING = "## Current turn so far"
+MAX_REFOLDS = 4  # smaller chunks tried after the summarizer said a request overflowed
+OVERFLOW_SAFETY = 0.9  # of the room the stated window leaves, after our count's error
+
+
+class SummarizerOverflow(SummarizerError):
+    """The summarizer rejected a request as longer than its own context window.
+
+    Not worth retrying as is (the same request overflows again): the engine
+    splits the range into smaller chunks. ``limit`` is the window the error
+    stated and ``requested`` the prompt tokens it counted, when it said them.
+    """
+
+    def __init__(self, message: str, *, limit: int | None = None,
+                 requested: int | None = None) -> None:
+        self.limit = limit
+        self.requested = requested
+        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,32 +127,83 @@ class SummaryEngine:
              ledger: Ledger, prefix: Sequence[Message], deadline: float | None,
              start: int) -> SummaryDraft:
         draft = SummaryDraft(text=previous or "", kind="llm", model=client.model)
-        # Each chunk's whole request (prompt, previous summary at its cap, ledger,
-        # transcript, reply) fits the summarizer's own window.
-        chunks = chunk_for_window(list(messages), self.max_input_tokens, self.counter,
-                                  previous_summary_tokens=self.max_summary_tokens,
-                                  ledger=ledger, max_summary_tokens=self.max_summary_tokens,
-                                  start=start)
         draft.stages.append("incremental_merge" if previous else "fresh_summary")
-        if len(chunks) > 1:
-            draft.stages.append(f"folded_{len(chunks)}_chunks")
+        budget = self.max_input_tokens
+        remaining = list(messages)
+        chunks = self._chunks(remaining, budget, ledger, start)
         running = previous
         offset = start
-        for chunk in chunks:
+        calls = refolds = 0
+        while chunks:
+            chunk = chunks[0]
             self._check_deadline(deadline)
             request = build_summary_request(chunk, running, ledger=ledger, start=offset,
                                             max_summary_tokens=self.max_summary_tokens)
-            running = self._call(client, request, chunk, running, draft)
+            try:
+                running = self._call(client, request, chunk, running, draft)
+            except SummarizerOverflow as exc:
+                refolds += 1
+                budget = self._smaller_budget(budget, exc, request, refolds)
+                chunks = self._chunks(remaining, budget, ledger, offset)
+                draft.stages.append(f"summarizer_overflow_refold_{budget}")
+                log.warning("summarizer overflow, the rest of the range goes in requests of "
+                            "%d tokens (%d chunks): %s", budget, len(chunks), exc)
+                continue
+            calls += 1
+            remaining = remaining[len(chunk):]
             offset += len(chunk)
+            chunks = chunks[1:]
+        if calls > 1:
+            draft.stages.append(f"folded_{calls}_chunks")
         if prefix:
             self._check_deadline(deadline)
             request = build_turn_prefix_request(list(prefix), ledger=ledger, start=offset,
                                                 max_summary_tokens=self.max_summary_tokens // 2)
-            part = self._call(client, request, prefix, None, draft)
+            try:
+                part = self._call(client, request, prefix, None, draft)
+            except SummarizerOverflow as exc:
+                raise SummarizerError(f"the split turn's prefix does not fit the summarizer's "
+                                      f"window: {exc}") from exc
             running = f"{running or ''}\n\n{PREFIX_HEADING}\n{part}".strip()
             draft.stages.append("turn_prefix_summary")
         draft.text = running or ""
         return draft
+
+    def _chunks(self, messages: list[Message], budget: int, ledger: Ledger,
+                start: int) -> list[list[Message]]:
+        """Chunks whose whole request (prompt, previous summary at its cap, ledger,
+        transcript) fits ``budget``; a range that cannot be split that finely is a
+        summarizer failure (the offline fallback takes it), not bad input."""
+        try:
+            return chunk_for_window(messages, budget, self.counter,
+                                    previous_summary_tokens=self.max_summary_tokens,
+                                    ledger=ledger, max_summary_tokens=self.max_summary_tokens,
+                                    start=start)
+        except InvalidInput as exc:
+            raise SummarizerError(f"the range cannot be split into requests of {budget} "
+                                  f"tokens: {exc}") from exc
+
+    def _smaller_budget(self, budget: int, exc: SummarizerOverflow,
+                        request: list[dict[str, Any]], refolds: int) -> int:
+        """The input budget to try after an overflow, or SummarizerError when out of tries.
+
+        With the window stated: the room it leaves beside the reply, scaled by
+        how much more the provider counted than we did, with a safety margin;
+        this becomes the engine's budget for later jobs too. Without: half.
+        Always at most three quarters of the budget that overflowed.
+        """
+        if refolds > MAX_REFOLDS:
+            raise SummarizerError(f"still overflowing after {MAX_REFOLDS} smaller splits: "
+                                  f"{exc}") from exc
+        smaller = budget // 2
+        if exc.limit is not None:
+            ours = request_tokens(request, self.counter)
+            ratio = max(1.0, exc.requested / ours) if exc.requested and ours else 1.0
+            room = exc.limit - self.max_summary_tokens
+            smaller = int(room / ratio * OVERFLOW_SAFETY)
+            if 0 < smaller < self.max_input_tokens:
+                self.max_input_tokens = smaller  # learned: later jobs start there
+        return max(1, min(smaller, budget * 3 // 4))
 
     def _call(self, client: LLMClient, request: list[dict[str, Any]],
               chunk: Sequence[Message], previous: str | None, draft: SummaryDraft) -> str:
@@ -146,4 +222,5 @@ class SummaryEngine:
             raise SummarizerUnavailable("summarization ran past its deadline")
 
 
-__all__ = ["PREFIX_HEADING", "Completion", "LLMClient", "SummaryDraft", "SummaryEngine"]
+__all__ = ["MAX_REFOLDS", "PREFIX_HEADING", "Completion", "LLMClient", "SummarizerOverflow",
+           "SummaryDraft", "SummaryEngine"]

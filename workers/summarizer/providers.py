@@ -9,26 +9,51 @@
   google-cloud-aiplatform, which is deprecated (removal announced for
   June 2026).
 
-Celery owns retries (backoff with jitter): the SDKs' own retries are set
-low, and every call carries a client timeout, because the threads pool
-enforces no time limit. Errors are mapped onto the project's tree:
-transient ones (timeouts, connection errors, 429, 5xx) become
-``SummarizerUnavailable``; anything else ``SummarizerError``.
+Celery owns retries (backoff with jitter): the SDKs' own retries are off,
+and every call carries a client timeout, because the threads pool
+enforces no time limit. Errors are mapped onto the project's tree by what
+retrying would do:
+
+- ``SummarizerUnavailable`` (retried later): timeouts, connection errors,
+  HTTP 408, 429 and 5xx, and a body that is not a completion at all (cut
+  JSON, a proxy's page served with status 200), which is a transport fault;
+- ``SummarizerOverflow`` (the engine splits the range smaller): the
+  request overflowed the summarizer's own window, whatever the status
+  (``shared.overflow`` reads the error; rate limits are never taken for it);
+- ``BadSummary``: a reply cut off at its token cap (at temperature 0 the
+  same request runs into the cap again);
+- ``SummarizerError`` for the rest (400, 401, 403, 404...): the request or
+  the configuration is wrong, and the same call would fail the same way,
+  so the job falls back to the offline summarizer at once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from shared.errors import ConfigError, SummarizerError, SummarizerUnavailable
+from shared.errors import BadSummary, ConfigError, SummarizerError, SummarizerUnavailable
 from shared.limits import model_limits
-from workers.summarizer.engine import Completion, LLMClient
+from shared.overflow import parse_overflow
+from workers.summarizer.engine import Completion, LLMClient, SummarizerOverflow
 
 SDK_RETRIES = 0
 
 
 def _transient_status(status: int | None) -> bool:
     return status is not None and (status == 429 or status == 408 or status >= 500)
+
+
+def status_error(name: str, status: int | None, message: str,
+                 error: BaseException) -> SummarizerError:
+    """The project's error for an HTTP error answer of the summarizer (see the module doc)."""
+    text = f"{name}: HTTP {status}: {message}"
+    overflow = parse_overflow(error)
+    if overflow is not None:
+        return SummarizerOverflow(text, limit=overflow.limit,
+                                  requested=overflow.prompt_tokens or overflow.requested)
+    if _transient_status(status):
+        return SummarizerUnavailable(text)
+    return SummarizerError(text)
 
 
 class OpenAIClient:
@@ -60,9 +85,7 @@ class OpenAIClient:
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         except openai.APIStatusError as exc:
-            error = SummarizerUnavailable if _transient_status(exc.status_code) \
-                else SummarizerError
-            raise error(f"{self.name}: HTTP {exc.status_code}: {exc.message}") from exc
+            raise status_error(self.name, exc.status_code, exc.message, exc) from exc
         except (openai.OpenAIError, ValueError) as exc:  # garbage bodies (JSONDecodeError)
             raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         choices = getattr(response, "choices", None)
@@ -70,7 +93,7 @@ class OpenAIClient:
             raise SummarizerUnavailable(f"{self.name}: reply without choices")
         choice = choices[0]
         if choice.finish_reason == "length":
-            raise SummarizerUnavailable(f"{self.name}: summary cut off at max_tokens")
+            raise BadSummary(f"{self.name}: summary cut off at max_tokens")
         usage = response.usage
         return Completion(text=choice.message.content or "",
                           input_tokens=usage.prompt_tokens if usage else 0,
@@ -120,14 +143,13 @@ class GeminiClient:
             response = self.client.models.generate_content(
                 model=self.model, contents=contents, config=config)
         except errors.APIError as exc:
-            error = SummarizerUnavailable if _transient_status(exc.code) else SummarizerError
-            raise error(f"{self.name}: HTTP {exc.code}: {exc.message}") from exc
+            raise status_error(self.name, exc.code, str(exc.message), exc) from exc
         except Exception as exc:  # httpx timeouts, connection errors, bad bodies
             raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         candidates = response.candidates or []
         finish = str(candidates[0].finish_reason or "") if candidates else ""
         if finish.endswith("MAX_TOKENS"):
-            raise SummarizerUnavailable(f"{self.name}: summary cut off at max_output_tokens")
+            raise BadSummary(f"{self.name}: summary cut off at max_output_tokens")
         usage = response.usage_metadata
         return Completion(text=response.text or "",
                           input_tokens=(usage.prompt_token_count or 0) if usage else 0,
@@ -150,4 +172,4 @@ def client_from_settings(settings: Any) -> LLMClient | None:
                         base_url=settings.summarizer_base_url)
 
 
-__all__ = ["GeminiClient", "OpenAIClient", "client_from_settings"]
+__all__ = ["GeminiClient", "OpenAIClient", "client_from_settings", "status_error"]
