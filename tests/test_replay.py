@@ -21,13 +21,15 @@ from hypothesis import strategies as st
 
 from shared.adapters import to_openai
 from shared.config import CompactionPolicy, StoreConfig
-from shared.enqueue import QUEUE, NullEnqueuer
+from shared.enqueue import QUEUE, CallbackEnqueuer, NullEnqueuer
 from shared.errors import InvalidInput
 from shared.keys import validate_session_id
 from shared.messages import Message
+from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER
 from tests.strategies import any_conversations
 from workers.commands import replay as replay_command
+from workers.compactor import Compactor
 from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.fakes.counting import DEFAULT_TOKENIZER_PATH, char_counter
 from workers.replay import (
@@ -48,6 +50,7 @@ from workers.replay_report import (
 from workers.replay_services import Services, parse_job_lines, with_db
 from workers.replay_sessions import load_sessions, parse_session, session_key
 from workers.settings import load_settings
+from workers.summarizer.engine import SummaryEngine
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 CI_SESSIONS = ("sphinx-doc__sphinx-9229", "django__django-14349", "pytest-dev__pytest-5787")
@@ -305,8 +308,8 @@ def test_any_conversation_replays_without_failed_or_invalid_requests(
     """Valid or damaged (orphans, reused ids, moved results...): the provider accepts every call.
 
     The one tolerated failure is the guard's IrreducibleOverflow when the
-    newest pending message alone exceeds the window (see the strict xfail
-    below: for a tool result that is a guard bug).
+    newest pending *user* message alone exceeds the window (a tool result
+    that large is clipped instead: the test below).
     """
     if not any(m.role == "assistant" for m in messages):
         return
@@ -339,6 +342,50 @@ def test_a_tool_result_larger_than_the_window_is_clipped_not_fatal() -> None:
     [report] = replay_offline([session], window=8000)
     assert report.failed_turns == 0, report.failures
     assert report.clipped_turns == 1
+
+
+def inline_services() -> Services:
+    """fakeredis, and an offline compactor that runs each job the moment it is enqueued."""
+    client = fakeredis.FakeRedis()
+    store = SessionStore(client, StoreConfig(), tenant="t")
+    compactor = Compactor(store, SummaryEngine(None))
+
+    def job(tenant: str, session_id: str) -> None:
+        store.clear_pending(session_id)
+        compactor.run(session_id)
+
+    return Services(mode="in-process", description="fakeredis, inline offline jobs",
+                    store_client=client, enqueuer=CallbackEnqueuer(job),
+                    worker_settings=load_settings())
+
+
+def test_workers_that_keep_up_leave_the_guard_nothing_to_truncate() -> None:
+    """A huge tool output in a short turn: the guard must clip it while it is the pending
+    input, but the next compaction must not keep it (the guard would clip every turn)."""
+    body = synthetic_session(12, 6)
+    call = {"id": "lint", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": "pylint src"})}}
+    lint = "".join(f"src/mod{i}.py:{i}:0: W0611: Unused import os\n" for i in range(700))
+    body["messages"] += [
+        {"role": "user", "content": "Lint the package."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "lint", "content": lint},
+        {"role": "assistant", "content": "700 unused imports of os."}]
+    body["messages"] += synthetic_session(8, 7)["messages"][1:]
+    session = parse_session(body, line=1, position=0)
+    answer = next(i for i, m in enumerate(session.messages) if m.text().startswith("700 "))
+    opts = ReplayOptions(window=8000, drain_timeout=0)
+    rows: list[dict[str, Any]] = []
+    [report], _ = replay_sessions([session], opts, services=inline_services(),
+                                  counter=counter(), policy=CompactionPolicy(),
+                                  store_config=StoreConfig(), tenant="t", trace=rows.append)
+    assert report.failed_turns == 0 and report.rejections == 0, report.failures
+    turn = next(r["turn"] for r in rows if r["index"] == answer)
+    truncated = [r["turn"] for r in rows if r["prepare"]["truncated"]]
+    assert turn in truncated and report.clipped_turns == 1  # the output as pending input
+    assert turn + 1 not in truncated  # the compaction after it did not keep it
+    # Any other truncation is a large pending input arriving below the trigger.
+    assert all(rows[t - 1]["prepare"]["usage_ratio"] < 0.8 for t in truncated), truncated
 
 
 # -- end to end: real Redis, real worker subprocess ---------------------------------------

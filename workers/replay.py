@@ -403,7 +403,9 @@ def _settle(reports: Sequence[SessionReport], services: Services, store: Session
     for report in reports:
         jobs = by_session.get(report.key, [])
         report.jobs = dict(Counter(str(j.get("status")) for j in jobs))
-        kinds = Counter(str(j.get("summary_kind")) for j in jobs if j.get("status") == "compacted")
+        compacted = [j for j in jobs if j.get("status") == "compacted"]
+        kinds = Counter(str(j.get("summary_kind")) for j in compacted)
+        report.summaries_over_truncation = sum(1 for j in compacted if j.get("over_truncation"))
         commits = store.state(report.key).version  # every commit bumps it; replays edit nothing
         truncations = commits - sum(kinds.values())
         report.summaries = {**dict(kinds), "truncation": max(0, truncations)}

@@ -12,7 +12,9 @@ real agent session inside a window the provider enforces, and at what cost?
   counted apart: the first is the guard working as designed when workers
   lag, the second means the estimate was wrong;
 - *summaries*: commits by kind (``llm``/``offline`` from the workers' job
-  log, ``truncation`` written by the guard itself);
+  log, ``truncation`` written by the guard itself); of the worker summaries,
+  how many lost their compare-and-swap to a guard truncation and were kept
+  anyway (committed over it, or with the dropped range merged on);
 - *tokens sent* (the provider's count of every accepted prompt) against
   the full history each turn would have sent without compaction;
 - *worker lag*: turns (and seconds) between a compaction falling due (the
@@ -94,6 +96,7 @@ class SessionReport(BaseModel):
     unresolved_dues: int = 0
     enqueued: int = 0
     summaries: dict[str, int] = Field(default_factory=dict)
+    summaries_over_truncation: int = 0
     jobs: dict[str, int] = Field(default_factory=dict)
     tokens_sent: int = 0
     tokens_full: int = 0
@@ -165,7 +168,8 @@ class RunReport(BaseModel):
                  "flagged_recoveries", "reactive_recoveries", "recovered_turns",
                  "clipped_turns", "clipped_messages", "oversized_messages",
                  "replies_over_max_tokens", "calls_without_input", "dues", "unresolved_dues",
-                 "enqueued", "turns_over_window_without_compaction", "repairs", "reused_tool_ids")
+                 "enqueued", "turns_over_window_without_compaction", "repairs", "reused_tool_ids",
+                 "summaries_over_truncation")
         out: dict[str, Any] = {name: self._sum(name) for name in names}
         out.update(
             sessions=len(s), skipped=len(self.skipped),
@@ -203,6 +207,8 @@ def _lines(report: RunReport) -> list[tuple[str, str]]:
         ("summaries written: llm / offline / truncation",
          f"{summaries.get('llm', 0)} / {summaries.get('offline', 0)} / "
          f"{summaries.get('truncation', 0)}"),
+        ("worker summaries that lost their swap to a truncation and replaced it",
+         f"{t['summaries_over_truncation']}"),
         ("worker jobs by outcome", ", ".join(f"{k} {v}" for k, v in jobs.items()) or "none"),
         ("tokens sent (provider count) / without compaction",
          f"{t['tokens_sent']:,} / {t['tokens_full']:,} ({t['tokens_saved_ratio']:.1%} saved)"),
