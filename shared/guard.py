@@ -25,6 +25,7 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -232,7 +233,13 @@ class ContextGuard:
         over = not report.within_budget and (self.policy.proactive or force_ratio is not None)
         if over or force_ratio is not None:
             ensure_reducible(report)
-            budget = self._history_budget(report, regions, estimated, window, force_ratio)
+            # One ratio sizes the cut and re-estimates the result: the larger of the
+            # usage-anchored one (it describes the view before the cut) and the
+            # session's calibration, so a view cut to fit is never judged over budget.
+            ratio = max(estimated / regions.total if regions.total else 1.0,
+                        state.calibration_ratio)
+            budget = self._history_budget(report, regions, math.ceil(regions.total * ratio),
+                                          window, force_ratio)
             result = emergency_truncate(history, budget, self.counter,
                                         drop_fraction=self.policy.emergency_drop_fraction)
             history, dropped, note, truncated = result.messages, result.dropped, result.note, True
@@ -251,7 +258,7 @@ class ContextGuard:
             enqueued = self._enqueue(session_id, force=True) or enqueued
             regions = Regions(regions.system, summary.tokens if summary else 0, regions.tools,
                               sum(self.counter.message(m) for m in history), regions.overhead)
-            estimated = Calibration(state.calibration_ratio).apply(regions.total)
+            estimated = math.ceil(regions.total * ratio - 1e-9)
             report = self._check(window, reserve, regions, estimated, newest)
 
         if not pairs_intact(history):
