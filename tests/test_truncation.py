@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.config import StoreConfig
 from shared.errors import InvalidInput
+from shared.guard import ContextGuard
 from shared.messages import ImagePart, Message, TextPart, ToolCall
 from shared.repair import PROVIDERS, repair_tool_pairs, validate_view
+from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER
 from shared.truncation import CLIP_MARKER, emergency_truncate, files_in_calls
 from shared.turns import leading_system_count, turn_starts
@@ -285,3 +290,28 @@ def test_peer_truncation_cases_meet_our_invariants(data_dir: Path) -> None:
             assert_valid(out.messages)
             if budget >= _floor(messages):
                 assert out.within_budget, case["id"]
+
+
+# -- the guard's use of it: one ratio sizes the cut and re-estimates the result -------------
+@pytest.mark.parametrize(("anchored", "calibration"), [(0.8, 1.3), (1.3, 1.0)])
+def test_a_truncated_view_is_within_the_budget_it_was_cut_for(
+        anchored: float, calibration: float) -> None:
+    """The provider's last report says this view costs ``anchored`` x the heuristic, the
+    session's calibration says ``calibration`` x: whichever is larger sizes the cut, and
+    the same ratio re-estimates it (the re-check used the calibration alone)."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    store.append("s", [m for k in range(40) for m in (
+        user(f"step {k}: " + "why " * 120), bot(f"did {k}: " + "because " * 120))])
+    wide = ContextGuard(store, overrides={"gpt-4o": 128_000})
+    total = wide.prepare("s", "be brief", max_tokens=1000).report.estimated_prompt_tokens
+    state = store.state("s")
+    store.update_state("s", calibration_ratio=calibration, calibration_samples=5,
+                       anchor_reported=int(total * anchored), anchor_estimated=total,
+                       anchor_end=store.length("s"), anchor_version=state.version)
+    guard = ContextGuard(store, overrides={"gpt-4o": 8000})
+    view = guard.prepare("s", "be brief", max_tokens=1000)
+    report = view.report
+    assert report.truncated and report.budget.within_budget, report.budget
+    sent = DEFAULT_COUNTER.messages(view.messages)
+    assert report.estimated_prompt_tokens >= math.ceil(sent * max(anchored, calibration)) - 1
+    assert report.estimated_prompt_tokens <= report.budget.input_budget
