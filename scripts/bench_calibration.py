@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import regex  # type: ignore[import-untyped]  # tiktoken's own dependency
 from bench_tokens import (
+    Doc,
     Session,
     anchor_index,
+    default_corpus_roots,
+    load_corpus,
     load_sessions,
     pct,
     percentile,
@@ -51,8 +56,11 @@ from shared.errors import ConfigError
 from shared.messages import Message
 from shared.tokens import (
     DEFAULT_SAFETY_MARGIN,
+    MESSAGE_OVERHEAD,
+    TOOL_CALL_OVERHEAD,
     Calibration,
     HeuristicCounter,
+    estimate_tokens,
     hybrid_estimate,
 )
 from shared.tokens_exact import KNOWN_ENCODINGS, TiktokenCounter, load_encoding
@@ -61,7 +69,7 @@ TARGET = 0.03
 EARLY = 3
 """The report comes with the request that produced this assistant message."""
 LATE = (10, 20)
-VOCABULARIES = (0, 20_000, 50_000, 200_000)
+VOCABULARIES = (20_000, 50_000, 200_000)
 
 
 @dataclass(frozen=True)
@@ -286,34 +294,51 @@ def solve3(matrix: list[list[float]], rhs: list[float]) -> list[float]:
     return [m[i][3] / m[i][i] for i in range(3)]
 
 
-# -- estimators that know o200k's pre-tokenization (ceilings of a better heuristic) -------
-def category(piece: str) -> str:
-    """Shape of one pre-token: letters (by count and what precedes them), digits,
-    whitespace, newlines, punctuation (by length)."""
-    letters = sum(ch.isalpha() for ch in piece)
+# -- estimators that see o200k's pre-tokens (what a better heuristic could know) -----------
+def shape(piece: str) -> str:
+    """What a vocabulary-free estimator can see of one pre-token. Words: what precedes
+    the letters (nothing, a space, another character), their case pattern (lower,
+    Capitalized, UPPER, mixed), ASCII or not, and how many (to 24). Digits by count,
+    whitespace by kind and length (to 16), punctuation by length (to 8) and a leading
+    space."""
+    letters = "".join(ch for ch in piece if ch.isalpha())
     if letters:
-        lead = " " if piece[0] == " " else ("." if not piece[0].isalpha() else "")
-        return f"w{lead}{min(letters, 16)}"
+        lead = " " if piece[0] == " " else ("" if piece[0].isalpha() else ".")
+        if letters.islower():
+            case = "l"
+        elif letters.isupper():
+            case = "U"
+        elif letters[0].isupper() and letters[1:].islower():
+            case = "C"
+        else:
+            case = "m"
+        script = "" if letters.isascii() else "n"
+        return f"w{lead}{case}{script}{min(len(letters), 24)}"
     if piece.isdigit():
         return f"d{len(piece)}"
     if piece.isspace():
-        return "nl" if ("\n" in piece or "\r" in piece) else "ws"
-    return f"p{min(len(piece), 6)}"
+        kind = "nl" if ("\n" in piece or "\r" in piece) else "ws"
+        return f"{kind}{min(len(piece), 16)}"
+    return f"p{piece[0] == ' '}{min(len(piece), 8)}"
+
+
+def is_word(piece: str) -> bool:
+    return any(ch.isalpha() for ch in piece)
 
 
 class PieceTable:
-    """Every distinct o200k pre-token of the sessions with its true token count and
-    its rank if it is a single token."""
+    """Distinct pre-tokens with their true o200k token count and their rank if they are
+    a single token. ``pattern`` is o200k's own pre-tokenizer unless another is given."""
 
-    def __init__(self, encoding: Any) -> None:
+    def __init__(self, encoding: Any, pattern: Any = None) -> None:
         self.encoding = encoding
-        self.pattern = regex.compile(KNOWN_ENCODINGS["o200k_base"].pat_str)
+        self.pattern = pattern or regex.compile(KNOWN_ENCODINGS["o200k_base"].pat_str)
         self.tokens: dict[str, int] = {}
         self.rank: dict[str, int | None] = {}
 
-    def pieces(self, message: Message) -> Counter[str]:
+    def count(self, texts: Iterable[str]) -> Counter[str]:
         found: Counter[str] = Counter()
-        for text in (message.text(), *(c.arguments for c in message.tool_calls)):
+        for text in texts:
             found.update(self.pattern.findall(text))
         for piece in found:
             if piece not in self.tokens:
@@ -322,56 +347,230 @@ class PieceTable:
                 self.rank[piece] = ids[0] if len(ids) == 1 else None
         return found
 
+    def pieces(self, message: Message) -> Counter[str]:
+        return self.count(message_texts(message))
 
-def probe_traces(
-    sessions: Sequence[Session],
-    o200k: TiktokenCounter,
-    table: PieceTable,
-) -> dict[int, list[Trace]]:
-    """One trace per vocabulary size: a pre-token among the ``size`` lowest-ranked o200k
-    tokens costs 1, any other the fit half's mean for its category; framing is exact."""
-    pieces = [[table.pieces(m) for m in s.messages] for s in sessions]
-    framing = [
-        [
-            o200k.message(m) - sum(table.tokens[p] * n for p, n in c.items())
-            for m, c in zip(s.messages, per, strict=True)
+    def means(
+        self, counts: Iterable[Counter[str]], keep: Callable[[str], bool] = lambda p: True
+    ) -> dict[str, float]:
+        """Mean true tokens per shape; each counter weighs the same whatever its size, so
+        one kind of text does not drown the others."""
+        sums: dict[str, list[float]] = {}
+        for found in counts:
+            scale = 1.0 / max(sum(found.values()), 1)
+            for piece, n in found.items():
+                if keep(piece):
+                    acc = sums.setdefault(shape(piece), [0.0, 0.0])
+                    acc[0] += n * scale
+                    acc[1] += n * scale * self.tokens[piece]
+        return {k: t / n for k, (n, t) in sums.items()}
+
+
+def message_texts(message: Message) -> list[str]:
+    """Every text of a message the heuristic counts (content, name, reasoning, calls)."""
+    texts = [message.text(), message.name or "", message.reasoning or ""]
+    for call in message.tool_calls:
+        texts += [call.name, call.arguments]
+    return [t for t in texts if t]
+
+
+def by_shape(means: Mapping[str, float]) -> Callable[[str], float]:
+    """Cost of a pre-token: its shape's mean (a third of its length for unseen shapes)."""
+    return lambda piece: means.get(shape(piece), max(1.0, len(piece) / 3))
+
+
+@dataclass(frozen=True)
+class SessionPieces:
+    """A session cut into o200k pre-tokens: per message the pre-token counts, the true
+    tokens and the framing (true tokens not in any pre-token: roles, separators)."""
+
+    session: Session
+    pieces: list[Counter[str]]
+    true: list[int]
+    framing: list[int]
+
+    def trace(self, cost: Callable[[str], float], cache: dict[str, float]) -> Trace:
+        """Exact framing plus ``cost`` of every pre-token (memoized in ``cache``)."""
+        est = []
+        for frame, found in zip(self.framing, self.pieces, strict=True):
+            total = 0.0
+            for piece, n in found.items():
+                value = cache.get(piece)
+                if value is None:
+                    value = cache[piece] = cost(piece)
+                total += n * value
+            est.append(frame + round(total))
+        return make_trace(self.session, est, dict(enumerate(prefix_sums(self.true))), self.true)
+
+
+def session_pieces(
+    sessions: Sequence[Session], o200k: TiktokenCounter, table: PieceTable
+) -> list[SessionPieces]:
+    out = []
+    for s in sessions:
+        pieces = [table.pieces(m) for m in s.messages]
+        true = [o200k.message(m) for m in s.messages]
+        framing = [
+            t - sum(table.tokens[p] * n for p, n in c.items())
+            for t, c in zip(true, pieces, strict=True)
         ]
-        for s, per in zip(sessions, pieces, strict=True)
-    ]
-    truths = [[o200k.message(m) for m in s.messages] for s in sessions]
-    out: dict[int, list[Trace]] = {}
-    for size in VOCABULARIES:
-
-        def known(piece: str, size: int = size) -> bool:
-            rank = table.rank[piece]
-            return rank is not None and rank < size
-
-        sums: dict[str, list[int]] = {}
-        for s, per in zip(sessions, pieces, strict=True):
-            if s.held_out:
-                continue
-            for found in per:
-                for piece, n in found.items():
-                    if not known(piece):
-                        acc = sums.setdefault(category(piece), [0, 0])
-                        acc[0] += n
-                        acc[1] += n * table.tokens[piece]
-        mean = {c: t / n for c, (n, t) in sums.items()}
-        out[size] = []
-        for s, per, frame, true in zip(sessions, pieces, framing, truths, strict=True):
-            est = [
-                f
-                + round(
-                    sum(
-                        n * (1.0 if known(p) else mean.get(category(p), 2.0))
-                        for p, n in found.items()
-                    )
-                )
-                for f, found in zip(frame, per, strict=True)
-            ]
-            sums_true = prefix_sums(true)
-            out[size].append(make_trace(s, est, dict(enumerate(sums_true)), true))
+        out.append(SessionPieces(s, pieces, true, framing))
     return out
+
+
+def probe_rows(
+    cut: Sequence[SessionPieces], table: PieceTable, neutral: Sequence[Counter[str]]
+) -> list[tuple[str, list[Trace]]]:
+    """Estimators that split text exactly as o200k does and differ in what they know of
+    each pre-token's cost; framing is exact, no margin (one ratio cancels any scale)."""
+    fit = [c for sp in cut if not sp.session.held_out for c in sp.pieces]
+    fit_total: Counter[str] = Counter()
+    for c in fit:
+        fit_total.update(c)
+    neutral_shape = by_shape(table.means(neutral))
+    fit_shape = by_shape(table.means([fit_total]))
+
+    def exact(piece: str) -> float:
+        return float(table.tokens[piece])
+
+    variants: list[tuple[str, Callable[[str], float]]] = [
+        ("every pre-token at its shape's mean, shapes from neutral text", neutral_shape),
+        ("the same, shape means from the fit half", fit_shape),
+        (
+            "where the error is: words exact, other pre-tokens at their shape's mean "
+            "(neutral text)",
+            lambda p: exact(p) if is_word(p) else neutral_shape(p),
+        ),
+        (
+            "where the error is: words at their shape's mean (neutral text), other "
+            "pre-tokens exact",
+            lambda p: neutral_shape(p) if is_word(p) else exact(p),
+        ),
+    ]
+    for size in VOCABULARIES:
+        variants.append(
+            (
+                f"vocabulary: o200k's {size:,} lowest-ranked tokens cost 1, other pre-tokens "
+                "their shape's mean (fit half)",
+                vocabulary_cost(table, fit_total, size),
+            )
+        )
+    variants.append(
+        (
+            "leakage: every pre-token seen in the fit half at its true count, others at "
+            "their shape's mean (a table learnt from the fit half)",
+            lambda p: exact(p) if p in fit_total else fit_shape(p),
+        )
+    )
+    return [(name, [sp.trace(cost, {}) for sp in cut]) for name, cost in variants]
+
+
+def vocabulary_cost(
+    table: PieceTable, fit_total: Counter[str], size: int
+) -> Callable[[str], float]:
+    """1 for a pre-token among o200k's ``size`` lowest-ranked tokens, else the fit half's
+    mean for its shape over the pre-tokens not in that vocabulary."""
+
+    def known(piece: str) -> bool:
+        rank = table.rank[piece]
+        return rank is not None and rank < size
+
+    rest = by_shape(table.means([fit_total], keep=lambda p: not known(p)))
+    return lambda piece: 1.0 if known(piece) else rest(piece)
+
+
+# -- the shippable form: Python's re, a shape table, no vocabulary --------------------------
+RE_PRETOKENS = re.compile(
+    r"(?:[^\w\r\n]|_)?[A-Z]*[a-z]+(?:'(?:[st]|re|ve|m|ll|d))?"
+    r"|(?:[^\w\r\n]|_)?[A-Z]+[a-z]*"
+    r"|(?:[^\w\r\n]|_)?[^\W\d_]+"
+    r"|\d{1,3}"
+    r"| ?(?:[^\s\w]|_)+[\r\n/]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
+"""o200k's pre-tokenizer approximated with the standard library's ``re`` (no Unicode
+letter categories: case is told apart for ASCII only)."""
+
+
+class RePretokenEstimator:
+    """Pre-tokens found by ``RE_PRETOKENS``, each costing its shape's mean from a table
+    (memoized per distinct pre-token); framing as ``HeuristicCounter``."""
+
+    def __init__(self, means: Mapping[str, float], margin: float) -> None:
+        self.cost = by_shape(means)
+        self.margin = margin
+        self.cache: dict[str, float] = {}
+
+    @classmethod
+    def fitted(cls, table: PieceTable, docs: Sequence[Doc], margin: float) -> RePretokenEstimator:
+        """Shape means over ``docs`` pre-tokenized the way the estimator will see text."""
+        own = PieceTable(table.encoding, RE_PRETOKENS)
+        kinds = sorted({d.kind for d in docs})
+        counts = [own.count(d.text for d in docs if d.kind == k) for k in kinds]
+        return cls(own.means(counts), margin)
+
+    def text(self, text: str) -> float:
+        total, cache = 0.0, self.cache
+        for piece, n in Counter(RE_PRETOKENS.findall(text)).items():
+            value = cache.get(piece)
+            if value is None:
+                value = cache[piece] = self.cost(piece)
+            total += n * value
+        return total
+
+    def message(self, message: Message) -> int:
+        fixed = MESSAGE_OVERHEAD + TOOL_CALL_OVERHEAD * len(message.tool_calls)
+        content = sum(self.text(t) for t in message_texts(message))
+        return fixed + math.ceil(content * (1 + self.margin) - 1e-9)
+
+
+def uncalibrated_line(name: str, traces: Sequence[Trace], margin: float) -> str:
+    """Whole-session error without any report, per half (the uncalibrated targets)."""
+    cells = []
+    for half, group in halves(traces)[:2]:
+        errors = [tr.est[-1] / tr.truth[len(tr.est) - 1] - 1 for tr in group]
+        cells.append(
+            f"{half} half worst {pct(min(errors))}, median {pct(statistics.median(errors))}"
+        )
+    return f"Uncalibrated, {name} with margin {margin:g}: {'; '.join(cells)}."
+
+
+def re_traces(
+    sessions: Sequence[Session], o200k: TiktokenCounter, estimator: RePretokenEstimator
+) -> list[Trace]:
+    out = []
+    for s in sessions:
+        true = [o200k.message(m) for m in s.messages]
+        est = [estimator.message(m) for m in s.messages]
+        out.append(make_trace(s, est, dict(enumerate(prefix_sums(true))), true))
+    return out
+
+
+def speed_line(sessions: Sequence[Session], estimator: RePretokenEstimator) -> str:
+    """ms per MB of message text: the heuristic, and the ``re`` estimator cold and warm."""
+    text = "".join(t for s in sessions for m in s.messages for t in message_texts(m))
+    megabytes = len(text.encode()) / 1e6
+
+    def best(fn: Callable[[], object], runs: int = 3) -> float:
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times) * 1000 / megabytes
+
+    heuristic = best(lambda: estimate_tokens(text, safety_margin=0.0))
+    estimator.cache.clear()
+    cold = best(lambda: estimator.text(text), runs=1)
+    warm = best(lambda: estimator.text(text))
+    return (
+        f"Speed on the sessions' {megabytes:.1f} MB of message text: heuristic "
+        f"{heuristic:.0f} ms/MB; `re` pre-token estimator {cold:.0f} ms/MB with an empty "
+        f"memo, {warm:.0f} ms/MB warm ({warm / heuristic:.1f}x the heuristic; "
+        f"`RE_PRETOKENS.findall` alone takes most of it)."
+    )
 
 
 # -- what the early report knows -------------------------------------------------------------
@@ -406,7 +605,7 @@ def knowledge_lines(traces: Sequence[Trace], prior: float) -> list[str]:
 
 def vocabulary_lines(sessions: Sequence[Session], table: PieceTable, top: int = 4) -> list[str]:
     """Pre-tokens that move a whole session's ratio: tokens they cost beyond their
-    category's mean, as a share of the session's tokens."""
+    shape's mean, as a share of the session's tokens."""
     totals: dict[str, list[int]] = {}
     found = []
     for s in sessions:
@@ -415,14 +614,14 @@ def vocabulary_lines(sessions: Sequence[Session], table: PieceTable, top: int = 
             c.update(table.pieces(m))
         found.append(c)
         for piece, n in c.items():
-            acc = totals.setdefault(category(piece), [0, 0])
+            acc = totals.setdefault(shape(piece), [0, 0])
             acc[0] += n
             acc[1] += n * table.tokens[piece]
     mean = {k: t / n for k, (n, t) in totals.items()}
     rows = []
     for s, c in zip(sessions, found, strict=True):
         true = sum(n * table.tokens[p] for p, n in c.items())
-        excess = {p: n * (table.tokens[p] - mean[category(p)]) for p, n in c.items()}
+        excess = {p: n * (table.tokens[p] - mean[shape(p)]) for p, n in c.items()}
         rows.append((sum(excess.values()) / true, s, c, excess, true))
     rows.sort(key=lambda r: r[0])
     out = ["| session | tokens beyond the shape means | largest contributions |", "|---|---:|---|"]
@@ -432,6 +631,89 @@ def vocabulary_lines(sessions: Sequence[Session], table: PieceTable, top: int = 
             f"`{p!r}` x{c[p]}, {table.tokens[p]} tok each ({pct(x / true)})" for p, x in worst
         )
         out.append(f"| {s.id} | {pct(share)} | {listed} |")
+    return out
+
+
+# -- what the rest of a session's error is made of ---------------------------------------
+def repository(session: Session) -> str:
+    """``django`` for ``mini-swe-gemini3-django__django-13297``; ``airline`` for tau-bench."""
+    if session.id.startswith("tau-"):
+        return "airline"
+    return session.id.rsplit("-gemini3-", 1)[-1].split("__", 1)[0]
+
+
+def shared_vocabulary_line(sessions: Sequence[Session]) -> str:
+    halves_of: dict[str, list[int]] = {}
+    for s in sessions:
+        halves_of.setdefault(repository(s), [0, 0])[int(s.held_out)] += 1
+    both = [f"{r} {f}/{h}" for r, (f, h) in sorted(halves_of.items()) if f and h]
+    return (
+        "The even/odd split is not independent: sessions of the same repository (same "
+        "identifiers) or the same agent (same system prompt) sit in both halves "
+        f"(fit/held-out: {', '.join(both)}), so anything learnt from the fit half's words "
+        "carries to the held-out half (the leakage row). Shape tables learnt from neutral "
+        "text have no such path."
+    )
+
+
+def drift_lines(sessions: Sequence[Session], o200k: TiktokenCounter) -> list[str]:
+    """The heuristic's error (no margin, text only) per coding session: on the early
+    prefix the report covers, on the rest, and on the rest by kind of message."""
+    kinds = ("assistant text", "tool-call arguments", "tool results")
+    errors: dict[str, list[float]] = {k: [] for k in ("early", "rest", "ratio", *kinds)}
+    for s in sessions:
+        if repository(s) == "airline":
+            continue
+        a = anchor_index(s.messages, EARLY)
+        sums: dict[str, list[int]] = {k: [0, 0] for k in ("early", "rest", *kinds)}
+        for i, m in enumerate(s.messages):
+            kind = "tool results" if m.role == "tool" else f"{m.role} text"
+            parts = [(kind, m.text())]
+            parts += [("tool-call arguments", c.arguments) for c in m.tool_calls]
+            for name, text in parts:
+                if not text:
+                    continue
+                pair = (o200k.text(text), estimate_tokens(text, safety_margin=0.0))
+                for key in ("early" if i < a else "rest", name if i >= a else ""):
+                    if key in sums:
+                        sums[key][0] += pair[0]
+                        sums[key][1] += pair[1]
+        for key, (true, est) in sums.items():
+            errors[key].append(est / true - 1)
+        errors["ratio"].append((1 + errors["rest"][-1]) / (1 + errors["early"][-1]) - 1)
+    labels = {
+        "early": f"early prefix (up to assistant message {EARLY}: what the report covers)",
+        "rest": "rest of the session",
+        "assistant text": "rest: assistant text",
+        "tool-call arguments": "rest: tool-call arguments",
+        "tool results": "rest: tool results",
+        "ratio": "rest against early: what one ratio leaves",
+    }
+    out = [
+        f"| heuristic error, no margin, {len(errors['rest'])} coding sessions | mean | sd "
+        "| min | max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label in labels.items():
+        v = errors[key]
+        out.append(
+            f"| {label} | {pct(statistics.fmean(v))} | {100 * statistics.pstdev(v):.1f}% "
+            f"| {pct(min(v))} | {pct(max(v))} |"
+        )
+    same_sign = sum(
+        len({e > 0 for e in trio}) == 1
+        for trio in zip(*(errors[k] for k in kinds), strict=True)
+    )
+    corr = statistics.correlation
+    out += [
+        "",
+        f"Correlations across coding sessions: early prefix vs rest "
+        f"{corr(errors['early'], errors['rest']):+.2f}; within the rest, assistant text vs "
+        f"tool results {corr(errors['assistant text'], errors['tool results']):+.2f}, "
+        f"tool-call arguments vs tool results "
+        f"{corr(errors['tool-call arguments'], errors['tool results']):+.2f}; the three "
+        f"kinds err in the same direction in {same_sign} of {len(errors['rest'])} sessions.",
+    ]
     return out
 
 
@@ -522,6 +804,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--margin", type=float, default=DEFAULT_SAFETY_MARGIN)
     parser.add_argument(
+        "--corpus",
+        type=Path,
+        action="append",
+        help="directories of neutral text for shape tables (repeatable; default: the "
+        "standard library directory)",
+    )
+    parser.add_argument(
         "--no-probes",
         action="store_true",
         help="skip the pre-tokenizer ceilings (the slow part, ~30 s)",
@@ -598,19 +887,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     ]
     table: PieceTable | None = None
+    probe_lines: list[str] = []
     if not args.no_probes:
         table = PieceTable(encoding)
-        probes = probe_traces(sessions, o200k, table)
-        for size, traces in probes.items():
-            known = "no vocabulary" if size == 0 else f"its {size:,} lowest-ranked tokens"
-            rows.append(
-                (
-                    f"3. ceiling: exact o200k pre-tokens, {known}, one ratio",
-                    traces,
-                    single_ratio,
-                    None,
-                )
+        corpus = load_corpus(args.corpus or default_corpus_roots())
+        neutral_docs = [d for d in corpus if d.half == "fit"]
+        kinds = sorted({d.kind for d in neutral_docs})
+        neutral = [table.count(d.text for d in neutral_docs if d.kind == k) for k in kinds]
+        for name, traces in probe_rows(session_pieces(sessions, o200k, table), table, neutral):
+            rows.append((f"3. exact o200k pre-tokens: {name}", traces, single_ratio, None))
+        estimator = RePretokenEstimator.fitted(table, neutral_docs, args.margin)
+        re_rows = re_traces(sessions, o200k, estimator)
+        rows.append(
+            (
+                "4. shippable form: `re` pre-tokens at their shape's mean (neutral text), "
+                "one ratio",
+                re_rows,
+                single_ratio,
+                None,
             )
+        )
+        probe_lines = [
+            f"Neutral text: {len(neutral_docs)} files ({', '.join(kinds)}; the fit half of "
+            f"{', '.join(str(r) for r in args.corpus or default_corpus_roots())}, "
+            "repositories of the sessions skipped).",
+            "",
+            uncalibrated_line("`re` pre-token estimator", re_rows, args.margin),
+            uncalibrated_line("heuristic", heur, args.margin),
+            "",
+            speed_line(sessions, estimator),
+        ]
     rows.append(("hindsight: the best single ratio per session", heur, Hindsight(), gemini))
     later_rules: list[tuple[str, Rule]] = [
         ("production: one ratio", single_ratio),
@@ -640,9 +946,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{pct(min(signed))}.",
         "",
         *knowledge_lines(heur, prior),
+        "",
+        *drift_lines(sessions, o200k),
+        "",
+        shared_vocabulary_line(sessions),
     ]
     if table is not None:
-        lines += ["", *vocabulary_lines(sessions, table)]
+        lines += ["", *probe_lines, "", *vocabulary_lines(sessions, table)]
     print("\n".join(lines))
     return 0
 

@@ -7,20 +7,26 @@ more than 5%, median overestimate <= 15%; calibrated by one early report:
 p95 absolute error <= 3% over the rest of the session), both halves of the
 sessions reported apart (even-numbered sessions were used to choose the
 heuristic's constants, odd-numbered ones were held out), cl100k, Gemini's
-reported usage and the speed of the estimator.
+reported usage, the speed of the estimator, and the uncalibrated error per
+file on text that is not in the sessions (``--corpus``: Python sources,
+prose and JSON found on disk; by default the interpreter's standard library
+directory, base site-packages included).
 
-    .venv/bin/python scripts/bench_tokens.py [--data ../shared/data]
+    .venv/bin/python scripts/bench_tokens.py [--data ../shared/data] [--corpus DIR ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
+import os
 import random
 import statistics
 import string
 import sys
+import sysconfig
 import time
 import uuid
 from collections.abc import Sequence
@@ -80,6 +86,69 @@ def load_sessions(path: Path) -> list[Session]:
                 usage.append((m.get("usage") or {}).get("prompt_tokens"))
             sessions.append(Session(raw["id"], index, messages, usage))
     return sessions
+
+
+# -- text that is not in the sessions ---------------------------------------------------
+CORPUS_KINDS: dict[str, tuple[str, ...]] = {
+    "python": (".py",),
+    "prose": (".md", ".rst", ".txt"),
+    "json": (".json",),
+}
+SESSION_REPOSITORIES = frozenset(
+    {"django", "sympy", "sphinx", "pytest", "_pytest", "matplotlib", "sklearn", "astropy",
+     "requests", "pylint", "__pycache__"}
+)
+"""Directories skipped: the coding sessions' own repositories (their vocabulary is
+what the sessions measure) and bytecode caches."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One file of the neutral corpus; ``half`` splits it by a hash of its relative path."""
+
+    path: str
+    kind: str
+    text: str
+
+    @property
+    def half(self) -> str:
+        return "fit" if hashlib.sha1(self.path.encode()).digest()[0] % 2 == 0 else "test"
+
+
+def default_corpus_roots() -> list[Path]:
+    return [Path(sysconfig.get_paths()["stdlib"])]
+
+
+def load_corpus(
+    roots: Sequence[Path], per_kind: int = 400, max_chars: int = 40_000, min_chars: int = 800
+) -> list[Doc]:
+    """Up to ``per_kind`` UTF-8 files of each kind under ``roots``, picked by a hash of
+    their relative path (deterministic, spread over the whole tree), truncated to
+    ``max_chars``."""
+    found: dict[str, list[tuple[str, Path]]] = {kind: [] for kind in CORPUS_KINDS}
+    for root in roots:
+        for directory, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in SESSION_REPOSITORIES)
+            for name in files:
+                for kind, suffixes in CORPUS_KINDS.items():
+                    if name.endswith(suffixes):
+                        full = Path(directory, name)
+                        found[kind].append((f"{root.name}/{full.relative_to(root)}", full))
+    docs: list[Doc] = []
+    for kind, entries in found.items():
+        entries.sort(key=lambda e: hashlib.sha1(e[0].encode()).hexdigest())
+        taken = 0
+        for rel, full in entries:
+            if taken == per_kind:
+                break
+            try:
+                text = full.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(text) >= min_chars:
+                docs.append(Doc(rel, kind, text[:max_chars]))
+                taken += 1
+    return docs
 
 
 def prefix_sums(per_message: Sequence[int]) -> list[int]:
@@ -456,6 +525,46 @@ def edge_lines(o200k: TiktokenCounter) -> list[str]:
     return out
 
 
+def corpus_lines(docs: Sequence[Doc], o200k: TiktokenCounter, margin: float) -> list[str]:
+    """Uncalibrated error per file (text only, no framing), with the safety margin."""
+    out = [
+        "| text on disk (not in the sessions) | files | worst | files under by > 5% | p5 "
+        "| median (target <= +15%) | worst files |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for kind in CORPUS_KINDS:
+        rows = []
+        for doc in docs:
+            true = o200k.text(doc.text) if doc.kind == kind else 0
+            if true >= 200:
+                rows.append((estimate_tokens(doc.text, safety_margin=margin) / true - 1, doc.path))
+        if not rows:
+            continue
+        rows.sort()
+        errors = [e for e, _ in rows]
+        under = sum(e < TARGET_UNDER for e in errors)
+        worst = ", ".join(f"`{path}` {pct(e)}" for e, path in rows[:3] if e < TARGET_UNDER)
+        out.append(
+            f"| {kind} | {len(rows)} | {pct(errors[0])} | {under} ({under / len(rows):.1%}) "
+            f"| {pct(percentile(errors, 0.05))} | {pct(statistics.median(errors))} "
+            f"| {worst or '-'} |"
+        )
+    return out
+
+
+def hybrid_line(rows: Sequence[Row]) -> str:
+    """What the calibrated figure measures: with one report the anchor cancels."""
+    same = all(row.calibrated_errors == row.ratio_only_errors for row in rows)
+    return (
+        "The calibrated figure is `hybrid_estimate` (anchor = the reported prompt tokens, "
+        "plus the calibrated estimate of what was added since). With one report the ratio "
+        "is reported / estimated of the anchor itself, so anchor + ratio x (E - E_anchor) = "
+        "ratio x E: "
+        + ("identical to the ratio alone on every prefix of every session." if same
+           else "NOT identical to the ratio alone (a report was clamped).")
+    )
+
+
 def speed_lines(sessions: Sequence[Session], counter: HeuristicCounter) -> list[str]:
     messages = [m for s in sessions for m in s.messages]
     short = [m for m in messages if len(m.text()) <= 300 and not m.tool_calls]
@@ -487,6 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--anchor-after", type=int, default=3, help="assistant messages")
     parser.add_argument("--margin", type=float, default=DEFAULT_SAFETY_MARGIN)
+    parser.add_argument(
+        "--corpus", type=Path, action="append", help="directories of neutral text (repeatable)"
+    )
     args = parser.parse_args(argv)
     transcripts = args.data / "transcripts.dev.jsonl"
     if not transcripts.is_file():
@@ -512,6 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         *calibration_lines(rows, args.anchor_after),
         "",
+        hybrid_line(rows),
+        "",
         *content_classes(sessions, o200k),
         "",
         *gemini_lines(rows),
@@ -519,6 +633,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         *edge_lines(o200k),
         "",
         *speed_lines(sessions, counter),
+        "",
+        *corpus_lines(
+            [d for d in load_corpus(args.corpus or default_corpus_roots()) if d.half == "test"],
+            o200k,
+            args.margin,
+        ),
         "",
         *session_table(rows),
     ]

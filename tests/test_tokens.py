@@ -553,6 +553,22 @@ def test_hybrid_grows_with_the_view(
     assert hybrid_estimate(reported, anchor, current, calibration) >= reported
 
 
+@given(st.integers(10, 10**6), st.floats(0.55, 1.9), st.integers(0, 10**6))
+def test_after_one_report_the_anchor_adds_nothing_to_the_ratio(
+    estimated: int, ratio: float, more: int
+) -> None:
+    """What the calibrated benchmark measures: after a first report, the hybrid estimate
+    of any view that extends the reported one is the ratio applied to the whole estimate
+    (the anchor cancels), so one early report is exactly as good as its ratio."""
+    reported = round(estimated * ratio)
+    calibration = Calibration().update(reported, estimated)
+    assert calibration.samples == 1
+    assert calibration.ratio == pytest.approx(reported / estimated, rel=1e-12)
+    current = estimated + more
+    hybrid = hybrid_estimate(reported, estimated, current, calibration)
+    assert abs(hybrid - calibration.apply(current)) <= 1  # float rounding of the two ceilings
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [

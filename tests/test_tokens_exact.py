@@ -10,6 +10,7 @@ import builtins
 import hashlib
 import json
 import statistics
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,40 @@ def test_heuristic_targets_on_the_dev_sessions(data_dir: Path, o200k: TiktokenCo
         text = sum(len(m.text()) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
         chars_over_four.append(text / 4 / o200k.messages(messages) - 1)
     assert sum(e < 0 for e in chars_over_four) > len(chars_over_four) / 2  # the naive rule
+
+
+STDLIB_FILES = (
+    "argparse.py",
+    "asyncio/base_events.py",
+    "csv.py",
+    "dataclasses.py",
+    "difflib.py",
+    "email/message.py",
+    "http/client.py",
+    "json/decoder.py",
+    "LICENSE.txt",
+    "pydoc_data/topics.py",
+    "textwrap.py",
+    "typing.py",
+    "unittest/mock.py",
+)
+"""Text the heuristic's constants were not fitted on: the standard library of the
+interpreter running the tests (code, a licence, help text)."""
+
+
+def test_heuristic_targets_hold_on_text_outside_the_sessions(o200k: TiktokenCounter) -> None:
+    """The uncalibrated targets, per file, on the standard library and on JSON built from
+    this interpreter's configuration (indented and compact)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [
+        (stdlib / name).read_text(encoding="utf-8")[:40_000]
+        for name in STDLIB_FILES
+        if (stdlib / name).is_file()
+    ]
+    if len(texts) < len(STDLIB_FILES) // 2:
+        pytest.skip(f"standard library sources not found under {stdlib}")
+    config = {k: str(v) for k, v in sorted(sysconfig.get_config_vars().items())}
+    texts += [json.dumps(config, indent=2)[:40_000], json.dumps(config)[:40_000]]
+    errors = [estimate_tokens(t) / o200k.text(t) - 1 for t in texts]
+    assert min(errors) >= -0.05
+    assert statistics.median(errors) <= 0.15
