@@ -246,7 +246,7 @@ class Compactor:
             # The truncation dropped less than the summary covers: it replaces it as it is.
             record = carry.model_copy(update={"source_version": state.version})
             outcome.tokens_before = self._estimate(data)[0]
-            stages = [*record.stages, "replaced_truncation"]
+            stages, kept = [*record.stages, "replaced_truncation"], True
         else:
             plan = self.plan(session_id, data, force=force, keep_recent=keep_recent,
                              manual=manual, carry=carry)
@@ -259,7 +259,8 @@ class Compactor:
                 "attempt_over_truncation": carry is not None}))
             outcome.tokens_before = plan.tokens_before
             record, stages = self._summarize(session_id, data, plan, use_llm, deadline)
-            if carry is not None and plan.base_summary is carry:
+            kept = carry is not None and plan.base_summary is carry
+            if kept:
                 stages = [*stages, "merged_over_truncation"]
         result = self.store.commit_summary(session_id, record, state.version)
         if not result.ok:
@@ -272,7 +273,7 @@ class Compactor:
             self.store.update_state(session_id, force_requested=0)
         after = self.store.load_view(session_id)
         outcome.status = "compacted"
-        outcome.over_truncation = carry is not None
+        outcome.over_truncation = kept
         outcome.tokens_after = self._estimate(after)[0]
         outcome.messages_after = after.length - after.state.watermark
         outcome.watermark_after = record.watermark
