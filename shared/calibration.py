@@ -104,7 +104,9 @@ def hybrid_estimate(
     anchored one; compaction replaces the view, so callers drop the anchor
     then and keep the calibration. A view smaller than the anchor's (or no
     anchor: ``anchor_reported == 0``) falls back to
-    ``calibration.apply(current_estimated)``.
+    ``calibration.apply(current_estimated)``. After a single report, the one
+    that set the ratio, the result equals that fallback (the anchor cancels);
+    the anchor pays off once the ratio is an average over several reports.
     """
     anchor_reported = _count_arg(anchor_reported, "anchor_reported")
     anchor_estimated = _count_arg(anchor_estimated, "anchor_estimated")

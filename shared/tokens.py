@@ -68,15 +68,21 @@ calibrated estimate of what was appended since the last report to that
 report. After a compaction the anchor (the report) no longer describes the
 view and is dropped; the ratio describes the tokenizer and survives.
 
-What one report cannot fix: within a provider, the heuristic's remaining
-error on a session is set by the session's vocabulary (an identifier that
-recurs hundreds of times costs one o200k token in one repository, three in
-another), not by a content class. An early report covers too little of that
-vocabulary to predict it: splitting the report between tool output and
-prose, or shrinking it toward a prior, stays at 4.4-4.6% p95 over the rest
-of the session where one ratio gives 5.0%, and costs accuracy on later
-reports, so the single ratio stays (``scripts/bench_calibration.py``,
-BENCHMARKS.md).
+What one report cannot fix: the heuristic's remaining error on a session is
+set by the session's words, not by a content class or a content mix. Within
+a coding session, assistant text, tool-call arguments and tool results err
+together (an identifier that recurs hundreds of times costs one o200k token
+in one repository, three in another), and the first few thousand tokens a
+report covers predict the rest's error poorly (correlation +0.1). Better
+use of the report (class split, shrinkage toward a prior) stays at
+4.4-4.6% p95 over the rest of the session where one ratio gives 5.0%
+(held-out). A pre-token-aware estimator does little better: splitting text
+exactly as o200k does and costing each pre-token by its shape (case,
+length, what precedes it) leaves 4.3%, 4.5% in a form Python's ``re`` can
+run, at ~7x this heuristic's cost. Given the true cost of every *word*
+pre-token, 1.6% remains: the gap to 3% is o200k's vocabulary (knowing its
+50k commonest entries gives 3.3%, all of them 1.4%), which only the
+tokenizer has (``scripts/bench_calibration.py``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
