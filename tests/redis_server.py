@@ -233,6 +233,7 @@ class ReplyDroppingProxy:
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self.dropping = threading.Event()
+        self.drop_next = 0  # reply chunks still to swallow (a small reply is one chunk)
         self.dropped_bytes = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -261,7 +262,9 @@ class ReplyDroppingProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
         try:
             while chunk := source.recv(65536):
-                if replies and self.dropping.is_set():
+                if replies and (self.dropping.is_set() or self.drop_next > 0):
+                    if not self.dropping.is_set():
+                        self.drop_next -= 1
                     self.dropped_bytes += len(chunk)
                     continue
                 sink.sendall(chunk)

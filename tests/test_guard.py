@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import fakeredis
 import httpx
 import openai
 import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shared.config import CompactionPolicy, StoreConfig
 from shared.enqueue import CallbackEnqueuer
 from shared.errors import IrreducibleOverflow, StoreUnavailable
 from shared.guard import ContextGuard
-from shared.repair import validate_view
+from shared.messages import Message
+from shared.records import AppendResult, CheapDecision, SummaryRecord
+from shared.repair import repair_tool_pairs, validate_view
 from shared.store import SessionStore, connect
+from shared.view import ViewCache, pairs_intact
+from tests.redis_server import ReplyDroppingProxy
+from tests.strategies import any_conversations, conversations, damaged_conversations
 from workers.fakes.openai_server import FakeOpenAIServer
 
 SYSTEM = "You are a careful coding agent."
@@ -196,3 +206,193 @@ def test_silent_truncation_is_flagged(guard: ContextGuard) -> None:
     assert state.silent_truncation_flags == 1 and state.recover_next == 1
     nxt = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model")
     assert nxt.report.recovery
+
+
+# -- record_turn: at most once, bounded, never raising after the turn is stored -------------
+class LostReply(SessionStore):
+    """A store whose first append is applied but answered with a timeout."""
+
+    lose = 1
+
+    def append_encoded(self, *args: Any, **kwargs: Any) -> AppendResult:
+        result = super().append_encoded(*args, **kwargs)
+        if self.lose:
+            self.lose -= 1
+            raise StoreUnavailable("redis unavailable during append: timed out")
+        return result
+
+
+def test_record_turn_retries_a_lost_append_without_duplicating(any_redis: Any,
+                                                              key_prefix: str) -> None:
+    recorder = Recorder()
+    store = LostReply(any_redis, StoreConfig(key_prefix=key_prefix))
+    guard = ContextGuard(store, CallbackEnqueuer(recorder))
+    assert guard.record_turn("s", coding_turn(0, 100)) == 5
+    assert store.length("s") == 5
+    # The first attempt set the pending flag; the caller only learns it from the retry.
+    assert recorder.jobs == [("default", "s")]
+    assert guard.record_turn("s", coding_turn(1, 100), request_id="turn-1") == 10
+    assert guard.record_turn("s", coding_turn(1, 100), request_id="turn-1") == 10
+    assert store.length("s") == 10
+
+
+def test_record_turn_through_a_proxy_that_loses_the_reply(redis_url: str,
+                                                           key_prefix: str) -> None:
+    upstream = redis.Redis.from_url(redis_url)
+    kwargs = upstream.connection_pool.connection_kwargs
+    cfg = StoreConfig(key_prefix=key_prefix, socket_timeout=0.3, connect_timeout=0.3)
+    with ReplyDroppingProxy(kwargs["port"]) as proxy:
+        store = SessionStore(connect(proxy.url(kwargs.get("db", 0)), cfg), cfg)
+        guard = ContextGuard(store)
+        guard.record_turn("s", coding_turn(0, 100))  # scripts loaded, connection made
+        proxy.drop_next = 1  # the next reply (the append's) is lost
+        started = time.monotonic()
+        assert guard.record_turn("s", coding_turn(1, 100)) == 10
+        assert time.monotonic() - started < 2 * (cfg.socket_timeout + cfg.connect_timeout) + 0.5
+        assert proxy.dropped_bytes > 0
+        assert [m.text() for m in store.messages("s") if m.role == "user"] == [
+            coding_turn(0)[0]["content"], coding_turn(1)[0]["content"]]
+    SessionStore(upstream, cfg).delete_session("s")
+
+
+def test_record_turn_with_redis_down_is_typed_and_bounded() -> None:
+    cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
+    guard = ContextGuard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        guard.record_turn("s", coding_turn(0, 100))
+    assert time.monotonic() - started < 2 * (0.2 + 0.2) + 0.5
+
+
+def test_a_failed_publish_after_the_append_unmarks_and_does_not_raise(
+        store: SessionStore) -> None:
+    def broken(tenant: str, session_id: str) -> None:
+        raise ConnectionError("broker down")
+
+    guard = ContextGuard(store, CallbackEnqueuer(broken))
+    assert guard.record_turn("s", coding_turn(0, 100)) == 5
+    assert store.length("s") == 5 and not store.is_pending("s")  # the next turn retries
+
+
+# -- the view cache agrees with the store -------------------------------------------------------
+OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "commit", "truncate",
+                                          "rewind", "delete", "cheap", "prepare"]),
+                         st.integers(0, 10_000)), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_cached_views_equal_fresh_reads(ops: list[tuple[str, int]]) -> None:
+    """Whatever happens to a session, the warm guard's view is the store's view."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    warm = ContextGuard(store, overrides={"m": 1_000_000})
+    cold = ContextGuard(store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
+    step = 0
+    for op, n in ops:
+        length = store.length("s")
+        state = store.state("s")
+        if op == "turn":  # one to three turns of five messages
+            for _ in range(1 + n % 3):
+                warm.record_turn("s", coding_turn(step, 200))
+                step += 1
+        elif op == "commit" and length > state.watermark:
+            boundaries = range(state.watermark + 5, length + 1, 5)  # turns are 5 messages
+            w = boundaries[n % len(boundaries)] if boundaries else length
+            assert store.commit_summary("s", SummaryRecord(watermark=w, kind="llm",
+                                                           text=f"s{n}", tokens=3),
+                                        state.version).ok
+        elif op == "truncate":
+            store.truncate_after("s", n % (length + 1))
+        elif op == "rewind":
+            kept = [r.watermark for r in store.summaries("s")]
+            store.rewind("s", kept[n % len(kept)] if kept else 0)
+        elif op == "delete":
+            store.delete_session("s")
+        elif op == "cheap" and length > state.watermark:
+            index = state.watermark + n % (length - state.watermark)
+            store.record_cheap("s", [CheapDecision(index=index, stage="clear_tool_output",
+                                                   placeholder=f"[cleared {n}]",
+                                                   saved_tokens=1)])
+        cached, fresh = warm.load("s"), store.load_view("s")
+        assert cached.history == fresh.history
+        assert (cached.summary, cached.cheap, cached.state, cached.length) == \
+            (fresh.summary, fresh.cheap, fresh.state, fresh.length)
+        assert cached.history_tokens == fresh.history_tokens
+        a = warm.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
+        b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
+        assert a.messages == b.messages
+        assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
+
+
+def test_view_cache_is_bounded() -> None:
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    guard = ContextGuard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
+    for i in range(5):
+        store.append(f"s{i}", coding_turn(i, 50))
+        guard.prepare(f"s{i}", SYSTEM)
+    assert len(guard.views) == 2  # 5 messages each, 12 at most
+    store.append("big", [m for i in range(3) for m in coding_turn(i, 50)])
+    guard.prepare("big", SYSTEM)
+    assert guard.views.get("big") is None  # larger than the whole cache: not kept
+    off = ContextGuard(store, view_cache=ViewCache(0, 0))
+    off.prepare("s0", SYSTEM)
+    assert len(off.views) == 0
+
+
+# -- skipping repair is only ever a shortcut ------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(messages=any_conversations())
+def test_pairs_intact_means_repair_is_the_identity(messages: list[Message]) -> None:
+    if pairs_intact(messages):
+        assert repair_tool_pairs(messages) == messages
+    repaired = repair_tool_pairs(messages)
+    assert pairs_intact(repaired), "too strict: a repaired view must count as intact"
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=conversations())
+def test_valid_conversations_skip_repair(messages: list[Message]) -> None:
+    assert pairs_intact(messages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=damaged_conversations())
+def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
+    assert pairs_intact(messages) == (repair_tool_pairs(messages) == list(messages))
+
+
+# -- a truncation that loses its swap ---------------------------------------------------------
+def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
+        store: SessionStore, jobs: Recorder) -> None:
+    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+    for i in range(12):
+        store.append("s", coding_turn(i, 12_000))
+    real_load = guard.load
+    raced: list[int] = []
+
+    def load_then_a_worker_commits(session_id: str) -> Any:
+        data = real_load(session_id)
+        if not raced:  # a worker's summary lands between the guard's read and its swap
+            record = SummaryRecord(watermark=50, kind="llm", text="worker summary", tokens=20)
+            raced.append(store.commit_summary(session_id, record, data.state.version).version)
+        return data
+
+    guard.load = load_then_a_worker_commits  # type: ignore[method-assign]
+    view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
+                         pending=[{"role": "user", "content": "continue"}])
+    assert raced == [1]
+    assert view.report.version >= 1  # built from the worker's summary, not the lost read
+    assert view.report.budget.within_budget
+    assert "worker summary" in view.messages[0].text()
+    state = store.state("s")
+    assert state.watermark >= 50 and state.watermark == view.report.watermark
+
+
+def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None:
+    """The log ends in a tool call whose result was never recorded: a placeholder is sent."""
+    turn = coding_turn(0, 100)
+    guard.store.append("s", turn[:2])  # the call, without its results
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model")
+    for provider in ("openai", "anthropic", "gemini"):
+        assert validate_view(view.messages, provider) == []
+    assert [m.role for m in view.messages] == ["system", "user", "assistant", "tool", "tool"]

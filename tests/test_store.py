@@ -11,8 +11,9 @@ import redis
 from shared.config import StoreConfig
 from shared.errors import InvalidInput, LimitExceeded, StoreUnavailable
 from shared.keys import SessionKeys
-from shared.records import SummaryRecord
+from shared.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor, decode_messages
 from shared.store import SessionStore, connect
+from tests.redis_server import ReplyDroppingProxy
 
 
 def turn(i: int) -> list[dict[str, Any]]:
@@ -26,7 +27,7 @@ def turn(i: int) -> list[dict[str, Any]]:
 
 
 def summary(w: int, kind: str = "llm", text: str = "sum") -> SummaryRecord:
-    return SummaryRecord(watermark=w, kind=kind, text=text, tokens=5)  # type: ignore[arg-type]
+    return SummaryRecord(watermark=w, kind=kind, text=text, tokens=5)
 
 
 def test_append_returns_length_and_running_totals(store: SessionStore) -> None:
@@ -215,3 +216,120 @@ def test_concurrent_appends_and_summaries_on_real_redis(real_redis: redis.Redis,
     assert history == sorted(history) and final.watermark == history[-1]
     contents = [m.text() for m in s.messages("s") if m.role == "user"]
     assert len(contents) == len(set(contents)) == 1 + 4 * 50
+
+
+# -- idempotent appends ---------------------------------------------------------------------
+def test_append_with_a_request_id_happens_once(store: SessionStore) -> None:
+    assert store.append("s", turn(0), request_id="turn-0") == 4
+    assert store.append("s", turn(0), request_id="turn-0") == 4  # the retry writes nothing
+    assert store.length("s") == 4
+    assert store.append("s", turn(1), request_id="turn-1") == 8
+    again = store.append_encoded("s", store.encode("s", turn(1)), request_id="turn-1")
+    assert again.duplicate and again.length == 8 and store.length("s") == 8
+    assert store.append("s", turn(2)) == 12  # no id: every call appends
+    assert store.append("s", turn(2)) == 16
+    tokens = sum(store.counter.message(m) for m in store.messages("s"))
+    assert store.range_tokens("s", 0, 16) == tokens  # running totals not double counted
+
+
+def test_request_ids_are_bounded_and_validated(any_redis: Any, key_prefix: str) -> None:
+    s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix), idempotency_keep=2,
+                     idempotency_ttl=60)
+    for i in range(3):
+        s.append("s", turn(i)[:1], request_id=f"r{i}")
+    k = s.keys("s")
+    assert any_redis.hlen(k.requests) == 2 and any_redis.llen(k.request_order) == 2
+    assert 0 < any_redis.ttl(k.requests) <= 60
+    assert s.append("s", turn(2)[:1], request_id="r2") == 3  # remembered
+    assert s.append("s", turn(0)[:1], request_id="r0") == 4  # forgotten: appended again
+    for bad in ("", "a b", "x" * 200, "{tag}", 7):
+        with pytest.raises(InvalidInput, match="request_id"):
+            s.append("s", turn(0), request_id=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="idempotency_keep"):
+        SessionStore(any_redis, idempotency_keep=0)
+    s.delete_session("s")
+    assert not any_redis.exists(k.requests, k.request_order)
+
+
+def test_a_duplicate_reports_the_first_appends_figures(store: SessionStore) -> None:
+    first = store.append_encoded("s", store.encode("s", turn(0)), request_id="a",
+                                 mark_pending=True, with_state=True)
+    assert first.marked and not first.duplicate and first.state is not None
+    assert first.state.version == 0 and first.tokens_before == 0
+    store.append("s", turn(1))
+    retry = store.append_encoded("s", store.encode("s", turn(0)), request_id="a",
+                                 mark_pending=True)
+    # The first attempt's caller never saw "marked": the retry must publish for it.
+    assert retry.duplicate and retry.marked and retry.length == 4 and retry.tokens_before == 0
+    other = store.append_encoded("s", store.encode("s", turn(2)), mark_pending=True)
+    assert not other.marked  # the flag is already set: coalesced
+
+
+def test_an_append_whose_reply_was_lost_is_not_duplicated(redis_url: str,
+                                                          key_prefix: str) -> None:
+    """Real Redis applies the append, the reply never arrives; the retry is recognised."""
+    upstream = redis.Redis.from_url(redis_url)
+    port = upstream.connection_pool.connection_kwargs["port"]
+    db = upstream.connection_pool.connection_kwargs.get("db", 0)
+    cfg = StoreConfig(key_prefix=key_prefix, socket_timeout=0.3, connect_timeout=0.3)
+    with ReplyDroppingProxy(port) as proxy:
+        s = SessionStore(connect(proxy.url(db), cfg), cfg)
+        s.append("s", turn(0))
+        proxy.dropping.set()
+        with pytest.raises(StoreUnavailable):
+            s.append("s", turn(1), request_id="lost-1")
+        proxy.dropping.clear()
+        assert proxy.dropped_bytes > 0
+        assert s.length("s") == 8  # it was applied
+        assert s.append("s", turn(1), request_id="lost-1") == 8
+        assert s.length("s") == 8
+        contents = [m.text() for m in s.messages("s") if m.role == "user"]
+        assert contents == ["question 0", "question 1"]
+    SessionStore(upstream, cfg).delete_session("s")
+
+
+# -- history edits and incremental reads --------------------------------------------------------
+def test_truncate_after_returns_the_version_it_created(store: SessionStore) -> None:
+    for i in range(3):
+        store.append("s", turn(i))
+    store.commit_summary("s", summary(4), 0)
+    edit = store.truncate_after("s", 6)
+    assert edit == HistoryEdit(version=2, watermark=4, length=6)
+    assert store.truncate_after("s", 6).version == 3  # an edit always bumps
+    assert store.truncate_after("s", 0) == HistoryEdit(version=4, watermark=0, length=0)
+
+
+def test_incremental_reads_only_bring_what_is_new(store: SessionStore) -> None:
+    store.append("s", turn(0) + turn(1))
+    store.commit_summary("s", summary(4), 0)
+    full = store.read_view("s")
+    assert not full.partial and full.start == 4 and full.summary_json is not None
+    assert full.epoch and full.length == 8
+    cursor = ViewCursor(full.epoch, 1, full.length, full.tokens_total)
+    nothing = store.read_view("s", cursor)
+    assert nothing.partial and nothing.start == 8 and nothing.summary_json is None
+    assert decode_messages(nothing.messages_json) == []
+    store.append("s", turn(2))
+    delta = store.read_view("s", cursor)
+    new = decode_messages(delta.messages_json)
+    assert delta.partial and [m.text() for m in new][::4] == ["question 2"]
+    # Anything that may have changed log[watermark:end] falls back to a full read.
+    assert not store.read_view("s", ViewCursor(full.epoch, 0, 8, full.tokens_total)).partial
+    assert not store.read_view("s", ViewCursor("other", 1, 8, full.tokens_total)).partial
+    assert not store.read_view("s", ViewCursor(full.epoch, 1, 8, full.tokens_total + 1)).partial
+    assert not store.read_view("s", ViewCursor(full.epoch, 1, 99, 0)).partial
+    store.delete_session("s")
+    store.append("s", turn(0) + turn(1))  # the same length and version, a new session
+    reborn = store.read_view("s", cursor)
+    assert not reborn.partial and reborn.epoch != full.epoch
+
+
+def test_record_cheap_first_writer_wins(store: SessionStore) -> None:
+    store.append("s", turn(0) + turn(1))
+    first = CheapDecision(index=2, stage="clear_tool_output", placeholder="[a]", saved_tokens=5)
+    second = CheapDecision(index=2, stage="clear_tool_output", placeholder="[b]", saved_tokens=6)
+    other = CheapDecision(index=6, stage="dedupe_read", placeholder="[c]", saved_tokens=1)
+    assert store.record_cheap("s", [first]) == 1
+    assert store.record_cheap("s", [second, other]) == 1
+    assert store.record_cheap("s", []) == 0
+    assert store.load_view("s").cheap == {2: first, 6: other}
