@@ -212,7 +212,8 @@ def test_percentile_is_a_sample_between_min_and_max(values: list[float]) -> None
 
 def test_report_totals_and_rendering() -> None:
     a = SessionReport(key="0000-a", source_id="a", line=1, messages=10, turns=5, rejections=1,
-                      tokens_sent=100, tokens_full=400, summaries={"llm": 2, "truncation": 1},
+                      rejected_truncated=1, summaries_over_truncation=2, tokens_sent=100,
+                      tokens_full=400, summaries={"llm": 2, "truncation": 1},
                       jobs={"compacted": 2, "skipped": 3}, prepare_ms=[1.0, 2.0],
                       lag_turns=[1, 3], max_prompt_ratio=0.8)
     b = SessionReport(key="0001-b", source_id="b", line=2, messages=4, turns=2,
@@ -227,6 +228,8 @@ def test_report_totals_and_rendering() -> None:
     assert t["tokens_saved_ratio"] == pytest.approx(0.7)
     text = render_markdown(report, per_session=True)
     assert "**1**" in text and "still too long" in text and "`a`" in text
+    assert "| of which views the guard had truncated | 1 |" in text
+    assert "lost their swap to a truncation and replaced it | 2 |" in text
     dumped = report.model_dump(mode="json")
     assert dumped["totals"]["turns"] == 7 and "prepare_ms" not in dumped["sessions"][0]
     assert "| 8,000 | 8,000 |" in render_comparison([report, report])

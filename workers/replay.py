@@ -291,6 +291,7 @@ class SessionRunner:
         self._row["rejected"] = first.message
         if _is_overflow_answer(first):
             r.rejections += 1
+            r.rejected_truncated += view.report.truncated
         else:
             r.other_errors += 1
         try:
@@ -307,6 +308,7 @@ class SessionRunner:
             answer = self._send(retry)
         except openai.APIStatusError as exc:
             r.rejections += _is_overflow_answer(exc)
+            r.rejected_truncated += _is_overflow_answer(exc) and retry.report.truncated
             r.other_errors += not _is_overflow_answer(exc)
             r.fail(number, "retry", f"HTTP {exc.status_code}: {exc.message}")
             return None, None

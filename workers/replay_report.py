@@ -7,6 +7,8 @@ real agent session inside a window the provider enforces, and at what cost?
   guard's recovery (the goal is zero);
 - *rejections*: the provider's HTTP 400 ``context_length_exceeded``
   answers; each one costs a round trip even when recovery then succeeds;
+  those of views the guard had already truncated are counted apart (the
+  truncation was sized wrong, not merely the estimate at the edge);
 - *proactive truncations* (the guard cut the view before sending because
   it would not fit) and *reactive recoveries* (after a rejection) are
   counted apart: the first is the guard working as designed when workers
@@ -82,6 +84,7 @@ class SessionReport(BaseModel):
     failed_turns: int = 0
     failures: list[FailedTurn] = Field(default_factory=list)
     rejections: int = 0
+    rejected_truncated: int = 0
     other_errors: int = 0
     proactive_truncations: int = 0
     flagged_recoveries: int = 0
@@ -164,7 +167,8 @@ class RunReport(BaseModel):
     def totals(self) -> dict[str, Any]:
         s = self.sessions
         sent, full = self._sum("tokens_sent"), self._sum("tokens_full")
-        names = ("turns", "failed_turns", "rejections", "other_errors", "proactive_truncations",
+        names = ("turns", "failed_turns", "rejections", "rejected_truncated", "other_errors",
+                 "proactive_truncations",
                  "flagged_recoveries", "reactive_recoveries", "recovered_turns",
                  "clipped_turns", "clipped_messages", "oversized_messages",
                  "replies_over_max_tokens", "calls_without_input", "dues", "unresolved_dues",
@@ -198,6 +202,7 @@ def _lines(report: RunReport) -> list[tuple[str, str]]:
         ("turns (assistant replies)", f"{t['turns']}"),
         ("**failed turns (after recovery)**", f"**{t['failed_turns']}**"),
         ("provider rejections (400 context_length_exceeded)", f"{t['rejections']}"),
+        ("of which views the guard had truncated", f"{t['rejected_truncated']}"),
         ("other provider errors", f"{t['other_errors']}"),
         ("proactive truncations (guard, before sending)", f"{t['proactive_truncations']}"),
         ("reactive recoveries (after a rejection) / retries answered",
