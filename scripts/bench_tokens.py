@@ -549,7 +549,7 @@ def corpus_lines(docs: Sequence[Doc], o200k: TiktokenCounter, margin: float) -> 
             f"| {pct(percentile(errors, 0.05))} | {pct(statistics.median(errors))} "
             f"| {worst or '-'} |"
         )
-    return out
+    return out if len(out) > 2 else ["No neutral text found: pass --corpus DIR."]
 
 
 def hybrid_line(rows: Sequence[Row]) -> str:
