@@ -1,25 +1,53 @@
-"""The Celery app: ``celery -A workers.app worker -Q compaction``.
+"""The Celery app: ``celery -A workers.app worker --pool threads -c 32 -Q compaction``.
 
 Every production setting below is a decision; the comment says why.
 
-Pool: we recommend ``--pool threads --concurrency 32`` per process
-(summarization is I/O-bound: a job spends its time waiting on the LLM, see
-BENCHMARKS.md "Worker pool"). The threads pool does not enforce Celery's
-time limits, so each LLM call carries its own client timeout
-(``COMPACTION_SUMMARIZER_TIMEOUT``) and the job checks its deadline between
-calls; with ``--pool prefork`` the soft/hard limits below are enforced by
-Celery as well.
+Pool: ``--pool threads --concurrency 32``, one worker process per CPU core
+(``docker compose up --scale worker=N``), measured against prefork in
+BENCHMARKS.md "Worker throughput and pool". A job waits on the LLM for most
+of its life, so threads share one process, one store client and one HTTP
+connection pool; prefork needs a process per slot for the same concurrency.
+One process is one GIL: the job's own CPU (rendering, token counts, the SDK)
+caps it near ``1000 / CPU ms per job`` jobs/s, so scale out with processes,
+not threads.
+
+Time limits: prefork enforces the soft and hard limits below; the threads
+pool enforces neither (a thread cannot be interrupted). There a job is
+bounded by its own deadline instead: ``workers.tasks`` gives the job
+``COMPACTION_TASK_SOFT_TIME_LIMIT`` seconds, the summary engine checks it
+before every LLM call, and every call carries the SDK client timeout
+(``COMPACTION_SUMMARIZER_TIMEOUT``, no SDK retries), so a job ends within
+the soft limit plus one call (``Settings.longest_job_seconds``, which the
+lease and the visibility timeout are derived from). Caveat: the SDK timeout
+bounds each connect, send and read, not the whole call; a server that
+trickles its reply holds the thread as long as it trickles, until the
+provider clients carry a whole-call deadline
+(``tests/test_app.py::test_one_llm_call_ends_within_the_summarizer_timeout``).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.enqueue import QUEUE
+from shared.errors import ConfigError
 from workers.settings import Settings, load_settings
+
+log = logging.getLogger("compaction.app")
+
+# The SDK each summarizer needs (and the extra that installs it).
+SUMMARIZER_SDKS: dict[str, tuple[str, str] | None] = {
+    "offline": None,
+    "openai": ("openai", "openai"),
+    "vertex": ("google.genai", "vertex"),
+    "gemini": ("google.genai", "vertex"),
+}
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -39,9 +67,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         # One job at a time per slot: a long summarization must not hold others hostage.
         "worker_prefetch_multiplier": 1,
-        # Redis redelivers an unacked message after visibility_timeout: keep it above
-        # the hard time limit plus the longest retry countdown (retries with a countdown
-        # stay unacked in the worker until due), or a slow job runs twice.
+        # Redis redelivers an unacked message after visibility_timeout: it is derived
+        # above the lease (longest job + margin) plus the longest retry countdown
+        # (retries with a countdown stay unacked in the worker until due), or a slow
+        # job runs twice (see "Timing" in workers.settings).
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout,
             # Sweep for jobs of dead workers (kill -9) every few seconds; each sweep
@@ -56,7 +85,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": QUEUE,
         "task_queues": (Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE),),
         "task_routes": {"compaction.*": {"queue": QUEUE}},
-        # Time limits (enforced by prefork; threads rely on client timeouts).
+        # Time limits: enforced by prefork only. Under threads the job stops starting
+        # LLM calls after the soft limit and each call has its client timeout (see the
+        # module docstring); Settings.longest_job_seconds covers both pools.
         "task_soft_time_limit": settings.task_soft_time_limit,
         "task_time_limit": settings.task_time_limit,
         # Events for Flower: task-sent from the publisher, task-* from workers.
@@ -74,6 +105,29 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def preload_summarizer_sdk(settings: Settings) -> str | None:
+    """Import the configured summarizer's SDK; the module name, or None (offline).
+
+    Called in the worker's main process before the pool starts. Prefork
+    children would otherwise each import the SDK on their first job (about
+    half a second of CPU each, 32 children at once after every start) and each
+    keep a private copy; imported before the fork, its pages are shared. No
+    client is built here: sockets must not cross a fork (``workers.runtime``
+    builds one per process). A missing SDK stops the start with the extra to
+    install, instead of failing every job.
+    """
+    sdk = SUMMARIZER_SDKS.get(settings.summarizer)
+    if sdk is None:
+        return None
+    module, extra = sdk
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"COMPACTION_SUMMARIZER={settings.summarizer} needs the '{extra}' "
+                          f"extra: pip install 'context-compaction[{extra}]' ({exc})") from exc
+    return module
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     app = Celery("compaction", include=["workers.tasks"])
@@ -84,4 +138,14 @@ def create_app(settings: Settings | None = None) -> Celery:
 
 app = create_app()
 
-__all__ = ["app", "celery_config", "create_app"]
+
+@worker_init.connect
+def _preload_on_worker_start(sender: Any = None, **_: Any) -> None:
+    """Before the pool starts (and forks): see :func:`preload_summarizer_sdk`."""
+    settings: Settings = app.conf.compaction_settings
+    module = preload_summarizer_sdk(settings)
+    if module:
+        log.info("summarizer SDK %s imported before the pool starts", module)
+
+
+__all__ = ["SUMMARIZER_SDKS", "app", "celery_config", "create_app", "preload_summarizer_sdk"]
