@@ -31,7 +31,7 @@ much). Both are compared with the session's own size: all its messages,
 counted the same way. Prints markdown.
 
     .venv/bin/python scripts/bench_incremental.py [--data ../shared/data/transcripts.dev.jsonl]
-        [--source real|demo] [--windows 32000,128000] [--turns 400]
+        [--source real|demo] [--windows 16000,32000,128000] [--turns 400]
         [--tokenizer ../shared/data/tokenizers/o200k_base.tiktoken]
         [--redis-url redis://127.0.0.1:6379/5]
 """
@@ -98,6 +98,7 @@ class Compaction:
     cut: int
     calls: int
     incremental: int  # prompt tokens the fake counted, all calls of this job
+    transcript: int  # of which the messages themselves (the <transcript> blocks)
     scratch: int  # the from-scratch request for [0, cut)
     incremental_heuristic: int
     scratch_heuristic: int
@@ -174,6 +175,16 @@ def demo_source(turns: int, seed: int) -> Source:
                   SYSTEM_PROMPT, TOOLS, steps)
 
 
+def transcript_tokens(request: list[dict[str, Any]], count: PromptCounter) -> int:
+    """Tokens of the ``<transcript>`` block of a summary request (the messages summarized);
+    the rest of the request is its fixed part: instructions, previous summary, facts."""
+    text = "\n".join(str(m.get("content") or "") for m in request if m.get("role") == "user")
+    if "<transcript>" not in text:
+        return 0
+    block = text.split("<transcript>", 1)[1].split("</transcript>", 1)[0]
+    return count([{"role": "user", "content": block}], None)
+
+
 def scratch_request(messages: list[Message], policy: CompactionPolicy) -> list[dict[str, str]]:
     """What a from-scratch summarizer is sent for ``messages`` = [0, cut)."""
     ledger = extract_facts(messages).capped(policy.max_ledger_chars)
@@ -218,6 +229,7 @@ def play(store: SessionStore, server: FakeOpenAIServer, source: Source, window: 
         compactions.append(Compaction(
             turn=number, base=outcome.watermark_before, cut=outcome.watermark_after,
             calls=len(sent), incremental=sum(r.prompt_tokens or 0 for r in sent),
+            transcript=sum(transcript_tokens(b, count) for b in bodies),
             scratch=count(scratch, None), incremental_heuristic=sum(request_tokens(b)
                                                                     for b in bodies),
             scratch_heuristic=request_tokens(scratch), kind=outcome.summary_kind,
@@ -271,7 +283,11 @@ def report(played: list[Played], source: Source, counter_name: str,
               f"{p.truncations} guard truncations, {len(p.failed_jobs)} failed jobs; "
               f"summarized range [0, {p.compactions[-1].cut if p.compactions else 0}) = "
               f"{p.summarized_tokens} tokens, incremental input / that range "
-              f"{p.total('incremental') / max(1, p.summarized_tokens):.2f}x; the engine's own "
+              f"{p.total('incremental') / max(1, p.summarized_tokens):.2f}x, of which the "
+              f"transcripts {p.total('transcript')} tokens and the fixed parts (instructions, "
+              f"previous summary, facts; per call: "
+              f"{(p.total('incremental') - p.total('transcript')) / max(1, p.total('calls')):.0f}"
+              f") {p.total('incremental') - p.total('transcript')}; the engine's own "
               f"usage total {p.engine_input} (the fake's log: {p.total('incremental')}); "
               f"played in {p.seconds:.1f} s.")
         for failure in p.failed_jobs[:5]:
@@ -297,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="transcripts.dev.jsonl (real sessions)")
     parser.add_argument("--source", choices=("auto", "real", "demo"), default="auto",
                         help="auto: real when --data exists, else demo")
-    parser.add_argument("--windows", default="32000,128000",
+    parser.add_argument("--windows", default="16000,32000,128000",
                         help="agent model context windows, comma separated")
     parser.add_argument("--turns", type=int, default=400, help="agent steps to play")
     parser.add_argument("--seed", type=int, default=7, help="demo session seed")

@@ -11,17 +11,25 @@ an agent builds it: turns recorded through ``ContextGuard`` until the
 worker's own plan (``Compactor.plan``) says compaction is due with a cut on
 a turn boundary, i.e. one LLM call, no split-turn prefix call, no folding.
 
-For every pool configuration: workers start, a warm-up batch lets each
-process (each prefork child) build its runtime, the workers stop consuming
+A configuration suffixed ``@llm-only`` runs the same worker configuration,
+broker, publish path and task name with a job that only makes that LLM call
+(same request, same SDK client) and marks the session summarized: the
+ceiling of the pool, the broker and the SDK, so that the gap to the real job
+is the job's own work.
+
+For every configuration: workers start, a warm-up batch lets each process
+(each prefork child) build its runtime, the workers stop consuming
 (``cancel_consumer``), ``--seconds`` worth of jobs at the ideal rate
 (concurrency / latency) are published with ``request_summary``, and the
 clock starts when consumption resumes (``add_consumer``); the run ends when
 every session holds its LLM summary. Publishing is kept out of the window:
 the agents that publish run on other machines.
 Reported: jobs/s against the ideal, CPU per job (worker processes, fake,
-Redis), memory per worker, then where one job's CPU goes (cProfile with a
-CPU clock, in-process, fake at zero latency). Every figure is the median of
-``--rounds`` rounds, configurations interleaved within each round.
+Redis), the CPUs the workers kept busy, the other load on the machine while
+timed, memory per worker, then where one job's CPU goes (cProfile with a CPU
+clock, in-process, fake at zero latency). Every figure is the median of
+``--rounds`` rounds, configurations interleaved within each round, so ratios
+compare runs made minutes apart under similar load.
 
     .venv/bin/python scripts/bench_workers.py [--redis-url redis://127.0.0.1:6379/5]
         [--broker-url redis://127.0.0.1:6379/6] [--latency 0.5] [--window 32000]
