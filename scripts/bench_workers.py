@@ -807,7 +807,9 @@ def report(bench: Bench) -> None:
     args, template = bench.args, bench.template
     configs = parse_configs(args.configs)
     print("## Worker throughput and pool\n")
-    print("Command: `.venv/bin/python scripts/bench_workers.py` (real `celery -A workers.app "
+    flags = " ".join(sys.argv[1:])
+    print(f"Command: `.venv/bin/python scripts/bench_workers.py{' ' + flags if flags else ''}` "
+          "(real `celery -A workers.app "
           "worker` processes, Redis broker and store on 127.0.0.1:6379 in their own dbs, "
           f"fake OpenAI server in its own process answering after {args.latency * 1000:.0f} ms; "
           f"{args.rounds} rounds, configurations interleaved; medians over rounds; "
