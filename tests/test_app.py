@@ -158,3 +158,36 @@ def test_one_llm_call_ends_within_the_summarizer_timeout(trickling_server: str) 
     with pytest.raises(SummarizerError):
         client.complete([{"role": "user", "content": "summarize"}], 100)
     assert time.monotonic() - started < 2.0
+
+
+# -- 32 threads share one process's clients --------------------------------------------------
+
+THREADS = 32  # the recommended --concurrency (Procfile, docker-compose; see tests/test_deploy.py)
+
+
+def test_the_store_client_serves_every_thread_at_once(redis_url: str, key_prefix: str) -> None:
+    """All threads of a process share one store client; its connection pool must hand
+    each of them a connection at the same moment (redis-py raises MaxConnectionsError
+    past its pool size rather than waiting)."""
+    from shared.config import StoreConfig
+    from shared.store import connect
+
+    client = connect(redis_url, StoreConfig(socket_timeout=5))
+    held = threading.Barrier(THREADS + THREADS // 2, timeout=10)
+    errors: list[BaseException] = []
+
+    def hold_a_connection(i: int) -> None:
+        try:
+            held.wait()
+            client.blpop([f"{key_prefix}:never:{i}"], timeout=0.3)  # holds it 0.3 s
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hold_a_connection, args=(i,))
+               for i in range(THREADS + THREADS // 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    client.close()
+    assert errors == []
