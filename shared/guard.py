@@ -145,6 +145,8 @@ class ContextGuard:
         learned = dict(self.limits.as_mapping())
         if state is not None and state.learned_window and state.model == model:
             learned.setdefault(model, state.learned_window)
+        if not isinstance(model, str):  # model_limits names the bad field
+            return model_limits(model, overrides=self.overrides or None, learned=learned or None)
         key = (model, tuple(sorted(learned.items())))
         found = self._limits_seen.get(key)
         if found is None:

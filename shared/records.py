@@ -141,16 +141,18 @@ class ViewData(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class ViewCursor:
-    """What a reader already holds of a session's view, for an incremental read.
+    """What a reader already holds of a session, for an incremental read.
 
-    The reader holds ``log[watermark:end]`` and the summary of (``epoch``,
-    ``version``); ``total`` is the running token total at ``end``, checked
-    by the store as a guard against a log that was replaced behind the
-    version (a restored backup, a hand edit).
+    The reader holds ``log[start:end]`` of log generation ``gen`` in session
+    ``epoch``, and the summary current at ``version``. ``total`` is the
+    running token total at ``end``, checked by the store as a guard against
+    a log replaced behind the generation (a restored backup, a hand edit).
     """
 
     epoch: str
+    gen: int
     version: int
+    start: int
     end: int
     total: int
 
@@ -160,36 +162,41 @@ class RawView:
     """The store's undecoded view read: JSON as Redis returned it.
 
     Decoding is left to the caller so that a reader with a cache (the guard)
-    decodes only what is new. ``messages_json`` is a JSON array of
-    ``log[start:length]``; ``start`` is the watermark for a full read and
-    the cursor's end for an incremental one (``partial``), where the summary
-    is not sent again (``summary_json`` is None) because the reader has it.
+    decodes only what is new. ``messages`` are the JSON of ``log[start:length]``:
+    ``start`` is the watermark for a full read, the cursor's end for an
+    ``incremental`` one. ``summary_included`` is False when the reader's
+    summary is still the current one (same version) and was not sent again.
     """
 
     state_raw: dict[str, str]
-    messages_json: bytes
+    messages: list[bytes]
     start: int
     tokens_before_watermark: int
     tokens_total: int
     length: int
     summary_json: bytes | None
+    summary_included: bool
     cheap_raw: dict[int, str]
     pending: bool
+    incremental: bool
 
     @property
     def epoch(self) -> str:
         return self.state_raw.get("epoch", "")
 
     @property
+    def gen(self) -> int:
+        return int(self.state_raw.get("gen") or 0)
+
+    @property
     def watermark(self) -> int:
         return int(self.state_raw.get("watermark") or 0)
 
-    @property
-    def partial(self) -> bool:
-        return self.start > self.watermark
-
     def state(self) -> SessionState:
         return SessionState.from_hash(self.state_raw)
+
+    def decode_messages(self) -> list[Message]:
+        return decode_messages(b"[" + b",".join(self.messages) + b"]") if self.messages else []
 
 
 @dataclass(frozen=True, slots=True)

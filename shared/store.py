@@ -43,7 +43,6 @@ from shared.records import (
     SummaryRecord,
     ViewCursor,
     ViewData,
-    decode_messages,
 )
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 
@@ -284,27 +283,31 @@ class SessionStore:
     def read_view(self, session_id: str, since: ViewCursor | None = None) -> RawView:
         """One atomic read of the view, undecoded; only what is new when ``since`` still holds.
 
-        With a cursor from an earlier read of the same (epoch, version), the
-        reply carries ``log[since.end:]`` and no summary (``partial``);
-        otherwise, or when the session changed under the cursor, everything
-        from the watermark.
+        With a cursor from an earlier read (same epoch and log generation,
+        the watermark still inside what it holds), the reply carries
+        ``log[since.end:]`` and the summary only if the version changed
+        (``incremental``); otherwise everything from the watermark.
         """
         k = self.keys(session_id)
         keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
-        args: list[Any] = (["", 0, 0, 0] if since is None else
-                           [since.epoch, since.version, since.end, since.total])
+        args: list[Any] = (["", 0, 0, 0, 0, 0] if since is None else
+                           [since.epoch, since.gen, since.version, since.start, since.end,
+                            since.total])
         raw = self._script("view", "view", keys, args)
-        state, messages, before, total, length, summary, cheap, pending, start = raw
+        (state, messages, before, total, length, summary, cheap, pending, start, incremental,
+         included) = raw
         return RawView(
             state_raw=_json_pairs(state),
-            messages_json=messages,
+            messages=list(messages),
             start=int(start),
             tokens_before_watermark=int(before),
             tokens_total=int(total),
             length=int(length),
             summary_json=summary or None,
+            summary_included=bool(included),
             cheap_raw={int(f): v for f, v in _json_pairs(cheap).items()},
             pending=bool(pending),
+            incremental=bool(incremental),
         )
 
     def load_view(self, session_id: str) -> ViewData:
@@ -312,7 +315,7 @@ class SessionStore:
         raw = self.read_view(session_id)
         return ViewData(
             state=raw.state(),
-            history=decode_messages(raw.messages_json),
+            history=raw.decode_messages(),
             tokens_before_watermark=raw.tokens_before_watermark,
             tokens_total=raw.tokens_total,
             length=raw.length,

@@ -29,7 +29,6 @@ from shared.records import (
     SummaryRecord,
     ViewCursor,
     ViewData,
-    decode_messages,
 )
 from shared.tokens import Calibration, hybrid_estimate
 
@@ -169,11 +168,17 @@ def pairs_intact(messages: Sequence[Message]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CachedView:
-    """One session's decoded view as of one read: ``log[watermark:end]`` and the rest."""
+    """One session's decoded view as of one read: ``log[start:end]`` and the rest.
+
+    ``start`` is the watermark of that read; a later read whose watermark
+    moved forward inside ``[start, end]`` (a summary was committed) reuses
+    the tail of ``history`` instead of reading it again.
+    """
 
     epoch: str
+    gen: int
     version: int
-    watermark: int
+    start: int
     end: int
     total: int
     history: tuple[Message, ...]
@@ -185,7 +190,7 @@ class CachedView:
 
     @property
     def cursor(self) -> ViewCursor:
-        return ViewCursor(self.epoch, self.version, self.end, self.total)
+        return ViewCursor(self.epoch, self.gen, self.version, self.start, self.end, self.total)
 
 
 class ViewCache:
@@ -236,24 +241,27 @@ def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, Cach
     """The full view from a read and the cached view it was made against.
 
     Decodes only what ``cached`` does not hold: the new messages of an
-    incremental read, a changed state hash, new cheap decisions. Returns
-    the view and the entry to cache (None when the session has no epoch).
+    incremental read, a changed summary or state hash, new cheap decisions.
+    Returns the view and the entry to cache (None when the session has no
+    epoch yet, i.e. nothing was ever appended).
     """
-    if raw.partial:
-        if cached is None or cached.end != raw.start:
+    state = (cached.state if cached is not None and cached.state_raw == raw.state_raw
+             else raw.state())
+    if raw.incremental:
+        if cached is None or cached.end != raw.start or not \
+                cached.start <= state.watermark <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
-        history = list(cached.history)
-        if raw.start < raw.length:
-            history += decode_messages(raw.messages_json)
-        summary = cached.summary
+        history = list(cached.history[state.watermark - cached.start:])
+        history += raw.decode_messages()
     else:
-        history = decode_messages(raw.messages_json)
+        history = raw.decode_messages()
+    if raw.summary_included:
         summary = (SummaryRecord.model_validate_json(raw.summary_json)
                    if raw.summary_json else None)
-    if cached is not None and cached.state_raw == raw.state_raw:
-        state = cached.state
+    elif cached is not None:  # unchanged since the cached read: not sent again
+        summary = cached.summary
     else:
-        state = raw.state()
+        raise ValueError("the summary was left out of a read that continues no cached view")
     if cached is not None and cached.cheap_raw == raw.cheap_raw:
         cheap = dict(cached.cheap)
     else:
@@ -268,8 +276,8 @@ def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, Cach
     if not raw.epoch:
         return data, None
     entry = CachedView(
-        epoch=raw.epoch, version=state.version, watermark=state.watermark, end=raw.length,
-        total=raw.tokens_total, history=tuple(history), summary=summary,
+        epoch=raw.epoch, gen=raw.gen, version=state.version, start=state.watermark,
+        end=raw.length, total=raw.tokens_total, history=tuple(history), summary=summary,
         state_raw=raw.state_raw, state=state, cheap_raw=raw.cheap_raw, cheap=cheap)
     return data, entry
 

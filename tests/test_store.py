@@ -11,7 +11,7 @@ import redis
 from shared.config import StoreConfig
 from shared.errors import InvalidInput, LimitExceeded, StoreUnavailable
 from shared.keys import SessionKeys
-from shared.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor, decode_messages
+from shared.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
 from shared.store import SessionStore, connect
 from tests.redis_server import ReplyDroppingProxy
 
@@ -303,25 +303,39 @@ def test_incremental_reads_only_bring_what_is_new(store: SessionStore) -> None:
     store.append("s", turn(0) + turn(1))
     store.commit_summary("s", summary(4), 0)
     full = store.read_view("s")
-    assert not full.partial and full.start == 4 and full.summary_json is not None
-    assert full.epoch and full.length == 8
-    cursor = ViewCursor(full.epoch, 1, full.length, full.tokens_total)
+    assert not full.incremental and full.start == 4 and full.summary_included
+    assert full.epoch and full.gen == 0 and full.length == 8 and len(full.messages) == 4
+    cursor = ViewCursor(full.epoch, full.gen, 1, 4, full.length, full.tokens_total)
     nothing = store.read_view("s", cursor)
-    assert nothing.partial and nothing.start == 8 and nothing.summary_json is None
-    assert decode_messages(nothing.messages_json) == []
+    assert nothing.incremental and nothing.start == 8 and not nothing.summary_included
+    assert nothing.messages == [] and nothing.decode_messages() == []
     store.append("s", turn(2))
     delta = store.read_view("s", cursor)
-    new = decode_messages(delta.messages_json)
-    assert delta.partial and [m.text() for m in new][::4] == ["question 2"]
-    # Anything that may have changed log[watermark:end] falls back to a full read.
-    assert not store.read_view("s", ViewCursor(full.epoch, 0, 8, full.tokens_total)).partial
-    assert not store.read_view("s", ViewCursor("other", 1, 8, full.tokens_total)).partial
-    assert not store.read_view("s", ViewCursor(full.epoch, 1, 8, full.tokens_total + 1)).partial
-    assert not store.read_view("s", ViewCursor(full.epoch, 1, 99, 0)).partial
+    assert delta.incremental and [m.text() for m in delta.decode_messages()][::4] == [
+        "question 2"]
+    # A summary commit moves the watermark inside what the cursor holds: still
+    # incremental, and the new summary comes along.
+    store.commit_summary("s", summary(8, text="later"), 1)
+    moved = store.read_view("s", cursor)
+    assert moved.incremental and moved.summary_included and moved.start == 8
+    assert moved.summary_json is not None and b"later" in moved.summary_json
+    # Anything that may have changed log[start:end] falls back to a full read.
+    assert not store.read_view("s", ViewCursor("other", 0, 2, 4, 8, full.tokens_total)
+                               ).incremental
+    assert not store.read_view("s", ViewCursor(full.epoch, 0, 2, 4, 8,
+                                               full.tokens_total + 1)).incremental
+    assert not store.read_view("s", ViewCursor(full.epoch, 0, 2, 4, 99, 0)).incremental
+    assert not store.read_view("s", ViewCursor(full.epoch, 0, 2, 9, 12, 0)).incremental
+    store.rewind("s", 4)  # the watermark went back before what the cursor holds
+    assert not store.read_view("s", ViewCursor(full.epoch, 0, 3, 8, 8,
+                                               full.tokens_total)).incremental
+    store.truncate_after("s", 12)  # nothing removed, but an edit: a new log generation
+    edited = store.read_view("s", cursor)
+    assert not edited.incremental and edited.gen == 1
     store.delete_session("s")
-    store.append("s", turn(0) + turn(1))  # the same length and version, a new session
-    reborn = store.read_view("s", cursor)
-    assert not reborn.partial and reborn.epoch != full.epoch
+    store.append("s", turn(0) + turn(1))  # the same length, a new session
+    reborn = store.read_view("s", ViewCursor(full.epoch, 0, 0, 0, 8, full.tokens_total))
+    assert not reborn.incremental and reborn.epoch != full.epoch
 
 
 def test_record_cheap_first_writer_wins(store: SessionStore) -> None:

@@ -104,15 +104,15 @@ def exercise_store(store: SessionStore) -> None:
         assert set(view.cheap) == {6}
 
         raw = store.read_view(sid)
-        cursor = ViewCursor(raw.epoch, 1, raw.length, raw.tokens_total)
+        cursor = ViewCursor(raw.epoch, raw.gen, 1, 4, raw.length, raw.tokens_total)
         store.append(sid, turn(2))
         delta = store.read_view(sid, cursor)
-        assert delta.partial and delta.start == 8 and delta.length == 12
+        assert delta.incremental and delta.start == 8 and delta.length == 12
 
         edit = store.truncate_after(sid, 6)
         assert edit == HistoryEdit(version=2, watermark=4, length=6)
         assert store.state(sid).version == 2
-        assert not store.read_view(sid, cursor).partial  # the edit invalidated the cursor
+        assert not store.read_view(sid, cursor).incremental  # the edit invalidated it
         assert store.rewind(sid, 0).watermark == 0
         with pytest.raises(InvalidInput, match="no kept summary"):
             store.rewind(sid, 3)

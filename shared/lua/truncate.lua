@@ -5,7 +5,7 @@
 --
 -- KEYS[1] log      list
 -- KEYS[2] cum      list   trimmed in step with log
--- KEYS[3] state    hash   version, watermark, summary_tokens, summary_kind, anchor_*
+-- KEYS[3] state    hash   version, gen (log generation), watermark, summary_*, anchor_*
 -- KEYS[4] sums     hash   summaries past the index are deleted (they cover gone messages)
 -- KEYS[5] sumidx   zset
 -- KEYS[6] cheap    hash   decisions at or past the index are deleted
@@ -48,6 +48,7 @@ if #best > 0 then
   kind = record['kind'] or ''
 end
 local version = redis.call('HINCRBY', KEYS[3], 'version', 1)
+redis.call('HINCRBY', KEYS[3], 'gen', 1)  -- the log changed: cached copies of it are stale
 redis.call('HSET', KEYS[3], 'watermark', new_w, 'summary_tokens', tokens, 'summary_kind', kind)
 redis.call('HDEL', KEYS[3], 'anchor_reported', 'anchor_estimated', 'anchor_end', 'anchor_version')
 

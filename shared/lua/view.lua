@@ -8,24 +8,29 @@
 -- KEYS[5] cheap    hash   cheap-stage decisions of the current view
 -- KEYS[6] pending  string whether a job is queued
 -- ARGV[1] the caller's epoch ('' = no cached view: read everything)
--- ARGV[2] the caller's version
--- ARGV[3] the caller's end: it holds log[watermark:end]
--- ARGV[4] the running token total at that end (cum[end - 1], 0 when end = 0)
+-- ARGV[2] the caller's log generation
+-- ARGV[3] the caller's version (its summary is the current one if unchanged)
+-- ARGV[4] the caller's start and ARGV[5] its end: it holds log[start:end]
+-- ARGV[6] the running token total at that end (cum[end - 1], 0 when end = 0)
 --
--- The log is append-only while (epoch, version) stays the same: every edit
--- (truncate, rewind, summary commit) bumps the version, and a session that
--- is deleted and comes back gets a new epoch. So when both match and the
--- token total at the caller's end is unchanged, log[end:] is all that is new
--- and the summary is the one the caller holds.
+-- Only truncate_after removes or replaces log entries, and it bumps the log
+-- generation ('gen'); a session that is deleted (or expires) and comes back
+-- gets a new epoch. So while both match, log[start:end] is what the caller
+-- holds, whatever summaries were committed or rewound meanwhile: when the
+-- watermark is still inside [start, end] and the token total at end is
+-- unchanged (a guard against a log replaced behind the generation, e.g. a
+-- restored backup), only log[end:] is sent, and the summary only if the
+-- version changed.
 --
--- Returns {state_json, messages_json, tokens_before_watermark, tokens_total,
---          length, summary_json_or_false, cheap_json, pending, start}
--- messages_json is a JSON array of log[start:]; start is the watermark for a
--- full read, the caller's end for an incremental one (summary then false).
--- Few reply elements on purpose: each costs the client a parse step.
+-- Returns {state_json, messages, tokens_before_watermark, tokens_total, length,
+--          summary_json_or_false, cheap_json, pending, start, incremental,
+--          summary_included}
+-- messages are log[start:]: start is the watermark for a full read, the
+-- caller's end for an incremental one. Few reply elements on purpose: each
+-- costs the client a parse step (state and cheap come as one JSON string).
 
 local state = redis.call('HGETALL', KEYS[1])
-local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch')
+local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen')
 local w = tonumber(cur[1]) or 0
 local len = redis.call('LLEN', KEYS[2])
 local total = 0
@@ -34,31 +39,39 @@ if len > 0 then
 end
 
 local start = w
-if ARGV[1] ~= '' and cur[3] == ARGV[1] and cur[2] == ARGV[2] then
-  local known = tonumber(ARGV[3])
-  if known and known >= w and known <= len then
+local incremental = 0
+if ARGV[1] ~= '' and cur[3] == ARGV[1] and (cur[4] or '0') == ARGV[2] then
+  local known_start = tonumber(ARGV[4])
+  local known = tonumber(ARGV[5])
+  if known_start and known and known_start <= w and w <= known and known <= len then
     local at = 0
     if known > 0 then
       at = tonumber(redis.call('LINDEX', KEYS[3], known - 1)) or -1
     end
-    if at == tonumber(ARGV[4]) then
+    if at == tonumber(ARGV[6]) then
       start = known
+      incremental = 1
     end
   end
 end
 
-local messages = '[]'
+local messages = {}
 if start < len then
-  messages = '[' .. table.concat(redis.call('LRANGE', KEYS[2], start, -1), ',') .. ']'
+  messages = redis.call('LRANGE', KEYS[2], start, -1)
 end
 local before = 0
 if w > 0 then
   before = tonumber(redis.call('LINDEX', KEYS[3], w - 1)) or 0
 end
 local summary = false
-if start == w and w > 0 then
-  summary = redis.call('HGET', KEYS[4], w) or false
+local included = 0
+if incremental == 0 or cur[2] ~= ARGV[3] then
+  included = 1
+  if w > 0 then
+    summary = redis.call('HGET', KEYS[4], w) or false
+  end
 end
 local cheap = cjson.encode(redis.call('HGETALL', KEYS[5]))
 local pending = redis.call('EXISTS', KEYS[6])
-return {cjson.encode(state), messages, before, total, len, summary, cheap, pending, start}
+return {cjson.encode(state), messages, before, total, len, summary, cheap, pending, start,
+        incremental, included}
