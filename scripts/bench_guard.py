@@ -263,6 +263,7 @@ class LoopBench:
     turn: list[Message]
     next_user: list[Message]
     base_length: int
+    version: int = 0  # the session's version after the last reset
 
     def _reset(self, *, publish: bool) -> None:
         store, sid = self.store, self.session_id
@@ -302,26 +303,26 @@ class LoopBench:
         def encode() -> None:
             encoded[0] = store.encode(sid, self.turn)
 
+        calibration = {"anchor_reported": 21_000, "anchor_estimated": 20_000,
+                       "anchor_end": self.base_length, "anchor_version": 0,
+                       "calibration_ratio": 1.05, "calibration_samples": 3}
+
         def append(marks: bool) -> Callable[[], None]:
             def run() -> None:
                 result = store.append_encoded(sid, encoded[0], request_id=uuid.uuid4().hex,
-                                              mark_pending=True, with_state=True)
+                                              mark_pending=True, state_fields=calibration,
+                                              fields_version=self.version)
                 if result.marked != marks:
                     raise SystemExit("the pending flag is not in the state this part expects")
             return run
 
-        def calibration_write() -> None:
-            store.update_state(sid, anchor_reported=21_000, anchor_estimated=20_000,
-                               anchor_end=self.base_length, anchor_version=0,
-                               calibration_ratio=1.05, calibration_samples=3)
-
         steps: list[tuple[str, Callable[[], Any]]] = [
-            ("encode", encode), ("append", append(True)), ("calibration", calibration_write),
+            ("encode", encode), ("append", append(True)),
             ("publish", lambda: publish(enqueuer, store.tenant, sid)),
             ("append_coalesced", append(False))]
         out: dict[str, Sample] = {name: ([], []) for name, _ in steps}
         for _ in range(calls):
-            store.truncate_after(sid, self.base_length)
+            self.version = store.truncate_after(sid, self.base_length).version
             store.clear_pending(sid)
             for name, step in steps:
                 started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
@@ -648,7 +649,7 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
     expected = args.rounds * args.turn_calls * 2  # the publishing runs + one per parts call
     turn_tokens = sum(DEFAULT_COUNTER.message(m) for m in turn)
     print(f"\n`record_turn` and the `prepare` after it ({len(turn)} messages, ~{turn_tokens} "
-          "tokens per turn; provider usage passed, so the calibration writes the state; "
+          "tokens per turn; provider usage passed, so the append also writes the calibration; "
           f"session of {big.length} messages; `CeleryEnqueuer` publishing to the Redis broker; "
           "before each pair, untimed: the turn is cut off again (`truncate_after`) and "
           f"`prepare` runs once; {args.turn_calls} calls per round and case; {published} jobs "
@@ -660,9 +661,8 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
     rows += [(f"part: {label}", parts[name]) for name, label in (
         ("encode", "`store.encode` (validate, JSON, estimate)"),
         ("append", "`store.append_encoded` (one script: append, request id, pending flag "
-                   "set, state read)"),
+                   "set, calibration fields)"),
         ("append_coalesced", "the same, pending flag already set"),
-        ("calibration", "calibration write (`HSET` of the state)"),
         ("publish", "`CeleryEnqueuer.enqueue` (`send_task`)"))]
     for label, s in rows:
         print(row(label, s))

@@ -29,6 +29,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shared.budget import BudgetReport, check_budget, ensure_reducible
@@ -63,6 +64,16 @@ from shared.view import (
 log = logging.getLogger(__name__)
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
 R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The last view prepared for a session: what the provider's usage will describe."""
+
+    heuristic: int  # estimated tokens (heuristic units) of the request
+    end: int  # log length the request covered
+    window: int  # the context window it was sized for (learned limits included)
+    state: SessionState  # the session as the view was built from it
 
 
 def _check_request(system_prompt: object, tools: object) -> None:
@@ -108,7 +119,7 @@ class ContextGuard:
         self._fixed_cache: dict[str, int] = {}
         self._tools_seen: tuple[Any, int] | None = None  # (a private copy of tools, tokens)
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
-        self._sent: dict[str, tuple[int, int, int]] = {}  # session -> (heuristic, end, version)
+        self._sent: dict[str, _Sent] = {}  # the last view prepared, per session
 
     # -- figures -----------------------------------------------------------------
     def _cached(self, key: str, compute: Callable[[], int]) -> int:
@@ -267,7 +278,7 @@ class ContextGuard:
             history = repair_tool_pairs(history)
         messages = assemble(system_prompt, summary, history,
                             placement=self.policy.summary_placement)
-        self._sent[session_id] = (regions.total, data.length + len(extra), state.version)
+        self._sent[session_id] = _Sent(regions.total, data.length + len(extra), window, state)
         # Trusted, typed values: constructed without re-validating ~60 messages.
         return PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
             session_id=session_id, model=model, limits_source=limits.source, budget=report,
@@ -400,42 +411,38 @@ class ContextGuard:
 
         ``usage`` is the provider's usage for the request that produced the
         last assistant message of ``messages``; it anchors the hybrid
-        estimate and updates the calibration ratio.
+        estimate and updates the calibration ratio (written by the append
+        itself, and only if no compaction or edit changed the view since).
 
         The append carries a request id (``request_id``, or a fresh one per
         call) and is retried once, with the same id, when Redis did not
         answer: the store applies it at most once, so a lost reply cannot
         duplicate the turn. The wait is bounded by two socket timeouts.
-        Once the turn is stored, a failure of the calibration write or of
-        the publish is logged, not raised: raising would invite the caller
-        to record the turn again; the next turn enqueues again anyway.
+        Once the turn is stored, a failure to publish the job is logged, not
+        raised: raising would invite the caller to record the turn again,
+        and the next turn enqueues again anyway.
         """
         encoded = self.store.encode(session_id, messages)
         reported = reported_prompt_tokens(usage)
-        calibrate = reported is not None and session_id in self._sent
+        sent = self._sent.pop(session_id, None) if reported is not None else None
+        fields = (self._calibration(session_id, reported, sent)
+                  if sent is not None and reported is not None else None)
         rid = request_id if request_id is not None else secrets.token_hex(12)
-        result = self._append(session_id, encoded, rid, with_state=calibrate)
-        try:
-            if calibrate and reported is not None:
-                self._calibrate(session_id, reported, result)
-            if result.marked:
-                self._publish(session_id)
-        except StoreUnavailable as exc:
-            log.warning("session %s: turn stored, follow-up failed: %s", session_id, exc)
-        return result.length
 
-    def _append(self, session_id: str, encoded: Sequence[tuple[str, int]], request_id: str,
-                *, with_state: bool) -> AppendResult:
         def attempt() -> AppendResult:
-            return self.store.append_encoded(session_id, encoded, request_id=request_id,
-                                             mark_pending=self.policy.proactive,
-                                             with_state=with_state)
+            return self.store.append_encoded(
+                session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
+                state_fields=fields, fields_version=sent.state.version if sent else None)
+
         try:
-            return attempt()
+            result = attempt()
         except StoreUnavailable as exc:
-            log.info("session %s: append %s unanswered (%s); retrying once", session_id,
-                     request_id, exc)
-            return attempt()
+            log.info("session %s: append %s unanswered (%s); retrying once", session_id, rid,
+                     exc)
+            result = attempt()
+        if result.marked:
+            self._publish(session_id)
+        return result.length
 
     def _publish(self, session_id: str) -> None:
         """Publish the job this turn's append marked pending; unmark if it cannot be sent.
@@ -450,27 +457,21 @@ class ContextGuard:
                 self.store.clear_pending(session_id)
             log.warning("enqueue failed for session %s: %s", session_id, exc)
 
-    def _calibrate(self, session_id: str, reported: int, appended: AppendResult) -> None:
-        sent = self._sent.pop(session_id, None)
-        state = appended.state
-        if sent is None or state is None or sent[2] != appended.version:
-            return
-        heuristic, end, version = sent
-        fields: dict[str, Any] = {"anchor_reported": reported, "anchor_estimated": heuristic,
-                                  "anchor_end": end, "anchor_version": version}
-        window = state.learned_window or state.window
+    def _calibration(self, session_id: str, reported: int, sent: _Sent) -> dict[str, Any]:
+        """State fields learned from the provider's reported prompt tokens for ``sent``."""
+        state, heuristic, window = sent.state, sent.heuristic, sent.window
         if window and (reported > window or (heuristic > 1000 and reported < heuristic * 0.5)):
             # Silent truncation upstream: the provider saw far less than we sent,
             # or more than its window. Treat it like an overflow.
             log.warning("session %s: reported %d prompt tokens for ~%d sent (window %d): "
                         "silent truncation suspected", session_id, reported, heuristic, window)
-            fields = {"silent_truncation_flags": state.silent_truncation_flags + 1,
-                      "recover_next": 1}
-        else:
-            cal = Calibration(state.calibration_ratio, state.calibration_samples)
-            cal = cal.update(reported, heuristic)
-            fields.update(calibration_ratio=cal.ratio, calibration_samples=cal.samples)
-        self.store.update_state(session_id, **fields)
+            return {"silent_truncation_flags": state.silent_truncation_flags + 1,
+                    "recover_next": 1}
+        cal = Calibration(state.calibration_ratio, state.calibration_samples).update(
+            reported, heuristic)
+        return {"anchor_reported": reported, "anchor_estimated": heuristic,
+                "anchor_end": sent.end, "anchor_version": state.version,
+                "calibration_ratio": cal.ratio, "calibration_samples": cal.samples}
 
     # -- reactive recovery -----------------------------------------------------------------
     def recover(self, session_id: str, error: object, system_prompt: str = "",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any, TypeVar
@@ -208,21 +208,34 @@ class SessionStore:
 
     def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
                        request_id: str | None = None, mark_pending: bool = False,
-                       with_state: bool = False) -> AppendResult:
-        """Append pre-encoded messages (see :meth:`append`).
+                       with_state: bool = False, state_fields: Mapping[str, Any] | None = None,
+                       fields_version: int | None = None) -> AppendResult:
+        """Append pre-encoded messages (see :meth:`append`), with the turn's bookkeeping.
 
         ``mark_pending``: also set the session's pending flag if absent, in
         the same script (``result.marked`` says whether this call set it).
         ``with_state``: return the state hash after the append too.
+        ``state_fields``: set these on the state hash too, but only if its
+        version is still ``fields_version`` (figures about a view that a
+        compaction or an edit has since replaced are dropped).
         """
         if request_id is not None:
             validate_request_id(request_id)
+        fields = [(name, "" if value is None else value)
+                  for name, value in (state_fields or {}).items()]
+        if fields and fields_version is None:
+            raise InvalidInput("state fields need the version they were computed for",
+                               field="fields_version")
         k = self.keys(session_id)
         args: list[Any] = [self.config.max_messages_per_session, self._ttl,
                            secrets.token_hex(8), request_id or "", self.idempotency_keep,
                            self.idempotency_ttl,
                            self.config.pending_ttl_seconds if mark_pending else 0,
-                           1 if with_state else 0, len(encoded)]
+                           1 if with_state else 0,
+                           "" if fields_version is None else fields_version, len(fields)]
+        for name, value in fields:
+            args.extend((name, value))
+        args.append(len(encoded))
         for raw, tokens in encoded:
             args.extend((raw, tokens))
         keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,

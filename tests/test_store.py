@@ -347,3 +347,16 @@ def test_record_cheap_first_writer_wins(store: SessionStore) -> None:
     assert store.record_cheap("s", [second, other]) == 1
     assert store.record_cheap("s", []) == 0
     assert store.load_view("s").cheap == {2: first, 6: other}
+
+
+def test_state_fields_ride_on_the_append_only_for_their_version(store: SessionStore) -> None:
+    store.append("s", turn(0))
+    store.append_encoded("s", store.encode("s", turn(1)), state_fields={"calibration_ratio": 1.2},
+                         fields_version=0)
+    assert store.state("s").calibration_ratio == 1.2
+    store.commit_summary("s", summary(4), 0)  # version 1: figures about version 0 are stale
+    store.append_encoded("s", store.encode("s", turn(2)), state_fields={"calibration_ratio": 2.0},
+                         fields_version=0)
+    assert store.state("s").calibration_ratio == 1.2 and store.length("s") == 12
+    with pytest.raises(InvalidInput, match="fields_version"):
+        store.append_encoded("s", [], state_fields={"calibration_ratio": 3.0})

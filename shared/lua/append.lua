@@ -18,13 +18,17 @@
 -- ARGV[6] ttl of the request ids, seconds
 -- ARGV[7] pending flag ttl in seconds (0 = do not set the flag)
 -- ARGV[8] 1 = also return the state hash as JSON
--- ARGV[9] n, then n pairs: ARGV[10+2i] message JSON, ARGV[11+2i] its token estimate
+-- ARGV[9] a version ('' = none) and ARGV[10] f, then f field/value pairs: set
+--         on the state hash only if its version is still that one (the
+--         calibration figures of the request whose reply this turn holds)
+-- then n, then n pairs: message JSON, its token estimate
 --
 -- Returns {new_length, watermark, version, tokens_before_append, duplicate,
 --          marked, state_json_or_false}
 -- duplicate = 1: the request id was seen; nothing was written and the
 -- figures (length, tokens before, marked) are those of the first append.
 -- marked = 1: this append set the pending flag, so its caller publishes the job.
+-- (A retry does not set the fields again: the first attempt did, or they were stale.)
 -- Error reply "SESSION_FULL <current length>" when the limit would be passed.
 
 local function state_reply()
@@ -47,7 +51,10 @@ end
 
 local max_len = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[9])
+local fields_at = 11
+local n_fields = tonumber(ARGV[10])
+local at = fields_at + 2 * n_fields
+local n = tonumber(ARGV[at])
 local len = redis.call('LLEN', KEYS[1])
 if len + n > max_len then
   return redis.error_reply('SESSION_FULL ' .. len)
@@ -61,8 +68,8 @@ local before = total
 local msgs = {}
 local cums = {}
 for i = 0, n - 1 do
-  msgs[#msgs + 1] = ARGV[10 + 2 * i]
-  total = total + tonumber(ARGV[11 + 2 * i])
+  msgs[#msgs + 1] = ARGV[at + 1 + 2 * i]
+  total = total + tonumber(ARGV[at + 2 + 2 * i])
   cums[#cums + 1] = total
 end
 if n > 0 then
@@ -72,6 +79,13 @@ end
 redis.call('HSETNX', KEYS[3], 'version', 0)
 redis.call('HSETNX', KEYS[3], 'watermark', 0)
 redis.call('HSETNX', KEYS[3], 'epoch', ARGV[3])
+if n_fields > 0 and redis.call('HGET', KEYS[3], 'version') == ARGV[9] then
+  local pairs_ = {}
+  for i = fields_at, at - 1 do
+    pairs_[#pairs_ + 1] = ARGV[i]
+  end
+  redis.call('HSET', KEYS[3], unpack(pairs_))
+end
 
 local marked = 0
 local pending_ttl = tonumber(ARGV[7])
