@@ -78,6 +78,7 @@ from workers.fakes.behaviour import REFUSAL_TEXT, Fault  # noqa: E402
 from workers.fakes.http_base import RESET, Exchange, Outcome  # noqa: E402
 from workers.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from workers.fakes.summaries import SummarizerResponder  # noqa: E402
+from workers.settings import load_settings  # noqa: E402
 from workers.summarizer.engine import SummaryEngine  # noqa: E402
 from workers.summarizer.providers import OpenAIClient  # noqa: E402
 
@@ -372,7 +373,8 @@ class Kill9Result:
 
 
 def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds: float = 1.0,
-              visibility: int = 5, kill_delays: Sequence[float] | None = None, seed: int = 1,
+              visibility: int | None = 5, kill_delays: Sequence[float] | None = None,
+              seed: int = 1,
               progress: Callable[[str], None] = lambda _: None) -> Kill9Result:
     """SIGKILL the worker while its jobs wait on the LLM; a new worker must finish them.
 
@@ -382,7 +384,9 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
     job makes one or two calls, so some kills land after the commit, a few
     before the acknowledgement), kills the whole worker process
     group and starts the next worker, which gets the jobs redelivered after
-    the broker's visibility timeout.
+    the broker's visibility timeout. ``visibility=None`` runs the workers with
+    the default timing settings (visibility timeout, time limits, restore
+    sweep), to measure how long a killed job waits in production.
     """
     rng = random.Random(seed)
     result = Kill9Result()
@@ -392,9 +396,13 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
     with ObservedLLM(default_fault=Fault.stall(llm_seconds)) as llm:
         wenv = env.workers(summarizer="openai", summarizer_base_url=llm.base_url,
                            summarizer_api_key="k", summarizer_timeout="30",
-                           broker_visibility_timeout=str(visibility),
-                           broker_restore_sweep_seconds="1",
-                           task_time_limit="25", task_soft_time_limit="20")
+                           **({} if visibility is None else {
+                               "broker_visibility_timeout": str(visibility),
+                               "broker_restore_sweep_seconds": "1",
+                               "task_time_limit": "25", "task_soft_time_limit": "20"}))
+        defaults = load_settings(summarizer_timeout=30)
+        redelivery = visibility if visibility is not None else (
+            defaults.visibility_timeout + defaults.broker_restore_sweep_seconds)
         worker = start_workers("kill", wenv, 1, concurrency=4)[0]
         logs: list[LoggedWorker] = [worker]
         try:
@@ -431,7 +439,7 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
                     return all(store.state(x).version >= 1 for x in s) and env.drained() and \
                         not any(store.redis.exists(store.keys(x).lease) for x in s)
 
-                if not wait_for(done, visibility + 30, 0.1):
+                if not wait_for(done, redelivery + 30, 0.1):
                     result.violations.append(f"trial {trial}: jobs not completed after "
                                              f"redelivery: {[store.state(x) for x in sids]}")
                     continue
@@ -1265,7 +1273,9 @@ def report_kill9(r: Kill9Result, args: argparse.Namespace) -> list[str]:
         "",
         f"{r.trials} trials x {args.sessions_per_trial} sessions: each kill takes down the "
         f"worker while its jobs wait on the fake LLM ({args.llm_seconds:g} s per call); a new "
-        f"worker gets them back after the visibility timeout ({args.visibility} s here).",
+        "worker gets them back after the visibility timeout ("
+        + (f"{args.visibility} s here)." if args.visibility else
+           f"the default, {load_settings().visibility_timeout} s)."),
         "",
         "| jobs | killed before the commit | killed after the commit | redelivered | "
         "commits | LLM requests | kill -> all done (s, median / max) |",
@@ -1386,7 +1396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--sessions-per-trial", type=int, default=2)
     parser.add_argument("--llm-seconds", type=float, default=1.0)
-    parser.add_argument("--visibility", type=int, default=5)
+    parser.add_argument("--visibility", type=int, default=5,
+                        help="kill9: visibility timeout; 0 runs the default timing settings")
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=4)
@@ -1414,7 +1425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "kill9":
             with environment(args.redis_url) as env:
                 k = run_kill9(env, trials=args.trials, sessions_per_trial=args.sessions_per_trial,
-                              llm_seconds=args.llm_seconds, visibility=args.visibility,
+                              llm_seconds=args.llm_seconds,
+                              visibility=args.visibility or None,
                               progress=progress)
             lines, violations = report_kill9(k, args), k.violations
         elif name == "restart":

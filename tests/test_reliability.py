@@ -13,6 +13,7 @@ Whole file: about two minutes.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +41,7 @@ from scripts.reliability import (
     with_db,
 )
 from shared.config import StoreConfig
-from shared.errors import SummarizerUnavailable
+from shared.errors import SummarizerError, SummarizerUnavailable
 from shared.records import SummaryRecord
 from shared.store import SessionStore
 from tests.redis_server import start_server
@@ -347,7 +348,6 @@ def test_a_rerun_that_will_be_retried_puts_its_requests_back(
     """A retryable failure on someone else's request: back in the flag, lease released."""
     from types import SimpleNamespace
 
-    from shared.errors import SummarizerUnavailable
     from workers.tasks import Request, run_job
 
     original = Compactor.run
@@ -442,7 +442,6 @@ def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStor
 
 def test_an_overflow_that_smaller_chunks_cannot_fix_falls_back() -> None:
     """A window too small for even one message: bounded refolds, then SummarizerError."""
-    from shared.errors import SummarizerError
     from shared.ledger import Ledger
     from shared.messages import Message
 
@@ -456,3 +455,61 @@ def test_an_overflow_that_smaller_chunks_cannot_fix_falls_back() -> None:
         sent = len([r for r in server.requests if r.path.endswith("/chat/completions")])
     assert not isinstance(caught.value, SummarizerUnavailable)
     assert 1 <= sent <= MAX_REFOLDS + 1
+
+
+def test_a_stream_of_busy_requests_ends_in_a_follow_up_job(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run leaves a new request: the job stops after its rounds and hands over."""
+    from shared.enqueue import TASK_MAYBE_SUMMARIZE
+    from workers import tasks
+    from workers.app import app
+
+    original = Compactor.run
+    sent: list[tuple[str, list[Any], dict[str, Any]]] = []
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        self.store.mark_dirty(session_id, tasks.Request(manual=True).encode())
+        return original(self, session_id, **kwargs)
+
+    def send_task(name: str, args: list[Any], kwargs: dict[str, Any], queue: str) -> None:
+        sent.append((name, args, kwargs))
+
+    monkeypatch.setattr(Compactor, "run", run)
+    monkeypatch.setattr(app, "send_task", send_task)
+    result = tasks.maybe_summarize.apply(args=["s"]).get()
+    rounds = tasks.MAX_RERUN_ROUNDS
+    assert len(result["reruns"]) == 2 * rounds  # under the lease, then once more after
+    assert sent == [(TASK_MAYBE_SUMMARIZE, ["s"], {"tenant": "default"})]
+    left = eager_store.take_dirty_requests("s")  # kept for the follow-up job
+    assert left is not None and [tasks.Request.decode(x) for x in left] == [
+        tasks.Request(manual=True)]
+    assert not eager_store.redis.exists(eager_store.keys("s").lease)
+
+
+GEMINI_BAD_REQUEST = Fault.http_error(400, json.dumps({"error": {
+    "code": 400, "message": "Request contains an invalid argument.",
+    "status": "INVALID_ARGUMENT"}}))
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    (None, "SummarizerOverflow"), (GEMINI_BAD_REQUEST, "SummarizerError"),
+    (Fault.server_error(), "SummarizerUnavailable"), (Fault.rate_limit(0.1),
+                                                      "SummarizerUnavailable"),
+])
+def test_gemini_errors_map_like_openai_ones(fault: Fault | None, expected: str) -> None:
+    """google-genai against the fake Gemini server: the same classes as the openai SDK."""
+    from workers.fakes.gemini_server import FakeGeminiServer
+    from workers.summarizer.engine import SummarizerOverflow
+    from workers.summarizer.providers import GeminiClient
+
+    with FakeGeminiServer(window=500) as server:
+        if fault is not None:
+            server.faults.always(fault)
+        client = GeminiClient("gemini-2.5-flash-lite", vertexai=False, api_key="k",
+                              base_url=server.base_url, timeout=5)
+        with pytest.raises(SummarizerError) as caught:
+            client.complete([{"role": "system", "content": "Summarize."},
+                             {"role": "user", "content": "word " * 2000}], 100)
+    assert type(caught.value).__name__ == expected, caught.value
+    if isinstance(caught.value, SummarizerOverflow):
+        assert caught.value.limit == 500 and caught.value.requested is not None

@@ -178,16 +178,16 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
     store = runtime.store.for_tenant(tenant)
     store.keys(session_id)  # validates tenant and session id before anything else
     store.clear_pending(session_id)
-    own: Request | None = Request(force=force, keep_recent=keep_recent, manual=manual)
+    request = Request(force=force, keep_recent=keep_recent, manual=manual)
+    own: Request | None = request
     token = store.acquire_lease(session_id)
     if token is None:
-        assert own is not None
-        store.mark_dirty(session_id, own.encode())
+        store.mark_dirty(session_id, request.encode())
         token = store.acquire_lease(session_id)
         if token is None:
             return {"session_id": session_id, "status": "busy",
-                    "reason": "another worker holds the lease; it runs this request "
-                              "before releasing it", "request": own.encode()}
+                    "reason": "another job holds the lease; it runs this request before "
+                              "it ends", "request": request.encode()}
         own = None  # our request is in the flag now: drain() runs it
     retries = task.request.retries or 0
     job = _Job(session_id, tenant, store, runtime.compactor(tenant).run,
