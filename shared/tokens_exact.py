@@ -25,6 +25,10 @@ JSON schema plus the same fixed overheads the heuristic assumes
 approximation, as OpenAI renders schemas in a terser TypeScript-like form.
 Images and files use the same flat per-item figures as the heuristic (their
 pixel size is not known here).
+
+``build_counter`` is how an edge turns a setting into a counter: one
+function for the workers and the guard's process, so the two cannot differ
+in how they build the same choice.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from typing import Any
 from shared.errors import ConfigError
 from shared.messages import FilePart, ImagePart, Message
 from shared.tokens import (
+    DEFAULT_COUNTER,
     TOOL_DEFINITION_OVERHEAD,
     TOOLS_BLOCK_OVERHEAD,
+    TokenCounter,
     file_tokens,
     image_tokens,
     normalize_tool,
@@ -55,6 +61,8 @@ TOKENS_PER_NAME = 1
 """Extra cost of a message ``name`` (cookbook figure)."""
 TOKENS_PER_REQUEST = 3
 """The reply is primed with ``<|im_start|>assistant<|message|>`` (cookbook figure)."""
+COUNTER_KINDS = ("heuristic", "tiktoken")
+"""What ``build_counter`` accepts."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,9 @@ class TiktokenCounter:
         self._encoding = load_encoding(encoding, encoding_dir)
         self.encoding_name = encoding
 
+    def __repr__(self) -> str:
+        return f"TiktokenCounter(encoding={self.encoding_name!r})"
+
     def text(self, text: str) -> int:
         """Tokens of ``text``; special-token strings count as ordinary text."""
         if not text:
@@ -246,12 +257,35 @@ class TiktokenCounter:
         return n
 
 
+def build_counter(
+    kind: str = "heuristic",
+    *,
+    encoding: str = "o200k_base",
+    encoding_dir: str | Path | None = None,
+) -> TokenCounter:
+    """The counter an edge configured: ``"heuristic"`` (``DEFAULT_COUNTER``: the
+    OpenAI-baseline heuristic with its safety margin) or ``"tiktoken"`` (exact,
+    ``encoding`` loaded from ``encoding_dir`` or tiktoken's registry).
+
+    Raises :class:`ConfigError` for another ``kind`` or when the encoding
+    cannot be loaded; ``encoding`` and ``encoding_dir`` are not looked at for
+    the heuristic.
+    """
+    if kind == "heuristic":
+        return DEFAULT_COUNTER
+    if kind == "tiktoken":
+        return TiktokenCounter(encoding, encoding_dir)
+    raise ConfigError(f"token counter: expected one of {', '.join(COUNTER_KINDS)}, got {kind!r}")
+
+
 __all__ = [
+    "COUNTER_KINDS",
     "KNOWN_ENCODINGS",
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_NAME",
     "TOKENS_PER_REQUEST",
     "TiktokenCounter",
+    "build_counter",
     "exact_counter_available",
     "load_encoding",
 ]

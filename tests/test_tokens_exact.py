@@ -19,12 +19,13 @@ import pytest
 from shared import tokens_exact
 from shared.errors import ConfigError
 from shared.messages import FilePart, ImagePart, Message, TextPart, ToolCall
-from shared.tokens import HeuristicCounter, estimate_tokens, image_tokens
+from shared.tokens import DEFAULT_COUNTER, HeuristicCounter, estimate_tokens, image_tokens
 from shared.tokens_exact import (
     KNOWN_ENCODINGS,
     TOKENS_PER_MESSAGE,
     TOKENS_PER_REQUEST,
     TiktokenCounter,
+    build_counter,
     exact_counter_available,
     load_encoding,
 )
@@ -105,6 +106,19 @@ def test_tool_definitions(o200k: TiktokenCounter) -> None:
     bare = {"name": "search", "input_schema": schema}
     assert o200k.tools([]) == 0
     assert o200k.tools([openai_form]) == o200k.tools([bare]) > o200k.text(json.dumps(schema))
+
+
+def test_build_counter_names_the_two_counters(tokenizers: Path, tmp_path: Path) -> None:
+    assert build_counter() is DEFAULT_COUNTER
+    assert build_counter("heuristic", encoding="nonsense", encoding_dir=tmp_path) is DEFAULT_COUNTER
+    exact = build_counter("tiktoken", encoding="cl100k_base", encoding_dir=tokenizers)
+    assert isinstance(exact, TiktokenCounter)
+    assert repr(exact) == "TiktokenCounter(encoding='cl100k_base')"
+    assert exact.text("hello world") == 2
+    with pytest.raises(ConfigError, match="not readable"):
+        build_counter("tiktoken", encoding_dir=tmp_path)
+    with pytest.raises(ConfigError, match="heuristic, tiktoken"):
+        build_counter("exact")
 
 
 def test_missing_file_wrong_hash_and_unknown_names_raise_config_error(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 The store client and the summarizer are built lazily the first time a job
 runs in a process (after prefork's fork, so no socket is shared between
-children) and reused by every thread.
+children) and reused by every thread. The token counter is built once here
+(``COMPACTION_TOKEN_COUNTER``) and handed to the store, the compactor and
+the summary engine, so every count a worker makes comes from one object.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import threading
 from dataclasses import dataclass
 
 from shared.store import SessionStore, connect
+from shared.tokens import TokenCounter
+from shared.tokens_exact import build_counter
 from workers.compactor import Compactor
 from workers.settings import Settings
 from workers.summarizer.engine import SummaryEngine
@@ -28,9 +32,20 @@ class Runtime:
                          policy=self.settings.policy(), counter=self.store.counter)
 
 
+def token_counter(settings: Settings) -> TokenCounter:
+    """The counter ``COMPACTION_TOKEN_COUNTER`` names (the agent's guard must use the same).
+
+    Settings already loaded the encoding once to validate it; tiktoken's
+    encodings are cached per process, so this does not load it again.
+    """
+    return build_counter(settings.token_counter, encoding=settings.tiktoken_encoding,
+                         encoding_dir=settings.tiktoken_dir)
+
+
 def build_runtime(settings: Settings) -> Runtime:
     config = settings.store_config()
-    store = SessionStore(connect(settings.redis_url, config), config, tenant=settings.tenant)
+    store = SessionStore(connect(settings.redis_url, config), config, tenant=settings.tenant,
+                         counter=token_counter(settings))
     engine = SummaryEngine(client_from_settings(settings), counter=store.counter,
                            max_summary_tokens=settings.max_summary_tokens,
                            max_input_tokens=settings.summarizer_max_input_tokens)
@@ -56,4 +71,4 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
-__all__ = ["Runtime", "build_runtime", "get_runtime", "set_runtime"]
+__all__ = ["Runtime", "build_runtime", "get_runtime", "set_runtime", "token_counter"]

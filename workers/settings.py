@@ -9,13 +9,15 @@ with a message naming the environment variable.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.config import CompactionPolicy, StoreConfig
 from shared.errors import ConfigError
+from shared.tokens_exact import build_counter
 
 ENV_PREFIX = "COMPACTION_"
 RETRY_BACKOFF_FACTOR = 2  # Celery retry_backoff: countdowns 2, 4, 8... s (capped, jittered)
@@ -24,7 +26,25 @@ REDELIVERY_MARGIN_SECONDS = 30  # visibility beyond lease + countdown (clock, sc
 
 
 class Settings(BaseSettings):
-    """Every knob of the service. Each field is ``COMPACTION_<NAME>`` in the environment."""
+    """Every knob of the service. Each field is ``COMPACTION_<NAME>`` in the environment.
+
+    Token counting (``COMPACTION_TOKEN_COUNTER``): the guard and the workers
+    must count with the same counter. Each append stores the running token
+    total of the session's log in Redis, counted by the appender's counter
+    and never recounted, and the calibration learned from provider usage is
+    a ratio to *that* counter's estimates; a worker counting with another
+    counter cuts and budgets on figures that do not add up with the
+    guard's. So the agent's process builds its ``SessionStore`` with the
+    counter this setting names (``shared.tokens_exact.build_counter``, the
+    one function the workers use too; ``ContextGuard`` takes the store's),
+    and a change is made on both sides at once; sessions already stored keep
+    the old counter's totals for the messages they hold. ``tiktoken`` is
+    exact only for OpenAI models of its encoding (``o200k_base``: gpt-4o,
+    gpt-4.1, o-series; ``cl100k_base``: gpt-4, gpt-3.5) and has no safety
+    margin: for other providers it undercounts until the first usage report
+    calibrates it (BENCHMARKS.md, "Exact counter"). The heuristic stays the
+    default.
+    """
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
@@ -62,6 +82,16 @@ class Settings(BaseSettings):
     vertex_project: str | None = None
     vertex_location: str = "us-central1"
 
+    # token counting (guard and workers must agree: see the class docstring)
+    token_counter: Literal["heuristic", "tiktoken"] = Field(
+        default="heuristic",
+        description="heuristic (any provider, 5% margin) or tiktoken (exact for OpenAI models)")
+    tiktoken_encoding: str = Field(default="o200k_base", min_length=1,
+                                   description="encoding of COMPACTION_TOKEN_COUNTER=tiktoken")
+    tiktoken_dir: Path | None = Field(
+        default=None, description="directory holding <encoding>.tiktoken (offline machines); "
+        "default: tiktoken's cache, downloading on first use")
+
     # worker (time limits, lease, retries and redelivery: see "Timing" below)
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
@@ -89,6 +119,31 @@ class Settings(BaseSettings):
             raise ValueError("COMPACTION_SUMMARIZER_API_KEY (or COMPACTION_SUMMARIZER_BASE_URL "
                              "for a keyless local server) is required when "
                              "COMPACTION_SUMMARIZER=openai")
+        return self
+
+    @field_validator("tiktoken_dir", mode="before")
+    @classmethod
+    def _blank_dir_is_unset(cls, value: object) -> object:
+        """``COMPACTION_TIKTOKEN_DIR=`` means no directory, not the working directory."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _token_counter_loadable(self) -> Settings:
+        """Load the encoding now: a worker that starts must be able to count."""
+        if self.token_counter != "tiktoken":
+            return self
+        try:
+            build_counter("tiktoken", encoding=self.tiktoken_encoding,
+                          encoding_dir=self.tiktoken_dir)
+        except ConfigError as exc:
+            source, hint = f"COMPACTION_TIKTOKEN_DIR={self.tiktoken_dir}", ""
+            if self.tiktoken_dir is None:
+                source = "tiktoken's cache or download"
+                hint = (f"; on machines without internet set COMPACTION_TIKTOKEN_DIR to a "
+                        f"directory holding {self.tiktoken_encoding}.tiktoken")
+            raise ValueError(
+                f"COMPACTION_TOKEN_COUNTER=tiktoken cannot load COMPACTION_TIKTOKEN_ENCODING="
+                f"{self.tiktoken_encoding} from {source}: {exc}{hint}") from None
         return self
 
     @property

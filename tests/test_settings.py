@@ -1,0 +1,221 @@
+"""Choosing the token counter at the edges: ``COMPACTION_TOKEN_COUNTER`` and friends.
+
+What must hold: the heuristic is the default; ``tiktoken`` is built once and
+reaches the store, the compactor and the summary engine as one object; a
+tiktoken choice that cannot be loaded stops start-up (settings, worker app,
+CLI) with a ConfigError naming the variable. Tests that load real encodings
+use the offline files of ``../shared/data/tokenizers`` and skip, saying so,
+when they (or tiktoken) are absent; the failure paths need neither.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import tokens_exact
+from shared.config import StoreConfig
+from shared.errors import ConfigError
+from shared.guard import ContextGuard
+from shared.messages import Message, ToolCall
+from shared.store import SessionStore
+from shared.tokens import DEFAULT_COUNTER
+from shared.tokens_exact import COUNTER_KINDS, TiktokenCounter, build_counter
+from tests.conftest import DATA_DIR
+from workers.app import create_app
+from workers.cli import main as cli_main
+from workers.runtime import build_runtime, token_counter
+from workers.settings import Settings, load_settings
+
+TOKENIZERS = DATA_DIR / "tokenizers"
+HAVE_TIKTOKEN = importlib.util.find_spec("tiktoken") is not None
+COUNTER_VARIABLES = ("COMPACTION_TOKEN_COUNTER", "COMPACTION_TIKTOKEN_ENCODING",
+                     "COMPACTION_TIKTOKEN_DIR")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No counter variable leaks in from the shell, and no encoding from another test."""
+    for name in COUNTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    tokens_exact._load.cache_clear()
+    yield
+    tokens_exact._load.cache_clear()
+
+
+@pytest.fixture
+def tokenizers() -> Path:
+    if not HAVE_TIKTOKEN:
+        pytest.skip("tiktoken is an optional extra: not installed")
+    if not (TOKENIZERS / "o200k_base.tiktoken").is_file():
+        pytest.skip(f"tokenizer files not found at {TOKENIZERS} (the ../shared/data kit)")
+    return TOKENIZERS
+
+
+def config_error(**overrides: object) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(**overrides)
+    return str(caught.value)
+
+
+# -- the default and the offline tiktoken choice -------------------------------------------
+def test_the_heuristic_is_the_default() -> None:
+    s = load_settings()
+    assert (s.token_counter, s.tiktoken_encoding, s.tiktoken_dir) == (
+        "heuristic", "o200k_base", None)
+    assert token_counter(s) is DEFAULT_COUNTER
+    assert build_runtime(s).store.counter is DEFAULT_COUNTER
+
+
+def test_the_environment_selects_tiktoken_from_a_directory(
+    tokenizers: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPACTION_TOKEN_COUNTER", "tiktoken")
+    monkeypatch.setenv("COMPACTION_TIKTOKEN_DIR", str(tokenizers))
+    s = load_settings()
+    assert s.tiktoken_dir == tokenizers
+    counter = token_counter(s)
+    assert isinstance(counter, TiktokenCounter)
+    assert counter.encoding_name == "o200k_base"
+    assert counter.text("hello world") == 2
+    message = Message(role="assistant", content="ok",
+                      tool_calls=[ToolCall(id="c1", name="bash", arguments='{"cmd": "ls"}')])
+    assert counter.message(message) == TiktokenCounter("o200k_base", tokenizers).message(message)
+
+
+def test_the_encoding_is_a_setting(tokenizers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_TOKEN_COUNTER", "tiktoken")
+    monkeypatch.setenv("COMPACTION_TIKTOKEN_ENCODING", "cl100k_base")
+    monkeypatch.setenv("COMPACTION_TIKTOKEN_DIR", str(tokenizers))
+    counter = token_counter(load_settings())
+    assert isinstance(counter, TiktokenCounter)
+    assert counter.encoding_name == "cl100k_base"
+    text = "Привет, как дела? " * 20  # Cyrillic: cl100k needs a third more tokens than o200k
+    assert counter.text(text) == TiktokenCounter("cl100k_base", tokenizers).text(text)
+    assert counter.text(text) > TiktokenCounter("o200k_base", tokenizers).text(text)
+
+
+def test_one_counter_object_reaches_store_engine_and_compactor(tokenizers: Path) -> None:
+    runtime = build_runtime(load_settings(token_counter="tiktoken", tiktoken_dir=tokenizers))
+    counter = runtime.store.counter
+    assert isinstance(counter, TiktokenCounter)
+    assert runtime.engine.counter is counter
+    assert runtime.compactor("other-tenant").counter is counter
+    assert runtime.store.for_tenant("other-tenant").counter is counter
+
+
+def test_the_guard_and_the_stored_totals_use_the_store_counter(tokenizers: Path) -> None:
+    """What the README integration relies on: the agent's store carries the counter,
+    the guard takes it from there, and the running totals in Redis are its counts."""
+    counter = build_counter("tiktoken", encoding_dir=tokenizers)
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(), counter=counter)
+    messages = [Message(role="user", content="List the files, please."),
+                Message(role="assistant", content="Here: README.md, setup.py")]
+    store.append("s", messages)
+    assert ContextGuard(store).counter is counter
+    assert store.load_view("s").tokens_total == sum(counter.message(m) for m in messages)
+    assert sum(counter.message(m) for m in messages) != sum(
+        DEFAULT_COUNTER.message(m) for m in messages)
+
+
+# -- a tiktoken choice that cannot be loaded stops start-up --------------------------------
+def test_a_directory_without_the_file_names_the_variables(tmp_path: Path) -> None:
+    message = config_error(token_counter="tiktoken", tiktoken_dir=tmp_path)
+    assert "COMPACTION_TOKEN_COUNTER=tiktoken" in message
+    assert f"COMPACTION_TIKTOKEN_DIR={tmp_path}" in message
+    assert "COMPACTION_TIKTOKEN_ENCODING=o200k_base" in message
+    assert ("not readable" in message) or ("pip install" in message)
+
+
+def test_an_altered_file_is_refused(tmp_path: Path) -> None:
+    if not HAVE_TIKTOKEN:
+        pytest.skip("tiktoken is an optional extra: not installed")
+    (tmp_path / "o200k_base.tiktoken").write_bytes(b"aGVsbG8= 0\n")
+    message = config_error(token_counter="tiktoken", tiktoken_dir=tmp_path)
+    assert "COMPACTION_TIKTOKEN_DIR" in message
+    assert "sha256" in message
+
+
+def test_an_encoding_with_unknown_checksum_is_refused(tokenizers: Path) -> None:
+    message = config_error(token_counter="tiktoken", tiktoken_encoding="p50k_base",
+                           tiktoken_dir=tokenizers)
+    assert "COMPACTION_TIKTOKEN_ENCODING=p50k_base" in message
+    assert "checksum is not known" in message
+
+
+def test_no_network_and_no_directory_points_at_the_directory_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is an optional extra")
+
+    def offline(name: str) -> Any:
+        raise OSError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    message = config_error(token_counter="tiktoken")
+    assert "COMPACTION_TOKEN_COUNTER=tiktoken" in message
+    assert "no network" in message
+    assert "set COMPACTION_TIKTOKEN_DIR" in message
+
+
+def test_tiktoken_not_installed_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_import = builtins.__import__
+
+    def no_tiktoken(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "tiktoken":
+            raise ImportError("No module named 'tiktoken'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tiktoken)
+    message = config_error(token_counter="tiktoken", tiktoken_dir=tmp_path)
+    assert "COMPACTION_TOKEN_COUNTER=tiktoken" in message
+    assert "pip install" in message
+
+
+def test_the_worker_app_and_the_cli_refuse_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COMPACTION_TOKEN_COUNTER", "tiktoken")
+    monkeypatch.setenv("COMPACTION_TIKTOKEN_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="COMPACTION_TOKEN_COUNTER"):
+        create_app()
+    assert cli_main(["stats", "some-session"]) == 2
+    assert "COMPACTION_TOKEN_COUNTER=tiktoken" in capsys.readouterr().err
+
+
+def test_a_blank_directory_means_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_TIKTOKEN_DIR", "  ")
+    assert load_settings().tiktoken_dir is None
+
+
+def test_an_empty_encoding_name_is_refused() -> None:
+    assert "COMPACTION_TIKTOKEN_ENCODING" in config_error(tiktoken_encoding="")
+
+
+# -- properties -----------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=20).filter(lambda v: v not in COUNTER_KINDS))
+def test_any_other_counter_name_is_refused_naming_the_variable(value: str) -> None:
+    assert "COMPACTION_TOKEN_COUNTER" in config_error(token_counter=value)
+    with pytest.raises(ConfigError, match="token counter"):
+        build_counter(value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(encoding=st.text(min_size=1, max_size=20),
+       directory=st.none() | st.text(alphabet="abc/._-", min_size=1, max_size=20))
+def test_the_heuristic_never_looks_at_the_tiktoken_settings(
+    encoding: str, directory: str | None
+) -> None:
+    s = Settings(tiktoken_encoding=encoding, tiktoken_dir=directory)
+    assert token_counter(s) is DEFAULT_COUNTER
