@@ -27,9 +27,12 @@ is ``1 / (1 + margin)``: the heuristic without its margin, taken as unbiased.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -40,6 +43,7 @@ from typing import Any
 
 import regex  # type: ignore[import-untyped]  # tiktoken's own dependency
 from bench_tokens import (
+    ROOT,
     Doc,
     Session,
     anchor_index,
@@ -60,6 +64,7 @@ from shared.tokens import (
     TOOL_CALL_OVERHEAD,
     Calibration,
     HeuristicCounter,
+    TokenCounter,
     estimate_tokens,
     hybrid_estimate,
 )
@@ -746,13 +751,177 @@ def heuristic_traces(
 
 
 def gemini_traces(sessions: Sequence[Session], margin: float) -> list[Trace]:
-    counter = HeuristicCounter("gemini", safety_margin=margin)
+    return reported_traces(sessions, HeuristicCounter("gemini", safety_margin=margin))
+
+
+def reported_traces(sessions: Sequence[Session], counter: TokenCounter) -> list[Trace]:
+    """``counter`` against the prompt tokens Gemini reported (sessions with 2+ reports)."""
     out = []
     for s in sessions:
         truth = {i: n for i, n in enumerate(s.usage) if n}
         if len(truth) > 1:
             out.append(make_trace(s, [counter.message(m) for m in s.messages], truth))
     return out
+
+
+# -- the exact counter as the estimator (COMPACTION_TOKEN_COUNTER=tiktoken) -----------------
+def counter_traces(
+    sessions: Sequence[Session], counter: TokenCounter, truth: TokenCounter
+) -> list[Trace]:
+    """``counter`` as the estimator, ``truth`` (a tokenizer with chat framing) on every prefix."""
+    out = []
+    for s in sessions:
+        true = [truth.message(m) for m in s.messages]
+        est = [counter.message(m) for m in s.messages]
+        out.append(make_trace(s, est, dict(enumerate(prefix_sums(true))), true))
+    return out
+
+
+def whole_session_errors(traces: Iterable[Trace]) -> list[float]:
+    """Uncalibrated error of each session at its last known truth (the whole session for a
+    tokenizer, the last reported call for Gemini)."""
+    return [tr.est[k] / tr.truth[k] - 1 for tr in traces for k in [max(tr.truth)]]
+
+
+def exact_table(rows: Sequence[tuple[str, str, Sequence[Trace]]]) -> list[str]:
+    """Uncalibrated and one-early-report figures of estimator / truth pairs."""
+    out = [
+        "| estimator | truth | sessions | uncalibrated worst / median (all) "
+        f"| one report after assistant message {EARLY}: p95 / max, fit | held-out | all "
+        "| later prefixes under by > 3% | hindsight best ratio, p95 (all) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for estimator, truth, traces in rows:
+        errors = whole_session_errors(traces)
+        signed = signed_errors(traces, single_ratio, EARLY)
+        hindsight = [abs(e) for e in signed_errors(traces, Hindsight(), EARLY)]
+        out.append(
+            f"| {estimator} | {truth} | {len(traces)} "
+            f"| {pct(min(errors))} / {pct(statistics.median(errors))} "
+            f"| {' | '.join(cells(traces, single_ratio))} "
+            f"| {sum(e < -TARGET for e in signed) / len(signed):.0%} "
+            f"| {pct(percentile(hindsight, 0.95))} |"
+        )
+    return out
+
+
+def count_messages(counter: TokenCounter, messages: Sequence[Message]) -> int:
+    return sum(counter.message(m) for m in messages)
+
+
+def counter_speed_lines(
+    sessions: Sequence[Session], counters: Sequence[tuple[str, TokenCounter]]
+) -> list[str]:
+    """Per short message, per message and per MB of text, every counter in the same run."""
+    messages = [m for s in sessions for m in s.messages]
+    short = [m for m in messages if len(m.text()) <= 300 and not m.tool_calls]
+    text = "".join(t for m in messages for t in message_texts(m))
+    megabytes = len(text.encode()) / 1e6
+
+    def best(fn: Callable[[], object], runs: int) -> float:
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    out = [
+        f"| counter | µs per short message (<= 300 chars, {len(short):,}, best of 5) "
+        f"| µs per message (all {len(messages):,}, best of 3) "
+        f"| ms per MB ({megabytes:.1f} MB of message text as one string, best of 3) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, counter in counters:
+        per_short = best(functools.partial(count_messages, counter, short), 5) / len(short)
+        per_any = best(functools.partial(count_messages, counter, messages), 3) / len(messages)
+        per_mb = best(functools.partial(counter.text, text), 3) / megabytes
+        out.append(
+            f"| {name} | {per_short * 1e6:.1f} | {per_any * 1e6:.1f} | {per_mb * 1e3:.0f} |"
+        )
+    return out
+
+
+LOAD_PROBE = """
+import sys, time
+from shared.tokens_exact import TiktokenCounter
+start = time.perf_counter()
+counter = TiktokenCounter(sys.argv[1], sys.argv[2]) if len(sys.argv) > 1 else None
+if counter is not None:
+    counter.text("warm")
+seconds = time.perf_counter() - start
+with open("/proc/self/status") as status:
+    peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+print(seconds, peak)
+"""
+"""Run in a fresh interpreter: seconds to load the encoding, and peak RSS in kB (Linux:
+``VmHWM`` starts afresh at exec, unlike ``ru_maxrss``, which keeps the forking parent's)."""
+
+
+def load_cost_line(tokenizers: Path, encodings: Sequence[str]) -> str:
+    """What choosing tiktoken costs a process at start-up: load time and memory."""
+
+    if not Path("/proc/self/status").is_file():
+        return "Start-up cost: not measured (needs Linux's /proc)."
+
+    def probe(*args: str) -> tuple[float, int]:
+        done = subprocess.run(
+            [sys.executable, "-c", LOAD_PROBE, *args],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        seconds, rss = done.stdout.split()
+        return float(seconds), int(rss)
+
+    base_rss = probe()[1]
+    parts = []
+    for name in encodings:
+        runs = [probe(name, str(tokenizers.resolve())) for _ in range(3)]
+        seconds, rss = min(r[0] for r in runs), max(r[1] for r in runs)
+        parts.append(f"{name} {seconds:.2f} s and {(rss - base_rss) / 1024:.0f} MB")
+    return (
+        "Start-up cost of `COMPACTION_TOKEN_COUNTER=tiktoken` per process (fresh "
+        "interpreter, file read from `COMPACTION_TIKTOKEN_DIR` and its sha256 checked, best "
+        f"of 3; memory: peak RSS beyond importing the counter module): {'; '.join(parts)}."
+    )
+
+
+def exact_lines(
+    sessions: Sequence[Session], tokenizers: Path, margin: float
+) -> list[str]:
+    """The optional exact counter against the same targets and protocol as the heuristic."""
+    o200k = TiktokenCounter("o200k_base", tokenizers)
+    cl100k = TiktokenCounter("cl100k_base", tokenizers)
+    heuristic = HeuristicCounter("openai", safety_margin=margin)
+    gemini = HeuristicCounter("gemini", safety_margin=margin)
+    heur_name = f"heuristic, openai, margin {margin:g}"
+    rows: list[tuple[str, str, Sequence[Trace]]] = [
+        (heur_name, "o200k", counter_traces(sessions, heuristic, o200k)),
+        ("tiktoken o200k", "o200k", counter_traces(sessions, o200k, o200k)),
+        (heur_name, "cl100k", counter_traces(sessions, heuristic, cl100k)),
+        ("tiktoken o200k", "cl100k", counter_traces(sessions, o200k, cl100k)),
+        (f"heuristic, gemini, margin {margin:g}", "Gemini-reported",
+         reported_traces(sessions, gemini)),
+        ("tiktoken o200k", "Gemini-reported", reported_traces(sessions, o200k)),
+    ]
+    return [
+        "Exact counter (`TiktokenCounter`, what `COMPACTION_TOKEN_COUNTER=tiktoken` selects) "
+        "as the estimator, next to the heuristic, on the same sessions and with the same "
+        f"protocol: one `Calibration.update` with the true prompt tokens of the prefix ending "
+        f"at assistant message {EARLY}, then `hybrid_estimate` for every later prefix "
+        "(Gemini-reported: the first reported call at or after it, errors at every later "
+        "reported call). Truth: tiktoken with OpenAI chat framing, or the prompt tokens "
+        "Gemini reported (28 coding sessions).",
+        "",
+        *exact_table(rows),
+        "",
+        *counter_speed_lines(
+            sessions,
+            [(heur_name, heuristic), ("tiktoken o200k", o200k), ("tiktoken cl100k", cl100k)],
+        ),
+        "",
+        load_cost_line(tokenizers, ("o200k_base", "cl100k_base")),
+    ]
 
 
 Row = tuple[str, Sequence[Trace], Rule, Sequence[Trace] | None]
@@ -815,6 +984,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the pre-tokenizer ceilings (the slow part, ~30 s)",
     )
+    parser.add_argument(
+        "--exact-only",
+        action="store_true",
+        help="print only the exact counter's figures (tiktoken as the estimator, ~30 s)",
+    )
     args = parser.parse_args(argv)
     transcripts = args.data / "transcripts.dev.jsonl"
     if not transcripts.is_file():
@@ -827,6 +1001,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exact counter unavailable: {exc}", file=sys.stderr)
         return 2
     sessions = load_sessions(transcripts)
+    if args.exact_only:
+        print("\n".join(exact_lines(sessions, args.data / "tokenizers", args.margin)))
+        return 0
     prior = 1 / (1 + args.margin)
     heur = heuristic_traces(sessions, o200k, args.margin, exact_tools=False)
     gemini = gemini_traces(sessions, args.margin)
@@ -953,6 +1130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if table is not None:
         lines += ["", *probe_lines, "", *vocabulary_lines(sessions, table)]
+    lines += ["", *exact_lines(sessions, args.data / "tokenizers", args.margin)]
     print("\n".join(lines))
     return 0
 
