@@ -23,6 +23,7 @@ from shared.guard import ContextGuard
 from shared.records import CheapDecision, CommitResult, SummaryRecord, ViewData
 from shared.store import SessionStore, connect, redis_errors
 from workers.embedded import redact_url
+from workers.runtime import token_counter
 from workers.settings import Settings
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
@@ -63,7 +64,8 @@ def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
         raise ConfigError(f"COMPACTION_REDIS_URL: {exc}") from None
     with store_errors(settings.redis_url), redis_errors("ping"):
         client.ping()
-    return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant)
+    return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
+                        counter=token_counter(settings))
 
 
 def load_session(store: SessionStore, session_id: str) -> ViewData:
