@@ -3,11 +3,12 @@
 Runs ``compaction replay`` once per window (fake OpenAI-compatible provider
 counting o200k and rejecting overflows with OpenAI's error, the guard on the
 hot path, real Celery workers on an embedded or configured Redis) and prints
-the figures side by side as markdown, with the failed turns spelled out.
+the figures side by side as markdown, with the failed turns spelled out and,
+from every turn's trace, why the guard truncated and what was rejected.
 
     .venv/bin/python scripts/bench_replay.py [--data ../shared/data/transcripts.dev.jsonl]
         [--windows 8000,16000,32000] [--latency 0] [--summarizer-latency 0]
-        [--parallel 1] [--workers 1] [--concurrency 4] [--json-dir DIR]
+        [--parallel 1] [--workers 1] [--concurrency 4] [--json-dir DIR] [--trace-dir DIR]
 
 Redis: ``COMPACTION_REDIS_URL`` / ``COMPACTION_BROKER_URL`` when set, else an
 embedded redis-server, else the in-process fallback (the output says which).
@@ -21,9 +22,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from workers.replay import ReplayOptions, resolve_counter, run_replay
-from workers.replay_report import RunReport, render_comparison
+from workers.replay_report import (
+    RunReport,
+    TraceCauses,
+    render_causes,
+    render_comparison,
+    trace_causes,
+)
 from workers.settings import load_settings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
@@ -44,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
     parser.add_argument("--concurrency", type=int, default=4, help="threads per worker")
     parser.add_argument("--json-dir", type=Path, help="write one REPORT.json per window here")
+    parser.add_argument("--trace-dir", type=Path,
+                        help="write one trace (a JSON line per turn) per window here")
     return parser.parse_args(argv)
 
 
@@ -70,15 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     cache = os.environ.get("TIKTOKEN_CACHE_DIR")
     counter = resolve_counter(None, [cache] if cache else [])
     reports: list[RunReport] = []
+    causes: list[TraceCauses] = []
     for window in windows:
         started = time.monotonic()
         options = ReplayOptions(
             window=window, max_tokens=args.max_tokens, latency=args.latency,
             summarizer_latency=args.summarizer_latency, parallel=args.parallel,
             workers=args.workers, concurrency=args.concurrency)
+        rows: list[dict[str, Any]] = []  # list.append is atomic: parallel sessions may share it
         report = run_replay(args.data, options, settings, base_env=dict(os.environ),
-                            configured=configured, counter=counter, limit=args.sessions)
+                            configured=configured, counter=counter, limit=args.sessions,
+                            trace=rows.append)
         reports.append(report)
+        causes.append(trace_causes(rows, report.options["trigger_ratio"]))
+        if args.trace_dir:
+            args.trace_dir.mkdir(parents=True, exist_ok=True)
+            with (args.trace_dir / f"trace-{window}.jsonl").open("w") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
         print(f"window {window}: {time.monotonic() - started:.0f} s", file=sys.stderr)
         if args.json_dir:
             args.json_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     print("- wall time per window: " + ", ".join(
         f"{r.window:,}: {r.elapsed_s:.0f} s" for r in reports) + "\n")
     print(render_comparison(reports))
+    for report, found in zip(reports, causes, strict=True):
+        print(f"From the trace at {report.window:,}:\n")
+        print(render_causes(found))
     for report in reports:
         failures = [(s.source_id, f) for s in report.sessions for f in s.failures]
         if failures:

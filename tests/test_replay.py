@@ -44,8 +44,10 @@ from workers.replay_report import (
     RunReport,
     SessionReport,
     percentile,
+    render_causes,
     render_comparison,
     render_markdown,
+    trace_causes,
 )
 from workers.replay_services import Services, parse_job_lines, with_db
 from workers.replay_sessions import load_sessions, parse_session, session_key
@@ -233,6 +235,32 @@ def test_report_totals_and_rendering() -> None:
     dumped = report.model_dump(mode="json")
     assert dumped["totals"]["turns"] == 7 and "prepare_ms" not in dumped["sessions"][0]
     assert "| 8,000 | 8,000 |" in render_comparison([report, report])
+
+
+def test_trace_causes_classify_truncations_by_the_turn_before_and_rejections() -> None:
+    def row(session: str, usage: float, truncated: bool = False,
+            rejected: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"session": session, "prepare": {
+            "usage_ratio": usage, "truncated": truncated, "estimated": 1000}}
+        if rejected is not None:
+            out["rejected"] = rejected
+        return out
+
+    over = ("Error code: 400 - This model's maximum context length is 8000 tokens. However, "
+            "you requested 8030 tokens (1006 in the messages, 1024 in the completion).")
+    rows = [row("a", 0.5, truncated=True), row("b", 0.3),  # a's first turn
+            row("a", 0.9), row("b", 0.85, truncated=True),  # b: new input
+            row("a", 0.95, truncated=True), row("a", 0.94, truncated=True),  # late, chain
+            row("b", 0.99, rejected=over), row("a", 0.96, truncated=True, rejected=over)]
+    causes = trace_causes(rows, trigger_ratio=0.8)
+    assert causes.truncations == {"worker late": 1, "after a truncation": 2, "new input": 1,
+                                  "first turn": 1}
+    assert (causes.rejected_truncated, causes.rejected_untruncated) == (1, 1)
+    assert causes.excess == [0.006, 0.006] and causes.usage_at_rejection == [0.99, 0.96]
+    text = render_causes(causes)
+    assert "proactive truncations (5)" in text and "1 of truncated views" in text
+    assert "+0.6%" in text
+    assert render_causes(trace_causes([], 0.8)).endswith("rejections: none\n")
 
 
 def test_job_log_lines_are_parsed_and_noise_ignored() -> None:

@@ -27,8 +27,9 @@ real agent session inside a window the provider enforces, and at what cost?
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
@@ -284,6 +285,81 @@ def render_sessions(sessions: Sequence[SessionReport]) -> str:
     return "\n".join(rows)
 
 
+_PROVIDER_COUNT = re.compile(r"\((\d+) in the messages")
+CAUSES = ("worker late", "after a truncation", "new input", "first turn")
+
+
+class TraceCauses(BaseModel):
+    """Why the guard truncated, and what the rejected views were, from a ``--trace`` file.
+
+    A truncation is classified by the turn before it: its view was at the
+    trigger (a compaction was due and not in place yet: *worker late*), it
+    was truncated too (truncation fills the budget, so the next turn's
+    input overflows again until a summary lands: *after a truncation*), or
+    it was below the trigger and this turn's input alone pushed the view
+    over (*new input*: no worker could have prevented it).
+    """
+
+    truncations: dict[str, int] = Field(default_factory=dict)
+    rejected_truncated: int = 0
+    rejected_untruncated: int = 0
+    excess: list[float] = Field(default_factory=list)
+    """Per rejection: the provider's message count over the guard's estimate, minus 1."""
+    usage_at_rejection: list[float] = Field(default_factory=list)
+    """Per rejection: the usage ratio the guard reported for the view it sent."""
+
+
+def trace_causes(rows: Iterable[Mapping[str, Any]], trigger_ratio: float) -> TraceCauses:
+    """Classify the truncations and rejections of a trace (rows in session order)."""
+    causes: Counter[str] = Counter()
+    out = TraceCauses()
+    previous: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        session = str(row.get("session"))
+        view = row.get("prepare") or {}
+        before = previous.get(session)
+        previous[session] = view
+        if view.get("truncated"):
+            if before is None:
+                causes["first turn"] += 1
+            elif before.get("truncated"):
+                causes["after a truncation"] += 1
+            elif float(before.get("usage_ratio", 0.0)) >= trigger_ratio:
+                causes["worker late"] += 1
+            else:
+                causes["new input"] += 1
+        rejected = row.get("rejected")
+        if not isinstance(rejected, str):
+            continue
+        if view.get("truncated"):
+            out.rejected_truncated += 1
+        else:
+            out.rejected_untruncated += 1
+        found = _PROVIDER_COUNT.search(rejected)
+        estimated = int(view.get("estimated") or 0)
+        if found and estimated:
+            out.excess.append(round(int(found.group(1)) / estimated - 1, 4))
+        out.usage_at_rejection.append(float(view.get("usage_ratio", 0.0)))
+    out.truncations = {name: causes[name] for name in CAUSES if causes[name]}
+    return out
+
+
+def render_causes(causes: TraceCauses) -> str:
+    """Two markdown lines: truncations by cause, rejections by kind."""
+    total = sum(causes.truncations.values())
+    parts = ", ".join(f"{name} {n}" for name, n in causes.truncations.items()) or "none"
+    line = f"- proactive truncations ({total}) by the turn before: {parts}"
+    rejected = causes.rejected_truncated + causes.rejected_untruncated
+    if not rejected:
+        return f"{line}\n- rejections: none\n"
+    excess = (f"; the provider counted {min(causes.excess):+.1%} to {max(causes.excess):+.1%} "
+              "against the guard's estimate" if causes.excess else "")
+    usage = (f", sent at {min(causes.usage_at_rejection):.1%}-"
+             f"{max(causes.usage_at_rejection):.1%} of the input budget by that estimate")
+    return (f"{line}\n- rejections ({rejected}): {causes.rejected_truncated} of truncated "
+            f"views, {causes.rejected_untruncated} of untruncated views{usage}{excess}\n")
+
+
 def render_comparison(reports: Sequence[RunReport]) -> str:
     """Several runs (e.g. one per window) side by side, one column each."""
     if not reports:
@@ -297,13 +373,17 @@ def render_comparison(reports: Sequence[RunReport]) -> str:
 
 
 __all__ = [
+    "CAUSES",
     "Distribution",
     "FailedTurn",
     "RunReport",
     "SessionReport",
     "SkippedReport",
+    "TraceCauses",
     "percentile",
+    "render_causes",
     "render_comparison",
     "render_markdown",
     "render_sessions",
+    "trace_causes",
 ]
