@@ -493,7 +493,9 @@ def test_command_writes_json_and_exit_status(tmp_path: Path, configured: dict[st
                               "--summarizer", "offline", "--per-session"])
     code = replay_command.run(args, load_settings(**configured))
     assert code == 0
-    assert "### Replay: window 8,000 tokens, 1 sessions" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "### Replay: window 8,000 tokens, 1 sessions" in printed
+    assert "- proactive truncations (" in printed and "- rejections" in printed
     data = json.loads(out.read_text())
     assert data["totals"]["failed_turns"] == 0 and data["sessions"][0]["turns"] > 0
     assert data["summarizer"].startswith("offline")

@@ -3,9 +3,10 @@
 Replays recorded agent sessions (OpenAI chat format, one per line) through
 the guard against a fake provider that enforces the window, with real
 Celery workers summarizing in the background, and prints the report
-(markdown). Exit status: 0 when every turn got an answer, 1 when some turn
-failed even after recovery (or nothing could be replayed), 2 on a
-configuration error.
+(markdown), then why the guard truncated and what the provider rejected,
+classified from every turn's trace. Exit status: 0 when every turn got an
+answer, 1 when some turn failed even after recovery (or nothing could be
+replayed), 2 on a configuration error.
 
 This module is an edge: it is where the environment is read (which Redis
 was configured, the tiktoken cache, what the worker processes inherit).
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.replay import ReplayOptions, resolve_counter, run_replay
-from workers.replay_report import SessionReport, render_markdown
+from workers.replay_report import SessionReport, render_causes, render_markdown, trace_causes
 from workers.settings import Settings
 
 
@@ -101,14 +102,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         keep_data=args.keep_data)
     counter = resolve_counter(args.tokenizer, _tiktoken_cache_dirs())
     configured = bool({"redis_url", "broker_url"} & settings.model_fields_set)
+    rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        trace = None
-        if args.trace:
-            handle = stack.enter_context(Path(args.trace).open("w", encoding="utf-8"))
-            lock = threading.Lock()
+        handle = (stack.enter_context(Path(args.trace).open("w", encoding="utf-8"))
+                  if args.trace else None)
+        lock = threading.Lock()
 
-            def trace(row: dict[str, Any]) -> None:
-                with lock:
+        def trace(row: dict[str, Any]) -> None:
+            with lock:
+                rows.append(row)
+                if handle is not None:
                     handle.write(json.dumps(row) + "\n")
 
         report = run_replay(
@@ -118,6 +121,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             force_in_process=args.in_process, select=args.select,
             progress=None if args.quiet else _progress, trace=trace)
     print(render_markdown(report, per_session=args.per_session))
+    print(render_causes(trace_causes(rows, report.options["trigger_ratio"])))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report.model_dump(mode="json"), indent=1),
                                         encoding="utf-8")
