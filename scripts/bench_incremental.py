@@ -292,7 +292,7 @@ def report(played: list[Played], source: Source, counter_name: str,
               f"played in {p.seconds:.1f} s.")
         for failure in p.failed_jobs[:5]:
             print(f"- failed job, {failure}")
-        print("\n| compaction | step | range summarized | calls | incremental input | "
+        print("\n| compaction | step | watermark before -> after | calls | incremental input | "
               "from scratch input |")
         print("|---|---|---|---|---|---|")
         shown = p.compactions if len(p.compactions) <= 8 else (
@@ -301,7 +301,7 @@ def report(played: list[Played], source: Source, counter_name: str,
             index = p.compactions.index(c) + 1
             if len(p.compactions) > 8 and i == 4:
                 print("| ... | | | | | |")
-            print(f"| {index} | {c.turn} | [{c.base}, {c.cut}) | {c.calls} | {c.incremental} "
+            print(f"| {index} | {c.turn} | {c.base} -> {c.cut} | {c.calls} | {c.incremental} "
                   f"| {c.scratch} |")
 
 
