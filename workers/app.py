@@ -3,13 +3,18 @@
 Every production setting below is a decision; the comment says why.
 
 Pool: ``--pool threads --concurrency 32``, one worker process per CPU core
-(``docker compose up --scale worker=N``), measured against prefork in
+(``docker compose up --scale worker=N``); measured against prefork in
 BENCHMARKS.md "Worker throughput and pool". A job waits on the LLM for most
-of its life, so threads share one process, one store client and one HTTP
-connection pool; prefork needs a process per slot for the same concurrency.
-One process is one GIL: the job's own CPU (rendering, token counts, the SDK)
-caps it near ``1000 / CPU ms per job`` jobs/s, so scale out with processes,
-not threads.
+of its life, so a slot should cost little: a thread costs about 3 MiB, a
+prefork child about 56 MiB, and threads share one store client and one
+HTTP connection pool per process. Two threads processes matched one prefork
+worker of 32 children on two CPUs with a ninth of the memory and twice the
+slots. One process is one GIL: the job's own CPU (rendering, token counts,
+the SDK: about 30 ms for a 14k-token range, growing with the range) caps a
+process near ``1000 / CPU ms per job`` jobs/s, so scale out with processes.
+More threads per process only help when the LLM is slow (a process needs
+about jobs/s x LLM latency threads); stay at or under 100, the connection
+pool of the store's Redis client (redis-py fails past it, it does not wait).
 
 Time limits: prefork enforces the soft and hard limits below; the threads
 pool enforces neither (a thread cannot be interrupted). There a job is
