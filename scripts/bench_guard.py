@@ -634,7 +634,9 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
     queued_before = broker.llen(env.queue)
     publish_s, coalesced, after = Series(), Series(), Series()
     parts: dict[str, Series] = {}
+    busy: list[float] = []
     for _ in range(args.rounds):
+        busy.append(wait_for_quiet(args.quiet, args.quiet_wait))
         turn_sample, prep_sample = bench.run(args.turn_calls, publish=True)
         publish_s.add(turn_sample)
         after.add(prep_sample)
@@ -653,7 +655,8 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
           f"session of {big.length} messages; `CeleryEnqueuer` publishing to the Redis broker; "
           "before each pair, untimed: the turn is cut off again (`truncate_after`) and "
           f"`prepare` runs once; {args.turn_calls} calls per round and case; {published} jobs "
-          f"reached the queue, {expected} expected):\n")
+          f"reached the queue, {expected} expected; other load before each round: "
+          + ", ".join(f"{b:.0%}" for b in busy) + "):\n")
     print(header(False))
     rows = [("`record_turn`, pending flag cleared: publishes every call", publish_s),
             ("`record_turn`, pending flag set: coalesced, no publish", coalesced),

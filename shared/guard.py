@@ -50,6 +50,7 @@ from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.truncation import emergency_truncate
 from shared.usage import reported_prompt_tokens
 from shared.view import (
+    PairScan,
     Regions,
     ViewCache,
     apply_cheap,
@@ -58,6 +59,7 @@ from shared.view import (
     cheap_savings,
     decode_view,
     pairs_intact,
+    scan_pairs,
     summary_block,
 )
 
@@ -170,12 +172,15 @@ class ContextGuard:
 
     def load(self, session_id: str) -> ViewData:
         """The session's view, read incrementally against the cached one (one round trip)."""
+        return self._read(session_id)[0]
+
+    def _read(self, session_id: str) -> tuple[ViewData, PairScan]:
         validate_session_id(session_id)  # before it is used as a cache key
         cached = self.views.get(session_id)
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None)
-        data, entry = decode_view(raw, cached)
+        data, scan, entry = decode_view(raw, cached)
         self.views.put(session_id, entry)
-        return data
+        return data, scan
 
     # -- prepare -------------------------------------------------------------------
     def prepare(self, session_id: str, system_prompt: str = "",
@@ -194,7 +199,7 @@ class ContextGuard:
         _check_request(system_prompt, tools)
         extra = validate_messages(pending, prefix="pending")
         try:
-            data = self.load(session_id)
+            data, scan = self._read(session_id)
         except StoreUnavailable:
             if fallback_messages is None:
                 raise
@@ -202,12 +207,12 @@ class ContextGuard:
                                   validate_messages(fallback_messages) + extra, started)
         force = self.policy.recovery_ratio if data.state.recover_next else None
         return self._build(session_id, data, system_prompt, tools, max_tokens, model, extra,
-                           started, force_ratio=force)
+                           started, force_ratio=force, scan=scan)
 
     def _build(self, session_id: str, data: ViewData, system_prompt: str,
                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                extra: list[Message], started: float, *, force_ratio: float | None = None,
-               retry_lost_swap: bool = True) -> PreparedView:
+               retry_lost_swap: bool = True, scan: PairScan | None = None) -> PreparedView:
         state = data.state
         limits = self.model_limits(model, state)
         reserve = output_reserve(limits, max_tokens)
@@ -263,9 +268,10 @@ class ContextGuard:
             if not recorded and retry_lost_swap:
                 # A worker's summary (or an edit) landed since the read: build from it
                 # instead (it may fit without truncating), once.
-                return self._build(session_id, self.load(session_id), system_prompt, tools,
-                                   max_tokens, model, extra, started, force_ratio=force_ratio,
-                                   retry_lost_swap=False)
+                fresh, fresh_scan = self._read(session_id)
+                return self._build(session_id, fresh, system_prompt, tools, max_tokens, model,
+                                   extra, started, force_ratio=force_ratio,
+                                   retry_lost_swap=False, scan=fresh_scan)
             if force_ratio is not None:
                 self.store.update_state(session_id, recover_next=0)
             enqueued = self._enqueue(session_id, force=True) or enqueued
@@ -274,7 +280,7 @@ class ContextGuard:
             estimated = math.ceil(regions.total * ratio - 1e-9)
             report = self._check(window, reserve, regions, estimated, newest)
 
-        if not pairs_intact(history):
+        if not self._intact(data, decisions, history, extra, None if truncated else scan):
             history = repair_tool_pairs(history)
         messages = assemble(system_prompt, summary, history,
                             placement=self.policy.summary_placement)
@@ -289,6 +295,22 @@ class ContextGuard:
             note=note, enqueued=enqueued, pending_job=data.pending or enqueued,
             recovery=force_ratio is not None, degraded=False,
             elapsed_ms=(time.perf_counter() - started) * 1000))
+
+    @staticmethod
+    def _intact(data: ViewData, decisions: Mapping[int, Any], history: Sequence[Message],
+                extra: Sequence[Message], scan: PairScan | None) -> bool:
+        """Whether ``history`` needs no tool-pair repair, resuming ``scan`` when it applies.
+
+        ``scan`` covers the stored messages; cheap-stage placeholders only
+        replace the content of tool results, which the check does not read,
+        so only the pending messages remain to be scanned. Otherwise (a
+        truncated view, a decision on another role) the whole view is scanned.
+        """
+        w, end = data.state.watermark, data.length
+        if scan is None or any(data.history[i - w].role != "tool"
+                               for i in decisions if w <= i < end):
+            return pairs_intact(history)
+        return scan_pairs(extra, scan).intact
 
     def _newest(self, extra: Sequence[Message], tokens: Sequence[int] | None = None) -> int:
         """Tokens of the newest message when it is a *user* message (else 0).

@@ -130,40 +130,74 @@ def _blank(message: Message) -> bool:
     return message.media_count() == 0 and not message.text().strip()
 
 
-def pairs_intact(messages: Sequence[Message]) -> bool:
-    """True when :func:`shared.repair.repair_tool_pairs` would return ``messages`` unchanged.
+@dataclass(frozen=True, slots=True)
+class PairScan:
+    """Where the walk of :func:`scan_pairs` stands, so that it can resume later.
 
-    A conservative, linear check of what repair guarantees: after the
-    leading system messages, the first message is a user message; every
-    assistant message with tool calls is followed directly by exactly one
-    result per call; call ids are unique in the list; no result stands
-    elsewhere; no user or assistant message is blank. False means "repair
-    it", not "it is broken": the guard then runs the full repair.
+    ``begun``: a non-system message was seen (the leading system run is
+    over); ``seen``: every tool call id so far; ``open_calls``: calls of the
+    last assistant message still waiting for their result.
     """
-    i, n = 0, len(messages)
-    while i < n and messages[i].role == "system":
-        i += 1
-    if i < n and messages[i].role != "user":
-        return False
-    seen: set[str] = set()
-    open_calls: set[str] = set()
-    for message in messages[i:]:
+
+    ok: bool = True
+    begun: bool = False
+    seen: frozenset[str] = frozenset()
+    open_calls: frozenset[str] = frozenset()
+
+    @property
+    def intact(self) -> bool:
+        return self.ok and not self.open_calls
+
+
+PAIRS_START = PairScan()
+
+
+def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> PairScan:
+    """Continue the check of :func:`pairs_intact` over ``messages`` from ``state``.
+
+    ``scan_pairs(a + b) == scan_pairs(b, scan_pairs(a))``: a view that only
+    grew at its end is checked from where the last check stopped.
+    """
+    if not state.ok:
+        return state
+    begun = state.begun
+    seen = set(state.seen)
+    open_calls = set(state.open_calls)
+    for message in messages:
         role = message.role
+        if not begun:
+            if role == "system":
+                continue
+            if role != "user":
+                return PairScan(ok=False)
+            begun = True
         if role == "tool":
             call_id = message.tool_call_id or ""
             if call_id not in open_calls:
-                return False
+                return PairScan(ok=False)
             open_calls.discard(call_id)
             continue
         if open_calls or _blank(message):
-            return False
-        if message.tool_calls:
-            for call in message.tool_calls:
-                if call.id in seen:
-                    return False
-                seen.add(call.id)
-                open_calls.add(call.id)
-    return not open_calls
+            return PairScan(ok=False)
+        for call in message.tool_calls:
+            if call.id in seen:
+                return PairScan(ok=False)
+            seen.add(call.id)
+            open_calls.add(call.id)
+    return PairScan(True, begun, frozenset(seen), frozenset(open_calls))
+
+
+def pairs_intact(messages: Sequence[Message]) -> bool:
+    """True when :func:`shared.repair.repair_tool_pairs` would return ``messages`` unchanged.
+
+    A linear check of what repair guarantees: after the leading system
+    messages, the first message is a user message; every assistant message
+    with tool calls is followed directly by exactly one result per call;
+    call ids are unique in the list; no result stands elsewhere; no user or
+    assistant message is blank. False means "repair it", not "it is broken":
+    the guard then runs the full repair.
+    """
+    return scan_pairs(messages).intact
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +221,7 @@ class CachedView:
     state: SessionState
     cheap_raw: Mapping[int, str]
     cheap: Mapping[int, CheapDecision]
+    scan: PairScan  # scan_pairs(history): the next view resumes from it
 
     @property
     def cursor(self) -> ViewCursor:
@@ -237,13 +272,14 @@ class ViewCache:
         return len(self._entries)
 
 
-def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, CachedView | None]:
+def decode_view(raw: RawView, cached: CachedView | None,
+                ) -> tuple[ViewData, PairScan, CachedView | None]:
     """The full view from a read and the cached view it was made against.
 
     Decodes only what ``cached`` does not hold: the new messages of an
     incremental read, a changed summary or state hash, new cheap decisions.
-    Returns the view and the entry to cache (None when the session has no
-    epoch yet, i.e. nothing was ever appended).
+    Returns the view, the :class:`PairScan` of its history, and the entry
+    to cache (None when the session has no epoch yet: nothing was appended).
     """
     state = (cached.state if cached is not None and cached.state_raw == raw.state_raw
              else raw.state())
@@ -251,10 +287,13 @@ def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, Cach
         if cached is None or cached.end != raw.start or not \
                 cached.start <= state.watermark <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
-        history = list(cached.history[state.watermark - cached.start:])
-        history += raw.decode_messages()
+        new = raw.decode_messages()
+        history = list(cached.history[state.watermark - cached.start:]) + new
+        scan = (scan_pairs(new, cached.scan) if state.watermark == cached.start
+                else scan_pairs(history))
     else:
         history = raw.decode_messages()
+        scan = scan_pairs(history)
     if raw.summary_included:
         summary = (SummaryRecord.model_validate_json(raw.summary_json)
                    if raw.summary_json else None)
@@ -274,18 +313,20 @@ def decode_view(raw: RawView, cached: CachedView | None) -> tuple[ViewData, Cach
         tokens_total=raw.tokens_total, length=raw.length, summary=summary, cheap=cheap,
         pending=raw.pending, epoch=raw.epoch)
     if not raw.epoch:
-        return data, None
+        return data, scan, None
     entry = CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=state.watermark,
         end=raw.length, total=raw.tokens_total, history=tuple(history), summary=summary,
-        state_raw=raw.state_raw, state=state, cheap_raw=raw.cheap_raw, cheap=cheap)
-    return data, entry
+        state_raw=raw.state_raw, state=state, cheap_raw=raw.cheap_raw, cheap=cheap, scan=scan)
+    return data, scan, entry
 
 
 __all__ = [
+    "PAIRS_START",
     "SUMMARY_CLOSE",
     "SUMMARY_OPEN",
     "CachedView",
+    "PairScan",
     "Regions",
     "ViewCache",
     "apply_cheap",
@@ -294,5 +335,6 @@ __all__ = [
     "cheap_savings",
     "decode_view",
     "pairs_intact",
+    "scan_pairs",
     "summary_block",
 ]

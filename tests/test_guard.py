@@ -22,7 +22,7 @@ from shared.messages import Message
 from shared.records import AppendResult, CheapDecision, SummaryRecord
 from shared.repair import repair_tool_pairs, validate_view
 from shared.store import SessionStore, connect
-from shared.view import ViewCache, pairs_intact
+from shared.view import ViewCache, pairs_intact, scan_pairs
 from tests.redis_server import ReplyDroppingProxy
 from tests.strategies import any_conversations, conversations, damaged_conversations
 from workers.fakes.openai_server import FakeOpenAIServer
@@ -358,6 +358,16 @@ def test_valid_conversations_skip_repair(messages: list[Message]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
+@given(messages=any_conversations(), data=st.data())
+def test_the_pair_scan_resumes_where_it_stopped(messages: list[Message],
+                                                data: st.DataObject) -> None:
+    """A view that grew at its end is checked from the last check's state, same answer."""
+    cut = data.draw(st.integers(0, len(messages)))
+    assert scan_pairs(messages[cut:], scan_pairs(messages[:cut])).intact == \
+        pairs_intact(messages)
+
+
+@settings(max_examples=200, deadline=None)
 @given(messages=damaged_conversations())
 def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
     assert pairs_intact(messages) == (repair_tool_pairs(messages) == list(messages))
@@ -369,17 +379,17 @@ def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
     guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
     for i in range(12):
         store.append("s", coding_turn(i, 12_000))
-    real_load = guard.load
+    real_read = guard._read
     raced: list[int] = []
 
-    def load_then_a_worker_commits(session_id: str) -> Any:
-        data = real_load(session_id)
+    def read_then_a_worker_commits(session_id: str) -> Any:
+        data, scan = real_read(session_id)
         if not raced:  # a worker's summary lands between the guard's read and its swap
             record = SummaryRecord(watermark=50, kind="llm", text="worker summary", tokens=20)
             raced.append(store.commit_summary(session_id, record, data.state.version).version)
-        return data
+        return data, scan
 
-    guard.load = load_then_a_worker_commits  # type: ignore[method-assign]
+    guard._read = read_then_a_worker_commits  # type: ignore[method-assign]
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
                          pending=[{"role": "user", "content": "continue"}])
     assert raced == [1]
