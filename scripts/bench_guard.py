@@ -36,6 +36,7 @@ import gc
 import os
 import pstats
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -528,7 +529,8 @@ def report(args: argparse.Namespace, env: Env, guard: ContextGuard) -> None:
         naive_redis.add(timed(lambda: naive_from_redis(store, big_sid), args.naive_calls))
 
     print("## Guard (hot path)\n")
-    print("Command: `.venv/bin/python scripts/bench_guard.py` (real Redis 127.0.0.1:6379, "
+    command = " ".join(["scripts/bench_guard.py", *sys.argv[1:]])
+    print(f"Command: `.venv/bin/python {command}` (real Redis 127.0.0.1:6379, "
           f"store db {args.redis_url.rsplit('/', 1)[-1]}, broker db "
           f"{args.broker_url.rsplit('/', 1)[-1]}, unique key prefix and queue, cleaned up; "
           f"{args.rounds} rounds, every configuration run in each round (interleaved), "
