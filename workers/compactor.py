@@ -49,6 +49,7 @@ from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.turns import find_cut_point
 from shared.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
+from workers.summarizer.counting import job_counter
 from workers.summarizer.engine import SummaryEngine
 
 log = logging.getLogger("compaction.job")
@@ -140,14 +141,17 @@ class Compactor:
 
     def plan(self, session_id: str, data: ViewData, *, force: bool,
              keep_recent: int | None, manual: bool = False,
-             carry: SummaryRecord | None = None) -> _Plan | str:
+             carry: SummaryRecord | None = None,
+             counter: TokenCounter | None = None) -> _Plan | str:
         """A plan, or the reason to skip.
 
         ``manual`` (a /compact) skips the trigger check; ``force`` (after an
         overflow or truncation) also skips the minimum-saving check.
         ``carry``: a real summary of an earlier range of this log that lost
         its swap to a truncation; it is a base candidate for the rebuild.
+        ``counter``: the job's counter (it remembers the messages it counted).
         """
+        counter = counter or job_counter(self.counter)
         state = data.state
         forced = force or bool(state.force_requested)
         estimated, window, budget = self._estimate(data)
@@ -173,10 +177,10 @@ class Compactor:
         # Cut on what the guard sends (cheap-stage placeholders applied), keep at
         # most what the target leaves: the summary then fits beside the kept part.
         messages = apply_cheap(data.messages(), state.watermark, data.cheap)
-        cut = find_cut_point(messages, keep, self.counter, max_kept_tokens=max(keep, room))
+        cut = find_cut_point(messages, keep, counter, max_kept_tokens=max(keep, room))
         if cut.index <= cut.head and not rebuild:
             return "nothing to cut: the recent messages alone are what is kept"
-        freed = self.counter.messages(messages[:cut.index]) - SUMMARY_FRAMING_TOKENS
+        freed = counter.messages(messages[:cut.index]) - SUMMARY_FRAMING_TOKENS
         if not forced and not rebuild and freed < self.policy.min_saving_ratio * estimated:
             return f"would free {freed} tokens, under {self.policy.min_saving_ratio:.0%}"
         base_summary = data.summary
@@ -236,6 +240,7 @@ class Compactor:
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         data = self.store.load_view(session_id)
         state = data.state
+        counter = job_counter(self.counter)  # counts each message of this read once
         outcome = JobOutcome(session_id=session_id, status="skipped",
                              messages_before=data.length - state.watermark,
                              watermark_before=state.watermark)
@@ -249,7 +254,7 @@ class Compactor:
             stages, kept = [*record.stages, "replaced_truncation"], True
         else:
             plan = self.plan(session_id, data, force=force, keep_recent=keep_recent,
-                             manual=manual, carry=carry)
+                             manual=manual, carry=carry, counter=counter)
             if isinstance(plan, str):
                 outcome.reason = plan
                 return outcome, None
@@ -258,7 +263,8 @@ class Compactor:
                 "base": plan.base, "tokens_before": plan.tokens_before, "forced": plan.forced,
                 "attempt_over_truncation": carry is not None}))
             outcome.tokens_before = plan.tokens_before
-            record, stages = self._summarize(session_id, data, plan, use_llm, deadline)
+            record, stages = self._summarize(session_id, data, plan, use_llm, deadline,
+                                             counter)
             kept = carry is not None and plan.base_summary is carry
             if kept:
                 stages = [*stages, "merged_over_truncation"]
@@ -285,7 +291,8 @@ class Compactor:
         return outcome, None
 
     def _summarize(self, session_id: str, data: ViewData, plan: _Plan, use_llm: bool,
-                   deadline: float | None) -> tuple[SummaryRecord, list[str]]:
+                   deadline: float | None,
+                   counter: TokenCounter) -> tuple[SummaryRecord, list[str]]:
         state = data.state
         start = plan.base
         if start >= state.watermark:
@@ -301,7 +308,9 @@ class Compactor:
             self.policy.max_ledger_chars)
         draft = self.engine.summarize(body, base.text if base else None, ledger,
                                       prefix=prefix, use_llm=use_llm, deadline=deadline,
-                                      start=start)
+                                      start=start,
+                                      counter=counter if self.engine.counter is self.counter
+                                      else None)
         injected = ledger.missing_from(draft.text).render()
         record = SummaryRecord(
             watermark=plan.cut, kind=draft.kind,

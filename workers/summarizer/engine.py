@@ -25,11 +25,13 @@ from shared.errors import InvalidInput, SummarizerError, SummarizerUnavailable
 from shared.ledger import Ledger
 from shared.messages import Message
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
 from workers.summarizer.prompts import (
     build_summary_request,
     build_turn_prefix_request,
     chunk_for_window,
+    render_messages,
     request_tokens,
 )
 from workers.summarizer.quality import check_summary
@@ -107,15 +109,20 @@ class SummaryEngine:
 
     def summarize(self, messages: Sequence[Message], previous: str | None, ledger: Ledger, *,
                   prefix: Sequence[Message] = (), use_llm: bool = True,
-                  deadline: float | None = None, start: int = 0) -> SummaryDraft:
+                  deadline: float | None = None, start: int = 0,
+                  counter: TokenCounter | None = None) -> SummaryDraft:
         """Summary of ``previous`` + ``messages`` (+ a split turn's ``prefix``).
 
         ``start`` is the log index of ``messages[0]`` (the transcript shows
-        absolute message numbers, which the ledger uses too).
+        absolute message numbers, which the ledger uses too). ``counter``:
+        the job's own counter (:func:`workers.summarizer.counting.job_counter`
+        over this engine's), so messages the job already counted are not
+        estimated again; by default a fresh one.
         """
         if self.client is None or not use_llm:
             return self._offline(messages, previous, ledger, prefix, start)
-        return self._llm(self.client, messages, previous, ledger, prefix, deadline, start)
+        return self._llm(self.client, messages, previous, ledger, prefix, deadline, start,
+                         counter or job_counter(self.counter))
 
     def _offline(self, messages: Sequence[Message], previous: str | None, ledger: Ledger,
                  prefix: Sequence[Message], start: int) -> SummaryDraft:
@@ -125,12 +132,13 @@ class SummaryEngine:
 
     def _llm(self, client: LLMClient, messages: Sequence[Message], previous: str | None,
              ledger: Ledger, prefix: Sequence[Message], deadline: float | None,
-             start: int) -> SummaryDraft:
+             start: int, counter: TokenCounter) -> SummaryDraft:
         draft = SummaryDraft(text=previous or "", kind="llm", model=client.model)
         draft.stages.append("incremental_merge" if previous else "fresh_summary")
         budget = self.max_input_tokens
         remaining = list(messages)
-        chunks = self._chunks(remaining, budget, ledger, start)
+        rendered = render_messages(remaining, start=start)  # once; chunks take slices
+        chunks = self._chunks(remaining, rendered, budget, ledger, start)
         running = previous
         offset = start
         calls = refolds = 0
@@ -138,19 +146,21 @@ class SummaryEngine:
             chunk = chunks[0]
             self._check_deadline(deadline)
             request = build_summary_request(chunk, running, ledger=ledger, start=offset,
-                                            max_summary_tokens=self.max_summary_tokens)
+                                            max_summary_tokens=self.max_summary_tokens,
+                                            rendered=rendered[:len(chunk)])
             try:
-                running = self._call(client, request, chunk, running, draft)
+                running = self._call(client, request, chunk, running, draft, counter)
             except SummarizerOverflow as exc:
                 refolds += 1
                 budget = self._smaller_budget(budget, exc, request, refolds)
-                chunks = self._chunks(remaining, budget, ledger, offset)
+                chunks = self._chunks(remaining, rendered, budget, ledger, offset)
                 draft.stages.append(f"summarizer_overflow_refold_{budget}")
                 log.warning("summarizer overflow, the rest of the range goes in requests of "
                             "%d tokens (%d chunks): %s", budget, len(chunks), exc)
                 continue
             calls += 1
             remaining = remaining[len(chunk):]
+            rendered = rendered[len(chunk):]
             offset += len(chunk)
             chunks = chunks[1:]
         if calls > 1:
@@ -160,7 +170,7 @@ class SummaryEngine:
             request = build_turn_prefix_request(list(prefix), ledger=ledger, start=offset,
                                                 max_summary_tokens=self.max_summary_tokens // 2)
             try:
-                part = self._call(client, request, prefix, None, draft)
+                part = self._call(client, request, prefix, None, draft, counter)
             except SummarizerOverflow as exc:
                 raise SummarizerError(f"the split turn's prefix does not fit the summarizer's "
                                       f"window: {exc}") from exc
@@ -169,7 +179,7 @@ class SummaryEngine:
         draft.text = running or ""
         return draft
 
-    def _chunks(self, messages: list[Message], budget: int, ledger: Ledger,
+    def _chunks(self, messages: list[Message], rendered: list[str], budget: int, ledger: Ledger,
                 start: int) -> list[list[Message]]:
         """Chunks whose whole request (prompt, previous summary at its cap, ledger,
         transcript) fits ``budget``; a range that cannot be split that finely is a
@@ -178,7 +188,7 @@ class SummaryEngine:
             return chunk_for_window(messages, budget, self.counter,
                                     previous_summary_tokens=self.max_summary_tokens,
                                     ledger=ledger, max_summary_tokens=self.max_summary_tokens,
-                                    start=start)
+                                    start=start, rendered=rendered)
         except InvalidInput as exc:
             raise SummarizerError(f"the range cannot be split into requests of {budget} "
                                   f"tokens: {exc}") from exc
@@ -206,14 +216,15 @@ class SummaryEngine:
         return max(1, min(smaller, budget * 3 // 4))
 
     def _call(self, client: LLMClient, request: list[dict[str, Any]],
-              chunk: Sequence[Message], previous: str | None, draft: SummaryDraft) -> str:
+              chunk: Sequence[Message], previous: str | None, draft: SummaryDraft,
+              counter: TokenCounter) -> str:
         completion = client.complete(request, self.max_summary_tokens)
         draft.calls += 1
         draft.input_tokens += completion.input_tokens
         draft.output_tokens += completion.output_tokens
-        input_tokens = self.counter.messages(list(chunk)) + (
-            self.counter.text(previous) if previous else 0)
-        return check_summary(completion.text, input_tokens=input_tokens, counter=self.counter)
+        input_tokens = counter.messages(list(chunk)) + (
+            counter.text(previous) if previous else 0)
+        return check_summary(completion.text, input_tokens=input_tokens, counter=counter)
 
     @staticmethod
     def _check_deadline(deadline: float | None) -> None:

@@ -118,12 +118,26 @@ def _starts_wrapper(text: str, at: int) -> bool:
     return False
 
 
+# ASCII text has no invisible characters and ASCII letters case-fold to themselves, so
+# there a wrapper tag is exactly: ``<``, whitespace (str.isspace: \x1c-\x1f included, as
+# in ``_skip_gap``), an optional ``/`` and more whitespace, then a wrapper name (or a
+# name that starts like one). One regex pass replaces the per-``<`` scan, which was the
+# costliest part of rendering a transcript.
+_ASCII_SPACE = "[ \\t\\n\\r\\x0b\\x0c\\x1c-\\x1f]"
+_ASCII_WRAPPER = re.compile(
+    f"<(?={_ASCII_SPACE}*(?:/{_ASCII_SPACE}*)?(?:"
+    + "|".join(re.escape(tag) for tag in sorted(_TAG_NAMES, key=len, reverse=True)) + "))",
+    re.I | re.A)
+
+
 def escape_wrappers(text: str) -> str:
     """``text`` with every tag that could open or close a wrapper made inert (``&lt;``).
 
     Only the ``<`` of such a tag changes; everything else, invisible
     characters included, is kept as written (the summary may quote it).
     """
+    if text.isascii():
+        return _ASCII_WRAPPER.sub("&lt;", text) if "<" in text else text
     out: list[str] = []
     done = 0
     for found in _CANDIDATE.finditer(text):
@@ -208,11 +222,36 @@ def render_transcript(messages: Sequence[Message], *, start: int = 0,
     Tool outputs and call arguments longer than ``max_tool_chars`` (other
     messages: ``max_message_chars``) are clipped head and tail with a marker.
     """
+    return _wrap_transcript(render_messages(messages, start=start, max_tool_chars=max_tool_chars,
+                                            max_message_chars=max_message_chars))
+
+
+def render_messages(messages: Sequence[Message], *, start: int = 0,
+                    max_tool_chars: int = DEFAULT_TOOL_CHARS,
+                    max_message_chars: int = DEFAULT_MESSAGE_CHARS) -> list[str]:
+    """Each message as it appears in :func:`render_transcript`, one string per message.
+
+    Rendering (clipping, escaping) is the costly part of building a request:
+    a caller that sizes chunks and then sends them renders once with this and
+    passes slices as ``rendered`` to :func:`chunk_for_window` and
+    :func:`build_summary_request`. Tool names are looked up across the whole
+    range; a chunk never separates a call from its results, so a chunk
+    rendered alone shows the same names.
+    """
     msgs = _validated(messages)
     names = _tool_names(msgs)
-    body = [_render_message(m, start + i, names, max_tool_chars=max_tool_chars,
+    return [_render_message(m, start + i, names, max_tool_chars=max_tool_chars,
                             max_message_chars=max_message_chars) for i, m in enumerate(msgs)]
-    return "\n".join(["<transcript>", *body, "</transcript>"])
+
+
+def _wrap_transcript(rendered: Sequence[str]) -> str:
+    return "\n".join(["<transcript>", *rendered, "</transcript>"])
+
+
+def _check_rendered(messages: Sequence[Message], rendered: Sequence[str] | None) -> None:
+    if rendered is not None and len(rendered) != len(messages):
+        raise InvalidInput(f"{len(rendered)} rendered messages for {len(messages)} messages",
+                           field="rendered")
 
 
 def _sections(names: Sequence[str], level: str) -> str:
@@ -271,15 +310,19 @@ def _check_tokens(max_summary_tokens: int) -> None:
 def build_summary_request(messages: Sequence[Message], previous_summary: str | None, *,
                           ledger: Ledger | None = None, max_summary_tokens: int,
                           start: int = 0,
-                          ledger_chars: int = DEFAULT_LEDGER_CHARS) -> list[dict[str, str]]:
+                          ledger_chars: int = DEFAULT_LEDGER_CHARS,
+                          rendered: Sequence[str] | None = None) -> list[dict[str, str]]:
     """OpenAI-style ``[system, user]`` messages asking for a fresh or updated summary.
 
     With a ``previous_summary`` the model is asked to UPDATE it with the new
     messages (keep what is still true, do not start over); without one, to
-    summarize from scratch.
+    summarize from scratch. ``rendered``: ``messages`` already rendered by
+    :func:`render_messages` (same ``start``), so they are not rendered again.
     """
     _check_tokens(max_summary_tokens)
-    transcript = render_transcript(messages, start=start)
+    _check_rendered(messages, rendered)
+    transcript = (_wrap_transcript(rendered) if rendered is not None
+                  else render_transcript(messages, start=start))
     facts = _facts_block(ledger, ledger_chars)
     sections = _sections(SUMMARY_SECTIONS, "##")
     if previous_summary and previous_summary.strip():
@@ -343,14 +386,18 @@ def request_tokens(request: Sequence[dict[str, str]], counter: TokenCounter | No
 def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
                      counter: TokenCounter | None = None, *, previous_summary_tokens: int = 0,
                      ledger: Ledger | None = None, max_summary_tokens: int = 2000,
-                     start: int = 0) -> list[list[Message]]:
+                     start: int = 0,
+                     rendered: Sequence[str] | None = None) -> list[list[Message]]:
     """Split ``messages`` so each chunk's summary request fits ``max_input_tokens``.
 
     Chunks end on unit boundaries (:func:`shared.turns.tool_units`): a tool
     call is never separated from its results. Each chunk's request is counted
     as an UPDATE request carrying ``ledger`` plus ``previous_summary_tokens``
     for the running summary of the previous fold, and verified after packing.
-    A single unit that cannot fit raises :class:`LimitExceeded` naming it.
+    A range whose whole request fits is one chunk, counted once (the common
+    case, and what packing would verify). A single unit that cannot fit
+    raises :class:`LimitExceeded` naming it. ``rendered``: the messages as
+    :func:`render_messages` returned them (same ``start``).
     """
     counter = counter or DEFAULT_COUNTER
     for name, value, low in (("max_input_tokens", max_input_tokens, 1),
@@ -358,30 +405,30 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InvalidInput(f"must be an integer >= {low}", field=name)
     msgs = _validated(messages)
+    _check_rendered(msgs, rendered)
     if not msgs:
         return []
+    texts = list(rendered) if rendered is not None else render_messages(msgs, start=start)
+    prev = "x" if previous_summary_tokens else None
 
-    def cost(chunk: list[Message], at: int) -> int:
-        prev = "x" if previous_summary_tokens else None
-        request = build_summary_request(chunk, prev, ledger=ledger, start=at,
-                                        max_summary_tokens=max_summary_tokens)
+    def cost(lo: int, hi: int) -> int:
+        request = build_summary_request(msgs[lo:hi], prev, ledger=ledger, start=start + lo,
+                                        max_summary_tokens=max_summary_tokens,
+                                        rendered=texts[lo:hi])
         return request_tokens(request, counter) + previous_summary_tokens
 
-    fixed = cost([], start)
+    if cost(0, len(msgs)) <= max_input_tokens:
+        return [msgs]
+    fixed = cost(0, 0)
     if fixed >= max_input_tokens:
         raise InvalidInput(f"{max_input_tokens} tokens leave no room beside the {fixed}-token "
                            "prompt", field="max_input_tokens")
-    names = _tool_names(msgs)
     head = leading_system_count(msgs)
     spans = [(i, i + 1) for i in range(head)] + [(u.start, u.end) for u in tool_units(msgs)]
     groups: list[list[tuple[int, int]]] = []
     used = fixed
     for lo, hi in spans:
-        rendered = "\n".join(_render_message(msgs[i], start + i, names,
-                                             max_tool_chars=DEFAULT_TOOL_CHARS,
-                                             max_message_chars=DEFAULT_MESSAGE_CHARS)
-                             for i in range(lo, hi))
-        size = counter.text(rendered) + 1
+        size = counter.text("\n".join(texts[lo:hi])) + 1
         if fixed + size > max_input_tokens:
             raise LimitExceeded(f"messages {lo}..{hi - 1} cannot be separated and need "
                                 f"{fixed + size} tokens, more than {max_input_tokens}",
@@ -398,8 +445,7 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
     for group in groups:
         while group:
             take = len(group)
-            while take > 1 and cost(msgs[group[0][0]:group[take - 1][1]],
-                                    start + group[0][0]) > max_input_tokens:
+            while take > 1 and cost(group[0][0], group[take - 1][1]) > max_input_tokens:
                 take -= 1
             chunks.append(msgs[group[0][0]:group[take - 1][1]])
             group = group[take:]
@@ -410,5 +456,5 @@ __all__ = [
     "DEFAULT_LEDGER_CHARS", "DEFAULT_MESSAGE_CHARS", "DEFAULT_TOOL_CHARS", "SUMMARY_SECTIONS",
     "SYSTEM_PROMPT", "TURN_PREFIX_SECTIONS", "WRAPPER_TAGS", "build_summary_request",
     "build_turn_prefix_request", "chunk_for_window", "escape_wrappers", "is_invisible",
-    "render_transcript", "request_tokens",
+    "render_messages", "render_transcript", "request_tokens",
 ]
