@@ -287,7 +287,12 @@ _PATH = re.compile(
     r"|(?<![\w@:/.-])[\w@+-][\w.@+-]*\.(?:py|pyi|js|jsx|ts|tsx|json|md|rst|txt|toml|ya?ml|cfg|"
     r"ini|sh|html?|css|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sql|csv|xml|lock|ipynb|log)\b"
 )
+# Every alternative of _NUMBER starts at a word boundary or a currency sign, and of
+# _STRONG_ID at a word boundary or "#": the leading group says so once, so the engine
+# rejects a position with one test instead of trying each alternative there (a third
+# of the extraction's CPU went into these two scans). Matches are unchanged.
 _NUMBER = re.compile(
+    r"(?:\b|(?=[$€£¥]))(?:"
     r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{2,5})?\b"  # IPv4 (optionally with port)
     r"|\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:Z|[+-]\d{2}:?\d{2})?)?\b"  # ISO date
     r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|"
@@ -301,15 +306,17 @@ _NUMBER = re.compile(
     r"|\b(?:localhost|[\w-]+\.[\w.-]+):\d{2,5}\b|\b[Pp]ort:? ?\d{2,5}\b"
     r"|\b(?:HTTP|[Ee]rror|[Ss]tatus(?: code)?|[Ee]xit (?:code|status)|errno|returncode)"
     r"[ :=]*\d{1,4}\b"
-    r"|\b\d+(?:\.\d+)?%"
+    r"|\b\d+(?:\.\d+)?%)"
 )
+_DIGIT = re.compile(r"\d")  # every _NUMBER match has one (the same \d, Unicode digits)
 _STRONG_ID = re.compile(
+    r"(?:\b|(?=#))(?:"
     r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"  # e-mail address
     r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"  # UUID
     r"|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"  # hash
     r"|\b(?!(?:UTF|ISO|SHA|MD|AES|GMT|UTC)-)[A-Z][A-Z0-9]{1,9}-\d{1,7}\b|(?<![\w&])#\d{2,}\b"
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{5,12}\b"  # booking / flight codes
-    r"|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_\d{3,}\b"  # user_name_1234, credit_card_42
+    r"|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_\d{3,}\b)"  # user_name_1234, credit_card_42
 )
 _CODE_ID = re.compile(
     r"\b_*[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b|\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b"
@@ -354,7 +361,8 @@ def _scan(text: str, ids: re.Pattern[str] | None, *, code_ids: bool,
     out: list[tuple[str, str]] = []
     text = _mask(_TAG.sub(lambda m: " " * len(m.group(0)), text), _URL, out, "url")
     text = _mask(text, _PATH, [] if not paths else out, "path", looks_like_path)
-    text = _mask(text, _NUMBER, out, "number")
+    if _DIGIT.search(text):
+        text = _mask(text, _NUMBER, out, "number")
     if ids is not None:
         text = _mask(text, ids, out, "identifier")
     if code_ids:

@@ -25,6 +25,7 @@ from workers.summarizer.prompts import (
     build_turn_prefix_request,
     chunk_for_window,
     escape_wrappers,
+    render_messages,
     render_transcript,
     request_tokens,
 )
@@ -286,3 +287,68 @@ def test_real_session_chunks() -> None:
     chunks = chunk_for_window(messages, 12_000, previous_summary_tokens=2000)
     assert len(chunks) > 2
     _check_chunks(messages, chunks, 12_000, 2000)
+
+
+# -- rendering once ----------------------------------------------------------
+
+def _escape_by_scan(text: str) -> str:
+    """The per-``<`` scan that every text took before the ASCII fast path."""
+    from workers.summarizer import prompts
+
+    out: list[str] = []
+    done = 0
+    for found in prompts._CANDIDATE.finditer(text):
+        if prompts._starts_wrapper(text, found.start()):
+            out += (text[done:found.start()], "&lt;")
+            done = found.start() + 1
+    return "".join([*out, text[done:]]) if out else text
+
+
+_ASCII_TAGGY = st.text(alphabet=st.sampled_from(
+    list("<>/ \t\n\x0b\x0c\x1c\x1f_xzTRANSCRIPTtranscriptMESAGmesagFCfcUuYyLlOo")), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_ASCII_TAGGY, st.sampled_from(
+    ["<transcript>", "< / MESSAGE", "<tool_calls>", "</previous_summary", "<summ", "<Facts",
+     "<\x1c/summary"])), max_size=6))
+def test_ascii_fast_path_escapes_exactly_what_the_scan_escapes(parts: list[str]) -> None:
+    text = "".join(parts)
+    assert text.isascii()
+    assert escape_wrappers(text) == _escape_by_scan(text)
+
+
+def test_prerendered_request_is_the_same_request() -> None:
+    messages = conversation()
+    rendered = render_messages(messages, start=7)
+    for previous in (None, "## Goal\nold"):
+        assert build_summary_request(messages, previous, start=7, max_summary_tokens=500,
+                                     rendered=rendered) == \
+            build_summary_request(messages, previous, start=7, max_summary_tokens=500)
+    with pytest.raises(InvalidInput, match="rendered"):
+        build_summary_request(messages, None, max_summary_tokens=500, rendered=rendered[1:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(tool_conversations(), st.integers(2500, 20000), st.sampled_from([0, 300]))
+def test_chunks_from_prerendered_messages_match(messages: list[Message], limit: int,
+                                                previous: int) -> None:
+    try:
+        plain = chunk_for_window(messages, limit, previous_summary_tokens=previous, start=3)
+    except LimitExceeded:
+        return
+    given_rendered = chunk_for_window(messages, limit, previous_summary_tokens=previous,
+                                      start=3, rendered=render_messages(messages, start=3))
+    assert given_rendered == plain
+
+
+def test_a_range_that_fits_is_one_chunk_counted_once() -> None:
+    calls: list[int] = []
+
+    class Counting(LowballCounter):
+        def messages(self, messages: Sequence[Message]) -> int:
+            calls.append(len(messages))
+            return DEFAULT_COUNTER.messages(messages)
+
+    assert chunk_for_window(conversation(), 50_000, Counting()) == [conversation()]
+    assert len(calls) == 1  # the whole request, not the fixed part, units and a re-count

@@ -40,6 +40,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import redis
+
 from shared.budget import check_budget
 from shared.config import CompactionPolicy
 from shared.ledger import Ledger, extract_facts
@@ -49,7 +51,7 @@ from shared.store import SessionStore
 from shared.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.turns import find_cut_point
 from shared.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
-from workers.summarizer.counting import job_counter
+from workers.summarizer.counting import JobCounter, job_counter
 from workers.summarizer.engine import SummaryEngine
 
 log = logging.getLogger("compaction.job")
@@ -218,6 +220,35 @@ class Compactor:
         kinds = {s.source_version: s.kind for s in self.store.summaries(session_id)}
         return all(kinds.get(v) == "truncation" for v in range(since, until))
 
+    def _seed_counts(self, session_id: str, data: ViewData, counter: JobCounter) -> None:
+        """Give the job's counter the store's own count of every message read.
+
+        The store keeps running totals per message (counted by its counter at
+        append time); one LRANGE of them replaces estimating the range again
+        (the plan and the quality gate count it). Only when the store counts
+        with this job's counter, and only when the totals agree with the
+        view that was read (a log edited between the two reads is counted
+        the slow way). Best effort: a failed read leaves the counting to the
+        counter. (Belongs in the store's API: ``message_tokens(session_id,
+        start, end)`` read inside ``load_view``'s script.)
+        """
+        if self.store.counter is not self.counter or not data.history:
+            return
+        watermark = data.state.watermark
+        first = max(0, watermark - 1)
+        try:
+            raw = self.store.redis.lrange(self.store.keys(session_id).cum, first,
+                                          data.length - 1)
+            totals = [int(v) for v in raw]
+        except (redis.RedisError, ValueError, TypeError):
+            return
+        before = totals.pop(0) if watermark > 0 and totals else 0
+        if (len(totals) != len(data.history) or before != data.tokens_before_watermark
+                or totals[-1] != data.tokens_total):
+            return
+        counter.seed(data.history, [b - a for a, b in zip([before, *totals], totals,
+                                                          strict=False)])
+
     # -- the job -------------------------------------------------------------------
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
             use_llm: bool = True, deadline: float | None = None,
@@ -241,6 +272,7 @@ class Compactor:
         data = self.store.load_view(session_id)
         state = data.state
         counter = job_counter(self.counter)  # counts each message of this read once
+        self._seed_counts(session_id, data, counter)
         outcome = JobOutcome(session_id=session_id, status="skipped",
                              messages_before=data.length - state.watermark,
                              watermark_before=state.watermark)

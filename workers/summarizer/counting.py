@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shared.errors import InvalidInput
 from shared.messages import Message
 from shared.tokens import REQUEST_OVERHEAD, HeuristicCounter, TokenCounter
 
@@ -39,6 +40,15 @@ class JobCounter:
 
     def __repr__(self) -> str:
         return f"JobCounter({self.counter!r}, {len(self._seen)} messages counted)"
+
+    def seed(self, messages: Sequence[Message], tokens: Sequence[int]) -> None:
+        """Take ``tokens[i]`` as the count of ``messages[i]`` (counted before, by the
+        same counter: the store's per-message counts), so they are never estimated."""
+        if len(messages) != len(tokens):
+            raise InvalidInput(f"{len(tokens)} counts for {len(messages)} messages",
+                               field="tokens")
+        for message, count in zip(messages, tokens, strict=True):
+            self._seen[id(message)] = (message, count)
 
     def text(self, text: str) -> int:
         return self.counter.text(text)
