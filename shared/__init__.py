@@ -55,9 +55,9 @@ from shared.overflow import (
     is_tool_pairing_error,
     parse_overflow,
 )
-from shared.records import CommitResult, SessionState, SummaryRecord
+from shared.records import CommitResult, HistoryEdit, SessionState, SummaryRecord
 from shared.repair import repair_tool_pairs, validate_view
-from shared.store import SessionStore, connect
+from shared.store import SessionStore, connect, connect_cluster
 from shared.tokens import (
     Calibration,
     HeuristicCounter,
@@ -69,6 +69,7 @@ from shared.tokens import (
     hybrid_estimate,
     provider_for_model,
 )
+from shared.tokens_exact import TiktokenCounter, build_counter
 from shared.truncation import TruncationResult, emergency_truncate
 from shared.turns import CutPoint, find_cut_point, safe_cut, turn_starts
 
@@ -90,6 +91,7 @@ __all__ = [
     "ErrorKind",
     "FilePart",
     "HeuristicCounter",
+    "HistoryEdit",
     "ImagePart",
     "InvalidInput",
     "IrreducibleOverflow",
@@ -111,13 +113,16 @@ __all__ = [
     "SummarizerUnavailable",
     "SummaryRecord",
     "TextPart",
+    "TiktokenCounter",
     "TokenCounter",
     "ToolCall",
     "TruncationResult",
     "ViewReport",
+    "build_counter",
     "check_budget",
     "classify_error",
     "connect",
+    "connect_cluster",
     "emergency_truncate",
     "ensure_reducible",
     "estimate_message_tokens",
