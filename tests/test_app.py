@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import workers.app as app_module
-from shared.errors import ConfigError, SummarizerError
+from shared.errors import ConfigError, InvalidInput, SummarizerUnavailable
 from workers.app import SUMMARIZER_SDKS, app, celery_config, preload_summarizer_sdk
 from workers.settings import Settings, load_settings
 from workers.summarizer.providers import client_from_settings
@@ -145,19 +145,43 @@ def trickling_server() -> Iterator[str]:
     thread.join(5)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "the SDK timeout bounds each socket operation, not the call: a reply trickled in "
-    "under the read timeout holds the thread for as long as it lasts; the provider "
-    "clients need a whole-call deadline (see BENCHMARKS.md, 'Worker throughput and pool')"))
 def test_one_llm_call_ends_within_the_summarizer_timeout(trickling_server: str) -> None:
     client = client_from_settings(load_settings(
         summarizer="openai", summarizer_base_url=trickling_server, summarizer_api_key="k",
         summarizer_timeout=1.0))
     assert client is not None
     started = time.monotonic()
-    with pytest.raises(SummarizerError):
+    with pytest.raises(SummarizerUnavailable, match="Timeout"):  # retried with backoff
         client.complete([{"role": "user", "content": "summarize"}], 100)
     assert time.monotonic() - started < 2.0
+
+
+def test_one_gemini_call_ends_within_the_summarizer_timeout(trickling_server: str) -> None:
+    pytest.importorskip("google.genai")
+    client = client_from_settings(load_settings(
+        summarizer="gemini", summarizer_base_url=trickling_server.removesuffix("/v1"),
+        summarizer_api_key="k", summarizer_timeout=1.0))
+    assert client is not None
+    started = time.monotonic()
+    with pytest.raises(SummarizerUnavailable, match="Timeout"):
+        client.complete([{"role": "user", "content": "summarize"}], 100)
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_reply_within_the_deadline_is_read_whole() -> None:
+    """The deadline only stops slow calls: a prompt answer passes through untouched."""
+    import httpx
+
+    from workers.summarizer.deadline import DeadlineTransport
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_REPLY.encode())
+
+    transport = DeadlineTransport(5.0, httpx.MockTransport(answer))
+    with httpx.Client(transport=transport) as http:  # type: ignore[arg-type]
+        assert http.get("http://llm.invalid/v1/x").json()["model"] == "gpt-4o-mini"
+    with pytest.raises(InvalidInput, match="timeout"):
+        DeadlineTransport(0)
 
 
 # -- 32 threads share one process's clients --------------------------------------------------

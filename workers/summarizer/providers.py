@@ -10,8 +10,12 @@
   June 2026).
 
 Celery owns retries (backoff with jitter): the SDKs' own retries are off,
-and every call carries a client timeout, because the threads pool
-enforces no time limit. Errors are mapped onto the project's tree by what
+and every call ends within the client timeout, because the threads pool
+enforces no time limit. The SDKs' timeouts bound each socket operation, so a
+reply trickled in slowly would outlive them: both clients send through an
+httpx client whose transport bounds the whole call
+(:mod:`workers.summarizer.deadline`); its ``ReadTimeout`` is a retried
+``SummarizerUnavailable`` like any timeout. Errors are mapped onto the project's tree by what
 retrying would do:
 
 - ``SummarizerUnavailable`` (retried later): timeouts, connection errors,
@@ -29,11 +33,14 @@ retrying would do:
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from shared.errors import BadSummary, ConfigError, SummarizerError, SummarizerUnavailable
 from shared.limits import model_limits
 from shared.overflow import parse_overflow
+from workers.summarizer.deadline import deadline_http_client
 from workers.summarizer.engine import Completion, LLMClient, SummarizerOverflow
 
 SDK_RETRIES = 0
@@ -56,8 +63,22 @@ def status_error(name: str, status: int | None, message: str,
     return SummarizerError(text)
 
 
+def _openai_httpx() -> ModuleType:
+    """The httpx flavour the installed openai SDK sends through (httpx2 from openai 3 on)."""
+    try:
+        return importlib.import_module("httpx2")
+    except ImportError:  # pragma: no cover - openai < 3
+        return importlib.import_module("httpx")
+
+
 class OpenAIClient:
-    """Chat Completions on any OpenAI-compatible server."""
+    """Chat Completions on any OpenAI-compatible server.
+
+    ``http_client``: an ``httpx.Client`` of the caller's (proxies, custom
+    TLS); it is used as given, so the whole-call deadline is then the
+    caller's to set (wrap its transport in ``DeadlineTransport``). By
+    default each call ends within about ``timeout`` seconds.
+    """
 
     name = "openai"
 
@@ -74,7 +95,8 @@ class OpenAIClient:
         self.context_window = context_window or model_limits(model).context_window
         self.client = openai.OpenAI(api_key=api_key or "unused", base_url=base_url,
                                     timeout=timeout, max_retries=SDK_RETRIES,
-                                    http_client=http_client)
+                                    http_client=http_client or deadline_http_client(
+                                        timeout, _openai_httpx()))
 
     def complete(self, messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
         openai = self._openai
@@ -102,14 +124,24 @@ class OpenAIClient:
 
 
 class GeminiClient:
-    """Gemini through google-genai: Vertex AI (project/location) or an API key."""
+    """Gemini through google-genai: Vertex AI (project/location) or an API key.
+
+    google-genai takes an ``httpx.Client`` in ``HttpOptions.httpx_client``
+    and sends every synchronous call through it, so the whole-call deadline
+    applies as for OpenAI. One consequence: with an injected client,
+    google-genai does not use its mTLS channel (Vertex AI with a client
+    certificate, ``GOOGLE_API_USE_CLIENT_CERTIFICATE``); such a deployment
+    passes ``whole_call_deadline=False`` and keeps only the per-operation
+    timeout (a trickled reply can then outlive it).
+    """
 
     name = "gemini"
 
     def __init__(self, model: str, *, vertexai: bool, project: str | None = None,
                  location: str | None = None, api_key: str | None = None,
                  timeout: float = 60.0, base_url: str | None = None,
-                 credentials: Any = None, context_window: int | None = None) -> None:
+                 credentials: Any = None, context_window: int | None = None,
+                 whole_call_deadline: bool = True) -> None:
         try:
             from google import genai
             from google.genai import types
@@ -121,7 +153,8 @@ class GeminiClient:
         self.context_window = context_window or model_limits(model).context_window
         options = types.HttpOptions(
             timeout=int(timeout * 1000), base_url=base_url,
-            retry_options=types.HttpRetryOptions(attempts=1))
+            retry_options=types.HttpRetryOptions(attempts=1),
+            httpx_client=deadline_http_client(timeout) if whole_call_deadline else None)
         if vertexai:
             self.client = genai.Client(vertexai=True, project=project, location=location,
                                        credentials=credentials, http_options=options)
