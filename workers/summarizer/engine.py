@@ -167,7 +167,12 @@ class SummaryEngine:
             draft.stages.append(f"folded_{calls}_chunks")
         if prefix:
             self._check_deadline(deadline)
-            request = build_turn_prefix_request(list(prefix), ledger=ledger, start=offset,
+            # The facts block goes out once per compaction: the merge call above carried
+            # it, and the ledger is injected beside the summary whatever either reply
+            # keeps. Sending it again cost about 1k tokens on most compactions of agent
+            # sessions (the cut usually splits a long turn).
+            request = build_turn_prefix_request(list(prefix), ledger=None if calls else ledger,
+                                                start=offset,
                                                 max_summary_tokens=self.max_summary_tokens // 2)
             try:
                 part = self._call(client, request, prefix, None, draft, counter)
