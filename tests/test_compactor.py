@@ -342,3 +342,19 @@ def test_a_huge_recent_tool_output_does_not_survive_the_compaction(
     # the turn is split after 3 messages: merged into the summary, not a prefix summary
     assert outcome.stages == ["fresh_summary"] and len(llm_server.requests) == 1
     assert store.load_view("s").summary.kind == "llm"  # type: ignore[union-attr]
+
+
+def test_reported_view_after_equals_a_fresh_read(store: SessionStore,
+                                                 demo_turns: list[list[Message]],
+                                                 llm_server: FakeOpenAIServer) -> None:
+    """tokens_after / messages_after are derived from the job's read, not read again:
+    they must equal what a fresh read of the committed session says."""
+    feed(store, demo_turns[:14])
+    for engine in (SummaryEngine(None), llm_engine(llm_server)):
+        compactor = Compactor(store, engine)
+        outcome = compactor.run("s", force=True)
+        assert outcome.status == "compacted", outcome.reason
+        fresh = store.load_view("s")
+        assert outcome.tokens_after == compactor._estimate(fresh)[0]
+        assert outcome.messages_after == fresh.length - fresh.state.watermark
+        assert outcome.watermark_after == fresh.state.watermark

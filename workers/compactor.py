@@ -309,7 +309,7 @@ class Compactor:
             return outcome, _Lost(record, state.version, reusable)
         if state.force_requested:
             self.store.update_state(session_id, force_requested=0)
-        after = self.store.load_view(session_id)
+        after = _view_after(data, record, result.version, counter)
         outcome.status = "compacted"
         outcome.over_truncation = kept
         outcome.tokens_after = self._estimate(after)[0]
@@ -352,6 +352,27 @@ class Compactor:
             stages=draft.stages)
         tokens = self.counter.text(summary_block(record)) + SUMMARY_FRAMING_TOKENS
         return record.model_copy(update={"tokens": tokens}), draft.stages
+
+
+def _view_after(data: ViewData, record: SummaryRecord, version: int,
+                counter: TokenCounter) -> ViewData:
+    """The view as this commit left it, derived from the view it was written against.
+
+    What the commit script changes: the watermark, version and summary
+    fields of the state, the summary, and the cheap-stage decisions below the
+    new watermark (dropped). Reading the session again only to report
+    ``tokens_after`` cost a second full view load per job; messages appended
+    since the read are not in this figure (they are not this job's doing).
+    """
+    kept = record.watermark - data.state.watermark
+    state = data.state.model_copy(update={
+        "version": version, "watermark": record.watermark, "summary_tokens": record.tokens,
+        "summary_kind": record.kind, "force_requested": 0})
+    dropped = sum(counter.message(m) for m in data.history[:kept])
+    return data.model_copy(update={
+        "state": state, "history": data.history[kept:], "summary": record,
+        "tokens_before_watermark": data.tokens_before_watermark + dropped,
+        "cheap": {i: d for i, d in data.cheap.items() if i >= record.watermark}})
 
 
 __all__ = ["Compactor", "JobOutcome"]
