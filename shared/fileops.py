@@ -41,6 +41,14 @@ _PATCH_TARGET = re.compile(
     r"^(?:\*\*\* (?:Add|Update|Delete) File: |\*\*\* Move to: |\+\+\+ (?:b/)?)(\S.*?)\s*$", re.M
 )
 _EDITOR_READ = {"view", "read", "show", "cat", "open"}
+# Compiled once: the ledger parses every shell command of every job's range.
+_WORDS_AND_OPS = re.compile(r"[;&|<>()]+|[^\s;&|<>()]+")
+_ASSIGNMENT = re.compile(r"^\w+=")
+_IN_PLACE = re.compile(r"^-[a-zA-Z]*i|^--in-place")
+_WORDISH = re.compile(r"[A-Za-z_]")
+_LETTER = re.compile(r"[A-Za-z]")
+_LOWER_RUN = re.compile(r"[a-z]+")
+_CAMEL_HUMP = re.compile(r"([a-z])([A-Z])")
 
 
 def is_program(word: str) -> bool:
@@ -82,7 +90,7 @@ def _simple_commands(command: str) -> Iterable[tuple[list[str], list[tuple[str, 
         lexer.whitespace_split = True
         tokens = list(lexer)
     except ValueError:
-        tokens = re.findall(r"[;&|<>()]+|[^\s;&|<>()]+", text)
+        tokens = _WORDS_AND_OPS.findall(text)
     argv: list[str] = []
     redirs: list[tuple[str, str]] = []
     pending: str | None = None
@@ -101,7 +109,7 @@ def _simple_commands(command: str) -> Iterable[tuple[list[str], list[tuple[str, 
 
 
 def _program(argv: list[str]) -> tuple[str, list[str]]:
-    while argv and (argv[0] in _WRAPPERS or re.match(r"^\w+=", argv[0])):
+    while argv and (argv[0] in _WRAPPERS or _ASSIGNMENT.match(argv[0])):
         argv = argv[1:]
     return (argv[0].rsplit("/", 1)[-1], argv[1:]) if argv else ("", [])
 
@@ -110,7 +118,7 @@ def runs_something(command: str) -> bool:
     """Whether a command does more than inspect or write files (worth keeping verbatim)."""
     for argv, _ in _simple_commands(command):
         prog, rest = _program(argv)
-        if prog == "sed" and any(re.match(r"^-[a-zA-Z]*i|^--in-place", a) for a in rest):
+        if prog == "sed" and any(_IN_PLACE.match(a) for a in rest):
             return True
         if prog and prog not in _INSPECT:
             return True
@@ -125,7 +133,7 @@ def _plain_path(token: str, *, strict: bool = False) -> bool:
         return False
     if token.isdigit() or "://" in token or token == "/dev/null":
         return False
-    return looks_like_path(token) if strict else bool(re.search(r"[A-Za-z_]", token))
+    return looks_like_path(token) if strict else bool(_WORDISH.search(token))
 
 
 def _norm(path: str, cwd: str) -> str:
@@ -148,7 +156,7 @@ def _shell_file_ops(command: str) -> list[tuple[str, str]]:
         if prog == "cd":
             cwd = _norm(words[0], cwd) if words and _plain_path(words[0]) else ""
             continue
-        in_place = any(re.match(r"^-[a-zA-Z]*i|^--in-place", a) for a in rest)
+        in_place = any(_IN_PLACE.match(a) for a in rest)
         status = "read"
         if prog in _GREPS or prog in ("sed", "awk", "perl"):
             script_given = any(a in ("-e", "-f") or a.startswith("--regexp") for a in rest)
@@ -177,7 +185,7 @@ def file_ops(name: str, args: Any) -> list[tuple[str, str]]:
         return _shell_file_ops(command)
     if not isinstance(args, dict):
         return []
-    words = set(re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()))
+    words = set(_LOWER_RUN.findall(_CAMEL_HUMP.sub(r"\1_\2", name).lower()))
     sub = args.get("command")
     if isinstance(sub, str) and sub.strip():
         status = "read" if sub.strip().lower() in _EDITOR_READ else "modified"
@@ -200,7 +208,7 @@ _EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,7}$")
 
 def looks_like_path(token: str) -> bool:
     """A token that is a path: rooted or relative prefix, or a file extension."""
-    if not re.search(r"[A-Za-z]", token) or "//" in token:
+    if not _LETTER.search(token) or "//" in token:
         return False
     return token.startswith(("/", "./", "../", "~/")) or bool(_EXT.search(token.rstrip("/")))
 

@@ -324,6 +324,7 @@ _CODE_ID = re.compile(
     r"|\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}\b"
 )
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PROGRAM_NAME = re.compile(r"^[a-z][\w.-]*$")
 _SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh", "terminal"}
 _BACKTICK = re.compile(r"(?<!`)`([^`\n]{3,200})`(?!`)")
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(*])")
@@ -389,7 +390,7 @@ def _shell_commands(text: str) -> list[tuple[str, str]]:
             for line in strip_heredocs(m.group(2)).splitlines():
                 cmd = line.strip().removeprefix("$ ").strip()
                 words = cmd.split()
-                plausible = len(words) > 1 and re.match(r"^[a-z][\w.-]*$", words[0])
+                plausible = len(words) > 1 and _PROGRAM_NAME.match(words[0])
                 if words and len(cmd) <= MAX_FACT_CHARS and (is_program(words[0]) or plausible):
                     out.append(("command", cmd))
     for m in _BACKTICK.finditer(_FENCE.sub(" ", text)):
@@ -460,31 +461,39 @@ def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
     """The ledger of ``messages``, whose first element has absolute index ``start``."""
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise InvalidInput("must be a non-negative integer", field="start")
-    facts: dict[tuple[str, str], Fact] = {}
-    files: dict[str, FileOp] = {}
+    # Plain [first, last, count] lists while scanning (a frozen model copied per
+    # repeat cost more than the scan of short messages); models once at the end.
+    facts: dict[tuple[str, str], list[int]] = {}
+    files: dict[str, tuple[list[int], list[str]]] = {}
     for offset, raw in enumerate(messages):
         i = start + offset
         m = validate_message(raw, offset)
         found, ops = _message_facts(m)
-        for kind, text in dict.fromkeys(found):
-            old = facts.get((kind, text))
-            facts[(kind, text)] = (
-                Fact(kind=kind, text=text, first_seen=i, last_seen=i)
-                if old is None else old.model_copy(update={"last_seen": i, "count": old.count + 1})
-            )
+        for key in dict.fromkeys(found):
+            seen = facts.get(key)
+            if seen is None:
+                facts[key] = [i, i, 1]
+            else:
+                seen[1] = i
+                seen[2] += 1
         touched: dict[str, str] = {}
         for path, status in ops:
             touched[path] = "modified" if "modified" in (touched.get(path), status) else status
         for path, status in touched.items():
             prev = files.get(path)
-            files[path] = (
-                FileOp(path=path, status=status, first_seen=i, last_seen=i)
-                if prev is None else prev.model_copy(update={
-                    "status": "modified" if "modified" in (prev.status, status) else "read",
-                    "last_seen": i, "count": prev.count + 1})
-            )
-    return Ledger(start=start, end=start + len(messages), facts=_sorted_facts(facts.values()),
-                  files=_sorted_files(files.values()))
+            if prev is None:
+                files[path] = ([i, i, 1], [status])
+            else:
+                prev[0][1] = i
+                prev[0][2] += 1
+                if status == "modified":
+                    prev[1][0] = "modified"
+    fact_models = [Fact(kind=kind, text=text, first_seen=a, last_seen=b, count=n)
+                   for (kind, text), (a, b, n) in facts.items()]
+    file_models = [FileOp(path=path, status=status, first_seen=a, last_seen=b, count=n)
+                   for path, ((a, b, n), [status]) in files.items()]
+    return Ledger(start=start, end=start + len(messages), facts=_sorted_facts(fact_models),
+                  files=_sorted_files(file_models))
 
 
 __all__ = [
