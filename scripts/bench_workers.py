@@ -655,7 +655,7 @@ class Bench:
 # -- where one job's CPU goes ----------------------------------------------------------------
 PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("Compactor.run (one job, in-process, no Celery)", "compactor.py", "run"),
-    ("store.load_view x2 (EVALSHA, reply parsing, state/summary models)", "store.py",
+    ("store.load_view (EVALSHA, reply parsing, state/summary models)", "store.py",
      "load_view"),
     ("ViewData.messages (decoding the session's messages)", "records.py", "messages"),
     ("Compactor.plan (trigger, find_cut_point, tokens freed)", "compactor.py", "plan"),
@@ -663,10 +663,14 @@ PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("extract_facts (ledger)", "ledger.py", "extract_facts"),
     ("SummaryEngine.summarize (prompt + LLM call + quality check)", "engine.py", "summarize"),
     ("  chunk_for_window (sizes the request)", "prompts.py", "chunk_for_window"),
-    ("  build_summary_request (renders the transcript)", "prompts.py", "build_summary_request"),
-    ("  OpenAIClient.complete (openai SDK, httpx, JSON both ways)", "providers.py", "complete"),
+    ("  render_messages (renders the transcript, once)", "prompts.py", "render_messages"),
+    ("  build_summary_request (assembles the request)", "prompts.py", "build_summary_request"),
+    ("  OpenAIClient.complete (openai SDK, httpx2, JSON both ways)", "providers.py", "complete"),
     ("  check_summary (quality gate)", "quality.py", "check_summary"),
-    ("  token counting of the range (engine._call)", "tokens.py", "estimate_messages_tokens"),
+    ("store's per-message counts (one LRANGE, Compactor._seed_counts)", "compactor.py",
+     "_seed_counts"),
+    ("message token estimates (messages the store did not count)", "tokens.py",
+     "estimate_message_tokens"),
     ("Ledger.missing_from / render / to_json", "ledger.py", "missing_from"),
     ("store.commit_summary (Lua CAS)", "store.py", "commit_summary"),
     ("logging (json.dumps of the outcome)", "compactor.py", "as_dict"),
@@ -735,7 +739,7 @@ SPY_PARTS: list[tuple[str, tuple[str, ...], bool]] = [
     ("task body (`run_job`)", ("run_job",), False),
     ("  lease, pending and dirty flags (Redis)", ("acquire_lease", "release_lease",
                                                   "clear_pending", "take_dirty"), False),
-    ("  `store.load_view` (x2)", ("load_view",), False),
+    ("  `store.load_view`", ("load_view",), False),
     ("  decoding messages (`ViewData.messages`, `store.messages`)", ("ViewData.messages",),
      False),
     ("  `Compactor.plan`", ("Compactor.plan",), False),
@@ -826,7 +830,7 @@ def report(bench: Bench) -> None:
           "through `ContextGuard`; each job loads the view, plans, summarizes messages "
           f"[0, {template.summarized_messages}) (~{template.summarized_tokens} tokens, a "
           f"~{request_tokens}-token request) in exactly one LLM call on a turn boundary, "
-          "commits through the CAS and reloads the view.\n")
+          "commits through the CAS (the view after it is derived, not read again).\n")
     print(f"Fake LLM capacity: {capacity:.0f} requests/s with {args.fake_clients} concurrent "
           f"SDK clients sending that request at {args.latency * 1000:.0f} ms latency "
           f"({served} requests in {args.fake_seconds:.0f} s; ideal "
