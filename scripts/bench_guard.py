@@ -16,7 +16,8 @@ What it measures, all in one run so the ratios share the machine's load:
   loaded from the same Redis list first).
 - ``record_turn`` with the real ``CeleryEnqueuer`` publishing to a Redis
   broker: the pending flag cleared before each call (so every call
-  publishes) and left set (coalesced, no publish), plus its parts.
+  publishes; the lean publish and, in the same rounds, ``send_task``) and
+  left set (coalesced, no publish), plus its parts.
 - Where ``prepare``'s time goes (a stopwatch per step, and cProfile).
 
 Every figure is the median over ``--rounds`` rounds; each round runs every
@@ -624,17 +625,28 @@ def where_time_goes(args: argparse.Namespace, env: Env, guard: ContextGuard, sid
 
 def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
                turns: list[list[Message]], big: SessionShape) -> Series:
-    """record_turn and the prepare after it; returns the latter's series."""
+    """record_turn and the prepare after it; returns the latter's series.
+
+    Publishing is measured both ways in the same rounds: ``guard``'s
+    ``CeleryEnqueuer`` publishes the lean way (one LPUSH), a second guard's
+    ``CeleryEnqueuer(lean=False)`` through ``send_task`` (the path before).
+    """
     store = env.store
     sid = "turn-bench"
     build_session(store, sid, big)
     turn = turns[-args.tail_turns - 1]
     next_user = turns[-args.tail_turns][:1]
+    if not isinstance(guard.enqueuer, CeleryEnqueuer) or guard.enqueuer.publisher is None:
+        raise SystemExit("the broker must be a plain redis:// URL (the lean publish is measured)")
+    classic = ContextGuard(store, CeleryEnqueuer(guard.enqueuer.app, queue=env.queue,
+                                                 lean=False))
     bench = LoopBench(guard, store, sid, turn, next_user, big.length)
+    before = LoopBench(classic, store, sid, turn, next_user, big.length)
     broker = redis.Redis.from_url(env.broker_url)
-    bench.run(20, publish=True)  # connect the publisher, load the scripts
+    for b in (bench, before):
+        b.run(20, publish=True)  # connect the publisher, load the scripts
     queued_before = broker.llen(env.queue)
-    publish_s, coalesced, after = Series(), Series(), Series()
+    publish_s, classic_s, coalesced, after = Series(), Series(), Series(), Series()
     parts: dict[str, Series] = {}
     busy: list[float] = []
     for _ in range(args.rounds):
@@ -642,25 +654,32 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
         turn_sample, prep_sample = bench.run(args.turn_calls, publish=True)
         publish_s.add(turn_sample)
         after.add(prep_sample)
+        classic_s.add(before.run(args.turn_calls, publish=True)[0])
         turn_sample, prep_sample = bench.run(args.turn_calls, publish=False)
         coalesced.add(turn_sample)
         after.rounds[-1].extend(prep_sample[0])
         after.cpu_rounds[-1].extend(prep_sample[1])
         for name, sample in bench.parts(args.turn_calls).items():
             parts.setdefault(name, Series()).add(sample)
+        parts.setdefault("send_task", Series()).add(timed(
+            lambda: publish(classic.enqueuer, store.tenant, sid), args.turn_calls))
     published = broker.llen(env.queue) - queued_before
     broker.close()
-    expected = args.rounds * args.turn_calls * 2  # the publishing runs + one per parts call
+    # the two publishing runs, the lean publish part and the send_task part
+    expected = args.rounds * args.turn_calls * 4
     turn_tokens = sum(DEFAULT_COUNTER.message(m) for m in turn)
     print(f"\n`record_turn` and the `prepare` after it ({len(turn)} messages, ~{turn_tokens} "
           "tokens per turn; provider usage passed, so the append also writes the calibration; "
-          f"session of {big.length} messages; `CeleryEnqueuer` publishing to the Redis broker; "
-          "before each pair, untimed: the turn is cut off again (`truncate_after`) and "
-          f"`prepare` runs once; {args.turn_calls} calls per round and case; {published} jobs "
-          f"reached the queue, {expected} expected; other load before each round: "
+          f"session of {big.length} messages; `CeleryEnqueuer` publishing to the Redis broker, "
+          "the lean way (one LPUSH of the message `send_task` writes) and, in the same "
+          "rounds, through `send_task` (`lean=False`, the path before); before each pair, "
+          "untimed: the turn is cut off again (`truncate_after`) and `prepare` runs once; "
+          f"{args.turn_calls} calls per round and case; {published} jobs reached the queue, "
+          f"{expected} expected; other load before each round: "
           + ", ".join(f"{b:.0%}" for b in busy) + "):\n")
     print(header(False))
-    rows = [("`record_turn`, pending flag cleared: publishes every call", publish_s),
+    rows = [("`record_turn`, pending flag cleared: publishes every call (lean)", publish_s),
+            ("`record_turn`, the same through `send_task` (before)", classic_s),
             ("`record_turn`, pending flag set: coalesced, no publish", coalesced),
             ("`prepare` right after `record_turn` (reads and decodes that turn)", after)]
     rows += [(f"part: {label}", parts[name]) for name, label in (
@@ -668,13 +687,19 @@ def turn_bench(args: argparse.Namespace, env: Env, guard: ContextGuard,
         ("append", "`store.append_encoded` (one script: append, request id, pending flag "
                    "set, calibration fields)"),
         ("append_coalesced", "the same, pending flag already set"),
-        ("publish", "`CeleryEnqueuer.enqueue` (`send_task`)"))]
+        ("publish", "`CeleryEnqueuer.enqueue`, lean (`as_task_v2` + one LPUSH)"),
+        ("send_task", "`CeleryEnqueuer.enqueue` through `send_task` (before)"))]
     for label, s in rows:
         print(row(label, s))
     print(f"\n- `record_turn` p99 <= 2 ms including the enqueue: publishing "
-          f"{fmt(publish_s.p99)} ms ({met(publish_s.p99 <= 2)}), coalesced {fmt(coalesced.p99)} "
+          f"{fmt(publish_s.p99)} ms ({met(publish_s.p99 <= 2)}; through `send_task` "
+          f"{fmt(classic_s.p99)} ms), coalesced {fmt(coalesced.p99)} "
           f"ms ({met(coalesced.p99 <= 2)}); CPU p99 {fmt(publish_s.cpu_p99)} / "
-          f"{fmt(coalesced.cpu_p99)} ms; p50 {fmt(publish_s.p50)} / {fmt(coalesced.p50)} ms.")
+          f"{fmt(coalesced.cpu_p99)} ms; p50 {fmt(publish_s.p50)} / {fmt(coalesced.p50)} ms "
+          f"(`send_task`: p50 {fmt(classic_s.p50)}, CPU p99 {fmt(classic_s.cpu_p99)} ms). "
+          f"The publish alone: lean {fmt(parts['publish'].p50)} / {fmt(parts['publish'].p99)}"
+          f" ms p50 / p99, `send_task` {fmt(parts['send_task'].p50)} / "
+          f"{fmt(parts['send_task'].p99)} ms.")
     return after
 
 

@@ -103,7 +103,7 @@ def _publish_signals() -> tuple[Any, Any]:
 
 
 @dataclass(frozen=True)
-class _Retry:
+class _PublishRetry:
     """The app's ``task_publish_retry_policy``, as ``send_task`` would apply it."""
 
     retries: int
@@ -138,8 +138,11 @@ class RedisTaskPublisher:
     publish retry policy says (``publisher_app``: once, after 0.1 s), each
     attempt bounded by the broker socket timeouts; then, like
     ``send_task``, ``kombu.exceptions.OperationalError``. redis-py's own
-    retries are off so that this bound holds. Thread-safe: redis-py's
-    connection pool hands each thread its own connection.
+    retries are off so that this bound holds. A retry after a timeout may
+    queue the job twice (the first LPUSH may have landed), as ``send_task``
+    may: a duplicate ``maybe_summarize`` is harmless (lease and
+    compare-and-swap). Thread-safe: redis-py's connection pool hands each
+    thread its own connection (and starts afresh in a forked child).
     """
 
     def __init__(self, app: Any, queue: str, url: str, *, key_prefix: str = "",
@@ -149,7 +152,7 @@ class RedisTaskPublisher:
             raise InvalidInput("must be a non-empty queue name", field="queue")
         conf = app.conf
         policy = dict(conf.task_publish_retry_policy or {})
-        self.retry = _Retry(
+        self.retry = _PublishRetry(
             retries=int(policy.get("max_retries") or 0) if conf.task_publish_retry else 0,
             start=float(policy.get("interval_start", 0)),
             step=float(policy.get("interval_step", 0.2)),
@@ -172,7 +175,8 @@ class RedisTaskPublisher:
         None unless: one plain ``redis://``/``rediss://`` broker URL (no
         failover list, no ``broker_use_ssl``), only transport options listed
         in ``_HARMLESS_TRANSPORT_OPTIONS``, JSON without compression,
-        protocol 2, no task-sent events, and the queue on a direct exchange.
+        protocol 2, no task-sent events, no task routes (they may add message
+        options), and the queue on a direct exchange.
         :class:`CeleryEnqueuer` also checks, per job, what ``send_task``
         checks per job: whether the task is registered in the app (its
         options would apply) and whether publish signals have listeners.
@@ -184,7 +188,7 @@ class RedisTaskPublisher:
                 or urlsplit(url).scheme not in _REDIS_SCHEMES or conf.broker_use_ssl
                 or set(options) - _HARMLESS_TRANSPORT_OPTIONS
                 or conf.task_serializer != "json" or conf.task_compression
-                or conf.task_protocol != 2 or conf.task_send_sent_event):
+                or conf.task_protocol != 2 or conf.task_send_sent_event or conf.task_routes):
             return None
         try:
             target = app.amqp.queues[queue]
@@ -232,6 +236,7 @@ class RedisTaskPublisher:
                 raise OperationalError(f"broker refused the job: {exc}") from exc
 
     def close(self) -> None:
+        """Disconnect the pool; a later publish connects again."""
         self.client.close()
 
 

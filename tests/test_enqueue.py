@@ -33,6 +33,7 @@ import redis
 from celery import Celery, signals
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from shared.config import StoreConfig
@@ -157,6 +158,9 @@ def test_global_keyprefix_is_applied_like_kombu(redis_url: str, queue: str) -> N
     ("redis://localhost:6379/0", {"broker_use_ssl": {"ssl_cert_reqs": "required"}}),
     ("redis://localhost:6379/0", {"broker_transport_options": {"priority_steps": [1, 5]}}),
     ("redis://localhost:6379/0", {"task_create_missing_queues": False}),
+    ("redis://localhost:6379/0", {"task_routes": {"compaction.*": {"priority": 5}}}),
+    ("redis://localhost:6379/0",
+     {"task_queues": [Queue(QUEUE, Exchange(QUEUE, "topic"))]}),  # type: ignore[no-untyped-call]
 ])
 def test_apps_that_need_send_task_get_it(url: str, conf: dict[str, Any]) -> None:
     app = Celery("t", broker=url, set_as_current=False)
