@@ -20,35 +20,30 @@ REQUEST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
 DEFAULT_TENANT = "default"
 
 
-def validate_tenant(tenant: str) -> str:
-    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+_ID_CHARS = "letters, digits, '_', '.', ':', '-'"
+
+
+def _validated(value: str, pattern: re.Pattern[str], field: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidInput(
-            "must be 1-64 characters of letters, digits, '_', '.', '-' and start with a "
-            f"letter or digit (got {tenant!r:.80})",
-            field="tenant",
+            f"must be {rule} and start with a letter or digit (got {value!r:.80})",
+            field=field,
         )
-    return tenant
+    return value
+
+
+def validate_tenant(tenant: str) -> str:
+    return _validated(tenant, TENANT_RE, "tenant",
+                      "1-64 characters of letters, digits, '_', '.', '-'")
 
 
 def validate_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not SESSION_RE.fullmatch(session_id):
-        raise InvalidInput(
-            "must be 1-128 characters of letters, digits, '_', '.', ':', '-' and start with a "
-            f"letter or digit (got {session_id!r:.80})",
-            field="session_id",
-        )
-    return session_id
+    return _validated(session_id, SESSION_RE, "session_id", f"1-128 characters of {_ID_CHARS}")
 
 
 def validate_request_id(request_id: str) -> str:
     """An idempotency key: stored as a hash field, so the same strict charset."""
-    if not isinstance(request_id, str) or not REQUEST_RE.fullmatch(request_id):
-        raise InvalidInput(
-            "must be 1-128 characters of letters, digits, '_', '.', ':', '-' and start with a "
-            f"letter or digit (got {request_id!r:.80})",
-            field="request_id",
-        )
-    return request_id
+    return _validated(request_id, REQUEST_RE, "request_id", f"1-128 characters of {_ID_CHARS}")
 
 
 @dataclass(frozen=True, slots=True)
