@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -128,6 +129,9 @@ class ViewData(BaseModel):
     cheap: dict[int, CheapDecision]
     pending: bool
     epoch: str = Field(default="", description="changes when the session is re-created")
+    history_counts: list[int] | None = Field(
+        default=None, description="the store's token count of each history message, "
+                                  "when the reader asked for them (read with the view)")
 
     @property
     def history_tokens(self) -> int:
@@ -179,6 +183,9 @@ class RawView:
     cheap_raw: dict[int, str]
     pending: bool
     incremental: bool
+    totals: list[int] = field(default_factory=list)
+    """Running token totals ``cum[start - 1:length]`` (from ``cum[0]`` when start
+    is 0), when they were asked for; else empty."""
 
     @property
     def epoch(self) -> str:
@@ -197,6 +204,16 @@ class RawView:
 
     def decode_messages(self) -> list[Message]:
         return decode_messages(b"[" + b",".join(self.messages) + b"]") if self.messages else []
+
+    def message_counts(self) -> list[int] | None:
+        """The store's token count of each message read, from ``totals``; None when
+        they were not read or do not match the messages."""
+        if not self.messages:
+            return [] if not self.totals else None
+        totals = ([0] if self.start == 0 else []) + self.totals
+        if len(totals) != len(self.messages) + 1 or totals[-1] != self.tokens_total:
+            return None
+        return [b - a for a, b in itertools.pairwise(totals)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ is given, so it runs on the node that owns the session's slot.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -58,6 +59,7 @@ IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes withi
 IDEMPOTENCY_TTL_SECONDS = 3600
 
 
+@functools.cache
 def _load_lua(name: str) -> str:
     return resources.files("shared").joinpath("lua", name).read_text(encoding="utf-8")
 
@@ -134,7 +136,8 @@ class SessionStore:
     def __init__(self, client: Any, config: StoreConfig | None = None, *,
                  tenant: str = DEFAULT_TENANT, counter: TokenCounter | None = None,
                  idempotency_keep: int = IDEMPOTENCY_KEEP,
-                 idempotency_ttl: int = IDEMPOTENCY_TTL_SECONDS) -> None:
+                 idempotency_ttl: int = IDEMPOTENCY_TTL_SECONDS,
+                 _scripts: Mapping[str, Script] | None = None) -> None:
         for name, value in (("idempotency_keep", idempotency_keep),
                             ("idempotency_ttl", idempotency_ttl)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -145,7 +148,8 @@ class SessionStore:
         self.counter = counter or DEFAULT_COUNTER
         self.idempotency_keep = idempotency_keep
         self.idempotency_ttl = idempotency_ttl
-        self._scripts: dict[str, Script] = {
+        # Scripts are bound to the client, not the tenant: for_tenant() shares them.
+        self._scripts: Mapping[str, Script] = _scripts or {
             name: client.register_script(_load_lua(f"{name}.lua")) for name in SCRIPTS
         }
 
@@ -153,10 +157,13 @@ class SessionStore:
         return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
 
     def for_tenant(self, tenant: str) -> SessionStore:
-        """The same connection, bound to another tenant (for operators, not agents)."""
+        """The same connection, bound to another tenant (for operators and workers, not
+        agents). Cheap: the registered scripts are shared, nothing is read or sent."""
+        if tenant == self.tenant:
+            return self
         return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter,
                             idempotency_keep=self.idempotency_keep,
-                            idempotency_ttl=self.idempotency_ttl)
+                            idempotency_ttl=self.idempotency_ttl, _scripts=self._scripts)
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -293,22 +300,26 @@ class SessionStore:
             self._run("update_state",
                       lambda: self.redis.hset(self.keys(session_id).state, mapping=clean))
 
-    def read_view(self, session_id: str, since: ViewCursor | None = None) -> RawView:
+    def read_view(self, session_id: str, since: ViewCursor | None = None, *,
+                  with_counts: bool = False) -> RawView:
         """One atomic read of the view, undecoded; only what is new when ``since`` still holds.
 
         With a cursor from an earlier read (same epoch and log generation,
         the watermark still inside what it holds), the reply carries
         ``log[since.end:]`` and the summary only if the version changed
         (``incremental``); otherwise everything from the watermark.
+        ``with_counts``: also the running token totals of the messages sent
+        (:meth:`RawView.message_counts`), read atomically with them.
         """
         k = self.keys(session_id)
         keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
         args: list[Any] = (["", 0, 0, 0, 0, 0] if since is None else
                            [since.epoch, since.gen, since.version, since.start, since.end,
                             since.total])
+        args.append("1" if with_counts else "0")
         raw = self._script("view", "view", keys, args)
         (state, messages, before, total, length, summary, cheap, pending, start, incremental,
-         included) = raw
+         included, totals) = raw
         return RawView(
             state_raw=_json_pairs(state),
             messages=list(messages),
@@ -321,11 +332,13 @@ class SessionStore:
             cheap_raw={int(f): v for f, v in _json_pairs(cheap).items()},
             pending=bool(pending),
             incremental=bool(incremental),
+            totals=[int(t) for t in totals],
         )
 
-    def load_view(self, session_id: str) -> ViewData:
-        """One atomic read of everything prepare() needs, decoded."""
-        raw = self.read_view(session_id)
+    def load_view(self, session_id: str, *, with_counts: bool = False) -> ViewData:
+        """One atomic read of everything prepare() needs, decoded; ``with_counts``: with
+        the store's token count of each history message (``ViewData.history_counts``)."""
+        raw = self.read_view(session_id, with_counts=with_counts)
         return ViewData(
             state=raw.state(),
             history=raw.decode_messages(),
@@ -337,6 +350,7 @@ class SessionStore:
             cheap={i: CheapDecision.model_validate_json(v) for i, v in raw.cheap_raw.items()},
             pending=raw.pending,
             epoch=raw.epoch,
+            history_counts=raw.message_counts() if with_counts else None,
         )
 
     def commit_summary(self, session_id: str, record: SummaryRecord,
@@ -435,6 +449,39 @@ class SessionStore:
         ok = self._run("acquire_lease", lambda: self.redis.set(
             self.keys(session_id).lease, token, nx=True, px=ttl_ms))
         return token if ok else None
+
+    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A job's first step in one round trip: clear the pending flag (later turns
+        enqueue a new job), then try the lease (:meth:`acquire_lease`)."""
+        k = self.keys(session_id)
+        token = secrets.token_hex(16)
+        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
+
+        def run() -> Any:
+            pipe = self.redis.pipeline(transaction=False)  # one slot: fine on a Cluster too
+            pipe.delete(k.pending)
+            pipe.set(k.lease, token, nx=True, px=ttl_ms)
+            return pipe.execute()[1]
+
+        return token if self._run("claim", run) else None
+
+    def finish_lease(self, session_id: str, token: str,
+                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
+        """The owner's last look and release, atomically.
+
+        Returns ``("released", [])`` when no request was waiting (the lease is
+        released), ``("dirty", requests)`` when requests were left while it
+        held the lease (taken; the lease is extended to run them; call again
+        after), or ``("lost", [])`` when the caller no longer owns the lease
+        (nothing changed).
+        """
+        k = self.keys(session_id)
+        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
+        raw = self._script("finish_lease", "lease", [k.lease, k.dirty], [token, "finish", ttl_ms])
+        status = _s(raw[0])
+        if status == "dirty":
+            return status, [line for line in _s(raw[1]).split("\n") if line]
+        return status, []
 
     def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
         ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)

@@ -269,19 +269,20 @@ def _record_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, A
 
 def test_a_request_left_just_before_the_release_is_still_run(
         eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The busy request lands after the holder's last look at the flag, before its release."""
+    """The busy request lands after the holder ran its own request, just before its
+    release: the look that releases finds it, so the holder runs it."""
     from workers.tasks import compact, maybe_summarize
 
     runs = _record_runs(monkeypatch)
-    release = SessionStore.release_lease
+    finish = SessionStore.finish_lease
     busy: list[dict[str, Any]] = []
 
-    def late_request(self: SessionStore, session_id: str, token: str) -> bool:
+    def late_request(self: SessionStore, session_id: str, token: str) -> tuple[str, list[str]]:
         if not busy:
             busy.append(compact.apply(args=[session_id], kwargs={"keep_recent": 2000}).get())
-        return release(self, session_id, token)
+        return finish(self, session_id, token)
 
-    monkeypatch.setattr(SessionStore, "release_lease", late_request)
+    monkeypatch.setattr(SessionStore, "finish_lease", late_request)
     result = maybe_summarize.apply(args=["s"]).get()
     assert busy[0]["status"] == "busy"
     assert result["status"] == "skipped" and result["reruns"] == ["compacted"]

@@ -112,6 +112,14 @@ def test_one_counter_object_reaches_store_engine_and_compactor(tokenizers: Path)
     assert runtime.store.for_tenant("other-tenant").counter is counter
 
 
+def test_a_tenants_compactor_is_built_once_per_process() -> None:
+    runtime = build_runtime(load_settings())
+    acme = runtime.compactor("acme")
+    assert runtime.compactor("acme") is acme and acme.store.tenant == "acme"
+    assert runtime.compactor("globex") is not acme
+    assert runtime.compactor(runtime.store.tenant).store is runtime.store
+
+
 def test_the_guard_and_the_stored_totals_use_the_store_counter(tokenizers: Path) -> None:
     """What the README integration relies on: the agent's store carries the counter,
     the guard takes it from there, and the running totals in Redis are its counts."""

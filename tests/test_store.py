@@ -156,6 +156,72 @@ def test_lease_and_flags(store: SessionStore) -> None:
     assert store.take_dirty("s") and not store.take_dirty("s")
 
 
+def test_claim_clears_pending_and_takes_the_lease_once(store: SessionStore) -> None:
+    assert store.mark_pending("s")
+    token = store.claim("s", 5)
+    assert token is not None and not store.is_pending("s")
+    assert store.mark_pending("s")
+    assert store.claim("s", 5) is None  # busy: the pending flag is cleared all the same
+    assert not store.is_pending("s")
+    assert store.release_lease("s", token) and store.claim("s", 5) is not None
+
+
+def test_finish_lease_releases_only_after_a_look_that_finds_no_request(
+        store: SessionStore) -> None:
+    token = store.acquire_lease("s", 5)
+    assert token is not None
+    store.mark_dirty("s", '{"force": true}')
+    store.mark_dirty("s", '{"manual": true}')
+    assert store.finish_lease("s", token, 5) == ("dirty", ['{"force": true}',
+                                                           '{"manual": true}'])
+    assert store.acquire_lease("s", 5) is None  # still held: the requests are to be run
+    store.mark_dirty("s")  # a plain rerun carries no line, but it is a request
+    assert store.finish_lease("s", token, 5) == ("dirty", [])
+    assert store.finish_lease("s", token, 5) == ("released", [])
+    assert store.take_dirty_requests("s") is None
+    other = store.acquire_lease("s", 5)
+    assert other is not None
+    store.mark_dirty("s", "x")
+    assert store.finish_lease("s", token, 5) == ("lost", [])  # not the owner: untouched
+    assert store.take_dirty_requests("s") == ["x"]
+    assert not store.release_lease("s", token) and store.release_lease("s", other)
+
+
+def test_finish_lease_extends_the_lease_it_keeps(any_redis: Any, key_prefix: str) -> None:
+    s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix))
+    token = s.acquire_lease("s", 1)
+    assert token is not None
+    s.mark_dirty("s", "r")
+    assert s.finish_lease("s", token, 60)[0] == "dirty"
+    assert any_redis.pttl(s.keys("s").lease) > 30_000
+
+
+def test_view_counts_are_the_stores_per_message_counts(store: SessionStore) -> None:
+    for i in range(3):
+        store.append("s", turn(i))
+    per_message = [store.counter.message(m) for m in store.messages("s")]
+    assert store.load_view("s").history_counts is None  # only when asked for
+    view = store.load_view("s", with_counts=True)
+    assert view.history_counts == per_message
+    assert store.commit_summary("s", summary(4), 0).ok
+    view = store.load_view("s", with_counts=True)
+    assert view.history_counts == per_message[4:] and len(view.history) == 8
+    raw = store.read_view("s", with_counts=True)
+    assert raw.message_counts() == per_message[4:]
+    assert store.read_view("s").totals == []
+    empty = store.load_view("nobody", with_counts=True)
+    assert empty.history == [] and empty.history_counts == []
+
+
+def test_for_tenant_shares_the_connection_and_scripts(store: SessionStore) -> None:
+    assert store.for_tenant(store.tenant) is store
+    other = store.for_tenant("globex")
+    assert other.tenant == "globex" and other.redis is store.redis
+    assert other._scripts is store._scripts
+    other.append("s", turn(0))
+    assert store.length("s") == 0 and other.length("s") == 4
+
+
 def test_ttl_refreshed_on_writes(any_redis: Any, key_prefix: str) -> None:
     s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=100))
     s.append("s", turn(0))

@@ -40,8 +40,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import redis
-
 from shared.budget import check_budget
 from shared.config import CompactionPolicy
 from shared.ledger import Ledger, extract_facts
@@ -220,34 +218,16 @@ class Compactor:
         kinds = {s.source_version: s.kind for s in self.store.summaries(session_id)}
         return all(kinds.get(v) == "truncation" for v in range(since, until))
 
-    def _seed_counts(self, session_id: str, data: ViewData, counter: JobCounter) -> None:
+    def _seed_counts(self, data: ViewData, counter: JobCounter) -> None:
         """Give the job's counter the store's own count of every message read.
 
         The store keeps running totals per message (counted by its counter at
-        append time); one LRANGE of them replaces estimating the range again
-        (the plan and the quality gate count it). Only when the store counts
-        with this job's counter, and only when the totals agree with the
-        view that was read (a log edited between the two reads is counted
-        the slow way). Best effort: a failed read leaves the counting to the
-        counter. (Belongs in the store's API: ``message_tokens(session_id,
-        start, end)`` read inside ``load_view``'s script.)
+        append time), read with the view; they replace estimating the range
+        again (the plan and the quality gate count it). Only when the store
+        counts with this job's counter.
         """
-        if self.store.counter is not self.counter or not data.history:
-            return
-        watermark = data.state.watermark
-        first = max(0, watermark - 1)
-        try:
-            raw = self.store.redis.lrange(self.store.keys(session_id).cum, first,
-                                          data.length - 1)
-            totals = [int(v) for v in raw]
-        except (redis.RedisError, ValueError, TypeError):
-            return
-        before = totals.pop(0) if watermark > 0 and totals else 0
-        if (len(totals) != len(data.history) or before != data.tokens_before_watermark
-                or totals[-1] != data.tokens_total):
-            return
-        counter.seed(data.history, [b - a for a, b in zip([before, *totals], totals,
-                                                          strict=False)])
+        if self.store.counter is self.counter and data.history_counts is not None:
+            counter.seed(data.history, data.history_counts)
 
     # -- the job -------------------------------------------------------------------
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
@@ -269,10 +249,10 @@ class Compactor:
     def _attempt(self, session_id: str, force: bool, keep_recent: int | None, use_llm: bool,
                  deadline: float | None, manual: bool, *,
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
-        data = self.store.load_view(session_id)
+        data = self.store.load_view(session_id, with_counts=True)
         state = data.state
         counter = job_counter(self.counter)  # counts each message of this read once
-        self._seed_counts(session_id, data, counter)
+        self._seed_counts(data, counter)
         outcome = JobOutcome(session_id=session_id, status="skipped",
                              messages_before=data.length - state.watermark,
                              watermark_before=state.watermark)

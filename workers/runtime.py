@@ -10,7 +10,7 @@ the summary engine, so every count a worker makes comes from one object.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.store import SessionStore, connect
 from shared.tokens import TokenCounter
@@ -20,16 +20,27 @@ from workers.settings import Settings
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import client_from_settings
 
+MAX_CACHED_TENANTS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
     settings: Settings
     store: SessionStore
     engine: SummaryEngine
+    _compactors: dict[str, Compactor] = field(default_factory=dict, repr=False)
 
     def compactor(self, tenant: str) -> Compactor:
-        return Compactor(self.store.for_tenant(tenant), self.engine,
-                         policy=self.settings.policy(), counter=self.store.counter)
+        """The tenant's compactor, built once per process (a job runs in a few ms: the
+        policy model and the tenant's store are not rebuilt for each one)."""
+        compactor = self._compactors.get(tenant)
+        if compactor is None:
+            compactor = Compactor(self.store.for_tenant(tenant), self.engine,
+                                  policy=self.settings.policy(), counter=self.store.counter)
+            if len(self._compactors) >= MAX_CACHED_TENANTS:
+                self._compactors.clear()  # many tenants: rebuilding is cheap, memory is not
+            self._compactors[tenant] = compactor
+        return compactor
 
 
 def token_counter(settings: Settings) -> TokenCounter:

@@ -10,9 +10,9 @@ per-session lease (owner token with expiry, released only by its owner)
 keeps two workers from summarizing one session at once. A job that finds
 the lease taken leaves its request (``force``, ``keep_recent``, manual or
 not) in the session's dirty flag and tries the lease once more; the holder
-runs every request it finds before releasing, and looks again after
-releasing, so no request is left behind with nobody to run it (see
-:func:`run_job`).
+runs every request it finds, and releases only in the same atomic step as a
+look that finds the flag empty, so no request is left behind with nobody to
+run it (see :func:`run_job`).
 
 Retries: only a summarizer that may answer later (timeout, connection
 error, 429, 5xx: ``SummarizerUnavailable``) is retried, with exponential
@@ -105,17 +105,20 @@ class _Job:
         return _compact_once(self.run, self.session_id, request, self.last_attempt,
                              self.deadline)
 
-    def drain(self, token: str) -> bool:
-        """Run the requests left in the dirty flag while we hold the lease.
+    def finish(self, token: str) -> bool:
+        """Run the requests left in the dirty flag while we hold the lease, then release.
 
-        Returns False when requests may remain after MAX_RERUN_ROUNDS. A
-        failure that will be retried puts the requests not yet run back first.
+        The last look and the release are one atomic step
+        (:meth:`SessionStore.finish_lease`), so nothing can be left behind in
+        between. Returns False when the lease was lost or requests may remain
+        after MAX_RERUN_ROUNDS (the lease is released then too): :meth:`settle`
+        takes over. A failure that will be retried puts the requests not yet
+        run back first; the caller releases the lease.
         """
         for _ in range(MAX_RERUN_ROUNDS):
-            lines = self.store.take_dirty_requests(self.session_id)
-            if lines is None:
-                return True
-            self.store.extend_lease(self.session_id, token)
+            status, lines = self.store.finish_lease(self.session_id, token)
+            if status != "dirty":
+                return status == "released"
             requests = _distinct(lines)
             for i, request in enumerate(requests):
                 try:
@@ -125,6 +128,7 @@ class _Job:
                     raise
                 self.reruns.append(outcome.status)
                 self.outcome = self.outcome or outcome
+        self.store.release_lease(self.session_id, token)
         return False
 
     def put_back(self, requests: list[Request]) -> None:
@@ -132,9 +136,9 @@ class _Job:
             self.store.mark_dirty(self.session_id, request.encode())
 
     def settle(self) -> None:
-        """After releasing: a request left between our last look and the release has
+        """After the lease was lost or rounds ran out: a request left in the flag has
         nobody else to run it, so take it back under the lease (or leave it to the
-        job that holds the lease now: it looks after releasing too)."""
+        job that holds the lease now: it looks before it releases)."""
         for _ in range(MAX_RERUN_ROUNDS):
             lines = self.store.take_dirty_requests(self.session_id)
             if lines is None:
@@ -144,9 +148,10 @@ class _Job:
             if token is None:
                 return  # acquired after our put_back: its holder will find them
             try:
-                done = self.drain(token)
-            finally:
+                done = self.finish(token)
+            except BaseException:
                 self.store.release_lease(self.session_id, token)
+                raise
             if not done:
                 break
         lines = self.store.take_dirty_requests(self.session_id)
@@ -167,20 +172,21 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
     - busy: append the request to the dirty flag, then try the lease again
       (the holder may have released in between, after its last look);
     - holder: run its own request, then take and run the flag's requests
-      until it is empty, release, then look once more (:meth:`_Job.settle`).
+      until it is empty; the look that finds it empty releases the lease in
+      the same atomic step (:meth:`_Job.finish`).
 
     Whoever appends to the flag either gets the lease afterwards or fails to
-    because someone holds it then; that holder looks at the flag after it
-    releases, which is after the append.
+    because someone holds it then; that holder's last look comes after the
+    append, since it releases only in a look that finds the flag empty.
     """
     settings = _settings()
     runtime = get_runtime(settings)
-    store = runtime.store.for_tenant(tenant)
+    compactor = runtime.compactor(tenant)
+    store = compactor.store
     store.keys(session_id)  # validates tenant and session id before anything else
-    store.clear_pending(session_id)
     request = Request(force=force, keep_recent=keep_recent, manual=manual)
     own: Request | None = request
-    token = store.acquire_lease(session_id)
+    token = store.claim(session_id)  # clears the pending flag too
     if token is None:
         store.mark_dirty(session_id, request.encode())
         token = store.acquire_lease(session_id)
@@ -188,18 +194,20 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
             return {"session_id": session_id, "status": "busy",
                     "reason": "another job holds the lease; it runs this request before "
                               "it ends", "request": request.encode()}
-        own = None  # our request is in the flag now: drain() runs it
+        own = None  # our request is in the flag now: finish() runs it
     retries = task.request.retries or 0
-    job = _Job(session_id, tenant, store, runtime.compactor(tenant).run,
+    job = _Job(session_id, tenant, store, compactor.run,
                last_attempt=retries >= (task.max_retries or 0),
                deadline=time.monotonic() + settings.task_soft_time_limit)
     try:
         if own is not None:
             job.outcome = job.execute(own)
-        job.drain(token)
-    finally:
+        finished = job.finish(token)
+    except BaseException:
         store.release_lease(session_id, token)
-    job.settle()
+        raise
+    if not finished:
+        job.settle()
     # Short fields first: Celery's log line of the result is cut at 1,024 characters.
     result: dict[str, Any] = {"session_id": session_id, "status": "skipped",
                               "attempt": retries + 1, "reruns": job.reruns}

@@ -12,6 +12,8 @@
 -- ARGV[3] the caller's version (its summary is the current one if unchanged)
 -- ARGV[4] the caller's start and ARGV[5] its end: it holds log[start:end]
 -- ARGV[6] the running token total at that end (cum[end - 1], 0 when end = 0)
+-- ARGV[7] '1': also return the running totals of the messages sent (the
+--         worker's counts; the guard does not ask)
 --
 -- Only truncate_after removes or replaces log entries, and it bumps the log
 -- generation ('gen'); a session that is deleted (or expires) and comes back
@@ -24,7 +26,10 @@
 --
 -- Returns {state_json, messages, tokens_before_watermark, tokens_total, length,
 --          summary_json_or_false, cheap_json, pending, start, incremental,
---          summary_included}
+--          summary_included, totals}
+-- totals: with ARGV[7] = '1', cum[start - 1 .. length - 1] (from cum[0] when
+-- start is 0), read with the messages so that they describe the same log;
+-- otherwise empty.
 -- messages are log[start:]: start is the watermark for a full read, the
 -- caller's end for an incremental one. Few reply elements on purpose: each
 -- costs the client a parse step (state and cheap come as one JSON string).
@@ -73,5 +78,9 @@ if incremental == 0 or cur[2] ~= ARGV[3] then
 end
 local cheap = cjson.encode(redis.call('HGETALL', KEYS[5]))
 local pending = redis.call('EXISTS', KEYS[6])
+local totals = {}
+if ARGV[7] == '1' and start < len then
+  totals = redis.call('LRANGE', KEYS[3], math.max(start - 1, 0), -1)
+end
 return {cjson.encode(state), messages, before, total, len, summary, cheap, pending, start,
-        incremental, included}
+        incremental, included, totals}
