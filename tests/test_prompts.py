@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from shared.errors import InvalidInput, LimitExceeded
 from shared.ledger import extract_facts
 from shared.messages import Message, ToolCall
-from shared.tokens import DEFAULT_COUNTER
+from shared.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 from workers.summarizer.prompts import (
     SUMMARY_SECTIONS,
     SYSTEM_PROMPT,
@@ -25,6 +25,7 @@ from workers.summarizer.prompts import (
     build_turn_prefix_request,
     chunk_for_window,
     escape_wrappers,
+    fits_by_bytes,
     render_messages,
     render_transcript,
     request_tokens,
@@ -213,7 +214,8 @@ def _check_chunks(messages: list[Message], chunks: list[list[Message]], limit: i
             if m.role == "tool" and m.tool_call_id in owner:
                 assert owner[m.tool_call_id] == n
         request = build_summary_request(chunk, "x" if previous else None, max_summary_tokens=2000)
-        assert request_tokens(request, counter) + previous <= limit
+        assert (fits_by_bytes(request, limit, previous)
+                or request_tokens(request, counter) + previous <= limit)
 
 
 @st.composite
@@ -350,5 +352,34 @@ def test_a_range_that_fits_is_one_chunk_counted_once() -> None:
             calls.append(len(messages))
             return DEFAULT_COUNTER.messages(messages)
 
-    assert chunk_for_window(conversation(), 50_000, Counting()) == [conversation()]
+    request = build_summary_request(conversation(), None, max_summary_tokens=2000)
+    size = sum(len(m["content"].encode()) for m in request)
+    assert chunk_for_window(conversation(), size + 100, Counting()) == [conversation()]
+    assert calls == []  # its bytes show that it fits: not counted at all
+    limit = request_tokens(request) + 50
+    assert limit < size
+    assert chunk_for_window(conversation(), limit, Counting()) == [conversation()]
     assert len(calls) == 1  # the whole request, not the fixed part, units and a re-count
+
+
+TOKENIZERS = TRANSCRIPTS.parent / "tokenizers"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=300), min_size=1, max_size=4), st.integers(1, 2000))
+def test_a_request_that_fits_by_bytes_fits_any_byte_level_tokenizer(
+        texts: list[str], reserve: int) -> None:
+    """Every token of o200k and cl100k covers at least one byte: bytes bound tokens."""
+    if not TOKENIZERS.exists():
+        pytest.skip(f"tokenizer files not found at {TOKENIZERS} (shared data folder absent)")
+    from shared.tokens_exact import TiktokenCounter
+
+    request = [{"role": "user", "content": t} for t in texts]
+    messages = [Message(role="user", content=t) for t in texts]
+    bound = REQUEST_OVERHEAD + reserve + sum(
+        len(t.encode("utf-8", "surrogatepass")) + MESSAGE_OVERHEAD for t in texts)
+    assert fits_by_bytes(request, bound, reserve)  # the smallest limit it accepts
+    assert not fits_by_bytes(request, bound - 1, reserve)
+    for encoding in ("o200k_base", "cl100k_base"):
+        exact = TiktokenCounter(encoding, TOKENIZERS).messages(messages)
+        assert exact + reserve <= bound, encoding

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from shared.errors import InvalidInput, LimitExceeded
 from shared.ledger import Ledger
 from shared.messages import Message, validate_message
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD, TokenCounter
 from shared.turns import leading_system_count, tool_units
 
 SUMMARY_SECTIONS: tuple[str, ...] = (
@@ -383,6 +383,25 @@ def request_tokens(request: Sequence[dict[str, str]], counter: TokenCounter | No
     return counter.messages([Message(role=r["role"], content=r["content"]) for r in request])
 
 
+def fits_by_bytes(request: Sequence[dict[str, str]], max_input_tokens: int,
+                  reserve: int = 0) -> bool:
+    """True when ``request`` fits ``max_input_tokens`` whatever the tokenizer: its
+    UTF-8 bytes plus chat framing plus ``reserve`` are within the limit.
+
+    Byte-level BPE (OpenAI, Anthropic) and SentencePiece with byte fallback
+    (Gemini, Llama) emit tokens of at least one byte each, so a text never
+    has more tokens than bytes. A summary request of a few tens of kilobytes
+    against a 128k-token summarizer needs no count at all; counting it was
+    the job's largest token estimate.
+    """
+    size = REQUEST_OVERHEAD + reserve
+    for message in request:
+        size += len(message["content"].encode("utf-8", "surrogatepass")) + MESSAGE_OVERHEAD
+        if size > max_input_tokens:
+            return False
+    return True
+
+
 def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
                      counter: TokenCounter | None = None, *, previous_summary_tokens: int = 0,
                      ledger: Ledger | None = None, max_summary_tokens: int = 2000,
@@ -395,7 +414,8 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
     as an UPDATE request carrying ``ledger`` plus ``previous_summary_tokens``
     for the running summary of the previous fold, and verified after packing.
     A range whose whole request fits is one chunk, counted once (the common
-    case, and what packing would verify). A single unit that cannot fit
+    case, and what packing would verify), or not at all when its bytes alone
+    show that it fits (:func:`fits_by_bytes`). A single unit that cannot fit
     raises :class:`LimitExceeded` naming it. ``rendered``: the messages as
     :func:`render_messages` returned them (same ``start``).
     """
@@ -411,13 +431,17 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
     texts = list(rendered) if rendered is not None else render_messages(msgs, start=start)
     prev = "x" if previous_summary_tokens else None
 
-    def cost(lo: int, hi: int) -> int:
-        request = build_summary_request(msgs[lo:hi], prev, ledger=ledger, start=start + lo,
-                                        max_summary_tokens=max_summary_tokens,
-                                        rendered=texts[lo:hi])
-        return request_tokens(request, counter) + previous_summary_tokens
+    def request(lo: int, hi: int) -> list[dict[str, str]]:
+        return build_summary_request(msgs[lo:hi], prev, ledger=ledger, start=start + lo,
+                                     max_summary_tokens=max_summary_tokens,
+                                     rendered=texts[lo:hi])
 
-    if cost(0, len(msgs)) <= max_input_tokens:
+    def cost(lo: int, hi: int) -> int:
+        return request_tokens(request(lo, hi), counter) + previous_summary_tokens
+
+    whole = request(0, len(msgs))
+    if fits_by_bytes(whole, max_input_tokens, previous_summary_tokens) or (
+            request_tokens(whole, counter) + previous_summary_tokens <= max_input_tokens):
         return [msgs]
     fixed = cost(0, 0)
     if fixed >= max_input_tokens:
@@ -455,6 +479,7 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
 __all__ = [
     "DEFAULT_LEDGER_CHARS", "DEFAULT_MESSAGE_CHARS", "DEFAULT_TOOL_CHARS", "SUMMARY_SECTIONS",
     "SYSTEM_PROMPT", "TURN_PREFIX_SECTIONS", "WRAPPER_TAGS", "build_summary_request",
-    "build_turn_prefix_request", "chunk_for_window", "escape_wrappers", "is_invisible",
+    "build_turn_prefix_request", "chunk_for_window", "escape_wrappers", "fits_by_bytes",
+    "is_invisible",
     "render_messages", "render_transcript", "request_tokens",
 ]
