@@ -28,6 +28,15 @@ bounds each connect, send and read, not the whole call; a server that
 trickles its reply holds the thread as long as it trickles, until the
 provider clients carry a whole-call deadline
 (``tests/test_app.py::test_one_llm_call_ends_within_the_summarizer_timeout``).
+
+Broker transport: on a ``redis://``/``rediss://`` broker the app uses
+``workers.broker`` (``broker_transport``), kombu's Redis transport with one
+redis-py client per connection pool instead of a new client per broker
+command (task events, acks: CPU under the one GIL). Everything that loads
+this app gets it: workers and ``celery -A workers.app flower``; the agents'
+publishers (``shared.enqueue.publisher_app``) keep kombu's own, and the
+messages on the wire are the same. The worker banner and ``as_uri()`` still
+print the ``redis://`` URL.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from kombu.entity import Exchange, Queue
 
 from shared.enqueue import QUEUE
 from shared.errors import ConfigError
+from workers.broker import worker_transport
 from workers.settings import Settings, load_settings
 
 log = logging.getLogger("compaction.app")
@@ -59,6 +69,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration for a settings object (pure; used by tests too)."""
     return {
         "broker_url": settings.broker_url,
+        # kombu's Redis transport, minus a new redis-py client per broker command
+        # (workers.broker); None (kombu picks by scheme) for any other broker URL.
+        "broker_transport": worker_transport(settings.broker_url),
         # Results are not needed (the store holds the outcome; Flower reads events).
         "result_backend": None,
         "task_ignore_result": True,

@@ -1,0 +1,156 @@
+"""The worker's Redis broker transport: one redis-py client per connection pool.
+
+Why: kombu's Redis channel runs most of its synchronous commands through
+``Channel.conn_or_acquire()`` without a client (publishing each task event,
+``QoS.append`` when a job arrives, ``QoS.ack`` when it is acked, pidbox
+replies, ...), and each call builds a fresh ``redis.Redis`` on the channel's
+connection pool. With redis-py 8 that costs about 57 µs of CPU (the client
+copies every response callback into a new ``CaseInsensitiveDict``), several
+times per job, under the one GIL a threads-pool worker has. A redis-py
+client that is not a single-connection client holds no connection of its
+own: every command borrows one from the pool and returns it, so one client
+per pool is safe to share between the pool's threads (redis-py documents
+``Redis`` as thread-safe). :class:`Channel` builds that client once per
+pool, and a new one when kombu replaces the pool: ``_disconnect_pools``
+(reconnect, close, after fork) drops it, and every use also checks that
+the client still belongs to the channel's current pool.
+
+Not shared: the asynchronous pool's clients (``Channel.client`` for BRPOP,
+``Channel.subclient`` for pub/sub) carry per-connection state the event loop
+polls; they stay as kombu builds them. Calls that pass a client
+(``conn_or_acquire(client)``) use it unchanged. The client is built by
+kombu's own ``_create_client``, so ``global_keyprefix`` (a
+``PrefixedStrictRedis``) and a ``credential_provider`` apply as before.
+
+Selection (:func:`worker_transport`): through Celery's ``broker_transport``
+setting, for one ``redis://`` or ``rediss://`` broker URL. Given a
+transport explicitly, kombu parses the URL itself and forgets its scheme,
+so two details of the scheme-selected transport are kept here by hand:
+``as_uri()`` (the worker banner's ``transport:`` line, Flower's broker
+page) prints the ``redis://``/``rediss://`` URL instead of the class path,
+and ``rediss://`` without ``broker_use_ssl`` gets kombu's insecure default
+(``ssl_cert_reqs=CERT_NONE``, with kombu's warning). Left to kombu:
+``sentinel://`` and every other scheme, ``redis+socket://`` (a transport
+named in the URL wins over the setting), failover lists (on a switch kombu
+takes the transport from the next URL's scheme, so the lists would mix
+transports), and ``unix://``, which kombu does not accept as a broker URL
+at all (its Unix-socket form is ``redis+socket:///path``). The messages on
+the wire are the ones kombu writes: publishers and consumers on the stock
+transport share the broker unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import redis
+from kombu.transport import redis as kombu_redis
+from kombu.utils.url import as_url
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = "workers.broker:Transport"
+SSL_TRANSPORT = "workers.broker:SSLTransport"
+_TRANSPORTS = {"redis": TRANSPORT, "rediss": SSL_TRANSPORT}
+
+
+def worker_transport(broker_url: str) -> str | None:
+    """Celery's ``broker_transport`` for ``broker_url``: this module's, or None.
+
+    None (kombu chooses by the URL's scheme, as without the setting) unless
+    the URL is a single ``redis://`` or ``rediss://`` URL; see the module
+    docstring for what is left to kombu and why.
+    """
+    if ";" in broker_url:
+        return None
+    return _TRANSPORTS.get(urlsplit(broker_url).scheme.lower())
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel, sharing one synchronous client per connection pool."""
+
+    #: (the pool, the client built on it); replaced as a whole, never mutated,
+    #: so a thread reading it always gets a matching pair.
+    _shared: tuple[redis.ConnectionPool, redis.Redis] | None = None
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """``client`` if given, else the channel's shared synchronous client."""
+        yield client if client else self.shared_client()
+
+    def shared_client(self) -> redis.Redis:
+        """The client on the channel's current pool, built on first use per pool.
+
+        Two threads may both build one after a pool change; either is
+        correct, the last one stored is kept.
+        """
+        pool = self.pool
+        shared = self._shared
+        if shared is None or shared[0] is not pool:
+            client: redis.Redis = self._create_client()  # type: ignore[no-untyped-call]
+            # Keyed by the pool the client really uses: had another thread
+            # replaced the pool meanwhile, the next call rebuilds.
+            shared = (client.connection_pool, client)
+            self._shared = shared
+        return shared[1]
+
+    def _disconnect_pools(self) -> None:
+        """Forget the shared client with the pool it uses (reconnect, close, fork)."""
+        self._shared = None
+        super()._disconnect_pools()  # type: ignore[no-untyped-call]
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`Channel`; ``as_uri`` keeps the scheme."""
+
+    Channel = Channel
+    #: The URL scheme this transport stands for (``as_uri``).
+    scheme = "redis"
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        # kombu's Connection.as_uri asks the transport *instance* to format
+        # the URL only when it can parse URLs; the *class* attribute (False)
+        # is what Connection.__init__ reads to decide that it parses the URL
+        # itself, which it still must.
+        self.can_parse_url = True
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        """The URL kombu prints for the scheme-selected transport (never the class path)."""
+        conn: Any = self.client  # the kombu Connection
+        info = conn.info()
+        password = info["password"]
+        if not include_password:
+            password = mask
+        elif callable(password):
+            password = password()
+        return str(as_url(self.scheme, conn.hostname or "localhost", info["port"],
+                          info["userid"], password, quote(info["virtual_host"] or ""),
+                          sanitize=not include_password, mask=mask))
+
+
+class SSLTransport(Transport):
+    """:class:`Transport` for ``rediss://``: kombu's default when no TLS options are set.
+
+    kombu gives a ``rediss://`` URL without ``broker_use_ssl`` (or ``ssl_*``
+    URL options) unverified TLS and a warning; it decides that from the URL's
+    scheme, which an explicit transport hides from it, so it is done here.
+    """
+
+    scheme = "rediss"
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        if not client.ssl:
+            log.warning("Secure redis scheme specified (rediss) with no ssl options, "
+                        "defaulting to insecure SSL behaviour.")
+            client.ssl = {"ssl_cert_reqs": ssl.CERT_NONE}
+        super().__init__(client, **kwargs)
+
+
+__all__ = ["SSL_TRANSPORT", "TRANSPORT", "Channel", "SSLTransport", "Transport",
+           "worker_transport"]
