@@ -339,7 +339,9 @@ class SessionStore:
         """One atomic read of everything prepare() needs, decoded; ``with_counts``: with
         the store's token count of each history message (``ViewData.history_counts``)."""
         raw = self.read_view(session_id, with_counts=with_counts)
-        return ViewData(
+        # Built from models decoded just above: validating them again (pydantic re-runs
+        # every message's validators for a list[Message] field) would double the cost.
+        return ViewData.model_construct(
             state=raw.state(),
             history=raw.decode_messages(),
             tokens_before_watermark=raw.tokens_before_watermark,
