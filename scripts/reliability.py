@@ -352,7 +352,8 @@ def integrity(store: SessionStore, session_id: str, *, quiet: bool = True) -> li
         problems.append(f"{session_id}: a kept summary covers past the log: {marks} > {length}")
     if quiet:
         for name, key in (("lease", k.lease), ("pending flag", k.pending),
-                          ("dirty flag (a busy request never run)", k.dirty)):
+                          ("dirty flag (a busy request never run)", k.dirty),
+                          ("taken requests (an owner died running them)", k.taken)):
             if client.exists(key):
                 problems.append(f"{session_id}: {name} left behind")
     return problems

@@ -25,6 +25,9 @@ class StoreConfig(BaseModel):
     ttl_seconds: int | None = Field(default=None, gt=0, description="refreshed on every write")
     pending_ttl_seconds: int = Field(default=600, gt=0)
     lease_ttl_seconds: int = Field(default=300, gt=0)
+    request_ttl_seconds: int = Field(
+        default=3600, gt=0, description="requests left for the lease holder (dirty flag, and "
+        "those it took but had not run when it died): must outlive a job's redelivery")
     socket_timeout: float = Field(default=0.5, gt=0)
     connect_timeout: float = Field(default=0.5, gt=0)
 

@@ -63,6 +63,7 @@ class SessionKeys:
     pending: str
     lease: str
     dirty: str
+    taken: str
 
     @classmethod
     def for_session(cls, prefix: str, tenant: str, session_id: str) -> SessionKeys:
@@ -83,6 +84,7 @@ class SessionKeys:
             pending=f"{base}:pending",
             lease=f"{base}:lease",
             dirty=f"{base}:dirty",
+            taken=f"{base}:taken",
         )
 
     def data_keys(self) -> list[str]:
@@ -92,7 +94,7 @@ class SessionKeys:
     def all_keys(self) -> list[str]:
         """Every key of the session: data, recent append request ids, flags, lease."""
         return [*self.data_keys(), self.requests, self.request_order, self.pending,
-                self.lease, self.dirty]
+                self.lease, self.dirty, self.taken]
 
 
 def session_pattern(prefix: str, tenant: str) -> str:

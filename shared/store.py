@@ -444,28 +444,29 @@ class SessionStore:
         return bool(self._run("is_pending",
                               lambda: self.redis.exists(self.keys(session_id).pending)))
 
-    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A random owner token when the lease was free, else None."""
-        token = secrets.token_hex(16)
+    def _lease(self, what: str, session_id: str, token: str, mode: str,
+               ttl_seconds: float | None = None) -> Any:
+        k = self.keys(session_id)
         ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        ok = self._run("acquire_lease", lambda: self.redis.set(
-            self.keys(session_id).lease, token, nx=True, px=ttl_ms))
+        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
+                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
+
+    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A random owner token when the lease was free, else None.
+
+        Requests a previous owner took from the dirty flag and never finished
+        (it died) go back to the flag for the new owner (``finish_lease``).
+        """
+        token = secrets.token_hex(16)
+        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
         return token if ok else None
 
     def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
         """A job's first step in one round trip: clear the pending flag (later turns
         enqueue a new job), then try the lease (:meth:`acquire_lease`)."""
-        k = self.keys(session_id)
         token = secrets.token_hex(16)
-        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-
-        def run() -> Any:
-            pipe = self.redis.pipeline(transaction=False)  # one slot: fine on a Cluster too
-            pipe.delete(k.pending)
-            pipe.set(k.lease, token, nx=True, px=ttl_ms)
-            return pipe.execute()[1]
-
-        return token if self._run("claim", run) else None
+        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
+        return token if ok else None
 
     def finish_lease(self, session_id: str, token: str,
                      ttl_seconds: float | None = None) -> tuple[str, list[str]]:
@@ -474,26 +475,24 @@ class SessionStore:
         Returns ``("released", [])`` when no request was waiting (the lease is
         released), ``("dirty", requests)`` when requests were left while it
         held the lease (taken; the lease is extended to run them; call again
-        after), or ``("lost", [])`` when the caller no longer owns the lease
-        (nothing changed).
+        after: that call also marks them done), or ``("lost", [])`` when the
+        caller no longer owns the lease (nothing changed). Taken requests are
+        kept until then, so an owner that dies running them does not lose
+        them: the next owner gets them back.
         """
-        k = self.keys(session_id)
-        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        raw = self._script("finish_lease", "lease", [k.lease, k.dirty], [token, "finish", ttl_ms])
+        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
         status = _s(raw[0])
         if status == "dirty":
             return status, [line for line in _s(raw[1]).split("\n") if line]
         return status, []
 
     def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
-        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        return bool(self._script("extend_lease", "lease", [self.keys(session_id).lease],
-                                 [token, "extend", ttl_ms]))
+        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
 
     def release_lease(self, session_id: str, token: str) -> bool:
-        """Release only if the caller still owns it (an expired lease may have moved on)."""
-        return bool(self._script("release_lease", "lease", [self.keys(session_id).lease],
-                                 [token, "release", 0]))
+        """Release only if the caller still owns it (an expired lease may have moved on).
+        Requests it took are forgotten: the caller ran them or put them back."""
+        return bool(self._lease("release_lease", session_id, token, "release"))
 
     def mark_dirty(self, session_id: str, request: str = "") -> None:
         """Ask the lease holder to run once more; ``request`` (one line) rides along.
@@ -508,7 +507,7 @@ class SessionStore:
         def write() -> None:
             pipe = self.redis.pipeline(transaction=True)
             pipe.append(k.dirty, "\n" + request)
-            pipe.expire(k.dirty, self.config.lease_ttl_seconds)
+            pipe.expire(k.dirty, self.config.request_ttl_seconds)
             pipe.execute()
 
         self._run("mark_dirty", write)

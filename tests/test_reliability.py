@@ -374,6 +374,24 @@ def test_a_rerun_that_will_be_retried_puts_its_requests_back(
         Request(keep_recent=2000, manual=True), Request(force=True, manual=True)]
 
 
+def test_requests_taken_by_an_owner_that_died_are_run_by_the_next_job(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 while running a busy job's request: the redelivered job runs it."""
+    from workers.tasks import Request, maybe_summarize
+
+    runs = _record_runs(monkeypatch)
+    dead = eager_store.acquire_lease("s", 60)
+    assert dead is not None
+    eager_store.mark_dirty("s", Request(keep_recent=2000, manual=True).encode())
+    assert eager_store.finish_lease("s", dead)[0] == "dirty"  # taken, then the owner dies
+    eager_store.redis.delete(eager_store.keys("s").lease)  # its lease expires
+    result = maybe_summarize.apply(args=["s"]).get()  # the dead owner's job, redelivered
+    assert runs == [("s", {"force": False, "keep_recent": None, "manual": False}),
+                    ("s", {"force": False, "keep_recent": 2000, "manual": True})]
+    assert result["reruns"] == ["compacted"] and eager_store.state("s").watermark > 0
+    assert integrity(eager_store, "s") == []
+
+
 def test_requests_read_back_tolerantly() -> None:
     from workers.tasks import Request
 

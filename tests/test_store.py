@@ -121,7 +121,7 @@ def test_keys_share_a_hash_tag_and_ids_are_validated() -> None:
     k = SessionKeys.for_session("cmp", "acme", "user:42")
     tags = {key[key.index("{"): key.index("}") + 1] for key in
             (k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap, k.pending,
-             k.lease, k.dirty)}
+             k.lease, k.dirty, k.taken)}
     assert tags == {"{acme:user:42}"}
     for bad in ("", "a b", "x}*", "../etc", "{evil}", "a" * 200, "é"):
         with pytest.raises(InvalidInput, match="session_id"):
@@ -185,6 +185,37 @@ def test_finish_lease_releases_only_after_a_look_that_finds_no_request(
     assert store.finish_lease("s", token, 5) == ("lost", [])  # not the owner: untouched
     assert store.take_dirty_requests("s") == ["x"]
     assert not store.release_lease("s", token) and store.release_lease("s", other)
+
+
+def test_requests_a_dead_owner_took_go_to_the_next_owner(any_redis: Any,
+                                                        key_prefix: str) -> None:
+    s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix))
+    token = s.acquire_lease("s", 5)
+    assert token is not None
+    s.mark_dirty("s", "first")
+    assert s.finish_lease("s", token, 5) == ("dirty", ["first"])
+    s.mark_dirty("s", "second")  # left while the owner runs "first"
+    any_redis.delete(s.keys("s").lease)  # the owner is killed; its lease expires
+    assert s.claim("s", 5) is not None
+    assert s.take_dirty_requests("s") == ["first", "second"]  # the taken one first
+    assert not any_redis.exists(s.keys("s").taken)
+
+
+def test_requests_an_owner_ran_are_not_run_again(store: SessionStore) -> None:
+    token = store.acquire_lease("s", 5)
+    assert token is not None
+    store.mark_dirty("s", "a")
+    assert store.finish_lease("s", token, 5) == ("dirty", ["a"])
+    assert store.finish_lease("s", token, 5) == ("released", [])  # "a" is done
+    second = store.acquire_lease("s", 5)
+    assert second is not None and store.take_dirty_requests("s") is None
+    store.mark_dirty("s", "b")
+    assert store.finish_lease("s", second, 5) == ("dirty", ["b"])
+    store.mark_dirty("s", "c")  # "b" failed: the owner put it back and released
+    store.mark_dirty("s", "b")
+    assert store.release_lease("s", second)
+    assert store.acquire_lease("s", 5) is not None
+    assert store.take_dirty_requests("s") == ["c", "b"]  # "b" once, not twice
 
 
 def test_finish_lease_extends_the_lease_it_keeps(any_redis: Any, key_prefix: str) -> None:

@@ -155,6 +155,7 @@ class Settings(BaseSettings):
     def store_config(self) -> StoreConfig:
         return StoreConfig(key_prefix=self.key_prefix, summary_retention=self.summary_retention,
                            lease_ttl_seconds=self.lease_seconds,
+                           request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
                            ttl_seconds=self.session_ttl_seconds,
                            socket_timeout=self.redis_socket_timeout,
                            connect_timeout=self.redis_socket_timeout)

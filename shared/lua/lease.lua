@@ -1,38 +1,73 @@
--- lease.lua: release or extend a per-session worker lease, only by its owner.
+-- lease.lua: a per-session worker lease (taken once, released or extended only by its
+-- owner) and the requests left for its owner by jobs that found it busy.
 --
 -- KEYS[1] lease    string  the owner's random token, with an expiry
--- KEYS[2] dirty    string  requests left by jobs that found the lease busy
---                          ("finish" only; one line each, appended)
+-- KEYS[2] dirty    string  requests left for the owner, one line each (appended)
+-- KEYS[3] taken    string  the requests the owner took and is running
+-- KEYS[4] pending  string  the "a job is queued" flag ("claim" only)
 -- ARGV[1] owner token
--- ARGV[2] "release", "extend" or "finish"
--- ARGV[3] new expiry in milliseconds ("extend", and "finish" when it keeps the lease)
+-- ARGV[2] "claim", "acquire", "release", "extend" or "finish"
+-- ARGV[3] the lease's expiry in milliseconds
+-- ARGV[4] the expiry of kept requests in milliseconds
 --
--- "release" / "extend": 1 when the caller owned the lease, 0 otherwise.
--- "finish": {'lost'} when the caller does not own the lease (nothing changed);
--- {'released'} when the dirty flag was empty and the lease was released; or
--- {'dirty', requests} when requests were waiting: they are taken (the flag is
--- cleared) and the lease is extended for the caller to run them. Taking the
--- flag and releasing in one step leaves no moment in which a busy job's
--- request can land after the owner's last look and before its release.
+-- "acquire": take the lease if free (1, else 0). Requests a previous owner
+--   took but never finished (it died: their key outlives its lease) go back
+--   to the front of the dirty flag, for the new owner to run.
+-- "claim": clear the pending flag (later turns enqueue a new job), then acquire.
+-- "release": 1 when the caller owned the lease (released, its taken
+--   requests forgotten: it ran them or put them back), 0 otherwise.
+-- "extend": 1 when the caller owned the lease (extended), 0 otherwise.
+-- "finish": the owner's last look and release in one step. The requests it
+--   took before are done. {'lost'} when it no longer owns the lease
+--   (nothing changed); {'released'} when no request was waiting; or
+--   {'dirty', requests} when requests were waiting: they move to "taken"
+--   and the lease is extended for the owner to run them. Releasing only in
+--   a look that finds the flag empty leaves no moment in which a busy job's
+--   request can land after the owner's last look and before its release.
 
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  if ARGV[2] == 'finish' then
+local token, mode = ARGV[1], ARGV[2]
+local lease_ms, keep_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+if mode == 'claim' or mode == 'acquire' then
+  if mode == 'claim' then
+    redis.call('DEL', KEYS[4])
+  end
+  if not redis.call('SET', KEYS[1], token, 'NX', 'PX', lease_ms) then
+    return 0
+  end
+  local orphaned = redis.call('GET', KEYS[3])
+  if orphaned then
+    local waiting = redis.call('GET', KEYS[2]) or ''
+    redis.call('SET', KEYS[2], orphaned .. waiting, 'PX', keep_ms)
+    redis.call('DEL', KEYS[3])
+  end
+  return 1
+end
+
+if redis.call('GET', KEYS[1]) ~= token then
+  if mode == 'finish' then
     return {'lost'}
   end
   return 0
 end
-if ARGV[2] == 'release' then
-  redis.call('DEL', KEYS[1])
-elseif ARGV[2] == 'finish' then
-  local requests = redis.call('GET', KEYS[2])
-  if requests then
-    redis.call('DEL', KEYS[2])
-    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-    return {'dirty', requests}
-  end
-  redis.call('DEL', KEYS[1])
-  return {'released'}
-else
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+
+if mode == 'release' then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  return 1
 end
-return 1
+if mode == 'extend' then
+  redis.call('PEXPIRE', KEYS[1], lease_ms)
+  return 1
+end
+
+-- finish
+redis.call('DEL', KEYS[3])
+local requests = redis.call('GET', KEYS[2])
+if requests then
+  redis.call('SET', KEYS[3], requests, 'PX', keep_ms)
+  redis.call('DEL', KEYS[2])
+  redis.call('PEXPIRE', KEYS[1], lease_ms)
+  return {'dirty', requests}
+end
+redis.call('DEL', KEYS[1])
+return {'released'}
