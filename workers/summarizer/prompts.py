@@ -69,10 +69,26 @@ _IGNORABLE_RANGES: tuple[tuple[int, int], ...] = (
 _TAG_NAMES: tuple[str, ...] = tuple(tag.casefold() for tag in WRAPPER_TAGS)
 _TAG_PREFIXES = frozenset(tag[:n] for tag in _TAG_NAMES for n in range(1, len(tag) + 1))
 _LONGEST_TAG = max(len(tag) for tag in _TAG_NAMES)
-# A ``<`` worth a closer look: followed by a slash, a space, a character outside ASCII
-# (invisible, or a letter that case-folds to ASCII) or the first letter of a wrapper.
+# What a model may read as the ``<`` or the ``/`` of a tag besides the ASCII ones: the
+# compatibility forms NFKC folds to them (fullwidth, small) and the common angle-bracket
+# look-alikes (single guillemet, CJK and mathematical angle brackets, modifier and
+# syllabics arrowheads, ornaments). Letters of a name are compared after NFKC, so
+# fullwidth or mathematical letters spell a wrapper name as well.
+_OPEN_LOOKALIKES = "\uff1c\ufe64\u2039\u2329\u3008\u27e8\u02c2\u1438\u276e\u29fc"
+_SLASHES = "/\uff0f\u2044\u2215\u29f8"
+# A bracket worth a closer look: followed by a slash, a space, a character outside
+# ASCII (invisible, or a letter that folds to ASCII) or the first letter of a wrapper.
 _CANDIDATE = re.compile(
-    "<(?=[/\\s\\x80-\\U0010ffff" + "".join(sorted({t[0] for t in _TAG_NAMES})) + "])", re.I)
+    f"[<{_OPEN_LOOKALIKES}](?=[/\\s\\x80-\\U0010ffff"
+    + "".join(sorted({t[0] for t in _TAG_NAMES})) + "])", re.I)
+
+
+def _fold(char: str) -> str:
+    """How a model may read ``char`` in a tag name: case-folded, compatibility forms
+    (fullwidth, mathematical letters) folded to what they look like."""
+    if char.isascii():
+        return char.casefold()
+    return unicodedata.normalize("NFKC", char).casefold()
 
 
 def is_invisible(char: str) -> bool:
@@ -93,16 +109,18 @@ def _skip_gap(text: str, i: int) -> int:
 
 
 def _starts_wrapper(text: str, at: int) -> bool:
-    """Whether the ``<`` at ``at`` reads as a wrapper tag once spacing and invisibles go.
+    """Whether the bracket at ``at`` reads as a wrapper tag once spacing and invisibles go.
 
-    Between ``<``, an optional ``/`` and the name any run of whitespace or
-    invisible characters is allowed; inside the name, invisible characters.
-    Letters compare case-insensitively (``casefold``: the Kelvin sign reads
-    as ``k``, the long s as ``s``). A name that merely starts like a wrapper
-    (``<messages>``) is escaped too: a spare ``&lt;`` costs nothing.
+    The bracket is ``<`` or a look-alike (U+FF1C fullwidth, U+2039, U+3008...).
+    Between it, an optional ``/`` (or a look-alike) and the name any run of
+    whitespace or invisible characters is allowed; inside the name, invisible
+    characters. Letters compare after NFKC and case-folding (fullwidth and
+    mathematical letters read as ASCII, the Kelvin sign as ``k``). A name
+    that merely starts like a wrapper (``<messages>``) is escaped too: a
+    spare ``&lt;`` costs nothing.
     """
     i = _skip_gap(text, at + 1)
-    if i < len(text) and text[i] == "/":
+    if i < len(text) and text[i] in _SLASHES:
         i = _skip_gap(text, i + 1)
     name = ""
     while i < len(text) and len(name) < _LONGEST_TAG:
@@ -110,7 +128,7 @@ def _starts_wrapper(text: str, at: int) -> bool:
         i += 1
         if is_invisible(char):
             continue
-        name += char.casefold()
+        name += _fold(char)
         if name in _TAG_NAMES:
             return True
         if name not in _TAG_PREFIXES:  # (a fold of several letters may step past a name)
@@ -133,7 +151,7 @@ _ASCII_WRAPPER = re.compile(
 def escape_wrappers(text: str) -> str:
     """``text`` with every tag that could open or close a wrapper made inert (``&lt;``).
 
-    Only the ``<`` of such a tag changes; everything else, invisible
+    Only the bracket of such a tag changes (``<`` or a look-alike); everything else, invisible
     characters included, is kept as written (the summary may quote it).
     """
     if text.isascii():
