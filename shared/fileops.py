@@ -82,15 +82,28 @@ def strip_heredocs(command: str) -> str:
     return "\n".join(out)
 
 
-def _simple_commands(command: str) -> Iterable[tuple[list[str], list[tuple[str, str]]]]:
-    """(argv, redirections) of each simple command; garbage degrades to plain words."""
-    text = strip_heredocs(command).replace("\n", " ; ")
+# Without quotes, escapes or comments, shlex (posix, whitespace_split, these
+# punctuation chars) only splits at its whitespace " \t\r\n" and around runs of
+# punctuation: this regex gives the same tokens at a fraction of the cost.
+_SHLEX_SPECIAL = re.compile(r"['\"\\#]")
+_PLAIN_TOKENS = re.compile(r"[;&|<>()]+|[^ \t\r\n;&|<>()]+")
+
+
+def _tokens(text: str) -> list[str]:
+    """shlex's tokens of ``text``; plain words and operators when it does not parse."""
+    if not _SHLEX_SPECIAL.search(text):
+        return _PLAIN_TOKENS.findall(text)
     try:
         lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>()")
         lexer.whitespace_split = True
-        tokens = list(lexer)
+        return list(lexer)
     except ValueError:
-        tokens = _WORDS_AND_OPS.findall(text)
+        return _WORDS_AND_OPS.findall(text)
+
+
+def _simple_commands(command: str) -> Iterable[tuple[list[str], list[tuple[str, str]]]]:
+    """(argv, redirections) of each simple command; garbage degrades to plain words."""
+    tokens = _tokens(strip_heredocs(command).replace("\n", " ; "))
     argv: list[str] = []
     redirs: list[tuple[str, str]] = []
     pending: str | None = None

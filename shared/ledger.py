@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -359,6 +360,11 @@ def _mask(text: str, pattern: re.Pattern[str], out: list[tuple[str, str]], kind:
 
 def _scan(text: str, ids: re.Pattern[str] | None, *, code_ids: bool,
           paths: bool = True) -> list[tuple[str, str]]:
+    """The facts of one text, pass by pass: the definition :class:`_ScanBatch` equals.
+
+    Each pass blanks its matches so that later ones do not re-read them (a URL's
+    path is not also a path, a date's digits not also an identifier).
+    """
     out: list[tuple[str, str]] = []
     text = _mask(_TAG.sub(lambda m: " " * len(m.group(0)), text), _URL, out, "url")
     text = _mask(text, _PATH, [] if not paths else out, "path", looks_like_path)
@@ -382,21 +388,27 @@ def _constraints(prose: str) -> list[tuple[str, str]]:
     return out
 
 
-def _shell_commands(text: str) -> list[tuple[str, str]]:
-    """Commands the user wrote in shell code fences or inline backticks."""
+def _shell_commands(text: str, prose: str) -> list[tuple[str, str]]:
+    """Commands the user wrote in shell code fences or inline backticks.
+
+    ``prose`` is ``text`` with its fences blanked (the caller has it already).
+    """
     out = []
-    for m in _FENCE.finditer(text):
-        if m.group(1).lower() in _SHELL_LANGS:
-            for line in strip_heredocs(m.group(2)).splitlines():
-                cmd = line.strip().removeprefix("$ ").strip()
-                words = cmd.split()
-                plausible = len(words) > 1 and _PROGRAM_NAME.match(words[0])
-                if words and len(cmd) <= MAX_FACT_CHARS and (is_program(words[0]) or plausible):
-                    out.append(("command", cmd))
-    for m in _BACKTICK.finditer(_FENCE.sub(" ", text)):
-        cmd = m.group(1).strip()
-        if len(cmd.split()) >= 2 and is_program(cmd.split()[0]):
-            out.append(("command", cmd))
+    if "```" in text:
+        for m in _FENCE.finditer(text):
+            if m.group(1).lower() in _SHELL_LANGS:
+                for line in strip_heredocs(m.group(2)).splitlines():
+                    cmd = line.strip().removeprefix("$ ").strip()
+                    words = cmd.split()
+                    plausible = len(words) > 1 and _PROGRAM_NAME.match(words[0])
+                    if words and len(cmd) <= MAX_FACT_CHARS and (
+                            is_program(words[0]) or plausible):
+                        out.append(("command", cmd))
+    if "`" in prose:
+        for m in _BACKTICK.finditer(prose):
+            cmd = m.group(1).strip()
+            if len(cmd.split()) >= 2 and is_program(cmd.split()[0]):
+                out.append(("command", cmd))
     return out
 
 
@@ -417,8 +429,169 @@ def _short_strings(value: Any, key: str = "") -> Iterable[tuple[str, str]]:
 _Found = list[tuple[str, str]]
 
 
-def _tool_call_facts(name: str, arguments: str) -> tuple[_Found, _Found]:
-    facts: list[tuple[str, str]] = []
+# Put between two texts of a batch. No pattern of :func:`_scan` matches across it
+# or any part of it: _TAG, _URL, _PATH, _STRONG_ID and _CODE_ID never match
+# whitespace; _NUMBER takes whitespace only as single ``\s?`` each followed by a
+# required non-space, or as literal " " (never "\n"), so no match holds "\n\n"
+# or starts or ends inside it. Both characters are non-word and outside every
+# lookbehind class, so ``\b`` and the lookarounds at a joint see what they see
+# at a string's start or end. No pattern matches the empty string.
+_JOINT = "\n\n"
+
+# A text that fails a pass's gate cannot hold a match of its pattern, so the
+# pass skips it: _TAG needs "<", _URL "://", _PATH "/" or ".", _NUMBER a digit,
+# _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID of letters only), _CODE_ID
+# "_", "." or a capital. Each gate is a character test that runs in C.
+_PATH_GATE = re.compile(r"[/.]")
+_ID_GATE = re.compile(r"[\d@-]")
+_CODE_GATE = re.compile(r"[A-Z_.]")
+# The same gates word by word (a word: a maximal run of non-whitespace). _PATH,
+# _STRONG_ID and _CODE_ID never match whitespace, and whitespace is non-word and
+# outside their lookbehind classes, so a word scanned on its own (words joined
+# by " ") matches exactly as it does in its text.
+_PATH_WORDS = re.compile(r"(?<!\S)[^\s/.]*+[/.]\S*+")
+_ID_WORDS = re.compile(r"(?<!\S)[^\s\d@-]*+[\d@-]\S*+")
+_CODE_WORDS = re.compile(r"(?<!\S)[^\sA-Z_.]*+[A-Z_.]\S*+")
+
+
+def _drop_lead_boundaries(pattern: re.Pattern[str], head: str) -> re.Pattern[str]:
+    r"""``pattern`` (``head`` then top-level alternatives) without each alternative's ``\b``.
+
+    _NUMBER and _STRONG_ID start with ``(?:\b|(?=<sign>))`` and most of their
+    alternatives repeat the ``\b``. Where the head's ``\b`` holds, the repeat
+    is true; where only the sign lookahead holds, an alternative that started
+    with ``\b`` cannot match anyway (its first character class excludes the
+    sign). Without the repeat, the engine skips an alternative on its first
+    character, which makes these scans about a third cheaper.
+    """
+    source = pattern.pattern
+    if not (source.startswith(head) and source.endswith(")")):
+        raise ValueError("pattern does not have the expected head")
+    parts, depth, in_class, current, i = [], 0, False, "", len(head)
+    while i < len(source) - 1:
+        c = source[i]
+        if c == "\\":
+            current += source[i:i + 2]
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            parts.append(current)
+            current, i = "", i + 1
+            continue
+        current += c
+        i += 1
+    parts.append(current)
+    return re.compile(head + "|".join(p.removeprefix(r"\b") for p in parts) + ")")
+
+
+_NUMBER_FAST = _drop_lead_boundaries(_NUMBER, r"(?:\b|(?=[$€£¥]))(?:")
+_STRONG_ID_FAST = _drop_lead_boundaries(_STRONG_ID, r"(?:\b|(?=#))(?:")
+
+
+class _ScanBatch:
+    """All texts of a range scanned together, one pass per pattern.
+
+    :func:`_scan` runs its five patterns over every text, though most texts of
+    a range hold nothing for most patterns, whose many alternatives cost about
+    100-200 ns per character. Here each pass keeps the texts its gate admits
+    (a C-speed character test), joins them with :data:`_JOINT` (for the
+    whitespace-free patterns: only their words that pass the gate, joined by
+    " "), runs its pattern once and gives each match to its text by offset.
+    Masking keeps lengths, so offsets hold across passes. Each text's list
+    gets its facts in :func:`_scan`'s order (pass by pass, by position).
+    """
+
+    def __init__(self) -> None:
+        self._texts: list[str] = []
+        self._outs: list[_Found] = []
+        self._paths: list[bool] = []
+        self._coded: list[bool] = []
+
+    def add(self, text: str, *, code_ids: bool, paths: bool = True) -> _Found:
+        out: _Found = []
+        if text:  # an empty text has no facts
+            self._texts.append(text)
+            self._outs.append(out)
+            self._paths.append(paths)
+            self._coded.append(code_ids)
+        return out
+
+    def run(self) -> None:
+        texts, outs = self._texts, self._outs
+        self._pass(_TAG, "", [], [i for i, t in enumerate(texts) if "<" in t])
+        self._pass(_URL, "url", outs, [i for i, t in enumerate(texts) if "://" in t])
+        discard: _Found = []  # paths in shell bodies: blanked, never recorded
+        path_outs = [o if p else discard for o, p in zip(outs, self._paths, strict=True)]
+        self._pass(_PATH, "path", path_outs,
+                   [i for i, t in enumerate(texts) if _PATH_GATE.search(t)],
+                   words=_PATH_WORDS, keep=looks_like_path)
+        self._pass(_NUMBER_FAST, "number", outs,
+                   [i for i, t in enumerate(texts) if _DIGIT.search(t)])
+        self._pass(_STRONG_ID_FAST, "identifier", outs,
+                   [i for i, t in enumerate(texts) if _ID_GATE.search(t)], words=_ID_WORDS)
+        self._pass(_CODE_ID, "identifier", outs,
+                   [i for i, (t, c) in enumerate(zip(texts, self._coded, strict=True))
+                    if c and _CODE_GATE.search(t)], words=_CODE_WORDS, mask=False)
+
+    def _pass(self, pattern: re.Pattern[str], kind: str, outs: list[_Found], chosen: list[int],
+              *, words: re.Pattern[str] | None = None, keep: Callable[[str], bool] | None = None,
+              mask: bool = True) -> None:
+        """Run ``pattern`` once over the ``chosen`` texts, recording and blanking its matches.
+
+        ``kind`` "" blanks without recording (markup tags); ``words``: scan
+        only the words it finds.
+        """
+        if not chosen:
+            return
+        texts = self._texts
+        starts: list[int] = []
+        pos = 0
+        for i in chosen:
+            starts.append(pos)
+            pos += len(texts[i]) + len(_JOINT)
+        joined = _JOINT.join([texts[i] for i in chosen])
+        if words is None:
+            scanned, origins, offsets = joined, [0], [0]
+        else:
+            origins, offsets, found, pos = [], [], [], 0
+            for w in words.finditer(joined):
+                origins.append(w.start())
+                offsets.append(pos)
+                found.append(w.group(0))
+                pos += len(found[-1]) + 1
+            if not found:
+                return
+            scanned = " ".join(found)
+        hits: list[tuple[int, int]] = []
+        for m in pattern.finditer(scanned):
+            k = bisect_right(offsets, m.start()) - 1
+            at = origins[k] + m.start() - offsets[k]
+            match = m.group(0)
+            hits.append((at, at + len(match)))
+            value = match.rstrip(".,;:!?")
+            if kind and value and len(value) <= MAX_FACT_CHARS and (keep is None or keep(value)):
+                outs[chosen[bisect_right(starts, at) - 1]].append((kind, value))
+        if mask and hits:
+            pieces: list[str] = []
+            done = 0
+            for a, b in hits:
+                pieces += (joined[done:a], " " * (b - a))
+                done = b
+            pieces.append(joined[done:])
+            masked = "".join(pieces)
+            for i, at in zip(chosen, starts, strict=True):
+                texts[i] = masked[at:at + len(texts[i])]
+
+
+def _tool_call_facts(name: str, arguments: str, batch: _ScanBatch) -> tuple[list[_Found], _Found]:
+    """The facts of one tool call, in order, as lists (some filled later by ``batch``)."""
+    parts: list[_Found] = []
     try:
         args = json.loads(arguments)
     except ValueError:
@@ -426,50 +599,57 @@ def _tool_call_facts(name: str, arguments: str) -> tuple[_Found, _Found]:
     command = shell_command(name, args)
     if command is not None:
         body = strip_heredocs(command)
-        facts += _scan(body, _STRONG_ID, code_ids=True, paths=False)  # paths: see file_ops
+        parts.append(batch.add(body, code_ids=True, paths=False))  # paths: see file_ops
         first = command.strip().split("\n", 1)[0].strip()
         if first and len(first) <= MAX_FACT_CHARS and runs_something(first):
-            facts.append(("command", first))
+            parts.append([("command", first)])
     else:
         for key, value in _short_strings(args):
             if _ID_KEY.search(key) and value.strip() and " " not in value.strip():
-                facts.append(("identifier", value.strip()))
+                parts.append([("identifier", value.strip())])
             else:
-                facts += _scan(value, _STRONG_ID, code_ids=True)
-    return facts, file_ops(name, args)
+                parts.append(batch.add(value, code_ids=True))
+    return parts, file_ops(name, args)
 
 
-def _message_facts(m: Message) -> tuple[_Found, _Found]:
-    facts: list[tuple[str, str]] = []
+def _message_facts(m: Message, batch: _ScanBatch) -> tuple[list[_Found], _Found]:
+    """(facts in order of appearance, as lists; file operations) of one message."""
+    parts: list[_Found] = []
     files: list[tuple[str, str]] = []
     text = m.text()
     if m.role == "user":
-        prose = _FENCE.sub(" ", text)
-        facts += _scan(prose, _STRONG_ID, code_ids=True)
-        facts += _shell_commands(text)
-        facts += _constraints(prose)
+        prose = _FENCE.sub(" ", text) if "```" in text else text
+        parts.append(batch.add(prose, code_ids=True))
+        parts.append(_shell_commands(text, prose))
+        parts.append(_constraints(prose))
     elif m.role == "assistant":
-        facts += _scan(text, _STRONG_ID, code_ids=False)
+        parts.append(batch.add(text, code_ids=False))
         for tc in m.tool_calls:
-            f, ops = _tool_call_facts(tc.name, tc.arguments)
-            facts += f
+            found, ops = _tool_call_facts(tc.name, tc.arguments, batch)
+            parts += found
             files += ops
-    return facts, files
+    return parts, files
 
 
 def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
-    """The ledger of ``messages``, whose first element has absolute index ``start``."""
+    """The ledger of ``messages``, whose first element has absolute index ``start``.
+
+    Every message is planned first (its facts as lists in order of appearance,
+    the regex ones left to a batch), then the batch scans the whole range's
+    texts at once and fills them in (see :class:`_ScanBatch`).
+    """
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise InvalidInput("must be a non-negative integer", field="start")
-    # Plain [first, last, count] lists while scanning (a frozen model copied per
+    batch = _ScanBatch()
+    planned = [_message_facts(validate_message(raw, offset), batch)
+               for offset, raw in enumerate(messages)]
+    batch.run()
+    # Plain [first, last, count] lists while counting (a frozen model copied per
     # repeat cost more than the scan of short messages); models once at the end.
     facts: dict[tuple[str, str], list[int]] = {}
     files: dict[str, tuple[list[int], list[str]]] = {}
-    for offset, raw in enumerate(messages):
-        i = start + offset
-        m = validate_message(raw, offset)
-        found, ops = _message_facts(m)
-        for key in dict.fromkeys(found):
+    for i, (parts, ops) in enumerate(planned, start):
+        for key in dict.fromkeys([fact for part in parts for fact in part]):
             seen = facts.get(key)
             if seen is None:
                 facts[key] = [i, i, 1]

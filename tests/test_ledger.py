@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from shared import ledger as ledger_mod
 from shared.errors import InvalidInput
-from shared.ledger import HEADERS, Fact, FileOp, Ledger, extract_facts, file_ops
+from shared.fileops import _tokens, is_program, runs_something, shell_command, strip_heredocs
+from shared.ledger import (
+    HEADERS,
+    MAX_FACT_CHARS,
+    Fact,
+    FileOp,
+    Ledger,
+    extract_facts,
+    file_ops,
+)
 from shared.messages import Message, ToolCall
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
@@ -340,3 +351,242 @@ def test_real_sessions_facts_are_verbatim() -> None:
             assert ledger.files_modified, session_id
             assert ledger.constraints, session_id
         assert len(ledger.capped(2000).render()) <= 2000
+
+
+# -- batched extraction == the per-text reference ----------------------------
+# The reference below is the per-message algorithm extract_facts used before it
+# scanned a range's texts in one batch, kept word for word (it runs ledger's own
+# _scan, one text at a time, with the original patterns).
+
+def _ref_shell_commands(text: str) -> list[tuple[str, str]]:
+    out = []
+    for m in ledger_mod._FENCE.finditer(text):
+        if m.group(1).lower() in ledger_mod._SHELL_LANGS:
+            for line in strip_heredocs(m.group(2)).splitlines():
+                cmd = line.strip().removeprefix("$ ").strip()
+                words = cmd.split()
+                plausible = len(words) > 1 and ledger_mod._PROGRAM_NAME.match(words[0])
+                if words and len(cmd) <= MAX_FACT_CHARS and (is_program(words[0]) or plausible):
+                    out.append(("command", cmd))
+    for m in ledger_mod._BACKTICK.finditer(ledger_mod._FENCE.sub(" ", text)):
+        cmd = m.group(1).strip()
+        if len(cmd.split()) >= 2 and is_program(cmd.split()[0]):
+            out.append(("command", cmd))
+    return out
+
+
+def _ref_tool_call_facts(name: str, arguments: str) -> tuple[list[Any], list[Any]]:
+    scan, strong = ledger_mod._scan, ledger_mod._STRONG_ID
+    facts: list[tuple[str, str]] = []
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        args = {}
+    command = shell_command(name, args)
+    if command is not None:
+        body = strip_heredocs(command)
+        facts += scan(body, strong, code_ids=True, paths=False)
+        first = command.strip().split("\n", 1)[0].strip()
+        if first and len(first) <= MAX_FACT_CHARS and runs_something(first):
+            facts.append(("command", first))
+    else:
+        for key, value in ledger_mod._short_strings(args):
+            if ledger_mod._ID_KEY.search(key) and value.strip() and " " not in value.strip():
+                facts.append(("identifier", value.strip()))
+            else:
+                facts += scan(value, strong, code_ids=True)
+    return facts, file_ops(name, args)
+
+
+def _ref_message_facts(m: Message) -> tuple[list[Any], list[Any]]:
+    scan, strong = ledger_mod._scan, ledger_mod._STRONG_ID
+    facts: list[tuple[str, str]] = []
+    files: list[tuple[str, str]] = []
+    text = m.text()
+    if m.role == "user":
+        prose = ledger_mod._FENCE.sub(" ", text)
+        facts += scan(prose, strong, code_ids=True)
+        facts += _ref_shell_commands(text)
+        facts += ledger_mod._constraints(prose)
+    elif m.role == "assistant":
+        facts += scan(text, strong, code_ids=False)
+        for tc in m.tool_calls:
+            f, ops = _ref_tool_call_facts(tc.name, tc.arguments)
+            facts += f
+            files += ops
+    return facts, files
+
+
+def reference_extract(messages: list[Message], start: int = 0) -> Ledger:
+    facts: dict[tuple[str, str], list[int]] = {}
+    files: dict[str, tuple[list[int], list[str]]] = {}
+    for offset, m in enumerate(messages):
+        i = start + offset
+        found, ops = _ref_message_facts(m)
+        for key in dict.fromkeys(found):
+            seen = facts.get(key)
+            if seen is None:
+                facts[key] = [i, i, 1]
+            else:
+                seen[1] = i
+                seen[2] += 1
+        touched: dict[str, str] = {}
+        for path, status in ops:
+            touched[path] = "modified" if "modified" in (touched.get(path), status) else status
+        for path, status in touched.items():
+            prev = files.get(path)
+            if prev is None:
+                files[path] = ([i, i, 1], [status])
+            else:
+                prev[0][1] = i
+                prev[0][2] += 1
+                if status == "modified":
+                    prev[1][0] = "modified"
+    return Ledger(
+        start=start, end=start + len(messages),
+        facts=ledger_mod._sorted_facts(
+            Fact(kind=k, text=t, first_seen=a, last_seen=b, count=n)
+            for (k, t), (a, b, n) in facts.items()),
+        files=ledger_mod._sorted_files(
+            FileOp(path=p, status=s, first_seen=a, last_seen=b, count=n)
+            for p, ((a, b, n), [s]) in files.items()))
+
+
+# Pieces that each pattern takes, joined with no space and with the joints'
+# own characters, so matches touch, nest and sit at text edges.
+_PIECES = [
+    "https://x.io/a?b=1", "http://h:80/p)", "src/app/main.py", "./run.sh", "~/x/y", "../a/b/",
+    "a.py", "README.md", "/etc/hosts", "v1.2.3", "3.11.2-rc1", "2024-05-21T10:00Z", "May 5th, 2024",
+    "Jan. 3", "10:30 pm", "5 PM", "12/31/2024", "$1,859.50", "$ 5 million", "€3k", "£\n7", "5 USD",
+    "42%", "version 3.11", "Python 3.12.1", "localhost:8080", "db.example.com:5432", "port 6379",
+    "Port: 80", "HTTP 404", "Error: 500", "Status code = 200", "exit status 2", "errno 13",
+    "1.2.3.4:22", "omar.d@example.com", "a+b@x.co.uk", "123e4567-e89b-12d3-a456-426614174000",
+    "abcdefab-abcd-abcd-abcd-abcdefabcdef", "deadbeef1234", "0a1b2c3", "ABC-123", "UTF-8",
+    "#1234", "&#12", "JG7FMM", "HAT028", "omar_davis_3817", "snake_case_name", "UPPER_CASE",
+    "CamelCase", "camelCase", "pkg.mod.func", "_private_x", "<pr_description>", "</tag>",
+    "`pytest -q tests`", "```bash\n$ pip install -e .\ngit status\n```", "```\ncode\n```",
+    "Never push to main.", "You must keep it.", "- Only use tabs.", "I don't want that!",
+    "\n", "\n\n", " ", "\t", "\u00a0", "\u2028", ".", ",", ":", "-", "/", "@", "#", "$",
+    "é", "\u0663", "日本", "x", "42", "word",
+]
+_ALPHABET = "aZ09_./-@#$€:;,!?%<>`'\"()[]{}=+~&* \n\t\u00a0é\u0663"
+
+
+def _texts() -> st.SearchStrategy[str]:
+    return st.lists(st.one_of(st.sampled_from(_PIECES), st.text(_ALPHABET, max_size=6)),
+                    max_size=8).map("".join)
+
+
+def _json_values() -> st.SearchStrategy[Any]:
+    leaves = st.one_of(_texts(), st.integers(-5, 10**6), st.floats(allow_nan=False),
+                       st.booleans(), st.none())
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["id", "user_id", "path", "note", "order_ids", "x"]),
+                        inner, max_size=3)), max_leaves=6)
+
+
+@st.composite
+def _tool_calls(draw: st.DrawFn, i: int) -> ToolCall:
+    name = draw(st.sampled_from(["bash", "shell", "read_file", "write_file", "get_user",
+                                 "str_replace_based_edit_tool", "apply_patch", "search"]))
+    if name in ("bash", "shell") and draw(st.booleans()):
+        command = draw(st.one_of(st.sampled_from(_COMMANDS), _texts(),
+                                 st.lists(st.sampled_from(_COMMANDS), max_size=3)
+                                 .map("\n".join)))
+        args: dict[str, Any] = {"command": command}
+    else:
+        args = draw(st.dictionaries(
+            st.sampled_from(["path", "file_path", "command", "input", "reservation_id",
+                             "user_id", "query", "items", "amount", "code"]),
+            _json_values(), max_size=4))
+    return ToolCall(id=f"c{i}", name=name, arguments=args)
+
+
+@st.composite
+def mixed_messages(draw: st.DrawFn) -> list[Message]:
+    out: list[Message] = []
+    for i in range(draw(st.integers(0, 10))):
+        role = draw(st.sampled_from(["user", "assistant", "tool", "system"]))
+        text = draw(_texts())
+        if role == "assistant":
+            calls = draw(st.lists(_tool_calls(i), max_size=3))
+            calls = [c.model_copy(update={"id": f"c{i}_{j}"}) for j, c in enumerate(calls)]
+            out.append(Message(role="assistant", content=text, tool_calls=calls))
+        elif role == "tool":
+            out.append(result(text, f"c{i}"))
+        else:
+            out.append(Message(role=role, content=text))
+    return out
+
+
+def _outcome(extract: Any, messages: list[Message], start: int) -> str:
+    """The ledger's JSON, or the error it raised (a number written "$\\n5" is a
+    fact with a line break, which Fact rejects: both paths must fail alike)."""
+    try:
+        return str(extract(messages, start).to_json())
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _batched(messages: list[Message], start: int) -> Ledger:
+    return extract_facts(messages, start=start)
+
+
+@settings(max_examples=400, deadline=None)
+@given(mixed_messages(), st.integers(0, 50))
+def test_batched_extraction_equals_reference(messages: list[Message], start: int) -> None:
+    assert _outcome(_batched, messages, start) == _outcome(reference_extract, messages, start)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_texts(), max_size=6), st.booleans(), st.booleans())
+# One "\n" between texts would let _NUMBER's "\s?" join them ("5 $" + "7" -> "$\n7").
+@example(["paid 5 $", "7 now"], True, True)
+@example(["5", "USD 3"], False, True)
+@example(["$5", "k 2", "<b>", "a/b.py 1"], True, False)
+def test_scan_batch_equals_scan_text_by_text(texts_: list[str], code_ids: bool,
+                                            paths: bool) -> None:
+    batch = ledger_mod._ScanBatch()
+    outs = [batch.add(t, code_ids=code_ids, paths=paths) for t in texts_]
+    batch.run()
+    assert outs == [ledger_mod._scan(t, ledger_mod._STRONG_ID, code_ids=code_ids, paths=paths)
+                    for t in texts_]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_texts())
+def test_fast_patterns_match_like_the_originals(text: str) -> None:
+    for fast, original in ((ledger_mod._NUMBER_FAST, ledger_mod._NUMBER),
+                           (ledger_mod._STRONG_ID_FAST, ledger_mod._STRONG_ID)):
+        assert [m.span() for m in fast.finditer(text)] == \
+            [m.span() for m in original.finditer(text)]
+
+
+def test_real_sessions_batched_equals_reference() -> None:
+    for session_id, messages in _load_sessions():
+        n = len(messages)
+        ranges = [(0, n), (1, n), (1, min(n, 47))]
+        ranges += [(lo, min(n, lo + 46)) for lo in range(1, n, 37)]
+        for lo, hi in ranges:
+            got = extract_facts(messages[lo:hi], start=lo).to_json()
+            assert got == reference_extract(messages[lo:hi], lo).to_json(), (session_id, lo, hi)
+
+
+def _shlex_tokens(text: str) -> list[str] | None:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>()")
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([*_COMMANDS, "&&", "||", ";;", "2>&1", "|&", "(", ")",
+                                            "a=b", "x/y.py", "-n", "\r", "\u00a0"]),
+                          st.text(" \t\n\r\u00a0\u3000abc./-_=~*?;&|<>()é\x00", max_size=6)),
+                max_size=8).map(" ".join))
+def test_plain_shell_tokens_equal_shlex(text: str) -> None:
+    """The regex tokenizer used for commands without quotes, escapes or "#" is shlex's."""
+    assert _tokens(text) == _shlex_tokens(text)
