@@ -445,13 +445,61 @@ _JOINT = "\n\n"
 _PATH_GATE = re.compile(r"[/.]")
 _ID_GATE = re.compile(r"[\d@-]")
 _CODE_GATE = re.compile(r"[A-Z_.]")
-# The same gates word by word (a word: a maximal run of non-whitespace). _PATH,
-# _STRONG_ID and _CODE_ID never match whitespace, and whitespace is non-word and
-# outside their lookbehind classes, so a word scanned on its own (words joined
-# by " ") matches exactly as it does in its text.
-_PATH_WORDS = re.compile(r"(?<!\S)[^\s/.]*+[/.]\S*+")
-_ID_WORDS = re.compile(r"(?<!\S)[^\s\d@-]*+[\d@-]\S*+")
-_CODE_WORDS = re.compile(r"(?<!\S)[^\sA-Z_.]*+[A-Z_.]\S*+")
+
+class _Regions:
+    """The parts of a text that may hold a match of one pattern.
+
+    A region is ``body`` at the text's start or right after a whitespace
+    character matching ``cut``. Regions are cut where no match of the pattern
+    can run across, so each region scanned alone (regions joined by " ")
+    matches exactly as in place: see the two instances below. Starting at a
+    whitespace (not behind one) lets the engine skip to candidates in C.
+    """
+
+    def __init__(self, cut: str, body: str) -> None:
+        self._first = re.compile(body)
+        self._rest = re.compile(f"{cut}({body})")
+
+    def find(self, text: str) -> tuple[list[int], list[str]]:
+        """(start offsets, texts) of the regions of ``text``, in order."""
+        origins: list[int] = []
+        found: list[str] = []
+        pos = 0
+        first = self._first.match(text)
+        if first is not None:
+            origins.append(0)
+            found.append(first.group(0))
+            pos = first.end()
+        for m in self._rest.finditer(text, pos):
+            origins.append(m.start(1))
+            found.append(m.group(1))
+        return origins, found
+
+
+def _words(gate: str) -> _Regions:
+    r"""Words (maximal non-whitespace runs) holding a character of ``gate``.
+
+    For _PATH, _STRONG_ID and _CODE_ID: they never match whitespace, and
+    whitespace (like the " " between words) is non-word and outside their
+    lookbehind classes, so a word matches alone as it does in its text.
+    """
+    return _Regions(r"\s", rf"[^\s{gate}]*+[{gate}]\S*+")
+
+
+_PATH_WORDS = _words("/.")
+_ID_WORDS = _words(r"\d@-")
+_CODE_WORDS = _words("A-Z_.")
+# _NUMBER is cut at whitespace followed by none of _NUMBER_NEXT, that is, none
+# of the characters that can follow a whitespace inside a _NUMBER match: a
+# digit ("$ 5", "May 5", "Port 80", "code = 2"), the start of a multiplier,
+# currency word or "am"/"pm" ("5 million", "5 USD", "5 pm"), "code"/"status"
+# after "Status"/"Exit", or more of a "[ :=]*" run. No match ends with
+# whitespace, so no match holds a cut; a region (a digit needed) ends where a
+# cut starts, and the " " joining it to the next region is followed by what
+# follows a cut, so it is a cut too.
+_NUMBER_NEXT = r"[\dkKMbmUEGJCAdepaPcs :=]"
+_NUMBER_SPANS = _Regions(rf"\s(?!{_NUMBER_NEXT})",
+                         rf"(?:[^\s\d]++|\s(?={_NUMBER_NEXT}))*+\d(?:\S++|\s(?={_NUMBER_NEXT}))*+")
 
 
 def _drop_lead_boundaries(pattern: re.Pattern[str], head: str) -> re.Pattern[str]:
@@ -532,7 +580,7 @@ class _ScanBatch:
                    [i for i, t in enumerate(texts) if _PATH_GATE.search(t)],
                    words=_PATH_WORDS, keep=looks_like_path)
         self._pass(_NUMBER_FAST, "number", outs,
-                   [i for i, t in enumerate(texts) if _DIGIT.search(t)])
+                   [i for i, t in enumerate(texts) if _DIGIT.search(t)], words=_NUMBER_SPANS)
         self._pass(_STRONG_ID_FAST, "identifier", outs,
                    [i for i, t in enumerate(texts) if _ID_GATE.search(t)], words=_ID_WORDS)
         self._pass(_CODE_ID, "identifier", outs,
@@ -540,7 +588,7 @@ class _ScanBatch:
                     if c and _CODE_GATE.search(t)], words=_CODE_WORDS, mask=False)
 
     def _pass(self, pattern: re.Pattern[str], kind: str, outs: list[_Found], chosen: list[int],
-              *, words: re.Pattern[str] | None = None, keep: Callable[[str], bool] | None = None,
+              *, words: _Regions | None = None, keep: Callable[[str], bool] | None = None,
               mask: bool = True) -> None:
         """Run ``pattern`` once over the ``chosen`` texts, recording and blanking its matches.
 
@@ -559,14 +607,13 @@ class _ScanBatch:
         if words is None:
             scanned, origins, offsets = joined, [0], [0]
         else:
-            origins, offsets, found, pos = [], [], [], 0
-            for w in words.finditer(joined):
-                origins.append(w.start())
-                offsets.append(pos)
-                found.append(w.group(0))
-                pos += len(found[-1]) + 1
+            origins, found = words.find(joined)
             if not found:
                 return
+            offsets, pos = [], 0
+            for word in found:
+                offsets.append(pos)
+                pos += len(word) + 1
             scanned = " ".join(found)
         hits: list[tuple[int, int]] = []
         for m in pattern.finditer(scanned):

@@ -563,6 +563,50 @@ def test_fast_patterns_match_like_the_originals(text: str) -> None:
             [m.span() for m in original.finditer(text)]
 
 
+_NUMBERISH = ["$", "€", "¥", " ", "  ", "\n", "\t", "\r", "\u00a0", "\u2028", "5", "12", "\u0663",
+              ",", ".", ":", "=", "k", "K", "M", "bn", "million", "USD", "dollars", "pm", "am",
+              "T", "Exit", "exit code", "status", "Status code", "HTTP", "Error", "errno", "Port",
+              "port", "Version", "Python", "January", "Jan.", "May", "5th", ", 2024", "v1.2",
+              "3.11.2", "rc1", "%", "localhost", "a.b", "x", "word", "-", "/", "12/31/2024"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(_NUMBERISH), max_size=14).map("".join))
+# Every kind of whitespace a _NUMBER match can hold, each at a region's edge.
+@example("x Error  5 y")
+@example("x Status code = 200 y")
+@example("x Exit  status:  3 y")
+@example("x $ 5 y")
+@example("x $\n5\nk y")
+@example("x 5,\nmillion y")
+@example("x 5 USD y 7\teuros")
+@example("x 5 pm y 7 AM")
+@example("x May 5, 2024 y")
+@example("x Jan. 5th 2024 y")
+@example("x 2024-01-02 10:30 y")
+@example("x Port 80 y port: 8080")
+@example("x Python 3.11 y version 2.0")
+@example("5 x")
+@example("x 5 am y $5 bn $5 K $5 M 5 dollars 5 euros 5 pounds 5 JPY 5 GBP 5 CHF 5 CAD 5 AUD y")
+@example("x 5 PM y Exit status 3 y $5 million y 5 EUR y Error : 5 y")
+def test_regions_hold_every_match(text: str) -> None:
+    """Scanning only the regions (joined by " ") finds exactly the matches of the whole text."""
+    for regions, pattern in ((ledger_mod._NUMBER_SPANS, ledger_mod._NUMBER_FAST),
+                             (ledger_mod._PATH_WORDS, ledger_mod._PATH),
+                             (ledger_mod._ID_WORDS, ledger_mod._STRONG_ID_FAST),
+                             (ledger_mod._CODE_WORDS, ledger_mod._CODE_ID)):
+        origins, found = regions.find(text)
+        spans = [(o, o + len(w)) for o, w in zip(origins, found, strict=True)]
+        for m in pattern.finditer(text):  # every match inside one region
+            assert any(a <= m.start() and m.end() <= b for a, b in spans), (pattern.pattern, m)
+        offsets = [sum(len(w) + 1 for w in found[:k]) for k in range(len(found))]
+        got = []
+        for m in pattern.finditer(" ".join(found)):
+            k = max(k for k, off in enumerate(offsets) if off <= m.start())
+            got.append((origins[k] + m.start() - offsets[k], m.group(0)))
+        assert got == [(m.start(), m.group(0)) for m in pattern.finditer(text)], pattern.pattern
+
+
 def test_real_sessions_batched_equals_reference() -> None:
     for session_id, messages in _load_sessions():
         n = len(messages)
