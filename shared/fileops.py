@@ -9,6 +9,7 @@ and modified across cycles) and by the cheap stages (superseded reads).
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import shlex
@@ -198,22 +199,32 @@ def file_ops(name: str, args: Any) -> list[tuple[str, str]]:
         return _shell_file_ops(command)
     if not isinstance(args, dict):
         return []
-    words = set(_LOWER_RUN.findall(_CAMEL_HUMP.sub(r"\1_\2", name).lower()))
-    sub = args.get("command")
-    if isinstance(sub, str) and sub.strip():
-        status = "read" if sub.strip().lower() in _EDITOR_READ else "modified"
-    else:
-        status = "modified" if words & _WRITE_WORDS else "read"
     paths = [m.group(1) for key in ("input", "patch", "diff") if isinstance(args.get(key), str)
              for m in _PATCH_TARGET.finditer(args[key]) if m.group(1) != "/dev/null"]
-    status = "modified" if paths else status
+    patched = bool(paths)
     for key, value in args.items():
-        vague = str(key).lower() in _VAGUE_KEYS
-        if vague or str(key).lower() in _PATH_KEYS:
+        lowered = str(key).lower()
+        vague = lowered in _VAGUE_KEYS
+        if vague or lowered in _PATH_KEYS:
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, str) and len(v) <= 1000 and _plain_path(v.strip(), strict=vague):
                     paths.append(v)
+    if not paths:  # most calls (searches, lookups): no status to work out
+        return []
+    sub = args.get("command")
+    if patched:
+        status = "modified"
+    elif isinstance(sub, str) and sub.strip():
+        status = "read" if sub.strip().lower() in _EDITOR_READ else "modified"
+    else:
+        status = "modified" if _writes(name) else "read"
     return [(_norm(p.strip(), ""), status) for p in paths if _plain_path(p.strip())]
+
+
+@functools.lru_cache(maxsize=1024)
+def _writes(name: str) -> bool:
+    """Whether a tool's name says it writes (``write_file``, ``applyPatch``); names repeat."""
+    return bool(set(_LOWER_RUN.findall(_CAMEL_HUMP.sub(r"\1_\2", name).lower())) & _WRITE_WORDS)
 
 
 _EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,7}$")

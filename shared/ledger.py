@@ -439,10 +439,11 @@ _Found = list[tuple[str, str]]
 _JOINT = "\n\n"
 
 # A text that fails a pass's gate cannot hold a match of its pattern, so the
-# pass skips it: _TAG needs "<", _URL "://", _PATH "/" or ".", _NUMBER a digit,
+# pass skips it: _TAG needs "<", _URL "://", _PATH "/" or "." and the first
+# letter of one of its file extensions, _NUMBER a digit,
 # _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID of letters only), _CODE_ID
 # "_", "." or a capital. Each gate is a character test that runs in C.
-_PATH_GATE = re.compile(r"[/.]")
+_PATH_GATE = re.compile(r"/|\.[cghijklmprstxy]")  # a "." only before an extension's first letter
 _ID_GATE = re.compile(r"[\d@-]")
 _CODE_GATE = re.compile(r"[A-Z_.]")
 
@@ -486,7 +487,7 @@ def _words(gate: str) -> _Regions:
     return _Regions(r"\s", rf"[^\s{gate}]*+[{gate}]\S*+")
 
 
-_PATH_WORDS = _words("/.")
+_PATH_WORDS = _Regions(r"\s", r"(?:[^\s/.]++|\.(?![cghijklmprstxy]))*+(?:/|\.)\S*+")
 _ID_WORDS = _words(r"\d@-")
 _CODE_WORDS = _words("A-Z_.")
 # _NUMBER is cut at whitespace followed by none of _NUMBER_NEXT, that is, none

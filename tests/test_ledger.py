@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from shared import fileops as fo
 from shared import ledger as ledger_mod
 from shared.errors import InvalidInput
 from shared.fileops import _tokens, is_program, runs_something, shell_command, strip_heredocs
@@ -634,3 +635,42 @@ def _shlex_tokens(text: str) -> list[str] | None:
 def test_plain_shell_tokens_equal_shlex(text: str) -> None:
     """The regex tokenizer used for commands without quotes, escapes or "#" is shlex's."""
     assert _tokens(text) == _shlex_tokens(text)
+
+
+def _ref_structured_file_ops(name: str, args: Any) -> list[tuple[str, str]]:
+    """file_ops of a non-shell call as it was before it returned early (the reference)."""
+    if not isinstance(args, dict):
+        return []
+    words = set(fo._LOWER_RUN.findall(fo._CAMEL_HUMP.sub(r"\1_\2", name).lower()))
+    sub = args.get("command")
+    if isinstance(sub, str) and sub.strip():
+        status = "read" if sub.strip().lower() in fo._EDITOR_READ else "modified"
+    else:
+        status = "modified" if words & fo._WRITE_WORDS else "read"
+    paths = [m.group(1) for key in ("input", "patch", "diff") if isinstance(args.get(key), str)
+             for m in fo._PATCH_TARGET.finditer(args[key]) if m.group(1) != "/dev/null"]
+    status = "modified" if paths else status
+    for key, value in args.items():
+        vague = str(key).lower() in fo._VAGUE_KEYS
+        if vague or str(key).lower() in fo._PATH_KEYS:
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, str) and len(v) <= 1000 and fo._plain_path(v.strip(),
+                                                                            strict=vague):
+                    paths.append(v)
+    return [(fo._norm(p.strip(), ""), status) for p in paths if fo._plain_path(p.strip())]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["read_file", "write_file", "applyPatch", "str_replace_based_edit_tool",
+                        "grep", "copyFile", "view", "MultiEdit", "search_flights", "x"]),
+       st.dictionaries(st.sampled_from(["path", "file_path", "paths", "source", "dest", "command",
+                                        "input", "patch", "diff", "query", "Path"]),
+                       st.one_of(st.sampled_from(["a.py", " src/b.ts ", "view", "create", "",
+                                                 "*** Update File: c.py\n", "+++ b/d.md\n",
+                                                 "--- a\n+++ /dev/null", "docs/", "-x", "SEA"]),
+                                 st.lists(st.sampled_from(["a.py", "b/c.rs", "*.py", 3]),
+                                          max_size=3),
+                                 _texts(), st.integers()),
+                       max_size=4))
+def test_structured_file_ops_equal_reference(name: str, args: dict[str, Any]) -> None:
+    assert file_ops(name, args) == _ref_structured_file_ops(name, args)
