@@ -28,6 +28,7 @@ extract(m)``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from bisect import bisect_right
@@ -422,11 +423,17 @@ def _short_strings(value: Any, key: str = "") -> Iterable[tuple[str, str]]:
             yield from _short_strings(v, key)
     elif isinstance(value, str) and len(value) <= MAX_FACT_CHARS and "\n" not in value:
         yield key, value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and _ID_KEY.search(key):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and _id_key(key):
         yield key, str(value)
 
 
 _Found = list[tuple[str, str]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _id_key(key: str) -> bool:
+    """Whether an argument's key names an identifier (``user_id``); a tool's keys repeat."""
+    return _ID_KEY.search(key) is not None
 
 
 # Put between two texts of a batch. No pattern of :func:`_scan` matches across it
@@ -653,8 +660,9 @@ def _tool_call_facts(name: str, arguments: str, batch: _ScanBatch) -> tuple[list
             parts.append([("command", first)])
     else:
         for key, value in _short_strings(args):
-            if _ID_KEY.search(key) and value.strip() and " " not in value.strip():
-                parts.append([("identifier", value.strip())])
+            stripped = value.strip()
+            if stripped and " " not in stripped and _id_key(key):
+                parts.append([("identifier", stripped)])
             else:
                 parts.append(batch.add(value, code_ids=True))
     return parts, file_ops(name, args)
