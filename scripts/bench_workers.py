@@ -655,8 +655,8 @@ class Bench:
 # -- where one job's CPU goes ----------------------------------------------------------------
 PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("Compactor.run (one job, in-process, no Celery)", "compactor.py", "run"),
-    ("store.load_view (EVALSHA, reply parsing, state/summary models)", "store.py",
-     "load_view"),
+    ("store.load_view (EVALSHA, reply parsing, state/summary models, per-message counts)",
+     "store.py", "load_view"),
     ("ViewData.messages (decoding the session's messages)", "records.py", "messages"),
     ("Compactor.plan (trigger, find_cut_point, tokens freed)", "compactor.py", "plan"),
     ("  find_cut_point", "turns.py", "find_cut_point"),
@@ -667,7 +667,7 @@ PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("  build_summary_request (assembles the request)", "prompts.py", "build_summary_request"),
     ("  OpenAIClient.complete (openai SDK, httpx2, JSON both ways)", "providers.py", "complete"),
     ("  check_summary (quality gate)", "quality.py", "check_summary"),
-    ("store's per-message counts (one LRANGE, Compactor._seed_counts)", "compactor.py",
+    ("the store's per-message counts handed to the job's counter", "compactor.py",
      "_seed_counts"),
     ("message token estimates (messages the store did not count)", "tokens.py",
      "estimate_message_tokens"),
@@ -737,8 +737,9 @@ SPY_PARTS: list[tuple[str, tuple[str, ...], bool]] = [
     ("  task tracing around the body (result repr, success log, request stack)",
      ("fast_trace_task",), True),
     ("task body (`run_job`)", ("run_job",), False),
-    ("  lease, pending and dirty flags (Redis)", ("acquire_lease", "release_lease",
-                                                  "clear_pending", "take_dirty"), False),
+    ("  lease, pending and dirty flags (Redis)", (
+        "SessionStore.claim", "SessionStore.finish_lease", "SessionStore.acquire_lease",
+        "SessionStore.release_lease", "SessionStore.take_dirty"), False),
     ("  `store.load_view`", ("load_view",), False),
     ("  decoding messages (`ViewData.messages`, `store.messages`)", ("ViewData.messages",),
      False),
