@@ -24,7 +24,7 @@ from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 from kombu.transport.redis import PrefixedStrictRedis
-from redis.credentials import CredentialProvider
+from redis.credentials import CredentialProvider, StreamingCredentialProvider
 
 from shared.config import StoreConfig
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
@@ -276,6 +276,41 @@ def test_credential_provider_is_kept(redis_url: str) -> None:
         chan._disconnect_pools()
         assert acquire(chan).ping()  # a new pool, a new connection: a new handshake
         assert provider.calls > before
+    finally:
+        conn.release()
+
+
+class StreamingProvider(StreamingCredentialProvider):
+    """A token provider (no token: the test Redis has no password) counting re-auth hooks."""
+
+    def __init__(self) -> None:
+        self.hooks = 0
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        return ()  # type: ignore[return-value]
+
+    def on_next(self, callback: Any) -> None:
+        self.hooks += 1
+
+    def on_error(self, callback: Any) -> None:
+        pass
+
+    def is_streaming(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("transport", [None, TRANSPORT])
+def test_a_streaming_provider_gets_one_reauth_hook_per_pool_not_per_command(
+        redis_url: str, transport: str | None) -> None:
+    provider = StreamingProvider()
+    conn = connection(redis_url, transport=transport, credential_provider=provider)
+    try:
+        chan = conn.channel()  # its BRPOP client: one hook on the asynchronous pool
+        before = provider.hooks
+        for _ in range(5):
+            assert acquire(chan).ping()
+        added = provider.hooks - before
+        assert added == (5 if transport is None else 1)  # kombu's: one per command
     finally:
         conn.release()
 

@@ -5,15 +5,18 @@ Why: kombu's Redis channel runs most of its synchronous commands through
 ``QoS.append`` when a job arrives, ``QoS.ack`` when it is acked, pidbox
 replies, ...), and each call builds a fresh ``redis.Redis`` on the channel's
 connection pool. With redis-py 8 that costs about 57 µs of CPU (the client
-copies every response callback into a new ``CaseInsensitiveDict``), several
-times per job, under the one GIL a threads-pool worker has. A redis-py
-client that is not a single-connection client holds no connection of its
-own: every command borrows one from the pool and returns it, so one client
-per pool is safe to share between the pool's threads (redis-py documents
-``Redis`` as thread-safe). :class:`Channel` builds that client once per
-pool, and a new one when kombu replaces the pool: ``_disconnect_pools``
-(reconnect, close, after fork) drops it, and every use also checks that
-the client still belongs to the channel's current pool.
+copies every response callback into a new ``CaseInsensitiveDict``), about
+four times per job (3,024 calls for 704 jobs of ``scripts/bench_workers.py``),
+under the one GIL a threads-pool worker has; with a streaming credential
+provider, each such client also registers one more re-auth callback on it.
+A redis-py client that is not a single-connection client holds no
+connection of its own: every command borrows one from the pool and returns
+it, so one client per pool is safe to share between the pool's threads
+(redis-py documents ``Redis`` as thread-safe). :class:`Channel` builds that
+client once per pool, and a new one when kombu replaces the pool:
+``_disconnect_pools`` (reconnect, close, after fork) drops it, and every use
+also checks that the client still belongs to the channel's current pool.
+The connection limit stays the pool's (``max_connections``), shared or not.
 
 Not shared: the asynchronous pool's clients (``Channel.client`` for BRPOP,
 ``Channel.subclient`` for pub/sub) carry per-connection state the event loop
