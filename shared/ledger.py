@@ -451,7 +451,6 @@ _JOINT = "\n\n"
 # _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID of letters only), _CODE_ID
 # "_", "." or a capital. Each gate is a character test that runs in C.
 _PATH_GATE = re.compile(r"/|\.[cghijklmprstxy]")  # a "." only before an extension's first letter
-_ID_GATE = re.compile(r"[\d@-]")
 _CODE_GATE = re.compile(r"[A-Z_.]")
 
 class _Regions:
@@ -568,10 +567,20 @@ class _ScanBatch:
         self._outs: list[_Found] = []
         self._paths: list[bool] = []
         self._coded: list[bool] = []
+        self._known: dict[tuple[str, bool, bool], _Found] = {}
 
     def add(self, text: str, *, code_ids: bool, paths: bool = True) -> _Found:
+        """The list :meth:`run` fills with ``_scan(text, _STRONG_ID, ...)``.
+
+        A text seen before in the batch (same flags) gets the same list, read-only
+        for the callers: ranges repeat commands, paths and stock phrases.
+        """
+        known = self._known.get((text, code_ids, paths))
+        if known is not None:
+            return known
         out: _Found = []
         if text:  # an empty text has no facts
+            self._known[(text, code_ids, paths)] = out
             self._texts.append(text)
             self._outs.append(out)
             self._paths.append(paths)
@@ -587,10 +596,14 @@ class _ScanBatch:
         self._pass(_PATH, "path", path_outs,
                    [i for i, t in enumerate(texts) if _PATH_GATE.search(t)],
                    words=_PATH_WORDS, keep=looks_like_path)
-        self._pass(_NUMBER_FAST, "number", outs,
-                   [i for i, t in enumerate(texts) if _DIGIT.search(t)], words=_NUMBER_SPANS)
+        digits = [i for i, t in enumerate(texts) if _DIGIT.search(t)]
+        self._pass(_NUMBER_FAST, "number", outs, digits, words=_NUMBER_SPANS)
+        # The identifier gate is "a digit, '-' or '@'": the digit test is done (blanking
+        # since then only removes characters, so a text it left out still fails).
+        either = set(digits)
         self._pass(_STRONG_ID_FAST, "identifier", outs,
-                   [i for i, t in enumerate(texts) if _ID_GATE.search(t)], words=_ID_WORDS)
+                   [i for i, t in enumerate(texts) if i in either or "-" in t or "@" in t],
+                   words=_ID_WORDS)
         self._pass(_CODE_ID, "identifier", outs,
                    [i for i, (t, c) in enumerate(zip(texts, self._coded, strict=True))
                     if c and _CODE_GATE.search(t)], words=_CODE_WORDS, mask=False)
