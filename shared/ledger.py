@@ -681,23 +681,44 @@ def _tool_call_facts(name: str, arguments: str, batch: _ScanBatch) -> tuple[list
     return parts, file_ops(name, args)
 
 
-def _message_facts(m: Message, batch: _ScanBatch) -> tuple[list[_Found], _Found]:
-    """(facts in order of appearance, as lists; file operations) of one message."""
-    parts: list[_Found] = []
-    files: list[tuple[str, str]] = []
-    text = m.text()
-    if m.role == "user":
-        prose = _FENCE.sub(" ", text) if "```" in text else text
-        parts.append(batch.add(prose, code_ids=True))
-        parts.append(_shell_commands(text, prose))
-        parts.append(_constraints(prose))
-    elif m.role == "assistant":
-        parts.append(batch.add(text, code_ids=False))
+class _Planner:
+    """What one :func:`extract_facts` call has planned so far.
+
+    Agents repeat themselves within a range (the same test command, the same
+    file read, "Continue."); the facts of a tool call or a user text depend on
+    nothing else, so a repeat reuses the first plan (its lists are read-only).
+    """
+
+    def __init__(self) -> None:
+        self.batch = _ScanBatch()
+        self._calls: dict[tuple[str, str], tuple[list[_Found], _Found]] = {}
+        self._users: dict[str, list[_Found]] = {}
+
+    def message(self, m: Message) -> tuple[list[_Found], _Found]:
+        """(facts in order of appearance, as lists; file operations) of one message."""
+        if m.role == "user":
+            return self._user(m.text()), []
+        if m.role != "assistant":
+            return [], []
+        parts = [self.batch.add(m.text(), code_ids=False)]
+        files: list[tuple[str, str]] = []
         for tc in m.tool_calls:
-            found, ops = _tool_call_facts(tc.name, tc.arguments, batch)
-            parts += found
-            files += ops
-    return parts, files
+            planned = self._calls.get((tc.name, tc.arguments))
+            if planned is None:
+                planned = _tool_call_facts(tc.name, tc.arguments, self.batch)
+                self._calls[(tc.name, tc.arguments)] = planned
+            parts += planned[0]
+            files += planned[1]
+        return parts, files
+
+    def _user(self, text: str) -> list[_Found]:
+        planned = self._users.get(text)
+        if planned is None:
+            prose = _FENCE.sub(" ", text) if "```" in text else text
+            planned = [self.batch.add(prose, code_ids=True), _shell_commands(text, prose),
+                       _constraints(prose)]
+            self._users[text] = planned
+        return planned
 
 
 def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
@@ -709,10 +730,10 @@ def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
     """
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise InvalidInput("must be a non-negative integer", field="start")
-    batch = _ScanBatch()
-    planned = [_message_facts(validate_message(raw, offset), batch)
+    planner = _Planner()
+    planned = [planner.message(validate_message(raw, offset))
                for offset, raw in enumerate(messages)]
-    batch.run()
+    planner.batch.run()
     # Plain [first, last, count] lists while counting (a frozen model copied per
     # repeat cost more than the scan of short messages); models once at the end.
     facts: dict[tuple[str, str], list[int]] = {}
