@@ -215,3 +215,43 @@ def test_the_store_client_serves_every_thread_at_once(redis_url: str, key_prefix
         thread.join(15)
     client.close()
     assert errors == []
+
+
+def _acks_at_once(redis_url: str, max_connections: int | None) -> list[str]:
+    """THREADS threads acknowledging on one consumer channel of the worker's app config."""
+    from celery import Celery
+
+    from workers.app import celery_config
+    from workers.settings import load_settings
+
+    app = Celery("acks", set_as_current=False)
+    app.conf.update(celery_config(load_settings(broker_url=redis_url)))
+    if max_connections is not None:
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                             "max_connections": max_connections}
+    errors: list[str] = []
+    start = threading.Barrier(THREADS, timeout=10)
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+
+        def ack(i: int) -> None:
+            start.wait()
+            for n in range(100):
+                try:
+                    channel.qos.ack(f"never-delivered-{i}-{n}")
+                except Exception as exc:  # collected for the assertion
+                    errors.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=ack, args=(i,)) for i in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    return errors
+
+
+def test_every_thread_can_acknowledge_at_once(redis_url: str) -> None:
+    """acks_late under threads: each slot acks on the consumer's channel."""
+    assert _acks_at_once(redis_url, None) == []
+    # Control: kombu's default pool of 10 connections fails such a burst.
+    assert "MaxConnectionsError" in _acks_at_once(redis_url, 10)

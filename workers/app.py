@@ -97,6 +97,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "unacked_restore_throttle": 1,
             "socket_timeout": 5,
             "socket_connect_timeout": 5,
+            # Under the threads pool every slot acknowledges its own job (acks_late),
+            # on the consumer's channel: 32 threads at once. kombu's pools allow 10
+            # connections and redis-py fails past the limit instead of waiting, so a
+            # burst of acks failed (MaxConnectionsError) and those jobs were run
+            # again after the visibility timeout. Keep it at or above --concurrency.
+            "max_connections": settings.broker_max_connections,
         },
         "broker_connection_retry_on_startup": True,
         # Routing: everything on the dedicated queue, so the service can share a broker.

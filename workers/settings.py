@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     # worker (time limits, lease, retries and redelivery: see "Timing" below)
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
+    broker_max_connections: int = Field(
+        default=128, gt=0, description="connections per broker channel pool: every pool "
+        "thread may acknowledge at the same moment (kombu's default is 10)")
     broker_visibility_timeout: int | None = Field(
         default=None, gt=0,
         description="default: lease + longest retry countdown + sweep + 30 s (about 4 min)")
