@@ -21,6 +21,11 @@ tool results are bulky and left to the summarizer):
   :mod:`shlex` (tolerant of garbage: a command that does not parse yields
   what its words suggest, never an exception).
 
+Workers extract a range per job, so the cost is per call: every message is
+planned first and the texts of the whole range are then scanned in one batch
+per pattern, restricted to the regions that can hold a match (see
+``_ScanBatch``), which gives exactly what scanning text by text gives.
+
 Indexes are absolute (``start`` + position), so ledgers of consecutive
 ranges merge exactly: ``extract(m[:k]).merge(extract(m[k:], start=k)) ==
 extract(m)``.
@@ -453,14 +458,16 @@ _JOINT = "\n\n"
 _PATH_GATE = re.compile(r"/|\.[cghijklmprstxy]")  # a "." only before an extension's first letter
 _CODE_GATE = re.compile(r"[A-Z_.]")
 
+
 class _Regions:
     """The parts of a text that may hold a match of one pattern.
 
     A region is ``body`` at the text's start or right after a whitespace
     character matching ``cut``. Regions are cut where no match of the pattern
     can run across, so each region scanned alone (regions joined by " ")
-    matches exactly as in place: see the two instances below. Starting at a
-    whitespace (not behind one) lets the engine skip to candidates in C.
+    matches exactly as in place: see :func:`_words` and ``_NUMBER_SPANS``.
+    Starting at a whitespace (not behind one) lets the engine skip to
+    candidates in C.
     """
 
     def __init__(self, cut: str, body: str) -> None:
@@ -553,13 +560,13 @@ class _ScanBatch:
     """All texts of a range scanned together, one pass per pattern.
 
     :func:`_scan` runs its five patterns over every text, though most texts of
-    a range hold nothing for most patterns, whose many alternatives cost about
+    a range hold nothing for most patterns, whose many alternatives cost
     100-200 ns per character. Here each pass keeps the texts its gate admits
-    (a C-speed character test), joins them with :data:`_JOINT` (for the
-    whitespace-free patterns: only their words that pass the gate, joined by
-    " "), runs its pattern once and gives each match to its text by offset.
-    Masking keeps lengths, so offsets hold across passes. Each text's list
-    gets its facts in :func:`_scan`'s order (pass by pass, by position).
+    (a character test in C), joins them with :data:`_JOINT`, keeps only the
+    regions that can hold a match (:class:`_Regions`), runs its pattern once
+    over those and gives each match to its text by offset. Masking keeps
+    lengths, so offsets hold across passes. Each text's list gets its facts
+    in :func:`_scan`'s order (pass by pass, by position within a pass).
     """
 
     def __init__(self) -> None:
@@ -588,6 +595,7 @@ class _ScanBatch:
         return out
 
     def run(self) -> None:
+        """Fill every list :meth:`add` returned: :func:`_scan`'s passes, in its order."""
         texts, outs = self._texts, self._outs
         self._pass(_TAG, "", [], [i for i, t in enumerate(texts) if "<" in t])
         self._pass(_URL, "url", outs, [i for i, t in enumerate(texts) if "://" in t])
