@@ -455,7 +455,6 @@ _JOINT = "\n\n"
 # letter of one of its file extensions, _NUMBER a digit,
 # _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID of letters only), _CODE_ID
 # "_", "." or a capital. Each gate is a character test that runs in C.
-_PATH_GATE = re.compile(r"/|\.[cghijklmprstxy]")  # a "." only before an extension's first letter
 _CODE_GATE = re.compile(r"[A-Z_.]")
 
 
@@ -637,17 +636,12 @@ class _ScanBatch:
         self._pass(_URL, "url", outs, [i for i, t in enumerate(texts) if "://" in t])
         discard: _Found = []  # paths in shell bodies: blanked, never recorded
         path_outs = [o if p else discard for o, p in zip(outs, self._paths, strict=True)]
-        self._pass(_PATH, "path", path_outs,
-                   [i for i, t in enumerate(texts) if _PATH_GATE.search(t)],
-                   words=_PATH_WORDS, keep=looks_like_path)
-        digits = [i for i, t in enumerate(texts) if _DIGIT.search(t)]
-        self._pass(_NUMBER_FAST, "number", outs, digits, words=_NUMBER_SPANS)
-        # The identifier gate is "a digit, '-' or '@'": the digit test is done (blanking
-        # since then only removes characters, so a text it left out still fails).
-        either = set(digits)
-        self._pass(_STRONG_ID_FAST, "identifier", outs,
-                   [i for i, t in enumerate(texts) if i in either or "-" in t or "@" in t],
-                   words=_ID_WORDS)
+        # Path, number and identifier regions are found from their rare
+        # characters in one search over all texts: no text-by-text gate.
+        every = list(range(len(texts)))
+        self._pass(_PATH, "path", path_outs, every, words=_PATH_WORDS, keep=looks_like_path)
+        self._pass(_NUMBER_FAST, "number", outs, every, words=_NUMBER_SPANS)
+        self._pass(_STRONG_ID_FAST, "identifier", outs, every, words=_ID_WORDS)
         self._pass(_CODE_ID, "identifier", outs,
                    [i for i, (t, c) in enumerate(zip(texts, self._coded, strict=True))
                     if c and _CODE_GATE.search(t)], words=_CODE_WORDS, mask=False)
