@@ -450,11 +450,10 @@ def _id_key(key: str) -> bool:
 # at a string's start or end. No pattern matches the empty string.
 _JOINT = "\n\n"
 
-# A text that fails a pass's gate cannot hold a match of its pattern, so the
-# pass skips it: _TAG needs "<", _URL "://", _PATH "/" or "." and the first
-# letter of one of its file extensions, _NUMBER a digit,
-# _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID of letters only), _CODE_ID
-# "_", "." or a capital. Each gate is a character test that runs in C.
+# What a match needs (a text or region without it is skipped): _TAG a "<",
+# _URL "://", _PATH a "/", or a "." before the first letter of one of its file
+# extensions, _NUMBER a digit, _STRONG_ID a digit, "@" (e-mail) or "-" (a UUID
+# of letters only), _CODE_ID a "_", a "." or a capital.
 _CODE_GATE = re.compile(r"[A-Z_.]")
 
 
