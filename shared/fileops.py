@@ -32,6 +32,7 @@ _PROGRAMS = _INSPECT | _READERS | {
     "sh", "rm", "mv", "cp", "chmod", "ssh", "scp", "export", "sudo", "mvn", "gradle", "helm",
     "terraform", "psql", "mysql", "redis-cli", "celery", "ruff", "mypy", "black", "java"}
 _SEPARATORS = {";", "&", "&&", "|", "||", "|&", "(", ")", ";;"}
+_REDIRECTION_CHARS = frozenset("<>&|")
 _HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)([\w.-]+)\1")
 _WRITE_WORDS = {"write", "edit", "create", "replace", "str", "insert", "patch", "delete", "remove",
                 "move", "rename", "append", "save", "overwrite", "apply", "modify", "multiedit"}
@@ -72,6 +73,8 @@ def shell_command(name: str, args: Any) -> str | None:
 
 def strip_heredocs(command: str) -> str:
     """``command`` without here-document bodies (file contents, not commands)."""
+    if "<<" not in command:  # no here-document can start
+        return command
     lines, out, i = command.split("\n"), [], 0
     while i < len(lines):
         out.append(lines[i])
@@ -116,7 +119,7 @@ def _simple_commands(command: str) -> Iterable[tuple[list[str], list[tuple[str, 
             if argv:
                 yield argv, redirs
             argv, redirs = [], []
-        elif set(tok) <= set("<>&|") and ("<" in tok or ">" in tok):
+        elif ("<" in tok or ">" in tok) and _REDIRECTION_CHARS.issuperset(tok):
             pending = tok
         else:
             argv.append(tok)

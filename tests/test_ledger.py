@@ -674,3 +674,24 @@ def _ref_structured_file_ops(name: str, args: Any) -> list[tuple[str, str]]:
                        max_size=4))
 def test_structured_file_ops_equal_reference(name: str, args: dict[str, Any]) -> None:
     assert file_ops(name, args) == _ref_structured_file_ops(name, args)
+
+
+def _ref_strip_heredocs(command: str) -> str:
+    """strip_heredocs before its shortcut for commands without "<<" (the reference)."""
+    lines, out, i = command.split("\n"), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        for m in fo._HEREDOC.finditer(lines[i]):
+            i += 1
+            while i < len(lines) and lines[i].strip() != m.group(2):
+                i += 1
+        i += 1
+    return "\n".join(out)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["cat <<EOF > a.py", "cat <<-'END'", "x << y", "EOF", "END",
+                                 "  EOF  ", "body", "<<<", "a <b", "\r", "", "python -c 1"]),
+                max_size=8).map("\n".join))
+def test_strip_heredocs_equals_reference(command: str) -> None:
+    assert strip_heredocs(command) == _ref_strip_heredocs(command)
