@@ -383,13 +383,32 @@ def _scan(text: str, ids: re.Pattern[str] | None, *, code_ids: bool,
     return out
 
 
+# Every _CONSTRAINT match holds one of these, case aside: an ASCII sentence
+# without any cannot match (a non-ASCII one might, through Unicode case
+# folding such as U+017F, the long s, for "s", and always gets the full search).
+_CONSTRAINT_WORDS = (
+    "must", "never", "always", "ensure", "without", "require", "mandatory", "forbidden",
+    "not allowed", "avoid", "should", "no more than", "at most", "at least", "from now on",
+    "going forward", "remember to", "keep", "prefer", "do not", "don't", "make sure",
+    "only", "use", "stick to", "you are", "act as", "respond in", "answer in", "reply in",
+    "write in",
+)
+
+
+def _may_constrain(sentence: str) -> bool:
+    if not sentence.isascii():
+        return True
+    lowered = sentence.lower()
+    return any(word in lowered for word in _CONSTRAINT_WORDS)
+
+
 def _constraints(prose: str) -> list[tuple[str, str]]:
     out = []
     for line in prose.splitlines():
         for sentence in _SENTENCE_SPLIT.split(_BULLET.sub("", line).strip()):
             s = sentence.strip()
             sized = 8 <= len(s) <= MAX_CONSTRAINT_CHARS and len(s.split()) >= 3
-            if sized and _CONSTRAINT.search(s):
+            if sized and _may_constrain(s) and _CONSTRAINT.search(s):
                 out.append(("constraint", s))
     return out
 

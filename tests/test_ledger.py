@@ -695,3 +695,29 @@ def _ref_strip_heredocs(command: str) -> str:
                 max_size=8).map("\n".join))
 def test_strip_heredocs_equals_reference(command: str) -> None:
     assert strip_heredocs(command) == _ref_strip_heredocs(command)
+
+
+def _ref_constraints(prose: str) -> list[tuple[str, str]]:
+    """_constraints before its keyword pre-test (the reference)."""
+    out = []
+    for line in prose.splitlines():
+        for sentence in ledger_mod._SENTENCE_SPLIT.split(ledger_mod._BULLET.sub("", line).strip()):
+            s = sentence.strip()
+            sized = 8 <= len(s) <= ledger_mod.MAX_CONSTRAINT_CHARS and len(s.split()) >= 3
+            if sized and ledger_mod._CONSTRAINT.search(s):
+                out.append(("constraint", s))
+    return out
+
+
+_PROSE_WORDS = ["You", "must", "MUST", "Never", "ONLY", "only if", "the only", "I", "I'll", "keep",
+                "Keep in mind", "please", "use", "stick to", "Act as", "respond in", "don't",
+                "do not", "want", "prefer", "PREFERABLY", "at least", "no more than", "avoid",
+                "mu\u017ft", "\u212aeep", "w\u0131thout", "plain", "words", "here", "the", "file",
+                "-", "1.", ".", "!", "?", "\n", "\n- ", "(", "\"", "going forward", "not allowed"]
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.sampled_from(_PROSE_WORDS), max_size=14).map(" ".join))
+@example("Keep it short. mu\u017ft do it. I want \u212aeys. Use only tabs.\n- Never push.")
+def test_constraints_equal_reference(prose: str) -> None:
+    assert ledger_mod._constraints(prose) == _ref_constraints(prose)
