@@ -795,6 +795,8 @@ def extract_facts(messages: Sequence[Message], *, start: int = 0) -> Ledger:
     facts: dict[tuple[str, str], list[int]] = {}
     files: dict[str, tuple[list[int], list[str]]] = {}
     for i, (parts, ops) in enumerate(planned, start):
+        if not parts and not ops:  # tool results, system messages
+            continue
         for key in dict.fromkeys([fact for part in parts for fact in part]):
             seen = facts.get(key)
             if seen is None:
