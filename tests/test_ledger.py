@@ -627,14 +627,23 @@ def _shlex_tokens(text: str) -> list[str] | None:
         return None
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from([*_COMMANDS, "&&", "||", ";;", "2>&1", "|&", "(", ")",
-                                            "a=b", "x/y.py", "-n", "\r", "\u00a0"]),
-                          st.text(" \t\n\r\u00a0\u3000abc./-_=~*?;&|<>()é\x00", max_size=6)),
-                max_size=8).map(" ".join))
-def test_plain_shell_tokens_equal_shlex(text: str) -> None:
-    """The regex tokenizer used for commands without quotes, escapes or "#" is shlex's."""
-    assert _tokens(text) == _shlex_tokens(text)
+_SHELL_ALPHABET = " \t\r\n\x0b'\"\\#;&|<>()ab$=é\x00"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(
+    st.text(_SHELL_ALPHABET, max_size=14),
+    st.lists(st.one_of(st.sampled_from([*_COMMANDS, "&&", "||", ";;", "2>&1", "|&", "(", ")",
+                                        "a=b", "x/y.py", "-n", "\r", "\u00a0", "'s/a/b/'",
+                                        '"a b"', '"a\\"b"', "\\ ", "# note", "\"#x\"", "''"]),
+                       st.text(_SHELL_ALPHABET, max_size=5)),
+             max_size=8).map(" ".join)))
+@example("sed -i '1c\\   # Don\\'t show it' pkg/a.py")
+@example('echo "a\\"b\\\\c\\d" e\\ f#g \'h\\\' ; ls # x\ny')
+def test_shell_tokens_equal_shlex(text: str) -> None:
+    """The regex tokenizer gives shlex's tokens, and the same fallback where shlex fails."""
+    expected = _shlex_tokens(text)
+    assert _tokens(text) == (fo._WORDS_AND_OPS.findall(text) if expected is None else expected)
 
 
 def _ref_structured_file_ops(name: str, args: Any) -> list[tuple[str, str]]:
