@@ -1,9 +1,10 @@
 """File operations of tool calls: which paths a call reads or modifies.
 
 Structured file tools are read from their arguments (path-like keys, patch
-targets, editor sub-commands); shell tools have their command parsed with
-:mod:`shlex`, tolerant of garbage: a command that does not parse yields what
-its words suggest, never an exception. Used by the fact ledger (files read
+targets, editor sub-commands); shell tools have their command split into
+the tokens :mod:`shlex` gives in posix mode (the same rules, as regexes, for
+speed), tolerant of garbage: a command that does not parse yields what its
+words suggest, never an exception. Used by the fact ledger (files read
 and modified across cycles) and by the cheap stages (superseded reads).
 """
 

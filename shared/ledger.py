@@ -17,9 +17,9 @@ tool results are bulky and left to the summarizer):
 - tool calls: identifiers, numbers and URLs in short arguments, commands
   that run something (pure inspection such as ``cat`` or ``grep`` is
   recorded only as a file read), and file operations: paths read or
-  modified, from file tools' arguments and from bash commands parsed with
-  :mod:`shlex` (tolerant of garbage: a command that does not parse yields
-  what its words suggest, never an exception).
+  modified, from file tools' arguments and from bash commands split as
+  :mod:`shlex` splits them (tolerant of garbage: a command that does not
+  parse yields what its words suggest, never an exception).
 
 Workers extract a range per job, so the cost is per call: every message is
 planned first and the texts of the whole range are then scanned in one batch
