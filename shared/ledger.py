@@ -306,8 +306,9 @@ _NUMBER = re.compile(
     r"December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.? \d{1,2}(?:st|nd|rd|th)?\b"
     r"(?:,? \d{4}\b)?|\b\d{1,2}(?::\d{2})? ?(?:am|pm|AM|PM)\b"
     r"|\b\d{1,2}/\d{1,2}/\d{4}\b"
-    r"|[$€£¥]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|K|M|bn|million|billion)\b)?"
-    r"|\b\d[\d,]*(?:\.\d+)?\s?(?:USD|EUR|GBP|JPY|CHF|CAD|AUD|dollars|euros|pounds)\b"
+    # Whitespace inside a fact is never a line break (a fact is one line).
+    r"|[$€£¥][^\S\r\n]?\d[\d,]*(?:\.\d+)?(?:[^\S\r\n]?(?:k|K|M|bn|million|billion)\b)?"
+    r"|\b\d[\d,]*(?:\.\d+)?[^\S\r\n]?(?:USD|EUR|GBP|JPY|CHF|CAD|AUD|dollars|euros|pounds)\b"
     r"|\bv\d+(?:\.\d+){1,3}\b|\b\d+\.\d+\.\d+(?:[-.]?(?:rc|a|b|dev|post)\d*)?\b"
     r"|\b(?:[Vv]ersion|Python|python) \d+(?:\.\d+)+\b"
     r"|\b(?:localhost|[\w-]+\.[\w.-]+):\d{2,5}\b|\b[Pp]ort:? ?\d{2,5}\b"
@@ -333,7 +334,7 @@ _CODE_ID = re.compile(
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PROGRAM_NAME = re.compile(r"^[a-z][\w.-]*$")
 _SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh", "terminal"}
-_BACKTICK = re.compile(r"(?<!`)`([^`\n]{3,200})`(?!`)")
+_BACKTICK = re.compile(r"(?<!`)`([^`\r\n]{3,200})`(?!`)")
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(*])")
 _BULLET = re.compile(r"^\s*(?:[-*•>]|\d+[.)])\s+")
 # Keywords of an explicit constraint. "don't", "make sure" and "only" are so common in
@@ -462,7 +463,7 @@ def _id_key(key: str) -> bool:
 
 # Put between two texts of a batch. No pattern of :func:`_scan` matches across it
 # or any part of it: _TAG, _URL, _PATH, _STRONG_ID and _CODE_ID never match
-# whitespace; _NUMBER takes whitespace only as single ``\s?`` each followed by a
+# whitespace; _NUMBER takes whitespace only as single ``[^\S\r\n]?`` each followed by a
 # required non-space, or as literal " " (never "\n"), so no match holds "\n\n"
 # or starts or ends inside it. Both characters are non-word and outside every
 # lookbehind class, so ``\b`` and the lookarounds at a joint see what they see

@@ -730,3 +730,25 @@ _PROSE_WORDS = ["You", "must", "MUST", "Never", "ONLY", "only if", "the only", "
 @example("Keep it short. mu\u017ft do it. I want \u212aeys. Use only tabs.\n- Never push.")
 def test_constraints_equal_reference(prose: str) -> None:
     assert ledger_mod._constraints(prose) == _ref_constraints(prose)
+
+
+_LINE_BREAKY = st.lists(st.sampled_from(
+    [*list("$€5 \t\n\r\x0b\x0c\x1c\x85\u2028`lsgit-USD%k./_:@#aZ0"), "```bash\n", "http://"]),
+    max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant"]), _LINE_BREAKY), max_size=6))
+def test_no_text_makes_extraction_fail(texts: list[tuple[str, str]]) -> None:
+    """A fact is one line: line breaks inside a number ("$\\n5") or a backtick span
+    ("`ls\\r -la`") once made Fact reject it and failed the whole worker job."""
+    messages = [Message(role=role, content=text) for role, text in texts]
+    ledger = extract_facts(messages)
+    assert all("\n" not in f.text and "\r" not in f.text for f in ledger.facts)
+
+
+def test_line_breaks_end_numbers_and_commands() -> None:
+    texts = ["cost $\n5 or 5\rUSD", "run `ls\r -la` now", "pay $ 5 or 5 USD, run `ls -la`"]
+    facts = [f.text for f in extract_facts([Message(role="user", content=t)
+                                            for t in texts]).facts]
+    assert sorted(facts) == ["$ 5", "5 USD", "ls -la"]
