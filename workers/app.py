@@ -9,25 +9,25 @@ of its life, so a slot should cost little: a thread costs about 3 MiB, a
 prefork child about 56 MiB, and threads share one store client and one
 HTTP connection pool per process. Two threads processes matched one prefork
 worker of 32 children on two CPUs with a ninth of the memory and twice the
-slots. One process is one GIL: the job's own CPU (rendering, token counts,
-the SDK: about 30 ms for a 14k-token range, growing with the range) caps a
-process near ``1000 / CPU ms per job`` jobs/s, so scale out with processes.
-More threads per process only help when the LLM is slow (a process needs
-about jobs/s x LLM latency threads); stay at or under 100, the connection
-pool of the store's Redis client (redis-py fails past it, it does not wait).
+slots. One process is one GIL: the job's own CPU (view read, ledger,
+rendering, the SDK call, Celery's events and acks: about 7 ms for a
+14k-token range, growing with the range) caps a process near
+``1000 / CPU ms per job`` jobs/s, so scale out with processes. More threads
+per process only help when the LLM is slow (a process needs about
+jobs/s x LLM latency threads); stay at or under 100, the connection pool of
+the store's Redis client (redis-py fails past it, it does not wait), and
+keep ``COMPACTION_BROKER_MAX_CONNECTIONS`` above it (every thread acks).
 
 Time limits: prefork enforces the soft and hard limits below; the threads
 pool enforces neither (a thread cannot be interrupted). There a job is
 bounded by its own deadline instead: ``workers.tasks`` gives the job
 ``COMPACTION_TASK_SOFT_TIME_LIMIT`` seconds, the summary engine checks it
-before every LLM call, and every call carries the SDK client timeout
-(``COMPACTION_SUMMARIZER_TIMEOUT``, no SDK retries), so a job ends within
-the soft limit plus one call (``Settings.longest_job_seconds``, which the
-lease and the visibility timeout are derived from). Caveat: the SDK timeout
-bounds each connect, send and read, not the whole call; a server that
-trickles its reply holds the thread as long as it trickles, until the
-provider clients carry a whole-call deadline
-(``tests/test_app.py::test_one_llm_call_ends_within_the_summarizer_timeout``).
+before every LLM call, and every call ends within the SDK client timeout
+(``COMPACTION_SUMMARIZER_TIMEOUT``, no SDK retries; a whole-call deadline,
+:mod:`workers.summarizer.deadline`, so a reply trickled in slowly cannot
+outlive it), so a job ends within the soft limit plus one call
+(``Settings.longest_job_seconds``, which the lease and the visibility
+timeout are derived from).
 
 Broker transport: on a ``redis://``/``rediss://`` broker the app uses
 ``workers.broker`` (``broker_transport``), kombu's Redis transport with one
