@@ -29,7 +29,7 @@ outlive it), so a job ends within the soft limit plus one call
 (``Settings.longest_job_seconds``, which the lease and the visibility
 timeout are derived from).
 
-Broker transport: on a ``redis://``/``rediss://`` broker the app uses
+Broker transport: on a ``redis://`` broker the app uses
 ``workers.broker`` (``broker_transport``), kombu's Redis transport with one
 redis-py client per connection pool instead of a new client per broker
 command (task events, acks: CPU under the one GIL). Everything that loads

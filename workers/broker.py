@@ -26,15 +26,14 @@ kombu's own ``_create_client``, so ``global_keyprefix`` (a
 ``PrefixedStrictRedis``) and a ``credential_provider`` apply as before.
 
 Selection (:func:`worker_transport`): through Celery's ``broker_transport``
-setting, for one ``redis://`` or ``rediss://`` broker URL. Given a
-transport explicitly, kombu parses the URL itself and forgets its scheme,
-so two details of the scheme-selected transport are kept here by hand:
-``as_uri()`` (the worker banner's ``transport:`` line, Flower's broker
-page) prints the ``redis://``/``rediss://`` URL instead of the class path,
-and ``rediss://`` without ``broker_use_ssl`` gets kombu's insecure default
-(``ssl_cert_reqs=CERT_NONE``, with kombu's warning). Left to kombu:
-``sentinel://`` and every other scheme, ``redis+socket://`` (a transport
-named in the URL wins over the setting), failover lists (on a switch kombu
+setting, for one ``redis://`` broker URL. Given a transport explicitly,
+kombu parses the URL itself and forgets its scheme, so ``as_uri()`` (the
+worker banner's ``transport:`` line, Flower's broker page) is kept printing
+the ``redis://`` URL here instead of the class path. Left to kombu:
+``rediss://`` (kombu derives its TLS defaults from the scheme; they stay
+kombu's decision), ``sentinel://`` and every other scheme,
+``redis+socket://`` (a transport named in the URL wins over the setting),
+failover lists (on a switch kombu
 takes the transport from the next URL's scheme, so the lists would mix
 transports), and ``unix://``, which kombu does not accept as a broker URL
 at all (its Unix-socket form is ``redis+socket:///path``). The messages on
@@ -44,8 +43,6 @@ transport share the broker unchanged.
 
 from __future__ import annotations
 
-import logging
-import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,23 +52,19 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.url import as_url
 
-log = logging.getLogger(__name__)
-
 TRANSPORT = "workers.broker:Transport"
-SSL_TRANSPORT = "workers.broker:SSLTransport"
-_TRANSPORTS = {"redis": TRANSPORT, "rediss": SSL_TRANSPORT}
 
 
 def worker_transport(broker_url: str) -> str | None:
     """Celery's ``broker_transport`` for ``broker_url``: this module's, or None.
 
     None (kombu chooses by the URL's scheme, as without the setting) unless
-    the URL is a single ``redis://`` or ``rediss://`` URL; see the module
-    docstring for what is left to kombu and why.
+    the URL is a single ``redis://`` URL; see the module docstring for what
+    is left to kombu and why.
     """
-    if ";" in broker_url:
+    if ";" in broker_url or urlsplit(broker_url).scheme.lower() != "redis":
         return None
-    return _TRANSPORTS.get(urlsplit(broker_url).scheme.lower())
+    return TRANSPORT
 
 
 class Channel(kombu_redis.Channel):
@@ -112,8 +105,6 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with :class:`Channel`; ``as_uri`` keeps the scheme."""
 
     Channel = Channel
-    #: The URL scheme this transport stands for (``as_uri``).
-    scheme = "redis"
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
@@ -132,28 +123,9 @@ class Transport(kombu_redis.Transport):
             password = mask
         elif callable(password):
             password = password()
-        return str(as_url(self.scheme, conn.hostname or "localhost", info["port"],
+        return str(as_url("redis", conn.hostname or "localhost", info["port"],
                           info["userid"], password, quote(info["virtual_host"] or ""),
                           sanitize=not include_password, mask=mask))
 
 
-class SSLTransport(Transport):
-    """:class:`Transport` for ``rediss://``: kombu's default when no TLS options are set.
-
-    kombu gives a ``rediss://`` URL without ``broker_use_ssl`` (or ``ssl_*``
-    URL options) unverified TLS and a warning; it decides that from the URL's
-    scheme, which an explicit transport hides from it, so it is done here.
-    """
-
-    scheme = "rediss"
-
-    def __init__(self, client: Any, **kwargs: Any) -> None:
-        if not client.ssl:
-            log.warning("Secure redis scheme specified (rediss) with no ssl options, "
-                        "defaulting to insecure SSL behaviour.")
-            client.ssl = {"ssl_cert_reqs": ssl.CERT_NONE}
-        super().__init__(client, **kwargs)
-
-
-__all__ = ["SSL_TRANSPORT", "TRANSPORT", "Channel", "SSLTransport", "Transport",
-           "worker_transport"]
+__all__ = ["TRANSPORT", "Channel", "Transport", "worker_transport"]
