@@ -31,7 +31,7 @@ from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
 from shared.store import SessionStore
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
 from tests.redis_server import start_server
-from workers.app import celery_config, create_app
+from workers.app import _select_worker_transport, celery_config, create_app
 from workers.broker import (
     TRANSPORT,
     Channel,
@@ -84,11 +84,22 @@ def channel(redis_url: str, key_prefix: str,
 ])
 def test_only_single_redis_urls_get_this_transport(url: str, expected: str | None) -> None:
     assert worker_transport(url) == expected
-    assert celery_config(load_settings(broker_url=url))["broker_transport"] == expected
+    assert "broker_transport" not in celery_config(load_settings(broker_url=url))
+    conf = create_app(load_settings(broker_url=url)).conf
+    _select_worker_transport(conf=conf)  # what a starting `celery worker` runs
+    assert conf.broker_transport == expected
+
+
+def test_an_explicit_transport_is_left_alone() -> None:
+    conf = create_app(load_settings(broker_url="redis://broker/0")).conf
+    conf.broker_transport = "redis"
+    _select_worker_transport(conf=conf)
+    assert conf.broker_transport == "redis"
 
 
 def test_the_worker_app_resolves_the_transport_and_still_prints_a_redis_url() -> None:
     app = create_app(load_settings(broker_url="redis://:pw@broker.internal:6390/4"))
+    _select_worker_transport(conf=app.conf)
     conn = app.connection()
     try:
         assert type(conn.transport) is Transport

@@ -29,14 +29,13 @@ outlive it), so a job ends within the soft limit plus one call
 (``Settings.longest_job_seconds``, which the lease and the visibility
 timeout are derived from).
 
-Broker transport: on a ``redis://`` broker the app uses
-``workers.broker`` (``broker_transport``), kombu's Redis transport with one
-redis-py client per connection pool instead of a new client per broker
-command (task events, acks: CPU under the one GIL). Everything that loads
-this app gets it: workers and ``celery -A workers.app flower``; the agents'
-publishers (``shared.enqueue.publisher_app``) keep kombu's own, and the
-messages on the wire are the same. The worker banner and ``as_uri()`` still
-print the ``redis://`` URL.
+Broker transport: a worker started on a ``redis://`` broker consumes
+through ``workers.broker`` (``broker_transport``, set when the worker
+starts: ``celeryd_init``), kombu's Redis transport with one redis-py client
+per connection pool instead of a new client per broker command (task
+events, acks: CPU under the one GIL). Publishers, Flower and in-process
+workers keep kombu's own; the messages on the wire are the same. The worker
+banner still prints the ``redis://`` URL.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.enqueue import QUEUE
@@ -69,9 +68,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration for a settings object (pure; used by tests too)."""
     return {
         "broker_url": settings.broker_url,
-        # kombu's Redis transport, minus a new redis-py client per broker command
-        # (workers.broker); None (kombu picks by scheme) for any other broker URL.
-        "broker_transport": worker_transport(settings.broker_url),
         # Results are not needed (the store holds the outcome; Flower reads events).
         "result_backend": None,
         "task_ignore_result": True,
@@ -161,6 +157,20 @@ def create_app(settings: Settings | None = None) -> Celery:
 
 
 app = create_app()
+
+
+@celeryd_init.connect
+def _select_worker_transport(sender: Any = None, conf: Any = None, **_: Any) -> None:
+    """A starting worker (``celery worker``) consumes through :mod:`workers.broker`.
+
+    Chosen here, from the broker URL the worker really starts with, not in
+    :func:`celery_config`: code that rebinds the app to another broker later
+    (``app.conf.broker_url = "memory://"``, the embedded demo) would keep a
+    Redis transport for a URL that is not Redis. An explicit
+    ``broker_transport`` is left alone. Publishers and Flower keep kombu's.
+    """
+    if conf is not None and not conf.get("broker_transport"):
+        conf.broker_transport = worker_transport(conf.broker_url)
 
 
 @worker_init.connect
