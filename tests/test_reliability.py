@@ -167,7 +167,9 @@ def test_redis_restart_and_freeze_lose_no_acknowledged_append() -> None:
     assert result.violations == []
     assert result.acknowledged > 100 and result.lost == 0
     assert result.failed_appends > 0, "the writers must have run into the outage"
-    assert result.refused_ms and max(result.refused_ms) < 100
+    # Refused, not timed out: well under the 0.5 s socket timeout (a few ms when the
+    # machine is idle; 326 ms was seen once with both CPUs busy).
+    assert result.refused_ms and max(result.refused_ms) < 0.8 * 500, result.refused_ms
     assert result.hung_ms and max(result.hung_ms) < 500 + 150, result.hung_ms
     assert max(result.recovery_ms) < 2000
 
