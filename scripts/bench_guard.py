@@ -50,8 +50,8 @@ import redis
 from shared.adapters import from_openai
 from shared.config import StoreConfig
 from shared.enqueue import CeleryEnqueuer, Enqueuer, publisher_app
+from shared.facts import extract_facts
 from shared.guard import ContextGuard
-from shared.ledger import extract_facts
 from shared.messages import Message
 from shared.records import SummaryRecord
 from shared.store import SessionStore, connect

@@ -48,8 +48,8 @@ from typing import Any
 
 from shared.adapters import from_openai, to_openai
 from shared.config import CompactionPolicy, StoreConfig
+from shared.facts import extract_facts
 from shared.guard import ContextGuard
-from shared.ledger import extract_facts
 from shared.messages import Message
 from shared.store import SessionStore, connect
 from shared.tokens import DEFAULT_COUNTER

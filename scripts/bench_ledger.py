@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.adapters import from_openai  # noqa: E402
-from shared.ledger import Ledger, extract_facts  # noqa: E402
+from shared.facts import extract_facts  # noqa: E402
+from shared.ledger import Ledger  # noqa: E402
 from shared.messages import Message  # noqa: E402
 from workers.demo_session import generate_session  # noqa: E402
 

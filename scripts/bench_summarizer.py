@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared.errors import BadSummary  # noqa: E402
-from shared.ledger import Ledger, extract_facts  # noqa: E402
+from shared.facts import extract_facts  # noqa: E402
+from shared.ledger import Ledger  # noqa: E402
 from shared.messages import Message  # noqa: E402
 from shared.tokens import DEFAULT_COUNTER  # noqa: E402
 from workers.summarizer.offline import OfflineSummarizer  # noqa: E402

@@ -43,8 +43,9 @@ from shared.errors import (
     SummarizerError,
     SummarizerUnavailable,
 )
+from shared.facts import extract_facts
 from shared.guard import ContextGuard, PreparedView, ViewReport
-from shared.ledger import Ledger, extract_facts
+from shared.ledger import Ledger
 from shared.limits import LimitBook, ModelLimits, model_limits, output_reserve
 from shared.messages import FilePart, ImagePart, Message, TextPart, ToolCall, validate_messages
 from shared.overflow import (

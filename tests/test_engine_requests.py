@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.ledger import extract_facts
+from shared.facts import extract_facts
 from shared.messages import Message, ToolCall
 from workers.summarizer.counting import job_counter
 from workers.summarizer.engine import PREFIX_HEADING, Completion, SummaryEngine

@@ -11,18 +11,24 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from shared import facts as ledger_mod
 from shared import fileops as fo
-from shared import ledger as ledger_mod
 from shared.errors import InvalidInput
-from shared.fileops import _tokens, is_program, runs_something, shell_command, strip_heredocs
+from shared.facts import extract_facts
+from shared.fileops import (
+    _tokens,
+    file_ops,
+    is_program,
+    runs_something,
+    shell_command,
+    strip_heredocs,
+)
 from shared.ledger import (
     HEADERS,
     MAX_FACT_CHARS,
     Fact,
     FileOp,
     Ledger,
-    extract_facts,
-    file_ops,
 )
 from shared.messages import Message, ToolCall
 

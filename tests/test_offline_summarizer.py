@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.errors import InvalidInput
-from shared.ledger import extract_facts
+from shared.facts import extract_facts
 from shared.messages import Message, ToolCall
 from shared.tokens import DEFAULT_COUNTER
 from workers.summarizer.offline import OfflineSummarizer, error_signature

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.errors import InvalidInput, LimitExceeded
-from shared.ledger import extract_facts
+from shared.facts import extract_facts
 from shared.messages import Message, ToolCall
 from shared.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 from workers.summarizer.prompts import (

@@ -48,9 +48,9 @@ from scripts.reliability import (
 from shared.config import StoreConfig
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from shared.errors import InvalidInput
+from shared.facts import extract_facts
 from shared.guard import ContextGuard
 from shared.keys import SessionKeys, session_pattern, validate_session_id
-from shared.ledger import extract_facts
 from shared.messages import Message, ToolCall
 from shared.records import SessionState, SummaryRecord
 from shared.store import SessionStore

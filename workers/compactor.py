@@ -42,7 +42,8 @@ from typing import Any, Literal
 
 from shared.budget import check_budget
 from shared.config import CompactionPolicy
-from shared.ledger import Ledger, extract_facts
+from shared.facts import extract_facts
+from shared.ledger import Ledger
 from shared.limits import model_limits, output_reserve
 from shared.records import SessionState, SummaryRecord, ViewData
 from shared.store import SessionStore
