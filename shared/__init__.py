@@ -28,6 +28,7 @@ from shared.enqueue import (
     CeleryEnqueuer,
     Enqueuer,
     NullEnqueuer,
+    RedisTaskPublisher,
     publisher_app,
 )
 from shared.errors import (
@@ -104,6 +105,7 @@ __all__ = [
     "NullEnqueuer",
     "OverflowInfo",
     "PreparedView",
+    "RedisTaskPublisher",
     "SessionNotFound",
     "SessionState",
     "SessionStore",
