@@ -55,10 +55,10 @@ from bench_tokens import (
     prefix_sums,
 )
 
-from shared.calibration import CALIBRATION_MAX_RATIO, CALIBRATION_MIN_RATIO
-from shared.errors import ConfigError
-from shared.messages import Message
-from shared.tokens import (
+from shared.core.calibration import CALIBRATION_MAX_RATIO, CALIBRATION_MIN_RATIO
+from shared.core.errors import ConfigError
+from shared.core.messages import Message
+from shared.core.tokens import (
     DEFAULT_SAFETY_MARGIN,
     MESSAGE_OVERHEAD,
     TOOL_CALL_OVERHEAD,
@@ -68,7 +68,7 @@ from shared.tokens import (
     estimate_tokens,
     hybrid_estimate,
 )
-from shared.tokens_exact import KNOWN_ENCODINGS, TiktokenCounter, load_encoding
+from shared.core.tokens_exact import KNOWN_ENCODINGS, TiktokenCounter, load_encoding
 
 TARGET = 0.03
 EARLY = 3
@@ -844,7 +844,7 @@ def counter_speed_lines(
 
 LOAD_PROBE = """
 import sys, time
-from shared.tokens_exact import TiktokenCounter
+from shared.core.tokens_exact import TiktokenCounter
 start = time.perf_counter()
 counter = TiktokenCounter(sys.argv[1], sys.argv[2]) if len(sys.argv) > 1 else None
 if counter is not None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import openai
 
-from workers.fakes import FakeOpenAIServer, char_counter, default_counter
+from workers.harness.fakes import FakeOpenAIServer, char_counter, default_counter
 
 
 def _client(server: FakeOpenAIServer) -> openai.OpenAI:

@@ -47,19 +47,19 @@ from typing import Any
 
 import redis
 
-from shared.adapters import from_openai
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.facts import extract_facts
+from shared.core.messages import Message
+from shared.core.records import SummaryRecord
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.turns import turn_starts
+from shared.core.view import ViewCache, summary_block
+from shared.core.wire import from_openai
 from shared.enqueue import CeleryEnqueuer, Enqueuer, publisher_app
-from shared.facts import extract_facts
 from shared.guard import ContextGuard
-from shared.messages import Message
-from shared.records import SummaryRecord
-from shared.store import SessionStore, connect
-from shared.tokens import DEFAULT_COUNTER
-from shared.turns import turn_starts
-from shared.view import ViewCache, summary_block
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.summaries import SummarizerResponder
+from shared.store.sessions import SessionStore, connect
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.summarizer.prompts import build_summary_request
 
 MODEL = "gpt-4o"

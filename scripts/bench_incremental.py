@@ -46,19 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.adapters import from_openai, to_openai
-from shared.config import CompactionPolicy, StoreConfig
-from shared.facts import extract_facts
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.facts import extract_facts
+from shared.core.messages import Message
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard
-from shared.messages import Message
-from shared.store import SessionStore, connect
-from shared.tokens import DEFAULT_COUNTER
+from shared.store.sessions import SessionStore, connect
 from workers.compactor import Compactor
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.counting import DEFAULT_TOKENIZER_PATH, PromptCounter, default_counter
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
-from workers.replay_sessions import load_sessions
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.counting import DEFAULT_TOKENIZER_PATH, PromptCounter, default_counter
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.replay.sessions import load_sessions
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.prompts import build_summary_request, request_tokens
 from workers.summarizer.providers import OpenAIClient

@@ -37,11 +37,11 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.adapters import from_openai  # noqa: E402
-from shared.facts import extract_facts  # noqa: E402
-from shared.ledger import Ledger  # noqa: E402
-from shared.messages import Message  # noqa: E402
-from workers.demo_session import generate_session  # noqa: E402
+from shared.core.facts import extract_facts  # noqa: E402
+from shared.core.ledger import Ledger  # noqa: E402
+from shared.core.messages import Message  # noqa: E402
+from shared.core.wire import from_openai  # noqa: E402
+from workers.harness.demo_session import generate_session  # noqa: E402
 
 Extract = Callable[..., Ledger]
 Ranges = list[tuple[Sequence[Message], int]]
@@ -64,7 +64,7 @@ def load_baseline(revision: str) -> Extract:
 
     load("_baseline_fileops", source("shared/fileops.py"))
     ledger = load("_baseline_ledger", source("shared/ledger.py").replace(
-        "from shared.fileops import", "from _baseline_fileops import"))
+        "from shared.core.fileops import", "from _baseline_fileops import"))
     extract: Extract = ledger.extract_facts
     return extract
 

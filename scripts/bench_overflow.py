@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.overflow import ErrorKind, classify_error, parse_overflow  # noqa: E402
+from shared.core.overflow import ErrorKind, classify_error, parse_overflow  # noqa: E402
 
 K = ErrorKind
 OVERFLOW_KINDS = {K.CONTEXT_OVERFLOW, K.PAYLOAD_SIZE}

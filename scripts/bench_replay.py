@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.replay import ReplayOptions, resolve_counter, run_replay
-from workers.replay_report import (
+from workers.harness.replay.report import (
     RunReport,
     TraceCauses,
     render_causes,
     render_comparison,
     trace_causes,
 )
+from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
 from workers.settings import load_settings
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"

@@ -23,11 +23,11 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.messages import Message  # noqa: E402
-from shared.repair import PROVIDERS, repair_tool_pairs_with_report, validate_view  # noqa: E402
-from shared.tokens import DEFAULT_COUNTER  # noqa: E402
-from shared.truncation import emergency_truncate  # noqa: E402
-from shared.turns import find_cut_point  # noqa: E402
+from shared.core.messages import Message  # noqa: E402
+from shared.core.repair import PROVIDERS, repair_tool_pairs_with_report, validate_view  # noqa: E402
+from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
+from shared.core.truncation import emergency_truncate  # noqa: E402
+from shared.core.turns import find_cut_point  # noqa: E402
 from tests.strategies import load_transcripts  # noqa: E402
 
 T = TypeVar("T")

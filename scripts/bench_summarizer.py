@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.errors import BadSummary  # noqa: E402
-from shared.facts import extract_facts  # noqa: E402
-from shared.ledger import Ledger  # noqa: E402
-from shared.messages import Message  # noqa: E402
-from shared.tokens import DEFAULT_COUNTER  # noqa: E402
+from shared.core.errors import BadSummary  # noqa: E402
+from shared.core.facts import extract_facts  # noqa: E402
+from shared.core.ledger import Ledger  # noqa: E402
+from shared.core.messages import Message  # noqa: E402
+from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
 from workers.summarizer.offline import OfflineSummarizer  # noqa: E402
 from workers.summarizer.prompts import (  # noqa: E402
     build_summary_request,

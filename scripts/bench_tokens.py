@@ -37,9 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared.errors import ConfigError  # noqa: E402
-from shared.messages import Message, ToolCall  # noqa: E402
-from shared.tokens import (  # noqa: E402
+from shared.core.errors import ConfigError  # noqa: E402
+from shared.core.messages import Message, ToolCall  # noqa: E402
+from shared.core.tokens import (  # noqa: E402
     DEFAULT_SAFETY_MARGIN,
     REQUEST_OVERHEAD,
     Calibration,
@@ -47,7 +47,7 @@ from shared.tokens import (  # noqa: E402
     estimate_tokens,
     hybrid_estimate,
 )
-from shared.tokens_exact import TiktokenCounter  # noqa: E402
+from shared.core.tokens_exact import TiktokenCounter  # noqa: E402
 
 TARGET_UNDER = -0.05
 TARGET_MEDIAN_OVER = 0.15

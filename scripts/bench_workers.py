@@ -66,8 +66,10 @@ from typing import Any
 import openai
 import redis
 
-from shared.adapters import from_openai
-from shared.config import CompactionPolicy, StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.messages import Message
+from shared.core.turns import turn_starts
+from shared.core.wire import from_openai
 from shared.enqueue import (
     QUEUE,
     TASK_MAYBE_SUMMARIZE,
@@ -76,14 +78,12 @@ from shared.enqueue import (
     request_summary,
 )
 from shared.guard import ContextGuard
-from shared.messages import Message
-from shared.store import SessionStore, connect
-from shared.turns import turn_starts
+from shared.store.sessions import SessionStore, connect
 from workers.compactor import Compactor
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.counting import char_counter
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.counting import char_counter
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.prompts import build_summary_request
 from workers.summarizer.providers import OpenAIClient

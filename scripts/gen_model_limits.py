@@ -1,4 +1,4 @@
-"""Generate shared/data/model_limits.json from the model registry shipped inside litellm.
+"""Generate shared/core/data/model_limits.json from the model registry shipped inside litellm.
 
 litellm's ``model_prices_and_context_window.json`` is the most complete public
 table of context windows, but depending on litellm at runtime would pull a
@@ -35,7 +35,7 @@ REGISTRY_NAMES = (
     "litellm/model_prices_and_context_window.json",
 )
 KEPT_MODES = frozenset({"chat", "completion", "responses"})
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "shared" / "data" / "model_limits.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "shared" / "core" / "data" / "model_limits.json"
 
 
 def download_wheel(dest: Path, version: str | None) -> Path:

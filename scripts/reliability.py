@@ -60,24 +60,24 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the worker/redis helpers live in tests/
     sys.path.insert(0, str(ROOT))
 
-from shared.adapters import from_openai  # noqa: E402
-from shared.config import StoreConfig  # noqa: E402
+from shared.core.config import StoreConfig  # noqa: E402
+from shared.core.errors import StoreUnavailable  # noqa: E402
+from shared.core.messages import Message  # noqa: E402
+from shared.core.records import SummaryRecord  # noqa: E402
+from shared.core.repair import PROVIDERS, validate_view  # noqa: E402
+from shared.core.turns import turn_starts  # noqa: E402
+from shared.core.wire import from_openai  # noqa: E402
 from shared.enqueue import QUEUE, TASK_COMPACT, CeleryEnqueuer, publisher_app  # noqa: E402
-from shared.errors import StoreUnavailable  # noqa: E402
 from shared.guard import ContextGuard, PreparedView  # noqa: E402
-from shared.messages import Message  # noqa: E402
-from shared.records import SummaryRecord  # noqa: E402
-from shared.repair import PROVIDERS, validate_view  # noqa: E402
-from shared.store import SessionStore, connect  # noqa: E402
-from shared.turns import turn_starts  # noqa: E402
+from shared.store.sessions import SessionStore, connect  # noqa: E402
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env  # noqa: E402
 from tests.redis_server import RedisServer, start_server  # noqa: E402
 from workers.compactor import Compactor  # noqa: E402
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session  # noqa: E402
-from workers.fakes.behaviour import REFUSAL_TEXT, Fault  # noqa: E402
-from workers.fakes.http_base import RESET, Exchange, Outcome  # noqa: E402
-from workers.fakes.openai_server import FakeOpenAIServer  # noqa: E402
-from workers.fakes.summaries import SummarizerResponder  # noqa: E402
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session  # noqa: E402
+from workers.harness.fakes.behaviour import REFUSAL_TEXT, Fault  # noqa: E402
+from workers.harness.fakes.http_base import RESET, Exchange, Outcome  # noqa: E402
+from workers.harness.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from workers.harness.fakes.summaries import SummarizerResponder  # noqa: E402
 from workers.settings import load_settings  # noqa: E402
 from workers.summarizer.engine import SummaryEngine  # noqa: E402
 from workers.summarizer.providers import OpenAIClient  # noqa: E402
@@ -677,7 +677,7 @@ class RaceResult:
 BROKEN_CAS = """\
 # Loaded by the race workers with --break-cas: the compare-and-swap always "expects"
 # the current version, as a careless writer would. The race checks must catch it.
-import shared.store as _store
+import shared.store.sessions as _store
 
 _commit = _store.SessionStore.commit_summary
 

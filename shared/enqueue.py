@@ -27,7 +27,7 @@ from kombu.utils.uuid import uuid
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.errors import InvalidInput, StoreUnavailable
+from shared.core.errors import InvalidInput, StoreUnavailable
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
 TASK_COMPACT = "compaction.compact"

@@ -12,7 +12,7 @@ stated limit, compact hard, return a view for one retry.
 Cost on the hot path: one Redis round trip per ``prepare`` (two more only
 when it writes: new figures, cheap decisions, a truncation), and Python work
 that does not grow with the history. The guard keeps each session's decoded
-view (:class:`shared.view.ViewCache`) and asks the store only for what was
+view (:class:`shared.core.view.ViewCache`) and asks the store only for what was
 appended since, so a 10,000-message session costs what a 100-message one
 does. ``record_turn`` is one round trip (append, pending flag and state in
 one script) plus the calibration write and the publish.
@@ -32,24 +32,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shared.budget import BudgetReport, check_budget, ensure_reducible
-from shared.calibration import Calibration
-from shared.cheap import plan_cheap_stages
-from shared.config import CompactionPolicy
-from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
-from shared.errors import InvalidInput, StoreUnavailable
-from shared.keys import validate_session_id
-from shared.limits import LimitBook, ModelLimits, model_limits, output_reserve
-from shared.messages import Message, validate_messages
-from shared.overflow import is_context_overflow, parse_overflow
-from shared.prepared import PreparedView, ViewReport
-from shared.records import AppendResult, SessionState, SummaryRecord, ViewData
-from shared.repair import repair_tool_pairs
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.truncation import emergency_truncate
-from shared.usage import reported_prompt_tokens
-from shared.view import (
+from shared.core.budget import BudgetReport, check_budget, ensure_reducible
+from shared.core.calibration import Calibration
+from shared.core.cheap import plan_cheap_stages
+from shared.core.config import CompactionPolicy
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
+from shared.core.messages import Message, validate_messages
+from shared.core.overflow import is_context_overflow, parse_overflow
+from shared.core.prepared import PreparedView, ViewReport
+from shared.core.records import AppendResult, SessionState, SummaryRecord, ViewData
+from shared.core.repair import repair_tool_pairs
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.truncation import emergency_truncate
+from shared.core.usage import reported_prompt_tokens
+from shared.core.view import (
     PairScan,
     Regions,
     ViewCache,
@@ -62,6 +59,9 @@ from shared.view import (
     scan_pairs,
     summary_block,
 )
+from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
+from shared.store.keys import validate_session_id
+from shared.store.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget

@@ -11,8 +11,8 @@ import fakeredis
 import pytest
 import redis
 
-from shared.config import StoreConfig
-from shared.store import SessionStore
+from shared.core.config import StoreConfig
+from shared.store.sessions import SessionStore
 from tests.redis_server import RedisServer, find_redis
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -27,7 +27,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shared.messages import Message, ToolCall
+from shared.core.messages import Message, ToolCall
 
 WORDS = ("alpha", "beta", "gamma", "delta", "error", "value", "return", "import", "config",
          "session", "token", "window", "{", "}", "(x)", "42", "0.5", "\n", "def", "class")

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.adapters import (
+from shared.core.errors import InvalidInput
+from shared.core.messages import FilePart, ImagePart, Message, TextPart, ToolCall
+from shared.core.wire import (
     from_anthropic,
     from_gemini,
     from_openai,
@@ -20,8 +22,6 @@ from shared.adapters import (
     to_gemini,
     to_openai,
 )
-from shared.errors import InvalidInput
-from shared.messages import FilePart, ImagePart, Message, TextPart, ToolCall
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import workers.app as app_module
-from shared.errors import ConfigError, InvalidInput, SummarizerUnavailable
+from shared.core.errors import ConfigError, InvalidInput, SummarizerUnavailable
 from workers.app import SUMMARIZER_SDKS, app, celery_config, preload_summarizer_sdk
 from workers.settings import Settings, load_settings
 from workers.summarizer.providers import client_from_settings
@@ -193,8 +193,8 @@ def test_the_store_client_serves_every_thread_at_once(redis_url: str, key_prefix
     """All threads of a process share one store client; its connection pool must hand
     each of them a connection at the same moment (redis-py raises MaxConnectionsError
     past its pool size rather than waiting)."""
-    from shared.config import StoreConfig
-    from shared.store import connect
+    from shared.core.config import StoreConfig
+    from shared.store.sessions import connect
 
     client = connect(redis_url, StoreConfig(socket_timeout=5))
     held = threading.Barrier(THREADS + THREADS // 2, timeout=10)

@@ -26,9 +26,9 @@ from kombu.messaging import Producer
 from kombu.transport.redis import PrefixedStrictRedis
 from redis.credentials import CredentialProvider, StreamingCredentialProvider
 
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
 from tests.redis_server import start_server
 from workers.app import _select_worker_transport, celery_config, create_app

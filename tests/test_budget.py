@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from shared.budget import BudgetReport, check_budget, ensure_reducible
-from shared.errors import InvalidInput, IrreducibleOverflow
+from shared.core.budget import BudgetReport, check_budget, ensure_reducible
+from shared.core.errors import InvalidInput, IrreducibleOverflow
 from tests.strategies import CharCounter, peer_cases, peer_messages
 
 

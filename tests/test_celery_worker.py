@@ -15,20 +15,20 @@ from celery.utils.time import get_exponential_backoff_interval
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.adapters import from_openai
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.errors import SummarizerUnavailable
+from shared.core.repair import validate_view
+from shared.core.turns import turn_starts
+from shared.core.wire import from_openai
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
-from shared.errors import SummarizerUnavailable
 from shared.guard import ContextGuard
-from shared.repair import validate_view
-from shared.store import SessionStore
-from shared.turns import turn_starts
+from shared.store.sessions import SessionStore
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
 from tests.redis_server import start_server
 from workers.app import celery_config
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]

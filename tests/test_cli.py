@@ -1,4 +1,4 @@
-"""The operations commands against the real Redis, through ``workers.cli.main``.
+"""The operations commands against the real Redis, through ``workers.cli.main.main``.
 
 Every test has its own key prefix (db 13 for sessions, db 14 as the broker)
 and cleans up. Sessions are prepared through the store and the guard, as
@@ -18,19 +18,19 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from shared.adapters import from_openai
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.repair import validate_view
+from shared.core.wire import from_openai
 from shared.guard import ContextGuard
-from shared.repair import validate_view
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 from tests.celery_worker import purge_queue
-from workers.cli import main
-from workers.commands._common import Meter, percentile
-from workers.commands.demo import split_turns
-from workers.commands.history import first_lines
-from workers.demo_session import SYSTEM_PROMPT, TOOLS
-from workers.fakes.gemini_server import FakeGeminiServer
-from workers.fakes.openai_server import FakeOpenAIServer
+from workers.cli._common import Meter, percentile
+from workers.cli.demo import split_turns
+from workers.cli.history import first_lines
+from workers.cli.main import main
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.fakes.gemini_server import FakeGeminiServer
+from workers.harness.fakes.openai_server import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = "ops-1"
@@ -288,7 +288,7 @@ def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,
 def test_doctor_all_ok_with_a_worker_on_the_broker(urls: tuple[str, str],
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """An in-process Celery worker consuming the real broker answers ping and inspect."""
-    from workers.embedded import choose_backends, open_stack
+    from workers.harness.embedded import choose_backends, open_stack
     from workers.settings import load_settings
 
     settings = load_settings()

@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from shared.adapters import from_openai
-from shared.config import CompactionPolicy
-from shared.errors import BadSummary, SummarizerUnavailable
+from shared.core.config import CompactionPolicy
+from shared.core.errors import BadSummary, SummarizerUnavailable
+from shared.core.ledger import Ledger
+from shared.core.messages import Message, ToolCall
+from shared.core.records import SummaryRecord
+from shared.core.repair import validate_view
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.turns import turn_starts
+from shared.core.wire import from_openai
 from shared.guard import ContextGuard
-from shared.ledger import Ledger
-from shared.messages import Message, ToolCall
-from shared.records import SummaryRecord
-from shared.repair import validate_view
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER
-from shared.turns import turn_starts
+from shared.store.sessions import SessionStore
 from workers.compactor import MAX_ATTEMPTS, Compactor
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.behaviour import Fault
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.behaviour import Fault
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import OpenAIClient
 

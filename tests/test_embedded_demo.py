@@ -1,6 +1,6 @@
 """``compaction demo``: the embedded stack (fakeredis, memory broker, in-process Celery worker).
 
-The demo runs in-process through ``workers.cli.main`` with the real tasks
+The demo runs in-process through ``workers.cli.main.main`` with the real tasks
 of ``workers.tasks``; nothing of this project is faked. The backend rules
 (what the environment switches) are unit-tested, and the real-Redis and
 deployed-worker variants run against the machine's Redis.
@@ -19,18 +19,18 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.adapters import to_openai
-from shared.config import StoreConfig
-from shared.errors import ConfigError
-from shared.store import SessionStore
+from shared.core.config import StoreConfig
+from shared.core.errors import ConfigError
+from shared.core.wire import to_openai
+from shared.store.sessions import SessionStore
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from workers.cli import main
-from workers.commands.demo import ProviderSim, split_turns
-from workers.demo_session import TOOLS
-from workers.embedded import MEMORY_BROKER, choose_backends, redact_url
-from workers.fakes.counting import default_counter
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
+from workers.cli.demo import ProviderSim, split_turns
+from workers.cli.main import main
+from workers.harness.demo_session import TOOLS
+from workers.harness.embedded import MEMORY_BROKER, choose_backends, redact_url
+from workers.harness.fakes.counting import default_counter
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.settings import Settings
 
 CONNECTION_VARS = ("COMPACTION_REDIS_URL", "COMPACTION_BROKER_URL", "COMPACTION_SUMMARIZER",
@@ -263,7 +263,7 @@ def test_worker_app_publishes_to_the_broker_it_is_bound_to(redis_url: str,
     ``app.close()`` keeps them): a later in-process run must not publish to an old broker."""
     from kombu.transport import memory
 
-    from workers.embedded import worker_app_with
+    from workers.harness.embedded import worker_app_with
 
     broker = with_db(redis_url, 14)
     purge_queue(broker)

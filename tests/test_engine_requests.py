@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.facts import extract_facts
-from shared.messages import Message, ToolCall
+from shared.core.facts import extract_facts
+from shared.core.messages import Message, ToolCall
 from workers.summarizer.counting import job_counter
 from workers.summarizer.engine import PREFIX_HEADING, Completion, SummaryEngine
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
 from shared.enqueue import (
     QUEUE,
     TASK_MAYBE_SUMMARIZE,
@@ -45,7 +45,7 @@ from shared.enqueue import (
     publisher_app,
 )
 from shared.guard import ContextGuard
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 from tests.celery_worker import WorkerProcess, worker_env
 from tests.redis_server import free_port, start_server
 from workers.flower_entry import ENV_VAR

@@ -1,4 +1,4 @@
-"""shared.facts: the batched, region-restricted extraction equals the per-text one.
+"""shared.core.facts: the batched, region-restricted extraction equals the per-text one.
 
 The reference below is the per-message algorithm ``extract_facts`` used before
 it scanned a range's texts in one batch; hypothesis and the real sessions
@@ -15,11 +15,11 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared import facts as ledger_mod
-from shared import fileops as fo
-from shared import ledger as ledger_model
-from shared.facts import extract_facts
-from shared.fileops import (
+from shared.core import facts as ledger_mod
+from shared.core import fileops as fo
+from shared.core import ledger as ledger_model
+from shared.core.facts import extract_facts
+from shared.core.fileops import (
     _tokens,
     file_ops,
     is_program,
@@ -27,8 +27,8 @@ from shared.fileops import (
     shell_command,
     strip_heredocs,
 )
-from shared.ledger import MAX_FACT_CHARS, Fact, FileOp, Ledger
-from shared.messages import Message, ToolCall
+from shared.core.ledger import MAX_FACT_CHARS, Fact, FileOp, Ledger
+from shared.core.messages import Message, ToolCall
 from tests.test_ledger import _COMMANDS, _load_sessions, result
 
 # -- batched extraction == the per-text reference ----------------------------

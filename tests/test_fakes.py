@@ -26,8 +26,8 @@ from google.genai import types as genai_types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from workers.fakes import (
+from shared.core.errors import InvalidInput
+from workers.harness.fakes import (
     REFUSAL_TEXT,
     DefaultResponder,
     FakeGeminiServer,
@@ -38,9 +38,9 @@ from workers.fakes import (
     ScriptExhausted,
     default_counter,
 )
-from workers.fakes.behaviour import normalize_reply
-from workers.fakes.counting import FramedCounter
-from workers.fakes.recording import redact_headers
+from workers.harness.fakes.behaviour import normalize_reply
+from workers.harness.fakes.counting import FramedCounter
+from workers.harness.fakes.recording import redact_headers
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZER = DATA / "tokenizers" / "o200k_base.tiktoken"
@@ -517,7 +517,8 @@ def _wire(message: dict[str, Any]) -> dict[str, Any]:
 
 def test_module_runs_as_a_standalone_server() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "workers.fakes.openai_server", "--port", "0", "--window", "50"],
+        [sys.executable, "-m", "workers.harness.fakes.openai_server",
+         "--port", "0", "--window", "50"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
     )
     try:

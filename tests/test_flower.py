@@ -31,10 +31,10 @@ from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
-from shared.errors import ConfigError
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 from tests.redis_server import RedisServer, free_port, start_server
 from workers.flower_entry import ENV_VAR, flower_command, main, parse_basic_auth
 

@@ -28,13 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.adapters import to_anthropic, to_gemini, to_openai
-from shared.config import StoreConfig
-from shared.errors import InvalidInput, LimitExceeded
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.messages import ROLES
+from shared.core.repair import PROVIDERS, validate_view
+from shared.core.wire import to_anthropic, to_gemini, to_openai
 from shared.guard import ContextGuard, PreparedView
-from shared.messages import ROLES
-from shared.repair import PROVIDERS, validate_view
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -14,18 +14,18 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.config import CompactionPolicy, StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.errors import IrreducibleOverflow, StoreUnavailable
+from shared.core.messages import Message
+from shared.core.records import AppendResult, CheapDecision, SummaryRecord
+from shared.core.repair import repair_tool_pairs, validate_view
+from shared.core.view import ViewCache, pairs_intact, scan_pairs
 from shared.enqueue import CallbackEnqueuer
-from shared.errors import IrreducibleOverflow, StoreUnavailable
 from shared.guard import ContextGuard
-from shared.messages import Message
-from shared.records import AppendResult, CheapDecision, SummaryRecord
-from shared.repair import repair_tool_pairs, validate_view
-from shared.store import SessionStore, connect
-from shared.view import ViewCache, pairs_intact, scan_pairs
+from shared.store.sessions import SessionStore, connect
 from tests.redis_server import ReplyDroppingProxy
 from tests.strategies import any_conversations, conversations, damaged_conversations
-from workers.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.openai_server import FakeOpenAIServer
 
 SYSTEM = "You are a careful coding agent."
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from shared.messages import Message, ToolCall
-from shared.tokens import DEFAULT_COUNTER, HeuristicCounter
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER, HeuristicCounter
 from workers.summarizer.counting import JobCounter, job_counter
 
 _MESSAGES = st.builds(

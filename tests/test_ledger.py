@@ -1,4 +1,4 @@
-"""Tests for shared.ledger: verbatim facts, constraints, file operations, merge and cap."""
+"""Tests for shared.core.ledger: verbatim facts, constraints, file operations, merge and cap."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from shared.facts import extract_facts
-from shared.fileops import (
+from shared.core.errors import InvalidInput
+from shared.core.facts import extract_facts
+from shared.core.fileops import (
     file_ops,
 )
-from shared.ledger import (
+from shared.core.ledger import (
     HEADERS,
     Fact,
     FileOp,
     Ledger,
 )
-from shared.messages import Message, ToolCall
+from shared.core.messages import Message, ToolCall
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from shared.limits import (
+from shared.core.errors import InvalidInput
+from shared.core.limits import (
     FALLBACK_CONTEXT_WINDOW,
     LimitBook,
     ModelLimits,

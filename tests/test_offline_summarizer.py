@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from shared.facts import extract_facts
-from shared.messages import Message, ToolCall
-from shared.tokens import DEFAULT_COUNTER
+from shared.core.errors import InvalidInput
+from shared.core.facts import extract_facts
+from shared.core.messages import Message, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER
 from workers.summarizer.offline import OfflineSummarizer, error_signature
 from workers.summarizer.prompts import SUMMARY_SECTIONS
 from workers.summarizer.quality import check_summary

@@ -14,7 +14,7 @@ from google.genai import errors as genai_errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.overflow import (
+from shared.core.overflow import (
     ErrorKind,
     OverflowInfo,
     classify_error,

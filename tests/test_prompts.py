@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput, LimitExceeded
-from shared.facts import extract_facts
-from shared.messages import Message, ToolCall
-from shared.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
+from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.facts import extract_facts
+from shared.core.messages import Message, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 from workers.summarizer.prompts import (
     SUMMARY_SECTIONS,
     SYSTEM_PROMPT,
@@ -372,7 +372,7 @@ def test_a_request_that_fits_by_bytes_fits_any_byte_level_tokenizer(
     """Every token of o200k and cl100k covers at least one byte: bytes bound tokens."""
     if not TOKENIZERS.exists():
         pytest.skip(f"tokenizer files not found at {TOKENIZERS} (shared data folder absent)")
-    from shared.tokens_exact import TiktokenCounter
+    from shared.core.tokens_exact import TiktokenCounter
 
     request = [{"role": "user", "content": t} for t in texts]
     messages = [Message(role="user", content=t) for t in texts]

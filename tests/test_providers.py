@@ -13,8 +13,8 @@ from typing import Any
 import openai
 import pytest
 
-from shared.errors import SummarizerError, SummarizerUnavailable
-from workers.fakes import FakeOpenAIServer, Fault
+from shared.core.errors import SummarizerError, SummarizerUnavailable
+from workers.harness.fakes import FakeOpenAIServer, Fault
 from workers.summarizer.engine import SummarizerOverflow
 from workers.summarizer.providers import SDK_RETRIES, OpenAIClient
 

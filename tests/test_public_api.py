@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import re
-import types
 from pathlib import Path
+
+import pytest
 
 import shared
 
@@ -28,10 +30,15 @@ def test_required_names_are_exported() -> None:
     assert set(shared.__all__) >= REQUIRED
 
 
-def test_everything_imported_into_the_package_is_exported() -> None:
-    names = {n for n, v in vars(shared).items()
-             if not n.startswith("_") and not isinstance(v, types.ModuleType)}
-    assert names - {"annotations"} == set(shared.__all__)
+def test_every_lazy_export_is_in_all_and_nothing_else_is() -> None:
+    assert set(shared._EXPORTS) == set(shared.__all__)
+    for name, module in shared._EXPORTS.items():
+        assert getattr(importlib.import_module(module), name) is getattr(shared, name), name
+
+
+def test_unknown_names_raise_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        shared.no_such_name  # noqa: B018
 
 
 def test_required_names_are_documented_in_the_readme() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import BadSummary, InvalidInput
+from shared.core.errors import BadSummary, InvalidInput
 from workers.summarizer.quality import check_summary, clean_summary, section_count
 
 GOOD = """## Goal

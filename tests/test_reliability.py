@@ -40,15 +40,15 @@ from scripts.reliability import (
     run_restart,
     with_db,
 )
-from shared.config import StoreConfig
-from shared.errors import SummarizerError, SummarizerUnavailable
-from shared.records import SummaryRecord
-from shared.store import SessionStore
+from shared.core.config import StoreConfig
+from shared.core.errors import SummarizerError, SummarizerUnavailable
+from shared.core.records import SummaryRecord
+from shared.store.sessions import SessionStore
 from tests.redis_server import start_server
 from workers.compactor import Compactor
-from workers.fakes.behaviour import Fault
-from workers.fakes.openai_server import FakeOpenAIServer
-from workers.fakes.summaries import SummarizerResponder
+from workers.harness.fakes.behaviour import Fault
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import MAX_REFOLDS, SummaryEngine
 from workers.summarizer.providers import OpenAIClient
@@ -463,8 +463,8 @@ def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStor
 
 def test_an_overflow_that_smaller_chunks_cannot_fix_falls_back() -> None:
     """A window too small for even one message: bounded refolds, then SummarizerError."""
-    from shared.ledger import Ledger
-    from shared.messages import Message
+    from shared.core.ledger import Ledger
+    from shared.core.messages import Message
 
     with FakeOpenAIServer(window=600) as server:
         client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
@@ -519,7 +519,7 @@ GEMINI_BAD_REQUEST = Fault.http_error(400, json.dumps({"error": {
 ])
 def test_gemini_errors_map_like_openai_ones(fault: Fault | None, expected: str) -> None:
     """google-genai against the fake Gemini server: the same classes as the openai SDK."""
-    from workers.fakes.gemini_server import FakeGeminiServer
+    from workers.harness.fakes.gemini_server import FakeGeminiServer
     from workers.summarizer.engine import SummarizerOverflow
     from workers.summarizer.providers import GeminiClient
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from shared.errors import InvalidInput
-from shared.messages import ImagePart, Message, TextPart, ToolCall
-from shared.repair import (
+from shared.core.errors import InvalidInput
+from shared.core.messages import ImagePart, Message, TextPart, ToolCall
+from shared.core.repair import (
     CONVERSATION_START_TEXT,
     MISSING_RESULT_TEXT,
     PROVIDERS,

@@ -19,27 +19,20 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.adapters import to_openai
-from shared.config import CompactionPolicy, StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.wire import to_openai
 from shared.enqueue import QUEUE, CallbackEnqueuer, NullEnqueuer
-from shared.errors import InvalidInput
-from shared.keys import validate_session_id
-from shared.messages import Message
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER
+from shared.store.keys import validate_session_id
+from shared.store.sessions import SessionStore
 from tests.strategies import any_conversations
-from workers.commands import replay as replay_command
+from workers.cli import replay as replay_command
 from workers.compactor import Compactor
-from workers.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.fakes.counting import DEFAULT_TOKENIZER_PATH, char_counter
-from workers.replay import (
-    ReplayOptions,
-    ReplayResponder,
-    replay_sessions,
-    resolve_counter,
-    run_replay,
-)
-from workers.replay_report import (
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.fakes.counting import DEFAULT_TOKENIZER_PATH, char_counter
+from workers.harness.replay.report import (
     Distribution,
     RunReport,
     SessionReport,
@@ -49,8 +42,15 @@ from workers.replay_report import (
     render_markdown,
     trace_causes,
 )
-from workers.replay_services import Services, parse_job_lines, with_db
-from workers.replay_sessions import load_sessions, parse_session, session_key
+from workers.harness.replay.run import (
+    ReplayOptions,
+    ReplayResponder,
+    replay_sessions,
+    resolve_counter,
+    run_replay,
+)
+from workers.harness.replay.services import Services, parse_job_lines, with_db
+from workers.harness.replay.sessions import load_sessions, parse_session, session_key
 from workers.settings import load_settings
 from workers.summarizer.engine import SummaryEngine
 

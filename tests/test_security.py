@@ -45,20 +45,20 @@ from scripts.reliability import (
     wait_for,
     with_db,
 )
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
+from shared.core.facts import extract_facts
+from shared.core.messages import Message, ToolCall
+from shared.core.records import SessionState, SummaryRecord
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
-from shared.errors import InvalidInput
-from shared.facts import extract_facts
 from shared.guard import ContextGuard
-from shared.keys import SessionKeys, session_pattern, validate_session_id
-from shared.messages import Message, ToolCall
-from shared.records import SessionState, SummaryRecord
-from shared.store import SessionStore
+from shared.store.keys import SessionKeys, session_pattern, validate_session_id
+from shared.store.sessions import SessionStore
 from tests.redis_server import start_server
 from workers.compactor import Compactor
-from workers.fakes.behaviour import Fault
 from workers.flower_entry import ENV_VAR
 from workers.flower_entry import main as flower_main
+from workers.harness.fakes.behaviour import Fault
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.prompts import (

@@ -21,17 +21,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import tokens_exact
-from shared.config import StoreConfig
-from shared.errors import ConfigError
+from shared.core import tokens_exact
+from shared.core.config import StoreConfig
+from shared.core.errors import ConfigError
+from shared.core.messages import Message, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.tokens_exact import COUNTER_KINDS, TiktokenCounter, build_counter
 from shared.guard import ContextGuard
-from shared.messages import Message, ToolCall
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER
-from shared.tokens_exact import COUNTER_KINDS, TiktokenCounter, build_counter
+from shared.store.sessions import SessionStore
 from tests.conftest import DATA_DIR
 from workers.app import create_app
-from workers.cli import main as cli_main
+from workers.cli.main import main as cli_main
 from workers.runtime import build_runtime, token_counter
 from workers.settings import Settings, load_settings
 

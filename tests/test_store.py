@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import redis
 
-from shared.config import StoreConfig
-from shared.errors import InvalidInput, LimitExceeded, StoreUnavailable
-from shared.keys import SessionKeys
-from shared.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
-from shared.store import SessionStore, connect
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
+from shared.core.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
+from shared.store.keys import SessionKeys
+from shared.store.sessions import SessionStore, connect
 from tests.redis_server import ReplyDroppingProxy
 
 

@@ -22,14 +22,14 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from shared.config import StoreConfig
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
+from shared.core.repair import validate_view
+from shared.core.view import ViewCache
 from shared.enqueue import CallbackEnqueuer
-from shared.errors import InvalidInput, StoreUnavailable
 from shared.guard import ContextGuard
-from shared.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
-from shared.repair import validate_view
-from shared.store import SessionStore, connect_cluster
-from shared.view import ViewCache
+from shared.store.sessions import SessionStore, connect_cluster
 from tests.redis_server import (
     LocalCluster,
     RedisServer,

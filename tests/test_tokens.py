@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import tokens
-from shared.calibration import CALIBRATION_MAX_RATIO, CALIBRATION_MIN_RATIO
-from shared.errors import InvalidInput
-from shared.messages import FilePart, ImagePart, Message, TextPart, ToolCall
-from shared.tokens import (
+from shared.core import tokens
+from shared.core.calibration import CALIBRATION_MAX_RATIO, CALIBRATION_MIN_RATIO
+from shared.core.errors import InvalidInput
+from shared.core.messages import FilePart, ImagePart, Message, TextPart, ToolCall
+from shared.core.tokens import (
     DEFAULT_COUNTER,
     DEFAULT_SAFETY_MARGIN,
     MESSAGE_OVERHEAD,

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from shared import tokens_exact
-from shared.errors import ConfigError
-from shared.messages import FilePart, ImagePart, Message, TextPart, ToolCall
-from shared.tokens import DEFAULT_COUNTER, HeuristicCounter, estimate_tokens, image_tokens
-from shared.tokens_exact import (
+from shared.core import tokens_exact
+from shared.core.errors import ConfigError
+from shared.core.messages import FilePart, ImagePart, Message, TextPart, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER, HeuristicCounter, estimate_tokens, image_tokens
+from shared.core.tokens_exact import (
     KNOWN_ENCODINGS,
     TOKENS_PER_MESSAGE,
     TOKENS_PER_REQUEST,

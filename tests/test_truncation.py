@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.config import StoreConfig
-from shared.errors import InvalidInput
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
+from shared.core.messages import ImagePart, Message, TextPart, ToolCall
+from shared.core.repair import PROVIDERS, repair_tool_pairs, validate_view
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.truncation import CLIP_MARKER, emergency_truncate, files_in_calls
+from shared.core.turns import leading_system_count, turn_starts
 from shared.guard import ContextGuard
-from shared.messages import ImagePart, Message, TextPart, ToolCall
-from shared.repair import PROVIDERS, repair_tool_pairs, validate_view
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER
-from shared.truncation import CLIP_MARKER, emergency_truncate, files_in_calls
-from shared.turns import leading_system_count, turn_starts
+from shared.store.sessions import SessionStore
 from tests.strategies import (
     CharCounter,
     any_conversations,

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidInput
-from shared.messages import Message, ToolCall
-from shared.repair import validate_view
-from shared.turns import (
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message, ToolCall
+from shared.core.repair import validate_view
+from shared.core.turns import (
     SPLIT_TURN_MIN_PREFIX,
     CutPoint,
     Unit,
@@ -320,7 +320,7 @@ def test_cut_points_on_the_real_sessions(data_dir: Path) -> None:
 
 
 def _default_suffix(messages: list[Message], index: int) -> int:
-    from shared.tokens import DEFAULT_COUNTER
+    from shared.core.tokens import DEFAULT_COUNTER
 
     return sum(DEFAULT_COUNTER.message(m) for m in messages[index:])
 

@@ -48,8 +48,8 @@ from celery import Celery
 from celery.signals import celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
+from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE
-from shared.errors import ConfigError
 from workers.broker import worker_transport
 from workers.settings import Settings, load_settings
 

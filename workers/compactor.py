@@ -40,16 +40,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from shared.budget import check_budget
-from shared.config import CompactionPolicy
-from shared.facts import extract_facts
-from shared.ledger import Ledger
-from shared.limits import model_limits, output_reserve
-from shared.records import SessionState, SummaryRecord, ViewData
-from shared.store import SessionStore
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.turns import find_cut_point
-from shared.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
+from shared.core.budget import check_budget
+from shared.core.config import CompactionPolicy
+from shared.core.facts import extract_facts
+from shared.core.ledger import Ledger
+from shared.core.limits import model_limits, output_reserve
+from shared.core.records import SessionState, SummaryRecord, ViewData
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.turns import find_cut_point
+from shared.core.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
+from shared.store.sessions import SessionStore
 from workers.summarizer.counting import JobCounter, job_counter
 from workers.summarizer.engine import SummaryEngine
 

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
 
 ENV_VAR = "FLOWER_BASIC_AUTH"
 APP = "workers.app"

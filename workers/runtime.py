@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from shared.store import SessionStore, connect
-from shared.tokens import TokenCounter
-from shared.tokens_exact import build_counter
+from shared.core.tokens import TokenCounter
+from shared.core.tokens_exact import build_counter
+from shared.store.sessions import SessionStore, connect
 from workers.compactor import Compactor
 from workers.settings import Settings
 from workers.summarizer.engine import SummaryEngine

@@ -15,9 +15,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.config import CompactionPolicy, StoreConfig
-from shared.errors import ConfigError
-from shared.tokens_exact import build_counter
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.errors import ConfigError
+from shared.core.tokens_exact import build_counter
 
 ENV_PREFIX = "COMPACTION_"
 RETRY_BACKOFF_FACTOR = 2  # Celery retry_backoff: countdowns 2, 4, 8... s (capped, jittered)
@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     a ratio to *that* counter's estimates; a worker counting with another
     counter cuts and budgets on figures that do not add up with the
     guard's. So the agent's process builds its ``SessionStore`` with the
-    counter this setting names (``shared.tokens_exact.build_counter``, the
+    counter this setting names (``shared.core.tokens_exact.build_counter``, the
     one function the workers use too; ``ContextGuard`` takes the store's),
     and a change is made on both sides at once; sessions already stored keep
     the old counter's totals for the messages they hold. ``tiktoken`` is

@@ -33,9 +33,9 @@ from typing import Any
 
 from celery import Task
 
+from shared.core.errors import SummarizerError, SummarizerUnavailable
 from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE
-from shared.errors import SummarizerError, SummarizerUnavailable
-from shared.store import SessionStore
+from shared.store.sessions import SessionStore
 from workers.app import app
 from workers.compactor import JobOutcome
 from workers.runtime import get_runtime

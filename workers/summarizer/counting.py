@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.errors import InvalidInput
-from shared.messages import Message
-from shared.tokens import REQUEST_OVERHEAD, HeuristicCounter, TokenCounter
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+from shared.core.tokens import REQUEST_OVERHEAD, HeuristicCounter, TokenCounter
 
 
 class JobCounter:

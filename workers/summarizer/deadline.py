@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from shared.errors import InvalidInput
+from shared.core.errors import InvalidInput
 
 SDK_CONNECTION_LIMITS = {"max_connections": 1000, "max_keepalive_connections": 100}
 """The openai SDK's own pool size: 32 worker threads never wait for a connection."""

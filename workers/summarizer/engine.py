@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.errors import InvalidInput, SummarizerError, SummarizerUnavailable
-from shared.ledger import Ledger
-from shared.messages import Message
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.errors import InvalidInput, SummarizerError, SummarizerUnavailable
+from shared.core.ledger import Ledger
+from shared.core.messages import Message
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
 from workers.summarizer.prompts import (

@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.errors import InvalidInput
-from shared.ledger import Ledger
-from shared.messages import Message, validate_message
+from shared.core.errors import InvalidInput
+from shared.core.ledger import Ledger
+from shared.core.messages import Message, validate_message
 
 SECTIONS = ("Goal", "Constraints", "Done", "In progress", "Key decisions", "Next steps",
             "Critical context", "Read files", "Modified files")

@@ -19,11 +19,11 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from shared.errors import InvalidInput, LimitExceeded
-from shared.ledger import Ledger
-from shared.messages import Message, validate_message
-from shared.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD, TokenCounter
-from shared.turns import leading_system_count, tool_units
+from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.ledger import Ledger
+from shared.core.messages import Message, validate_message
+from shared.core.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD, TokenCounter
+from shared.core.turns import leading_system_count, tool_units
 
 SUMMARY_SECTIONS: tuple[str, ...] = (
     "Goal", "Constraints", "Progress", "Key decisions", "Next steps", "Critical context",
@@ -427,7 +427,7 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
                      rendered: Sequence[str] | None = None) -> list[list[Message]]:
     """Split ``messages`` so each chunk's summary request fits ``max_input_tokens``.
 
-    Chunks end on unit boundaries (:func:`shared.turns.tool_units`): a tool
+    Chunks end on unit boundaries (:func:`shared.core.turns.tool_units`): a tool
     call is never separated from its results. Each chunk's request is counted
     as an UPDATE request carrying ``ledger`` plus ``previous_summary_tokens``
     for the running summary of the previous fold, and verified after packing.

@@ -23,7 +23,7 @@ retrying would do:
   JSON, a proxy's page served with status 200), which is a transport fault;
 - ``SummarizerOverflow`` (the engine splits the range smaller): the
   request overflowed the summarizer's own window, whatever the status
-  (``shared.overflow`` reads the error; rate limits are never taken for it);
+  (``shared.core.overflow`` reads the error; rate limits are never taken for it);
 - ``BadSummary``: a reply cut off at its token cap (at temperature 0 the
   same request runs into the cap again);
 - ``SummarizerError`` for the rest (400, 401, 403, 404...): the request or
@@ -37,9 +37,9 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from shared.errors import BadSummary, ConfigError, SummarizerError, SummarizerUnavailable
-from shared.limits import model_limits
-from shared.overflow import parse_overflow
+from shared.core.errors import BadSummary, ConfigError, SummarizerError, SummarizerUnavailable
+from shared.core.limits import model_limits
+from shared.core.overflow import parse_overflow
 from workers.summarizer.deadline import deadline_http_client
 from workers.summarizer.engine import Completion, LLMClient, SummarizerOverflow
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import re
 
-from shared.errors import BadSummary, InvalidInput
-from shared.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.errors import BadSummary, InvalidInput
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from workers.summarizer.prompts import SUMMARY_SECTIONS, TURN_PREFIX_SECTIONS
 
 _SECTION_NAMES = (*SUMMARY_SECTIONS, *TURN_PREFIX_SECTIONS, "Done", "In progress")

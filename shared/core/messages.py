@@ -1,0 +1,198 @@
+"""The neutral message model every other module speaks.
+
+Provider wire formats (OpenAI, Anthropic, Gemini) are converted to and from
+this model at the edges (see ``shared.core.wire``). Messages are frozen: the
+log is append-only and a view never edits a message in place, it builds a
+new one (``model_copy(update=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.core.errors import InvalidInput
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextPart(_Frozen):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(_Frozen):
+    """An image by URL (``url``) or inline base64 (``data`` + ``media_type``)."""
+
+    type: Literal["image"] = "image"
+    url: str | None = None
+    data: str | None = None
+    media_type: str | None = None
+    detail: str | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self) -> ImagePart:
+        if not self.url and not self.data:
+            raise ValueError("an image part needs url or data")
+        return self
+
+
+class FilePart(_Frozen):
+    """A document (PDF, text...) by URL, inline base64 data or provider file id."""
+
+    type: Literal["file"] = "file"
+    url: str | None = None
+    data: str | None = None
+    file_id: str | None = None
+    media_type: str | None = None
+    filename: str | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self) -> FilePart:
+        if not (self.url or self.data or self.file_id):
+            raise ValueError("a file part needs url, data or file_id")
+        return self
+
+
+ContentPart = Annotated[TextPart | ImagePart | FilePart, Field(discriminator="type")]
+
+
+class ToolCall(_Frozen):
+    """One function call requested by the assistant. ``arguments`` is JSON text."""
+
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str = "{}"
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _arguments_are_json(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return json.dumps(value, ensure_ascii=False)
+        if isinstance(value, str):
+            text = value.strip() or "{}"
+            try:
+                parsed = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"arguments are not valid JSON: {exc}") from None
+            except RecursionError:
+                raise ValueError("arguments are nested too deeply") from None
+            if not isinstance(parsed, dict):
+                raise ValueError("arguments must be a JSON object (every provider requires one)")
+            return value if value.strip() else "{}"
+        return value
+
+    def args(self) -> Any:
+        """The arguments parsed (a dict for every sane provider)."""
+        return json.loads(self.arguments)
+
+
+class Message(_Frozen):
+    """One message of a conversation, independent of any provider."""
+
+    role: Role
+    content: str | list[ContentPart] = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
+    name: str | None = None
+    reasoning: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> Message:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool result needs the id of its call")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only assistant messages carry tool calls")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id: only tool messages carry a tool_call_id")
+        return self
+
+    # -- convenience -----------------------------------------------------
+    def text(self) -> str:
+        """All text of the message (parts joined), without images or files."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def media_count(self) -> int:
+        """Images and files carried by the message."""
+        if isinstance(self.content, str):
+            return 0
+        return sum(1 for p in self.content if not isinstance(p, TextPart))
+
+    def to_json(self) -> str:
+        """Compact JSON for storage; unset optional fields are left out.
+
+        (Not ``exclude_defaults``: that would drop the content parts'
+        ``type`` discriminator, and the message could not be read back.)
+        """
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Message:
+        return cls.model_validate_json(raw)
+
+
+def _describe(exc: ValidationError, index: int, prefix: str) -> InvalidInput:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",))
+    msg = err["msg"].removeprefix("Value error, ")
+    # A model-level rule names its field at the start of the message ("tool_call_id: ...").
+    if not loc and ":" in msg.split(" ", 1)[0]:
+        loc, msg = msg.split(": ", 1)
+    field = f"{prefix}[{index}]" + (f".{loc}" if loc else "")
+    return InvalidInput(msg, field=field, index=index)
+
+
+def validate_message(data: Any, index: int = 0, prefix: str = "messages") -> Message:
+    """One message from a dict (or a Message), raising InvalidInput that names the field."""
+    if isinstance(data, Message):
+        return data
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"expected an object, got {type(data).__name__}",
+                           field=f"{prefix}[{index}]", index=index)
+    try:
+        return Message.model_validate(data)
+    except ValidationError as exc:
+        raise _describe(exc, index, prefix) from None
+
+
+def validate_messages(data: Iterable[Any], prefix: str = "messages") -> list[Message]:
+    """Many messages; the first bad one raises InvalidInput naming ``messages[i].field``."""
+    if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
+        raise InvalidInput("expected a list of messages", field=prefix)
+    return [validate_message(item, i, prefix) for i, item in enumerate(data)]
+
+
+def tool_call_ids(messages: Sequence[Message]) -> set[str]:
+    """Ids of every tool call requested in ``messages``."""
+    return {tc.id for m in messages for tc in m.tool_calls}
+
+
+__all__ = [
+    "ROLES",
+    "ContentPart",
+    "FilePart",
+    "ImagePart",
+    "Message",
+    "Role",
+    "TextPart",
+    "ToolCall",
+    "tool_call_ids",
+    "validate_message",
+    "validate_messages",
+]

@@ -1,0 +1,352 @@
+"""Recognise provider errors: context overflow, broken tool pairs, and what else went wrong.
+
+The guard's reactive path (compact harder, retry once) must fire on every real
+overflow and on nothing else: a rate limit retried after a forced compaction
+throws away context for no reason, a missed overflow kills the agent. So the
+classifier reads everything an error carries (``str()``, ``message``,
+``body``, ``details``, ``response`` text and status, the ``__cause__`` /
+``__context__`` chain, JSON bodies wrapped as strings by proxies such as
+LiteLLM and OpenRouter) and decides in a fixed order of precedence:
+
+1. tool-pairing errors (the request is malformed, compaction is not the fix);
+2. rate limits, quotas and capacity ("tokens per minute", RESOURCE_EXHAUSTED,
+   "Too many tokens, please wait"): they veto every overflow phrase, because
+   their texts talk about tokens and "request too large" too;
+3. specific overflow wording (context window / length named, or a provider's
+   own overflow code), even under HTTP 500/503 (llama.cpp, LiteLLM fallbacks);
+4. request-body size (HTTP 413, "payload too large");
+5. output-limit, auth, content-filter, overloaded and server errors;
+6. generic overflow wording ("too many tokens", "token limit") only when the
+   HTTP status does not say otherwise (429, 401/403, 5xx);
+7. the HTTP status alone.
+
+Decisions documented here because callers depend on them:
+
+- *Output-reserve overflow* (prompt fits, prompt + max_tokens does not) is an
+  overflow: ``is_context_overflow`` is true and ``OverflowInfo.kind`` says
+  ``output_reserve_overflow`` so the guard can lower the reserve or compact.
+- *Payload size* (HTTP 413, body bytes over a proxy's or provider's cap) is
+  reported as ``ErrorKind.PAYLOAD_SIZE`` and counts as an overflow: forced
+  compaction drops old bulky tool outputs and media, which is the only
+  automatic way to shrink the body; its byte limits never reach the token
+  ``LimitBook`` (``OverflowInfo.limit`` stays None).
+
+Nothing here imports openai, anthropic or google-genai: errors are duck-typed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from itertools import islice
+from typing import Literal
+
+from shared.core import overflow_patterns as patterns
+
+__all__ = [
+    "ErrorKind",
+    "OverflowInfo",
+    "OverflowKind",
+    "classify_error",
+    "is_context_overflow",
+    "is_tool_pairing_error",
+    "parse_overflow",
+]
+
+
+class ErrorKind(StrEnum):
+    """What a provider error means for the caller."""
+
+    CONTEXT_OVERFLOW = "context_overflow"
+    TOOL_PAIRING = "tool_pairing"
+    RATE_LIMIT = "rate_limit"
+    QUOTA = "quota"
+    OUTPUT_LIMIT = "output_limit"
+    AUTH = "auth"
+    CONTENT_FILTER = "content_filter"
+    OVERLOADED = "overloaded"
+    PAYLOAD_SIZE = "payload_size"
+    SERVER_ERROR = "server_error"
+    OTHER = "other"
+
+    @property
+    def retryable(self) -> bool:
+        """Worth retrying unchanged later (transport, throttling, capacity)."""
+        return self in (ErrorKind.RATE_LIMIT, ErrorKind.OVERLOADED, ErrorKind.SERVER_ERROR)
+
+
+OverflowKind = Literal["context_overflow", "output_reserve_overflow", "payload_size"]
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowInfo:
+    """What an overflow error stated. Numbers are None where the text did not say them.
+
+    ``limit`` is the context window in tokens, ``requested`` the total the
+    provider said the request needs (prompt, plus output when it counted it),
+    ``prompt_tokens`` / ``output_tokens`` the parts it named, ``excess`` an
+    overshoot stated as such ("exceeded ... by N tokens").
+    """
+
+    kind: OverflowKind
+    limit: int | None = None
+    requested: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    excess: int | None = None
+    provider: str | None = None
+    message: str = ""
+
+    def overshoot(self) -> int | None:
+        """Tokens over the window: stated excess, else requested - limit."""
+        if self.excess is not None:
+            return self.excess
+        if self.requested is not None and self.limit is not None:
+            return max(0, self.requested - self.limit)
+        return None
+
+
+# Checked in this order after the overflow wording (see the module docstring).
+_SECONDARY = (
+    (ErrorKind.PAYLOAD_SIZE, patterns.PAYLOAD), (ErrorKind.OUTPUT_LIMIT, patterns.OUTPUT_LIMIT),
+    (ErrorKind.AUTH, patterns.AUTH), (ErrorKind.CONTENT_FILTER, patterns.CONTENT_FILTER),
+    (ErrorKind.OVERLOADED, patterns.OVERLOADED), (ErrorKind.SERVER_ERROR, patterns.SERVER),
+)
+
+
+# --------------------------------------------------------------------------- evidence
+# Bounds on what is read from one error: cause-chain links, nesting, nodes, characters.
+_MAX_CHAIN, _MAX_DEPTH, _MAX_NODES, _MAX_TEXT = 8, 6, 400, 100_000
+@dataclass
+class _Evidence:
+    texts: list[str]
+    status: int | None = None
+    module: str = ""
+    size: int = 0
+    nodes: int = 0
+
+    def add_text(self, text: str) -> None:
+        if text and self.size < _MAX_TEXT:
+            text = text[: _MAX_TEXT - self.size]
+            self.texts.append(text)
+            self.size += len(text)
+
+    def add_status(self, value: object) -> None:
+        if self.status is None:
+            code = _as_status(value)
+            if code is not None:
+                self.status = code
+
+
+def _as_status(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isdigit() and len(value) == 3:
+        value = int(value)
+    return value if isinstance(value, int) and 100 <= value <= 599 else None
+
+
+def _attr(obj: object, name: str) -> object:
+    try:
+        value = getattr(obj, name, None)
+    except Exception:  # duck typing: a property may raise anything
+        return None
+    return None if callable(value) else value
+
+
+def _safe_str(obj: object) -> str:
+    try:
+        return str(obj)[:20_000]
+    except Exception:  # a broken __str__ must not break classification
+        return ""
+
+
+def _walk(obj: object, ev: _Evidence, depth: int) -> None:
+    """Collect texts and an HTTP status from any error-ish value, bounded in depth and size."""
+    ev.nodes += 1
+    if depth > _MAX_DEPTH or ev.nodes > _MAX_NODES or ev.size >= _MAX_TEXT:
+        return
+    if isinstance(obj, bytes | bytearray):
+        obj = bytes(obj[:20_000]).decode("utf-8", "replace")
+    if isinstance(obj, str):
+        ev.add_text(obj)
+        start = obj.find("{")
+        if start >= 0 and len(obj) < 200_000:  # a proxy's JSON wrapped in a string
+            try:
+                inner, _ = json.JSONDecoder().raw_decode(obj, start)
+            except ValueError:
+                return
+            _walk(inner, ev, depth + 1)
+    elif isinstance(obj, Mapping):
+        for key, value in islice(obj.items(), 50):
+            if str(key).lower() in patterns.STATUS_KEYS:
+                ev.add_status(value)
+            if key in ("n_ctx", "n_prompt_tokens") and isinstance(value, int):
+                ev.add_text(f"{key}={value}")  # llama.cpp states its numbers beside the text
+            _walk(value, ev, depth + 1)
+    elif isinstance(obj, list | tuple):
+        for item in islice(obj, 50):
+            _walk(item, ev, depth + 1)
+    elif obj is not None and not isinstance(obj, int | float):
+        _walk_object(obj, ev, depth)
+
+
+def _walk_object(obj: object, ev: _Evidence, depth: int) -> None:
+    if isinstance(obj, BaseException):
+        ev.add_text(_safe_str(obj))
+        ev.module = ev.module or type(obj).__module__
+    for name in ("status_code", "http_status", "status", "code"):
+        ev.add_status(_attr(obj, name))
+    for name in ("message", "body", "details", "detail", "error", "errors", "status", "code",
+                 "type", "reason", "text", "response"):
+        value = _attr(obj, name)
+        if value is not None and value is not obj and not isinstance(value, int | float | bool):
+            _walk(value, ev, depth + 1)
+    if not isinstance(obj, BaseException) and depth == 0:
+        ev.add_text(_safe_str(obj))
+
+
+def _chain(error: object) -> Iterator[object]:
+    """The error, then its causes and contexts (and group members), breadth first, bounded."""
+    queue: list[object] = [error]
+    seen: set[int] = set()
+    while queue and len(seen) < _MAX_CHAIN:
+        link = queue.pop(0)
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield link
+        if isinstance(link, BaseException):
+            queue.extend(e for e in (link.__cause__, link.__context__) if e is not None)
+            members = _attr(link, "exceptions")
+            if isinstance(members, tuple | list):
+                queue.extend(m for m in members if isinstance(m, BaseException))
+
+
+def _normalise(texts: list[str]) -> str:
+    text = patterns.ESCAPES.sub(lambda m: m.group(1) or ("'" if "27" in m.group(0) else " "),
+                        "\n".join(texts))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+# --------------------------------------------------------------------------- decisions
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    kind: ErrorKind
+    strength: int  # 3: specific wording, 2: generic wording, 1: HTTP status only, 0: nothing
+    text: str
+    module: str
+
+
+def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
+    if patterns.TOOL_PAIRING.search(text):
+        return ErrorKind.TOOL_PAIRING, 3
+    if patterns.CAPACITY.search(text):
+        return ErrorKind.OVERLOADED, 3
+    if patterns.QUOTA.search(text):
+        return ErrorKind.QUOTA, 3
+    if patterns.RATE.search(text):
+        return ErrorKind.RATE_LIMIT, 3
+    strong = patterns.OVERFLOW_STRONG.search(text)
+    if strong and not (
+        "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)
+    ):
+        return ErrorKind.CONTEXT_OVERFLOW, 3
+    for kind, pattern in _SECONDARY:
+        if pattern.search(text):  # generic transport / overload wording ranks below the rest
+            return kind, 2 if kind in (ErrorKind.OVERLOADED, ErrorKind.SERVER_ERROR) else 3
+    by_status = _kind_of_status(status)
+    weak = patterns.OVERFLOW_WEAK.search(text)
+    if weak and by_status is None:
+        return ErrorKind.CONTEXT_OVERFLOW, 2
+    if weak and by_status is ErrorKind.PAYLOAD_SIZE:  # 413: tokens named -> window, else bytes
+        token = "token" in weak.group(0).lower()
+        return (ErrorKind.CONTEXT_OVERFLOW if token else ErrorKind.PAYLOAD_SIZE), 2
+    return (by_status, 1) if by_status is not None else (ErrorKind.OTHER, 0)
+
+
+def _kind_of_status(status: int | None) -> ErrorKind | None:
+    if status is None or status in (400, 404, 409, 422):
+        return None
+    table = {401: ErrorKind.AUTH, 403: ErrorKind.AUTH, 402: ErrorKind.QUOTA,
+             408: ErrorKind.SERVER_ERROR, 413: ErrorKind.PAYLOAD_SIZE, 429: ErrorKind.RATE_LIMIT,
+             529: ErrorKind.OVERLOADED}
+    return table.get(status, ErrorKind.SERVER_ERROR if status >= 500 else None)
+
+
+def _verdict(error: object) -> _Verdict:
+    """Classify each link of the chain; the most specific wins, ties go to the outermost.
+
+    A wrapper saying "service unavailable" around a cause that names the
+    context window is an overflow, not a server error.
+    """
+    best = _Verdict(ErrorKind.OTHER, -1, "", "")
+    for link in _chain(error):
+        ev = _Evidence(texts=[])
+        _walk(link, ev, 0)
+        text = _normalise(ev.texts)
+        if ev.status is None:
+            found = patterns.STATUS_IN_TEXT.search(text)
+            ev.status = _as_status(next((g for g in found.groups() if g), None)) if found else None
+        kind, strength = _decide(text, ev.status)
+        if strength > best.strength:
+            best = _Verdict(kind, strength, text, ev.module)
+    return best
+
+
+def classify_error(error: object) -> ErrorKind:
+    """What ``error`` (exception, string, dict, response-like object) means. Never raises."""
+    try:
+        return _verdict(error).kind
+    except Exception:  # a classifier on the error path must not raise a second error
+        return ErrorKind.OTHER
+
+
+def is_context_overflow(error: object) -> bool:
+    """True when compacting the request is the fix: context, output-reserve or payload overflow."""
+    return classify_error(error) in (ErrorKind.CONTEXT_OVERFLOW, ErrorKind.PAYLOAD_SIZE)
+
+
+def is_tool_pairing_error(error: object) -> bool:
+    """True when the provider rejected orphaned or unmatched tool calls/results."""
+    return classify_error(error) is ErrorKind.TOOL_PAIRING
+
+
+def parse_overflow(error: object) -> OverflowInfo | None:
+    """The numbers an overflow error stated, or None when ``error`` is not an overflow."""
+    try:
+        verdict = _verdict(error)
+    except Exception:  # same contract as classify_error
+        return None
+    if verdict.kind not in (ErrorKind.CONTEXT_OVERFLOW, ErrorKind.PAYLOAD_SIZE):
+        return None
+    found: dict[str, int] = {}
+    if verdict.kind is ErrorKind.CONTEXT_OVERFLOW:
+        for pattern, fields in patterns.NUMBERS:
+            match = pattern.search(verdict.text)
+            for name, raw in zip(fields, match.groups() if match else (), strict=False):
+                if raw is not None:
+                    found.setdefault(name, int(raw.replace(",", "")))
+    limit, prompt, output = found.get("limit"), found.get("prompt"), found.get("output")
+    kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
+        "output_reserve_overflow"
+        if limit is not None and prompt is not None and output is not None
+        and prompt < limit < prompt + output
+        else "context_overflow"
+    )
+    return OverflowInfo(
+        kind=kind, limit=limit, requested=found.get("total", prompt), prompt_tokens=prompt,
+        output_tokens=output, excess=found.get("excess"),
+        provider=_provider(verdict.text, verdict.module), message=verdict.text[:500],
+    )
+
+
+def _provider(text: str, module: str) -> str | None:
+    for name, pattern in patterns.PROVIDER_MARKERS:
+        if pattern.search(text):
+            return name
+    root = module.split(".", 1)[0]
+    return next((p for m, p in patterns.MODULE_PROVIDERS if root == m), None)

@@ -1,0 +1,218 @@
+"""The provider error texts the overflow classifier matches, as compiled patterns.
+
+Written from the providers' real error shapes (OpenAI, Azure, Anthropic,
+Bedrock, Gemini/Vertex, Mistral, Groq, xAI, DeepSeek, OpenRouter, Together,
+Cohere, vLLM, Ollama, llama.cpp, LM Studio, LiteLLM proxies); the order in
+which ``shared.core.overflow`` consults them is documented there.
+"""
+
+from __future__ import annotations
+
+import re
+
+_N = r"(\d{1,3}(?:,\d{3})+(?!\d)|\d+)"  # a token count, thousands separators allowed
+_Q = r"[`'\"]?"  # optional quoting around parameter names
+
+
+def _rx(*parts: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in parts), re.IGNORECASE)
+
+
+TOOL_PAIRING = _rx(
+    r"role '?tool'? must be a response to a prece\w*",  # OpenAI (spelt "preceeding"), DeepSeek
+    r"must be followed by tool messages responding to each",
+    r"tool_call_ids? did not have response messages",
+    r"tool_use`? ids were found without `?tool_result",  # Anthropic
+    r"unexpected `?tool_use_id`? found in `?tool_result",
+    r"function response turn comes immediately after a function call turn",  # Gemini
+    r"number of function response parts is equal to the number of function call parts",
+    r"function call turn comes immediately after a user turn",
+    r"number of toolresult blocks .{0,120}exceeds the number of tooluse blocks",  # Bedrock
+    r"expected toolresult blocks at",
+    r"not the same number of function calls and responses",  # Mistral
+    r"no tool (?:output|call) found for function call",  # OpenAI Responses
+)
+# Throttling and money: checked before any overflow wording (they mention tokens too).
+CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity")
+QUOTA = _rx(
+    r"quota", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
+    r"credit balance", r"insufficient[_ ](?:balance|credits?|funds)", r"more credits",
+    r"can only afford", r"exceeded your current", r"payment required", r"spending limit",
+    r"usage limits?\b",
+)
+RATE = _rx(
+    r"rate[\s_-]?limit", r"too many requests", r"throttl",
+    r"\b(?:tokens?|requests?) per (?:min|minute|hour|day|second)\b", r"\bper[- ]minute\b",
+    r"\b(?:TPM|RPM|TPD|RPD|ITPM|OTPM)\b", r"\bthis minute\b", r"please wait",
+    r"retry (?:after|in) \d", r"try again in \d", r"too many concurrent", r"slow down",
+    r"/ ?min(?:ute)?\b", r"trial key",
+)
+OVERFLOW_STRONG = _rx(
+    r"context[_ ]?(?:length|window)[_ ]?exceeded", r"contextwindowexceeded",
+    r"exceed_context_size", r"max(?:imum)? context (?:length|size|window|limit)",
+    r"(?:exceeds?|exceeded|over|longer than|larger than|greater than) (?:the |this |your )?"
+    r"(?:model'?s? |endpoint'?s? |available )?(?:maximum |max )?context"
+    r"(?: (?:length|window|size|limit))?\b",
+    r"context (?:length|window|size) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
+    r"exceed context limit",
+    r"when context the overflows", r"prompt is too long", r"prompt too long",
+    r"input (?:is )?too long", r"(?:number of |too many )input tokens", r"input tokens exceed",
+    r"input token count .{0,40}(?:exceeds|but model only supports)",
+    r"exceeds the maximum number of tokens allowed", r"maximum prompt length",
+    r"prompt tokens \(\d+\) exceed", r"prompt token count of \d+ exceeds",
+    r"exceeded model token limit", r"too large for model with \d+ maximum",
+    r"inputs`? tokens \+ `?max_new_tokens", r"inputs`? must have less than \d+ tokens",
+    r"requested tokens \(\d+\) exceed", r"range of input length should be",
+    r"exceed max message tokens", r"reduce the length of the (?:messages|input|prompt)",
+    r"size limit exceeded by \d+ tokens", r"tokens in the prompt cannot exceed",
+    r"current length is \d+ while limit is", r"maximum (?:allowed )?input length",
+    r"longer than the maximum model length", r"is too long and exceeds limit of",
+    r"prompt has too many tokens", r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?tokens",
+    r"string_above_max_length", r"tokens_limit_reached",
+    r"string too long\. expected a string with maximum length",
+)
+# An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
+NON_MESSAGE_PARAM = re.compile(r"invalid '(?!messages|input|prompt|contents?\b)[\w.\[\]]+'", re.I)
+PAYLOAD = _rx(
+    r"request entity too large", r"payload too large", r"request_too_large",
+    r"content[_ ]too[_ ]large", r"maximum allowed number of bytes",
+    r"request payload size exceeds", r"body (?:is )?too large", r"sent message larger than max",
+    r"exceeds the maximum (?:request|payload|body) size",
+)
+OUTPUT_LIMIT = _rx(
+    r"max_tokens is too large", r"maximum allowed number of output tokens",
+    r"supports at most \d+ completion tokens", r"maximum output for this model",
+    r"valid range of max_tokens", r"invalid max_tokens value",
+    rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
+    rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
+    r"|greater than|must be (?:less|<|smaller|at most)|less than or equal|supported range"
+    r"|valid range|out of range|not valid)",
+)
+AUTH = _rx(
+    r"\bunauthori[sz]ed\b", r"\bunauthenticated\b", r"authentication", r"\bnot authori[sz]ed\b",
+    r"invalid[_ ](?:api[_ ]?)?key", r"incorrect api key", r"api key not valid",
+    r"invalid x-api-key", r"permission[_ ]denied", r"\bforbidden\b", r"access ?denied",
+    r"unrecognizedclient", r"security token included in the request is invalid",
+    r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
+    r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
+)
+CONTENT_FILTER = _rx(
+    r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
+    r"responsibleaipolicyviolation", r"safety system", r"flagged as potentially violating",
+    r"usage polic(?:y|ies)", r"blocked by (?:the |our )?(?:safety|guardrail|content)",
+    r"prohibited content", r"guardrail intervened",
+)
+OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
+                  r"servers? (?:is|are) busy")
+SERVER = _rx(
+    r"internal[_ ]server[_ ]error", r"internal error", r"service[_ ]?unavailable",
+    r"bad gateway", r"gateway time-?out", r"timed? ?out\b", r"deadline[_ ]exceeded",
+    r"connection (?:refused|reset|aborted|error|closed)", r"apiconnectionerror",
+    r"server disconnected", r"remote ?protocol ?error", r"crashed", r"upstream (?:connect )?error",
+    r"network (?:error|is unreachable)", r"name or service not known",
+    r"temporary failure in name resolution", r"econnrefused|econnreset|etimedout",
+    r"\bserver_error\b", r"server had an error", r"deadline expired",
+)
+OVERFLOW_WEAK = _rx(
+    r"too many tokens", r"token limit", r"request too large", r"too long for (?:this|the) model",
+    r"messages? (?:is|are) too long", r"total length of all messages",
+    r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
+    r"token count exceeds", r"number of tokens .{0,30}exceeds?",
+)
+
+# Numbers: (pattern, field names in group order). First value found per field wins.
+NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
+    (re.compile(p, re.IGNORECASE), f)
+    for p, f in (
+        (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
+         rf"request has {_N} input tokens", ("output", "limit", "prompt")),
+        (rf"maximum context length:? (?:is |of )?{_N}", ("limit",)),
+        (rf"context length of only {_N}", ("limit",)),
+        (rf"your messages resulted in {_N} tokens", ("prompt",)),
+        (rf"you requested (?:about )?{_N} tokens", ("total",)),
+        (rf"\({_N} (?:in the messages|of text input|in your prompt)", ("prompt",)),
+        (rf"{_N} (?:in|for) the (?:completion|output)", ("output",)),
+        (rf"you requested {_N} output tokens and your prompt contains at least {_N} input tokens"
+         rf"(?:, for a total of at least {_N})?", ("output", "prompt", "total")),
+        (rf"your request has {_N} input tokens", ("prompt",)),
+        (rf"prompt is too long: {_N} tokens > {_N}", ("prompt", "limit")),
+        (rf"exceed context limit: {_N} \+ {_N} > {_N}", ("prompt", "output", "limit")),
+        (rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
+         ("prompt", "limit")),
+        (rf"maximum number of tokens allowed \(?{_N}", ("limit",)),
+        (rf"max size: {_N} tokens", ("limit",)),
+        (rf"input token count is {_N} but model only supports up to {_N}", ("prompt", "limit")),
+        (rf"prompt contains {_N} tokens(?: and \d+ draft tokens)?, too large for model with {_N}",
+         ("prompt", "limit")),
+        (rf"maximum prompt length is {_N} but the request contains {_N}", ("limit", "prompt")),
+        (rf"the input \({_N} tokens\) is longer than the model's context length \({_N}",
+         ("prompt", "limit")),
+        (rf"max_new_tokens`? must be <= {_N}\. given: {_N} `?inputs`? tokens and {_N}",
+         ("limit", "prompt", "output")),
+        (rf"inputs`? must have less than {_N} tokens\. given: {_N}", ("limit", "prompt")),
+        (rf"request \({_N} tokens\) exceeds the available context size \({_N}",
+         ("prompt", "limit")),
+        (rf"requested tokens \({_N}\) exceed context window of {_N}", ("total", "limit")),
+        (rf"keep the first {_N} tokens when context the overflows", ("prompt",)),
+        (rf"exceeded max context length by {_N} tokens", ("excess",)),
+        (rf"input length \(?{_N}\)? exceeds (?:the )?(?:model's )?(?:maximum )?context length"
+         rf" \(?{_N}", ("prompt", "limit")),
+        (rf"input tokens exceed the configured limit of {_N} tokens", ("limit",)),
+        (rf"prompt tokens \({_N}\) exceed model maximum \({_N}", ("prompt", "limit")),
+        (rf"input length {_N} exceeds the maximum allowed input length of {_N}",
+         ("prompt", "limit")),
+        (rf"exceeded model token limit: {_N}(?: \(requested: {_N})?", ("limit", "total")),
+        (rf"prompt token count of {_N} exceeds the limit of {_N}", ("prompt", "limit")),
+        (rf"range of input length should be \[1, ?{_N}\]", ("limit",)),
+        (rf"exceeds the model's maximum context length of {_N}", ("limit",)),
+        (rf"size limit exceeded by {_N} tokens", ("excess",)),
+        (rf"the limit for this model is {_N} tokens", ("limit",)),
+        (rf"tokens in the prompt cannot exceed {_N} - received {_N}", ("limit", "prompt")),
+        (rf"current length is {_N} while limit is {_N}", ("total", "limit")),
+        (rf"maximum input length is {_N}", ("limit",)),
+        (rf"max input tokens: {_N}, request input token count: {_N}", ("limit", "prompt")),
+        (rf"is too long and exceeds limit of {_N}", ("limit",)),
+        (rf"n_ctx[\"']?\s*[:=]\s*{_N}", ("limit",)),
+        (rf"n_prompt_tokens[\"']?\s*[:=]\s*{_N}", ("prompt",)),
+        (rf"prompt \((?:length )?{_N}(?: tokens)?\) is (?:too long|longer than the maximum model "
+         rf"length of {_N})", ("prompt", "limit")),
+    )
+)
+
+PROVIDER_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(p, re.IGNORECASE))
+    for name, p in (
+        ("litellm", r"litellm"),
+        ("openrouter", r"openrouter|middle-out|provider returned error"),
+        ("azure", r"azure"),
+        ("bedrock", r"bedrock|validationexception|throttlingexception|serviceunavailableexception"),
+        ("vertex", r"vertex|aiplatform|unable to submit request because"),
+        ("gemini", r"gemini|generativelanguage|invalid_argument|resource_exhausted"
+                   r"|input token count"),
+        ("anthropic", r"anthropic|tool_use|overloaded_error|prompt is too long: \d+ tokens >"
+                      r"|exceed context limit: \d+ \+"),
+        ("llama.cpp", r"exceed_context_size|available context size|n_ctx"),
+        ("lm-studio", r"when context the overflows|lm studio"),
+        ("ollama", r"ollama|exceeded max context length by"),
+        ("mistral", r"mistral|too large for model with \d+ maximum context"),
+        ("cohere", r"cohere|too many tokens:|prompt_truncation"),
+        ("together", r"together|max_new_tokens|is longer than the model's context length"),
+        ("groq", r"groq|service tier `?on_demand"),
+        ("xai", r"\bx\.?ai\b|grok|maximum prompt length is"),
+        ("deepseek", r"deepseek"),
+        ("vllm", r"vllm|prompt contains at least \d+ input tokens|your request has \d+ input"),
+        ("openai", r"openai|context_length_exceeded|your messages resulted in"),
+    )
+)
+MODULE_PROVIDERS = (("openai", "openai"), ("anthropic", "anthropic"), ("google", "gemini"),
+                     ("botocore", "bedrock"), ("litellm", "litellm"), ("groq", "groq"),
+                     ("mistralai", "mistral"), ("cohere", "cohere"))
+
+STATUS_IN_TEXT = re.compile(
+    r"^\W*(?:error:?\s*)?([1-5]\d\d)\b|(?:error code|status(?:[ _]?code)?|http)\W{0,3}([1-5]\d\d)\b"
+    r"|error \(([1-5]\d\d)\)",
+    re.IGNORECASE,
+)
+ESCAPES = re.compile(r"\\+([\"'`])|\\u0027|\\u0022|\\[nrt]")
+STATUS_KEYS = frozenset({"status_code", "status", "code", "http_status", "httpstatuscode",
+                          "statuscode", "status_int"})

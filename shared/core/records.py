@@ -1,0 +1,273 @@
+"""Typed records the store reads and writes (pydantic at the Redis boundary)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from shared.core.messages import Message
+
+SummaryKind = Literal["llm", "offline", "truncation"]
+
+
+class SummaryRecord(BaseModel):
+    """One summary, covering messages ``[0, watermark)`` of the log."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    watermark: int = Field(ge=0)
+    kind: SummaryKind
+    text: str
+    ledger: str = Field(default="", description="rendered fact ledger injected beside the text")
+    ledger_json: str | None = Field(default=None, description="the Ledger model, for merging")
+    tokens: int = Field(ge=0, description="estimated tokens of text + ledger as injected")
+    covers_from: int = Field(default=0, ge=0, description="watermark of the summary it merged")
+    source_version: int = Field(default=0, ge=0)
+    model: str | None = None
+    input_tokens: int = Field(default=0, ge=0, description="summarizer input spent")
+    output_tokens: int = Field(default=0, ge=0)
+    stages: list[str] = Field(default_factory=list)
+    created_at: float = Field(default_factory=time.time)
+
+    def injected_text(self) -> str:
+        """What the guard injects: the summary, then the ledger of facts it must keep."""
+        return f"{self.text}\n\n{self.ledger}".strip() if self.ledger else self.text
+
+
+class CheapDecision(BaseModel):
+    """A cheap-stage replacement of one message's content, decided once and kept."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    index: int = Field(ge=0)
+    stage: Literal["clear_tool_output", "dedupe_read"]
+    placeholder: str
+    saved_tokens: int = Field(ge=0)
+
+
+class UsageAnchor(BaseModel):
+    """The provider's reported prompt tokens for one earlier request of this view."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reported: int
+    estimated: int
+    end: int = Field(description="log length the request covered")
+    version: int
+
+
+class SessionState(BaseModel):
+    """The ``state`` hash, typed. Figures the worker needs for the full budget formula."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: int = 0
+    watermark: int = 0
+    summary_tokens: int = 0
+    summary_kind: str = ""
+    system_tokens: int = 0
+    tool_tokens: int = 0
+    max_tokens: int = 0
+    model: str = ""
+    window: int = 0
+    learned_window: int = 0
+    calibration_ratio: float = 1.0
+    calibration_samples: int = 0
+    anchor_reported: int | None = None
+    anchor_estimated: int | None = None
+    anchor_end: int | None = None
+    anchor_version: int | None = None
+    last_overflow_at: float | None = None
+    silent_truncation_flags: int = 0
+    recover_next: int = Field(default=0, description="1: next prepare compacts to recovery ratio")
+    force_requested: int = Field(default=0, description="1: next job compacts even below trigger")
+
+    @classmethod
+    def from_hash(cls, raw: dict[str, str]) -> SessionState:
+        return cls.model_validate({k: v for k, v in raw.items() if v != ""})
+
+    def anchor(self) -> UsageAnchor | None:
+        if None in (self.anchor_reported, self.anchor_estimated, self.anchor_end,
+                    self.anchor_version):
+            return None
+        assert self.anchor_reported is not None and self.anchor_estimated is not None
+        assert self.anchor_end is not None and self.anchor_version is not None
+        return UsageAnchor(reported=self.anchor_reported, estimated=self.anchor_estimated,
+                           end=self.anchor_end, version=self.anchor_version)
+
+
+class CommitResult(BaseModel):
+    """Outcome of the compare-and-swap: losing a race is a result, not an exception."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    version: int
+    watermark: int
+    reason: Literal["", "version", "backwards", "beyond_log"] = ""
+
+
+class ViewData(BaseModel):
+    """One atomic read of everything prepare() needs, decoded.
+
+    ``history`` is ``log[watermark:length]``: the messages the view is built
+    from (before cheap-stage placeholders and pending messages).
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    state: SessionState
+    history: list[Message]
+    tokens_before_watermark: int
+    tokens_total: int
+    length: int
+    summary: SummaryRecord | None
+    cheap: dict[int, CheapDecision]
+    pending: bool
+    epoch: str = Field(default="", description="changes when the session is re-created")
+    history_counts: list[int] | None = Field(
+        default=None, description="the store's token count of each history message, "
+                                  "when the reader asked for them (read with the view)")
+
+    @property
+    def history_tokens(self) -> int:
+        """Estimated tokens of log[watermark:], before cheap-stage savings."""
+        return self.tokens_total - self.tokens_before_watermark
+
+    def messages(self) -> list[Message]:
+        """A copy of ``history`` (callers may extend it)."""
+        return list(self.history)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewCursor:
+    """What a reader already holds of a session, for an incremental read.
+
+    The reader holds ``log[start:end]`` of log generation ``gen`` in session
+    ``epoch``, and the summary current at ``version``. ``total`` is the
+    running token total at ``end``, checked by the store as a guard against
+    a log replaced behind the generation (a restored backup, a hand edit).
+    """
+
+    epoch: str
+    gen: int
+    version: int
+    start: int
+    end: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawView:
+    """The store's undecoded view read: JSON as Redis returned it.
+
+    Decoding is left to the caller so that a reader with a cache (the guard)
+    decodes only what is new. ``messages`` are the JSON of ``log[start:length]``:
+    ``start`` is the watermark for a full read, the cursor's end for an
+    ``incremental`` one. ``summary_included`` is False when the reader's
+    summary is still the current one (same version) and was not sent again.
+    """
+
+    state_raw: dict[str, str]
+    messages: list[bytes]
+    start: int
+    tokens_before_watermark: int
+    tokens_total: int
+    length: int
+    summary_json: bytes | None
+    summary_included: bool
+    cheap_raw: dict[int, str]
+    pending: bool
+    incremental: bool
+    totals: list[int] = field(default_factory=list)
+    """Running token totals ``cum[start - 1:length]`` (from ``cum[0]`` when start
+    is 0), when they were asked for; else empty."""
+
+    @property
+    def epoch(self) -> str:
+        return self.state_raw.get("epoch", "")
+
+    @property
+    def gen(self) -> int:
+        return int(self.state_raw.get("gen") or 0)
+
+    @property
+    def watermark(self) -> int:
+        return int(self.state_raw.get("watermark") or 0)
+
+    def state(self) -> SessionState:
+        return SessionState.from_hash(self.state_raw)
+
+    def decode_messages(self) -> list[Message]:
+        return decode_messages(b"[" + b",".join(self.messages) + b"]") if self.messages else []
+
+    def message_counts(self) -> list[int] | None:
+        """The store's token count of each message read, from ``totals``; None when
+        they were not read or do not match the messages."""
+        if not self.messages:
+            return [] if not self.totals else None
+        totals = ([0] if self.start == 0 else []) + self.totals
+        if len(totals) != len(self.messages) + 1 or totals[-1] != self.tokens_total:
+            return None
+        return [b - a for a, b in itertools.pairwise(totals)]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Outcome of one append.
+
+    ``duplicate``: the request id had been seen, nothing was written, and
+    ``length`` / ``tokens_before`` are those of the first append. ``marked``:
+    this append set the session's pending flag, so its caller publishes the
+    summary job (coalescing: one job per burst). ``state`` is the session
+    state after the append, when it was asked for.
+    """
+
+    length: int
+    watermark: int
+    version: int
+    tokens_before: int
+    duplicate: bool = False
+    marked: bool = False
+    state: SessionState | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEdit:
+    """Outcome of a history edit (truncate_after, rewind): the session as the edit left it.
+
+    Read atomically with the edit, so ``version`` is the one the edit
+    created (a separate read could already see a later writer's).
+    """
+
+    version: int
+    watermark: int
+    length: int
+
+
+_MESSAGE_LIST: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+
+
+def decode_messages(raw: bytes | str) -> list[Message]:
+    """A JSON array of stored messages, decoded in one pass."""
+    return _MESSAGE_LIST.validate_json(raw)
+
+
+__all__ = [
+    "AppendResult",
+    "CheapDecision",
+    "CommitResult",
+    "HistoryEdit",
+    "RawView",
+    "SessionState",
+    "SummaryKind",
+    "SummaryRecord",
+    "UsageAnchor",
+    "ViewCursor",
+    "ViewData",
+    "decode_messages",
+]

@@ -1,0 +1,546 @@
+"""The one token estimator of the project: guard and workers count with this code.
+
+Why a heuristic: the guard counts every appended message on the agent's hot
+path, for providers whose tokenizers are not public (Anthropic) or not local
+(Gemini). A few microseconds per message and no dependency beat exactness;
+provider-reported usage corrects the rest (``Calibration``, ``hybrid_estimate``).
+
+How text is counted. BPE tokenizers split text into pre-tokens (words, digit
+groups, punctuation runs, whitespace runs) and then merge bytes inside each
+pre-token; so the count depends on *character classes and their runs*, not
+on length alone. Prose, code and JSON differ because they mix these classes
+differently (about 4.7, 3.9 and 2.8 characters per o200k token here). The
+UTF-8 bytes are mapped to one class bit each with ``bytes.translate`` and
+read as one big integer, so every feature is a masked population count at C
+speed, with no regular expression and no Python loop over characters: a byte
+starts a run when the byte before it has another class (``x & ~(x >> 8)``).
+The tokens are a linear function of these counts:
+
+=====================  =====  ==================================================
+feature                weight why
+=====================  =====  ==================================================
+letter                 0.028  long words and identifiers split into more pieces
+uppercase letter       0.094  acronyms and CONSTANTS merge worse
+word piece             0.64   a letter run (split at camelCase) starts a token
+letter 8+ into a run   0.11   rare long words / identifiers split into pieces
+digit                  0.27   o200k splits numbers into groups of 1-3 digits
+digit run              1.16
+punctuation            0.10   punctuation merges into runs (``"},{"``...)
+punctuation run        0.59
+space run              0.22   a single space joins the next word for free...
+run of 2+ spaces       0.32   ...a longer run leaves a token of spaces behind
+space before digit     0.78   such a space is a token of its own
+space before punct     0.39
+newline run            0.89   ``\\s*[\\r\\n]+`` is one pre-token
+backslash, control     0.78   escapes (``\\n``, ``\\"``) break the word after;
+                              control bytes (ANSI codes, NUL) are rare tokens
+whitespace 32+ deep    0.125  BPE merges whitespace runs only up to 8-128 chars
+blob char 64+ deep     0.16   long runs of ``[A-Za-z0-9+/=_-]`` (base64, hex, keys)
+                              find few merges: ~1.5 chars per token, not ~4
+=====================  =====  ==================================================
+
+The last two are set by hand from synthetic inputs (whitespace runs, random
+base64/hex) and do not fire on ordinary text. The other weights are a
+non-negative least-squares fit of the relative error against o200k on a
+neutral corpus (Python sources, licence texts, Markdown and JSON files
+shipped with common packages) plus the even-numbered half of the 40 dev
+sessions; the other half is held out (BENCHMARKS.md, "Token estimation").
+Other scripts count per character by UTF-8 lead byte, because BPE
+vocabularies hold far fewer of their merges: Latin letters with diacritics
+0.62 (they also break the word), Greek/Cyrillic/Hebrew/Arabic 0.31, Indic
+and Thai 0.4, CJK 0.75, Hangul 0.6, symbols (curly quotes, box drawing,
+arrows) 0.82, emoji and other 4-byte characters 1.7 (fitted on one short
+hand-written paragraph per script: indicative, -20%..+45% per script).
+
+Providers scale the result (``PROVIDERS``): ``openai`` is the o200k
+baseline; ``gemini`` counts ~18% more than o200k on the same text (the data
+kit's measurement on the dev sessions); ``anthropic`` publishes no
+tokenizer, third-party comparisons put Claude 16-30% above GPT-4o (more for
+code), so 1.30;
+``generic`` (any unknown name) 1.25 on Latin text and twice that on other
+scripts, which covers 32k-vocabulary SentencePiece models and cl100k-era BPEs.
+A safety margin (default ``DEFAULT_SAFETY_MARGIN`` = 5%) multiplies content.
+Overheads copy OpenAI's published chat framing (see ``tokens_exact``).
+
+Provider usage beats any heuristic: ``Calibration`` learns the ratio of
+reported to estimated prompt tokens, and ``hybrid_estimate`` adds the
+calibrated estimate of what was appended since the last report to that
+report. After a compaction the anchor (the report) no longer describes the
+view and is dropped; the ratio describes the tokenizer and survives.
+
+What one report cannot fix: the heuristic's remaining error on a session is
+set by the session's words, not by a content class or a content mix. Within
+a coding session, assistant text, tool-call arguments and tool results err
+together (an identifier that recurs hundreds of times costs one o200k token
+in one repository, three in another), and the first few thousand tokens a
+report covers predict the rest's error poorly (correlation +0.1). Better
+use of the report (class split, shrinkage toward a prior) stays at
+4.4-4.6% p95 over the rest of the session where one ratio gives 5.0%
+(held-out). A pre-token-aware estimator does little better: splitting text
+exactly as o200k does and costing each pre-token by its shape (case,
+length, what precedes it) leaves 4.3%, 4.5% in a form Python's ``re`` can
+run, at ~7x this heuristic's cost. Given the true cost of every *word*
+pre-token, 1.6% remains: the gap to 3% is o200k's vocabulary (knowing its
+50k commonest entries gives 3.3%, all of them 1.4%), which only the
+tokenizer has (``scripts/bench_calibration.py``, BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shared.core.calibration import Calibration, hybrid_estimate
+from shared.core.errors import InvalidInput
+from shared.core.messages import FilePart, ImagePart, Message
+
+MESSAGE_OVERHEAD = 4
+"""Framing of one message: 3 tokens plus its role (OpenAI cookbook)."""
+NAME_OVERHEAD = 1
+"""A message ``name`` costs one more token than its text."""
+TOOL_CALL_OVERHEAD = 5
+"""A tool call is framed like a message (3) addressed to ``functions.<name>`` (2)."""
+REQUEST_OVERHEAD = 3
+"""The reply is primed with ``<|im_start|>assistant<|message|>``."""
+TOOL_DEFINITION_OVERHEAD = 8
+"""Fixed text around one function in the tools namespace."""
+TOOLS_BLOCK_OVERHEAD = 12
+"""The tools header and namespace wrapper, paid once when any tool is defined."""
+DEFAULT_SAFETY_MARGIN = 0.05
+"""Content estimates are multiplied by ``1 + margin``: the held-out sessions
+were never underestimated with it (BENCHMARKS.md)."""
+
+
+@dataclass(frozen=True)
+class ProviderProfile:
+    """How one provider's tokenizer differs from the o200k baseline.
+
+    ``image_tokens`` and ``file_tokens`` are flat per-item figures: the
+    message model does not know pixel sizes or page counts.
+    """
+
+    factor: float
+    non_latin_factor: float
+    image_tokens: int
+    low_detail_image_tokens: int
+    file_tokens: int
+
+
+PROVIDERS: Mapping[str, ProviderProfile] = {
+    # Images: a 1024x1024 image at high detail is 85 + 4 tiles x 170 = 765 tokens
+    # (OpenAI vision pricing for gpt-4o); low detail is a flat 85.
+    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000),
+    # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
+    # i.e. at most ~1,600 tokens (Anthropic vision docs).
+    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000),
+    # Images: 1,120 tokens at media_resolution high, the Gemini 3 default
+    # (Gemini 2.x: 258 per 768x768 tile, ~1,032 for a 1.5k-pixel image).
+    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000),
+    # Unknown tokenizer: the largest figure of the three for media.
+    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000),
+}
+"""Files (PDF, documents) are a flat 3,000 tokens everywhere: Anthropic
+documents 1,500-3,000 tokens of text per PDF page plus the page image,
+Gemini 3 560 per page; a long document exceeds it and should be counted by
+whoever knows its pages."""
+
+
+def provider_profile(provider: str) -> ProviderProfile:
+    """The profile for ``provider``; unknown names use ``generic`` (conservative)."""
+    if not isinstance(provider, str):
+        raise InvalidInput(
+            f"expected a provider name, got {type(provider).__name__}", field="provider"
+        )
+    return PROVIDERS.get(provider.strip().lower(), PROVIDERS["generic"])
+
+
+def provider_for_model(model: str) -> str:
+    """The tokenizer family of a model name: openai, anthropic, gemini or generic.
+
+    Routing prefixes (``openai/``, ``google/``, ``models/``...) are ignored.
+    """
+    if not isinstance(model, str):
+        raise InvalidInput(f"expected a model name, got {type(model).__name__}", field="model")
+    name = model.strip().lower().rsplit("/", 1)[-1]
+    if "claude" in name:
+        return "anthropic"
+    if "gemini" in name:
+        return "gemini"
+    if name.startswith(("gpt-", "gpt4", "chatgpt", "ft:gpt")) or (
+        len(name) >= 2 and name[0] == "o" and name[1] in "134" and name[2:3] in ("", "-")
+    ):
+        return "openai"
+    return "generic"
+
+
+class TokenCounter(Protocol):
+    """What every module that needs token counts takes (injectable)."""
+
+    def text(self, text: str) -> int: ...
+    def message(self, message: Message) -> int: ...
+    def messages(self, messages: Sequence[Message]) -> int: ...
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int: ...
+
+
+# -- character classes ---------------------------------------------------------
+# One bit per class, so that "byte i starts a run" is ``packed & ~(packed >> 8)``
+# and "class a right after class b" is a shifted AND, all on one big integer.
+_LOWER, _UPPER, _DIGIT, _PUNCT, _SPACE, _NEWLINE, _ESCAPE, _OTHER = (1 << i for i in range(8))
+
+
+def _class_of(byte: int) -> int:
+    char = chr(byte)
+    if byte >= 0x80:
+        return _OTHER
+    if "a" <= char <= "z":
+        return _LOWER
+    if "A" <= char <= "Z":
+        return _UPPER
+    if "0" <= char <= "9":
+        return _DIGIT
+    if char in " \t\x0b\x0c":
+        return _SPACE
+    if char in "\r\n":
+        return _NEWLINE
+    if char == "\\" or byte < 0x20 or byte == 0x7F:  # escapes, ANSI codes, NUL...
+        return _ESCAPE
+    return _PUNCT
+
+
+_CLASS_TABLE = bytes(_class_of(b) for b in range(256))
+
+# Tokens per non-ASCII character, by UTF-8 lead byte (see module docstring).
+_SCRIPT_WEIGHTS = (0.0, 0.62, 0.31, 0.82, 0.4, 0.75, 0.6, 1.0, 1.7)
+
+
+def _script_of(byte: int) -> int:
+    if 0xC3 <= byte <= 0xCA:  # U+00C0-02AF Latin letters with diacritics, IPA
+        return 1
+    if 0xCB <= byte <= 0xDF:  # U+02C0-07FF Greek, Cyrillic, Armenian, Hebrew, Arabic...
+        return 2
+    if byte in (0xC2, 0xE2):  # U+0080-00BF and U+2000-2FFF: symbols, quotes, box drawing
+        return 3
+    if byte in (0xE0, 0xE1):  # U+0800-1FFF Indic, Thai, Georgian, Ethiopic...
+        return 4
+    if 0xE3 <= byte <= 0xE9:  # U+3000-9FFF CJK, kana
+        return 5
+    if 0xEA <= byte <= 0xED:  # U+A000-DFFF Hangul, Yi...
+        return 6
+    if byte in (0xEE, 0xEF):  # private use, compatibility forms, fullwidth
+        return 7
+    if 0xF0 <= byte <= 0xF4:  # 4-byte: emoji, historic scripts, rare CJK
+        return 8
+    return 0
+
+
+_SCRIPT_TABLE = bytes(_script_of(b) for b in range(256))
+_BLOB_TABLE = bytes(
+    1 if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "+/=_-") else 0 for b in range(256)
+)
+_NOT_LEAD = bytes(b for b in range(256) if not _script_of(b))
+
+_CHUNK = 1 << 14
+"""Texts are counted in slices of this many characters: bounded memory and
+linear time on huge inputs."""
+_CONTEXT = 64
+"""Characters of history any feature looks at (the blob term looks 63 bytes
+back): each slice is counted with this much context before it, and the
+context's own count subtracted, so slicing never changes the result."""
+_ONES = int.from_bytes(b"\x01" * (4 * (_CHUNK + _CONTEXT)), "big")
+_M_LOWER, _M_UPPER, _M_DIGIT, _M_PUNCT, _M_SPACE, _M_NEWLINE, _M_ESCAPE = (
+    _ONES << i for i in range(7)
+)
+
+
+def _deep(flags: int, depth: int) -> int:
+    """How many flagged bytes have at least ``depth - 1`` flagged bytes right before them
+    (``flags`` has bit 0 of each byte set or clear; ``depth`` is a power of two)."""
+    shift = 8
+    while shift < 8 * depth:
+        flags &= flags >> shift
+        shift *= 2
+    return flags.bit_count()
+
+
+def _count_chunk(text: str) -> tuple[float, float]:
+    """(tokens of the ASCII part, tokens of other scripts) at the o200k baseline."""
+    raw = text.encode("utf-8", "surrogatepass")
+    size = len(raw)
+    packed = int.from_bytes(raw.translate(_CLASS_TABLE), "big")
+    prev = packed >> 8  # byte i holds the class of byte i-1
+    starts = packed & ~prev
+    after_upper_or_space = prev >> 1  # upper (bit 1) -> bit 0, space (bit 4) -> bit 3
+    letters = (packed | (packed >> 1)) & _M_LOWER
+    word_pieces = (
+        (starts & _M_LOWER).bit_count()
+        + (starts & _M_UPPER).bit_count()
+        - (packed & after_upper_or_space & _M_LOWER).bit_count()  # "Word" is one piece
+    )
+    spaces = packed & _M_SPACE
+    spaces_after_space = spaces & (spaces >> 8)  # a space with a space right before it
+    latin = (
+        0.028 * letters.bit_count()
+        + 0.094 * (packed & _M_UPPER).bit_count()
+        + 0.64 * word_pieces
+        + 0.11 * _deep(letters, 8)
+        + 0.27 * (packed & _M_DIGIT).bit_count()
+        + 1.16 * (starts & _M_DIGIT).bit_count()
+        + 0.10 * (packed & _M_PUNCT).bit_count()
+        + 0.59 * (starts & _M_PUNCT).bit_count()
+        + 0.22 * (starts & _M_SPACE).bit_count()
+        + 0.32 * (spaces_after_space & ~(spaces_after_space >> 8)).bit_count()  # 2+ spaces
+        + 0.78 * (packed & (prev >> 2) & _M_DIGIT).bit_count()  # space then digit
+        + 0.39 * (packed & after_upper_or_space & _M_PUNCT).bit_count()  # space then punct
+        + 0.89 * (starts & _M_NEWLINE).bit_count()
+        + 0.78 * (packed & _M_ESCAPE).bit_count()
+    )
+    if size >= 32:
+        latin += 0.125 * _deep(((packed >> 4) | (packed >> 5)) & _M_LOWER, 32)
+    if size >= 64:
+        latin += 0.16 * _deep(int.from_bytes(raw.translate(_BLOB_TABLE), "big"), 64)
+    if size == len(text):
+        return latin, 0.0
+    leads = raw.translate(_SCRIPT_TABLE, _NOT_LEAD)  # one code per non-ASCII character
+    if len(leads) <= 32:
+        return latin, sum(_SCRIPT_WEIGHTS[code] for code in leads)
+    counts = leads.count
+    return latin, sum(w * counts(code) for code, w in enumerate(_SCRIPT_WEIGHTS) if w)
+
+
+def _raw_text(text: str, profile: ProviderProfile) -> float:
+    """Unrounded provider-scaled tokens of ``text`` (no safety margin)."""
+    if not text:
+        return 0.0
+    latin, other = _count_chunk(text[:_CHUNK])
+    for start in range(_CHUNK, len(text), _CHUNK):
+        context = max(0, start - _CONTEXT)
+        a, b = _count_chunk(text[context : start + _CHUNK])
+        context_a, context_b = _count_chunk(text[context:start])
+        latin += a - context_a
+        other += b - context_b
+    return profile.factor * (latin + profile.non_latin_factor * other)
+
+
+def _check_margin(safety_margin: float) -> float:
+    if (
+        isinstance(safety_margin, bool)
+        or not isinstance(safety_margin, (int, float))
+        or not 0.0 <= safety_margin <= 1.0
+    ):
+        raise InvalidInput("expected a number between 0 and 1", field="safety_margin")
+    return float(safety_margin)
+
+
+def _tokens(raw: float, safety_margin: float) -> int:
+    return math.ceil(raw * (1.0 + safety_margin) - 1e-9) if raw > 0 else 0
+
+
+def estimate_tokens(
+    text: str, provider: str = "openai", *, safety_margin: float = DEFAULT_SAFETY_MARGIN
+) -> int:
+    """Estimated tokens of ``text`` for ``provider``, safety margin included."""
+    if not isinstance(text, str):
+        raise InvalidInput(f"expected a string, got {type(text).__name__}", field="text")
+    return _tokens(_raw_text(text, provider_profile(provider)), _check_margin(safety_margin))
+
+
+def image_tokens(part: ImagePart, provider: str = "openai") -> int:
+    """Flat figure for one image (``detail="low"`` honoured where it exists)."""
+    profile = provider_profile(provider)
+    if part.detail == "low":
+        return profile.low_detail_image_tokens
+    return profile.image_tokens
+
+
+def file_tokens(part: FilePart, provider: str = "openai") -> int:
+    """Flat figure for one attached file (see ``PROVIDERS``)."""
+    return provider_profile(provider).file_tokens
+
+
+def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, int]:
+    """(content tokens before margin, fixed tokens) of one message."""
+    if not isinstance(message, Message):
+        raise InvalidInput(f"expected a Message, got {type(message).__name__}", field="message")
+    content = _raw_text(message.text(), profile)
+    fixed = MESSAGE_OVERHEAD
+    if message.name:
+        content += _raw_text(message.name, profile)
+        fixed += NAME_OVERHEAD
+    if message.reasoning:
+        content += _raw_text(message.reasoning, profile)
+    for call in message.tool_calls:
+        content += _raw_text(call.name, profile) + _raw_text(call.arguments, profile)
+        fixed += TOOL_CALL_OVERHEAD
+    if not isinstance(message.content, str):
+        for part in message.content:
+            if isinstance(part, ImagePart):
+                fixed += (
+                    profile.low_detail_image_tokens
+                    if part.detail == "low"
+                    else profile.image_tokens
+                )
+            elif isinstance(part, FilePart):
+                fixed += profile.file_tokens
+    return content, fixed
+
+
+def estimate_message_tokens(
+    message: Message, provider: str = "openai", *, safety_margin: float = DEFAULT_SAFETY_MARGIN
+) -> int:
+    """One message: text, name, reasoning, tool calls (name + JSON arguments), media, framing."""
+    content, fixed = _message_parts(message, provider_profile(provider))
+    return fixed + _tokens(content, _check_margin(safety_margin))
+
+
+def estimate_messages_tokens(
+    messages: Sequence[Message],
+    provider: str = "openai",
+    *,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+) -> int:
+    """A whole request: the sum of its messages plus the per-request overhead."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise InvalidInput("expected a sequence of messages", field="messages")
+    margin = _check_margin(safety_margin)
+    profile = provider_profile(provider)
+    total = REQUEST_OVERHEAD
+    for index, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise InvalidInput(
+                f"expected a Message, got {type(message).__name__}",
+                field=f"messages[{index}]",
+                index=index,
+            )
+        content, fixed = _message_parts(message, profile)
+        total += fixed + _tokens(content, margin)
+    return total
+
+
+_SCHEMA_KEYS = ("parameters", "input_schema")
+
+
+def normalize_tool(
+    tool: Mapping[str, Any], index: int = 0
+) -> tuple[str, str, Mapping[str, Any] | None]:
+    """(name, description, JSON schema or None) of one tool definition.
+
+    Accepts the OpenAI form ``{"type": "function", "function": {...}}``, the
+    bare form ``{name, description, parameters | input_schema}`` (Anthropic,
+    Gemini function declarations) and provider built-ins such as
+    ``{"type": "web_search"}`` (named by their type; their other settings
+    count as the schema, they cost prompt tokens too). Anything else raises
+    ``InvalidInput`` naming ``tools[index]``.
+    """
+    where = f"tools[{index}]"
+    if not isinstance(tool, Mapping):
+        raise InvalidInput(
+            f"expected an object, got {type(tool).__name__}", field=where, index=index
+        )
+    body: Any = tool
+    if "function" in tool:
+        body, where = tool["function"], f"{where}.function"
+        if not isinstance(body, Mapping):
+            raise InvalidInput("expected an object", field=where, index=index)
+    name = body.get("name")
+    kind = tool.get("type")
+    builtin = name is None and isinstance(kind, str) and kind not in ("", "function")
+    if builtin:
+        name = kind
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("a tool needs a non-empty name", field=f"{where}.name", index=index)
+    description = body.get("description") or ""
+    if not isinstance(description, str):
+        raise InvalidInput("expected a string", field=f"{where}.description", index=index)
+    if builtin:
+        settings = {k: v for k, v in tool.items() if k not in ("type", "description")}
+        return name, description, settings or None
+    key = next((k for k in _SCHEMA_KEYS if k in body), _SCHEMA_KEYS[0])
+    schema = body.get(key)
+    if schema is not None and not isinstance(schema, Mapping):
+        raise InvalidInput("expected a JSON schema object", field=f"{where}.{key}", index=index)
+    return name, description, schema
+
+
+def estimate_tool_tokens(
+    tools: Sequence[Mapping[str, Any]],
+    provider: str = "openai",
+    *,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+) -> int:
+    """Tool definitions: name, description and compact JSON schema of each, plus framing."""
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidInput("expected a sequence of tool definitions", field="tools")
+    if not tools:
+        return 0
+    margin = _check_margin(safety_margin)
+    profile = provider_profile(provider)
+    content = 0.0
+    for index, tool in enumerate(tools):
+        name, description, schema = normalize_tool(tool, index)
+        content += _raw_text(name, profile) + _raw_text(description, profile)
+        if schema is not None:
+            try:
+                schema_text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(
+                    f"schema is not JSON: {exc}", field=f"tools[{index}]", index=index
+                ) from None
+            content += _raw_text(schema_text, profile)
+    fixed = TOOLS_BLOCK_OVERHEAD + TOOL_DEFINITION_OVERHEAD * len(tools)
+    return fixed + _tokens(content, margin)
+
+
+class HeuristicCounter:
+    """The default ``TokenCounter``: the heuristic for one provider, with a margin."""
+
+    def __init__(
+        self, provider: str = "openai", safety_margin: float = DEFAULT_SAFETY_MARGIN
+    ) -> None:
+        provider_profile(provider)
+        self.provider = provider
+        self.safety_margin = _check_margin(safety_margin)
+
+    def __repr__(self) -> str:
+        return f"HeuristicCounter(provider={self.provider!r}, safety_margin={self.safety_margin})"
+
+    def text(self, text: str) -> int:
+        return estimate_tokens(text, self.provider, safety_margin=self.safety_margin)
+
+    def message(self, message: Message) -> int:
+        return estimate_message_tokens(message, self.provider, safety_margin=self.safety_margin)
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return estimate_messages_tokens(messages, self.provider, safety_margin=self.safety_margin)
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        return estimate_tool_tokens(tools, self.provider, safety_margin=self.safety_margin)
+
+
+DEFAULT_COUNTER: TokenCounter = HeuristicCounter()
+
+
+
+__all__ = [
+    "DEFAULT_COUNTER",
+    "DEFAULT_SAFETY_MARGIN",
+    "MESSAGE_OVERHEAD",
+    "PROVIDERS",
+    "REQUEST_OVERHEAD",
+    "Calibration",
+    "HeuristicCounter",
+    "ProviderProfile",
+    "TokenCounter",
+    "estimate_message_tokens",
+    "estimate_messages_tokens",
+    "estimate_tokens",
+    "estimate_tool_tokens",
+    "file_tokens",
+    "hybrid_estimate",
+    "image_tokens",
+    "normalize_tool",
+    "provider_for_model",
+    "provider_profile",
+]

@@ -1,0 +1,365 @@
+"""Anthropic Messages API (``system`` + ``messages``) <-> neutral messages.
+
+``to_anthropic(from_anthropic(m, s)) == (s, m)`` for canonical input:
+alternating user/assistant messages, an assistant's content ordered
+thinking blocks, then text, then ``tool_use``; the next user message starts
+with one ``tool_result`` per call. How the formats map:
+
+- a user message's ``tool_result`` blocks become ``role="tool"`` messages
+  (``is_error: true`` as metadata ``is_error``; ``false`` is the default and
+  is left out); its other blocks, if any, one user message after them.
+  Going out, tool results and the messages around them merge back into one
+  user message, results first, as the API requires; any consecutive
+  same-role messages merge too, so the output always alternates;
+- thinking blocks join into ``Message.reasoning`` (separated by a blank
+  line); metadata ``anthropic_thinking`` keeps each block's signature and
+  length, and the data of ``redacted_thinking`` blocks, so they go back out
+  unchanged. Reasoning without a signature (another provider's, or edited
+  since) cannot be sent: the API verifies signatures. It is left out;
+- ``tool_use.input`` becomes JSON arguments (``json.dumps``, non-ASCII
+  kept); going out, arguments must parse to a JSON object;
+- the API refuses blank (empty or whitespace-only) text blocks and
+  messages, so both are left out (a dropped message lets its neighbours
+  merge), as :func:`shared.core.repair.repair_tool_pairs` does;
+- only leading system messages can become ``system`` (a string for one
+  message with string content, else text blocks); a later system message
+  goes out as user text. ``name`` on messages has no Anthropic form and is
+  left out;
+- a document's ``title`` is ``FilePart.filename``; a ``text`` document
+  source is stored base64-encoded with its ``text/*`` media type (neutral
+  ``data`` is always base64) and rebuilt; an image's ``detail`` has no
+  Anthropic form; ``cache_control`` and ``citations`` are request hints
+  and are dropped.
+
+Going out, a tool result whose call is not in the preceding assistant
+message, or a call without a result in the next message, raises
+:class:`~shared.core.errors.InvalidInput`: repair tool pairs first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core.messages import ContentPart, ImagePart, Message, TextPart
+from shared.core.wire._common import (
+    IS_ERROR,
+    Loc,
+    WireItem,
+    arguments_object,
+    as_list,
+    as_mapping,
+    as_sequence,
+    build,
+    check_keys,
+    decode_text,
+    encode_text,
+    join_reasoning,
+    neutral,
+    opt_bool,
+    opt_str,
+    req_str,
+    split_reasoning,
+)
+
+THINKING_KEY = "anthropic_thinking"
+_HINTS = ("cache_control", "citations")
+System = str | list[dict[str, Any]] | None
+
+
+def from_anthropic(
+    messages: Sequence[WireItem], system: str | Sequence[WireItem] | None = None
+) -> list[Message]:
+    """Neutral messages from Anthropic ``messages`` and the ``system`` parameter."""
+    out: list[Message] = []
+    if system is not None:
+        loc = Loc("system")
+        content = system if isinstance(system, str) else _texts_in(system, loc)
+        out.append(build({"role": "system", "content": content}, Loc("system")))
+    for i, raw in enumerate(as_sequence(messages, "messages")):
+        out.extend(_message_in(raw, Loc.item("messages", i)))
+    return out
+
+
+def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, Any]]]:
+    """``(system, messages)`` for the Messages API, alternating and tool-paired."""
+    items = neutral(messages)
+    lead = next((i for i, m in enumerate(items) if m.role != "system"), len(items))
+    turns: list[_Turn] = []
+    for i in range(lead, len(items)):
+        _add(turns, items[i], Loc.item("messages", i))
+    _check_pairs(turns)
+    return _system_out(items[:lead]), [t.wire() for t in turns]
+
+
+# -- in --------------------------------------------------------------------
+
+
+def _message_in(raw: Any, loc: Loc) -> list[Message]:
+    obj = as_mapping(raw, loc)
+    check_keys(obj, ("role", "content"), loc)
+    role = req_str(obj, "role", loc)
+    if role not in ("user", "assistant"):
+        raise (loc / "role").error(f"unknown role {role!r} (expected user or assistant)")
+    content = obj.get("content")
+    if isinstance(content, str):
+        return [build({"role": role, "content": content}, loc)]
+    blocks = as_list(content, loc / "content")
+    if role == "assistant":
+        return [_assistant_in(blocks, loc)]
+    tools, parts = [], []
+    for j, raw_block in enumerate(blocks):
+        b_loc = loc / "content" / j
+        block = as_mapping(raw_block, b_loc)
+        if block.get("type") == "tool_result":
+            tools.append(_result_in(block, b_loc))
+        else:
+            parts.append(_part_in(block, b_loc, "text, image, document or tool_result"))
+    if parts or not tools:
+        tools.append(build({"role": "user", "content": parts}, loc))
+    return tools
+
+
+def _assistant_in(blocks: Sequence[Any], loc: Loc) -> Message:
+    texts: list[str] = []
+    layout: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for j, raw in enumerate(blocks):
+        b_loc = loc / "content" / j
+        block = as_mapping(raw, b_loc)
+        kind = block.get("type")
+        if kind == "thinking":
+            check_keys(block, ("type", "thinking", "signature", *_HINTS), b_loc)
+            texts.append(req_str(block, "thinking", b_loc))
+            entry: dict[str, Any] = {"chars": len(texts[-1])}
+            if (signature := opt_str(block, "signature", b_loc)) is not None:
+                entry["signature"] = signature
+            layout.append(entry)
+        elif kind == "redacted_thinking":
+            check_keys(block, ("type", "data", *_HINTS), b_loc)
+            layout.append({"redacted": req_str(block, "data", b_loc)})
+        elif kind == "tool_use":
+            check_keys(block, ("type", "id", "name", "input", *_HINTS), b_loc)
+            args = as_mapping(block.get("input"), b_loc / "input")
+            calls.append(
+                {
+                    "id": req_str(block, "id", b_loc, nonempty=True),
+                    "name": req_str(block, "name", b_loc, nonempty=True),
+                    "arguments": dict(args),
+                }
+            )
+        else:
+            expected = "text, image, document, thinking, redacted_thinking or tool_use"
+            parts.append(_part_in(block, b_loc, expected))
+    data: dict[str, Any] = {"role": "assistant", "content": parts, "tool_calls": calls}
+    if layout:
+        data["reasoning"] = join_reasoning(texts)
+        data["metadata"] = {THINKING_KEY: layout}
+    return build(data, loc)
+
+
+def _result_in(block: Mapping[str, Any], loc: Loc) -> Message:
+    check_keys(block, ("type", "tool_use_id", "content", "is_error", *_HINTS), loc)
+    data: dict[str, Any] = {
+        "role": "tool",
+        "tool_call_id": req_str(block, "tool_use_id", loc, nonempty=True),
+    }
+    content = block.get("content")
+    if content is None or isinstance(content, str):
+        data["content"] = content or ""
+    else:
+        data["content"] = _parts_in(content, loc / "content", "text, image or document")
+    if opt_bool(block, "is_error", loc):
+        data["metadata"] = {IS_ERROR: True}
+    return build(data, loc)
+
+
+def _parts_in(blocks: Any, loc: Loc, expected: str) -> list[dict[str, Any]]:
+    return [_part_in(b, loc / j, expected) for j, b in enumerate(as_list(blocks, loc))]
+
+
+def _texts_in(blocks: Any, loc: Loc) -> list[dict[str, Any]]:
+    """The system parameter: text blocks only."""
+    return [_text_in(as_mapping(b, loc / j), loc / j) for j, b in enumerate(as_list(blocks, loc))]
+
+
+def _text_in(block: Mapping[str, Any], loc: Loc) -> dict[str, Any]:
+    if block.get("type") != "text":
+        raise (loc / "type").error(f"unknown block type {block.get('type')!r} (expected text)")
+    check_keys(block, ("type", "text", *_HINTS), loc)
+    return {"type": "text", "text": req_str(block, "text", loc)}
+
+
+def _part_in(raw: Any, loc: Loc, expected: str) -> dict[str, Any]:
+    block = as_mapping(raw, loc)
+    kind = block.get("type")
+    if kind == "text":
+        return _text_in(block, loc)
+    if kind not in ("image", "document"):
+        raise (loc / "type").error(f"unknown block type {kind!r} (expected {expected})")
+    check_keys(block, ("type", "source", "title", *_HINTS), loc)
+    s_loc = loc / "source"
+    source = as_mapping(block.get("source"), s_loc)
+    src = source.get("type")
+    part: dict[str, Any] = {"type": "image" if kind == "image" else "file"}
+    if src == "base64":
+        check_keys(source, ("type", "media_type", "data"), s_loc)
+        part["media_type"] = req_str(source, "media_type", s_loc)
+        part["data"] = req_str(source, "data", s_loc)
+    elif src == "url":
+        check_keys(source, ("type", "url"), s_loc)
+        part["url"] = req_str(source, "url", s_loc, nonempty=True)
+    elif src == "text" and kind == "document":
+        check_keys(source, ("type", "media_type", "data"), s_loc)
+        part["media_type"] = req_str(source, "media_type", s_loc)
+        part["data"] = encode_text(req_str(source, "data", s_loc))
+    elif src == "file" and kind == "document":
+        check_keys(source, ("type", "file_id"), s_loc)
+        part["file_id"] = req_str(source, "file_id", s_loc, nonempty=True)
+    else:
+        raise (s_loc / "type").error(f"unsupported {kind} source type {src!r}")
+    if (title := opt_str(block, "title", loc)) is not None:
+        if kind == "image":
+            raise (loc / "title").error("only documents have a title")
+        part["filename"] = title
+    return part
+
+
+# -- out -------------------------------------------------------------------
+
+
+@dataclass
+class _Turn:
+    """One wire message being assembled from consecutive same-role neutral messages."""
+
+    role: str
+    plain: str | None  # string content, while the turn is one message with nothing else
+    results: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    result_ids: list[tuple[str, Loc]] = field(default_factory=list)
+    call_ids: list[tuple[str, Loc]] = field(default_factory=list)
+
+    def wire(self) -> dict[str, Any]:
+        content = self.plain if self.plain is not None else self.results + self.blocks
+        return {"role": self.role, "content": content}
+
+
+def _add(turns: list[_Turn], m: Message, loc: Loc) -> None:
+    role = "assistant" if m.role == "assistant" else "user"
+    blocks = _reasoning_out(m) if role == "assistant" else []
+    if isinstance(m.content, str):
+        plain = m.content if not blocks and not m.tool_calls and m.role != "tool" else None
+        blocks += [{"type": "text", "text": m.content}] if m.content.strip() else []
+    else:
+        plain = None
+        blocks += [_part_out(p, loc / "content" / j) for j, p in enumerate(m.content) if _sent(p)]
+    if not blocks and not m.tool_calls and m.role != "tool":
+        return  # the API refuses blank messages; dropping one merges its neighbours
+    if turns and turns[-1].role == role:
+        turn = turns[-1]
+        turn.plain = None
+    else:
+        turn = _Turn(role, plain)
+        turns.append(turn)
+    if m.role == "tool":
+        assert m.tool_call_id is not None  # guaranteed by Message
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+        result["content"] = m.content if isinstance(m.content, str) else blocks
+        if m.metadata.get(IS_ERROR):
+            result["is_error"] = True
+        turn.results.append(result)
+        turn.result_ids.append((m.tool_call_id, loc / "tool_call_id"))
+        return
+    turn.blocks += blocks
+    for j, c in enumerate(m.tool_calls):
+        c_loc = loc / "tool_calls" / j
+        args = arguments_object(c.arguments, c_loc / "arguments")
+        turn.blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
+        turn.call_ids.append((c.id, c_loc / "id"))
+
+
+def _check_pairs(turns: list[_Turn]) -> None:
+    """Each result answers a call of the previous turn; each call is answered in the next."""
+    for k, turn in enumerate(turns):
+        calls = {cid for cid, _ in turns[k - 1].call_ids} if k else set()
+        for rid, r_loc in turn.result_ids:
+            if rid not in calls:
+                raise r_loc.error(f"no tool_use {rid!r} in the preceding assistant message")
+        if k + 1 < len(turns):
+            answered = {rid for rid, _ in turns[k + 1].result_ids}
+            for cid, c_loc in turn.call_ids:
+                if cid not in answered:
+                    raise c_loc.error(f"tool_use {cid!r} has no tool_result in the next message")
+
+
+def _reasoning_out(m: Message) -> list[dict[str, Any]]:
+    layout = m.metadata.get(THINKING_KEY)
+    if not isinstance(layout, list):
+        return []
+    entries = [e for e in layout if isinstance(e, dict)]
+    lengths = [e.get("chars") for e in entries if "redacted" not in e]
+    texts = None
+    if m.reasoning is not None and all(isinstance(n, int) for n in lengths):
+        texts = split_reasoning(m.reasoning, [n for n in lengths if isinstance(n, int)])
+    blocks: list[dict[str, Any]] = []
+    for entry in entries:
+        if "redacted" in entry:
+            blocks.append({"type": "redacted_thinking", "data": entry["redacted"]})
+        elif texts is not None:
+            block = {"type": "thinking", "thinking": texts.pop(0)}
+            if "signature" in entry:
+                block["signature"] = entry["signature"]
+            blocks.append(block)
+    return blocks
+
+
+def _system_out(items: list[Message]) -> System:
+    if not items:
+        return None
+    if len(items) == 1 and isinstance(items[0].content, str):
+        return items[0].content
+    blocks: list[dict[str, Any]] = []
+    for i, m in enumerate(items):
+        parts = [TextPart(text=m.content)] if isinstance(m.content, str) else m.content
+        for j, p in enumerate(parts):
+            if not _sent(p):
+                continue
+            if not isinstance(p, TextPart):
+                loc = Loc.item("messages", i) / "content" / j
+                raise loc.error("the system prompt takes text only")
+            blocks.append({"type": "text", "text": p.text})
+    return blocks
+
+
+def _sent(part: ContentPart) -> bool:
+    """Blank text blocks are refused by the API ("must contain non-whitespace text")."""
+    return not isinstance(part, TextPart) or bool(part.text.strip())
+
+
+def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImagePart):
+        return {"type": "image", "source": _source(part.data, part.url, None, part.media_type, loc)}
+    block: dict[str, Any] = {"type": "document"}
+    block["source"] = _source(part.data, part.url, part.file_id, part.media_type, loc)
+    if part.filename is not None:
+        block["title"] = part.filename
+    return block
+
+
+def _source(
+    data: str | None, url: str | None, file_id: str | None, media_type: str | None, loc: Loc
+) -> dict[str, Any]:
+    if data is not None:
+        if media_type is None:
+            raise (loc / "media_type").error("inline data needs a media type")
+        text = decode_text(data) if media_type.startswith("text/") else None
+        if text is not None:
+            return {"type": "text", "media_type": media_type, "data": text}
+        return {"type": "base64", "media_type": media_type, "data": data}
+    if url is not None:
+        return {"type": "url", "url": url}
+    return {"type": "file", "file_id": file_id}

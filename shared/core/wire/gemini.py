@@ -1,0 +1,379 @@
+"""Gemini ``contents`` (+ ``system_instruction``) <-> neutral messages.
+
+``to_gemini(from_gemini(c, s)) == (s, c)`` for canonical input: snake_case
+keys (camelCase, as in the REST API, is accepted and comes out snake_case,
+what ``google.genai.types`` takes), base64 text for bytes (raw ``bytes``
+are accepted and come out encoded), ``role`` always present, a model
+content ordered thought parts, then text and media, then function calls,
+and function responses in user contents of their own. How the formats map:
+
+- ``thought: true`` text parts join into ``Message.reasoning`` (blank-line
+  separated; metadata ``gemini_thought_lengths`` splits them back when there
+  are several); ``thought_signature`` of any part is kept in metadata
+  ``gemini_signatures`` keyed ``thought:<n>``, ``content:<n>``,
+  ``call:<id>`` or ``response``;
+- a content holding exactly one text part is a string; several parts, or
+  any media, a list. The API refuses empty text parts and contents without
+  parts, so empty texts (and reasoning) are left out, and so are messages
+  left with nothing to send;
+- calls without an ``id`` get a deterministic one (``gemini-<content>-<part>``)
+  and a response without one is matched to the oldest unanswered call of
+  its name; metadata ``gemini_synthetic_ids`` remembers which ids were made
+  up so they are not sent. Neutral ids of other providers are sent as ids;
+- a response ``{"output": str}`` is the tool message's text,
+  ``{"error": str}`` the text plus metadata ``is_error``; any other object
+  is stored as JSON text with metadata ``gemini_response="json"`` and sent
+  back as that object. Media of a result travel in
+  ``function_response.parts``. A tool message's ``name`` is the function
+  name; going out a missing one is looked up from its call;
+- consecutive tool messages merge into one user content; leading system
+  messages become ``system_instruction`` (a later one goes out as a user
+  content); a plain-string ``system_instruction`` comes out as
+  ``{"parts": [...]}``, a content without ``role`` is a user content;
+- ``inline_data``/``file_data`` with an ``image/*`` type and no
+  ``display_name`` is an image, anything else a file (``display_name`` is
+  ``FilePart.filename``); an image URL without a media type gets one guessed
+  from its extension; an image's ``detail`` has no Gemini form.
+
+Refused: unknown roles, part kinds and keys, function responses in a model
+content, arguments or responses that are not objects, OpenAI file ids.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.core.messages import ContentPart, ImagePart, Message, TextPart
+from shared.core.wire._common import (
+    IS_ERROR,
+    Loc,
+    WireItem,
+    arguments_object,
+    as_list,
+    as_mapping,
+    as_sequence,
+    b64_text,
+    build,
+    canonical_json,
+    check_keys,
+    content_dicts,
+    join_reasoning,
+    neutral,
+    opt_bool,
+    opt_str,
+    req_str,
+    split_reasoning,
+)
+
+SIGNATURES_KEY = "gemini_signatures"
+THOUGHTS_KEY = "gemini_thought_lengths"
+SYNTHETIC_KEY = "gemini_synthetic_ids"
+RESPONSE_KEY = "gemini_response"
+_PART_KINDS = ("text", "inline_data", "file_data", "function_call", "function_response")
+_MEDIA_KINDS = ("inline_data", "file_data")  # what a function response's own parts hold
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def from_gemini(
+    contents: Sequence[WireItem],
+    system_instruction: str | WireItem | None = None,
+) -> list[Message]:
+    """Neutral messages from Gemini ``contents`` and ``system_instruction``."""
+    out: list[Message] = []
+    if system_instruction is not None:
+        out.append(_system_in(system_instruction, Loc("system_instruction")))
+    pending: dict[str, list[str]] = {}  # function name -> ids of calls awaiting a response
+    for i, raw in enumerate(as_sequence(contents, "contents")):
+        loc = Loc.item("contents", i)
+        obj = _snake(raw, loc)
+        check_keys(obj, ("role", "parts"), loc)
+        role = req_str(obj, "role", loc) if "role" in obj else "user"
+        parts = [
+            _snake(p, loc / "parts" / j)
+            for j, p in enumerate(as_list(obj.get("parts"), loc / "parts"))
+        ]
+        if role == "model":
+            message = _model_in(parts, loc)
+            pending = {}
+            for c in message.tool_calls:
+                pending.setdefault(c.name, []).append(c.id)
+            out.append(message)
+        elif role == "user":
+            out.extend(_user_in(parts, loc, pending))
+        else:
+            raise (loc / "role").error(f"unknown role {role!r} (expected user or model)")
+    return out
+
+
+def to_gemini(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(system_instruction, contents)`` for ``generate_content``."""
+    items = neutral(messages)
+    lead = next((i for i, m in enumerate(items) if m.role != "system"), len(items))
+    names: dict[str, str] = {}
+    contents: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
+    for i in range(lead, len(items)):
+        m, loc = items[i], Loc.item("messages", i)
+        if m.role == "tool":
+            if results is None:
+                results = []
+                contents.append({"role": "user", "parts": results})
+            results.append(_result_out(m, loc, names))
+            continue
+        results = None
+        names.update((c.id, c.name) for c in m.tool_calls)
+        parts = _model_out(m, loc) if m.role == "assistant" else _parts_out(m, loc)
+        if parts:  # the API refuses a content without parts
+            contents.append({"role": "model" if m.role == "assistant" else "user", "parts": parts})
+    system = [p for i in range(lead) for p in _parts_out(items[i], Loc.item("messages", i), False)]
+    return ({"parts": system} if system else None), contents
+
+
+# -- in --------------------------------------------------------------------
+
+
+def _snake(raw: Any, loc: Loc) -> dict[str, Any]:
+    """A structural dict with camelCase keys renamed (values are left alone)."""
+    out: dict[str, Any] = {}
+    for key, value in as_mapping(raw, loc).items():
+        name = _CAMEL.sub(lambda m: "_" + m.group(1).lower(), key)
+        if name in out:
+            raise (loc / key).error(f"given twice (as {name} and camelCase)")
+        out[name] = value
+    return out
+
+
+def _kind(part: Mapping[str, Any], loc: Loc, kinds: tuple[str, ...] = _PART_KINDS) -> str:
+    """Which one of ``kinds`` the part holds (Part is a oneof in the API)."""
+    found = [k for k in kinds if part.get(k) is not None]
+    if len(found) != 1:
+        raise loc.error(f"a part holds exactly one of {list(kinds)}, got {found or 'none'}")
+    extra = {"thought_signature"} if kinds == _PART_KINDS else set()
+    check_keys(part, {found[0], *extra} | ({"thought"} if found[0] == "text" else set()), loc)
+    return found[0]
+
+
+def _system_in(raw: str | WireItem, loc: Loc) -> Message:
+    if isinstance(raw, str):
+        return build({"role": "system", "content": raw}, loc)
+    obj = _snake(raw, loc)
+    check_keys(obj, ("role", "parts"), loc)
+    texts = []
+    for j, p in enumerate(as_list(obj.get("parts"), loc / "parts")):
+        part = _snake(p, loc / "parts" / j)
+        check_keys(part, ("text",), loc / "parts" / j)
+        texts.append({"type": "text", "text": req_str(part, "text", loc / "parts" / j)})
+    return build({"role": "system", "content": content_dicts(texts, True)}, loc)
+
+
+def _model_in(parts: list[dict[str, Any]], loc: Loc) -> Message:
+    thoughts: list[str] = []
+    content: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    signatures: dict[str, str] = {}
+    synthetic: list[str] = []
+    for j, part in enumerate(parts):
+        p_loc = loc / "parts" / j
+        kind = _kind(part, p_loc)
+        if kind == "function_call":
+            call = _snake(part["function_call"], p_loc / "function_call")
+            check_keys(call, ("id", "name", "args"), p_loc / "function_call")
+            call_id = opt_str(call, "id", p_loc / "function_call")
+            if not call_id:
+                call_id = f"gemini-{loc.index}-{j}"
+                synthetic.append(call_id)
+            args = as_mapping(call.get("args", {}), p_loc / "function_call" / "args")
+            name = req_str(call, "name", p_loc / "function_call", nonempty=True)
+            calls.append({"id": call_id, "name": name, "arguments": dict(args)})
+            key = f"call:{call_id}"
+        elif kind == "function_response":
+            raise p_loc.error("function responses belong in a user content")
+        elif kind == "text" and opt_bool(part, "thought", p_loc):
+            key = f"thought:{len(thoughts)}"
+            thoughts.append(req_str(part, "text", p_loc))
+        else:
+            key = f"content:{len(content)}"
+            content.append(_media_in(part, kind, p_loc))
+        if part.get("thought_signature") is not None:
+            signatures[key] = b64_text(part["thought_signature"], p_loc / "thought_signature")
+    metadata: dict[str, Any] = {}
+    if signatures:
+        metadata[SIGNATURES_KEY] = signatures
+    if len(thoughts) > 1:
+        metadata[THOUGHTS_KEY] = [len(t) for t in thoughts]
+    if synthetic:
+        metadata[SYNTHETIC_KEY] = synthetic
+    data = {"role": "assistant", "content": content_dicts(content, True), "tool_calls": calls}
+    return build({**data, "reasoning": join_reasoning(thoughts), "metadata": metadata}, loc)
+
+
+def _user_in(parts: list[dict[str, Any]], loc: Loc, pending: dict[str, list[str]]) -> list[Message]:
+    tools: list[Message] = []
+    content: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        p_loc = loc / "parts" / j
+        kind = _kind(part, p_loc)
+        if kind == "function_response":
+            tools.append(_result_in(part, p_loc, pending, f"gemini-{loc.index}-{j}"))
+        elif kind == "function_call":
+            raise p_loc.error("function calls belong in a model content")
+        else:
+            content.append(_media_in(part, kind, p_loc))
+    if content or not tools:
+        tools.append(build({"role": "user", "content": content_dicts(content, True)}, loc))
+    return tools
+
+
+def _result_in(
+    part: Mapping[str, Any], loc: Loc, pending: dict[str, list[str]], fresh: str
+) -> Message:
+    r_loc = loc / "function_response"
+    fr = _snake(part["function_response"], r_loc)
+    check_keys(fr, ("id", "name", "response", "parts"), r_loc)
+    name = req_str(fr, "name", r_loc, nonempty=True)
+    response = dict(as_mapping(fr.get("response"), r_loc / "response"))
+    queue = pending.get(name, [])
+    metadata: dict[str, Any] = {}
+    call_id = opt_str(fr, "id", r_loc)
+    if call_id:
+        if call_id in queue:
+            queue.remove(call_id)
+    else:
+        call_id = queue.pop(0) if queue else fresh
+        metadata[SYNTHETIC_KEY] = True
+    text = response.get("output") if list(response) == ["output"] else None
+    if list(response) == ["error"] and isinstance(response["error"], str):
+        text, metadata[IS_ERROR] = response["error"], True
+    if not isinstance(text, str):
+        text, metadata[RESPONSE_KEY] = canonical_json(response), "json"
+    media = []
+    for k, raw in enumerate(as_list(fr.get("parts") or [], r_loc / "parts")):
+        m_part, m_loc = _snake(raw, r_loc / "parts" / k), r_loc / "parts" / k
+        media.append(_media_in(m_part, _kind(m_part, m_loc, _MEDIA_KINDS), m_loc))
+    content: Any = text if not media else ([{"type": "text", "text": text}] if text else []) + media
+    if part.get("thought_signature") is not None:
+        signature = b64_text(part["thought_signature"], loc / "thought_signature")
+        metadata[SIGNATURES_KEY] = {"response": signature}
+    data = {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+    return build({**data, "metadata": metadata}, loc)
+
+
+def _media_in(part: Mapping[str, Any], kind: str, loc: Loc) -> dict[str, Any]:
+    """A text, inline_data or file_data part as a neutral part dict."""
+    if kind == "text":
+        return {"type": "text", "text": req_str(part, "text", loc)}
+    m_loc = loc / kind
+    blob = _snake(part[kind], m_loc)
+    source = "data" if kind == "inline_data" else "file_uri"
+    check_keys(blob, ("mime_type", source, "display_name"), m_loc)
+    mime = opt_str(blob, "mime_type", m_loc)
+    out: dict[str, Any] = {}
+    if kind == "inline_data":
+        out["data"] = b64_text(blob.get("data"), m_loc / "data")
+    else:
+        out["url"] = req_str(blob, "file_uri", m_loc, nonempty=True)
+    if mime is not None:
+        out["media_type"] = mime
+    filename = opt_str(blob, "display_name", m_loc)
+    if filename is None and mime is not None and mime.startswith("image/"):
+        return {"type": "image", **out}
+    return {"type": "file", **out, **({"filename": filename} if filename is not None else {})}
+
+
+# -- out -------------------------------------------------------------------
+
+
+def _signed(part: dict[str, Any], m: Message, key: str) -> dict[str, Any]:
+    signatures = m.metadata.get(SIGNATURES_KEY)
+    if isinstance(signatures, dict) and isinstance(signatures.get(key), str):
+        part["thought_signature"] = signatures[key]
+    return part
+
+
+def _model_out(m: Message, loc: Loc) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    if m.reasoning is not None:
+        lengths = m.metadata.get(THOUGHTS_KEY)
+        texts = None
+        if isinstance(lengths, list) and all(isinstance(n, int) for n in lengths):
+            texts = split_reasoning(m.reasoning, lengths)
+        for n, text in enumerate(texts or [m.reasoning]):
+            if text:
+                parts.append(_signed({"text": text, "thought": True}, m, f"thought:{n}"))
+    parts += _parts_out(m, loc)
+    synthetic = m.metadata.get(SYNTHETIC_KEY)
+    for j, c in enumerate(m.tool_calls):
+        call: dict[str, Any] = {
+            "name": c.name,
+            "args": arguments_object(c.arguments, loc / "tool_calls" / j / "arguments"),
+        }
+        if not (isinstance(synthetic, list) and c.id in synthetic):
+            call["id"] = c.id
+        parts.append(_signed({"function_call": call}, m, f"call:{c.id}"))
+    return parts
+
+
+def _parts_out(m: Message, loc: Loc, media: bool = True) -> list[dict[str, Any]]:
+    """Text and media parts, without empty texts (the API refuses an empty text part)."""
+    parts = [TextPart(text=m.content)] if isinstance(m.content, str) else m.content
+    out = []
+    for j, p in enumerate(parts):
+        if isinstance(p, TextPart) and not p.text:
+            continue
+        if not media and not isinstance(p, TextPart):
+            raise (loc / "content" / j).error("the system instruction takes text only")
+        out.append(_signed(_part_out(p, loc / "content" / j), m, f"content:{j}"))
+    return out
+
+
+def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"text": part.text}
+    name = None if isinstance(part, ImagePart) else part.filename
+    extra = {} if name is None else {"display_name": name}
+    if part.data is not None:
+        if part.media_type is None:
+            raise (loc / "media_type").error("inline data needs a media type")
+        return {"inline_data": {"mime_type": part.media_type, "data": part.data, **extra}}
+    if part.url is not None:
+        blob = {"file_uri": part.url, **extra}
+        mime = part.media_type or mimetypes.guess_type(part.url)[0]
+        return {"file_data": {**({"mime_type": mime} if mime else {}), **blob}}
+    raise (loc / "file_id").error("Gemini cannot reference a provider file id; give data or a URL")
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _result_out(m: Message, loc: Loc, names: Mapping[str, str]) -> dict[str, Any]:
+    assert m.tool_call_id is not None  # guaranteed by Message
+    name = m.name or names.get(m.tool_call_id)
+    if not name:
+        raise (loc / "name").error(
+            f"no function name: no call {m.tool_call_id!r} precedes this result"
+        )
+    text = m.text()
+    response = _json_object(text) if m.metadata.get(RESPONSE_KEY) == "json" else None
+    if response is None:  # plain text, or JSON edited into something else since
+        response = {"error" if m.metadata.get(IS_ERROR) else "output": text}
+    fr: dict[str, Any] = {"name": name, "response": response}
+    if m.metadata.get(SYNTHETIC_KEY) is not True:
+        fr["id"] = m.tool_call_id
+    if not isinstance(m.content, str):
+        media = [
+            _part_out(p, loc / "content" / j)
+            for j, p in enumerate(m.content)
+            if not isinstance(p, TextPart)
+        ]
+        if media:
+            fr["parts"] = media
+    return _signed({"function_response": fr}, m, "response")

@@ -1,0 +1,113 @@
+"""Redis key layout of one session, with validated names.
+
+Every key of a session shares one Redis Cluster hash tag
+``{tenant:session}`` so that the multi-key Lua scripts run on a Cluster.
+Tenant and session ids are checked against a strict charset: nothing a
+caller passes can reach outside its own namespace (no braces, no globs, no
+whitespace, no separators that would make two sessions share a key).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shared.core.errors import InvalidInput
+
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+REQUEST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+DEFAULT_TENANT = "default"
+
+
+_ID_CHARS = "letters, digits, '_', '.', ':', '-'"
+
+
+def _validated(value: str, pattern: re.Pattern[str], field: str, rule: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidInput(
+            f"must be {rule} and start with a letter or digit (got {value!r:.80})",
+            field=field,
+        )
+    return value
+
+
+def validate_tenant(tenant: str) -> str:
+    return _validated(tenant, TENANT_RE, "tenant",
+                      "1-64 characters of letters, digits, '_', '.', '-'")
+
+
+def validate_session_id(session_id: str) -> str:
+    return _validated(session_id, SESSION_RE, "session_id", f"1-128 characters of {_ID_CHARS}")
+
+
+def validate_request_id(request_id: str) -> str:
+    """An idempotency key: stored as a hash field, so the same strict charset."""
+    return _validated(request_id, REQUEST_RE, "request_id", f"1-128 characters of {_ID_CHARS}")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """All keys of one session; build with :meth:`for_session` (validates)."""
+
+    tenant: str
+    session_id: str
+    log: str
+    cum: str
+    state: str
+    summaries: str
+    summary_index: str
+    cheap: str
+    requests: str
+    request_order: str
+    pending: str
+    lease: str
+    dirty: str
+    taken: str
+
+    @classmethod
+    def for_session(cls, prefix: str, tenant: str, session_id: str) -> SessionKeys:
+        validate_tenant(tenant)
+        validate_session_id(session_id)
+        base = f"{prefix}:{{{tenant}:{session_id}}}"
+        return cls(
+            tenant=tenant,
+            session_id=session_id,
+            log=f"{base}:log",
+            cum=f"{base}:cum",
+            state=f"{base}:state",
+            summaries=f"{base}:sums",
+            summary_index=f"{base}:sumidx",
+            cheap=f"{base}:cheap",
+            requests=f"{base}:reqs",
+            request_order=f"{base}:reqorder",
+            pending=f"{base}:pending",
+            lease=f"{base}:lease",
+            dirty=f"{base}:dirty",
+            taken=f"{base}:taken",
+        )
+
+    def data_keys(self) -> list[str]:
+        """Keys that hold session data (TTL applies to these)."""
+        return [self.log, self.cum, self.state, self.summaries, self.summary_index, self.cheap]
+
+    def all_keys(self) -> list[str]:
+        """Every key of the session: data, recent append request ids, flags, lease."""
+        return [*self.data_keys(), self.requests, self.request_order, self.pending,
+                self.lease, self.dirty, self.taken]
+
+
+def session_pattern(prefix: str, tenant: str) -> str:
+    """SCAN pattern matching the state keys of one tenant's sessions."""
+    validate_tenant(tenant)
+    return f"{prefix}:{{{tenant}:*}}:state"
+
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "SessionKeys",
+    "session_pattern",
+    "validate_request_id",
+    "validate_session_id",
+    "validate_tenant",
+]

@@ -1,0 +1,532 @@
+"""The Redis session store: append-only log, running token totals, summaries.
+
+All writes of compaction state go through ``commit_summary`` (one Lua
+compare-and-swap on the session's version); history edits bump the version
+so that every in-flight compaction loses its swap. The store is bound to one
+tenant at construction: a caller cannot name another tenant's keys.
+
+Every Redis failure surfaces as :class:`StoreUnavailable` within the socket
+timeouts configured in :class:`StoreConfig`, never as a hang. An append whose
+reply was lost (a timeout after Redis applied it) is safe to retry when it
+carries a request id: the second attempt is recognised and writes nothing.
+
+Standalone Redis and Redis Cluster alike: every key of a session shares one
+hash tag, and every multi-key operation is one Lua script over the keys it
+is given, so it runs on the node that owns the session's slot.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
+from shared.core.messages import Message, validate_messages
+from shared.core.records import (
+    AppendResult,
+    CheapDecision,
+    CommitResult,
+    HistoryEdit,
+    RawView,
+    SessionState,
+    SummaryRecord,
+    ViewCursor,
+    ViewData,
+)
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_request_id, validate_tenant
+
+T = TypeVar("T")
+# What "Redis is not there right now" looks like. The cluster errors count too:
+# every key of one call shares a slot, so they can only mean an unreachable or
+# reconfiguring cluster (no reachable node, slot not covered, CLUSTERDOWN).
+_REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                   redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
+                   redis.exceptions.RedisClusterException)
+SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
+IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
+IDEMPOTENCY_TTL_SECONDS = 3600
+
+
+@functools.cache
+def _load_lua(name: str) -> str:
+    return resources.files("shared.store").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _json_pairs(raw: bytes | str) -> dict[str, str]:
+    """A flat HGETALL reply the script encoded with cjson (``{}`` when empty on real Redis)."""
+    flat = json.loads(raw)
+    if not isinstance(flat, list):
+        return {}
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+@contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Turn connection trouble into the typed StoreUnavailable."""
+    try:
+        yield
+    except _REDIS_FAILURES as exc:
+        raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
+
+
+def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
+    """A client with bounded socket timeouts and no silent retries (no call can hang).
+
+    redis-py clients built by hand retry failed commands up to ten times
+    with backoff by default: seconds of stall on the hot path, and a
+    replayed non-idempotent write. The store's callers decide about retries.
+    """
+    cfg = config or StoreConfig()
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=cfg.socket_timeout,
+        socket_connect_timeout=cfg.connect_timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=30,
+    )
+
+
+def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
+    """A Redis Cluster client (any node's URL) with the same bounded timeouts.
+
+    Cluster clients follow slot moves (MOVED/ASK) themselves; retries on
+    connection errors are limited to one, so a dead node still surfaces as
+    :class:`StoreUnavailable` within a few socket timeouts.
+    """
+    from redis.cluster import RedisCluster
+
+    cfg = config or StoreConfig()
+    return RedisCluster.from_url(
+        url,
+        socket_timeout=cfg.socket_timeout,
+        socket_connect_timeout=cfg.connect_timeout,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+class SessionStore:
+    """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests).
+
+    ``idempotency_keep`` / ``idempotency_ttl``: how many append request ids
+    a session remembers, and for how long (seconds): a retried append is
+    recognised within these bounds.
+    """
+
+    def __init__(self, client: Any, config: StoreConfig | None = None, *,
+                 tenant: str = DEFAULT_TENANT, counter: TokenCounter | None = None,
+                 idempotency_keep: int = IDEMPOTENCY_KEEP,
+                 idempotency_ttl: int = IDEMPOTENCY_TTL_SECONDS,
+                 _scripts: Mapping[str, Script] | None = None) -> None:
+        for name, value in (("idempotency_keep", idempotency_keep),
+                            ("idempotency_ttl", idempotency_ttl)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput("must be a positive integer", field=name)
+        self.redis = client
+        self.config = config or StoreConfig()
+        self.tenant = validate_tenant(tenant)
+        self.counter = counter or DEFAULT_COUNTER
+        self.idempotency_keep = idempotency_keep
+        self.idempotency_ttl = idempotency_ttl
+        # Scripts are bound to the client, not the tenant: for_tenant() shares them.
+        self._scripts: Mapping[str, Script] = _scripts or {
+            name: client.register_script(_load_lua(f"{name}.lua")) for name in SCRIPTS
+        }
+
+    def keys(self, session_id: str) -> SessionKeys:
+        return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
+
+    def for_tenant(self, tenant: str) -> SessionStore:
+        """The same connection, bound to another tenant (for operators and workers, not
+        agents). Cheap: the registered scripts are shared, nothing is read or sent."""
+        if tenant == self.tenant:
+            return self
+        return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter,
+                            idempotency_keep=self.idempotency_keep,
+                            idempotency_ttl=self.idempotency_ttl, _scripts=self._scripts)
+
+    def _run(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except _REDIS_FAILURES as exc:
+            raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
+
+    def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts[name]
+        return self._run(what, lambda: script(keys=keys, args=args))
+
+    @property
+    def _ttl(self) -> int:
+        return self.config.ttl_seconds or 0
+
+    # -- the log ---------------------------------------------------------------
+    def encode(self, session_id: str, messages: Iterable[Any]) -> list[tuple[str, int]]:
+        """Validate and encode messages; nothing is written when any of them is bad."""
+        items = validate_messages(messages)
+        if len(items) > self.config.max_messages_per_call:
+            raise LimitExceeded(
+                f"{len(items)} messages in one call; the limit is "
+                f"{self.config.max_messages_per_call}", field="messages")
+        out: list[tuple[str, int]] = []
+        for i, message in enumerate(items):
+            try:
+                raw = message.to_json()
+            except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
+                raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
+                                   field=f"messages[{i}]", index=i) from None
+            size = len(raw.encode("utf-8"))
+            if size > self.config.max_message_bytes:
+                raise LimitExceeded(
+                    f"{size} bytes; the limit is {self.config.max_message_bytes} bytes per message",
+                    field=f"messages[{i}]", index=i)
+            out.append((raw, self.counter.message(message)))
+        return out
+
+    def append(self, session_id: str, messages: Iterable[Any], *,
+               request_id: str | None = None) -> int:
+        """Append atomically (all or nothing); returns the new length of the log.
+
+        With a ``request_id``, the append happens at most once: a retry with
+        the same id (after a timeout that left the outcome unknown) writes
+        nothing and returns the length the first attempt produced.
+        """
+        return self.append_encoded(session_id, self.encode(session_id, messages),
+                                   request_id=request_id).length
+
+    def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
+                       request_id: str | None = None, mark_pending: bool = False,
+                       with_state: bool = False, state_fields: Mapping[str, Any] | None = None,
+                       fields_version: int | None = None) -> AppendResult:
+        """Append pre-encoded messages (see :meth:`append`), with the turn's bookkeeping.
+
+        ``mark_pending``: also set the session's pending flag if absent, in
+        the same script (``result.marked`` says whether this call set it).
+        ``with_state``: return the state hash after the append too.
+        ``state_fields``: set these on the state hash too, but only if its
+        version is still ``fields_version`` (figures about a view that a
+        compaction or an edit has since replaced are dropped).
+        """
+        if request_id is not None:
+            validate_request_id(request_id)
+        fields = [(name, "" if value is None else value)
+                  for name, value in (state_fields or {}).items()]
+        if fields and fields_version is None:
+            raise InvalidInput("state fields need the version they were computed for",
+                               field="fields_version")
+        k = self.keys(session_id)
+        args: list[Any] = [self.config.max_messages_per_session, self._ttl,
+                           secrets.token_hex(8), request_id or "", self.idempotency_keep,
+                           self.idempotency_ttl,
+                           self.config.pending_ttl_seconds if mark_pending else 0,
+                           1 if with_state else 0,
+                           "" if fields_version is None else fields_version, len(fields)]
+        for name, value in fields:
+            args.extend((name, value))
+        args.append(len(encoded))
+        for raw, tokens in encoded:
+            args.extend((raw, tokens))
+        keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
+                k.summaries, k.summary_index, k.cheap]
+        try:
+            result = self._script("append", "append", keys, args)
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("SESSION_FULL"):
+                raise LimitExceeded(
+                    f"session {session_id!r} would exceed "
+                    f"{self.config.max_messages_per_session} messages", field="messages") from None
+            raise
+        length, watermark, version, before, duplicate, marked, state = result
+        return AppendResult(
+            length=int(length), watermark=int(watermark), version=int(version),
+            tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
+            state=SessionState.from_hash(_json_pairs(state)) if state else None)
+
+    def length(self, session_id: str) -> int:
+        return int(self._run("length", lambda: self.redis.llen(self.keys(session_id).log)))
+
+    def messages(self, session_id: str, start: int = 0, end: int | None = None) -> list[Message]:
+        """Messages ``[start, end)`` of the raw log."""
+        stop = -1 if end is None else end - 1
+        if end is not None and end <= start:
+            return []
+        raw = self._run("read", lambda: self.redis.lrange(self.keys(session_id).log, start, stop))
+        return [Message.model_validate_json(r) for r in raw]
+
+    def range_tokens(self, session_id: str, start: int, end: int) -> int:
+        """Estimated tokens of messages ``[start, end)``: two lookups, any history length."""
+        if end <= start:
+            return 0
+        k = self.keys(session_id)
+
+        def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)  # one slot: fine on a Cluster too
+            pipe.lindex(k.cum, end - 1)
+            if start > 0:
+                pipe.lindex(k.cum, start - 1)
+            return list(pipe.execute())
+
+        values = self._run("range_tokens", read)
+        return int(values[0] or 0) - (int(values[1] or 0) if start > 0 else 0)
+
+    # -- state and summaries ----------------------------------------------------
+    def state(self, session_id: str) -> SessionState:
+        raw = self._run("state", lambda: self.redis.hgetall(self.keys(session_id).state))
+        return SessionState.from_hash({_s(a): _s(b) for a, b in raw.items()})
+
+    def update_state(self, session_id: str, **fields: Any) -> None:
+        """Figures that are not compaction state (request figures, calibration, anchor)."""
+        clean = {k: ("" if v is None else v) for k, v in fields.items()}
+        if clean:
+            self._run("update_state",
+                      lambda: self.redis.hset(self.keys(session_id).state, mapping=clean))
+
+    def read_view(self, session_id: str, since: ViewCursor | None = None, *,
+                  with_counts: bool = False) -> RawView:
+        """One atomic read of the view, undecoded; only what is new when ``since`` still holds.
+
+        With a cursor from an earlier read (same epoch and log generation,
+        the watermark still inside what it holds), the reply carries
+        ``log[since.end:]`` and the summary only if the version changed
+        (``incremental``); otherwise everything from the watermark.
+        ``with_counts``: also the running token totals of the messages sent
+        (:meth:`RawView.message_counts`), read atomically with them.
+        """
+        k = self.keys(session_id)
+        keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
+        args: list[Any] = (["", 0, 0, 0, 0, 0] if since is None else
+                           [since.epoch, since.gen, since.version, since.start, since.end,
+                            since.total])
+        args.append("1" if with_counts else "0")
+        raw = self._script("view", "view", keys, args)
+        (state, messages, before, total, length, summary, cheap, pending, start, incremental,
+         included, totals) = raw
+        return RawView(
+            state_raw=_json_pairs(state),
+            messages=list(messages),
+            start=int(start),
+            tokens_before_watermark=int(before),
+            tokens_total=int(total),
+            length=int(length),
+            summary_json=summary or None,
+            summary_included=bool(included),
+            cheap_raw={int(f): v for f, v in _json_pairs(cheap).items()},
+            pending=bool(pending),
+            incremental=bool(incremental),
+            totals=[int(t) for t in totals],
+        )
+
+    def load_view(self, session_id: str, *, with_counts: bool = False) -> ViewData:
+        """One atomic read of everything prepare() needs, decoded; ``with_counts``: with
+        the store's token count of each history message (``ViewData.history_counts``)."""
+        raw = self.read_view(session_id, with_counts=with_counts)
+        # Built from models decoded just above: validating them again (pydantic re-runs
+        # every message's validators for a list[Message] field) would double the cost.
+        return ViewData.model_construct(
+            state=raw.state(),
+            history=raw.decode_messages(),
+            tokens_before_watermark=raw.tokens_before_watermark,
+            tokens_total=raw.tokens_total,
+            length=raw.length,
+            summary=(SummaryRecord.model_validate_json(raw.summary_json)
+                     if raw.summary_json else None),
+            cheap={i: CheapDecision.model_validate_json(v) for i, v in raw.cheap_raw.items()},
+            pending=raw.pending,
+            epoch=raw.epoch,
+            history_counts=raw.message_counts() if with_counts else None,
+        )
+
+    def commit_summary(self, session_id: str, record: SummaryRecord,
+                       expected_version: int) -> CommitResult:
+        """The one compare-and-swap writer. A stale writer gets ``ok=False``."""
+        k = self.keys(session_id)
+        keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum]
+        args: list[str | int] = [expected_version, record.watermark, record.model_dump_json(),
+                                 record.tokens, record.kind, self.config.summary_retention,
+                                 self._ttl]
+        raw = self._script("commit_summary", "commit_summary", keys, list(args))
+        if _s(raw[0]) == "ok":
+            return CommitResult(ok=True, version=int(raw[1]), watermark=int(raw[2]))
+        return CommitResult(ok=False, reason=_s(raw[1]),
+                            version=int(raw[2]), watermark=int(raw[3]))
+
+    def summary(self, session_id: str, watermark: int) -> SummaryRecord | None:
+        raw = self._run("summary",
+                        lambda: self.redis.hget(self.keys(session_id).summaries, watermark))
+        return SummaryRecord.model_validate_json(raw) if raw else None
+
+    def summaries(self, session_id: str) -> list[SummaryRecord]:
+        """Every kept summary, oldest watermark first."""
+        k = self.keys(session_id)
+        raw = self._run("summaries", lambda: self.redis.hgetall(k.summaries))
+        records = [SummaryRecord.model_validate_json(v) for v in raw.values()]
+        return sorted(records, key=lambda r: r.watermark)
+
+    def truncate_after(self, session_id: str, index: int) -> HistoryEdit:
+        """A history edit: drop positions ``>= index``, bump the version, fall back.
+
+        The summary becomes the newest one whose watermark is ``<= index``.
+        This is the only operation that removes messages from the log: the
+        user changed history; compaction itself never deletes. Returns the
+        version the edit created (read atomically with it).
+        """
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise InvalidInput("must be a non-negative integer", field="index")
+        k = self.keys(session_id)
+        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap]
+        try:
+            raw = self._script("truncate_after", "truncate", keys, [index, self._ttl])
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("INDEX_OUT_OF_RANGE"):
+                length = str(exc).split()[-1]
+                raise InvalidInput(f"{index} is past the end of the log ({length} messages)",
+                                   field="index") from None
+            raise
+        version, watermark, new_length = (int(x) for x in raw)
+        return HistoryEdit(version=version, watermark=watermark, length=new_length)
+
+    def rewind(self, session_id: str, watermark: int) -> SessionState:
+        """Make the kept summary at ``watermark`` current (0: no summary); the state after."""
+        if not isinstance(watermark, int) or isinstance(watermark, bool) or watermark < 0:
+            raise InvalidInput("must be a non-negative integer", field="watermark")
+        k = self.keys(session_id)
+        keys = [k.state, k.summaries, k.cheap, k.log, k.cum, k.summary_index]
+        try:
+            self._script("rewind", "rewind", keys, [watermark, self._ttl])
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).startswith("NO_SUMMARY"):
+                raise InvalidInput(f"no kept summary at watermark {watermark}",
+                                   field="watermark") from None
+            raise
+        return self.state(session_id)
+
+    # -- cheap-stage decisions ---------------------------------------------------
+    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+        """Record decisions once (first writer wins), so the view's prefix stays stable."""
+        items = list(decisions)
+        if not items:
+            return 0
+        args: list[Any] = [self._ttl]
+        for d in items:
+            args.extend((d.index, d.model_dump_json()))
+        return int(self._script("record_cheap", "cheap", [self.keys(session_id).cheap], args))
+
+    # -- worker coordination -----------------------------------------------------
+    def mark_pending(self, session_id: str) -> bool:
+        """Set the pending flag if absent; True means the caller should enqueue a job."""
+        k = self.keys(session_id)
+        return bool(self._run("mark_pending", lambda: self.redis.set(
+            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+
+    def clear_pending(self, session_id: str) -> None:
+        self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))
+
+    def is_pending(self, session_id: str) -> bool:
+        return bool(self._run("is_pending",
+                              lambda: self.redis.exists(self.keys(session_id).pending)))
+
+    def _lease(self, what: str, session_id: str, token: str, mode: str,
+               ttl_seconds: float | None = None) -> Any:
+        k = self.keys(session_id)
+        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
+        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
+                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
+
+    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A random owner token when the lease was free, else None.
+
+        Requests a previous owner took from the dirty flag and never finished
+        (it died) go back to the flag for the new owner (``finish_lease``).
+        """
+        token = secrets.token_hex(16)
+        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
+        return token if ok else None
+
+    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A job's first step in one round trip: clear the pending flag (later turns
+        enqueue a new job), then try the lease (:meth:`acquire_lease`)."""
+        token = secrets.token_hex(16)
+        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
+        return token if ok else None
+
+    def finish_lease(self, session_id: str, token: str,
+                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
+        """The owner's last look and release, atomically.
+
+        Returns ``("released", [])`` when no request was waiting (the lease is
+        released), ``("dirty", requests)`` when requests were left while it
+        held the lease (taken; the lease is extended to run them; call again
+        after: that call also marks them done), or ``("lost", [])`` when the
+        caller no longer owns the lease (nothing changed). Taken requests are
+        kept until then, so an owner that dies running them does not lose
+        them: the next owner gets them back.
+        """
+        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
+        status = _s(raw[0])
+        if status == "dirty":
+            return status, [line for line in _s(raw[1]).split("\n") if line]
+        return status, []
+
+    def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
+        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
+
+    def release_lease(self, session_id: str, token: str) -> bool:
+        """Release only if the caller still owns it (an expired lease may have moved on).
+        Requests it took are forgotten: the caller ran them or put them back."""
+        return bool(self._lease("release_lease", session_id, token, "release"))
+
+    def mark_dirty(self, session_id: str, request: str = "") -> None:
+        """Ask the lease holder to run once more; ``request`` (one line) rides along.
+
+        Requests accumulate (APPEND) until the holder takes them, so two busy
+        callers never overwrite each other's parameters.
+        """
+        if not isinstance(request, str) or "\n" in request:
+            raise InvalidInput("must be a string of one line", field="request")
+        k = self.keys(session_id)
+
+        def write() -> None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.append(k.dirty, "\n" + request)
+            pipe.expire(k.dirty, self.config.request_ttl_seconds)
+            pipe.execute()
+
+        self._run("mark_dirty", write)
+
+    def take_dirty(self, session_id: str) -> bool:
+        """Read and clear the dirty flag in one step."""
+        return self.take_dirty_requests(session_id) is not None
+
+    def take_dirty_requests(self, session_id: str) -> list[str] | None:
+        """Read and clear the dirty flag in one step: None when it was not set, else
+        the non-empty requests left with it, oldest first."""
+        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
+        return None if raw is None else [line for line in _s(raw).split("\n") if line]
+
+    def delete_session(self, session_id: str) -> None:
+        """Remove every key of a session (explicit user request only)."""
+        keys = self.keys(session_id).all_keys()
+        self._run("delete", lambda: self.redis.delete(*keys))
+
+
+__all__ = ["IDEMPOTENCY_KEEP", "IDEMPOTENCY_TTL_SECONDS", "SessionStore", "connect",
+           "connect_cluster", "redis_errors"]

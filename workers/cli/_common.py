@@ -1,0 +1,217 @@
+"""Helpers shared by the ``compaction`` sub-commands.
+
+Building the store and the guard from settings (with clean errors instead
+of tracebacks), a read-only store for "what would be sent", and the rich
+context meter used by ``stats`` and ``demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from shared.core.budget import BudgetReport
+from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUnavailable
+from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
+from shared.guard import ContextGuard
+from shared.store.sessions import SessionStore, connect, redis_errors
+from workers.harness.embedded import redact_url
+from workers.runtime import token_counter
+from workers.settings import Settings
+
+GREEN, AMBER, RED = "green", "dark_orange", "red"
+UNREACHABLE = "cannot reach Redis at"
+REGION_STYLES = {"system": "blue", "summary": "magenta", "tools": "cyan", "history": "white"}
+
+
+# -- arguments -----------------------------------------------------------------------
+def add_session(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", metavar="SESSION", help="session id")
+    parser.add_argument("--tenant", help="tenant of the session (default: COMPACTION_TENANT)")
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+# -- store -----------------------------------------------------------------------------
+@contextlib.contextmanager
+def store_errors(url: str) -> Iterator[None]:
+    """Redis trouble as one clean line naming the (redacted) URL."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        if str(exc).startswith(UNREACHABLE):
+            raise
+        cause = exc.__cause__ or exc
+        raise StoreUnavailable(f"{UNREACHABLE} {redact_url(url)}: {cause}") from None
+    except redis.exceptions.RedisError as exc:
+        raise StoreError(f"Redis at {redact_url(url)} answered with an error: {exc}") from None
+
+
+def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
+    """The configured store (``COMPACTION_REDIS_URL``), checked with one PING."""
+    try:
+        client = connect(settings.redis_url, settings.store_config())
+    except ValueError as exc:
+        raise ConfigError(f"COMPACTION_REDIS_URL: {exc}") from None
+    with store_errors(settings.redis_url), redis_errors("ping"):
+        client.ping()
+    return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
+                        counter=token_counter(settings))
+
+
+def load_session(store: SessionStore, session_id: str) -> ViewData:
+    """One atomic read of the session; SessionNotFound when it has no log."""
+    data = store.load_view(session_id)
+    if data.length == 0 and data.summary is None:
+        raise SessionNotFound(
+            f"no session {session_id!r} in tenant {store.tenant!r} "
+            f"(key prefix {store.config.key_prefix!r})")
+    return data
+
+
+def guard_for(store: SessionStore, settings: Settings, data: ViewData,
+              model: str | None = None) -> ContextGuard:
+    """A guard that uses the window the agent last used for this session's model.
+
+    The agent's guard records ``model`` and ``window`` at every call; an
+    operator's guard knows no overrides, so it takes them from there.
+    """
+    state = data.state
+    overrides: dict[str, int] = {}
+    if state.model and state.window and (model is None or model == state.model):
+        overrides[state.model] = state.window
+    return ContextGuard(store, policy=settings.policy(), overrides=overrides)
+
+
+class DryRunStore(SessionStore):
+    """Reads like the store, drops every write: ``prepare`` without side effects.
+
+    The guard records figures, cheap-stage decisions and truncations when it
+    prepares a view; an operator looking at "what would be sent" must not
+    change what the agent's next call sends.
+    """
+
+    def update_state(self, session_id: str, **fields: Any) -> None:
+        return None
+
+    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+        return 0
+
+    def commit_summary(self, session_id: str, record: SummaryRecord,
+                       expected_version: int) -> CommitResult:
+        return CommitResult(ok=True, version=expected_version + 1, watermark=record.watermark)
+
+    def mark_pending(self, session_id: str) -> bool:
+        return False
+
+    def clear_pending(self, session_id: str) -> None:
+        return None
+
+
+# -- numbers ---------------------------------------------------------------------------
+def human(tokens: float) -> str:
+    """12345 -> '12.3k'."""
+    if abs(tokens) >= 1_000_000:
+        return f"{tokens / 1_000_000:.1f}M"
+    if abs(tokens) >= 1000:
+        return f"{tokens / 1000:.1f}k"
+    return f"{int(tokens)}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 100]); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+# -- the context meter -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """Figures of one request against the window (tokens)."""
+
+    window: int
+    reserve: int
+    regions: dict[str, int]
+    usage_ratio: float
+    """Input tokens over the input budget (window - reserve)."""
+    trigger_ratio: float
+
+    @classmethod
+    def from_report(cls, report: BudgetReport) -> Meter:
+        return cls(window=report.window, reserve=report.reserve,
+                   regions={"system": report.system, "summary": report.summary,
+                            "tools": report.tools, "history": report.history},
+                   usage_ratio=report.usage_ratio, trigger_ratio=report.trigger_ratio)
+
+    @property
+    def colour(self) -> str:
+        """Green below 3/4 of the trigger, amber up to the trigger, red above."""
+        if self.usage_ratio < self.trigger_ratio * 0.75:
+            return GREEN
+        return AMBER if self.usage_ratio < self.trigger_ratio else RED
+
+
+def render_meter(meter: Meter, width: int = 40) -> RenderableType:
+    """A usage bar coloured by the trigger, and the window split by region.
+
+    Lines stay under ~80 columns so the meter fits a panel in a narrow terminal.
+    """
+    budget = max(1, meter.window - meter.reserve)
+    used = sum(meter.regions.values())
+    filled = min(width, round(width * min(meter.usage_ratio, 1.0)))
+    trigger_at = min(width - 1, round(width * meter.trigger_ratio))
+    bar = Text()
+    for i in range(width):
+        if i < filled:
+            bar.append("█", style=meter.colour)
+        elif i == trigger_at:
+            bar.append("│", style="bold")
+        else:
+            bar.append("░", style="grey50")
+    usage = Text.assemble(("context ", "bold"), bar,
+                          (f" {meter.usage_ratio:4.0%}", f"bold {meter.colour}"))
+    detail = Text(f"        {human(used)} of {human(budget)} input tokens · trigger "
+                  f"{meter.trigger_ratio:.0%} · window {human(meter.window)}", style="grey70")
+    split = Text("window  ", style="bold")
+    cells = 0
+    scale = width / max(1, meter.window)
+    for name, tokens in [*meter.regions.items(), ("reserve", meter.reserve)]:
+        n = min(width - cells, round(tokens * scale))
+        split.append(("▒" if name == "reserve" else "█") * n,
+                     style=REGION_STYLES.get(name, "grey50"))
+        cells += n
+    split.append("·" * (width - cells), style="grey35")
+    legend = Text("        ")
+    for name, tokens in meter.regions.items():
+        legend.append("■ ", style=REGION_STYLES.get(name, "white"))
+        legend.append(f"{name} {human(tokens)}  ")
+    legend.append("▒ ", style="grey50")
+    legend.append(f"reserve {human(meter.reserve)}")
+    return Group(usage, detail, split, legend)
+
+
+__all__ = [
+    "DryRunStore",
+    "Meter",
+    "add_json",
+    "add_session",
+    "guard_for",
+    "human",
+    "load_session",
+    "open_store",
+    "percentile",
+    "render_meter",
+    "store_errors",
+]

@@ -1,0 +1,282 @@
+"""``compaction doctor``: is the deployment able to compact?
+
+Checks, each with one verdict line (OK / WARN / FAIL) and every one bounded
+by ``--timeout``: the Redis store (reachable, version, latency, eviction
+policy), the broker (reachable, ``maxmemory-policy``: anything but
+``noeviction`` may silently drop queued jobs), the queue length, the
+workers (Celery ``control.ping``, and whether they consume the
+``compaction`` queue), and the summarizer (a ``models.list()`` for
+OpenAI-compatible servers, a ``countTokens`` call for Vertex / Gemini, a
+note for the offline summarizer). Exit status 0 only if nothing FAILs.
+
+A check never raises: whatever goes wrong becomes its FAIL line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import redis
+from rich.console import Console
+from rich.markup import escape
+
+from shared.enqueue import QUEUE, publisher_app
+from shared.store.sessions import connect
+from workers.harness.embedded import MEMORY_BROKER, redact_url
+from workers.settings import Settings
+
+Verdict = Literal["OK", "WARN", "FAIL"]
+STYLES = {"OK": "bold green", "WARN": "bold dark_orange", "FAIL": "bold red"}
+# kombu's Redis transport keeps one list per priority step: "compaction", "compaction\x06\x163"...
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (3, 6, 9)
+PINGS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    verdict: Verdict
+    detail: str
+
+
+def _timeout(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be in (0, 60] seconds (got {value})")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=_timeout, default=2.0,
+                        help="seconds allowed to each network check (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def _guarded(name: str, check: Callable[[], Check]) -> Check:
+    try:
+        return check()
+    except Exception as exc:
+        return Check(name, "FAIL", f"{type(exc).__name__}: {exc}")
+
+
+def _is_redis(url: str) -> bool:
+    return url.split("://", 1)[0] in ("redis", "rediss", "unix")
+
+
+def _redis_client(url: str, timeout: float) -> Any:
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                retry_on_timeout=False)
+
+
+def _eviction_policy(client: Any) -> str | None:
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:  # CONFIG disabled (managed Redis)
+        return None
+    return str(policy) if policy is not None else None
+
+
+# -- store -------------------------------------------------------------------------------
+def check_store(settings: Settings) -> Check:
+    name, url = "redis store", settings.redis_url
+    try:
+        client = connect(url, settings.store_config())
+    except ValueError as exc:
+        return Check(name, "FAIL", f"invalid COMPACTION_REDIS_URL {redact_url(url)!r}: {exc}")
+    try:
+        timings = []
+        for _ in range(PINGS):
+            started = time.perf_counter()
+            client.ping()
+            timings.append((time.perf_counter() - started) * 1000)
+        version = client.info("server").get("redis_version", "?")
+        policy = _eviction_policy(client)
+    except redis.exceptions.RedisError as exc:
+        return Check(name, "FAIL", f"cannot reach Redis at {redact_url(url)}: {exc}")
+    finally:
+        client.close()
+    detail = (f"{redact_url(url)}: Redis {version}, ping {statistics.median(timings):.2f} ms "
+              f"(median of {PINGS}), key prefix {settings.key_prefix!r}, tenant "
+              f"{settings.tenant!r}")
+    if policy is not None and policy.startswith("allkeys"):
+        return Check(name, "WARN", f"{detail}; maxmemory-policy {policy} may evict sessions "
+                                   "(use noeviction, or volatile-* with COMPACTION_SESSION_TTL)")
+    return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
+
+
+# -- broker and queue ----------------------------------------------------------------------
+def check_broker(settings: Settings, timeout: float) -> list[Check]:
+    """Broker, queue length and workers; the last two only if the broker answers."""
+    url = settings.broker_url
+    if url.startswith(MEMORY_BROKER):
+        return [Check("broker", "FAIL", "memory:// lives inside one process: deployed workers "
+                                        "need a real broker (COMPACTION_BROKER_URL)")]
+    broker = _guarded("broker", lambda: _broker_redis(url, timeout) if _is_redis(url)
+                      else _broker_kombu(url, timeout))
+    if broker.verdict == "FAIL":
+        return [broker, Check("queue", "FAIL", "broker unreachable"),
+                Check("workers", "FAIL", "broker unreachable")]
+    queue = _guarded("queue", lambda: _queue_length(url, timeout))
+    workers = _guarded("workers", lambda: check_workers(url, timeout))
+    return [broker, queue, workers]
+
+
+def _broker_redis(url: str, timeout: float) -> Check:
+    client = _redis_client(url, timeout)
+    try:
+        client.ping()
+        version = client.info("server").get("redis_version", "?")
+        policy = _eviction_policy(client)
+    except redis.exceptions.RedisError as exc:
+        return Check("broker", "FAIL", f"cannot reach the broker at {redact_url(url)}: {exc}")
+    finally:
+        client.close()
+    detail = f"{redact_url(url)}: Redis {version}"
+    if policy is None:
+        return Check("broker", "WARN", f"{detail}; cannot read maxmemory-policy (CONFIG "
+                                       "disabled?): it must be noeviction")
+    if policy != "noeviction":
+        return Check("broker", "WARN", f"{detail}; maxmemory-policy {policy}: Redis may evict "
+                                       "queued jobs under memory pressure, use noeviction")
+    return Check("broker", "OK", f"{detail}, maxmemory-policy noeviction")
+
+
+def _kombu_connection(url: str, timeout: float) -> Any:
+    """A kombu connection for non-Redis brokers (kombu ships no annotations)."""
+    from kombu.connection import Connection
+
+    return Connection(url, connect_timeout=timeout)  # type: ignore[no-untyped-call]
+
+
+def _broker_kombu(url: str, timeout: float) -> Check:
+    with _kombu_connection(url, timeout) as conn:
+        try:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
+        except Exception as exc:  # kombu's OperationalError and transport errors
+            return Check("broker", "FAIL", f"cannot reach the broker at {redact_url(url)}: {exc}")
+        return Check("broker", "OK", f"{redact_url(url)}: reachable ({conn.transport_cls})")
+
+
+def _queue_length(url: str, timeout: float) -> Check:
+    if _is_redis(url):
+        client = _redis_client(url, timeout)
+        try:
+            names = [QUEUE] + [f"{QUEUE}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+            length = sum(int(client.llen(n)) for n in names)
+        finally:
+            client.close()
+    else:
+        with _kombu_connection(url, timeout) as conn:
+            declared = conn.default_channel.queue_declare(QUEUE, passive=True)
+            length = int(declared.message_count)
+    return Check("queue", "OK", f"{length} job(s) waiting in {QUEUE!r}")
+
+
+def check_workers(url: str, timeout: float) -> Check:
+    app = publisher_app(url, timeout=timeout)
+    try:
+        replies = app.control.ping(timeout=timeout) or []
+        names = sorted(name for reply in replies for name in reply)
+        if not names:
+            return Check("workers", "FAIL", f"no worker answered within {timeout:g} s "
+                                            f"(start: celery -A workers.app worker -Q {QUEUE})")
+        queues = app.control.inspect(destination=names, timeout=timeout,
+                                     limit=len(names)).active_queues() or {}
+    finally:
+        app.close()
+    idle = [n for n in names if QUEUE not in {q.get("name") for q in queues.get(n, [])}]
+    detail = f"{len(names)} online: {', '.join(names)}"
+    if idle:
+        return Check("workers", "WARN", f"{detail}; not consuming {QUEUE!r}: {', '.join(idle)}")
+    return Check("workers", "OK", detail)
+
+
+# -- summarizer ------------------------------------------------------------------------------
+def check_summarizer(settings: Settings, timeout: float) -> Check:
+    kind = settings.summarizer
+    if kind == "offline":
+        return Check("summarizer", "OK", "offline: no LLM configured (extractive summaries)")
+    if kind == "openai":
+        return _guarded("summarizer", lambda: _openai(settings, timeout))
+    return _guarded("summarizer", lambda: _gemini(settings, timeout))
+
+
+def _openai(settings: Settings, timeout: float) -> Check:
+    import openai
+
+    key = settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None
+    client = openai.OpenAI(api_key=key or "unused", base_url=settings.summarizer_base_url,
+                           timeout=timeout, max_retries=0)
+    where = redact_url(str(client.base_url))
+    model = settings.summarizer_model_name
+    try:
+        ids = [m.id for m in client.models.list()]
+    except openai.AuthenticationError as exc:
+        return Check("summarizer", "FAIL", f"openai at {where}: API key rejected ({exc.message})")
+    except openai.APIStatusError as exc:
+        return Check("summarizer", "FAIL", f"openai at {where}: HTTP {exc.status_code}: "
+                                           f"{exc.message}")
+    except openai.APIConnectionError as exc:
+        return Check("summarizer", "FAIL", f"openai at {where}: cannot connect ({exc})")
+    finally:
+        client.close()
+    detail = f"openai at {where}: {len(ids)} model(s) listed"
+    if model not in ids:
+        return Check("summarizer", "WARN", f"{detail}, but not {model!r} "
+                                           "(COMPACTION_SUMMARIZER_MODEL)")
+    return Check("summarizer", "OK", f"{detail}, {model!r} among them")
+
+
+def _gemini(settings: Settings, timeout: float) -> Check:
+    from google import genai
+    from google.genai import types
+
+    key = settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None
+    options = types.HttpOptions(timeout=int(timeout * 1000), base_url=settings.summarizer_base_url,
+                                retry_options=types.HttpRetryOptions(attempts=1))
+    if settings.summarizer == "vertex":
+        client = genai.Client(vertexai=True, project=settings.vertex_project,
+                              location=settings.vertex_location, http_options=options)
+        where = f"vertex {settings.vertex_project}/{settings.vertex_location}"
+    else:
+        client = genai.Client(api_key=key, http_options=options)
+        where = "gemini API"
+    model = settings.summarizer_model_name
+    counted = client.models.count_tokens(model=model, contents="ping")
+    return Check("summarizer", "OK", f"{where}: countTokens on {model!r} answered "
+                                     f"({counted.total_tokens} tokens)")
+
+
+# -- the command -------------------------------------------------------------------------------
+def run_checks(settings: Settings, timeout: float) -> list[Check]:
+    return [_guarded("redis store", lambda: check_store(settings)),
+            *check_broker(settings, timeout),
+            check_summarizer(settings, timeout)]
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    checks = run_checks(settings, args.timeout)
+    failed = sum(c.verdict == "FAIL" for c in checks)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        console = Console()
+        for c in checks:
+            console.print(f"[{STYLES[c.verdict]}]{c.verdict:<4}[/] {c.name:<11} "
+                          f"{escape(c.detail)}", highlight=False)
+        warned = sum(c.verdict == "WARN" for c in checks)
+        summary = ("[bold green]all checks passed[/]" if not failed and not warned else
+                   f"{failed} FAIL, {warned} WARN")
+        console.print(f"doctor: {summary}")
+    return 1 if failed else 0
+
+
+__all__ = ["Check", "add_arguments", "check_broker", "check_store", "check_summarizer",
+           "check_workers", "run", "run_checks"]

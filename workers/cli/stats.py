@@ -1,0 +1,85 @@
+"""``compaction stats SESSION``: the context meter of a session and its figures.
+
+Read-only: the figures come from one atomic read of the session and the
+request figures the agent's guard recorded at its last call (model, window,
+system and tool tokens, output reserve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from workers.cli._common import (
+    Meter,
+    add_json,
+    add_session,
+    guard_for,
+    human,
+    load_session,
+    open_store,
+    render_meter,
+    store_errors,
+)
+from workers.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_session(parser)
+    add_json(parser)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    with store_errors(settings.redis_url):
+        store = open_store(settings, args.tenant)
+        data = load_session(store, args.session)
+        guard = guard_for(store, settings, data)
+        figures = guard.stats(args.session)
+    if args.json:
+        print(json.dumps(figures, indent=2, default=str))
+        return 0
+    regions = figures["regions"]
+    meter = Meter(window=figures["window"], reserve=figures["reserve"], regions=regions,
+                  usage_ratio=figures["usage_ratio"], trigger_ratio=settings.trigger_ratio)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    summaries = figures["summaries"]
+    current = next((s for s in summaries if s["watermark"] == figures["watermark"]), None)
+    verdict = ("[red]over the input budget: the next call truncates[/]"
+               if not figures["within_budget"] else
+               "[dark_orange]compaction due[/]" if figures["should_compact"] else "[green]ok[/]")
+    rows = [
+        ("messages", f"{figures['length']} in the log, {figures['length'] - figures['watermark']} "
+                     "since the watermark"),
+        ("watermark", f"{figures['watermark']} (version {figures['version']})"),
+        ("summary", (f"{current['kind']}, {human(current['tokens'])} tokens, "
+                     f"{_when(current['created_at'])}") if current else "none"),
+        ("summaries kept", str(len(summaries))),
+        ("model", f"{figures['model'] or '?'}: window {human(figures['window'])} "
+                  f"({figures['limits_source']}), reserve {human(figures['reserve'])}"),
+        ("estimated prompt", f"{human(figures['estimated_prompt_tokens'])} tokens — {verdict}"),
+        ("cheap-stage placeholders", str(figures["cheap_decisions"])),
+        ("pending job", "yes" if figures["pending_job"] else "no"),
+        ("calibration", f"x{figures['calibration_ratio']:.3f} from "
+                        f"{figures['calibration_samples']} reported usages"),
+    ]
+    if figures["silent_truncation_flags"]:
+        rows.append(("silent truncations", f"[red]{figures['silent_truncation_flags']}[/]"))
+    for name, value in rows:
+        table.add_row(name, value)
+    title = f"session [cyan]{args.session}[/] (tenant {figures['tenant']})"
+    Console().print(Panel(Group(render_meter(meter), "", table), title=title, title_align="left"))
+    return 0
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+__all__ = ["add_arguments", "run"]

@@ -1,1 +1,0 @@
-"""Sub-commands of the ``compaction`` console script (one module each)."""

@@ -1,0 +1,1 @@
+"""Replay of real sessions against a fake provider that enforces the window."""
