@@ -255,7 +255,7 @@ def test_generator_keeps_chat_models_and_records_the_version(tmp_path: Path) -> 
 
 
 def test_committed_registry_file_has_the_generator_header() -> None:
-    data = json.loads((ROOT / "shared" / "data" / "model_limits.json").read_text())
+    data = json.loads((ROOT / "shared" / "core" / "data" / "model_limits.json").read_text())
     meta = data["_meta"]
     assert meta["generator"] == "scripts/gen_model_limits.py" and meta["litellm_version"]
     assert meta["count"] == len(data["models"])
