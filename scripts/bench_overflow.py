@@ -1,4 +1,5 @@
-"""Measure overflow detection on the labelled provider errors (overflow_errors.dev.json).
+"""Measure overflow detection on the labelled provider errors (overflow_errors.dev.json)
+and on the project's own self-hosted-server corpus (tests/data/overflow_errors_selfhosted.json).
 
 Each error is classified in two forms: the bare message string and an
 exception carrying the message plus its HTTP status (how SDKs raise). Prints
@@ -7,7 +8,7 @@ labels and on all of them, agreement of ``classify_error`` with the labelled
 kind, how many stated token numbers ``parse_overflow`` recovers, every miss
 and false alarm, and the time per classification.
 
-    .venv/bin/python scripts/bench_overflow.py [--data ../shared/data]
+    .venv/bin/python scripts/bench_overflow.py [--data ../shared/data] [--selfhosted PATH]
 """
 
 from __future__ import annotations
@@ -109,13 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                         help="folder holding overflow_errors.dev.json")
+    parser.add_argument("--selfhosted", type=Path,
+                        default=ROOT / "tests" / "data" / "overflow_errors_selfhosted.json",
+                        help="the self-hosted servers' labelled errors")
     args = parser.parse_args(argv)
-    path = args.data / "overflow_errors.dev.json"
-    if not path.exists():
-        print(f"no labelled errors at {path}", file=sys.stderr)
-        return 2
-    print(report(json.loads(path.read_text(encoding="utf-8")), path))
-    return 0
+    found = 0
+    for title, path in (("Kit corpus", args.data / "overflow_errors.dev.json"),
+                        ("Self-hosted servers and gateways", args.selfhosted)):
+        if not path.exists():  # each corpus is optional; report the ones present
+            print(f"no labelled errors at {path}", file=sys.stderr)
+            continue
+        found += 1
+        print(f"## {title}\n\n{report(json.loads(path.read_text(encoding='utf-8')), path)}\n")
+    return 0 if found else 2
 
 
 if __name__ == "__main__":

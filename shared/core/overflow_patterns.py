@@ -2,8 +2,13 @@
 
 Written from the providers' real error shapes (OpenAI, Azure, Anthropic,
 Bedrock, Gemini/Vertex, Mistral, Groq, xAI, DeepSeek, OpenRouter, Together,
-Cohere, vLLM, Ollama, llama.cpp, LM Studio, LiteLLM proxies); the order in
-which ``shared.core.overflow`` consults them is documented there.
+Cohere, vLLM, SGLang, TGI, Ollama, llama.cpp, LM Studio, LiteLLM proxies); the
+order in which ``shared.core.overflow`` consults them is documented there.
+
+Self-hosted servers word the same refusal many ways, so the overflow and number
+patterns below are phrase families (a stated window, a "longer than / exceeds"
+comparison, "N tokens ... (M tokens)" pairs), not one regex per server string;
+``tests/data/overflow_errors_selfhosted.json`` holds the texts they were checked on.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ TOOL_PAIRING = _rx(
 # Throttling and money: checked before any overflow wording (they mention tokens too).
 CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity")
 QUOTA = _rx(
-    r"quota", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
+    # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease.
+    r"quota(?!increase)", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
     r"credit balance", r"insufficient[_ ](?:balance|credits?|funds)", r"more credits",
     r"can only afford", r"exceeded your current", r"payment required", r"spending limit",
     r"usage limits?\b",
@@ -51,7 +57,7 @@ OVERFLOW_STRONG = _rx(
     r"context[_ ]?(?:length|window)[_ ]?exceeded", r"contextwindowexceeded",
     r"exceed_context_size", r"max(?:imum)? context (?:length|size|window|limit)",
     r"(?:exceeds?|exceeded|over|longer than|larger than|greater than) (?:the |this |your )?"
-    r"(?:model'?s? |endpoint'?s? |available )?(?:maximum |max )?context"
+    r"(?:model'?s? |endpoint'?s? |available |loaded |configured )?(?:maximum |max )?context"
     r"(?: (?:length|window|size|limit))?\b",
     r"context (?:length|window|size) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
     r"exceed context limit",
@@ -70,6 +76,11 @@ OVERFLOW_STRONG = _rx(
     r"prompt has too many tokens", r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?tokens",
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
+    # llama.cpp / LM Studio: the kept prompt does not fit the loaded context.
+    r"cannot truncate prompt", r"n_keep\W{0,3}\d*\W{0,3}>=?\s*n_ctx",
+    # "..., but the configured context size is N tokens" and kin.
+    r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
+    r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
 )
 # An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
 NON_MESSAGE_PARAM = re.compile(r"invalid '(?!messages|input|prompt|contents?\b)[\w.\[\]]+'", re.I)
@@ -103,7 +114,7 @@ CONTENT_FILTER = _rx(
     r"prohibited content", r"guardrail intervened",
 )
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
-                  r"servers? (?:is|are) busy")
+                  r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
 SERVER = _rx(
     r"internal[_ ]server[_ ]error", r"internal error", r"service[_ ]?unavailable",
     r"bad gateway", r"gateway time-?out", r"timed? ?out\b", r"deadline[_ ]exceeded",
@@ -126,7 +137,7 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
     for p, f in (
         (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
          rf"request has {_N} input tokens", ("output", "limit", "prompt")),
-        (rf"maximum context length:? (?:is |of )?{_N}", ("limit",)),
+        (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
         (rf"context length of only {_N}", ("limit",)),
         (rf"your messages resulted in {_N} tokens", ("prompt",)),
         (rf"you requested (?:about )?{_N} tokens", ("total",)),
@@ -134,7 +145,7 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"{_N} (?:in|for) the (?:completion|output)", ("output",)),
         (rf"you requested {_N} output tokens and your prompt contains at least {_N} input tokens"
          rf"(?:, for a total of at least {_N})?", ("output", "prompt", "total")),
-        (rf"your request has {_N} input tokens", ("prompt",)),
+        (rf"your request has {_N} (?:input|prompt) tokens", ("prompt",)),
         (rf"prompt is too long: {_N} tokens > {_N}", ("prompt", "limit")),
         (rf"exceed context limit: {_N} \+ {_N} > {_N}", ("prompt", "output", "limit")),
         (rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
@@ -145,13 +156,9 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"prompt contains {_N} tokens(?: and \d+ draft tokens)?, too large for model with {_N}",
          ("prompt", "limit")),
         (rf"maximum prompt length is {_N} but the request contains {_N}", ("limit", "prompt")),
-        (rf"the input \({_N} tokens\) is longer than the model's context length \({_N}",
-         ("prompt", "limit")),
         (rf"max_new_tokens`? must be <= {_N}\. given: {_N} `?inputs`? tokens and {_N}",
          ("limit", "prompt", "output")),
         (rf"inputs`? must have less than {_N} tokens\. given: {_N}", ("limit", "prompt")),
-        (rf"request \({_N} tokens\) exceeds the available context size \({_N}",
-         ("prompt", "limit")),
         (rf"requested tokens \({_N}\) exceed context window of {_N}", ("total", "limit")),
         (rf"keep the first {_N} tokens when context the overflows", ("prompt",)),
         (rf"exceeded max context length by {_N} tokens", ("excess",)),
@@ -176,6 +183,19 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"n_prompt_tokens[\"']?\s*[:=]\s*{_N}", ("prompt",)),
         (rf"prompt \((?:length )?{_N}(?: tokens)?\) is (?:too long|longer than the maximum model "
          rf"length of {_N})", ("prompt", "limit")),
+        # Families shared by several servers (SGLang, llama.cpp, Ollama, LM Studio, TGI forks):
+        # "(N tokens) is longer than / exceeds / is larger than ... (M tokens)".
+        (rf"\({_N} tokens?\) (?:is )?(?:longer|larger|greater|more) than[^()]{{0,60}}?"
+         rf"\({_N} tokens?\)", ("prompt", "limit")),
+        (rf"\({_N} tokens?\) exceeds?[^()]{{0,60}}?\({_N} tokens?\)", ("prompt", "limit")),
+        # "a total of N tokens: P tokens from the input messages and O tokens for the completion"
+        (rf"total of {_N} tokens:? {_N} tokens? (?:from|in) the (?:input|prompt|messages)"
+         rf"[\w ]{{0,20}}? and {_N} tokens? (?:for|in) the (?:completion|output)",
+         ("total", "prompt", "output")),
+        # LM Studio / llama.cpp: "n_keep (P) >= n_ctx (L)", "(n_keep: P >= n_ctx: L)"
+        (rf"n_keep\W{{0,3}}{_N}\W{{0,3}}>=?\s*n_ctx\W{{0,3}}{_N}", ("prompt", "limit")),
+        (rf"{_N} tokens?,? but the (?:configured |available |loaded |model'?s? )?context "
+         rf"(?:size|length|window) is {_N}", ("prompt", "limit")),
     )
 )
 
