@@ -459,12 +459,15 @@ def known_variables() -> frozenset[str]:
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``(variable, closest setting or None)`` for each ``COMPACTION_*`` name no setting reads."""
     known = known_variables()
+    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
     found = []
     for key in sorted(environ):
         name = key.upper()
         if name.startswith(ENV_PREFIX) and name not in known and name not in NOT_SETTINGS:
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-            found.append((key, close[0] if close else None))
+            # Compared without the prefix, which every candidate shares.
+            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1,
+                                              cutoff=0.6)
+            found.append((key, ENV_PREFIX + close[0] if close else None))
     return found
 
 
