@@ -27,6 +27,7 @@ from kombu.transport.redis import PrefixedStrictRedis
 from redis.credentials import CredentialProvider, StreamingCredentialProvider
 
 from shared.core.config import StoreConfig
+from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
 from shared.store.sessions import SessionStore
 from tests.celery_worker import WorkerProcess, purge_queue, worker_env
@@ -78,7 +79,6 @@ def channel(redis_url: str, key_prefix: str,
     ("sentinel://s1:26379", None),
     ("redis://a:6379/1;redis://b:6379/1", None),  # failover switches take the URL's scheme
     ("redis+socket:///run/redis.sock", None),  # the URL names its transport
-    ("unix:///run/redis.sock", None),  # not a kombu broker URL at all
     ("amqp://guest@rabbit//", None),
     ("memory://", None),
 ])
@@ -88,6 +88,12 @@ def test_only_single_redis_urls_get_this_transport(url: str, expected: str | Non
     conf = create_app(load_settings(broker_url=url)).conf
     _select_worker_transport(conf=conf)  # what a starting `celery worker` runs
     assert conf.broker_transport == expected
+
+
+def test_a_url_kombu_has_no_transport_for_is_refused_at_start() -> None:
+    assert worker_transport("unix:///run/redis.sock") is None  # not a kombu broker URL at all
+    with pytest.raises(ConfigError, match=r"COMPACTION_BROKER_URL='unix:///run/redis\.sock'"):
+        load_settings(broker_url="unix:///run/redis.sock")
 
 
 def test_an_explicit_transport_is_left_alone() -> None:

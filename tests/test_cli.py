@@ -270,9 +270,9 @@ def test_doctor_with_a_bad_redis_url(monkeypatch: pytest.MonkeyPatch, urls: tupl
     code, out, err = cli(capsys, "doctor", "--timeout", "0.5")
     assert code == 1 and "Traceback" not in out + err and "hunter2" not in out
     assert "FAIL redis store cannot reach Redis at redis://:***@127.0.0.1:1/0" in out
-    monkeypatch.setenv("COMPACTION_REDIS_URL", "foo://nowhere")
-    code, out, _ = cli(capsys, "doctor", "--timeout", "0.5")
-    assert code == 1 and "invalid COMPACTION_REDIS_URL" in out
+    monkeypatch.setenv("COMPACTION_REDIS_URL", "foo://nowhere")  # refused by the settings
+    code, _, err = cli(capsys, "doctor", "--timeout", "0.5")
+    assert code == 2 and "COMPACTION_REDIS_URL='foo://nowhere'" in err
 
 
 def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,7 @@ a failure.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from workers.app import celery_config
-from workers.settings import ENV_PREFIX, Settings
+from workers.settings import ENV_PREFIX, FILE_SUFFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -40,7 +41,7 @@ LOCK = DOCKER / "requirements.lock"
 BUILD_LOCK = DOCKER / "build-requirements.lock"
 PROCFILE = ROOT / "Procfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
-AUTH = "ops:correct-horse-battery"
+SECRETS = "/run/secrets/"
 SECRET_NAME = re.compile(r"(API_KEY|SECRET|PASSWORD|PASSWD|TOKEN|BASIC_AUTH|CREDENTIAL)", re.I)
 
 
@@ -96,7 +97,6 @@ def _run_config(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedP
 
 
 def _render(tmp_path: Path, **env: str) -> dict[str, Any]:
-    env.setdefault("FLOWER_BASIC_AUTH", AUTH)
     done = _run_config(tmp_path, **env)
     assert done.returncode == 0, done.stderr
     rendered: dict[str, Any] = _yaml().safe_load(done.stdout)
@@ -205,7 +205,7 @@ def _lock_tool() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The compose file rendered once with only FLOWER_BASIC_AUTH set."""
+    """The compose file rendered once with none of the variables it reads set."""
     return _render(tmp_path_factory.mktemp("compose"))
 
 
@@ -218,25 +218,36 @@ def services(rendered: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------- compose file
 
 def test_compose_file_validates(tmp_path: Path) -> None:
-    done = _run_config(tmp_path, "-q", FLOWER_BASIC_AUTH=AUTH)
+    done = _run_config(tmp_path, "-q")
     assert done.returncode == 0, done.stderr
     assert set(_render(tmp_path)["services"]) == {"redis", "worker", "flower"}
 
 
-@pytest.mark.parametrize("value", [None, ""])
-def test_compose_refuses_to_render_without_flower_credentials(tmp_path: Path,
-                                                              value: str | None) -> None:
-    env = {} if value is None else {"FLOWER_BASIC_AUTH": value}
-    done = _run_config(tmp_path, "-q", **env)
-    assert done.returncode != 0
-    assert "FLOWER_BASIC_AUTH" in done.stderr
+def _secret_sources(service: Mapping[str, Any]) -> set[str]:
+    return {s["source"] if isinstance(s, dict) else str(s) for s in service.get("secrets", [])}
 
 
-def test_flower_credentials_are_mandatory_in_the_file_itself() -> None:
-    flower = _raw()["services"]["flower"]
-    value = _env(flower)["FLOWER_BASIC_AUTH"]
-    # ${VAR:?msg} fails when VAR is unset or empty; ${VAR:-x} or ${VAR} would not.
-    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", value), value
+def test_secrets_are_files_mounted_where_the_file_variables_point(
+        rendered: dict[str, Any]) -> None:
+    """Every *_FILE variable names a secret the service mounts; no secret is a variable."""
+    assert set(rendered["secrets"]) == {"redis_password", "flower_basic_auth",
+                                        "summarizer_api_key"}
+    for secret in rendered["secrets"].values():
+        assert set(secret) == {"file"}, secret  # a host file, not an external or env secret
+    for name, service in rendered["services"].items():
+        env = _env(service)
+        files = {key: str(value) for key, value in env.items() if key.endswith("_FILE")}
+        assert all(path.startswith(SECRETS) for path in files.values()), (name, files)
+        pointed = {path.removeprefix(SECRETS) for path in files.values()}
+        assert pointed <= _secret_sources(service), name
+
+
+def test_flower_gets_its_credentials_from_a_secret_file(services: dict[str, Any]) -> None:
+    flower = services["flower"]
+    env = _env(flower)
+    assert env["FLOWER_BASIC_AUTH_FILE"] == SECRETS + "flower_basic_auth"
+    assert "FLOWER_BASIC_AUTH" not in env and "FLOWER_UNAUTHENTICATED_API" not in env
+    assert _secret_sources(flower) == {"flower_basic_auth", "redis_password"}
 
 
 def test_flower_runs_behind_the_refusing_entry_point(services: dict[str, Any]) -> None:
@@ -245,9 +256,6 @@ def test_flower_runs_behind_the_refusing_entry_point(services: dict[str, Any]) -
         if "flower" in argv or any("flower" in a for a in argv):
             assert argv[:3] == ["python", "-m", "workers.flower_entry"], name
             assert not any(a.startswith(("--basic-auth", "--basic_auth")) for a in argv)
-    flower_env = _env(services["flower"])
-    assert flower_env["FLOWER_BASIC_AUTH"] == AUTH
-    assert "FLOWER_UNAUTHENTICATED_API" not in flower_env
 
 
 def test_flower_is_published_on_localhost_only_by_default(services: dict[str, Any]) -> None:
@@ -259,16 +267,136 @@ def test_flower_healthcheck_uses_its_healthcheck_endpoint(services: dict[str, An
     assert "/healthcheck" in test
 
 
+def _redis_server_argv(redis: Mapping[str, Any]) -> list[str]:
+    """The redis-server line of the service's shell script (it reads the password first)."""
+    argv = _argv(redis)
+    assert argv[:2] == ["sh", "-c"], argv
+    (line,) = [ln.strip() for ln in argv[2].splitlines()
+               if ln.strip().startswith("exec redis-server")]
+    return line.split("<<")[0].split()[1:]
+
+
 def test_redis_persists_with_aof_and_never_evicts(services: dict[str, Any]) -> None:
     redis = services["redis"]
-    argv = _argv(redis)
+    argv = _redis_server_argv(redis)
     assert argv[0] == "redis-server"
     assert _option(argv, "--appendonly") == "yes"
     assert _option(argv, "--maxmemory-policy") == "noeviction"
+    assert _option(argv, "--maxmemory") == "1gb"
     assert any(str(v).split(":")[1] == "/data" for v in redis["volumes"]), redis["volumes"]
     assert not redis.get("ports"), "the broker must not be published on the host"
     health = " ".join(redis["healthcheck"]["test"])
     assert "redis-cli ping" in health and "PONG" in health
+
+
+def test_redis_requires_the_password_from_its_secret(services: dict[str, Any]) -> None:
+    """requirepass arrives on stdin (not argv); the health check authenticates the same way."""
+    redis = services["redis"]
+    script = _argv(redis)[2].replace("$$", "$")  # `config` may print compose's escape
+    assert "cat /run/secrets/redis_password" in script
+    assert "exec redis-server - " in script and "requirepass $password" in script
+    assert "requirepass" not in " ".join(_redis_server_argv(redis))
+    assert "REDISCLI_AUTH=" in " ".join(redis["healthcheck"]["test"])
+    assert _secret_sources(redis) == {"redis_password"}
+    for name in ("worker", "flower"):
+        env = _env(services[name])
+        assert env["COMPACTION_REDIS_PASSWORD_FILE"] == SECRETS + "redis_password", name
+        assert "redis_password" in _secret_sources(services[name]), name
+        for key in ("COMPACTION_REDIS_URL", "COMPACTION_BROKER_URL"):
+            assert "@" not in str(env.get(key, "")), (name, key)  # the password is joined in
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs a redis-server binary")
+def test_the_redis_script_starts_a_redis_that_requires_the_password(tmp_path: Path) -> None:
+    """Run the service's script with a local redis-server (no Docker engine here)."""
+    import redis as redis_py
+
+    from workers.settings import load_settings
+
+    script = _argv(_render(tmp_path)["services"]["redis"])[2].replace("$$", "$")
+    secret = tmp_path / "redis_password"
+    secret.write_text("s3cret-pw\n")
+    port = _free_port()
+    script = script.replace("/run/secrets/redis_password", str(secret)).replace(
+        "exec redis-server - ", f"exec redis-server - --port {port} --dir {tmp_path} "
+        "--bind 127.0.0.1 --save '' ")
+    server = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        _wait_for_port(port)
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis.from_url(url).ping()
+        settings = load_settings(redis_url=url, redis_password="s3cret-pw")
+        assert redis_py.Redis.from_url(settings.redis_url).ping()
+        assert "s3cret-pw" not in Path(f"/proc/{server.pid}/cmdline").read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_the_redis_script_refuses_a_password_urls_would_mangle(tmp_path: Path) -> None:
+    script = _argv(_render(tmp_path)["services"]["redis"])[2].replace("$$", "$")
+    secret = tmp_path / "redis_password"
+    secret.write_text("has space@")
+    script = script.replace("/run/secrets/redis_password", str(secret)).replace(
+        "exec redis-server", "exec false")
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=10,
+                          check=False)
+    assert done.returncode == 1 and "redis_password secret must" in done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_for_port(port: int, timeout: float = 10.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    pytest.fail(f"redis-server did not listen on {port}")
+
+
+def test_every_service_is_limited_restarted_and_not_root(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        assert float(service["cpus"]) > 0, name
+        assert service["mem_limit"], name
+        assert int(service["pids_limit"]) > 0, name
+        assert service["restart"] in ("unless-stopped", "always", "on-failure"), name
+        user = str(service["user"]).split(":")[0]
+        assert user not in ("", "0", "root"), name
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+
+
+def test_redis_memory_limit_leaves_room_above_maxmemory(services: dict[str, Any]) -> None:
+    limit = str(services["redis"]["mem_limit"]).lower()
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    limit_bytes = int(float(limit[:-1]) * units[limit[-1]]) if limit[-1] in units else int(limit)
+    assert limit_bytes >= 1.5 * 2**30  # maxmemory 1gb + the AOF rewrite's fork
+
+
+def test_third_party_images_are_pinned_to_an_exact_version(services: dict[str, Any]) -> None:
+    digest = r"@sha256:[0-9a-f]{64}"
+    exact = re.compile(rf"[^:@]+:\d+\.\d+\.\d+[^@]*({digest})?|[^@]+{digest}")
+    for name, service in services.items():
+        if "build" in service:
+            continue  # built from this repository
+        assert exact.fullmatch(service["image"]), (name, service["image"])
+    args = [a for word, a in _dockerfile_instructions() if word == "ARG"]
+    (base,) = [a.split("=", 1)[1] for a in args if a.startswith("PYTHON_IMAGE=")]
+    assert exact.fullmatch(base), base
 
 
 def test_store_and_broker_are_separate_databases(services: dict[str, Any]) -> None:
@@ -292,6 +420,38 @@ def test_worker_command(services: dict[str, Any]) -> None:
     assert _option(argv, "--pool", "-P") == "threads"
     assert _option(argv, "--concurrency", "-c") == "32"
     assert _option(argv, "-Q", "--queues") == "compaction"
+    assert _option(argv, "--loglevel", "-l") == "INFO"
+    assert "-E" in argv or "--task-events" in argv  # task events for Flower
+
+
+def _worker_shape(argv: list[str]) -> dict[str, str | None]:
+    """What a worker command means, independent of option spelling and order."""
+    return {"app": _option(argv, "-A", "--app"), "pool": _option(argv, "--pool", "-P"),
+            "concurrency": _option(argv, "--concurrency", "-c"),
+            "queues": _option(argv, "--queues", "-Q"),
+            "loglevel": (_option(argv, "--loglevel", "-l") or "").upper() or None,
+            "events": "yes" if ("-E" in argv or "--task-events" in argv) else None,
+            "subcommand": argv[3] if len(argv) > 3 else None}
+
+
+def test_the_documented_worker_commands_are_one_command(services: dict[str, Any]) -> None:
+    """README, Procfile, compose and the image's default command start the same worker."""
+    readme = (ROOT / "README.md").read_text()
+    documented = re.findall(r"`(celery -A workers\.app worker[^`]*)`", readme)
+    assert documented, "README names no worker command"
+    (cmd,) = [args for word, args in _final_stage() if word == "CMD"]
+    commands = {
+        "compose": _argv(services["worker"]),
+        "Procfile": _procfile()["worker"].split(),
+        "Dockerfile": [str(a) for a in json.loads(cmd)],
+        **{f"README {i}": c.split() for i, c in enumerate(documented)},
+    }
+    shapes = {where: _worker_shape(argv) for where, argv in commands.items()}
+    expected = {"app": "workers.app", "pool": "threads", "concurrency": "32",
+                "queues": "compaction", "loglevel": "INFO", "events": "yes",
+                "subcommand": "worker"}
+    for where, shape in shapes.items():
+        assert shape == expected, (where, commands[where])
 
 
 def test_worker_stop_grace_outlasts_soft_shutdown_and_one_llm_call(
@@ -310,15 +470,20 @@ def test_services_wait_for_a_healthy_redis(services: dict[str, Any]) -> None:
 
 
 def test_every_setting_is_passed_through_to_the_worker(services: dict[str, Any]) -> None:
+    """Secrets as their *_FILE variant (a file), every other setting by name."""
     worker_env = _env(services["worker"])
-    expected = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
-    assert expected <= set(worker_env), sorted(expected - set(worker_env))
+    missing = []
+    for name in Settings.model_fields:
+        variable = f"{ENV_PREFIX}{name.upper()}"
+        if variable not in worker_env and f"{variable}{FILE_SUFFIX}" not in worker_env:
+            missing.append(variable)
+    assert not missing, missing
 
 
 def test_unset_settings_stay_unset_so_defaults_apply(services: dict[str, Any]) -> None:
     worker_env = _env(services["worker"])
-    assert worker_env["COMPACTION_SUMMARIZER_API_KEY"] is None
     assert worker_env["COMPACTION_SUMMARIZER"] is None
+    assert worker_env["COMPACTION_TRIGGER_RATIO"] is None
 
 
 def test_summarizer_key_reaches_the_worker_only(tmp_path: Path) -> None:
@@ -326,15 +491,20 @@ def test_summarizer_key_reaches_the_worker_only(tmp_path: Path) -> None:
                        COMPACTION_SUMMARIZER_API_KEY="sk-test-123")["services"]
     worker, flower = _env(services["worker"]), _env(services["flower"])
     assert worker["COMPACTION_SUMMARIZER"] == "openai"
-    assert worker["COMPACTION_SUMMARIZER_API_KEY"] == "sk-test-123"
-    assert "COMPACTION_SUMMARIZER_API_KEY" not in flower
-    assert "sk-test-123" not in str(services["redis"])
+    # Only as a file: a key in the shell is not passed into any container.
+    assert worker["COMPACTION_SUMMARIZER_API_KEY_FILE"] == SECRETS + "summarizer_api_key"
+    assert "summarizer_api_key" in _secret_sources(services["worker"])
+    assert "summarizer_api_key" not in _secret_sources(services["flower"])
+    assert not any(k.startswith("COMPACTION_SUMMARIZER_API_KEY") for k in flower)
+    assert "sk-test-123" not in str(services)
 
 
 def test_no_secret_value_is_written_in_the_file() -> None:
     for name, service in _raw()["services"].items():
         for key, value in _env(service).items():
-            if SECRET_NAME.search(key):
+            if key.endswith("_FILE"):
+                assert str(value).startswith(SECRETS), (name, key)
+            elif SECRET_NAME.search(key):
                 assert value is None or str(value).startswith("${"), (name, key)
 
 
@@ -354,6 +524,7 @@ def test_procfile_has_worker_and_flower() -> None:
     assert {"worker", "flower"} <= set(entries)
     worker = entries["worker"].split()
     assert worker[:4] == ["celery", "-A", "workers.app", "worker"]
+    assert _option(worker, "--loglevel", "-l") == "INFO" and "-E" in worker
     assert _option(worker, "--pool", "-P") == "threads"
     assert not any(arg.startswith("REMAP_SIGTERM") for arg in worker)
     assert _option(worker, "--queues", "-Q") == "compaction"
@@ -432,6 +603,73 @@ def test_lock_pins_satisfy_the_project_requirements() -> None:
         assert name in pins, f"{req} is not in {LOCK.name}"
         assert req.specifier.contains(pins[name], prereleases=True), (str(req), pins[name])
     assert "context-compaction" not in pins
+
+
+def _parse_pins(text: str) -> dict[str, Version]:
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def lock_disagreements(pyproject: str, lock: str) -> list[str]:
+    """What the lock misses or pins outside pyproject's runtime requirements.
+
+    Runtime: ``[project].dependencies`` plus the image's extras; a
+    requirement's own extras (``redis[hiredis]``) are expanded through the
+    installed package's metadata, the only place that says what they add.
+    """
+    from importlib import metadata
+
+    project = tomllib.loads(pyproject)["project"]
+    optional = project.get("optional-dependencies", {})
+    lines = list(project.get("dependencies", []))
+    for extra in _lock_tool().DEFAULT_EXTRAS:
+        lines.extend(optional[extra])
+    pins = _parse_pins(lock)
+    problems = []
+    todo = [(Requirement(line), "pyproject.toml") for line in lines]
+    while todo:
+        req, why = todo.pop()
+        name = canonicalize_name(req.name)
+        if name not in pins:
+            problems.append(f"{req} ({why}) is not pinned")
+            continue
+        if not req.specifier.contains(pins[name], prereleases=True):
+            problems.append(f"{name}=={pins[name]} does not satisfy {req} ({why})")
+        if req.extras:
+            try:
+                requires = metadata.distribution(req.name).requires or []
+            except metadata.PackageNotFoundError:
+                problems.append(f"{req.name} is not installed: cannot expand {req}")
+                continue
+            for line in requires:
+                child = Requirement(line)
+                marker = child.marker
+                if marker is not None and any(marker.evaluate({"extra": e}) for e in req.extras) \
+                        and not marker.evaluate({"extra": ""}):
+                    todo.append((child, f"extra of {req}"))
+    return problems
+
+
+def test_every_runtime_requirement_with_its_extras_is_pinned_in_the_lock() -> None:
+    problems = lock_disagreements((ROOT / "pyproject.toml").read_text(), LOCK.read_text())
+    assert not problems, ("docker/requirements.lock disagrees with pyproject.toml "
+                          f"(regenerate: .venv/bin/python docker/lock_requirements.py): {problems}")
+
+
+def test_the_lock_check_catches_a_missing_extra_and_a_pin_out_of_range() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    lock = LOCK.read_text()
+    without_hiredis = "\n".join(ln for ln in lock.splitlines() if not ln.startswith("hiredis=="))
+    assert any("hiredis" in p and "not pinned" in p
+               for p in lock_disagreements(pyproject, without_hiredis))
+    old_celery = re.sub(r"(?m)^celery==.*$", "celery==4.4.7", lock)
+    assert any(p.startswith("celery==4.4.7 does not satisfy")
+               for p in lock_disagreements(pyproject, old_celery))
 
 
 def test_lock_is_closed_where_the_environment_matches_it() -> None:

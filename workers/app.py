@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Any
 
 from celery import Celery
@@ -156,7 +157,21 @@ def create_app(settings: Settings | None = None) -> Celery:
     return app
 
 
-app = create_app()
+def _app_for_startup() -> Celery:
+    """The module's app; a configuration error is one line on stderr and exit status 2.
+
+    ``celery -A workers.app worker`` (and Flower, and the image's health
+    check) import this module first: without this, a bad setting would be
+    Celery's "Unable to load celery application" with a traceback.
+    """
+    try:
+        return create_app()
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+app = _app_for_startup()
 
 
 @celeryd_init.connect

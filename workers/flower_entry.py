@@ -10,8 +10,15 @@ Flower's own format), then replaces itself with
 never appear on a command line (``ps``, ``/proc/<pid>/cmdline``), and the
 wrapper rejects ``--basic-auth`` arguments for the same reason.
 
+``FLOWER_BASIC_AUTH_FILE=/run/secrets/flower_basic_auth`` reads the value
+from a file instead (Docker secrets: the credentials are then not in the
+container's configuration, ``docker inspect``); the wrapper hands it to
+Flower in the exec'd process's environment. Setting both is an error.
+
 Other Flower options pass through unchanged, as arguments (``--port=5555``)
-or as ``FLOWER_<OPTION>`` environment variables.
+or as ``FLOWER_<OPTION>`` environment variables. The app's own settings
+(``COMPACTION_*``) are checked when Flower imports ``workers.app``: a bad
+one is a single line and exit status 2, like the worker's.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from shared.core.errors import ConfigError
+from workers.settings import FILE_SUFFIX, read_secret_file
 
 ENV_VAR = "FLOWER_BASIC_AUTH"
+FILE_VAR = ENV_VAR + FILE_SUFFIX
 APP = "workers.app"
 _FORBIDDEN_ARGS = ("--basic-auth", "--basic_auth")
 
@@ -38,7 +47,7 @@ def parse_basic_auth(value: str | None) -> list[tuple[str, str]]:
     """
     if value is None or not value.strip():
         raise ConfigError(f"{ENV_VAR} is not set: Flower refuses to start without "
-                          f"authentication; set {ENV_VAR}=user:password")
+                          f"authentication; set {ENV_VAR}=user:password or {ENV_VAR}_FILE=<path>")
     pairs: list[tuple[str, str]] = []
     for position, entry in enumerate(value.split(","), start=1):
         where = f"{ENV_VAR} entry {position}"
@@ -55,6 +64,26 @@ def parse_basic_auth(value: str | None) -> list[tuple[str, str]]:
     return pairs
 
 
+def credentials_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for Flower: ``FLOWER_BASIC_AUTH`` read from ``FLOWER_BASIC_AUTH_FILE`` if set."""
+    out = dict(env)
+    path = out.pop(FILE_VAR, None)
+    if path is None:
+        return out
+    if ENV_VAR in out:
+        raise ConfigError(f"{ENV_VAR} and {FILE_VAR} are both set: keep one")
+    value = read_secret_file(FILE_VAR, path)
+    if not value.strip():
+        raise ConfigError(f"{FILE_VAR}={path}: the file is empty; Flower refuses to start "
+                          "without authentication")
+    try:
+        parse_basic_auth(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{FILE_VAR}={path}: {exc}") from None
+    out[ENV_VAR] = value
+    return out
+
+
 def flower_command(args: Sequence[str]) -> list[str]:
     """The command this wrapper becomes; refuses credentials passed as arguments."""
     for arg in args:
@@ -68,8 +97,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
          execve: Callable[[str, list[str], dict[str, str]], object] = os.execve) -> int:
     """Validate, then exec Flower with ``environ`` (returns only on a configuration error)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    env = dict(os.environ if environ is None else environ)
     try:
+        env = credentials_environment(os.environ if environ is None else environ)
         parse_basic_auth(env.get(ENV_VAR))
         command = flower_command(args)
     except ConfigError as exc:
@@ -85,4 +114,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["ENV_VAR", "flower_command", "main", "parse_basic_auth"]
+__all__ = ["ENV_VAR", "FILE_VAR", "credentials_environment", "flower_command", "main",
+           "parse_basic_auth"]
