@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
 from workers.flower_entry import FILE_VAR, credentials_environment
 from workers.settings import (
     ENV_PREFIX,
@@ -47,7 +47,7 @@ COMMANDS = {
     "worker": [*_script("celery", "celery"), "-A", "workers.app", "worker", "--pool", "threads",
                "--concurrency", "2", "--queues", "compaction", "--loglevel", "INFO", "-E"],
     "flower": [sys.executable, "-m", "workers.flower_entry", "--port=1"],
-    "cli": [*_script("compaction", "workers.cli"), "stats", "some-session"],
+    "cli": [*_script("compaction", "workers.cli.main"), "stats", "some-session"],
 }
 
 
