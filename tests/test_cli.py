@@ -195,7 +195,7 @@ def test_compact_wait_history_and_rewind(session: SessionStore,
     assert code == 0 and f"watermark {target}" in out
     assert session.state(SESSION).watermark == target
     code, _, err = cli(capsys, "rewind", SESSION, str(target + 1))
-    assert code == 1 and "no kept summary at watermark" in err and "Traceback" not in err
+    assert code == 2 and "no kept summary at watermark" in err and "Traceback" not in err
     code, out, _ = cli(capsys, "rewind", SESSION, "0")
     assert code == 0 and "no summary is current" in out
 
@@ -223,7 +223,7 @@ def test_unreachable_redis_is_one_clean_line(monkeypatch: pytest.MonkeyPatch,
                  ["compact", "s"]):
         code, _, err = cli(capsys, *argv)
         assert code == 1
-        assert err.startswith("error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
+        assert err.startswith("compaction: error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
         assert "hunter2" not in err and "Traceback" not in err
 
 

@@ -20,10 +20,10 @@ from rich.text import Text
 from shared.core.budget import BudgetReport
 from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUnavailable
 from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
+from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect, redis_errors
-from workers.harness.embedded import redact_url
-from workers.runtime import token_counter
+from workers.cli._format import human, pct, redact_url
 from workers.settings import Settings
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
@@ -65,7 +65,9 @@ def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
     with store_errors(settings.redis_url), redis_errors("ping"):
         client.ping()
     return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
-                        counter=token_counter(settings))
+                        counter=build_counter(settings.token_counter,
+                                              encoding=settings.tiktoken_encoding,
+                                              encoding_dir=settings.tiktoken_dir))
 
 
 def load_session(store: SessionStore, session_id: str) -> ViewData:
@@ -118,15 +120,6 @@ class DryRunStore(SessionStore):
 
 
 # -- numbers ---------------------------------------------------------------------------
-def human(tokens: float) -> str:
-    """12345 -> '12.3k'."""
-    if abs(tokens) >= 1_000_000:
-        return f"{tokens / 1_000_000:.1f}M"
-    if abs(tokens) >= 1000:
-        return f"{tokens / 1000:.1f}k"
-    return f"{int(tokens)}"
-
-
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in [0, 100]); 0.0 for no values."""
     if not values:
@@ -181,9 +174,9 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
         else:
             bar.append("░", style="grey50")
     usage = Text.assemble(("context ", "bold"), bar,
-                          (f" {meter.usage_ratio:4.0%}", f"bold {meter.colour}"))
+                          (f" {pct(meter.usage_ratio):>4}", f"bold {meter.colour}"))
     detail = Text(f"        {human(used)} of {human(budget)} input tokens · trigger "
-                  f"{meter.trigger_ratio:.0%} · window {human(meter.window)}", style="grey70")
+                  f"{pct(meter.trigger_ratio)} · window {human(meter.window)}", style="grey70")
     split = Text("window  ", style="bold")
     cells = 0
     scale = width / max(1, meter.window)

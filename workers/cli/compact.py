@@ -20,12 +20,11 @@ from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from workers.cli._common import (
     add_json,
     add_session,
-    human,
     load_session,
     open_store,
     store_errors,
 )
-from workers.harness.embedded import redact_url, worker_app_with
+from workers.cli._format import human, redact_url
 from workers.settings import Settings
 
 
@@ -79,6 +78,7 @@ def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
 
 def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The real task, applied in this process (Celery's eager ``apply``)."""
+    from workers.harness.embedded import worker_app_with
     from workers.tasks import compact
 
     with store_errors(settings.redis_url), worker_app_with(settings):

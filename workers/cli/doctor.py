@@ -28,7 +28,7 @@ from rich.markup import escape
 
 from shared.enqueue import QUEUE, publisher_app
 from shared.store.sessions import connect
-from workers.harness.embedded import MEMORY_BROKER, redact_url
+from workers.cli._format import redact_url
 from workers.settings import Settings
 
 Verdict = Literal["OK", "WARN", "FAIL"]
@@ -37,6 +37,7 @@ STYLES = {"OK": "bold green", "WARN": "bold dark_orange", "FAIL": "bold red"}
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
 PINGS = 5
+MEMORY_BROKER = "memory://"  # the embedded stack's in-process broker
 
 
 @dataclass(frozen=True, slots=True)

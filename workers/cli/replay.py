@@ -22,16 +22,14 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workers.harness.replay.report import (
-    SessionReport,
-    render_causes,
-    render_markdown,
-    trace_causes,
-)
-from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
 from workers.settings import Settings
+
+if TYPE_CHECKING:  # the harness needs the 'openai' extra: imported when the command runs
+    from workers.harness.replay.report import SessionReport
+
+EXTRA = "openai"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +96,10 @@ def _progress(report: SessionReport) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    # A missing extra (openai) surfaces as ModuleNotFoundError: main turns it into one line.
+    from workers.harness.replay.report import render_causes, render_markdown, trace_causes
+    from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
+
     options = ReplayOptions(
         window=args.window, max_tokens=args.max_tokens, model=args.model,
         parallel=args.parallel, workers=args.workers, concurrency=args.concurrency,
