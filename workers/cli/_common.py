@@ -19,6 +19,7 @@ from rich.text import Text
 
 from shared.core.budget import BudgetReport
 from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUnavailable
+from shared.core.limits import model_limits
 from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
 from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
@@ -28,6 +29,7 @@ from workers.settings import Settings
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
 UNREACHABLE = "cannot reach Redis at"
+LEGEND_WIDTH = 72  # a meter inside a panel on an 80-column terminal
 REGION_STYLES = {"system": "blue", "summary": "magenta", "tools": "cyan", "history": "white"}
 
 
@@ -90,8 +92,25 @@ def guard_for(store: SessionStore, settings: Settings, data: ViewData,
     state = data.state
     overrides: dict[str, int] = {}
     if state.model and state.window and (model is None or model == state.model):
-        overrides[state.model] = state.window
+        learned = {state.model: state.learned_window} if state.learned_window else None
+        own = model_limits(state.model, learned=learned)
+        if own.context_window != state.window:  # the agent's guard had an override
+            overrides[state.model] = state.window
     return ContextGuard(store, policy=settings.policy(), overrides=overrides)
+
+
+WINDOW_SOURCES = {
+    "registry": "model registry",
+    "provider_default": "provider family default",
+    "override": "override given to the agent's guard",
+    "learned": "learned from an overflow error",
+    "fallback": "default fallback: unknown model",
+}
+
+
+def window_source(source: str) -> str:
+    """Where a window came from, in words (``ModelLimits.source``)."""
+    return WINDOW_SOURCES.get(source, source)
 
 
 class DryRunStore(SessionStore):
@@ -186,13 +205,21 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
                      style=REGION_STYLES.get(name, "grey50"))
         cells += n
     split.append("·" * (width - cells), style="grey35")
-    legend = Text("        ")
-    for name, tokens in meter.regions.items():
-        legend.append("■ ", style=REGION_STYLES.get(name, "white"))
-        legend.append(f"{name} {human(tokens)}  ")
-    legend.append("▒ ", style="grey50")
-    legend.append(f"reserve {human(meter.reserve)}")
-    return Group(usage, detail, split, legend)
+    items = [("■ ", REGION_STYLES.get(name, "white"), f"{name} {human(tokens)}")
+             for name, tokens in meter.regions.items()]
+    items.append(("▒ ", "grey50", f"reserve {human(meter.reserve)}"))
+    lines: list[Text] = []
+    line = Text("        ")
+    for mark, style, label in items:  # wrapped by item, never inside one: fits 76 columns
+        if len(line.plain) > 8 and len(line.plain) + 2 + len(mark) + len(label) > LEGEND_WIDTH:
+            lines.append(line)
+            line = Text("        ")
+        if len(line.plain) > 8:
+            line.append("  ")
+        line.append(mark, style=style)
+        line.append(label)
+    lines.append(line)
+    return Group(usage, detail, split, *lines)
 
 
 __all__ = [
@@ -207,4 +234,5 @@ __all__ = [
     "percentile",
     "render_meter",
     "store_errors",
+    "window_source",
 ]

@@ -357,12 +357,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with store_errors(backends.store_url or "fakeredis"), open_stack(
             settings, backends, concurrency=args.concurrency) as stack:
         replay = Replay(stack, settings, args, session_id)
-        if args.json:
-            def collect(*_: object) -> None:
-                replay.landed()
+        if args.json:  # stdout is the JSON; a transient progress bar goes to stderr
+            progress = Progress(TextColumn("[bold]replaying turns"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                transient=True)
+            with progress:
+                task = progress.add_task("turns", total=len(replay.turns))
 
-            _play(replay, collect)
-            stack.wait_idle(session_id, IDLE_TIMEOUT)
+                def collect(index: int, *_: object) -> None:
+                    replay.landed()
+                    progress.update(task, completed=index + 1)
+
+                _play(replay, collect)
+                progress.update(task, description="waiting for the workers")
+                stack.wait_idle(session_id, IDLE_TIMEOUT)
             replay.landed()
         else:
             console.print(f"[bold]compaction demo[/]: {len(replay.turns)} turns, window "

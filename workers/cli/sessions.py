@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shared.core.errors import InvalidInput
@@ -163,16 +164,21 @@ def ago(seconds: int | None) -> str:
     return f"{seconds} s ago"
 
 
-def render(page: Page, *, width: int | None = None) -> Table:
+def render(page: Page, width: int = 80) -> Table:
     table = Table(box=None, pad_edge=False, title_justify="left",
                   title=f"{len(page.sessions)} session(s)")
-    table.add_column("tenant", overflow="ellipsis", no_wrap=True, max_width=14)
-    table.add_column("session", overflow="ellipsis", no_wrap=True, max_width=28)
+    # 80 columns: the session id gives way (ellipsis), the figures never do.
+    table.add_column("tenant", overflow="ellipsis", no_wrap=True, max_width=12)
+    tenant_width = min(12, max([6, *(len(r.tenant) for r in page.sessions)]))
+    session_width = max(8, min(max([7, *(len(r.session_id) for r in page.sessions)]),
+                               width - tenant_width - 46 - 10))
+    table.add_column("session", overflow="ellipsis", no_wrap=True, max_width=session_width)
     for name in ("messages", "tokens", "watermark"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("last activity", no_wrap=True)
+    table.add_column("last activity", no_wrap=True, min_width=13)
     for row in page.sessions:
-        table.add_row(clip(row.tenant, 14), clip(row.session_id, 28), str(row.messages),
+        table.add_row(clip(row.tenant, 12), escape(clip(row.session_id, session_width)),
+                      str(row.messages),
                       human(row.tokens), str(row.watermark), ago(row.idle_seconds))
     return table
 
@@ -192,7 +198,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     console = Console()
     if page.sessions:
-        console.print(render(page))
+        console.print(render(page, console.width))
     else:
         console.print("no sessions found" + (f" in tenant {args.tenant!r}" if args.tenant else "")
                       + (f" starting with {args.prefix!r}" if args.prefix else ""))
