@@ -29,7 +29,9 @@ from workers.cli._common import open_store, store_errors
 from workers.cli._format import clip, human
 from workers.settings import Settings
 
-SCAN_COUNT = 500  # keys looked at per SCAN call
+SCAN_KEYS_PER_ROW = 2  # SCAN COUNT per requested row: a session has ~6 keys, one of them
+# its state key, so a page takes a few SCAN calls and overshoots --limit by about a third.
+SCAN_COUNT_MAX = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +107,9 @@ def list_page(store: SessionStore, *, tenant: str | None = None, prefix: str = "
     pattern = scan_pattern(key_prefix, tenant, prefix)
     client = store.redis
     found: list[tuple[str, str]] = []
+    count = max(20, min(SCAN_COUNT_MAX, limit * SCAN_KEYS_PER_ROW))
     while True:
-        cursor, keys = client.scan(cursor=cursor, match=pattern, count=SCAN_COUNT)
+        cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
         for raw in keys:
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             parsed = _parse_state_key(key, key_prefix)
