@@ -9,6 +9,30 @@ from __future__ import annotations
 import os
 import shutil
 
+DISTRIBUTION = "context-compaction"
+
+# Top-level module of an optional dependency -> the extra that installs it.
+EXTRAS = {
+    "openai": "openai",
+    "google": "vertex",
+    "tiktoken": "tiktoken",
+    "tiktoken_ext": "tiktoken",
+    "flower": "flower",
+    "fakeredis": "embedded",
+    "lupa": "embedded",
+}
+
+
+def extra_for(exc: ModuleNotFoundError) -> str | None:
+    """The extra that installs the module ``exc`` could not find (None: not an extra's)."""
+    name = exc.name or str(exc).partition("No module named ")[2].split()[0].strip("'\"")
+    return EXTRAS.get(name.split(".")[0]) if name else None
+
+
+def needs_extra(what: str, extra: str) -> str:
+    """``replay needs the 'openai' extra: pip install 'context-compaction[openai]'``."""
+    return f"{what} needs the '{extra}' extra: pip install '{DISTRIBUTION}[{extra}]'"
+
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe to print)."""
@@ -53,4 +77,5 @@ def terminal_width(default: int = 80) -> int:
     return max(40, width)
 
 
-__all__ = ["clip", "human", "pct", "redact_url", "terminal_width"]
+__all__ = ["DISTRIBUTION", "EXTRAS", "clip", "extra_for", "human", "needs_extra", "pct",
+           "redact_url", "terminal_width"]

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
+from workers.cli._format import DISTRIBUTION, extra_for, needs_extra
 
 PROG = "compaction"
 PREFIX = f"{PROG}: error: "
-DISTRIBUTION = "context-compaction"
 
 COMMANDS = {
     "demo": "Replay a long generated agent session through the guard and workers (embedded).",
@@ -41,26 +41,13 @@ COMMANDS = {
 DESCRIPTION = ("Keep LLM conversations inside the context window: inspect and operate the "
                "sessions in Redis, or run the embedded demo (`compaction demo`).")
 
-# Top-level module of an optional dependency -> the extra that installs it.
-EXTRAS = {
-    "openai": "openai",
-    "google": "vertex",
-    "tiktoken": "tiktoken",
-    "tiktoken_ext": "tiktoken",
-    "flower": "flower",
-    "fakeredis": "embedded",
-    "lupa": "embedded",
-}
-
-
 class MissingExtra(CompactionError):
     """A command needs an optional extra that is not installed."""
 
     def __init__(self, command: str, extra: str) -> None:
         self.command = command
         self.extra = extra
-        super().__init__(f"{command} needs the '{extra}' extra: "
-                         f"pip install '{DISTRIBUTION}[{extra}]'")
+        super().__init__(needs_extra(command, extra))
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,9 +77,8 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 
 def _missing_extra(exc: ModuleNotFoundError, command: str) -> MissingExtra | None:
-    name = exc.name or str(exc).partition("No module named ")[2].split()[0].strip("'\"")
-    top = name.split(".")[0] if name else ""
-    return MissingExtra(command, EXTRAS[top]) if top in EXTRAS else None
+    extra = extra_for(exc)
+    return MissingExtra(command, extra) if extra else None
 
 
 def load_command(name: str) -> object:
