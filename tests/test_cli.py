@@ -544,3 +544,54 @@ def test_unknown_model_warns_once_and_stats_names_the_fallback(
     code, out, _ = cli(capsys, "stats", "w-fallback")
     assert code == 0 and "default fallback" in out
     assert "model registry" in cli(capsys, "stats", "w-registry")[1]
+
+
+# -- optional extras ----------------------------------------------------------------------
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import workers.cli.replay
+
+    def needs_openai(*_: Any) -> int:
+        raise ModuleNotFoundError("No module named 'openai'", name="openai")
+
+    monkeypatch.setattr(workers.cli.replay, "run", needs_openai)
+    code, out, err = cli(capsys, "replay", "sessions.jsonl")
+    assert code == 2 and out == ""
+    assert err == ("compaction: error: replay needs the 'openai' extra: "
+                   "pip install 'context-compaction[openai]'\n")
+
+    def broken(*_: Any) -> int:
+        raise ModuleNotFoundError("No module named 'nonexistent'", name="nonexistent")
+
+    monkeypatch.setattr(workers.cli.replay, "run", broken)
+    with pytest.raises(ModuleNotFoundError):  # a real bug is not disguised as an extra
+        main(["replay", "sessions.jsonl"])
+
+
+def test_the_cli_and_the_demo_load_no_optional_dependency() -> None:
+    """``compaction --help`` and the embedded demo never load a provider SDK or tokenizer."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from workers.cli.main import main\n"
+        "for argv in (['--help'], *([c, '--help'] for c in "
+        "('demo','sessions','stats','show','compact','history','rewind','doctor','replay'))):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "import shared; shared.ContextGuard, shared.SessionStore, shared.from_openai\n"
+        "tops = ('openai', 'google', 'tiktoken', 'flower', 'langchain')\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in tops)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+        "assert main(['demo', '--turns', '4', '--pace', '0', '--json']) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in tops[:2] + tops[3:])\n"
+        "print('DEMO', heavy, file=sys.stderr)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("COMPACTION_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180, check=False, env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "HEAVY []" in done.stderr, done.stderr[-2000:]
+    # the demo's provider simulation counts with tiktoken when it is installed (imported
+    # inside a function, chars/4 otherwise); no provider SDK is ever loaded
+    assert "DEMO []" in done.stderr, done.stderr[-2000:]
