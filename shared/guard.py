@@ -38,7 +38,7 @@ from shared.core.cheap import plan_cheap_stages
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
-from shared.core.messages import Message, validate_messages
+from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.records import AppendResult, SessionState, SummaryRecord, ViewData
@@ -445,6 +445,7 @@ class ContextGuard:
         and the next turn enqueues again anyway.
         """
         encoded = self.store.encode(session_id, messages)
+        check_tool_results(messages)  # an orphan tool result: InvalidInput naming its index
         reported = reported_prompt_tokens(usage)
         sent = self._sent.pop(session_id, None) if reported is not None else None
         fields = (self._calibration(session_id, reported, sent)

@@ -195,7 +195,7 @@ def test_compact_wait_history_and_rewind(session: SessionStore,
     assert code == 0 and f"watermark {target}" in out
     assert session.state(SESSION).watermark == target
     code, _, err = cli(capsys, "rewind", SESSION, str(target + 1))
-    assert code == 1 and "no kept summary at watermark" in err and "Traceback" not in err
+    assert code == 2 and "no kept summary at watermark" in err and "Traceback" not in err
     code, out, _ = cli(capsys, "rewind", SESSION, "0")
     assert code == 0 and "no summary is current" in out
 
@@ -223,7 +223,7 @@ def test_unreachable_redis_is_one_clean_line(monkeypatch: pytest.MonkeyPatch,
                  ["compact", "s"]):
         code, _, err = cli(capsys, *argv)
         assert code == 1
-        assert err.startswith("error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
+        assert err.startswith("compaction: error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
         assert "hunter2" not in err and "Traceback" not in err
 
 
@@ -374,3 +374,224 @@ def test_agent_loop_example_calls_tools_and_recovers_from_an_overflow(
         assert agent_store.state(session_id).learned_window == 3000
     finally:
         agent_store.delete_session(session_id)
+
+
+# -- a CLI like the well-made ones ------------------------------------------------------------
+def widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.strip() == f"compaction {metadata.version('context-compaction')}"
+
+
+def test_stats_history_show_sessions_fit_80_columns(
+        session: SessionStore, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    session.for_tenant("a-long-tenant-name").append("x" * 120, split_turns(1)[0])
+    assert cli(capsys, "compact", SESSION, "--wait")[0] == 0
+    monkeypatch.setenv("COLUMNS", "80")
+    for argv in (["stats", SESSION], ["history", SESSION], ["show", SESSION],
+                 ["show", SESSION, "--chars", "0"], ["sessions"], ["doctor", "--timeout", "0.3"]):
+        code, out, err = cli(capsys, *argv)
+        assert code in (0, 1) and out, (argv, err)
+        assert widest(out) <= 80, (argv, max(out.splitlines(), key=len))
+        assert "-0%" not in out and "-0.0%" not in out
+
+
+def test_stats_history_show_have_json(session: SessionStore,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_json(capsys, "stats", SESSION)["limits_detail"].startswith("override")
+    assert isinstance(cli_json(capsys, "history", SESSION), list)
+    assert cli_json(capsys, "show", SESSION)["messages"]
+
+
+def test_pct_and_human_never_print_negative_zero() -> None:
+    from workers.cli._format import human, pct
+
+    assert pct(-0.0) == "0%" and pct(-0.0001, 1) == "0.0%" and pct(-0.004) == "0%"
+    assert pct(-0.5) == "-50%" and pct(0.123, 1) == "12.3%" and pct(1.0) == "100%"
+    assert human(-0.0) == "0" and human(-40) == "-40" and human(12_345) == "12.3k"
+
+
+def test_errors_have_one_prefix_never_stacked(
+        urls: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.cli.main import message_of
+
+    assert message_of(Exception("error: error: boom")) == "boom"
+    assert message_of(Exception("compaction: error: configuration error: X")) == "X"
+    cases = [(["stats", "nobody"], 1), (["sessions", "--prefix", "bad id"], 2),
+             (["show", "nobody", "--tools", "/nonexistent.json"], 2), (["stats"], 2),
+             (["sessions", "--limit", "0"], 2), (["rewind", "s", "x"], 2)]
+    for argv, expected in cases:
+        try:
+            code, _, err = cli(capsys, *argv)
+        except SystemExit as stopped:  # argparse: usage line, then the error line
+            code, err = int(str(stopped.code)), capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert code == expected, (argv, err)
+        assert last.startswith("compaction: error: "), (argv, err)
+        assert last.count("error:") == 1 and "Traceback" not in err, (argv, err)
+    monkeypatch.setenv("COMPACTION_TRIGGER_RATIO", "2")
+    code, _, err = cli(capsys, "stats", "s")
+    assert code == 2 and err.count("error") == 1 and err.startswith("compaction: error: ")
+
+
+# -- sessions ------------------------------------------------------------------------------------
+def test_sessions_lists_filters_and_pages_with_scan(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    turn = split_turns(1)[0]
+    for i in range(130):
+        store.append(f"job-{i:03d}", turn)
+    store.for_tenant("acme").append("job-999", turn)
+    store.append("other-1", turn)
+    commands: list[str] = []
+    real_execute = redis.Redis.execute_command
+
+    def spy(self: redis.Redis, *args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]).upper())
+        return real_execute(self, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", spy)
+    first = cli_json(capsys, "sessions", "--limit", "20")
+    assert "KEYS" not in commands and "SCAN" in commands
+    rows = first["sessions"]
+    assert len(rows) >= 20 and first["cursor"] != 0
+    row = rows[0]
+    assert set(row) == {"tenant", "session_id", "messages", "tokens", "watermark", "model",
+                        "idle_seconds"}
+    assert row["messages"] == len(turn) and row["tokens"] > 0
+    seen = {(r["tenant"], r["session_id"]) for r in rows}
+    cursor = first["cursor"]
+    while cursor:
+        page = cli_json(capsys, "sessions", "--limit", "20", "--cursor", str(cursor))
+        seen |= {(r["tenant"], r["session_id"]) for r in page["sessions"]}
+        cursor = page["cursor"]
+    assert len(seen) == 132 and ("acme", "job-999") in seen
+    acme = cli_json(capsys, "sessions", "--tenant", "acme", "--limit", "1000")
+    assert [r["session_id"] for r in acme["sessions"]] == ["job-999"] and acme["cursor"] == 0
+    other = cli_json(capsys, "sessions", "--prefix", "other", "--limit", "1000")
+    assert [r["session_id"] for r in other["sessions"]] == ["other-1"]
+    code, out, _ = cli(capsys, "sessions", "--limit", "10")
+    assert code == 0 and "next page: compaction sessions --cursor" in out
+    assert "last activity" in out and "job-" in out
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def test_bad_usage_and_orphan_tool_results_name_the_field(store: SessionStore) -> None:
+    from shared.core.errors import InvalidInput
+
+    guard = ContextGuard(store)
+    user = {"role": "user", "content": "hi"}
+    answer = {"role": "assistant", "content": "hello"}
+    with pytest.raises(InvalidInput) as bad:
+        guard.record_turn("bad-1", [user, answer], usage={"prompt_tokens": "abc"})
+    assert bad.value.field == "usage.prompt_tokens" and "'abc'" in str(bad.value)
+    for usage, field in [({"prompt_tokens": -3}, "usage.prompt_tokens"),
+                         ({"input_tokens": 10, "cache_read_input_tokens": "x"},
+                          "usage.cache_read_input_tokens"),
+                         ({"prompt_tokens": 5, "completion_tokens": [1]},
+                          "usage.completion_tokens"),
+                         ("abc", "usage"), (True, "usage")]:
+        with pytest.raises(InvalidInput) as bad:
+            guard.record_turn("bad-1", [user, answer], usage=usage)
+        assert bad.value.field == field, usage
+    assert store.length("bad-1") == 0, "nothing is written when the input is bad"
+    guard.record_turn("bad-1", [user, answer], usage={"prompt_tokens": 12.0, "total_tokens": 20})
+
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "name": "f", "arguments": "{}"}]}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
+    orphan = {"role": "tool", "tool_call_id": "call_x", "content": "??"}
+    with pytest.raises(InvalidInput) as bad:
+        guard.record_turn("bad-2", [user, call, result, orphan, answer])
+    assert bad.value.field == "messages[3].tool_call_id" and "call_x" in str(bad.value)
+    assert store.length("bad-2") == 0
+    guard.record_turn("bad-2", [user, call, result, answer])
+    # a turn that continues a stored call (results first) is not an orphan
+    guard.record_turn("bad-2", [result, answer])
+
+
+# -- where the window comes from ------------------------------------------------------------------
+def test_unknown_model_warns_once_and_stats_names_the_fallback(
+        store: SessionStore, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import secrets
+
+    from shared.core.limits import model_limits
+
+    model = f"house-model-{secrets.token_hex(3)}"
+    with caplog.at_level("WARNING", logger="shared.core.limits"):
+        for _ in range(3):
+            assert model_limits(model).context_window == 128_000
+    warnings = [r.getMessage() for r in caplog.records if model in r.getMessage()]
+    assert len(warnings) == 1 and "128000" in warnings[0] and "fallback" in warnings[0]
+
+    guard = ContextGuard(store)
+    turns = split_turns(2)
+    for sid, kind in (("w-fallback", model), ("w-registry", "gpt-4o")):
+        guard.prepare(sid, "sys", None, 500, kind, pending=turns[0][:1])
+        guard.record_turn(sid, turns[0])
+    assert cli_json(capsys, "stats", "w-fallback")["limits_source"] == "fallback"
+    assert cli_json(capsys, "stats", "w-registry")["limits_source"] == "registry"
+    code, out, _ = cli(capsys, "stats", "w-fallback")
+    assert code == 0 and "default fallback" in out
+    assert "model registry" in cli(capsys, "stats", "w-registry")[1]
+
+
+# -- optional extras ----------------------------------------------------------------------
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import workers.cli.replay
+
+    def needs_openai(*_: Any) -> int:
+        raise ModuleNotFoundError("No module named 'openai'", name="openai")
+
+    monkeypatch.setattr(workers.cli.replay, "run", needs_openai)
+    code, out, err = cli(capsys, "replay", "sessions.jsonl")
+    assert code == 2 and out == ""
+    assert err == ("compaction: error: replay needs the 'openai' extra: "
+                   "pip install 'context-compaction[openai]'\n")
+
+    def broken(*_: Any) -> int:
+        raise ModuleNotFoundError("No module named 'nonexistent'", name="nonexistent")
+
+    monkeypatch.setattr(workers.cli.replay, "run", broken)
+    with pytest.raises(ModuleNotFoundError):  # a real bug is not disguised as an extra
+        main(["replay", "sessions.jsonl"])
+
+
+def test_the_cli_and_the_demo_load_no_optional_dependency() -> None:
+    """``compaction --help`` and the embedded demo never load a provider SDK or tokenizer."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from workers.cli.main import main\n"
+        "for argv in (['--help'], *([c, '--help'] for c in "
+        "('demo','sessions','stats','show','compact','history','rewind','doctor','replay'))):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "import shared; shared.ContextGuard, shared.SessionStore, shared.from_openai\n"
+        "tops = ('openai', 'google', 'tiktoken', 'flower', 'langchain')\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in tops)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+        "assert main(['demo', '--turns', '4', '--pace', '0', '--json']) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in tops[:2] + tops[3:])\n"
+        "print('DEMO', heavy, file=sys.stderr)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("COMPACTION_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180, check=False, env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "HEAVY []" in done.stderr, done.stderr[-2000:]
+    # the demo's provider simulation counts with tiktoken when it is installed (imported
+    # inside a function, chars/4 otherwise); no provider SDK is ever loaded
+    assert "DEMO []" in done.stderr, done.stderr[-2000:]

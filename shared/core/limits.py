@@ -13,12 +13,14 @@ names its source. Precedence, strongest first:
    separate from their output cap (gpt-5, Gemini) that makes
    ``window - reserve`` conservative, never too large.
 4. ``provider_default``: a family default by name prefix (``PROVIDER_DEFAULTS``).
-5. ``fallback``: 128k window, 4096 output, visible as ``source == "fallback"``.
+5. ``fallback``: 128k window, 4096 output, visible as ``source == "fallback"`` and
+   logged once per model string and process (a warning naming model and window).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections import Counter
@@ -45,6 +47,8 @@ __all__ = [
     "model_limits",
     "output_reserve",
 ]
+
+log = logging.getLogger(__name__)
 
 LimitSource = Literal["learned", "override", "registry", "provider_default", "fallback"]
 _SOURCES = ("learned", "override", "registry", "provider_default", "fallback")
@@ -282,6 +286,22 @@ def _base(model: str, registry: Registry) -> ModelLimits:
                        f"fallback: {model!r} is unknown; assumed {FALLBACK_CONTEXT_WINDOW}")
 
 
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_fallback(limits: ModelLimits) -> None:
+    """One warning per model string and process: the window is a guess."""
+    key = limits.model.strip().lower()
+    with _warned_lock:
+        if key in _warned or len(_warned) >= 10_000:
+            return
+        _warned.add(key)
+    log.warning("unknown model %r: assuming a %d-token context window and %d output tokens "
+                "(default fallback); pass overrides={%r: WINDOW} to the guard if that is wrong",
+                limits.model, limits.context_window, limits.max_output_tokens, limits.model)
+
+
 def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | None = None,
                  learned: Mapping[str, int] | None = None,
                  registry: Registry | None = None) -> ModelLimits:
@@ -310,6 +330,8 @@ def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | Non
         window = _positive(value, f"overrides[{key!r}]")
         return replace(base, context_window=window, source="override",
                        detail=f"override: caller's {window}-token window for {key!r}")
+    if base.source == "fallback":
+        _warn_fallback(base)
     return base
 
 

@@ -9,7 +9,7 @@ new one (``model_copy(update=...)``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -178,6 +178,49 @@ def validate_messages(data: Iterable[Any], prefix: str = "messages") -> list[Mes
     return [validate_message(item, i, prefix) for i, item in enumerate(data)]
 
 
+def _field(message: Any, name: str) -> Any:
+    if isinstance(message, Mapping):
+        return message.get(name)
+    return getattr(message, name, None)
+
+
+def _call_id(call: Any) -> Any:
+    """The id of a tool call: a ToolCall, a neutral dict or an OpenAI nested one."""
+    return call.get("id") if isinstance(call, Mapping) else getattr(call, "id", None)
+
+
+def check_tool_results(messages: Sequence[Any], prefix: str = "messages",
+                       earlier_calls: Collection[str] | None = None) -> None:
+    """Raise InvalidInput naming ``messages[i].tool_call_id`` for an orphan tool result.
+
+    A tool result answers a call requested earlier: by an assistant message
+    earlier in ``messages``, or (for results that come before any assistant
+    message of ``messages``: the turn continues one already stored) by a
+    call in ``earlier_calls`` when the caller knows them (None: not known,
+    such leading results are accepted). Takes validated ``Message`` objects
+    or their dicts (neutral or OpenAI tool calls); validate shapes first.
+    """
+    seen: set[str] = set()
+    assistant_seen = False
+    for i, message in enumerate(messages):
+        role = _field(message, "role")
+        if role == "assistant":
+            assistant_seen = True
+            seen.update(str(_call_id(c)) for c in (_field(message, "tool_calls") or [])
+                        if _call_id(c) is not None)
+        elif role == "tool":
+            call_id = _field(message, "tool_call_id")
+            if call_id in seen:
+                continue
+            if not assistant_seen and (earlier_calls is None or call_id in earlier_calls):
+                continue
+            where = ("an earlier message of this call" if assistant_seen or earlier_calls is None
+                     else "an earlier message of this call or of the session")
+            raise InvalidInput(f"tool result for {call_id!r}, which matches no tool call in "
+                               f"{where} (an orphan tool result)",
+                               field=f"{prefix}[{i}].tool_call_id", index=i)
+
+
 def tool_call_ids(messages: Sequence[Message]) -> set[str]:
     """Ids of every tool call requested in ``messages``."""
     return {tc.id for m in messages for tc in m.tool_calls}
@@ -192,6 +235,7 @@ __all__ = [
     "Role",
     "TextPart",
     "ToolCall",
+    "check_tool_results",
     "tool_call_ids",
     "validate_message",
     "validate_messages",

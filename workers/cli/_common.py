@@ -19,15 +19,17 @@ from rich.text import Text
 
 from shared.core.budget import BudgetReport
 from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUnavailable
+from shared.core.limits import model_limits
 from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
+from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect, redis_errors
-from workers.harness.embedded import redact_url
-from workers.runtime import token_counter
+from workers.cli._format import human, pct, redact_url
 from workers.settings import Settings
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
 UNREACHABLE = "cannot reach Redis at"
+LEGEND_WIDTH = 72  # a meter inside a panel on an 80-column terminal
 REGION_STYLES = {"system": "blue", "summary": "magenta", "tools": "cyan", "history": "white"}
 
 
@@ -65,7 +67,9 @@ def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
     with store_errors(settings.redis_url), redis_errors("ping"):
         client.ping()
     return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
-                        counter=token_counter(settings))
+                        counter=build_counter(settings.token_counter,
+                                              encoding=settings.tiktoken_encoding,
+                                              encoding_dir=settings.tiktoken_dir))
 
 
 def load_session(store: SessionStore, session_id: str) -> ViewData:
@@ -88,8 +92,25 @@ def guard_for(store: SessionStore, settings: Settings, data: ViewData,
     state = data.state
     overrides: dict[str, int] = {}
     if state.model and state.window and (model is None or model == state.model):
-        overrides[state.model] = state.window
+        learned = {state.model: state.learned_window} if state.learned_window else None
+        own = model_limits(state.model, learned=learned)
+        if own.context_window != state.window:  # the agent's guard had an override
+            overrides[state.model] = state.window
     return ContextGuard(store, policy=settings.policy(), overrides=overrides)
+
+
+WINDOW_SOURCES = {
+    "registry": "model registry",
+    "provider_default": "provider family default",
+    "override": "override given to the agent's guard",
+    "learned": "learned from an overflow error",
+    "fallback": "default fallback: unknown model",
+}
+
+
+def window_source(source: str) -> str:
+    """Where a window came from, in words (``ModelLimits.source``)."""
+    return WINDOW_SOURCES.get(source, source)
 
 
 class DryRunStore(SessionStore):
@@ -118,15 +139,6 @@ class DryRunStore(SessionStore):
 
 
 # -- numbers ---------------------------------------------------------------------------
-def human(tokens: float) -> str:
-    """12345 -> '12.3k'."""
-    if abs(tokens) >= 1_000_000:
-        return f"{tokens / 1_000_000:.1f}M"
-    if abs(tokens) >= 1000:
-        return f"{tokens / 1000:.1f}k"
-    return f"{int(tokens)}"
-
-
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in [0, 100]); 0.0 for no values."""
     if not values:
@@ -181,9 +193,9 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
         else:
             bar.append("░", style="grey50")
     usage = Text.assemble(("context ", "bold"), bar,
-                          (f" {meter.usage_ratio:4.0%}", f"bold {meter.colour}"))
+                          (f" {pct(meter.usage_ratio):>4}", f"bold {meter.colour}"))
     detail = Text(f"        {human(used)} of {human(budget)} input tokens · trigger "
-                  f"{meter.trigger_ratio:.0%} · window {human(meter.window)}", style="grey70")
+                  f"{pct(meter.trigger_ratio)} · window {human(meter.window)}", style="grey70")
     split = Text("window  ", style="bold")
     cells = 0
     scale = width / max(1, meter.window)
@@ -193,13 +205,21 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
                      style=REGION_STYLES.get(name, "grey50"))
         cells += n
     split.append("·" * (width - cells), style="grey35")
-    legend = Text("        ")
-    for name, tokens in meter.regions.items():
-        legend.append("■ ", style=REGION_STYLES.get(name, "white"))
-        legend.append(f"{name} {human(tokens)}  ")
-    legend.append("▒ ", style="grey50")
-    legend.append(f"reserve {human(meter.reserve)}")
-    return Group(usage, detail, split, legend)
+    items = [("■ ", REGION_STYLES.get(name, "white"), f"{name} {human(tokens)}")
+             for name, tokens in meter.regions.items()]
+    items.append(("▒ ", "grey50", f"reserve {human(meter.reserve)}"))
+    lines: list[Text] = []
+    line = Text("        ")
+    for mark, style, label in items:  # wrapped by item, never inside one: fits 76 columns
+        if len(line.plain) > 8 and len(line.plain) + 2 + len(mark) + len(label) > LEGEND_WIDTH:
+            lines.append(line)
+            line = Text("        ")
+        if len(line.plain) > 8:
+            line.append("  ")
+        line.append(mark, style=style)
+        line.append(label)
+    lines.append(line)
+    return Group(usage, detail, split, *lines)
 
 
 __all__ = [
@@ -214,4 +234,5 @@ __all__ = [
     "percentile",
     "render_meter",
     "store_errors",
+    "window_source",
 ]

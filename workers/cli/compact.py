@@ -10,22 +10,24 @@ prints its outcome.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import CompactionError, InvalidInput
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from workers.cli._common import (
     add_json,
     add_session,
-    human,
     load_session,
     open_store,
     store_errors,
 )
-from workers.harness.embedded import redact_url, worker_app_with
+from workers.cli._format import human, redact_url
 from workers.settings import Settings
 
 
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     kwargs: dict[str, Any] = {"keep_recent": args.keep_recent, "force": args.force,
                               "tenant": tenant}
     if args.wait:
-        outcome = run_inline(settings, args.session, kwargs)
+        with _working(f"compacting {args.session}"):
+            outcome = run_inline(settings, args.session, kwargs)
         if args.json:
             print(json.dumps(outcome, indent=2))
         else:
@@ -62,6 +65,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         Console().print(f"queued {TASK_COMPACT} for [cyan]{args.session}[/] "
                         f"(tenant {tenant}): task id [bold]{task_id}[/]")
     return 0
+
+
+@contextlib.contextmanager
+def _working(what: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while an inline job runs (transient)."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    with progress:
+        progress.add_task(what, total=None)
+        yield
 
 
 def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
@@ -79,6 +92,7 @@ def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
 
 def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The real task, applied in this process (Celery's eager ``apply``)."""
+    from workers.harness.embedded import worker_app_with
     from workers.tasks import compact
 
     with store_errors(settings.redis_url), worker_app_with(settings):

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -30,12 +30,12 @@ from shared.core.messages import Message
 from shared.core.turns import turn_starts
 from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard, PreparedView
-from workers.cli._common import Meter, human, percentile, render_meter, store_errors
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.harness.embedded import Landing, Stack, choose_backends, open_stack
-from workers.harness.fakes.counting import REPLY_PRIMING, default_counter
-from workers.harness.fakes.openai_server import overflow_message
+from workers.cli._common import Meter, percentile, render_meter, store_errors
+from workers.cli._format import human, pct
 from workers.settings import Settings
+
+if TYPE_CHECKING:  # the harness is imported when the demo runs, not with the CLI
+    from workers.harness.embedded import Landing, Stack
 
 IDLE_TIMEOUT = 60.0
 
@@ -86,9 +86,12 @@ class ProviderSim:
     """
 
     def __init__(self, window: int, max_tokens: int, tools: list[dict[str, Any]]) -> None:
+        from workers.harness.fakes.counting import REPLY_PRIMING, default_counter
+
         self.window = window
         self.max_tokens = max_tokens
         self.counter = default_counter()
+        self.priming = REPLY_PRIMING
         self.tools_cost = self.counter([], tools) - REPLY_PRIMING
         self._cache: dict[str, int] = {}
 
@@ -102,17 +105,19 @@ class ProviderSim:
         if cost is None:
             if len(self._cache) > 20_000:
                 self._cache.clear()
-            cost = self._cache[key] = self.counter([message], None) - REPLY_PRIMING
+            cost = self._cache[key] = self.counter([message], None) - self.priming
         return cost
 
     def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
-        return REPLY_PRIMING + self.tools_cost + sum(self.message_cost(m) for m in messages)
+        return self.priming + self.tools_cost + sum(self.message_cost(m) for m in messages)
 
     def fits(self, prompt_tokens: int) -> bool:
         return prompt_tokens + self.max_tokens <= self.window
 
     def overflow_error(self, prompt_tokens: int) -> str:
         """The provider's error text (OpenAI's context_length_exceeded wording)."""
+        from workers.harness.fakes.openai_server import overflow_message
+
         return overflow_message(self.window, prompt_tokens, self.max_tokens)
 
 
@@ -153,6 +158,8 @@ class Figures:
 
 def split_turns(turns: int, seed: int = 7) -> list[list[Message]]:
     """The generated session without its system prompt, one list per turn."""
+    from workers.harness.demo_session import generate_session
+
     body = from_openai(generate_session(turns, seed))[1:]
     starts = turn_starts(body)
     return [body[a:b] for a, b in zip(starts, [*starts[1:], len(body)], strict=True)]
@@ -163,6 +170,9 @@ class Replay:
 
     def __init__(self, stack: Stack, settings: Settings, args: argparse.Namespace,
                  session_id: str) -> None:
+        from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+
+        self.system_prompt, self.tools = SYSTEM_PROMPT, TOOLS
         self.stack = stack
         self.args = args
         self.session_id = session_id
@@ -183,7 +193,8 @@ class Replay:
 
     def _prepare(self, user: Message) -> PreparedView:
         started = time.perf_counter()
-        view = self.guard.prepare(self.session_id, SYSTEM_PROMPT, TOOLS, self.args.max_tokens,
+        view = self.guard.prepare(self.session_id, self.system_prompt, self.tools,
+                                  self.args.max_tokens,
                                   self.args.model, pending=[user])
         self._prepare_ms.append((time.perf_counter() - started) * 1000)
         return view
@@ -206,7 +217,7 @@ class Replay:
         if overflowed:  # the provider rejects it: recover and retry once, like an agent
             figures.overflowing_calls_with_compaction += 1
             retry = self.guard.recover(self.session_id, self.provider.overflow_error(sent),
-                                       SYSTEM_PROMPT, TOOLS, self.args.max_tokens,
+                                       self.system_prompt, self.tools, self.args.max_tokens,
                                        self.args.model, pending=[user])
             if retry is not None:
                 figures.recoveries += 1
@@ -281,7 +292,7 @@ def results_table(f: Figures) -> Table:
          + (f"  [grey70](jobs: {jobs})[/]" if jobs else "")),
         ("truncations (guard, no LLM)", str(f.truncations)),
         ("tokens sent", f"{human(f.tokens_sent)} vs {human(f.tokens_without_compaction)} "
-                        f"without compaction ([green]{f.saved_ratio:.1%} saved[/])"),
+                        f"without compaction ([green]{pct(f.saved_ratio, 1)} saved[/])"),
         ("guard.prepare latency", f"p50 {f.prepare_ms_p50:.2f} ms, p99 {f.prepare_ms_p99:.2f} ms"),
         ("guard.record_turn latency",
          f"p50 {f.record_turn_ms_p50:.2f} ms, p99 {f.record_turn_ms_p99:.2f} ms"),
@@ -337,6 +348,8 @@ def _play_live(replay: Replay, console: Console) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.harness.embedded import choose_backends, open_stack
+
     backends = choose_backends(settings, args.worker)
     session_id = args.session or f"demo-{secrets.token_hex(4)}"
     console = Console(stderr=args.json)
@@ -344,12 +357,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with store_errors(backends.store_url or "fakeredis"), open_stack(
             settings, backends, concurrency=args.concurrency) as stack:
         replay = Replay(stack, settings, args, session_id)
-        if args.json:
-            def collect(*_: object) -> None:
-                replay.landed()
+        if args.json:  # stdout is the JSON; a transient progress bar goes to stderr
+            progress = Progress(TextColumn("[bold]replaying turns"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                transient=True)
+            with progress:
+                task = progress.add_task("turns", total=len(replay.turns))
 
-            _play(replay, collect)
-            stack.wait_idle(session_id, IDLE_TIMEOUT)
+                def collect(index: int, *_: object) -> None:
+                    replay.landed()
+                    progress.update(task, completed=index + 1)
+
+                _play(replay, collect)
+                progress.update(task, description="waiting for the workers")
+                stack.wait_idle(session_id, IDLE_TIMEOUT)
             replay.landed()
         else:
             console.print(f"[bold]compaction demo[/]: {len(replay.turns)} turns, window "

@@ -25,10 +25,11 @@ from typing import Any, Literal
 import redis
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.enqueue import QUEUE, publisher_app
 from shared.store.sessions import connect
-from workers.harness.embedded import MEMORY_BROKER, redact_url
+from workers.cli._format import extra_for, needs_extra, redact_url
 from workers.settings import Settings
 
 Verdict = Literal["OK", "WARN", "FAIL"]
@@ -37,6 +38,7 @@ STYLES = {"OK": "bold green", "WARN": "bold dark_orange", "FAIL": "bold red"}
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
 PINGS = 5
+MEMORY_BROKER = "memory://"  # the embedded stack's in-process broker
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _guarded(name: str, check: Callable[[], Check]) -> Check:
     try:
         return check()
+    except ModuleNotFoundError as exc:
+        extra = extra_for(exc)
+        if extra is None:
+            return Check(name, "FAIL", f"{type(exc).__name__}: {exc}")
+        return Check(name, "FAIL", needs_extra(f"checking the {name}", extra))
     except Exception as exc:
         return Check(name, "FAIL", f"{type(exc).__name__}: {exc}")
 
@@ -262,7 +269,10 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    checks = run_checks(settings, args.timeout)
+    # Each check is bounded by --timeout; together they can take seconds: a spinner meanwhile.
+    with Progress(SpinnerColumn(), TextColumn("checking Redis, broker, workers, summarizer"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True):
+        checks = run_checks(settings, args.timeout)
     failed = sum(c.verdict == "FAIL" for c in checks)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))

@@ -12,10 +12,10 @@ from datetime import datetime
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from shared.core.records import SummaryRecord
 from workers.cli._common import add_json, add_session, load_session, open_store, store_errors
+from workers.cli._format import clip, human
 from workers.settings import Settings
 
 FIRST_LINES = 2
@@ -46,23 +46,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     console = Console()
     if not records:
-        console.print(f"[bold]{args.session}[/]: no summaries yet ({data.length} messages)")
+        console.print(f"[bold]{escape(args.session)}[/]: no summaries yet ({data.length} messages)")
         return 0
-    table = Table(title=f"summaries of {args.session} (log: {data.length} messages)",
-                  title_justify="left")
-    for column in ("", "watermark", "kind", "tokens", "covers", "created", "model", "begins"):
-        table.add_column(column, no_wrap=column != "begins")
+    console.print(f"[bold]summaries of {escape(args.session)}[/] (log: {data.length} messages, "
+                  f"{len(records)} kept; [bold green]*[/] = current)")
+    width = max(40, console.width)
     for record in records:
-        table.add_row(*_row(record, record.watermark == current))
-    console.print(table)
+        console.print(_line(record, record.watermark == current), highlight=False)
+        for line in first_lines(record.text, width=width - 6).splitlines():
+            console.print(f"    [grey70]{escape(line)}[/]", highlight=False)
     return 0
 
 
-def _row(record: SummaryRecord, current: bool) -> list[str]:
-    created = datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
-    return ["[bold green]*[/]" if current else "", str(record.watermark), record.kind,
-            str(record.tokens), f"[{record.covers_from}, {record.watermark})", created,
-            escape(record.model or "-"), escape(first_lines(record.text))]
+def _line(record: SummaryRecord, current: bool) -> str:
+    """One line per summary, at most ~75 columns (an 80-column terminal)."""
+    created = datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M")
+    mark = "[bold green]*[/]" if current else " "
+    model = f" · {escape(clip(record.model, 18))}" if record.model else ""
+    return (f"{mark} [bold]{record.watermark:>6}[/] {record.kind:<10} {human(record.tokens):>6} "
+            f"tokens · covers [{record.covers_from}, {record.watermark}) · {created}{model}")
 
 
 __all__ = ["add_arguments", "first_lines", "run"]

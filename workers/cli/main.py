@@ -1,22 +1,34 @@
 """The ``compaction`` console script: one sub-command per module in ``workers.cli``.
 
 Settings are read once here (``COMPACTION_*``), at the edge; commands get
-them as an argument. A configuration error exits with status 2 and a
-message naming the variable.
+them as an argument. Only the module of the command that runs is imported,
+and no command module imports an optional extra at module level: a command
+that needs one says which, in one line, when it runs.
+
+Every failure is one line on stderr with one prefix, ``compaction: error:``.
+Exit status: 0 ok, 1 the command failed (Redis down, no such session, a
+failed job), 2 bad usage or input (arguments, ``COMPACTION_*`` settings,
+invalid values, a missing extra), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from shared.core.errors import CompactionError, ConfigError
-from workers.settings import load_settings
+from shared.core.errors import CompactionError, ConfigError, InvalidInput
+from workers.cli._format import DISTRIBUTION, extra_for, needs_extra
+
+PROG = "compaction"
+PREFIX = f"{PROG}: error: "
 
 COMMANDS = {
     "demo": "Replay a long generated agent session through the guard and workers (embedded).",
+    "sessions": "List sessions: tenant, messages, tokens, watermark, last activity (paged).",
     "stats": "Context meter of a session: tokens by region, usage ratio, summaries.",
     "show": "The view that would be sent for a session now.",
     "compact": "Enqueue a manual compaction (/compact) of a session.",
@@ -26,30 +38,113 @@ COMMANDS = {
     "replay": "Replay JSONL sessions against a fake provider that enforces the window.",
 }
 
+DESCRIPTION = ("Keep LLM conversations inside the context window: inspect and operate the "
+               "sessions in Redis, or run the embedded demo (`compaction demo`).")
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="compaction", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+class MissingExtra(CompactionError):
+    """A command needs an optional extra that is not installed."""
+
+    def __init__(self, command: str, extra: str) -> None:
+        self.command = command
+        self.extra = extra
+        super().__init__(needs_extra(command, extra))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the one error prefix (``compaction: error:``) for every sub-command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{PREFIX}{message}\n")
+
+
+def version() -> str:
+    """The installed distribution's version (package metadata)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line (the first non-option word)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def _missing_extra(exc: ModuleNotFoundError, command: str) -> MissingExtra | None:
+    extra = extra_for(exc)
+    return MissingExtra(command, extra) if extra else None
+
+
+def load_command(name: str) -> object:
+    """The module of one sub-command (its optional extras are imported when it runs)."""
+    try:
+        return importlib.import_module(f"workers.cli.{name}")
+    except ModuleNotFoundError as exc:
+        missing = _missing_extra(exc, name)
+        if missing is None:
+            raise
+        raise missing from None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``only``: load the arguments of that command alone ("" for none)."""
+    parser = Parser(prog=PROG, description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=Parser)
     for name, help_text in COMMANDS.items():
-        module = importlib.import_module(f"workers.cli.{name}")
         command = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(command)
-        command.set_defaults(run=module.run)
+        if only is None or name == only:
+            module = load_command(name)
+            module.add_arguments(command)  # type: ignore[attr-defined]
+            command.set_defaults(run=module.run)  # type: ignore[attr-defined]
     return parser
 
 
+def message_of(exc: BaseException) -> str:
+    """The error's text without a prefix of its own (never ``error: error:``)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    lowered = text.lower()
+    for prefix in ("compaction: error:", "error:", "configuration error:"):
+        while lowered.startswith(prefix):
+            text = text[len(prefix):].lstrip()
+            lowered = text.lower()
+    return text
+
+
+def fail(exc: BaseException | str, code: int) -> int:
+    text = exc if isinstance(exc, str) else message_of(exc)
+    print(f"{PREFIX}{text}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=f"{PROG}: warning: %(message)s")
     try:
+        args = build_parser(command or "").parse_args(argv)
+        from workers.settings import load_settings
+
         settings = load_settings()
         code: int = args.run(args, settings)
         return code
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, InvalidInput, MissingExtra) as exc:
+        return fail(exc, 2)
     except CompactionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc, 1)
+    except ModuleNotFoundError as exc:
+        missing = _missing_extra(exc, command or PROG)
+        if missing is None:
+            raise
+        return fail(missing, 2)
     except KeyboardInterrupt:
         return 130
 

@@ -18,20 +18,20 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workers.harness.replay.report import (
-    SessionReport,
-    render_causes,
-    render_markdown,
-    trace_causes,
-)
-from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from workers.settings import Settings
+
+if TYPE_CHECKING:  # the harness needs the 'openai' extra: imported when the command runs
+    from workers.harness.replay.report import SessionReport
+
+EXTRA = "openai"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,13 +91,27 @@ def _tiktoken_cache_dirs() -> list[str]:
     return [d for d in dirs if d] + [str(Path(tempfile.gettempdir()) / "data-gym-cache")]
 
 
-def _progress(report: SessionReport) -> None:
-    print(f"  {report.source_id[:60]:60} turns {report.turns:4d}  failed {report.failed_turns}  "
-          f"rejected {report.rejections}  truncated {report.proactive_truncations}  "
-          f"{report.elapsed_s:6.1f}s", file=sys.stderr, flush=True)
+def _session_count(path: str, limit: int | None) -> int | None:
+    """Sessions the file holds (non-empty lines), for the progress bar; None if unreadable."""
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            count = sum(1 for line in handle if line.strip())
+    except OSError:
+        return None
+    return min(count, limit) if limit else count
+
+
+def _progress_line(report: SessionReport) -> str:
+    return (f"  {report.source_id[:40]:40} turns {report.turns:4d}  failed "
+            f"{report.failed_turns}  rejected {report.rejections}  truncated "
+            f"{report.proactive_truncations}  {report.elapsed_s:5.1f}s")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    # A missing extra (openai) surfaces as ModuleNotFoundError: main turns it into one line.
+    from workers.harness.replay.report import render_causes, render_markdown, trace_causes
+    from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
+
     options = ReplayOptions(
         window=args.window, max_tokens=args.max_tokens, model=args.model,
         parallel=args.parallel, workers=args.workers, concurrency=args.concurrency,
@@ -108,7 +122,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     counter = resolve_counter(args.tokenizer, _tiktoken_cache_dirs())
     configured = bool({"redis_url", "broker_url"} & settings.model_fields_set)
     rows: list[dict[str, Any]] = []
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("[bold]replaying sessions"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, disable=args.quiet)
+    task = bar.add_task("sessions", total=_session_count(args.sessions_file, args.sessions))
+
+    def progress(report: SessionReport) -> None:
+        bar.console.print(_progress_line(report), highlight=False, markup=False)
+        bar.advance(task)
+
     with contextlib.ExitStack() as stack:
+        stack.enter_context(bar)
         handle = (stack.enter_context(Path(args.trace).open("w", encoding="utf-8"))
                   if args.trace else None)
         lock = threading.Lock()
@@ -124,7 +148,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             configured=configured, counter=counter, limit=args.sessions,
             max_messages=args.max_messages, redis_server=args.redis_server,
             force_in_process=args.in_process, select=args.select,
-            progress=None if args.quiet else _progress, trace=trace)
+            progress=None if args.quiet else progress, trace=trace)
     print(render_markdown(report, per_session=args.per_session))
     print(render_causes(trace_causes(rows, report.options["trigger_ratio"])))
     if args.json_path:

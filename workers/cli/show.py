@@ -26,11 +26,12 @@ from workers.cli._common import (
     add_json,
     add_session,
     guard_for,
-    human,
     load_session,
     open_store,
     store_errors,
+    window_source,
 )
+from workers.cli._format import human, pct
 from workers.settings import Settings
 
 ROLE_STYLES = {"system": "blue", "user": "green", "assistant": "magenta", "tool": "cyan"}
@@ -93,9 +94,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     budget = report.budget
     estimated = human(report.estimated_prompt_tokens)
     console.print(
-        f"[bold]{args.session}[/]: {len(view.messages)} messages, ~{estimated} prompt tokens"
-        f" of {human(budget.input_budget)} ({budget.usage_ratio:.0%}), model "
-        f"{report.model} (window {human(budget.window)}, {report.limits_source}), watermark "
+        f"[bold]{escape(args.session)}[/]: {len(view.messages)} messages, ~{estimated} "
+        "prompt tokens"
+        f" of {human(budget.input_budget)} ({pct(budget.usage_ratio)}), model "
+        f"{escape(report.model)} (window {human(budget.window)}: "
+        f"{window_source(report.limits_source)}), watermark "
         f"{report.watermark}, {report.cheap_applied} cheap-stage placeholders")
     state_note = _missing_regions(args, view)
     if state_note:

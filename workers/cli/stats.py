@@ -12,6 +12,7 @@ import json
 from datetime import datetime
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -20,12 +21,13 @@ from workers.cli._common import (
     add_json,
     add_session,
     guard_for,
-    human,
     load_session,
     open_store,
     render_meter,
     store_errors,
+    window_source,
 )
+from workers.cli._format import human, pct, terminal_width
 from workers.settings import Settings
 
 
@@ -40,6 +42,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         data = load_session(store, args.session)
         guard = guard_for(store, settings, data)
         figures = guard.stats(args.session)
+        limits = guard.model_limits(data.state.model or "gpt-4o", data.state)
+    figures["limits_detail"] = limits.detail
     if args.json:
         print(json.dumps(figures, indent=2, default=str))
         return 0
@@ -47,8 +51,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     meter = Meter(window=figures["window"], reserve=figures["reserve"], regions=regions,
                   usage_ratio=figures["usage_ratio"], trigger_ratio=settings.trigger_ratio)
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     summaries = figures["summaries"]
     current = next((s for s in summaries if s["watermark"] == figures["watermark"]), None)
     verdict = ("[red]over the input budget: the next call truncates[/]"
@@ -61,20 +65,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         ("summary", (f"{current['kind']}, {human(current['tokens'])} tokens, "
                      f"{_when(current['created_at'])}") if current else "none"),
         ("summaries kept", str(len(summaries))),
-        ("model", f"{figures['model'] or '?'}: window {human(figures['window'])} "
-                  f"({figures['limits_source']}), reserve {human(figures['reserve'])}"),
+        ("model", f"{escape(figures['model'] or '? (no call recorded: gpt-4o assumed)')}, "
+                  f"reserve {human(figures['reserve'])}"),
+        ("window", f"{human(figures['window'])} ({window_source(figures['limits_source'])})"),
         ("estimated prompt", f"{human(figures['estimated_prompt_tokens'])} tokens — {verdict}"),
-        ("cheap-stage placeholders", str(figures["cheap_decisions"])),
+        ("placeholders", str(figures["cheap_decisions"])),
         ("pending job", "yes" if figures["pending_job"] else "no"),
         ("calibration", f"x{figures['calibration_ratio']:.3f} from "
                         f"{figures['calibration_samples']} reported usages"),
+        ("usage", f"{pct(figures['usage_ratio'])} of the input budget"),
     ]
     if figures["silent_truncation_flags"]:
         rows.append(("silent truncations", f"[red]{figures['silent_truncation_flags']}[/]"))
     for name, value in rows:
         table.add_row(name, value)
-    title = f"session [cyan]{args.session}[/] (tenant {figures['tenant']})"
-    Console().print(Panel(Group(render_meter(meter), "", table), title=title, title_align="left"))
+    title = f"session [cyan]{escape(args.session)}[/] (tenant {figures['tenant']})"
+    console = Console(width=min(terminal_width(), 100))
+    console.print(Panel(Group(render_meter(meter), "", table), title=title, title_align="left"))
     return 0
 
 

@@ -1,0 +1,205 @@
+"""Every documented example runs as written: README.md and examples/.
+
+Fenced blocks say what they are in their info string:
+
+- ```` ```bash runnable ````: run with bash from the repository root. The
+  test only swaps in its own port, file names, Redis database and the
+  interpreter (``.venv/bin/python``, ``compaction``); nothing else changes.
+- ```` ```python fragment ````: a piece of an agent loop; the prose around
+  it names the variables that are "yours" and this test supplies them
+  (a client of the fake OpenAI server, a real Redis and broker).
+
+Every ``python`` and ``bash`` block is one of these or explicitly left out
+here (``NOT_RUN``, each with the reason), so a new example cannot go
+untested by accident. ``examples/*.py`` run offline against the fake
+OpenAI-compatible server (``workers/harness/fakes/openai_server.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from shared import CeleryEnqueuer, ContextGuard, SessionStore, connect, from_openai, publisher_app
+from tests.celery_worker import purge_queue
+from tests.test_cli import with_db
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+
+openai = pytest.importorskip("openai")  # the dev extra installs it; the examples need it
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*.md"))]
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+# Blocks that are documentation but not run here, by their first line, with the reason.
+NOT_RUN = {
+    "# 1. the main job: replay a long agent session through guard + workers (embedded: "
+    "no servers, no keys)":
+        "Quickstart: command 1 is tests/test_install.py's fresh venv plus test_embedded_demo.py; "
+        "command 2 is the whole CI run",
+    "export OPENAI_API_KEY=sk-...": "needs a real provider and its key",
+    "celery -A workers.app worker -Q compaction --pool threads -c 8 &":
+        "starts deployed workers and runs an open-ended agent ('...')",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    language: str
+    kind: str
+    code: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            words = match.group(1).split()
+            language = words[0] if words else ""
+            kind = words[1] if len(words) > 1 else ""
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(Block(path, line, language, kind, match.group(2)))
+    return found
+
+
+def of_kind(language: str, kind: str) -> list[Any]:
+    return [pytest.param(b, id=b.name) for b in blocks()
+            if b.language == language and b.kind == kind]
+
+
+def test_every_code_block_is_run_or_says_why_not() -> None:
+    untested = [b.name for b in blocks() if b.language in ("python", "bash", "sh")
+                and b.kind not in ("runnable", "fragment")
+                and b.code.splitlines()[0].strip() not in NOT_RUN]
+    assert untested == [], f"mark these blocks runnable/fragment or list them in NOT_RUN: " \
+                           f"{untested}"
+    first_lines = {b.code.splitlines()[0].strip() for b in blocks()}
+    assert set(NOT_RUN) <= first_lines, "NOT_RUN names a block that no longer exists"
+    assert of_kind("bash", "runnable") and of_kind("python", "fragment")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def urls(redis_url: str, key_prefix: str) -> Iterator[tuple[str, str]]:
+    store_url, broker_url = with_db(redis_url, 13), with_db(redis_url, 14)
+    purge_queue(broker_url)
+    yield store_url, broker_url
+    purge_queue(broker_url)
+    client = redis.Redis.from_url(store_url)
+    for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def shims(tmp_path: Path) -> Path:
+    """``.venv/bin/python`` and ``compaction`` of this checkout, whatever venv runs the tests."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("python", f'exec "{sys.executable}" "$@"'),
+                          ("compaction", f'exec "{sys.executable}" -m workers.cli.main "$@"')):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\n{command}\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def run_bash(code: str, shims: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    return subprocess.run(
+        ["bash", "-e", "-c", code], cwd=ROOT, capture_output=True, text=True,
+        timeout=240, check=False,
+        env={**clean, **env, "PATH": f"{shims}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+             "COLUMNS": "80"})
+
+
+@pytest.mark.parametrize("block", of_kind("bash", "runnable"))
+def test_runnable_bash_blocks(block: Block, tmp_path: Path, shims: Path, key_prefix: str,
+                              urls: tuple[str, str]) -> None:
+    code = block.code.replace(".venv/bin/python", str(shims / "python"))
+    code = code.replace("--port 8001", f"--port {(port := free_port())}")
+    code = code.replace("127.0.0.1:8001", f"127.0.0.1:{port}")
+    code = code.replace("/tmp/script.jsonl", str(tmp_path / "script.jsonl"))
+    code = code.replace("redis://127.0.0.1:6379/0", urls[0])
+    done = run_bash(code, shims, {"COMPACTION_KEY_PREFIX": key_prefix,
+                                  "COMPACTION_REDIS_URL": urls[0]})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{block.name} failed:\n{output[-3000:]}"
+    assert "Traceback" not in output and "error:" not in output, output[-3000:]
+    if "agent_loop.py" in code:  # what examples/README.md says the output shows
+        assert "[guard] context overflow: retried with" in done.stderr
+        assert "(window 3000)" in done.stderr
+        assert "README.md describes the service." in done.stdout
+        assert "CONTRIBUTING.md maps the modules." in done.stdout
+    if "compaction stats" in code:
+        assert "readme-1" in done.stdout and "context" in done.stdout
+        assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+def read_call(call_id: str, path: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": "read_file", "arguments": f'{{"path": "{path}"}}'}}]}
+
+
+@pytest.mark.parametrize("block", of_kind("python", "fragment"))
+def test_python_fragments(block: Block, urls: tuple[str, str], key_prefix: str,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Run the block with the names its prose says are yours; it must complete a turn."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agent_loop", ROOT / "examples" / "agent_loop.py")
+    assert spec is not None and spec.loader is not None
+    agent_loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_loop)
+    sid = f"{key_prefix}-fragment"
+    store = SessionStore(connect(urls[0]))
+    tool_loop = "run_tool(c)" in block.code
+    # the tool loop reads README.md (large): the server's small window makes one call overflow
+    script = [read_call("call_1", "README.md"), {"role": "assistant", "content": "Read it."}]
+    with FakeOpenAIServer(window=3000 if tool_loop else 128_000,
+                          responder=script if tool_loop else None) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        names: dict[str, Any] = {
+            "openai": openai, "from_openai": from_openai, "ContextGuard": ContextGuard,
+            "SessionStore": SessionStore, "connect": connect, "CeleryEnqueuer": CeleryEnqueuer,
+            "publisher_app": publisher_app, "REDIS_URL": urls[0], "BROKER_URL": urls[1],
+            "client": client, "sid": sid, "text": "What is in README.md?",
+            "SYSTEM": agent_loop.SYSTEM, "TOOLS": agent_loop.TOOLS, "MODEL": "gpt-4o",
+            "guard": ContextGuard(store, overrides={"gpt-4o": 32_000}),
+            "run_tool": lambda call: agent_loop.run_tool(
+                ROOT, call.function.name, call.function.arguments),
+        }
+        try:
+            exec(compile(block.code, block.name, "exec"), names)
+            statuses = [r.status for r in server.requests]
+            assert statuses and statuses[-1] == 200, statuses
+            assert store.length(sid) >= 2, "the turn was recorded"
+            if tool_loop:
+                assert 400 in statuses, "the small window made one call overflow"
+                assert store.length(sid) == 4
+        finally:
+            store.delete_session(sid)
