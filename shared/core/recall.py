@@ -17,6 +17,8 @@ exact identifier above a message that only shares its parts.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 import re
 import zlib
@@ -32,7 +34,7 @@ from shared.core.messages import Message
 
 # -- limits ---------------------------------------------------------------------------
 MAX_QUERY_CHARS = 1000
-MAX_QUERY_TERMS = 32
+MAX_QUERY_TERMS = 16
 MAX_LIMIT = 50
 DEFAULT_LIMIT = 5
 MAX_TOKEN_CHARS = 64
@@ -85,6 +87,25 @@ def _subwords(word: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _word_terms(word: str) -> tuple[str, ...]:
+    """The terms of one word (words repeat a lot: each is analyzed once)."""
+    whole = word.lower()
+    out: list[str] = []
+    if len(whole) <= MAX_TOKEN_CHARS and whole not in _STOPWORDS:
+        out.append(whole)
+    if word.isalnum() and (word.islower() or word.isupper() or word.istitle()
+                           or word.isdigit()):
+        return tuple(out)  # a plain word: no pieces
+    seen = {whole}
+    for piece in _subwords(word):
+        low = piece.lower()
+        if low not in seen and _keep_part(low) and len(low) <= MAX_TOKEN_CHARS:
+            seen.add(low)
+            out.append(low)
+    return tuple(out)
+
+
 def tokenize(text: str) -> list[str]:
     """Search terms of ``text``, in order, with repeats (term frequency counts them).
 
@@ -94,19 +115,10 @@ def tokenize(text: str) -> list[str]:
     ``_`` or ``-`` and camel-case humps.
     """
     out: list[str] = []
-    for m in _WORD.finditer(text):
-        word = m.group(0).rstrip(_TRAILING)
-        if not word:
-            continue
-        whole = word.lower()
-        if len(whole) <= MAX_TOKEN_CHARS and whole not in _STOPWORDS:
-            out.append(whole)
-        seen = {whole}
-        for piece in _subwords(word):
-            low = piece.lower()
-            if low not in seen and _keep_part(low) and len(low) <= MAX_TOKEN_CHARS:
-                seen.add(low)
-                out.append(low)
+    for word in _WORD.findall(text):
+        word = word.rstrip(_TRAILING)
+        if word:
+            out.extend(_word_terms(word))
     return out
 
 
@@ -233,16 +245,26 @@ class RecallHit(BaseModel):
     score: float
 
 
-def best_per_message(scores: Mapping[int, tuple[float, int]]) -> list[tuple[int, float, int]]:
+def best_per_message(scores: Mapping[int, tuple[float, int]],
+                     n: int | None = None) -> list[tuple[int, float, int]]:
     """``(pid, score, index)`` of each message's best passage, best first (ties: newer
-    message first, the one an agent most likely means)."""
-    best: dict[int, tuple[float, int]] = {}
-    for pid, (score, index) in scores.items():
-        cur = best.get(index)
-        if cur is None or score > cur[0]:
-            best[index] = (score, pid)
-    ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], -kv[0]))
-    return [(pid, score, index) for index, (score, pid) in ranked]
+    message first, the one an agent most likely means); the best ``n`` only if given."""
+    items = [(score, index, pid) for pid, (score, index) in scores.items()]
+    if n is not None and len(items) > 4 * n:
+        top = heapq.nlargest(4 * n, items)  # tuples compare in C: no key function
+        if len({index for _, index, _ in top}) < n:
+            top = sorted(items, reverse=True)
+    else:
+        top = sorted(items, reverse=True)
+    seen: set[int] = set()
+    out: list[tuple[int, float, int]] = []
+    for score, index, pid in top:
+        if index not in seen:
+            seen.add(index)
+            out.append((pid, score, index))
+            if n is not None and len(out) == n:
+                break
+    return out
 
 
 # -- validation -----------------------------------------------------------------------

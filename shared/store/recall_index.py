@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from shared.store.sessions import SessionStore
 
 POSTING = struct.Struct("<IIHH")
-TAIL_POSTINGS = 4096
+TAIL_POSTINGS = 1024
 """Postings read per query term at most (the newest)."""
 BATCH_MESSAGES = 500
 """Messages per index script call: bounds how long one call holds Redis."""
@@ -253,33 +253,24 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
     q = validate_query(query, limit=limit, start=start, end=end)
     k = recall_keys(store, session_id)
     with redis_errors("recall"):
-        pipe = store.redis.pipeline(transaction=False)
-        pipe.hmget(k.meta, "hwm", "n_docs", "total_len")
-        pipe.hmget(k.state, "watermark")
-        pipe.llen(k.log)
-        pipe.hmget(k.df, *q.terms)
-        (hwm_raw, n_raw, total_raw), (watermark,), length, dfs = pipe.execute()
-        if not length and watermark is None:
+        keys = [k.meta, k.state, k.log, k.df, *(k.term(t) for t in q.terms)]
+        raw = _script(store, "recall_read")(
+            keys=keys, args=[TAIL_POSTINGS, POSTING.size, *q.terms])
+        hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
+        if not length and not int(has_state):
             raise SessionNotFound(f"no session {session_id!r} in tenant {store.tenant!r}")
         hi = min(_int(hwm_raw), int(length), q.end if q.end is not None else _int(watermark))
         lo = q.start or 0
-        df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d is not None}
+        df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d}
         if hi <= lo or not df:
             return []
-        pipe = store.redis.pipeline(transaction=False)
-        for term, count in df.items():
-            if count <= TAIL_POSTINGS:
-                pipe.get(k.term(term))
-            else:
-                pipe.getrange(k.term(term), -TAIL_POSTINGS * POSTING.size, -1)
-        blobs = pipe.execute()
         postings: Mapping[str, Any] = {
             term: POSTING.iter_unpack(blob[len(blob) % POSTING.size:])
-            for term, blob in zip(df, blobs, strict=True) if blob}
+            for term, blob in zip(q.terms, blobs, strict=True) if blob}
         n_docs = max(_int(n_raw), 1)
         scores = bm25(postings, df, n_docs=n_docs, avg_length=_int(total_raw) / n_docs,
                       start=lo, end=hi)
-        ranked = best_per_message(scores)
+        ranked = best_per_message(scores, MAX_CANDIDATES)
         return _verified(store, k, ranked, q.limit)
 
 
@@ -289,7 +280,7 @@ def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float,
     hits: list[RecallHit] = []
     at = 0
     while len(hits) < limit and at < len(ranked):
-        chunk = ranked[at:at + min(MAX_CANDIDATES, 2 * (limit - len(hits)) + 2)]
+        chunk = ranked[at:at + limit - len(hits)]  # most verify: read few messages
         at += len(chunk)
         pipe = store.redis.pipeline(transaction=False)
         pipe.hmget(k.doc, *(pid for pid, _, _ in chunk))
