@@ -132,14 +132,15 @@ def view_text(store: SessionStore, sid: str) -> str:
 def quality(client: redis.Redis, data: Path, sessions: int | None, prefix: str) -> Quality:
     out = Quality()
     reports: list[IndexReport] = []
-    real = compactor_module.index_compacted
+    hooks = vars(compactor_module)  # the compactor's post-commit hook calls this name
+    real: Callable[..., IndexReport] = hooks["index_compacted"]
 
     def recorded(store: SessionStore, session_id: str, end: int | None = None) -> IndexReport:
         report = real(store, session_id, end)
         reports.append(report)
         return report
 
-    compactor_module.index_compacted = recorded  # the real hook, timed
+    hooks["index_compacted"] = recorded  # the real hook, timed
     store = SessionStore(client, StoreConfig(key_prefix=prefix))
     compactor = Compactor(store, SummaryEngine(None))
     try:
@@ -162,7 +163,7 @@ def quality(client: redis.Redis, data: Path, sessions: int | None, prefix: str) 
             drop_index(store, sid)
             store.delete_session(sid)
     finally:
-        compactor_module.index_compacted = real
+        hooks["index_compacted"] = real
     out.index_ms = [r.ms for r in reports if r.messages]
     out.index_messages = [r.messages for r in reports if r.messages]
     return out
