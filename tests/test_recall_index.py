@@ -12,6 +12,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.records import SummaryRecord
 from shared.store.recall_index import (
+    answer_tool_call,
     drop_index,
     forget_after,
     index_compacted,
@@ -180,3 +181,12 @@ def test_property_distinctive_token_in_top_results_on_redis(
 @pytest.fixture
 def real_store(real_redis: Any, key_prefix: str) -> SessionStore:
     return SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+
+
+def test_answering_a_models_tool_call(store: SessionStore) -> None:
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    index_compacted(store, "s")
+    text = answer_tool_call(store, "s", '{"query": "handler_4.py", "limit": 1}')
+    assert text.startswith("[message 8, user") and "src/mod4/handler_4.py" in text
+    assert "invalid arguments" in answer_tool_call(store, "s", '{"query": ""}')

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shared.core.errors import SessionNotFound
+from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.messages import Message
 from shared.core.recall import (
     DEFAULT_LIMIT,
@@ -43,7 +43,9 @@ from shared.core.recall import (
     best_per_message,
     bm25,
     checksum,
+    parse_tool_arguments,
     passage_text,
+    render_hits,
     split_passages,
     validate_query,
 )
@@ -274,6 +276,18 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
         return _verified(store, k, ranked, q.limit)
 
 
+def answer_tool_call(store: SessionStore, session_id: str,
+                     arguments: str | Mapping[str, Any]) -> str:
+    """The result text of a model's ``recall`` tool call (its JSON arguments), ready to
+    send back as the tool message; bad arguments come back as text the model can fix."""
+    try:
+        q = parse_tool_arguments(arguments)
+    except InvalidInput as exc:
+        return f"recall: invalid arguments: {exc}"
+    return render_hits(recall(store, session_id, q.text, limit=q.limit, start=q.start,
+                              end=q.end))
+
+
 def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float, int]],
               limit: int) -> list[RecallHit]:
     """The best ``limit`` candidates whose message is still the one indexed."""
@@ -302,5 +316,5 @@ def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float,
     return hits
 
 
-__all__ = ["IndexReport", "RecallKeys", "drop_index", "forget_after", "index_compacted",
-           "index_stats", "recall", "recall_keys"]
+__all__ = ["IndexReport", "RecallKeys", "answer_tool_call", "drop_index", "forget_after",
+           "index_compacted", "index_stats", "recall", "recall_keys"]
