@@ -206,6 +206,7 @@ class Scale:
     log_bytes_per_message: float
     p50_ms: float
     p99_ms: float
+    cpu_p99_ms: float
     queries: int
     hit_rate: float
 
@@ -247,9 +248,12 @@ def scale(client: redis.Redis, data: Path, n: int, queries: int, prefix: str) ->
     step = max(1, len(probes) // queries)
     picked = probes[::step][:queries]
     latencies: list[float] = []
+    cpu: list[float] = []
     found = 0
     for probe in picked:
+        started = time.process_time()
         hits, q_ms = timed(lambda p=probe: recall(store, sid, p.text, limit=5))  # type: ignore[misc]
+        cpu.append((time.process_time() - started) * 1000)
         latencies.append(q_ms)
         found += any(h.index % len(source) in probe.targets for h in hits)
     base = store.keys(sid).state.removesuffix(":state")
@@ -258,13 +262,33 @@ def scale(client: redis.Redis, data: Path, n: int, queries: int, prefix: str) ->
     drop_index(store, sid)
     store.delete_session(sid)
     return Scale(n, ms / 1000, ms * 1000 / n, index_bytes / n, log_bytes / n,
-                 percentile(latencies, 0.5), percentile(latencies, 0.99), len(picked),
-                 found / max(len(picked), 1))
+                 percentile(latencies, 0.5), percentile(latencies, 0.99),
+                 percentile(cpu, 0.99), len(picked), found / max(len(picked), 1))
 
 
 # -- report ----------------------------------------------------------------------------
 def pct(a: int, b: int) -> str:
     return f"{a / b:.1%}" if b else "-"
+
+
+def report_quality(q: Quality) -> None:
+    print(f"## Recall quality ({q.compactions} real compactions, offline summarizer)\n")
+    print(f"probes {q.probes}: recall@1 {pct(q.at1, q.probes)}, "
+          f"recall@5 {pct(q.at5, q.probes)}\n")
+    print("| probe kind | probes | recall@1 | recall@5 |\n|---|---|---|---|")
+    for kind, (total, a1, a5) in sorted(q.by_kind.items()):
+        print(f"| {kind} | {total} | {pct(a1, total)} | {pct(a5, total)} |")
+    print("\n| after compactions | sessions | probes | view alone | view + recall |")
+    print("|---|---|---|---|---|")
+    for c in CHECKPOINTS:
+        total, view, both = q.fidelity.get(c, [0, 0, 0])
+        print(f"| {c} | {q.sessions_at.get(c, 0)} | {total} | {pct(view, total)} | "
+              f"{pct(both, total)} |")
+    if q.index_ms:
+        print(f"\nindexing per compaction (worker hook): median "
+              f"{statistics.median(q.index_ms):.2f} ms, p99 "
+              f"{percentile(q.index_ms, 0.99):.2f} ms, for a median of "
+              f"{statistics.median(q.index_messages):.0f} messages", flush=True)
 
 
 def main() -> int:
@@ -274,36 +298,25 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=None, help="first N dev sessions")
     parser.add_argument("--scale", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=500)
+    parser.add_argument("--skip-quality", action="store_true", help="scale figures only")
     args = parser.parse_args()
     client = redis.Redis.from_url(args.redis)
     prefix = "bench" + secrets.token_hex(3)
     try:
-        q = quality(client, args.data, args.sessions, prefix)
-        print(f"## Recall quality ({q.compactions} real compactions, offline summarizer)\n")
-        print(f"probes {q.probes}: recall@1 {pct(q.at1, q.probes)}, "
-              f"recall@5 {pct(q.at5, q.probes)}\n")
-        print("| probe kind | probes | recall@1 | recall@5 |\n|---|---|---|---|")
-        for kind, (total, a1, a5) in sorted(q.by_kind.items()):
-            print(f"| {kind} | {total} | {pct(a1, total)} | {pct(a5, total)} |")
-        print("\n| after compactions | sessions | probes | view alone | view + recall |")
-        print("|---|---|---|---|---|")
-        for c in CHECKPOINTS:
-            total, view, both = q.fidelity.get(c, [0, 0, 0])
-            print(f"| {c} | {q.sessions_at.get(c, 0)} | {total} | {pct(view, total)} | "
-                  f"{pct(both, total)} |")
-        if q.index_ms:
-            print(f"\nindexing per compaction (worker hook): median "
-                  f"{statistics.median(q.index_ms):.2f} ms, p99 "
-                  f"{percentile(q.index_ms, 0.99):.2f} ms, for a median of "
-                  f"{statistics.median(q.index_messages):.0f} messages")
-        print("\n| messages | query p50 | query p99 | index bytes/msg | log bytes/msg | "
-              "indexing | per message | probe hit@5 |\n|---|---|---|---|---|---|---|---|")
+        if not args.skip_quality:
+            report_quality(quality(client, args.data, args.sessions, prefix))
+        print("\n| messages | query p50 | query p99 | client CPU p99 | index bytes/msg | "
+              "log bytes/msg | indexing | per message | probe hit@5 |\n"
+              "|---|---|---|---|---|---|---|---|---|", flush=True)
         for n in args.scale:
             s = scale(client, args.data, n, args.queries, prefix)
             print(f"| {s.messages:,} | {s.p50_ms:.2f} ms | {s.p99_ms:.2f} ms | "
-                  f"{s.bytes_per_message:,.0f} | {s.log_bytes_per_message:,.0f} | "
-                  f"{s.index_s:.1f} s | {s.per_message_us:.0f} us | {s.hit_rate:.1%} "
-                  f"({s.queries} q) |", flush=True)
+                  f"{s.cpu_p99_ms:.2f} ms | {s.bytes_per_message:,.0f} | "
+                  f"{s.log_bytes_per_message:,.0f} | {s.index_s:.1f} s | "
+                  f"{s.per_message_us:.0f} us | {s.hit_rate:.1%} ({s.queries} q) |", flush=True)
+        load = Path("/proc/loadavg")
+        if load.exists():
+            print(f"\nload average during the run: {load.read_text().split()[:3]}")
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=5000))
         for i in range(0, len(keys), 1000):

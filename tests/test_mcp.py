@@ -114,3 +114,50 @@ def test_mcp_over_stdio_in_a_subprocess(redis_url: str, real_redis: Any,
     assert not result.is_error, result.content
     assert result.structured_content["hits"][0]["index"] == 4
     drop_index(store, "s1")
+
+
+@pytest.mark.slow
+def test_mcp_over_streamable_http(redis_url: str, real_redis: Any, key_prefix: str) -> None:
+    """``--transport http``: a real HTTP server process, the SDK's client by URL."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    store.append("s1", _messages())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "COMPACTION_REDIS_URL": redis_url,
+           "COMPACTION_KEY_PREFIX": key_prefix}
+    server = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp", "--transport", "http",
+                               "--port", str(port)], cwd=root, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "the MCP HTTP server did not start"
+                time.sleep(0.2)
+
+        async def main() -> Any:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                await client.call_tool("compact", {"session_id": "s1", "keep_recent": 300})
+                return await client.call_tool("recall", {"session_id": "s1",
+                                                         "query": "ERR_STEP_7_FAILED"})
+
+        result = anyio.run(main)
+        assert not result.is_error, result.content
+        assert result.structured_content["hits"][0]["index"] == 15
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        drop_index(store, "s1")

@@ -190,3 +190,18 @@ def test_answering_a_models_tool_call(store: SessionStore) -> None:
     text = answer_tool_call(store, "s", '{"query": "handler_4.py", "limit": 1}')
     assert text.startswith("[message 8, user") and "src/mod4/handler_4.py" in text
     assert "invalid arguments" in answer_tool_call(store, "s", '{"query": ""}')
+
+
+def test_a_query_reads_a_bounded_share_of_common_terms(real_store: SessionStore) -> None:
+    """3,000 passages share "deploy"; the rare term still decides, and a query of the
+    common term alone is answered from its newest postings."""
+    n = 3000
+    real_store.append("big", [{"role": "user", "content": f"deploy service step{i}"}
+                              for i in range(n)])
+    commit(real_store, "big", n)
+    index_compacted(real_store, "big")
+    assert recall(real_store, "big", "deploy step17", limit=1)[0].index == 17
+    newest = recall(real_store, "big", "deploy", limit=3)
+    assert len(newest) == 3 and all(h.index >= n - 2048 for h in newest)
+    drop_index(real_store, "big")
+    real_store.delete_session("big")

@@ -218,20 +218,20 @@ def bm25(postings: Mapping[str, Iterable[Posting]], df: Mapping[str, int], *, n_
     ``postings`` may hold only part of a very common term's postings (the
     store reads the newest ones): its ``df`` still comes from ``df``.
     """
-    scores: dict[int, tuple[float, int]] = {}
+    sums: dict[int, float] = {}
+    where: dict[int, int] = {}
     avg = avg_length if avg_length > 0 else 1.0
     hi = end if end is not None else math.inf
     norm0 = k1 * (1 - b)
     norm1 = k1 * b / avg
+    get = sums.get
     for term, plist in postings.items():
-        weight = idf(max(n_docs, 1), max(df.get(term, 1), 1))
+        weight = idf(max(n_docs, 1), max(df.get(term, 1), 1)) * (k1 + 1)
         for pid, index, tf, length in plist:
-            if index < start or index >= hi:
-                continue
-            s = weight * tf * (k1 + 1) / (tf + norm0 + norm1 * length)
-            prev = scores.get(pid)
-            scores[pid] = (s + prev[0], index) if prev else (s, index)
-    return scores
+            if start <= index < hi:
+                sums[pid] = get(pid, 0.0) + weight * tf / (tf + norm0 + norm1 * length)
+                where[pid] = index
+    return {pid: (score, where[pid]) for pid, score in sums.items()}
 
 
 class RecallHit(BaseModel):

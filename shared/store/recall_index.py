@@ -17,9 +17,10 @@ only queries (:func:`recall`). Every key shares the session's hash tag:
 The index keeps offsets, not copies: a hit's text is cut again from the
 message in the log, and returned only if that message's CRC-32 is the one
 indexed. So nothing past a history edit is ever returned, even before
-:func:`forget_after` (the edit hook) has run. A very common term (more than
-:data:`TAIL_POSTINGS` passages, so a low IDF) is scored on its newest
-postings only: a query costs the same at 10k and 100k messages.
+:func:`forget_after` (the edit hook) has run. A query reads at most
+:data:`QUERY_POSTINGS` postings, shared out rarest term first (a common term,
+whose IDF is low anyway, is scored on its newest postings): a query costs
+about the same at 10k and 100k messages.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ if TYPE_CHECKING:
     from shared.store.sessions import SessionStore
 
 POSTING = struct.Struct("<IIHH")
-TAIL_POSTINGS = 1024
-"""Postings read per query term at most (the newest)."""
+QUERY_POSTINGS = 2048
+"""Postings one query reads at most, rarest terms first (a common term: its newest)."""
+TERM_POSTINGS = 64
+"""Postings read per term at least, whatever the budget (the newest)."""
 BATCH_MESSAGES = 500
 """Messages per index script call: bounds how long one call holds Redis."""
 MAX_CANDIDATES = 64
@@ -257,7 +260,7 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
     with redis_errors("recall"):
         keys = [k.meta, k.state, k.log, k.df, *(k.term(t) for t in q.terms)]
         raw = _script(store, "recall_read")(
-            keys=keys, args=[TAIL_POSTINGS, POSTING.size, *q.terms])
+            keys=keys, args=[QUERY_POSTINGS, TERM_POSTINGS, POSTING.size, *q.terms])
         hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
         if not length and not int(has_state):
             raise SessionNotFound(f"no session {session_id!r} in tenant {store.tenant!r}")
