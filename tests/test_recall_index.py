@@ -196,8 +196,9 @@ def test_a_query_reads_a_bounded_share_of_common_terms(real_store: SessionStore)
     """3,000 passages share "deploy"; the rare term still decides, and a query of the
     common term alone is answered from its newest postings."""
     n = 3000
-    real_store.append("big", [{"role": "user", "content": f"deploy service step{i}"}
-                              for i in range(n)])
+    for a in range(0, n, 500):
+        real_store.append("big", [{"role": "user", "content": f"deploy service step{i}"}
+                                  for i in range(a, a + 500)])
     commit(real_store, "big", n)
     index_compacted(real_store, "big")
     assert recall(real_store, "big", "deploy step17", limit=1)[0].index == 17
