@@ -141,6 +141,12 @@ def test_drop_and_ttl(any_redis: Any, key_prefix: str) -> None:
     index_compacted(store, "s")
     index_keys = [k for k in any_redis.scan_iter(match=f"{key_prefix}:*:rx:*")]
     assert index_keys and all(0 < any_redis.ttl(k) <= 500 for k in index_keys)
+    early = next(k for k in index_keys if k.endswith(b":rx:t:handler_1.py"))
+    any_redis.expire(early, 50)
+    store.append("s", turn(11))
+    commit(store, "s", 22)
+    index_compacted(store, "s")  # touches other terms only, refreshes every one
+    assert any_redis.ttl(early) > 50
     drop_index(store, "s")
     assert not list(any_redis.scan_iter(match=f"{key_prefix}:*:rx:*"))
 
@@ -206,3 +212,20 @@ def test_a_query_reads_a_bounded_share_of_common_terms(real_store: SessionStore)
     assert len(newest) == 3 and all(h.index >= n - 2048 for h in newest)
     drop_index(real_store, "big")
     real_store.delete_session("big")
+
+
+def test_many_forgotten_passages_trigger_a_rebuild(store: SessionStore,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.store.recall_index as module
+
+    monkeypatch.setattr(module, "STALE_REBUILD", 5)
+    fill(store, "s", range(20))
+    commit(store, "s", 40)
+    index_compacted(store, "s")
+    store.truncate_after("s", 4)
+    assert forget_after(store, "s", 4) == 36
+    fill(store, "s", range(100, 110))
+    commit(store, "s", 20)
+    report = index_compacted(store, "s")
+    assert report.rebuilt and (report.start, report.end) == (0, 20)
+    assert recall(store, "s", "handler_105", limit=1)[0].index == 14

@@ -65,6 +65,8 @@ TERM_POSTINGS = 64
 BATCH_MESSAGES = 500
 """Messages per index script call: bounds how long one call holds Redis."""
 MAX_CANDIDATES = 64
+STALE_REBUILD = 1000
+"""Forgotten passages tolerated before a rebuild, at least (else: as many as live ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +138,11 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
     with redis_errors("recall index"):
         meta, state, length = _read_heads(store, k)
         gen = _s(state[0]) if state[0] is not None else "0"
-        if meta.get("hwm") is not None and meta.get("gen", "0") != gen:
+        unreconciled = meta.get("hwm") is not None and meta.get("gen", "0") != gen
+        # Forgotten passages leave postings behind; once they outnumber the live
+        # ones, a rebuild costs less than carrying them in every query.
+        littered = _int(meta.get("stale")) > max(_int(meta.get("n_docs")), STALE_REBUILD)
+        if unreconciled or littered:
             drop_index(store, session_id)
             meta, report.rebuilt = {}, True
         target = min(length, _int(state[1]) if end is None else end)
@@ -163,8 +169,22 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             expected_pid = str(next_pid)
             hwm += len(raw)
             report.end = hwm
+        if report.messages and store.config.ttl_seconds:
+            _refresh_ttl(store, k, store.config.ttl_seconds)
     report.ms = round((time.perf_counter() - started) * 1000, 3)
     return report
+
+
+def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:
+    """Every term key expires with the rest of the index, not only the ones this
+    batch touched (a term seen only early on would otherwise expire first)."""
+    terms = [_s(t) for t in store.redis.hkeys(k.df)]
+    pipe = store.redis.pipeline(transaction=False)
+    for term in terms:
+        pipe.expire(k.term(term), ttl)
+    for key in (k.meta, k.df, k.doc, k.mp):
+        pipe.expire(key, ttl)
+    pipe.execute()
 
 
 def _read_heads(store: SessionStore, k: RecallKeys) -> tuple[dict[str, str], list[Any], int]:

@@ -3,7 +3,9 @@
 -- Postings of forgotten passages stay in the term strings; their passage ids are
 -- never reused and their docs are gone, so queries skip them.
 --
--- KEYS[1] rx:meta  hash   hwm, n_docs, total_len, gen (set to the state's gen)
+-- KEYS[1] rx:meta  hash   hwm, n_docs, total_len, stale (passages forgotten so far:
+--                         the indexer rebuilds when they outnumber the live ones),
+--                         gen (set to the state's gen)
 -- KEYS[2] rx:doc   hash   docs of passages of messages >= index are deleted
 -- KEYS[3] rx:mp    list   trimmed to the first `index` messages
 -- KEYS[4] state    hash   read only: 'gen'
@@ -39,6 +41,7 @@ if index < hwm then
     redis.call('LTRIM', KEYS[3], 0, index - 1)
   end
   redis.call('HINCRBY', KEYS[1], 'n_docs', -removed)
+  redis.call('HINCRBY', KEYS[1], 'stale', removed)
   redis.call('HINCRBY', KEYS[1], 'total_len', -total)
   hwm = index
 end
