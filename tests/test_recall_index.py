@@ -229,3 +229,20 @@ def test_many_forgotten_passages_trigger_a_rebuild(store: SessionStore,
     report = index_compacted(store, "s")
     assert report.rebuilt and (report.start, report.end) == (0, 20)
     assert recall(store, "s", "handler_105", limit=1)[0].index == 14
+
+
+def test_an_indexing_failure_never_fails_the_compaction(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import workers.compactor as module
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("index down")
+
+    monkeypatch.setattr(module, "index_compacted", broken)
+    fill(store, "s", range(30), "padding " * 40)
+    outcome = Compactor(store, SummaryEngine(None)).run("s", manual=True, keep_recent=500)
+    assert outcome.status == "compacted"
+    assert "recall indexing failed" in caplog.text
+    monkeypatch.undo()
+    assert index_compacted(store, "s").end == outcome.watermark_after  # the next job catches up
