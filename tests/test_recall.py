@@ -197,3 +197,14 @@ def test_notice_and_rendering() -> None:
     assert "No earlier message" in render_hits([])
     with pytest.raises(Exception):  # frozen  # noqa: B017
         hits[0].index = 4  # type: ignore[misc]
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_terms_are_lowercase_bounded_and_trimmed(text: str) -> None:
+    for term in tokenize(text):
+        assert term and term == term.lower() and len(term) <= 64
+        assert not term.endswith((".", ":", "/", "-", "\\"))
+    # terms used as a query bring no term the text did not have
+    terms = tokenize(text)
+    assert set(tokenize(" ".join(terms))) <= set(terms)

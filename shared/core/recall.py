@@ -70,9 +70,9 @@ def _subwords(word: str) -> list[str]:
     """Coarser pieces first: path segments, their dot-separated pieces (a file's stem),
     then parts at ``_ - + ~ @ #`` and camel-case humps; each distinct piece once."""
     out: list[str] = []
-    segments = [x for x in re.split(r"[/\\:]+", word) if x]
+    segments = [x for x in (y.strip(_TRAILING) for y in re.split(r"[/\\:]+", word)) if x]
     for segment in segments:
-        pieces = [x for x in segment.split(".") if x]
+        pieces = [x for x in (y.strip(_TRAILING) for y in segment.split(".")) if x]
         if len(segments) > 1:
             out.append(segment)
         for piece in pieces:
