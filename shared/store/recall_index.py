@@ -245,11 +245,13 @@ def drop_index(store: SessionStore, session_id: str) -> None:
     k = recall_keys(store, session_id)
     with redis_errors("recall drop"):
         terms = [_s(t) for t in store.redis.hkeys(k.df)]
-        pipe = store.redis.pipeline(transaction=False)
-        for i in range(0, len(terms), 500):
-            pipe.delete(*(k.term(t) for t in terms[i:i + 500]))
-        pipe.delete(k.meta, k.df, k.doc, k.mp)
-        pipe.execute()
+        # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
+        keys = [*(k.term(t) for t in terms), k.meta, k.df, k.doc, k.mp]
+        for i in range(0, len(keys), 1000):
+            pipe = store.redis.pipeline(transaction=False)
+            for key in keys[i:i + 1000]:
+                pipe.delete(key)
+            pipe.execute()
 
 
 def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
