@@ -51,6 +51,7 @@ KINDS = ("path", "identifier", "number", "command", "url")
 CHUNKS = 20
 CHECKPOINTS = (1, 5, 20)
 MAX_TARGETS = 3
+REPEATS = 3
 _ERROR_LINE = re.compile(r"^.*(?:Error|error:|ERROR|Exception|FAILED|Traceback|errno).*$",
                          re.M)
 
@@ -207,6 +208,7 @@ class Scale:
     p50_ms: float
     p99_ms: float
     cpu_p99_ms: float
+    best_p99_ms: float
     queries: int
     hit_rate: float
 
@@ -249,12 +251,17 @@ def scale(client: redis.Redis, data: Path, n: int, queries: int, prefix: str) ->
     picked = probes[::step][:queries]
     latencies: list[float] = []
     cpu: list[float] = []
+    best: list[float] = []  # per query, the fastest of REPEATS runs: scheduling noise removed
     found = 0
     for probe in picked:
-        started = time.process_time()
-        hits, q_ms = timed(lambda p=probe: recall(store, sid, p.text, limit=5))  # type: ignore[misc]
-        cpu.append((time.process_time() - started) * 1000)
-        latencies.append(q_ms)
+        runs = []
+        for _ in range(REPEATS):
+            started = time.process_time()
+            hits, q_ms = timed(lambda p=probe: recall(store, sid, p.text, limit=5))  # type: ignore[misc]
+            cpu.append((time.process_time() - started) * 1000)
+            runs.append(q_ms)
+        latencies.append(runs[0])
+        best.append(min(runs))
         found += any(h.index % len(source) in probe.targets for h in hits)
     base = store.keys(sid).state.removesuffix(":state")
     index_bytes = memory(client, f"{base}:rx:*")
@@ -263,7 +270,8 @@ def scale(client: redis.Redis, data: Path, n: int, queries: int, prefix: str) ->
     store.delete_session(sid)
     return Scale(n, ms / 1000, ms * 1000 / n, index_bytes / n, log_bytes / n,
                  percentile(latencies, 0.5), percentile(latencies, 0.99),
-                 percentile(cpu, 0.99), len(picked), found / max(len(picked), 1))
+                 percentile(cpu, 0.99), percentile(best, 0.99), len(picked),
+                 found / max(len(picked), 1))
 
 
 # -- report ----------------------------------------------------------------------------
@@ -299,19 +307,28 @@ def main() -> int:
     parser.add_argument("--scale", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--skip-quality", action="store_true", help="scale figures only")
+    parser.add_argument("--private-redis", action="store_true",
+                        help="start a redis-server of its own (a shared one queues our "
+                             "commands behind everyone else's)")
     args = parser.parse_args()
+    server = None
+    if args.private_redis:
+        from tests.redis_server import start_server
+
+        server = start_server()
+        args.redis = server.url
     client = redis.Redis.from_url(args.redis)
     prefix = "bench" + secrets.token_hex(3)
     try:
         if not args.skip_quality:
             report_quality(quality(client, args.data, args.sessions, prefix))
-        print("\n| messages | query p50 | query p99 | client CPU p99 | index bytes/msg | "
-              "log bytes/msg | indexing | per message | probe hit@5 |\n"
-              "|---|---|---|---|---|---|---|---|---|", flush=True)
+        print("\n| messages | query p50 | query p99 | p99, best of 3 | client CPU p99 | "
+              "index bytes/msg | log bytes/msg | indexing | per message | probe hit@5 |\n"
+              "|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for n in args.scale:
             s = scale(client, args.data, n, args.queries, prefix)
             print(f"| {s.messages:,} | {s.p50_ms:.2f} ms | {s.p99_ms:.2f} ms | "
-                  f"{s.cpu_p99_ms:.2f} ms | {s.bytes_per_message:,.0f} | "
+                  f"{s.best_p99_ms:.2f} ms | {s.cpu_p99_ms:.2f} ms | {s.bytes_per_message:,.0f} | "
                   f"{s.log_bytes_per_message:,.0f} | {s.index_s:.1f} s | "
                   f"{s.per_message_us:.0f} us | {s.hit_rate:.1%} ({s.queries} q) |", flush=True)
         load = Path("/proc/loadavg")
@@ -321,6 +338,8 @@ def main() -> int:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=5000))
         for i in range(0, len(keys), 1000):
             client.delete(*keys[i:i + 1000])
+        if server is not None:
+            server.stop()
     return 0
 
 
