@@ -244,7 +244,7 @@ def scale(client: redis.Redis, data: Path, n: int, queries: int, prefix: str) ->
         store.append(sid, copies[a:a + 500])
     record = SummaryRecord(watermark=n, kind="offline", text="scale", tokens=1)
     assert store.commit_summary(sid, record, store.state(sid).version).ok
-    report, ms = timed(lambda: index_compacted(store, sid))
+    report, ms = timed(lambda: index_compacted(store, sid, max_messages=n))
     assert report.end == n, report
     probes = build_probes(source, len(source))
     step = max(1, len(probes) // queries)

@@ -64,6 +64,9 @@ def test_indexing_is_incremental(store: SessionStore) -> None:
     second = index_compacted(store, "s")
     assert (second.start, second.end, second.messages) == (20, 50, 30)
     assert index_stats(store, "s")["indexed_until"] == 50
+    commit(store, "s", 60)
+    assert index_compacted(store, "s", max_messages=4).end == 54  # bounded per call
+    assert index_compacted(store, "s").end == 60  # the next call goes on
     assert recall(store, "s", "ERR_STEP_22_FAILED", limit=1)[0].index == 45
 
 

@@ -65,6 +65,8 @@ TERM_POSTINGS = 64
 BATCH_MESSAGES = 500
 """Messages per index script call: bounds how long one call holds Redis."""
 MAX_CANDIDATES = 64
+MAX_MESSAGES_PER_CALL = 20_000
+"""Messages one index call reads at most (the next job goes on from there)."""
 STALE_REBUILD = 1000
 """Forgotten passages tolerated before a rebuild, at least (else: as many as live ones)."""
 
@@ -123,8 +125,13 @@ class IndexReport:
     ms: float = 0.0
 
 
-def index_compacted(store: SessionStore, session_id: str, end: int | None = None) -> IndexReport:
+def index_compacted(store: SessionStore, session_id: str, end: int | None = None, *,
+                    max_messages: int | None = None) -> IndexReport:
     """Index messages ``[hwm, end)`` (default: up to the current watermark).
+
+    At most ``max_messages`` per call (default :data:`MAX_MESSAGES_PER_CALL`):
+    a rebuild of a long session is spread over the next jobs instead of
+    holding one job for a minute.
 
     Called by workers after a successful commit. Idempotent and safe
     against concurrency: each batch is one compare-and-swap on the
@@ -145,8 +152,9 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         if unreconciled or littered:
             drop_index(store, session_id)
             meta, report.rebuilt = {}, True
-        target = min(length, _int(state[1]) if end is None else end)
         hwm = _int(meta.get("hwm"))
+        budget = MAX_MESSAGES_PER_CALL if max_messages is None else max_messages
+        target = min(length, _int(state[1]) if end is None else end, hwm + budget)
         report.start = report.end = hwm
         # A new index starts its passage ids at a random base: postings left by an
         # expired or dropped index can never name a new passage.
