@@ -49,6 +49,7 @@ from shared.core.records import SessionState, SummaryRecord, ViewData
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import find_cut_point
 from shared.core.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
+from shared.store.recall_index import index_compacted  # recall (issue 16)
 from shared.store.sessions import SessionStore
 from workers.summarizer.counting import JobCounter, job_counter
 from workers.summarizer.engine import SummaryEngine
@@ -290,6 +291,7 @@ class Compactor:
             return outcome, _Lost(record, state.version, reusable)
         if state.force_requested:
             self.store.update_state(session_id, force_requested=0)
+        _index_for_recall(self.store, session_id, record.watermark)  # recall (issue 16)
         after = _view_after(data, record, result.version, counter)
         outcome.status = "compacted"
         outcome.over_truncation = kept
@@ -333,6 +335,15 @@ class Compactor:
             stages=draft.stages)
         tokens = self.counter.text(summary_block(record)) + SUMMARY_FRAMING_TOKENS
         return record.model_copy(update={"tokens": tokens}), draft.stages
+
+
+def _index_for_recall(store: SessionStore, session_id: str, watermark: int) -> None:
+    """Recall (issue 16): index the range this commit summarized away, in the same job.
+    A failure costs recall of that range until the next job, never the compaction."""
+    try:
+        index_compacted(store, session_id, watermark)
+    except Exception:
+        log.warning("recall indexing failed for %s", session_id, exc_info=True)
 
 
 def _view_after(data: ViewData, record: SummaryRecord, version: int,

@@ -1,0 +1,391 @@
+"""Recall: the other half of "view, not delete" (pure: no I/O).
+
+Compaction hides old messages from the view; recall brings the relevant
+ones back on demand. This module holds everything about it that needs no
+Redis: tokenization that keeps identifiers matchable, passage splitting,
+BM25 ranking, the :class:`RecallHit` result, input validation, the one
+``recall`` tool definition rendered for OpenAI, Anthropic and Gemini, and
+the notice a summary carries so the model knows it can ask.
+
+Tokenization keeps what agents search for whole *and* split: a word of
+identifier characters (``src/app/main.py``, ``ERR_CONN_RESET``, ``0x1f``,
+``3.14``, ``getUserName``) yields the lowercased whole, then its parts
+(split at ``/ . _ - :`` and at camel-case humps), and for a path its file
+name (``main.py``). A query tokenized the same way therefore scores an
+exact identifier above a message that only shares its parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+
+# -- limits ---------------------------------------------------------------------------
+MAX_QUERY_CHARS = 1000
+MAX_QUERY_TERMS = 16
+MAX_LIMIT = 50
+DEFAULT_LIMIT = 5
+MAX_TOKEN_CHARS = 64
+"""Longer words (base64, minified code) are indexed by their parts only."""
+PASSAGE_CHARS = 1200
+"""Upper bound of a passage's length; long messages are split on line boundaries."""
+MAX_PASSAGES_PER_MESSAGE = 64
+"""A message's text past ``PASSAGE_CHARS * MAX_PASSAGES_PER_MESSAGE`` is not indexed."""
+MAX_FIELD = 0xFFFF  # term frequency and passage length are stored in 16 bits
+K1 = 1.2
+B = 0.75
+
+Provider = Literal["openai", "anthropic", "gemini"]
+
+# -- tokenization ---------------------------------------------------------------------
+_WORD = re.compile(r"\w[\w./\\:@#+~\-]*")
+_TRAILING = ".:/\\#@+~-"
+_SEPARATORS = re.compile(r"[./\\:@#+~\-_]+")
+_HUMPS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+|[^\W_]+")
+_STOPWORDS = frozenset((
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "i",
+    "if", "in", "is", "it", "its", "me", "my", "of", "on", "or", "our", "so", "that", "the",
+    "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were",
+    "what", "when", "which", "will", "with", "you", "your",
+))
+
+
+def _keep_part(part: str) -> bool:
+    return (len(part) >= 2 or part.isdigit()) and part not in _STOPWORDS
+
+
+def _subwords(word: str) -> list[str]:
+    """Coarser pieces first: path segments, their dot-separated pieces (a file's stem),
+    then parts at ``_ - + ~ @ #`` and camel-case humps; each distinct piece once."""
+    out: list[str] = []
+    segments = [x for x in (y.strip(_TRAILING) for y in re.split(r"[/\\:]+", word)) if x]
+    for segment in segments:
+        pieces = [x for x in (y.strip(_TRAILING) for y in segment.split(".")) if x]
+        if len(segments) > 1:
+            out.append(segment)
+        for piece in pieces:
+            if len(pieces) > 1:
+                out.append(piece)
+            parts: list[str] = []
+            for chunk in _SEPARATORS.split(piece):
+                if chunk:
+                    parts.extend(_HUMPS.findall(chunk))
+            if len(parts) > 1 or (parts and parts[0] != piece):
+                out.extend(parts)
+    return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_terms(word: str) -> tuple[str, ...]:
+    """The terms of one word (words repeat a lot: each is analyzed once)."""
+    whole = word.lower()
+    out: list[str] = []
+    if len(whole) <= MAX_TOKEN_CHARS and whole not in _STOPWORDS:
+        out.append(whole)
+    if word.isalnum() and (word.islower() or word.isupper() or word.istitle()
+                           or word.isdigit()):
+        return tuple(out)  # a plain word: no pieces
+    seen = {whole}
+    for piece in _subwords(word):
+        low = piece.lower()
+        if low not in seen and _keep_part(low) and len(low) <= MAX_TOKEN_CHARS:
+            seen.add(low)
+            out.append(low)
+    return tuple(out)
+
+
+def tokenize(text: str) -> list[str]:
+    """Search terms of ``text``, in order, with repeats (term frequency counts them).
+
+    Each word yields its lowercased whole (unless longer than
+    :data:`MAX_TOKEN_CHARS`, or a stopword), then its distinct pieces: path
+    segments (``main.py``), dotted pieces (``main``, ``py``), parts at
+    ``_`` or ``-`` and camel-case humps.
+    """
+    out: list[str] = []
+    for word in _WORD.findall(text):
+        word = word.rstrip(_TRAILING)
+        if word:
+            out.extend(_word_terms(word))
+    return out
+
+
+# -- passages -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A bounded slice ``text[start:end]`` of message ``index``'s :func:`index_text`."""
+
+    index: int
+    role: str
+    start: int
+    end: int
+    text: str
+
+
+def index_text(message: Message) -> str:
+    """The text recall indexes for a message: its content, then each tool call as
+    ``name arguments`` (so commands and paths in arguments are found too)."""
+    text = message.text()
+    calls = [f"{tc.name} {tc.arguments}" for tc in message.tool_calls]
+    return "\n".join([text, *calls]) if calls else text
+
+
+def _cuts(text: str, limit: int) -> list[tuple[int, int]]:
+    """Offsets of slices of at most ``limit`` characters, cut after a newline when
+    one is in the second half of the slice, else after a space, else anywhere."""
+    out: list[tuple[int, int]] = []
+    start, n = 0, len(text)
+    while start < n and len(out) < MAX_PASSAGES_PER_MESSAGE:
+        end = min(n, start + limit)
+        if end < n:
+            half = start + limit // 2
+            cut = text.rfind("\n", half, end)
+            if cut < 0:
+                cut = text.rfind(" ", half, end)
+            if cut >= 0:
+                end = cut + 1
+        if text[start:end].strip():
+            out.append((start, end))
+        start = end
+    return out
+
+
+def split_passages(index: int, message: Message, *,
+                   max_chars: int = PASSAGE_CHARS) -> list[Passage]:
+    """The passages of message ``index`` (empty for a message without text)."""
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 16:
+        raise InvalidInput("must be an integer >= 16", field="max_chars")
+    text = index_text(message)
+    return [Passage(index, message.role, a, b, text[a:b]) for a, b in _cuts(text, max_chars)]
+
+
+def passage_text(message: Message, start: int, end: int) -> str:
+    """The text of a stored passage, recomputed from its message (the index keeps
+    offsets, not copies: the log is the source)."""
+    return index_text(message)[start:end]
+
+
+def checksum(raw: bytes | str) -> int:
+    """CRC-32 of a stored message: a hit is returned only if its message is unchanged."""
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedPassage:
+    """A passage ready to store: its term frequencies and its length in terms."""
+
+    passage: Passage
+    terms: Mapping[str, int]
+    length: int
+
+
+def analyze(passage: Passage) -> IndexedPassage:
+    terms = tokenize(passage.text)
+    counts = Counter(terms)
+    return IndexedPassage(passage, {t: min(c, MAX_FIELD) for t, c in counts.items()},
+                          min(len(terms), MAX_FIELD))
+
+
+# -- ranking --------------------------------------------------------------------------
+Posting = tuple[int, int, int, int]
+"""One passage containing a term: (passage id, message index, term frequency, passage
+length in terms). Plain tuples: a query decodes thousands of them."""
+
+
+def idf(n_docs: int, df: int) -> float:
+    """BM25's smoothed inverse document frequency (never negative)."""
+    return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def bm25(postings: Mapping[str, Iterable[Posting]], df: Mapping[str, int], *, n_docs: int,
+         avg_length: float, start: int = 0, end: int | None = None,
+         k1: float = K1, b: float = B) -> dict[int, tuple[float, int]]:
+    """``{pid: (score, message index)}`` of the passages in ``[start, end)``.
+
+    ``postings`` may hold only part of a very common term's postings (the
+    store reads the newest ones): its ``df`` still comes from ``df``.
+    """
+    sums: dict[int, float] = {}
+    where: dict[int, int] = {}
+    avg = avg_length if avg_length > 0 else 1.0
+    hi = end if end is not None else math.inf
+    norm0 = k1 * (1 - b)
+    norm1 = k1 * b / avg
+    get = sums.get
+    for term, plist in postings.items():
+        weight = idf(max(n_docs, 1), max(df.get(term, 1), 1)) * (k1 + 1)
+        for pid, index, tf, length in plist:
+            if start <= index < hi:
+                sums[pid] = get(pid, 0.0) + weight * tf / (tf + norm0 + norm1 * length)
+                where[pid] = index
+    return {pid: (score, where[pid]) for pid, score in sums.items()}
+
+
+class RecallHit(BaseModel):
+    """One recalled passage: its message's log index and role, the text, the score."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int
+    role: str
+    text: str
+    score: float
+
+
+def best_per_message(scores: Mapping[int, tuple[float, int]],
+                     n: int | None = None) -> list[tuple[int, float, int]]:
+    """``(pid, score, index)`` of each message's best passage, best first (ties: newer
+    message first, the one an agent most likely means); the best ``n`` only if given."""
+    items = [(score, index, pid) for pid, (score, index) in scores.items()]
+    if n is not None and len(items) > 4 * n:
+        top = heapq.nlargest(4 * n, items)  # tuples compare in C: no key function
+        if len({index for _, index, _ in top}) < n:
+            top = sorted(items, reverse=True)
+    else:
+        top = sorted(items, reverse=True)
+    seen: set[int] = set()
+    out: list[tuple[int, float, int]] = []
+    for score, index, pid in top:
+        if index not in seen:
+            seen.add(index)
+            out.append((pid, score, index))
+            if n is not None and len(out) == n:
+                break
+    return out
+
+
+# -- validation -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RecallQuery:
+    """A validated query: its terms (unique, at most :data:`MAX_QUERY_TERMS`)."""
+
+    text: str
+    terms: tuple[str, ...]
+    limit: int
+    start: int | None
+    end: int | None
+
+
+def _opt_index(value: object, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput("must be a non-negative integer or null", field=field)
+    return value
+
+
+def validate_query(query: object, *, limit: object = DEFAULT_LIMIT, start: object = None,
+                   end: object = None) -> RecallQuery:
+    """Check a recall request; :class:`InvalidInput` names the bad field."""
+    if not isinstance(query, str):
+        raise InvalidInput("must be a string", field="query")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInput(f"{len(query)} characters; at most {MAX_QUERY_CHARS}", field="query")
+    terms = tuple(dict.fromkeys(tokenize(query)))[:MAX_QUERY_TERMS]
+    if not terms:
+        raise InvalidInput("has no searchable words (empty, or only stopwords and "
+                           "punctuation)", field="query")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"must be an integer from 1 to {MAX_LIMIT}", field="limit")
+    lo, hi = _opt_index(start, "start"), _opt_index(end, "end")
+    if lo is not None and hi is not None and hi <= lo:
+        raise InvalidInput(f"must be greater than start ({lo}), got {hi}", field="end")
+    return RecallQuery(query, terms, limit, lo, hi)
+
+
+def parse_tool_arguments(arguments: str | Mapping[str, Any]) -> RecallQuery:
+    """The arguments of a ``recall`` tool call (a JSON string or a mapping), validated."""
+    import json
+
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            raise InvalidInput("is not valid JSON", field="arguments") from None
+    if not isinstance(arguments, Mapping):
+        raise InvalidInput("must be a JSON object", field="arguments")
+    unknown = set(arguments) - {"query", "limit", "start", "end"}
+    if unknown:
+        raise InvalidInput(f"unknown argument(s): {', '.join(sorted(unknown))}",
+                           field="arguments")
+    return validate_query(arguments.get("query"), limit=arguments.get("limit", DEFAULT_LIMIT),
+                          start=arguments.get("start"), end=arguments.get("end"))
+
+
+# -- the tool -------------------------------------------------------------------------
+TOOL_NAME = "recall"
+TOOL_DESCRIPTION = (
+    "Search the earlier part of this conversation that was summarized away and get the "
+    "original messages back, verbatim. Use exact words: file paths, identifiers, error "
+    "codes, numbers, commands. Returns the best-matching passages with their message index.")
+_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string",
+                  "description": "words to look for, e.g. 'src/app/main.py ERR_CONN_RESET'"},
+        "limit": {"type": "integer", "description": f"passages to return (1-{MAX_LIMIT}, "
+                                                    f"default {DEFAULT_LIMIT})"},
+        "start": {"type": "integer", "description": "first message index to search"},
+        "end": {"type": "integer", "description": "search messages before this index"},
+    },
+    "required": ["query"],
+}
+
+
+def tool_definition(provider: Provider = "openai") -> dict[str, Any]:
+    """The ``recall`` tool in ``provider``'s format (OpenAI Chat Completions function
+    tool, Anthropic Messages tool, Gemini function declaration)."""
+    import copy
+
+    params = copy.deepcopy(_PARAMETERS)
+    if provider == "openai":
+        return {"type": "function", "function": {
+            "name": TOOL_NAME, "description": TOOL_DESCRIPTION,
+            "parameters": {**params, "additionalProperties": False}}}
+    if provider == "anthropic":
+        return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": params}
+    if provider == "gemini":
+        return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": params}
+    raise InvalidInput("must be 'openai', 'anthropic' or 'gemini'", field="provider")
+
+
+NOTICE = ("Earlier details can be recalled with the `recall` tool: call it with exact words "
+          "(file paths, identifiers, error codes, numbers, commands) to get the original "
+          "messages back verbatim, instead of guessing.")
+
+
+def notice(watermark: int) -> str:
+    """The line a summary carries so the model knows it can recall messages ``[0, w)``."""
+    if isinstance(watermark, bool) or not isinstance(watermark, int) or watermark < 0:
+        raise InvalidInput("must be a non-negative integer", field="watermark")
+    return f"{NOTICE} Messages 0-{max(watermark - 1, 0)} are searchable."
+
+
+def render_hits(hits: Sequence[RecallHit]) -> str:
+    """A tool result text for the model: one block per hit, newest context marked."""
+    if not hits:
+        return "No earlier message matches. Try other exact words (a path, an identifier)."
+    return "\n\n".join(f"[message {h.index}, {h.role}, score {h.score:.2f}]\n{h.text}"
+                       for h in hits)
+
+
+__all__ = [
+    "DEFAULT_LIMIT", "MAX_LIMIT", "MAX_QUERY_CHARS", "NOTICE", "PASSAGE_CHARS", "TOOL_NAME",
+    "IndexedPassage", "Passage", "Posting", "RecallHit", "RecallQuery", "analyze",
+    "best_per_message", "bm25", "checksum", "idf", "index_text", "notice",
+    "parse_tool_arguments", "passage_text", "render_hits", "split_passages", "tokenize",
+    "tool_definition", "validate_query",
+]

@@ -1,0 +1,251 @@
+"""The recall index in Redis: built by workers, incremental, edit-safe, tenant-bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, SessionNotFound
+from shared.core.records import SummaryRecord
+from shared.store.recall_index import (
+    answer_tool_call,
+    drop_index,
+    forget_after,
+    index_compacted,
+    index_stats,
+    recall,
+)
+from shared.store.sessions import SessionStore
+from workers.compactor import Compactor
+from workers.summarizer.engine import SummaryEngine
+
+
+def turn(i: int, extra: str = "") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"step {i}: open src/mod{i}/handler_{i}.py {extra}"},
+            {"role": "assistant", "content": f"saw ERR_STEP_{i}_FAILED, retrying with "
+                                             f"timeout {i}.5 seconds"}]
+
+
+def fill(store: SessionStore, sid: str, turns: range, extra: str = "") -> None:
+    store.append(sid, [m for i in turns for m in turn(i, extra)])
+
+
+def commit(store: SessionStore, sid: str, watermark: int) -> None:
+    version = store.state(sid).version
+    record = SummaryRecord(watermark=watermark, kind="offline", text="summary", tokens=5)
+    assert store.commit_summary(sid, record, version).ok
+
+
+def test_recall_finds_identifiers_paths_and_numbers(store: SessionStore) -> None:
+    fill(store, "s", range(30))
+    commit(store, "s", 40)
+    report = index_compacted(store, "s")
+    assert (report.start, report.end, report.messages) == (0, 40, 40)
+    assert recall(store, "s", "src/mod7/handler_7.py", limit=1)[0].index == 14
+    assert recall(store, "s", "ERR_STEP_12_FAILED", limit=1)[0].index == 25
+    assert recall(store, "s", "handler_3", limit=1)[0].index == 6
+    hit = recall(store, "s", "13.5", limit=1)[0]
+    assert (hit.index, hit.role) == (27, "assistant") and "13.5 seconds" in hit.text
+    # only what was summarized away (the watermark) and indexed is searched
+    assert 51 not in [h.index for h in recall(store, "s", "ERR_STEP_25_FAILED", limit=50)]
+    assert all(h.index < 40 for h in recall(store, "s", "step", limit=50))
+
+
+def test_indexing_is_incremental(store: SessionStore) -> None:
+    fill(store, "s", range(30))
+    commit(store, "s", 20)
+    assert index_compacted(store, "s").messages == 20
+    assert index_compacted(store, "s").messages == 0  # idempotent
+    commit(store, "s", 50)
+    second = index_compacted(store, "s")
+    assert (second.start, second.end, second.messages) == (20, 50, 30)
+    assert index_stats(store, "s")["indexed_until"] == 50
+    commit(store, "s", 60)
+    assert index_compacted(store, "s", max_messages=4).end == 54  # bounded per call
+    assert index_compacted(store, "s").end == 60  # the next call goes on
+    assert recall(store, "s", "ERR_STEP_22_FAILED", limit=1)[0].index == 45
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_nothing_past_an_edit_is_returned(store: SessionStore, hook: bool) -> None:
+    fill(store, "s", range(30))
+    commit(store, "s", 50)
+    index_compacted(store, "s")
+    store.truncate_after("s", 20)
+    if hook:
+        assert forget_after(store, "s", 20) == 30
+    # the edited history differs from index 20 on (turns 12-31 where turns 10-29 were),
+    # with the same words: the index still holds the old messages 20-49
+    store.append("s", [m for i in range(12, 32) for m in turn(i, "EDITED")])
+    for query in ("ERR_STEP_15_FAILED", "handler_22", "src", "EDITED"):
+        for hit in recall(store, "s", query, end=60, limit=50):
+            assert hit.index < 20
+            assert "EDITED" not in hit.text
+    commit(store, "s", 56)
+    report = index_compacted(store, "s")
+    assert report.rebuilt is not hook
+    assert report.end == 56
+    assert recall(store, "s", "ERR_STEP_12_FAILED", limit=1)[0].index == 21
+    hit = recall(store, "s", "handler_12", limit=1)[0]
+    assert hit.index == 20 and "EDITED" in hit.text
+
+
+def test_rewind_narrows_the_default_range(store: SessionStore) -> None:
+    fill(store, "s", range(30))
+    commit(store, "s", 20)
+    commit(store, "s", 50)
+    index_compacted(store, "s")
+    store.rewind("s", 20)
+    assert all(h.index < 20 for h in recall(store, "s", "ERR_STEP_15_FAILED", limit=50))
+    assert recall(store, "s", "ERR_STEP_15_FAILED", end=50)[0].index == 31
+
+
+def test_other_tenants_messages_are_never_returned(any_redis: Any, key_prefix: str) -> None:
+    config = StoreConfig(key_prefix=key_prefix)
+    alice = SessionStore(any_redis, config, tenant="alice")
+    bob = SessionStore(any_redis, config, tenant="bob")
+    fill(alice, "s", range(10), "ALICE_SECRET_TOKEN")
+    commit(alice, "s", 20)
+    index_compacted(alice, "s")
+    with pytest.raises(SessionNotFound):
+        recall(bob, "s", "ALICE_SECRET_TOKEN")
+    fill(bob, "s", range(10))
+    commit(bob, "s", 20)
+    index_compacted(bob, "s")
+    assert recall(bob, "s", "ALICE_SECRET_TOKEN") == []
+    assert all("ALICE" not in h.text for h in recall(bob, "s", "handler_3 src", limit=50))
+    assert recall(alice, "s", "ALICE_SECRET_TOKEN", limit=1)
+
+
+def test_bad_input_and_unknown_session(store: SessionStore) -> None:
+    with pytest.raises(SessionNotFound):
+        recall(store, "nobody", "x1")
+    fill(store, "s", range(3))
+    with pytest.raises(InvalidInput) as info:
+        recall(store, "s", "")
+    assert info.value.field == "query"
+    with pytest.raises(InvalidInput) as info:
+        recall(store, "s", "x1", start=4, end=2)
+    assert info.value.field == "end"
+    with pytest.raises(InvalidInput) as info:
+        recall(store, "bad id{", "x1")
+    assert info.value.field == "session_id"
+    assert recall(store, "s", "handler_1") == []  # nothing compacted yet
+
+
+def test_drop_and_ttl(any_redis: Any, key_prefix: str) -> None:
+    store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=500))
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    index_compacted(store, "s")
+    index_keys = [k for k in any_redis.scan_iter(match=f"{key_prefix}:*:rx:*")]
+    assert index_keys and all(0 < any_redis.ttl(k) <= 500 for k in index_keys)
+    early = next(k for k in index_keys if k.endswith(b":rx:t:handler_1.py"))
+    any_redis.expire(early, 50)
+    store.append("s", turn(11))
+    commit(store, "s", 22)
+    index_compacted(store, "s")  # touches other terms only, refreshes every one
+    assert any_redis.ttl(early) > 50
+    drop_index(store, "s")
+    assert not list(any_redis.scan_iter(match=f"{key_prefix}:*:rx:*"))
+
+
+def test_the_worker_indexes_what_it_compacts(store: SessionStore) -> None:
+    fill(store, "s", range(60), "padding " * 40)
+    outcome = Compactor(store, SummaryEngine(None)).run("s", manual=True, keep_recent=500)
+    assert outcome.status == "compacted"
+    stats = index_stats(store, "s")
+    assert stats["indexed_until"] == outcome.watermark_after > 0
+    assert recall(store, "s", "ERR_STEP_3_FAILED", limit=1)[0].index == 7
+
+
+@given(st.lists(st.sampled_from(["retry", "deploy", "src/app/util.py", "42", "ERR_TIMEOUT",
+                                 "user_id", "ok", "config"]), min_size=1, max_size=12)
+       .map(" ".join), st.integers(min_value=0, max_value=39),
+       st.text(alphabet="abcdefghjk", min_size=6, max_size=6))
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_property_distinctive_token_in_top_results_on_redis(
+        real_store: SessionStore, filler: str, target: int, tag: str) -> None:
+    sid = f"p{tag}{target}"
+    token = f"ERR_{tag.upper()}_{target}"
+    messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"{filler} {token}" if i == target else f"{filler} n{i}"}
+                for i in range(40)]
+    real_store.append(sid, messages)
+    commit(real_store, sid, 40)
+    index_compacted(real_store, sid)
+    assert target in [h.index for h in recall(real_store, sid, token, limit=3)]
+    real_store.truncate_after(sid, target)
+    forget_after(real_store, sid, target)
+    assert all(h.index < target for h in recall(real_store, sid, token, end=40))
+    drop_index(real_store, sid)
+    real_store.delete_session(sid)
+
+
+@pytest.fixture
+def real_store(real_redis: Any, key_prefix: str) -> SessionStore:
+    return SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+
+
+def test_answering_a_models_tool_call(store: SessionStore) -> None:
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    index_compacted(store, "s")
+    text = answer_tool_call(store, "s", '{"query": "handler_4.py", "limit": 1}')
+    assert text.startswith("[message 8, user") and "src/mod4/handler_4.py" in text
+    assert "invalid arguments" in answer_tool_call(store, "s", '{"query": ""}')
+
+
+def test_a_query_reads_a_bounded_share_of_common_terms(real_store: SessionStore) -> None:
+    """3,000 passages share "deploy"; the rare term still decides, and a query of the
+    common term alone is answered from its newest postings."""
+    n = 3000
+    for a in range(0, n, 500):
+        real_store.append("big", [{"role": "user", "content": f"deploy service step{i}"}
+                                  for i in range(a, a + 500)])
+    commit(real_store, "big", n)
+    index_compacted(real_store, "big")
+    assert recall(real_store, "big", "deploy step17", limit=1)[0].index == 17
+    newest = recall(real_store, "big", "deploy", limit=3)
+    assert len(newest) == 3 and all(h.index >= n - 2048 for h in newest)
+    drop_index(real_store, "big")
+    real_store.delete_session("big")
+
+
+def test_many_forgotten_passages_trigger_a_rebuild(store: SessionStore,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.store.recall_index as module
+
+    monkeypatch.setattr(module, "STALE_REBUILD", 5)
+    fill(store, "s", range(20))
+    commit(store, "s", 40)
+    index_compacted(store, "s")
+    store.truncate_after("s", 4)
+    assert forget_after(store, "s", 4) == 36
+    fill(store, "s", range(100, 110))
+    commit(store, "s", 20)
+    report = index_compacted(store, "s")
+    assert report.rebuilt and (report.start, report.end) == (0, 20)
+    assert recall(store, "s", "handler_105", limit=1)[0].index == 14
+
+
+def test_an_indexing_failure_never_fails_the_compaction(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import workers.compactor as module
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("index down")
+
+    monkeypatch.setattr(module, "index_compacted", broken)
+    fill(store, "s", range(30), "padding " * 40)
+    outcome = Compactor(store, SummaryEngine(None)).run("s", manual=True, keep_recent=500)
+    assert outcome.status == "compacted"
+    assert "recall indexing failed" in caplog.text
+    monkeypatch.undo()
+    assert index_compacted(store, "s").end == outcome.watermark_after  # the next job catches up

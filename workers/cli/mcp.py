@@ -1,0 +1,160 @@
+"""``compaction mcp``: the session store as MCP tools (stdio or streamable HTTP).
+
+Three tools, for any MCP client (an agent, an IDE, an operator's assistant):
+
+- ``recall(session_id, query, limit=5, start=None, end=None)``: passages of
+  the messages compaction summarized away that match ``query`` (exact words:
+  paths, identifiers, error codes), verbatim, best first;
+- ``context_stats(session_id)``: the context meter (tokens by region, usage
+  ratio, watermark, summaries) and the recall index's figures;
+- ``compact(session_id, keep_recent=None, force=False, wait=True)``: a manual
+  compaction, run inline (the real task: lease, compare-and-swap) or queued
+  for the workers.
+
+The server is bound to one tenant (``--tenant`` or ``COMPACTION_TENANT``):
+a client names sessions, never tenants. Needs the ``mcp`` extra
+(``pip install 'context-compaction[mcp]'``, the SDK's ``MCPServer``, which
+mcp 2 renamed from ``FastMCP``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from shared.core.errors import CompactionError, ConfigError, InvalidInput
+from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, render_hits
+from shared.store.recall_index import index_stats, recall
+from shared.store.sessions import SessionStore
+from workers.cli._common import guard_for, load_session, open_store, store_errors
+from workers.settings import Settings
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+INSTRUCTIONS = (
+    "Context compaction for long agent sessions. `recall` brings back, verbatim, earlier "
+    "messages that were summarized away (search with exact words: file paths, identifiers, "
+    "error codes, numbers). `context_stats` shows how full a session's context is; "
+    "`compact` compacts it now.")
+
+
+def recall_tool(store: SessionStore, session_id: str, query: str, limit: int = DEFAULT_LIMIT,
+                start: int | None = None, end: int | None = None) -> dict[str, Any]:
+    """The ``recall`` tool's answer: hits as data, and as text for a model."""
+    hits = recall(store, session_id, query, limit=limit, start=start, end=end)
+    return {"session_id": session_id, "hits": [h.model_dump() for h in hits],
+            "text": render_hits(hits)}
+
+
+def stats_tool(store: SessionStore, settings: Settings, session_id: str) -> dict[str, Any]:
+    data = load_session(store, session_id)
+    figures = guard_for(store, settings, data).stats(session_id)
+    figures["recall_index"] = index_stats(store, session_id)
+    return figures
+
+
+def compact_tool(store: SessionStore, settings: Settings, session_id: str,
+                 keep_recent: int | None = None, force: bool = False,
+                 wait: bool = True) -> dict[str, Any]:
+    from workers.cli.compact import publish, run_inline
+
+    if keep_recent is not None and keep_recent < 0:
+        raise InvalidInput("must be >= 0", field="keep_recent")
+    load_session(store, session_id)
+    kwargs: dict[str, Any] = {"keep_recent": keep_recent, "force": force,
+                              "tenant": store.tenant}
+    if wait:
+        outcome = run_inline(settings, session_id, kwargs)
+        outcome["recall_index"] = index_stats(store, session_id)
+        return outcome
+    return {"session_id": session_id, "status": "queued",
+            "task_id": publish(settings, session_id, kwargs)}
+
+
+def build_server(store: SessionStore, settings: Settings) -> MCPServer:
+    """An MCP server whose tools act on ``store``'s tenant."""
+    try:
+        import anyio
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver.exceptions import ToolError
+    except ImportError:
+        raise ConfigError("`compaction mcp` needs the mcp extra: "
+                          "pip install 'context-compaction[mcp]'") from None
+
+    server = MCPServer("context-compaction", instructions=INSTRUCTIONS)
+
+    async def in_thread(fn: Any, *args: Any) -> dict[str, Any]:
+        """Run a blocking tool off the event loop; our errors reach the model as text
+        (bad input naming the field, unknown session, Redis down), crashes do not."""
+        def call() -> dict[str, Any]:
+            with store_errors(settings.redis_url):
+                result: dict[str, Any] = fn(*args)
+                return result
+        try:
+            answer: dict[str, Any] = await anyio.to_thread.run_sync(call)
+        except CompactionError as exc:
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+        return answer
+
+    @server.tool(description=(
+        "Search the earlier messages of a session that compaction summarized away and get "
+        "them back verbatim. Use exact words: file paths, identifiers, error codes, numbers, "
+        f"commands. limit: 1-{MAX_LIMIT}; start/end: a range of message indexes (end "
+        "defaults to the watermark)."))
+    async def recall(session_id: str, query: str, limit: int = DEFAULT_LIMIT,
+                     start: int | None = None, end: int | None = None) -> dict[str, Any]:
+        return await in_thread(recall_tool, store, session_id, query, limit, start, end)
+
+    @server.tool(description=(
+        "The context meter of a session: tokens by region, usage ratio of the input budget, "
+        "watermark, summaries, pending job, and the recall index (messages indexed)."))
+    async def context_stats(session_id: str) -> dict[str, Any]:
+        return await in_thread(stats_tool, store, settings, session_id)
+
+    @server.tool(description=(
+        "Compact a session now (a manual /compact). wait=true runs the job here and returns "
+        "its outcome; wait=false queues it for the workers. keep_recent: tokens of recent "
+        "history kept verbatim; force: compact even when it frees little."))
+    async def compact(session_id: str, keep_recent: int | None = None, force: bool = False,
+                      wait: bool = True) -> dict[str, Any]:
+        return await in_thread(compact_tool, store, settings, session_id, keep_recent, force,
+                               wait)
+
+    return server
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                        help="stdio (default; for a client that starts this process) or "
+                             "streamable HTTP")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP: port")
+    parser.add_argument("--tenant", help="tenant served (default: COMPACTION_TENANT)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    with store_errors(settings.redis_url):
+        store = open_store(settings, args.tenant)
+    server = build_server(store, settings)
+    if args.transport == "http":
+        server.run("streamable-http", host=args.host, port=args.port)
+    else:
+        server.run("stdio")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.cli.mcp``: the same command without the CLI's command table."""
+    from workers.settings import load_settings
+
+    parser = argparse.ArgumentParser(prog="compaction mcp", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv), load_settings())
+
+
+__all__ = ["add_arguments", "build_server", "compact_tool", "main", "recall_tool", "run",
+           "stats_tool"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
