@@ -402,6 +402,10 @@ class SessionStore:
                                    field="index") from None
             raise
         version, watermark, new_length = (int(x) for x in raw)
+        # Recall answers from the log itself and checks each hit's checksum, so this
+        # only frees index space early; nothing past the edit is returned either way.
+        from shared.store.recall_index import forget_after  # recall_index imports this module
+        forget_after(self, session_id, index)
         return HistoryEdit(version=version, watermark=watermark, length=new_length)
 
     def rewind(self, session_id: str, watermark: int) -> SessionState:
@@ -524,8 +528,10 @@ class SessionStore:
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""
+        from shared.store.recall_index import drop_index  # recall_index imports this module
         keys = self.keys(session_id).all_keys()
         self._run("delete", lambda: self.redis.delete(*keys))
+        drop_index(self, session_id)
 
 
 __all__ = ["IDEMPOTENCY_KEEP", "IDEMPOTENCY_TTL_SECONDS", "SessionStore", "connect",

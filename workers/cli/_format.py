@@ -20,6 +20,15 @@ EXTRAS = {
     "flower": "flower",
     "fakeredis": "embedded",
     "lupa": "embedded",
+    "mcp": "mcp",
+    "fastapi": "server",
+    "uvicorn": "server",
+    "langchain": "langchain",
+    "langchain_core": "langchain",
+    "agents": "openai-agents",
+    "pydantic_ai": "pydantic-ai",
+    "prometheus_client": "metrics",
+    "opentelemetry": "otel",
 }
 
 

@@ -36,6 +36,7 @@ COMMANDS = {
     "rewind": "Make an earlier summary of a session current again.",
     "doctor": "Check Redis, the broker, the workers and the summarizer.",
     "replay": "Replay JSONL sessions against a fake provider that enforces the window.",
+    "mcp": "Serve recall, context_stats and compact as MCP tools (stdio or streamable HTTP).",
 }
 
 DESCRIPTION = ("Keep LLM conversations inside the context window: inspect and operate the "
