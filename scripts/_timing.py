@@ -11,21 +11,29 @@
   accounting from ``/proc``.
 
 Scripts import it as ``from _timing import ...`` (``scripts/`` is on
-``sys.path`` when a script runs); tests never import scripts.
+``sys.path`` when a script runs), before the project's modules: importing it
+puts the repository root on ``sys.path`` too, so a script runs from a
+checkout without ``PYTHONPATH``. Tests never import scripts.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from pathlib import Path
 from typing import Any, TypeVar
 
-from workers.harness.stats import percentile
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-__all__ = ["best_of", "children_of", "interpolated", "loadavg", "machine_busy", "percentile",
-           "proc_cpu", "proc_memory", "timed", "wait_for", "wait_for_quiet"]
+from workers.harness.timing import percentile, wait_for  # noqa: E402
+
+__all__ = ["ROOT", "best_of", "children_of", "interpolated", "loadavg", "machine_busy",
+           "percentile", "proc_cpu", "proc_memory", "timed", "wait_for", "wait_for_quiet"]
 
 T = TypeVar("T")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -67,16 +75,6 @@ def best_of(fn: Callable[[], T], repeat: int = 3) -> tuple[T, float]:
         best = min(best, (time.perf_counter() - start) * 1000)
     assert value is not None
     return value, best
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` s; its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 # -- the machine --------------------------------------------------------------------

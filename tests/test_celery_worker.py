@@ -23,12 +23,12 @@ from shared.core.wire import from_openai
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from tests.redis_server import start_server
 from workers.app import celery_config
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.redis_server import start_server
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]

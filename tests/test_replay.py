@@ -49,10 +49,12 @@ from workers.harness.replay.run import (
     resolve_counter,
     run_replay,
 )
-from workers.harness.replay.services import Services, parse_job_lines, with_db
 from workers.harness.replay.sessions import load_sessions, parse_session, session_key
+from workers.harness.stack.services import Services
+from workers.harness.stack.worker_process import parse_job_lines
 from workers.settings import load_settings
 from workers.summarizer.engine import SummaryEngine
+from workers.urls import with_db
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 CI_SESSIONS = ("sphinx-doc__sphinx-9229", "django__django-14349", "pytest-dev__pytest-5787")

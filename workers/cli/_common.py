@@ -22,9 +22,9 @@ from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUn
 from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect, redis_errors
-from workers.harness.embedded import redact_url
 from workers.runtime import token_counter
 from workers.settings import Settings
+from workers.urls import redact_url
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
 UNREACHABLE = "cannot reach Redis at"

@@ -25,8 +25,9 @@ from workers.cli._common import (
     open_store,
     store_errors,
 )
-from workers.harness.embedded import redact_url, worker_app_with
+from workers.harness.stack.in_process import worker_app_with
 from workers.settings import Settings
+from workers.urls import redact_url
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

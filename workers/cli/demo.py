@@ -6,7 +6,7 @@ pending, a simulated provider call (the view counted with the provider's
 tokenizer and checked against the window, exactly as the fake OpenAI
 server decides; an overflow goes through ``guard.recover`` and one retry),
 then ``guard.record_turn`` with the turn's messages and the reported
-usage. Celery workers compact in the background (see ``workers.harness.embedded``
+usage. Celery workers compact in the background (see ``workers.harness.stack.demo``
 for what runs where). The figures at the end compare every call with the
 same call made with the full history and no compaction.
 """
@@ -32,9 +32,9 @@ from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard, PreparedView
 from workers.cli._common import Meter, human, percentile, render_meter, store_errors
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
-from workers.harness.embedded import Landing, Stack, choose_backends, open_stack
 from workers.harness.fakes.counting import REPLY_PRIMING, default_counter
 from workers.harness.fakes.openai_server import overflow_message
+from workers.harness.stack.demo import Landing, Stack, choose_backends, open_stack
 from workers.settings import Settings
 
 IDLE_TIMEOUT = 60.0

@@ -28,8 +28,9 @@ from rich.markup import escape
 
 from shared.enqueue import QUEUE, publisher_app
 from shared.store.sessions import connect
-from workers.harness.embedded import MEMORY_BROKER, redact_url
+from workers.harness.stack.in_process import MEMORY_BROKER
 from workers.settings import Settings
+from workers.urls import redact_url
 
 Verdict = Literal["OK", "WARN", "FAIL"]
 STYLES = {"OK": "bold green", "WARN": "bold dark_orange", "FAIL": "bold red"}

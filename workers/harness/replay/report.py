@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from workers.harness.stats import percentile
+from workers.harness.timing import percentile
 
 MAX_FAILURES_KEPT = 5
 

@@ -59,8 +59,8 @@ from workers.harness.fakes.counting import (
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.harness.replay.report import RunReport, SessionReport, SkippedReport
-from workers.harness.replay.services import Services, start_services
 from workers.harness.replay.sessions import ReplaySession, Turn, load_sessions
+from workers.harness.stack.services import Services, start_services
 from workers.settings import Settings
 
 TIKTOKEN_O200K_CACHE_NAME = "fb374d419588a4632f3f557e76b4b70aebbca790"

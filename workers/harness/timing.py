@@ -1,4 +1,4 @@
-"""The one percentile of the harness, the CLI's meters and the scripts.
+"""Measuring helpers of the harness, also the scripts': one percentile, one poll loop.
 
 Nearest rank: the smallest sample with at least ``q`` percent of the
 samples at or below it (``ceil(q / 100 * n)``-th of the sorted values), so
@@ -8,7 +8,8 @@ every reported figure is a value that was measured.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -18,3 +19,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[min(rank, len(ordered)) - 1])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` s; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
