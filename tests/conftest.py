@@ -14,8 +14,7 @@ import redis
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
 from workers.harness.stack.redis_server import RedisServer, find_redis
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+from workers.harness.transcripts import DATA_DIR
 
 
 @pytest.fixture(scope="session")
