@@ -32,8 +32,9 @@ if str(ROOT) not in sys.path:
 
 from workers.harness.timing import percentile, wait_for  # noqa: E402
 
-__all__ = ["ROOT", "best_of", "children_of", "interpolated", "loadavg", "machine_busy",
-           "percentile", "proc_cpu", "proc_memory", "timed", "wait_for", "wait_for_quiet"]
+__all__ = ["ROOT", "TICK", "best_of", "children_of", "cpu_ticks", "interpolated", "loadavg",
+           "machine_busy", "percentile", "proc_cpu", "proc_memory", "timed", "wait_for",
+           "wait_for_quiet"]
 
 T = TypeVar("T")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -78,7 +79,7 @@ def best_of(fn: Callable[[], T], repeat: int = 3) -> tuple[T, float]:
 
 
 # -- the machine --------------------------------------------------------------------
-def _cpu_ticks() -> tuple[int, int]:
+def cpu_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     with open("/proc/stat", encoding="ascii") as handle:
         fields = [int(x) for x in handle.readline().split()[1:]]
@@ -89,9 +90,9 @@ def _cpu_ticks() -> tuple[int, int]:
 def machine_busy(seconds: float = 1.0) -> float:
     """Share of all CPUs busy over the next ``seconds`` (other users' load; we sleep)."""
     try:
-        busy0, total0 = _cpu_ticks()
+        busy0, total0 = cpu_ticks()
         time.sleep(seconds)
-        busy1, total1 = _cpu_ticks()
+        busy1, total1 = cpu_ticks()
     except (OSError, ValueError, IndexError):
         return float("nan")
     return (busy1 - busy0) / max(1, total1 - total0)

@@ -57,6 +57,8 @@ SESSION_REPOSITORIES = frozenset(
     {"django", "sympy", "sphinx", "pytest", "_pytest", "matplotlib", "sklearn", "astropy",
      "requests", "pylint", "__pycache__"}
 )
+"""Directories skipped: the coding sessions' own repositories (their vocabulary is
+what the sessions measure) and bytecode caches."""
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ SCRIPT_SAMPLES = {
         "다시 발생하지 않도록 자동 테스트가 추가되었습니다."
     ),
 }
+"""Short hand-written paragraphs per script (indicative: one paragraph each)."""
 
 
 def edge_inputs() -> dict[str, str]:

@@ -55,10 +55,6 @@ from workers.harness.transcripts import DATA_DIR
 TARGET_CALIBRATED_P95 = 0.03
 
 
-"""Directories skipped: the coding sessions' own repositories (their vocabulary is
-what the sessions measure) and bytecode caches."""
-
-
 @dataclass
 class Row:
     session: Session
@@ -290,9 +286,6 @@ def gemini_lines(rows: Sequence[Row]) -> list[str]:
         "original text-format prompt (bash blocks inside assistant text, observations as user "
         "messages), not the tool-call form measured here.",
     ]
-
-
-"""Short hand-written paragraphs per script (indicative: one paragraph each)."""
 
 
 def hybrid_line(rows: Sequence[Row]) -> str:

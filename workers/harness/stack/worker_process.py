@@ -50,15 +50,23 @@ class WorkerProcess:
                 "--without-mingle", "--without-gossip", "-l", self.loglevel]
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
+        """Launch and wait until the worker is ready (RuntimeError with its log if not)."""
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> WorkerProcess:
+        """Start the process without waiting (start several, then ``wait_ready`` each)."""
         with self.log_path.open("wb") as out:
             self.process = subprocess.Popen(self.command(), cwd=ROOT,
                                             env={**os.environ, **self.env}, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if " ready." in self.log():
                 return self
-            if self.process.poll() is not None:
+            if self.process is None or self.process.poll() is not None:
                 break
             time.sleep(0.1)
         tail = self.log()[-3000:]
