@@ -28,12 +28,9 @@ from shared.core.facts import extract_facts  # noqa: E402
 from shared.core.ledger import Ledger  # noqa: E402
 from shared.core.messages import Message  # noqa: E402
 from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
+from workers.summarizer.chunking import chunk_for_window  # noqa: E402
 from workers.summarizer.offline import OfflineSummarizer  # noqa: E402
-from workers.summarizer.prompts import (  # noqa: E402
-    build_summary_request,
-    chunk_for_window,
-    request_tokens,
-)
+from workers.summarizer.prompts import build_summary_request, request_tokens  # noqa: E402
 from workers.summarizer.quality import check_summary  # noqa: E402
 
 KINDS = ("constraint", "identifier", "path", "url", "command", "number")
