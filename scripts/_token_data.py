@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,9 +15,16 @@ from pathlib import Path
 
 import _timing  # noqa: F401  (puts this checkout first on sys.path)
 
+from shared.core.errors import ConfigError
 from shared.core.messages import Message
 from shared.core.tokens import REQUEST_OVERHEAD
-from workers.harness.transcripts import reported_prompt_tokens, to_message, transcript_records
+from shared.core.tokens_exact import TiktokenCounter
+from workers.harness.transcripts import (
+    TRANSCRIPTS,
+    reported_prompt_tokens,
+    to_message,
+    transcript_records,
+)
 
 TARGET_UNDER = -0.05
 
@@ -43,6 +51,23 @@ def load_sessions(path: Path) -> list[Session]:
         usage = [reported_prompt_tokens(m) for m in messages]
         sessions.append(Session(raw["id"], index, messages, usage))
     return sessions
+
+
+def open_data(data: Path, *encodings: str) -> tuple[list[Session], list[TiktokenCounter]]:
+    """The dev sessions and the exact counters of ``encodings`` (the truth) under ``data``.
+
+    Exits with status 2 and the reason when the transcripts or a tokenizer file is missing.
+    """
+    transcripts = data / TRANSCRIPTS
+    if not transcripts.is_file():
+        print(f"no transcripts at {transcripts}: pass --data", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        counters = [TiktokenCounter(name, data / "tokenizers") for name in encodings]
+    except ConfigError as exc:
+        print(f"exact counter unavailable: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return load_sessions(transcripts), counters
 
 
 # -- text that is not in the sessions ---------------------------------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,21 +62,21 @@ from _calibration_rules import (
 from _token_data import (
     default_corpus_roots,
     load_corpus,
-    load_sessions,
+    open_data,
     pct,
 )
 
-from shared.core.errors import ConfigError
 from shared.core.tokens import (
     DEFAULT_SAFETY_MARGIN,
 )
-from shared.core.tokens_exact import TiktokenCounter, load_encoding
+from shared.core.tokens_exact import load_encoding
+from workers.harness.transcripts import DATA_DIR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data"
+        "--data", type=Path, default=DATA_DIR
     )
     parser.add_argument("--margin", type=float, default=DEFAULT_SAFETY_MARGIN)
     parser.add_argument(
@@ -98,17 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print only the exact counter's figures (tiktoken as the estimator, ~30 s)",
     )
     args = parser.parse_args(argv)
-    transcripts = args.data / "transcripts.dev.jsonl"
-    if not transcripts.is_file():
-        print(f"no transcripts at {transcripts}: pass --data", file=sys.stderr)
-        return 2
-    try:
-        o200k = TiktokenCounter("o200k_base", args.data / "tokenizers")
-        encoding = load_encoding("o200k_base", args.data / "tokenizers")
-    except ConfigError as exc:
-        print(f"exact counter unavailable: {exc}", file=sys.stderr)
-        return 2
-    sessions = load_sessions(transcripts)
+    sessions, (o200k,) = open_data(args.data, "o200k_base")
+    encoding = load_encoding("o200k_base", args.data / "tokenizers")  # loaded by o200k: cached
     if args.exact_only:
         print("\n".join(exact_lines(sessions, args.data / "tokenizers", args.margin)))
         return 0

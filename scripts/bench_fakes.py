@@ -22,6 +22,7 @@ from typing import Any
 import openai
 
 from workers.harness.fakes import FakeOpenAIServer, char_counter, default_counter
+from workers.harness.transcripts import DATA_DIR
 
 
 def _client(server: FakeOpenAIServer) -> openai.OpenAI:
@@ -64,7 +65,7 @@ def counting_cost(transcripts: Path) -> tuple[int, float, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    default_data = DATA_DIR
     parser.add_argument("--data", type=Path, default=default_data)
     args = parser.parse_args()
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,13 +33,12 @@ from _token_data import (
     anchor_index,
     default_corpus_roots,
     load_corpus,
-    load_sessions,
+    open_data,
     pct,
     prefix_sums,
 )
 from _token_text import corpus_lines, edge_lines
 
-from shared.core.errors import ConfigError
 from shared.core.messages import Message
 from shared.core.tokens import (
     DEFAULT_SAFETY_MARGIN,
@@ -336,17 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--corpus", type=Path, action="append", help="directories of neutral text (repeatable)"
     )
     args = parser.parse_args(argv)
-    transcripts = args.data / "transcripts.dev.jsonl"
-    if not transcripts.is_file():
-        print(f"no transcripts at {transcripts}: pass --data", file=sys.stderr)
-        return 2
-    try:
-        o200k = TiktokenCounter("o200k_base", args.data / "tokenizers")
-        cl100k = TiktokenCounter("cl100k_base", args.data / "tokenizers")
-    except ConfigError as exc:
-        print(f"exact counter unavailable: {exc}", file=sys.stderr)
-        return 2
-    sessions = load_sessions(transcripts)
+    sessions, (o200k, cl100k) = open_data(args.data, "o200k_base", "cl100k_base")
     counter = HeuristicCounter("openai", safety_margin=args.margin)
     gemini = HeuristicCounter("gemini", safety_margin=args.margin)
     rows = [measure(s, o200k, cl100k, counter, gemini, args.anchor_after) for s in sessions]
