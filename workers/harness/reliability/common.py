@@ -24,7 +24,7 @@ from shared.enqueue import QUEUE
 from shared.guard import PreparedView
 from shared.store.sessions import SessionStore, connect
 from workers.harness.fakes.behaviour import Fault
-from workers.harness.fakes.http_base import RESET, Exchange, Outcome
+from workers.harness.fakes.http_base import Exchange, Outcome
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.harness.stack.redis_server import RedisServer, start_server
@@ -89,8 +89,8 @@ class ObservedLLM(FakeOpenAIServer):
             self.authorizations.append(exchange.headers.get("authorization", ""))
         return super().route(exchange)
 
-    def take_fault(self, exchange: Exchange) -> tuple[Fault | None, Outcome | None]:
-        exchange.index = self.next_index()
+    def planned_fault(self, index: int, exchange: Exchange) -> Fault | None:
+        """The fault routed to the request's session (by marker), else ``default_fault``."""
         found = MARKER.search(exchange.raw)
         who = found.group(1).decode() if found else ""
         with self._lock:
@@ -104,15 +104,7 @@ class ObservedLLM(FakeOpenAIServer):
                         self.routes[who] = (planned, times - 1)
                 else:
                     fault = None
-        if fault is None:
-            return None, None
-        exchange.fault = fault.kind
-        whole = self.whole_answer_fault(fault, exchange)
-        if whole is not None:
-            return fault, whole
-        if fault.kind == "stall" and (not self.pause(fault.seconds) or exchange.client_gone()):
-            return fault, RESET
-        return fault, None
+        return fault
 
     def arrivals(self, session_id: str | None = None) -> list[float]:
         """Arrival times of the completion requests (of one session)."""
