@@ -1,5 +1,4 @@
-"""The exact counter (tiktoken) as the estimator: accuracy, speed and load cost.
-"""
+"""The exact counter (tiktoken) as the estimator: accuracy, speed and load cost."""
 
 from __future__ import annotations
 

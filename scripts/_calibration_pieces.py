@@ -1,5 +1,4 @@
-"""Ceilings of a better heuristic: o200k's pre-tokens, its vocabulary, drift between sessions.
-"""
+"""Ceilings of a better heuristic: o200k's pre-tokens, its vocabulary, drift between sessions."""
 
 from __future__ import annotations
 

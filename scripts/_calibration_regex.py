@@ -1,5 +1,4 @@
-"""The shippable form of the pre-token ceiling: `re` pre-tokens at their shape's mean.
-"""
+"""The shippable form of the pre-token ceiling: `re` pre-tokens at their shape's mean."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Calibration rules and their error tables: what one early usage report does to the estimate.
-"""
+"""Calibration rules and their error tables: what one early usage report does to the estimate."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Text that is not in the sessions: other scripts, edge inputs, a corpus of files on disk.
-"""
+"""Text that is not in the sessions: other scripts, edge inputs, a corpus of files on disk."""
 
 from __future__ import annotations
 

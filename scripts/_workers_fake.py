@@ -1,5 +1,4 @@
-"""The fake LLM of the worker benchmark, in its own process (its CPU is accounted apart).
-"""
+"""The fake LLM of the worker benchmark, in its own process (its CPU is accounted apart)."""
 
 from __future__ import annotations
 

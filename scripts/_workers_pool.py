@@ -1,5 +1,4 @@
-"""Worker processes of one pool configuration, and one measured run of them.
-"""
+"""Worker processes of one pool configuration, and one measured run of them."""
 
 from __future__ import annotations
 

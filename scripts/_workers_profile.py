@@ -1,5 +1,4 @@
-"""Where one job's CPU goes: cProfile in-process, or py-spy on a worker.
-"""
+"""Where one job's CPU goes: cProfile in-process, or py-spy on a worker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The benchmark's sessions: one template compacted in one LLM call, copied server-side.
-"""
+"""The benchmark's sessions: one template compacted in one LLM call, copied server-side."""
 
 from __future__ import annotations
 
