@@ -16,7 +16,7 @@ from shared.store.sessions import SessionStore
 from tests.fakes_support import WORDS
 from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
 from workers.harness.stack.redis_server import RedisServer, find_redis
-from workers.harness.transcripts import DATA_DIR
+from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
 
 
 @pytest.fixture(scope="session")

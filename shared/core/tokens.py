@@ -95,7 +95,8 @@ from typing import Any
 from shared.core.calibration import Calibration, hybrid_estimate
 from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message
-from shared.core.tokens_classes import _CHUNK, _CONTEXT, _count_chunk
+from shared.core.tokens_classes import _CHUNK as _CHUNK  # tests slice with a smaller one
+from shared.core.tokens_classes import _CONTEXT, _count_chunk
 from shared.core.tokens_profiles import (
     DEFAULT_SAFETY_MARGIN,
     MESSAGE_OVERHEAD,
