@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401  (puts this checkout first on sys.path)
 import openai
 
 from workers.harness.fakes import FakeOpenAIServer, char_counter, default_counter

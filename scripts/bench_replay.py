@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401  (puts this checkout first on sys.path)
+
 from workers.harness.replay.report import (
     RunReport,
     TraceCauses,
