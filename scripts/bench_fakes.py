@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401  (puts this checkout first on sys.path)
 import openai
 
 from workers.harness.fakes import FakeOpenAIServer, char_counter, default_counter
+from workers.harness.transcripts import DATA_DIR
 
 
 def _client(server: FakeOpenAIServer) -> openai.OpenAI:
@@ -64,7 +66,7 @@ def counting_cost(transcripts: Path) -> tuple[int, float, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    default_data = DATA_DIR
     parser.add_argument("--data", type=Path, default=default_data)
     args = parser.parse_args()
 

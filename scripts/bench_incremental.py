@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401  (puts this checkout first on sys.path)
+
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.facts import extract_facts
 from shared.core.messages import Message
@@ -59,12 +61,12 @@ from workers.harness.fakes.counting import DEFAULT_TOKENIZER_PATH, PromptCounter
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.harness.replay.sessions import load_sessions
+from workers.harness.transcripts import DATA_DIR, TRANSCRIPTS
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.prompts import build_summary_request, request_tokens
 from workers.summarizer.providers import OpenAIClient
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "transcripts.dev.jsonl"
+DEFAULT_DATA = DATA_DIR / TRANSCRIPTS
 AGENT_MODEL = "gpt-4o"
 SUMMARIZER_MODEL = "gpt-4o-mini"
 MAX_TOKENS = 2000

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import subprocess
 import sys
@@ -34,14 +33,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _timing import ROOT
 
-from shared.core.facts import extract_facts  # noqa: E402
-from shared.core.ledger import Ledger  # noqa: E402
-from shared.core.messages import Message  # noqa: E402
-from shared.core.wire import from_openai  # noqa: E402
-from workers.harness.demo_session import generate_session  # noqa: E402
+from shared.core.facts import extract_facts
+from shared.core.ledger import Ledger
+from shared.core.messages import Message
+from shared.core.wire import from_openai
+from workers.harness.demo_session import generate_session
+from workers.harness.transcripts import DATA_DIR, to_message, transcript_records
 
 Extract = Callable[..., Ledger]
 Ranges = list[tuple[Sequence[Message], int]]
@@ -63,18 +62,20 @@ def load_baseline(revision: str) -> Extract:
         return module
 
     load("_baseline_fileops", source("shared/fileops.py"))
-    ledger = load("_baseline_ledger", source("shared/ledger.py").replace(
-        "from shared.core.fileops import", "from _baseline_fileops import"))
+    code = source("shared/ledger.py")  # the pre-layout tree: shared/*.py, not shared/core/
+    for old, new in (("from shared.fileops import", "from _baseline_fileops import"),
+                     ("from shared.errors import", "from shared.core.errors import"),
+                     ("from shared.messages import", "from shared.core.messages import")):
+        code = code.replace(old, new)
+    ledger = load("_baseline_ledger", code)
     extract: Extract = ledger.extract_facts
     return extract
 
 
 def real_ranges(path: Path) -> Ranges:
     ranges: Ranges = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        messages = [Message.model_validate({k: v for k, v in m.items() if k != "usage"})
-                    for m in record["messages"]]
+    for record in transcript_records(path):
+        messages = [to_message(m) for m in record["messages"]]
         ranges += [(messages[lo:lo + RANGE], lo) for lo in range(1, len(messages), RANGE)]
     return ranges
 
@@ -113,7 +114,7 @@ def row(label: str, olds: list[float], news: list[float], per: int, unit: str) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DATA_DIR)
     parser.add_argument("--baseline", default="7a4a94e",
                         help="revision before the batched extraction (default: 7a4a94e)")
     parser.add_argument("--reps", type=int, default=15)

@@ -313,7 +313,7 @@ def main() -> int:
     args = parser.parse_args()
     server = None
     if args.private_redis:
-        from tests.redis_server import start_server
+        from workers.harness.stack.redis_server import start_server
 
         server = start_server()
         args.redis = server.url

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _timing  # noqa: F401  (puts this checkout first on sys.path)
+
 from workers.harness.replay.report import (
     RunReport,
     TraceCauses,
@@ -32,9 +34,10 @@ from workers.harness.replay.report import (
     trace_causes,
 )
 from workers.harness.replay.run import ReplayOptions, resolve_counter, run_replay
+from workers.harness.transcripts import DATA_DIR, TRANSCRIPTS
 from workers.settings import load_settings
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
+DEFAULT_DATA = DATA_DIR / TRANSCRIPTS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

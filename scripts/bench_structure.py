@@ -15,33 +15,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _timing import best_of
 
-from shared.core.messages import Message  # noqa: E402
-from shared.core.repair import PROVIDERS, repair_tool_pairs_with_report, validate_view  # noqa: E402
-from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
-from shared.core.truncation import emergency_truncate  # noqa: E402
-from shared.core.turns import find_cut_point  # noqa: E402
-from tests.strategies import load_transcripts  # noqa: E402
-
-T = TypeVar("T")
-
-
-def timed(fn: Callable[[], T], repeat: int = 3) -> tuple[T, float]:
-    """Result and best wall time in ms over ``repeat`` runs."""
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        value = fn()
-        best = min(best, (time.perf_counter() - start) * 1000)
-    assert value is not None
-    return value, best
+from shared.core.messages import Message
+from shared.core.repair import PROVIDERS, repair_tool_pairs_with_report, validate_view
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.truncation import emergency_truncate
+from shared.core.turns import find_cut_point
+from workers.harness.transcripts import DATA_DIR, load_transcripts
 
 
 def tokens(messages: list[Message]) -> int:
@@ -56,7 +40,7 @@ def cut_rows(sessions: list[tuple[str, list[Message]]]) -> list[str]:
         ratios: list[float] = []
         times: list[float] = []
         for _, messages in sessions:
-            point, ms = timed(lambda m=messages, k=keep: find_cut_point(m, k))  # type: ignore[misc]
+            point, ms = best_of(lambda m=messages, k=keep: find_cut_point(m, k))  # type: ignore[misc]
             times.append(ms)
             if point.index > point.head:
                 cut += 1
@@ -72,7 +56,7 @@ def repair_lines(sessions: list[tuple[str, list[Message]]]) -> list[str]:
     changed, renamed, invalid = 0, 0, 0
     times: list[float] = []
     for _, messages in sessions:
-        (_, report), ms = timed(lambda m=messages: repair_tool_pairs_with_report(m))  # type: ignore[misc]
+        (_, report), ms = best_of(lambda m=messages: repair_tool_pairs_with_report(m))  # type: ignore[misc]
         times.append(ms)
         changed += report.changed
         renamed += len(report.renamed_calls)
@@ -96,7 +80,7 @@ def truncation_rows(sessions: list[tuple[str, list[Message]]]) -> list[str]:
         times: list[float] = []
         for _, messages in sessions:
             budget = budget_of(tokens(messages))
-            result, ms = timed(lambda m=messages, b=budget: emergency_truncate(m, b))  # type: ignore[misc]
+            result, ms = best_of(lambda m=messages, b=budget: emergency_truncate(m, b))  # type: ignore[misc]
             times.append(ms)
             fit += result.within_budget
             hopeless += tokens([m for m in messages[:1] if m.role == "system"]) > budget
@@ -112,9 +96,9 @@ def truncation_rows(sessions: list[tuple[str, list[Message]]]) -> list[str]:
 def scale_lines(sessions: list[tuple[str, list[Message]]]) -> list[str]:
     history = [sessions[0][1][0]] + [m for _, ms in sessions for m in ms if m.role != "system"]
     total = tokens(history)
-    point, cut_ms = timed(lambda: find_cut_point(history, 32_000))
-    (_, report), repair_ms = timed(lambda: repair_tool_pairs_with_report(history))
-    result, trunc_ms = timed(lambda: emergency_truncate(history, 32_000))
+    point, cut_ms = best_of(lambda: find_cut_point(history, 32_000))
+    (_, report), repair_ms = best_of(lambda: repair_tool_pairs_with_report(history))
+    result, trunc_ms = best_of(lambda: emergency_truncate(history, 32_000))
     return [f"- all 40 sessions back to back ({len(history)} messages, {total} tokens): "
             f"`find_cut_point(keep=32k)` {cut_ms:.1f} ms (cut at {point.index}), "
             f"`repair_tool_pairs` {repair_ms:.1f} ms ({len(report.renamed_calls)} ids renamed), "
@@ -125,7 +109,7 @@ def scale_lines(sessions: list[tuple[str, list[Message]]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DATA_DIR)
     args = parser.parse_args()
     if not (args.data / "transcripts.dev.jsonl").exists():
         sys.exit(f"no transcripts.dev.jsonl under {args.data}")

@@ -13,38 +13,30 @@ clipping (tokens, chunks for a 32k summarizer window). The system prompt
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from shared.core.errors import BadSummary  # noqa: E402
-from shared.core.facts import extract_facts  # noqa: E402
-from shared.core.ledger import Ledger  # noqa: E402
-from shared.core.messages import Message  # noqa: E402
-from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
-from workers.summarizer.offline import OfflineSummarizer  # noqa: E402
-from workers.summarizer.prompts import (  # noqa: E402
-    build_summary_request,
-    chunk_for_window,
-    request_tokens,
-)
-from workers.summarizer.quality import check_summary  # noqa: E402
+from shared.core.errors import BadSummary
+from shared.core.facts import extract_facts
+from shared.core.ledger import Ledger
+from shared.core.messages import Message
+from shared.core.tokens import DEFAULT_COUNTER
+from workers.harness.transcripts import DATA_DIR, to_message, transcript_records
+from workers.summarizer.chunking import chunk_for_window
+from workers.summarizer.offline import OfflineSummarizer
+from workers.summarizer.prompts import build_summary_request, request_tokens
+from workers.summarizer.quality import check_summary
 
 KINDS = ("constraint", "identifier", "path", "url", "command", "number")
 
 
 def load(path: Path) -> list[tuple[str, str, list[Message]]]:
     out = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        messages = [Message.model_validate({k: v for k, v in m.items() if k != "usage"})
-                    for m in record["messages"]]
+    for record in transcript_records(path):
+        messages = [to_message(m) for m in record["messages"]]
         domain = "coding" if record["domain"].startswith("coding") else "customer service"
         out.append((record["id"], domain, messages[1:]))
     return out
@@ -75,7 +67,7 @@ def fold(summarizer: OfflineSummarizer, messages: list[Message], parts: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=DATA_DIR)
     parser.add_argument("--max-chars", type=int, default=8000)
     args = parser.parse_args()
     path = args.data / "transcripts.dev.jsonl"

@@ -13,9 +13,10 @@ import redis
 
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
-from tests.redis_server import RedisServer, find_redis
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.fakes_support import WORDS
+from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
+from workers.harness.stack.redis_server import RedisServer, find_redis
+from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +75,18 @@ def data_dir() -> Path:
     if not (DATA_DIR / "transcripts.dev.jsonl").exists():
         pytest.skip(f"real data not found at {DATA_DIR} (the ../shared/data kit)")
     return DATA_DIR
+
+
+# -- the fake provider servers (tests/test_fakes*.py) -------------------------------------
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    """A fake OpenAI server with a 1,000-word window (counts are words)."""
+    with FakeOpenAIServer(window=1000, counter=WORDS) as fake:
+        yield fake
+
+
+@pytest.fixture
+def gemini() -> Iterator[FakeGeminiServer]:
+    """A fake Gemini server with a 1,000-word window (counts are words)."""
+    with FakeGeminiServer(window=1000, counter=WORDS) as fake:
+        yield fake

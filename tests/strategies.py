@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from shared.core.messages import Message, ToolCall
+from workers.harness.transcripts import load_transcripts as load_transcripts
 
 WORDS = ("alpha", "beta", "gamma", "delta", "error", "value", "return", "import", "config",
          "session", "token", "window", "{", "}", "(x)", "42", "0.5", "\n", "def", "class")
@@ -176,26 +177,6 @@ def any_conversations(**kwargs: Any) -> st.SearchStrategy[list[Message]]:
 
 
 # -- real data (../shared/data): loaders; tests skip through the data_dir fixture ----------
-
-def to_message(raw: Mapping[str, Any]) -> Message:
-    """One transcript message; provider ``usage`` (not a Message field) goes to metadata."""
-    data = dict(raw)
-    usage = data.pop("usage", None)
-    if usage is not None:
-        data["metadata"] = {"usage": usage}
-    return Message.model_validate(data)
-
-
-def load_transcripts(data_dir: Path) -> list[tuple[str, list[Message]]]:
-    """(session id, messages) of every session in ``transcripts.dev.jsonl``."""
-    sessions = []
-    with (data_dir / "transcripts.dev.jsonl").open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                raw = json.loads(line)
-                sessions.append((raw["id"], [to_message(m) for m in raw["messages"]]))
-    return sessions
-
 
 def peer_cases(data_dir: Path, *functions: str) -> list[dict[str, Any]]:
     """Peer cases (``peer_cases.json``) for the named functions."""

@@ -30,8 +30,6 @@ from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
 from shared.store.sessions import SessionStore
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from tests.redis_server import start_server
 from workers.app import _select_worker_transport, celery_config, create_app
 from workers.broker import (
     TRANSPORT,
@@ -39,6 +37,8 @@ from workers.broker import (
     Transport,
     worker_transport,
 )
+from workers.harness.stack.redis_server import start_server
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import load_settings
 
 

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -23,20 +22,16 @@ from shared.core.wire import from_openai
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from tests.redis_server import start_server
 from workers.app import celery_config
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.redis_server import start_server
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
+from workers.urls import with_db
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
-
-
-def with_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
 
 
 @pytest.fixture(scope="module")

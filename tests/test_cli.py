@@ -13,7 +13,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -23,7 +22,6 @@ from shared.core.repair import validate_view
 from shared.core.wire import from_openai
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from tests.celery_worker import purge_queue
 from workers.cli._common import Meter, percentile
 from workers.cli.demo import split_turns
 from workers.cli.history import first_lines
@@ -31,17 +29,14 @@ from workers.cli.main import main
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
 from workers.harness.fakes.gemini_server import FakeGeminiServer
 from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.stack.worker_process import purge_queue
+from workers.urls import with_db
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = "ops-1"
 CLEARED = ("COMPACTION_TENANT", "COMPACTION_SUMMARIZER", "COMPACTION_SUMMARIZER_MODEL",
            "COMPACTION_SUMMARIZER_BASE_URL", "COMPACTION_SUMMARIZER_API_KEY",
            "COMPACTION_TRIGGER_RATIO")
-
-
-def with_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
 
 
 @pytest.fixture
@@ -288,7 +283,7 @@ def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,
 def test_doctor_all_ok_with_a_worker_on_the_broker(urls: tuple[str, str],
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """An in-process Celery worker consuming the real broker answers ping and inspect."""
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import load_settings
 
     settings = load_settings()

@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -23,15 +22,17 @@ from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
 from shared.core.wire import to_openai
 from shared.store.sessions import SessionStore
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
 from workers.cli.demo import ProviderSim, split_turns
 from workers.cli.main import main
 from workers.harness.demo_session import TOOLS
-from workers.harness.embedded import MEMORY_BROKER, choose_backends, redact_url
 from workers.harness.fakes.counting import default_counter
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.demo import choose_backends
+from workers.harness.stack.in_process import MEMORY_BROKER
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import Settings
+from workers.urls import redact_url, with_db
 
 CONNECTION_VARS = ("COMPACTION_REDIS_URL", "COMPACTION_BROKER_URL", "COMPACTION_SUMMARIZER",
                    "COMPACTION_TENANT", "COMPACTION_KEY_PREFIX")
@@ -42,11 +43,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The embedded default is what the environment does *not* set."""
     for name in CONNECTION_VARS:
         monkeypatch.delenv(name, raising=False)
-
-
-def with_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
 
 
 def run_demo(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
@@ -263,7 +259,7 @@ def test_worker_app_publishes_to_the_broker_it_is_bound_to(redis_url: str,
     ``app.close()`` keeps them): a later in-process run must not publish to an old broker."""
     from kombu.transport import memory
 
-    from workers.harness.embedded import worker_app_with
+    from workers.harness.stack.in_process import worker_app_with
 
     broker = with_db(redis_url, 14)
     purge_queue(broker)

@@ -46,9 +46,9 @@ from shared.enqueue import (
 )
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from tests.celery_worker import WorkerProcess, worker_env
-from tests.redis_server import free_port, start_server
 from workers.flower_entry import ENV_VAR
+from workers.harness.stack.redis_server import free_port, start_server
+from workers.harness.stack.worker_process import WorkerProcess, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

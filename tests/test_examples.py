@@ -32,9 +32,9 @@ import pytest
 import redis
 
 from shared import CeleryEnqueuer, ContextGuard, SessionStore, connect, from_openai, publisher_app
-from tests.celery_worker import purge_queue
-from tests.test_cli import with_db
 from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.stack.worker_process import purge_queue
+from workers.urls import with_db
 
 openai = pytest.importorskip("openai")  # the dev extra installs it; the examples need it
 

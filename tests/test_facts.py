@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from shared.core import fact_patterns as patterns
 from shared.core import facts as ledger_mod
 from shared.core import fileops as fo
 from shared.core import ledger as ledger_model
@@ -38,15 +39,15 @@ from tests.test_ledger import _COMMANDS, _load_sessions, result
 
 def _ref_shell_commands(text: str) -> list[tuple[str, str]]:
     out = []
-    for m in ledger_mod._FENCE.finditer(text):
-        if m.group(1).lower() in ledger_mod._SHELL_LANGS:
+    for m in patterns._FENCE.finditer(text):
+        if m.group(1).lower() in patterns._SHELL_LANGS:
             for line in strip_heredocs(m.group(2)).splitlines():
                 cmd = line.strip().removeprefix("$ ").strip()
                 words = cmd.split()
-                plausible = len(words) > 1 and ledger_mod._PROGRAM_NAME.match(words[0])
+                plausible = len(words) > 1 and patterns._PROGRAM_NAME.match(words[0])
                 if words and len(cmd) <= MAX_FACT_CHARS and (is_program(words[0]) or plausible):
                     out.append(("command", cmd))
-    for m in ledger_mod._BACKTICK.finditer(ledger_mod._FENCE.sub(" ", text)):
+    for m in patterns._BACKTICK.finditer(patterns._FENCE.sub(" ", text)):
         cmd = m.group(1).strip()
         if len(cmd.split()) >= 2 and is_program(cmd.split()[0]):
             out.append(("command", cmd))
@@ -54,7 +55,7 @@ def _ref_shell_commands(text: str) -> list[tuple[str, str]]:
 
 
 def _ref_tool_call_facts(name: str, arguments: str) -> tuple[list[Any], list[Any]]:
-    scan, strong = ledger_mod._scan, ledger_mod._STRONG_ID
+    scan, strong = patterns._scan, patterns._STRONG_ID
     facts: list[tuple[str, str]] = []
     try:
         args = json.loads(arguments)
@@ -68,8 +69,8 @@ def _ref_tool_call_facts(name: str, arguments: str) -> tuple[list[Any], list[Any
         if first and len(first) <= MAX_FACT_CHARS and runs_something(first):
             facts.append(("command", first))
     else:
-        for key, value in ledger_mod._short_strings(args):
-            if ledger_mod._ID_KEY.search(key) and value.strip() and " " not in value.strip():
+        for key, value in patterns._short_strings(args):
+            if patterns._ID_KEY.search(key) and value.strip() and " " not in value.strip():
                 facts.append(("identifier", value.strip()))
             else:
                 facts += scan(value, strong, code_ids=True)
@@ -77,15 +78,15 @@ def _ref_tool_call_facts(name: str, arguments: str) -> tuple[list[Any], list[Any
 
 
 def _ref_message_facts(m: Message) -> tuple[list[Any], list[Any]]:
-    scan, strong = ledger_mod._scan, ledger_mod._STRONG_ID
+    scan, strong = patterns._scan, patterns._STRONG_ID
     facts: list[tuple[str, str]] = []
     files: list[tuple[str, str]] = []
     text = m.text()
     if m.role == "user":
-        prose = ledger_mod._FENCE.sub(" ", text)
+        prose = patterns._FENCE.sub(" ", text)
         facts += scan(prose, strong, code_ids=True)
         facts += _ref_shell_commands(text)
-        facts += ledger_mod._constraints(prose)
+        facts += patterns._constraints(prose)
     elif m.role == "assistant":
         facts += scan(text, strong, code_ids=False)
         for tc in m.tool_calls:
@@ -228,15 +229,15 @@ def test_scan_batch_equals_scan_text_by_text(texts_: list[str], code_ids: bool,
     batch = ledger_mod._ScanBatch()
     outs = [batch.add(t, code_ids=code_ids, paths=paths) for t in texts_]
     batch.run()
-    assert outs == [ledger_mod._scan(t, ledger_mod._STRONG_ID, code_ids=code_ids, paths=paths)
+    assert outs == [patterns._scan(t, patterns._STRONG_ID, code_ids=code_ids, paths=paths)
                     for t in texts_]
 
 
 @settings(max_examples=300, deadline=None)
 @given(_texts())
 def test_fast_patterns_match_like_the_originals(text: str) -> None:
-    for fast, original in ((ledger_mod._NUMBER_FAST, ledger_mod._NUMBER),
-                           (ledger_mod._STRONG_ID_FAST, ledger_mod._STRONG_ID)):
+    for fast, original in ((patterns._NUMBER_FAST, patterns._NUMBER),
+                           (patterns._STRONG_ID_FAST, patterns._STRONG_ID)):
         assert [m.span() for m in fast.finditer(text)] == \
             [m.span() for m in original.finditer(text)]
 
@@ -269,10 +270,10 @@ _NUMBERISH = ["$", "€", "¥", " ", "  ", "\n", "\t", "\r", "\u00a0", "\u2028",
 @example("x 5 PM y Exit status 3 y $5 million y 5 EUR y Error : 5 y")
 def test_regions_hold_every_match(text: str) -> None:
     """Scanning only the regions (joined by " ") finds exactly the matches of the whole text."""
-    for regions, pattern in ((ledger_mod._NUMBER_SPANS, ledger_mod._NUMBER_FAST),
-                             (ledger_mod._PATH_WORDS, ledger_mod._PATH),
-                             (ledger_mod._ID_WORDS, ledger_mod._STRONG_ID_FAST),
-                             (ledger_mod._CODE_WORDS, ledger_mod._CODE_ID)):
+    for regions, pattern in ((patterns._NUMBER_SPANS, patterns._NUMBER_FAST),
+                             (patterns._PATH_WORDS, patterns._PATH),
+                             (patterns._ID_WORDS, patterns._STRONG_ID_FAST),
+                             (patterns._CODE_WORDS, patterns._CODE_ID)):
         origins, found = regions.find(text)
         spans = [(o, o + len(w)) for o, w in zip(origins, found, strict=True)]
         for m in pattern.finditer(text):  # every match inside one region
@@ -387,10 +388,10 @@ def _ref_constraints(prose: str) -> list[tuple[str, str]]:
     """_constraints before its keyword pre-test (the reference)."""
     out = []
     for line in prose.splitlines():
-        for sentence in ledger_mod._SENTENCE_SPLIT.split(ledger_mod._BULLET.sub("", line).strip()):
+        for sentence in patterns._SENTENCE_SPLIT.split(patterns._BULLET.sub("", line).strip()):
             s = sentence.strip()
             sized = 8 <= len(s) <= ledger_model.MAX_CONSTRAINT_CHARS and len(s.split()) >= 3
-            if sized and ledger_mod._CONSTRAINT.search(s):
+            if sized and patterns._CONSTRAINT.search(s):
                 out.append(("constraint", s))
     return out
 
@@ -406,7 +407,7 @@ _PROSE_WORDS = ["You", "must", "MUST", "Never", "ONLY", "only if", "the only", "
 @given(st.lists(st.sampled_from(_PROSE_WORDS), max_size=14).map(" ".join))
 @example("Keep it short. mu\u017ft do it. I want \u212aeys. Use only tabs.\n- Never push.")
 def test_constraints_equal_reference(prose: str) -> None:
-    assert ledger_mod._constraints(prose) == _ref_constraints(prose)
+    assert patterns._constraints(prose) == _ref_constraints(prose)
 
 
 _LINE_BREAKY = st.lists(st.sampled_from(

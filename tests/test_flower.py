@@ -35,8 +35,8 @@ from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
 from shared.store.sessions import SessionStore
-from tests.redis_server import RedisServer, free_port, start_server
 from workers.flower_entry import ENV_VAR, flower_command, main, parse_basic_auth
+from workers.harness.stack.redis_server import RedisServer, free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE_DB, BROKER_DB = 13, 14

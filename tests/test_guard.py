@@ -23,9 +23,9 @@ from shared.core.view import ViewCache, pairs_intact, scan_pairs
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
-from tests.redis_server import ReplyDroppingProxy
 from tests.strategies import any_conversations, conversations, damaged_conversations
 from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.stack.redis_server import ReplyDroppingProxy
 
 SYSTEM = "You are a careful coding agent."
 

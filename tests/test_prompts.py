@@ -17,15 +17,14 @@ from shared.core.errors import InvalidInput, LimitExceeded
 from shared.core.facts import extract_facts
 from shared.core.messages import Message, ToolCall
 from shared.core.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
+from workers.summarizer.chunking import chunk_for_window, fits_by_bytes
 from workers.summarizer.prompts import (
     SUMMARY_SECTIONS,
     SYSTEM_PROMPT,
     TURN_PREFIX_SECTIONS,
     build_summary_request,
     build_turn_prefix_request,
-    chunk_for_window,
     escape_wrappers,
-    fits_by_bytes,
     render_messages,
     render_transcript,
     request_tokens,
@@ -295,7 +294,7 @@ def test_real_session_chunks() -> None:
 
 def _escape_by_scan(text: str) -> str:
     """The per-``<`` scan that every text took before the ASCII fast path."""
-    from workers.summarizer import prompts
+    from workers.summarizer import escaping as prompts
 
     out: list[str] = []
     done = 0

@@ -7,9 +7,9 @@ import pytest
 
 from shared.store.recall_index import drop_index, forget_after, index_compacted, recall
 from shared.store.sessions import SessionStore
-from tests.redis_server import LocalCluster
 from tests.test_recall_index import commit, fill
 from tests.test_store_cluster import cluster, cluster62, cluster_store  # noqa: F401
+from workers.harness.stack.redis_server import LocalCluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

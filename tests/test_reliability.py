@@ -22,36 +22,32 @@ import fakeredis
 import openai
 import pytest
 
-from scripts.reliability import (
-    FAILURE_CASES,
-    Edit,
-    Env,
-    ObservedLLM,
-    RaceResult,
-    _stale_summaries,
-    _watermark_drops,
-    demo_turns,
-    integrity,
-    marker,
-    run_failures,
-    run_kill9,
-    run_load,
-    run_races,
-    run_restart,
-    with_db,
-)
 from shared.core.config import StoreConfig
 from shared.core.errors import SummarizerError, SummarizerUnavailable
 from shared.core.records import SummaryRecord
 from shared.store.sessions import SessionStore
-from tests.redis_server import start_server
 from workers.compactor import Compactor
+from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.reliability.common import Env, ObservedLLM, integrity, marker
+from workers.harness.reliability.failures import FAILURE_CASES, run_failures
+from workers.harness.reliability.kill9 import run_kill9
+from workers.harness.reliability.load import run_load
+from workers.harness.reliability.races import (
+    Edit,
+    RaceResult,
+    _stale_summaries,
+    _watermark_drops,
+    run_races,
+)
+from workers.harness.reliability.restart import run_restart
+from workers.harness.stack.redis_server import start_server
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import MAX_REFOLDS, SummaryEngine
 from workers.summarizer.providers import OpenAIClient
+from workers.urls import with_db
 
 pytestmark = [pytest.mark.redis]
 

@@ -36,15 +36,6 @@ import yaml  # type: ignore[import-untyped]
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scripts.reliability import (
-    Env,
-    LoggedWorker,
-    ObservedLLM,
-    demo_turns,
-    marked,
-    wait_for,
-    with_db,
-)
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
 from shared.core.facts import extract_facts
@@ -54,11 +45,15 @@ from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from shared.guard import ContextGuard
 from shared.store.keys import SessionKeys, session_pattern, validate_session_id
 from shared.store.sessions import SessionStore
-from tests.redis_server import start_server
 from workers.compactor import Compactor
 from workers.flower_entry import ENV_VAR
 from workers.flower_entry import main as flower_main
+from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
+from workers.harness.reliability.common import Env, ObservedLLM, marked
+from workers.harness.stack.redis_server import start_server
+from workers.harness.stack.worker_process import WorkerProcess
+from workers.harness.timing import wait_for
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.prompts import (
@@ -68,6 +63,7 @@ from workers.summarizer.prompts import (
     escape_wrappers,
 )
 from workers.summarizer.providers import OpenAIClient
+from workers.urls import with_db
 
 ROOT = Path(__file__).resolve().parents[1]
 CANARY = "sk-secret-canary"
@@ -334,14 +330,14 @@ def test_api_key_appears_only_in_the_authorization_header_it_was_sent_in() -> No
     store = env.store()
     sessions = {"canary-ok": None, "canary-retry": (Fault.server_error(), 1)}
     faults = {sid: fault for sid, fault in sessions.items() if fault is not None}
-    worker: LoggedWorker | None = None
+    worker: WorkerProcess | None = None
     try:
         with ObservedLLM(faults=faults) as llm, Monitor(server.url) as monitor:
             worker_env = env.workers(summarizer="openai", summarizer_base_url=llm.base_url,
                                      summarizer_api_key=CANARY, summarizer_timeout="10",
                                      max_retries="1", retry_backoff_max="1")
             worker_env["OPENAI_LOG"] = "debug"  # the SDK's own request logging, on
-            worker = LoggedWorker("canary", worker_env, concurrency=2, loglevel="DEBUG").start()
+            worker = WorkerProcess("canary", worker_env, concurrency=2, loglevel="DEBUG").start()
             publisher = publisher_app(env.broker_url)
             for sid in sessions:
                 for turn in marked(demo_turns(10), sid):

@@ -13,7 +13,7 @@ from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
 from shared.core.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
 from shared.store.keys import SessionKeys
 from shared.store.sessions import SessionStore, connect
-from tests.redis_server import ReplyDroppingProxy
+from workers.harness.stack.redis_server import ReplyDroppingProxy
 
 
 def turn(i: int) -> list[dict[str, Any]]:

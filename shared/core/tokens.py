@@ -31,8 +31,8 @@ space run              0.22   a single space joins the next word for free...
 run of 2+ spaces       0.32   ...a longer run leaves a token of spaces behind
 space before digit     0.78   such a space is a token of its own
 space before punct     0.39
-newline run            0.89   ``\\s*[\\r\\n]+`` is one pre-token
-backslash, control     0.78   escapes (``\\n``, ``\\"``) break the word after;
+newline run            0.89   ``\\s*[\r\n]+`` is one pre-token
+backslash, control     0.78   escapes (``\n``, ``\"``) break the word after;
                               control bytes (ANSI codes, NUL) are rare tokens
 whitespace 32+ deep    0.125  BPE merges whitespace runs only up to 8-128 chars
 blob char 64+ deep     0.16   long runs of ``[A-Za-z0-9+/=_-]`` (base64, hex, keys)
@@ -90,224 +90,27 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from shared.core.calibration import Calibration, hybrid_estimate
 from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message
-
-MESSAGE_OVERHEAD = 4
-"""Framing of one message: 3 tokens plus its role (OpenAI cookbook)."""
-NAME_OVERHEAD = 1
-"""A message ``name`` costs one more token than its text."""
-TOOL_CALL_OVERHEAD = 5
-"""A tool call is framed like a message (3) addressed to ``functions.<name>`` (2)."""
-REQUEST_OVERHEAD = 3
-"""The reply is primed with ``<|im_start|>assistant<|message|>``."""
-TOOL_DEFINITION_OVERHEAD = 8
-"""Fixed text around one function in the tools namespace."""
-TOOLS_BLOCK_OVERHEAD = 12
-"""The tools header and namespace wrapper, paid once when any tool is defined."""
-DEFAULT_SAFETY_MARGIN = 0.05
-"""Content estimates are multiplied by ``1 + margin``: the held-out sessions
-were never underestimated with it (BENCHMARKS.md)."""
-
-
-@dataclass(frozen=True)
-class ProviderProfile:
-    """How one provider's tokenizer differs from the o200k baseline.
-
-    ``image_tokens`` and ``file_tokens`` are flat per-item figures: the
-    message model does not know pixel sizes or page counts.
-    """
-
-    factor: float
-    non_latin_factor: float
-    image_tokens: int
-    low_detail_image_tokens: int
-    file_tokens: int
-
-
-PROVIDERS: Mapping[str, ProviderProfile] = {
-    # Images: a 1024x1024 image at high detail is 85 + 4 tiles x 170 = 765 tokens
-    # (OpenAI vision pricing for gpt-4o); low detail is a flat 85.
-    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000),
-    # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
-    # i.e. at most ~1,600 tokens (Anthropic vision docs).
-    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000),
-    # Images: 1,120 tokens at media_resolution high, the Gemini 3 default
-    # (Gemini 2.x: 258 per 768x768 tile, ~1,032 for a 1.5k-pixel image).
-    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000),
-    # Unknown tokenizer: the largest figure of the three for media.
-    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000),
-}
-"""Files (PDF, documents) are a flat 3,000 tokens everywhere: Anthropic
-documents 1,500-3,000 tokens of text per PDF page plus the page image,
-Gemini 3 560 per page; a long document exceeds it and should be counted by
-whoever knows its pages."""
-
-
-def provider_profile(provider: str) -> ProviderProfile:
-    """The profile for ``provider``; unknown names use ``generic`` (conservative)."""
-    if not isinstance(provider, str):
-        raise InvalidInput(
-            f"expected a provider name, got {type(provider).__name__}", field="provider"
-        )
-    return PROVIDERS.get(provider.strip().lower(), PROVIDERS["generic"])
-
-
-def provider_for_model(model: str) -> str:
-    """The tokenizer family of a model name: openai, anthropic, gemini or generic.
-
-    Routing prefixes (``openai/``, ``google/``, ``models/``...) are ignored.
-    """
-    if not isinstance(model, str):
-        raise InvalidInput(f"expected a model name, got {type(model).__name__}", field="model")
-    name = model.strip().lower().rsplit("/", 1)[-1]
-    if "claude" in name:
-        return "anthropic"
-    if "gemini" in name:
-        return "gemini"
-    if name.startswith(("gpt-", "gpt4", "chatgpt", "ft:gpt")) or (
-        len(name) >= 2 and name[0] == "o" and name[1] in "134" and name[2:3] in ("", "-")
-    ):
-        return "openai"
-    return "generic"
-
-
-class TokenCounter(Protocol):
-    """What every module that needs token counts takes (injectable)."""
-
-    def text(self, text: str) -> int: ...
-    def message(self, message: Message) -> int: ...
-    def messages(self, messages: Sequence[Message]) -> int: ...
-    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int: ...
-
-
-# -- character classes ---------------------------------------------------------
-# One bit per class, so that "byte i starts a run" is ``packed & ~(packed >> 8)``
-# and "class a right after class b" is a shifted AND, all on one big integer.
-_LOWER, _UPPER, _DIGIT, _PUNCT, _SPACE, _NEWLINE, _ESCAPE, _OTHER = (1 << i for i in range(8))
-
-
-def _class_of(byte: int) -> int:
-    char = chr(byte)
-    if byte >= 0x80:
-        return _OTHER
-    if "a" <= char <= "z":
-        return _LOWER
-    if "A" <= char <= "Z":
-        return _UPPER
-    if "0" <= char <= "9":
-        return _DIGIT
-    if char in " \t\x0b\x0c":
-        return _SPACE
-    if char in "\r\n":
-        return _NEWLINE
-    if char == "\\" or byte < 0x20 or byte == 0x7F:  # escapes, ANSI codes, NUL...
-        return _ESCAPE
-    return _PUNCT
-
-
-_CLASS_TABLE = bytes(_class_of(b) for b in range(256))
-
-# Tokens per non-ASCII character, by UTF-8 lead byte (see module docstring).
-_SCRIPT_WEIGHTS = (0.0, 0.62, 0.31, 0.82, 0.4, 0.75, 0.6, 1.0, 1.7)
-
-
-def _script_of(byte: int) -> int:
-    if 0xC3 <= byte <= 0xCA:  # U+00C0-02AF Latin letters with diacritics, IPA
-        return 1
-    if 0xCB <= byte <= 0xDF:  # U+02C0-07FF Greek, Cyrillic, Armenian, Hebrew, Arabic...
-        return 2
-    if byte in (0xC2, 0xE2):  # U+0080-00BF and U+2000-2FFF: symbols, quotes, box drawing
-        return 3
-    if byte in (0xE0, 0xE1):  # U+0800-1FFF Indic, Thai, Georgian, Ethiopic...
-        return 4
-    if 0xE3 <= byte <= 0xE9:  # U+3000-9FFF CJK, kana
-        return 5
-    if 0xEA <= byte <= 0xED:  # U+A000-DFFF Hangul, Yi...
-        return 6
-    if byte in (0xEE, 0xEF):  # private use, compatibility forms, fullwidth
-        return 7
-    if 0xF0 <= byte <= 0xF4:  # 4-byte: emoji, historic scripts, rare CJK
-        return 8
-    return 0
-
-
-_SCRIPT_TABLE = bytes(_script_of(b) for b in range(256))
-_BLOB_TABLE = bytes(
-    1 if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "+/=_-") else 0 for b in range(256)
+from shared.core.tokens_classes import _CHUNK as _CHUNK  # tests slice with a smaller one
+from shared.core.tokens_classes import _CONTEXT, _count_chunk
+from shared.core.tokens_profiles import (
+    DEFAULT_SAFETY_MARGIN,
+    MESSAGE_OVERHEAD,
+    NAME_OVERHEAD,
+    PROVIDERS,
+    REQUEST_OVERHEAD,
+    TOOL_CALL_OVERHEAD,
+    TOOL_DEFINITION_OVERHEAD,
+    TOOLS_BLOCK_OVERHEAD,
+    ProviderProfile,
+    TokenCounter,
+    provider_for_model,
+    provider_profile,
 )
-_NOT_LEAD = bytes(b for b in range(256) if not _script_of(b))
-
-_CHUNK = 1 << 14
-"""Texts are counted in slices of this many characters: bounded memory and
-linear time on huge inputs."""
-_CONTEXT = 64
-"""Characters of history any feature looks at (the blob term looks 63 bytes
-back): each slice is counted with this much context before it, and the
-context's own count subtracted, so slicing never changes the result."""
-_ONES = int.from_bytes(b"\x01" * (4 * (_CHUNK + _CONTEXT)), "big")
-_M_LOWER, _M_UPPER, _M_DIGIT, _M_PUNCT, _M_SPACE, _M_NEWLINE, _M_ESCAPE = (
-    _ONES << i for i in range(7)
-)
-
-
-def _deep(flags: int, depth: int) -> int:
-    """How many flagged bytes have at least ``depth - 1`` flagged bytes right before them
-    (``flags`` has bit 0 of each byte set or clear; ``depth`` is a power of two)."""
-    shift = 8
-    while shift < 8 * depth:
-        flags &= flags >> shift
-        shift *= 2
-    return flags.bit_count()
-
-
-def _count_chunk(text: str) -> tuple[float, float]:
-    """(tokens of the ASCII part, tokens of other scripts) at the o200k baseline."""
-    raw = text.encode("utf-8", "surrogatepass")
-    size = len(raw)
-    packed = int.from_bytes(raw.translate(_CLASS_TABLE), "big")
-    prev = packed >> 8  # byte i holds the class of byte i-1
-    starts = packed & ~prev
-    after_upper_or_space = prev >> 1  # upper (bit 1) -> bit 0, space (bit 4) -> bit 3
-    letters = (packed | (packed >> 1)) & _M_LOWER
-    word_pieces = (
-        (starts & _M_LOWER).bit_count()
-        + (starts & _M_UPPER).bit_count()
-        - (packed & after_upper_or_space & _M_LOWER).bit_count()  # "Word" is one piece
-    )
-    spaces = packed & _M_SPACE
-    spaces_after_space = spaces & (spaces >> 8)  # a space with a space right before it
-    latin = (
-        0.028 * letters.bit_count()
-        + 0.094 * (packed & _M_UPPER).bit_count()
-        + 0.64 * word_pieces
-        + 0.11 * _deep(letters, 8)
-        + 0.27 * (packed & _M_DIGIT).bit_count()
-        + 1.16 * (starts & _M_DIGIT).bit_count()
-        + 0.10 * (packed & _M_PUNCT).bit_count()
-        + 0.59 * (starts & _M_PUNCT).bit_count()
-        + 0.22 * (starts & _M_SPACE).bit_count()
-        + 0.32 * (spaces_after_space & ~(spaces_after_space >> 8)).bit_count()  # 2+ spaces
-        + 0.78 * (packed & (prev >> 2) & _M_DIGIT).bit_count()  # space then digit
-        + 0.39 * (packed & after_upper_or_space & _M_PUNCT).bit_count()  # space then punct
-        + 0.89 * (starts & _M_NEWLINE).bit_count()
-        + 0.78 * (packed & _M_ESCAPE).bit_count()
-    )
-    if size >= 32:
-        latin += 0.125 * _deep(((packed >> 4) | (packed >> 5)) & _M_LOWER, 32)
-    if size >= 64:
-        latin += 0.16 * _deep(int.from_bytes(raw.translate(_BLOB_TABLE), "big"), 64)
-    if size == len(text):
-        return latin, 0.0
-    leads = raw.translate(_SCRIPT_TABLE, _NOT_LEAD)  # one code per non-ASCII character
-    if len(leads) <= 32:
-        return latin, sum(_SCRIPT_WEIGHTS[code] for code in leads)
-    counts = leads.count
-    return latin, sum(w * counts(code) for code, w in enumerate(_SCRIPT_WEIGHTS) if w)
 
 
 def _raw_text(text: str, profile: ProviderProfile) -> float:
@@ -522,13 +325,16 @@ class HeuristicCounter:
 DEFAULT_COUNTER: TokenCounter = HeuristicCounter()
 
 
-
 __all__ = [
     "DEFAULT_COUNTER",
     "DEFAULT_SAFETY_MARGIN",
     "MESSAGE_OVERHEAD",
+    "NAME_OVERHEAD",
     "PROVIDERS",
     "REQUEST_OVERHEAD",
+    "TOOLS_BLOCK_OVERHEAD",
+    "TOOL_CALL_OVERHEAD",
+    "TOOL_DEFINITION_OVERHEAD",
     "Calibration",
     "HeuristicCounter",
     "ProviderProfile",

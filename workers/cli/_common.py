@@ -24,8 +24,9 @@ from shared.core.records import CheapDecision, CommitResult, SummaryRecord, View
 from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect, redis_errors
-from workers.cli._format import human, pct, redact_url
+from workers.cli._format import human, pct
 from workers.settings import Settings
+from workers.urls import redact_url
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
 UNREACHABLE = "cannot reach Redis at"

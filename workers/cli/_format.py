@@ -43,16 +43,6 @@ def needs_extra(what: str, extra: str) -> str:
     return f"{what} needs the '{extra}' extra: pip install '{DISTRIBUTION}[{extra}]'"
 
 
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user, colon, _password = credentials.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
-
-
 def human(tokens: float) -> str:
     """12345 -> '12.3k' (never '-0')."""
     if abs(tokens) >= 1_000_000:
@@ -87,4 +77,4 @@ def terminal_width(default: int = 80) -> int:
 
 
 __all__ = ["DISTRIBUTION", "EXTRAS", "clip", "extra_for", "human", "needs_extra", "pct",
-           "redact_url", "terminal_width"]
+           "terminal_width"]

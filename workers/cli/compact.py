@@ -27,8 +27,9 @@ from workers.cli._common import (
     open_store,
     store_errors,
 )
-from workers.cli._format import human, redact_url
+from workers.cli._format import human
 from workers.settings import Settings
+from workers.urls import redact_url
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +93,7 @@ def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
 
 def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The real task, applied in this process (Celery's eager ``apply``)."""
-    from workers.harness.embedded import worker_app_with
+    from workers.harness.stack.in_process import worker_app_with
     from workers.tasks import compact
 
     with store_errors(settings.redis_url), worker_app_with(settings):

@@ -6,7 +6,7 @@ pending, a simulated provider call (the view counted with the provider's
 tokenizer and checked against the window, exactly as the fake OpenAI
 server decides; an overflow goes through ``guard.recover`` and one retry),
 then ``guard.record_turn`` with the turn's messages and the reported
-usage. Celery workers compact in the background (see ``workers.harness.embedded``
+usage. Celery workers compact in the background (see ``workers.harness.stack.demo``
 for what runs where). The figures at the end compare every call with the
 same call made with the full history and no compaction.
 """
@@ -35,7 +35,7 @@ from workers.cli._format import human, pct
 from workers.settings import Settings
 
 if TYPE_CHECKING:  # the harness is imported when the demo runs, not with the CLI
-    from workers.harness.embedded import Landing, Stack
+    from workers.harness.stack.demo import Landing, Stack
 
 IDLE_TIMEOUT = 60.0
 
@@ -348,7 +348,7 @@ def _play_live(replay: Replay, console: Console) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
 
     backends = choose_backends(settings, args.worker)
     session_id = args.session or f"demo-{secrets.token_hex(4)}"

@@ -29,8 +29,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.enqueue import QUEUE, publisher_app
 from shared.store.sessions import connect
-from workers.cli._format import extra_for, needs_extra, redact_url
+from workers.cli._format import extra_for, needs_extra
 from workers.settings import Settings
+from workers.urls import redact_url
 
 Verdict = Literal["OK", "WARN", "FAIL"]
 STYLES = {"OK": "bold green", "WARN": "bold dark_orange", "FAIL": "bold red"}

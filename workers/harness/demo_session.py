@@ -13,6 +13,10 @@ import json
 import random
 from typing import Any
 
+from shared.core.messages import Message
+from shared.core.turns import turn_starts
+from shared.core.wire import from_openai
+
 SYSTEM_PROMPT = (
     "You are a senior software engineer working in the repository `inventory-service`. "
     "Use the tools to read, search, edit and test code. Keep changes minimal and explain "
@@ -132,4 +136,11 @@ def generate_session(turns: int = 120, seed: int = 7) -> list[dict[str, Any]]:
     return messages
 
 
-__all__ = ["SYSTEM_PROMPT", "TOOLS", "generate_session"]
+def demo_turns(turns: int, seed: int = 7) -> list[list[Message]]:
+    """A generated session (without its system prompt) as core messages, split into turns."""
+    body = from_openai(generate_session(turns, seed))[1:]
+    starts = turn_starts(body)
+    return [body[a:b] for a, b in zip(starts, [*starts[1:], len(body)], strict=True)]
+
+
+__all__ = ["SYSTEM_PROMPT", "TOOLS", "demo_turns", "generate_session"]

@@ -25,12 +25,12 @@ from shared.core.errors import InvalidInput, SummarizerError, SummarizerUnavaila
 from shared.core.ledger import Ledger
 from shared.core.messages import Message
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from workers.summarizer.chunking import chunk_for_window
 from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
 from workers.summarizer.prompts import (
     build_summary_request,
     build_turn_prefix_request,
-    chunk_for_window,
     render_messages,
     request_tokens,
 )

@@ -15,14 +15,15 @@ falls back to characters / 4 and logs a warning once, so the fakes still run.
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
-import types
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from shared.core.tokens_exact import load_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -41,38 +42,26 @@ DEFAULT_TOKENIZER_PATH = (
 )
 
 
-def _load_ranks(path: Path) -> dict[bytes, int]:
-    """Parse a ``.tiktoken`` rank file (one ``base64-token rank`` pair per line)."""
-    ranks: dict[bytes, int] = {}
-    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
-        if not line.strip():
-            continue
-        token, _, rank = line.partition(b" ")
-        try:
-            ranks[base64.b64decode(token)] = int(rank)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{number}: not a tiktoken rank line ({exc})") from None
-    return ranks
-
-
 @functools.lru_cache(maxsize=4)
 def load_o200k(path: str) -> Any:
     """A ``tiktoken.Encoding`` for o200k_base built only from the local rank file ``path``.
 
-    The regex and special tokens come from tiktoken's own o200k constructor, run with a
-    private globals dict whose rank loader returns the local ranks: nothing tokenizer
-    specific is duplicated here and no module-level state of tiktoken is patched, so this
-    is safe while other threads use tiktoken. Cached per path (loading takes ~1 s).
+    Loaded by the core's loader (:func:`shared.core.tokens_exact.load_encoding`:
+    no download, the file's sha256 checked against o200k_base's), so the fakes
+    and the exact counter read rank files one way. tiktoken's own cache names
+    the file by a hash; such a file is shown to the loader under its encoding's
+    name through a symlink. Raises ConfigError (a ValueError) when tiktoken is
+    missing or the file is not o200k_base's, OSError when there is no file.
+    Cached per path (loading takes ~1 s).
     """
-    import tiktoken
-    import tiktoken_ext.openai_public as public
-
-    ranks = _load_ranks(Path(path))
-    constructor = public.o200k_base
-    isolated_globals = {**constructor.__globals__, "load_tiktoken_bpe": lambda *_a, **_k: ranks}
-    build = types.FunctionType(constructor.__code__, isolated_globals, constructor.__name__)
-    params = dict(build())
-    return tiktoken.Encoding(**params)
+    file = Path(path)
+    if file.name == "o200k_base.tiktoken":
+        return load_encoding("o200k_base", file.parent)
+    if not file.is_file():
+        raise OSError(f"{file}: no such rank file")
+    directory = Path(tempfile.mkdtemp(prefix="cmp-o200k-"))
+    (directory / "o200k_base.tiktoken").symlink_to(file.resolve())
+    return load_encoding("o200k_base", directory)
 
 
 def _content_parts(content: Any) -> tuple[list[str], int]:

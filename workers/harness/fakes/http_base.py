@@ -283,6 +283,10 @@ class FakeServerBase:
             return json_outcome(200, self.not_completion_body)
         return None
 
+    def planned_fault(self, index: int, exchange: Exchange) -> Fault | None:
+        """The fault of request ``index``: the plan's (a subclass may route otherwise)."""
+        return self.faults.take(index)
+
     def take_fault(self, exchange: Exchange) -> tuple[Fault | None, Outcome | None]:
         """Number a completion request and apply its planned fault.
 
@@ -290,8 +294,8 @@ class FakeServerBase:
         and, for faults that replace the answer or a stall the client gave up on, the
         outcome to send instead.
         """
-        exchange.index = self.next_index()
-        fault = self.faults.take(exchange.index)
+        index = exchange.index = self.next_index()
+        fault = self.planned_fault(index, exchange)
         if fault is None:
             return None, None
         exchange.fault = fault.kind

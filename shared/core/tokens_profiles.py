@@ -1,0 +1,112 @@
+"""Providers' token profiles, chat-framing overheads and the TokenCounter protocol.
+
+The numbers are explained in :mod:`shared.core.tokens` (the estimator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+
+MESSAGE_OVERHEAD = 4
+"""Framing of one message: 3 tokens plus its role (OpenAI cookbook)."""
+
+
+NAME_OVERHEAD = 1
+"""A message ``name`` costs one more token than its text."""
+
+
+TOOL_CALL_OVERHEAD = 5
+"""A tool call is framed like a message (3) addressed to ``functions.<name>`` (2)."""
+
+
+REQUEST_OVERHEAD = 3
+"""The reply is primed with ``<|im_start|>assistant<|message|>``."""
+
+
+TOOL_DEFINITION_OVERHEAD = 8
+"""Fixed text around one function in the tools namespace."""
+
+
+TOOLS_BLOCK_OVERHEAD = 12
+"""The tools header and namespace wrapper, paid once when any tool is defined."""
+
+
+DEFAULT_SAFETY_MARGIN = 0.05
+"""Content estimates are multiplied by ``1 + margin``: the held-out sessions
+were never underestimated with it (BENCHMARKS.md)."""
+
+
+@dataclass(frozen=True)
+class ProviderProfile:
+    """How one provider's tokenizer differs from the o200k baseline.
+
+    ``image_tokens`` and ``file_tokens`` are flat per-item figures: the
+    message model does not know pixel sizes or page counts.
+    """
+
+    factor: float
+    non_latin_factor: float
+    image_tokens: int
+    low_detail_image_tokens: int
+    file_tokens: int
+
+
+PROVIDERS: Mapping[str, ProviderProfile] = {
+    # Images: a 1024x1024 image at high detail is 85 + 4 tiles x 170 = 765 tokens
+    # (OpenAI vision pricing for gpt-4o); low detail is a flat 85.
+    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000),
+    # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
+    # i.e. at most ~1,600 tokens (Anthropic vision docs).
+    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000),
+    # Images: 1,120 tokens at media_resolution high, the Gemini 3 default
+    # (Gemini 2.x: 258 per 768x768 tile, ~1,032 for a 1.5k-pixel image).
+    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000),
+    # Unknown tokenizer: the largest figure of the three for media.
+    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000),
+}
+"""Files (PDF, documents) are a flat 3,000 tokens everywhere: Anthropic
+documents 1,500-3,000 tokens of text per PDF page plus the page image,
+Gemini 3 560 per page; a long document exceeds it and should be counted by
+whoever knows its pages."""
+
+
+def provider_profile(provider: str) -> ProviderProfile:
+    """The profile for ``provider``; unknown names use ``generic`` (conservative)."""
+    if not isinstance(provider, str):
+        raise InvalidInput(
+            f"expected a provider name, got {type(provider).__name__}", field="provider"
+        )
+    return PROVIDERS.get(provider.strip().lower(), PROVIDERS["generic"])
+
+
+def provider_for_model(model: str) -> str:
+    """The tokenizer family of a model name: openai, anthropic, gemini or generic.
+
+    Routing prefixes (``openai/``, ``google/``, ``models/``...) are ignored.
+    """
+    if not isinstance(model, str):
+        raise InvalidInput(f"expected a model name, got {type(model).__name__}", field="model")
+    name = model.strip().lower().rsplit("/", 1)[-1]
+    if "claude" in name:
+        return "anthropic"
+    if "gemini" in name:
+        return "gemini"
+    if name.startswith(("gpt-", "gpt4", "chatgpt", "ft:gpt")) or (
+        len(name) >= 2 and name[0] == "o" and name[1] in "134" and name[2:3] in ("", "-")
+    ):
+        return "openai"
+    return "generic"
+
+
+class TokenCounter(Protocol):
+    """What every module that needs token counts takes (injectable)."""
+
+    def text(self, text: str) -> int: ...
+    def message(self, message: Message) -> int: ...
+    def messages(self, messages: Sequence[Message]) -> int: ...
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int: ...

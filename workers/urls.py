@@ -1,0 +1,34 @@
+"""Small helpers for the Redis/broker URLs the settings carry (no I/O).
+
+Used by the CLI, the harness and the scripts: printing a URL without its
+password, and pointing a ``redis://`` URL at another database.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to print)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user, colon, _password = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+def with_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db`` (query and fragment dropped)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
+
+
+def db_number(url: str) -> int:
+    """The database number of a ``redis://`` URL (0 when absent)."""
+    path = urlsplit(url).path.strip("/")
+    return int(path) if path.isdigit() else 0
+
+
+__all__ = ["db_number", "redact_url", "with_db"]
