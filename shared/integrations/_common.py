@@ -40,9 +40,11 @@ def fingerprint(message: Message) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
-def tag(message: Message, index: int, part: int = -1, **extra: Any) -> Message:
+def tag(message: Message, index: int, part: int = -1,
+        extra: Mapping[str, Any] | None = None) -> Message:
     """``message`` with its provenance (framework index, part) and fingerprint."""
-    meta = {**message.metadata, **extra, FW_KEY: [index, part], FP_KEY: fingerprint(message)}
+    meta = {**message.metadata, **(extra or {}), FW_KEY: [index, part],
+            FP_KEY: fingerprint(message)}
     return message.model_copy(update={"metadata": meta})
 
 

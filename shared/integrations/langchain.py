@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import (
     AIMessage,
+    AnyMessage,
     BaseMessage,
     SystemMessage,
     convert_to_messages,
@@ -81,16 +82,18 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
         try:
             (neutral,) = from_openai([wire])
         except InvalidInput as exc:
-            raise InvalidInput(f"cannot map {type(message).__name__}: {exc.message}",
-                               field=where + (exc.field or "").removeprefix("messages[0]"),
+            inner = exc.field or ""
+            reason = str(exc).removeprefix(f"{inner}: ")
+            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
+                               field=where + inner.removeprefix("messages[0]"),
                                index=index) from None
         extra = {ID_KEY: message.id} if message.id else {}
-        out.append(tag(neutral, index, **extra))
+        out.append(tag(neutral, index, extra=extra))
     return out
 
 
-def from_view(view: PreparedView, state: Sequence[BaseMessage],
-              system: SystemMessage | None) -> tuple[SystemMessage | None, list[BaseMessage]]:
+def from_view(view: PreparedView, state: Sequence[AnyMessage],
+              system: SystemMessage | None) -> tuple[SystemMessage | None, list[AnyMessage]]:
     """The view as LangChain messages: untouched ones are the state's own objects."""
     messages = list(view.messages)
     new_system = system
@@ -98,7 +101,7 @@ def from_view(view: PreparedView, state: Sequence[BaseMessage],
         head = messages.pop(0)
         if system is None or head.text() != system.text:
             new_system = SystemMessage(content=head.text())
-    out: list[BaseMessage] = []
+    out: list[AnyMessage] = []
     for message in messages:
         found = origin(message)
         if found is not None and found[0] < len(state):
@@ -106,7 +109,8 @@ def from_view(view: PreparedView, state: Sequence[BaseMessage],
             if original.id is None or original.id == message.metadata.get(ID_KEY):
                 out.append(original)
                 continue
-        out.extend(convert_to_messages(to_openai([message], include_reasoning=False)))
+        out.extend(cast("list[AnyMessage]",
+                        convert_to_messages(to_openai([message], include_reasoning=False))))
     return new_system, out
 
 
@@ -118,7 +122,7 @@ def _model_name(model: Any) -> str:
     return "unknown"
 
 
-class ContextGuardMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+class ContextGuardMiddleware(AgentMiddleware):
     """Sends the guard's view to the model, records each turn, recovers from overflow once.
 
     ``guard``: a :class:`ContextGuard` (or an ``AsyncContextGuard`` for async
