@@ -17,7 +17,9 @@ Around every model call (``wrap_model_call`` / ``awrap_model_call``):
    the call is retried once; any other error propagates;
 4. the pending messages and the model's reply are recorded with the
    provider's usage, which enqueues ``maybe_summarize``: workers summarize
-   off the hot path, and the next view starts from their summary.
+   off the hot path, and the next view starts from their summary. A reply
+   with tool calls is recorded with its results, at the next call (a log
+   never ends in an unanswered tool call, so no cut can strand a result).
 
 The session is the graph's ``thread_id`` (or ``session_id=``, a string or a
 function of the request). Put this middleware last in ``middleware=[...]``:
@@ -233,8 +235,11 @@ class ContextGuardMiddleware(AgentMiddleware):
         result, usage = self._reply(response)
         first = len(state)
         reply = to_neutral(result, first)
-        guard.record_turn(session_id, [*pending, *reply], usage=usage)
-        self._advance(session_id, first + len(result), result)
+        if any(m.tool_calls for m in reply):  # recorded with its results, next call
+            reply, usage, result = [], None, []
+        if pending or reply:
+            guard.record_turn(session_id, [*pending, *reply], usage=usage)
+        self._advance(session_id, state, first, result)
         return response
 
     async def awrap_model_call(self, request: ModelRequest[Any],
@@ -260,16 +265,21 @@ class ContextGuardMiddleware(AgentMiddleware):
         response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
         result, usage = self._reply(response)
         first = len(state)
-        await guard.record_turn(session_id, [*pending, *to_neutral(result, first)],
-                                usage=usage)
-        self._advance(session_id, first + len(result), result)
+        reply = to_neutral(result, first)
+        if any(m.tool_calls for m in reply):  # recorded with its results, next call
+            reply, usage, result = [], None, []
+        if pending or reply:
+            await guard.record_turn(session_id, [*pending, *reply], usage=usage)
+        self._advance(session_id, state, first, result)
         return response
 
-    def _advance(self, session_id: str, recorded: int, result: Sequence[BaseMessage]) -> None:
-        if result:
-            self.cursors.put(session_id, recorded, result[-1].id)
-        else:
+    def _advance(self, session_id: str, state: Sequence[BaseMessage], first: int,
+                 result: Sequence[BaseMessage]) -> None:
+        last = result[-1] if result else state[first - 1] if first else None
+        if last is None:
             self.cursors.drop(session_id)
+        else:
+            self.cursors.put(session_id, first + len(result), last.id)
 
 
 __all__ = ["ContextGuardMiddleware", "from_view", "to_neutral"]
