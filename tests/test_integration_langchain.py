@@ -34,6 +34,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from examples.langchain_agent import SYSTEM, WindowedChatModel, lookup
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
+from shared.core.records import SummaryRecord
 from shared.core.view import SUMMARY_OPEN
 from shared.guard import ContextGuard
 from shared.integrations._common import ThreadedAsyncGuard, as_async_guard
@@ -243,3 +244,26 @@ def test_to_neutral_names_the_bad_index() -> None:
     with pytest.raises(InvalidInput) as info:
         to_neutral([HumanMessage("ok"), "not a message"], start=5)
     assert info.value.field == "state.messages[6]"
+
+
+@pytest.mark.parametrize("fully_summarized", [False, True])
+def test_a_new_process_continues_the_session_from_the_store(
+        fake_store: SessionStore, fully_summarized: bool) -> None:
+    guard = ContextGuard(fake_store, overrides={MODEL: 40_000})
+    checkpointer = InMemorySaver()
+    model = WindowedChatModel(window=40_000, requests=[], counts=[])
+
+    def agent() -> Any:  # a fresh middleware: no cursor in memory, as after a restart
+        return create_agent(model, [lookup], system_prompt=SYSTEM, checkpointer=checkpointer,
+                            middleware=[ContextGuardMiddleware(guard, max_tokens=256)])
+
+    for i in range(3):
+        agent().invoke({"messages": [question(i)]}, config("lc-restart"))
+    if fully_summarized:  # a summary that covers the whole log: the view holds no message
+        state = fake_store.state("lc-restart")
+        record = SummaryRecord(watermark=12, kind="offline", text="all of it", tokens=5,
+                               source_version=state.version)
+        assert fake_store.commit_summary("lc-restart", record, state.version).ok
+    out = agent().invoke({"messages": [question(3)]}, config("lc-restart"))
+    assert len(out["messages"]) == 16
+    assert fake_store.length("lc-restart") == 16

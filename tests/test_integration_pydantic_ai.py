@@ -24,6 +24,7 @@ from pydantic_ai import messages as pm
 from examples.pydantic_ai_agent import WindowedModel, build_agent, question
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
+from shared.core.records import SummaryRecord
 from shared.core.view import SUMMARY_OPEN
 from shared.guard import ContextGuard
 from shared.integrations.pydantic_ai import from_view, to_neutral
@@ -167,3 +168,20 @@ def test_untouched_parts_go_back_as_the_originals(fake_store: SessionStore) -> N
     assert out[0].parts[1] is history[0].parts[1]
     assert out[2].parts[0] is history[2].parts[0]
     assert out[0].parts[0].content == "be brief"
+
+
+@pytest.mark.parametrize("fully_summarized", [False, True])
+def test_a_new_process_continues_the_session_from_the_store(
+        fake_store: SessionStore, fully_summarized: bool) -> None:
+    guard = ContextGuard(fake_store, overrides={MODEL: 40_000})
+    model = WindowedModel(window=40_000)
+    history = converse(build_agent(guard, model, session_id="pai-restart"), 3)
+    if fully_summarized:  # a summary that covers the whole log: the view holds no message
+        state = fake_store.state("pai-restart")
+        record = SummaryRecord(watermark=12, kind="offline", text="all of it", tokens=5,
+                               source_version=state.version)
+        assert fake_store.commit_summary("pai-restart", record, state.version).ok
+    # a fresh capability: no cursor in memory, as after a restart
+    history = converse(build_agent(guard, model, session_id="pai-restart"), 1, 3, history)
+    assert len(history) == 16
+    assert fake_store.length("pai-restart") == 16

@@ -45,3 +45,14 @@ def test_the_example_runs_offline_and_stays_in_the_window(example: str, framewor
     assert isinstance(report["summaries"], int) and report["summaries"] >= 1
     assert isinstance(report["requests_with_summary"], int)
     assert report["requests_with_summary"] >= 10
+
+
+def test_shared_integrations_imports_no_framework() -> None:
+    """``import shared`` and ``import shared.integrations`` load no optional framework."""
+    code = ("import json, sys, shared, shared.integrations, shared.integrations._common\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('langchain', 'langchain_core', 'langgraph', 'pydantic_ai'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

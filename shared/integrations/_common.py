@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,24 +95,46 @@ class Cursors:
             self._items.pop(session_id, None)
 
 
-def cursor_from_view(data: ViewData, key: str) -> tuple[int, Any]:
+def cursor_from_view(data: ViewData, key: str, last: Message | None = None,
+                     ) -> tuple[int, Any]:
     """(framework messages recorded, ``metadata[key]`` of the last) from a fresh read.
 
-    A session whose log was not written by this adapter cannot be continued:
-    InvalidInput, before anything is written.
+    ``last``: the log's last message, when the view holds none (a summary
+    covers the whole log). A session whose log was not written by an adapter
+    cannot be continued: InvalidInput, before anything is written.
     """
     if data.length == 0:
         return 0, None
-    if not data.history:  # everything summarized: trust the last index the summary covers
-        raise InvalidInput("the session's log has no message after its summary to continue "
-                           "from; start a new session", field="session_id")
-    last = data.history[-1]
-    where = last.metadata.get(FW_KEY)
-    if not isinstance(where, list) or len(where) != 2:
+    last = data.history[-1] if data.history else last
+    where = last.metadata.get(FW_KEY) if last is not None else None
+    if last is None or not isinstance(where, list) or len(where) != 2:
         raise InvalidInput("the session's log was not written by this adapter (its last "
                            "message has no framework index): use a session id of its own",
                            field="session_id")
     return int(where[0]) + 1, last.metadata.get(key)
+
+
+def load_cursor(guard: Any, session_id: str, key: str) -> tuple[int, Any]:
+    """:func:`cursor_from_view` of a fresh read through the sync guard."""
+    data = guard.load(session_id)
+    last = None
+    if data.length and not data.history:
+        found = guard.store.messages(session_id, data.length - 1, data.length)
+        last = found[-1] if found else None
+    return cursor_from_view(data, key, last)
+
+
+async def aload_cursor(guard: Any, session_id: str, key: str) -> tuple[int, Any]:
+    """:func:`cursor_from_view` of a fresh read through an async guard."""
+    data = await guard.load(session_id)
+    last = None
+    if data.length and not data.history:
+        store = getattr(guard, "guard", guard).store  # ThreadedAsyncGuard wraps the sync one
+        found = store.messages(session_id, data.length - 1, data.length)
+        if inspect.isawaitable(found):
+            found = await found
+        last = found[-1] if found else None
+    return cursor_from_view(data, key, last)
 
 
 def run_with_recovery(guard: Any, session_id: str, request: Request,
@@ -203,10 +226,12 @@ __all__ = [
     "Cursors",
     "Request",
     "ThreadedAsyncGuard",
+    "aload_cursor",
     "arun_with_recovery",
     "as_async_guard",
     "cursor_from_view",
     "fingerprint",
+    "load_cursor",
     "origin",
     "run_with_recovery",
 ]

@@ -55,9 +55,10 @@ from shared.integrations._common import (
     AsyncGuard,
     Cursors,
     Request,
+    aload_cursor,
     arun_with_recovery,
     as_async_guard,
-    cursor_from_view,
+    load_cursor,
     origin,
     run_with_recovery,
     tag,
@@ -222,14 +223,14 @@ class ContextGuardMiddleware(AgentMiddleware):
         fixed = self._request(request)
         cursor = self.cursors.get(session_id)
         try:
-            pending = self._pending(session_id, state, cursor or cursor_from_view(
-                guard.load(session_id), ID_KEY))
+            pending = self._pending(session_id, state,
+                                    cursor or load_cursor(guard, session_id, ID_KEY))
         except InvalidInput:
             if cursor is None:
                 raise
             self.cursors.drop(session_id)  # another process may have written: read again
             pending = self._pending(session_id, state,
-                                    cursor_from_view(guard.load(session_id), ID_KEY))
+                                    load_cursor(guard, session_id, ID_KEY))
         response, _view = run_with_recovery(guard, session_id, fixed, pending,
                                             lambda view: handler(self._send(request, view)))
         result, usage = self._reply(response)
@@ -250,14 +251,14 @@ class ContextGuardMiddleware(AgentMiddleware):
         fixed = self._request(request)
         cursor = self.cursors.get(session_id)
         try:
-            pending = self._pending(session_id, state, cursor or cursor_from_view(
-                await guard.load(session_id), ID_KEY))
+            pending = self._pending(session_id, state,
+                                    cursor or await aload_cursor(guard, session_id, ID_KEY))
         except InvalidInput:
             if cursor is None:
                 raise
             self.cursors.drop(session_id)  # another process may have written: read again
             pending = self._pending(session_id, state,
-                                    cursor_from_view(await guard.load(session_id), ID_KEY))
+                                    await aload_cursor(guard, session_id, ID_KEY))
 
         async def send(view: PreparedView) -> Any:
             return await handler(self._send(request, view))

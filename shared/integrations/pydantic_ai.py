@@ -51,8 +51,8 @@ from shared.integrations._common import (
     AsyncGuard,
     Cursors,
     Request,
+    aload_cursor,
     as_async_guard,
-    cursor_from_view,
     origin,
     tag,
 )
@@ -272,8 +272,8 @@ class ContextGuardCapability(AbstractCapability[Any]):
         cached = self.cursors.get(session_id)
         recorded = 0
         for attempt in (0, 1):
-            cursor = cached if cached is not None and not attempt else cursor_from_view(
-                await self.aguard.load(session_id), STAMP_KEY)
+            cursor = cached if cached is not None and not attempt else await aload_cursor(
+                self.aguard, session_id, STAMP_KEY)
             recorded, stamp = cursor
             if recorded <= len(history) and (
                     not recorded or stamp is None or _stamp(history[recorded - 1]) == stamp):
@@ -312,10 +312,14 @@ class ContextGuardCapability(AbstractCapability[Any]):
         with self._lock:
             run = self._runs.get(ctx.run_id or str(id(ctx)))
         if run is None or run.recovered:
+            with self._lock:
+                self._runs.pop(ctx.run_id or str(id(ctx)), None)
             raise error
         retry = await self.aguard.recover(run.session_id, error, pending=run.pending,
                                           **run.request.kwargs())
         if retry is None:
+            with self._lock:
+                self._runs.pop(ctx.run_id or str(id(ctx)), None)
             raise error
         run.retry, run.recovered = retry, True
         raise RetryModelRequest()
