@@ -7,10 +7,11 @@ conversation), replayed through a real ``create_agent`` graph twice:
 - ``SummarizationMiddleware`` (LangChain v1's own): trigger 8k tokens, its
   other settings default, its summarizer a fake chat model answering after
   ``--summarizer-latency`` seconds (2 s);
-- ``ContextGuardMiddleware`` (this project): the guard on the real Redis, the
-  in-process Celery worker of the embedded stack summarizing through the fake
-  OpenAI server, which answers after the same latency. The window is sized so
-  that the guard's trigger (80% of the input budget) is the same 8k tokens.
+- ``ContextGuardMiddleware`` (this project): the guard on the real Redis, a
+  real ``celery -A workers.app worker`` process (its own queue) summarizing
+  through the fake OpenAI server, which answers after the same latency. The
+  window is sized so that the guard's trigger (80% of the input budget) is
+  the same 8k tokens.
 
 The agent's model replays the transcript's assistant messages (tool calls
 included) instantly; its tools replay the recorded results. What is measured
@@ -20,19 +21,24 @@ time in SummarizationMiddleware's ``before_model`` hook, and the time in our
 
     PYTHONPATH=. .venv/bin/python scripts/bench_frameworks.py \\
         [--data ../shared/data/transcripts.dev.jsonl] [--sessions id,id,...] \\
-        [--summarizer-latency 2.0] [--trigger 8000] [--redis-url redis://127.0.0.1:6379/7]
+        [--summarizer-latency 2.0] [--trigger 8000] [--user-pause 0] \\
+        [--redis-url redis://127.0.0.1:6379/7] [--broker-url redis://127.0.0.1:6379/8]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
+import os
 import secrets
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +61,28 @@ from shared.guard import ContextGuard  # noqa: E402
 from shared.integrations.langchain import ContextGuardMiddleware  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "transcripts.dev.jsonl"
-DEFAULT_SESSIONS = ("tau-airline-task2-trial1,tau-airline-task33-trial2,tau-airline-task9-trial2,"
-                    "tau-airline-task13-trial0,tau-airline-task3-trial1")
+# Every customer-service session of the kit, in file order: 580 messages, 127 user messages.
+DEFAULT_SESSIONS = "customer-service"
 MODEL = "replay-model"
 MAX_TOKENS = 2000
 
 
 # -- the session ---------------------------------------------------------------------------
 def load_session(path: Path, ids: list[str]) -> tuple[str, list[dict[str, Any]]]:
-    """(system prompt of the first, all non-system messages) of the sessions, in order."""
+    """(system prompt of the first, all non-system messages) of the sessions, in order.
+
+    ``ids == ["customer-service"]``: every session of that domain, in file order.
+    """
     found: dict[str, list[dict[str, Any]]] = {}
+    domain = ids == ["customer-service"]
     for line in path.read_text(encoding="utf-8").splitlines():
         item = json.loads(line)
+        if domain and str(item.get("domain", "")).startswith("customer-service"):
+            ids.append(item["id"])
         if item["id"] in ids:
             found[item["id"]] = item["messages"]
+    if domain:
+        ids.remove("customer-service")
     missing = [i for i in ids if i not in found]
     if missing:
         raise SystemExit(f"sessions not found in {path}: {missing}")
@@ -228,39 +242,94 @@ def run_langchain(system: str, messages: list[dict[str, Any]], args: argparse.Na
             "saw_previous": summarizer.saw_previous}
 
 
+@contextlib.contextmanager
+def worker_process(settings: Any, queue: str) -> Iterator[None]:
+    """A real ``celery -A workers.app worker`` process consuming ``queue`` (stopped on exit)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "COMPACTION_BROKER_URL": settings.broker_url, "COMPACTION_REDIS_URL":
+           settings.redis_url, "COMPACTION_KEY_PREFIX": settings.key_prefix,
+           "COMPACTION_SUMMARIZER": "openai", "COMPACTION_SUMMARIZER_MODEL": "summary-fake",
+           "COMPACTION_SUMMARIZER_BASE_URL": str(settings.summarizer_base_url),
+           "COMPACTION_SUMMARIZER_API_KEY": "k"}
+    fd, name = tempfile.mkstemp(prefix="bench_frameworks_", suffix=".log")
+    path = Path(name)
+    cmd = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", "threads",
+           "-c", "2", "-Q", queue, "-n", f"{queue}@%h", "--without-mingle",
+           "--without-gossip", "-l", "INFO"]
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while " ready." not in path.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("worker did not start:\n"
+                                 + path.read_text(errors="replace")[-2000:])
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        path.unlink(missing_ok=True)
+
+
+def wait_idle(store: Any, session: str, timeout: float) -> None:
+    """Until no job of the session is pending or leased (three quiet polls)."""
+    deadline, quiet = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and quiet < 3:
+        busy = store.is_pending(session) or store.redis.exists(store.keys(session).lease)
+        quiet = 0 if busy else quiet + 1
+        time.sleep(0.1)
+
+
 def run_ours(system: str, messages: list[dict[str, Any]], args: argparse.Namespace,
              ) -> dict[str, Any]:
-    from workers.harness.embedded import choose_backends, open_stack
+    from shared.enqueue import CeleryEnqueuer, publisher_app
+    from shared.store.sessions import SessionStore, connect
     from workers.harness.fakes.openai_server import FakeOpenAIServer
     from workers.harness.fakes.summaries import SummarizerResponder
     from workers.settings import Settings
 
     prefix = "bench" + secrets.token_hex(4)
+    queue = "bench-frameworks-" + secrets.token_hex(4)
     with FakeOpenAIServer(responder=SummarizerResponder(), latency=args.summarizer_latency,
                           model="summary-fake") as server:
-        settings = Settings(redis_url=args.redis_url, key_prefix=prefix, summarizer="openai",
+        settings = Settings(redis_url=args.redis_url, broker_url=args.broker_url,
+                            key_prefix=prefix, summarizer="openai",
                             summarizer_base_url=server.base_url, summarizer_api_key="k",
                             summarizer_model="summary-fake")
-        backends = choose_backends(settings, "embedded")
-        with open_stack(settings, backends, concurrency=2) as stack:
-            # The guard triggers at 80% of the input budget: window - reserve = trigger / 0.8.
-            window = int(args.trigger / 0.8) + MAX_TOKENS
-            guard = ContextGuard(stack.store, stack.enqueuer, overrides={MODEL: window})
-            middleware = TimedGuard(guard, model=MODEL, max_tokens=MAX_TOKENS)
-            middleware.waits, middleware.sent = [], []
-            model = Replay(script=collections.deque())
-            agent = create_agent(model, replay_tools(messages),
-                                 system_prompt=system, middleware=[middleware],
-                                 checkpointer=InMemorySaver())
-            wall = drive(agent, model.script, turns_of(messages), "bench-ours", pause(args))
-            stack.wait_idle("bench-ours", timeout=120)
-            summaries = [s for s in stack.store.summaries("bench-ours")
-                         if s.kind != "truncation"]
-            result = {"waits": middleware.waits, "wall": wall, "summaries": len(summaries),
-                      "max_sent": max(middleware.sent), "window": window}
-            for key in stack.store.redis.scan_iter(match=f"{prefix}:*"):
-                stack.store.redis.delete(key)
-    return result
+        store = SessionStore(connect(args.redis_url), settings.store_config())
+        publisher = publisher_app(args.broker_url)
+        try:
+            with worker_process(settings, queue):
+                # The guard triggers at 80% of the input budget: window - reserve = trigger/0.8.
+                window = int(args.trigger / 0.8) + MAX_TOKENS
+                guard = ContextGuard(store, CeleryEnqueuer(publisher, queue=queue),
+                                     overrides={MODEL: window})
+                middleware = TimedGuard(guard, model=MODEL, max_tokens=MAX_TOKENS)
+                middleware.waits, middleware.sent = [], []
+                model = Replay(script=collections.deque())
+                agent = create_agent(model, replay_tools(messages),
+                                     system_prompt=system, middleware=[middleware],
+                                     checkpointer=InMemorySaver())
+                wall = drive(agent, model.script, turns_of(messages), "bench-ours",
+                             pause(args))
+                wait_idle(store, "bench-ours", timeout=120)
+            kinds = [s.kind for s in store.summaries("bench-ours")]
+            return {"waits": middleware.waits, "wall": wall,
+                    "summaries": sum(k != "truncation" for k in kinds),
+                    "truncations": kinds.count("truncation"),
+                    "max_sent": max(middleware.sent), "window": window}
+        finally:
+            publisher.close()
+            for key in store.redis.scan_iter(match=f"{prefix}:*"):
+                store.redis.delete(key)
+            broker = connect(args.broker_url)
+            broker.delete(queue)
+            broker.close()
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -279,12 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sessions", default=DEFAULT_SESSIONS,
-                        help="comma-separated session ids, concatenated in order")
+                        help="comma-separated session ids, concatenated in order (default: "
+                             "every customer-service session)")
     parser.add_argument("--summarizer-latency", type=float, default=2.0)
     parser.add_argument("--trigger", type=int, default=8000, help="tokens")
     parser.add_argument("--user-pause", type=float, default=0.0,
                         help="seconds between user turns (not counted)")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7", help="session store")
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/8",
+                        help="Celery broker of the worker process (a queue of its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if not args.data.exists():
@@ -298,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"langchain": lc, "ours": ours}, default=str))
         return 0
-    print(f"Session: {'+'.join(ids)} ({len(messages)} messages, {users} user turns, "
+    print(f"Session: {len(ids)} sessions concatenated ({len(messages)} messages, {users} "
+          f"user messages, "
           f"{calls} model calls, ~{estimate_messages_tokens(from_openai(messages))} tokens); "
           f"summarizer latency {args.summarizer_latency} s; trigger "
           f"{args.trigger} tokens\n")
@@ -310,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nWall time includes --user-pause {args.user_pause} s per user turn. "
           f"LangChain's summarizer saw the previous summary in {lc['saw_previous']} of "
           f"{max(0, lc['summaries'] - 1)} later calls. Ours: largest request "
-          f"{ours['max_sent']} tokens (window {ours['window']}); wall "
+          f"{ours['max_sent']} tokens (window {ours['window']}); guard truncations kept "
+          f"{ours['truncations']}; wall "
           f"{lc['wall']:.1f} s vs {ours['wall']:.1f} s.")
     return 0
 
