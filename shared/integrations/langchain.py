@@ -101,9 +101,16 @@ def from_view(view: PreparedView, state: Sequence[AnyMessage],
     messages = list(view.messages)
     new_system = system
     if messages and messages[0].role == "system":
-        head = messages.pop(0)
-        if system is None or head.text() != system.text:
-            new_system = SystemMessage(content=head.text())
+        text = messages.pop(0).text()
+        if system is not None and text != system.text and text.startswith(system.text):
+            # The summary follows the caller's system prompt: keep its blocks as they were
+            # (cache_control and the like), the summary as one more text block.
+            blocks = (list(system.content) if isinstance(system.content, list)
+                      else [{"type": "text", "text": system.content}])
+            new_system = SystemMessage(content=[
+                *blocks, {"type": "text", "text": text[len(system.text):].lstrip("\n")}])
+        elif system is None or text != system.text:
+            new_system = SystemMessage(content=text)
     out: list[AnyMessage] = []
     for message in messages:
         found = origin(message)
