@@ -267,3 +267,22 @@ def test_a_new_process_continues_the_session_from_the_store(
     out = agent().invoke({"messages": [question(3)]}, config("lc-restart"))
     assert len(out["messages"]) == 16
     assert fake_store.length("lc-restart") == 16
+
+
+def test_a_summary_keeps_the_callers_system_blocks(fake_store: SessionStore) -> None:
+    state: list[BaseMessage] = [HumanMessage("one", id="h1"), AIMessage("two", id="a1"),
+                                HumanMessage("three", id="h2")]
+    guard = ContextGuard(fake_store)
+    guard.record_turn("lc-system", to_neutral(state[:2]))
+    version = fake_store.state("lc-system").version
+    record = SummaryRecord(watermark=2, kind="offline", text="they counted", tokens=5,
+                           source_version=version)
+    assert fake_store.commit_summary("lc-system", record, version).ok
+    system = SystemMessage(content=[{"type": "text", "text": "be brief",
+                                     "cache_control": {"type": "ephemeral"}}])
+    view = guard.prepare("lc-system", "be brief", pending=to_neutral(state[2:], 2))
+    new_system, messages = from_view(view, state, system)
+    assert new_system is not None and isinstance(new_system.content, list)
+    assert new_system.content[0] == system.content[0]  # the cached prefix, untouched
+    assert SUMMARY_OPEN in str(new_system.content[1])
+    assert messages == [state[2]] and messages[0] is state[2]
