@@ -1,0 +1,17 @@
+"""Drop-in adapters for agent frameworks: thin shells over :class:`shared.guard.ContextGuard`.
+
+Each adapter lives in its own module and imports its framework there, and
+only there (install the matching extra):
+
+- :mod:`shared.integrations.langchain`: ``ContextGuardMiddleware`` for LangChain v1's
+  ``create_agent`` (``pip install 'context-compaction[langchain]'``).
+- :mod:`shared.integrations.pydantic_ai`: ``ContextGuardCapability`` for pydantic-ai
+  agents (``pip install 'context-compaction[pydantic-ai]'``).
+
+This package itself imports nothing optional: ``import shared.integrations``
+works with no framework installed.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,237 @@
+"""What every framework adapter shares: provenance tags, cursors, recover-and-retry-once.
+
+An adapter mirrors the framework's conversation into the session log: each
+framework message (or part) becomes one neutral :class:`Message` tagged with
+where it came from (``metadata["fw"]``: its index in the framework's history,
+and part index or -1) and a fingerprint of what was recorded
+(``metadata["fp"]``). Metadata is stored, never counted, never sent. On the
+way back, a view message whose fingerprint still matches was not changed by
+compaction, so the adapter can send the framework's original object (ids,
+provider details, reasoning signatures intact); a changed one (placeholder,
+clipped, summary) is built fresh.
+
+A :class:`Cursors` entry remembers how much of a session's framework history
+is in the log, so a model call costs no extra read; a miss (new process) is
+one read. Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+from shared.core.prepared import PreparedView
+from shared.core.records import ViewData
+
+FW_KEY = "fw"
+FP_KEY = "fp"
+R = TypeVar("R")
+
+
+def fingerprint(message: Message) -> str:
+    """A short digest of everything sent for ``message`` (metadata excluded)."""
+    raw = message.model_dump_json(exclude={"metadata"}, exclude_none=True)
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def tag(message: Message, index: int, part: int = -1,
+        extra: Mapping[str, Any] | None = None) -> Message:
+    """``message`` with its provenance (framework index, part) and fingerprint."""
+    meta = {**message.metadata, **(extra or {}), FW_KEY: [index, part],
+            FP_KEY: fingerprint(message)}
+    return message.model_copy(update={"metadata": meta})
+
+
+def origin(message: Message) -> tuple[int, int] | None:
+    """(framework index, part) of a view message the compaction left untouched, else None."""
+    where = message.metadata.get(FW_KEY)
+    if (not isinstance(where, list) or len(where) != 2
+            or message.metadata.get(FP_KEY) != fingerprint(message)):
+        return None
+    return int(where[0]), int(where[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The fixed parts of a model request, as the guard's ``prepare``/``recover`` take them."""
+
+    system_prompt: str = ""
+    tools: Sequence[Mapping[str, Any]] | None = None
+    max_tokens: int | None = None
+    model: str = "gpt-4o"
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"system_prompt": self.system_prompt, "tools": self.tools,
+                "max_tokens": self.max_tokens, "model": self.model}
+
+
+@dataclass
+class Cursors:
+    """Per session: (framework messages recorded, provenance key of the last one)."""
+
+    limit: int = 4096
+    _items: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, session_id: str) -> tuple[int, Any] | None:
+        with self._lock:
+            return self._items.get(session_id)
+
+    def put(self, session_id: str, recorded: int, last: Any) -> None:
+        with self._lock:
+            if len(self._items) >= self.limit and session_id not in self._items:
+                self._items.pop(next(iter(self._items)))
+            self._items[session_id] = (recorded, last)
+
+    def drop(self, session_id: str) -> None:
+        with self._lock:
+            self._items.pop(session_id, None)
+
+
+def cursor_from_view(data: ViewData, key: str, last: Message | None = None,
+                     ) -> tuple[int, Any]:
+    """(framework messages recorded, ``metadata[key]`` of the last) from a fresh read.
+
+    ``last``: the log's last message, when the view holds none (a summary
+    covers the whole log). A session whose log was not written by an adapter
+    cannot be continued: InvalidInput, before anything is written.
+    """
+    if data.length == 0:
+        return 0, None
+    last = data.history[-1] if data.history else last
+    where = last.metadata.get(FW_KEY) if last is not None else None
+    if last is None or not isinstance(where, list) or len(where) != 2:
+        raise InvalidInput("the session's log was not written by this adapter (its last "
+                           "message has no framework index): use a session id of its own",
+                           field="session_id")
+    return int(where[0]) + 1, last.metadata.get(key)
+
+
+def load_cursor(guard: Any, session_id: str, key: str) -> tuple[int, Any]:
+    """:func:`cursor_from_view` of a fresh read through the sync guard."""
+    data = guard.load(session_id)
+    last = None
+    if data.length and not data.history:
+        found = guard.store.messages(session_id, data.length - 1, data.length)
+        last = found[-1] if found else None
+    return cursor_from_view(data, key, last)
+
+
+async def aload_cursor(guard: Any, session_id: str, key: str) -> tuple[int, Any]:
+    """:func:`cursor_from_view` of a fresh read through an async guard."""
+    data = await guard.load(session_id)
+    last = None
+    if data.length and not data.history:
+        store = getattr(guard, "guard", guard).store  # ThreadedAsyncGuard wraps the sync one
+        found = store.messages(session_id, data.length - 1, data.length)
+        if inspect.isawaitable(found):
+            found = await found
+        last = found[-1] if found else None
+    return cursor_from_view(data, key, last)
+
+
+def run_with_recovery(guard: Any, session_id: str, request: Request,
+                      pending: Sequence[Message],
+                      send: Callable[[PreparedView], R]) -> tuple[R, PreparedView]:
+    """prepare -> send -> on a context overflow: recover and send once more (the sync guard)."""
+    result: tuple[R, PreparedView] = guard.call(session_id, send, pending=pending,
+                                                **request.kwargs())
+    return result
+
+
+class AsyncGuard(Protocol):
+    """The async guard's interface: ContextGuard's methods, ``async def`` (AsyncContextGuard)."""
+
+    async def prepare(self, session_id: str, system_prompt: str = "",
+                      tools: Sequence[Mapping[str, Any]] | None = None,
+                      max_tokens: int | None = None, model: str = "gpt-4o", *,
+                      pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView: ...
+
+    async def record_turn(self, session_id: str,
+                          messages: Sequence[Message | Mapping[str, Any]],
+                          usage: Any = None, *, request_id: str | None = None) -> int: ...
+
+    async def recover(self, session_id: str, error: object, system_prompt: str = "",
+                      tools: Sequence[Mapping[str, Any]] | None = None,
+                      max_tokens: int | None = None, model: str = "gpt-4o", *,
+                      pending: Sequence[Message | Mapping[str, Any]] = (),
+                      ) -> PreparedView | None: ...
+
+    async def load(self, session_id: str) -> ViewData: ...
+
+
+class ThreadedAsyncGuard:
+    """STOPGAP until ``shared.guard.AsyncContextGuard`` exists: the sync guard in a thread.
+
+    Each call runs the synchronous guard through ``asyncio.to_thread``, so the
+    event loop never blocks on Redis. Replace with AsyncContextGuard (same
+    method names) when it lands; :func:`as_async_guard` picks it up by itself.
+    """
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+
+    async def prepare(self, session_id: str, *args: Any, **kwargs: Any) -> PreparedView:
+        view: PreparedView = await asyncio.to_thread(self.guard.prepare, session_id, *args,
+                                                     **kwargs)
+        return view
+
+    async def record_turn(self, session_id: str, *args: Any, **kwargs: Any) -> int:
+        return int(await asyncio.to_thread(self.guard.record_turn, session_id, *args, **kwargs))
+
+    async def recover(self, session_id: str, *args: Any, **kwargs: Any) -> PreparedView | None:
+        view: PreparedView | None = await asyncio.to_thread(self.guard.recover, session_id,
+                                                            *args, **kwargs)
+        return view
+
+    async def load(self, session_id: str) -> ViewData:
+        data: ViewData = await asyncio.to_thread(self.guard.load, session_id)
+        return data
+
+
+def as_async_guard(guard: Any) -> AsyncGuard:
+    """An async guard: ``guard`` itself when its methods are coroutines, else the stopgap."""
+    if asyncio.iscoroutinefunction(getattr(guard, "prepare", None)):
+        async_guard: AsyncGuard = guard
+        return async_guard
+    return ThreadedAsyncGuard(guard)
+
+
+async def arun_with_recovery(guard: AsyncGuard, session_id: str, request: Request,
+                             pending: Sequence[Message],
+                             send: Callable[[PreparedView], Awaitable[R]],
+                             ) -> tuple[R, PreparedView]:
+    """prepare -> send -> on a context overflow: recover and send once more (async)."""
+    view = await guard.prepare(session_id, pending=pending, **request.kwargs())
+    try:
+        return await send(view), view
+    except Exception as exc:
+        retry = await guard.recover(session_id, exc, pending=pending, **request.kwargs())
+        if retry is None:
+            raise
+    return await send(retry), retry
+
+
+__all__ = [
+    "FP_KEY",
+    "FW_KEY",
+    "AsyncGuard",
+    "Cursors",
+    "Request",
+    "ThreadedAsyncGuard",
+    "aload_cursor",
+    "arun_with_recovery",
+    "as_async_guard",
+    "cursor_from_view",
+    "fingerprint",
+    "load_cursor",
+    "origin",
+    "run_with_recovery",
+]

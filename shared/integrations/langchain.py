@@ -1,0 +1,293 @@
+"""LangChain v1: ``ContextGuardMiddleware`` for ``create_agent`` (extra ``[langchain]``).
+
+::
+
+    agent = create_agent(model, tools, middleware=[ContextGuardMiddleware(guard)],
+                         checkpointer=InMemorySaver())
+    agent.invoke({"messages": [user]}, {"configurable": {"thread_id": "s1"}})
+
+Around every model call (``wrap_model_call`` / ``awrap_model_call``):
+
+1. the graph state's messages not yet in the session log (the new user
+   message, tool results) go to :meth:`ContextGuard.prepare` as ``pending``;
+2. the model gets the guard's view (summary + recent messages within the
+   window) instead of the whole state; the graph state is not rewritten
+   (view, not delete): the full history stays in the state and in the log;
+3. a context-overflow error from the provider goes through ``recover`` and
+   the call is retried once; any other error propagates;
+4. the pending messages and the model's reply are recorded with the
+   provider's usage, which enqueues ``maybe_summarize``: workers summarize
+   off the hot path, and the next view starts from their summary. A reply
+   with tool calls is recorded with its results, at the next call (a log
+   never ends in an unanswered tool call, so no cut can strand a result).
+
+The session is the graph's ``thread_id`` (or ``session_id=``, a string or a
+function of the request). Put this middleware last in ``middleware=[...]``:
+it builds the request's messages from the graph state. Messages it cannot
+map raise :class:`InvalidInput` naming ``state.messages[i]`` before anything
+is written. The async hook uses ``shared.guard.AsyncContextGuard`` when it is
+passed one; with the sync guard it runs the guard in a thread (stopgap).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    SystemMessage,
+    convert_to_messages,
+    convert_to_openai_messages,
+)
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from shared.core.errors import CompactionError, InvalidInput
+from shared.core.messages import Message
+from shared.core.prepared import PreparedView
+from shared.core.wire import from_openai, to_openai
+from shared.guard import ContextGuard
+from shared.integrations._common import (
+    AsyncGuard,
+    Cursors,
+    Request,
+    aload_cursor,
+    arun_with_recovery,
+    as_async_guard,
+    load_cursor,
+    origin,
+    run_with_recovery,
+    tag,
+)
+
+ID_KEY = "lc_id"
+SessionFn = Callable[[ModelRequest[Any]], str]
+
+
+def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
+    """LangChain messages as tagged neutral ones; InvalidInput names ``state.messages[i]``."""
+    out: list[Message] = []
+    for offset, message in enumerate(messages):
+        index = start + offset
+        where = f"state.messages[{index}]"
+        if not isinstance(message, BaseMessage):
+            raise InvalidInput(f"expected a LangChain message, got {type(message).__name__}",
+                               field=where, index=index)
+        try:
+            wire = convert_to_openai_messages(message)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}",
+                               field=where, index=index) from None
+        try:
+            (neutral,) = from_openai([wire])
+        except InvalidInput as exc:
+            inner = exc.field or ""
+            reason = str(exc).removeprefix(f"{inner}: ")
+            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
+                               field=where + inner.removeprefix("messages[0]"),
+                               index=index) from None
+        extra = {ID_KEY: message.id} if message.id else {}
+        out.append(tag(neutral, index, extra=extra))
+    return out
+
+
+def from_view(view: PreparedView, state: Sequence[AnyMessage],
+              system: SystemMessage | None) -> tuple[SystemMessage | None, list[AnyMessage]]:
+    """The view as LangChain messages: untouched ones are the state's own objects."""
+    messages = list(view.messages)
+    new_system = system
+    if messages and messages[0].role == "system":
+        text = messages.pop(0).text()
+        if system is not None and text != system.text and text.startswith(system.text):
+            # The summary follows the caller's system prompt: keep its blocks as they were
+            # (cache_control and the like), the summary as one more text block.
+            blocks = (list(system.content) if isinstance(system.content, list)
+                      else [{"type": "text", "text": system.content}])
+            new_system = SystemMessage(content=[
+                *blocks, {"type": "text", "text": text[len(system.text):].lstrip("\n")}])
+        elif system is None or text != system.text:
+            new_system = SystemMessage(content=text)
+    out: list[AnyMessage] = []
+    for message in messages:
+        found = origin(message)
+        if found is not None and found[0] < len(state):
+            original = state[found[0]]
+            if original.id is None or original.id == message.metadata.get(ID_KEY):
+                out.append(original)
+                continue
+        out.extend(cast("list[AnyMessage]",
+                        convert_to_messages(to_openai([message], include_reasoning=False))))
+    return new_system, out
+
+
+def _model_name(model: Any) -> str:
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return "unknown"
+
+
+class ContextGuardMiddleware(AgentMiddleware):
+    """Sends the guard's view to the model, records each turn, recovers from overflow once.
+
+    ``guard``: a :class:`ContextGuard` (or an ``AsyncContextGuard`` for async
+    agents). ``model``: the name the guard looks limits up by (default: the
+    chat model's ``model_name``/``model``); ``max_tokens``: the output reserve
+    (default: the request's or the chat model's ``max_tokens``).
+    """
+
+    def __init__(self, guard: Any, *, session_id: str | SessionFn | None = None,
+                 model: str | None = None, max_tokens: int | None = None,
+                 async_guard: AsyncGuard | None = None) -> None:
+        super().__init__()
+        is_async = not isinstance(guard, ContextGuard)
+        self.guard: ContextGuard | None = None if is_async else guard
+        self.async_guard: AsyncGuard = async_guard or as_async_guard(guard)
+        self.session_id = session_id
+        self.model = model
+        self.max_tokens = max_tokens
+        self.cursors = Cursors()
+        self._tools: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
+
+    # -- the request ---------------------------------------------------------------
+    def _session(self, request: ModelRequest[Any]) -> str:
+        if callable(self.session_id):
+            return self.session_id(request)
+        if self.session_id is not None:
+            return self.session_id
+        info = getattr(request.runtime, "execution_info", None)
+        thread = getattr(info, "thread_id", None)
+        if thread is None:
+            try:
+                from langgraph.config import get_config
+
+                thread = get_config().get("configurable", {}).get("thread_id")
+            except RuntimeError:
+                thread = None
+        if not isinstance(thread, str) or not thread:
+            raise InvalidInput("no session: run the agent with config={'configurable': "
+                               "{'thread_id': ...}} or pass session_id=", field="session_id")
+        return thread
+
+    def _request(self, request: ModelRequest[Any]) -> Request:
+        tools = request.tools or []
+        key = tuple(id(t) for t in tools)
+        if self._tools is None or self._tools[0] != key:
+            try:
+                specs = [convert_to_openai_tool(t) for t in tools]
+            except (ValueError, TypeError) as exc:
+                raise InvalidInput(f"cannot describe a tool: {str(exc)[:200]}",
+                                   field="tools") from None
+            self._tools = (key, specs)
+        max_tokens = self.max_tokens or request.model_settings.get("max_tokens") \
+            or getattr(request.model, "max_tokens", None)
+        return Request(system_prompt=request.system_message.text if request.system_message
+                       else "", tools=self._tools[1] or None,
+                       max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+                       model=self.model or _model_name(request.model))
+
+    def _pending(self, session_id: str, state: list[Any],
+                 cursor: tuple[int, Any]) -> list[Message]:
+        recorded, last_id = cursor
+        if recorded > len(state) or (last_id is not None and recorded
+                                     and state[recorded - 1].id != last_id):
+            raise InvalidInput(
+                f"the graph state ({len(state)} messages) does not continue session "
+                f"{session_id!r} ({recorded} recorded): one session per thread, and no other "
+                "middleware may remove messages from the state", field="state.messages")
+        return to_neutral(state[recorded:], recorded)
+
+    def _send(self, request: ModelRequest[Any], view: PreparedView) -> ModelRequest[Any]:
+        system, messages = from_view(view, request.state["messages"], request.system_message)
+        return request.override(system_message=system, messages=messages)
+
+    @staticmethod
+    def _reply(response: Any) -> tuple[list[BaseMessage], Any]:
+        """The messages the response adds to the state (each with an id), and its usage."""
+        result = response.result if isinstance(response, ModelResponse) else \
+            response.model_response.result if hasattr(response, "model_response") else [response]
+        usage = None
+        for message in result:
+            if message.id is None:  # the id the state will keep: the next call checks it
+                message.id = str(uuid.uuid4())
+            if isinstance(message, AIMessage) and message.usage_metadata:
+                usage = {"prompt_tokens": message.usage_metadata.get("input_tokens")}
+        return list(result), usage
+
+    # -- the hooks -------------------------------------------------------------------
+    def wrap_model_call(self, request: ModelRequest[Any],
+                        handler: Callable[[ModelRequest[Any]], Any]) -> Any:
+        if self.guard is None:
+            raise CompactionError("an async guard was given: run the agent with ainvoke")
+        guard = self.guard
+        session_id = self._session(request)
+        state = list(request.state["messages"])
+        fixed = self._request(request)
+        cursor = self.cursors.get(session_id)
+        try:
+            pending = self._pending(session_id, state,
+                                    cursor or load_cursor(guard, session_id, ID_KEY))
+        except InvalidInput:
+            if cursor is None:
+                raise
+            self.cursors.drop(session_id)  # another process may have written: read again
+            pending = self._pending(session_id, state,
+                                    load_cursor(guard, session_id, ID_KEY))
+        response, _view = run_with_recovery(guard, session_id, fixed, pending,
+                                            lambda view: handler(self._send(request, view)))
+        result, usage = self._reply(response)
+        first = len(state)
+        reply = to_neutral(result, first)
+        if any(m.tool_calls for m in reply):  # recorded with its results, next call
+            reply, usage, result = [], None, []
+        if pending or reply:
+            guard.record_turn(session_id, [*pending, *reply], usage=usage)
+        self._advance(session_id, state, first, result)
+        return response
+
+    async def awrap_model_call(self, request: ModelRequest[Any],
+                               handler: Callable[[ModelRequest[Any]], Awaitable[Any]]) -> Any:
+        guard = self.async_guard
+        session_id = self._session(request)
+        state = list(request.state["messages"])
+        fixed = self._request(request)
+        cursor = self.cursors.get(session_id)
+        try:
+            pending = self._pending(session_id, state,
+                                    cursor or await aload_cursor(guard, session_id, ID_KEY))
+        except InvalidInput:
+            if cursor is None:
+                raise
+            self.cursors.drop(session_id)  # another process may have written: read again
+            pending = self._pending(session_id, state,
+                                    await aload_cursor(guard, session_id, ID_KEY))
+
+        async def send(view: PreparedView) -> Any:
+            return await handler(self._send(request, view))
+
+        response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
+        result, usage = self._reply(response)
+        first = len(state)
+        reply = to_neutral(result, first)
+        if any(m.tool_calls for m in reply):  # recorded with its results, next call
+            reply, usage, result = [], None, []
+        if pending or reply:
+            await guard.record_turn(session_id, [*pending, *reply], usage=usage)
+        self._advance(session_id, state, first, result)
+        return response
+
+    def _advance(self, session_id: str, state: Sequence[BaseMessage], first: int,
+                 result: Sequence[BaseMessage]) -> None:
+        last = result[-1] if result else state[first - 1] if first else None
+        if last is None:
+            self.cursors.drop(session_id)
+        else:
+            self.cursors.put(session_id, first + len(result), last.id)
+
+
+__all__ = ["ContextGuardMiddleware", "from_view", "to_neutral"]

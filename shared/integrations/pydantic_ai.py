@@ -1,0 +1,351 @@
+"""pydantic-ai: ``ContextGuardCapability`` (extra ``[pydantic-ai]``).
+
+::
+
+    agent = Agent(model, capabilities=[ContextGuardCapability(guard)])
+    result = agent.run_sync("hello")
+    result = agent.run_sync("more", message_history=result.all_messages())
+
+A capability (pydantic-ai's hook API, ``pydantic_ai.capabilities``) with the
+same contract as the LangChain middleware:
+
+- ``prepare_model_request`` (before each attempt): the history's messages
+  not yet in the session log are ``pending``; the request gets the guard's
+  view (summary + recent messages within the window). Only this request's
+  message list changes: the run's history (``ctx.messages``) is not
+  rewritten (view, not delete);
+- ``on_model_request_error``: a context overflow goes through ``recover``
+  and the request is attempted once more (``RetryModelRequest``) with the
+  recovered view; any other error, or a second overflow, propagates;
+- ``after_model_request``: the pending messages and the response are
+  recorded with the response's usage; that enqueues ``maybe_summarize``. A
+  response with tool calls is recorded with its results, at the next call
+  (a log never ends in an unanswered tool call).
+
+The session is the run's ``conversation_id`` (kept on ``message_history``
+across runs), or ``session_id=`` (a string or a function of the RunContext).
+System prompt parts and instructions are the fixed system prompt: never
+recorded, always sent. Parts it cannot map raise :class:`InvalidInput` naming
+``messages[i].parts[j]`` before anything is written. pydantic-ai's hooks are
+async: the guard runs as ``AsyncContextGuard`` when given one, else in a
+thread (stopgap, :class:`shared.integrations._common.ThreadedAsyncGuard`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai import messages as pm
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import RetryModelRequest
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.tools import RunContext
+
+from shared.core.errors import InvalidInput
+from shared.core.messages import ImagePart, Message, TextPart, ToolCall
+from shared.core.prepared import PreparedView
+from shared.integrations._common import (
+    AsyncGuard,
+    Cursors,
+    Request,
+    aload_cursor,
+    as_async_guard,
+    origin,
+    tag,
+)
+
+STAMP_KEY = "pai_ts"
+# Request parts that carry no conversation content (pydantic-ai's own bookkeeping).
+BOOKKEEPING = ("tool-availability-delta", "capability-load-delta", "model-settings-delta",
+               "instruction-delta", "instruction-baseline")
+
+
+def _stamp(message: Any) -> str | None:
+    """A key of a history message that survives serialization: its timestamp."""
+    stamp = getattr(message, "timestamp", None)
+    if stamp is None and getattr(message, "parts", None):
+        stamp = getattr(message.parts[0], "timestamp", None)
+    return stamp.isoformat() if stamp is not None else None
+
+
+def system_text(history: Sequence[Any]) -> str:
+    """The text of every system prompt part of the history (fixed, never recorded)."""
+    return "\n\n".join(p.content for m in history if isinstance(m, pm.ModelRequest)
+                       for p in m.parts if isinstance(p, pm.SystemPromptPart) and p.content)
+
+
+def to_neutral(history: Sequence[Any], start: int = 0) -> list[Message]:
+    """History messages ``history[start:]`` as tagged neutral messages (system parts skipped)."""
+    out: list[Message] = []
+    for index in range(start, len(history)):
+        message = history[index]
+        where = f"messages[{index}]"
+        extra = {STAMP_KEY: _stamp(message)}
+        if isinstance(message, pm.ModelResponse):
+            out.append(tag(_response(message, where), index, -1, extra))
+        elif isinstance(message, pm.ModelRequest):
+            for j, part in enumerate(message.parts):
+                neutral = _request_part(part, f"{where}.parts[{j}]", index)
+                if neutral is not None:
+                    out.append(tag(neutral, index, j, extra))
+        else:
+            raise InvalidInput(f"expected a ModelRequest or ModelResponse, got "
+                               f"{type(message).__name__}", field=where, index=index)
+    return out
+
+
+def _request_part(part: Any, where: str, index: int) -> Message | None:
+    kind = getattr(part, "part_kind", type(part).__name__)
+    try:
+        if isinstance(part, pm.SystemPromptPart) or kind in BOOKKEEPING:
+            return None
+        if isinstance(part, pm.UserPromptPart):
+            if isinstance(part.content, str):
+                return Message(role="user", content=part.content)
+            items: list[TextPart | ImagePart] = []
+            for k, item in enumerate(part.content):
+                if isinstance(item, str):
+                    items.append(TextPart(text=item))
+                elif isinstance(item, pm.ImageUrl):
+                    items.append(ImagePart(url=item.url))
+                else:
+                    raise InvalidInput(f"cannot map user content {type(item).__name__}",
+                                       field=f"{where}.content[{k}]", index=index)
+            return Message(role="user", content=list(items))
+        if isinstance(part, pm.ToolReturnPart):
+            return Message(role="tool", tool_call_id=part.tool_call_id, name=part.tool_name,
+                           content=part.model_response_str())
+        if isinstance(part, (pm.RetryPromptPart, pm.RetryFeedbackPart)):
+            text = part.model_response()
+            name = getattr(part, "tool_name", None)
+            call_id = getattr(part, "tool_call_id", None)
+            if name and call_id:
+                return Message(role="tool", tool_call_id=call_id, name=name, content=text)
+            return Message(role="user", content=text)
+    except InvalidInput:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(f"cannot map {kind}: {str(exc)[:200]}", field=where,
+                           index=index) from None
+    raise InvalidInput(f"cannot map a {kind} part", field=where, index=index)
+
+
+def _response(message: pm.ModelResponse, where: str) -> Message:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for j, part in enumerate(message.parts):
+        if isinstance(part, pm.TextPart):
+            texts.append(part.content)
+        elif isinstance(part, pm.ThinkingPart):
+            reasoning.append(part.content)
+        elif isinstance(part, pm.ToolCallPart):
+            try:
+                calls.append(ToolCall(id=part.tool_call_id, name=part.tool_name,
+                                      arguments=part.args_as_json_str()))
+            except ValueError as exc:
+                raise InvalidInput(f"cannot map the tool call: {str(exc)[:200]}",
+                                   field=f"{where}.parts[{j}]") from None
+        else:
+            raise InvalidInput(f"cannot map a {getattr(part, 'part_kind', '?')} part",
+                               field=f"{where}.parts[{j}]")
+    return Message(role="assistant", content="".join(texts), tool_calls=calls,
+                   reasoning="\n".join(reasoning) or None)
+
+
+def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
+              system_parts: str) -> list[Any]:
+    """The view as pydantic-ai messages; untouched parts and responses are the originals.
+
+    ``fixed_system`` is the system prompt the guard was given (system parts and
+    instructions); only ``system_parts`` and the summary go back as a system
+    prompt part: instructions reach the model on their own.
+    """
+    messages = list(view.messages)
+    parts: list[Any] = []
+    out: list[Any] = []
+    if messages and messages[0].role == "system":
+        rest = messages.pop(0).text().removeprefix(fixed_system).lstrip("\n")
+        text = "\n\n".join(t for t in (system_parts, rest) if t)
+        if text:
+            parts.append(pm.SystemPromptPart(content=text))
+    for message in messages:
+        found = origin(message)
+        source = history[found[0]] if found is not None and found[0] < len(history) else None
+        if source is not None and _stamp(source) != message.metadata.get(STAMP_KEY):
+            found, source = None, None
+        if message.role == "assistant":
+            if parts:
+                out.append(pm.ModelRequest(parts=parts))
+                parts = []
+            out.append(source if isinstance(source, pm.ModelResponse) else pm.ModelResponse(
+                parts=[*([pm.TextPart(content=message.text())] if message.text() else []),
+                       *(pm.ToolCallPart(tool_name=c.name, args=c.arguments,
+                                         tool_call_id=c.id) for c in message.tool_calls)]))
+        elif source is not None and found is not None and found[1] >= 0:
+            parts.append(source.parts[found[1]])
+        elif message.role == "tool":
+            parts.append(pm.ToolReturnPart(tool_name=message.name or "tool",
+                                           content=message.text(),
+                                           tool_call_id=message.tool_call_id or ""))
+        elif message.role == "system":
+            parts.append(pm.SystemPromptPart(content=message.text()))
+        else:
+            parts.append(pm.UserPromptPart(content=message.text()))
+    if parts:
+        last = history[-1] if history else None
+        out.append(pm.ModelRequest(parts=parts, instructions=getattr(last, "instructions", None)))
+    return out
+
+
+@dataclass
+class _Pending:
+    session_id: str
+    request: Request
+    pending: list[Message]
+    system_parts: str
+    retry: PreparedView | None = None
+    recovered: bool = False
+
+
+SessionFn = Callable[[RunContext[Any]], str]
+
+
+@dataclass
+class ContextGuardCapability(AbstractCapability[Any]):
+    """Sends the guard's view to the model, records each turn, recovers from overflow once.
+
+    ``guard``: a :class:`ContextGuard` or an ``AsyncContextGuard``. ``model``:
+    the name the guard looks limits up by (default: the model's
+    ``model_name``); ``max_tokens``: the output reserve (default: the run's
+    ``max_tokens`` setting).
+    """
+
+    guard: Any
+    session_id: str | SessionFn | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    cursors: Cursors = field(default_factory=Cursors)
+    _async: AsyncGuard | None = field(default=None, repr=False)
+    _runs: dict[str, _Pending] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._async = as_async_guard(self.guard)
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None  # holds a live guard: not spec-serializable
+
+    @property
+    def aguard(self) -> AsyncGuard:
+        assert self._async is not None
+        return self._async
+
+    def _session(self, ctx: RunContext[Any]) -> str:
+        if callable(self.session_id):
+            return self.session_id(ctx)
+        session = self.session_id or ctx.conversation_id
+        if not session:
+            raise InvalidInput("no session: pass conversation_id= to the run or session_id=",
+                               field="session_id")
+        return session
+
+    def _request(self, rc: ModelRequestContext, system: str) -> Request:
+        params = rc.model_request_parameters
+        instructions = "\n\n".join(p.content for p in params.instruction_parts or [])
+        tools = [{"type": "function", "function": {
+            "name": t.name, "description": t.description or "",
+            "parameters": t.parameters_json_schema}}
+            for t in [*params.function_tools, *params.output_tools]]
+        settings: Any = rc.model_settings or {}
+        max_tokens = self.max_tokens or settings.get("max_tokens")
+        return Request(system_prompt="\n\n".join(t for t in (system, instructions) if t),
+                       tools=tools or None,
+                       max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+                       model=self.model or rc.model.model_name or "unknown")
+
+    async def _pending(self, session_id: str, history: list[Any]) -> list[Message]:
+        cached = self.cursors.get(session_id)
+        recorded = 0
+        for attempt in (0, 1):
+            cursor = cached if cached is not None and not attempt else await aload_cursor(
+                self.aguard, session_id, STAMP_KEY)
+            recorded, stamp = cursor
+            if recorded <= len(history) and (
+                    not recorded or stamp is None or _stamp(history[recorded - 1]) == stamp):
+                return to_neutral(history, recorded)
+            if cached is None:
+                break
+        raise InvalidInput(f"the message history ({len(history)} messages) does not continue "
+                           f"session {session_id!r} ({recorded} recorded): pass the previous "
+                           "run's all_messages() as message_history", field="message_history")
+
+    # -- the hooks ---------------------------------------------------------------------------
+    async def prepare_model_request(self, ctx: RunContext[Any],
+                                    request_context: ModelRequestContext) -> ModelRequestContext:
+        history = list(ctx.messages)
+        key = ctx.run_id or str(id(ctx))
+        with self._lock:
+            run = self._runs.get(key)
+        if run is None or run.retry is None:
+            session_id = self._session(ctx)
+            system = system_text(history)
+            fixed = self._request(request_context, system)
+            pending = await self._pending(session_id, history)
+            view = await self.aguard.prepare(session_id, pending=pending, **fixed.kwargs())
+            run = _Pending(session_id, fixed, pending, system)
+            with self._lock:
+                self._runs[key] = run
+        else:
+            view, run.retry = run.retry, None
+        request_context.messages = from_view(view, history, run.request.system_prompt,
+                                             run.system_parts)
+        return request_context
+
+    async def on_model_request_error(self, ctx: RunContext[Any], *,
+                                     request_context: ModelRequestContext,
+                                     error: Exception) -> pm.ModelResponse:
+        with self._lock:
+            run = self._runs.get(ctx.run_id or str(id(ctx)))
+        if run is None or run.recovered:
+            with self._lock:
+                self._runs.pop(ctx.run_id or str(id(ctx)), None)
+            raise error
+        retry = await self.aguard.recover(run.session_id, error, pending=run.pending,
+                                          **run.request.kwargs())
+        if retry is None:
+            with self._lock:
+                self._runs.pop(ctx.run_id or str(id(ctx)), None)
+            raise error
+        run.retry, run.recovered = retry, True
+        raise RetryModelRequest()
+
+    async def after_model_request(self, ctx: RunContext[Any], *,
+                                  request_context: ModelRequestContext,
+                                  response: pm.ModelResponse) -> pm.ModelResponse:
+        key = ctx.run_id or str(id(ctx))
+        with self._lock:
+            run = self._runs.pop(key, None)
+        if run is None:
+            return response
+        index = len(ctx.messages)
+        reply = to_neutral([*ctx.messages, response], index)
+        if any(m.tool_calls for m in reply):
+            # Tool calls wait for their results: a log never ends in an unanswered call, so
+            # a worker's cut cannot strand the result. Recorded with them next call.
+            if run.pending:
+                await self.aguard.record_turn(run.session_id, run.pending)
+                self.cursors.put(run.session_id, index, _stamp(ctx.messages[-1]))
+            return response
+        usage = {"prompt_tokens": response.usage.input_tokens} \
+            if response.usage and response.usage.input_tokens else None
+        await self.aguard.record_turn(run.session_id, [*run.pending, *reply], usage=usage)
+        self.cursors.put(run.session_id, index + 1, _stamp(response))
+        return response
+
+
+__all__ = ["ContextGuardCapability", "from_view", "system_text", "to_neutral"]
