@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.messages import Message, validate_messages
@@ -116,16 +117,22 @@ def view_out(view: PreparedView, fmt: Format) -> PreparedOut:
     return PreparedOut(format=fmt, messages=messages, system=system, report=report)
 
 
+def fast(model: BaseModel, status: int = 200) -> Response:
+    """The model as JSON, serialized by pydantic in one pass (FastAPI's generic encoder
+    takes ~4 ms on a 100-message view; ``response_model`` still documents the shape)."""
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
 # -- endpoints -----------------------------------------------------------------------------
 @router.post("/sessions/{session_id}/prepare", response_model=PreparedOut,
              summary="The view to send now (summary + recent messages within the budget)")
 def prepare(request: Request, tenant: Tenant, session_id: SessionId,
-            body: PrepareRequest) -> PreparedOut:
+            body: PrepareRequest) -> Response:
     guard = _guard(request, tenant, session_id)
     pending = messages_in(body.pending, body.format, "pending")
     view = guard.prepare(session_id, body.system_prompt, body.tools, body.max_tokens,
                          body.model, pending=pending)
-    return view_out(view, body.format)
+    return fast(view_out(view, body.format))
 
 
 @router.post("/sessions/{session_id}/record", response_model=RecordOut,
@@ -141,7 +148,7 @@ def record(request: Request, tenant: Tenant, session_id: SessionId,
 @router.post("/sessions/{session_id}/recover", response_model=RecoverOut,
              summary="After a provider error: a harder-compacted view for one retry")
 def recover(request: Request, tenant: Tenant, session_id: SessionId,
-            body: RecoverRequest) -> RecoverOut:
+            body: RecoverRequest) -> Response:
     guard = _guard(request, tenant, session_id)
     pending = messages_in(body.pending, body.format, "pending")
     error: dict[str, Any] = {"message": body.error} if isinstance(body.error, str) \
@@ -151,8 +158,8 @@ def recover(request: Request, tenant: Tenant, session_id: SessionId,
     view = guard.recover(session_id, error, body.system_prompt, body.tools, body.max_tokens,
                          body.model, pending=pending)
     if view is None:
-        return RecoverOut(recovered=False)
-    return RecoverOut(recovered=True, view=view_out(view, body.format))
+        return fast(RecoverOut(recovered=False))
+    return fast(RecoverOut(recovered=True, view=view_out(view, body.format)))
 
 
 @router.get("/sessions/{session_id}/stats", summary="Tokens by region, usage, summaries")
