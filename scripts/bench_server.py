@@ -41,16 +41,16 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.core.config import StoreConfig  # noqa: E402
-from shared.core.messages import Message  # noqa: E402
-from shared.core.records import SummaryRecord  # noqa: E402
-from shared.core.tokens import DEFAULT_COUNTER  # noqa: E402
-from shared.core.turns import turn_starts  # noqa: E402
-from shared.core.view import summary_block  # noqa: E402
-from shared.core.wire import from_openai  # noqa: E402
-from shared.guard import ContextGuard  # noqa: E402
-from shared.store.sessions import SessionStore  # noqa: E402
-from workers.server.process import ServerProcess  # noqa: E402
+from shared.core.config import StoreConfig
+from shared.core.messages import Message
+from shared.core.records import SummaryRecord
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.turns import turn_starts
+from shared.core.view import summary_block
+from shared.core.wire import from_openai
+from shared.guard import ContextGuard
+from shared.store.sessions import SessionStore
+from workers.server.process import ServerProcess
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 TOKEN = "bench-token-" + uuid.uuid4().hex
