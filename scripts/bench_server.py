@@ -112,8 +112,8 @@ def turn(k: int) -> list[dict[str, Any]]:
             {"role": "assistant", "content": f"Booking #{k} is confirmed for May {k % 28 + 1}."}]
 
 
-PREPARE = {"system_prompt": SYSTEM, "model": "gpt-4o", "max_tokens": 1024,
-           "pending": [{"role": "user", "content": "What next?"}]}
+PENDING: list[dict[str, Any]] = [{"role": "user", "content": "What next?"}]
+PREPARE = {"system_prompt": SYSTEM, "model": "gpt-4o", "max_tokens": 1024, "pending": PENDING}
 
 
 def warm_prepares(http: httpx.Client, sid: str, calls: int) -> list[float]:
@@ -209,11 +209,11 @@ def main() -> None:
             rps, cprep, errors = concurrent(server.url, sids[1:], args.calls // 2)
 
         guard = ContextGuard(store)
-        guard.prepare("s0", SYSTEM, None, 1024, "gpt-4o", pending=PREPARE["pending"])
+        guard.prepare("s0", SYSTEM, None, 1024, "gpt-4o", pending=PENDING)
         local = []
         for _ in range(args.calls):
             t = time.perf_counter()
-            guard.prepare("s0", SYSTEM, None, 1024, "gpt-4o", pending=PREPARE["pending"])
+            guard.prepare("s0", SYSTEM, None, 1024, "gpt-4o", pending=PENDING)
             local.append((time.perf_counter() - t) * 1000)
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -50,7 +50,8 @@ def overflow_error(window: int, prompt: int) -> openai.BadRequestError:
                       "param": "messages", "code": "context_length_exceeded"}}
     request = httpx.Request("POST", "https://api.openai.com/v1/responses")
     return openai.BadRequestError(f"Error code: 400 - {body}",
-                                  response=httpx.Response(400, request=request, json=body),
+                                  response=cast(Any, httpx.Response(400, request=request,
+                                                                    json=body)),
                                   body=body["error"])
 
 
@@ -232,7 +233,7 @@ def test_session_protocol(guard: ContextGuard) -> None:
     session = GuardedSession(guard, "proto", model=MODEL)
     assert isinstance(session, Session)
     assert run(session.get_items()) == []
-    run(session.add_items(TURN))
+    run(session.add_items(cast(Any, TURN)))
     assert run(session.get_items()) == TURN
     assert run(session.get_items(limit=1)) == TURN[-1:]
     assert run(session.get_items(limit=2)) == TURN[-1:]  # no output without its call
@@ -258,10 +259,10 @@ def test_an_unmappable_item_is_refused_and_nothing_is_written(guard: ContextGuar
              {"type": "web_search_call", "id": "ws_1", "status": "completed"}]
     with pytest.raises(InvalidInput, match=r"items\[1\]\.type: cannot map item type "
                                            r"'web_search_call'"):
-        run(session.add_items(batch))  # type: ignore[arg-type]
+        run(session.add_items(cast(Any, batch)))
     assert guard.store.length("bad") == 0
     with pytest.raises(InvalidInput, match=r"items\[0\]\.call_id: required"):
-        run(session.add_items([{"type": "function_call_output", "output": "x"}]))  # type: ignore[list-item]
+        run(session.add_items(cast(Any, [{"type": "function_call_output", "output": "x"}])))
     with pytest.raises(InvalidInput, match="limit"):
         run(session.get_items(limit=-1))
 
