@@ -19,9 +19,12 @@ from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
+    ResponseUsage,
 )
 
 from shared.core.config import StoreConfig
@@ -104,8 +107,21 @@ class WindowModel(Model):
                                         role="assistant", status="completed", content=[text])
         return ModelResponse(output=[message], usage=usage, response_id=None)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError
+    async def stream_response(self, system_instructions: str | None, input: Any,
+                              *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """The same answer as one ``response.completed`` event (errors before any event)."""
+        answer = await self.get_response(system_instructions, input, *args, **kwargs)
+        usage = ResponseUsage(input_tokens=answer.usage.input_tokens, output_tokens=20,
+                              total_tokens=answer.usage.input_tokens + 20,
+                              input_tokens_details={"cached_tokens": 0,
+                                                    "cache_write_tokens": 0},
+                              output_tokens_details={"reasoning_tokens": 0})
+        response = Response(id=f"resp_{self.calls}", created_at=0, model=MODEL,
+                            object="response", output=answer.output, tool_choice="auto",
+                            tools=[], parallel_tool_calls=False, status="completed",
+                            usage=usage)
+        yield ResponseCompletedEvent(type="response.completed", response=response,
+                                     sequence_number=0)
 
 
 @function_tool
@@ -166,6 +182,25 @@ def test_an_overflow_the_filter_missed_is_recovered_once(guard: ContextGuard) ->
     assert model.overflows == 1 and wrapped.recoveries == 1  # learned once, then filtered
     assert guard.limits.as_mapping().get(MODEL) == WINDOW
     assert guard.store.state("wrong-window").learned_window == WINDOW
+
+
+def test_streamed_runs_recover_too(guard: ContextGuard) -> None:
+    model = WindowModel(WINDOW, steps=12)
+    guard.overrides[MODEL] = WINDOW * 4  # the filter lets an overflow through once
+    session = GuardedSession(guard, "streamed", model=MODEL, max_tokens=500)
+    wrapped = session.wrap(model)
+    agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
+                  model=wrapped, model_settings=ModelSettings(max_tokens=500))
+
+    async def scenario() -> Any:
+        result = Runner.run_streamed(agent, "Read every module.", session=session,
+                                     run_config=session.run_config(), max_turns=30)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert run(scenario()) == "All files read."
+    assert model.overflows == 1 and wrapped.recoveries == 1
 
 
 def test_without_the_guard_the_same_run_overflows(guard: ContextGuard) -> None:

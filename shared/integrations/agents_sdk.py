@@ -428,6 +428,13 @@ class InputBudget:
 
 
 # -- recovery --------------------------------------------------------------------------------
+def _tools_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """``tools`` of a ``get_response`` / ``stream_response`` call after ``input``
+    (positional order: model_settings, tools, ...), however it was passed."""
+    tools = args[1] if len(args) > 1 else kwargs.get("tools")
+    return list(tools or [])
+
+
 class GuardedModel(Model):
     """An SDK ``Model`` that survives one context overflow per call.
 
@@ -464,7 +471,7 @@ class GuardedModel(Model):
         try:
             return await self.inner.get_response(system_instructions, input, *args, **kwargs)
         except Exception as exc:
-            tools = args[2] if len(args) > 2 else kwargs.get("tools", [])
+            tools = _tools_arg(args, kwargs)
             retry = self._recover(exc, system_instructions, input, tools)
         return await self.inner.get_response(
             system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs)
@@ -482,11 +489,14 @@ class GuardedModel(Model):
         except Exception as exc:
             if started:  # events already reached the caller: no silent retry
                 raise
-            tools = args[2] if len(args) > 2 else kwargs.get("tools", [])
+            tools = _tools_arg(args, kwargs)
             retry = self._recover(exc, system_instructions, input, tools)
         async for event in self.inner.stream_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs):
             yield event
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.inner.get_retry_advice(request)
 
     async def close(self) -> None:
         await self.inner.close()
