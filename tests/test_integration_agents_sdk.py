@@ -262,6 +262,23 @@ def test_items_round_trip_through_messages() -> None:
     assert messages_to_items(messages) == TURN
 
 
+def test_media_and_developer_items_round_trip() -> None:
+    items = [
+        {"role": "developer", "content": "Prefer short answers."},
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "What is on this page?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=",
+             "detail": "auto"},
+            {"type": "input_file", "file_id": "file-abc", "filename": "spec.pdf"}]},
+        {"type": "function_call_output", "call_id": "c9", "output": [
+            {"type": "input_text", "text": "rendered"}]},
+    ]
+    messages = items_to_messages(items)
+    assert messages[0].role == "system" and messages[0].metadata["agents_role"] == "developer"
+    assert messages[1].media_count() == 2
+    assert messages_to_items(messages) == items
+
+
 def test_session_protocol(guard: ContextGuard) -> None:
     from agents.memory.session import Session
 
