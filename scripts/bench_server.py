@@ -116,38 +116,43 @@ PENDING: list[dict[str, Any]] = [{"role": "user", "content": "What next?"}]
 PREPARE = {"system_prompt": SYSTEM, "model": "gpt-4o", "max_tokens": 1024, "pending": PENDING}
 
 
-def warm_prepares(http: httpx.Client, sid: str, calls: int) -> list[float]:
+def warm_prepares(http: httpx.Client, sid: str, calls: int,
+                  failed: list[str] | None = None) -> list[float]:
     out = []
     for _ in range(calls):
         t = time.perf_counter()
         r = http.post(f"/v1/sessions/{sid}/prepare", json=PREPARE, headers=AUTH)
         out.append((time.perf_counter() - t) * 1000)
-        r.raise_for_status()
+        if r.status_code != 200 and failed is not None:
+            failed.append(f"prepare {r.status_code} {r.json()['error']['code']}")
     return out
 
 
 def loop(http: httpx.Client, sid: str, calls: int, start: int = 0
-         ) -> tuple[list[float], list[float], float]:
-    """record + prepare, ``calls`` times: (prepare ms, record ms, wall seconds)."""
-    prep, rec = [], []
+         ) -> tuple[list[float], list[float], float, list[str]]:
+    """record + prepare, ``calls`` times: (prepare ms, record ms, wall s, failures)."""
+    prep, rec, failed = [], [], []
     began = time.perf_counter()
     for k in range(start, start + calls):
         t = time.perf_counter()
         r = http.post(f"/v1/sessions/{sid}/record", json={"messages": turn(k)}, headers=AUTH)
         rec.append((time.perf_counter() - t) * 1000)
-        r.raise_for_status()
+        if r.status_code != 200:  # e.g. 503 when Redis misses its socket timeout
+            failed.append(f"record {r.status_code} {r.json()['error']['code']}")
         t = time.perf_counter()
         r = http.post(f"/v1/sessions/{sid}/prepare", json=PREPARE, headers=AUTH)
         prep.append((time.perf_counter() - t) * 1000)
-        r.raise_for_status()
-        if not r.json()["report"]["budget"]["within_budget"]:
+        if r.status_code != 200:
+            failed.append(f"prepare {r.status_code} {r.json()['error']['code']}")
+        elif not r.json()["report"]["budget"]["within_budget"]:
             raise SystemExit("the view went over budget: the benchmark's session is wrong")
-    return prep, rec, time.perf_counter() - began
+    return prep, rec, time.perf_counter() - began, failed
 
 
-def concurrent(url: str, sids: list[str], calls: int) -> tuple[float, list[float], int]:
-    """Each thread runs the loop on its own session: (requests/s, prepare ms, errors)."""
-    results: list[tuple[list[float], list[float], float]] = []
+def concurrent(url: str, sids: list[str], calls: int
+               ) -> tuple[float, list[float], list[str]]:
+    """Each thread runs the loop on its own session: (requests/s, prepare ms, failures)."""
+    results: list[tuple[list[float], list[float], float, list[str]]] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(sids))
 
@@ -168,7 +173,8 @@ def concurrent(url: str, sids: list[str], calls: int) -> tuple[float, list[float
         t.join()
     wall = time.perf_counter() - began
     prepares = [x for r in results for x in r[0]]
-    return 2 * calls * len(results) / wall, prepares, len(errors)
+    failed = [f for r in results for f in r[3]] + [repr(e) for e in errors]
+    return 2 * calls * len(results) / wall, prepares, failed
 
 
 def main() -> None:
@@ -178,6 +184,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--socket-timeout", type=float, default=None,
+                        help="the server's COMPACTION_REDIS_SOCKET_TIMEOUT (default: 0.5 s)")
     args = parser.parse_args()
 
     prefix = f"bsrv_{uuid.uuid4().hex[:8]}"
@@ -195,6 +203,8 @@ def main() -> None:
            "COMPACTION_BROKER_URL": "memory://",
            "COMPACTION_SERVER_TOKENS": json.dumps({TOKEN: TENANT}),
            "COMPACTION_SERVER_MAX_BODY_BYTES": str(16 * 1024 * 1024)}
+    if args.socket_timeout is not None:
+        env["COMPACTION_REDIS_SOCKET_TIMEOUT"] = str(args.socket_timeout)
     try:
         with ServerProcess(env) as server, \
                 httpx.Client(base_url=server.url, timeout=30) as http:
@@ -204,9 +214,11 @@ def main() -> None:
             first.raise_for_status()
             report = first.json()["report"]
             warm_prepares(http, "s0", 200)  # warm-up
-            warm = warm_prepares(http, "s0", args.calls)
-            prep, rec, wall = loop(http, "s0", args.calls)
-            rps, cprep, errors = concurrent(server.url, sids[1:], args.calls // 2)
+            wfailed: list[str] = []
+            warm = warm_prepares(http, "s0", args.calls, wfailed)
+            prep, rec, wall, failed = loop(http, "s0", args.calls)
+            failed += wfailed
+            rps, cprep, cfailed = concurrent(server.url, sids[1:], args.calls // 2)
 
         guard = ContextGuard(store)
         guard.prepare("s0", SYSTEM, None, 1024, "gpt-4o", pending=PENDING)
@@ -232,9 +244,11 @@ def main() -> None:
     print(f"| guard.prepare in-process, warm | {ms(local)} |")
     print(f"\nfirst (cold) prepare over HTTP: {cold:.1f} ms; view sent: "
           f"{report['estimated_prompt_tokens']} tokens\n")
-    print("| loop (record + prepare) | requests/s |\n|---|---|")
-    print(f"| 1 client | {2 * args.calls / wall:.0f} |")
-    print(f"| {args.clients} clients | {rps:.0f}{f' ({errors} failed)' if errors else ''} |")
+    print("| loop (record + prepare) | requests/s | failed requests |\n|---|---|---|")
+    print(f"| 1 client | {2 * args.calls / wall:.0f} | {len(failed)} |")
+    print(f"| {args.clients} clients | {rps:.0f} | {len(cfailed)} |")
+    for what in sorted(set(failed + cfailed)):
+        print(f"\nfailed requests: {what} x{(failed + cfailed).count(what)}")
 
 
 if __name__ == "__main__":

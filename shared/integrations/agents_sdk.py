@@ -581,9 +581,10 @@ class GuardedSession:
         last = store.messages(self.session_id, length - 1, length)[0]
         items = messages_to_items([last])
         popped = items.pop()
+        rest = items_to_messages(items)  # mapped before the log is touched
         store.truncate_after(self.session_id, length - 1)
-        if items:  # the message held more than one item: put the rest back
-            store.append(self.session_id, items_to_messages(items))
+        if rest:  # the message held more than one item: put the others back
+            store.append(self.session_id, rest)
         self.guard.views.discard(self.session_id)
         return popped
 

@@ -6,7 +6,11 @@
 - :mod:`workers.server.app` — ``create_app(config, store, ...)``: auth,
   body-size limit, JSON errors carrying the exception tree's codes;
 - :mod:`workers.server.routes` — the endpoints (record, prepare, recover,
-  stats, compact, history).
+  stats, compact, history);
+- :mod:`workers.server.main` — the app built from settings (``compaction
+  serve``, ``uvicorn --factory workers.server.main:app_from_env``);
+- :mod:`workers.server.process` — the server as a child process on a free
+  port (tests, benchmark).
 
 This package imports nothing optional; ``app`` and ``routes`` need fastapi.
 """
