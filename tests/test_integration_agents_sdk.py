@@ -319,6 +319,16 @@ def test_an_unmappable_item_is_refused_and_nothing_is_written(guard: ContextGuar
         run(session.get_items(limit=-1))
 
 
+def test_for_agent_counts_instructions_and_tools(guard: ContextGuard) -> None:
+    agent = Agent(name="a", instructions="Read files.", tools=[read_file])
+    session = GuardedSession.for_agent(guard, "fa", agent, model=MODEL, max_tokens=100)
+    assert session.instructions == "Read files."
+    assert session.tools and session.tools[0]["name"] == "read_file"
+    run(session.add_items(cast(Any, TURN[:1])))
+    assert run(session.get_items()) == TURN[:1]  # the instructions are the runner's to send
+    assert session.last_view.report.budget.tools > 0
+
+
 def test_the_filter_leaves_input_alone_within_budget(guard: ContextGuard) -> None:
     budget = InputBudget(guard, model=MODEL, max_tokens=500)
     fitted = budget.fit(TURN, "sys", [])

@@ -535,6 +535,14 @@ class GuardedSession:
         self.input_filter = InputBudget(guard, model=model, max_tokens=max_tokens)
         self.last_view: Any = None  # the PreparedView behind the last get_items
 
+    @classmethod
+    def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
+                  model: str = "gpt-4o", max_tokens: int | None = None) -> GuardedSession:
+        """A session that counts ``agent``'s instructions (when a string) and tools."""
+        instructions = agent.instructions if isinstance(agent.instructions, str) else ""
+        return cls(guard, session_id, model=model, max_tokens=max_tokens,
+                   instructions=instructions, tools=tool_schemas(agent.tools or []))
+
     # -- wiring -----------------------------------------------------------------------------
     def wrap(self, model: Model) -> GuardedModel:
         """``model`` with overflow recovery sharing this session's budget."""
