@@ -319,6 +319,22 @@ def test_an_unmappable_item_is_refused_and_nothing_is_written(guard: ContextGuar
         run(session.get_items(limit=-1))
 
 
+def test_get_items_is_the_summary_then_the_items_after_the_watermark(
+        guard: ContextGuard) -> None:
+    from shared.core.records import SummaryRecord
+
+    session = GuardedSession(guard, "summarized", model=MODEL, instructions="Be brief.")
+    run(session.add_items(cast(Any, TURN)))
+    run(session.add_items(cast(Any, TURN)))
+    record = SummaryRecord(watermark=5, kind="llm", text="## Goal\nList files.", tokens=12)
+    version = guard.store.state("summarized").version
+    assert guard.store.commit_summary("summarized", record, version).ok  # as a worker would
+    items = run(session.get_items())
+    assert items[0]["role"] == "system" and "List files." in items[0]["content"]
+    assert not items[0]["content"].startswith("Be brief.")  # the runner sends instructions
+    assert items[1:] == TURN  # the second turn, from the watermark on
+
+
 def test_for_agent_counts_instructions_and_tools(guard: ContextGuard) -> None:
     agent = Agent(name="a", instructions="Read files.", tools=[read_file])
     session = GuardedSession.for_agent(guard, "fa", agent, model=MODEL, max_tokens=100)
