@@ -33,7 +33,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_EXTRAS = ("openai", "vertex", "flower")
+DEFAULT_EXTRAS = ("openai", "vertex", "flower", "server")
 DEFAULT_OUTPUT = ROOT / "docker" / "requirements.lock"
 
 

@@ -220,7 +220,7 @@ def services(rendered: dict[str, Any]) -> dict[str, Any]:
 def test_compose_file_validates(tmp_path: Path) -> None:
     done = _run_config(tmp_path, "-q")
     assert done.returncode == 0, done.stderr
-    assert set(_render(tmp_path)["services"]) == {"redis", "worker", "flower"}
+    assert set(_render(tmp_path)["services"]) == {"redis", "worker", "flower", "server"}
 
 
 def _secret_sources(service: Mapping[str, Any]) -> set[str]:

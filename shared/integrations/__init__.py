@@ -1,4 +1,4 @@
-"""Drop-in adapters for agent frameworks: thin shells over :class:`shared.guard.ContextGuard`.
+"""Drop-in adapters for agent frameworks: thin shells over the guard.
 
 Each adapter lives in its own module and imports its framework there, and
 only there (install the matching extra):
@@ -7,6 +7,8 @@ only there (install the matching extra):
   ``create_agent`` (``pip install 'context-compaction[langchain]'``).
 - :mod:`shared.integrations.pydantic_ai`: ``ContextGuardCapability`` for pydantic-ai
   agents (``pip install 'context-compaction[pydantic-ai]'``).
+- :mod:`shared.integrations.agents_sdk`: ``GuardedSession`` for the OpenAI Agents SDK
+  (``pip install 'context-compaction[openai-agents]'``).
 
 This package itself imports nothing optional: ``import shared.integrations``
 works with no framework installed.

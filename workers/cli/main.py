@@ -37,6 +37,7 @@ COMMANDS = {
     "doctor": "Check Redis, the broker, the workers and the summarizer.",
     "replay": "Replay JSONL sessions against a fake provider that enforces the window.",
     "mcp": "Serve recall, context_stats and compact as MCP tools (stdio or streamable HTTP).",
+    "serve": "Serve the guard over HTTP (FastAPI + uvicorn; needs the 'server' extra).",
 }
 
 DESCRIPTION = ("Keep LLM conversations inside the context window: inspect and operate the "

@@ -1,0 +1,52 @@
+"""``compaction serve``: the guard over HTTP (FastAPI + uvicorn, the ``server`` extra).
+
+Bearer tokens map to tenants (``COMPACTION_SERVER_TOKENS_FILE``: a JSON
+object ``{token: tenant}``, or ``COMPACTION_SERVER_TOKENS`` inline); the
+server refuses to start without one. See docs/server.md.
+fastapi and uvicorn are imported only in :func:`run`, so the CLI works
+without the extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workers.settings import Settings
+
+MISSING = "needs the 'server' extra: pip install 'context-compaction[server]'"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="bind address (default: COMPACTION_SERVER_HOST, "
+                                       "127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: COMPACTION_SERVER_PORT, 8080)")
+    parser.add_argument("--workers", type=int, help="uvicorn worker processes "
+                                                    "(default: COMPACTION_SERVER_WORKERS, 1)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        print(MISSING, file=sys.stderr)
+        return 2
+    from workers.server.config import load_server_config
+    from workers.server.main import build_app
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                   ("workers", args.workers)) if v is not None}
+    config = load_server_config(**overrides)
+    if config.workers > 1:  # each process builds its own app from the environment
+        uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
+                    port=config.port, workers=config.workers, log_level=args.log_level)
+        return 0
+    app = build_app(settings, config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    return 0
+
+
+__all__ = ["MISSING", "add_arguments", "run"]

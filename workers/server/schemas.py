@@ -1,0 +1,123 @@
+"""Request and response bodies of the HTTP API: pydantic models at the boundary.
+
+Messages travel in the wire format the request names (``openai``,
+``anthropic``, ``gemini``; ``neutral`` is the project's own ``Message``);
+they are converted with ``shared.core.wire``, which names the bad field
+(``messages[3].tool_call_id: required``) when they do not convert.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Format = Literal["openai", "anthropic", "gemini", "neutral"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestFigures(_Body):
+    """What the next provider call will carry besides the history."""
+
+    system_prompt: str = Field(default="", description="the agent's system prompt")
+    tools: list[dict[str, Any]] | None = Field(default=None,
+                                               description="tool definitions (counted)")
+    max_tokens: int | None = Field(default=None, ge=1, description="output reserve")
+    model: str = Field(default="gpt-4o", min_length=1, max_length=200)
+    pending: list[Any] = Field(default_factory=list,
+                               description="this turn's messages not yet recorded")
+    format: Format = "openai"
+
+
+class PrepareRequest(RequestFigures):
+    pass
+
+
+class RecoverRequest(RequestFigures):
+    error: str | dict[str, Any] = Field(
+        description="the provider's error: its message, or its JSON body")
+    status: int | None = Field(default=None, ge=100, le=599,
+                               description="the HTTP status of the failed call")
+
+
+class RecordRequest(_Body):
+    messages: list[Any] = Field(min_length=1, description="the turn, in `format`")
+    format: Format = "openai"
+    usage: dict[str, Any] | None = Field(
+        default=None, description="the provider's usage for the call that produced the turn")
+    request_id: str | None = Field(default=None, min_length=1, max_length=128,
+                                   description="idempotency key: a retried record is kept once")
+
+
+class CompactRequest(_Body):
+    keep_recent: int | None = Field(default=None, ge=0,
+                                    description="tokens of recent history kept verbatim")
+    force: bool = False
+
+
+class PreparedOut(BaseModel):
+    format: Format
+    messages: list[Any] = Field(description="the view in `format` (system first for openai)")
+    system: Any = Field(default=None,
+                        description="anthropic `system` / gemini `system_instruction`")
+    report: dict[str, Any]
+
+
+class RecoverOut(BaseModel):
+    recovered: bool = Field(description="false: not a context overflow, send the error on")
+    view: PreparedOut | None = None
+
+
+class RecordOut(BaseModel):
+    session_id: str
+    length: int = Field(description="messages in the session's log after the append")
+
+
+class CompactOut(BaseModel):
+    session_id: str
+    task_id: str
+    task: str
+
+
+class SummaryOut(BaseModel):
+    watermark: int
+    kind: str
+    tokens: int
+    created_at: float | None = None
+    text: str
+
+
+class HistoryOut(BaseModel):
+    session_id: str
+    watermark: int
+    summaries: list[SummaryOut]
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="snake_case name of the error (invalid_input, ...)")
+    message: str
+    field: str | None = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+__all__ = [
+    "CompactOut",
+    "CompactRequest",
+    "ErrorBody",
+    "ErrorOut",
+    "Format",
+    "HistoryOut",
+    "PrepareRequest",
+    "PreparedOut",
+    "RecordOut",
+    "RecordRequest",
+    "RecoverOut",
+    "RecoverRequest",
+    "SummaryOut",
+]
