@@ -19,6 +19,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
+    "RecallHit": "shared.core.recall",
+    "recall_tool": "shared.core.recall",
+    "answer_recall_call": "shared.store.recall_index",
     "BadSummary": "shared.core.errors",
     "BudgetReport": "shared.core.budget",
     "Calibration": "shared.core.tokens",
@@ -128,6 +131,7 @@ __all__ = [
     "NullEnqueuer",
     "OverflowInfo",
     "PreparedView",
+    "RecallHit",
     "RedisTaskPublisher",
     "SessionNotFound",
     "SessionState",
@@ -144,6 +148,7 @@ __all__ = [
     "ToolCall",
     "TruncationResult",
     "ViewReport",
+    "answer_recall_call",
     "build_counter",
     "check_budget",
     "classify_error",
@@ -168,6 +173,7 @@ __all__ = [
     "parse_overflow",
     "provider_for_model",
     "publisher_app",
+    "recall_tool",
     "repair_tool_pairs",
     "safe_cut",
     "to_anthropic",
@@ -227,6 +233,7 @@ if TYPE_CHECKING:
         is_tool_pairing_error,
         parse_overflow,
     )
+    from shared.core.recall import RecallHit, recall_tool
     from shared.core.records import CommitResult, HistoryEdit, SessionState, SummaryRecord
     from shared.core.repair import repair_tool_pairs, validate_view
     from shared.core.tokens import (
@@ -262,4 +269,5 @@ if TYPE_CHECKING:
         publisher_app,
     )
     from shared.guard import ContextGuard, PreparedView, ViewReport
+    from shared.store.recall_index import answer_recall_call
     from shared.store.sessions import SessionStore, connect, connect_cluster

@@ -49,6 +49,15 @@ NOT_RUN = {
         "Quickstart: command 1 is tests/test_install.py's fresh venv plus test_embedded_demo.py; "
         "command 2 is the whole CI run",
     "export OPENAI_API_KEY=sk-...": "needs a real provider and its key",
+    "from shared.integrations.langchain import ContextGuardMiddleware":
+        "an excerpt of examples/langchain_agent.py, run by tests/test_integrations_examples.py",
+    "from shared.integrations.pydantic_ai import ContextGuardCapability":
+        "an excerpt of examples/pydantic_ai_agent.py, run by tests/test_integrations_examples.py",
+    "from shared.integrations.agents_sdk import GuardedSession":
+        "an excerpt of examples/agents_sdk_agent.py, run by tests/test_server_examples.py",
+    'hits = guard.recall(sid, "src/app/main.py ERR_CONN_RESET", limit=5)  # [RecallHit(index, '
+    'role, text, score)]':
+        "needs a compacted session; tests/test_recall_index.py runs the same calls",
     "celery -A workers.app worker -Q compaction --pool threads -c 8 &":
         "starts deployed workers and runs an open-ended agent ('...')",
 }

@@ -22,10 +22,10 @@ from shared.core.recall import (
     index_text,
     notice,
     parse_tool_arguments,
+    recall_tool,
     render_hits,
     split_passages,
     tokenize,
-    tool_definition,
     validate_query,
 )
 
@@ -174,9 +174,9 @@ def test_tool_arguments_are_validated_like_a_query() -> None:
 
 
 def test_one_tool_rendered_for_three_providers() -> None:
-    openai = tool_definition("openai")
-    anthropic = tool_definition("anthropic")
-    gemini = tool_definition("gemini")
+    openai = recall_tool("openai")
+    anthropic = recall_tool("anthropic")
+    gemini = recall_tool("gemini")
     assert openai["type"] == "function" and openai["function"]["name"] == "recall"
     assert openai["function"]["parameters"]["required"] == ["query"]
     assert anthropic["name"] == "recall" and anthropic["input_schema"]["type"] == "object"
@@ -186,7 +186,7 @@ def test_one_tool_rendered_for_three_providers() -> None:
     assert len(descriptions) == 1
     json.dumps([openai, anthropic, gemini])  # plain JSON
     with pytest.raises(InvalidInput):
-        tool_definition("cohere")  # type: ignore[arg-type]
+        recall_tool("cohere")  # type: ignore[arg-type]
 
 
 def test_notice_and_rendering() -> None:

@@ -13,7 +13,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.records import SummaryRecord
 from shared.store.recall_index import (
-    answer_tool_call,
+    answer_recall_call,
     drop_index,
     forget_after,
     index_compacted,
@@ -202,9 +202,9 @@ def test_answering_a_models_tool_call(store: SessionStore) -> None:
     fill(store, "s", range(10))
     commit(store, "s", 20)
     index_compacted(store, "s")
-    text = answer_tool_call(store, "s", '{"query": "handler_4.py", "limit": 1}')
+    text = answer_recall_call(store, "s", '{"query": "handler_4.py", "limit": 1}')
     assert text.startswith("[message 8, user") and "src/mod4/handler_4.py" in text
-    assert "invalid arguments" in answer_tool_call(store, "s", '{"query": ""}')
+    assert "invalid arguments" in answer_recall_call(store, "s", '{"query": ""}')
 
 
 def test_a_query_reads_a_bounded_share_of_common_terms(real_store: SessionStore) -> None:

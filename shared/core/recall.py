@@ -345,7 +345,7 @@ _PARAMETERS: dict[str, Any] = {
 }
 
 
-def tool_definition(provider: Provider = "openai") -> dict[str, Any]:
+def recall_tool(provider: Provider = "openai") -> dict[str, Any]:
     """The ``recall`` tool in ``provider``'s format (OpenAI Chat Completions function
     tool, Anthropic Messages tool, Gemini function declaration)."""
     import copy
@@ -383,9 +383,29 @@ def render_hits(hits: Sequence[RecallHit]) -> str:
 
 
 __all__ = [
-    "DEFAULT_LIMIT", "MAX_LIMIT", "MAX_QUERY_CHARS", "NOTICE", "PASSAGE_CHARS", "TOOL_NAME",
-    "IndexedPassage", "Passage", "Posting", "RecallHit", "RecallQuery", "analyze",
-    "best_per_message", "bm25", "checksum", "idf", "index_text", "notice",
-    "parse_tool_arguments", "passage_text", "render_hits", "split_passages", "tokenize",
-    "tool_definition", "validate_query",
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "MAX_QUERY_CHARS",
+    "NOTICE",
+    "PASSAGE_CHARS",
+    "TOOL_NAME",
+    "IndexedPassage",
+    "Passage",
+    "Posting",
+    "RecallHit",
+    "RecallQuery",
+    "analyze",
+    "best_per_message",
+    "bm25",
+    "checksum",
+    "idf",
+    "index_text",
+    "notice",
+    "parse_tool_arguments",
+    "passage_text",
+    "recall_tool",
+    "render_hits",
+    "split_passages",
+    "tokenize",
+    "validate_query",
 ]

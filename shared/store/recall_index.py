@@ -309,7 +309,7 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
         return _verified(store, k, ranked, q.limit)
 
 
-def answer_tool_call(store: SessionStore, session_id: str,
+def answer_recall_call(store: SessionStore, session_id: str,
                      arguments: str | Mapping[str, Any]) -> str:
     """The result text of a model's ``recall`` tool call (its JSON arguments), ready to
     send back as the tool message; bad arguments come back as text the model can fix."""
@@ -349,5 +349,5 @@ def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float,
     return hits
 
 
-__all__ = ["IndexReport", "RecallKeys", "answer_tool_call", "drop_index", "forget_after",
+__all__ = ["IndexReport", "RecallKeys", "answer_recall_call", "drop_index", "forget_after",
            "index_compacted", "index_stats", "recall", "recall_keys"]
