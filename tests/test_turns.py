@@ -272,14 +272,31 @@ def test_cut_point_invariants(messages: list[Message], keep: int) -> None:
     assert all(_suffix(messages, b) < keep for b in later) or keep == 0
 
 
+def _open_tail_start(messages: list[Message]) -> int | None:
+    """Start of the last unit when it holds a tool call still waiting for its result."""
+    units = tool_units(messages)
+    if not units:
+        return None
+    tail = messages[units[-1].start:units[-1].end]
+    called = {c.id for m in tail for c in m.tool_calls}
+    answered = {m.tool_call_id for m in tail if m.role == "tool"}
+    return units[-1].start if called - answered else None
+
+
 @settings(max_examples=300, deadline=None)
 @given(any_conversations(), st.integers(0, 3000), st.integers(0, 3000))
 def test_a_bounded_cut_keeps_at_most_the_bound(messages: list[Message], keep: int,
                                                bound: int) -> None:
     loose = find_cut_point(messages, keep, COUNT)
     cut = find_cut_point(messages, keep, COUNT, max_kept_tokens=bound)
-    assert cut.kept_tokens == _suffix(messages, cut.index) <= bound
     assert is_safe_cut(messages, cut.index) and cut.head == loose.head
+    open_start = _open_tail_start(messages)
+    if open_start is not None and cut.kept_tokens > bound:
+        # only an in-flight tool call (its results come next) may break the bound
+        assert cut.index <= open_start
+        assert cut.kept_tokens == _suffix(messages, cut.index)
+        return
+    assert cut.kept_tokens == _suffix(messages, cut.index) <= bound
     if loose.kept_tokens <= bound:
         assert cut == loose
         return
@@ -350,3 +367,21 @@ def test_peer_cases_meet_our_invariants(data_dir: Path) -> None:
             assert is_safe_cut(messages, point.index), case["id"]
             if not point.split_turn:
                 assert point.index in [point.head, *turn_starts(messages), n], case["id"]
+
+
+def test_a_trailing_tool_call_without_its_results_is_never_compacted() -> None:
+    """The agent records the calls before running them: their results come next."""
+    messages = [
+        Message(role="user", content="read the config " * 50),
+        Message(role="assistant", content="done " * 50),
+        Message(role="user", content="now run the tests"),
+        Message(role="assistant", content="", tool_calls=[
+            ToolCall(id="c1", name="bash", arguments='{"cmd": "pytest"}'),
+            ToolCall(id="c2", name="bash", arguments='{"cmd": "ruff"}')]),
+        Message(role="tool", tool_call_id="c1", content="ok"),
+    ]
+    for keep, cap in ((0, None), (0, 0), (1, 0)):
+        cut = find_cut_point(messages, keep, max_kept_tokens=cap)
+        assert cut.index <= 3, (keep, cap, cut)
+    answered = [*messages, Message(role="tool", tool_call_id="c2", content="clean")]
+    assert find_cut_point(answered, 0).index == len(answered)

@@ -241,8 +241,35 @@ def find_cut_point(
         index, split = unit_cut, True
     kept_tokens = kept if index == point else sum(count.message(m) for m in messages[index:])
     if max_kept_tokens is None or kept_tokens <= max_kept_tokens:
-        return CutPoint(index, turn_start, split, head, kept_tokens)
-    return _cap_kept(messages, units, index, kept_tokens, max_kept_tokens, count)
+        cut = CutPoint(index, turn_start, split, head, kept_tokens)
+    else:
+        cut = _cap_kept(messages, units, index, kept_tokens, max_kept_tokens, count)
+    return _spare_open_unit(messages, units, cut, count)
+
+
+def _spare_open_unit(messages: Sequence[Message], units: list[Unit], cut: CutPoint,
+                     count: TokenCounter) -> CutPoint:
+    """Never compact a trailing tool call whose results are still to come.
+
+    An agent records the assistant's tool calls before it runs them; a cut past
+    such a call would summarize it, and the results appended next would be
+    orphans that repair drops (the agent then calls the tool again). The
+    in-flight unit stays on the kept side, even over ``max_kept_tokens``.
+    """
+    if not units or cut.index <= units[-1].start:
+        return cut
+    last = units[-1]
+    called = {c.id for m in messages[last.start:last.end] for c in m.tool_calls}
+    answered = {m.tool_call_id for m in messages[last.start:last.end] if m.role == "tool"}
+    if not called or called <= answered:
+        return cut
+    index = last.start
+    starts = [s for s in _turn_starts(messages, units) if s <= index]
+    turn_start = starts[-1] if starts else cut.head
+    if index - turn_start < SPLIT_TURN_MIN_PREFIX:
+        index = turn_start  # too short a prefix for a split-turn summary: keep the turn
+    kept = sum(count.message(m) for m in messages[index:])
+    return CutPoint(index, turn_start, index != turn_start, cut.head, kept)
 
 
 def _cap_kept(messages: Sequence[Message], units: list[Unit], index: int, kept: int,
