@@ -408,3 +408,25 @@ def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None
     for provider in ("openai", "anthropic", "gemini"):
         assert validate_view(view.messages, provider) == []
     assert [m.role for m in view.messages] == ["system", "user", "assistant", "tool", "tool"]
+
+
+# -- issue 17: cheap decisions past a history edit, repeated ids, usage after a summary -------
+def test_an_edit_never_leaves_a_pointer_to_a_removed_read(store: SessionStore) -> None:
+    """A dedupe_read placeholder points at a later read; an edit that removes that read
+    must bring the earlier copy back (it is now the only one)."""
+    from shared.core.cheap import plan_cheap_stages
+
+    for i in range(10):  # module_0 is read at turns 0 and 7
+        store.append("s", coding_turn(i, 400))
+    data = store.load_view("s")
+    plan = plan_cheap_stages(data.history, 0, {}, policy=CompactionPolicy(
+        clear_keep_recent_turns=1, clear_tool_outputs_over_tokens=10**9))
+    dedupe = [d for d in plan if d.stage == "dedupe_read" and d.index == 2]
+    assert dedupe and dedupe[0].refers_to == 37
+    store.record_cheap("s", plan)
+    store.truncate_after("s", 35)  # turn 7 (and its read of module_0) is gone
+    view = ContextGuard(store).prepare("s", SYSTEM, max_tokens=500, model="gpt-4o")
+    first_read = view.messages[1 + 2]
+    assert first_read.tool_call_id == "call_0_a"
+    assert first_read.text().startswith("# src/module_0.py"), first_read.text()[:120]
+    assert 2 not in store.load_view("s").cheap

@@ -47,6 +47,9 @@ class CheapDecision(BaseModel):
     stage: Literal["clear_tool_output", "dedupe_read"]
     placeholder: str
     saved_tokens: int = Field(ge=0)
+    refers_to: int | None = Field(
+        default=None, ge=0, description="log index the placeholder points at (dedupe_read: "
+                                        "the later read); an edit that removes it drops this")
 
 
 class UsageAnchor(BaseModel):
