@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -430,3 +431,50 @@ def test_an_edit_never_leaves_a_pointer_to_a_removed_read(store: SessionStore) -
     assert first_read.tool_call_id == "call_0_a"
     assert first_read.text().startswith("# src/module_0.py"), first_read.text()[:120]
     assert 2 not in store.load_view("s").cheap
+
+
+def gemini_turn(i: int, path: str, chars: int = 3000) -> list[Message]:
+    """One turn as an agent converts it: from_gemini on this turn's contents only, so the
+    adapter's positional ids (gemini-<content>-<part>) repeat every turn."""
+    from shared.core.wire import from_gemini
+
+    return from_gemini([
+        {"role": "user", "parts": [{"text": f"step {i}: check {path}"}]},
+        {"role": "model", "parts": [{"function_call": {"name": "read_file",
+                                                       "args": {"path": path}}}]},
+        {"role": "user", "parts": [{"function_response": {
+            "name": "read_file",
+            "response": {"content": f"# {path} v{i}\n" + "x = 1\n" * chars}}}]},
+        {"role": "model", "parts": [{"text": f"done {i}"}]},
+    ])
+
+
+def test_repeated_provider_ids_pair_calls_and_results(store: SessionStore) -> None:
+    from shared.core.cheap import plan_cheap_stages
+    from shared.core.wire import to_gemini
+
+    guard = ContextGuard(store)
+    paths = ["a.py", "b.py", "a.py", "c.py", "b.py", "d.py", "e.py"]
+    for i, path in enumerate(paths):
+        turn = gemini_turn(i, path)
+        assert turn[1].tool_calls[0].id == "gemini-1-0"  # the same id every turn
+        guard.record_turn("s", turn)
+    data = store.load_view("s")
+    ids = [c.id for m in data.history for c in m.tool_calls]
+    assert len(set(ids)) == len(ids) and pairs_intact(data.history)
+    assert data.history[5].metadata["wire_ids"] == {ids[1]: "gemini-1-0"}
+    plan = plan_cheap_stages(data.history, 0, {}, policy=CompactionPolicy(
+        clear_keep_recent_turns=1, clear_tool_outputs_over_tokens=10**9))
+    by_id = {c.id: c for m in data.history for c in m.tool_calls}
+    assert {d.index for d in plan} == {2, 6}  # the earlier reads of a.py and b.py
+    for d in plan:
+        result = data.history[d.index]
+        path = json.loads(by_id[result.tool_call_id or ""].arguments)["path"]
+        assert f"earlier read of {path} " in d.placeholder
+        later = data.history[d.refers_to or 0]
+        assert f"# {path} v" in later.text()[:40]
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="gemini-2.5-flash")
+    assert validate_view(view.messages, "gemini") == []
+    _, contents = to_gemini(view.messages)  # synthetic ids stay off the wire
+    assert all("id" not in p["function_call"] for c in contents for p in c["parts"]
+               if "function_call" in p)
