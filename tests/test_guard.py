@@ -20,7 +20,8 @@ from shared.core.errors import IrreducibleOverflow, StoreUnavailable
 from shared.core.messages import Message
 from shared.core.records import AppendResult, CheapDecision, SummaryRecord
 from shared.core.repair import repair_tool_pairs, validate_view
-from shared.core.view import ViewCache, pairs_intact, scan_pairs
+from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
+from shared.core.wire import to_openai
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
@@ -318,12 +319,16 @@ def test_cached_views_equal_fresh_reads(ops: list[tuple[str, int]]) -> None:
             continue  # several changes between two reads, as between two agent calls
         cached, fresh = warm.load("s"), store.load_view("s")
         assert cached.history == fresh.history
-        assert (cached.summary, cached.cheap, cached.state, cached.length) == \
+        assert (cached.summary, dict(cached.cheap), cached.state, cached.end) == \
             (fresh.summary, fresh.cheap, fresh.state, fresh.length)
         assert cached.history_tokens == fresh.history_tokens
+        w = fresh.state.watermark
+        assert cached.applied == apply_cheap(fresh.history, w, fresh.cheap)
+        assert cached.saved == cheap_savings(fresh.cheap, w, fresh.length)
         a = warm.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
         b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
         assert a.messages == b.messages
+        assert a.openai() == b.openai() == to_openai(list(a.messages), include_reasoning=False)
         assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
 
 
@@ -380,17 +385,17 @@ def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
     guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
     for i in range(12):
         store.append("s", coding_turn(i, 12_000))
-    real_read = guard._read
+    real_read = guard.snapshot
     raced: list[int] = []
 
     def read_then_a_worker_commits(session_id: str) -> Any:
-        data, scan = real_read(session_id)
+        snap = real_read(session_id)
         if not raced:  # a worker's summary lands between the guard's read and its swap
             record = SummaryRecord(watermark=50, kind="llm", text="worker summary", tokens=20)
-            raced.append(store.commit_summary(session_id, record, data.state.version).version)
-        return data, scan
+            raced.append(store.commit_summary(session_id, record, snap.state.version).version)
+        return snap
 
-    guard._read = read_then_a_worker_commits  # type: ignore[method-assign]
+    guard.snapshot = read_then_a_worker_commits  # type: ignore[method-assign]
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
                          pending=[{"role": "user", "content": "continue"}])
     assert raced == [1]

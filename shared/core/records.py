@@ -162,6 +162,7 @@ class ViewCursor:
     start: int
     end: int
     total: int
+    cheap_gen: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,7 @@ class RawView:
     pending: bool
     incremental: bool
     totals: list[int] = field(default_factory=list)
+    cheap_included: bool = True
     """Running token totals ``cum[start - 1:length]`` (from ``cum[0]`` when start
     is 0), when they were asked for; else empty."""
 

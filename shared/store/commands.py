@@ -162,6 +162,19 @@ def id_conflict(error: Exception) -> dict[str, str] | None:
     return {p: s for p, s in raw.items() if isinstance(s, str)} if isinstance(raw, dict) else {}
 
 
+def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: StoreConfig,
+                  counter: TokenCounter) -> EncodedBatch | None:
+    """The batch renamed against the session's id mapping an ``ID_CONFLICT`` reply
+    carried; None when ``error`` is another error."""
+    known = id_conflict(error)
+    if known is None or not isinstance(encoded, EncodedBatch):
+        return None
+    return encode((), config, counter, known=known, validated=encoded.messages)
+
+
+APPEND_ATTEMPTS = 3  # ids renamed against the session's mapping at most twice
+
+
 def view_command(k: SessionKeys, since: ViewCursor | None,
                  with_counts: bool = False) -> Command[RawView]:
     keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
@@ -169,17 +182,19 @@ def view_command(k: SessionKeys, since: ViewCursor | None,
                        [since.epoch, since.gen, since.version, since.start, since.end,
                         since.total])
     args.append("1" if with_counts else "0")
+    args.append("" if since is None else since.cheap_gen)
     return Command("view", keys, args, parse_view, "view")
 
 
 def parse_view(raw: Any) -> RawView:
     (state, messages, before, total, length, summary, cheap, pending, start, incremental,
-     included, totals) = raw
+     included, totals, cheap_included) = raw
     return RawView(
         state_raw=json_pairs(state), messages=list(messages), start=int(start),
         tokens_before_watermark=int(before), tokens_total=int(total), length=int(length),
         summary_json=summary or None, summary_included=bool(included),
-        cheap_raw={int(f): v for f, v in json_pairs(cheap).items()},
+        cheap_raw={int(f): v for f, v in json_pairs(cheap).items()} if cheap else {},
+        cheap_included=bool(cheap_included),
         pending=bool(pending), incremental=bool(incremental),
         totals=[int(t) for t in totals])
 
@@ -189,7 +204,7 @@ def cheap_command(k: SessionKeys, config: StoreConfig,
     args: list[Any] = [config.ttl_seconds or 0]
     for d in decisions:
         args.extend((d.index, d.model_dump_json()))
-    return Command("cheap", [k.cheap], args, int, "record_cheap")
+    return Command("cheap", [k.cheap, k.state], args, int, "record_cheap")
 
 
 def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
@@ -212,6 +227,21 @@ def state_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("" if v is None else v) for k, v in fields.items()}
 
 
-__all__ = ["AppendOptions", "Command", "EncodedBatch", "append_command", "cheap_command",
-           "commit_command", "encode", "id_conflict", "ids_key", "json_pairs", "parse_append",
-           "parse_commit", "parse_view", "state_fields", "view_command"]
+__all__ = [
+    "AppendOptions",
+    "Command",
+    "EncodedBatch",
+    "append_command",
+    "cheap_command",
+    "commit_command",
+    "encode",
+    "id_conflict",
+    "ids_key",
+    "json_pairs",
+    "parse_append",
+    "parse_commit",
+    "parse_view",
+    "renamed_after",
+    "state_fields",
+    "view_command",
+]

@@ -219,19 +219,18 @@ class SessionStore:
         """
         opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
                                       fields_version)
-        for _ in range(3):
+        for _ in range(commands.APPEND_ATTEMPTS):
             cmd = commands.append_command(self.keys(session_id), self.config, encoded, opts,
                                           idempotency_keep=self.idempotency_keep,
                                           idempotency_ttl=self.idempotency_ttl)
             try:
                 return self.execute(cmd)
             except redis.exceptions.ResponseError as exc:
-                known = commands.id_conflict(exc)
-                if known is None or not isinstance(encoded, commands.EncodedBatch):
-                    raise session_full(exc, session_id, self.config) from None
                 # Ids repeat in the session: rename against its mapping and send again.
-                encoded = commands.encode((), self.config, self.counter, known=known,
-                                          validated=encoded.messages)
+                renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
+                if renamed is None:
+                    raise session_full(exc, session_id, self.config) from None
+                encoded = renamed
         raise StoreUnavailable(f"append to {session_id!r}: tool-call ids kept colliding")
 
     def length(self, session_id: str) -> int:
