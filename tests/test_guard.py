@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fakeredis
@@ -25,6 +26,7 @@ from shared.core.wire import to_openai
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
+from tests.guard_shells import SHELLS, make
 from tests.redis_server import ReplyDroppingProxy
 from tests.strategies import any_conversations, conversations, damaged_conversations
 from workers.harness.fakes.openai_server import FakeOpenAIServer
@@ -59,9 +61,20 @@ def jobs() -> Recorder:
     return Recorder()
 
 
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    """Every test that builds its guard through ``make_guard`` runs on both shells."""
+    return str(request.param)
+
+
 @pytest.fixture
-def guard(store: SessionStore, jobs: Recorder) -> ContextGuard:
-    return ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+def make_guard(shell: str) -> Callable[..., Any]:
+    return functools.partial(make, shell)
+
+
+@pytest.fixture
+def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
+    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
 
 
 def test_empty_session_view(guard: ContextGuard) -> None:
@@ -108,9 +121,10 @@ def test_irreducible_floor_is_a_clear_error(guard: ContextGuard) -> None:
         guard.prepare("s", SYSTEM * 2000, max_tokens=1000, model="small-model")
 
 
-def test_recover_learns_limit_and_compacts_to_a_fifth(store: SessionStore,
+def test_recover_learns_limit_and_compacts_to_a_fifth(make_guard: Callable[..., Any],
+        store: SessionStore,
                                                       jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"m": 100_000})
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"m": 100_000})
     for i in range(12):
         store.append("s", coding_turn(i))
     request = httpx.Request("POST", "http://x/v1/chat/completions")
@@ -132,9 +146,10 @@ def test_recover_learns_limit_and_compacts_to_a_fifth(store: SessionStore,
     assert guard.recover("s", rate, SYSTEM, model="m") is None
 
 
-def test_call_wrapper_recovers_once_against_a_real_sdk(store: SessionStore,
+def test_call_wrapper_recovers_once_against_a_real_sdk(make_guard: Callable[..., Any],
+        store: SessionStore,
                                                        jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"gpt-4o": 128_000},
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"gpt-4o": 128_000},
                          policy=CompactionPolicy(proactive=False))
     for i in range(10):
         store.append("s", coding_turn(i))
@@ -154,9 +169,10 @@ def test_call_wrapper_recovers_once_against_a_real_sdk(store: SessionStore,
     assert guard.model_limits("gpt-4o").context_window == 6000
 
 
-def test_cheap_stages_keep_the_prefix_stable(store: SessionStore, jobs: Recorder) -> None:
+def test_cheap_stages_keep_the_prefix_stable(make_guard: Callable[..., Any],
+        store: SessionStore, jobs: Recorder) -> None:
     """Prefix changes per 100 turns: only when a batch of decisions (or compaction) lands."""
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"m": 60_000})
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"m": 60_000})
     changes = 0
     previous: list[Any] | None = None
     for i in range(100):
@@ -182,9 +198,10 @@ def test_stats_reports_regions(guard: ContextGuard) -> None:
     assert stats["pending_job"] is True
 
 
-def test_redis_down_is_typed_and_bounded_with_local_fallback() -> None:
+def test_redis_down_is_typed_and_bounded_with_local_fallback(
+        make_guard: Callable[..., Any]) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
-    guard = ContextGuard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
+    guard = make_guard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
                          overrides={"small-model": 8000})
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
@@ -238,14 +255,15 @@ def test_record_turn_retries_a_lost_append_without_duplicating(any_redis: Any,
     assert store.length("s") == 10
 
 
-def test_record_turn_through_a_proxy_that_loses_the_reply(redis_url: str,
+def test_record_turn_through_a_proxy_that_loses_the_reply(make_guard: Callable[..., Any],
+        redis_url: str,
                                                            key_prefix: str) -> None:
     upstream = redis.Redis.from_url(redis_url)
     kwargs = upstream.connection_pool.connection_kwargs
     cfg = StoreConfig(key_prefix=key_prefix, socket_timeout=0.3, connect_timeout=0.3)
     with ReplyDroppingProxy(kwargs["port"]) as proxy:
         store = SessionStore(connect(proxy.url(kwargs.get("db", 0)), cfg), cfg)
-        guard = ContextGuard(store)
+        guard = make_guard(store)
         guard.record_turn("s", coding_turn(0, 100))  # scripts loaded, connection made
         proxy.drop_next = 1  # the next reply (the append's) is lost
         started = time.monotonic()
@@ -257,9 +275,9 @@ def test_record_turn_through_a_proxy_that_loses_the_reply(redis_url: str,
     SessionStore(upstream, cfg).delete_session("s")
 
 
-def test_record_turn_with_redis_down_is_typed_and_bounded() -> None:
+def test_record_turn_with_redis_down_is_typed_and_bounded(make_guard: Callable[..., Any]) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
-    guard = ContextGuard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
+    guard = make_guard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
         guard.record_turn("s", coding_turn(0, 100))
@@ -267,11 +285,11 @@ def test_record_turn_with_redis_down_is_typed_and_bounded() -> None:
 
 
 def test_a_failed_publish_after_the_append_unmarks_and_does_not_raise(
-        store: SessionStore) -> None:
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
     def broken(tenant: str, session_id: str) -> None:
         raise ConnectionError("broker down")
 
-    guard = ContextGuard(store, CallbackEnqueuer(broken))
+    guard = make_guard(store, CallbackEnqueuer(broken))
     assert guard.record_turn("s", coding_turn(0, 100)) == 5
     assert store.length("s") == 5 and not store.is_pending("s")  # the next turn retries
 
@@ -282,13 +300,14 @@ OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "com
                          st.integers(0, 10_000)), min_size=1, max_size=20)
 
 
+@pytest.mark.parametrize("shell_name", SHELLS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS)
-def test_cached_views_equal_fresh_reads(ops: list[tuple[str, int]]) -> None:
+def test_cached_views_equal_fresh_reads(shell_name: str, ops: list[tuple[str, int]]) -> None:
     """Whatever happens to a session, the warm guard's view is the store's view."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    warm = ContextGuard(store, overrides={"m": 1_000_000})
-    cold = ContextGuard(store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
+    warm = make(shell_name, store, overrides={"m": 1_000_000})
+    cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
     step = 0
     for i, (op, n) in enumerate(ops):
         length = store.length("s")
@@ -332,9 +351,9 @@ def test_cached_views_equal_fresh_reads(ops: list[tuple[str, int]]) -> None:
         assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
 
 
-def test_view_cache_is_bounded() -> None:
+def test_view_cache_is_bounded(make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    guard = ContextGuard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
+    guard = make_guard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
     for i in range(5):
         store.append(f"s{i}", coding_turn(i, 50))
         guard.prepare(f"s{i}", SYSTEM)
@@ -342,7 +361,7 @@ def test_view_cache_is_bounded() -> None:
     store.append("big", [m for i in range(3) for m in coding_turn(i, 50)])
     guard.prepare("big", SYSTEM)
     assert guard.views.get("big") is None  # larger than the whole cache: not kept
-    off = ContextGuard(store, view_cache=ViewCache(0, 0))
+    off = make_guard(store, view_cache=ViewCache(0, 0))
     off.prepare("s0", SYSTEM)
     assert len(off.views) == 0
 
@@ -381,21 +400,28 @@ def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
 
 # -- a truncation that loses its swap ---------------------------------------------------------
 def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
-        store: SessionStore, jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+        make_guard: Callable[..., Any], store: SessionStore, jobs: Recorder) -> None:
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
     for i in range(12):
         store.append("s", coding_turn(i, 12_000))
-    real_read = guard.snapshot
     raced: list[int] = []
 
-    def read_then_a_worker_commits(session_id: str) -> Any:
-        snap = real_read(session_id)
+    def worker_commits(snap: Any) -> Any:
         if not raced:  # a worker's summary lands between the guard's read and its swap
             record = SummaryRecord(watermark=50, kind="llm", text="worker summary", tokens=20)
-            raced.append(store.commit_summary(session_id, record, snap.state.version).version)
+            raced.append(store.commit_summary("s", record, snap.state.version).version)
         return snap
 
-    guard.snapshot = read_then_a_worker_commits  # type: ignore[method-assign]
+    if isinstance(guard, ContextGuard):
+        real_read = guard.snapshot
+        guard.snapshot = lambda sid: worker_commits(real_read(sid))  # type: ignore[method-assign]
+    else:
+        real_aread = guard.inner.snapshot
+
+        async def aread(sid: str) -> Any:
+            return worker_commits(await real_aread(sid))
+
+        guard.inner.snapshot = aread
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
                          pending=[{"role": "user", "content": "continue"}])
     assert raced == [1]
@@ -417,7 +443,8 @@ def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None
 
 
 # -- issue 17: cheap decisions past a history edit, repeated ids, usage after a summary -------
-def test_an_edit_never_leaves_a_pointer_to_a_removed_read(store: SessionStore) -> None:
+def test_an_edit_never_leaves_a_pointer_to_a_removed_read(make_guard: Callable[..., Any],
+        store: SessionStore) -> None:
     """A dedupe_read placeholder points at a later read; an edit that removes that read
     must bring the earlier copy back (it is now the only one)."""
     from shared.core.cheap import plan_cheap_stages
@@ -431,7 +458,7 @@ def test_an_edit_never_leaves_a_pointer_to_a_removed_read(store: SessionStore) -
     assert dedupe and dedupe[0].refers_to == 37
     store.record_cheap("s", plan)
     store.truncate_after("s", 35)  # turn 7 (and its read of module_0) is gone
-    view = ContextGuard(store).prepare("s", SYSTEM, max_tokens=500, model="gpt-4o")
+    view = make_guard(store).prepare("s", SYSTEM, max_tokens=500, model="gpt-4o")
     first_read = view.messages[1 + 2]
     assert first_read.tool_call_id == "call_0_a"
     assert first_read.text().startswith("# src/module_0.py"), first_read.text()[:120]
@@ -454,11 +481,12 @@ def gemini_turn(i: int, path: str, chars: int = 3000) -> list[Message]:
     ])
 
 
-def test_repeated_provider_ids_pair_calls_and_results(store: SessionStore) -> None:
+def test_repeated_provider_ids_pair_calls_and_results(make_guard: Callable[..., Any],
+        store: SessionStore) -> None:
     from shared.core.cheap import plan_cheap_stages
     from shared.core.wire import to_gemini
 
-    guard = ContextGuard(store)
+    guard = make_guard(store)
     paths = ["a.py", "b.py", "a.py", "c.py", "b.py", "d.py", "e.py"]
     for i, path in enumerate(paths):
         turn = gemini_turn(i, path)

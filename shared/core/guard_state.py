@@ -138,7 +138,9 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
                for d in plan}
     applied = snap.applied.replace(changes)
     wire = carry(snap.wire, 0, changes, []) if snap.wire else {}
-    return plan, dataclasses.replace(snap, cheap=cheap, applied=applied, wire=wire,
+    cheap_raw = {**snap.cheap_raw, **{d.index: d.model_dump_json() for d in plan}}
+    return plan, dataclasses.replace(snap, cheap=cheap, cheap_raw=cheap_raw, applied=applied,
+                                     wire=wire,
                                      saved=snap.saved + sum(d.saved_tokens for d in plan))
 
 

@@ -55,6 +55,7 @@ class CachedView:
     state: SessionState
     cheap_gen: str
     cheap: Mapping[int, CheapDecision]
+    cheap_raw: Mapping[int, Any]
     scan: PairScan
     pending: bool = False
     wire: dict[str, Any] = field(default_factory=dict)
@@ -147,12 +148,14 @@ def decode_view(raw: RawView, cached: CachedView | None,
     w = state.watermark
     cheap_gen = raw.state_raw.get("cheap_gen", "")
     if raw.cheap_included or cached is None:
+        known = cached.cheap_raw if cached is not None else {}
         cheap: Mapping[int, CheapDecision] = {
-            i: (cached.cheap[i] if cached is not None and i in cached.cheap
+            i: (cached.cheap[i] if cached is not None and known.get(i) == v
                 else CheapDecision.model_validate_json(v))
             for i, v in raw.cheap_raw.items()}
+        cheap_raw: Mapping[int, Any] = raw.cheap_raw
     else:
-        cheap = cached.cheap
+        cheap, cheap_raw = cached.cheap, cached.cheap_raw
     if raw.summary_included:
         summary = (SummaryRecord.model_validate_json(raw.summary_json)
                    if raw.summary_json else None)
@@ -199,8 +202,8 @@ def decode_view(raw: RawView, cached: CachedView | None,
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
         applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
-        cheap_gen=cheap_gen, cheap=cheap, scan=scan, pending=raw.pending, wire=wire,
-        planned_end=planned_end)
+        cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
+        wire=wire, planned_end=planned_end)
 
 
 __all__ = ["BYTES_PER_MESSAGE", "CachedView", "ViewCache", "decode_view", "placeholder"]
