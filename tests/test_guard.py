@@ -511,3 +511,38 @@ def test_repeated_provider_ids_pair_calls_and_results(make_guard: Callable[..., 
     _, contents = to_gemini(view.messages)  # synthetic ids stay off the wire
     assert all("id" not in p["function_call"] for c in contents for p in c["parts"]
                if "function_call" in p)
+
+
+def test_a_correct_usage_report_never_triggers_recovery(guard: Any) -> None:
+    """A summary lands between prepare and the usage report; the provider reports what was
+    actually sent (its tokenizer 20% denser than the heuristic): no alarm, no recovery."""
+    for i in range(6):
+        guard.store.append("s", coding_turn(i, 3000))
+    user = {"role": "user", "content": "next"}
+    for step in range(3):
+        view = guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o", pending=[user])
+        state = guard.store.state("s")
+        summary = SummaryRecord(watermark=guard.store.length("s") - 5, kind="llm",
+                                text="the story so far " * (20 + step), tokens=120)
+        assert guard.store.commit_summary("s", summary, state.version).ok
+        sent = int(guard.counter.messages(list(view.messages)) * 0.8)
+        guard.record_turn("s", [user, *coding_turn(10 + step, 3000)[1:]],
+                          usage={"prompt_tokens": sent})
+        state = guard.store.state("s")
+        assert state.silent_truncation_flags == 0 and state.recover_next == 0
+        assert not guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o").report.recovery
+
+
+def test_usage_is_compared_with_the_estimate_of_what_was_sent() -> None:
+    """Like with like: a usage-anchored estimate far below the raw heuristic (a provider
+    that counts images or a dense script as few tokens) is what the report is held to."""
+    from shared.core.guard_state import Sent, usage_fields
+    from shared.core.records import SessionState
+
+    state = SessionState(version=3, calibration_ratio=0.5, calibration_samples=4)
+    sent = Sent(heuristic=12_000, estimate=5_400, end=40, window=128_000, version=3,
+                state=state)
+    fields = usage_fields(5_500, sent)
+    assert "recover_next" not in fields and fields["anchor_version"] == 3
+    assert usage_fields(1_000, sent)["recover_next"] == 1  # a fifth of what was sent: truncated
+    assert usage_fields(200_000, sent)["recover_next"] == 1  # more than the window
