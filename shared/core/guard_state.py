@@ -26,6 +26,7 @@ from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
 from shared.core.calibration import Calibration
+from shared.core.callids import disambiguate
 from shared.core.cheap import plan_cheap_stages
 from shared.core.chunks import Chunks, concat
 from shared.core.config import CompactionPolicy
@@ -144,12 +145,22 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
                                      saved=snap.saved + sum(d.saved_tokens for d in plan))
 
 
+def _unique_pending(extra: list[Message], snap: CachedView) -> list[Message]:
+    """The pending turn with call ids the stored view already used renamed (as the
+    append will), so a Gemini-style turn pairs without a repair of the whole view."""
+    ids = [c.id for m in extra for c in m.tool_calls]
+    if not ids or not (len(set(ids)) < len(ids) or any(snap.scan.taken(i) for i in ids)):
+        return extra
+    known = {i: i for i in ids if snap.scan.taken(i)}
+    return disambiguate(extra, f"p{snap.end}", known)[0]
+
+
 def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter: TokenCounter,
               *, proactive: bool | None = None) -> tuple[Plan, CachedView]:
     """The plan for one prepare (or recover) of ``snap`` and the snapshot to cache after it."""
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
-    extra, extra_tokens = list(req.extra), list(req.extra_tokens)
+    extra, extra_tokens = _unique_pending(list(req.extra), snap), list(req.extra_tokens)
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
 

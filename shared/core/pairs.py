@@ -23,23 +23,58 @@ def _blank(message: Message) -> bool:
     return message.media_count() == 0 and not message.text().strip()
 
 
+class IdLog:
+    """Tool-call ids seen by a scan, with the position of their first call.
+
+    Append-only and shared by every scan state that continues one walk, so
+    resuming costs what the new messages cost, not the history (a frozenset
+    of every id would be copied each time). A state sees an id as taken when
+    it was recorded at a position before the state's own; entries left by a
+    branch that was abandoned (the scan of a pending turn) sit at positions
+    at or after that turn's, so they never count as earlier calls.
+    """
+
+    __slots__ = ("first",)
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+
+    def taken(self, call_id: str, position: int) -> bool:
+        at = self.first.get(call_id)
+        return at is not None and at < position
+
+    def add(self, call_id: str, position: int) -> None:
+        at = self.first.get(call_id)
+        if at is None or at > position:
+            self.first[call_id] = position
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
 @dataclass(frozen=True, slots=True)
 class PairScan:
     """Where the walk of :func:`scan_pairs` stands, so that it can resume later.
 
     ``begun``: a non-system message was seen (the leading system run is
-    over); ``seen``: every tool call id so far; ``open_calls``: calls of the
-    last assistant message still waiting for their result.
+    over); ``ids``: tool call ids of the walk (:class:`IdLog`); ``position``:
+    messages walked; ``open_calls``: calls of the last assistant message
+    still waiting for their result.
     """
 
     ok: bool = True
     begun: bool = False
-    seen: frozenset[str] = frozenset()
+    ids: IdLog | None = None
+    position: int = 0
     open_calls: frozenset[str] = frozenset()
 
     @property
     def intact(self) -> bool:
         return self.ok and not self.open_calls
+
+    def taken(self, call_id: str) -> bool:
+        """Whether a call before this state's position already used ``call_id``."""
+        return self.ids is not None and self.ids.taken(call_id, self.position)
 
 
 PAIRS_START = PairScan()
@@ -49,14 +84,17 @@ def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> Pa
     """Continue the check of :func:`pairs_intact` over ``messages`` from ``state``.
 
     ``scan_pairs(a + b) == scan_pairs(b, scan_pairs(a))``: a view that only
-    grew at its end is checked from where the last check stopped.
+    grew at its end is checked from where the last check stopped, in time
+    proportional to ``b``.
     """
     if not state.ok:
         return state
     begun = state.begun
-    seen = set(state.seen)
+    ids = state.ids if state.ids is not None else IdLog()
+    position = state.position
     open_calls = set(state.open_calls)
     for message in messages:
+        position += 1
         role = message.role
         if not begun:
             if role == "system":
@@ -73,11 +111,11 @@ def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> Pa
         if open_calls or _blank(message):
             return PairScan(ok=False)
         for call in message.tool_calls:
-            if call.id in seen:
+            if ids.taken(call.id, position) or call.id in open_calls:
                 return PairScan(ok=False)
-            seen.add(call.id)
+            ids.add(call.id, position)
             open_calls.add(call.id)
-    return PairScan(True, begun, frozenset(seen), frozenset(open_calls))
+    return PairScan(True, begun, ids, position, frozenset(open_calls))
 
 
 def pairs_intact(messages: Sequence[Message]) -> bool:
@@ -93,4 +131,4 @@ def pairs_intact(messages: Sequence[Message]) -> bool:
     return scan_pairs(messages).intact
 
 
-__all__ = ["PAIRS_START", "PairScan", "pairs_intact", "scan_pairs"]
+__all__ = ["PAIRS_START", "IdLog", "PairScan", "pairs_intact", "scan_pairs"]
