@@ -71,6 +71,7 @@ class GuardShell:
         self._sent: dict[str, Sent] = {}
         self._pending: OrderedDict[str, list[tuple[Any, Message, int]]] = OrderedDict()
         self._lock = threading.Lock()
+        self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
 
     # -- fixed figures ---------------------------------------------------------------
     def _cached(self, key: str, compute: Callable[[], int]) -> int:
