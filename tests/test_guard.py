@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import functools
-import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import fakeredis
 import httpx
 import openai
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import IrreducibleOverflow, StoreUnavailable
-from shared.core.messages import Message
-from shared.core.records import AppendResult, CheapDecision, SummaryRecord
-from shared.core.repair import repair_tool_pairs, validate_view
-from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
-from shared.core.wire import to_openai
+from shared.core.records import AppendResult, SummaryRecord
+from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
 from tests.guard_shells import SHELLS, make
 from tests.redis_server import ReplyDroppingProxy
-from tests.strategies import any_conversations, conversations, damaged_conversations
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 
 SYSTEM = "You are a careful coding agent."
@@ -75,7 +67,6 @@ def make_guard(shell: str) -> Callable[..., Any]:
 @pytest.fixture
 def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
     return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
-
 
 def test_empty_session_view(guard: ContextGuard) -> None:
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",
@@ -293,111 +284,6 @@ def test_a_failed_publish_after_the_append_unmarks_and_does_not_raise(
     assert guard.record_turn("s", coding_turn(0, 100)) == 5
     assert store.length("s") == 5 and not store.is_pending("s")  # the next turn retries
 
-
-# -- the view cache agrees with the store -------------------------------------------------------
-OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "commit", "truncate",
-                                          "rewind", "delete", "cheap", "prepare", "prepare"]),
-                         st.integers(0, 10_000)), min_size=1, max_size=20)
-
-
-@pytest.mark.parametrize("shell_name", SHELLS)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS)
-def test_cached_views_equal_fresh_reads(shell_name: str, ops: list[tuple[str, int]]) -> None:
-    """Whatever happens to a session, the warm guard's view is the store's view."""
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    warm = make(shell_name, store, overrides={"m": 1_000_000})
-    cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
-    step = 0
-    for i, (op, n) in enumerate(ops):
-        length = store.length("s")
-        state = store.state("s")
-        if op == "turn":  # one to three turns of five messages
-            for _ in range(1 + n % 3):
-                warm.record_turn("s", coding_turn(step, 200))
-                step += 1
-        elif op == "commit" and length > state.watermark:
-            boundaries = range(state.watermark + 5, length + 1, 5)  # turns are 5 messages
-            w = boundaries[n % len(boundaries)] if boundaries else length
-            assert store.commit_summary("s", SummaryRecord(watermark=w, kind="llm",
-                                                           text=f"s{n}", tokens=3),
-                                        state.version).ok
-        elif op == "truncate":
-            store.truncate_after("s", n % (length + 1))
-        elif op == "rewind":
-            kept = [0] + [r.watermark for r in store.summaries("s")]
-            store.rewind("s", kept[n % len(kept)])
-        elif op == "delete":
-            store.delete_session("s")
-        elif op == "cheap" and length > state.watermark:
-            index = state.watermark + n % (length - state.watermark)
-            store.record_cheap("s", [CheapDecision(index=index, stage="clear_tool_output",
-                                                   placeholder=f"[cleared {n}]",
-                                                   saved_tokens=1)])
-        if op != "prepare" and i < len(ops) - 1:
-            continue  # several changes between two reads, as between two agent calls
-        cached, fresh = warm.load("s"), store.load_view("s")
-        assert cached.history == fresh.history
-        assert (cached.summary, dict(cached.cheap), cached.state, cached.end) == \
-            (fresh.summary, fresh.cheap, fresh.state, fresh.length)
-        assert cached.history_tokens == fresh.history_tokens
-        w = fresh.state.watermark
-        assert cached.applied == apply_cheap(fresh.history, w, fresh.cheap)
-        assert cached.saved == cheap_savings(fresh.cheap, w, fresh.length)
-        a = warm.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
-        b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
-        assert a.messages == b.messages
-        assert a.openai() == b.openai() == to_openai(list(a.messages), include_reasoning=False)
-        assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
-
-
-def test_view_cache_is_bounded(make_guard: Callable[..., Any]) -> None:
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    guard = make_guard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
-    for i in range(5):
-        store.append(f"s{i}", coding_turn(i, 50))
-        guard.prepare(f"s{i}", SYSTEM)
-    assert len(guard.views) == 2  # 5 messages each, 12 at most
-    store.append("big", [m for i in range(3) for m in coding_turn(i, 50)])
-    guard.prepare("big", SYSTEM)
-    assert guard.views.get("big") is None  # larger than the whole cache: not kept
-    off = make_guard(store, view_cache=ViewCache(0, 0))
-    off.prepare("s0", SYSTEM)
-    assert len(off.views) == 0
-
-
-# -- skipping repair is only ever a shortcut ------------------------------------------------------
-@settings(max_examples=300, deadline=None)
-@given(messages=any_conversations())
-def test_pairs_intact_means_repair_is_the_identity(messages: list[Message]) -> None:
-    if pairs_intact(messages):
-        assert repair_tool_pairs(messages) == messages
-    repaired = repair_tool_pairs(messages)
-    assert pairs_intact(repaired), "too strict: a repaired view must count as intact"
-
-
-@settings(max_examples=100, deadline=None)
-@given(messages=conversations())
-def test_valid_conversations_skip_repair(messages: list[Message]) -> None:
-    assert pairs_intact(messages)
-
-
-@settings(max_examples=200, deadline=None)
-@given(messages=any_conversations(), data=st.data())
-def test_the_pair_scan_resumes_where_it_stopped(messages: list[Message],
-                                                data: st.DataObject) -> None:
-    """A view that grew at its end is checked from the last check's state, same answer."""
-    cut = data.draw(st.integers(0, len(messages)))
-    assert scan_pairs(messages[cut:], scan_pairs(messages[:cut])).intact == \
-        pairs_intact(messages)
-
-
-@settings(max_examples=200, deadline=None)
-@given(messages=damaged_conversations())
-def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
-    assert pairs_intact(messages) == (repair_tool_pairs(messages) == list(messages))
-
-
 # -- a truncation that loses its swap ---------------------------------------------------------
 def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
         make_guard: Callable[..., Any], store: SessionStore, jobs: Recorder) -> None:
@@ -440,109 +326,3 @@ def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None
     for provider in ("openai", "anthropic", "gemini"):
         assert validate_view(view.messages, provider) == []
     assert [m.role for m in view.messages] == ["system", "user", "assistant", "tool", "tool"]
-
-
-# -- issue 17: cheap decisions past a history edit, repeated ids, usage after a summary -------
-def test_an_edit_never_leaves_a_pointer_to_a_removed_read(make_guard: Callable[..., Any],
-        store: SessionStore) -> None:
-    """A dedupe_read placeholder points at a later read; an edit that removes that read
-    must bring the earlier copy back (it is now the only one)."""
-    from shared.core.cheap import plan_cheap_stages
-
-    for i in range(10):  # module_0 is read at turns 0 and 7
-        store.append("s", coding_turn(i, 400))
-    data = store.load_view("s")
-    plan = plan_cheap_stages(data.history, 0, {}, policy=CompactionPolicy(
-        clear_keep_recent_turns=1, clear_tool_outputs_over_tokens=10**9))
-    dedupe = [d for d in plan if d.stage == "dedupe_read" and d.index == 2]
-    assert dedupe and dedupe[0].refers_to == 37
-    store.record_cheap("s", plan)
-    store.truncate_after("s", 35)  # turn 7 (and its read of module_0) is gone
-    view = make_guard(store).prepare("s", SYSTEM, max_tokens=500, model="gpt-4o")
-    first_read = view.messages[1 + 2]
-    assert first_read.tool_call_id == "call_0_a"
-    assert first_read.text().startswith("# src/module_0.py"), first_read.text()[:120]
-    assert 2 not in store.load_view("s").cheap
-
-
-def gemini_turn(i: int, path: str, chars: int = 3000) -> list[Message]:
-    """One turn as an agent converts it: from_gemini on this turn's contents only, so the
-    adapter's positional ids (gemini-<content>-<part>) repeat every turn."""
-    from shared.core.wire import from_gemini
-
-    return from_gemini([
-        {"role": "user", "parts": [{"text": f"step {i}: check {path}"}]},
-        {"role": "model", "parts": [{"function_call": {"name": "read_file",
-                                                       "args": {"path": path}}}]},
-        {"role": "user", "parts": [{"function_response": {
-            "name": "read_file",
-            "response": {"content": f"# {path} v{i}\n" + "x = 1\n" * chars}}}]},
-        {"role": "model", "parts": [{"text": f"done {i}"}]},
-    ])
-
-
-def test_repeated_provider_ids_pair_calls_and_results(make_guard: Callable[..., Any],
-        store: SessionStore) -> None:
-    from shared.core.cheap import plan_cheap_stages
-    from shared.core.wire import to_gemini
-
-    guard = make_guard(store)
-    paths = ["a.py", "b.py", "a.py", "c.py", "b.py", "d.py", "e.py"]
-    for i, path in enumerate(paths):
-        turn = gemini_turn(i, path)
-        assert turn[1].tool_calls[0].id == "gemini-1-0"  # the same id every turn
-        guard.record_turn("s", turn)
-    data = store.load_view("s")
-    ids = [c.id for m in data.history for c in m.tool_calls]
-    assert len(set(ids)) == len(ids) and pairs_intact(data.history)
-    assert data.history[5].metadata["wire_ids"] == {ids[1]: "gemini-1-0"}
-    plan = plan_cheap_stages(data.history, 0, {}, policy=CompactionPolicy(
-        clear_keep_recent_turns=1, clear_tool_outputs_over_tokens=10**9))
-    by_id = {c.id: c for m in data.history for c in m.tool_calls}
-    assert {d.index for d in plan} == {2, 6}  # the earlier reads of a.py and b.py
-    for d in plan:
-        result = data.history[d.index]
-        path = json.loads(by_id[result.tool_call_id or ""].arguments)["path"]
-        assert f"earlier read of {path} " in d.placeholder
-        later = data.history[d.refers_to or 0]
-        assert f"# {path} v" in later.text()[:40]
-    view = guard.prepare("s", SYSTEM, max_tokens=500, model="gemini-2.5-flash")
-    assert validate_view(view.messages, "gemini") == []
-    _, contents = to_gemini(view.messages)  # synthetic ids stay off the wire
-    assert all("id" not in p["function_call"] for c in contents for p in c["parts"]
-               if "function_call" in p)
-
-
-def test_a_correct_usage_report_never_triggers_recovery(guard: Any) -> None:
-    """A summary lands between prepare and the usage report; the provider reports what was
-    actually sent (its tokenizer 20% denser than the heuristic): no alarm, no recovery."""
-    for i in range(6):
-        guard.store.append("s", coding_turn(i, 3000))
-    user = {"role": "user", "content": "next"}
-    for step in range(3):
-        view = guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o", pending=[user])
-        state = guard.store.state("s")
-        summary = SummaryRecord(watermark=guard.store.length("s") - 5, kind="llm",
-                                text="the story so far " * (20 + step), tokens=120)
-        assert guard.store.commit_summary("s", summary, state.version).ok
-        sent = int(guard.counter.messages(list(view.messages)) * 0.8)
-        guard.record_turn("s", [user, *coding_turn(10 + step, 3000)[1:]],
-                          usage={"prompt_tokens": sent})
-        state = guard.store.state("s")
-        assert state.silent_truncation_flags == 0 and state.recover_next == 0
-        assert not guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o").report.recovery
-
-
-def test_usage_is_compared_with_the_estimate_of_what_was_sent() -> None:
-    """Like with like: a usage-anchored estimate far below the raw heuristic (a provider
-    that counts images or a dense script as few tokens) is what the report is held to."""
-    from shared.core.guard_state import Sent, usage_fields
-    from shared.core.records import SessionState
-
-    state = SessionState(version=3, calibration_ratio=0.5, calibration_samples=4)
-    sent = Sent(heuristic=12_000, estimate=5_400, end=40, window=128_000, version=3,
-                state=state)
-    fields = usage_fields(5_500, sent)
-    assert "recover_next" not in fields and fields["anchor_version"] == 3
-    assert usage_fields(1_000, sent)["recover_next"] == 1  # a fifth of what was sent: truncated
-    assert usage_fields(200_000, sent)["recover_next"] == 1  # more than the window
