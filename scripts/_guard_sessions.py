@@ -101,7 +101,8 @@ class Env:
 
     @property
     def config(self) -> StoreConfig:
-        return StoreConfig(key_prefix=self.prefix, max_messages_per_session=400_000)
+        return StoreConfig(key_prefix=self.prefix, max_messages_per_session=400_000,
+                           socket_timeout=60.0)  # a cold read of 100k messages is ~100 MB
 
     def store(self) -> SessionStore:
         s = SessionStore(connect(self.url, self.config), self.config)

@@ -108,7 +108,7 @@ sys.path.insert(0, {root!r})
 from shared.core.config import StoreConfig
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
-cfg = StoreConfig(key_prefix={prefix!r}, max_messages_per_session=400_000)
+cfg = StoreConfig(key_prefix={prefix!r}, max_messages_per_session=400_000, socket_timeout=60.0)
 guard = ContextGuard(SessionStore(connect({url!r}, cfg), cfg), overrides={{{model!r}: 100_000_000}})
 started = time.perf_counter()
 guard.prepare({sid!r}, {system!r}, max_tokens=4000, model={model!r},

@@ -86,7 +86,8 @@ def test_cached_views_equal_fresh_reads(shell_name: str, ops: list[tuple[str, in
                                                    saved_tokens=1)])
         if op != "prepare" and i < len(ops) - 1:
             continue  # several changes between two reads, as between two agent calls
-        cached, fresh = warm.load("s"), store.load_view("s")
+        cached, fresh = warm.load("s"), store.load_view("s", with_counts=True)
+        assert cached.counts is not None and list(cached.counts) == fresh.history_counts
         assert cached.history == fresh.history
         assert (cached.summary, dict(cached.cheap), cached.state, cached.end) == \
             (fresh.summary, fresh.cheap, fresh.state, fresh.length)

@@ -38,7 +38,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.view import Regions, assemble, summary_block, view_estimate
-from shared.core.viewcache import CachedView, placeholder
+from shared.core.viewcache import CachedView, KnownCounts, placeholder
 from shared.core.wireview import carry
 
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
@@ -174,7 +174,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     decisions: list[CheapDecision] = []
     enqueue = False
     if proactive and report.should_compact:
-        decisions, snap = _cheap(snap, policy, counter)
+        decisions, snap = _cheap(snap, policy, KnownCounts.of(counter, snap))
         if decisions:
             regions, estimated, report = estimate(snap.saved)
         enqueue = True
@@ -186,6 +186,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     over = not report.within_budget and (proactive or req.force_ratio is not None)
     if over or req.force_ratio is not None:
         ensure_reducible(report)
+        counter = KnownCounts.of(counter, snap, extra, extra_tokens)
         # One ratio sizes the cut and re-estimates the result.
         ratio = max(estimated / regions.total if regions.total else 1.0, state.calibration_ratio)
         budget = _history_budget(report, regions, math.ceil(regions.total * ratio),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from shared.core.chunks import Chunks
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
+from shared.core.tokens import TokenCounter
 
 BYTES_PER_MESSAGE = 2_400
 """Measured resident bytes per cached message (decoded Message, its placeholder
@@ -58,6 +59,7 @@ class CachedView:
     cheap_raw: Mapping[int, Any]
     scan: PairScan
     pending: bool = False
+    counts: Chunks[int] | None = None  # the store's token count of each ``history`` message
     wire: dict[str, Any] = field(default_factory=dict)
     planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
 
@@ -118,6 +120,40 @@ class ViewCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class KnownCounts:
+    """A :class:`TokenCounter` that answers from the store's counts for the messages it
+    knows (the view's own objects), and asks ``base`` for anything else.
+
+    Truncation and the cheap stages count every message of the view; the
+    store counted each one once, at append, with the same counter.
+    """
+
+    def __init__(self, base: TokenCounter, known: dict[int, int]) -> None:
+        self.base, self.known = base, known
+
+    def text(self, text: str) -> int:
+        return self.base.text(text)
+
+    def message(self, message: Message) -> int:
+        found = self.known.get(id(message))
+        return found if found is not None else self.base.message(message)
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return self.base.messages([]) + sum(self.message(m) for m in messages)
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        return self.base.tools(tools)
+
+    @classmethod
+    def of(cls, base: TokenCounter, snap: CachedView, extra: Sequence[Message] = (),
+           extra_tokens: Sequence[int] = ()) -> TokenCounter:
+        if snap.counts is None or len(snap.counts) != len(snap.history):
+            return base
+        known = dict(zip(map(id, snap.history), snap.counts, strict=True))
+        known.update(zip(map(id, extra), extra_tokens, strict=False))
+        return cls(base, known)
 
 
 def placeholder(message: Message, decision: CheapDecision) -> Message:
@@ -189,6 +225,9 @@ def decode_view(raw: RawView, cached: CachedView | None,
         applied = applied.extend(new_applied)
         saved += tail_saved
         scan = scan_pairs(new, cached.scan) if drop == 0 else scan_pairs(history)
+        new_counts = raw.message_counts()
+        counts = (cached.counts.drop(drop).extend(new_counts)
+                  if cached.counts is not None and new_counts is not None else None)
         wire = (wire_update(cached.wire, drop, changes, new_applied, start_new)
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
@@ -197,13 +236,16 @@ def decode_view(raw: RawView, cached: CachedView | None,
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)
         scan = scan_pairs(new)
+        found = raw.message_counts()
+        counts = Chunks.of(found) if found is not None else None
         wire, planned_end = {}, -1
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
         applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
         cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
-        wire=wire, planned_end=planned_end)
+        counts=counts, wire=wire, planned_end=planned_end)
 
 
-__all__ = ["BYTES_PER_MESSAGE", "CachedView", "ViewCache", "decode_view", "placeholder"]
+__all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",
+           "placeholder"]

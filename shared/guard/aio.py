@@ -65,7 +65,8 @@ class AsyncContextGuard(GuardShell):
         """The session's view, read incrementally against the cached one (one round trip)."""
         validate_session_id(session_id)  # before it is used as a cache key
         cached = self.views.get(session_id)
-        raw = await self.store.read_view(session_id, cached.cursor if cached is not None else None)
+        raw = await self.store.read_view(
+            session_id, cached.cursor if cached is not None else None, with_counts=True)
         snap = decode_view(raw, cached, carry)
         if raw.epoch:
             self.views.put(session_id, snap)
