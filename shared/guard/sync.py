@@ -89,6 +89,7 @@ class ContextGuard(GuardShell):
         build a locally truncated view from these instead of raising.
         """
         started = time.perf_counter()
+        validate_session_id(session_id)  # before it is used as a cache key
         check_request(system_prompt, tools)
         extra, extra_tokens = self.pending(session_id, pending)
         try:
@@ -155,6 +156,7 @@ class ContextGuard(GuardShell):
         it when Redis did not answer: applied at most once. Once the turn is
         stored, a failure to publish the job is logged, not raised.
         """
+        validate_session_id(session_id)
         encoded = self.store.encode(session_id, messages)
         reported = reported_prompt_tokens(usage)
         sent = self.take_sent(session_id, reported is not None)
@@ -195,6 +197,7 @@ class ContextGuard(GuardShell):
         """
         if not is_context_overflow(error):
             return None
+        validate_session_id(session_id)
         info = parse_overflow(error)
         if info is not None and info.limit:
             self.limits.learn(model, info.limit)
