@@ -32,9 +32,11 @@ from shared.core.pairs import PairScan, scan_pairs
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.tokens import TokenCounter
 
-BYTES_PER_MESSAGE = 2_400
-"""Measured resident bytes per cached message (decoded Message, its placeholder
-copy when one applies, an OpenAI wire dict): ``scripts/bench_guard_memory.py``."""
+BYTES_PER_MESSAGE = 2_800
+"""Measured bytes per cached message (decoded Message, its store count, its OpenAI
+wire dict, chunk overhead): 2,292-2,831 on the real transcripts of the benchmark
+(~1 kB of JSON a message; tracemalloc in ``scripts/bench_guard.py``). A session's
+cost is about this times the messages of its view."""
 
 
 @dataclass(slots=True)
