@@ -22,6 +22,8 @@ _EXPORTS: dict[str, str] = {
     "RecallHit": "shared.core.recall",
     "recall_tool": "shared.core.recall",
     "answer_recall_call": "shared.store.recall_index",
+    "AsyncContextGuard": "shared.guard",
+    "AsyncSessionStore": "shared.store.aio",
     "BadSummary": "shared.core.errors",
     "BudgetReport": "shared.core.budget",
     "Calibration": "shared.core.tokens",
@@ -71,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "check_budget": "shared.core.budget",
     "classify_error": "shared.core.overflow",
     "connect": "shared.store.sessions",
+    "connect_async": "shared.store.aio",
     "connect_cluster": "shared.store.sessions",
     "emergency_truncate": "shared.core.truncation",
     "ensure_reducible": "shared.core.budget",
@@ -104,6 +107,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "TASK_COMPACT",
     "TASK_MAYBE_SUMMARIZE",
+    "AsyncContextGuard",
+    "AsyncSessionStore",
     "BadSummary",
     "BudgetReport",
     "Calibration",
@@ -153,6 +158,7 @@ __all__ = [
     "check_budget",
     "classify_error",
     "connect",
+    "connect_async",
     "connect_cluster",
     "emergency_truncate",
     "ensure_reducible",
@@ -268,6 +274,7 @@ if TYPE_CHECKING:
         RedisTaskPublisher,
         publisher_app,
     )
-    from shared.guard import ContextGuard, PreparedView, ViewReport
+    from shared.guard import AsyncContextGuard, ContextGuard, PreparedView, ViewReport
+    from shared.store.aio import AsyncSessionStore, connect_async
     from shared.store.recall_index import answer_recall_call
     from shared.store.sessions import SessionStore, connect, connect_cluster

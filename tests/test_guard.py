@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
-import fakeredis
 import httpx
 import openai
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import IrreducibleOverflow, StoreUnavailable
-from shared.core.messages import Message
-from shared.core.records import AppendResult, CheapDecision, SummaryRecord
-from shared.core.repair import repair_tool_pairs, validate_view
-from shared.core.view import ViewCache, pairs_intact, scan_pairs
+from shared.core.records import AppendResult, SummaryRecord
+from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
-from tests.strategies import any_conversations, conversations, damaged_conversations
+from tests.guard_shells import SHELLS, make
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.stack.redis_server import ReplyDroppingProxy
 
@@ -57,10 +53,20 @@ def jobs() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture
-def guard(store: SessionStore, jobs: Recorder) -> ContextGuard:
-    return ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    """Every test that builds its guard through ``make_guard`` runs on both shells."""
+    return str(request.param)
 
+
+@pytest.fixture
+def make_guard(shell: str) -> Callable[..., Any]:
+    return functools.partial(make, shell)
+
+
+@pytest.fixture
+def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
+    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
 
 def test_empty_session_view(guard: ContextGuard) -> None:
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",
@@ -106,9 +112,10 @@ def test_irreducible_floor_is_a_clear_error(guard: ContextGuard) -> None:
         guard.prepare("s", SYSTEM * 2000, max_tokens=1000, model="small-model")
 
 
-def test_recover_learns_limit_and_compacts_to_a_fifth(store: SessionStore,
+def test_recover_learns_limit_and_compacts_to_a_fifth(make_guard: Callable[..., Any],
+        store: SessionStore,
                                                       jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"m": 100_000})
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"m": 100_000})
     for i in range(12):
         store.append("s", coding_turn(i))
     request = httpx.Request("POST", "http://x/v1/chat/completions")
@@ -130,9 +137,10 @@ def test_recover_learns_limit_and_compacts_to_a_fifth(store: SessionStore,
     assert guard.recover("s", rate, SYSTEM, model="m") is None
 
 
-def test_call_wrapper_recovers_once_against_a_real_sdk(store: SessionStore,
+def test_call_wrapper_recovers_once_against_a_real_sdk(make_guard: Callable[..., Any],
+        store: SessionStore,
                                                        jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"gpt-4o": 128_000},
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"gpt-4o": 128_000},
                          policy=CompactionPolicy(proactive=False))
     for i in range(10):
         store.append("s", coding_turn(i))
@@ -152,9 +160,10 @@ def test_call_wrapper_recovers_once_against_a_real_sdk(store: SessionStore,
     assert guard.model_limits("gpt-4o").context_window == 6000
 
 
-def test_cheap_stages_keep_the_prefix_stable(store: SessionStore, jobs: Recorder) -> None:
+def test_cheap_stages_keep_the_prefix_stable(make_guard: Callable[..., Any],
+        store: SessionStore, jobs: Recorder) -> None:
     """Prefix changes per 100 turns: only when a batch of decisions (or compaction) lands."""
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"m": 60_000})
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"m": 60_000})
     changes = 0
     previous: list[Any] | None = None
     for i in range(100):
@@ -180,9 +189,10 @@ def test_stats_reports_regions(guard: ContextGuard) -> None:
     assert stats["pending_job"] is True
 
 
-def test_redis_down_is_typed_and_bounded_with_local_fallback() -> None:
+def test_redis_down_is_typed_and_bounded_with_local_fallback(
+        make_guard: Callable[..., Any]) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
-    guard = ContextGuard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
+    guard = make_guard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
                          overrides={"small-model": 8000})
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
@@ -236,14 +246,15 @@ def test_record_turn_retries_a_lost_append_without_duplicating(any_redis: Any,
     assert store.length("s") == 10
 
 
-def test_record_turn_through_a_proxy_that_loses_the_reply(redis_url: str,
+def test_record_turn_through_a_proxy_that_loses_the_reply(make_guard: Callable[..., Any],
+        redis_url: str,
                                                            key_prefix: str) -> None:
     upstream = redis.Redis.from_url(redis_url)
     kwargs = upstream.connection_pool.connection_kwargs
     cfg = StoreConfig(key_prefix=key_prefix, socket_timeout=0.3, connect_timeout=0.3)
     with ReplyDroppingProxy(kwargs["port"]) as proxy:
         store = SessionStore(connect(proxy.url(kwargs.get("db", 0)), cfg), cfg)
-        guard = ContextGuard(store)
+        guard = make_guard(store)
         guard.record_turn("s", coding_turn(0, 100))  # scripts loaded, connection made
         proxy.drop_next = 1  # the next reply (the append's) is lost
         started = time.monotonic()
@@ -255,9 +266,9 @@ def test_record_turn_through_a_proxy_that_loses_the_reply(redis_url: str,
     SessionStore(upstream, cfg).delete_session("s")
 
 
-def test_record_turn_with_redis_down_is_typed_and_bounded() -> None:
+def test_record_turn_with_redis_down_is_typed_and_bounded(make_guard: Callable[..., Any]) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
-    guard = ContextGuard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
+    guard = make_guard(SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
         guard.record_turn("s", coding_turn(0, 100))
@@ -265,131 +276,38 @@ def test_record_turn_with_redis_down_is_typed_and_bounded() -> None:
 
 
 def test_a_failed_publish_after_the_append_unmarks_and_does_not_raise(
-        store: SessionStore) -> None:
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
     def broken(tenant: str, session_id: str) -> None:
         raise ConnectionError("broker down")
 
-    guard = ContextGuard(store, CallbackEnqueuer(broken))
+    guard = make_guard(store, CallbackEnqueuer(broken))
     assert guard.record_turn("s", coding_turn(0, 100)) == 5
     assert store.length("s") == 5 and not store.is_pending("s")  # the next turn retries
 
-
-# -- the view cache agrees with the store -------------------------------------------------------
-OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "commit", "truncate",
-                                          "rewind", "delete", "cheap", "prepare", "prepare"]),
-                         st.integers(0, 10_000)), min_size=1, max_size=20)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS)
-def test_cached_views_equal_fresh_reads(ops: list[tuple[str, int]]) -> None:
-    """Whatever happens to a session, the warm guard's view is the store's view."""
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    warm = ContextGuard(store, overrides={"m": 1_000_000})
-    cold = ContextGuard(store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
-    step = 0
-    for i, (op, n) in enumerate(ops):
-        length = store.length("s")
-        state = store.state("s")
-        if op == "turn":  # one to three turns of five messages
-            for _ in range(1 + n % 3):
-                warm.record_turn("s", coding_turn(step, 200))
-                step += 1
-        elif op == "commit" and length > state.watermark:
-            boundaries = range(state.watermark + 5, length + 1, 5)  # turns are 5 messages
-            w = boundaries[n % len(boundaries)] if boundaries else length
-            assert store.commit_summary("s", SummaryRecord(watermark=w, kind="llm",
-                                                           text=f"s{n}", tokens=3),
-                                        state.version).ok
-        elif op == "truncate":
-            store.truncate_after("s", n % (length + 1))
-        elif op == "rewind":
-            kept = [0] + [r.watermark for r in store.summaries("s")]
-            store.rewind("s", kept[n % len(kept)])
-        elif op == "delete":
-            store.delete_session("s")
-        elif op == "cheap" and length > state.watermark:
-            index = state.watermark + n % (length - state.watermark)
-            store.record_cheap("s", [CheapDecision(index=index, stage="clear_tool_output",
-                                                   placeholder=f"[cleared {n}]",
-                                                   saved_tokens=1)])
-        if op != "prepare" and i < len(ops) - 1:
-            continue  # several changes between two reads, as between two agent calls
-        cached, fresh = warm.load("s"), store.load_view("s")
-        assert cached.history == fresh.history
-        assert (cached.summary, cached.cheap, cached.state, cached.length) == \
-            (fresh.summary, fresh.cheap, fresh.state, fresh.length)
-        assert cached.history_tokens == fresh.history_tokens
-        a = warm.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
-        b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
-        assert a.messages == b.messages
-        assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
-
-
-def test_view_cache_is_bounded() -> None:
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    guard = ContextGuard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
-    for i in range(5):
-        store.append(f"s{i}", coding_turn(i, 50))
-        guard.prepare(f"s{i}", SYSTEM)
-    assert len(guard.views) == 2  # 5 messages each, 12 at most
-    store.append("big", [m for i in range(3) for m in coding_turn(i, 50)])
-    guard.prepare("big", SYSTEM)
-    assert guard.views.get("big") is None  # larger than the whole cache: not kept
-    off = ContextGuard(store, view_cache=ViewCache(0, 0))
-    off.prepare("s0", SYSTEM)
-    assert len(off.views) == 0
-
-
-# -- skipping repair is only ever a shortcut ------------------------------------------------------
-@settings(max_examples=300, deadline=None)
-@given(messages=any_conversations())
-def test_pairs_intact_means_repair_is_the_identity(messages: list[Message]) -> None:
-    if pairs_intact(messages):
-        assert repair_tool_pairs(messages) == messages
-    repaired = repair_tool_pairs(messages)
-    assert pairs_intact(repaired), "too strict: a repaired view must count as intact"
-
-
-@settings(max_examples=100, deadline=None)
-@given(messages=conversations())
-def test_valid_conversations_skip_repair(messages: list[Message]) -> None:
-    assert pairs_intact(messages)
-
-
-@settings(max_examples=200, deadline=None)
-@given(messages=any_conversations(), data=st.data())
-def test_the_pair_scan_resumes_where_it_stopped(messages: list[Message],
-                                                data: st.DataObject) -> None:
-    """A view that grew at its end is checked from the last check's state, same answer."""
-    cut = data.draw(st.integers(0, len(messages)))
-    assert scan_pairs(messages[cut:], scan_pairs(messages[:cut])).intact == \
-        pairs_intact(messages)
-
-
-@settings(max_examples=200, deadline=None)
-@given(messages=damaged_conversations())
-def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
-    assert pairs_intact(messages) == (repair_tool_pairs(messages) == list(messages))
-
-
 # -- a truncation that loses its swap ---------------------------------------------------------
 def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
-        store: SessionStore, jobs: Recorder) -> None:
-    guard = ContextGuard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+        make_guard: Callable[..., Any], store: SessionStore, jobs: Recorder) -> None:
+    guard = make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
     for i in range(12):
         store.append("s", coding_turn(i, 12_000))
-    real_read = guard._read
     raced: list[int] = []
 
-    def read_then_a_worker_commits(session_id: str) -> Any:
-        data, scan = real_read(session_id)
+    def worker_commits(snap: Any) -> Any:
         if not raced:  # a worker's summary lands between the guard's read and its swap
             record = SummaryRecord(watermark=50, kind="llm", text="worker summary", tokens=20)
-            raced.append(store.commit_summary(session_id, record, data.state.version).version)
-        return data, scan
+            raced.append(store.commit_summary("s", record, snap.state.version).version)
+        return snap
 
-    guard._read = read_then_a_worker_commits  # type: ignore[method-assign]
+    if isinstance(guard, ContextGuard):
+        real_read = guard.snapshot
+        guard.snapshot = lambda sid: worker_commits(real_read(sid))  # type: ignore[method-assign]
+    else:
+        real_aread = guard.inner.snapshot
+
+        async def aread(sid: str) -> Any:
+            return worker_commits(await real_aread(sid))
+
+        guard.inner.snapshot = aread
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
                          pending=[{"role": "user", "content": "continue"}])
     assert raced == [1]

@@ -457,3 +457,21 @@ def test_state_fields_ride_on_the_append_only_for_their_version(store: SessionSt
     assert store.state("s").calibration_ratio == 1.2 and store.length("s") == 12
     with pytest.raises(InvalidInput, match="fields_version"):
         store.append_encoded("s", [], state_fields={"calibration_ratio": 3.0})
+
+
+def test_repeated_call_ids_are_made_unique_at_append(store: SessionStore) -> None:
+    """A call id the session has seen gets a stored id of its own; a result appended
+    later (in another append) pairs with the newest call of its id."""
+    def call(i: int) -> dict[str, Any]:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "name": "bash", "arguments": f'{{"n": {i}}}'}]}
+
+    result = {"role": "tool", "tool_call_id": "call_0", "content": "ok"}
+    store.append("s", [{"role": "user", "content": "go"}, call(0), result])
+    store.append("s", [call(1)])
+    store.append("s", [result, {"role": "assistant", "content": "done"}])  # ID_CONFLICT, renamed
+    log = store.messages("s")
+    first, second = log[1].tool_calls[0].id, log[3].tool_calls[0].id
+    assert first == "call_0" and second != first and second.startswith("call_0-r")
+    assert log[2].tool_call_id == first and log[4].tool_call_id == second
+    assert log[4].metadata["wire_ids"] == {second: "call_0"}

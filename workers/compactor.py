@@ -48,7 +48,7 @@ from shared.core.limits import model_limits, output_reserve
 from shared.core.records import SessionState, SummaryRecord, ViewData
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import find_cut_point
-from shared.core.view import Regions, apply_cheap, calibrated_total, cheap_savings, summary_block
+from shared.core.view import apply_cheap, cheap_savings, summary_block, view_estimate
 from shared.store.recall_index import index_compacted  # recall (issue 16)
 from shared.store.sessions import SessionStore
 from workers.summarizer.counting import JobCounter, job_counter
@@ -135,11 +135,11 @@ class Compactor:
         """(estimated prompt tokens, window, input budget) of the current view."""
         state = data.state
         window, reserve = self._window(state)
-        history = (data.history_tokens
-                   - cheap_savings(data.cheap, state.watermark, data.length))
-        regions = Regions(state.system_tokens, data.summary.tokens if data.summary else 0,
-                          state.tool_tokens, history, self.counter.messages([]))
-        return calibrated_total(regions, state, data.length), window, window - reserve
+        _, estimated = view_estimate(
+            state, data.summary, data.history_tokens,
+            cheap_savings(data.cheap, state.watermark, data.length), data.length,
+            overhead=self.counter.messages([]))
+        return estimated, window, window - reserve
 
     def plan(self, session_id: str, data: ViewData, *, force: bool,
              keep_recent: int | None, manual: bool = False,

@@ -90,18 +90,21 @@ def plan_cheap_stages(messages: Sequence[Message], offset: int,
             text = (f"[earlier read of {path} omitted: the file was read again at "
                     f"message #{offset + later}, which has the current content]")
             stage: Literal["clear_tool_output", "dedupe_read"] = "dedupe_read"
+            refers: int | None = offset + later
         elif tokens > policy.clear_tool_outputs_over_tokens:
             text = (f"[tool output cleared to save context: {name} returned "
                     f"{len(m.text())} characters (~{tokens} tokens). The full output is kept "
                     f"in the session log as message #{index}; call {name} again with the "
                     f"same arguments if you need it.]")
             stage = "clear_tool_output"
+            refers = None
         else:
             continue
         saved = tokens - counter.message(m.model_copy(update={"content": text}))
         if saved > 0:
             plan.append(CheapDecision(index=index, stage=stage,
-                                      placeholder=text, saved_tokens=saved))
+                                      placeholder=text, saved_tokens=saved,
+                                      refers_to=refers))
     return plan
 
 

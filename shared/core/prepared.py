@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from shared.core.budget import BudgetReport
 from shared.core.messages import Message
@@ -36,22 +37,56 @@ class ViewReport(BaseModel):
 
 
 class PreparedView(BaseModel):
-    """The messages to send (system message first) and the report."""
+    """The messages to send (system message first) and the report.
 
-    model_config = ConfigDict(frozen=True)
+    ``messages`` is an immutable sequence that shares its history with the
+    guard's cached view (:class:`shared.core.chunks.Chunks`): index, slice,
+    iterate and compare it like a list; ``list(view.messages)`` for a copy.
+    """
 
-    messages: list[Message]
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    messages: Sequence[Message]
     report: ViewReport
+    # head (system / summary lead), the cached view's parts, pending: see wire().
+    _head: Sequence[Message] = PrivateAttr(default=())
+    _wire: dict[str, Any] | None = PrivateAttr(default=None)
+    _applied: Any = PrivateAttr(default=None)
+    _extra: Sequence[Message] = PrivateAttr(default=())
+
+    def wire(self, fmt: str = "openai") -> Sequence[dict[str, Any]]:
+        """The view in an incremental wire format (``openai``, ``openai+reasoning``)
+        without copying: the history's converted messages are shared with the cache."""
+        from shared.core.chunks import concat
+        from shared.core.wireview import convert, history_wire
+
+        if self._wire is None or self._applied is None:
+            return convert(fmt, self.messages)
+        return concat(convert(fmt, self._head), history_wire(self._wire, fmt, self._applied),
+                      convert(fmt, self._extra))
 
     def openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
-        """The view in OpenAI Chat Completions format.
+        """The view in OpenAI Chat Completions format (a new list; its dicts are shared,
+        do not mutate them).
 
         ``reasoning_content`` is left out by default (api.openai.com rejects
         it); DeepSeek / vLLM style endpoints may want ``include_reasoning=True``.
         """
-        from shared.core.wire import to_openai
+        from shared.core.wireview import flatten
 
-        return to_openai(self.messages, include_reasoning=include_reasoning)
+        return flatten(self.wire("openai+reasoning" if include_reasoning else "openai"))
+
+    def anthropic(self) -> tuple[Any, list[dict[str, Any]]]:
+        """``(system, messages)`` for Anthropic's Messages API (converted whole)."""
+        from shared.core.wire import to_anthropic
+
+        return to_anthropic(list(self.messages))
+
+    def gemini(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """``(system_instruction, contents)`` for Gemini (converted whole)."""
+        from shared.core.wire import to_gemini
+
+        return to_gemini(list(self.messages))
 
 
 __all__ = ["PreparedView", "ViewReport"]

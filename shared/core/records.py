@@ -47,6 +47,9 @@ class CheapDecision(BaseModel):
     stage: Literal["clear_tool_output", "dedupe_read"]
     placeholder: str
     saved_tokens: int = Field(ge=0)
+    refers_to: int | None = Field(
+        default=None, ge=0, description="log index the placeholder points at (dedupe_read: "
+                                        "the later read); an edit that removes it drops this")
 
 
 class UsageAnchor(BaseModel):
@@ -159,6 +162,7 @@ class ViewCursor:
     start: int
     end: int
     total: int
+    cheap_gen: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,7 @@ class RawView:
     pending: bool
     incremental: bool
     totals: list[int] = field(default_factory=list)
+    cheap_included: bool = True
     """Running token totals ``cum[start - 1:length]`` (from ``cum[0]`` when start
     is 0), when they were asked for; else empty."""
 

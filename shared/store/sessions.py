@@ -18,7 +18,6 @@ is given, so it runs on the node that owns the session's slot.
 from __future__ import annotations
 
 import functools
-import json
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from redis.retry import Retry
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
-from shared.core.messages import Message, validate_messages
+from shared.core.messages import Message
 from shared.core.records import (
     AppendResult,
     CheapDecision,
@@ -45,7 +44,9 @@ from shared.core.records import (
     ViewData,
 )
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_request_id, validate_tenant
+from shared.store import commands
+from shared.store.commands import EncodedBatch
+from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 
 T = TypeVar("T")
 # What "Redis is not there right now" looks like. The cluster errors count too:
@@ -72,13 +73,12 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def _json_pairs(raw: bytes | str) -> dict[str, str]:
-    """A flat HGETALL reply the script encoded with cjson (``{}`` when empty on real Redis)."""
-    flat = json.loads(raw)
-    if not isinstance(flat, list):
-        return {}
-    it = iter(flat)
-    return dict(zip(it, it, strict=True))
+def session_full(exc: Exception, session_id: str, config: StoreConfig) -> Exception:
+    """The typed error for a full session, else ``exc`` itself."""
+    if str(exc).startswith("SESSION_FULL"):
+        return LimitExceeded(f"session {session_id!r} would exceed "
+                             f"{config.max_messages_per_session} messages", field="messages")
+    return exc
 
 
 @contextmanager
@@ -171,6 +171,10 @@ class SessionStore:
         except _REDIS_FAILURES as exc:
             raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
 
+    def execute(self, cmd: commands.Command[T]) -> T:
+        """Run one sans-I/O command (:mod:`shared.store.commands`) and parse its reply."""
+        return cmd.parse(self._script(cmd.what, cmd.script, cmd.keys, cmd.args))
+
     def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts[name]
         return self._run(what, lambda: script(keys=keys, args=args))
@@ -180,27 +184,14 @@ class SessionStore:
         return self.config.ttl_seconds or 0
 
     # -- the log ---------------------------------------------------------------
-    def encode(self, session_id: str, messages: Iterable[Any]) -> list[tuple[str, int]]:
-        """Validate and encode messages; nothing is written when any of them is bad."""
-        items = validate_messages(messages)
-        if len(items) > self.config.max_messages_per_call:
-            raise LimitExceeded(
-                f"{len(items)} messages in one call; the limit is "
-                f"{self.config.max_messages_per_call}", field="messages")
-        out: list[tuple[str, int]] = []
-        for i, message in enumerate(items):
-            try:
-                raw = message.to_json()
-            except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
-                raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
-                                   field=f"messages[{i}]", index=i) from None
-            size = len(raw.encode("utf-8"))
-            if size > self.config.max_message_bytes:
-                raise LimitExceeded(
-                    f"{size} bytes; the limit is {self.config.max_message_bytes} bytes per message",
-                    field=f"messages[{i}]", index=i)
-            out.append((raw, self.counter.message(message)))
-        return out
+    def encode(self, session_id: str, messages: Iterable[Any]) -> EncodedBatch:
+        """Validate and encode messages; nothing is written when any of them is bad.
+
+        Tool-call ids are made unique in the session here (the store boundary,
+        :mod:`shared.core.callids`), so every later stage pairs calls and
+        results unambiguously at no cost.
+        """
+        return commands.encode(messages, self.config, self.counter)
 
     def append(self, session_id: str, messages: Iterable[Any], *,
                request_id: str | None = None) -> int:
@@ -226,40 +217,21 @@ class SessionStore:
         version is still ``fields_version`` (figures about a view that a
         compaction or an edit has since replaced are dropped).
         """
-        if request_id is not None:
-            validate_request_id(request_id)
-        fields = [(name, "" if value is None else value)
-                  for name, value in (state_fields or {}).items()]
-        if fields and fields_version is None:
-            raise InvalidInput("state fields need the version they were computed for",
-                               field="fields_version")
-        k = self.keys(session_id)
-        args: list[Any] = [self.config.max_messages_per_session, self._ttl,
-                           secrets.token_hex(8), request_id or "", self.idempotency_keep,
-                           self.idempotency_ttl,
-                           self.config.pending_ttl_seconds if mark_pending else 0,
-                           1 if with_state else 0,
-                           "" if fields_version is None else fields_version, len(fields)]
-        for name, value in fields:
-            args.extend((name, value))
-        args.append(len(encoded))
-        for raw, tokens in encoded:
-            args.extend((raw, tokens))
-        keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
-                k.summaries, k.summary_index, k.cheap]
-        try:
-            result = self._script("append", "append", keys, args)
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith("SESSION_FULL"):
-                raise LimitExceeded(
-                    f"session {session_id!r} would exceed "
-                    f"{self.config.max_messages_per_session} messages", field="messages") from None
-            raise
-        length, watermark, version, before, duplicate, marked, state = result
-        return AppendResult(
-            length=int(length), watermark=int(watermark), version=int(version),
-            tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
-            state=SessionState.from_hash(_json_pairs(state)) if state else None)
+        opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
+                                      fields_version)
+        for _ in range(commands.APPEND_ATTEMPTS):
+            cmd = commands.append_command(self.keys(session_id), self.config, encoded, opts,
+                                          idempotency_keep=self.idempotency_keep,
+                                          idempotency_ttl=self.idempotency_ttl)
+            try:
+                return self.execute(cmd)
+            except redis.exceptions.ResponseError as exc:
+                # Ids repeat in the session: rename against its mapping and send again.
+                renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
+                if renamed is None:
+                    raise session_full(exc, session_id, self.config) from None
+                encoded = renamed
+        raise StoreUnavailable(f"append to {session_id!r}: tool-call ids kept colliding")
 
     def length(self, session_id: str) -> int:
         return int(self._run("length", lambda: self.redis.llen(self.keys(session_id).log)))
@@ -295,7 +267,7 @@ class SessionStore:
 
     def update_state(self, session_id: str, **fields: Any) -> None:
         """Figures that are not compaction state (request figures, calibration, anchor)."""
-        clean = {k: ("" if v is None else v) for k, v in fields.items()}
+        clean = commands.state_fields(fields)
         if clean:
             self._run("update_state",
                       lambda: self.redis.hset(self.keys(session_id).state, mapping=clean))
@@ -311,29 +283,7 @@ class SessionStore:
         ``with_counts``: also the running token totals of the messages sent
         (:meth:`RawView.message_counts`), read atomically with them.
         """
-        k = self.keys(session_id)
-        keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
-        args: list[Any] = (["", 0, 0, 0, 0, 0] if since is None else
-                           [since.epoch, since.gen, since.version, since.start, since.end,
-                            since.total])
-        args.append("1" if with_counts else "0")
-        raw = self._script("view", "view", keys, args)
-        (state, messages, before, total, length, summary, cheap, pending, start, incremental,
-         included, totals) = raw
-        return RawView(
-            state_raw=_json_pairs(state),
-            messages=list(messages),
-            start=int(start),
-            tokens_before_watermark=int(before),
-            tokens_total=int(total),
-            length=int(length),
-            summary_json=summary or None,
-            summary_included=bool(included),
-            cheap_raw={int(f): v for f, v in _json_pairs(cheap).items()},
-            pending=bool(pending),
-            incremental=bool(incremental),
-            totals=[int(t) for t in totals],
-        )
+        return self.execute(commands.view_command(self.keys(session_id), since, with_counts))
 
     def load_view(self, session_id: str, *, with_counts: bool = False) -> ViewData:
         """One atomic read of everything prepare() needs, decoded; ``with_counts``: with
@@ -358,16 +308,8 @@ class SessionStore:
     def commit_summary(self, session_id: str, record: SummaryRecord,
                        expected_version: int) -> CommitResult:
         """The one compare-and-swap writer. A stale writer gets ``ok=False``."""
-        k = self.keys(session_id)
-        keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum]
-        args: list[str | int] = [expected_version, record.watermark, record.model_dump_json(),
-                                 record.tokens, record.kind, self.config.summary_retention,
-                                 self._ttl]
-        raw = self._script("commit_summary", "commit_summary", keys, list(args))
-        if _s(raw[0]) == "ok":
-            return CommitResult(ok=True, version=int(raw[1]), watermark=int(raw[2]))
-        return CommitResult(ok=False, reason=_s(raw[1]),
-                            version=int(raw[2]), watermark=int(raw[3]))
+        return self.execute(commands.commit_command(self.keys(session_id), self.config, record,
+                                                    expected_version))
 
     def summary(self, session_id: str, watermark: int) -> SummaryRecord | None:
         raw = self._run("summary",
@@ -429,10 +371,7 @@ class SessionStore:
         items = list(decisions)
         if not items:
             return 0
-        args: list[Any] = [self._ttl]
-        for d in items:
-            args.extend((d.index, d.model_dump_json()))
-        return int(self._script("record_cheap", "cheap", [self.keys(session_id).cheap], args))
+        return self.execute(commands.cheap_command(self.keys(session_id), self.config, items))
 
     # -- worker coordination -----------------------------------------------------
     def mark_pending(self, session_id: str) -> bool:
@@ -529,7 +468,8 @@ class SessionStore:
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""
         from shared.store.recall_index import drop_index  # recall_index imports this module
-        keys = self.keys(session_id).all_keys()
+        k = self.keys(session_id)
+        keys = [*k.all_keys(), commands.ids_key(k)]
         self._run("delete", lambda: self.redis.delete(*keys))
         drop_index(self, session_id)
 

@@ -7,7 +7,9 @@
 -- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked" of its append
 -- KEYS[5] reqorder   list   request ids, newest first (bounds reqs)
 -- KEYS[6] pending    string the coalescing flag of the summary job
--- KEYS[7..] other data keys of the session, only for the TTL refresh
+-- KEYS[7..9] other data keys of the session, only for the TTL refresh
+-- KEYS[10] ids       hash   provider tool-call id -> stored id of its newest call
+--                           (shared.core.callids: ids made unique at append)
 -- ARGV[1] max messages per session
 -- ARGV[2] ttl in seconds (0 = no expiry)
 -- ARGV[3] epoch: a random token kept only if the session has none yet. A
@@ -22,6 +24,12 @@
 --         on the state hash only if its version is still that one (the
 --         calibration figures of the request whose reply this turn holds)
 -- then n, then n pairs: message JSON, its token estimate
+-- then c and c pairs (provider id, stored id) of the batch's calls, then r and
+-- r pairs of results whose call is in an earlier append (both optional). The
+-- batch is written only if every call kept under its provider id is new to the
+-- session and every such result's stored id is the session's current mapping;
+-- otherwise the error reply "ID_CONFLICT <json>" carries the session's mapping
+-- of the batch's provider ids and nothing is written.
 --
 -- Returns {new_length, watermark, version, tokens_before_append, duplicate,
 --          marked, state_json_or_false}
@@ -58,6 +66,42 @@ local n = tonumber(ARGV[at])
 local len = redis.call('LLEN', KEYS[1])
 if len + n > max_len then
   return redis.error_reply('SESSION_FULL ' .. len)
+end
+
+local claims_at = at + 1 + 2 * n
+local n_calls = tonumber(ARGV[claims_at]) or 0
+local results_at = claims_at + 1 + 2 * n_calls
+local n_results = tonumber(ARGV[results_at]) or 0
+if n_calls + n_results > 0 then
+  local bad = false
+  for i = 0, n_calls - 1 do
+    local p = ARGV[claims_at + 1 + 2 * i]
+    if p == ARGV[claims_at + 2 + 2 * i] and redis.call('HEXISTS', KEYS[10], p) == 1 then
+      bad = true
+    end
+  end
+  for i = 0, n_results - 1 do
+    local p = ARGV[results_at + 1 + 2 * i]
+    local current = redis.call('HGET', KEYS[10], p) or p
+    if current ~= ARGV[results_at + 2 + 2 * i] then
+      bad = true
+    end
+  end
+  if bad then
+    local map = {}
+    for i = 0, n_calls - 1 do
+      local p = ARGV[claims_at + 1 + 2 * i]
+      map[p] = redis.call('HGET', KEYS[10], p) or cjson.null
+    end
+    for i = 0, n_results - 1 do
+      local p = ARGV[results_at + 1 + 2 * i]
+      map[p] = redis.call('HGET', KEYS[10], p) or cjson.null
+    end
+    return redis.error_reply('ID_CONFLICT ' .. cjson.encode(map))
+  end
+  for i = 0, n_calls - 1 do
+    redis.call('HSET', KEYS[10], ARGV[claims_at + 1 + 2 * i], ARGV[claims_at + 2 + 2 * i])
+  end
 end
 
 local total = 0

@@ -8,7 +8,10 @@
 -- KEYS[3] state    hash   version, gen (log generation), watermark, summary_*, anchor_*
 -- KEYS[4] sums     hash   summaries past the index are deleted (they cover gone messages)
 -- KEYS[5] sumidx   zset
--- KEYS[6] cheap    hash   decisions at or past the index are deleted
+-- KEYS[6] cheap    hash   decisions at or past the index are deleted, and so are
+--                         decisions before it that point at a message at or past it
+--                         (a dedupe_read placeholder whose later read the edit
+--                         removed would hide the only remaining copy)
 -- ARGV[1] index (0 <= index <= length)
 -- ARGV[2] ttl in seconds (0 = no expiry)
 --
@@ -31,8 +34,19 @@ for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. index, '+inf')) d
   redis.call('ZREM', KEYS[5], w)
   redis.call('HDEL', KEYS[4], w)
 end
-for _, field in ipairs(redis.call('HKEYS', KEYS[6])) do
-  if tonumber(field) >= index then
+local cheap = redis.call('HGETALL', KEYS[6])
+for i = 1, #cheap, 2 do
+  local field = cheap[i]
+  local drop = tonumber(field) >= index
+  if not drop then
+    local ok, decision = pcall(cjson.decode, cheap[i + 1])
+    local target = ok and type(decision) == 'table' and tonumber(decision['refers_to']) or nil
+    if target == nil then  -- decisions recorded before refers_to: the pointer in the text
+      target = tonumber(string.match(cheap[i + 1], 'at message #(%d+)'))
+    end
+    drop = target ~= nil and target >= index
+  end
+  if drop then
     redis.call('HDEL', KEYS[6], field)
   end
 end

@@ -12,6 +12,7 @@
 -- ARGV[3] the caller's version (its summary is the current one if unchanged)
 -- ARGV[4] the caller's start and ARGV[5] its end: it holds log[start:end]
 -- ARGV[6] the running token total at that end (cum[end - 1], 0 when end = 0)
+-- ARGV[8] the caller's cheap-stage generation (state field cheap_gen)
 -- ARGV[7] '1': also return the running totals of the messages sent (the
 --         worker's counts; the guard does not ask)
 --
@@ -26,7 +27,8 @@
 --
 -- Returns {state_json, messages, tokens_before_watermark, tokens_total, length,
 --          summary_json_or_false, cheap_json, pending, start, incremental,
---          summary_included, totals}
+--          summary_included, totals, cheap_included}
+-- cheap_json is false (and cheap_included 0) when the caller's decisions are current.
 -- totals: with ARGV[7] = '1', cum[start - 1 .. length - 1] (from cum[0] when
 -- start is 0), read with the messages so that they describe the same log;
 -- otherwise empty.
@@ -76,11 +78,19 @@ if incremental == 0 or cur[2] ~= ARGV[3] then
     summary = redis.call('HGET', KEYS[4], w) or false
   end
 end
-local cheap = cjson.encode(redis.call('HGETALL', KEYS[5]))
+-- Cheap decisions change only with cheap_gen (cheap.lua) or the version (commit,
+-- edit, rewind): an incremental reader that holds both gets none (O(1), not O(view)).
+local cheap = false
+local cheap_included = 0
+local cheap_gen = redis.call('HGET', KEYS[1], 'cheap_gen') or ''
+if incremental == 0 or cur[2] ~= ARGV[3] or cheap_gen ~= (ARGV[8] or '') then
+  cheap = cjson.encode(redis.call('HGETALL', KEYS[5]))
+  cheap_included = 1
+end
 local pending = redis.call('EXISTS', KEYS[6])
 local totals = {}
 if ARGV[7] == '1' and start < len then
   totals = redis.call('LRANGE', KEYS[3], math.max(start - 1, 0), -1)
 end
 return {cjson.encode(state), messages, before, total, len, summary, cheap, pending, start,
-        incremental, included, totals}
+        incremental, included, totals, cheap_included}

@@ -1,0 +1,163 @@
+"""Guard wait per turn on a real long session, with a worker compacting beside it.
+
+A real session (transcripts of ``../shared/data/transcripts.dev.jsonl``, turn
+after turn, ``--turns`` of them) is replayed as an agent does it: one
+``prepare`` per model call (the turn so far as ``pending``), then
+``record_turn`` with usage. The window is small (an 8k trigger by default),
+so the session compacts again and again; a worker process (the real
+``Compactor``, offline summarizer) runs whenever a job is pending, as Celery
+would, off the agent's process. One turn is a tool chain of ``--chain`` calls
+built from real tool calls. Reported: guard wait per turn (every prepare of
+the turn plus record_turn) p50/p99, per prepare p50/p99 when nothing needs
+compacting, and LangChain's ``SummarizationMiddleware.before_model`` on the
+same messages when it does not compact (langchain v1).
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_guard_turns.py [--turns 127] [--chain 27]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import time
+from typing import Any
+
+from _guard_sessions import SYSTEM, Env, all_turns, lc_messages
+from _timing import loadavg, percentile
+
+from shared.core.messages import Message
+from shared.enqueue import NullEnqueuer
+from shared.guard import ContextGuard
+
+MODEL = "bench-8k"
+
+
+def chain_turn(length: int) -> list[Message]:
+    """One user turn holding ``length`` real (call, result) pairs in a row."""
+    pairs: list[list[Message]] = []
+    for turn in all_turns():
+        for i, m in enumerate(turn):
+            if m.role == "assistant" and len(m.tool_calls) == 1 and i + 1 < len(turn) \
+                    and turn[i + 1].role == "tool":
+                pairs.append([m, turn[i + 1]])
+        if len(pairs) >= length:
+            break
+    out = [Message(role="user", content="Fix the failing test, step by step.")]
+    for k, (call, result) in enumerate(pairs[:length]):
+        cid = f"chain-{k}"
+        out.append(call.model_copy(update={"tool_calls": [
+            call.tool_calls[0].model_copy(update={"id": cid})]}))
+        out.append(result.model_copy(update={"tool_call_id": cid}))
+    out.append(Message(role="assistant", content="Done: the test passes."))
+    return out
+
+
+def worker(url: str, prefix: str, sid: str, stop: Any) -> None:
+    """The compaction worker: runs the real Compactor whenever the job is pending."""
+    from shared.core.config import StoreConfig
+    from shared.store.sessions import SessionStore, connect
+    from workers.compactor import Compactor
+    from workers.summarizer.engine import SummaryEngine
+
+    cfg = StoreConfig(key_prefix=prefix, max_messages_per_session=400_000)
+    store = SessionStore(connect(url, cfg), cfg)
+    compactor = Compactor(store, SummaryEngine(None))
+    while not stop.is_set():
+        if store.is_pending(sid):
+            store.clear_pending(sid)
+            compactor.run(sid)
+        time.sleep(0.005)
+
+
+def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argparse.Namespace,
+           ) -> tuple[list[float], list[float], list[float], list[list[Message]], list[float]]:
+    """Per turn: wall ms of every prepare plus record_turn (and the same in this thread's
+    CPU ms, which other load on the machine does not inflate)."""
+    per_turn, quiet, chain, cpu = [], [], [], []
+    views: list[list[Message]] = []
+    kw = {"max_tokens": args.max_tokens, "model": MODEL}
+    for number, turn in enumerate(turns):
+        wait = 0.0
+        cpu_started = time.thread_time()
+        calls = [i for i, m in enumerate(turn) if m.role == "assistant"] or [len(turn)]
+        view = None
+        for i in calls:
+            started = time.perf_counter()
+            view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
+            view.wire("openai")
+            took = (time.perf_counter() - started) * 1000
+            wait += took
+            report = view.report
+            if not (report.truncated or report.budget.should_compact or report.cheap_applied):
+                quiet.append(took)
+                views.append(list(view.messages))
+            if number == args.chain_at:
+                chain.append(took)
+        assert view is not None
+        started = time.perf_counter()
+        guard.record_turn(sid, turn, usage={"prompt_tokens": view.report.estimated_prompt_tokens})
+        per_turn.append(wait + (time.perf_counter() - started) * 1000)
+        cpu.append((time.thread_time() - cpu_started) * 1000)
+    return per_turn, quiet, chain, views, cpu
+
+
+def middleware(views: list[list[Message]], calls: int) -> list[float]:
+    """SummarizationMiddleware.before_model on the same views, when it does not compact."""
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    hook = SummarizationMiddleware(FakeListChatModel(responses=["summary"]),
+                                   trigger=("tokens", 10**9), keep=("messages", 20))
+    states = [{"messages": lc_messages(v[1:])} for v in views[-calls:]]
+    times = []
+    for state in states:
+        started = time.perf_counter()
+        assert hook.before_model(state, None) is None  # type: ignore[arg-type]
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, default=127)
+    parser.add_argument("--chain", type=int, default=27)
+    parser.add_argument("--window", type=int, default=14_000, help="8k trigger: (w - 4000) * .8")
+    parser.add_argument("--max-tokens", type=int, default=4000)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    args = parser.parse_args()
+    turns = all_turns()[: args.turns - 1]
+    args.chain_at = len(turns) // 2
+    turns.insert(args.chain_at, chain_turn(args.chain))
+    env = Env(args.redis_url)
+    sid = "turns"
+    stop = multiprocessing.Event()
+    proc = multiprocessing.Process(target=worker, args=(env.url, env.prefix, sid, stop))
+    proc.start()
+    try:
+        guard = ContextGuard(env.store(), NullEnqueuer(), overrides={MODEL: args.window})
+        per_turn, quiet, chain, views, cpu = replay(guard, sid, turns, args)
+        summaries = len(guard.store.summaries(sid))
+    finally:
+        stop.set()
+        proc.join(10)
+        env.cleanup()
+    lc = middleware(views, min(200, len(views))) if views else []
+    print(f"load average {loadavg()}; {len(turns)} turns, {sum(len(t) for t in turns)} "
+          f"messages, window {args.window}, {summaries} summaries kept at the end\n")
+    print("| figure | p50 ms | p99 ms | target |\n|---|---|---|---|")
+    print(f"| guard wait per turn | {percentile(per_turn, 50):.2f} | "
+          f"{percentile(per_turn, 99):.2f} | p99 <= 5 |")
+    print(f"| the same, CPU of the agent's thread | {percentile(cpu, 50):.2f} | "
+          f"{percentile(cpu, 99):.2f} | |")
+    print(f"| tool chain of {args.chain} calls: per prepare | {percentile(chain, 50):.2f} | "
+          f"{percentile(chain, 99):.2f} | total {sum(chain):.1f} ms |")
+    print(f"| prepare, nothing to compact | {percentile(quiet, 50):.3f} | "
+          f"{percentile(quiet, 99):.3f} | <= 2x middleware |")
+    if lc:
+        print(f"| SummarizationMiddleware.before_model, not compacting | "
+              f"{percentile(lc, 50):.3f} | {percentile(lc, 99):.3f} | |")
+        print(f"\nguard / middleware p50: {percentile(quiet, 50) / percentile(lc, 50):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Tool-call ids made unique per session, once, at the store boundary (sans-I/O).
+
+Providers do not promise ids that are unique across a session: Gemini
+omits them and :mod:`shared.core.wire.gemini` makes positional ones
+(``gemini-<content>-<part>``) that repeat every turn; some OpenAI-compatible
+servers number calls ``call_0`` per response. Pairing by a repeated id sends
+cheap-stage placeholders to the wrong results and forces a full repair of
+every view. So calls and their results get a session-unique stored id when
+they are appended, and every later stage pairs by it for free.
+
+- A call whose id the session has not seen keeps it (the common case costs
+  nothing). A repeated one becomes ``<id>-r<nonce><n>`` (characters every
+  provider accepts); the provider's id is kept in the message's metadata
+  (``wire_ids``: stored id -> provider id).
+- Gemini's synthetic (positional) ids are renamed always: they never go on
+  the wire (the adapter pairs by name and order), so renaming them is free
+  and needs no knowledge of the session.
+- A result is paired with the newest call of its id: in the same batch if
+  there, else the session's mapping (``known``).
+
+The store checks the batch's assumptions atomically (``claims``): a call
+id kept as is must be new to the session, a result's stored id must be
+what the session maps its provider id to. A failed check returns the
+session's mapping and the batch is renamed again (:func:`disambiguate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from shared.core.messages import Message
+
+WIRE_IDS = "wire_ids"
+SYNTHETIC_KEY = "gemini_synthetic_ids"  # shared.core.wire.gemini.SYNTHETIC_KEY
+MAX_ID = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """What a batch assumes about the session's ids, for the store to check.
+
+    ``calls``: (provider id, stored id) of every call in the batch, in order;
+    ``results``: (provider id, stored id) of results whose call is not in
+    the batch.
+    """
+
+    calls: tuple[tuple[str, str], ...] = ()
+    results: tuple[tuple[str, str], ...] = ()
+
+    def provider_ids(self) -> list[str]:
+        return sorted({p for p, _ in self.calls} | {p for p, _ in self.results})
+
+
+def _fresh(provider: str, nonce: str, n: int) -> str:
+    tail = f"-r{nonce}{n}"
+    return provider[: MAX_ID - len(tail)] + tail
+
+
+def disambiguate(messages: Sequence[Message], nonce: str,
+                 known: Mapping[str, str] | None = None) -> tuple[list[Message], Claims]:
+    """The batch with session-unique call ids, and the claims the store must check.
+
+    ``known``: the session's mapping (provider id -> stored id of its newest
+    call) for the ids of this batch, as far as the caller knows it (empty on
+    the optimistic first attempt). ``nonce`` makes renamed ids unique.
+    """
+    known = known or {}
+    latest: dict[str, str] = {}  # provider id -> stored id, within the batch
+    calls: list[tuple[str, str]] = []
+    results: list[tuple[str, str]] = []
+    out: list[Message] = []
+    n = 0
+    for message in messages:
+        if message.tool_calls:
+            synthetic = message.metadata.get(SYNTHETIC_KEY)
+            synthetic = synthetic if isinstance(synthetic, list) else []
+            renamed: dict[str, str] = {}
+            new_calls = []
+            for call in message.tool_calls:
+                p = call.id
+                if p in synthetic or p in known or p in latest:
+                    stored = _fresh(p, nonce, n)
+                    n += 1
+                    renamed[stored] = p
+                    new_calls.append(call.model_copy(update={"id": stored}))
+                else:
+                    stored = p
+                    new_calls.append(call)
+                latest[p] = stored
+                calls.append((p, stored))
+            if renamed:
+                meta = dict(message.metadata)
+                meta[WIRE_IDS] = {**meta.get(WIRE_IDS, {}), **renamed}
+                if synthetic:
+                    meta[SYNTHETIC_KEY] = [*synthetic, *(s for s, p in renamed.items()
+                                                         if p in synthetic)]
+                message = message.model_copy(update={"tool_calls": new_calls, "metadata": meta})
+        elif message.role == "tool" and message.tool_call_id:
+            p = message.tool_call_id
+            if p in latest:
+                stored = latest[p]
+            else:
+                stored = known.get(p, p)
+                results.append((p, stored))
+            if stored != p:
+                meta = dict(message.metadata)
+                meta[WIRE_IDS] = {stored: p}
+                message = message.model_copy(update={"tool_call_id": stored, "metadata": meta})
+        out.append(message)
+    return out, Claims(tuple(calls), tuple(results))
+
+
+def wire_id(message: Message, stored: str) -> str:
+    """The provider's id for a stored call id of ``message`` (itself when not renamed)."""
+    ids = message.metadata.get(WIRE_IDS)
+    if isinstance(ids, Mapping):
+        found = ids.get(stored)
+        if isinstance(found, str):
+            return found
+    return stored
+
+
+__all__ = ["WIRE_IDS", "Claims", "disambiguate", "wire_id"]

@@ -1,0 +1,139 @@
+"""A persistent list: immutable, shared between versions, cheap at both ends.
+
+The guard keeps each session's view (messages, and their wire form) as a
+:class:`Chunks`: a tuple of immutable chunks. Appending copies at most one
+chunk (``CHUNK`` items) plus what is appended; dropping a prefix (a summary
+moved the watermark) copies at most one chunk and re-uses the rest;
+replacing one item (a cheap-stage placeholder) copies one chunk. Old and new
+versions share every untouched chunk, so a view handed to a caller stays
+valid (and unchanged) whatever happens to the session next.
+
+Indexing is O(log chunks) (bisect over the chunk offsets); iteration is a
+plain walk. Slices return a list (callers index and compare them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar, overload
+
+T = TypeVar("T")
+CHUNK = 512
+
+
+class Chunks(Sequence[T], Generic[T]):
+    """An immutable sequence of items stored in shared chunks."""
+
+    __slots__ = ("_chunks", "_len", "_offsets")
+
+    def __init__(self, chunks: tuple[tuple[T, ...], ...] = ()) -> None:
+        self._chunks = tuple(c for c in chunks if c)
+        self._offsets = list(itertools.accumulate((len(c) for c in self._chunks), initial=0))
+        self._len = self._offsets[-1]
+
+    @classmethod
+    def of(cls, items: Iterable[T]) -> Chunks[T]:
+        flat = tuple(items)
+        return cls(tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
+
+    @property
+    def chunks(self) -> tuple[tuple[T, ...], ...]:
+        return self._chunks
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[T]:
+        for chunk in self._chunks:
+            yield from chunk
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return list(self)[index]
+            return list(itertools.islice(self._from(start), max(0, stop - start)))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("Chunks index out of range")
+        at = bisect.bisect_right(self._offsets, index) - 1
+        return self._chunks[at][index - self._offsets[at]]
+
+    def _from(self, start: int) -> Iterator[T]:
+        if start >= self._len:
+            return
+        at = bisect.bisect_right(self._offsets, start) - 1
+        yield from self._chunks[at][start - self._offsets[at]:]
+        for chunk in self._chunks[at + 1:]:
+            yield from chunk
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self._len and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Chunks({list(self)!r})"
+
+    def extend(self, items: Sequence[T]) -> Chunks[T]:
+        """A new list with ``items`` at the end; copies at most one chunk plus ``items``."""
+        if not items:
+            return self
+        head = self._chunks
+        tail: tuple[T, ...] = ()
+        if head and len(head[-1]) < CHUNK:
+            head, tail = head[:-1], head[-1]
+        flat = tail + tuple(items)
+        return Chunks(head + tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
+
+    def drop(self, n: int) -> Chunks[T]:
+        """A new list without its first ``n`` items; copies at most one chunk."""
+        if n <= 0:
+            return self
+        if n >= self._len:
+            return Chunks()
+        at = bisect.bisect_right(self._offsets, n) - 1
+        first = self._chunks[at][n - self._offsets[at]:]
+        return Chunks((first, *self._chunks[at + 1:]))
+
+    def replace(self, changes: dict[int, T]) -> Chunks[T]:
+        """A new list with items at the given indexes replaced; copies only their chunks."""
+        if not changes:
+            return self
+        chunks = list(self._chunks)
+        by_chunk: dict[int, list[tuple[int, T]]] = {}
+        for index, item in changes.items():
+            if 0 <= index < self._len:
+                at = bisect.bisect_right(self._offsets, index) - 1
+                by_chunk.setdefault(at, []).append((index - self._offsets[at], item))
+        for at, edits in by_chunk.items():
+            chunk = list(chunks[at])
+            for offset, item in edits:
+                chunk[offset] = item
+            chunks[at] = tuple(chunk)
+        return Chunks(tuple(chunks))
+
+
+def concat(*parts: Sequence[Any]) -> Chunks[Any]:
+    """Chunks of several sequences, re-using the chunks of those that are Chunks."""
+    out: list[tuple[Any, ...]] = []
+    for part in parts:
+        if isinstance(part, Chunks):
+            out.extend(part.chunks)
+        elif part:
+            out.append(tuple(part))
+    return Chunks(tuple(out))
+
+
+__all__ = ["CHUNK", "Chunks", "concat"]

@@ -1,0 +1,286 @@
+"""The guard's decisions, sans-I/O: a session snapshot and a request in, a plan out.
+
+Every shell (the sync :class:`shared.guard.ContextGuard`, the async
+:class:`shared.guard.AsyncContextGuard`, framework adapters) reads the
+session, calls :func:`plan_view`, performs the plan's writes in order and
+finishes the view with what they returned. Nothing here touches Redis or a
+provider, so every edge case is a unit test.
+
+- budget: ``system + summary + tools + history since watermark + pending +
+  reserve`` against the window, one estimate (:func:`shared.core.view.view_estimate`);
+- cheap stages when the trigger is reached: planned only over stored messages
+  the last plan had not seen (a tool chain's prepares re-plan nothing);
+- emergency truncation when the view does not fit (or recovery forces it),
+  recorded as a summary through the store's compare-and-swap;
+- calibration and silent-truncation checks from the provider's usage
+  (:func:`usage_fields`), comparing the report with the request it describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core.budget import BudgetReport, check_budget, ensure_reducible
+from shared.core.calibration import Calibration
+from shared.core.callids import disambiguate
+from shared.core.cheap import plan_cheap_stages
+from shared.core.chunks import Chunks, concat
+from shared.core.config import CompactionPolicy
+from shared.core.messages import Message
+from shared.core.pairs import pairs_intact, scan_pairs
+from shared.core.prepared import PreparedView, ViewReport
+from shared.core.records import CheapDecision, SessionState, SummaryRecord
+from shared.core.repair import repair_tool_pairs
+from shared.core.tokens import TokenCounter
+from shared.core.truncation import emergency_truncate
+from shared.core.view import Regions, assemble, summary_block, view_estimate
+from shared.core.viewcache import CachedView, KnownCounts, placeholder
+from shared.core.wireview import carry
+
+TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
+SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One call's fixed parts, already counted by the shell (cached per prompt/tools)."""
+
+    session_id: str
+    system_prompt: str
+    model: str
+    window: int
+    reserve: int
+    limits_source: str
+    system_tokens: int
+    tool_tokens: int
+    overhead: int
+    extra: Sequence[Message] = ()
+    extra_tokens: Sequence[int] = ()
+    force_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The request a prepared view describes: what the provider's usage will be about."""
+
+    heuristic: int  # uncalibrated estimate of the request, the calibration's unit
+    estimate: int  # calibrated estimate of the same request
+    end: int  # log length it covered
+    window: int
+    version: int  # the session version it was built at
+    state: SessionState
+
+
+@dataclass(slots=True)
+class Plan:
+    """The view, and the writes the shell performs (in this order) before returning it."""
+
+    view: PreparedView
+    sent: Sent
+    figures: dict[str, Any] | None = None  # update_state, when the request figures changed
+    cheap: list[CheapDecision] = field(default_factory=list)  # record_cheap
+    truncation: SummaryRecord | None = None  # commit_summary at ``version``; lost: rebuild
+    version: int = 0
+    clear_recover_next: bool = False
+    enqueue: bool = False
+    force: bool = False
+
+    def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
+        report = self.view.report.model_copy(update={
+            "enqueued": enqueued, "pending_job": self.view.report.pending_job or enqueued,
+            "elapsed_ms": elapsed_ms})
+        out = PreparedView.model_construct(messages=self.view.messages, report=report)
+        out._head, out._wire = self.view._head, self.view._wire
+        out._applied, out._extra = self.view._applied, self.view._extra
+        return out
+
+
+def check(window: int, reserve: int, regions: Regions, estimated: int, newest: int,
+          policy: CompactionPolicy) -> BudgetReport:
+    fixed = regions.system + regions.summary + regions.tools + regions.overhead
+    return check_budget(window=window, reserve=reserve, system=regions.system,
+                        summary=regions.summary, tools=regions.tools + regions.overhead,
+                        history=max(0, estimated - fixed), newest=newest,
+                        trigger_ratio=policy.trigger_ratio, target_ratio=policy.target_ratio)
+
+
+def newest_tokens(extra: Sequence[Message], tokens: Sequence[int]) -> int:
+    """Tokens of the newest message when it is a *user* message (the floor counts it)."""
+    return tokens[-1] if extra and tokens and extra[-1].role == "user" else 0
+
+
+def _figures(state: SessionState, req: Request) -> dict[str, Any] | None:
+    figures = {"system_tokens": req.system_tokens, "tool_tokens": req.tool_tokens,
+               "max_tokens": req.reserve, "model": req.model, "window": req.window}
+    current = {"system_tokens": state.system_tokens, "tool_tokens": state.tool_tokens,
+               "max_tokens": state.max_tokens, "model": state.model, "window": state.window}
+    return figures if figures != current else None
+
+
+def _cheap(snap: CachedView, policy: CompactionPolicy,
+           counter: TokenCounter) -> tuple[list[CheapDecision], CachedView]:
+    """New cheap decisions, planned only when stored messages changed since the last plan.
+
+    Returns them and the snapshot with their placeholders applied.
+    """
+    if snap.planned_end == snap.end:
+        return [], snap
+    plan = [d for d in plan_cheap_stages(snap.history, snap.start, snap.cheap, policy=policy,
+                                         counter=counter) if d.index not in snap.cheap]
+    snap.planned_end = snap.end  # the entry is the shell's; no other reader depends on it
+    if not plan:
+        return [], snap
+    cheap = {**snap.cheap, **{d.index: d for d in plan}}
+    changes = {d.index - snap.start: placeholder(snap.history[d.index - snap.start], d)
+               for d in plan}
+    applied = snap.applied.replace(changes)
+    wire = carry(snap.wire, 0, changes, []) if snap.wire else {}
+    cheap_raw = {**snap.cheap_raw, **{d.index: d.model_dump_json() for d in plan}}
+    return plan, dataclasses.replace(snap, cheap=cheap, cheap_raw=cheap_raw, applied=applied,
+                                     wire=wire,
+                                     saved=snap.saved + sum(d.saved_tokens for d in plan))
+
+
+def _unique_pending(extra: list[Message], snap: CachedView) -> list[Message]:
+    """The pending turn with call ids the stored view already used renamed (as the
+    append will), so a Gemini-style turn pairs without a repair of the whole view."""
+    ids = [c.id for m in extra for c in m.tool_calls]
+    if not ids or not (len(set(ids)) < len(ids) or any(snap.scan.taken(i) for i in ids)):
+        return extra
+    known = {i: i for i in ids if snap.scan.taken(i)}
+    return disambiguate(extra, f"p{snap.end}", known)[0]
+
+
+def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter: TokenCounter,
+              *, proactive: bool | None = None) -> tuple[Plan, CachedView]:
+    """The plan for one prepare (or recover) of ``snap`` and the snapshot to cache after it."""
+    state, w = snap.state, snap.start
+    proactive = policy.proactive if proactive is None else proactive
+    extra, extra_tokens = _unique_pending(list(req.extra), snap), list(req.extra_tokens)
+    newest = newest_tokens(extra, extra_tokens)
+    figures = _figures(state, req)
+
+    def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
+        regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
+                                     snap.end, overhead=req.overhead, system=req.system_tokens,
+                                     tools=req.tool_tokens, extra=sum(extra_tokens))
+        return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
+
+    regions, estimated, report = estimate(snap.saved)
+    decisions: list[CheapDecision] = []
+    enqueue = False
+    if proactive and report.should_compact:
+        decisions, snap = _cheap(snap, policy, KnownCounts.of(counter, snap))
+        if decisions:
+            regions, estimated, report = estimate(snap.saved)
+        enqueue = True
+
+    history: Sequence[Message] = concat(snap.applied, extra)
+    summary = snap.summary
+    truncation: SummaryRecord | None = None
+    truncated, dropped, note = False, 0, ""
+    over = not report.within_budget and (proactive or req.force_ratio is not None)
+    if over or req.force_ratio is not None:
+        ensure_reducible(report)
+        counter = KnownCounts.of(counter, snap, extra, extra_tokens)
+        # One ratio sizes the cut and re-estimates the result.
+        ratio = max(estimated / regions.total if regions.total else 1.0, state.calibration_ratio)
+        budget = _history_budget(report, regions, math.ceil(regions.total * ratio),
+                                 req.window, req.force_ratio)
+        result = emergency_truncate(list(history), budget, counter,
+                                    drop_fraction=policy.emergency_drop_fraction)
+        history, dropped, note, truncated = result.messages, result.dropped, result.note, True
+        summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
+        enqueue = True
+        regions = Regions(regions.system, summary.tokens if summary else 0, regions.tools,
+                          sum(counter.message(m) for m in history), regions.overhead)
+        estimated = math.ceil(regions.total * ratio - 1e-9)
+        report = check(req.window, req.reserve, regions, estimated, newest, policy)
+
+    intact = (pairs_intact(history) if truncated
+              else scan_pairs(extra, snap.scan).intact)
+    incremental = not truncated and intact
+    if not intact:
+        history = repair_tool_pairs(history)
+    messages: Sequence[Message]
+    head: list[Message] = []
+    if incremental:  # the head alone; the history is shared with the cache, not copied
+        first = (snap.applied[:1] or extra[:1])
+        head = assemble(req.system_prompt, summary, first,
+                        placement=policy.summary_placement)[: -1 if first else None]
+        messages = concat(head, snap.applied, extra)
+    else:
+        messages = Chunks.of(assemble(req.system_prompt, summary, history,
+                                      placement=policy.summary_placement))
+    view = PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
+        session_id=req.session_id, model=req.model, limits_source=req.limits_source,
+        budget=report, estimated_prompt_tokens=estimated,
+        watermark=summary.watermark if truncated and summary is not None else w,
+        version=state.version, length=snap.end, summary_kind=state.summary_kind,
+        cheap_applied=len(snap.cheap), truncated=truncated, dropped_messages=dropped,
+        note=note, enqueued=False, pending_job=snap.pending, recovery=req.force_ratio is not None,
+        degraded=False, elapsed_ms=0.0))
+    if incremental:
+        view._head, view._wire, view._applied, view._extra = head, snap.wire, snap.applied, extra
+    sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
+    return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
+                version=state.version, clear_recover_next=req.force_ratio is not None,
+                enqueue=enqueue, force=truncated), snap
+
+
+def _history_budget(report: BudgetReport, regions: Regions, estimated: int, window: int,
+                    force_ratio: float | None) -> int:
+    """History tokens (heuristic units) that fit: the budget, or the recovery target."""
+    ratio = estimated / regions.total if regions.total else 1.0
+    fixed = regions.system + regions.summary + regions.tools + regions.overhead
+    room = int(report.input_budget * TRUNCATION_HEADROOM) - int(fixed * ratio)
+    if force_ratio is not None:
+        room = min(room, int(window * force_ratio) - int(fixed * ratio))
+    return max(1, int(room / max(ratio, 1e-6)))
+
+
+def _truncation(snap: CachedView, counter: TokenCounter, dropped: int,
+                note: str) -> tuple[SummaryRecord, SummaryRecord | None]:
+    """The truncation as a summary record, and the record to commit (None: nothing
+    gone from the start, the note rides along unrecorded)."""
+    previous, state = snap.summary, snap.state
+    logged = max(0, min(dropped, snap.end - state.watermark))
+    text = (previous.text + "\n\n" if previous else "") + note
+    record = SummaryRecord(
+        watermark=state.watermark + logged, kind="truncation", text=text,
+        ledger=previous.ledger if previous else "",
+        ledger_json=previous.ledger_json if previous else None,
+        tokens=0, covers_from=state.watermark, source_version=state.version,
+        stages=["emergency_truncation"])
+    record = record.model_copy(update={"tokens": counter.text(summary_block(record))})
+    return record, (record if logged else None)
+
+
+def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
+    """State fields learned from the provider's reported prompt tokens for ``sent``.
+
+    Like with like: the report is compared with the calibrated estimate of
+    *that* request (what was actually sent, whatever landed since), and the
+    fields are applied only at the version it was built at (the append
+    checks). Silent truncation is suspected only when the provider saw more
+    than its window, or far less than the request that was sent.
+    """
+    state, window = sent.state, sent.window
+    expected = max(sent.estimate, 1)
+    if window and (reported > window or (expected > 1000 and
+                                         reported < expected * SILENT_TRUNCATION_RATIO)):
+        return {"silent_truncation_flags": state.silent_truncation_flags + 1,
+                "recover_next": 1}
+    cal = Calibration(state.calibration_ratio, state.calibration_samples).update(
+        reported, sent.heuristic)
+    return {"anchor_reported": reported, "anchor_estimated": sent.heuristic,
+            "anchor_end": sent.end, "anchor_version": sent.version,
+            "calibration_ratio": cal.ratio, "calibration_samples": cal.samples}
+
+
+__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent",
+           "check", "newest_tokens", "plan_view", "usage_fields"]

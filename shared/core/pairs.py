@@ -1,0 +1,134 @@
+"""The tool-pair scan: whether a view needs repair, resumable over new messages (pure).
+
+:func:`pairs_intact` lets the guard skip tool-pair repair of a view that
+needs none (the common case: the log holds complete turns, and call ids are
+unique since the store made them so at append, :mod:`shared.core.callids`);
+:func:`scan_pairs` resumes the check over what was appended since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.core.messages import Message
+
+
+def _blank(message: Message) -> bool:
+    """A user/assistant message without tool calls, media or text (repair drops these)."""
+    if message.tool_calls or message.role not in ("user", "assistant"):
+        return False
+    if isinstance(message.content, str):
+        return not message.content.strip()
+    return message.media_count() == 0 and not message.text().strip()
+
+
+class IdLog:
+    """Tool-call ids seen by a scan, with the position of their first call.
+
+    Append-only and shared by every scan state that continues one walk, so
+    resuming costs what the new messages cost, not the history (a frozenset
+    of every id would be copied each time). A state sees an id as taken when
+    it was recorded at a position before the state's own; entries left by a
+    branch that was abandoned (the scan of a pending turn) sit at positions
+    at or after that turn's, so they never count as earlier calls.
+    """
+
+    __slots__ = ("first",)
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+
+    def taken(self, call_id: str, position: int) -> bool:
+        at = self.first.get(call_id)
+        return at is not None and at < position
+
+    def add(self, call_id: str, position: int) -> None:
+        at = self.first.get(call_id)
+        if at is None or at > position:
+            self.first[call_id] = position
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+@dataclass(frozen=True, slots=True)
+class PairScan:
+    """Where the walk of :func:`scan_pairs` stands, so that it can resume later.
+
+    ``begun``: a non-system message was seen (the leading system run is
+    over); ``ids``: tool call ids of the walk (:class:`IdLog`); ``position``:
+    messages walked; ``open_calls``: calls of the last assistant message
+    still waiting for their result.
+    """
+
+    ok: bool = True
+    begun: bool = False
+    ids: IdLog | None = None
+    position: int = 0
+    open_calls: frozenset[str] = frozenset()
+
+    @property
+    def intact(self) -> bool:
+        return self.ok and not self.open_calls
+
+    def taken(self, call_id: str) -> bool:
+        """Whether a call before this state's position already used ``call_id``."""
+        return self.ids is not None and self.ids.taken(call_id, self.position)
+
+
+PAIRS_START = PairScan()
+
+
+def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> PairScan:
+    """Continue the check of :func:`pairs_intact` over ``messages`` from ``state``.
+
+    ``scan_pairs(a + b) == scan_pairs(b, scan_pairs(a))``: a view that only
+    grew at its end is checked from where the last check stopped, in time
+    proportional to ``b``.
+    """
+    if not state.ok:
+        return state
+    begun = state.begun
+    ids = state.ids if state.ids is not None else IdLog()
+    position = state.position
+    open_calls = set(state.open_calls)
+    for message in messages:
+        position += 1
+        role = message.role
+        if not begun:
+            if role == "system":
+                continue
+            if role != "user":
+                return PairScan(ok=False)
+            begun = True
+        if role == "tool":
+            call_id = message.tool_call_id or ""
+            if call_id not in open_calls:
+                return PairScan(ok=False)
+            open_calls.discard(call_id)
+            continue
+        if open_calls or _blank(message):
+            return PairScan(ok=False)
+        for call in message.tool_calls:
+            if ids.taken(call.id, position) or call.id in open_calls:
+                return PairScan(ok=False)
+            ids.add(call.id, position)
+            open_calls.add(call.id)
+    return PairScan(True, begun, ids, position, frozenset(open_calls))
+
+
+def pairs_intact(messages: Sequence[Message]) -> bool:
+    """True when :func:`shared.core.repair.repair_tool_pairs` would return ``messages`` unchanged.
+
+    A linear check of what repair guarantees: after the leading system
+    messages, the first message is a user message; every assistant message
+    with tool calls is followed directly by exactly one result per call;
+    call ids are unique in the list; no result stands elsewhere; no user or
+    assistant message is blank. False means "repair it", not "it is broken":
+    the guard then runs the full repair.
+    """
+    return scan_pairs(messages).intact
+
+
+__all__ = ["PAIRS_START", "IdLog", "PairScan", "pairs_intact", "scan_pairs"]

@@ -1,0 +1,253 @@
+"""Each session's view, maintained incrementally between reads (pure, no I/O).
+
+Between two compactions a session's view only grows at its end, gains a
+batch of cheap-stage placeholders now and then, and loses a prefix when a
+summary lands. :class:`CachedView` keeps what the guard needs in a form
+where each of those changes costs what changed, never the history length:
+
+- ``history``: ``log[start:end]`` decoded, as shared :class:`Chunks`;
+- ``applied``: the same with the placeholders of ``cheap`` applied, and
+  ``saved``, the tokens those placeholders save (kept in step);
+- ``wire``: ``applied`` converted to the wire formats asked for so far
+  (:mod:`shared.core.wireview`), extended in step with ``applied``;
+- ``scan``: the tool-pair scan of ``history``, resumed over new messages.
+
+:func:`decode_view` turns one store read (:class:`RawView`) plus the
+cached entry into the next entry, decoding only what the read brought.
+:class:`ViewCache` bounds the entries (sessions and messages), least
+recently used first out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core.chunks import Chunks
+from shared.core.messages import Message
+from shared.core.pairs import PairScan, scan_pairs
+from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
+from shared.core.tokens import TokenCounter
+
+BYTES_PER_MESSAGE = 2_800
+"""Measured bytes per cached message (decoded Message, its store count, its OpenAI
+wire dict, chunk overhead): 2,292-2,831 on the real transcripts of the benchmark
+(~1 kB of JSON a message; tracemalloc in ``scripts/bench_guard.py``). A session's
+cost is about this times the messages of its view."""
+
+
+@dataclass(slots=True)
+class CachedView:
+    """One session's view as of one read: ``log[start:end]`` and what derives from it."""
+
+    epoch: str
+    gen: int
+    version: int
+    start: int
+    end: int
+    total: int
+    tokens_before: int
+    history: Chunks[Message]
+    applied: Chunks[Message]
+    saved: int
+    summary: SummaryRecord | None
+    state_raw: Mapping[str, str]
+    state: SessionState
+    cheap_gen: str
+    cheap: Mapping[int, CheapDecision]
+    cheap_raw: Mapping[int, Any]
+    scan: PairScan
+    pending: bool = False
+    counts: Chunks[int] | None = None  # the store's token count of each ``history`` message
+    wire: dict[str, Any] = field(default_factory=dict)
+    planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
+
+    @property
+    def cursor(self) -> ViewCursor:
+        return ViewCursor(self.epoch, self.gen, self.version, self.start, self.end, self.total,
+                          self.cheap_gen)
+
+    @property
+    def history_tokens(self) -> int:
+        """Store-counted tokens of ``log[start:end]``, before cheap-stage savings."""
+        return self.total - self.tokens_before
+
+
+class ViewCache:
+    """Cached views of recently used sessions, least recently used evicted.
+
+    Bounded twice: at most ``max_sessions`` sessions and ``max_messages``
+    messages in all (a view larger than that is not kept); about
+    :data:`BYTES_PER_MESSAGE` bytes per cached message. Entries are replaced
+    whole, so concurrent prepares of one session cannot corrupt each other.
+    """
+
+    def __init__(self, max_sessions: int = 256, max_messages: int = 200_000) -> None:
+        self.max_sessions = max_sessions
+        self.max_messages = max_messages
+        self._entries: OrderedDict[str, CachedView] = OrderedDict()
+        self._messages = 0
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> CachedView | None:
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                self._entries.move_to_end(session_id)
+            return entry
+
+    def put(self, session_id: str, entry: CachedView | None) -> None:
+        with self._lock:
+            old = self._entries.pop(session_id, None)
+            if old is not None:
+                self._messages -= len(old.history)
+            if entry is None or len(entry.history) > self.max_messages or not self.max_sessions:
+                return
+            self._entries[session_id] = entry
+            self._messages += len(entry.history)
+            while self._entries and (len(self._entries) > self.max_sessions
+                                     or self._messages > self.max_messages):
+                _, evicted = self._entries.popitem(last=False)
+                self._messages -= len(evicted.history)
+
+    def discard(self, session_id: str) -> None:
+        self.put(session_id, None)
+
+    @property
+    def messages(self) -> int:
+        return self._messages
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class KnownCounts:
+    """A :class:`TokenCounter` that answers from the store's counts for the messages it
+    knows (the view's own objects), and asks ``base`` for anything else.
+
+    Truncation and the cheap stages count every message of the view; the
+    store counted each one once, at append, with the same counter.
+    """
+
+    def __init__(self, base: TokenCounter, known: dict[int, int]) -> None:
+        self.base, self.known = base, known
+
+    def text(self, text: str) -> int:
+        return self.base.text(text)
+
+    def message(self, message: Message) -> int:
+        found = self.known.get(id(message))
+        return found if found is not None else self.base.message(message)
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return self.base.messages([]) + sum(self.message(m) for m in messages)
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        return self.base.tools(tools)
+
+    @classmethod
+    def of(cls, base: TokenCounter, snap: CachedView, extra: Sequence[Message] = (),
+           extra_tokens: Sequence[int] = ()) -> TokenCounter:
+        if snap.counts is None or len(snap.counts) != len(snap.history):
+            return base
+        known = dict(zip(map(id, snap.history), snap.counts, strict=True))
+        known.update(zip(map(id, extra), extra_tokens, strict=False))
+        return cls(base, known)
+
+
+def placeholder(message: Message, decision: CheapDecision) -> Message:
+    return message.model_copy(update={"content": decision.placeholder})
+
+
+def _apply(history: Chunks[Message], start: int, decisions: Mapping[int, CheapDecision],
+           indexes: list[int]) -> tuple[dict[int, Message], int]:
+    changes: dict[int, Message] = {}
+    saved = 0
+    for i in indexes:
+        if start <= i < start + len(history):
+            changes[i - start] = placeholder(history[i - start], decisions[i])
+            saved += decisions[i].saved_tokens
+    return changes, saved
+
+
+def decode_view(raw: RawView, cached: CachedView | None,
+                wire_update: Any = None) -> CachedView:
+    """The session's next cached view from a read and the entry it was made against.
+
+    Decodes only what ``cached`` does not hold. ``wire_update(old_wire,
+    drop, changes, new_messages)`` carries the wire forms along (see
+    :func:`shared.core.wireview.carry`).
+    """
+    state = (cached.state if cached is not None and cached.state_raw == raw.state_raw
+             else raw.state())
+    w = state.watermark
+    cheap_gen = raw.state_raw.get("cheap_gen", "")
+    if raw.cheap_included or cached is None:
+        known = cached.cheap_raw if cached is not None else {}
+        cheap: Mapping[int, CheapDecision] = {
+            i: (cached.cheap[i] if cached is not None and known.get(i) == v
+                else CheapDecision.model_validate_json(v))
+            for i, v in raw.cheap_raw.items()}
+        cheap_raw: Mapping[int, Any] = raw.cheap_raw
+    else:
+        cheap, cheap_raw = cached.cheap, cached.cheap_raw
+    if raw.summary_included:
+        summary = (SummaryRecord.model_validate_json(raw.summary_json)
+                   if raw.summary_json else None)
+    elif cached is not None:
+        summary = cached.summary
+    else:
+        raise ValueError("the summary was left out of a read that continues no cached view")
+    new = raw.decode_messages()
+    if raw.incremental:
+        if cached is None or cached.end != raw.start or not cached.start <= w <= cached.end:
+            raise ValueError("an incremental read needs the cached view it continues")
+        drop = w - cached.start
+        history = cached.history.drop(drop).extend(new)
+        applied = cached.applied.drop(drop)
+        same_cheap = cheap is cached.cheap and drop == 0
+        if same_cheap:
+            saved = cached.saved
+            changes: dict[int, Message] = {}
+        else:  # a new batch of decisions, or the watermark moved: re-derive the placeholders
+            old = cached.cheap
+            fresh = [i for i in cheap if i not in old or old[i] != cheap[i]]
+            gone = [i for i in old if i not in cheap and w <= i < cached.end]
+            changes, _ = _apply(history, w, cheap, fresh)
+            changes.update({i - w: history[i - w] for i in gone})
+            saved = sum(d.saved_tokens for i, d in cheap.items() if w <= i < cached.end)
+        applied = applied.replace(changes)
+        start_new = len(applied)
+        tail_changes, tail_saved = _apply(Chunks.of(new), raw.start, cheap,
+                                          [i for i in cheap if i >= raw.start])
+        new_applied = [tail_changes.get(j, m) for j, m in enumerate(new)]
+        applied = applied.extend(new_applied)
+        saved += tail_saved
+        scan = scan_pairs(new, cached.scan) if drop == 0 else scan_pairs(history)
+        new_counts = raw.message_counts()
+        counts = (cached.counts.drop(drop).extend(new_counts)
+                  if cached.counts is not None and new_counts is not None else None)
+        wire = (wire_update(cached.wire, drop, changes, new_applied, start_new)
+                if wire_update is not None and cached.wire else {})
+        planned_end = cached.planned_end if same_cheap or drop == 0 else -1
+    else:
+        history = Chunks.of(new)
+        changes, saved = _apply(history, w, cheap, list(cheap))
+        applied = history.replace(changes)
+        scan = scan_pairs(new)
+        found = raw.message_counts()
+        counts = Chunks.of(found) if found is not None else None
+        wire, planned_end = {}, -1
+    return CachedView(
+        epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
+        total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
+        applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
+        cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
+        counts=counts, wire=wire, planned_end=planned_end)
+
+
+__all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",
+           "placeholder"]

@@ -1,0 +1,242 @@
+"""What the sync and async guards share besides the core: everything but the I/O.
+
+A shell validates the request, turns it into a :class:`shared.core.guard_state.Request`
+(fixed figures cached per system prompt, tool set and model), keeps the
+session cache and the last request sent per session, and performs the
+core's plan with its own client. Only the last step differs between
+:mod:`shared.guard.sync` and :mod:`shared.guard.aio`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from shared.core.budget import ensure_reducible
+from shared.core.config import CompactionPolicy
+from shared.core.errors import InvalidInput
+from shared.core.guard_state import Request, Sent, check, newest_tokens
+from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
+from shared.core.messages import Message, validate_messages
+from shared.core.prepared import PreparedView, ViewReport
+from shared.core.records import SessionState, SummaryRecord
+from shared.core.repair import repair_tool_pairs
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.truncation import emergency_truncate
+from shared.core.view import Regions, ViewCache, assemble
+
+PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
+
+
+def check_request(system_prompt: object, tools: object) -> None:
+    """The caller's fixed request parts, checked before anything is read or hashed."""
+    if not isinstance(system_prompt, str):
+        raise InvalidInput(f"expected a string, got {type(system_prompt).__name__}",
+                           field="system_prompt")
+    try:
+        system_prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("is not valid unicode (lone surrogate)",
+                           field="system_prompt") from None
+    if tools is None:
+        return
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidInput(f"expected a list of tool definitions, got {type(tools).__name__}",
+                           field="tools")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise InvalidInput("expected an object", field=f"tools[{i}]")
+
+
+class GuardShell:
+    """State and pure helpers of a guard shell (no store calls here)."""
+
+    def __init__(self, counter: TokenCounter | None, policy: CompactionPolicy | None,
+                 overrides: Mapping[str, ModelLimits | int] | None,
+                 view_cache: ViewCache | None) -> None:
+        self.policy = policy or CompactionPolicy()
+        self.overrides = dict(overrides or {})
+        self.counter = counter or DEFAULT_COUNTER
+        self.limits = LimitBook()
+        self.views = view_cache if view_cache is not None else ViewCache()
+        self._fixed_cache: dict[str, int] = {}
+        self._tools_seen: tuple[Any, int] | None = None
+        self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
+        self._sent: dict[str, Sent] = {}
+        self._pending: OrderedDict[str, list[tuple[Any, Message, int]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
+
+    # -- fixed figures ---------------------------------------------------------------
+    def _cached(self, key: str, compute: Callable[[], int]) -> int:
+        value = self._fixed_cache.get(key)
+        if value is None:
+            if len(self._fixed_cache) > 256:
+                self._fixed_cache.clear()
+            value = self._fixed_cache[key] = compute()
+        return value
+
+    def _system_tokens(self, system_prompt: str) -> int:
+        key = "s" + hashlib.blake2b(system_prompt.encode(), digest_size=16).hexdigest()
+        return self._cached(key, lambda: self.counter.message(
+            Message(role="system", content=system_prompt)) if system_prompt else 0)
+
+    def _tool_tokens(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
+        if not tools:
+            return 0
+        seen = self._tools_seen
+        if seen is not None and seen[0] == tools:  # the same definitions as last call
+            return int(seen[1])
+        try:
+            raw = json.dumps(tools, sort_keys=True, default=str)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput(f"not serializable as JSON: {str(exc)[:200]}",
+                               field="tools") from None
+        key = "t" + hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+        tokens = self._cached(key, lambda: self.counter.tools(list(tools)))
+        self._tools_seen = (copy.deepcopy(list(tools)), tokens)  # the caller may mutate its list
+        return tokens
+
+    def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
+        learned = dict(self.limits.as_mapping())
+        if state is not None and state.learned_window and state.model == model:
+            learned.setdefault(model, state.learned_window)
+        if not isinstance(model, str):  # model_limits names the bad field
+            return model_limits(model, overrides=self.overrides or None, learned=learned or None)
+        key = (model, tuple(sorted(learned.items())))
+        found = self._limits_seen.get(key)
+        if found is None:
+            found = model_limits(model, overrides=self.overrides or None,
+                                 learned=learned or None)
+            if len(self._limits_seen) > 256:
+                self._limits_seen.clear()
+            self._limits_seen[key] = found
+        return found
+
+    # -- the pending turn: validated and counted once per message ------------------------
+    def pending(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
+                ) -> tuple[list[Message], list[int]]:
+        """The pending messages, validated and counted; a tool chain's prepares re-use
+        what an earlier prepare of the same turn already did (compared by value)."""
+        if not isinstance(raw, (list, tuple)):
+            items = validate_messages(raw, prefix="pending")
+            return items, [self.counter.message(m) for m in items]
+        if not raw:
+            return [], []
+        with self._lock:
+            known = self._pending.get(session_id) or []
+        reuse = 0
+        for (old, _, _), item in zip(known, raw, strict=False):
+            if old is not item and old != item:
+                break
+            reuse += 1
+        try:
+            fresh = validate_messages(raw[reuse:], prefix="pending") if reuse < len(raw) else []
+        except InvalidInput:
+            if not reuse:
+                raise
+            validate_messages(raw, prefix="pending")  # the error, named by its place in raw
+            raise
+        rows = known[:reuse] + [(copy.deepcopy(item) if isinstance(item, Mapping) else item, m,
+                                 self.counter.message(m))
+                                for item, m in zip(raw[reuse:], fresh, strict=True)]
+        with self._lock:
+            self._pending[session_id] = rows
+            self._pending.move_to_end(session_id)
+            while len(self._pending) > PENDING_KEEP:
+                self._pending.popitem(last=False)
+        return [m for _, m, _ in rows], [t for _, _, t in rows]
+
+    def request(self, session_id: str, system_prompt: str,
+                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
+                state: SessionState | None, extra: list[Message], extra_tokens: list[int],
+                force_ratio: float | None) -> Request:
+        limits = self.model_limits(model, state)
+        return Request(
+            session_id=session_id, system_prompt=system_prompt, model=model,
+            window=limits.context_window, reserve=output_reserve(limits, max_tokens),
+            limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
+            tool_tokens=self._tool_tokens(tools), overhead=self.counter.messages([]),
+            extra=extra, extra_tokens=extra_tokens, force_ratio=force_ratio)
+
+    def remember(self, session_id: str, sent: Sent) -> None:
+        with self._lock:
+            self._sent[session_id] = sent
+            if len(self._sent) > max(PENDING_KEEP, self.views.max_sessions):
+                self._sent.pop(next(iter(self._sent)))
+
+    def take_sent(self, session_id: str, reported: bool) -> Sent | None:
+        """The last request prepared, when a usage report describes it (else kept)."""
+        with self._lock:
+            self._pending.pop(session_id, None)  # the turn is recorded: a new one starts
+            return self._sent.pop(session_id, None) if reported else None
+
+    # -- Redis is down: a locally truncated view of the caller's own messages -----------------
+    def degraded(self, session_id: str, system_prompt: str,
+                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                 model: str, history: list[Message], started: float) -> PreparedView:
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, None, [], [],
+                           None)
+        counter, policy = self.counter, self.policy
+        tokens = [counter.message(m) for m in history]
+        regions = Regions(req.system_tokens, 0, req.tool_tokens, sum(tokens), req.overhead)
+        newest = newest_tokens(history, tokens)
+        report = check(req.window, req.reserve, regions, regions.total, newest, policy)
+        dropped, note, summary = 0, "", None
+        if not report.within_budget:
+            ensure_reducible(report)
+            fixed = regions.system + regions.tools + regions.overhead
+            budget = max(1, int(report.input_budget * 0.95) - fixed)
+            result = emergency_truncate(history, budget, counter,
+                                        drop_fraction=policy.emergency_drop_fraction)
+            history, dropped, note = result.messages, result.dropped, result.note
+            summary = SummaryRecord(watermark=0, kind="truncation", text=note,
+                                    tokens=counter.text(note) + 8)
+            regions = Regions(regions.system, summary.tokens, regions.tools,
+                              sum(counter.message(m) for m in history), regions.overhead)
+            report = check(req.window, req.reserve, regions, regions.total, newest, policy)
+        messages = assemble(system_prompt, summary, repair_tool_pairs(history),
+                            placement=policy.summary_placement)
+        return PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
+            session_id=session_id, model=model, limits_source=req.limits_source, budget=report,
+            estimated_prompt_tokens=regions.total, watermark=0, version=0, length=len(history),
+            summary_kind="", cheap_applied=0, truncated=dropped > 0, dropped_messages=dropped,
+            note=note, enqueued=False, pending_job=False, recovery=False, degraded=True,
+            elapsed_ms=(time.perf_counter() - started) * 1000))
+
+    def stats_from(self, session_id: str, tenant: str, snap: Any,
+                   summaries: Sequence[SummaryRecord]) -> dict[str, Any]:
+        """Tokens by region, usage ratio, watermark, summaries, pending job."""
+        from shared.core.view import view_estimate
+
+        state = snap.state
+        limits = self.model_limits(state.model or "gpt-4o", state)
+        reserve = state.max_tokens or output_reserve(limits, None)
+        regions, estimated = view_estimate(state, snap.summary, snap.history_tokens, snap.saved,
+                                           snap.end, overhead=self.counter.messages([]))
+        report = check(limits.context_window, reserve, regions, estimated, 0, self.policy)
+        return {
+            "session_id": session_id, "tenant": tenant, "length": snap.end,
+            "watermark": state.watermark, "version": state.version, "model": state.model,
+            "window": limits.context_window, "limits_source": limits.source,
+            "reserve": reserve, "regions": {"system": regions.system,
+                                            "summary": regions.summary,
+                                            "tools": regions.tools, "history": regions.history},
+            "estimated_prompt_tokens": estimated, "usage_ratio": report.usage_ratio,
+            "should_compact": report.should_compact, "within_budget": report.within_budget,
+            "summary_kind": state.summary_kind, "cheap_decisions": len(snap.cheap),
+            "summaries": [{"watermark": s.watermark, "kind": s.kind, "tokens": s.tokens,
+                           "created_at": s.created_at} for s in summaries],
+            "pending_job": snap.pending, "calibration_ratio": state.calibration_ratio,
+            "calibration_samples": state.calibration_samples,
+            "silent_truncation_flags": state.silent_truncation_flags,
+        }
+
+
+__all__ = ["GuardShell", "check_request"]

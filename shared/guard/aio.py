@@ -1,0 +1,245 @@
+"""The asynchronous guard (redis.asyncio): the same core and plan, awaited.
+
+``prepare`` reads what changed in the session since the cached view (one
+atomic script), lets the core (:func:`shared.core.guard_state.plan_view`)
+decide, performs the plan's writes (figures, cheap decisions, a truncation
+through the compare-and-swap, the job) and returns the view. ``record_turn``
+appends and enqueues, coalesced. ``recover`` handles a context-overflow
+error: learn the stated limit, compact hard, return a view for one retry.
+
+Its twin :mod:`shared.guard.sync` is the same code without ``await``; both
+are tested by the same tests (tests/test_guard.py runs every test on both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from shared.core.config import CompactionPolicy
+from shared.core.errors import StoreUnavailable
+from shared.core.guard_state import Plan, plan_view, usage_fields
+from shared.core.limits import ModelLimits
+from shared.core.messages import Message, check_tool_results, validate_messages
+from shared.core.overflow import is_context_overflow, parse_overflow
+from shared.core.prepared import PreparedView
+from shared.core.records import AppendResult
+from shared.core.tokens import TokenCounter
+from shared.core.usage import reported_prompt_tokens
+from shared.core.view import ViewCache
+from shared.core.viewcache import CachedView, decode_view
+from shared.core.wireview import carry
+from shared.enqueue import Enqueuer, NullEnqueuer
+from shared.guard._shell import GuardShell, check_request
+from shared.store.aio import AsyncSessionStore
+from shared.store.keys import validate_session_id
+
+log = logging.getLogger("shared.guard")
+R = TypeVar("R")
+
+
+class AsyncContextGuard(GuardShell):
+    """Asynchronous, LLM-free context guard for one tenant's sessions (asyncio).
+
+    ``view_cache``: the views it keeps between calls (default: 256 sessions,
+    200,000 messages in all, about :data:`shared.core.viewcache.BYTES_PER_MESSAGE`
+    bytes each); ``ViewCache(0, 0)`` turns caching off. One guard per process
+    is the intended use; it is thread-safe.
+    """
+
+    def __init__(self, store: AsyncSessionStore, enqueuer: Enqueuer | None = None, *,
+                 policy: CompactionPolicy | None = None,
+                 overrides: Mapping[str, ModelLimits | int] | None = None,
+                 counter: TokenCounter | None = None,
+                 view_cache: ViewCache | None = None) -> None:
+        super().__init__(counter or store.counter, policy, overrides, view_cache)
+        self.store = store
+        self.enqueuer = enqueuer or NullEnqueuer()
+
+    # -- reading -------------------------------------------------------------------
+    async def snapshot(self, session_id: str) -> CachedView:
+        """The session's view, read incrementally against the cached one (one round trip)."""
+        validate_session_id(session_id)  # before it is used as a cache key
+        cached = self.views.get(session_id)
+        raw = await self.store.read_view(
+            session_id, cached.cursor if cached is not None else None, with_counts=True)
+        snap = decode_view(raw, cached, carry)
+        if raw.epoch:
+            self.views.put(session_id, snap)
+        return snap
+
+    async def load(self, session_id: str) -> CachedView:
+        return await self.snapshot(session_id)
+
+    # -- prepare -------------------------------------------------------------------
+    async def prepare(self, session_id: str, system_prompt: str = "",
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                pending: Sequence[Message | Mapping[str, Any]] = (),
+                fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
+                ) -> PreparedView:
+        """The view to send now, with its budget report.
+
+        ``pending`` are messages of the current turn not yet recorded (the
+        new user message, say). ``fallback_messages``: when Redis is down,
+        build a locally truncated view from these instead of raising.
+        """
+        started = time.perf_counter()
+        validate_session_id(session_id)  # before it is used as a cache key
+        check_request(system_prompt, tools)
+        extra, extra_tokens = self.pending(session_id, pending)
+        try:
+            snap = await self.snapshot(session_id)
+        except StoreUnavailable:
+            if fallback_messages is None:
+                raise
+            return self.degraded(session_id, system_prompt, tools, max_tokens, model,
+                                 validate_messages(fallback_messages) + extra, started)
+        force = self.policy.recovery_ratio if snap.state.recover_next else None
+        return await self._build(session_id, snap, system_prompt, tools, max_tokens, model, extra,
+                           extra_tokens, started, force)
+
+    async def _build(self, session_id: str, snap: CachedView, system_prompt: str,
+               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
+               extra: list[Message], extra_tokens: list[int], started: float,
+               force_ratio: float | None, retry_lost_swap: bool = True) -> PreparedView:
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
+                           extra, extra_tokens, force_ratio)
+        plan, snap = plan_view(snap, req, self.policy, self.counter)
+        if snap.epoch:
+            self.views.put(session_id, snap)
+        if not await self._perform(session_id, plan) and retry_lost_swap:
+            # A worker's summary (or an edit) landed since the read: build from it
+            # instead (it may fit without truncating), once.
+            fresh = await self.snapshot(session_id)
+            return await self._build(session_id, fresh, system_prompt, tools, max_tokens, model,
+                                     extra, extra_tokens, started, force_ratio,
+                                     retry_lost_swap=False)
+        self.remember(session_id, plan.sent)
+        enqueued = await self._enqueue(session_id, force=plan.force) if plan.enqueue else False
+        return plan.finish(enqueued, (time.perf_counter() - started) * 1000)
+
+    async def _perform(self, session_id: str, plan: Plan) -> bool:
+        """The plan's writes, in order; False when its truncation lost the swap."""
+        if plan.figures:
+            await self.store.update_state(session_id, **plan.figures)
+        if plan.cheap:
+            await self.store.record_cheap(session_id, plan.cheap)
+        if plan.truncation is not None:
+            result = await self.store.commit_summary(session_id, plan.truncation, plan.version)
+            if not result.ok:
+                log.info("truncation summary for %s lost its swap (%s)", session_id,
+                         result.reason)
+                return False
+        if plan.clear_recover_next:
+            await self.store.update_state(session_id, recover_next=0)
+        return True
+
+    async def _enqueue(self, session_id: str, *, force: bool = False) -> bool:
+        if force:
+            await self.store.update_state(session_id, force_requested=1)
+        if not await self.store.mark_pending(session_id):
+            return False
+        return await self._publish(session_id)
+
+    async def _publish(self, session_id: str) -> bool:
+        """Publish the job (the enqueuer is synchronous: a broker publish, ~1 ms)."""
+        try:
+            self.enqueuer.enqueue(self.store.tenant, session_id)
+        except Exception as exc:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.clear_pending(session_id)
+            log.warning("enqueue failed for session %s: %s", session_id, exc)
+            return False
+        return True
+
+    # -- after the call --------------------------------------------------------------
+    async def record_turn(self, session_id: str, messages: Sequence[Message | Mapping[str, Any]],
+                    usage: Any = None, *, request_id: str | None = None) -> int:
+        """Append the turn's messages and enqueue ``maybe_summarize`` (coalesced).
+
+        ``usage`` is the provider's usage for the request that produced the
+        last assistant message of ``messages`` (the last prepared view); it
+        anchors the hybrid estimate and updates the calibration (written by
+        the append itself, only if no compaction or edit changed the view
+        since). The append carries a request id and is retried once with
+        it when Redis did not answer: applied at most once. Once the turn is
+        stored, a failure to publish the job is logged, not raised.
+        """
+        validate_session_id(session_id)
+        encoded = self.store.encode(session_id, messages)
+        check_tool_results(messages)  # an orphan tool result: InvalidInput naming its index
+        reported = reported_prompt_tokens(usage)
+        sent = self.take_sent(session_id, reported is not None)
+        fields = usage_fields(reported, sent) if sent is not None and reported else None
+        rid = request_id if request_id is not None else secrets.token_hex(12)
+
+        async def attempt() -> AppendResult:
+            return await self.store.append_encoded(
+                session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
+                state_fields=fields, fields_version=sent.version if sent else None)
+
+        try:
+            result = await attempt()
+        except StoreUnavailable as exc:
+            log.info("session %s: append %s unanswered (%s); retrying once", session_id, rid,
+                     exc)
+            result = await attempt()
+        if result.marked:
+            await self._publish(session_id)
+        return result.length
+
+    # -- reactive recovery -----------------------------------------------------------------
+    async def recover(self, session_id: str, error: object, system_prompt: str = "",
+                tools: Sequence[Mapping[str, Any]] | None = None,
+                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView | None:
+        """After a provider error: None if it is not a context overflow, else a view to retry.
+
+        The stated limit is learned; the view is compacted to a fifth of the
+        window with force, without an LLM, and a worker is asked to replace
+        the truncation with a real summary. Runs even with proactive
+        compaction switched off.
+        """
+        if not is_context_overflow(error):
+            return None
+        validate_session_id(session_id)
+        info = parse_overflow(error)
+        if info is not None and info.limit:
+            self.limits.learn(model, info.limit)
+            await self.store.update_state(session_id, learned_window=info.limit, model=model,
+                                    last_overflow_at=time.time())
+        started = time.perf_counter()
+        extra, extra_tokens = self.pending(session_id, pending)
+        snap = await self.snapshot(session_id)
+        return await self._build(session_id, snap, system_prompt, tools, max_tokens, model,
+                                 extra, extra_tokens, started, self.policy.recovery_ratio)
+
+    async def call(self, session_id: str, send: Callable[[PreparedView], Awaitable[R]], *,
+             system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
+             max_tokens: int | None = None, model: str = "gpt-4o",
+             pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
+        """prepare -> send -> on overflow recover and send once more."""
+        view = await self.prepare(session_id, system_prompt, tools, max_tokens, model,
+                                  pending=pending)
+        try:
+            return await send(view), view
+        except Exception as exc:
+            retry = await self.recover(session_id, exc, system_prompt, tools, max_tokens, model,
+                                 pending=pending)
+            if retry is None:
+                raise
+        return await send(retry), retry
+
+    async def stats(self, session_id: str) -> dict[str, Any]:
+        """Tokens by region, usage ratio, watermark, summaries, pending job."""
+        snap = await self.snapshot(session_id)
+        return self.stats_from(session_id, self.store.tenant, snap,
+                               await self.store.summaries(session_id))
+
+
+__all__ = ["AsyncContextGuard"]

@@ -1,0 +1,183 @@
+"""The session store over redis.asyncio: the same scripts, commands and parsers.
+
+:class:`AsyncSessionStore` sends what :mod:`shared.store.commands` builds and
+reads the replies with its parsers, exactly like
+:class:`shared.store.sessions.SessionStore`; only the client call is awaited.
+It offers what the async guard needs (the hot path: read the view, append a
+turn, record decisions, commit a truncation, the pending flag, state);
+workers and operators keep the sync store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.messages import Message
+from shared.core.records import (
+    AppendResult,
+    CheapDecision,
+    CommitResult,
+    RawView,
+    SessionState,
+    SummaryRecord,
+    ViewCursor,
+)
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.store import commands
+from shared.store.commands import EncodedBatch, T
+from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
+from shared.store.sessions import (
+    _REDIS_FAILURES,
+    IDEMPOTENCY_KEEP,
+    IDEMPOTENCY_TTL_SECONDS,
+    SCRIPTS,
+    _load_lua,
+    session_full,
+)
+
+
+def connect_async(url: str, config: StoreConfig | None = None) -> redis.asyncio.Redis:
+    """An asyncio client with the same bounded timeouts and no silent retries."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    cfg = config or StoreConfig()
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
+        retry=Retry(NoBackoff(), 0), health_check_interval=30)
+
+
+class AsyncSessionStore:
+    """Sessions of one tenant over redis.asyncio (the guard's operations)."""
+
+    def __init__(self, client: Any, config: StoreConfig | None = None, *,
+                 tenant: str = DEFAULT_TENANT, counter: TokenCounter | None = None,
+                 idempotency_keep: int = IDEMPOTENCY_KEEP,
+                 idempotency_ttl: int = IDEMPOTENCY_TTL_SECONDS) -> None:
+        _check_positive("idempotency_keep", idempotency_keep)
+        _check_positive("idempotency_ttl", idempotency_ttl)
+        self.redis = client
+        self.config = config or StoreConfig()
+        self.tenant = validate_tenant(tenant)
+        self.counter = counter or DEFAULT_COUNTER
+        self.idempotency_keep = idempotency_keep
+        self.idempotency_ttl = idempotency_ttl
+        self._scripts = {name: client.register_script(_load_lua(f"{name}.lua"))
+                         for name in SCRIPTS}
+
+    def keys(self, session_id: str) -> SessionKeys:
+        return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
+
+    async def _call(self, what: str, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except _REDIS_FAILURES as exc:
+            raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
+
+    async def execute(self, cmd: commands.Command[T]) -> T:
+        script = self._scripts[cmd.script]
+        return cmd.parse(await self._call(cmd.what, script(keys=cmd.keys, args=cmd.args)))
+
+    # -- the log ---------------------------------------------------------------
+    def encode(self, session_id: str, messages: Iterable[Any]) -> EncodedBatch:
+        return commands.encode(messages, self.config, self.counter)
+
+    async def append(self, session_id: str, messages: Iterable[Any], *,
+                     request_id: str | None = None) -> int:
+        result = await self.append_encoded(session_id, self.encode(session_id, messages),
+                                           request_id=request_id)
+        return result.length
+
+    async def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
+                             request_id: str | None = None, mark_pending: bool = False,
+                             with_state: bool = False,
+                             state_fields: Mapping[str, Any] | None = None,
+                             fields_version: int | None = None) -> AppendResult:
+        """See :meth:`shared.store.sessions.SessionStore.append_encoded`."""
+        opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
+                                      fields_version)
+        for _ in range(commands.APPEND_ATTEMPTS):
+            cmd = commands.append_command(self.keys(session_id), self.config, encoded, opts,
+                                          idempotency_keep=self.idempotency_keep,
+                                          idempotency_ttl=self.idempotency_ttl)
+            try:
+                return await self.execute(cmd)
+            except redis.exceptions.ResponseError as exc:
+                renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
+                if renamed is None:
+                    raise session_full(exc, session_id, self.config) from None
+                encoded = renamed
+        raise StoreUnavailable(f"append to {session_id!r}: tool-call ids kept colliding")
+
+    async def length(self, session_id: str) -> int:
+        return int(await self._call("length", self.redis.llen(self.keys(session_id).log)))
+
+    async def messages(self, session_id: str, start: int = 0,
+                       end: int | None = None) -> list[Message]:
+        if end is not None and end <= start:
+            return []
+        raw = await self._call("read", self.redis.lrange(
+            self.keys(session_id).log, start, -1 if end is None else end - 1))
+        return [Message.model_validate_json(r) for r in raw]
+
+    # -- view, state, summaries -------------------------------------------------
+    async def read_view(self, session_id: str, since: ViewCursor | None = None, *,
+                        with_counts: bool = False) -> RawView:
+        return await self.execute(commands.view_command(self.keys(session_id), since,
+                                                        with_counts))
+
+    async def state(self, session_id: str) -> SessionState:
+        raw = await self._call("state", self.redis.hgetall(self.keys(session_id).state))
+        return SessionState.from_hash({commands._s(a): commands._s(b) for a, b in raw.items()})
+
+    async def update_state(self, session_id: str, **fields: Any) -> None:
+        clean = commands.state_fields(fields)
+        if clean:
+            await self._call("update_state",
+                             self.redis.hset(self.keys(session_id).state, mapping=clean))
+
+    async def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+        items = list(decisions)
+        if not items:
+            return 0
+        return await self.execute(commands.cheap_command(self.keys(session_id), self.config,
+                                                         items))
+
+    async def commit_summary(self, session_id: str, record: SummaryRecord,
+                             expected_version: int) -> CommitResult:
+        return await self.execute(commands.commit_command(self.keys(session_id), self.config,
+                                                          record, expected_version))
+
+    async def summaries(self, session_id: str) -> list[SummaryRecord]:
+        raw = await self._call("summaries", self.redis.hgetall(self.keys(session_id).summaries))
+        return sorted((SummaryRecord.model_validate_json(v) for v in raw.values()),
+                      key=lambda r: r.watermark)
+
+    # -- the pending flag ----------------------------------------------------------
+    async def mark_pending(self, session_id: str) -> bool:
+        return bool(await self._call("mark_pending", self.redis.set(
+            self.keys(session_id).pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+
+    async def clear_pending(self, session_id: str) -> None:
+        await self._call("clear_pending", self.redis.delete(self.keys(session_id).pending))
+
+    async def is_pending(self, session_id: str) -> bool:
+        return bool(await self._call("is_pending",
+                                     self.redis.exists(self.keys(session_id).pending)))
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput("must be a positive integer", field=name)
+
+
+__all__ = ["AsyncSessionStore", "connect_async"]

@@ -1,0 +1,247 @@
+"""The store's hot-path commands, sans-I/O: what to send, and what a reply means.
+
+:class:`shared.store.sessions.SessionStore` (redis-py) and
+:class:`shared.store.aio.AsyncSessionStore` (redis.asyncio) send the same
+scripts with the same keys and arguments and read the replies with the same
+parsers; only the client call differs. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from shared.core.callids import Claims, disambiguate
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.messages import Message, validate_messages
+from shared.core.records import (
+    AppendResult,
+    CheapDecision,
+    CommitResult,
+    RawView,
+    SessionState,
+    SummaryRecord,
+    ViewCursor,
+)
+from shared.core.tokens import TokenCounter
+from shared.store.keys import SessionKeys, validate_request_id
+
+T = TypeVar("T")
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def json_pairs(raw: bytes | str) -> dict[str, str]:
+    """A flat HGETALL reply the script encoded with cjson (``{}`` when empty on real Redis)."""
+    flat = json.loads(raw)
+    if not isinstance(flat, list):
+        return {}
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+def ids_key(keys: SessionKeys) -> str:
+    """The session's tool-call id map (same hash tag as its other keys)."""
+    return keys.log[: -len(":log")] + ":ids"
+
+
+@dataclass(frozen=True, slots=True)
+class Command(Generic[T]):
+    """One script call: name, keys, arguments, and how to read its reply."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+    parse: Callable[[Any], T]
+    what: str = ""
+
+
+class EncodedBatch(list[tuple[str, int]]):
+    """Messages validated and encoded for one append: (JSON, tokens) per message.
+
+    Also keeps the decoded messages and the id claims the append script
+    checks, so that an append whose ids collide can be renamed and re-sent.
+    """
+
+    messages: list[Message]
+    claims: Claims
+
+    @classmethod
+    def build(cls, rows: Iterable[tuple[str, int]], messages: list[Message],
+              claims: Claims) -> EncodedBatch:
+        batch = cls(rows)
+        batch.messages, batch.claims = messages, claims
+        return batch
+
+
+def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, *,
+           known: Mapping[str, str] | None = None, nonce: str | None = None,
+           validated: list[Message] | None = None) -> EncodedBatch:
+    """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count."""
+    items = validated if validated is not None else validate_messages(messages)
+    if len(items) > config.max_messages_per_call:
+        raise LimitExceeded(
+            f"{len(items)} messages in one call; the limit is "
+            f"{config.max_messages_per_call}", field="messages")
+    unique, claims = disambiguate(items, nonce or secrets.token_hex(3), known)
+    rows: list[tuple[str, int]] = []
+    for i, message in enumerate(unique):
+        try:
+            raw = message.to_json()
+        except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
+            raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
+                               field=f"messages[{i}]", index=i) from None
+        size = len(raw.encode("utf-8"))
+        if size > config.max_message_bytes:
+            raise LimitExceeded(
+                f"{size} bytes; the limit is {config.max_message_bytes} bytes per message",
+                field=f"messages[{i}]", index=i)
+        rows.append((raw, counter.message(message)))
+    return EncodedBatch.build(rows, items, claims)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOptions:
+    request_id: str | None = None
+    mark_pending: bool = False
+    with_state: bool = False
+    state_fields: Mapping[str, Any] | None = None
+    fields_version: int | None = None
+
+
+def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[str, int]],
+                   opts: AppendOptions, *, idempotency_keep: int,
+                   idempotency_ttl: int) -> Command[AppendResult]:
+    if opts.request_id is not None:
+        validate_request_id(opts.request_id)
+    fields = [(name, "" if value is None else value)
+              for name, value in (opts.state_fields or {}).items()]
+    if fields and opts.fields_version is None:
+        raise InvalidInput("state fields need the version they were computed for",
+                           field="fields_version")
+    args: list[Any] = [config.max_messages_per_session, config.ttl_seconds or 0,
+                       secrets.token_hex(8), opts.request_id or "", idempotency_keep,
+                       idempotency_ttl, config.pending_ttl_seconds if opts.mark_pending else 0,
+                       1 if opts.with_state else 0,
+                       "" if opts.fields_version is None else opts.fields_version, len(fields)]
+    for name, value in fields:
+        args.extend((name, value))
+    args.append(len(encoded))
+    for raw, tokens in encoded:
+        args.extend((raw, tokens))
+    claims = encoded.claims if isinstance(encoded, EncodedBatch) else Claims()
+    for pairs in (claims.calls, claims.results):
+        args.append(len(pairs))
+        for provider, stored in pairs:
+            args.extend((provider, stored))
+    keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
+            k.summaries, k.summary_index, k.cheap, ids_key(k)]
+    return Command("append", keys, args, parse_append, "append")
+
+
+def parse_append(result: Any) -> AppendResult:
+    length, watermark, version, before, duplicate, marked, state = result
+    return AppendResult(
+        length=int(length), watermark=int(watermark), version=int(version),
+        tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
+        state=SessionState.from_hash(json_pairs(state)) if state else None)
+
+
+def id_conflict(error: Exception) -> dict[str, str] | None:
+    """The session's id mapping from an ``ID_CONFLICT`` reply, else None."""
+    text = str(error)
+    if not text.startswith("ID_CONFLICT "):
+        return None
+    raw = json.loads(text[len("ID_CONFLICT "):])
+    return {p: s for p, s in raw.items() if isinstance(s, str)} if isinstance(raw, dict) else {}
+
+
+def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: StoreConfig,
+                  counter: TokenCounter) -> EncodedBatch | None:
+    """The batch renamed against the session's id mapping an ``ID_CONFLICT`` reply
+    carried; None when ``error`` is another error."""
+    known = id_conflict(error)
+    if known is None or not isinstance(encoded, EncodedBatch):
+        return None
+    return encode((), config, counter, known=known, validated=encoded.messages)
+
+
+APPEND_ATTEMPTS = 3  # ids renamed against the session's mapping at most twice
+
+
+def view_command(k: SessionKeys, since: ViewCursor | None,
+                 with_counts: bool = False) -> Command[RawView]:
+    keys = [k.state, k.log, k.cum, k.summaries, k.cheap, k.pending]
+    args: list[Any] = (["", 0, 0, 0, 0, 0] if since is None else
+                       [since.epoch, since.gen, since.version, since.start, since.end,
+                        since.total])
+    args.append("1" if with_counts else "0")
+    args.append("" if since is None else since.cheap_gen)
+    return Command("view", keys, args, parse_view, "view")
+
+
+def parse_view(raw: Any) -> RawView:
+    (state, messages, before, total, length, summary, cheap, pending, start, incremental,
+     included, totals, cheap_included) = raw
+    return RawView(
+        state_raw=json_pairs(state), messages=list(messages), start=int(start),
+        tokens_before_watermark=int(before), tokens_total=int(total), length=int(length),
+        summary_json=summary or None, summary_included=bool(included),
+        cheap_raw={int(f): v for f, v in json_pairs(cheap).items()} if cheap else {},
+        cheap_included=bool(cheap_included),
+        pending=bool(pending), incremental=bool(incremental),
+        totals=[int(t) for t in totals])
+
+
+def cheap_command(k: SessionKeys, config: StoreConfig,
+                  decisions: Sequence[CheapDecision]) -> Command[int]:
+    args: list[Any] = [config.ttl_seconds or 0]
+    for d in decisions:
+        args.extend((d.index, d.model_dump_json()))
+    return Command("cheap", [k.cheap, k.state], args, int, "record_cheap")
+
+
+def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
+                   expected_version: int) -> Command[CommitResult]:
+    keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum]
+    args: list[Any] = [expected_version, record.watermark, record.model_dump_json(),
+                       record.tokens, record.kind, config.summary_retention,
+                       config.ttl_seconds or 0]
+    return Command("commit_summary", keys, args, parse_commit, "commit_summary")
+
+
+def parse_commit(raw: Any) -> CommitResult:
+    if _s(raw[0]) == "ok":
+        return CommitResult(ok=True, version=int(raw[1]), watermark=int(raw[2]))
+    return CommitResult(ok=False, reason=_s(raw[1]),
+                        version=int(raw[2]), watermark=int(raw[3]))
+
+
+def state_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: ("" if v is None else v) for k, v in fields.items()}
+
+
+__all__ = [
+    "AppendOptions",
+    "Command",
+    "EncodedBatch",
+    "append_command",
+    "cheap_command",
+    "commit_command",
+    "encode",
+    "id_conflict",
+    "ids_key",
+    "json_pairs",
+    "parse_append",
+    "parse_commit",
+    "parse_view",
+    "renamed_after",
+    "state_fields",
+    "view_command",
+]

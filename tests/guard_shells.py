@@ -1,0 +1,76 @@
+"""Both guard shells behind one synchronous test API, so every guard test runs on both.
+
+:class:`AsyncShell` drives a real :class:`shared.guard.AsyncContextGuard` over
+redis.asyncio (fakeredis's async client on the same fake server, or the
+same real Redis), each call on a private event loop. ``guard.store`` stays
+the sync store of the test, for setting up and inspecting the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import fakeredis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from shared.guard import AsyncContextGuard, ContextGuard
+from shared.store.aio import AsyncSessionStore
+from shared.store.sessions import SessionStore
+
+SHELLS = ("sync", "async")
+
+
+def async_client(sync_client: Any) -> Any:
+    """An asyncio client talking to the same server as ``sync_client``."""
+    kwargs = sync_client.connection_pool.connection_kwargs
+    if isinstance(sync_client, fakeredis.FakeRedis):
+        return fakeredis.FakeAsyncRedis(server=kwargs["server"], host=kwargs["host"],
+                                        port=kwargs["port"], db=kwargs["db"])
+    return redis.asyncio.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379),
+                               db=kwargs.get("db", 0),
+                               socket_timeout=kwargs.get("socket_timeout"),
+                               socket_connect_timeout=kwargs.get("socket_connect_timeout"),
+                               retry=Retry(NoBackoff(), 0))  # as connect_async() does
+
+
+class AsyncShell:
+    """The async guard with the sync guard's call signatures (for tests)."""
+
+    def __init__(self, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -> None:
+        self.store = store
+        self.loop = asyncio.new_event_loop()
+        self.astore = AsyncSessionStore(async_client(store.redis), store.config,
+                                        tenant=store.tenant, counter=store.counter)
+        self.inner = AsyncContextGuard(self.astore, enqueuer, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name == "call":
+            def call(session_id: str, send: Any, **kw: Any) -> Any:
+                async def asend(view: Any) -> Any:
+                    return send(view)
+                return self.loop.run_until_complete(self.inner.call(session_id, asend, **kw))
+            return call
+        if inspect.iscoroutinefunction(attr):
+            def run(*args: Any, **kw: Any) -> Any:
+                return self.loop.run_until_complete(attr(*args, **kw))
+            return run
+        return attr
+
+    def __del__(self) -> None:
+        try:
+            self.loop.run_until_complete(self.astore.redis.aclose())
+            self.loop.close()
+        except Exception:  # best effort at interpreter exit
+            return
+
+
+def make(shell: str, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -> Any:
+    """A guard of the given shell over ``store``."""
+    if shell == "sync":
+        return ContextGuard(store, enqueuer, **kwargs)
+    return AsyncShell(store, enqueuer, **kwargs)

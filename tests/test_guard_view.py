@@ -1,0 +1,185 @@
+"""The guard's cached views agree with the store; skipping repair is only a shortcut."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.core.config import StoreConfig
+from shared.core.messages import Message
+from shared.core.records import CheapDecision, SummaryRecord
+from shared.core.repair import repair_tool_pairs
+from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
+from shared.core.wire import to_openai
+from shared.enqueue import CallbackEnqueuer
+from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
+from tests.strategies import any_conversations, conversations, damaged_conversations
+from tests.test_guard import SYSTEM, Recorder, coding_turn
+
+
+@pytest.fixture
+def jobs() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    """Every test that builds its guard through ``make_guard`` runs on both shells."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_guard(shell: str) -> Callable[..., Any]:
+    return functools.partial(make, shell)
+
+
+@pytest.fixture
+def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
+    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+
+# -- the view cache agrees with the store -------------------------------------------------------
+OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "commit", "truncate",
+                                          "rewind", "delete", "cheap", "prepare", "prepare"]),
+                         st.integers(0, 10_000)), min_size=1, max_size=20)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_cached_views_equal_fresh_reads(shell_name: str, ops: list[tuple[str, int]]) -> None:
+    """Whatever happens to a session, the warm guard's view is the store's view."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    warm = make(shell_name, store, overrides={"m": 1_000_000})
+    cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
+    step = 0
+    for i, (op, n) in enumerate(ops):
+        length = store.length("s")
+        state = store.state("s")
+        if op == "turn":  # one to three turns of five messages
+            for _ in range(1 + n % 3):
+                warm.record_turn("s", coding_turn(step, 200))
+                step += 1
+        elif op == "commit" and length > state.watermark:
+            boundaries = range(state.watermark + 5, length + 1, 5)  # turns are 5 messages
+            w = boundaries[n % len(boundaries)] if boundaries else length
+            assert store.commit_summary("s", SummaryRecord(watermark=w, kind="llm",
+                                                           text=f"s{n}", tokens=3),
+                                        state.version).ok
+        elif op == "truncate":
+            store.truncate_after("s", n % (length + 1))
+        elif op == "rewind":
+            kept = [0] + [r.watermark for r in store.summaries("s")]
+            store.rewind("s", kept[n % len(kept)])
+        elif op == "delete":
+            store.delete_session("s")
+        elif op == "cheap" and length > state.watermark:
+            index = state.watermark + n % (length - state.watermark)
+            store.record_cheap("s", [CheapDecision(index=index, stage="clear_tool_output",
+                                                   placeholder=f"[cleared {n}]",
+                                                   saved_tokens=1)])
+        if op != "prepare" and i < len(ops) - 1:
+            continue  # several changes between two reads, as between two agent calls
+        cached, fresh = warm.load("s"), store.load_view("s", with_counts=True)
+        assert cached.counts is not None and list(cached.counts) == fresh.history_counts
+        assert cached.history == fresh.history
+        assert (cached.summary, dict(cached.cheap), cached.state, cached.end) == \
+            (fresh.summary, fresh.cheap, fresh.state, fresh.length)
+        assert cached.history_tokens == fresh.history_tokens
+        w = fresh.state.watermark
+        assert cached.applied == apply_cheap(fresh.history, w, fresh.cheap)
+        assert cached.saved == cheap_savings(fresh.cheap, w, fresh.length)
+        a = warm.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
+        b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
+        assert a.messages == b.messages
+        assert a.openai() == b.openai() == to_openai(list(a.messages), include_reasoning=False)
+        assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
+
+
+def test_view_cache_is_bounded(make_guard: Callable[..., Any]) -> None:
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    guard = make_guard(store, view_cache=ViewCache(max_sessions=3, max_messages=12))
+    for i in range(5):
+        store.append(f"s{i}", coding_turn(i, 50))
+        guard.prepare(f"s{i}", SYSTEM)
+    assert len(guard.views) == 2  # 5 messages each, 12 at most
+    store.append("big", [m for i in range(3) for m in coding_turn(i, 50)])
+    guard.prepare("big", SYSTEM)
+    assert guard.views.get("big") is None  # larger than the whole cache: not kept
+    off = make_guard(store, view_cache=ViewCache(0, 0))
+    off.prepare("s0", SYSTEM)
+    assert len(off.views) == 0
+
+
+# -- skipping repair is only ever a shortcut ------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(messages=any_conversations())
+def test_pairs_intact_means_repair_is_the_identity(messages: list[Message]) -> None:
+    if pairs_intact(messages):
+        assert repair_tool_pairs(messages) == messages
+    repaired = repair_tool_pairs(messages)
+    assert pairs_intact(repaired), "too strict: a repaired view must count as intact"
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=conversations())
+def test_valid_conversations_skip_repair(messages: list[Message]) -> None:
+    assert pairs_intact(messages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=any_conversations(), data=st.data())
+def test_the_pair_scan_resumes_where_it_stopped(messages: list[Message],
+                                                data: st.DataObject) -> None:
+    """A view that grew at its end is checked from the last check's state, same answer."""
+    cut = data.draw(st.integers(0, len(messages)))
+    assert scan_pairs(messages[cut:], scan_pairs(messages[:cut])).intact == \
+        pairs_intact(messages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=damaged_conversations())
+def test_damage_is_detected_or_harmless(messages: Sequence[Message]) -> None:
+    assert pairs_intact(messages) == (repair_tool_pairs(messages) == list(messages))
+
+
+# -- the persistent list behind every view ----------------------------------------------------
+CHUNK_OPS = st.lists(st.tuples(st.sampled_from(["extend", "drop", "replace"]),
+                               st.integers(0, 1500)), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=CHUNK_OPS)
+def test_chunks_behave_like_a_list_and_never_change_under_a_holder(
+        ops: list[tuple[str, int]]) -> None:
+    from shared.core.chunks import Chunks, concat
+
+    model: list[int] = []
+    chunks: Chunks[int] = Chunks()
+    held: list[tuple[Chunks[int], list[int]]] = []
+    for op, n in ops:
+        if op == "extend":
+            items = list(range(len(model), len(model) + n % 700))
+            model, chunks = model + items, chunks.extend(items)
+        elif op == "drop":
+            k = n % (len(model) + 1)
+            model, chunks = model[k:], chunks.drop(k)
+        elif model:
+            i = n % len(model)
+            model = [*model[:i], -n, *model[i + 1:]]
+            chunks = chunks.replace({i: -n})
+        held.append((chunks, list(model)))
+        assert list(chunks) == model and len(chunks) == len(model) and chunks == model
+        if model:
+            i = n % len(model)
+            assert chunks[i] == model[i] and chunks[-1] == model[-1]
+            assert chunks[i:i + 7] == model[i:i + 7]
+        assert list(concat([1], chunks, [2])) == [1, *model, 2]
+    for version, expected in held:  # earlier versions are untouched by later edits
+        assert list(version) == expected
