@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -249,6 +250,11 @@ def test_an_indexing_failure_never_fails_the_compaction(
         raise RuntimeError("index down")
 
     monkeypatch.setattr(module, "index_compacted", broken)
+    # other tests run Celery workers in-process, and Celery rewires logging: capture here
+    job_log = logging.getLogger("compaction.job")
+    monkeypatch.setattr(job_log, "disabled", False)
+    monkeypatch.setattr(job_log, "propagate", True)
+    caplog.set_level(logging.WARNING, logger="compaction.job")
     fill(store, "s", range(30), "padding " * 40)
     outcome = Compactor(store, SummaryEngine(None)).run("s", manual=True, keep_recent=500)
     assert outcome.status == "compacted"
