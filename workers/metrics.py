@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
@@ -48,6 +48,7 @@ from shared.telemetry.tracing import context_from, span
 
 log = logging.getLogger("compaction.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+T = TypeVar("T")
 _server: Any = None  # (server, thread) of the running endpoint, if any
 
 
@@ -222,9 +223,20 @@ def _record_result(result: Mapping[str, Any], current: Any) -> None:
         return
     if "messages_before" in result:
         metrics.worker_lag(messages=int(result["messages_before"]))
+
+
+def record_outcome(outcome: T) -> T:
+    """Count one compaction a job ran (its own request, or one it took over), by kind.
+
+    ``compacted`` carries the summary's kind (``llm``, ``offline``); a lost
+    compare-and-swap (``covered``, ``conflict``) has no summary, so its kind
+    is ``summary``. Skips are not compactions (they are in ``compaction_jobs_total``).
+    """
+    status = getattr(outcome, "status", "")
     if status in ("compacted", "covered", "conflict"):
-        metrics.compaction(str(result.get("summary_kind") or "summary"), str(status))
+        get_metrics().compaction(getattr(outcome, "summary_kind", "") or "summary", status)
+    return outcome
 
 
 __all__ = ["MULTIPROC_ENV", "SENT_AT_HEADER", "observed", "queue_depth_reader",
-           "start_metrics_server"]
+           "record_outcome", "start_metrics_server"]

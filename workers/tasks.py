@@ -38,7 +38,7 @@ from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE
 from shared.store.sessions import SessionStore
 from workers.app import app
 from workers.compactor import JobOutcome
-from workers.metrics import observed
+from workers.metrics import observed, record_outcome
 from workers.runtime import get_runtime
 from workers.settings import RETRY_BACKOFF_FACTOR, Settings
 
@@ -103,8 +103,8 @@ class _Job:
     reruns: list[str] = field(default_factory=list)
 
     def execute(self, request: Request) -> JobOutcome:
-        return _compact_once(self.run, self.session_id, request, self.last_attempt,
-                             self.deadline)
+        return record_outcome(_compact_once(self.run, self.session_id, request,  # metrics
+                                            self.last_attempt, self.deadline))
 
     def finish(self, token: str) -> bool:
         """Run the requests left in the dirty flag while we hold the lease, then release.
