@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import prometheus_client
 import pytest
+import yaml
 
 from shared.telemetry import metrics as metrics_module
 from shared.telemetry.metrics import (
@@ -186,3 +193,55 @@ def test_importing_the_facade_loads_no_prometheus_client() -> None:
 
 def test_prometheus_is_imported_only_when_built() -> None:
     assert "prometheus_client" not in metrics_module.__dict__
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_dashboard_queries_only_metrics_that_exist() -> None:
+    dashboard = json.loads((ROOT / "docker/grafana/dashboards/compaction.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bcompaction_[a-z_]+", e)}
+    known = {n for name in METRIC_NAMES
+             for n in (name, f"{name}_bucket", f"{name}_count", f"{name}_sum")}
+    assert used and used <= known, used - known
+    # every metric has a panel
+    assert {n for n in METRIC_NAMES if not any(n in e for e in exprs)} == set()
+    datasource = yaml.safe_load(
+        (ROOT / "docker/grafana/provisioning/datasources/prometheus.yml").read_text())
+    uid = datasource["datasources"][0]["uid"]
+    assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {uid}
+
+
+def test_prometheus_discovers_every_worker_replica_on_the_compose_port() -> None:
+    config = yaml.safe_load((ROOT / "docker/prometheus.yml").read_text())
+    [worker] = [j for j in config["scrape_configs"] if j["job_name"] == "compaction-worker"]
+    assert worker["dns_sd_configs"] == [
+        {"names": ["worker"], "type": "A", "port": 9808, "refresh_interval": "15s"}]
+    compose = (ROOT / "docker/docker-compose.yml").read_text()
+    assert "COMPACTION_METRICS_PORT: ${COMPACTION_METRICS_PORT:-9808}" in compose
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="no docker-compose")
+def test_the_metrics_overlay_validates(tmp_path: Path) -> None:
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    for name in ("redis_password", "flower_basic_auth", "summarizer_api_key"):
+        (secrets_dir / name).write_text("x")
+    (tmp_path / "empty.env").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    done = subprocess.run(
+        ["docker-compose", "--env-file", str(tmp_path / "empty.env"),
+         "-f", str(ROOT / "docker/docker-compose.yml"),
+         "-f", str(ROOT / "docker/docker-compose.metrics.yml"), "--profile", "metrics",
+         "config"], capture_output=True, text=True, timeout=60, check=False,
+        env={**env, "HOME": str(tmp_path), "COMPACTION_SECRETS_DIR": str(secrets_dir)})
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in ("prometheus", "grafana"):
+        service = services[name]
+        assert service["cap_drop"] == ["ALL"] and service["restart"] == "unless-stopped"
+        assert str(service["user"]).split(":")[0] not in ("", "0", "root")
+        for port in service["ports"]:  # compose 1.x: "ip:host:container"; 2.x: a mapping
+            host_ip = port["host_ip"] if isinstance(port, dict) else str(port).split(":")[0]
+            assert host_ip == "127.0.0.1", port
