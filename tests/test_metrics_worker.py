@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.core.config import StoreConfig
-from shared.enqueue import CeleryEnqueuer, publisher_app
+from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metrics
@@ -28,6 +29,7 @@ from tests.test_celery_worker import demo_turns, wait_for, with_db
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.metrics import MULTIPROC_ENV
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
 
@@ -138,3 +140,56 @@ def _check(samples: dict[str, list[tuple[dict[str, str], float]]], store: Sessio
         text = reply.read().decode()
     for name in METRIC_NAMES:
         assert f"# HELP {name}" in text or f"# HELP {name.removesuffix('_total')}" in text, name
+
+
+def test_prefork_children_report_through_the_multiprocess_directory(
+        own_redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """Jobs run in pool children; the main process serves what they all counted."""
+    broker, store_url = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
+    purge_queue(broker)
+    port = free_port()
+    client = redis.Redis.from_url(store_url)
+    store = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    sessions = [f"p{i}" for i in range(4)]
+    for sid in sessions:
+        for turn in demo_turns(10):
+            store.append(sid, turn)
+    env = {**worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                        metrics_port=str(port)), MULTIPROC_ENV: str(tmp_path)}
+    worker = WorkerProcess("prefork", env, pool="prefork", concurrency=2).start()
+    try:
+        app = publisher_app(broker)
+        for sid in sessions:
+            app.send_task(TASK_COMPACT, args=[sid], kwargs={"tenant": "default",
+                                                            "force": True, "keep_recent": 500},
+                          queue="compaction")
+        assert wait_for(lambda: total(scrape(port), "compaction_jobs_total") == 4, 40), \
+            worker.log()[-3000:]
+        samples = scrape(port)
+        assert total(samples, "compaction_compactions_total", kind="offline",
+                     outcome="compacted") == sum(
+            1 for sid in sessions for s in store.summaries(sid) if s.kind == "offline") == 4
+        assert total(samples, "compaction_job_duration_seconds_count", task="compact") == 4
+        assert total(samples, "compaction_queue_depth") == 0
+        assert len(list(tmp_path.glob("*.db"))) >= 1  # the children's files
+    finally:
+        worker.stop()
+        for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+            client.delete(key)
+        purge_queue(broker)
+        client.close()
+
+
+def test_prefork_without_the_directory_serves_nothing_and_says_why(
+        own_redis_url: str, key_prefix: str) -> None:
+    port = free_port()
+    env = worker_env(broker_url=with_db(own_redis_url, 12), redis_url=with_db(own_redis_url, 11),
+                     key_prefix=key_prefix, metrics_port=str(port))
+    env.pop(MULTIPROC_ENV, None)
+    worker = WorkerProcess("prefork-nodir", env, pool="prefork", concurrency=1).start()
+    try:
+        assert MULTIPROC_ENV in worker.log()
+        with pytest.raises(OSError):
+            scrape(port)
+    finally:
+        worker.stop()
