@@ -98,8 +98,9 @@ def test_record_turn_to_job_to_summarizer_call_is_one_trace(
         guard.record_turn("t1", turn)
     store.clear_pending("t1")  # the null enqueuer published nothing
     guard.enqueuer = CeleryEnqueuer(publisher_app(redis_url), queue=queue)
-    # What the guard shells do: record_turn inside its span (here, the test's).
-    with tracing.span("compaction.record_turn", kind="producer") as turn_span:
+    # The agent's turn span; the guard's own record_turn span (once the shells are
+    # instrumented, docs/observability.md) is its child and the publish's context.
+    with tracing.span("agent turn") as turn_span:
         guard.record_turn("t1", turns[-1])
     [message] = queued(redis_url, queue)
     headers = message["headers"]
@@ -116,7 +117,7 @@ def test_record_turn_to_job_to_summarizer_call_is_one_trace(
     assert result["status"] == "compacted" and result["summary_kind"] == "llm"
 
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    agent = spans["compaction.record_turn"]
+    agent = spans.get("compaction.record_turn", spans["agent turn"])
     job = spans["compaction.maybe_summarize"]
     calls = [s for s in exporter.get_finished_spans() if s.name == "chat gpt-4o-mini"]
     assert len(calls) == len(llm.requests) >= 1  # a summary, and a split turn's prefix

@@ -186,15 +186,23 @@ class PrometheusMetrics:
             "publisher sent its time).", buckets=LAG_SECONDS_BUCKETS, registry=reg)
         self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
                                   "lease taken.", ["result"], registry=reg)
+        self._prepare_children: dict[str, tuple[Any, Any, Any, Any]] = {}
         self.depth = QueueDepthCollector()
         reg.register(self.depth)
 
     def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
                      path: str = "prepare") -> None:
-        self.prepare_seconds.labels(path).observe(seconds)
-        self.view_tokens.labels(path).inc(max(0, view_tokens))
-        self.log_tokens.labels(path).inc(max(0, log_tokens))
-        self.saved_tokens.labels(path).inc(max(0, log_tokens - view_tokens))
+        # The hot path: the labelled children are looked up once per path, not per call.
+        children = self._prepare_children.get(path)
+        if children is None:
+            children = self._prepare_children[path] = (
+                self.prepare_seconds.labels(path), self.view_tokens.labels(path),
+                self.log_tokens.labels(path), self.saved_tokens.labels(path))
+        latency, view, log, saved = children
+        latency.observe(seconds)
+        view.inc(max(0, view_tokens))
+        log.inc(max(0, log_tokens))
+        saved.inc(max(0, log_tokens - view_tokens))
 
     def compaction(self, kind: str, outcome: str) -> None:
         self.compactions.labels(kind, outcome).inc()
