@@ -1,8 +1,9 @@
 """``compaction report``: a real session's page, opened in a real headless Chromium.
 
 The session is made by the real guard on a real Redis with a worker's
-compactor run inline for every job it enqueues (offline summarizer), plus
-one overflow recovery, so every kind of event is on the page.
+compactor run inline for every job it enqueues (an LLM summarizer behind the
+real OpenAI SDK, with an outage), plus a worker outage and an overflow
+recovery, so every kind of event is on the page.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from workers.cli.main import main
 from workers.cli.report import collect, render, write_report
 from workers.compactor import Compactor
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
 from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.providers import OpenAIClient
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SID = "r1"
@@ -35,20 +39,26 @@ OVERFLOW = ("This model's maximum context length is 12000 tokens. However, your 
             "resulted in 13500 tokens. Please reduce the length of the messages.")
 
 
-def make_session(store: SessionStore) -> None:
-    """60 turns, 16k window; the worker is down for turns 38-45 (the guard truncates on its
-    own meanwhile) and the provider rejects turn 40 (recovery, learned 12k window)."""
-    compactor = Compactor(store, SummaryEngine(None, counter=store.counter))
-    worker_up = [True]
+def make_session(store: SessionStore, llm: FakeOpenAIServer) -> None:
+    """60 turns, 16k window, an LLM summarizer (a fake OpenAI server behind the real SDK).
+
+    The LLM is unreachable for turns 18-26 (the worker falls back to the offline
+    summarizer, later rebuilt by the LLM), the worker is down for turns 38-45 (the
+    guard truncates on its own meanwhile) and the provider rejects turn 40 (recovery,
+    learned 12k window)."""
+    client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=llm.base_url, timeout=10)
+    compactor = Compactor(store, SummaryEngine(client, counter=store.counter))
+    worker_up, llm_up = [True], [True]
 
     def job(tenant: str, session_id: str) -> None:
         store.clear_pending(session_id)  # what the worker's claim does
         if worker_up[0]:
-            compactor.run(session_id)
+            compactor.run(session_id, use_llm=llm_up[0])
 
     guard = ContextGuard(store, CallbackEnqueuer(job), overrides={"gpt-4o": 16_000})
     for i, turn in enumerate(demo_turns(60)):
         worker_up[0] = not 38 <= i <= 45
+        llm_up[0] = not 18 <= i <= 26
         guard.prepare(SID, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
         if i == 40:
             assert guard.recover(SID, OVERFLOW, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o",
@@ -59,7 +69,8 @@ def make_session(store: SessionStore) -> None:
 @pytest.fixture
 def store(real_redis: redis.Redis, key_prefix: str) -> SessionStore:
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
-    make_session(store)
+    with FakeOpenAIServer(responder=SummarizerResponder()) as llm:
+        make_session(store, llm)
     return store
 
 
@@ -67,7 +78,7 @@ def test_the_report_is_what_the_store_holds(store: SessionStore) -> None:
     report = collect(store, SID)
     records = store.summaries(SID)
     assert len(report.compactions) == len(records) >= 3
-    assert {c.record.kind for c in report.compactions} >= {"offline", "truncation"}
+    assert {c.record.kind for c in report.compactions} == {"llm", "offline", "truncation"}
     assert report.messages[-1] == store.length(SID)
     assert len(report.sent) == len(report.log_tokens) == 60
     # the whole log at the end is the running total kept beside it
@@ -79,8 +90,10 @@ def test_the_report_is_what_the_store_holds(store: SessionStore) -> None:
     turns = [c.turn for c in report.compactions]
     assert turns == sorted(turns)
     for c in report.compactions:
-        if c.record.kind == "offline":
+        if c.record.kind != "truncation":
             assert c.after < c.before
+    llm = [c.record for c in report.compactions if c.record.kind == "llm"]
+    assert all(r.input_tokens > 0 and r.model for r in llm)
     assert report.state.learned_window == 12_000
 
 
@@ -92,6 +105,8 @@ def test_the_page_is_self_contained(store: SessionStore) -> None:
     assert page.count("<svg") == 2
     assert page.count('class="compaction"') == len(store.summaries(SID))
     assert "learned window 12.0k" in page
+    data = store.load_view(SID)
+    assert f"{len(data.cheap)} (" in page.split("cheap-stage placeholders now", 1)[1][:80]
 
 
 def test_the_cli_writes_it(store: SessionStore, key_prefix: str, redis_url: str,

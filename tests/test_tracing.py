@@ -87,6 +87,22 @@ def test_no_span_no_header_the_message_stays_send_tasks(redis_url: str, queue: s
         f"{exporter.get_finished_spans()[0].context.trace_id:032x}"
 
 
+def test_the_send_task_path_carries_the_headers_too(redis_url: str, queue: str,
+                                                    exporter: InMemorySpanExporter) -> None:
+    enqueuer = CeleryEnqueuer(publisher_app(redis_url), queue=queue, lean=False)
+    set_metrics(PrometheusMetrics())
+    try:
+        with tracing.span("agent turn") as current:
+            enqueuer.enqueue("default", "s3")
+    finally:
+        set_metrics(None)
+    [message] = queued(redis_url, queue)
+    headers = message["headers"]
+    assert headers["traceparent"].split("-")[1] == \
+        f"{current.get_span_context().trace_id:032x}"
+    assert isinstance(headers["compaction_sent_at"], float)
+
+
 def test_record_turn_to_job_to_summarizer_call_is_one_trace(
         redis_url: str, queue: str, key_prefix: str, real_redis: redis.Redis,
         exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -77,6 +77,9 @@ class SessionReport:
     sent: list[int] = field(default_factory=list)
     watermarks: list[int] = field(default_factory=list)
     compactions: list[Compaction] = field(default_factory=list)
+    cheap_placeholders: int = 0
+    cheap_saved: int = 0
+    """Cheap-stage decisions kept now (those below the watermark are dropped at commit)."""
     unrecorded_versions: list[int] = field(default_factory=list)
     """Versions no kept summary replaced: an edit, a rewind, or a record overwritten
     by a later summary at the same watermark (or dropped by retention)."""
@@ -141,6 +144,8 @@ def collect(store: SessionStore, session_id: str, *, trigger_ratio: float = 0.8)
         report.watermarks.append(current.watermark if current else 0)
     for record in pending:  # covers messages past the last turn's end: a rewind or an edit
         report.compactions.append(Compaction(record, max(0, len(ends) - 1), 0, 0))
+    report.cheap_placeholders = len(data.cheap)
+    report.cheap_saved = sum(d.saved_tokens for d in data.cheap.values())
     kept = {r.source_version for r in records}
     report.unrecorded_versions = [v for v in range(state.version) if v not in kept]
     return report
@@ -278,6 +283,10 @@ def render(r: SessionReport) -> str:
          f"{r.over_window_without} without compaction · {over_with} reconstructed with"),
         ("recoveries", _recoveries(state)),
         ("silent truncations suspected", f"{state.silent_truncation_flags}"),
+        ("cheap-stage placeholders now",
+         f"{r.cheap_placeholders} ({human(r.cheap_saved)} tokens)"),
+        ("summarizer tokens in / out", f"{human(sum(c.record.input_tokens for c in r.compactions))}"
+         f" / {human(sum(c.record.output_tokens for c in r.compactions))}"),
     ]
     rows = "".join(
         f"<tr><td><span class='dot' style='background:{COLOURS.get(c.record.kind, '#555')}'>"
@@ -301,7 +310,7 @@ def render(r: SessionReport) -> str:
 body {{ font-family: system-ui, sans-serif; margin: 24px; color: #212529; max-width: 1000px; }}
 h1 {{ font-size: 20px; margin: 0 0 4px; }} h2 {{ font-size: 15px; margin: 28px 0 8px; }}
 .sub {{ color: #6c757d; font-size: 12px; }}
-.tiles {{ display: grid; grid-template-columns: repeat(4, 1fr); gap: 8px; margin: 16px 0; }}
+.tiles {{ display: grid; grid-template-columns: repeat(5, 1fr); gap: 8px; margin: 16px 0; }}
 .tile {{ border: 1px solid #dee2e6; border-radius: 6px; padding: 8px 10px; }}
 .k {{ color: #6c757d; font-size: 11px; }} .v {{ font-size: 15px; font-weight: 600; }}
 .legend span {{ margin-right: 14px; font-size: 12px; }}
