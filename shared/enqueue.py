@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.telemetry.propagation import publish_headers
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
 TASK_COMPACT = "compaction.compact"
@@ -74,7 +75,7 @@ class CeleryEnqueuer:
             self.publisher.publish(TASK_MAYBE_SUMMARIZE, args, kwargs)
             return
         self.app.send_task(TASK_MAYBE_SUMMARIZE, args=args, kwargs=kwargs, queue=self.queue,
-                           ignore_result=True)
+                           ignore_result=True, headers=publish_headers() or None)  # telemetry
 
     def close(self) -> None:
         """Release the lean publisher's broker connections (``send_task``'s are the app's)."""
@@ -206,6 +207,7 @@ class RedisTaskPublisher:
         task_id = uuid()
         headers, properties, body, _ = self.amqp.as_task_v2(
             task_id, name, args, kwargs, reply_to=self.app.thread_oid, ignore_result=True)
+        headers.update(publish_headers())  # telemetry: traceparent, sent-at (often none)
         content_type, content_encoding, payload = serialization.dumps(  # type: ignore[no-untyped-call]
             body, "json")
         raw = payload.encode() if isinstance(payload, str) else payload

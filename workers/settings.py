@@ -263,6 +263,13 @@ class Settings(BaseSettings):
     max_retries: int = Field(default=3, ge=0)
     retry_backoff_max: int = Field(default=30, gt=0, description="cap of one retry countdown")
 
+    # observability (workers/metrics.py, workers/logging_setup.py, docs/observability.md)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="each worker "
+                                     "process serves Prometheus /metrics on this port")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="json: one JSON object per line with session, tenant, "
+        "job and trace ids")
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

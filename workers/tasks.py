@@ -38,6 +38,7 @@ from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE
 from shared.store.sessions import SessionStore
 from workers.app import app
 from workers.compactor import JobOutcome
+from workers.metrics import observed, record_outcome
 from workers.runtime import get_runtime
 from workers.settings import RETRY_BACKOFF_FACTOR, Settings
 
@@ -102,8 +103,8 @@ class _Job:
     reruns: list[str] = field(default_factory=list)
 
     def execute(self, request: Request) -> JobOutcome:
-        return _compact_once(self.run, self.session_id, request, self.last_attempt,
-                             self.deadline)
+        return record_outcome(_compact_once(self.run, self.session_id, request,  # metrics
+                                            self.last_attempt, self.deadline))
 
     def finish(self, token: str) -> bool:
         """Run the requests left in the dirty flag while we hold the lease, then release.
@@ -250,14 +251,17 @@ _RETRY = {
 @app.task(name=TASK_MAYBE_SUMMARIZE, bind=True, **_RETRY)
 def maybe_summarize(self: Task, session_id: str, tenant: str = "default") -> dict[str, Any]:
     """Compact the session if the budget formula says it is due."""
-    return run_job(self, session_id, tenant, force=False, keep_recent=None)
+    return observed(self, session_id, tenant,  # span, log ids, metrics (workers.metrics)
+                    lambda: run_job(self, session_id, tenant, force=False, keep_recent=None))
 
 
 @app.task(name=TASK_COMPACT, bind=True, **_RETRY)
 def compact(self: Task, session_id: str, keep_recent: int | None = None, force: bool = False,
             tenant: str = "default") -> dict[str, Any]:
     """Manual /compact: runs below the trigger; ``force`` also when it frees little."""
-    return run_job(self, session_id, tenant, force=force, keep_recent=keep_recent, manual=True)
+    return observed(self, session_id, tenant,  # span, log ids, metrics (workers.metrics)
+                    lambda: run_job(self, session_id, tenant, force=force,
+                                    keep_recent=keep_recent, manual=True))
 
 
 __all__ = ["MAX_RERUN_ROUNDS", "Request", "compact", "maybe_summarize", "run_job"]

@@ -25,6 +25,7 @@ from shared.core.errors import InvalidInput, SummarizerError, SummarizerUnavaila
 from shared.core.ledger import Ledger
 from shared.core.messages import Message
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.telemetry.genai import model_call
 from workers.summarizer.chunking import chunk_for_window
 from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
@@ -223,7 +224,10 @@ class SummaryEngine:
     def _call(self, client: LLMClient, request: list[dict[str, Any]],
               chunk: Sequence[Message], previous: str | None, draft: SummaryDraft,
               counter: TokenCounter) -> str:
-        completion = client.complete(request, self.max_summary_tokens)
+        # GenAI span + summarizer metrics (shared.telemetry.genai)
+        with model_call(client.name, client.model, self.max_summary_tokens) as call:
+            completion = client.complete(request, self.max_summary_tokens)
+            call.done(completion.input_tokens, completion.output_tokens, completion.model)
         draft.calls += 1
         draft.input_tokens += completion.input_tokens
         draft.output_tokens += completion.output_tokens

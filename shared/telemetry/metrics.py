@@ -1,0 +1,328 @@
+"""Metrics facade: what the guard and the workers count, behind one small protocol.
+
+The I/O edges (guard shells, Celery tasks, the summarizer engine) call the
+process's :func:`get_metrics`; the default :class:`NullMetrics` does
+nothing, so nothing here costs anything until a process opts in with
+:func:`set_metrics`. :class:`PrometheusMetrics` imports ``prometheus_client``
+(the ``metrics`` extra) only when it is built, and registers on the
+``CollectorRegistry`` it is given, so an agent process can mount it beside
+its own metrics. The pure core (``shared.core``) never imports this module.
+
+Names follow Prometheus conventions: the ``compaction_`` prefix, base units
+in the name (``_seconds``, ``_tokens``), ``_total`` for counters. Every name
+is in :data:`METRIC_NAMES` (as exposed; a counter's ``_total`` included).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+PREFIX = "compaction_"
+# Seconds: the guard's prepare is sub-millisecond, a job is seconds to minutes.
+PREPARE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 1.0)
+JOB_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+CALL_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+LAG_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+LAG_MESSAGES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000, 5000)
+
+COMPACTION_KINDS = ("cheap", "llm", "offline", "truncation", "recovery")
+
+METRIC_NAMES = (
+    "compaction_guard_prepare_duration_seconds",
+    "compaction_guard_view_tokens_total",
+    "compaction_guard_log_tokens_total",
+    "compaction_guard_saved_tokens_total",
+    "compaction_compactions_total",
+    "compaction_overflow_recoveries_total",
+    "compaction_silent_truncation_suspected_total",
+    "compaction_jobs_total",
+    "compaction_job_duration_seconds",
+    "compaction_summarizer_calls_total",
+    "compaction_summarizer_call_duration_seconds",
+    "compaction_summarizer_input_tokens_total",
+    "compaction_summarizer_output_tokens_total",
+    "compaction_summarizer_errors_total",
+    "compaction_worker_lag_messages",
+    "compaction_worker_lag_seconds",
+    "compaction_queue_depth",
+    "compaction_lease_contention_total",
+)
+
+
+class Metrics(Protocol):
+    """Every measurement the project takes; one method per decision."""
+
+    def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
+                     path: str = "prepare") -> None:
+        """A view was built (``path``: ``prepare`` or ``recover``); tokens sent vs the log."""
+
+    def compaction(self, kind: str, outcome: str) -> None:
+        """A compaction decision: ``kind`` in :data:`COMPACTION_KINDS`; ``outcome`` e.g.
+        ``compacted``, ``lost_swap``, ``covered``, ``conflict``."""
+
+    def recovery(self, outcome: str) -> None:
+        """``recover()`` after a provider error: ``recovered`` or ``not_overflow``."""
+
+    def silent_truncation(self) -> None:
+        """The provider reported far fewer prompt tokens than were sent."""
+
+    def job_done(self, task: str, status: str, seconds: float) -> None:
+        """A Celery job ended (``status``: the job's status, or ``error``/``retry``)."""
+
+    def worker_lag(self, *, messages: int | None = None, seconds: float | None = None) -> None:
+        """How far behind the job started: messages since the watermark, seconds queued."""
+
+    def summarizer_call(self, provider: str, model: str, seconds: float, *,
+                        input_tokens: int = 0, output_tokens: int = 0,
+                        error: str | None = None) -> None:
+        """One summarizer model call, with its reported usage or the error's type."""
+
+    def lease_contention(self, result: str) -> None:
+        """A job found the session's lease taken (``busy``: its request was handed over)."""
+
+    def queue_depth_source(self, read: Callable[[], float]) -> None:
+        """``read()`` gives the broker queue's depth when the metrics are collected."""
+
+
+class NullMetrics:
+    """Measures nothing: the default of every process."""
+
+    def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
+                     path: str = "prepare") -> None:
+        return None
+
+    def compaction(self, kind: str, outcome: str) -> None:
+        return None
+
+    def recovery(self, outcome: str) -> None:
+        return None
+
+    def silent_truncation(self) -> None:
+        return None
+
+    def job_done(self, task: str, status: str, seconds: float) -> None:
+        return None
+
+    def worker_lag(self, *, messages: int | None = None, seconds: float | None = None) -> None:
+        return None
+
+    def summarizer_call(self, provider: str, model: str, seconds: float, *,
+                        input_tokens: int = 0, output_tokens: int = 0,
+                        error: str | None = None) -> None:
+        return None
+
+    def lease_contention(self, result: str) -> None:
+        return None
+
+    def queue_depth_source(self, read: Callable[[], float]) -> None:
+        return None
+
+
+class PrometheusMetrics:
+    """:class:`Metrics` on prometheus_client, registered on ``registry``.
+
+    ``registry``: the caller's ``CollectorRegistry`` (default: a new one, so
+    two instances never collide; pass ``prometheus_client.REGISTRY`` to
+    join the process's default one). Thread-safe, as prometheus_client is.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError("Prometheus metrics need the 'metrics' extra: "
+                              "pip install 'context-compaction[metrics]'") from exc
+        self.registry = registry if registry is not None else prom.CollectorRegistry()
+        reg = self.registry
+        p = PREFIX
+        self.prepare_seconds = prom.Histogram(
+            p + "guard_prepare_duration_seconds", "Time the guard took to build a view.",
+            ["path"], buckets=PREPARE_BUCKETS, registry=reg)
+        self.view_tokens = prom.Counter(
+            p + "guard_view_tokens", "Estimated prompt tokens of the views the guard built.",
+            ["path"], registry=reg)
+        self.log_tokens = prom.Counter(
+            p + "guard_log_tokens", "Tokens the same requests would have had with the whole "
+            "log (no compaction).", ["path"], registry=reg)
+        self.saved_tokens = prom.Counter(
+            p + "guard_saved_tokens", "Log tokens minus view tokens: what compaction saved.",
+            ["path"], registry=reg)
+        self.compactions = prom.Counter(
+            p + "compactions", "Compactions by kind (cheap, llm, offline, truncation, "
+            "recovery) and outcome.", ["kind", "outcome"], registry=reg)
+        self.recoveries = prom.Counter(
+            p + "overflow_recoveries", "recover() calls after a provider error, by outcome.",
+            ["outcome"], registry=reg)
+        self.silent = prom.Counter(
+            p + "silent_truncation_suspected", "Usage reports far below what was sent "
+            "(or above the window): silent truncation upstream.", registry=reg)
+        self.jobs = prom.Counter(p + "jobs", "Celery jobs by task and outcome.",
+                                 ["task", "outcome"], registry=reg)
+        self.job_seconds = prom.Histogram(
+            p + "job_duration_seconds", "Celery job duration.", ["task"],
+            buckets=JOB_BUCKETS, registry=reg)
+        self.calls = prom.Counter(p + "summarizer_calls", "Summarizer model calls.",
+                                  ["provider", "model"], registry=reg)
+        self.call_seconds = prom.Histogram(
+            p + "summarizer_call_duration_seconds", "Summarizer model call duration.",
+            ["provider"], buckets=CALL_BUCKETS, registry=reg)
+        self.tokens_in = prom.Counter(
+            p + "summarizer_input_tokens", "Prompt tokens the summarizer provider reported.",
+            ["provider", "model"], registry=reg)
+        self.tokens_out = prom.Counter(
+            p + "summarizer_output_tokens", "Completion tokens the summarizer provider "
+            "reported.", ["provider", "model"], registry=reg)
+        self.errors = prom.Counter(p + "summarizer_errors", "Failed summarizer calls by "
+                                   "provider and error type.", ["provider", "error"],
+                                   registry=reg)
+        self.lag_messages = prom.Histogram(
+            p + "worker_lag_messages", "Messages since the watermark when a job starts.",
+            buckets=LAG_MESSAGES_BUCKETS, registry=reg)
+        self.lag_seconds = prom.Histogram(
+            p + "worker_lag_seconds", "Seconds from enqueue to the job's start (jobs whose "
+            "publisher sent its time).", buckets=LAG_SECONDS_BUCKETS, registry=reg)
+        self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
+                                  "lease taken.", ["result"], registry=reg)
+        self._prepare_children: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self.depth = QueueDepthCollector()
+        reg.register(self.depth)
+
+    def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
+                     path: str = "prepare") -> None:
+        # The hot path: the labelled children are looked up once per path, not per call.
+        children = self._prepare_children.get(path)
+        if children is None:
+            children = self._prepare_children[path] = (
+                self.prepare_seconds.labels(path), self.view_tokens.labels(path),
+                self.log_tokens.labels(path), self.saved_tokens.labels(path))
+        latency, view, log, saved = children
+        latency.observe(seconds)
+        view.inc(max(0, view_tokens))
+        log.inc(max(0, log_tokens))
+        saved.inc(max(0, log_tokens - view_tokens))
+
+    def compaction(self, kind: str, outcome: str) -> None:
+        self.compactions.labels(kind, outcome).inc()
+
+    def recovery(self, outcome: str) -> None:
+        self.recoveries.labels(outcome).inc()
+
+    def silent_truncation(self) -> None:
+        self.silent.inc()
+
+    def job_done(self, task: str, status: str, seconds: float) -> None:
+        self.jobs.labels(task, status).inc()
+        self.job_seconds.labels(task).observe(seconds)
+
+    def worker_lag(self, *, messages: int | None = None, seconds: float | None = None) -> None:
+        if messages is not None:
+            self.lag_messages.observe(max(0, messages))
+        if seconds is not None:
+            self.lag_seconds.observe(max(0.0, seconds))
+
+    def summarizer_call(self, provider: str, model: str, seconds: float, *,
+                        input_tokens: int = 0, output_tokens: int = 0,
+                        error: str | None = None) -> None:
+        self.calls.labels(provider, model).inc()
+        self.call_seconds.labels(provider).observe(seconds)
+        if error is not None:
+            self.errors.labels(provider, error).inc()
+            return
+        self.tokens_in.labels(provider, model).inc(max(0, input_tokens))
+        self.tokens_out.labels(provider, model).inc(max(0, output_tokens))
+
+    def lease_contention(self, result: str) -> None:
+        self.lease.labels(result).inc()
+
+    def queue_depth_source(self, read: Callable[[], float]) -> None:
+        self.depth.add(read)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (what /metrics serves)."""
+        from prometheus_client import generate_latest
+
+        data: bytes = generate_latest(self.registry)
+        return data
+
+
+class QueueDepthCollector:
+    """``compaction_queue_depth``, read from its sources at each scrape.
+
+    A collector rather than a gauge with a callback: it works the same in
+    prometheus_client's multiprocess mode, where the serving process (not
+    the one that ran the jobs) registers it.
+    """
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[], float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, read: Callable[[], float]) -> None:
+        with self._lock:
+            self._sources.append(read)
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        with self._lock:
+            sources = list(self._sources)
+        if not sources:
+            return
+        total = 0.0
+        for read in sources:
+            try:
+                total += float(read())
+            except Exception:  # a broker hiccup must not break the scrape
+                total = float("nan")
+                break
+        yield GaugeMetricFamily(PREFIX + "queue_depth", "Jobs waiting in the broker queue "
+                                "(read at scrape time).", value=total)
+
+
+_current: Metrics = NullMetrics()
+
+
+def get_metrics() -> Metrics:
+    """The process's metrics (a :class:`NullMetrics` until :func:`set_metrics`)."""
+    return _current
+
+
+def set_metrics(metrics: Metrics | None) -> Metrics:
+    """Make ``metrics`` the process's metrics (None: back to :class:`NullMetrics`)."""
+    global _current
+    _current = metrics if metrics is not None else NullMetrics()
+    return _current
+
+
+def metrics_enabled() -> bool:
+    return not isinstance(_current, NullMetrics)
+
+
+def install_prometheus(registry: Any = None) -> PrometheusMetrics:
+    """The process's :class:`PrometheusMetrics`, built on ``registry`` the first time."""
+    current = _current
+    if isinstance(current, PrometheusMetrics) and registry in (None, current.registry):
+        return current
+    metrics = PrometheusMetrics(registry)
+    set_metrics(metrics)
+    return metrics
+
+
+def metrics_app(registry: Any = None) -> Any:
+    """An ASGI app serving the process's metrics: ``app.mount("/metrics", metrics_app())``.
+
+    Installs :class:`PrometheusMetrics` (on ``registry``) as the process's
+    metrics if it is not already, so the guard and everything else in the
+    process report to what this app serves.
+    """
+    from prometheus_client import make_asgi_app
+
+    return make_asgi_app(install_prometheus(registry).registry)
+
+
+__all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "PREFIX", "Metrics", "NullMetrics",
+           "PrometheusMetrics", "get_metrics", "install_prometheus", "metrics_app",
+           "metrics_enabled", "set_metrics"]

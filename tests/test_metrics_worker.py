@@ -1,0 +1,195 @@
+"""A real ``celery -A workers.app worker`` serves /metrics; after real jobs the values add up.
+
+The worker runs with ``COMPACTION_METRICS_PORT`` on a free port and an
+OpenAI-compatible fake summarizer (so the summarizer's token counters move);
+the agent side is a real guard publishing through the lean publisher with
+metrics on (so messages carry their publish time and the worker measures
+its lag in seconds). The scrape is compared with what the store holds.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.core.config import StoreConfig
+from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
+from shared.guard import ContextGuard
+from shared.store.sessions import SessionStore
+from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metrics
+from tests.celery_worker import WorkerProcess, purge_queue, worker_env
+from tests.redis_server import free_port, start_server
+from tests.test_celery_worker import demo_turns, wait_for, with_db
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
+from workers.metrics import MULTIPROC_ENV
+
+pytestmark = [pytest.mark.celery, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A redis-server of this module's own: no other run's worker can take these jobs."""
+    server = start_server()
+    yield server.url
+    server.stop()
+
+
+def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples by name: [(labels, value)] from the worker's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str,
+          **labels: str) -> float:
+    return sum(value for found, value in samples.get(name, [])
+               if all(found.get(k) == v for k, v in labels.items()))
+
+
+def test_a_real_worker_serves_metrics_that_match_the_store(own_redis_url: str,
+                                                           key_prefix: str) -> None:
+    broker, store_url = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
+    purge_queue(broker)
+    port = free_port()
+    client = redis.Redis.from_url(store_url)
+    store = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    set_metrics(PrometheusMetrics())  # the agent side: messages carry their publish time
+    with FakeOpenAIServer(responder=SummarizerResponder()) as llm:
+        env = worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                         metrics_port=str(port), summarizer="openai",
+                         summarizer_base_url=llm.base_url, summarizer_api_key="k",
+                         summarizer_model="gpt-4o-mini")
+        # One slot: no two jobs at once, so every job's outcome is its own.
+        worker = WorkerProcess("metrics", env, concurrency=1).start()
+        try:
+            _run_session(store, broker)
+            assert wait_for(lambda: not store.is_pending("m1"), 30), worker.log()[-3000:]
+            assert wait_for(lambda: _settled(scrape(port)), 30), worker.log()[-3000:]
+            samples = scrape(port)
+            _check(samples, store, llm, port)
+        finally:
+            worker.stop()
+            set_metrics(None)
+            for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+                client.delete(key)
+            purge_queue(broker)
+            client.close()
+
+
+def _run_session(store: SessionStore, broker: str) -> None:
+    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker)),
+                         overrides={"gpt-4o": 24_000})
+    for turn in demo_turns(30):
+        guard.prepare("m1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+        guard.record_turn("m1", turn)
+        time.sleep(0.05)
+
+
+def _settled(samples: dict[str, list[tuple[dict[str, str], float]]]) -> bool:
+    """Jobs ran, none is queued, and every job that started has ended."""
+    return (total(samples, "compaction_jobs_total") >= 1
+            and total(samples, "compaction_queue_depth") == 0
+            and total(samples, "compaction_worker_lag_seconds_count")
+            == total(samples, "compaction_jobs_total"))
+
+
+def _check(samples: dict[str, list[tuple[dict[str, str], float]]], store: SessionStore,
+           llm: FakeOpenAIServer, port: int) -> None:
+    summaries = store.summaries("m1")
+    by_worker = [s for s in summaries if s.kind in ("llm", "offline")]
+    assert by_worker, "the session was compacted by the worker"
+    jobs = total(samples, "compaction_jobs_total")
+    assert jobs >= 1
+    assert total(samples, "compaction_job_duration_seconds_count") == jobs
+    # Every summary the worker wrote is one compaction counted as compacted, by kind.
+    for kind in ("llm", "offline"):
+        assert total(samples, "compaction_compactions_total", kind=kind,
+                     outcome="compacted") == sum(1 for s in by_worker if s.kind == kind)
+    assert total(samples, "compaction_jobs_total", task="maybe_summarize",
+                 outcome="compacted") >= 1
+    # The summarizer's reported usage, summed, is what the stored LLM summaries cost.
+    llm_summaries = [s for s in by_worker if s.kind == "llm"]
+    assert llm_summaries
+    labels = {"provider": "openai"}
+    assert total(samples, "compaction_summarizer_input_tokens_total", **labels) == sum(
+        s.input_tokens for s in llm_summaries)
+    assert total(samples, "compaction_summarizer_output_tokens_total", **labels) == sum(
+        s.output_tokens for s in llm_summaries)
+    assert total(samples, "compaction_summarizer_calls_total", **labels) == len(llm.requests)
+    # Lag: every job saw its messages since the watermark and its publish time.
+    assert total(samples, "compaction_worker_lag_messages_count") == jobs - total(
+        samples, "compaction_jobs_total", outcome="busy")
+    assert total(samples, "compaction_worker_lag_seconds_count") == jobs
+    assert 0 <= total(samples, "compaction_worker_lag_seconds_sum") < 60 * jobs
+    assert samples["compaction_queue_depth"] == [({}, 0.0)]
+    # Every name is declared with its type and help, whether it has samples yet or not.
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    for name in METRIC_NAMES:
+        assert f"# HELP {name}" in text or f"# HELP {name.removesuffix('_total')}" in text, name
+
+
+def test_prefork_children_report_through_the_multiprocess_directory(
+        own_redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    """Jobs run in pool children; the main process serves what they all counted."""
+    broker, store_url = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
+    purge_queue(broker)
+    port = free_port()
+    client = redis.Redis.from_url(store_url)
+    store = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    sessions = [f"p{i}" for i in range(4)]
+    for sid in sessions:
+        for turn in demo_turns(10):
+            store.append(sid, turn)
+    env = {**worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                        metrics_port=str(port)), MULTIPROC_ENV: str(tmp_path)}
+    worker = WorkerProcess("prefork", env, pool="prefork", concurrency=2).start()
+    try:
+        app = publisher_app(broker)
+        for sid in sessions:
+            app.send_task(TASK_COMPACT, args=[sid], kwargs={"tenant": "default",
+                                                            "force": True, "keep_recent": 500},
+                          queue="compaction")
+        assert wait_for(lambda: total(scrape(port), "compaction_jobs_total") == 4, 40), \
+            worker.log()[-3000:]
+        samples = scrape(port)
+        assert total(samples, "compaction_compactions_total", kind="offline",
+                     outcome="compacted") == sum(
+            1 for sid in sessions for s in store.summaries(sid) if s.kind == "offline") == 4
+        assert total(samples, "compaction_job_duration_seconds_count", task="compact") == 4
+        assert total(samples, "compaction_queue_depth") == 0
+        assert len(list(tmp_path.glob("*.db"))) >= 1  # the children's files
+    finally:
+        worker.stop()
+        for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+            client.delete(key)
+        purge_queue(broker)
+        client.close()
+
+
+def test_prefork_without_the_directory_serves_nothing_and_says_why(
+        own_redis_url: str, key_prefix: str) -> None:
+    port = free_port()
+    env = worker_env(broker_url=with_db(own_redis_url, 12), redis_url=with_db(own_redis_url, 11),
+                     key_prefix=key_prefix, metrics_port=str(port))
+    env.pop(MULTIPROC_ENV, None)
+    worker = WorkerProcess("prefork-nodir", env, pool="prefork", concurrency=1).start()
+    try:
+        assert MULTIPROC_ENV in worker.log()
+        with pytest.raises(OSError):
+            scrape(port)
+    finally:
+        worker.stop()

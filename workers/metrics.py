@@ -1,0 +1,242 @@
+"""Worker observability: the /metrics endpoint, and a span and metrics around every job.
+
+``COMPACTION_METRICS_PORT=9808`` makes each worker process serve Prometheus
+metrics on that port (the ``metrics`` extra), started from Celery's
+``worker_init`` signal, so a worker that does not set it imports nothing.
+
+Several workers:
+
+- **threads or solo pool** (the default: threads): jobs run in the worker's
+  one process, which serves its own registry. One process per container
+  (compose ``--scale worker=N``): every container uses the same port in its
+  own network namespace, and Prometheus scrapes each. Several worker
+  processes on one host need one port each (``COMPACTION_METRICS_PORT`` per
+  process); a port already taken is logged as an error and the worker runs
+  on without metrics.
+- **prefork**: jobs run in child processes. With ``PROMETHEUS_MULTIPROC_DIR``
+  set (an empty directory, emptied before each start) the children write
+  their metrics there and the main process serves them all
+  (prometheus_client's multiprocess mode). Without it the worker logs an
+  error and serves nothing: per-child registries would each count a
+  fraction of the jobs.
+
+:func:`observed` wraps a task body: a CONSUMER span whose parent is the
+trace context the publisher put in the message headers (the agent's
+``record_turn``), log lines bound to the session, tenant and job, and the
+job metrics: outcome and duration, compactions by kind, lease contention,
+worker lag (messages since the watermark; seconds since the publish when the
+publisher sent its time, ``compaction_sent_at``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+
+from shared.core.errors import SummarizerUnavailable
+from shared.enqueue import QUEUE
+from shared.telemetry.logs import log_context
+from shared.telemetry.metrics import get_metrics, install_prometheus
+from shared.telemetry.propagation import SENT_AT_HEADER
+from shared.telemetry.tracing import context_from, span
+
+log = logging.getLogger("compaction.metrics")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+T = TypeVar("T")
+_server: Any = None  # (server, thread) of the running endpoint, if any
+
+
+def _settings(sender: Any) -> Any:
+    app = getattr(sender, "app", None)
+    if app is None:
+        from workers.app import app as default_app
+
+        app = default_app
+    return app.conf.compaction_settings
+
+
+def _is_prefork(sender: Any) -> bool:
+    from celery import concurrency
+
+    pool = concurrency.get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    return getattr(pool, "__module__", "").endswith("prefork")
+
+
+def queue_depth_reader(broker_url: str, queue: str = QUEUE,
+                       key_prefix: str = "") -> Callable[[], float] | None:
+    """A function returning the broker queue's length (Redis brokers), or None."""
+    if not broker_url.startswith(("redis://", "rediss://")) or ";" in broker_url:
+        return None
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=1, socket_connect_timeout=1)
+    key = key_prefix + queue
+
+    def read() -> float:
+        return float(client.llen(key))
+
+    return read
+
+
+def start_metrics_server(port: int, *, multiprocess: bool = False,
+                         broker_url: str | None = None, key_prefix: str = "") -> Any:
+    """Serve /metrics on ``port``; the registry served (None when the port is taken)."""
+    global _server
+    import prometheus_client as prom
+
+    if multiprocess:
+        from prometheus_client import multiprocess as mp
+        from prometheus_client.core import CollectorRegistry
+
+        from shared.telemetry.metrics import QueueDepthCollector
+
+        registry = CollectorRegistry()
+        mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        depth = QueueDepthCollector()
+        registry.register(depth)
+        add_depth: Callable[[Callable[[], float]], None] = depth.add
+    else:
+        metrics = install_prometheus()
+        registry = metrics.registry
+        add_depth = metrics.queue_depth_source
+    if broker_url:
+        reader = queue_depth_reader(broker_url, key_prefix=key_prefix)
+        if reader is not None:
+            add_depth(reader)
+    try:
+        _server = prom.start_http_server(port, registry=registry)
+    except OSError as exc:
+        log.error("metrics: cannot serve on port %d (%s); running without /metrics "
+                  "(give each worker process on a host its own COMPACTION_METRICS_PORT)",
+                  port, exc)
+        return None
+    log.info("metrics: serving /metrics on port %d (pid %d%s)", port, os.getpid(),
+             ", multiprocess" if multiprocess else "")
+    return registry
+
+
+def _start_on_worker_init(sender: Any = None, **_: Any) -> None:
+    settings = _settings(sender)
+    if settings.metrics_port is None:
+        return
+    options = dict(settings_broker_options(sender))
+    prefix = str(options.get("global_keyprefix", ""))
+    if _is_prefork(sender):
+        if not os.environ.get(MULTIPROC_ENV):
+            log.error("metrics: the prefork pool runs jobs in child processes; set %s to an "
+                      "empty directory (prometheus_client multiprocess mode) or use "
+                      "--pool threads. No /metrics served.", MULTIPROC_ENV)
+            return
+        start_metrics_server(settings.metrics_port, multiprocess=True,
+                             broker_url=settings.broker_url, key_prefix=prefix)
+        return
+    start_metrics_server(settings.metrics_port, broker_url=settings.broker_url,
+                         key_prefix=prefix)
+
+
+def settings_broker_options(sender: Any) -> Mapping[str, Any]:
+    app = getattr(sender, "app", None)
+    return (app.conf.broker_transport_options or {}) if app is not None else {}
+
+
+def _child_metrics(**_: Any) -> None:
+    """A prefork child in multiprocess mode records into the shared directory."""
+    if os.environ.get(MULTIPROC_ENV):
+        from workers.app import app
+
+        if app.conf.compaction_settings.metrics_port is not None:
+            install_prometheus()
+
+
+def _child_exit(pid: int | None = None, **_: Any) -> None:
+    if os.environ.get(MULTIPROC_ENV) and pid is not None:
+        from prometheus_client import multiprocess as mp
+
+        mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+# Celery's signals are untyped: connected by call, not as decorators (mypy --strict).
+worker_init.connect(_start_on_worker_init, weak=False)
+worker_process_init.connect(_child_metrics, weak=False)
+worker_process_shutdown.connect(_child_exit, weak=False)
+
+
+def _headers(request: Any) -> dict[str, Any]:
+    """The message headers a task sees (custom ones are attributes of the request too)."""
+    found: dict[str, Any] = {}
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, Mapping):
+        found.update(headers)
+    for key in ("traceparent", "tracestate", SENT_AT_HEADER):
+        value = getattr(request, key, None)
+        if value is not None:
+            found.setdefault(key, value)
+    return found
+
+
+def observed(task: Any, session_id: str, tenant: str,
+             run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one job body with its span, bound log ids and metrics (see the module doc)."""
+    name = str(task.name).rsplit(".", 1)[-1]
+    request = task.request
+    headers = _headers(request)
+    metrics = get_metrics()
+    sent_at = headers.get(SENT_AT_HEADER)
+    if sent_at is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            metrics.worker_lag(seconds=time.time() - float(sent_at))
+    attributes = {"messaging.system": "celery", "messaging.operation.type": "process",
+                  "messaging.destination.name": QUEUE, "messaging.message.id": request.id,
+                  "compaction.session_id": session_id, "compaction.tenant": tenant,
+                  "compaction.attempt": (request.retries or 0) + 1}
+    started = time.perf_counter()
+    status = "error"
+    with log_context(session_id=session_id, tenant=tenant, job_id=request.id, task=name), \
+            span(f"compaction.{name}", attributes, kind="consumer",
+                 parent=context_from(headers)) as current:
+        try:
+            result = run()
+            status = str(result.get("status", "unknown"))
+            _record_result(result, current)
+            return result
+        except SummarizerUnavailable:
+            status = "retry"
+            raise
+        finally:
+            metrics.job_done(name, status, time.perf_counter() - started)
+
+
+def _record_result(result: Mapping[str, Any], current: Any) -> None:
+    metrics = get_metrics()
+    status = result.get("status")
+    current.set_attributes({f"compaction.{key}": result[key] for key in (
+        "status", "summary_kind", "watermark_before", "watermark_after", "tokens_before",
+        "tokens_after", "messages_before", "attempts") if result.get(key) not in (None, "")})
+    if status == "busy":
+        metrics.lease_contention("busy")
+        return
+    if "messages_before" in result:
+        metrics.worker_lag(messages=int(result["messages_before"]))
+
+
+def record_outcome(outcome: T) -> T:
+    """Count one compaction a job ran (its own request, or one it took over), by kind.
+
+    ``compacted`` carries the summary's kind (``llm``, ``offline``); a lost
+    compare-and-swap (``covered``, ``conflict``) has no summary, so its kind
+    is ``summary``. Skips are not compactions (they are in ``compaction_jobs_total``).
+    """
+    status = getattr(outcome, "status", "")
+    if status in ("compacted", "covered", "conflict"):
+        get_metrics().compaction(getattr(outcome, "summary_kind", "") or "summary", status)
+    return outcome
+
+
+__all__ = ["MULTIPROC_ENV", "SENT_AT_HEADER", "observed", "queue_depth_reader",
+           "record_outcome", "start_metrics_server"]
