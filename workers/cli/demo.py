@@ -19,6 +19,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -32,6 +33,7 @@ from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard, PreparedView
 from workers.cli._common import Meter, percentile, render_meter, store_errors
 from workers.cli._format import human, pct
+from workers.cli.report import write_report
 from workers.settings import Settings
 
 if TYPE_CHECKING:  # the harness is imported when the demo runs, not with the CLI
@@ -72,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_positive_int, default=4,
                         help="threads of the in-process worker (default 4)")
     parser.add_argument("--session", help="session id (default: demo-<random>)")
+    parser.add_argument("--report", default="compaction-report.html", metavar="FILE",
+                        help="write the session's report there at the end "
+                             "(default compaction-report.html; '' for none)")
     parser.add_argument("--json", action="store_true",
                         help="no live display: print the final figures as JSON")
 
@@ -379,8 +384,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 console.print(f"  {name:<11} {value}")
             _play_live(replay, console)
         figures = replay.finish(started)
+        report = (write_report(stack.store, session_id, Path(args.report),
+                               trigger_ratio=settings.trigger_ratio) if args.report else None)
     if args.json:
-        print(json.dumps(figures.as_dict(), indent=2))
+        print(json.dumps({**figures.as_dict(),
+                          "report": str(report.resolve()) if report else None}, indent=2))
     else:
         console.print()
         console.print(results_table(figures))
@@ -389,6 +397,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if backends.store_url:
             console.print(f"The session stays in Redis: [bold]compaction stats {session_id}"
                           f"[/] / [bold]compaction history {session_id}[/]")
+        if report is not None:
+            console.print(f"Report of the session (open it in a browser): "
+                          f"[bold]{report.resolve()}[/]")
     return 0 if figures.overflowing_calls_with_compaction == 0 else 1
 
 

@@ -38,6 +38,7 @@ COMMANDS = {
     "replay": "Replay JSONL sessions against a fake provider that enforces the window.",
     "mcp": "Serve recall, context_stats and compact as MCP tools (stdio or streamable HTTP).",
     "serve": "Serve the guard over HTTP (FastAPI + uvicorn; needs the 'server' extra).",
+    "report": "A session's life on one self-contained HTML page (tokens per turn, compactions).",
 }
 
 DESCRIPTION = ("Keep LLM conversations inside the context window: inspect and operate the "

@@ -45,6 +45,7 @@ from shared.core.limits import ModelLimits
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
+from shared.telemetry import metrics_app
 from workers.server.config import ServerConfig, TokenBook
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,8 @@ def create_app(config: ServerConfig, store: SessionStore, enqueuer: Enqueuer | N
     app.include_router(router)
     app.include_router(health)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    # Prometheus scrapes without a token, like Flower's /metrics; no session ids in labels.
+    app.mount("/metrics", metrics_app())
     return app
 
 
