@@ -31,6 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL_MODULES = {
     # the replay harness drives a fake provider through the openai SDK (README: replay)
     "workers.harness.replay.run": ("openai", "openai"),
+    "workers.harness.replay.runner": ("openai", "openai"),
+    # framework adapters: each is the shell of one framework (README: framework adapters)
+    "shared.integrations.langchain": ("langchain", "langchain"),
+    "shared.integrations.pydantic_ai": ("pydantic-ai", "pydantic_ai"),
+    "shared.integrations.agents_sdk": ("openai-agents", "agents"),
+    # the HTTP service (README: compaction serve)
+    "workers.server.app": ("server", "fastapi"),
+    "workers.server.routes": ("server", "fastapi"),
+    "workers.server.main": ("server", "fastapi"),
 }
 
 WALK = """

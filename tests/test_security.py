@@ -402,9 +402,17 @@ def test_compose_runs_flower_only_with_required_credentials() -> None:
         if "flower" in (command + entry).lower():
             flowers.append(name)
             assert _authenticated(command + " " + entry), (name, command)
-            auth = service.get("environment", {}).get(ENV_VAR, "")
-            assert re.fullmatch(r"\$\{" + ENV_VAR + r":\?[^}]*\}", str(auth)), (
-                f"{name}: {ENV_VAR} must be required (${{VAR:?message}}), got {auth!r}")
+            environment = service.get("environment", {})
+            auth = environment.get(ENV_VAR, "")
+            secret = str(environment.get(ENV_VAR + "_FILE", ""))
+            # required either as ${VAR:?message} or as a Docker secret the service mounts
+            # (compose refuses to start when the secret's file is missing)
+            from_secret = (secret.startswith("/run/secrets/")
+                           and secret.rsplit("/", 1)[1] in service.get("secrets", [])
+                           and secret.rsplit("/", 1)[1] in compose.get("secrets", {}))
+            assert from_secret or re.fullmatch(r"\$\{" + ENV_VAR + r":\?[^}]*\}", str(auth)), (
+                f"{name}: {ENV_VAR} must be required (${{VAR:?message}} or a secret), "
+                f"got {auth!r}")
     assert flowers == ["flower"]
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     for line in dockerfile.splitlines():

@@ -58,9 +58,10 @@ try:
     from agents.models.interface import Model
     from agents.run_config import CallModelData, ModelInputData, RunConfig
     from agents.tool import FunctionTool
-except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError("needs the 'openai-agents' extra: "
-                      "pip install 'context-compaction[openai-agents]'") from exc
+except ModuleNotFoundError as exc:  # tests/test_install.py runs this without the extra
+    raise ModuleNotFoundError("shared.integrations.agents_sdk needs the 'openai-agents' extra: "
+                              "pip install 'context-compaction[openai-agents]'",
+                              name=exc.name) from exc
 
 from shared.core.budget import BudgetReport, check_budget
 from shared.core.errors import InvalidInput
