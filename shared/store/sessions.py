@@ -46,6 +46,7 @@ from shared.core.records import (
 )
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_request_id, validate_tenant
+from shared.store.lease import LeaseOps
 
 T = TypeVar("T")
 # What "Redis is not there right now" looks like. The cluster errors count too:
@@ -125,7 +126,7 @@ def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
     )
 
 
-class SessionStore:
+class SessionStore(LeaseOps):
     """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests).
 
     ``idempotency_keep`` / ``idempotency_ttl``: how many append request ids
@@ -357,12 +358,17 @@ class SessionStore:
 
     def commit_summary(self, session_id: str, record: SummaryRecord,
                        expected_version: int) -> CommitResult:
-        """The one compare-and-swap writer. A stale writer gets ``ok=False``."""
+        """The one compare-and-swap writer. A stale writer gets ``ok=False``; a worker
+        holding the lease commits fenced (:meth:`commit_under_lease`)."""
+        return self._commit(session_id, record, expected_version, "")
+
+    def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
+                token: str) -> CommitResult:
         k = self.keys(session_id)
-        keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum]
+        keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum, k.lease]
         args: list[str | int] = [expected_version, record.watermark, record.model_dump_json(),
                                  record.tokens, record.kind, self.config.summary_retention,
-                                 self._ttl]
+                                 self._ttl, token]
         raw = self._script("commit_summary", "commit_summary", keys, list(args))
         if _s(raw[0]) == "ok":
             return CommitResult(ok=True, version=int(raw[1]), watermark=int(raw[2]))
@@ -429,98 +435,6 @@ class SessionStore:
         for d in items:
             args.extend((d.index, d.model_dump_json()))
         return int(self._script("record_cheap", "cheap", [self.keys(session_id).cheap], args))
-
-    # -- worker coordination -----------------------------------------------------
-    def mark_pending(self, session_id: str) -> bool:
-        """Set the pending flag if absent; True means the caller should enqueue a job."""
-        k = self.keys(session_id)
-        return bool(self._run("mark_pending", lambda: self.redis.set(
-            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
-
-    def clear_pending(self, session_id: str) -> None:
-        self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))
-
-    def is_pending(self, session_id: str) -> bool:
-        return bool(self._run("is_pending",
-                              lambda: self.redis.exists(self.keys(session_id).pending)))
-
-    def _lease(self, what: str, session_id: str, token: str, mode: str,
-               ttl_seconds: float | None = None) -> Any:
-        k = self.keys(session_id)
-        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
-                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
-
-    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A random owner token when the lease was free, else None.
-
-        Requests a previous owner took from the dirty flag and never finished
-        (it died) go back to the flag for the new owner (``finish_lease``).
-        """
-        token = secrets.token_hex(16)
-        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
-        return token if ok else None
-
-    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A job's first step in one round trip: clear the pending flag (later turns
-        enqueue a new job), then try the lease (:meth:`acquire_lease`)."""
-        token = secrets.token_hex(16)
-        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
-        return token if ok else None
-
-    def finish_lease(self, session_id: str, token: str,
-                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
-        """The owner's last look and release, atomically.
-
-        Returns ``("released", [])`` when no request was waiting (the lease is
-        released), ``("dirty", requests)`` when requests were left while it
-        held the lease (taken; the lease is extended to run them; call again
-        after: that call also marks them done), or ``("lost", [])`` when the
-        caller no longer owns the lease (nothing changed). Taken requests are
-        kept until then, so an owner that dies running them does not lose
-        them: the next owner gets them back.
-        """
-        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
-        status = _s(raw[0])
-        if status == "dirty":
-            return status, [line for line in _s(raw[1]).split("\n") if line]
-        return status, []
-
-    def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
-        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
-
-    def release_lease(self, session_id: str, token: str) -> bool:
-        """Release only if the caller still owns it (an expired lease may have moved on).
-        Requests it took are forgotten: the caller ran them or put them back."""
-        return bool(self._lease("release_lease", session_id, token, "release"))
-
-    def mark_dirty(self, session_id: str, request: str = "") -> None:
-        """Ask the lease holder to run once more; ``request`` (one line) rides along.
-
-        Requests accumulate (APPEND) until the holder takes them, so two busy
-        callers never overwrite each other's parameters.
-        """
-        if not isinstance(request, str) or "\n" in request:
-            raise InvalidInput("must be a string of one line", field="request")
-        k = self.keys(session_id)
-
-        def write() -> None:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.append(k.dirty, "\n" + request)
-            pipe.expire(k.dirty, self.config.request_ttl_seconds)
-            pipe.execute()
-
-        self._run("mark_dirty", write)
-
-    def take_dirty(self, session_id: str) -> bool:
-        """Read and clear the dirty flag in one step."""
-        return self.take_dirty_requests(session_id) is not None
-
-    def take_dirty_requests(self, session_id: str) -> list[str] | None:
-        """Read and clear the dirty flag in one step: None when it was not set, else
-        the non-empty requests left with it, oldest first."""
-        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
-        return None if raw is None else [line for line in _s(raw).split("\n") if line]
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""

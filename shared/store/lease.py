@@ -1,0 +1,452 @@
+"""The lease protocol: how any number of workers share sessions, in one place.
+
+Keys (all under the session's hash tag, see :mod:`shared.store.keys`):
+
+``pending``
+    "A job is queued". The guard sets it (``SET NX``, with the append) and
+    publishes a job only when it was absent, so a burst of turns leaves at
+    most one queued job. A job clears it first thing (``claim``): turns
+    after that enqueue a new job. It expires (``pending_ttl_seconds``), so a
+    job lost on the way never blocks the session for good.
+``lease``
+    The holder's random token with an expiry: one job at a time works on a
+    session. Taken with ``SET NX PX`` (``claim``/``acquire``), extended and
+    released only by the token's owner (``lease.lua``).
+``dirty``
+    Requests left for the holder by jobs that found the lease taken (busy):
+    one line each (``force``, ``keep_recent``, manual or not), appended, so
+    no request overwrites another. A busy job appends, then tries the lease
+    once more: the holder may have released in between.
+``taken``
+    The requests the holder took from ``dirty`` and is running. Kept until
+    its next look, so a holder that dies running them hands them on: the
+    next ``acquire`` moves them back to ``dirty``.
+
+The holder's loop (:class:`LeaseHolder`): run its own request, then
+``finish`` (one script): requests waiting? take them, extend the lease, run
+them, look again; none? release, in the same atomic step as the look, so
+no request can land between the last look and the release. After
+:data:`MAX_RERUN_ROUNDS` rounds it releases and hands the rest to a
+follow-up job.
+
+Renewal. The lease is extended every third of its TTL by a background
+thread of the job (:class:`Renewal`) while the job works, and no longer than
+the job's hard time limit: a job that outlives its limit (the threads pool
+cannot kill it) lets its lease expire, and the next holder may start.
+
+Fencing. A holder commits with its token (:meth:`LeaseOps.commit_under_lease`):
+``commit_summary.lua`` checks the token against the lease in the same
+script as the version compare-and-swap, so a job that lost its lease (it
+expired, the session was deleted) gets ``CommitResult(ok=False,
+reason="lease")`` and writes nothing, even when its version still matches.
+
+Failures. A job that will be retried comes back and finds the flag. A job
+that fails for good (``StoreUnavailable``, a bug) puts back what it took and,
+when requests may be waiting, hands them to a follow-up job (after the
+lease's TTL when it could not release it), at most :data:`MAX_HANDOFFS`
+times in a row; after that they are taken out of the flag and recorded as
+failed in the session's state (``requests_failed``, ``last_request_failure``:
+``guard.stats()``, ``compaction stats``), never left to expire unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.records import CommitResult, SummaryRecord
+
+if TYPE_CHECKING:
+    from shared.core.config import StoreConfig
+    from shared.store.keys import SessionKeys
+
+log = logging.getLogger("compaction.lease")
+T = TypeVar("T")
+MAX_RERUN_ROUNDS = 3
+"""Rounds of "take the requests left while we held the lease, run them" per job."""
+MAX_HANDOFFS = 3
+"""Follow-up jobs in a row after failures before waiting requests are recorded failed."""
+LEASE_LOST = "lease_lost"
+"""The status of an outcome whose commit was refused because the lease was lost."""
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _lines(raw: Any) -> list[str]:
+    return [line for line in _s(raw).split("\n") if line]
+
+
+class LeaseOps:
+    """The store's side of the protocol (mixed into :class:`SessionStore`)."""
+
+    if TYPE_CHECKING:
+        config: StoreConfig
+        redis: Any
+
+        def keys(self, session_id: str) -> SessionKeys: ...
+        def _run(self, what: str, fn: Callable[[], T]) -> T: ...
+        def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any: ...
+        def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
+                    token: str) -> CommitResult: ...
+
+    # -- the pending flag ------------------------------------------------------
+    def mark_pending(self, session_id: str) -> bool:
+        """Set the pending flag if absent; True means the caller should enqueue a job."""
+        k = self.keys(session_id)
+        return bool(self._run("mark_pending", lambda: self.redis.set(
+            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+
+    def clear_pending(self, session_id: str) -> None:
+        self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))
+
+    def is_pending(self, session_id: str) -> bool:
+        return bool(self._run("is_pending",
+                              lambda: self.redis.exists(self.keys(session_id).pending)))
+
+    # -- the lease -------------------------------------------------------------
+    def _lease(self, what: str, session_id: str, token: str, mode: str,
+               ttl_seconds: float | None = None) -> Any:
+        k = self.keys(session_id)
+        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
+        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
+                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
+
+    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A random owner token when the lease was free, else None. Requests a previous
+        owner took and never finished (it died) go back to the dirty flag."""
+        token = secrets.token_hex(16)
+        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
+        return token if ok else None
+
+    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A job's first step in one round trip: clear the pending flag, try the lease."""
+        token = secrets.token_hex(16)
+        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
+        return token if ok else None
+
+    def finish_lease(self, session_id: str, token: str,
+                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
+        """The owner's last look and release, atomically: ``("released", [])``,
+        ``("dirty", requests)`` (taken, lease extended; call again after running
+        them: that call marks them done) or ``("lost", [])`` (not the owner)."""
+        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
+        status = _s(raw[0])
+        return (status, _lines(raw[1])) if status == "dirty" else (status, [])
+
+    def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
+        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
+
+    def release_lease(self, session_id: str, token: str) -> bool:
+        """Release only if the caller still owns it; the requests it took are forgotten
+        (it ran them or put them back)."""
+        return bool(self._lease("release_lease", session_id, token, "release"))
+
+    def commit_under_lease(self, session_id: str, record: SummaryRecord,
+                           expected_version: int, token: str) -> CommitResult:
+        """:meth:`SessionStore.commit_summary`, fenced: refused (``reason="lease"``)
+        unless ``token`` still holds the session's lease, in the same script."""
+        if not token:
+            raise InvalidInput("a fenced commit needs the lease token", field="token")
+        return self._commit(session_id, record, expected_version, token)
+
+    # -- requests left for the holder -------------------------------------------
+    def mark_dirty(self, session_id: str, request: str = "") -> None:
+        """Ask the lease holder to run once more; ``request`` (one line) rides along."""
+        if not isinstance(request, str) or "\n" in request:
+            raise InvalidInput("must be a string of one line", field="request")
+        k = self.keys(session_id)
+
+        def write() -> None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.append(k.dirty, "\n" + request)
+            pipe.expire(k.dirty, self.config.request_ttl_seconds)
+            pipe.execute()
+
+        self._run("mark_dirty", write)
+
+    def take_dirty(self, session_id: str) -> bool:
+        """Read and clear the dirty flag in one step."""
+        return self.take_dirty_requests(session_id) is not None
+
+    def take_dirty_requests(self, session_id: str) -> list[str] | None:
+        """Read and clear the dirty flag: None when it was not set, else its requests."""
+        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
+        return None if raw is None else _lines(raw)
+
+    def requests_waiting(self, session_id: str) -> bool:
+        """Whether requests wait for a holder (in the flag, or taken by a dead one)."""
+        k = self.keys(session_id)
+        return bool(self._run("requests_waiting", lambda: self.redis.exists(k.dirty, k.taken)))
+
+    def record_request_failure(self, session_id: str, requests: list[str], error: str) -> None:
+        """Requests given up on: counted in the state (``requests_failed``) with why."""
+        k = self.keys(session_id)
+        detail = json.dumps({"at": round(time.time(), 3), "error": error[:300],
+                             "requests": requests[:10]}, sort_keys=True)
+
+        def write() -> None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hincrby(k.state, "requests_failed", max(1, len(requests)))
+            pipe.hset(k.state, "last_request_failure", detail)
+            pipe.execute()
+
+        self._run("record_request_failure", write)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one job was asked to do; left in the dirty flag when the lease is busy."""
+
+    force: bool = False
+    keep_recent: int | None = None
+    manual: bool = False
+
+    def encode(self) -> str:
+        return json.dumps({"force": self.force, "keep_recent": self.keep_recent,
+                           "manual": self.manual}, sort_keys=True)
+
+    @classmethod
+    def decode(cls, line: str) -> Request:
+        """Anything unreadable (a flag from an older version: "1") is a plain rerun."""
+        try:
+            data = json.loads(line)
+            keep = data.get("keep_recent")
+            return cls(force=data.get("force") is True, manual=data.get("manual") is True,
+                       keep_recent=keep if isinstance(keep, int) and not isinstance(keep, bool)
+                       and keep >= 0 else None)
+        except (ValueError, AttributeError):
+            return cls()
+
+
+def distinct(lines: list[str]) -> list[Request]:
+    """The requests to run, each once, in arrival order; a plain rerun goes last."""
+    seen: list[Request] = []
+    for request in map(Request.decode, lines or [""]):
+        if request not in seen:
+            seen.append(request)
+    return sorted(seen, key=lambda r: r == Request())
+
+
+class Renewal:
+    """Extends a held lease every ``ttl / 3`` until stopped or ``until`` (monotonic) passes.
+
+    A failed extension because Redis is briefly away is tried again at the next
+    tick; one that finds another owner sets :attr:`lost` and stops.
+    """
+
+    def __init__(self, store: LeaseOps, session_id: str, token: str, ttl_seconds: float,
+                 until: float) -> None:
+        self.store, self.session_id, self.token = store, session_id, token
+        self.ttl, self.until = ttl_seconds, until
+        self.lost = threading.Event()
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"lease-renewal-{session_id}")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            if time.monotonic() >= self.until:
+                log.warning("lease of %s no longer renewed: the job passed its time limit",
+                            self.session_id)
+                return
+            try:
+                if not self.store.extend_lease(self.session_id, self.token, self.ttl):
+                    self.lost.set()
+                    log.warning("lease of %s lost while working", self.session_id)
+                    return
+                self.renewals += 1
+            except StoreUnavailable as exc:
+                log.warning("lease renewal of %s failed, trying again: %s", self.session_id, exc)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Outcome(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+O = TypeVar("O", bound=Outcome)  # noqa: E741 - the outcome type of one request
+
+
+@dataclass
+class LeaseHolder(Generic[O]):
+    """One job's run of the protocol: claim, run, finish, settle, hand over on failure.
+
+    ``execute(request, token)`` runs one request under the lease (commits fenced
+    with ``token``); ``follow_up(countdown, handoff)`` publishes a follow-up job;
+    ``retried(exc)`` says whether the task queue brings this job back after ``exc``.
+    """
+
+    store: LeaseOps
+    session_id: str
+    execute: Callable[[Request, str], O]
+    follow_up: Callable[[float, int], None]
+    retried: Callable[[BaseException], bool]
+    time_limit: float
+    ttl_seconds: float
+    handoff: int = 0
+    outcome: O | None = None
+    reruns: list[str] = field(default_factory=list)
+    renewals: int = 0
+    failure: dict[str, Any] = field(default_factory=dict)
+    _until: float = 0.0
+    _renewal: Renewal | None = None
+
+    def run(self, request: Request) -> bool:
+        """False when the lease was busy (the request is left to the holder)."""
+        self._until = time.monotonic() + self.time_limit
+        own: Request | None = request
+        token = self.store.claim(self.session_id, self.ttl_seconds)  # clears pending too
+        if token is None:
+            self.store.mark_dirty(self.session_id, request.encode())
+            token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
+            if token is None:
+                return False
+            own = None  # in the flag now: finish() runs it
+        with self._held(token):
+            if own is not None:
+                self.outcome = self.execute(own, token)
+            finished = self._finish(token)
+        if not finished:
+            self._settle()
+        return True
+
+    @contextmanager
+    def _held(self, token: str) -> Iterator[None]:
+        """Renewed while inside; on a failure: released and handed over, then re-raised."""
+        try:
+            with Renewal(self.store, self.session_id, token, self.ttl_seconds,
+                         self._until) as self._renewal:
+                yield
+        except BaseException as exc:
+            released = False
+            with suppress(StoreUnavailable):
+                released = self.store.release_lease(self.session_id, token)
+            if not self.retried(exc):
+                self._hand_over(exc, released)
+            raise
+        finally:
+            if self._renewal is not None:
+                self.renewals += self._renewal.renewals
+            self._renewal = None
+
+    @property
+    def lost(self) -> bool:
+        return (self._renewal is not None and self._renewal.lost.is_set()) or (
+            self.outcome is not None and self.outcome.status == LEASE_LOST)
+
+    def _finish(self, token: str) -> bool:
+        """Run the requests left in the flag, then release (one atomic look).
+
+        False when the lease was lost or requests may remain after the rounds
+        (released then too): :meth:`_settle` takes over. A failure puts the
+        requests not yet run back first.
+        """
+        for _ in range(MAX_RERUN_ROUNDS):
+            if self.lost:
+                return False
+            status, lines = self.store.finish_lease(self.session_id, token, self.ttl_seconds)
+            if status != "dirty":
+                return status == "released"
+            requests = distinct(lines)
+            for i, request in enumerate(requests):
+                try:
+                    outcome = self.execute(request, token)
+                except BaseException:
+                    self._put_back(requests[i:])
+                    raise
+                self.reruns.append(outcome.status)
+                self.outcome = self.outcome or outcome
+                if outcome.status == LEASE_LOST:
+                    self._put_back(requests[i + 1:])
+                    return False
+        self.store.release_lease(self.session_id, token)
+        return False
+
+    def _put_back(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.store.mark_dirty(self.session_id, request.encode())
+
+    def _settle(self) -> None:
+        """After the lease was lost or rounds ran out: take what is left back under the
+        lease, or leave it to the job holding it now (it looks before it releases)."""
+        for _ in range(MAX_RERUN_ROUNDS):
+            lines = self.store.take_dirty_requests(self.session_id)
+            if lines is None:
+                return
+            self._put_back(distinct(lines))
+            token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
+            if token is None:
+                return  # acquired after our put_back: its holder will find them
+            with self._held(token):
+                done = self._finish(token)
+            if not done:
+                break
+        lines = self.store.take_dirty_requests(self.session_id)
+        if lines is None:
+            return
+        self._put_back(distinct(lines))  # a stream of requests: a fresh job runs the rest
+        try:
+            self.follow_up(0, 0)
+        except Exception as exc:  # the broker is away: say so, keep nothing hidden
+            self._give_up(f"follow-up job not sent: {type(exc).__name__}: {exc}")
+            return
+        log.info("requests left for %s after %d rerun rounds: follow-up job sent",
+                 self.session_id, MAX_RERUN_ROUNDS)
+
+    def _hand_over(self, exc: BaseException, released: bool) -> None:
+        """A failure that is not retried: requests that may wait go to a follow-up job
+        (after the lease's TTL if it may still be held), or are recorded failed."""
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        try:
+            waiting = self.store.requests_waiting(self.session_id)
+        except StoreUnavailable:
+            waiting = True  # cannot look: assume they do
+        self.failure = {"error": error, "requests_waiting": waiting}
+        if not waiting:
+            return
+        if self.handoff < MAX_HANDOFFS:
+            countdown = 0.0 if released else self.ttl_seconds
+            try:
+                self.follow_up(countdown, self.handoff + 1)
+            except Exception as send_error:
+                self._give_up(f"{error}; follow-up job not sent: {send_error}")
+                return
+            self.failure.update(handed_to_follow_up=True, countdown=countdown)
+            log.warning("job for %s failed (%s): waiting requests handed to a follow-up "
+                        "job in %.0f s", self.session_id, error, countdown)
+            return
+        self._give_up(f"{error} ({self.handoff} follow-up jobs failed too)")
+
+    def _give_up(self, error: str) -> None:
+        """Take the waiting requests out of the flag and record them failed."""
+        self.failure["requests_failed"] = True
+        try:
+            lines = self.store.take_dirty_requests(self.session_id) or []
+            self.store.record_request_failure(self.session_id, lines, error)
+            self.failure["failed"] = lines
+        except StoreUnavailable as exc:
+            self.failure["not_recorded"] = str(exc)[:200]
+        log.error("requests for %s given up: %s", self.session_id, error)
+
+
+__all__ = ["LEASE_LOST", "MAX_HANDOFFS", "MAX_RERUN_ROUNDS", "LeaseHolder", "LeaseOps",
+           "Renewal", "Request", "distinct"]
