@@ -86,6 +86,12 @@ def _lines(raw: Any) -> list[str]:
     return [line for line in _s(raw).split("\n") if line]
 
 
+def _readable(line: str) -> Any:
+    with suppress(ValueError):
+        return json.loads(line)
+    return line
+
+
 class LeaseOps:
     """The store's side of the protocol (mixed into :class:`SessionStore`)."""
 
@@ -192,7 +198,8 @@ class LeaseOps:
         """Requests given up on: counted in the state (``requests_failed``) with why."""
         k = self.keys(session_id)
         detail = json.dumps({"at": round(time.time(), 3), "error": error[:300],
-                             "requests": requests[:10]}, sort_keys=True)
+                             "requests": [_readable(r) for r in requests[:10]]},
+                            sort_keys=True)
 
         def write() -> None:
             pipe = self.redis.pipeline(transaction=True)
