@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -47,6 +47,9 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_request_id, validate_tenant
 from shared.store.lease import LeaseOps
+
+if TYPE_CHECKING:
+    from shared.store.tenancy import TenantStore
 
 T = TypeVar("T")
 # What "Redis is not there right now" looks like. The cluster errors count too:
@@ -157,14 +160,17 @@ class SessionStore(LeaseOps):
     def keys(self, session_id: str) -> SessionKeys:
         return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
 
-    def for_tenant(self, tenant: str) -> SessionStore:
-        """The same connection, bound to another tenant (for operators and workers, not
-        agents). Cheap: the registered scripts are shared, nothing is read or sent."""
-        if tenant == self.tenant:
-            return self
-        return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter,
-                            idempotency_keep=self.idempotency_keep,
-                            idempotency_ttl=self.idempotency_ttl, _scripts=self._scripts)
+    def for_tenant(self, tenant: str) -> TenantStore:
+        """A handle on one tenant's sessions: store methods only, no raw client, no way
+        to another tenant (:mod:`shared.store.tenancy`; for isolation Redis enforces,
+        :func:`~shared.store.tenancy.connect_tenant` as the tenant's ACL user). Cheap:
+        the connection and the registered scripts are shared, nothing is sent."""
+        from shared.store.tenancy import TenantStore
+
+        return TenantStore(SessionStore(
+            self.redis, self.config, tenant=tenant, counter=self.counter,
+            idempotency_keep=self.idempotency_keep, idempotency_ttl=self.idempotency_ttl,
+            _scripts=self._scripts))
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
         try:
