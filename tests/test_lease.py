@@ -91,7 +91,8 @@ def test_renewal_keeps_the_lease_and_notices_a_loss(real_redis: redis.Redis,
 class Tracking:
     """SummarizerResponder that counts the summarizer calls in flight, and can act mid-call."""
 
-    def __init__(self, during: Any = None) -> None:
+    def __init__(self, during: Any = None, delay: float = 0.0) -> None:
+        self.delay = delay  # inside the in-flight window (the server's latency is not)
         self.inner = SummarizerResponder()
         self.lock = threading.Lock()
         self.in_flight = 0
@@ -107,6 +108,7 @@ class Tracking:
         try:
             if self.during is not None:
                 self.during()
+            time.sleep(self.delay)
             reply: dict[str, Any] = self.inner(request)
             return reply
         finally:
@@ -122,8 +124,8 @@ def slow_runtime(real_redis: redis.Redis,
 
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix, lease_ttl_seconds=1))
     _fill(store)
-    tracking = Tracking()
-    with FakeOpenAIServer(responder=tracking, latency=2.5) as server:
+    tracking = Tracking(delay=2.5)
+    with FakeOpenAIServer(responder=tracking) as server:
         client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=20)
         set_runtime(Runtime(settings=_settings(), store=store, engine=SummaryEngine(client)))
         try:
