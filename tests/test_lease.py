@@ -172,6 +172,8 @@ def test_a_job_that_lost_its_lease_cannot_commit(
     assert "fenced" in result["reason"]
     assert store.state("s").watermark == 0 and store.summaries("s") == []
     assert store.redis.get(key) == b"the-next-holder"  # the new holder's lease is untouched
+    # ... and the request goes to that holder, which looks at the flag before it releases
+    assert store.take_dirty_requests("s") == [Request(keep_recent=2000, manual=True).encode()]
 
 
 # ------------------------------------------------------------------ nothing dropped unseen

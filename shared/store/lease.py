@@ -2,25 +2,18 @@
 
 Keys (all under the session's hash tag, see :mod:`shared.store.keys`):
 
-``pending``
-    "A job is queued". The guard sets it (``SET NX``, with the append) and
-    publishes a job only when it was absent, so a burst of turns leaves at
-    most one queued job. A job clears it first thing (``claim``): turns
-    after that enqueue a new job. It expires (``pending_ttl_seconds``), so a
-    job lost on the way never blocks the session for good.
-``lease``
-    The holder's random token with an expiry: one job at a time works on a
-    session. Taken with ``SET NX PX`` (``claim``/``acquire``), extended and
-    released only by the token's owner (``lease.lua``).
-``dirty``
-    Requests left for the holder by jobs that found the lease taken (busy):
-    one line each (``force``, ``keep_recent``, manual or not), appended, so
-    no request overwrites another. A busy job appends, then tries the lease
-    once more: the holder may have released in between.
-``taken``
-    The requests the holder took from ``dirty`` and is running. Kept until
-    its next look, so a holder that dies running them hands them on: the
-    next ``acquire`` moves them back to ``dirty``.
+``pending``: "a job is queued". The guard sets it (``SET NX``, with the
+    append) and publishes only when it was absent: a burst of turns leaves at
+    most one queued job. A job clears it first (``claim``); it expires, so a
+    job lost on the way never blocks the session.
+``lease``: the holder's random token with an expiry: one job at a time per
+    session. ``SET NX PX``; extended and released only by its owner (``lease.lua``).
+``dirty``: requests left for the holder by jobs that found the lease taken,
+    one line each (``force``, ``keep_recent``, manual), appended: none
+    overwrites another. A busy job appends, then tries the lease once more.
+``taken``: what the holder took from ``dirty`` and is running, kept until its
+    next look: a holder that dies hands them on (the next ``acquire`` moves
+    them back to ``dirty``).
 
 The holder's loop (:class:`LeaseHolder`): run its own request, then
 ``finish`` (one script): requests waiting? take them, extend the lease, run
@@ -29,24 +22,22 @@ no request can land between the last look and the release. After
 :data:`MAX_RERUN_ROUNDS` rounds it releases and hands the rest to a
 follow-up job.
 
-Renewal. The lease is extended every third of its TTL by a background
-thread of the job (:class:`Renewal`) while the job works, and no longer than
-the job's hard time limit: a job that outlives its limit (the threads pool
-cannot kill it) lets its lease expire, and the next holder may start.
+Renewal. A thread of the job extends the lease every third of its TTL
+(:class:`Renewal`), no longer than the job's hard time limit: a job that
+outlives it (the threads pool cannot kill it) lets its lease expire.
 
 Fencing. A holder commits with its token (:meth:`LeaseOps.commit_under_lease`):
-``commit_summary.lua`` checks the token against the lease in the same
-script as the version compare-and-swap, so a job that lost its lease (it
-expired, the session was deleted) gets ``CommitResult(ok=False,
-reason="lease")`` and writes nothing, even when its version still matches.
+``commit_summary.lua`` checks it against the lease in the same script as the
+version compare-and-swap, so a job that lost its lease (expired, session
+deleted) gets ``CommitResult(ok=False, reason="lease")`` and writes nothing,
+even when its version still matches; its request goes back to the flag.
 
-Failures. A job that will be retried comes back and finds the flag. A job
-that fails for good (``StoreUnavailable``, a bug) puts back what it took and,
-when requests may be waiting, hands them to a follow-up job (after the
-lease's TTL when it could not release it), at most :data:`MAX_HANDOFFS`
-times in a row; after that they are taken out of the flag and recorded as
-failed in the session's state (``requests_failed``, ``last_request_failure``:
-``guard.stats()``, ``compaction stats``), never left to expire unseen.
+Failures. A retried job comes back and finds the flag. One that fails for
+good (``StoreUnavailable``, a bug) puts back what it took and hands waiting
+requests to a follow-up job (after the lease's TTL if it could not release),
+at most :data:`MAX_HANDOFFS` times in a row; then they leave the flag as
+failed, in the session's state (``requests_failed``, ``last_request_failure``:
+``guard.stats()``, ``compaction stats``) and the task's result: never unseen.
 """
 
 from __future__ import annotations
@@ -58,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from shared.core.errors import InvalidInput, StoreUnavailable
@@ -69,27 +60,14 @@ if TYPE_CHECKING:
     from shared.store.keys import SessionKeys
 
 log = logging.getLogger("compaction.lease")
-T = TypeVar("T")
-MAX_RERUN_ROUNDS = 3
-"""Rounds of "take the requests left while we held the lease, run them" per job."""
-MAX_HANDOFFS = 3
-"""Follow-up jobs in a row after failures before waiting requests are recorded failed."""
-LEASE_LOST = "lease_lost"
-"""The status of an outcome whose commit was refused because the lease was lost."""
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+MAX_RERUN_ROUNDS = 3  # rounds of "take the requests left while we held it, run them"
+MAX_HANDOFFS = 3  # follow-up jobs in a row after failures, then requests are failed
+LEASE_LOST = "lease_lost"  # an outcome whose commit was refused: the lease was lost
 
 
 def _lines(raw: Any) -> list[str]:
-    return [line for line in _s(raw).split("\n") if line]
-
-
-def _readable(line: str) -> Any:
-    with suppress(ValueError):
-        return json.loads(line)
-    return line
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return [line for line in text.split("\n") if line]
 
 
 class LeaseOps:
@@ -98,14 +76,12 @@ class LeaseOps:
     if TYPE_CHECKING:
         config: StoreConfig
         redis: Any
-
         def keys(self, session_id: str) -> SessionKeys: ...
-        def _run(self, what: str, fn: Callable[[], T]) -> T: ...
+        def _run(self, what: str, fn: Callable[[], Any]) -> Any: ...
         def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any: ...
         def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
                     token: str) -> CommitResult: ...
 
-    # -- the pending flag ------------------------------------------------------
     def mark_pending(self, session_id: str) -> bool:
         """Set the pending flag if absent; True means the caller should enqueue a job."""
         k = self.keys(session_id)
@@ -119,7 +95,6 @@ class LeaseOps:
         return bool(self._run("is_pending",
                               lambda: self.redis.exists(self.keys(session_id).pending)))
 
-    # -- the lease -------------------------------------------------------------
     def _lease(self, what: str, session_id: str, token: str, mode: str,
                ttl_seconds: float | None = None) -> Any:
         k = self.keys(session_id)
@@ -128,33 +103,29 @@ class LeaseOps:
                             [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
 
     def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A random owner token when the lease was free, else None. Requests a previous
-        owner took and never finished (it died) go back to the dirty flag."""
+        """An owner token if the lease was free; a dead owner's taken requests go back."""
         token = secrets.token_hex(16)
-        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
-        return token if ok else None
+        return token if self._lease("acquire_lease", session_id, token, "acquire",
+                                    ttl_seconds) else None
 
     def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
         """A job's first step in one round trip: clear the pending flag, try the lease."""
         token = secrets.token_hex(16)
-        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
-        return token if ok else None
+        return token if self._lease("claim", session_id, token, "claim", ttl_seconds) else None
 
     def finish_lease(self, session_id: str, token: str,
                      ttl_seconds: float | None = None) -> tuple[str, list[str]]:
-        """The owner's last look and release, atomically: ``("released", [])``,
-        ``("dirty", requests)`` (taken, lease extended; call again after running
-        them: that call marks them done) or ``("lost", [])`` (not the owner)."""
+        """The owner's last look and release, atomically: ``("released", [])``, ``("dirty",
+        requests)`` (taken, lease extended; the next call marks them done) or ``("lost", [])``."""
         raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
-        status = _s(raw[0])
+        (status,) = _lines(raw[0])
         return (status, _lines(raw[1])) if status == "dirty" else (status, [])
 
     def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
         return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
 
     def release_lease(self, session_id: str, token: str) -> bool:
-        """Release only if the caller still owns it; the requests it took are forgotten
-        (it ran them or put them back)."""
+        """Release if still the owner; what it took is forgotten (ran or put back)."""
         return bool(self._lease("release_lease", session_id, token, "release"))
 
     def commit_under_lease(self, session_id: str, record: SummaryRecord,
@@ -165,23 +136,15 @@ class LeaseOps:
             raise InvalidInput("a fenced commit needs the lease token", field="token")
         return self._commit(session_id, record, expected_version, token)
 
-    # -- requests left for the holder -------------------------------------------
     def mark_dirty(self, session_id: str, request: str = "") -> None:
         """Ask the lease holder to run once more; ``request`` (one line) rides along."""
         if not isinstance(request, str) or "\n" in request:
             raise InvalidInput("must be a string of one line", field="request")
         k = self.keys(session_id)
-
-        def write() -> None:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.append(k.dirty, "\n" + request)
-            pipe.expire(k.dirty, self.config.request_ttl_seconds)
-            pipe.execute()
-
-        self._run("mark_dirty", write)
+        self._run("mark_dirty", lambda: self.redis.pipeline(transaction=True).append(
+            k.dirty, "\n" + request).expire(k.dirty, self.config.request_ttl_seconds).execute())
 
     def take_dirty(self, session_id: str) -> bool:
-        """Read and clear the dirty flag in one step."""
         return self.take_dirty_requests(session_id) is not None
 
     def take_dirty_requests(self, session_id: str) -> list[str] | None:
@@ -198,16 +161,11 @@ class LeaseOps:
         """Requests given up on: counted in the state (``requests_failed``) with why."""
         k = self.keys(session_id)
         detail = json.dumps({"at": round(time.time(), 3), "error": error[:300],
-                             "requests": [_readable(r) for r in requests[:10]]},
+                             "requests": [asdict(Request.decode(r)) for r in requests[:10]]},
                             sort_keys=True)
-
-        def write() -> None:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hincrby(k.state, "requests_failed", max(1, len(requests)))
-            pipe.hset(k.state, "last_request_failure", detail)
-            pipe.execute()
-
-        self._run("record_request_failure", write)
+        self._run("record_request_failure", lambda: self.redis.pipeline(transaction=True)
+                  .hincrby(k.state, "requests_failed", max(1, len(requests)))
+                  .hset(k.state, "last_request_failure", detail).execute())
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,8 +177,7 @@ class Request:
     manual: bool = False
 
     def encode(self) -> str:
-        return json.dumps({"force": self.force, "keep_recent": self.keep_recent,
-                           "manual": self.manual}, sort_keys=True)
+        return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def decode(cls, line: str) -> Request:
@@ -237,36 +194,24 @@ class Request:
 
 def distinct(lines: list[str]) -> list[Request]:
     """The requests to run, each once, in arrival order; a plain rerun goes last."""
-    seen: list[Request] = []
-    for request in map(Request.decode, lines or [""]):
-        if request not in seen:
-            seen.append(request)
+    seen = dict.fromkeys(map(Request.decode, lines or [""]))  # ordered, each once
     return sorted(seen, key=lambda r: r == Request())
 
 
 class Renewal:
-    """Extends a held lease every ``ttl / 3`` until stopped or ``until`` (monotonic) passes.
-
-    A failed extension because Redis is briefly away is tried again at the next
-    tick; one that finds another owner sets :attr:`lost` and stops.
-    """
+    """Extends a held lease every ``ttl / 3`` until stopped or ``until`` (monotonic); an
+    extension that fails (Redis away) is tried again, one that finds another owner sets
+    :attr:`lost` and stops."""
 
     def __init__(self, store: LeaseOps, session_id: str, token: str, ttl_seconds: float,
                  until: float) -> None:
         self.store, self.session_id, self.token = store, session_id, token
-        self.ttl, self.until = ttl_seconds, until
-        self.lost = threading.Event()
-        self.renewals = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"lease-renewal-{session_id}")
+        self.ttl, self.until, self.renewals = ttl_seconds, until, 0
+        self.lost, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            if time.monotonic() >= self.until:
-                log.warning("lease of %s no longer renewed: the job passed its time limit",
-                            self.session_id)
-                return
+        while not self._stop.wait(self.ttl / 3) and time.monotonic() < self.until:
             try:
                 if not self.store.extend_lease(self.session_id, self.token, self.ttl):
                     self.lost.set()
@@ -295,12 +240,9 @@ O = TypeVar("O", bound=Outcome)  # noqa: E741 - the outcome type of one request
 
 @dataclass
 class LeaseHolder(Generic[O]):
-    """One job's run of the protocol: claim, run, finish, settle, hand over on failure.
-
-    ``execute(request, token)`` runs one request under the lease (commits fenced
-    with ``token``); ``follow_up(countdown, handoff)`` publishes a follow-up job;
-    ``retried(exc)`` says whether the task queue brings this job back after ``exc``.
-    """
+    """One job's run of the protocol. ``execute(request, token)`` runs a request (commits
+    fenced with ``token``), ``follow_up(countdown, handoff)`` publishes a follow-up job,
+    ``retried(exc)``: whether the task queue brings this job back after ``exc``."""
 
     store: LeaseOps
     session_id: str
@@ -316,6 +258,7 @@ class LeaseHolder(Generic[O]):
     failure: dict[str, Any] = field(default_factory=dict)
     _until: float = 0.0
     _renewal: Renewal | None = None
+    _lost: bool = False  # a commit under the current token was refused
 
     def run(self, request: Request) -> bool:
         """False when the lease was busy (the request is left to the holder)."""
@@ -330,7 +273,7 @@ class LeaseHolder(Generic[O]):
             own = None  # in the flag now: finish() runs it
         with self._held(token):
             if own is not None:
-                self.outcome = self.execute(own, token)
+                self.outcome = self._execute([own], 0, token, own=True)
             finished = self._finish(token)
         if not finished:
             self._settle()
@@ -339,6 +282,7 @@ class LeaseHolder(Generic[O]):
     @contextmanager
     def _held(self, token: str) -> Iterator[None]:
         """Renewed while inside; on a failure: released and handed over, then re-raised."""
+        self._lost = False
         try:
             with Renewal(self.store, self.session_id, token, self.ttl_seconds,
                          self._until) as self._renewal:
@@ -351,22 +295,30 @@ class LeaseHolder(Generic[O]):
                 self._hand_over(exc, released)
             raise
         finally:
-            if self._renewal is not None:
-                self.renewals += self._renewal.renewals
+            self.renewals += self._renewal.renewals if self._renewal is not None else 0
             self._renewal = None
 
     @property
     def lost(self) -> bool:
-        return (self._renewal is not None and self._renewal.lost.is_set()) or (
-            self.outcome is not None and self.outcome.status == LEASE_LOST)
+        return self._lost or (self._renewal is not None and self._renewal.lost.is_set())
+
+    def _execute(self, requests: list[Request], i: int, token: str, own: bool = False) -> O:
+        """Run ``requests[i]``; on a lost lease it and the rest go back to the flag, on a
+        failure too, except the job's own (Celery retries it, or the task fails)."""
+        try:
+            outcome = self.execute(requests[i], token)
+        except BaseException:
+            if not own:
+                self._put_back(requests[i:])
+            raise
+        if outcome.status == LEASE_LOST:
+            self._lost = True
+            self._put_back(requests[i:])
+        return outcome
 
     def _finish(self, token: str) -> bool:
-        """Run the requests left in the flag, then release (one atomic look).
-
-        False when the lease was lost or requests may remain after the rounds
-        (released then too): :meth:`_settle` takes over. A failure puts the
-        requests not yet run back first.
-        """
+        """Run the requests left in the flag, then release (one atomic look). False
+        when the lease was lost or rounds ran out (released): :meth:`_settle` follows."""
         for _ in range(MAX_RERUN_ROUNDS):
             if self.lost:
                 return False
@@ -374,22 +326,17 @@ class LeaseHolder(Generic[O]):
             if status != "dirty":
                 return status == "released"
             requests = distinct(lines)
-            for i, request in enumerate(requests):
-                try:
-                    outcome = self.execute(request, token)
-                except BaseException:
-                    self._put_back(requests[i:])
-                    raise
+            for i in range(len(requests)):
+                outcome = self._execute(requests, i, token)
                 self.reruns.append(outcome.status)
                 self.outcome = self.outcome or outcome
-                if outcome.status == LEASE_LOST:
-                    self._put_back(requests[i + 1:])
+                if self._lost:
                     return False
         self.store.release_lease(self.session_id, token)
         return False
 
     def _put_back(self, requests: list[Request]) -> None:
-        for request in requests:
+        for request in requests:  # a busy job's APPEND: none overwrites another
             self.store.mark_dirty(self.session_id, request.encode())
 
     def _settle(self) -> None:
@@ -408,40 +355,33 @@ class LeaseHolder(Generic[O]):
             if not done:
                 break
         lines = self.store.take_dirty_requests(self.session_id)
-        if lines is None:
-            return
-        self._put_back(distinct(lines))  # a stream of requests: a fresh job runs the rest
-        try:
-            self.follow_up(0, 0)
-        except Exception as exc:  # the broker is away: say so, keep nothing hidden
-            self._give_up(f"follow-up job not sent: {type(exc).__name__}: {exc}")
-            return
-        log.info("requests left for %s after %d rerun rounds: follow-up job sent",
-                 self.session_id, MAX_RERUN_ROUNDS)
+        if lines is not None:  # a stream of requests: a fresh job runs the rest
+            self._put_back(distinct(lines))
+            self._send_follow_up(0, 0, "requests left after the rerun rounds")
 
     def _hand_over(self, exc: BaseException, released: bool) -> None:
         """A failure that is not retried: requests that may wait go to a follow-up job
         (after the lease's TTL if it may still be held), or are recorded failed."""
         error = f"{type(exc).__name__}: {exc}"[:300]
-        try:
+        waiting = True  # unless a look says otherwise (Redis may be what failed)
+        with suppress(StoreUnavailable):
             waiting = self.store.requests_waiting(self.session_id)
-        except StoreUnavailable:
-            waiting = True  # cannot look: assume they do
         self.failure = {"error": error, "requests_waiting": waiting}
-        if not waiting:
-            return
-        if self.handoff < MAX_HANDOFFS:
+        if waiting and self.handoff >= MAX_HANDOFFS:
+            self._give_up(f"{error} ({self.handoff} follow-up jobs failed too)")
+        elif waiting:
             countdown = 0.0 if released else self.ttl_seconds
-            try:
-                self.follow_up(countdown, self.handoff + 1)
-            except Exception as send_error:
-                self._give_up(f"{error}; follow-up job not sent: {send_error}")
-                return
-            self.failure.update(handed_to_follow_up=True, countdown=countdown)
-            log.warning("job for %s failed (%s): waiting requests handed to a follow-up "
-                        "job in %.0f s", self.session_id, error, countdown)
-            return
-        self._give_up(f"{error} ({self.handoff} follow-up jobs failed too)")
+            if self._send_follow_up(countdown, self.handoff + 1, error):
+                self.failure.update(handed_to_follow_up=True, countdown=countdown)
+
+    def _send_follow_up(self, countdown: float, handoff: int, why: str) -> bool:
+        try:
+            self.follow_up(countdown, handoff)
+        except Exception as exc:  # the broker is away too: recorded, not hidden
+            self._give_up(f"{why}; follow-up job not sent: {type(exc).__name__}: {exc}")
+            return False
+        log.warning("%s for %s: follow-up job sent (in %.0f s)", why, self.session_id, countdown)
+        return True
 
     def _give_up(self, error: str) -> None:
         """Take the waiting requests out of the flag and record them failed."""
