@@ -59,6 +59,18 @@ def test_a_commit_is_fenced_by_the_lease_token(store: SessionStore) -> None:
     assert store.commit_summary("s", _record(4), 1).ok  # the guard's unfenced truncation
 
 
+def test_a_job_on_a_deleted_session_cannot_bring_its_summary_back(store: SessionStore) -> None:
+    """The user deleted the session while a job summarized it: the job's lease went with
+    it, so its commit (same version 0 on a session re-created since) is refused."""
+    store.append("s", [{"role": "user", "content": f"m{i}"} for i in range(6)])
+    token = store.acquire_lease("s", 5)
+    assert token is not None
+    store.delete_session("s")
+    store.append("s", [{"role": "user", "content": f"new {i}"} for i in range(6)])
+    refused = store.commit_under_lease("s", _record(4), 0, token)
+    assert not refused.ok and refused.reason == "lease" and store.summaries("s") == []
+
+
 def test_a_fenced_commit_never_gives_the_lease_a_ttl(real_redis: redis.Redis,
                                                      key_prefix: str) -> None:
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=3600))

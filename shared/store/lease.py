@@ -340,23 +340,20 @@ class LeaseHolder(Generic[O]):
             self.store.mark_dirty(self.session_id, request.encode())
 
     def _settle(self) -> None:
-        """After the lease was lost or rounds ran out: take what is left back under the
-        lease, or leave it to the job holding it now (it looks before it releases)."""
+        """After the lease was lost or rounds ran out: run what is left under the lease,
+        or leave it to the job holding it now (it looks before it releases). Requests
+        stay in the flag meanwhile: never taken out where a failure could drop them."""
         for _ in range(MAX_RERUN_ROUNDS):
-            lines = self.store.take_dirty_requests(self.session_id)
-            if lines is None:
+            if not self.store.requests_waiting(self.session_id):
                 return
-            self._put_back(distinct(lines))
             token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
             if token is None:
-                return  # acquired after our put_back: its holder will find them
+                return  # another holder: it finds them before it releases
             with self._held(token):
-                done = self._finish(token)
-            if not done:
-                break
-        lines = self.store.take_dirty_requests(self.session_id)
-        if lines is not None:  # a stream of requests: a fresh job runs the rest
-            self._put_back(distinct(lines))
+                if self._finish(token):
+                    continue
+            break
+        if self.store.requests_waiting(self.session_id):  # a stream: a fresh job goes on
             self._send_follow_up(0, 0, "requests left after the rerun rounds")
 
     def _hand_over(self, exc: BaseException, released: bool) -> None:
@@ -387,10 +384,9 @@ class LeaseHolder(Generic[O]):
         """Take the waiting requests out of the flag and record them failed."""
         self.failure["requests_failed"] = True
         try:
-            lines = self.store.take_dirty_requests(self.session_id) or []
+            self.failure["failed"] = lines = self.store.take_dirty_requests(self.session_id) or []
             self.store.record_request_failure(self.session_id, lines, error)
-            self.failure["failed"] = lines
-        except StoreUnavailable as exc:
+        except StoreUnavailable as exc:  # the task's result still names them
             self.failure["not_recorded"] = str(exc)[:200]
         log.error("requests for %s given up: %s", self.session_id, error)
 
