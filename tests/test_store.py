@@ -247,7 +247,7 @@ def test_view_counts_are_the_stores_per_message_counts(store: SessionStore) -> N
 def test_for_tenant_shares_the_scripts_but_not_the_client(store: SessionStore) -> None:
     other = store.for_tenant("globex")
     assert other.tenant == "globex" and not hasattr(other, "redis")  # tests/test_tenancy.py
-    assert other._TenantStore__store._scripts is store._scripts  # type: ignore[attr-defined]
+    assert other._TenantStore__store._scripts is store._scripts
     other.append("s", turn(0))
     assert store.length("s") == 0 and other.length("s") == 4
 
