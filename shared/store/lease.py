@@ -211,14 +211,16 @@ class Renewal:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3) and time.monotonic() < self.until:
+        wait = self.ttl / 3
+        while not self._stop.wait(wait) and time.monotonic() < self.until:
             try:
                 if not self.store.extend_lease(self.session_id, self.token, self.ttl):
                     self.lost.set()
                     log.warning("lease of %s lost while working", self.session_id)
                     return
-                self.renewals += 1
-            except StoreUnavailable as exc:
+                self.renewals, wait = self.renewals + 1, self.ttl / 3
+            except StoreUnavailable as exc:  # soon again: the TTL keeps running
+                wait = self.ttl / 10
                 log.warning("lease renewal of %s failed, trying again: %s", self.session_id, exc)
 
     def __enter__(self) -> Renewal:
