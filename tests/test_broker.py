@@ -248,6 +248,39 @@ def test_threads_share_one_client_and_every_command_lands(redis_url: str,
     assert real_redis.hlen(f"{key_prefix}:table") == 16 * 200
 
 
+def test_threads_meeting_a_new_pool_build_exactly_one_client(channel: Channel) -> None:
+    """The race behind the one-in-three failure above: every thread finds the slot
+    empty (first use, or after a pool change) at once; one builds, the rest wait."""
+    built: list[Any] = []
+    create = channel._create_client
+
+    def slow_create(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)  # widen the window in which a second thread could build
+        client = create(*args, **kwargs)  # type: ignore[no-untyped-call]
+        built.append(client)
+        return client
+
+    channel._create_client = slow_create  # type: ignore[method-assign]
+    for _ in range(3):
+        channel._disconnect_pools()  # what a reconnect, a close and a fork do
+        built.clear()
+        barrier = threading.Barrier(16)
+        seen: list[Any] = []
+
+        def work(barrier: threading.Barrier, seen: list[Any]) -> None:
+            barrier.wait()
+            seen.append(acquire(channel))
+
+        threads = [threading.Thread(target=work, args=(barrier, seen)) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(built) == 1, f"{len(built)} clients built for one pool"
+        assert {id(c) for c in seen} == {id(built[0])}
+        assert built[0].connection_pool is channel.pool
+
+
 def test_global_keyprefix_is_kept(channel: Channel, real_redis: redis.Redis,
                                   key_prefix: str) -> None:
     client = acquire(channel)

@@ -243,3 +243,48 @@ def test_only_summarizer_unavailable_is_retried_by_celery() -> None:
         assert task.autoretry_for == (SummarizerUnavailable,)
         assert task.retry_backoff == RETRY_BACKOFF_FACTOR
         assert task.retry_backoff_max == load_settings().retry_backoff_max
+
+
+def test_a_summarizer_slower_than_the_lease_keeps_one_job_per_session(
+        urls: tuple[str, str], key_prefix: str, store_client: redis.Redis) -> None:
+    """Real workers, a 5 s lease (visibility 6 s), a summarizer answering after 8 s: the
+    holder renews its lease, so a second /compact (and the broker's redelivery of the
+    slow job) finds it busy instead of summarizing the same session alongside."""
+    from tests.test_lease import Tracking
+
+    broker, store_url = urls
+    store = SessionStore(store_client, StoreConfig(key_prefix=key_prefix))
+    for turn in demo_turns(12):
+        store.append("s3", turn)
+    tracking = Tracking(delay=8.0)
+    with FakeOpenAIServer(responder=tracking) as llm:
+        env = worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                         summarizer="openai", summarizer_base_url=llm.base_url,
+                         summarizer_api_key="k", summarizer_timeout="30",
+                         broker_visibility_timeout="6", broker_restore_sweep_seconds="1",
+                         task_time_limit="40", task_soft_time_limit="35")
+        assert load_settings(**{k.removeprefix("COMPACTION_").lower(): v for k, v in env.items()
+                                if k.startswith("COMPACTION_") and k not in (
+                                    "COMPACTION_BROKER_URL", "COMPACTION_REDIS_URL",
+                                    "COMPACTION_KEY_PREFIX")}).lease_seconds == 5
+        workers = [WorkerProcess(f"slow{i}", env, concurrency=2).start() for i in range(2)]
+        try:
+            app = publisher_app(broker)
+            app.send_task(TASK_COMPACT, args=["s3"], kwargs={"keep_recent": 2000},
+                          queue="compaction")
+            assert wait_for(lambda: tracking.calls >= 1, 20), workers[0].log()[-3000:]
+            time.sleep(6.5)  # past the lease's TTL, inside the first summarizer call
+            app.send_task(TASK_COMPACT, args=["s3"], kwargs={"keep_recent": 1500},
+                          queue="compaction")
+            assert wait_for(lambda: store.state("s3").watermark > 0, 40)
+            assert wait_for(lambda: not store_client.exists(store.keys("s3").lease)
+                            and tracking.in_flight == 0, 60)
+            logs = "".join(w.log() for w in workers)
+        finally:
+            for w in workers:
+                w.stop()
+    assert tracking.max_in_flight == 1, "two jobs summarized one session at the same time"
+    assert "'status': 'busy'" in logs, logs[-3000:]
+    assert "lease_lost" not in logs
+    kinds = [s.kind for s in store.summaries("s3")]
+    assert kinds and set(kinds) == {"llm"} and store.state("s3").version == len(kinds)

@@ -275,10 +275,11 @@ def test_a_request_left_just_before_the_release_is_still_run(
     finish = SessionStore.finish_lease
     busy: list[dict[str, Any]] = []
 
-    def late_request(self: SessionStore, session_id: str, token: str) -> tuple[str, list[str]]:
+    def late_request(self: SessionStore, session_id: str, token: str,
+                     ttl: float | None = None) -> tuple[str, list[str]]:
         if not busy:
             busy.append(compact.apply(args=[session_id], kwargs={"keep_recent": 2000}).get())
-        return finish(self, session_id, token)
+        return finish(self, session_id, token, ttl)
 
     monkeypatch.setattr(SessionStore, "finish_lease", late_request)
     result = maybe_summarize.apply(args=["s"]).get()

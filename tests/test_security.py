@@ -176,16 +176,21 @@ def _entry_points(store: SessionStore, guard: ContextGuard,
         lambda: store.mark_pending(sid), lambda: store.clear_pending(sid),
         lambda: store.is_pending(sid), lambda: store.acquire_lease(sid),
         lambda: store.mark_dirty(sid), lambda: store.take_dirty(sid),
-        lambda: store.delete_session(sid),
+        lambda: store.claim(sid), lambda: store.finish_lease(sid, "t"),
+        lambda: store.commit_under_lease(sid, record, 0, "t"),
+        lambda: store.requests_waiting(sid), lambda: store.delete_session(sid),
         lambda: guard.prepare(sid, "system"), lambda: guard.stats(sid),
         lambda: guard.record_turn(sid, [{"role": "user", "content": "x"}]),
     ]
 
 
+@pytest.mark.parametrize("handle", ["store", "tenant"])
 @pytest.mark.parametrize("sid", [*ESCAPES, *NOT_STRINGS], ids=repr)
-def test_session_ids_that_could_escape_are_refused_everywhere(sid: Any) -> None:
+def test_session_ids_that_could_escape_are_refused_everywhere(sid: Any, handle: str) -> None:
     client = fakeredis.FakeRedis()
     store = SessionStore(client, StoreConfig())
+    if handle == "tenant":  # the handle an agent gets: the same validation, no raw client
+        store = store.for_tenant("acme")
     guard = ContextGuard(store)
     for call in _entry_points(store, guard, sid):
         with pytest.raises(InvalidInput) as caught:

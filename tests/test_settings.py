@@ -117,7 +117,8 @@ def test_a_tenants_compactor_is_built_once_per_process() -> None:
     acme = runtime.compactor("acme")
     assert runtime.compactor("acme") is acme and acme.store.tenant == "acme"
     assert runtime.compactor("globex") is not acme
-    assert runtime.compactor(runtime.store.tenant).store is runtime.store
+    own = runtime.compactor(runtime.store.tenant).store  # a tenant handle: no raw client
+    assert own.tenant == runtime.store.tenant and not hasattr(own, "redis")
 
 
 def test_the_guard_and_the_stored_totals_use_the_store_counter(tokenizers: Path) -> None:

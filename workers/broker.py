@@ -16,6 +16,11 @@ it, so one client per pool is safe to share between the pool's threads
 client once per pool, and a new one when kombu replaces the pool:
 ``_disconnect_pools`` (reconnect, close, after fork) drops it, and every use
 also checks that the client still belongs to the channel's current pool.
+Building it (and kombu's lazy pool) happens under a per-channel lock, so
+threads that meet an empty or replaced slot build exactly one client: a
+second one would cost the build and, with a streaming credential provider,
+one more re-auth hook on the pool. The common path (the slot matches the
+pool) takes no lock.
 The connection limit stays the pool's (``max_connections``), shared or not.
 
 Not shared: the asynchronous pool's clients (``Channel.client`` for BRPOP,
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from threading import Lock
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -74,26 +80,36 @@ class Channel(kombu_redis.Channel):
     #: so a thread reading it always gets a matching pair.
     _shared: tuple[redis.ConnectionPool, redis.Redis] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before kombu's constructor: it may already use the channel's client.
+        self._shared_lock = Lock()
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         """``client`` if given, else the channel's shared synchronous client."""
         yield client if client else self.shared_client()
 
     def shared_client(self) -> redis.Redis:
-        """The client on the channel's current pool, built on first use per pool.
+        """The client on the channel's current pool, built once per pool.
 
-        Two threads may both build one after a pool change; either is
-        correct, the last one stored is kept.
+        Lock-free while the slot holds a client of the current pool; else
+        one thread builds it (and the pool, if kombu has not yet) under the
+        channel's lock while the others wait for it.
         """
-        pool = self.pool
         shared = self._shared
-        if shared is None or shared[0] is not pool:
-            client: redis.Redis = self._create_client()  # type: ignore[no-untyped-call]
-            # Keyed by the pool the client really uses: had another thread
-            # replaced the pool meanwhile, the next call rebuilds.
-            shared = (client.connection_pool, client)
-            self._shared = shared
-        return shared[1]
+        if shared is not None and shared[0] is self._pool:
+            return shared[1]
+        with self._shared_lock:
+            pool = self.pool  # kombu creates it lazily: under the lock, only once
+            shared = self._shared
+            if shared is None or shared[0] is not pool:
+                client: redis.Redis = self._create_client()  # type: ignore[no-untyped-call]
+                # Keyed by the pool the client really uses (_create_client reads
+                # self.pool again; a pool replaced meanwhile means a rebuild next call).
+                shared = (client.connection_pool, client)
+                self._shared = shared
+            return shared[1]
 
     def _disconnect_pools(self) -> None:
         """Forget the shared client with the pool it uses (reconnect, close, fork)."""

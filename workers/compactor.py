@@ -10,6 +10,9 @@
 4. Fact ledger beside the summary: facts the summary dropped are injected.
 5. Write through the store's compare-and-swap; on conflict re-read and try
    again (at most :data:`MAX_ATTEMPTS` in all); never overwrite newer state.
+   A job holding the session's lease commits fenced with its token: if the
+   lease expired or moved to another job meanwhile, the commit is refused
+   and the job stops (status ``lease_lost``, see :mod:`shared.store.lease`).
 
 The kept part is bounded too: the cut keeps at least about a quarter of the
 window, but never more than the target leaves beside the fixed parts and a
@@ -55,7 +58,7 @@ from workers.summarizer.counting import JobCounter, job_counter
 from workers.summarizer.engine import SummaryEngine
 
 log = logging.getLogger("compaction.job")
-Status = Literal["skipped", "compacted", "covered", "conflict"]
+Status = Literal["skipped", "compacted", "covered", "conflict", "lease_lost"]
 SUMMARY_FRAMING_TOKENS = 40
 MAX_ATTEMPTS = 3
 """Summarize-and-swap attempts per job: a late job may lose to the guard's
@@ -234,10 +237,14 @@ class Compactor:
     # -- the job -------------------------------------------------------------------
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
             use_llm: bool = True, deadline: float | None = None,
-            manual: bool = False) -> JobOutcome:
-        """One compaction; after a lost compare-and-swap, up to :data:`MAX_ATTEMPTS` in all."""
+            manual: bool = False, lease_token: str | None = None) -> JobOutcome:
+        """One compaction; after a lost compare-and-swap, up to :data:`MAX_ATTEMPTS` in all.
+
+        ``lease_token``: the session's lease held by the caller; every commit is
+        fenced with it (refused once the lease is lost: status ``lease_lost``).
+        """
         started = time.perf_counter()
-        args = (session_id, force, keep_recent, use_llm, deadline, manual)
+        args = (session_id, force, keep_recent, use_llm, deadline, manual, lease_token)
         lost: _Lost | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             outcome, lost = self._attempt(*args, lost=lost)
@@ -249,7 +256,7 @@ class Compactor:
         return outcome
 
     def _attempt(self, session_id: str, force: bool, keep_recent: int | None, use_llm: bool,
-                 deadline: float | None, manual: bool, *,
+                 deadline: float | None, manual: bool, lease_token: str | None, *,
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         data = self.store.load_view(session_id, with_counts=True)
         state = data.state
@@ -282,7 +289,14 @@ class Compactor:
             kept = carry is not None and plan.base_summary is carry
             if kept:
                 stages = [*stages, "merged_over_truncation"]
-        result = self.store.commit_summary(session_id, record, state.version)
+        result = (self.store.commit_summary(session_id, record, state.version)
+                  if lease_token is None else
+                  self.store.commit_under_lease(session_id, record, state.version, lease_token))
+        if not result.ok and result.reason == "lease":
+            outcome.status = "lease_lost"
+            outcome.reason = ("commit refused: this job's lease expired or passed to another "
+                              "job (fenced); the holder now runs the session")
+            return outcome, None
         if not result.ok:
             current = self.store.state(session_id)
             outcome.status = "covered" if current.watermark >= record.watermark else "conflict"

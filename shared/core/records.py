@@ -88,6 +88,8 @@ class SessionState(BaseModel):
     silent_truncation_flags: int = 0
     recover_next: int = Field(default=0, description="1: next prepare compacts to recovery ratio")
     force_requested: int = Field(default=0, description="1: next job compacts even below trigger")
+    requests_failed: int = Field(default=0, description="compaction requests given up on")
+    last_request_failure: str = Field(default="", description="JSON: when, why, which")
 
     @classmethod
     def from_hash(cls, raw: dict[str, str]) -> SessionState:
@@ -111,7 +113,7 @@ class CommitResult(BaseModel):
     ok: bool
     version: int
     watermark: int
-    reason: Literal["", "version", "backwards", "beyond_log"] = ""
+    reason: Literal["", "lease", "version", "backwards", "beyond_log"] = ""
 
 
 class ViewData(BaseModel):

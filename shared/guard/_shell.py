@@ -236,6 +236,8 @@ class GuardShell:
             "pending_job": snap.pending, "calibration_ratio": state.calibration_ratio,
             "calibration_samples": state.calibration_samples,
             "silent_truncation_flags": state.silent_truncation_flags,
+            "requests_failed": state.requests_failed,
+            "last_request_failure": state.last_request_failure or None,
         }
 
 

@@ -208,11 +208,12 @@ def cheap_command(k: SessionKeys, config: StoreConfig,
 
 
 def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
-                   expected_version: int) -> Command[CommitResult]:
-    keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum]
+                   expected_version: int, token: str = "") -> Command[CommitResult]:
+    """The one compare-and-swap writer; a non-empty ``token`` fences it by the lease."""
+    keys = [k.state, k.summaries, k.summary_index, k.log, k.cheap, k.cum, k.lease]
     args: list[Any] = [expected_version, record.watermark, record.model_dump_json(),
                        record.tokens, record.kind, config.summary_retention,
-                       config.ttl_seconds or 0]
+                       config.ttl_seconds or 0, token]
     return Command("commit_summary", keys, args, parse_commit, "commit_summary")
 
 

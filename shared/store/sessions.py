@@ -18,11 +18,10 @@ is given, so it runs on the node that owns the session's slot.
 from __future__ import annotations
 
 import functools
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -47,6 +46,10 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
+from shared.store.lease import LeaseOps
+
+if TYPE_CHECKING:
+    from shared.store.tenancy import TenantStore
 
 T = TypeVar("T")
 # What "Redis is not there right now" looks like. The cluster errors count too:
@@ -125,7 +128,7 @@ def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
     )
 
 
-class SessionStore:
+class SessionStore(LeaseOps):
     """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests).
 
     ``idempotency_keep`` / ``idempotency_ttl``: how many append request ids
@@ -156,14 +159,17 @@ class SessionStore:
     def keys(self, session_id: str) -> SessionKeys:
         return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
 
-    def for_tenant(self, tenant: str) -> SessionStore:
-        """The same connection, bound to another tenant (for operators and workers, not
-        agents). Cheap: the registered scripts are shared, nothing is read or sent."""
-        if tenant == self.tenant:
-            return self
-        return SessionStore(self.redis, self.config, tenant=tenant, counter=self.counter,
-                            idempotency_keep=self.idempotency_keep,
-                            idempotency_ttl=self.idempotency_ttl, _scripts=self._scripts)
+    def for_tenant(self, tenant: str) -> TenantStore:
+        """A handle on one tenant's sessions: store methods only, no raw client, no way
+        to another tenant (:mod:`shared.store.tenancy`; for isolation Redis enforces,
+        :func:`~shared.store.tenancy.connect_tenant` as the tenant's ACL user). Cheap:
+        the connection and the registered scripts are shared, nothing is sent."""
+        from shared.store.tenancy import TenantStore
+
+        return TenantStore(SessionStore(
+            self.redis, self.config, tenant=tenant, counter=self.counter,
+            idempotency_keep=self.idempotency_keep, idempotency_ttl=self.idempotency_ttl,
+            _scripts=self._scripts))
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -307,9 +313,14 @@ class SessionStore:
 
     def commit_summary(self, session_id: str, record: SummaryRecord,
                        expected_version: int) -> CommitResult:
-        """The one compare-and-swap writer. A stale writer gets ``ok=False``."""
+        """The one compare-and-swap writer. A stale writer gets ``ok=False``; a worker
+        holding the lease commits fenced (:meth:`commit_under_lease`)."""
+        return self._commit(session_id, record, expected_version, "")
+
+    def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
+                token: str) -> CommitResult:
         return self.execute(commands.commit_command(self.keys(session_id), self.config, record,
-                                                    expected_version))
+                                                    expected_version, token))
 
     def summary(self, session_id: str, watermark: int) -> SummaryRecord | None:
         raw = self._run("summary",
@@ -372,98 +383,6 @@ class SessionStore:
         if not items:
             return 0
         return self.execute(commands.cheap_command(self.keys(session_id), self.config, items))
-
-    # -- worker coordination -----------------------------------------------------
-    def mark_pending(self, session_id: str) -> bool:
-        """Set the pending flag if absent; True means the caller should enqueue a job."""
-        k = self.keys(session_id)
-        return bool(self._run("mark_pending", lambda: self.redis.set(
-            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
-
-    def clear_pending(self, session_id: str) -> None:
-        self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))
-
-    def is_pending(self, session_id: str) -> bool:
-        return bool(self._run("is_pending",
-                              lambda: self.redis.exists(self.keys(session_id).pending)))
-
-    def _lease(self, what: str, session_id: str, token: str, mode: str,
-               ttl_seconds: float | None = None) -> Any:
-        k = self.keys(session_id)
-        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
-        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
-                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
-
-    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A random owner token when the lease was free, else None.
-
-        Requests a previous owner took from the dirty flag and never finished
-        (it died) go back to the flag for the new owner (``finish_lease``).
-        """
-        token = secrets.token_hex(16)
-        ok = self._lease("acquire_lease", session_id, token, "acquire", ttl_seconds)
-        return token if ok else None
-
-    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A job's first step in one round trip: clear the pending flag (later turns
-        enqueue a new job), then try the lease (:meth:`acquire_lease`)."""
-        token = secrets.token_hex(16)
-        ok = self._lease("claim", session_id, token, "claim", ttl_seconds)
-        return token if ok else None
-
-    def finish_lease(self, session_id: str, token: str,
-                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
-        """The owner's last look and release, atomically.
-
-        Returns ``("released", [])`` when no request was waiting (the lease is
-        released), ``("dirty", requests)`` when requests were left while it
-        held the lease (taken; the lease is extended to run them; call again
-        after: that call also marks them done), or ``("lost", [])`` when the
-        caller no longer owns the lease (nothing changed). Taken requests are
-        kept until then, so an owner that dies running them does not lose
-        them: the next owner gets them back.
-        """
-        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
-        status = _s(raw[0])
-        if status == "dirty":
-            return status, [line for line in _s(raw[1]).split("\n") if line]
-        return status, []
-
-    def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
-        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
-
-    def release_lease(self, session_id: str, token: str) -> bool:
-        """Release only if the caller still owns it (an expired lease may have moved on).
-        Requests it took are forgotten: the caller ran them or put them back."""
-        return bool(self._lease("release_lease", session_id, token, "release"))
-
-    def mark_dirty(self, session_id: str, request: str = "") -> None:
-        """Ask the lease holder to run once more; ``request`` (one line) rides along.
-
-        Requests accumulate (APPEND) until the holder takes them, so two busy
-        callers never overwrite each other's parameters.
-        """
-        if not isinstance(request, str) or "\n" in request:
-            raise InvalidInput("must be a string of one line", field="request")
-        k = self.keys(session_id)
-
-        def write() -> None:
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.append(k.dirty, "\n" + request)
-            pipe.expire(k.dirty, self.config.request_ttl_seconds)
-            pipe.execute()
-
-        self._run("mark_dirty", write)
-
-    def take_dirty(self, session_id: str) -> bool:
-        """Read and clear the dirty flag in one step."""
-        return self.take_dirty_requests(session_id) is not None
-
-    def take_dirty_requests(self, session_id: str) -> list[str] | None:
-        """Read and clear the dirty flag in one step: None when it was not set, else
-        the non-empty requests left with it, oldest first."""
-        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
-        return None if raw is None else [line for line in _s(raw).split("\n") if line]
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""

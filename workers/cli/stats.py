@@ -77,6 +77,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     ]
     if figures["silent_truncation_flags"]:
         rows.append(("silent truncations", f"[red]{figures['silent_truncation_flags']}[/]"))
+    if figures.get("requests_failed"):
+        rows.append(("failed compaction requests",
+                     f"[red]{figures['requests_failed']}[/] (last: "
+                     f"{escape(str(figures['last_request_failure']))})"))
     for name, value in rows:
         table.add_row(name, value)
     title = f"session [cyan]{escape(args.session)}[/] (tenant {figures['tenant']})"

@@ -6,7 +6,8 @@
 -- KEYS[4] log        list   read only: the watermark may not pass its length
 -- KEYS[5] cheap      hash   message index -> cheap-stage decision; entries below
 --                           the new watermark are dropped (no longer in any view)
--- KEYS[6..] other data keys, only for the TTL refresh
+-- KEYS[6]   cum        list   only for the TTL refresh
+-- KEYS[7]   lease      string read only: the fencing check (never given a TTL here)
 -- ARGV[1] expected version
 -- ARGV[2] new watermark
 -- ARGV[3] summary record JSON
@@ -14,17 +15,24 @@
 -- ARGV[5] summary kind (llm, offline, truncation)
 -- ARGV[6] retention (summaries kept)
 -- ARGV[7] ttl in seconds (0 = no expiry)
+-- ARGV[8] lease token of the writer ('' = not fenced: the guard's truncation,
+--         which holds no lease). A worker's token must still be the lease's value.
 --
 -- Returns {"ok", new_version, watermark}
 --      or {"conflict", reason, current_version, current_watermark}
--- with reason "version" (someone else wrote or history was edited),
--- "backwards" (the watermark would move back) or "beyond_log".
+-- with reason "lease" (the writer's lease expired or moved to another job:
+-- checked first, so a job that lost its lease never writes, even when the
+-- version still matches), "version" (someone else wrote or history was
+-- edited), "backwards" (the watermark would move back) or "beyond_log".
 
 local expected = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local cur = redis.call('HMGET', KEYS[1], 'version', 'watermark')
 local version = tonumber(cur[1]) or 0
 local cur_w = tonumber(cur[2]) or 0
+if ARGV[8] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[8] then
+  return {'conflict', 'lease', version, cur_w}
+end
 if version ~= expected then
   return {'conflict', 'version', version, cur_w}
 end
@@ -60,7 +68,7 @@ end
 
 local ttl = tonumber(ARGV[7])
 if ttl > 0 then
-  for i = 1, #KEYS do
+  for i = 1, 6 do
     redis.call('EXPIRE', KEYS[i], ttl)
   end
 end

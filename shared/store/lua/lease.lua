@@ -5,6 +5,8 @@
 -- KEYS[2] dirty    string  requests left for the owner, one line each (appended)
 -- KEYS[3] taken    string  the requests the owner took and is running
 -- KEYS[4] pending  string  the "a job is queued" flag ("claim" only)
+-- (the protocol as a whole: shared/store/lease.py; commits are fenced with the
+-- owner token in commit_summary.lua)
 -- ARGV[1] owner token
 -- ARGV[2] "claim", "acquire", "release", "extend" or "finish"
 -- ARGV[3] the lease's expiry in milliseconds
@@ -16,7 +18,8 @@
 -- "claim": clear the pending flag (later turns enqueue a new job), then acquire.
 -- "release": 1 when the caller owned the lease (released, its taken
 --   requests forgotten: it ran them or put them back), 0 otherwise.
--- "extend": 1 when the caller owned the lease (extended), 0 otherwise.
+-- "extend": 1 when the caller owned the lease (extended), 0 otherwise: the
+--   holder's renewal, every third of the TTL while it works.
 -- "finish": the owner's last look and release in one step. The requests it
 --   took before are done. {'lost'} when it no longer owns the lease
 --   (nothing changed); {'released'} when no request was waiting; or

@@ -1,0 +1,397 @@
+"""The lease protocol: how any number of workers share sessions, in one place.
+
+Keys (all under the session's hash tag, see :mod:`shared.store.keys`):
+
+``pending``: "a job is queued". The guard sets it (``SET NX``, with the
+    append) and publishes only when it was absent: a burst of turns leaves at
+    most one queued job. A job clears it first (``claim``); it expires, so a
+    job lost on the way never blocks the session.
+``lease``: the holder's random token with an expiry: one job at a time per
+    session. ``SET NX PX``; extended and released only by its owner (``lease.lua``).
+``dirty``: requests left for the holder by jobs that found the lease taken,
+    one line each (``force``, ``keep_recent``, manual), appended: none
+    overwrites another. A busy job appends, then tries the lease once more.
+``taken``: what the holder took from ``dirty`` and is running, kept until its
+    next look: a holder that dies hands them on (the next ``acquire`` moves
+    them back to ``dirty``).
+
+The holder's loop (:class:`LeaseHolder`): run its own request, then
+``finish`` (one script): requests waiting? take them, extend the lease, run
+them, look again; none? release, in the same atomic step as the look, so
+no request can land between the last look and the release. After
+:data:`MAX_RERUN_ROUNDS` rounds it releases and hands the rest to a
+follow-up job.
+
+Renewal. A thread of the job extends the lease every third of its TTL
+(:class:`Renewal`), no longer than the job's hard time limit: a job that
+outlives it (the threads pool cannot kill it) lets its lease expire.
+
+Fencing. A holder commits with its token (:meth:`LeaseOps.commit_under_lease`):
+``commit_summary.lua`` checks it against the lease in the same script as the
+version compare-and-swap, so a job that lost its lease (expired, session
+deleted) gets ``CommitResult(ok=False, reason="lease")`` and writes nothing,
+even when its version still matches; its request goes back to the flag.
+
+Failures. A retried job comes back and finds the flag. One that fails for
+good (``StoreUnavailable``, a bug) puts back what it took and hands waiting
+requests to a follow-up job (after the lease's TTL if it could not release),
+at most :data:`MAX_HANDOFFS` times in a row; then they leave the flag as
+failed, in the session's state (``requests_failed``, ``last_request_failure``:
+``guard.stats()``, ``compaction stats``) and the task's result: never unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.records import CommitResult, SummaryRecord
+
+if TYPE_CHECKING:
+    from shared.core.config import StoreConfig
+    from shared.store.keys import SessionKeys
+
+log = logging.getLogger("compaction.lease")
+MAX_RERUN_ROUNDS = 3  # rounds of "take the requests left while we held it, run them"
+MAX_HANDOFFS = 3  # follow-up jobs in a row after failures, then requests are failed
+LEASE_LOST = "lease_lost"  # an outcome whose commit was refused: the lease was lost
+
+
+def _lines(raw: Any) -> list[str]:
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return [line for line in text.split("\n") if line]
+
+
+class LeaseOps:
+    """The store's side of the protocol (mixed into :class:`SessionStore`)."""
+
+    if TYPE_CHECKING:
+        config: StoreConfig
+        redis: Any
+        def keys(self, session_id: str) -> SessionKeys: ...
+        def _run(self, what: str, fn: Callable[[], Any]) -> Any: ...
+        def _script(self, what: str, name: str, keys: list[str], args: list[Any]) -> Any: ...
+        def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
+                    token: str) -> CommitResult: ...
+
+    def mark_pending(self, session_id: str) -> bool:
+        """Set the pending flag if absent; True means the caller should enqueue a job."""
+        k = self.keys(session_id)
+        return bool(self._run("mark_pending", lambda: self.redis.set(
+            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+
+    def clear_pending(self, session_id: str) -> None:
+        self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))
+
+    def is_pending(self, session_id: str) -> bool:
+        return bool(self._run("is_pending",
+                              lambda: self.redis.exists(self.keys(session_id).pending)))
+
+    def _lease(self, what: str, session_id: str, token: str, mode: str,
+               ttl_seconds: float | None = None) -> Any:
+        k = self.keys(session_id)
+        ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
+        return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
+                            [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
+
+    def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """An owner token if the lease was free; a dead owner's taken requests go back."""
+        token = secrets.token_hex(16)
+        return token if self._lease("acquire_lease", session_id, token, "acquire",
+                                    ttl_seconds) else None
+
+    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
+        """A job's first step in one round trip: clear the pending flag, try the lease."""
+        token = secrets.token_hex(16)
+        return token if self._lease("claim", session_id, token, "claim", ttl_seconds) else None
+
+    def finish_lease(self, session_id: str, token: str,
+                     ttl_seconds: float | None = None) -> tuple[str, list[str]]:
+        """The owner's last look and release, atomically: ``("released", [])``, ``("dirty",
+        requests)`` (taken, lease extended; the next call marks them done) or ``("lost", [])``."""
+        raw = self._lease("finish_lease", session_id, token, "finish", ttl_seconds)
+        (status,) = _lines(raw[0])
+        return (status, _lines(raw[1])) if status == "dirty" else (status, [])
+
+    def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
+        return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
+
+    def release_lease(self, session_id: str, token: str) -> bool:
+        """Release if still the owner; what it took is forgotten (ran or put back)."""
+        return bool(self._lease("release_lease", session_id, token, "release"))
+
+    def commit_under_lease(self, session_id: str, record: SummaryRecord,
+                           expected_version: int, token: str) -> CommitResult:
+        """:meth:`SessionStore.commit_summary`, fenced: refused (``reason="lease"``)
+        unless ``token`` still holds the session's lease, in the same script."""
+        if not token:
+            raise InvalidInput("a fenced commit needs the lease token", field="token")
+        return self._commit(session_id, record, expected_version, token)
+
+    def mark_dirty(self, session_id: str, request: str = "") -> None:
+        """Ask the lease holder to run once more; ``request`` (one line) rides along."""
+        if not isinstance(request, str) or "\n" in request:
+            raise InvalidInput("must be a string of one line", field="request")
+        k = self.keys(session_id)
+        self._run("mark_dirty", lambda: self.redis.pipeline(transaction=True).append(
+            k.dirty, "\n" + request).expire(k.dirty, self.config.request_ttl_seconds).execute())
+
+    def take_dirty(self, session_id: str) -> bool:
+        return self.take_dirty_requests(session_id) is not None
+
+    def take_dirty_requests(self, session_id: str) -> list[str] | None:
+        """Read and clear the dirty flag: None when it was not set, else its requests."""
+        raw = self._run("take_dirty", lambda: self.redis.getdel(self.keys(session_id).dirty))
+        return None if raw is None else _lines(raw)
+
+    def requests_waiting(self, session_id: str) -> bool:
+        """Whether requests wait for a holder (in the flag, or taken by a dead one)."""
+        k = self.keys(session_id)
+        return bool(self._run("requests_waiting", lambda: self.redis.exists(k.dirty, k.taken)))
+
+    def record_request_failure(self, session_id: str, requests: list[str], error: str) -> None:
+        """Requests given up on: counted in the state (``requests_failed``) with why."""
+        k = self.keys(session_id)
+        detail = json.dumps({"at": round(time.time(), 3), "error": error[:300],
+                             "requests": [asdict(Request.decode(r)) for r in requests[:10]]},
+                            sort_keys=True)
+        self._run("record_request_failure", lambda: self.redis.pipeline(transaction=True)
+                  .hincrby(k.state, "requests_failed", max(1, len(requests)))
+                  .hset(k.state, "last_request_failure", detail).execute())
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one job was asked to do; left in the dirty flag when the lease is busy."""
+
+    force: bool = False
+    keep_recent: int | None = None
+    manual: bool = False
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, line: str) -> Request:
+        """Anything unreadable (a flag from an older version: "1") is a plain rerun."""
+        try:
+            data = json.loads(line)
+            keep = data.get("keep_recent")
+            return cls(force=data.get("force") is True, manual=data.get("manual") is True,
+                       keep_recent=keep if isinstance(keep, int) and not isinstance(keep, bool)
+                       and keep >= 0 else None)
+        except (ValueError, AttributeError):
+            return cls()
+
+
+def distinct(lines: list[str]) -> list[Request]:
+    """The requests to run, each once, in arrival order; a plain rerun goes last."""
+    seen = dict.fromkeys(map(Request.decode, lines or [""]))  # ordered, each once
+    return sorted(seen, key=lambda r: r == Request())
+
+
+class Renewal:
+    """Extends a held lease every ``ttl / 3`` until stopped or ``until`` (monotonic); an
+    extension that fails (Redis away) is tried again, one that finds another owner sets
+    :attr:`lost` and stops."""
+
+    def __init__(self, store: LeaseOps, session_id: str, token: str, ttl_seconds: float,
+                 until: float) -> None:
+        self.store, self.session_id, self.token = store, session_id, token
+        self.ttl, self.until, self.renewals = ttl_seconds, until, 0
+        self.lost, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        wait = self.ttl / 3
+        while not self._stop.wait(wait) and time.monotonic() < self.until:
+            try:
+                if not self.store.extend_lease(self.session_id, self.token, self.ttl):
+                    self.lost.set()
+                    log.warning("lease of %s lost while working", self.session_id)
+                    return
+                self.renewals, wait = self.renewals + 1, self.ttl / 3
+            except StoreUnavailable as exc:  # soon again: the TTL keeps running
+                wait = self.ttl / 10
+                log.warning("lease renewal of %s failed, trying again: %s", self.session_id, exc)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Outcome(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+O = TypeVar("O", bound=Outcome)  # noqa: E741 - the outcome type of one request
+
+
+@dataclass
+class LeaseHolder(Generic[O]):
+    """One job's run of the protocol. ``execute(request, token)`` runs a request (commits
+    fenced with ``token``), ``follow_up(countdown, handoff)`` publishes a follow-up job,
+    ``retried(exc)``: whether the task queue brings this job back after ``exc``."""
+
+    store: LeaseOps
+    session_id: str
+    execute: Callable[[Request, str], O]
+    follow_up: Callable[[float, int], None]
+    retried: Callable[[BaseException], bool]
+    time_limit: float
+    ttl_seconds: float
+    handoff: int = 0
+    outcome: O | None = None
+    reruns: list[str] = field(default_factory=list)
+    renewals: int = 0
+    failure: dict[str, Any] = field(default_factory=dict)
+    _until: float = 0.0
+    _renewal: Renewal | None = None
+    _lost: bool = False  # a commit under the current token was refused
+
+    def run(self, request: Request) -> bool:
+        """False when the lease was busy (the request is left to the holder)."""
+        self._until = time.monotonic() + self.time_limit
+        own: Request | None = request
+        token = self.store.claim(self.session_id, self.ttl_seconds)  # clears pending too
+        if token is None:
+            self.store.mark_dirty(self.session_id, request.encode())
+            token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
+            if token is None:
+                return False
+            own = None  # in the flag now: finish() runs it
+        with self._held(token):
+            if own is not None:
+                self.outcome = self._execute([own], 0, token, own=True)
+            finished = self._finish(token)
+        if not finished:
+            self._settle()
+        return True
+
+    @contextmanager
+    def _held(self, token: str) -> Iterator[None]:
+        """Renewed while inside; on a failure: released and handed over, then re-raised."""
+        self._lost = False
+        try:
+            with Renewal(self.store, self.session_id, token, self.ttl_seconds,
+                         self._until) as self._renewal:
+                yield
+        except BaseException as exc:
+            released = False
+            with suppress(StoreUnavailable):
+                released = self.store.release_lease(self.session_id, token)
+            if not self.retried(exc):
+                self._hand_over(exc, released)
+            raise
+        finally:
+            self.renewals += self._renewal.renewals if self._renewal is not None else 0
+            self._renewal = None
+
+    @property
+    def lost(self) -> bool:
+        return self._lost or (self._renewal is not None and self._renewal.lost.is_set())
+
+    def _execute(self, requests: list[Request], i: int, token: str, own: bool = False) -> O:
+        """Run ``requests[i]``; on a lost lease it and the rest go back to the flag, on a
+        failure too, except the job's own (Celery retries it, or the task fails)."""
+        try:
+            outcome = self.execute(requests[i], token)
+        except BaseException:
+            if not own:
+                self._put_back(requests[i:])
+            raise
+        if outcome.status == LEASE_LOST:
+            self._lost = True
+            self._put_back(requests[i:])
+        return outcome
+
+    def _finish(self, token: str) -> bool:
+        """Run the requests left in the flag, then release (one atomic look). False
+        when the lease was lost or rounds ran out (released): :meth:`_settle` follows."""
+        for _ in range(MAX_RERUN_ROUNDS):
+            if self.lost:
+                return False
+            status, lines = self.store.finish_lease(self.session_id, token, self.ttl_seconds)
+            if status != "dirty":
+                return status == "released"
+            requests = distinct(lines)
+            for i in range(len(requests)):
+                outcome = self._execute(requests, i, token)
+                self.reruns.append(outcome.status)
+                self.outcome = self.outcome or outcome
+                if self._lost:
+                    return False
+        self.store.release_lease(self.session_id, token)
+        return False
+
+    def _put_back(self, requests: list[Request]) -> None:
+        for request in requests:  # a busy job's APPEND: none overwrites another
+            self.store.mark_dirty(self.session_id, request.encode())
+
+    def _settle(self) -> None:
+        """After the lease was lost or rounds ran out: run what is left under the lease,
+        or leave it to the job holding it now (it looks before it releases). Requests
+        stay in the flag meanwhile: never taken out where a failure could drop them."""
+        for _ in range(MAX_RERUN_ROUNDS):
+            if not self.store.requests_waiting(self.session_id):
+                return
+            token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
+            if token is None:
+                return  # another holder: it finds them before it releases
+            with self._held(token):
+                if self._finish(token):
+                    continue
+            break
+        if self.store.requests_waiting(self.session_id):  # a stream: a fresh job goes on
+            self._send_follow_up(0, 0, "requests left after the rerun rounds")
+
+    def _hand_over(self, exc: BaseException, released: bool) -> None:
+        """A failure that is not retried: requests that may wait go to a follow-up job
+        (after the lease's TTL if it may still be held), or are recorded failed."""
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        waiting = True  # unless a look says otherwise (Redis may be what failed)
+        with suppress(StoreUnavailable):
+            waiting = self.store.requests_waiting(self.session_id)
+        self.failure = {"error": error, "requests_waiting": waiting}
+        if waiting and self.handoff >= MAX_HANDOFFS:
+            self._give_up(f"{error} ({self.handoff} follow-up jobs failed too)")
+        elif waiting:
+            countdown = 0.0 if released else self.ttl_seconds
+            if self._send_follow_up(countdown, self.handoff + 1, error):
+                self.failure.update(handed_to_follow_up=True, countdown=countdown)
+
+    def _send_follow_up(self, countdown: float, handoff: int, why: str) -> bool:
+        try:
+            self.follow_up(countdown, handoff)
+        except Exception as exc:  # the broker is away too: recorded, not hidden
+            self._give_up(f"{why}; follow-up job not sent: {type(exc).__name__}: {exc}")
+            return False
+        log.warning("%s for %s: follow-up job sent (in %.0f s)", why, self.session_id, countdown)
+        return True
+
+    def _give_up(self, error: str) -> None:
+        """Take the waiting requests out of the flag and record them failed."""
+        self.failure["requests_failed"] = True
+        try:
+            self.failure["failed"] = lines = self.store.take_dirty_requests(self.session_id) or []
+            self.store.record_request_failure(self.session_id, lines, error)
+        except StoreUnavailable as exc:  # the task's result still names them
+            self.failure["not_recorded"] = str(exc)[:200]
+        log.error("requests for %s given up: %s", self.session_id, error)
+
+
+__all__ = ["LEASE_LOST", "MAX_HANDOFFS", "MAX_RERUN_ROUNDS", "LeaseHolder", "LeaseOps",
+           "Renewal", "Request", "distinct"]

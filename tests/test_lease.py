@@ -1,0 +1,349 @@
+"""The lease protocol (shared/store/lease.py): renewal, fencing, nothing dropped unseen.
+
+Real Redis for the timing tests (a lease of one second, a summarizer that
+takes longer), through the Celery tasks (eager) and the real OpenAI SDK
+against the fake server; fakeredis where only the protocol's bookkeeping
+matters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from scripts.reliability import demo_turns
+from shared.core.config import StoreConfig
+from shared.core.errors import StoreUnavailable
+from shared.core.records import SummaryRecord
+from shared.enqueue import TASK_MAYBE_SUMMARIZE
+from shared.guard import ContextGuard
+from shared.store.lease import MAX_HANDOFFS, Renewal, Request
+from shared.store.sessions import SessionStore
+from workers.app import app
+from workers.compactor import Compactor
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
+from workers.runtime import Runtime, set_runtime
+from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.providers import OpenAIClient
+
+
+def _record(watermark: int) -> SummaryRecord:
+    return SummaryRecord(watermark=watermark, kind="llm", text="## Goal\n- x", tokens=5)
+
+
+def _fill(store: SessionStore, sid: str = "s") -> None:
+    for turn in demo_turns(12):  # ~24k tokens: not due for gpt-4o, a /compact compacts
+        store.append(sid, turn)
+
+
+# ------------------------------------------------------------------ fencing in the script
+
+def test_a_commit_is_fenced_by_the_lease_token(store: SessionStore) -> None:
+    store.append("s", [{"role": "user", "content": f"m{i}"} for i in range(6)])
+    token = store.acquire_lease("s", 5)
+    assert token is not None
+    refused = store.commit_under_lease("s", _record(2), 0, "not-the-owner")
+    assert not refused.ok and refused.reason == "lease"
+    assert store.state("s").watermark == 0 and store.summaries("s") == []
+    assert store.commit_under_lease("s", _record(2), 0, token).ok
+    assert store.release_lease("s", token)
+    gone = store.commit_under_lease("s", _record(4), 1, token)  # released: no longer its
+    assert not gone.ok and gone.reason == "lease"
+    assert store.commit_summary("s", _record(4), 1).ok  # the guard's unfenced truncation
+
+
+def test_a_job_on_a_deleted_session_cannot_bring_its_summary_back(store: SessionStore) -> None:
+    """The user deleted the session while a job summarized it: the job's lease went with
+    it, so its commit (same version 0 on a session re-created since) is refused."""
+    store.append("s", [{"role": "user", "content": f"m{i}"} for i in range(6)])
+    token = store.acquire_lease("s", 5)
+    assert token is not None
+    store.delete_session("s")
+    store.append("s", [{"role": "user", "content": f"new {i}"} for i in range(6)])
+    refused = store.commit_under_lease("s", _record(4), 0, token)
+    assert not refused.ok and refused.reason == "lease" and store.summaries("s") == []
+
+
+def test_a_fenced_commit_never_gives_the_lease_a_ttl(real_redis: redis.Redis,
+                                                     key_prefix: str) -> None:
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=3600))
+    store.append("s", [{"role": "user", "content": f"m{i}"} for i in range(6)])
+    token = store.acquire_lease("s", 5)
+    assert token is not None and store.commit_under_lease("s", _record(2), 0, token).ok
+    assert 0 < int(real_redis.pttl(store.keys("s").lease)) <= 5000  # still the lease's own
+
+
+def test_renewal_keeps_the_lease_and_notices_a_loss(real_redis: redis.Redis,
+                                                    key_prefix: str) -> None:
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    token = store.acquire_lease("s", 0.6)
+    assert token is not None
+    with Renewal(store, "s", token, 0.6, until=time.monotonic() + 60) as renewal:
+        time.sleep(1.5)
+        assert store.acquire_lease("s", 0.6) is None, "renewed: still held after 2.5 TTLs"
+        real_redis.set(store.keys("s").lease, "another-job", px=60_000)
+        time.sleep(0.5)
+    assert renewal.renewals >= 3 and renewal.lost.is_set()
+    stopped = store.acquire_lease("t", 0.6)
+    assert stopped is not None
+    with Renewal(store, "t", stopped, 0.6, until=time.monotonic() + 0.1) as renewal:
+        time.sleep(1.2)  # limit passed before the first tick: the lease runs out
+    assert renewal.renewals == 0 and store.acquire_lease("t", 0.6) is not None
+
+
+# ------------------------------------------------------------------ a slow summarizer
+
+class Tracking:
+    """SummarizerResponder that counts the summarizer calls in flight, and can act mid-call."""
+
+    def __init__(self, during: Any = None, delay: float = 0.0) -> None:
+        self.delay = delay  # inside the in-flight window (the server's latency is not)
+        self.inner = SummarizerResponder()
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.calls = 0
+        self.during = during
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.in_flight += 1
+            self.calls += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.during is not None:
+                self.during()
+            time.sleep(self.delay)
+            reply: dict[str, Any] = self.inner(request)
+            return reply
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@pytest.fixture
+def slow_runtime(real_redis: redis.Redis,
+                 key_prefix: str) -> Iterator[tuple[SessionStore, Tracking, FakeOpenAIServer]]:
+    """Real Redis, a lease of 2 s, a summarizer answering after 5 s, as the runtime."""
+    from workers.tasks import _settings
+
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix, lease_ttl_seconds=2))
+    _fill(store)
+    tracking = Tracking(delay=5.0)
+    with FakeOpenAIServer(responder=tracking) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=20)
+        set_runtime(Runtime(settings=_settings(), store=store, engine=SummaryEngine(client)))
+        try:
+            yield store, tracking, server
+        finally:
+            set_runtime(None)
+
+
+def test_a_job_slower_than_its_lease_keeps_it_and_runs_alone(
+        slow_runtime: tuple[SessionStore, Tracking, FakeOpenAIServer]) -> None:
+    """Without renewal the 2 s lease expires during the 5 s call and a second job
+    summarizes the same session at the same time. (A 1 s lease was lost once in seven
+    runs at load 8 on 2 cores: renewal ticks late; the fenced commit then refused.)"""
+    from workers.tasks import compact
+
+    store, tracking, _ = slow_runtime
+    results: list[dict[str, Any]] = []
+    first = threading.Thread(target=lambda: results.append(
+        compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()))
+    first.start()
+    time.sleep(3.0)  # past the lease's TTL, inside the summarizer call
+    second = compact.apply(args=["s"], kwargs={"keep_recent": 1500}).get()
+    first.join(timeout=60)
+    assert second["status"] == "busy", second
+    assert tracking.max_in_flight == 1, "two jobs summarized one session at once"
+    (result,) = results
+    assert result["status"] == "compacted" and result["summary_kind"] == "llm", result
+    assert result["lease_renewals"] >= 4
+    assert len(result["reruns"]) == 1  # the busy job's request, run by the holder after
+    assert store.state("s").watermark > 0
+    assert not store.redis.exists(store.keys("s").lease, store.keys("s").dirty)
+
+
+def test_a_job_that_lost_its_lease_cannot_commit(
+        slow_runtime: tuple[SessionStore, Tracking, FakeOpenAIServer]) -> None:
+    """The lease passes to another job while the summarizer works (it expired: a stall
+    longer than the renewal could cover): the old holder's commit is refused."""
+    from workers.tasks import compact
+
+    store, tracking, _ = slow_runtime
+    key = store.keys("s").lease
+    tracking.during = lambda: store.redis.set(key, "the-next-holder", px=60_000)
+    result = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+    assert result["status"] == "lease_lost", result
+    assert "fenced" in result["reason"]
+    assert store.state("s").watermark == 0 and store.summaries("s") == []
+    assert store.redis.get(key) == b"the-next-holder"  # the new holder's lease is untouched
+    # ... and the request goes to that holder, which looks at the flag before it releases
+    assert store.take_dirty_requests("s") == [Request(keep_recent=2000, manual=True).encode()]
+
+
+# ------------------------------------------------------------------ nothing dropped unseen
+
+@pytest.fixture
+def eager_store() -> Iterator[SessionStore]:
+    from workers.tasks import _settings
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    _fill(store)
+    set_runtime(Runtime(settings=_settings(), store=store, engine=SummaryEngine(None)))
+    yield store
+    set_runtime(None)
+
+
+def _capture_sends(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    def send_task(name: str, args: list[Any], kwargs: dict[str, Any], queue: str,
+                  **options: Any) -> None:
+        sent.append({"name": name, "args": args, "kwargs": kwargs, **options})
+
+    monkeypatch.setattr(app, "send_task", send_task)
+    return sent
+
+
+def test_a_manual_request_left_with_a_holder_that_fails_is_run_later(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /compact finds the lease busy; the holder then dies of a failure that is not
+    retried (Redis went away). Before: the request sat in the flag until it expired."""
+    from workers.tasks import JobFailed, compact, maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+    original = Compactor.run
+    runs: list[dict[str, Any]] = []
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        runs.append({k: kwargs.get(k) for k in ("keep_recent", "manual")})
+        if len(runs) == 1:
+            busy = compact.apply(args=[session_id], kwargs={"keep_recent": 2000}).get()
+            assert busy["status"] == "busy"
+            raise StoreUnavailable("redis unavailable during load_view: connection reset")
+        return original(self, session_id, **kwargs)
+
+    monkeypatch.setattr(Compactor, "run", run)
+    failed = maybe_summarize.apply(args=["s"])
+    with pytest.raises(JobFailed) as caught:
+        failed.get()
+    assert "StoreUnavailable" in str(caught.value) and "handed_to_follow_up" in str(caught.value)
+    assert isinstance(caught.value.__cause__, StoreUnavailable)
+    assert sent == [{"name": TASK_MAYBE_SUMMARIZE, "args": ["s"],
+                     "kwargs": {"tenant": "default", "handoff": 1}}]  # released: no countdown
+    follow_up = maybe_summarize.apply(args=sent[0]["args"], kwargs=sent[0]["kwargs"]).get()
+    assert runs[-1] == {"keep_recent": 2000, "manual": True}
+    assert follow_up["reruns"] == ["compacted"] and eager_store.state("s").watermark > 0
+    assert eager_store.take_dirty_requests("s") is None
+
+
+def test_a_holder_that_could_not_release_hands_over_after_the_lease_ttl(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.tasks import JobFailed, maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+    eager_store.mark_dirty("s", Request(keep_recent=2000, manual=True).encode())
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis unavailable during load_view: timed out")
+
+    def release(self: SessionStore, session_id: str, token: str) -> bool:
+        raise StoreUnavailable("redis unavailable during release_lease: timed out")
+
+    monkeypatch.setattr(Compactor, "run", run)
+    monkeypatch.setattr(SessionStore, "release_lease", release)
+    with pytest.raises(JobFailed):
+        maybe_summarize.apply(args=["s"]).get()
+    assert sent[0]["countdown"] == eager_store.config.lease_ttl_seconds
+
+
+def test_requests_given_up_on_are_reported_in_state_stats_and_the_result(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The follow-up jobs fail too: the requests leave the flag as *failed*, visible in
+    the session's state, guard.stats(), `compaction stats` and the task's result."""
+    from workers.tasks import JobFailed, maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+    eager_store.mark_dirty("s", Request(keep_recent=2000, manual=True).encode())
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis unavailable during load_view: timed out")
+
+    monkeypatch.setattr(Compactor, "run", run)
+    with pytest.raises(JobFailed) as caught:
+        maybe_summarize.apply(args=["s"], kwargs={"handoff": MAX_HANDOFFS}).get()
+    assert "requests_failed" in str(caught.value) and sent == []
+    state = eager_store.state("s")
+    assert state.requests_failed == 1 and "StoreUnavailable" in state.last_request_failure
+    assert eager_store.take_dirty_requests("s") is None  # taken out: failed, not pending
+    stats = ContextGuard(eager_store).stats("s")
+    assert stats["requests_failed"] == 1 and '"manual": true' in stats["last_request_failure"]
+
+    from workers.cli import stats as stats_cli
+
+    monkeypatch.setattr(stats_cli, "open_store", lambda settings, tenant: eager_store)
+    args = type("Args", (), {"session": "s", "tenant": "default", "json": False})()
+    assert stats_cli.run(args, __import__("workers.tasks").tasks._settings()) == 0
+    out = capsys.readouterr().out
+    assert "failed compaction requests" in out and "StoreUnavailable" in out
+
+
+def test_a_follow_up_that_cannot_be_sent_is_reported_failed(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import tasks
+
+    eager_store.mark_dirty("s", Request(keep_recent=2000, manual=True).encode())
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis unavailable during load_view: timed out")
+
+    def send_task(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(Compactor, "run", run)
+    monkeypatch.setattr(app, "send_task", send_task)
+    with pytest.raises(tasks.JobFailed):
+        tasks.maybe_summarize.apply(args=["s"]).get()
+    assert eager_store.state("s").requests_failed == 1
+
+
+def test_a_failure_with_nothing_waiting_raises_as_it_is(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.tasks import maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+
+    def run(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis unavailable during load_view: timed out")
+
+    monkeypatch.setattr(Compactor, "run", run)
+    with pytest.raises(StoreUnavailable):
+        maybe_summarize.apply(args=["s"]).get()
+    assert sent == [] and not eager_store.redis.exists(eager_store.keys("s").lease)
+
+
+def test_a_renewal_that_fails_is_tried_again_soon() -> None:
+    """Redis away for one tick: the next try comes at a tenth of the TTL, not a third."""
+    calls: list[float] = []
+
+    class Flaky:
+        def extend_lease(self, session_id: str, token: str, ttl: float) -> bool:
+            calls.append(time.monotonic())
+            if len(calls) == 1:
+                raise StoreUnavailable("redis unavailable during extend_lease: timed out")
+            return True
+
+    flaky: Any = Flaky()
+    with Renewal(flaky, "s", "t", 3.0, until=time.monotonic() + 60) as renewal:
+        time.sleep(1.5)
+    assert len(calls) == 2 and renewal.renewals == 1 and not renewal.lost.is_set()
+    assert 0.25 <= calls[1] - calls[0] <= 0.6  # 0.3 s later (a third would be 1 s)

