@@ -17,17 +17,16 @@ from hypothesis import strategies as st
 from shared.core.config import StoreConfig
 from shared.core.errors import SummarizerUnavailable
 from shared.core.repair import validate_view
-from shared.core.turns import turn_starts
-from shared.core.wire import from_openai
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from workers.app import celery_config
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+from workers.harness.timing import wait_for
 from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
 from workers.urls import with_db
 
@@ -57,21 +56,6 @@ def store_client(urls: tuple[str, str], key_prefix: str) -> Iterator[redis.Redis
     yield client
     for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
         client.delete(key)
-
-
-def demo_turns(n: int) -> list[list[Any]]:
-    body = from_openai(generate_session(n))[1:]
-    starts = turn_starts(body)
-    return [body[a:b] for a, b in zip(starts, [*starts[1:], len(body)], strict=True)]
-
-
-def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def test_worker_compacts_in_the_background(urls: tuple[str, str], key_prefix: str,

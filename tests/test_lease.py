@@ -17,7 +17,6 @@ import fakeredis
 import pytest
 import redis
 
-from scripts.reliability import demo_turns
 from shared.core.config import StoreConfig
 from shared.core.errors import StoreUnavailable
 from shared.core.records import SummaryRecord
@@ -27,6 +26,7 @@ from shared.store.lease import MAX_HANDOFFS, Renewal, Request
 from shared.store.sessions import SessionStore
 from workers.app import app
 from workers.compactor import Compactor
+from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.runtime import Runtime, set_runtime

@@ -16,9 +16,11 @@ from shared.enqueue import TASK_COMPACT, publisher_app
 from shared.store.sessions import SessionStore
 from shared.telemetry import tracing
 from shared.telemetry.logs import ContextFilter, JsonFormatter, configure_json, log_context
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from tests.redis_server import start_server
-from tests.test_celery_worker import demo_turns, wait_for, with_db
+from workers.harness.demo_session import demo_turns
+from workers.harness.stack.redis_server import start_server
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+from workers.harness.timing import wait_for
+from workers.urls import with_db
 
 
 def capture() -> tuple[logging.Logger, io.StringIO]:

@@ -22,8 +22,7 @@ from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from shared.telemetry import tracing
 from shared.telemetry.metrics import PrometheusMetrics, set_metrics
-from tests.test_celery_worker import demo_turns
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 
 INSTRUMENTED = any(hasattr(module, "get_metrics") for name, module in list(sys.modules.items())
                    if name == "shared.guard" or name.startswith("shared.guard."))

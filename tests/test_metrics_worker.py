@@ -23,13 +23,14 @@ from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metrics
-from tests.celery_worker import WorkerProcess, purge_queue, worker_env
-from tests.redis_server import free_port, start_server
-from tests.test_celery_worker import demo_turns, wait_for, with_db
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.redis_server import free_port, start_server
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+from workers.harness.timing import wait_for
 from workers.metrics import MULTIPROC_ENV
+from workers.urls import with_db
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
 

@@ -23,11 +23,10 @@ from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from tests.test_celery_worker import demo_turns
 from workers.cli.main import main
 from workers.cli.report import collect, render, write_report
 from workers.compactor import Compactor
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.summarizer.engine import SummaryEngine

@@ -445,6 +445,24 @@ def test_record_cheap_first_writer_wins(store: SessionStore) -> None:
     assert store.load_view("s").cheap == {2: first, 6: other}
 
 
+def test_cheap_decisions_planned_before_an_edit_are_refused(store: SessionStore) -> None:
+    """A guard that read the session before ``truncate_after`` must not record
+    decisions onto indexes that now hold other messages (its next prepare would
+    subtract 3000 saved tokens from a short message)."""
+    store.append("s", [{"role": "user", "content": "read it"},
+                       {"role": "assistant", "content": "x " * 6000}])
+    planned_at = store.state("s").version
+    store.truncate_after("s", 1)
+    store.append("s", [{"role": "assistant", "content": "short"}])
+    stale = CheapDecision(index=1, stage="clear_tool_output", placeholder="[cleared]",
+                          saved_tokens=3000)
+    assert store.record_cheap("s", [stale], expected_version=planned_at) == -1
+    assert store.load_view("s").cheap == {}
+    current = store.state("s").version
+    assert store.record_cheap("s", [stale.model_copy(update={"saved_tokens": 1})],
+                              expected_version=current) == 1
+
+
 def test_state_fields_ride_on_the_append_only_for_their_version(store: SessionStore) -> None:
     store.append("s", turn(0))
     store.append_encoded("s", store.encode("s", turn(1)), state_fields={"calibration_ratio": 1.2},

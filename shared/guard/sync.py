@@ -127,7 +127,7 @@ class ContextGuard(GuardShell):
         if plan.figures:
             self.store.update_state(session_id, **plan.figures)
         if plan.cheap:
-            self.store.record_cheap(session_id, plan.cheap)
+            self.store.record_cheap(session_id, plan.cheap, plan.version)
         if plan.truncation is not None:
             result = self.store.commit_summary(session_id, plan.truncation, plan.version)
             if not result.ok:

@@ -142,12 +142,13 @@ class AsyncSessionStore:
             await self._call("update_state",
                              self.redis.hset(self.keys(session_id).state, mapping=clean))
 
-    async def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+    async def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
+                    expected_version: int | None = None) -> int:
         items = list(decisions)
         if not items:
             return 0
         return await self.execute(commands.cheap_command(self.keys(session_id), self.config,
-                                                         items))
+                                                         items, expected_version))
 
     async def commit_summary(self, session_id: str, record: SummaryRecord,
                              expected_version: int) -> CommitResult:

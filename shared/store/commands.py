@@ -199,9 +199,12 @@ def parse_view(raw: Any) -> RawView:
         totals=[int(t) for t in totals])
 
 
-def cheap_command(k: SessionKeys, config: StoreConfig,
-                  decisions: Sequence[CheapDecision]) -> Command[int]:
-    args: list[Any] = [config.ttl_seconds or 0]
+def cheap_command(k: SessionKeys, config: StoreConfig, decisions: Sequence[CheapDecision],
+                  expected_version: int | None = None) -> Command[int]:
+    """Record decisions; with ``expected_version``, only if the session is still at it
+    (-1 otherwise: an edit or a summary moved the indexes the decisions point at)."""
+    args: list[Any] = [config.ttl_seconds or 0,
+                       "" if expected_version is None else expected_version]
     for d in decisions:
         args.extend((d.index, d.model_dump_json()))
     return Command("cheap", [k.cheap, k.state], args, int, "record_cheap")

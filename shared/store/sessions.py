@@ -377,12 +377,14 @@ class SessionStore(LeaseOps):
         return self.state(session_id)
 
     # -- cheap-stage decisions ---------------------------------------------------
-    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
+                    expected_version: int | None = None) -> int:
         """Record decisions once (first writer wins), so the view's prefix stays stable."""
         items = list(decisions)
         if not items:
             return 0
-        return self.execute(commands.cheap_command(self.keys(session_id), self.config, items))
+        return self.execute(commands.cheap_command(self.keys(session_id), self.config, items,
+                                                    expected_version))
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only)."""

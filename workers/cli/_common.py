@@ -125,7 +125,8 @@ class DryRunStore(SessionStore):
     def update_state(self, session_id: str, **fields: Any) -> None:
         return None
 
-    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision]) -> int:
+    def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
+                     expected_version: int | None = None) -> int:
         return 0
 
     def commit_summary(self, session_id: str, record: SummaryRecord,

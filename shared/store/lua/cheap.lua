@@ -1,20 +1,30 @@
 -- cheap.lua: record cheap-stage decisions, first writer wins per message.
 -- A decision, once made, never changes, so the view's prefix stays stable
 -- (provider prompt caches keep hitting) until compaction moves the watermark.
+-- Decisions point at message indexes of the view the guard read: when the
+-- session's version moved since (a history edit, a rewind, a summary), those
+-- indexes may hold other messages now, so nothing is written.
 --
 -- KEYS[1] cheap    hash   message index -> decision JSON
--- KEYS[2] state    hash   cheap_gen is bumped when a decision is new (readers
---                         re-read decisions only then)
+-- KEYS[2] state    hash   version (checked); cheap_gen is bumped when a
+--                         decision is new (readers re-read decisions only then)
 -- ARGV[1] ttl in seconds (0 = no expiry)
--- ARGV[2..] pairs: message index, decision JSON
+-- ARGV[2] the session version the decisions were planned at ('' = unchecked)
+-- ARGV[3..] pairs: message index, decision JSON
 --
--- Returns the number of decisions that were new.
+-- Returns the number of decisions that were new, or -1 when the version moved.
 
+if ARGV[2] ~= '' then
+  local version = redis.call('HGET', KEYS[2], 'version') or '0'
+  if version ~= ARGV[2] then
+    return -1
+  end
+end
 local added = 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
 end
-if added > 0 and KEYS[2] then
+if added > 0 then
   redis.call('HINCRBY', KEYS[2], 'cheap_gen', 1)
 end
 local ttl = tonumber(ARGV[1])
