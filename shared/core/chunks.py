@@ -140,7 +140,10 @@ class Chunks(Sequence[T], Generic[T]):
         if start >= self._len:
             return
         at = bisect.bisect_right(self._offsets, start) - 1
-        yield from self._chunks[at][start - self._offsets[at]:]
+        first = self._chunks[at]
+        if isinstance(first, Lazy):  # decode the shared chunk (kept), not a throwaway slice
+            first = first.items()
+        yield from first[start - self._offsets[at]:]
         for chunk in self._chunks[at + 1:]:
             yield from chunk
 
