@@ -183,3 +183,57 @@ def test_chunks_behave_like_a_list_and_never_change_under_a_holder(
         assert list(concat([1], chunks, [2])) == [1, *model, 2]
     for version, expected in held:  # earlier versions are untouched by later edits
         assert list(version) == expected
+
+
+def test_openai_wire_from_stored_json_matches_to_openai() -> None:
+    """The wire form made from stored JSON (no model) is to_openai's, message for message."""
+    from shared.core.messages import Message
+    from shared.core.pairs import shape, stored_shape
+    from shared.core.wire.openai import to_openai
+    from shared.core.wireview import convert, decode_stored
+
+    messages = [
+        Message(role="user", content="hi"),
+        Message(role="user", content="   "),
+        Message(role="user", content=[{"type": "text", "text": "a"},
+                                      {"type": "text", "text": " "}]),
+        Message(role="user", content=[{"type": "text", "text": "look"},
+                                      {"type": "image", "url": "https://x/y.png"}]),
+        Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "name": "read", "arguments": {"path": "a"}}], reasoning="think"),
+        Message(role="assistant", content="both", tool_calls=[{"id": "c2", "name": "ls"}]),
+        Message(role="tool", content="out", tool_call_id="c1", name="read"),
+        Message(role="system", content="dev", metadata={"openai_role": "developer"}),
+        Message(role="assistant", content="no", metadata={"openai_refusal": "r", "k": 1}),
+        Message(role="assistant", content="", metadata={"usage": {"x": 1}}),
+    ]
+    raw = [m.to_json().encode() for m in messages]
+    for fmt, reasoning in (("openai", False), ("openai+reasoning", True)):
+        assert convert(fmt, raw) == to_openai(messages, include_reasoning=reasoning)
+    assert decode_stored(tuple(raw)) == tuple(messages)
+    import json
+    assert [stored_shape(json.loads(r)) for r in raw] == [shape(m) for m in messages]
+
+
+def test_lazy_chunks_decode_once_and_keep_identity() -> None:
+    from shared.core.chunks import CHUNK, Chunks, Lazy, concat
+
+    calls = []
+
+    def decode(raw: tuple[object, ...]) -> tuple[object, ...]:
+        calls.append(len(raw))
+        return tuple(("d", r) if isinstance(r, bytes) else r for r in raw)
+
+    raw = [str(i).encode() for i in range(CHUNK + 10)]
+    lazy: Chunks[object] = Chunks.lazy(raw, decode)
+    assert not calls and len(lazy) == CHUNK + 10
+    assert all(isinstance(c, Lazy) for c in lazy.chunks)
+    assert lazy[CHUNK + 1] == ("d", str(CHUNK + 1).encode()) and calls == [10]
+    first = lazy[CHUNK + 1]
+    grown = lazy.extend_lazy([b"x", "y"], decode)
+    assert grown[CHUNK + 1] is first and grown[-2:] == [("d", b"x"), "y"]
+    dropped = lazy.drop(3)
+    assert list(dropped) == [("d", r) for r in raw[3:]]
+    replaced = dropped.replace({0: "z"})
+    assert replaced[0] == "z" and replaced[1:] == dropped[1:]
+    assert list(concat(["h"], lazy, ["t"])) == ["h", *[("d", r) for r in raw], "t"]

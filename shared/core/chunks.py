@@ -16,11 +16,72 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 CHUNK = 512
+_DECODE_LOCK = threading.Lock()
+
+
+class Lazy(Sequence[T], Generic[T]):
+    """One chunk whose items are decoded on first access, all at once, then kept.
+
+    ``raw`` holds the stored form of each item (``bytes``: the stored JSON)
+    or an item already decoded (a placeholder put in by ``replace``);
+    ``decode`` turns the raw tuple into items. Until something reads it, a
+    chunk holds only ``bytes``, which the garbage collector does not track.
+    Decoded once under a lock, so an item's identity is stable (the guard's
+    known-counts map is keyed by it).
+    """
+
+    __slots__ = ("_decoded", "decode", "raw")
+
+    def __init__(self, raw: tuple[Any, ...], decode: Callable[[tuple[Any, ...]], tuple[T, ...]],
+                 decoded: tuple[T, ...] | None = None) -> None:
+        self.raw, self.decode, self._decoded = raw, decode, decoded
+
+    @property
+    def decoded(self) -> bool:
+        return self._decoded is not None
+
+    def items(self) -> tuple[T, ...]:
+        found = self._decoded
+        if found is None:
+            with _DECODE_LOCK:
+                if self._decoded is None:
+                    self._decoded = self.decode(self.raw)
+                found = self._decoded
+        return found
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items())
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Lazy[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | Lazy[T]:
+        if isinstance(index, slice):
+            found = self._decoded
+            return Lazy(self.raw[index], self.decode, None if found is None else found[index])
+        return self.items()[index]
+
+    def __add__(self, other: Sequence[Any]) -> Lazy[T]:
+        """The chunk followed by ``other`` (raw items, or items already decoded)."""
+        extra = other.raw if isinstance(other, Lazy) else tuple(other)
+        found = self._decoded  # already read: decode the (few) new items now, keep identities
+        return Lazy(self.raw + extra, self.decode,
+                    None if found is None else found + self.decode(extra))
+
+    def __repr__(self) -> str:
+        return f"Lazy({len(self.raw)} items, decoded={self.decoded})"
 
 
 class Chunks(Sequence[T], Generic[T]):
@@ -28,7 +89,7 @@ class Chunks(Sequence[T], Generic[T]):
 
     __slots__ = ("_chunks", "_len", "_offsets")
 
-    def __init__(self, chunks: tuple[tuple[T, ...], ...] = ()) -> None:
+    def __init__(self, chunks: tuple[Sequence[T], ...] = ()) -> None:
         self._chunks = tuple(c for c in chunks if c)
         self._offsets = list(itertools.accumulate((len(c) for c in self._chunks), initial=0))
         self._len = self._offsets[-1]
@@ -38,8 +99,15 @@ class Chunks(Sequence[T], Generic[T]):
         flat = tuple(items)
         return cls(tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
+    @classmethod
+    def lazy(cls, raw: Sequence[Any],
+             decode: Callable[[tuple[Any, ...]], tuple[T, ...]]) -> Chunks[T]:
+        """Items kept in their stored form (``raw``) and decoded a chunk at a time, when read."""
+        flat = tuple(raw)
+        return cls(tuple(Lazy(flat[i:i + CHUNK], decode) for i in range(0, len(flat), CHUNK)))
+
     @property
-    def chunks(self) -> tuple[tuple[T, ...], ...]:
+    def chunks(self) -> tuple[Sequence[T], ...]:
         return self._chunks
 
     def __len__(self) -> int:
@@ -72,7 +140,10 @@ class Chunks(Sequence[T], Generic[T]):
         if start >= self._len:
             return
         at = bisect.bisect_right(self._offsets, start) - 1
-        yield from self._chunks[at][start - self._offsets[at]:]
+        first = self._chunks[at]
+        if isinstance(first, Lazy):  # decode the shared chunk (kept), not a throwaway slice
+            first = first.items()
+        yield from first[start - self._offsets[at]:]
         for chunk in self._chunks[at + 1:]:
             yield from chunk
 
@@ -91,10 +162,27 @@ class Chunks(Sequence[T], Generic[T]):
         if not items:
             return self
         head = self._chunks
-        tail: tuple[T, ...] = ()
+        tail: Sequence[T] = ()
         if head and len(head[-1]) < CHUNK:
             head, tail = head[:-1], head[-1]
-        flat = tail + tuple(items)
+        flat: Sequence[T] = (tail + items if isinstance(tail, Lazy)
+                             else tuple(tail) + tuple(items))
+        return Chunks(head + tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
+
+    def extend_lazy(self, raw: Sequence[Any],
+                    decode: Callable[[tuple[Any, ...]], tuple[T, ...]]) -> Chunks[T]:
+        """:meth:`extend` with items in their stored form, decoded when read (see :meth:`lazy`).
+
+        ``raw`` may mix stored items and decoded ones."""
+        if not raw:
+            return self
+        head = self._chunks
+        if head and len(head[-1]) < CHUNK:
+            head, tail = head[:-1], head[-1]
+            flat: Lazy[T] = (tail + raw if isinstance(tail, Lazy)
+                             else Lazy(tuple(tail), decode) + raw)
+        else:
+            flat = Lazy(tuple(raw), decode)
         return Chunks(head + tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
     def drop(self, n: int) -> Chunks[T]:
@@ -127,7 +215,7 @@ class Chunks(Sequence[T], Generic[T]):
 
 def concat(*parts: Sequence[Any]) -> Chunks[Any]:
     """Chunks of several sequences, re-using the chunks of those that are Chunks."""
-    out: list[tuple[Any, ...]] = []
+    out: list[Sequence[Any]] = []
     for part in parts:
         if isinstance(part, Chunks):
             out.extend(part.chunks)
@@ -136,4 +224,4 @@ def concat(*parts: Sequence[Any]) -> Chunks[Any]:
     return Chunks(tuple(out))
 
 
-__all__ = ["CHUNK", "Chunks", "concat"]
+__all__ = ["CHUNK", "Chunks", "Lazy", "concat"]

@@ -8,10 +8,14 @@ unique since the store made them so at append, :mod:`shared.core.callids`);
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shared.core.messages import Message
+
+Shape = tuple[str, str | None, tuple[str, ...], bool]
+"""What the scan reads of a message: role, tool_call_id, its calls' ids, blank."""
 
 
 def _blank(message: Message) -> bool:
@@ -21,6 +25,26 @@ def _blank(message: Message) -> bool:
     if isinstance(message.content, str):
         return not message.content.strip()
     return message.media_count() == 0 and not message.text().strip()
+
+
+def shape(message: Message) -> Shape:
+    return (message.role, message.tool_call_id, tuple(c.id for c in message.tool_calls),
+            _blank(message))
+
+
+def stored_shape(data: Mapping[str, Any]) -> Shape:
+    """:func:`shape` of a message from its stored JSON, decoded as plain data (no model)."""
+    role = data["role"]
+    calls = data.get("tool_calls") or ()
+    blank = False
+    if not calls and role in ("user", "assistant"):
+        content = data.get("content")
+        if content is None or isinstance(content, str):
+            blank = not (content or "").strip()
+        else:
+            blank = (all(p.get("type") == "text" for p in content)
+                     and not "\n".join(p["text"] for p in content).strip())
+    return role, data.get("tool_call_id"), tuple(c["id"] for c in calls), blank
 
 
 class IdLog:
@@ -87,15 +111,19 @@ def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> Pa
     grew at its end is checked from where the last check stopped, in time
     proportional to ``b``.
     """
+    return scan_shapes(map(shape, messages), state)
+
+
+def scan_shapes(shapes: Iterable[Shape], state: PairScan = PAIRS_START) -> PairScan:
+    """:func:`scan_pairs` over the messages' :data:`Shape` (:func:`shape`, :func:`stored_shape`)."""
     if not state.ok:
         return state
     begun = state.begun
     ids = state.ids if state.ids is not None else IdLog()
     position = state.position
     open_calls = set(state.open_calls)
-    for message in messages:
+    for role, tool_call_id, call_ids, blank in shapes:
         position += 1
-        role = message.role
         if not begun:
             if role == "system":
                 continue
@@ -103,18 +131,18 @@ def scan_pairs(messages: Sequence[Message], state: PairScan = PAIRS_START) -> Pa
                 return PairScan(ok=False)
             begun = True
         if role == "tool":
-            call_id = message.tool_call_id or ""
+            call_id = tool_call_id or ""
             if call_id not in open_calls:
                 return PairScan(ok=False)
             open_calls.discard(call_id)
             continue
-        if open_calls or _blank(message):
+        if open_calls or blank:
             return PairScan(ok=False)
-        for call in message.tool_calls:
-            if ids.taken(call.id, position) or call.id in open_calls:
+        for call in call_ids:
+            if ids.taken(call, position) or call in open_calls:
                 return PairScan(ok=False)
-            ids.add(call.id, position)
-            open_calls.add(call.id)
+            ids.add(call, position)
+            open_calls.add(call)
     return PairScan(True, begun, ids, position, frozenset(open_calls))
 
 
@@ -131,4 +159,5 @@ def pairs_intact(messages: Sequence[Message]) -> bool:
     return scan_pairs(messages).intact
 
 
-__all__ = ["PAIRS_START", "IdLog", "PairScan", "pairs_intact", "scan_pairs"]
+__all__ = ["PAIRS_START", "IdLog", "PairScan", "Shape", "pairs_intact", "scan_pairs", "scan_shapes",
+           "shape", "stored_shape"]

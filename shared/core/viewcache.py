@@ -28,9 +28,10 @@ from typing import Any
 
 from shared.core.chunks import Chunks
 from shared.core.messages import Message
-from shared.core.pairs import PairScan, scan_pairs
+from shared.core.pairs import PairScan, scan_pairs, scan_shapes, stored_shape
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.tokens import TokenCounter
+from shared.core.wireview import convert, decode_stored, load_stored
 
 BYTES_PER_MESSAGE = 2_800
 """Measured bytes per cached message (decoded Message, its store count, its OpenAI
@@ -162,7 +163,7 @@ def placeholder(message: Message, decision: CheapDecision) -> Message:
     return message.model_copy(update={"content": decision.placeholder})
 
 
-def _apply(history: Chunks[Message], start: int, decisions: Mapping[int, CheapDecision],
+def _apply(history: Sequence[Message], start: int, decisions: Mapping[int, CheapDecision],
            indexes: list[int]) -> tuple[dict[int, Message], int]:
     changes: dict[int, Message] = {}
     saved = 0
@@ -171,6 +172,19 @@ def _apply(history: Chunks[Message], start: int, decisions: Mapping[int, CheapDe
             changes[i - start] = placeholder(history[i - start], decisions[i])
             saved += decisions[i].saved_tokens
     return changes, saved
+
+
+class _Stored(Sequence[Message]):
+    """Stored messages decoded one at a time, when read (the few a placeholder needs)."""
+
+    def __init__(self, raw: Sequence[bytes]) -> None:
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, index: Any) -> Any:
+        return decode_stored((self.raw[index],))[0]
 
 
 def decode_view(raw: RawView, cached: CachedView | None,
@@ -201,12 +215,16 @@ def decode_view(raw: RawView, cached: CachedView | None,
         summary = cached.summary
     else:
         raise ValueError("the summary was left out of a read that continues no cached view")
-    new = raw.decode_messages()
+    # The new messages stay stored JSON (decoded into models only when read, a chunk at
+    # a time): the pair scan and the OpenAI wire form are made from the JSON as plain data.
+    new_raw = raw.messages
+    loaded = load_stored(new_raw)
+    shapes = map(stored_shape, loaded)
     if raw.incremental:
         if cached is None or cached.end != raw.start or not cached.start <= w <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
         drop = w - cached.start
-        history = cached.history.drop(drop).extend(new)
+        history = cached.history.drop(drop).extend_lazy(new_raw, decode_stored)
         applied = cached.applied.drop(drop)
         same_cheap = cheap is cached.cheap and drop == 0
         if same_cheap:
@@ -221,12 +239,13 @@ def decode_view(raw: RawView, cached: CachedView | None,
             saved = sum(d.saved_tokens for i, d in cheap.items() if w <= i < cached.end)
         applied = applied.replace(changes)
         start_new = len(applied)
-        tail_changes, tail_saved = _apply(Chunks.of(new), raw.start, cheap,
+        tail_changes, tail_saved = _apply(_Stored(new_raw), raw.start, cheap,
                                           [i for i in cheap if i >= raw.start])
-        new_applied = [tail_changes.get(j, m) for j, m in enumerate(new)]
-        applied = applied.extend(new_applied)
+        new_applied: list[Any] = [tail_changes.get(j, r) for j, r in enumerate(new_raw)]
+        applied = applied.extend_lazy(new_applied, decode_stored)
         saved += tail_saved
-        scan = scan_pairs(new, cached.scan) if drop == 0 else scan_pairs(history)
+        scan = (scan_shapes(shapes, cached.scan) if drop == 0
+                else scan_pairs(history))
         new_counts = raw.message_counts()
         counts = (cached.counts.drop(drop).extend(new_counts)
                   if cached.counts is not None and new_counts is not None else None)
@@ -234,13 +253,18 @@ def decode_view(raw: RawView, cached: CachedView | None,
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
     else:
-        history = Chunks.of(new)
+        history = Chunks.lazy(new_raw, decode_stored)
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)
-        scan = scan_pairs(new)
+        scan = scan_shapes(shapes)
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
         wire, planned_end = {}, -1
+        if wire_update is not None:  # the shell keeps wire forms: OpenAI's, from the JSON read
+            items: list[Any] = list(new_raw)
+            for i, m in changes.items():
+                items[i] = m
+            wire = {"openai": Chunks.of(convert("openai", items, loaded))}
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
