@@ -26,6 +26,7 @@ from shared.core.guard_state import Plan, plan_view
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.prepared import PreparedView
+from shared.core.recall import DEFAULT_LIMIT, RecallHit
 from shared.core.records import AppendResult
 from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
@@ -33,6 +34,7 @@ from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard._shell import GuardShell, check_request
+from shared.store import recall_index
 from shared.store.aio import AsyncSessionStore
 from shared.store.keys import validate_session_id
 
@@ -235,6 +237,17 @@ class AsyncContextGuard(GuardShell):
             if retry is None:
                 raise
         return await send(retry), retry
+
+    # -- recall ------------------------------------------------------------------------
+    async def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
+                     start: int | None = None, end: int | None = None) -> list[RecallHit]:
+        """Messages of the session's compacted range that best match ``query``, best first.
+
+        The sync guard's query over redis.asyncio: the same sans-I/O steps
+        (:func:`shared.store.recall_index.recall_steps`), each reply awaited.
+        """
+        return await recall_index.recall_async(self.store, session_id, query, limit=limit,
+                                               start=start, end=end)
 
     async def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""

@@ -26,6 +26,7 @@ from shared.core.guard_state import Plan, plan_view
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.prepared import PreparedView
+from shared.core.recall import DEFAULT_LIMIT, RecallHit
 from shared.core.records import AppendResult
 from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
@@ -33,6 +34,7 @@ from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
 from shared.guard._shell import GuardShell, check_request
+from shared.store import recall_index
 from shared.store.keys import validate_session_id
 from shared.store.sessions import SessionStore
 
@@ -224,6 +226,18 @@ class ContextGuard(GuardShell):
             if retry is None:
                 raise
         return send(retry), retry
+
+    # -- recall ------------------------------------------------------------------------
+    def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
+               start: int | None = None, end: int | None = None) -> list[RecallHit]:
+        """Messages of the session's compacted range that best match ``query``, best first.
+
+        See :func:`shared.store.recall_index.recall`: ``end`` defaults to the
+        watermark; nothing past a history edit is returned; :class:`InvalidInput`
+        for a bad query or range, :class:`SessionNotFound` for an unknown session.
+        """
+        return recall_index.recall(self.store, session_id, query, limit=limit, start=start,
+                                   end=end)
 
     def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""
