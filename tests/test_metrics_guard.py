@@ -1,27 +1,30 @@
-"""The guard's metrics and spans, once its shells carry the instrumentation calls.
+"""The guard's metrics and spans, on both shells (sync and async).
 
-docs/observability.md ("Guard instrumentation") lists the calls; until the
-guard has them this module is skipped (the guard is being rewritten into
-sync and async shells by another change).
+docs/observability.md ("Guard instrumentation") lists the calls; the shells
+share them (shared/guard/_shell.py). The module is skipped when no guard
+module exposes ``get_metrics`` (an uninstrumented guard).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 import shared.guard
 from shared.core.config import StoreConfig
-from shared.enqueue import NullEnqueuer
-from shared.guard import ContextGuard
-from shared.store.sessions import SessionStore
+from shared.enqueue import CallbackEnqueuer, NullEnqueuer
+from shared.store.sessions import SessionStore, connect
 from shared.telemetry import tracing
 from shared.telemetry.metrics import PrometheusMetrics, set_metrics
+from shared.telemetry.propagation import publish_headers
+from tests.guard_shells import SHELLS, make
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 
 INSTRUMENTED = any(hasattr(module, "get_metrics") for name, module in list(sys.modules.items())
@@ -51,15 +54,20 @@ def spans() -> Iterator[InMemorySpanExporter]:
     tracing.use_tracer_provider(None)
 
 
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def value(m: PrometheusMetrics, name: str, **labels: str) -> float:
     return m.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_every_guard_decision_is_counted_and_spanned(
         fake_redis: object, key_prefix: str, metrics: PrometheusMetrics,
-        spans: InMemorySpanExporter) -> None:
+        spans: InMemorySpanExporter, shell: str) -> None:
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
-    guard = ContextGuard(store, NullEnqueuer(), overrides={"gpt-4o": 16_000})  # no worker
+    guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})  # no worker
     turns = demo_turns(40)
     prepared = 0
     for i, turn in enumerate(turns):
@@ -100,3 +108,37 @@ def test_every_guard_decision_is_counted_and_spanned(
     attrs = dict(recover.attributes or {})
     assert attrs["compaction.stated_limit"] == 12_000 and attrs["compaction.recovery"] is True
     assert attrs["compaction.truncated"] is True
+
+
+def test_degraded_view_is_counted(metrics: PrometheusMetrics, spans: InMemorySpanExporter,
+                                  shell: str) -> None:
+    cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)  # Redis is down
+    guard = make(shell, SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
+                 overrides={"gpt-4o": 16_000})
+    view = guard.prepare("d1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o",
+                         fallback_messages=[m for turn in demo_turns(3) for m in turn])
+    assert view.report.degraded
+    assert value(metrics, "compaction_guard_prepare_duration_seconds_count",
+                 path="degraded") == 1
+    assert value(metrics, "compaction_guard_view_tokens_total", path="degraded") > 0
+    [prepare] = [s for s in spans.get_finished_spans() if s.name == "compaction.prepare"]
+    assert dict(prepare.attributes or {})["compaction.degraded"] is True
+
+
+def test_the_published_job_carries_the_record_turn_trace(
+        fake_redis: object, key_prefix: str, spans: InMemorySpanExporter, shell: str) -> None:
+    """The publish runs inside record_turn's producer span: its headers name that span."""
+    published: list[dict[str, Any]] = []
+    store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, store, CallbackEnqueuer(lambda *_: published.append(publish_headers())),
+                 overrides={"gpt-4o": 16_000})
+    turn = demo_turns(1)[0]
+    guard.prepare("p1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    assert guard.record_turn("p1", turn) == len(turn)
+    [headers] = published  # the append marked the session pending: one job
+    [producer] = [s for s in spans.get_finished_spans() if s.name == "compaction.record_turn"]
+    _, trace_id, span_id, _ = headers["traceparent"].split("-")
+    assert (int(trace_id, 16), int(span_id, 16)) == (producer.context.trace_id,
+                                                     producer.context.span_id)
+    assert producer.kind == SpanKind.PRODUCER
+    assert dict(producer.attributes or {})["compaction.log_length"] == len(turn)

@@ -88,6 +88,7 @@ class Plan:
     clear_recover_next: bool = False
     enqueue: bool = False
     force: bool = False
+    log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
         report = self.view.report.model_copy(update={
@@ -229,7 +230,9 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,
-                enqueue=enqueue, force=truncated), snap
+                enqueue=enqueue, force=truncated,
+                log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
+                            + sum(extra_tokens))), snap
 
 
 def _history_budget(report: BudgetReport, regions: Regions, estimated: int, window: int,

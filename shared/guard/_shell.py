@@ -5,6 +5,14 @@ A shell validates the request, turns it into a :class:`shared.core.guard_state.R
 session cache and the last request sent per session, and performs the
 core's plan with its own client. Only the last step differs between
 :mod:`shared.guard.sync` and :mod:`shared.guard.aio`.
+
+Observability (docs/observability.md, "Guard instrumentation") lives here
+too, once for both shells: the spans (:meth:`GuardShell.traced_prepare`,
+:meth:`~GuardShell.traced_recover`, :meth:`~GuardShell.traced_turn`, a
+``producer`` span around the append and the publish, so the job's message
+carries its trace context) and the metrics, recorded from the core's plan
+(:meth:`~GuardShell.performed`, :meth:`~GuardShell.finish`), the degraded
+view, the overflow check and the usage report (:meth:`~GuardShell.turn_usage`).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -21,16 +30,21 @@ from typing import Any
 from shared.core.budget import ensure_reducible
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
-from shared.core.guard_state import Request, Sent, check, newest_tokens
+from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
 from shared.core.messages import Message, validate_messages
+from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.records import SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
+from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
+from shared.telemetry import get_metrics, span
+from shared.telemetry.hooks import view_attributes
 
+log = logging.getLogger("shared.guard")
 PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
 
 
@@ -52,6 +66,43 @@ def check_request(system_prompt: object, tools: object) -> None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise InvalidInput("expected an object", field=f"tools[{i}]")
+
+
+class Traced:
+    """A span around one guard call (a no-op one without an OpenTelemetry SDK).
+
+    A context manager over :func:`shared.telemetry.span` (entered directly: no
+    second generator on the hot path); ``current`` is the span inside it.
+    """
+
+    __slots__ = ("_cm", "current")
+
+    def __init__(self, name: str, attributes: Mapping[str, Any],
+                 kind: str = "internal") -> None:
+        self._cm = span(name, attributes, kind=kind)
+        self.current: Any = None
+
+    def __enter__(self) -> Traced:
+        self.current = self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._cm.__exit__(*exc)
+
+    def view(self, view: PreparedView) -> PreparedView:
+        """``view``, its report's figures set on the span (skipped when nothing records)."""
+        if self.current.is_recording():
+            self.current.set_attributes(view_attributes(view.report))
+        return view
+
+    def recovered(self, view: PreparedView) -> PreparedView:
+        get_metrics().recovery("recovered")
+        return self.view(view)
+
+    def turn(self, length: int) -> int:
+        """The log length after a recorded turn, set on the span."""
+        self.current.set_attribute("compaction.log_length", length)
+        return length
 
 
 class GuardShell:
@@ -177,6 +228,83 @@ class GuardShell:
             self._pending.pop(session_id, None)  # the turn is recorded: a new one starts
             return self._sent.pop(session_id, None) if reported else None
 
+    # -- observability: spans and metrics, the same for both shells ---------------------------
+    @staticmethod
+    def traced_prepare(session_id: str, model: str) -> Traced:
+        return Traced("compaction.prepare", {"compaction.session_id": session_id,
+                                             "gen_ai.request.model": model})
+
+    @staticmethod
+    def traced_recover(session_id: str, model: str, error: object) -> Traced:
+        return Traced("compaction.recover", {"compaction.session_id": session_id,
+                                             "gen_ai.request.model": model,
+                                             "error.type": type(error).__name__})
+
+    @staticmethod
+    def traced_turn(session_id: str) -> Traced:
+        """A producer span around the append and the publish: the job's message carries
+        its trace context (:func:`shared.telemetry.propagation.publish_headers`)."""
+        return Traced("compaction.record_turn", {"compaction.session_id": session_id},
+                      kind="producer")
+
+    @staticmethod
+    def is_overflow(error: object) -> bool:
+        """True when ``error`` is a context overflow (else counted as ``not_overflow``)."""
+        if is_context_overflow(error):
+            return True
+        get_metrics().recovery("not_overflow")
+        return False
+
+    def learn_overflow(self, error: object, model: str, trace: Traced) -> int | None:
+        """The limit an overflow error states (learned for ``model``, set on the span)."""
+        info = parse_overflow(error)
+        if info is None or not info.limit:
+            return None
+        self.limits.learn(model, info.limit)
+        trace.current.set_attribute("compaction.stated_limit", info.limit)
+        return info.limit
+
+    @staticmethod
+    def performed(plan: Plan, ok: bool) -> bool:
+        """Count the writes of ``plan`` the shell performed (``ok``: its truncation, if
+        any, won the swap); returns ``ok``."""
+        if plan.cheap or plan.view.report.truncated:
+            metrics = get_metrics()
+            if plan.cheap:
+                metrics.compaction("cheap", "recorded")
+            if plan.view.report.truncated:
+                metrics.compaction("recovery" if plan.view.report.recovery else "truncation",
+                                   "compacted" if ok else "lost_swap")
+        return ok
+
+    @staticmethod
+    def finish(plan: Plan, enqueued: bool, started: float) -> PreparedView:
+        """The plan's view, finished, and its figures counted."""
+        seconds = time.perf_counter() - started
+        get_metrics().prepare_done(seconds, view_tokens=plan.sent.heuristic,
+                                   log_tokens=plan.log_tokens,
+                                   path="recover" if plan.view.report.recovery else "prepare")
+        return plan.finish(enqueued, seconds * 1000)
+
+    def turn_usage(self, session_id: str, usage: Any,
+                   ) -> tuple[dict[str, Any] | None, Sent | None]:
+        """State fields a turn's usage report teaches, and the request it describes.
+
+        A suspected silent truncation (the provider saw more than its window,
+        or far less than was sent) is logged and counted here.
+        """
+        reported = reported_prompt_tokens(usage)
+        sent = self.take_sent(session_id, reported is not None)
+        if sent is None or not reported:
+            return None, sent
+        fields = usage_fields(reported, sent)
+        if "silent_truncation_flags" in fields:
+            log.warning("session %s: reported %d prompt tokens for ~%d sent (window %d): "
+                        "silent truncation suspected", session_id, reported, sent.estimate,
+                        sent.window)
+            get_metrics().silent_truncation()
+        return fields, sent
+
     # -- Redis is down: a locally truncated view of the caller's own messages -----------------
     def degraded(self, session_id: str, system_prompt: str,
                  tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
@@ -186,6 +314,7 @@ class GuardShell:
         counter, policy = self.counter, self.policy
         tokens = [counter.message(m) for m in history]
         regions = Regions(req.system_tokens, 0, req.tool_tokens, sum(tokens), req.overhead)
+        logged = regions.total
         newest = newest_tokens(history, tokens)
         report = check(req.window, req.reserve, regions, regions.total, newest, policy)
         dropped, note, summary = 0, "", None
@@ -203,12 +332,15 @@ class GuardShell:
             report = check(req.window, req.reserve, regions, regions.total, newest, policy)
         messages = assemble(system_prompt, summary, repair_tool_pairs(history),
                             placement=policy.summary_placement)
+        seconds = time.perf_counter() - started
+        get_metrics().prepare_done(seconds, view_tokens=regions.total, log_tokens=logged,
+                                   path="degraded")
         return PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
             session_id=session_id, model=model, limits_source=req.limits_source, budget=report,
             estimated_prompt_tokens=regions.total, watermark=0, version=0, length=len(history),
             summary_kind="", cheap_applied=0, truncated=dropped > 0, dropped_messages=dropped,
             note=note, enqueued=False, pending_job=False, recovery=False, degraded=True,
-            elapsed_ms=(time.perf_counter() - started) * 1000))
+            elapsed_ms=seconds * 1000))
 
     def stats_from(self, session_id: str, tenant: str, snap: Any,
                    summaries: Sequence[SummaryRecord]) -> dict[str, Any]:
@@ -241,4 +373,4 @@ class GuardShell:
         }
 
 
-__all__ = ["GuardShell", "check_request"]
+__all__ = ["GuardShell", "Traced", "check_request"]

@@ -22,19 +22,19 @@ from typing import Any, TypeVar
 
 from shared.core.config import CompactionPolicy
 from shared.core.errors import StoreUnavailable
-from shared.core.guard_state import Plan, plan_view, usage_fields
+from shared.core.guard_state import Plan, plan_view
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message, check_tool_results, validate_messages
-from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.prepared import PreparedView
+from shared.core.recall import DEFAULT_LIMIT, RecallHit
 from shared.core.records import AppendResult
 from shared.core.tokens import TokenCounter
-from shared.core.usage import reported_prompt_tokens
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard._shell import GuardShell, check_request
+from shared.store import recall_index
 from shared.store.aio import AsyncSessionStore
 from shared.store.keys import validate_session_id
 
@@ -89,19 +89,22 @@ class AsyncContextGuard(GuardShell):
         build a locally truncated view from these instead of raising.
         """
         started = time.perf_counter()
-        validate_session_id(session_id)  # before it is used as a cache key
-        check_request(system_prompt, tools)
-        extra, extra_tokens = self.pending(session_id, pending)
-        try:
-            snap = await self.snapshot(session_id)
-        except StoreUnavailable:
-            if fallback_messages is None:
-                raise
-            return self.degraded(session_id, system_prompt, tools, max_tokens, model,
-                                 validate_messages(fallback_messages) + extra, started)
-        force = self.policy.recovery_ratio if snap.state.recover_next else None
-        return await self._build(session_id, snap, system_prompt, tools, max_tokens, model, extra,
-                           extra_tokens, started, force)
+        with self.traced_prepare(session_id, model) as trace:
+            validate_session_id(session_id)  # before it is used as a cache key
+            check_request(system_prompt, tools)
+            extra, extra_tokens = self.pending(session_id, pending)
+            try:
+                snap = await self.snapshot(session_id)
+            except StoreUnavailable:
+                if fallback_messages is None:
+                    raise
+                return trace.view(self.degraded(session_id, system_prompt, tools, max_tokens,
+                                                model, validate_messages(fallback_messages)
+                                                + extra, started))
+            force = self.policy.recovery_ratio if snap.state.recover_next else None
+            return trace.view(await self._build(session_id, snap, system_prompt, tools,
+                                                max_tokens, model, extra, extra_tokens, started,
+                                                force))
 
     async def _build(self, session_id: str, snap: CachedView, system_prompt: str,
                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
@@ -112,7 +115,7 @@ class AsyncContextGuard(GuardShell):
         plan, snap = plan_view(snap, req, self.policy, self.counter)
         if snap.epoch:
             self.views.put(session_id, snap)
-        if not await self._perform(session_id, plan) and retry_lost_swap:
+        if not self.performed(plan, await self._perform(session_id, plan)) and retry_lost_swap:
             # A worker's summary (or an edit) landed since the read: build from it
             # instead (it may fit without truncating), once.
             fresh = await self.snapshot(session_id)
@@ -121,7 +124,7 @@ class AsyncContextGuard(GuardShell):
                                      retry_lost_swap=False)
         self.remember(session_id, plan.sent)
         enqueued = await self._enqueue(session_id, force=plan.force) if plan.enqueue else False
-        return plan.finish(enqueued, (time.perf_counter() - started) * 1000)
+        return self.finish(plan, enqueued, started)
 
     async def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""
@@ -170,28 +173,27 @@ class AsyncContextGuard(GuardShell):
         it when Redis did not answer: applied at most once. Once the turn is
         stored, a failure to publish the job is logged, not raised.
         """
-        validate_session_id(session_id)
-        encoded = self.store.encode(session_id, messages)
-        check_tool_results(messages)  # an orphan tool result: InvalidInput naming its index
-        reported = reported_prompt_tokens(usage)
-        sent = self.take_sent(session_id, reported is not None)
-        fields = usage_fields(reported, sent) if sent is not None and reported else None
-        rid = request_id if request_id is not None else secrets.token_hex(12)
+        with self.traced_turn(session_id) as trace:  # the publish carries its context
+            validate_session_id(session_id)
+            encoded = self.store.encode(session_id, messages)
+            check_tool_results(messages)  # an orphan tool result: InvalidInput naming its index
+            fields, sent = self.turn_usage(session_id, usage)
+            rid = request_id if request_id is not None else secrets.token_hex(12)
 
-        async def attempt() -> AppendResult:
-            return await self.store.append_encoded(
-                session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
-                state_fields=fields, fields_version=sent.version if sent else None)
+            async def attempt() -> AppendResult:
+                return await self.store.append_encoded(
+                    session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
+                    state_fields=fields, fields_version=sent.version if sent else None)
 
-        try:
-            result = await attempt()
-        except StoreUnavailable as exc:
-            log.info("session %s: append %s unanswered (%s); retrying once", session_id, rid,
-                     exc)
-            result = await attempt()
-        if result.marked:
-            await self._publish(session_id)
-        return result.length
+            try:
+                result = await attempt()
+            except StoreUnavailable as exc:
+                log.info("session %s: append %s unanswered (%s); retrying once", session_id,
+                         rid, exc)
+                result = await attempt()
+            if result.marked:
+                await self._publish(session_id)
+            return trace.turn(result.length)
 
     # -- reactive recovery -----------------------------------------------------------------
     async def recover(self, session_id: str, error: object, system_prompt: str = "",
@@ -205,19 +207,20 @@ class AsyncContextGuard(GuardShell):
         the truncation with a real summary. Runs even with proactive
         compaction switched off.
         """
-        if not is_context_overflow(error):
+        if not self.is_overflow(error):
             return None
-        validate_session_id(session_id)
-        info = parse_overflow(error)
-        if info is not None and info.limit:
-            self.limits.learn(model, info.limit)
-            await self.store.update_state(session_id, learned_window=info.limit, model=model,
-                                    last_overflow_at=time.time())
-        started = time.perf_counter()
-        extra, extra_tokens = self.pending(session_id, pending)
-        snap = await self.snapshot(session_id)
-        return await self._build(session_id, snap, system_prompt, tools, max_tokens, model,
-                                 extra, extra_tokens, started, self.policy.recovery_ratio)
+        with self.traced_recover(session_id, model, error) as trace:
+            validate_session_id(session_id)
+            limit = self.learn_overflow(error, model, trace)
+            if limit:
+                await self.store.update_state(session_id, learned_window=limit, model=model,
+                                              last_overflow_at=time.time())
+            started = time.perf_counter()
+            extra, extra_tokens = self.pending(session_id, pending)
+            snap = await self.snapshot(session_id)
+            return trace.recovered(await self._build(session_id, snap, system_prompt, tools,
+                                                     max_tokens, model, extra, extra_tokens,
+                                                     started, self.policy.recovery_ratio))
 
     async def call(self, session_id: str, send: Callable[[PreparedView], Awaitable[R]], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
@@ -234,6 +237,17 @@ class AsyncContextGuard(GuardShell):
             if retry is None:
                 raise
         return await send(retry), retry
+
+    # -- recall ------------------------------------------------------------------------
+    async def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
+                     start: int | None = None, end: int | None = None) -> list[RecallHit]:
+        """Messages of the session's compacted range that best match ``query``, best first.
+
+        The sync guard's query over redis.asyncio: the same sans-I/O steps
+        (:func:`shared.store.recall_index.recall_steps`), each reply awaited.
+        """
+        return await recall_index.recall_async(self.store, session_id, query, limit=limit,
+                                               start=start, end=end)
 
     async def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""

@@ -3,7 +3,8 @@
 Workers index a range when they compact it (:func:`index_compacted`, called
 after a successful commit, in the same job), incrementally: messages
 ``[hwm, watermark)`` where ``hwm`` is the indexed high-water mark. The guard
-only queries (:func:`recall`). Every key shares the session's hash tag:
+only queries (:func:`recall`, and :func:`recall_async` over redis.asyncio).
+Every key shares the session's hash tag:
 
 - ``<base>:rx:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
   ``gen`` (the log generation it describes: a history edit bumps the state's);
@@ -21,6 +22,12 @@ indexed. So nothing past a history edit is ever returned, even before
 :data:`QUERY_POSTINGS` postings, shared out rarest term first (a common term,
 whose IDF is low anyway, is scored on its newest postings): a query costs
 about the same at 10k and 100k messages.
+
+A query is written once, sans-I/O (:func:`recall_steps`): a generator that
+yields what to send (one script call, then pipelines of reads verifying the
+best candidates) and receives the replies. :func:`recall` sends them with
+redis-py, :func:`recall_async` with redis.asyncio; the ranking, the checksum
+check and every error are the same code.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import struct
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +47,7 @@ from shared.core.messages import Message
 from shared.core.recall import (
     DEFAULT_LIMIT,
     RecallHit,
+    RecallQuery,
     analyze,
     best_per_message,
     bm25,
@@ -55,6 +63,7 @@ from shared.store.sessions import _load_lua, _s, redis_errors
 if TYPE_CHECKING:
     from redis.commands.core import Script
 
+    from shared.store.aio import AsyncSessionStore
     from shared.store.sessions import SessionStore
 
 POSTING = struct.Struct("<IIHH")
@@ -85,7 +94,7 @@ class RecallKeys:
         return self.term_prefix + term
 
 
-def recall_keys(store: SessionStore, session_id: str) -> RecallKeys:
+def recall_keys(store: SessionStore | AsyncSessionStore, session_id: str) -> RecallKeys:
     """The index keys of a session (validated ids, the store's tenant, its hash tag)."""
     k = store.keys(session_id)
     base = k.state.removesuffix(":state")
@@ -98,10 +107,15 @@ _SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDic
 
 def _script(store: SessionStore, name: str) -> Script:
     """Registered once per client (scripts are bound to the client, not the tenant)."""
-    scripts = _SCRIPTS.setdefault(store.redis, {})
+    return _registered(store.redis, name)  # type: ignore[no-any-return]
+
+
+def _registered(client: Any, name: str) -> Any:
+    """The script ``name`` registered on ``client`` (redis-py or redis.asyncio), once."""
+    scripts = _SCRIPTS.setdefault(client, {})
     script = scripts.get(name)
     if script is None:
-        script = scripts[name] = store.redis.register_script(_load_lua(f"{name}.lua"))
+        script = scripts[name] = client.register_script(_load_lua(f"{name}.lua"))
     return script
 
 
@@ -275,6 +289,51 @@ def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
 
 
 # -- querying ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """Send: one script call (its reply comes back as is)."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCall:
+    """Send: read commands in one pipeline, not a transaction (the list of replies comes
+    back). Each is a client method name and its arguments."""
+
+    commands: list[tuple[str, tuple[Any, ...]]]
+
+
+RecallSteps = Generator[ScriptCall | PipelineCall, Any, list[RecallHit]]
+
+
+def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
+                 tenant: str) -> RecallSteps:
+    """A validated query, sans-I/O: yields what to send, receives each reply, returns
+    the hits. :func:`recall` and :func:`recall_async` drive it."""
+    keys = [k.meta, k.state, k.log, k.df, *(k.term(t) for t in q.terms)]
+    raw = yield ScriptCall("recall_read", keys,
+                           [QUERY_POSTINGS, TERM_POSTINGS, POSTING.size, *q.terms])
+    hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
+    if not length and not int(has_state):
+        raise SessionNotFound(f"no session {session_id!r} in tenant {tenant!r}")
+    hi = min(_int(hwm_raw), int(length), q.end if q.end is not None else _int(watermark))
+    lo = q.start or 0
+    df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d}
+    if hi <= lo or not df:
+        return []
+    postings: Mapping[str, Any] = {
+        term: POSTING.iter_unpack(blob[len(blob) % POSTING.size:])
+        for term, blob in zip(q.terms, blobs, strict=True) if blob}
+    n_docs = max(_int(n_raw), 1)
+    scores = bm25(postings, df, n_docs=n_docs, avg_length=_int(total_raw) / n_docs,
+                  start=lo, end=hi)
+    ranked = best_per_message(scores, MAX_CANDIDATES)
+    return (yield from _verified(k, ranked, q.limit))
+
+
 def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
            start: int | None = None, end: int | None = None) -> list[RecallHit]:
     """The messages of ``[start, end)`` that best match ``query``, best first.
@@ -286,27 +345,43 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
     without a log.
     """
     q = validate_query(query, limit=limit, start=start, end=end)
-    k = recall_keys(store, session_id)
+    steps = recall_steps(recall_keys(store, session_id), q, session_id=session_id,
+                         tenant=store.tenant)
     with redis_errors("recall"):
-        keys = [k.meta, k.state, k.log, k.df, *(k.term(t) for t in q.terms)]
-        raw = _script(store, "recall_read")(
-            keys=keys, args=[QUERY_POSTINGS, TERM_POSTINGS, POSTING.size, *q.terms])
-        hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
-        if not length and not int(has_state):
-            raise SessionNotFound(f"no session {session_id!r} in tenant {store.tenant!r}")
-        hi = min(_int(hwm_raw), int(length), q.end if q.end is not None else _int(watermark))
-        lo = q.start or 0
-        df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d}
-        if hi <= lo or not df:
-            return []
-        postings: Mapping[str, Any] = {
-            term: POSTING.iter_unpack(blob[len(blob) % POSTING.size:])
-            for term, blob in zip(q.terms, blobs, strict=True) if blob}
-        n_docs = max(_int(n_raw), 1)
-        scores = bm25(postings, df, n_docs=n_docs, avg_length=_int(total_raw) / n_docs,
-                      start=lo, end=hi)
-        ranked = best_per_message(scores, MAX_CANDIDATES)
-        return _verified(store, k, ranked, q.limit)
+        try:
+            step = next(steps)
+            while True:
+                step = steps.send(_send(store.redis, step))
+        except StopIteration as done:
+            return list(done.value)
+
+
+async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
+                       limit: int = DEFAULT_LIMIT, start: int | None = None,
+                       end: int | None = None) -> list[RecallHit]:
+    """:func:`recall` over redis.asyncio (an :class:`~shared.store.aio.AsyncSessionStore`):
+    the same steps, each reply awaited."""
+    q = validate_query(query, limit=limit, start=start, end=end)
+    steps = recall_steps(recall_keys(store, session_id), q, session_id=session_id,
+                         tenant=store.tenant)
+    with redis_errors("recall"):
+        try:
+            step = next(steps)
+            while True:
+                step = steps.send(await _send(store.redis, step))
+        except StopIteration as done:
+            return list(done.value)
+
+
+def _send(client: Any, step: ScriptCall | PipelineCall) -> Any:
+    """Send ``step`` with ``client``: its reply (redis-py), or an awaitable of it
+    (redis.asyncio: the script's call and ``execute`` are coroutines there)."""
+    if isinstance(step, ScriptCall):
+        return _registered(client, step.script)(keys=step.keys, args=step.args)
+    pipe = client.pipeline(transaction=False)
+    for method, args in step.commands:
+        getattr(pipe, method)(*args)
+    return pipe.execute()
 
 
 def answer_recall_call(store: SessionStore, session_id: str,
@@ -321,19 +396,17 @@ def answer_recall_call(store: SessionStore, session_id: str,
                               end=q.end))
 
 
-def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float, int]],
-              limit: int) -> list[RecallHit]:
+def _verified(k: RecallKeys, ranked: Sequence[tuple[int, float, int]],
+              limit: int) -> Generator[PipelineCall, Any, list[RecallHit]]:
     """The best ``limit`` candidates whose message is still the one indexed."""
     hits: list[RecallHit] = []
     at = 0
     while len(hits) < limit and at < len(ranked):
         chunk = ranked[at:at + limit - len(hits)]  # most verify: read few messages
         at += len(chunk)
-        pipe = store.redis.pipeline(transaction=False)
-        pipe.hmget(k.doc, *(pid for pid, _, _ in chunk))
-        for _, _, index in chunk:
-            pipe.lindex(k.log, index)
-        docs, *raws = pipe.execute()
+        docs, *raws = yield PipelineCall(
+            [("hmget", (k.doc, *(pid for pid, _, _ in chunk))),
+             *(("lindex", (k.log, index)) for _, _, index in chunk)])
         for (_, score, index), doc, raw in zip(chunk, docs, raws, strict=True):
             if doc is None or raw is None:
                 continue  # forgotten by an edit, or the log is shorter now
@@ -349,5 +422,6 @@ def _verified(store: SessionStore, k: RecallKeys, ranked: list[tuple[int, float,
     return hits
 
 
-__all__ = ["IndexReport", "RecallKeys", "answer_recall_call", "drop_index", "forget_after",
-           "index_compacted", "index_stats", "recall", "recall_keys"]
+__all__ = ["IndexReport", "PipelineCall", "RecallKeys", "RecallSteps", "ScriptCall",
+           "answer_recall_call", "drop_index", "forget_after", "index_compacted", "index_stats",
+           "recall", "recall_async", "recall_keys", "recall_steps"]

@@ -67,6 +67,7 @@ def use_tracer_provider(provider: Any) -> None:
 
 
 _tracers: dict[int, tuple[Any, Any]] = {}  # id(provider) -> (provider, its tracer)
+_unconfigured_seen = False  # the API's global provider was the proxy at the last look
 
 
 def _tracer(trace: Any) -> Any:
@@ -77,8 +78,14 @@ def _tracer(trace: Any) -> Any:
     what it costs without OpenTelemetry (a non-recording span still costs
     about 15 us of context bookkeeping).
     """
+    global _unconfigured_seen
+    if _provider is None and _unconfigured_seen and getattr(trace, "_TRACER_PROVIDER", 0) is None:
+        # Still no global SDK provider since the API last said so: skip get_tracer_provider(),
+        # which looks its environment variable up (a KeyError) on every call (~4 us).
+        return None
     provider = _provider if _provider is not None else trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        _unconfigured_seen = _provider is None
         return None
     found = _tracers.get(id(provider))
     if found is None or found[0] is not provider:

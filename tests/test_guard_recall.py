@@ -1,0 +1,118 @@
+"""``recall`` on both guard shells: the sync one over redis-py, the async one over
+redis.asyncio (the same sans-I/O query, shared.store.recall_index.recall_steps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import shared.store.recall_index as recall_index_module
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, SessionNotFound, StoreUnavailable
+from shared.core.records import SummaryRecord
+from shared.store.recall_index import index_compacted
+from shared.store.sessions import SessionStore, connect
+from tests.guard_shells import SHELLS, make
+
+
+def turn(i: int, extra: str = "") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"step {i}: open src/mod{i}/handler_{i}.py {extra}"},
+            {"role": "assistant", "content": f"saw ERR_STEP_{i}_FAILED, retrying with "
+                                             f"timeout {i}.5 seconds"}]
+
+
+def fill(store: SessionStore, sid: str, turns: range, extra: str = "") -> None:
+    store.append(sid, [m for i in turns for m in turn(i, extra)])
+
+
+def compact(store: SessionStore, sid: str, watermark: int) -> None:
+    """A worker's summary up to ``watermark``, and the index it builds after it."""
+    version = store.state(sid).version
+    record = SummaryRecord(watermark=watermark, kind="offline", text="summary", tokens=5)
+    assert store.commit_summary(sid, record, version).ok
+    index_compacted(store, sid)
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_recall_finds_a_message_of_the_compacted_range(store: SessionStore,
+                                                       shell: str) -> None:
+    fill(store, "s", range(30))
+    compact(store, "s", 40)
+    guard = make(shell, store)
+    [hit] = guard.recall("s", "ERR_STEP_12_FAILED", limit=1)
+    assert (hit.index, hit.role) == (25, "assistant") and "ERR_STEP_12_FAILED" in hit.text
+    assert guard.recall("s", "src/mod7/handler_7.py", limit=1)[0].index == 14
+    # only the compacted (and indexed) range, up to the watermark, is searched
+    assert all(h.index < 40 for h in guard.recall("s", "step", limit=50))
+    assert 51 not in [h.index for h in guard.recall("s", "ERR_STEP_25_FAILED", limit=50)]
+    assert [h.index for h in guard.recall("s", "step", start=10, end=20, limit=50)] \
+        and all(10 <= h.index < 20 for h in guard.recall("s", "step", start=10, end=20,
+                                                         limit=50))
+    assert len(guard.recall("s", "step")) == 5  # the default limit
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["edit-hook", "checksums-only"])
+def test_nothing_past_an_edit_is_recalled(store: SessionStore, shell: str, hook: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(store, "s", range(30))
+    compact(store, "s", 50)
+    guard = make(shell, store)
+    assert guard.recall("s", "handler_22", limit=1)[0].index == 44
+    if not hook:  # the index still holds the old messages 20-49: checksums hide them
+        monkeypatch.setattr(recall_index_module, "forget_after", lambda *_: 0)
+    store.truncate_after("s", 20)
+    monkeypatch.undo()
+    store.append("s", [m for i in range(12, 32) for m in turn(i, "EDITED")])
+    for query in ("ERR_STEP_15_FAILED", "handler_22", "src", "EDITED"):
+        for hit in guard.recall("s", query, end=60, limit=50):
+            assert hit.index < 20 and "EDITED" not in hit.text
+
+
+def test_another_tenants_session_is_not_visible(any_redis: Any, key_prefix: str,
+                                                shell: str) -> None:
+    config = StoreConfig(key_prefix=key_prefix)
+    alice = SessionStore(any_redis, config, tenant="alice")
+    bob = SessionStore(any_redis, config, tenant="bob")
+    fill(alice, "s", range(10), "ALICE_SECRET_TOKEN")
+    compact(alice, "s", 20)
+    as_bob = make(shell, bob)
+    with pytest.raises(SessionNotFound):
+        as_bob.recall("s", "ALICE_SECRET_TOKEN")
+    fill(bob, "s", range(10))
+    compact(bob, "s", 20)
+    assert as_bob.recall("s", "ALICE_SECRET_TOKEN") == []
+    assert all("ALICE" not in h.text for h in as_bob.recall("s", "handler_3 src", limit=50))
+    assert make(shell, alice).recall("s", "ALICE_SECRET_TOKEN", limit=1)
+
+
+def test_bad_query_is_invalid_input(store: SessionStore, shell: str) -> None:
+    fill(store, "s", range(3))
+    guard = make(shell, store)
+    for kwargs, field in (({"query": ""}, "query"), ({"query": "the, and ..."}, "query"),
+                          ({"query": 42}, "query"), ({"query": "x1", "limit": 0}, "limit"),
+                          ({"query": "x1", "start": 4, "end": 2}, "end")):
+        query = kwargs.pop("query")
+        with pytest.raises(InvalidInput) as info:
+            guard.recall("s", query, **kwargs)
+        assert info.value.field == field, (query, kwargs)
+    with pytest.raises(InvalidInput) as info:
+        guard.recall("bad id{", "x1")
+    assert info.value.field == "session_id"
+    assert guard.recall("s", "handler_1") == []  # nothing compacted yet
+
+
+def test_unknown_session_is_not_found(store: SessionStore, shell: str) -> None:
+    with pytest.raises(SessionNotFound):
+        make(shell, store).recall("nobody", "handler_1")
+
+
+def test_redis_down_is_store_unavailable(shell: str) -> None:
+    cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)
+    guard = make(shell, SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
+    with pytest.raises(StoreUnavailable):
+        guard.recall("s", "handler_1")
