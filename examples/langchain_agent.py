@@ -107,7 +107,7 @@ def lookup(query: str) -> str:
 def run(turns: int = 30, window: int = 3000, session: str = "langchain-example",
         verbose: bool = True) -> dict[str, Any]:
     """Drive the agent through ``turns`` questions; what the model saw, summarized."""
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import Settings
 
     settings = Settings()

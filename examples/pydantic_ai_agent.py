@@ -104,7 +104,7 @@ def question(i: int) -> str:
 def run(turns: int = 30, window: int = 3000, session: str = "pydantic-ai-example",
         verbose: bool = True) -> dict[str, Any]:
     """Drive the agent through ``turns`` runs sharing one history."""
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import Settings
 
     settings = Settings()

@@ -70,7 +70,7 @@ def fake_store() -> SessionStore:
 @pytest.fixture
 def stack(redis_url: str, key_prefix: str) -> Iterator[Any]:
     """The embedded stack on the real Redis: memory broker, in-process Celery worker."""
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import Settings
 
     settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
@@ -159,10 +159,11 @@ def test_the_async_hook_with_the_threaded_stopgap(fake_store: SessionStore) -> N
 
 
 def test_the_async_hook_with_async_context_guard(fake_store: SessionStore) -> None:
-    guard_module = pytest.importorskip("shared.guard")
-    if not hasattr(guard_module, "AsyncContextGuard"):
-        pytest.skip("shared.guard.AsyncContextGuard not merged yet (the stopgap is tested)")
-    async_guard = guard_module.AsyncContextGuard(fake_store, overrides={MODEL: 3000})
+    import shared.guard as guard_module
+    from shared.store.aio import AsyncSessionStore
+
+    store = AsyncSessionStore(fakeredis.FakeAsyncRedis(), fake_store.config)
+    async_guard = guard_module.AsyncContextGuard(store, overrides={MODEL: 3000})
     model = WindowedChatModel(window=3000, requests=[], counts=[])
     agent = agent_for(async_guard, model)
 

@@ -55,7 +55,7 @@ def fake_store() -> SessionStore:
 
 @pytest.fixture
 def stack(redis_url: str, key_prefix: str) -> Iterator[Any]:
-    from workers.harness.embedded import choose_backends, open_stack
+    from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import Settings
 
     settings = Settings(redis_url=redis_url, key_prefix=key_prefix)

@@ -67,6 +67,11 @@ class CachedView:
     planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
 
     @property
+    def length(self) -> int:
+        """Messages in the log (``ViewData.length``, which ``guard.load`` used to return)."""
+        return self.end
+
+    @property
     def cursor(self) -> ViewCursor:
         return ViewCursor(self.epoch, self.gen, self.version, self.start, self.end, self.total,
                           self.cheap_gen)
