@@ -12,13 +12,9 @@ memory; three pieces keep a long run inside the window::
   returns the guard's view (summary first, then recent items, tool pairs
   intact); ``add_items`` appends and enqueues the worker job; ``pop_item``
   and ``clear_session`` are history edits (``truncate_after`` / delete).
-- :class:`InputBudget`, the ``RunConfig(call_model_input_filter=...)`` that
-  runs before every model call: when instructions + tools + input + the
-  output reserve would not fit the window, it truncates the input as the
-  guard does (oldest turns first, no LLM, tool pairs kept whole).
-- :class:`GuardedModel` wraps any SDK ``Model``: a context-overflow error
-  (detected across providers) teaches the guard the stated limit, the
-  input is compacted to a fifth of the window and the call is retried once.
+- :class:`InputBudget` (the ``RunConfig`` input filter that truncates before
+  a model call that would not fit) and :class:`GuardedModel` (one retry
+  after a context overflow, compacted): see :mod:`shared.integrations.agents_run`.
 
 The item <-> message mapping is in :mod:`shared.integrations.agents_items`,
 the budget filter and the model wrapper in :mod:`shared.integrations.agents_run`;
