@@ -36,6 +36,7 @@ OPTIONAL_MODULES = {
     "shared.integrations.langchain": ("langchain", "langchain"),
     "shared.integrations.pydantic_ai": ("pydantic-ai", "pydantic_ai"),
     "shared.integrations.agents_sdk": ("openai-agents", "agents"),
+    "shared.integrations.agents_run": ("openai-agents", "agents"),
     # the HTTP service (README: compaction serve)
     "workers.server.app": ("server", "fastapi"),
     "workers.server.routes": ("server", "fastapi"),

@@ -13,169 +13,48 @@ secrets), so they stay out of the environment of every process and out of
 ``docker inspect``. pydantic-settings' ``secrets_dir`` was not used: it
 reads one fixed directory, file names must equal the variable names, and it
 warns when the directory is missing (every run outside a container).
+
+The secret files and the unknown-variable warning are in
+:mod:`workers.settings_sources`, URL checks and redaction in
+:mod:`workers.settings_urls`; their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
-from urllib.parse import quote, urlsplit
 
-from kombu.connection import Connection
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
-from redis.connection import parse_url as parse_redis_url
 
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import ConfigError
 from shared.core.tokens_exact import build_counter
+from workers.settings_sources import (
+    ENV_PREFIX,
+    FILE_SETTINGS,
+    FILE_SUFFIX,
+    NOT_SETTINGS,
+    SecretFileSource,
+    read_secret_file,
+    setting_variables,
+    unknown_among,
+    warn_unknown_among,
+)
+from workers.settings_urls import check_broker_url, check_store_url, redact_url, with_password
 
-ENV_PREFIX = "COMPACTION_"
 RETRY_BACKOFF_FACTOR = 2  # Celery retry_backoff: countdowns 2, 4, 8... s (capped, jittered)
 LEASE_MARGIN_SECONDS = 30  # lease beyond the longest job (store calls, a slow release)
 REDELIVERY_MARGIN_SECONDS = 30  # visibility beyond lease + countdown (clock, scheduling)
-FILE_SUFFIX = "_FILE"
-# Settings that may be read from a file named by COMPACTION_<NAME>_FILE (secrets).
-FILE_SETTINGS = ("redis_url", "broker_url", "redis_password", "summarizer_api_key")
 # Shown as *** in error messages; URLs are shown with their password redacted.
 SECRET_SETTINGS = frozenset({"redis_password", "summarizer_api_key"})
 URL_SETTINGS = frozenset({"redis_url", "broker_url"})
-# COMPACTION_* variables read by tools, not by Settings: no typo warning for them.
-NOT_SETTINGS = frozenset({
-    "COMPACTION_TEST_REDIS_URL",  # workers/harness/stack/redis_server.py
-    "COMPACTION_REQUIRE_COMPOSE",  # tests/test_deploy.py
-    "COMPACTION_IMAGE",  # docker/docker-compose.yml (image tag)
-    "COMPACTION_SECRETS_DIR",  # docker/docker-compose.yml (secret files)
-})
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-
-def read_secret_file(variable: str, path: str) -> str:
-    """The content of a secret file without its trailing newline ("" when empty).
-
-    An unreadable file is a :class:`ConfigError` of one line naming the
-    variable and the path (never the content).
-    """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"{variable}={path}: cannot read the secret file: "
-                          f"{exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{variable}={path}: the secret file is not UTF-8 text") from None
-    return text.rstrip("\r\n")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (every part of a failover list)."""
-    parts = []
-    for part in url.split(";"):
-        try:
-            password = urlsplit(part).password
-        except ValueError:
-            password = None
-        if password:
-            head, sep, tail = part.partition("://")
-            userinfo, at, rest = tail.rpartition("@")
-            user = userinfo.split(":", 1)[0]
-            part = f"{head}{sep}{user}:***{at}{rest}"
-        parts.append(part)
-    return ";".join(parts)
-
-
-def with_password(url: str, password: str) -> str:
-    """``url`` with ``password`` added to every Redis URL of it that carries none.
-
-    A URL's own credentials win, so a store on another instance can keep its
-    password while the file supplies the one of the compose Redis.
-    """
-    parts = []
-    for part in url.split(";"):
-        head, sep, tail = part.partition("://")
-        if sep and head.lower() in ("redis", "rediss", "unix", "sentinel"):
-            userinfo, at, rest = tail.rpartition("@")
-            if not at:
-                part = f"{head}://:{quote(password, safe='')}@{tail}"
-            elif ":" not in userinfo:
-                part = f"{head}://{userinfo}:{quote(password, safe='')}@{rest}"
-        parts.append(part)
-    return ";".join(parts)
-
-
-def _check_store_url(url: str) -> None:
-    """Raise ValueError unless redis-py would connect with ``url`` (what ``connect`` parses)."""
-    split = urlsplit(url)
-    if split.scheme not in REDIS_SCHEMES or not url.startswith(split.scheme + "://"):
-        raise ValueError("the scheme must be one of redis://, rediss://, unix://")
-    split.port  # noqa: B018 - a port that is not a number in range raises ValueError
-    if split.scheme == "unix":
-        if not split.path:
-            raise ValueError("the URL names no socket path")
-        return
-    _check_db(split.path)
-    parse_redis_url(url)  # type: ignore[no-untyped-call]  # query options, as connect() does
-
-
-def _check_db(path: str) -> None:
-    db = path.strip("/")
-    if db and not db.isdigit():
-        raise ValueError(f"the database must be a number, not {db!r}")
-
-
-def _check_broker_url(url: str) -> None:
-    """Raise ValueError unless kombu has a transport for ``url`` and its port is a port."""
-    try:
-        transport = Connection(url).transport_cls  # type: ignore[no-untyped-call]
-    except KeyError as exc:
-        raise ValueError(f"kombu has no broker transport for it ({exc.args[0]})") from None
-    split = urlsplit(url)
-    split.port  # noqa: B018 - a port that is not a number in range raises ValueError
-    if transport in ("redis", "rediss") and not split.scheme.lower().endswith("+socket"):
-        _check_db(split.path)
-
-
-class SecretFileSource(PydanticBaseSettingsSource):
-    """``COMPACTION_<NAME>_FILE``: a setting's value read from a file (Docker secrets).
-
-    Setting both ``COMPACTION_<NAME>`` and ``COMPACTION_<NAME>_FILE`` is an
-    error (which one wins would be a guess); an empty file means unset.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings],
-                 environ: Mapping[str, str] | None = None) -> None:
-        super().__init__(settings_cls)
-        source = os.environ if environ is None else environ
-        self.environ = {key.upper(): value for key, value in source.items()}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        """Unused: :meth:`__call__` reads every file setting at once."""
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for name in FILE_SETTINGS:
-            variable = f"{ENV_PREFIX}{name.upper()}"
-            path = self.environ.get(variable + FILE_SUFFIX)
-            if path is None:
-                continue
-            if variable in self.environ:
-                raise ConfigError(f"{variable} and {variable}{FILE_SUFFIX} are both set: "
-                                  "keep one")
-            text = read_secret_file(variable + FILE_SUFFIX, path)
-            if text:
-                values[name] = text
-        return values
 
 
 class Settings(BaseSettings):
@@ -300,7 +179,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _store_url(cls, value: str) -> str:
-        _check_store_url(value)
+        check_store_url(value)
         return value
 
     @field_validator("broker_url")
@@ -308,7 +187,7 @@ class Settings(BaseSettings):
     def _broker_url(cls, value: str) -> str:
         """One URL, or kombu's ``;``-separated failover list of them."""
         for part in value.split(";"):
-            _check_broker_url(part)
+            check_broker_url(part)
         return value
 
     @model_validator(mode="after")
@@ -431,7 +310,6 @@ class Settings(BaseSettings):
         return min(self.longest_job_seconds + LEASE_MARGIN_SECONDS,
                    max(1, self.visibility_timeout - 1))
 
-
 def _shown(field: str, value: object) -> str:
     """A rejected value as it may appear in a log line: quoted, secrets redacted, clipped."""
     if field in SECRET_SETTINGS:
@@ -455,50 +333,21 @@ def describe(exc: ValidationError) -> str:
             problems.append(reason)
     return " ".join("; ".join(problems).split())
 
-
 def known_variables() -> frozenset[str]:
     """Every ``COMPACTION_*`` name Settings reads (with the ``_FILE`` variants)."""
-    names = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
-    names.update(f"{ENV_PREFIX}{name.upper()}{FILE_SUFFIX}" for name in FILE_SETTINGS)
-    return frozenset(names)
+    return setting_variables(Settings.model_fields)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``(variable, closest setting or None)`` for each ``COMPACTION_*`` name no setting reads."""
-    known = known_variables()
-    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
-    found = []
-    for key in sorted(environ):
-        name = key.upper()
-        if name.startswith(ENV_PREFIX) and name not in known and name not in NOT_SETTINGS:
-            # Compared without the prefix, which every candidate shares.
-            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1,
-                                              cutoff=0.6)
-            found.append((key, ENV_PREFIX + close[0] if close else None))
-    return found
-
-
-_warned: set[str] = set()
+    return unknown_among(environ, known_variables())
 
 
 def warn_unknown_variables(environ: Mapping[str, str] | None = None,
                            stream: TextIO | None = None) -> str | None:
-    """One warning line for the ``COMPACTION_*`` variables that are not settings.
-
-    Not fatal: during a rolling upgrade a variable of the other version is
-    expected; a typo must still not pass silently. Each name is reported once
-    per process. Returns the line (None when there is nothing to report).
-    """
-    found = [(name, close) for name, close in unknown_variables(
-        os.environ if environ is None else environ) if name not in _warned]
-    if not found:
-        return None
-    _warned.update(name for name, _ in found)
-    described = [f"{name} (did you mean {close}?)" if close else name for name, close in found]
-    line = (f"warning: ignoring {', '.join(described)}: not a setting "
-            f"(the settings are listed in README.md, Configuration)")
-    print(line, file=stream or sys.stderr, flush=True)
-    return line
+    """One warning line for the ``COMPACTION_*`` variables that are not settings (once each
+    per process; see :func:`workers.settings_sources.warn_unknown_among`)."""
+    return warn_unknown_among(known_variables(), environ, stream)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user, colon, _password = credentials.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+from workers.settings_urls import redact_url  # one redaction for settings, CLI and harness
 
 
 def with_db(url: str, db: int) -> str:

@@ -3,9 +3,10 @@
 Compaction hides old messages from the view; recall brings the relevant
 ones back on demand. This module holds everything about it that needs no
 Redis: tokenization that keeps identifiers matchable, passage splitting,
-BM25 ranking, the :class:`RecallHit` result, input validation, the one
-``recall`` tool definition rendered for OpenAI, Anthropic and Gemini, and
-the notice a summary carries so the model knows it can ask.
+BM25 ranking and input validation. The ``recall`` tool definition for
+OpenAI, Anthropic and Gemini, the :class:`RecallHit` result, its rendering
+and the notice a summary carries are in :mod:`shared.core.recall_tool`;
+their names are importable from here too.
 
 Tokenization keeps what agents search for whole *and* split: a word of
 identifier characters (``src/app/main.py``, ``ERR_CONN_RESET``, ``0x1f``,
@@ -23,20 +24,26 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
+from shared.core.recall_tool import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    NOTICE,
+    TOOL_NAME,
+    RecallHit,
+    notice,
+    recall_tool,
+    render_hits,
+)
 
 # -- limits ---------------------------------------------------------------------------
 MAX_QUERY_CHARS = 1000
 MAX_QUERY_TERMS = 16
-MAX_LIMIT = 50
-DEFAULT_LIMIT = 5
 MAX_TOKEN_CHARS = 64
 """Longer words (base64, minified code) are indexed by their parts only."""
 PASSAGE_CHARS = 1200
@@ -46,8 +53,6 @@ MAX_PASSAGES_PER_MESSAGE = 64
 MAX_FIELD = 0xFFFF  # term frequency and passage length are stored in 16 bits
 K1 = 1.2
 B = 0.75
-
-Provider = Literal["openai", "anthropic", "gemini"]
 
 # -- tokenization ---------------------------------------------------------------------
 _WORD = re.compile(r"\w[\w./\\:@#+~\-]*")
@@ -234,17 +239,6 @@ def bm25(postings: Mapping[str, Iterable[Posting]], df: Mapping[str, int], *, n_
     return {pid: (score, where[pid]) for pid, score in sums.items()}
 
 
-class RecallHit(BaseModel):
-    """One recalled passage: its message's log index and role, the text, the score."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    index: int
-    role: str
-    text: str
-    score: float
-
-
 def best_per_message(scores: Mapping[int, tuple[float, int]],
                      n: int | None = None) -> list[tuple[int, float, int]]:
     """``(pid, score, index)`` of each message's best passage, best first (ties: newer
@@ -323,63 +317,6 @@ def parse_tool_arguments(arguments: str | Mapping[str, Any]) -> RecallQuery:
                            field="arguments")
     return validate_query(arguments.get("query"), limit=arguments.get("limit", DEFAULT_LIMIT),
                           start=arguments.get("start"), end=arguments.get("end"))
-
-
-# -- the tool -------------------------------------------------------------------------
-TOOL_NAME = "recall"
-TOOL_DESCRIPTION = (
-    "Search the earlier part of this conversation that was summarized away and get the "
-    "original messages back, verbatim. Use exact words: file paths, identifiers, error "
-    "codes, numbers, commands. Returns the best-matching passages with their message index.")
-_PARAMETERS: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "query": {"type": "string",
-                  "description": "words to look for, e.g. 'src/app/main.py ERR_CONN_RESET'"},
-        "limit": {"type": "integer", "description": f"passages to return (1-{MAX_LIMIT}, "
-                                                    f"default {DEFAULT_LIMIT})"},
-        "start": {"type": "integer", "description": "first message index to search"},
-        "end": {"type": "integer", "description": "search messages before this index"},
-    },
-    "required": ["query"],
-}
-
-
-def recall_tool(provider: Provider = "openai") -> dict[str, Any]:
-    """The ``recall`` tool in ``provider``'s format (OpenAI Chat Completions function
-    tool, Anthropic Messages tool, Gemini function declaration)."""
-    import copy
-
-    params = copy.deepcopy(_PARAMETERS)
-    if provider == "openai":
-        return {"type": "function", "function": {
-            "name": TOOL_NAME, "description": TOOL_DESCRIPTION,
-            "parameters": {**params, "additionalProperties": False}}}
-    if provider == "anthropic":
-        return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": params}
-    if provider == "gemini":
-        return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": params}
-    raise InvalidInput("must be 'openai', 'anthropic' or 'gemini'", field="provider")
-
-
-NOTICE = ("Earlier details can be recalled with the `recall` tool: call it with exact words "
-          "(file paths, identifiers, error codes, numbers, commands) to get the original "
-          "messages back verbatim, instead of guessing.")
-
-
-def notice(watermark: int) -> str:
-    """The line a summary carries so the model knows it can recall messages ``[0, w)``."""
-    if isinstance(watermark, bool) or not isinstance(watermark, int) or watermark < 0:
-        raise InvalidInput("must be a non-negative integer", field="watermark")
-    return f"{NOTICE} Messages 0-{max(watermark - 1, 0)} are searchable."
-
-
-def render_hits(hits: Sequence[RecallHit]) -> str:
-    """A tool result text for the model: one block per hit, newest context marked."""
-    if not hits:
-        return "No earlier message matches. Try other exact words (a path, an identifier)."
-    return "\n\n".join(f"[message {h.index}, {h.role}, score {h.score:.2f}]\n{h.text}"
-                       for h in hits)
 
 
 __all__ = [

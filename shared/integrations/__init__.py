@@ -8,7 +8,9 @@ only there (install the matching extra):
 - :mod:`shared.integrations.pydantic_ai`: ``ContextGuardCapability`` for pydantic-ai
   agents (``pip install 'context-compaction[pydantic-ai]'``).
 - :mod:`shared.integrations.agents_sdk`: ``GuardedSession`` for the OpenAI Agents SDK
-  (``pip install 'context-compaction[openai-agents]'``).
+  (``pip install 'context-compaction[openai-agents]'``); its budget filter and
+  model wrapper are in :mod:`shared.integrations.agents_run`, and the item
+  mapping, which needs no SDK, in :mod:`shared.integrations.agents_items`.
 
 This package itself imports nothing optional: ``import shared.integrations``
 works with no framework installed.
