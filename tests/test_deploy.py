@@ -231,7 +231,7 @@ def test_secrets_are_files_mounted_where_the_file_variables_point(
         rendered: dict[str, Any]) -> None:
     """Every *_FILE variable names a secret the service mounts; no secret is a variable."""
     assert set(rendered["secrets"]) == {"redis_password", "flower_basic_auth",
-                                        "summarizer_api_key"}
+                                        "summarizer_api_key", "server_tokens"}
     for secret in rendered["secrets"].values():
         assert set(secret) == {"file"}, secret  # a host file, not an external or env secret
     for name, service in rendered["services"].items():
