@@ -492,3 +492,23 @@ def test_repeated_call_ids_are_made_unique_at_append(store: SessionStore) -> Non
     assert first == "call_0" and second != first and second.startswith("call_0-r")
     assert log[2].tool_call_id == first and log[4].tool_call_id == second
     assert log[4].metadata["wire_ids"] == {second: "call_0"}
+
+
+def test_an_edit_gives_removed_call_ids_back(store: SessionStore) -> None:
+    """A call re-sent after the edit that removed it keeps its own id: the session's id
+    map must not outlive the messages it points at."""
+    def call_turn(text: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": text},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "name": "ls", "arguments": "{}"}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
+
+    store.append("s", call_turn("first"))
+    store.append("s", call_turn("second"))  # a real repeat: renamed
+    assert store.messages("s")[4].tool_calls[0].id != "c1"
+    store.truncate_after("s", 3)  # the repeat is gone: c1 maps to the first call again
+    store.append("s", [{"role": "tool", "tool_call_id": "c1", "content": "late result"}])
+    assert store.messages("s")[3].tool_call_id == "c1"
+    store.truncate_after("s", 0)  # nothing left: c1 is free
+    store.append("s", call_turn("again"))
+    assert store.messages("s")[1].tool_calls[0].id == "c1"

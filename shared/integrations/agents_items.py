@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from shared.core.callids import wire_id
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 
@@ -269,7 +270,8 @@ def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
     for m in messages:
         meta = m.metadata
         if m.role == "tool":
-            item: dict[str, Any] = {"type": "function_call_output", "call_id": m.tool_call_id,
+            call_id = wire_id(m, m.tool_call_id) if m.tool_call_id else m.tool_call_id
+            item: dict[str, Any] = {"type": "function_call_output", "call_id": call_id,
                                     "output": _parts_out(m.content)}
             if ID in meta:
                 item["id"] = meta[ID]
@@ -290,10 +292,11 @@ def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
                     items.append({"role": "assistant", "content": text})
             calls = meta.get(CALL_IDS, {})
             for c in m.tool_calls:
-                call: dict[str, Any] = {"type": "function_call", "call_id": c.id,
+                provider_id = wire_id(m, c.id)  # the store may have renamed a repeated id
+                call: dict[str, Any] = {"type": "function_call", "call_id": provider_id,
                                         "name": c.name, "arguments": c.arguments}
-                if c.id in calls:
-                    call["id"] = calls[c.id]
+                if provider_id in calls:
+                    call["id"] = calls[provider_id]
                 items.append(call)
         else:
             role = "developer" if meta.get(ROLE) == "developer" else m.role

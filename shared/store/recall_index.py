@@ -105,9 +105,17 @@ def recall_keys(store: SessionStore | AsyncSessionStore, session_id: str) -> Rec
 _SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
 
 
+def _client(store: Any) -> Any:
+    """The Redis client of ``store``; a tenant handle hides it from callers, not from
+    the store layer (:func:`shared.store.tenancy.backing_store`)."""
+    from shared.store.tenancy import backing_store  # tenancy imports the store modules
+
+    return backing_store(store).redis
+
+
 def _script(store: SessionStore, name: str) -> Script:
     """Registered once per client (scripts are bound to the client, not the tenant)."""
-    return _registered(store.redis, name)  # type: ignore[no-any-return]
+    return _registered(_client(store), name)  # type: ignore[no-any-return]
 
 
 def _registered(client: Any, name: str) -> Any:
@@ -177,7 +185,7 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         expected_pid = meta.get("next_pid") or ""
         while hwm < target:
             stop = min(target, hwm + BATCH_MESSAGES)
-            raw = store.redis.lrange(k.log, hwm, stop - 1)
+            raw = _client(store).lrange(k.log, hwm, stop - 1)
             if not raw:
                 break  # the log was cut under us
             added = _add_batch(store, k, raw, hwm, gen, next_pid, expected_pid)
@@ -200,8 +208,8 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
 def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:
     """Every term key expires with the rest of the index, not only the ones this
     batch touched (a term seen only early on would otherwise expire first)."""
-    terms = [_s(t) for t in store.redis.hkeys(k.df)]
-    pipe = store.redis.pipeline(transaction=False)
+    terms = [_s(t) for t in _client(store).hkeys(k.df)]
+    pipe = _client(store).pipeline(transaction=False)
     for term in terms:
         pipe.expire(k.term(term), ttl)
     for key in (k.meta, k.df, k.doc, k.mp):
@@ -210,7 +218,7 @@ def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:
 
 
 def _read_heads(store: SessionStore, k: RecallKeys) -> tuple[dict[str, str], list[Any], int]:
-    pipe = store.redis.pipeline(transaction=False)
+    pipe = _client(store).pipeline(transaction=False)
     pipe.hgetall(k.meta)
     pipe.hmget(k.state, "gen", "watermark")
     pipe.llen(k.log)
@@ -266,11 +274,11 @@ def drop_index(store: SessionStore, session_id: str) -> None:
     """Delete a session's whole index (also call it from ``delete_session``)."""
     k = recall_keys(store, session_id)
     with redis_errors("recall drop"):
-        terms = [_s(t) for t in store.redis.hkeys(k.df)]
+        terms = [_s(t) for t in _client(store).hkeys(k.df)]
         # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
         keys = [*(k.term(t) for t in terms), k.meta, k.df, k.doc, k.mp]
         for i in range(0, len(keys), 1000):
-            pipe = store.redis.pipeline(transaction=False)
+            pipe = _client(store).pipeline(transaction=False)
             for key in keys[i:i + 1000]:
                 pipe.delete(key)
             pipe.execute()
@@ -280,7 +288,7 @@ def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
     """High-water mark, passages, distinct terms and postings bytes of the index."""
     k = recall_keys(store, session_id)
     with redis_errors("recall stats"):
-        pipe = store.redis.pipeline(transaction=False)
+        pipe = _client(store).pipeline(transaction=False)
         pipe.hmget(k.meta, "hwm", "n_docs", "total_len")
         pipe.hlen(k.df)
         (hwm, n_docs, total), terms = pipe.execute()
@@ -351,7 +359,7 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
         try:
             step = next(steps)
             while True:
-                step = steps.send(_send(store.redis, step))
+                step = steps.send(_send(_client(store), step))
         except StopIteration as done:
             return list(done.value)
 
@@ -368,7 +376,7 @@ async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
         try:
             step = next(steps)
             while True:
-                step = steps.send(await _send(store.redis, step))
+                step = steps.send(await _send(_client(store), step))
         except StopIteration as done:
             return list(done.value)
 

@@ -345,7 +345,8 @@ class SessionStore(LeaseOps):
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise InvalidInput("must be a non-negative integer", field="index")
         k = self.keys(session_id)
-        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap]
+        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap,
+                commands.ids_key(k)]
         try:
             raw = self._script("truncate_after", "truncate", keys, [index, self._ttl])
         except redis.exceptions.ResponseError as exc:

@@ -84,6 +84,17 @@ class TenantStore(_Handle):
         return self
 
 
+def backing_store(handle: SessionStore) -> SessionStore:
+    """The store behind a tenant handle (a plain store is its own), for the store
+    layer's own modules only: the recall index runs scripts on keys it derives
+    from ``handle.keys(session_id)``, which the handle validated into its tenant.
+    An ACL-bound connection (:func:`connect_tenant`) still confines it."""
+    if isinstance(handle, TenantStore):
+        inner: SessionStore = object.__getattribute__(handle, "_TenantStore__store")
+        return inner
+    return handle
+
+
 def tenant_username(tenant: str, prefix: str = "cmp") -> str:
     return f"{prefix}-tenant-{validate_tenant(tenant)}"
 

@@ -12,6 +12,10 @@
 --                         decisions before it that point at a message at or past it
 --                         (a dedupe_read placeholder whose later read the edit
 --                         removed would hide the only remaining copy)
+-- KEYS[7] ids      hash   provider tool-call id -> stored id of its newest call: a
+--                         call the edit removes gives its provider id back to the
+--                         newest earlier call of it (or frees it), so a call
+--                         appended again after the edit keeps its own id
 -- ARGV[1] index (0 <= index <= length)
 -- ARGV[2] ttl in seconds (0 = no expiry)
 --
@@ -23,6 +27,47 @@ local len = redis.call('LLEN', KEYS[1])
 if index < 0 or index > len then
   return redis.error_reply('INDEX_OUT_OF_RANGE ' .. len)
 end
+
+-- (provider id, stored id) of every tool call in messages [from, to)
+local function calls_in(from, to, only)
+  local found = {}
+  if to <= from then return found end
+  for _, raw in ipairs(redis.call('LRANGE', KEYS[1], from, to - 1)) do
+    if string.find(raw, '"tool_calls"', 1, true) and (only == nil
+        or string.find(raw, only, 1, true)) then
+      local ok, m = pcall(cjson.decode, raw)
+      if ok and type(m) == 'table' and type(m['tool_calls']) == 'table' then
+        local wire = type(m['metadata']) == 'table' and m['metadata']['wire_ids'] or nil
+        for _, call in ipairs(m['tool_calls']) do
+          local stored = call['id']
+          local provider = type(wire) == 'table' and wire[stored] or stored
+          if type(stored) == 'string' and type(provider) == 'string' then
+            found[#found + 1] = {provider, stored}
+          end
+        end
+      end
+    end
+  end
+  return found
+end
+
+if KEYS[7] and index < len then
+  for _, pair in ipairs(calls_in(index, len, nil)) do
+    local provider, stored = pair[1], pair[2]
+    if redis.call('HGET', KEYS[7], provider) == stored then
+      local previous = nil
+      for _, older in ipairs(calls_in(0, index, provider)) do
+        if older[1] == provider then previous = older[2] end
+      end
+      if previous then
+        redis.call('HSET', KEYS[7], provider, previous)
+      else
+        redis.call('HDEL', KEYS[7], provider)
+      end
+    end
+  end
+end
+
 if index == 0 then
   redis.call('DEL', KEYS[1], KEYS[2])
 else
