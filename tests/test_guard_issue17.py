@@ -132,8 +132,9 @@ def test_a_correct_usage_report_never_triggers_recovery(guard: Any) -> None:
 
 
 def test_usage_is_compared_with_the_estimate_of_what_was_sent() -> None:
-    """Like with like: a usage-anchored estimate far below the raw heuristic (a provider
-    that counts images or a dense script as few tokens) is what the report is held to."""
+    """Like with like: the report is held to the calibrated heuristic of the request
+    that was sent (a provider that counts a dense script as few tokens has taught the
+    calibration so), not to the estimate anchored on the previous report."""
     from shared.core.guard_state import Sent, usage_fields
     from shared.core.records import SessionState
 
@@ -144,3 +145,13 @@ def test_usage_is_compared_with_the_estimate_of_what_was_sent() -> None:
     assert "recover_next" not in fields and fields["anchor_version"] == 3
     assert usage_fields(1_000, sent)["recover_next"] == 1  # a fifth of what was sent: truncated
     assert usage_fields(200_000, sent)["recover_next"] == 1  # more than the window
+
+
+def test_a_provider_that_keeps_under_reporting_cannot_vouch_for_itself(guard: Any) -> None:
+    """Every report says 900 tokens while the requests grow past the window: the anchored
+    estimate would believe it turn after turn; the calibrated heuristic does not."""
+    for i in range(12):
+        pending = coding_turn(i, 3000)
+        guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o", pending=pending[:1])
+        guard.record_turn("s", pending, usage={"prompt_tokens": 900})
+    assert guard.store.state("s").silent_truncation_flags > 0

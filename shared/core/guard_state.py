@@ -266,14 +266,16 @@ def _truncation(snap: CachedView, counter: TokenCounter, dropped: int,
 def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
     """State fields learned from the provider's reported prompt tokens for ``sent``.
 
-    Like with like: the report is compared with the calibrated estimate of
+    Like with like: the report is compared with the calibrated heuristic of
     *that* request (what was actually sent, whatever landed since), and the
     fields are applied only at the version it was built at (the append
     checks). Silent truncation is suspected only when the provider saw more
-    than its window, or far less than the request that was sent.
+    than its window, or far less than the request that was sent. Not the
+    hybrid estimate: it is anchored on the previous report, so a provider
+    that keeps under-reporting would vouch for itself.
     """
     state, window = sent.state, sent.window
-    expected = max(sent.estimate, 1)
+    expected = max(math.ceil(sent.heuristic * state.calibration_ratio - 1e-9), 1)
     if window and (reported > window or (expected > 1000 and
                                          reported < expected * SILENT_TRUNCATION_RATIO)):
         return {"silent_truncation_flags": state.silent_truncation_flags + 1,
