@@ -151,7 +151,7 @@ def test_a_provider_that_keeps_under_reporting_cannot_vouch_for_itself(guard: An
     """Every report says 900 tokens while the requests grow past the window: the anchored
     estimate would believe it turn after turn; the calibrated heuristic does not."""
     for i in range(12):
-        pending = coding_turn(i, 3000)
+        pending = coding_turn(i, 1500)
         guard.prepare("s", SYSTEM, max_tokens=500, model="gpt-4o", pending=pending[:1])
         guard.record_turn("s", pending, usage={"prompt_tokens": 900})
     assert guard.store.state("s").silent_truncation_flags > 0
