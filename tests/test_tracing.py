@@ -74,7 +74,12 @@ def test_without_opentelemetry_spans_are_no_ops(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_no_span_no_header_the_message_stays_send_tasks(redis_url: str, queue: str,
-                                                        exporter: InMemorySpanExporter) -> None:
+                                                        exporter: InMemorySpanExporter,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # metrics off, whatever an earlier test installed (they add compaction_sent_at)
+    from shared.telemetry import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "_current", metrics_module.NullMetrics())
     enqueuer = CeleryEnqueuer(publisher_app(redis_url), queue=queue)
     enqueuer.enqueue("default", "s1")
     with tracing.span("agent turn"):
