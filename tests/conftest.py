@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ import pytest
 import redis
 
 from shared.core.config import StoreConfig
+from shared.enqueue import CallbackEnqueuer
 from shared.store.sessions import SessionStore
 from tests.fakes_support import WORDS
+from tests.guard_shells import SHELLS, Recorder, make
 from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
 from workers.harness.stack.redis_server import RedisServer, find_redis
 from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
@@ -90,3 +93,27 @@ def gemini() -> Iterator[FakeGeminiServer]:
     """A fake Gemini server with a 1,000-word window (counts are words)."""
     with FakeGeminiServer(window=1000, counter=WORDS) as fake:
         yield fake
+
+
+# -- the guard on both shells (tests/guard_shells.py); a test module may override these --
+
+
+@pytest.fixture
+def jobs() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    """Every test that builds its guard through ``make_guard`` runs on both shells."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_guard(shell: str) -> Callable[..., Any]:
+    return functools.partial(make, shell)
+
+
+@pytest.fixture
+def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
+    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})

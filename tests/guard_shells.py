@@ -74,3 +74,11 @@ def make(shell: str, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -
     if shell == "sync":
         return ContextGuard(store, enqueuer, **kwargs)
     return AsyncShell(store, enqueuer, **kwargs)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.jobs: list[tuple[str, str]] = []
+
+    def __call__(self, tenant: str, session_id: str) -> None:
+        self.jobs.append((tenant, session_id))

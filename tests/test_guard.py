@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
-from tests.guard_shells import SHELLS, make
+from tests.guard_shells import Recorder
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.stack.redis_server import ReplyDroppingProxy
 
@@ -39,34 +38,6 @@ def coding_turn(i: int, output_chars: int = 4000) -> list[dict[str, Any]]:
         {"role": "assistant", "content": f"Fixed the off-by-one in {path} (step {i})."},
     ]
 
-
-class Recorder:
-    def __init__(self) -> None:
-        self.jobs: list[tuple[str, str]] = []
-
-    def __call__(self, tenant: str, session_id: str) -> None:
-        self.jobs.append((tenant, session_id))
-
-
-@pytest.fixture
-def jobs() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture(params=SHELLS)
-def shell(request: pytest.FixtureRequest) -> str:
-    """Every test that builds its guard through ``make_guard`` runs on both shells."""
-    return str(request.param)
-
-
-@pytest.fixture
-def make_guard(shell: str) -> Callable[..., Any]:
-    return functools.partial(make, shell)
-
-
-@pytest.fixture
-def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
-    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
 
 def test_empty_session_view(guard: ContextGuard) -> None:
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",

@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from shared.core.config import CompactionPolicy
 from shared.core.messages import Message
 from shared.core.records import SummaryRecord
 from shared.core.repair import validate_view
 from shared.core.view import pairs_intact
-from shared.enqueue import CallbackEnqueuer
 from shared.store.sessions import SessionStore
-from tests.guard_shells import SHELLS, make
-from tests.test_guard import SYSTEM, Recorder, coding_turn
-
-
-@pytest.fixture
-def jobs() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture(params=SHELLS)
-def shell(request: pytest.FixtureRequest) -> str:
-    """Every test that builds its guard through ``make_guard`` runs on both shells."""
-    return str(request.param)
-
-
-@pytest.fixture
-def make_guard(shell: str) -> Callable[..., Any]:
-    return functools.partial(make, shell)
-
-
-@pytest.fixture
-def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
-    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+from tests.test_guard import SYSTEM, coding_turn
 
 
 def test_an_edit_never_leaves_a_pointer_to_a_removed_read(make_guard: Callable[..., Any],

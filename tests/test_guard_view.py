@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,32 +16,10 @@ from shared.core.records import CheapDecision, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
 from shared.core.wire import to_openai
-from shared.enqueue import CallbackEnqueuer
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.strategies import any_conversations, conversations, damaged_conversations
-from tests.test_guard import SYSTEM, Recorder, coding_turn
-
-
-@pytest.fixture
-def jobs() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture(params=SHELLS)
-def shell(request: pytest.FixtureRequest) -> str:
-    """Every test that builds its guard through ``make_guard`` runs on both shells."""
-    return str(request.param)
-
-
-@pytest.fixture
-def make_guard(shell: str) -> Callable[..., Any]:
-    return functools.partial(make, shell)
-
-
-@pytest.fixture
-def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
-    return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+from tests.test_guard import SYSTEM, coding_turn
 
 # -- the view cache agrees with the store -------------------------------------------------------
 OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "commit", "truncate",
