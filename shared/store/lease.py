@@ -22,9 +22,10 @@ no request can land between the last look and the release. After
 :data:`MAX_RERUN_ROUNDS` rounds it releases and hands the rest to a
 follow-up job.
 
-Renewal. A thread of the job extends the lease every third of its TTL
-(:class:`Renewal`), no longer than the job's hard time limit: a job that
-outlives it (the threads pool cannot kill it) lets its lease expire.
+Renewal. A holder takes the lease for at most :data:`HOLD_TTL_SECONDS` and a
+thread of the job extends it every third of that (:class:`Renewal`), no
+longer than the job's hard time limit: a job that outlives it (the threads
+pool cannot kill it) lets its lease expire, and a killed one's expires soon.
 
 Fencing. A holder commits with its token (:meth:`LeaseOps.commit_under_lease`):
 ``commit_summary.lua`` checks it against the lease in the same script as the
@@ -38,6 +39,9 @@ requests to a follow-up job (after the lease's TTL if it could not release),
 at most :data:`MAX_HANDOFFS` times in a row; then they leave the flag as
 failed, in the session's state (``requests_failed``, ``last_request_failure``:
 ``guard.stats()``, ``compaction stats``) and the task's result: never unseen.
+A busy job also sends a follow-up for when the holder's lease would expire:
+a holder killed with ``-9`` runs nothing, and its redelivered job may still
+find the lease held; the follow-up takes the requests over.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import CommitResult, SummaryRecord
+from shared.store.requests import Request, distinct
 
 if TYPE_CHECKING:
     from shared.core.config import StoreConfig
@@ -63,6 +68,7 @@ log = logging.getLogger("compaction.lease")
 MAX_RERUN_ROUNDS = 3  # rounds of "take the requests left while we held it, run them"
 MAX_HANDOFFS = 3  # follow-up jobs in a row after failures, then requests are failed
 LEASE_LOST = "lease_lost"  # an outcome whose commit was refused: the lease was lost
+HOLD_TTL_SECONDS = 30.0  # a holder renews in steps of this: a killed one's lease is gone soon
 
 
 def _lines(raw: Any) -> list[str]:
@@ -124,6 +130,11 @@ class LeaseOps:
     def extend_lease(self, session_id: str, token: str, ttl_seconds: float | None = None) -> bool:
         return bool(self._lease("extend_lease", session_id, token, "extend", ttl_seconds))
 
+    def lease_remaining(self, session_id: str) -> float:
+        """Seconds before the session's lease expires (0: free)."""
+        ms = self._run("lease_remaining", lambda: self.redis.pttl(self.keys(session_id).lease))
+        return max(int(ms), 0) / 1000
+
     def release_lease(self, session_id: str, token: str) -> bool:
         """Release if still the owner; what it took is forgotten (ran or put back)."""
         return bool(self._lease("release_lease", session_id, token, "release"))
@@ -166,36 +177,6 @@ class LeaseOps:
         self._run("record_request_failure", lambda: self.redis.pipeline(transaction=True)
                   .hincrby(k.state, "requests_failed", max(1, len(requests)))
                   .hset(k.state, "last_request_failure", detail).execute())
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """What one job was asked to do; left in the dirty flag when the lease is busy."""
-
-    force: bool = False
-    keep_recent: int | None = None
-    manual: bool = False
-
-    def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def decode(cls, line: str) -> Request:
-        """Anything unreadable (a flag from an older version: "1") is a plain rerun."""
-        try:
-            data = json.loads(line)
-            keep = data.get("keep_recent")
-            return cls(force=data.get("force") is True, manual=data.get("manual") is True,
-                       keep_recent=keep if isinstance(keep, int) and not isinstance(keep, bool)
-                       and keep >= 0 else None)
-        except (ValueError, AttributeError):
-            return cls()
-
-
-def distinct(lines: list[str]) -> list[Request]:
-    """The requests to run, each once, in arrival order; a plain rerun goes last."""
-    seen = dict.fromkeys(map(Request.decode, lines or [""]))  # ordered, each once
-    return sorted(seen, key=lambda r: r == Request())
 
 
 class Renewal:
@@ -265,12 +246,14 @@ class LeaseHolder(Generic[O]):
     def run(self, request: Request) -> bool:
         """False when the lease was busy (the request is left to the holder)."""
         self._until = time.monotonic() + self.time_limit
+        self.ttl_seconds = min(self.ttl_seconds, HOLD_TTL_SECONDS)
         own: Request | None = request
         token = self.store.claim(self.session_id, self.ttl_seconds)  # clears pending too
         if token is None:
             self.store.mark_dirty(self.session_id, request.encode())
             token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
             if token is None:
+                self._watch_holder()
                 return False
             own = None  # in the flag now: finish() runs it
         with self._held(token):
@@ -280,6 +263,17 @@ class LeaseHolder(Generic[O]):
         if not finished:
             self._settle()
         return True
+
+    def _watch_holder(self) -> None:
+        """A live holder runs the request before it ends; a killed one (-9) runs nothing,
+        so a follow-up job comes once its lease would have expired and takes over."""
+        if self.handoff >= MAX_HANDOFFS:
+            return
+        countdown = self.store.lease_remaining(self.session_id) + 1.0
+        try:
+            self.follow_up(countdown, self.handoff + 1)
+        except Exception as exc:  # the next turn's job finds the request in the flag
+            log.warning("busy %s: follow-up job not sent: %s", self.session_id, exc)
 
     @contextmanager
     def _held(self, token: str) -> Iterator[None]:
@@ -393,5 +387,5 @@ class LeaseHolder(Generic[O]):
         log.error("requests for %s given up: %s", self.session_id, error)
 
 
-__all__ = ["LEASE_LOST", "MAX_HANDOFFS", "MAX_RERUN_ROUNDS", "LeaseHolder", "LeaseOps",
-           "Renewal", "Request", "distinct"]
+__all__ = ["HOLD_TTL_SECONDS", "LEASE_LOST", "MAX_HANDOFFS", "MAX_RERUN_ROUNDS", "LeaseHolder",
+           "LeaseOps", "Renewal", "Request", "distinct"]
