@@ -39,7 +39,8 @@ from shared.core.facts import extract_facts
 from shared.core.messages import Message
 from shared.core.recall import index_text, validate_query
 from shared.core.records import SummaryRecord
-from shared.store.recall_index import IndexReport, drop_index, index_compacted, recall
+from shared.store.recall_index import IndexReport, drop_index, index_compacted
+from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from workers.compactor import Compactor
 from workers.harness.replay.sessions import load_sessions

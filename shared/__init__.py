@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "RecallHit": "shared.core.recall",
     "recall_tool": "shared.core.recall",
-    "answer_recall_call": "shared.store.recall_index",
+    "answer_recall_call": "shared.store.recall_query",
     "AsyncContextGuard": "shared.guard",
     "AsyncSessionStore": "shared.store.aio",
     "BadSummary": "shared.core.errors",
@@ -276,5 +276,5 @@ if TYPE_CHECKING:
     )
     from shared.guard import AsyncContextGuard, ContextGuard, PreparedView, ViewReport
     from shared.store.aio import AsyncSessionStore, connect_async
-    from shared.store.recall_index import answer_recall_call
+    from shared.store.recall_query import answer_recall_call
     from shared.store.sessions import SessionStore, connect, connect_cluster

@@ -1,5 +1,5 @@
 """``recall`` on both guard shells: the sync one over redis-py, the async one over
-redis.asyncio (the same sans-I/O query, shared.store.recall_index.recall_steps)."""
+redis.asyncio (the same sans-I/O query, shared.store.recall_query.recall_steps)."""
 
 from __future__ import annotations
 

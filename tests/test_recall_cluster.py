@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.store.recall_index import drop_index, forget_after, index_compacted, recall
+from shared.store.recall_index import drop_index, forget_after, index_compacted
+from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from tests.test_recall_index import commit, fill
 from tests.test_store_cluster import cluster, cluster62, cluster_store  # noqa: F401

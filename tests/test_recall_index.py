@@ -13,14 +13,8 @@ import shared.store.recall_index as recall_index_module
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.records import SummaryRecord
-from shared.store.recall_index import (
-    answer_recall_call,
-    drop_index,
-    forget_after,
-    index_compacted,
-    index_stats,
-    recall,
-)
+from shared.store.recall_index import drop_index, forget_after, index_compacted, index_stats
+from shared.store.recall_query import answer_recall_call, recall
 from shared.store.sessions import SessionStore
 from workers.compactor import Compactor
 from workers.summarizer.engine import SummaryEngine

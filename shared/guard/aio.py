@@ -34,7 +34,7 @@ from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard._shell import GuardShell, check_request
-from shared.store import recall_index
+from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.keys import validate_session_id
 
@@ -244,9 +244,9 @@ class AsyncContextGuard(GuardShell):
         """Messages of the session's compacted range that best match ``query``, best first.
 
         The sync guard's query over redis.asyncio: the same sans-I/O steps
-        (:func:`shared.store.recall_index.recall_steps`), each reply awaited.
+        (:func:`shared.store.recall_query.recall_steps`), each reply awaited.
         """
-        return await recall_index.recall_async(self.store, session_id, query, limit=limit,
+        return await recall_query.recall_async(self.store, session_id, query, limit=limit,
                                                start=start, end=end)
 
     async def stats(self, session_id: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
 from shared.guard._shell import GuardShell, check_request
-from shared.store import recall_index
+from shared.store import recall_query
 from shared.store.keys import validate_session_id
 from shared.store.sessions import SessionStore
 
@@ -232,11 +232,11 @@ class ContextGuard(GuardShell):
                start: int | None = None, end: int | None = None) -> list[RecallHit]:
         """Messages of the session's compacted range that best match ``query``, best first.
 
-        See :func:`shared.store.recall_index.recall`: ``end`` defaults to the
+        See :func:`shared.store.recall_query.recall`: ``end`` defaults to the
         watermark; nothing past a history edit is returned; :class:`InvalidInput`
         for a bad query or range, :class:`SessionNotFound` for an unknown session.
         """
-        return recall_index.recall(self.store, session_id, query, limit=limit, start=start,
+        return recall_query.recall(self.store, session_id, query, limit=limit, start=start,
                                    end=end)
 
     def stats(self, session_id: str) -> dict[str, Any]:

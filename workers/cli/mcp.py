@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
 from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, render_hits
-from shared.store.recall_index import index_stats, recall
+from shared.store.recall_index import index_stats
+from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from workers.cli._common import guard_for, load_session, open_store, store_errors
 from workers.settings import Settings
