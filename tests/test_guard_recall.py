@@ -116,3 +116,51 @@ def test_redis_down_is_store_unavailable(shell: str) -> None:
     guard = make(shell, SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg))
     with pytest.raises(StoreUnavailable):
         guard.recall("s", "handler_1")
+
+
+def _system_text(view: Any) -> str:
+    return "\n".join(str(m.content) for m in view.messages if m.role in ("system", "user")
+                     and "conversation_summary" in str(m.content))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
+def test_summary_tells_the_model_about_recall_only_when_offered(store: SessionStore,
+                                                                shell: str,
+                                                                provider: str) -> None:
+    from shared.core.recall_tool import NOTICE, recall_tool
+
+    fill(store, "s", range(30))
+    compact(store, "s", 40)
+    guard = make(shell, store)
+    other = {"type": "function", "function": {"name": "read_file", "parameters": {}}}
+    plain = guard.prepare("s", "be brief", tools=[other])
+    offered = guard.prepare("s", "be brief", tools=[other, recall_tool(provider)])  # type: ignore[arg-type]
+    assert NOTICE not in _system_text(plain)
+    text = _system_text(offered)
+    assert NOTICE in text and "Messages 0-39 are searchable." in text
+    # the notice is counted in the summary region, not hidden from the budget
+    grew = offered.report.budget.summary - plain.report.budget.summary
+    assert 20 < grew < 80
+    assert offered.report.estimated_prompt_tokens > plain.report.estimated_prompt_tokens
+    # nothing summarized away yet: no notice, whatever the tools
+    fill(store, "fresh", range(3))
+    assert NOTICE not in str(guard.prepare("fresh", "x", tools=[recall_tool("openai")]).messages)
+
+
+def test_recall_notice_can_be_switched_off(store: SessionStore, shell: str) -> None:
+    from shared.core.config import CompactionPolicy
+    from shared.core.recall_tool import NOTICE, recall_tool
+
+    fill(store, "s", range(30))
+    compact(store, "s", 40)
+    guard = make(shell, store, policy=CompactionPolicy(recall_notice=False))
+    assert NOTICE not in _system_text(guard.prepare("s", "x", tools=[recall_tool("openai")]))
+
+
+def test_gemini_tool_object_with_declarations_counts_as_offered() -> None:
+    from shared.core.recall_tool import offers_recall, recall_tool
+
+    assert offers_recall([{"function_declarations": [recall_tool("gemini")]}])
+    assert offers_recall([{"type": "function", "name": "recall", "parameters": {}}])
+    assert not offers_recall([{"name": "recall_notes"}, "recall", None])
+    assert not offers_recall(None) and not offers_recall([])

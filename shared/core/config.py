@@ -55,6 +55,8 @@ class CompactionPolicy(BaseModel):
     max_summary_tokens: int = Field(default=2_000, gt=0)
     max_ledger_chars: int = Field(default=4_000, gt=0)
     summary_placement: Literal["system", "message"] = "system"
+    recall_notice: bool = Field(default=True, description="when a request offers the recall "
+                                "tool, its summary says what can be recalled and how")
     proactive: bool = Field(default=True, description="kill switch; recovery stays on regardless")
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ from shared.core.config import CompactionPolicy
 from shared.core.messages import Message
 from shared.core.pairs import pairs_intact, scan_pairs
 from shared.core.prepared import PreparedView, ViewReport
+from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import TokenCounter
@@ -61,6 +62,7 @@ class Request:
     extra: Sequence[Message] = ()
     extra_tokens: Sequence[int] = ()
     force_ratio: float | None = None
+    recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +166,13 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     extra, extra_tokens = _unique_pending(list(req.extra), snap), list(req.extra_tokens)
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
+    notice, notice_tokens = _notice(snap.summary, req, counter)
 
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
-                                     tools=req.tool_tokens, extra=sum(extra_tokens))
+                                     tools=req.tool_tokens, extra=sum(extra_tokens),
+                                     notice=notice_tokens)
         return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
 
     regions, estimated, report = estimate(snap.saved)
@@ -196,8 +200,9 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                                     drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
         summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
+        notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
-        regions = Regions(regions.system, summary.tokens if summary else 0, regions.tools,
+        regions = Regions(regions.system, summary.tokens + notice_tokens, regions.tools,
                           sum(counter.message(m) for m in history), regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
@@ -212,11 +217,11 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     if incremental:  # the head alone; the history is shared with the cache, not copied
         first = (snap.applied[:1] or extra[:1])
         head = assemble(req.system_prompt, summary, first,
-                        placement=policy.summary_placement)[: -1 if first else None]
+                        placement=policy.summary_placement, notice=notice)[: -1 if first else None]
         messages = concat(head, snap.applied, extra)
     else:
         messages = Chunks.of(assemble(req.system_prompt, summary, history,
-                                      placement=policy.summary_placement))
+                                      placement=policy.summary_placement, notice=notice))
     view = PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
         session_id=req.session_id, model=req.model, limits_source=req.limits_source,
         budget=report, estimated_prompt_tokens=estimated,
@@ -233,6 +238,16 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                 enqueue=enqueue, force=truncated,
                 log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
                             + sum(extra_tokens))), snap
+
+
+def _notice(summary: SummaryRecord | None, req: Request,
+            counter: TokenCounter) -> tuple[str, int]:
+    """The recall notice for this request's summary, and its tokens (none without the
+    tool, or without a range summarized away)."""
+    if not req.recall or summary is None or summary.watermark <= 0:
+        return "", 0
+    text = recall_notice(summary.watermark)
+    return text, counter.text(text) + 1  # the line break before it
 
 
 def _history_budget(report: BudgetReport, regions: Regions, estimated: int, window: int,

@@ -22,7 +22,7 @@ DEFAULT_LIMIT = 5
 Provider = Literal["openai", "anthropic", "gemini"]
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "NOTICE", "TOOL_DESCRIPTION", "TOOL_NAME", "Provider",
-           "RecallHit", "notice", "recall_tool", "render_hits"]
+           "RecallHit", "notice", "offers_recall", "recall_tool", "render_hits"]
 
 TOOL_NAME = "recall"
 TOOL_DESCRIPTION = (
@@ -68,6 +68,29 @@ def notice(watermark: int) -> str:
     if isinstance(watermark, bool) or not isinstance(watermark, int) or watermark < 0:
         raise InvalidInput("must be a non-negative integer", field="watermark")
     return f"{NOTICE} Messages 0-{max(watermark - 1, 0)} are searchable."
+
+
+def _tool_names(tool: Any) -> list[str]:
+    if not isinstance(tool, dict):
+        return []
+    names = [tool.get("name")]
+    function = tool.get("function")
+    if isinstance(function, dict):  # OpenAI Chat Completions
+        names.append(function.get("name"))
+    for key in ("function_declarations", "functionDeclarations"):  # Gemini's Tool object
+        declared = tool.get(key)
+        if isinstance(declared, list):
+            names.extend(d.get("name") for d in declared if isinstance(d, dict))
+    return [n for n in names if isinstance(n, str)]
+
+
+def offers_recall(tools: Sequence[Any] | None) -> bool:
+    """True when the request's tools include ``recall``, in any provider's format.
+
+    The summary mentions recall only then: telling a model about a tool it
+    was not given invites calls that fail.
+    """
+    return bool(tools) and any(TOOL_NAME in _tool_names(t) for t in tools or ())
 
 
 class RecallHit(BaseModel):

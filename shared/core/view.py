@@ -31,9 +31,11 @@ SUMMARY_INTRO = (
 )
 
 
-def summary_block(record: SummaryRecord) -> str:
-    """The text injected for a summary: framed, with its fact ledger."""
-    return f"{SUMMARY_INTRO}\n{SUMMARY_OPEN}\n{record.injected_text()}\n{SUMMARY_CLOSE}"
+def summary_block(record: SummaryRecord, notice: str = "") -> str:
+    """The text injected for a summary: framed, with its fact ledger, and ``notice``
+    (how to recall what it replaced) when the request offers the ``recall`` tool."""
+    block = f"{SUMMARY_INTRO}\n{SUMMARY_OPEN}\n{record.injected_text()}\n{SUMMARY_CLOSE}"
+    return f"{block}\n{notice}" if notice else block
 
 
 def apply_cheap(messages: Sequence[Message], offset: int,
@@ -59,13 +61,13 @@ def cheap_savings(decisions: Mapping[int, CheapDecision], start: int, end: int) 
 
 
 def assemble(system_prompt: str, summary: SummaryRecord | None, history: Sequence[Message],
-             *, placement: str = "system") -> list[Message]:
+             *, placement: str = "system", notice: str = "") -> list[Message]:
     """The message list to send, system message first (if any)."""
     out: list[Message] = []
     system = system_prompt
     lead: Message | None = None
     if summary is not None:
-        block = summary_block(summary)
+        block = summary_block(summary, notice)
         # A cut inside a long turn leaves the history starting at an assistant
         # message; Anthropic and Gemini need a user message first, so the
         # summary then leads as that user message.
@@ -114,19 +116,21 @@ def calibrated_total(regions: Regions, state: SessionState, covered_end: int) ->
 
 def view_estimate(state: SessionState, summary: SummaryRecord | None, history_tokens: int,
                   cheap_saved: int, length: int, *, overhead: int, system: int | None = None,
-                  tools: int | None = None, extra: int = 0) -> tuple[Regions, int]:
+                  tools: int | None = None, extra: int = 0,
+                  notice: int = 0) -> tuple[Regions, int]:
     """The one estimate of a view's prompt tokens, for the guard and the workers alike.
 
     ``history_tokens``: store-counted tokens of ``log[watermark:length]``;
     ``cheap_saved``: what the placeholders on those positions save; ``extra``:
     messages not recorded yet (the guard's pending turn). ``system`` and
     ``tools``: the request's own figures when known (the guard), else the
-    ones the session last recorded (a worker). Returns the regions and the
+    ones the session last recorded (a worker). ``notice``: tokens of the recall
+    notice the request's summary carries. Returns the regions and the
     calibrated (hybrid, when a usage anchor holds) total.
     """
     regions = Regions(
         system=state.system_tokens if system is None else system,
-        summary=summary.tokens if summary is not None else 0,
+        summary=summary.tokens + notice if summary is not None else 0,
         tools=state.tool_tokens if tools is None else tools,
         history=history_tokens - cheap_saved + extra,
         overhead=overhead)

@@ -35,6 +35,7 @@ from shared.core.limits import LimitBook, ModelLimits, model_limits, output_rese
 from shared.core.messages import Message, validate_messages
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.prepared import PreparedView, ViewReport
+from shared.core.recall_tool import offers_recall
 from shared.core.records import SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
@@ -117,7 +118,7 @@ class GuardShell:
         self.limits = LimitBook()
         self.views = view_cache if view_cache is not None else ViewCache()
         self._fixed_cache: dict[str, int] = {}
-        self._tools_seen: tuple[Any, int] | None = None
+        self._tools_seen: tuple[Any, int, bool] | None = None
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
         self._pending: OrderedDict[str, list[tuple[Any, Message, int]]] = OrderedDict()
@@ -138,12 +139,13 @@ class GuardShell:
         return self._cached(key, lambda: self.counter.message(
             Message(role="system", content=system_prompt)) if system_prompt else 0)
 
-    def _tool_tokens(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
+    def _tool_figures(self, tools: Sequence[Mapping[str, Any]] | None) -> tuple[int, bool]:
+        """Tokens of the tool definitions, and whether they offer ``recall``."""
         if not tools:
-            return 0
+            return 0, False
         seen = self._tools_seen
         if seen is not None and seen[0] == tools:  # the same definitions as last call
-            return int(seen[1])
+            return int(seen[1]), bool(seen[2])
         try:
             raw = json.dumps(tools, sort_keys=True, default=str)
         except (ValueError, RecursionError) as exc:
@@ -151,8 +153,10 @@ class GuardShell:
                                field="tools") from None
         key = "t" + hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
         tokens = self._cached(key, lambda: self.counter.tools(list(tools)))
-        self._tools_seen = (copy.deepcopy(list(tools)), tokens)  # the caller may mutate its list
-        return tokens
+        offers = offers_recall(tools)
+        # a copy: the caller may mutate its list
+        self._tools_seen = (copy.deepcopy(list(tools)), tokens, offers)
+        return tokens, offers
 
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
         learned = dict(self.limits.as_mapping())
@@ -209,12 +213,14 @@ class GuardShell:
                 state: SessionState | None, extra: list[Message], extra_tokens: list[int],
                 force_ratio: float | None) -> Request:
         limits = self.model_limits(model, state)
+        tool_tokens, offers = self._tool_figures(tools)
         return Request(
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=output_reserve(limits, max_tokens),
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
-            tool_tokens=self._tool_tokens(tools), overhead=self.counter.messages([]),
-            extra=extra, extra_tokens=extra_tokens, force_ratio=force_ratio)
+            tool_tokens=tool_tokens, overhead=self.counter.messages([]),
+            extra=extra, extra_tokens=extra_tokens, force_ratio=force_ratio,
+            recall=self.policy.recall_notice and offers)
 
     def remember(self, session_id: str, sent: Sent) -> None:
         with self._lock:
