@@ -214,3 +214,40 @@ def test_lazy_chunks_decode_once_and_keep_identity() -> None:
     replaced = dropped.replace({0: "z"})
     assert replaced[0] == "z" and replaced[1:] == dropped[1:]
     assert list(concat(["h"], lazy, ["t"])) == ["h", *[("d", r) for r in raw], "t"]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_cut_inside_a_turn_needs_no_repair_per_prepare(shell_name: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A summary cut inside a long turn leaves the history starting at an assistant
+    message; the summary leads as a user message, so the view is valid as it is and the
+    warm prepares of the turn do not repair the whole view again (they once did)."""
+    import shared.core.guard_state as guard_state
+    from shared.core.repair import validate_view
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    turn = [{"role": "user", "content": "fix the build"}]
+    for k in range(6):
+        turn += [{"role": "assistant", "content": "",
+                  "tool_calls": [{"id": f"c{k}", "name": "run", "arguments": "{}"}]},
+                 {"role": "tool", "tool_call_id": f"c{k}", "content": f"output {k}"}]
+    store.append("s", turn)
+    version = store.state("s").version
+    assert store.commit_summary("s", SummaryRecord(watermark=5, kind="offline", text="did 2",
+                                                   tokens=4), version).ok
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    repairs: list[int] = []
+    real = guard_state.repair_tool_pairs
+    monkeypatch.setattr(guard_state, "repair_tool_pairs",
+                        lambda ms: repairs.append(len(ms)) or real(ms))
+    pending: list[dict[str, Any]] = []
+    for k in range(3):
+        view = guard.prepare("s", SYSTEM, model="m", pending=pending)
+        for provider in ("openai", "anthropic", "gemini"):
+            assert validate_view(list(view.messages), provider) == []
+        assert view.messages[1].role == "user" and "did 2" in str(view.messages[1].content)
+        pending = [*pending,
+                   {"role": "assistant", "content": "",
+                    "tool_calls": [{"id": f"p{k}", "name": "run", "arguments": "{}"}]},
+                   {"role": "tool", "tool_call_id": f"p{k}", "content": "ok"}]
+    assert repairs == []

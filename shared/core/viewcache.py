@@ -28,7 +28,7 @@ from typing import Any
 
 from shared.core.chunks import Chunks
 from shared.core.messages import Message
-from shared.core.pairs import PairScan, scan_pairs, scan_shapes, stored_shape
+from shared.core.pairs import PAIRS_START, PairScan, scan_pairs, scan_shapes, stored_shape
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import convert, decode_stored, load_stored
@@ -192,6 +192,14 @@ class _Stored(Sequence[Message]):
         return decode_stored((self.raw[index],))[0]
 
 
+def _scan_start(summary: SummaryRecord | None) -> PairScan:
+    """Where the pair scan of a view's history starts: with a summary, the view opens
+    with a user message whatever the history starts with (the summary leads as one
+    when the cut fell inside a turn, :func:`shared.core.view.assemble`), so a history
+    that starts at an assistant message needs no repair."""
+    return PairScan(begun=True) if summary is not None else PAIRS_START
+
+
 def decode_view(raw: RawView, cached: CachedView | None,
                 wire_update: Any = None) -> CachedView:
     """The session's next cached view from a read and the entry it was made against.
@@ -250,7 +258,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         applied = applied.extend_lazy(new_applied, decode_stored)
         saved += tail_saved
         scan = (scan_shapes(shapes, cached.scan) if drop == 0
-                else scan_pairs(history))
+                else scan_pairs(history, _scan_start(summary)))
         new_counts = raw.message_counts()
         counts = (cached.counts.drop(drop).extend(new_counts)
                   if cached.counts is not None and new_counts is not None else None)
@@ -261,7 +269,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         history = Chunks.lazy(new_raw, decode_stored)
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)
-        scan = scan_shapes(shapes)
+        scan = scan_shapes(shapes, _scan_start(summary))
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
         wire, planned_end = {}, -1
