@@ -32,8 +32,36 @@ OPS = st.lists(st.tuples(st.sampled_from(["turn", "turn", "turn", "commit", "com
 @given(ops=OPS)
 def test_cached_views_equal_fresh_reads(shell_name: str, ops: list[tuple[str, int]]) -> None:
     """Whatever happens to a session, the warm guard's view is the store's view."""
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    check_cached_views(SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c")),
+                       shell_name, ops)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_cached_views_equal_fresh_reads_with_the_change_feed(
+        shell_name: str, ops: list[tuple[str, int]], real_redis: Any) -> None:
+    """The same on a real Redis, where the warm guard skips reads the change feed
+    (client tracking) says are unneeded: the writes go around the guard, to the store."""
+    import secrets
+
+    from shared.store.sessions import connect
+
+    prefix = "t" + secrets.token_hex(5)
+    url = "redis://{host}:{port}/{db}".format(**real_redis.connection_pool.connection_kwargs)
+    try:
+        check_cached_views(SessionStore(connect(url), StoreConfig(key_prefix=prefix)),
+                           shell_name, ops, feed=True)
+    finally:
+        for key in real_redis.scan_iter(match=f"{prefix}:*", count=1000):
+            real_redis.delete(key)
+
+
+def check_cached_views(store: SessionStore, shell_name: str, ops: list[tuple[str, int]],
+                       feed: bool = False) -> None:
     warm = make(shell_name, store, overrides={"m": 1_000_000})
+    assert (warm.feed is not None) == feed
     cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
     step = 0
     for i, (op, n) in enumerate(ops):

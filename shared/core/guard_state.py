@@ -61,6 +61,7 @@ class Request:
     overhead: int
     extra: Sequence[Message] = ()
     extra_tokens: Sequence[int] = ()
+    extra_wire: Sequence[dict[str, Any]] = ()  # per pending message: its wire forms, kept
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -93,13 +94,13 @@ class Plan:
     log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
-        report = self.view.report.model_copy(update={
-            "enqueued": enqueued, "pending_job": self.view.report.pending_job or enqueued,
-            "elapsed_ms": elapsed_ms})
-        out = PreparedView.model_construct(messages=self.view.messages, report=report)
-        out._head, out._wire = self.view._head, self.view._wire
-        out._applied, out._extra = self.view._applied, self.view._extra
-        return out
+        """The view, its report completed. The report was built by :func:`plan_view` for
+        this plan alone and nobody holds it yet, so it is completed in place (a copy of
+        both models cost a fifth of a warm prepare)."""
+        report = self.view.report
+        report.__dict__.update(enqueued=enqueued, pending_job=report.pending_job or enqueued,
+                               elapsed_ms=elapsed_ms)
+        return self.view
 
 
 def check(window: int, reserve: int, regions: Regions, estimated: int, newest: int,
@@ -163,7 +164,9 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     """The plan for one prepare (or recover) of ``snap`` and the snapshot to cache after it."""
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
-    extra, extra_tokens = _unique_pending(list(req.extra), snap), list(req.extra_tokens)
+    given = list(req.extra)
+    extra, extra_tokens = _unique_pending(given, snap), list(req.extra_tokens)
+    extra_wire = req.extra_wire if extra is given and len(req.extra_wire) == len(extra) else ()
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
     notice, notice_tokens = _notice(snap.summary, req, counter)
@@ -232,6 +235,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         degraded=False, elapsed_ms=0.0))
     if incremental:
         view._head, view._wire, view._applied, view._extra = head, snap.wire, snap.applied, extra
+        view._extra_wire = extra_wire
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,

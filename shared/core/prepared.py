@@ -53,17 +53,18 @@ class PreparedView(BaseModel):
     _wire: dict[str, Any] | None = PrivateAttr(default=None)
     _applied: Any = PrivateAttr(default=None)
     _extra: Sequence[Message] = PrivateAttr(default=())
+    _extra_wire: Sequence[dict[str, Any]] = PrivateAttr(default=())  # kept across prepares
 
     def wire(self, fmt: str = "openai") -> Sequence[dict[str, Any]]:
         """The view in an incremental wire format (``openai``, ``openai+reasoning``)
         without copying: the history's converted messages are shared with the cache."""
         from shared.core.chunks import concat
-        from shared.core.wireview import convert, history_wire
+        from shared.core.wireview import convert, convert_kept, history_wire
 
         if self._wire is None or self._applied is None:
             return convert(fmt, self.messages)
         return concat(convert(fmt, self._head), history_wire(self._wire, fmt, self._applied),
-                      convert(fmt, self._extra))
+                      convert_kept(fmt, self._extra, self._extra_wire))
 
     def openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """The view in OpenAI Chat Completions format (a new list; its dicts are shared,

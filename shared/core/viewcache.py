@@ -20,6 +20,7 @@ recently used first out.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,7 @@ class CachedView:
     counts: Chunks[int] | None = None  # the store's token count of each ``history`` message
     wire: dict[str, Any] = field(default_factory=dict)
     planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
+    mark: Any = None  # the change feed's mark of the read this entry came from (None: read)
 
     @property
     def length(self) -> int:
@@ -208,6 +210,12 @@ def decode_view(raw: RawView, cached: CachedView | None,
     drop, changes, new_messages)`` carries the wire forms along (see
     :func:`shared.core.wireview.carry`).
     """
+    if (cached is not None and raw.incremental and not raw.messages
+            and not raw.summary_included and not raw.cheap_included
+            and raw.start == cached.end and cached.state_raw == raw.state_raw):
+        # Nothing changed since the cached read (a tool chain's next call): the entry as is.
+        return (cached if cached.pending == raw.pending
+                else dataclasses.replace(cached, pending=raw.pending))
     state = (cached.state if cached is not None and cached.state_raw == raw.state_raw
              else raw.state())
     w = state.watermark

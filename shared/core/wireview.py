@@ -117,6 +117,21 @@ def convert(fmt: str, messages: Sequence[Any],
     return out
 
 
+def convert_kept(fmt: str, messages: Sequence[Message],
+                 kept: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`convert`, each message's wire form kept in its slot of ``kept`` (the turn in
+    progress: a tool chain's prepares convert each of its messages once, not every call)."""
+    if len(kept) != len(messages) or fmt not in INCREMENTAL:
+        return convert(fmt, messages)
+    out: list[dict[str, Any]] = []
+    for message, slot in zip(messages, kept, strict=True):
+        found = slot.get(fmt)
+        if found is None:
+            found = slot[fmt] = convert(fmt, [message])[0]
+        out.append(found)
+    return out
+
+
 def raw_items(chunks: Chunks[Any]) -> list[Any]:
     """The items of ``chunks`` in their stored form where not decoded yet (see :class:`Lazy`)."""
     out: list[Any] = []
@@ -156,5 +171,5 @@ def flatten(*parts: Sequence[Any]) -> list[Any]:
     return list(itertools.chain.from_iterable(pieces))
 
 
-__all__ = ["INCREMENTAL", "carry", "convert", "decode_stored", "flatten", "history_wire",
-           "load_stored", "openai_of_stored", "raw_items"]
+__all__ = ["INCREMENTAL", "carry", "convert", "convert_kept", "decode_stored", "flatten",
+           "history_wire", "load_stored", "openai_of_stored", "raw_items"]

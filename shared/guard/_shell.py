@@ -42,6 +42,8 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
+from shared.core.viewcache import CachedView
+from shared.store.changes import ChangeFeed, feed_for
 from shared.telemetry import get_metrics, span
 from shared.telemetry.hooks import view_attributes
 
@@ -121,9 +123,41 @@ class GuardShell:
         self._tools_seen: tuple[Any, int, bool] | None = None
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
-        self._pending: OrderedDict[str, list[tuple[Any, Message, int]]] = OrderedDict()
+        self._pending: OrderedDict[str, list[tuple[Any, Message, int, dict[str, Any]]]] = (
+            OrderedDict())
         self._lock = threading.Lock()
+        self.feed: ChangeFeed | None = None
+        self._base = ""
         self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
+
+    # -- reads skipped while nothing changed (shared.store.changes) -------------------------
+    def watch(self, client: Any, prefix: str, tenant: str, enabled: bool) -> None:
+        """Set up the change feed for ``tenant``'s sessions (None where unavailable)."""
+        self._base = f"{prefix}:{{{tenant}:"
+        self.feed = feed_for(client, self._base) if enabled else None
+
+    def fresh(self, session_id: str) -> CachedView | None:
+        """The cached view when the feed vouches that nothing of the session changed since
+        it was read: this call needs no read."""
+        cached = self.views.get(session_id)
+        if cached is None or cached.mark is None or self.feed is None:
+            return None
+        return cached if self.feed.unchanged(f"{self._base}{session_id}}}", cached.mark) else None
+
+    def mark(self) -> Any:
+        return self.feed.mark() if self.feed is not None else None
+
+    def touched(self, session_id: str) -> None:
+        """This guard wrote to the session: its next call reads (not waiting for the push)."""
+        cached = self.views.get(session_id)
+        if cached is not None:
+            cached.mark = None
+
+    def close(self) -> None:
+        """Close the change feed's connection (the guard keeps working, reading every call)."""
+        feed, self.feed = self.feed, None
+        if feed is not None:
+            feed.close()
 
     # -- fixed figures ---------------------------------------------------------------
     def _cached(self, key: str, compute: Callable[[], int]) -> int:
@@ -178,7 +212,8 @@ class GuardShell:
     def pending(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
                 ) -> tuple[list[Message], list[int]]:
         """The pending messages, validated and counted; a tool chain's prepares re-use
-        what an earlier prepare of the same turn already did (compared by value)."""
+        what an earlier prepare of the same turn already did (compared by value), the
+        messages' wire forms included (:meth:`request`)."""
         if not isinstance(raw, (list, tuple)):
             items = validate_messages(raw, prefix="pending")
             return items, [self.counter.message(m) for m in items]
@@ -187,7 +222,7 @@ class GuardShell:
         with self._lock:
             known = self._pending.get(session_id) or []
         reuse = 0
-        for (old, _, _), item in zip(known, raw, strict=False):
+        for (old, _, _, _), item in zip(known, raw, strict=False):
             if old is not item and old != item:
                 break
             reuse += 1
@@ -199,14 +234,24 @@ class GuardShell:
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
         rows = known[:reuse] + [(copy.deepcopy(item) if isinstance(item, Mapping) else item, m,
-                                 self.counter.message(m))
+                                 self.counter.message(m), {})
                                 for item, m in zip(raw[reuse:], fresh, strict=True)]
         with self._lock:
             self._pending[session_id] = rows
             self._pending.move_to_end(session_id)
             while len(self._pending) > PENDING_KEEP:
                 self._pending.popitem(last=False)
-        return [m for _, m, _ in rows], [t for _, _, t in rows]
+        return [r[1] for r in rows], [r[2] for r in rows]
+
+    def _pending_wire(self, session_id: str, extra: list[Message]) -> list[dict[str, Any]]:
+        """The wire-form slots of the pending messages when ``extra`` is the turn
+        :meth:`pending` last returned for the session (else none: converted afresh)."""
+        with self._lock:
+            rows = self._pending.get(session_id)
+        if not rows or len(rows) != len(extra) or any(
+                r[1] is not m for r, m in zip(rows, extra, strict=True)):
+            return []
+        return [r[3] for r in rows]
 
     def request(self, session_id: str, system_prompt: str,
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
@@ -219,7 +264,9 @@ class GuardShell:
             window=limits.context_window, reserve=output_reserve(limits, max_tokens),
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
             tool_tokens=tool_tokens, overhead=self.counter.messages([]),
-            extra=extra, extra_tokens=extra_tokens, force_ratio=force_ratio,
+            extra=extra, extra_tokens=extra_tokens,
+            extra_wire=self._pending_wire(session_id, extra) if extra else (),
+            force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
     def remember(self, session_id: str, sent: Sent) -> None:

@@ -47,7 +47,10 @@ class AsyncContextGuard(GuardShell):
 
     ``view_cache``: the views it keeps between calls (default: 256 sessions,
     200,000 messages in all, about :data:`shared.core.viewcache.BYTES_PER_MESSAGE`
-    bytes each); ``ViewCache(0, 0)`` turns caching off. One guard per process
+    bytes each); ``ViewCache(0, 0)`` turns caching off. ``watch_changes``: skip the
+    read while Redis reports nothing of the session written since the cached one
+    (client tracking, :mod:`shared.store.changes`; a connection of its own, used
+    where the server supports it). One guard per process
     is the intended use; it is thread-safe.
     """
 
@@ -55,19 +58,26 @@ class AsyncContextGuard(GuardShell):
                  policy: CompactionPolicy | None = None,
                  overrides: Mapping[str, ModelLimits | int] | None = None,
                  counter: TokenCounter | None = None,
-                 view_cache: ViewCache | None = None) -> None:
+                 view_cache: ViewCache | None = None, watch_changes: bool = True) -> None:
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
+        self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
+                   watch_changes)
 
     # -- reading -------------------------------------------------------------------
     async def snapshot(self, session_id: str) -> CachedView:
         """The session's view, read incrementally against the cached one (one round trip)."""
         validate_session_id(session_id)  # before it is used as a cache key
+        fresh = self.fresh(session_id)
+        if fresh is not None:
+            return fresh
         cached = self.views.get(session_id)
+        mark = self.mark()
         raw = await self.store.read_view(
             session_id, cached.cursor if cached is not None else None, with_counts=True)
         snap = decode_view(raw, cached, carry)
+        snap.mark = mark
         if raw.epoch:
             self.views.put(session_id, snap)
         return snap
@@ -123,11 +133,15 @@ class AsyncContextGuard(GuardShell):
                                      extra, extra_tokens, started, force_ratio,
                                      retry_lost_swap=False)
         self.remember(session_id, plan.sent)
-        enqueued = await self._enqueue(session_id, force=plan.force) if plan.enqueue else False
+        # a job already queued (the flag in this view) needs no second request
+        enqueued = (await self._enqueue(session_id, force=plan.force)
+                    if plan.enqueue and (plan.force or not snap.pending) else False)
         return self.finish(plan, enqueued, started)
 
     async def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""
+        if plan.figures or plan.cheap or plan.truncation is not None or plan.clear_recover_next:
+            self.touched(session_id)
         if plan.figures:
             await self.store.update_state(session_id, **plan.figures)
         if plan.cheap:
@@ -144,6 +158,7 @@ class AsyncContextGuard(GuardShell):
 
     async def _enqueue(self, session_id: str, *, force: bool = False) -> bool:
         if force:
+            self.touched(session_id)
             await self.store.update_state(session_id, force_requested=1)
         if not await self.store.mark_pending(session_id):
             return False
@@ -185,6 +200,7 @@ class AsyncContextGuard(GuardShell):
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None)
 
+            self.touched(session_id)
             try:
                 result = await attempt()
             except StoreUnavailable as exc:
@@ -213,6 +229,7 @@ class AsyncContextGuard(GuardShell):
             validate_session_id(session_id)
             limit = self.learn_overflow(error, model, trace)
             if limit:
+                self.touched(session_id)
                 await self.store.update_state(session_id, learned_window=limit, model=model,
                                               last_overflow_at=time.time())
             started = time.perf_counter()

@@ -47,7 +47,10 @@ class ContextGuard(GuardShell):
 
     ``view_cache``: the views it keeps between calls (default: 256 sessions,
     200,000 messages in all, about :data:`shared.core.viewcache.BYTES_PER_MESSAGE`
-    bytes each); ``ViewCache(0, 0)`` turns caching off. One guard per process
+    bytes each); ``ViewCache(0, 0)`` turns caching off. ``watch_changes``: skip the
+    read while Redis reports nothing of the session written since the cached one
+    (client tracking, :mod:`shared.store.changes`; a connection of its own, used
+    where the server supports it). One guard per process
     is the intended use; it is thread-safe.
     """
 
@@ -55,19 +58,26 @@ class ContextGuard(GuardShell):
                  policy: CompactionPolicy | None = None,
                  overrides: Mapping[str, ModelLimits | int] | None = None,
                  counter: TokenCounter | None = None,
-                 view_cache: ViewCache | None = None) -> None:
+                 view_cache: ViewCache | None = None, watch_changes: bool = True) -> None:
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
+        self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
+                   watch_changes)
 
     # -- reading -------------------------------------------------------------------
     def snapshot(self, session_id: str) -> CachedView:
         """The session's view, read incrementally against the cached one (one round trip)."""
         validate_session_id(session_id)  # before it is used as a cache key
+        fresh = self.fresh(session_id)
+        if fresh is not None:
+            return fresh
         cached = self.views.get(session_id)
+        mark = self.mark()
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
                                    with_counts=True)
         snap = decode_view(raw, cached, carry)
+        snap.mark = mark
         if raw.epoch:
             self.views.put(session_id, snap)
         return snap
@@ -121,11 +131,15 @@ class ContextGuard(GuardShell):
                                max_tokens, model, extra, extra_tokens, started, force_ratio,
                                retry_lost_swap=False)
         self.remember(session_id, plan.sent)
-        enqueued = self._enqueue(session_id, force=plan.force) if plan.enqueue else False
+        # a job already queued (the flag in this view) needs no second request
+        enqueued = (self._enqueue(session_id, force=plan.force)
+                    if plan.enqueue and (plan.force or not snap.pending) else False)
         return self.finish(plan, enqueued, started)
 
     def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""
+        if plan.figures or plan.cheap or plan.truncation is not None or plan.clear_recover_next:
+            self.touched(session_id)
         if plan.figures:
             self.store.update_state(session_id, **plan.figures)
         if plan.cheap:
@@ -142,6 +156,7 @@ class ContextGuard(GuardShell):
 
     def _enqueue(self, session_id: str, *, force: bool = False) -> bool:
         if force:
+            self.touched(session_id)
             self.store.update_state(session_id, force_requested=1)
         return request_summary(self.store, self.enqueuer, session_id)
 
@@ -170,6 +185,7 @@ class ContextGuard(GuardShell):
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None)
 
+            self.touched(session_id)
             try:
                 result = attempt()
             except StoreUnavailable as exc:
@@ -203,6 +219,7 @@ class ContextGuard(GuardShell):
             validate_session_id(session_id)
             limit = self.learn_overflow(error, model, trace)
             if limit:
+                self.touched(session_id)
                 self.store.update_state(session_id, learned_window=limit, model=model,
                                         last_overflow_at=time.time())
             started = time.perf_counter()

@@ -1,0 +1,196 @@
+"""Which sessions changed since the guard last read them, told by Redis itself.
+
+Between two calls of one turn (a tool chain), nothing in the session usually
+changes, yet each ``prepare`` paid a round trip to find that out. Redis's
+client-side caching support can tell instead: a connection with ``CLIENT
+TRACKING ON BCAST PREFIX <tenant's key prefix>`` receives an invalidation
+push (RESP3) naming every key of those sessions that is written, by anyone.
+:class:`ChangeFeed` keeps that connection and records, per session, the
+sequence number of its last change; the guard skips its read while nothing
+of the session changed since the read its cached view came from.
+
+Why it stays correct:
+
+- Redis sends the push before it replies to the write, so a writer in this
+  process that got its reply has its push on this connection already: every
+  check drains the connection first (a ``select`` with no wait, a few µs).
+- A connection that died quietly sends nothing; the feed is trusted only
+  within :data:`VERIFY_SECONDS` of a ``PING`` answered on it (the pushes
+  before the ``PONG`` are read before it), so a silent failure costs at most
+  that much staleness, and a broken one turns the feed off (every prepare
+  reads) until it reconnects, with backoff.
+- The guard's own writes drop its mark at once (they do not wait for the push).
+- A ``FLUSHDB`` (a push with no keys) or a reconnection starts a new epoch:
+  marks from before it are worthless.
+
+Where tracking is not available (fakeredis, Redis Cluster, Redis before 6, a
+custom connection class) the feed reports itself unavailable and the guard
+reads on every call, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger("shared.store.changes")
+
+VERIFY_SECONDS = 1.0
+"""How long a ``PING`` answered on the feed's connection vouches for it."""
+RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+"""Waits before reconnecting after consecutive failures (then the last one, repeated)."""
+_KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout", "path",
+           "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data",
+           "ssl_check_hostname", "client_name")
+
+
+def session_base(key: bytes | str) -> str:
+    """``prefix:{tenant:session}`` of a session's key (the part every key of it shares;
+    tenants and session ids hold no braces, a recall term after it may)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    end = text.find("}")
+    return text[: end + 1] if end >= 0 else text
+
+
+class ChangeFeed:
+    """Invalidation pushes for one tenant's sessions, and the marks the guard compares.
+
+    ``mark()`` before a read; later, ``unchanged(base, mark)`` is True only if
+    the feed is healthy, in the same epoch, and no key of ``base`` was
+    written since. Thread-safe; one feed serves every session of its guard.
+    """
+
+    def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
+                 connection_class: str = "Connection") -> None:
+        self._kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
+        # never longer than the store's own timeout: the check runs inside prepare()
+        timeout = connection_kwargs.get("socket_timeout")
+        self._kwargs["socket_timeout"] = min(float(timeout or 1.0), 1.0)
+        self._class = connection_class
+        self.prefix = prefix
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._seq = 0
+        self._epoch = 0
+        self._changed: dict[str, int] = {}
+        self._verified = 0.0
+        self._failures = 0
+        self._retry_at = 0.0
+        self.closed = False
+
+    # -- what the guard calls -------------------------------------------------------------
+    def mark(self) -> tuple[int, int] | None:
+        """The point a read starts from (None: the feed cannot vouch for anything now)."""
+        with self._lock:
+            if not self._ready():
+                return None
+            return self._epoch, self._seq
+
+    def unchanged(self, base: str, mark: tuple[int, int] | None) -> bool:
+        """True when no key of session ``base`` was written since ``mark`` was taken."""
+        if mark is None:
+            return False
+        with self._lock:
+            if not self._ready():
+                return False
+            epoch, seq = mark
+            return epoch == self._epoch and self._changed.get(base, -1) <= seq
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._drop()
+
+    # -- the connection ----------------------------------------------------------------------
+    def _ready(self) -> bool:
+        """Connected, drained and verified recently (under the lock)."""
+        if self.closed:
+            return False
+        now = time.monotonic()
+        if self._conn is None and (now < self._retry_at or not self._connect()):
+            return False
+        try:
+            while self._conn.can_read(0):
+                self._conn.read_response(push_request=True, timeout=0)
+            if now - self._verified > VERIFY_SECONDS:
+                self._conn.send_command("PING")
+                self._conn.read_response()  # pushes before the PONG go to _invalidated
+                self._verified = time.monotonic()
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def _connect(self) -> bool:
+        import redis
+
+        try:
+            cls = {"Connection": redis.Connection, "SSLConnection": redis.SSLConnection,
+                   "UnixDomainSocketConnection": redis.UnixDomainSocketConnection}[self._class]
+            conn = cls(**self._kwargs, protocol=3)
+            conn.connect()
+            conn._parser.set_invalidation_push_handler(self._invalidated)
+            conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", self.prefix)
+            conn.read_response()
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        self._conn = conn
+        self._epoch += 1  # changes before now were not seen: older marks are worthless
+        self._verified = time.monotonic()
+        self._failures = 0
+        return True
+
+    def _invalidated(self, push: list[Any]) -> None:
+        """A push ``[b"invalidate", keys | None]`` (None: the whole database was flushed)."""
+        keys = push[1] if len(push) > 1 else None
+        if keys is None:
+            self._epoch += 1
+            self._changed.clear()
+            return
+        self._seq += 1
+        for key in keys:
+            self._changed[session_base(key)] = self._seq
+        if len(self._changed) > 100_000:  # bounded: forgetting is safe, a new epoch
+            self._epoch += 1
+            self._changed.clear()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failures == 0:
+            log.info("change feed for %s unavailable (%s): the guard reads on every call",
+                     self.prefix, exc)
+        wait = RETRY_SECONDS[min(self._failures, len(RETRY_SECONDS) - 1)]
+        self._failures += 1
+        self._retry_at = time.monotonic() + wait
+        self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._epoch += 1
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # already broken
+                log.debug("closing the change feed's connection failed", exc_info=True)
+
+
+def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
+    """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
+    tracking cannot work (fakeredis, a cluster client, an unknown connection class)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if pool is None or not isinstance(kwargs, Mapping):
+        return None
+    if type(client).__module__.startswith("fakeredis") or "server" in kwargs:
+        return None
+    cls = getattr(pool, "connection_class", None)
+    name = getattr(cls, "__name__", "")
+    if name not in ("Connection", "SSLConnection", "UnixDomainSocketConnection"):
+        return None
+    return ChangeFeed(kwargs, prefix, connection_class=name)
+
+
+__all__ = ["RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for", "session_base"]

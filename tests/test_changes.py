@@ -1,0 +1,172 @@
+"""The change feed (client tracking): a warm guard skips its read only while nothing of
+the session was written, by anyone, and falls back to reading when it cannot vouch."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+import shared.store.changes as changes_module
+from shared.core.config import StoreConfig
+from shared.core.records import SummaryRecord
+from shared.store.changes import ChangeFeed, feed_for, session_base
+from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
+
+SYSTEM = "be brief"
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def real_store(real_redis: redis.Redis, key_prefix: str) -> SessionStore:
+    return SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+
+
+def reads(guard: Any) -> list[str]:
+    """Session ids the guard's store is asked to read, from now on."""
+    seen: list[str] = []
+    store = guard.inner.store if hasattr(guard, "inner") else guard.store
+    real = store.read_view
+
+    def spy(session_id: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(session_id)
+        return real(session_id, *args, **kwargs)
+
+    store.read_view = spy
+    return seen
+
+
+def test_an_unchanged_session_is_not_read_again(real_store: SessionStore, shell: str) -> None:
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    assert guard.feed is not None
+    guard.prepare("s", SYSTEM, model="m")  # writes the request's figures: read once more
+    first = guard.prepare("s", SYSTEM, model="m")
+    seen = reads(guard)
+    for k in range(5):  # a tool chain: the pending turn grows, the store does not
+        view = guard.prepare("s", SYSTEM, model="m",
+                             pending=[{"role": "user", "content": f"step {k}"}])
+        assert [m.content for m in view.messages][:2] == [m.content for m in first.messages]
+    assert seen == []
+
+
+def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
+                                                     redis_url: str, key_prefix: str,
+                                                     shell: str) -> None:
+    """Another client's append, a worker's summary, an edit and a flush of the session's
+    keys: each is in the very next prepare (the push precedes the writer's reply)."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    real_store.append("s", [{"role": "user", "content": "one"},
+                            {"role": "assistant", "content": "two"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    for k in range(20):
+        other.append("s", [{"role": "user", "content": f"u{k}"},
+                           {"role": "assistant", "content": f"a{k}"}])
+        assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == f"a{k}"
+    version = other.state("s").version
+    assert other.commit_summary("s", SummaryRecord(watermark=30, kind="offline",
+                                                   text="SUMMARY-TEXT", tokens=5), version).ok
+    view = guard.prepare("s", SYSTEM, model="m")
+    assert "SUMMARY-TEXT" in str(view.messages[0].content) and view.report.watermark == 30
+    other.truncate_after("s", 34)
+    assert guard.prepare("s", SYSTEM, model="m").report.length == 34
+    other.delete_session("s")
+    other.append("s", [{"role": "user", "content": "fresh start"}])
+    assert [m.content for m in guard.prepare("s", "", model="m").messages] == ["fresh start"]
+    other.redis.close()
+
+
+def test_own_writes_are_read_back_at_once(real_store: SessionStore, shell: str) -> None:
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    for k in range(10):
+        guard.record_turn("s", [{"role": "user", "content": f"u{k}"},
+                                {"role": "assistant", "content": f"a{k}"}])
+        assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == f"a{k}"
+
+
+def test_a_lost_feed_falls_back_to_reading_and_reconnects(
+        real_store: SessionStore, real_redis: redis.Redis, shell: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(changes_module, "RETRY_SECONDS", (0.0,))
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    feed: ChangeFeed = guard.feed
+    guard.prepare("s", SYSTEM, model="m")
+    name_before = feed._conn
+    with feed._lock:
+        feed._conn.send_command("CLIENT", "ID")
+        feed_id = feed._conn.read_response()
+    real_redis.client_kill_filter(_id=feed_id)
+    feed._verified = 0.0  # the next check verifies: the dead connection is found
+    real_store.append("s", [{"role": "assistant", "content": "written while the feed was down"}])
+    seen = reads(guard)
+    assert guard.prepare("s", SYSTEM, model="m").messages[-1].content.startswith("written")
+    assert seen == ["s"]
+    guard.prepare("s", SYSTEM, model="m")  # reconnected: the next unchanged call is skipped
+    guard.prepare("s", SYSTEM, model="m")
+    assert feed._conn is not None and feed._conn is not name_before
+    assert seen.count("s") <= 2
+
+
+def test_a_silent_feed_is_trusted_only_for_a_short_while(real_store: SessionStore,
+                                                         shell: str,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A connection that stops delivering without failing: after VERIFY_SECONDS the
+    check pings it; a ping that fails turns the feed off."""
+    monkeypatch.setattr(changes_module, "VERIFY_SECONDS", 0.0)
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    feed: ChangeFeed = guard.feed
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise redis.ConnectionError("gone")
+
+    monkeypatch.setattr(feed._conn, "send_command", broken)
+    seen = reads(guard)
+    guard.prepare("s", SYSTEM, model="m")
+    assert seen == ["s"]
+
+
+def test_no_feed_where_tracking_cannot_work(key_prefix: str, shell: str) -> None:
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, store)
+    assert guard.feed is None
+    store.append("s", [{"role": "user", "content": "hello"}])
+    guard.prepare("s", SYSTEM)
+    store.append("s", [{"role": "assistant", "content": "still read every call"}])
+    assert guard.prepare("s", SYSTEM).messages[-1].content == "still read every call"
+    assert feed_for(object(), "p") is None
+
+
+def test_switched_off(real_store: SessionStore, shell: str) -> None:
+    guard = make(shell, real_store, watch_changes=False)
+    assert guard.feed is None
+
+
+def test_session_base_of_every_key() -> None:
+    assert session_base(b"p:{t:s1}:state") == "p:{t:s1}"
+    assert session_base("p:{t:s1}:rx:t:foo}bar") == "p:{t:s1}"  # a term with a brace
+    assert session_base("plain") == "plain"
+
+
+def test_flush_starts_a_new_epoch(real_store: SessionStore, real_redis: redis.Redis,
+                                  shell: str) -> None:
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    feed: ChangeFeed = guard.feed
+    mark = feed.mark()
+    feed._invalidated([b"invalidate", None])
+    assert not feed.unchanged(session_base(real_store.keys("s").state), mark)
+    time.sleep(0)
