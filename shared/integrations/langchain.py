@@ -21,6 +21,14 @@ Around every model call (``wrap_model_call`` / ``awrap_model_call``):
    with tool calls is recorded with its results, at the next call (a log
    never ends in an unanswered tool call, so no cut can strand a result).
 
+Recall (on by default, ``recall=False`` to leave it out): the middleware
+declares a ``recall`` tool, so the model sees it among the agent's tools,
+and runs its calls itself (``wrap_tool_call`` / ``awrap_tool_call``)
+against the guard's index of what compaction summarized away, for the
+session of the model call that asked. The result is the matching messages,
+verbatim, with their index; a bad argument comes back as an error
+``ToolMessage`` the model can correct, never an exception.
+
 The session is the graph's ``thread_id`` (or ``session_id=``, a string or a
 function of the request). Put this middleware last in ``middleware=[...]``:
 it builds the request's messages from the graph state. Messages it cannot
@@ -41,10 +49,13 @@ from langchain_core.messages import (
     AnyMessage,
     BaseMessage,
     SystemMessage,
+    ToolMessage,
     convert_to_messages,
     convert_to_openai_messages,
 )
+from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from shared.core.errors import CompactionError, InvalidInput
 from shared.core.messages import Message
@@ -52,14 +63,21 @@ from shared.core.prepared import PreparedView
 from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard
 from shared.integrations._common import (
+    RECALL_DESCRIPTION,
+    RECALL_NAME,
     AsyncGuard,
     Cursors,
+    RecallAnswer,
     Request,
+    aanswer_recall,
     aload_cursor,
+    answer_recall,
     arun_with_recovery,
     as_async_guard,
     load_cursor,
     origin,
+    recall_failure,
+    recall_parameters,
     run_with_recovery,
     tag,
 )
@@ -124,6 +142,28 @@ def from_view(view: PreparedView, state: Sequence[AnyMessage],
     return new_system, out
 
 
+UNBOUND = ("recall: not available here: the agent's ContextGuardMiddleware runs recall "
+           "calls, and none ran this one")
+
+
+def _unbound(**_: Any) -> str:
+    return UNBOUND
+
+
+async def _aunbound(**_: Any) -> str:
+    return UNBOUND
+
+
+def recall_tool() -> BaseTool:
+    """The ``recall`` tool as LangChain declares it (one schema, ``shared.core.recall_tool``).
+
+    :class:`ContextGuardMiddleware` registers it and runs its calls; the
+    tool's own body only answers a call no middleware intercepted.
+    """
+    return StructuredTool(name=RECALL_NAME, description=RECALL_DESCRIPTION,
+                          args_schema=recall_parameters(), func=_unbound, coroutine=_aunbound)
+
+
 def _model_name(model: Any) -> str:
     for attr in ("model_name", "model", "model_id"):
         value = getattr(model, attr, None)
@@ -138,12 +178,13 @@ class ContextGuardMiddleware(AgentMiddleware):
     ``guard``: a :class:`ContextGuard` (or an ``AsyncContextGuard`` for async
     agents). ``model``: the name the guard looks limits up by (default: the
     chat model's ``model_name``/``model``); ``max_tokens``: the output reserve
-    (default: the request's or the chat model's ``max_tokens``).
+    (default: the request's or the chat model's ``max_tokens``). ``recall``:
+    give the model the ``recall`` tool, run here against the guard (default on).
     """
 
     def __init__(self, guard: Any, *, session_id: str | SessionFn | None = None,
                  model: str | None = None, max_tokens: int | None = None,
-                 async_guard: AsyncGuard | None = None) -> None:
+                 async_guard: AsyncGuard | None = None, recall: bool = True) -> None:
         super().__init__()
         is_async = not isinstance(guard, ContextGuard)
         self.guard: ContextGuard | None = None if is_async else guard
@@ -153,6 +194,8 @@ class ContextGuardMiddleware(AgentMiddleware):
         self.max_tokens = max_tokens
         self.cursors = Cursors()
         self._tools: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
+        self.tools: list[BaseTool] = [recall_tool()] if recall else []
+        self._recall_calls = Cursors()  # recall call id -> (0, the session that asked)
 
     # -- the request ---------------------------------------------------------------
     def _session(self, request: ModelRequest[Any]) -> str:
@@ -241,6 +284,7 @@ class ContextGuardMiddleware(AgentMiddleware):
         response, _view = run_with_recovery(guard, session_id, fixed, pending,
                                             lambda view: handler(self._send(request, view)))
         result, usage = self._reply(response)
+        self._note_recall_calls(session_id, result)
         first = len(state)
         reply = to_neutral(result, first)
         if any(m.tool_calls for m in reply):  # recorded with its results, next call
@@ -272,6 +316,7 @@ class ContextGuardMiddleware(AgentMiddleware):
 
         response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
         result, usage = self._reply(response)
+        self._note_recall_calls(session_id, result)
         first = len(state)
         reply = to_neutral(result, first)
         if any(m.tool_calls for m in reply):  # recorded with its results, next call
@@ -280,6 +325,65 @@ class ContextGuardMiddleware(AgentMiddleware):
             await guard.record_turn(session_id, [*pending, *reply], usage=usage)
         self._advance(session_id, state, first, result)
         return response
+
+    # -- recall ------------------------------------------------------------------------
+    def _note_recall_calls(self, session_id: str, result: Sequence[BaseMessage]) -> None:
+        """Remember the session of each recall call the model just made: its tool hook
+        runs it for that session (a ``session_id`` function needs the model request)."""
+        if not self.tools:
+            return
+        for message in result:
+            for call in getattr(message, "tool_calls", None) or []:
+                if call.get("name") == RECALL_NAME and call.get("id"):
+                    self._recall_calls.put(call["id"], 0, session_id)
+
+    def _recall_session(self, request: ToolCallRequest) -> str:
+        call_id = request.tool_call.get("id")
+        noted = self._recall_calls.get(call_id) if call_id else None
+        if noted is not None:
+            self._recall_calls.drop(str(call_id))
+            return str(noted[1])
+        if isinstance(self.session_id, str):
+            return self.session_id
+        config: Any = getattr(request.runtime, "config", None) or {}
+        thread = config.get("configurable", {}).get("thread_id")
+        if callable(self.session_id) or not isinstance(thread, str) or not thread:
+            raise InvalidInput("no session for this recall call (it was not made by a model "
+                               "call this middleware saw)", field="session_id")
+        return thread
+
+    def _is_recall(self, request: ToolCallRequest) -> bool:
+        return bool(self.tools) and request.tool_call.get("name") == RECALL_NAME
+
+    @staticmethod
+    def _tool_message(request: ToolCallRequest, answer: RecallAnswer) -> ToolMessage:
+        return ToolMessage(content=answer.text, tool_call_id=request.tool_call.get("id") or "",
+                           name=RECALL_NAME, status="success" if answer.ok else "error",
+                           artifact=[h.model_dump() for h in answer.hits])
+
+    def wrap_tool_call(self, request: ToolCallRequest,
+                       handler: Callable[[ToolCallRequest], Any]) -> Any:
+        if not self._is_recall(request):
+            return handler(request)
+        if self.guard is None:
+            raise CompactionError("an async guard was given: run the agent with ainvoke")
+        try:
+            session_id = self._recall_session(request)
+        except InvalidInput as exc:
+            return self._tool_message(request, RecallAnswer(recall_failure(exc), ok=False))
+        return self._tool_message(request, answer_recall(self.guard, session_id,
+                                                         request.tool_call.get("args")))
+
+    async def awrap_tool_call(self, request: ToolCallRequest,
+                              handler: Callable[[ToolCallRequest], Awaitable[Any]]) -> Any:
+        if not self._is_recall(request):
+            return await handler(request)
+        try:
+            session_id = self._recall_session(request)
+        except InvalidInput as exc:
+            return self._tool_message(request, RecallAnswer(recall_failure(exc), ok=False))
+        return self._tool_message(request, await aanswer_recall(
+            self.async_guard, session_id, request.tool_call.get("args")))
 
     def _advance(self, session_id: str, state: Sequence[BaseMessage], first: int,
                  result: Sequence[BaseMessage]) -> None:
@@ -290,4 +394,4 @@ class ContextGuardMiddleware(AgentMiddleware):
             self.cursors.put(session_id, first + len(result), last.id)
 
 
-__all__ = ["ContextGuardMiddleware", "from_view", "to_neutral"]
+__all__ = ["ContextGuardMiddleware", "from_view", "recall_tool", "to_neutral"]
