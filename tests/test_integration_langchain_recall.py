@@ -134,7 +134,7 @@ def test_bad_arguments_come_back_as_error_results_and_the_run_goes_on(
     guard = ContextGuard(store, overrides={MODEL: 40_000})
     bad = [{"query": ""}, {"query": "x" * 5000}, {"query": CODE, "start": 9, "end": 2},
            {"query": CODE, "limit": 0}, {"query": CODE, "path": "nope"}]
-    agent, model = build(guard, [*bad, {"query": QUERY}])
+    agent, _model = build(guard, [*bad, {"query": QUERY}])
     for i in range(4):
         agent.invoke({"messages": [HumanMessage(opening(i))]}, config("lc-bad-recall"))
     compact(store, "lc-bad-recall")
