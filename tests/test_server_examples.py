@@ -32,6 +32,9 @@ def test_agents_sdk_agent_runs_past_its_window() -> None:
     tool_tokens = int(re.search(r"~(\d+) tokens", out).group(1))  # type: ignore[union-attr]
     assert largest < 8192 < tool_tokens
     assert "0 refused for overflow" in out
+    # the run was compacted, then recalled: the first read_file call, verbatim, index 1
+    assert re.search(r"compacted up to message \d+; Recalled: \[message 1, assistant, score "
+                     r"[0-9.]+\]\n+read_file \{\"path\": \"m1.py\"\}", out), out
 
 
 def test_http_client_keeps_a_long_session_inside_the_window() -> None:
