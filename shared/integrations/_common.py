@@ -1,4 +1,5 @@
-"""What every framework adapter shares: provenance tags, cursors, recover-and-retry-once.
+"""What every framework adapter shares: provenance tags, cursors, recover-and-retry-once,
+and running the model's ``recall`` calls.
 
 An adapter mirrors the framework's conversation into the session log: each
 framework message (or part) becomes one neutral :class:`Message` tagged with
@@ -12,7 +13,14 @@ clipped, summary) is built fresh.
 
 A :class:`Cursors` entry remembers how much of a session's framework history
 is in the log, so a model call costs no extra read; a miss (new process) is
-one read. Nothing here imports a framework.
+one read.
+
+Each adapter gives the model the ``recall`` tool (:func:`recall_parameters`,
+the one schema of ``shared.core.recall_tool``) and runs its calls with
+:func:`answer_recall` / :func:`aanswer_recall`: the arguments are validated
+once, here, the guard's ``recall`` runs for the adapter's session, and the
+model gets the rendered hits, or a text naming the bad argument (a failed
+recall never ends the agent's run). Nothing here imports a framework.
 """
 
 from __future__ import annotations
