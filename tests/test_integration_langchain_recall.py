@@ -63,11 +63,12 @@ class RecallingChatModel(WindowedChatModel):
         return AIMessage(f"Recalled: {str(last.content)[:60]}")
 
 
-def build(guard: Any, calls: list[dict[str, Any]]) -> tuple[Any, RecallingChatModel]:
+def build(guard: Any, calls: list[dict[str, Any]],
+          **kwargs: Any) -> tuple[Any, RecallingChatModel]:
     model = RecallingChatModel(window=40_000, requests=[], counts=[], calls=calls)
     model.reply = model.policy
     agent = create_agent(model, [lookup], system_prompt=SYSTEM, checkpointer=InMemorySaver(),
-                         middleware=[ContextGuardMiddleware(guard, max_tokens=256)])
+                         middleware=[ContextGuardMiddleware(guard, max_tokens=256, **kwargs)])
     return agent, model
 
 
@@ -92,14 +93,22 @@ def check_second_request(model: RecallingChatModel, store: SessionStore, session
     assert final["messages"][-1].content.startswith("Recalled: [message")
 
 
+# The session a recall call runs for is the model call's: the thread id, a fixed
+# session_id, or what a session_id function returned for the model request.
+SESSIONS = {"thread": {}, "string": {"session_id": "lc-recall"},
+            "function": {"session_id": lambda request: "lc-recall"}}
+
+
 @pytest.mark.redis
-def test_the_model_recalls_a_compacted_fact_sync(store: SessionStore) -> None:
+@pytest.mark.parametrize("how", list(SESSIONS))
+def test_the_model_recalls_a_compacted_fact_sync(store: SessionStore, how: str) -> None:
     guard = ContextGuard(store, overrides={MODEL: 40_000})
-    agent, model = build(guard, [{"query": QUERY}])
+    agent, model = build(guard, [{"query": QUERY}], **SESSIONS[how])
+    thread = "lc-recall" if how == "thread" else "another-thread"
     for i in range(6):
-        agent.invoke({"messages": [HumanMessage(opening(i))]}, config("lc-recall"))
+        agent.invoke({"messages": [HumanMessage(opening(i))]}, config(thread))
     assert fact_index(store, "lc-recall") < compact(store, "lc-recall")
-    final = agent.invoke({"messages": [HumanMessage(ASK)]}, config("lc-recall"))
+    final = agent.invoke({"messages": [HumanMessage(ASK)]}, config(thread))
     check_second_request(model, store, "lc-recall", final)
     # the call and its result are recorded like any tool pair (next call)
     assert any(m.name == "recall" for m in store.messages("lc-recall") if m.role == "tool")

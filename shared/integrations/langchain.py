@@ -34,25 +34,19 @@ function of the request). Put this middleware last in ``middleware=[...]``:
 it builds the request's messages from the graph state. Messages it cannot
 map raise :class:`InvalidInput` naming ``state.messages[i]`` before anything
 is written. The async hook uses ``shared.guard.AsyncContextGuard`` when it is
-passed one; with the sync guard it runs the guard in a thread (stopgap).
+passed one; with the sync guard it runs the guard in a thread (stopgap). The
+message mapping is in :mod:`shared.integrations.langchain_messages`
+(``to_neutral`` and ``from_view`` are importable from here too).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import (
-    AIMessage,
-    AnyMessage,
-    BaseMessage,
-    SystemMessage,
-    ToolMessage,
-    convert_to_messages,
-    convert_to_openai_messages,
-)
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -60,7 +54,6 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from shared.core.errors import CompactionError, InvalidInput
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
-from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard
 from shared.integrations._common import (
     RECALL_DESCRIPTION,
@@ -75,71 +68,13 @@ from shared.integrations._common import (
     arun_with_recovery,
     as_async_guard,
     load_cursor,
-    origin,
     recall_failure,
     recall_parameters,
     run_with_recovery,
-    tag,
 )
+from shared.integrations.langchain_messages import ID_KEY, from_view, to_neutral
 
-ID_KEY = "lc_id"
 SessionFn = Callable[[ModelRequest[Any]], str]
-
-
-def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
-    """LangChain messages as tagged neutral ones; InvalidInput names ``state.messages[i]``."""
-    out: list[Message] = []
-    for offset, message in enumerate(messages):
-        index = start + offset
-        where = f"state.messages[{index}]"
-        if not isinstance(message, BaseMessage):
-            raise InvalidInput(f"expected a LangChain message, got {type(message).__name__}",
-                               field=where, index=index)
-        try:
-            wire = convert_to_openai_messages(message)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}",
-                               field=where, index=index) from None
-        try:
-            (neutral,) = from_openai([wire])
-        except InvalidInput as exc:
-            inner = exc.field or ""
-            reason = str(exc).removeprefix(f"{inner}: ")
-            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
-                               field=where + inner.removeprefix("messages[0]"),
-                               index=index) from None
-        extra = {ID_KEY: message.id} if message.id else {}
-        out.append(tag(neutral, index, extra=extra))
-    return out
-
-
-def from_view(view: PreparedView, state: Sequence[AnyMessage],
-              system: SystemMessage | None) -> tuple[SystemMessage | None, list[AnyMessage]]:
-    """The view as LangChain messages: untouched ones are the state's own objects."""
-    messages = list(view.messages)
-    new_system = system
-    if messages and messages[0].role == "system":
-        text = messages.pop(0).text()
-        if system is not None and text != system.text and text.startswith(system.text):
-            # The summary follows the caller's system prompt: keep its blocks as they were
-            # (cache_control and the like), the summary as one more text block.
-            blocks = (list(system.content) if isinstance(system.content, list)
-                      else [{"type": "text", "text": system.content}])
-            new_system = SystemMessage(content=[
-                *blocks, {"type": "text", "text": text[len(system.text):].lstrip("\n")}])
-        elif system is None or text != system.text:
-            new_system = SystemMessage(content=text)
-    out: list[AnyMessage] = []
-    for message in messages:
-        found = origin(message)
-        if found is not None and found[0] < len(state):
-            original = state[found[0]]
-            if original.id is None or original.id == message.metadata.get(ID_KEY):
-                out.append(original)
-                continue
-        out.extend(cast("list[AnyMessage]",
-                        convert_to_messages(to_openai([message], include_reasoning=False))))
-    return new_system, out
 
 
 UNBOUND = ("recall: not available here: the agent's ContextGuardMiddleware runs recall "
@@ -162,6 +97,15 @@ def recall_tool() -> BaseTool:
     """
     return StructuredTool(name=RECALL_NAME, description=RECALL_DESCRIPTION,
                           args_schema=recall_parameters(), func=_unbound, coroutine=_aunbound)
+
+
+def _thread_of(runtime: Any) -> Any:
+    """The graph's thread id, as a model or tool hook's runtime carries it (or None)."""
+    thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None)
+    if thread is None:
+        config: Any = getattr(runtime, "config", None) or {}
+        thread = config.get("configurable", {}).get("thread_id")
+    return thread
 
 
 def _model_name(model: Any) -> str:
@@ -195,7 +139,7 @@ class ContextGuardMiddleware(AgentMiddleware):
         self.cursors = Cursors()
         self._tools: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
         self.tools: list[BaseTool] = [recall_tool()] if recall else []
-        self._recall_calls = Cursors()  # recall call id -> (0, the session that asked)
+        self._recall_calls = Cursors()  # call id -> (0, session): for a session_id function
 
     # -- the request ---------------------------------------------------------------
     def _session(self, request: ModelRequest[Any]) -> str:
@@ -203,8 +147,7 @@ class ContextGuardMiddleware(AgentMiddleware):
             return self.session_id(request)
         if self.session_id is not None:
             return self.session_id
-        info = getattr(request.runtime, "execution_info", None)
-        thread = getattr(info, "thread_id", None)
+        thread = _thread_of(request.runtime)
         if thread is None:
             try:
                 from langgraph.config import get_config
@@ -328,9 +271,9 @@ class ContextGuardMiddleware(AgentMiddleware):
 
     # -- recall ------------------------------------------------------------------------
     def _note_recall_calls(self, session_id: str, result: Sequence[BaseMessage]) -> None:
-        """Remember the session of each recall call the model just made: its tool hook
-        runs it for that session (a ``session_id`` function needs the model request)."""
-        if not self.tools:
+        """With a ``session_id`` function (it needs the model request), remember the
+        session of each recall call the model just made, for the tool hook."""
+        if not self.tools or not callable(self.session_id):
             return
         for message in result:
             for call in getattr(message, "tool_calls", None) or []:
@@ -338,18 +281,19 @@ class ContextGuardMiddleware(AgentMiddleware):
                     self._recall_calls.put(call["id"], 0, session_id)
 
     def _recall_session(self, request: ToolCallRequest) -> str:
-        call_id = request.tool_call.get("id")
-        noted = self._recall_calls.get(call_id) if call_id else None
-        if noted is not None:
-            self._recall_calls.drop(str(call_id))
-            return str(noted[1])
+        """The session a recall call runs for: the model call's (same rules)."""
         if isinstance(self.session_id, str):
             return self.session_id
-        config: Any = getattr(request.runtime, "config", None) or {}
-        thread = config.get("configurable", {}).get("thread_id")
-        if callable(self.session_id) or not isinstance(thread, str) or not thread:
-            raise InvalidInput("no session for this recall call (it was not made by a model "
-                               "call this middleware saw)", field="session_id")
+        if callable(self.session_id):
+            call_id = str(request.tool_call.get("id"))
+            noted = self._recall_calls.get(call_id)
+            self._recall_calls.drop(call_id)
+            thread = noted[1] if noted is not None else None
+        else:
+            thread = _thread_of(request.runtime)
+        if not isinstance(thread, str) or not thread:
+            raise InvalidInput("no session for this recall call (no thread id, or not made "
+                               "by a model call this middleware saw)", field="session_id")
         return thread
 
     def _is_recall(self, request: ToolCallRequest) -> bool:
