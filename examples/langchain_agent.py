@@ -6,7 +6,9 @@ Runs offline: the chat model is ``WindowedChatModel``, a real LangChain
 and answers by calling a ``lookup`` tool once per question. The compaction
 stack is the embedded one (fakeredis, in-memory broker, a Celery worker in
 this process with the offline summarizer), so summaries written by the worker
-show up in later requests.
+show up in later requests. Last, the model is asked about an early booking
+that was summarized away: it calls ``recall`` (the middleware's tool, on by
+default) and gets the original message back, verbatim, with its index.
 
     PYTHONPATH=. python examples/langchain_agent.py --turns 30 --window 3000
 
@@ -95,6 +97,17 @@ def lookup_then_answer(messages: Sequence[BaseMessage]) -> AIMessage:
                                               "id": call_id, "type": "tool_call"}])
 
 
+def recall_then_answer(query: str) -> Callable[[Sequence[BaseMessage]], AIMessage]:
+    """A reply policy: call ``recall`` with ``query``; answer from its result."""
+    def reply(messages: Sequence[BaseMessage]) -> AIMessage:
+        last = messages[-1]
+        if isinstance(last, ToolMessage) and last.name == "recall":
+            return AIMessage(content=f"From the recalled message: {str(last.content)[:200]}")
+        return AIMessage(content="", tool_calls=[{"name": "recall", "args": {"query": query},
+                                                  "id": "call_recall", "type": "tool_call"}])
+    return reply
+
+
 @tool
 def lookup(query: str) -> str:
     """Look a customer-service fact up (a long record, as real tools return)."""
@@ -135,6 +148,19 @@ def run(turns: int = 30, window: int = 3000, session: str = "langchain-example",
                   "requests": len(model.requests), "requests_with_summary": summarized,
                   "overflows_seen_by_model": model.overflows,
                   "summaries": len(stack.store.summaries(session))}
+        # An early booking, long summarized away: the model recalls it (an id only that
+        # turn's question holds; lookup's records name BK0000-BK0005 in every turn).
+        early = f"BK{min(7, turns - 1):04d}"
+        model.reply = recall_then_answer(early)
+        state = agent.invoke({"messages": [HumanMessage(f"What did I ask about {early}?")]},
+                             config)
+        recalled = next(m for m in state["messages"] if isinstance(m, ToolMessage)
+                        and m.name == "recall")
+        model.reply = None
+        if verbose:
+            print(f"recall({early!r}) -> {str(recalled.content)[:160]!r}")
+        result["recalled"] = [h["index"] for h in recalled.artifact or []
+                              if early in h["text"]]
         stack.store.delete_session(session)
     if verbose:
         print(json.dumps(result, indent=2))

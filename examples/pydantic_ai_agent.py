@@ -6,6 +6,9 @@ Runs offline: the model is pydantic-ai's own ``FunctionModel`` driven by
 calls a ``lookup`` tool once per question. The compaction stack is the
 embedded one (fakeredis, in-memory broker, a Celery worker in this process
 with the offline summarizer), so the worker's summaries reach later requests.
+Last, the model is asked about an early booking that was summarized away: it
+calls ``recall`` (the capability's tool, on by default) and gets the original
+message back, verbatim, with its index.
 
     PYTHONPATH=. python examples/pydantic_ai_agent.py --turns 30 --window 3000
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +58,7 @@ class WindowedModel:
     counts: list[int] = field(default_factory=list)
     overflows: int = 0
     fail: Exception | None = None
+    recall_query: str | None = None  # set: a new question gets a recall call, not lookup
 
     def __call__(self, messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
         if self.fail is not None:
@@ -72,6 +77,10 @@ class WindowedModel:
         if isinstance(last, pm.ToolReturnPart):
             return pm.ModelResponse(parts=[pm.TextPart(f"Found: {str(last.content)[:80]}")],
                                     usage=usage)
+        if self.recall_query is not None:
+            return pm.ModelResponse(parts=[pm.ToolCallPart(
+                "recall", {"query": self.recall_query}, tool_call_id="call_recall")],
+                usage=usage)
         question = str(getattr(last, "content", "?"))[:40]
         return pm.ModelResponse(parts=[pm.ToolCallPart(
             "lookup", {"query": question}, tool_call_id=f"call_{len(self.requests)}")],
@@ -128,6 +137,18 @@ def run(turns: int = 30, window: int = 3000, session: str = "pydantic-ai-example
                "requests": len(model.requests), "requests_with_summary": summarized,
                "overflows_seen_by_model": model.overflows,
                "summaries": len(stack.store.summaries(session))}
+        # An early booking, long summarized away: the model recalls it (an id only that
+        # turn's question holds; lookup's records name BK0000-BK0005 in every turn).
+        early = f"BK{min(7, turns - 1):04d}"
+        model.recall_query = early
+        asked = agent.run_sync(f"What did I ask about {early}?", message_history=history)
+        model.recall_query = None
+        [text] = [str(p.content) for m in asked.new_messages() for p in m.parts
+                  if isinstance(p, pm.ToolReturnPart) and p.tool_name == "recall"]
+        if verbose:
+            print(f"recall({early!r}) -> {text[:160]!r}")
+        out["recalled"] = [int(index) for index, passage in re.findall(
+            r"\[message (\d+), \w+, score [0-9.]+\]\n([^\n]*)", text) if early in passage]
         stack.store.delete_session(session)
     if verbose:
         print(json.dumps(out, indent=2))

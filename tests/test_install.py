@@ -34,6 +34,7 @@ OPTIONAL_MODULES = {
     "workers.harness.replay.runner": ("openai", "openai"),
     # framework adapters: each is the shell of one framework (README: framework adapters)
     "shared.integrations.langchain": ("langchain", "langchain"),
+    "shared.integrations.langchain_messages": ("langchain", "langchain_core"),
     "shared.integrations.pydantic_ai": ("pydantic-ai", "pydantic_ai"),
     "shared.integrations.agents_sdk": ("openai-agents", "agents"),
     "shared.integrations.agents_run": ("openai-agents", "agents"),

@@ -3,7 +3,8 @@
 Each example is run as a script in a fresh interpreter (no servers, no keys:
 fakeredis, the in-memory broker and an in-process Celery worker), and its
 final JSON report is checked: the session outgrew the window, the model never
-saw an overflowing request, and the worker's summaries reached it.
+saw an overflowing request, the worker's summaries reached it, and an early
+message the worker summarized away came back through the ``recall`` tool.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def test_the_example_runs_offline_and_stays_in_the_window(example: str, framewor
     assert isinstance(report["summaries"], int) and report["summaries"] >= 1
     assert isinstance(report["requests_with_summary"], int)
     assert report["requests_with_summary"] >= 10
+    # question 7, summarized away, recalled verbatim through the adapter's recall tool
+    assert report["recalled"] == [4 * 7]
 
 
 def test_shared_integrations_imports_no_framework() -> None:

@@ -82,7 +82,7 @@ def error(response: Any) -> dict[str, Any]:
 def test_openapi_schema_lists_every_endpoint_with_bearer_auth(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
     paths = set(schema["paths"])
-    for name in ("prepare", "record", "recover", "stats", "compact", "history"):
+    for name in ("prepare", "record", "recover", "recall", "stats", "compact", "history"):
         assert f"/v1/sessions/{{session_id}}/{name}" in paths
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "ErrorOut" in schema["components"]["schemas"]

@@ -32,6 +32,9 @@ def test_agents_sdk_agent_runs_past_its_window() -> None:
     tool_tokens = int(re.search(r"~(\d+) tokens", out).group(1))  # type: ignore[union-attr]
     assert largest < 8192 < tool_tokens
     assert "0 refused for overflow" in out
+    # the run was compacted, then recalled: the first read_file call, verbatim, index 1
+    assert re.search(r"compacted up to message \d+; Recalled: \[message 1, assistant, score "
+                     r"[0-9.]+\]\n+read_file \{\"path\": \"m1.py\"\}", out), out
 
 
 def test_http_client_keeps_a_long_session_inside_the_window() -> None:
@@ -78,3 +81,47 @@ def test_the_curl_example_in_the_docs(redis_url: str, real_redis: object, key_pr
     assert stats["length"] == 2 and stats["tenant"] == "docs"
     view = json.loads((tmp_path / "view.json").read_text())
     assert view["messages"][-1] == {"role": "user", "content": "What is in /src?"}
+
+
+def _section(text: str, heading: str, fence: str) -> str:
+    return text.split(heading, 1)[1].split(fence, 1)[1].split("```", 1)[0]
+
+
+def test_the_recall_tool_in_the_docs_is_the_one_definition() -> None:
+    from shared.core.recall_tool import recall_tool
+
+    text = (ROOT / "docs" / "server.md").read_text()
+    assert json.loads(_section(text, "## Recall", "```json")) == recall_tool("openai")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_the_recall_curl_example_in_the_docs(redis_url: str, real_redis: Any,
+                                             key_prefix: str, tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from shared.core.config import StoreConfig
+    from shared.guard import ContextGuard
+    from shared.store.sessions import SessionStore
+    from tests.recall_adapters_support import FACT, assert_recalled, compact, opening
+    from workers.server.process import ServerProcess
+
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="docs")
+    guard = ContextGuard(store)
+    for i in range(4):  # the fact in turn 1's user message: index 2, as the docs show
+        guard.record_turn("demo-1", [{"role": "user", "content": opening(i)},
+                                     {"role": "assistant", "content": f"Noted, turn {i}."}])
+    compact(store, "demo-1")
+    script = _section((ROOT / "docs" / "server.md").read_text(), "## Recall", "```bash")
+    token = "docs-curl-token-0123456789"
+    env = {"COMPACTION_REDIS_URL": redis_url, "COMPACTION_KEY_PREFIX": key_prefix,
+           "COMPACTION_BROKER_URL": "memory://",
+           "COMPACTION_SERVER_TOKENS": json.dumps({token: "docs"})}
+    with ServerProcess(env) as server:
+        done = subprocess.run(["bash", "-euc", script.replace("http://127.0.0.1:8080",
+                                                              server.url)],
+                              env={**os.environ, "TOKEN": token}, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [answer] = documents(done.stdout)
+    assert answer["session_id"] == "demo-1" and len(answer["hits"]) <= 3
+    assert (answer["hits"][0]["index"], answer["hits"][0]["text"]) == (2, FACT)
+    assert_recalled(answer["text"], 2)

@@ -12,6 +12,10 @@ only there (install the matching extra):
   model wrapper are in :mod:`shared.integrations.agents_run`, and the item
   mapping, which needs no SDK, in :mod:`shared.integrations.agents_items`.
 
+Each gives the model the ``recall`` tool and runs its calls against the guard
+(LangChain and pydantic-ai by default, the Agents SDK with
+``session.recall_tool()``); what they share is in :mod:`shared.integrations._common`.
+
 This package itself imports nothing optional: ``import shared.integrations``
 works with no framework installed.
 """

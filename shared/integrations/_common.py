@@ -1,4 +1,5 @@
-"""What every framework adapter shares: provenance tags, cursors, recover-and-retry-once.
+"""What every framework adapter shares: provenance tags, cursors, recover-and-retry-once,
+and running the model's ``recall`` calls.
 
 An adapter mirrors the framework's conversation into the session log: each
 framework message (or part) becomes one neutral :class:`Message` tagged with
@@ -12,7 +13,14 @@ clipped, summary) is built fresh.
 
 A :class:`Cursors` entry remembers how much of a session's framework history
 is in the log, so a model call costs no extra read; a miss (new process) is
-one read. Nothing here imports a framework.
+one read.
+
+Each adapter gives the model the ``recall`` tool (:func:`recall_parameters`,
+the one schema of ``shared.core.recall_tool``) and runs its calls with
+:func:`answer_recall` / :func:`aanswer_recall`: the arguments are validated
+once, here, the guard's ``recall`` runs for the adapter's session, and the
+model gets the rendered hits, or a text naming the bad argument (a failed
+recall never ends the agent's run). Nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -25,9 +33,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from shared.core.errors import InvalidInput
+from shared.core.errors import CompactionError, InvalidInput, SessionNotFound
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
+from shared.core.recall import RecallQuery, parse_tool_arguments
+from shared.core.recall_tool import (
+    DEFAULT_LIMIT,
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    RecallHit,
+    recall_tool,
+    render_hits,
+)
 from shared.core.records import ViewData
 
 FW_KEY = "fw"
@@ -166,6 +183,9 @@ class AsyncGuard(Protocol):
 
     async def load(self, session_id: str) -> ViewData: ...
 
+    async def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
+                     start: int | None = None, end: int | None = None) -> list[RecallHit]: ...
+
 
 class ThreadedAsyncGuard:
     """STOPGAP until ``shared.guard.AsyncContextGuard`` exists: the sync guard in a thread.
@@ -195,6 +215,11 @@ class ThreadedAsyncGuard:
         data: ViewData = await asyncio.to_thread(self.guard.load, session_id)
         return data
 
+    async def recall(self, session_id: str, query: str, **kwargs: Any) -> list[RecallHit]:
+        hits: list[RecallHit] = await asyncio.to_thread(self.guard.recall, session_id, query,
+                                                        **kwargs)
+        return hits
+
 
 def as_async_guard(guard: Any) -> AsyncGuard:
     """An async guard: ``guard`` itself when its methods are coroutines, else the stopgap."""
@@ -219,19 +244,96 @@ async def arun_with_recovery(guard: AsyncGuard, session_id: str, request: Reques
     return await send(retry), retry
 
 
+# -- recall: the tool each adapter gives the model and executes itself ----------------------
+RECALL_NAME = TOOL_NAME
+RECALL_DESCRIPTION = TOOL_DESCRIPTION
+
+
+def recall_parameters() -> dict[str, Any]:
+    """The ``recall`` tool's JSON schema (the one definition in ``shared.core.recall_tool``)."""
+    parameters: dict[str, Any] = recall_tool("openai")["function"]["parameters"]
+    return parameters
+
+
+def recall_failure(error: CompactionError) -> str:
+    """The tool result for a recall call that could not run: text the model can act on
+    (a bad argument names its field), never an exception that ends the agent's run."""
+    if isinstance(error, InvalidInput):
+        return f"recall: invalid arguments: {error}"
+    return f"recall: failed ({type(error).__name__}): {error}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecallAnswer:
+    """What a ``recall`` call returns to the model: the rendered hits, or the error text."""
+
+    text: str
+    hits: tuple[RecallHit, ...] = ()
+    ok: bool = True
+
+
+def _query(arguments: str | Mapping[str, Any] | None) -> RecallQuery | RecallAnswer:
+    try:
+        return parse_tool_arguments(arguments if arguments is not None else {})
+    except InvalidInput as exc:
+        return RecallAnswer(recall_failure(exc), ok=False)
+
+
+def _failed(error: CompactionError) -> RecallAnswer:
+    if isinstance(error, SessionNotFound):  # nothing recorded yet: nothing earlier to find
+        return RecallAnswer(render_hits([]))
+    return RecallAnswer(recall_failure(error), ok=False)
+
+
+def answer_recall(guard: Any, session_id: str,
+                  arguments: str | Mapping[str, Any] | None) -> RecallAnswer:
+    """Run a model's ``recall`` call (its JSON arguments, or their mapping) through the sync
+    guard's :meth:`~shared.guard.ContextGuard.recall` for ``session_id``."""
+    query = _query(arguments)
+    if isinstance(query, RecallAnswer):
+        return query
+    try:
+        hits = guard.recall(session_id, query.text, limit=query.limit, start=query.start,
+                            end=query.end)
+    except CompactionError as exc:
+        return _failed(exc)
+    return RecallAnswer(render_hits(hits), tuple(hits))
+
+
+async def aanswer_recall(guard: AsyncGuard, session_id: str,
+                         arguments: str | Mapping[str, Any] | None) -> RecallAnswer:
+    """:func:`answer_recall` through an async guard (``AsyncContextGuard.recall``)."""
+    query = _query(arguments)
+    if isinstance(query, RecallAnswer):
+        return query
+    try:
+        hits = await guard.recall(session_id, query.text, limit=query.limit,
+                                  start=query.start, end=query.end)
+    except CompactionError as exc:
+        return _failed(exc)
+    return RecallAnswer(render_hits(hits), tuple(hits))
+
+
 __all__ = [
     "FP_KEY",
     "FW_KEY",
+    "RECALL_DESCRIPTION",
+    "RECALL_NAME",
     "AsyncGuard",
     "Cursors",
+    "RecallAnswer",
     "Request",
     "ThreadedAsyncGuard",
+    "aanswer_recall",
     "aload_cursor",
+    "answer_recall",
     "arun_with_recovery",
     "as_async_guard",
     "cursor_from_view",
     "fingerprint",
     "load_cursor",
     "origin",
+    "recall_failure",
+    "recall_parameters",
     "run_with_recovery",
 ]

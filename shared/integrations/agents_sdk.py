@@ -12,6 +12,10 @@ memory; three pieces keep a long run inside the window::
   returns the guard's view (summary first, then recent items, tool pairs
   intact); ``add_items`` appends and enqueues the worker job; ``pop_item``
   and ``clear_session`` are history edits (``truncate_after`` / delete).
+- :meth:`GuardedSession.recall_tool` (or :func:`recall_function_tool`): the
+  ``recall`` tool as a ``FunctionTool`` bound to the session; the runner
+  runs it like any tool, against the guard's index of what compaction
+  summarized away (``tools=[..., session.recall_tool()]``).
 - :class:`InputBudget` (the ``RunConfig`` input filter that truncates before
   a model call that would not fit) and :class:`GuardedModel` (one retry
   after a context overflow, compacted): see :mod:`shared.integrations.agents_run`.
@@ -31,6 +35,8 @@ try:
     from agents.items import TResponseInputItem
     from agents.models.interface import Model
     from agents.run_config import RunConfig
+    from agents.tool import FunctionTool
+    from agents.tool_context import ToolContext
 except ModuleNotFoundError as exc:  # tests/test_install.py runs this without the extra
     raise ModuleNotFoundError("shared.integrations.agents_sdk needs the 'openai-agents' extra: "
                               "pip install 'context-compaction[openai-agents]'",
@@ -39,6 +45,13 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.guard import ContextGuard
+from shared.integrations._common import (
+    RECALL_DESCRIPTION,
+    RECALL_NAME,
+    aanswer_recall,
+    as_async_guard,
+    recall_parameters,
+)
 from shared.integrations.agents_items import items_to_messages, messages_to_items
 from shared.integrations.agents_run import GuardedModel, InputBudget, tool_schemas
 
@@ -48,7 +61,29 @@ __all__ = [
     "InputBudget",
     "items_to_messages",
     "messages_to_items",
+    "recall_function_tool",
 ]
+
+
+def recall_function_tool(guard: Any, session_id: str) -> FunctionTool:
+    """The ``recall`` tool bound to ``session_id``, for an agent's ``tools``.
+
+    The runner runs it: the call's JSON arguments go through ``guard.recall``
+    (a :class:`ContextGuard` in a worker thread, or an ``AsyncContextGuard``
+    awaited) and the model gets the matching earlier messages verbatim with
+    their index; a bad argument comes back as an error text naming it.
+    """
+    from shared.store.keys import validate_session_id
+
+    validate_session_id(session_id)
+    async_guard = as_async_guard(guard)
+
+    async def invoke(context: ToolContext[Any], arguments: str) -> str:
+        return (await aanswer_recall(async_guard, session_id, arguments)).text
+
+    return FunctionTool(name=RECALL_NAME, description=RECALL_DESCRIPTION,
+                        params_json_schema=recall_parameters(), on_invoke_tool=invoke,
+                        strict_json_schema=False)
 
 
 def _last(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -93,6 +128,10 @@ class GuardedSession:
                    instructions=instructions, tools=tool_schemas(agent.tools or []))
 
     # -- wiring -----------------------------------------------------------------------------
+    def recall_tool(self) -> FunctionTool:
+        """The ``recall`` tool bound to this session (:func:`recall_function_tool`)."""
+        return recall_function_tool(self.guard, self.session_id)
+
     def wrap(self, model: Model) -> GuardedModel:
         """``model`` with overflow recovery sharing this session's budget."""
         return GuardedModel(model, self.input_filter, session=self)

@@ -21,107 +21,91 @@ Around every model call (``wrap_model_call`` / ``awrap_model_call``):
    with tool calls is recorded with its results, at the next call (a log
    never ends in an unanswered tool call, so no cut can strand a result).
 
+Recall (on by default, ``recall=False`` to leave it out): the middleware
+declares a ``recall`` tool, so the model sees it among the agent's tools,
+and runs its calls itself (``wrap_tool_call`` / ``awrap_tool_call``)
+against the guard's index of what compaction summarized away, for the
+session of the model call that asked. The result is the matching messages,
+verbatim, with their index; a bad argument comes back as an error
+``ToolMessage`` the model can correct, never an exception.
+
 The session is the graph's ``thread_id`` (or ``session_id=``, a string or a
 function of the request). Put this middleware last in ``middleware=[...]``:
 it builds the request's messages from the graph state. Messages it cannot
 map raise :class:`InvalidInput` naming ``state.messages[i]`` before anything
 is written. The async hook uses ``shared.guard.AsyncContextGuard`` when it is
-passed one; with the sync guard it runs the guard in a thread (stopgap).
+passed one; with the sync guard it runs the guard in a thread (stopgap). The
+message mapping is in :mod:`shared.integrations.langchain_messages`
+(``to_neutral`` and ``from_view`` are importable from here too).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import (
-    AIMessage,
-    AnyMessage,
-    BaseMessage,
-    SystemMessage,
-    convert_to_messages,
-    convert_to_openai_messages,
-)
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from shared.core.errors import CompactionError, InvalidInput
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
-from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard
 from shared.integrations._common import (
+    RECALL_DESCRIPTION,
+    RECALL_NAME,
     AsyncGuard,
     Cursors,
+    RecallAnswer,
     Request,
+    aanswer_recall,
     aload_cursor,
+    answer_recall,
     arun_with_recovery,
     as_async_guard,
     load_cursor,
-    origin,
+    recall_failure,
+    recall_parameters,
     run_with_recovery,
-    tag,
 )
+from shared.integrations.langchain_messages import ID_KEY, from_view, to_neutral
 
-ID_KEY = "lc_id"
 SessionFn = Callable[[ModelRequest[Any]], str]
 
 
-def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
-    """LangChain messages as tagged neutral ones; InvalidInput names ``state.messages[i]``."""
-    out: list[Message] = []
-    for offset, message in enumerate(messages):
-        index = start + offset
-        where = f"state.messages[{index}]"
-        if not isinstance(message, BaseMessage):
-            raise InvalidInput(f"expected a LangChain message, got {type(message).__name__}",
-                               field=where, index=index)
-        try:
-            wire = convert_to_openai_messages(message)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}",
-                               field=where, index=index) from None
-        try:
-            (neutral,) = from_openai([wire])
-        except InvalidInput as exc:
-            inner = exc.field or ""
-            reason = str(exc).removeprefix(f"{inner}: ")
-            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
-                               field=where + inner.removeprefix("messages[0]"),
-                               index=index) from None
-        extra = {ID_KEY: message.id} if message.id else {}
-        out.append(tag(neutral, index, extra=extra))
-    return out
+UNBOUND = ("recall: not available here: the agent's ContextGuardMiddleware runs recall "
+           "calls, and none ran this one")
 
 
-def from_view(view: PreparedView, state: Sequence[AnyMessage],
-              system: SystemMessage | None) -> tuple[SystemMessage | None, list[AnyMessage]]:
-    """The view as LangChain messages: untouched ones are the state's own objects."""
-    messages = list(view.messages)
-    new_system = system
-    if messages and messages[0].role == "system":
-        text = messages.pop(0).text()
-        if system is not None and text != system.text and text.startswith(system.text):
-            # The summary follows the caller's system prompt: keep its blocks as they were
-            # (cache_control and the like), the summary as one more text block.
-            blocks = (list(system.content) if isinstance(system.content, list)
-                      else [{"type": "text", "text": system.content}])
-            new_system = SystemMessage(content=[
-                *blocks, {"type": "text", "text": text[len(system.text):].lstrip("\n")}])
-        elif system is None or text != system.text:
-            new_system = SystemMessage(content=text)
-    out: list[AnyMessage] = []
-    for message in messages:
-        found = origin(message)
-        if found is not None and found[0] < len(state):
-            original = state[found[0]]
-            if original.id is None or original.id == message.metadata.get(ID_KEY):
-                out.append(original)
-                continue
-        out.extend(cast("list[AnyMessage]",
-                        convert_to_messages(to_openai([message], include_reasoning=False))))
-    return new_system, out
+def _unbound(**_: Any) -> str:
+    return UNBOUND
+
+
+async def _aunbound(**_: Any) -> str:
+    return UNBOUND
+
+
+def recall_tool() -> BaseTool:
+    """The ``recall`` tool as LangChain declares it (one schema, ``shared.core.recall_tool``).
+
+    :class:`ContextGuardMiddleware` registers it and runs its calls; the
+    tool's own body only answers a call no middleware intercepted.
+    """
+    return StructuredTool(name=RECALL_NAME, description=RECALL_DESCRIPTION,
+                          args_schema=recall_parameters(), func=_unbound, coroutine=_aunbound)
+
+
+def _thread_of(runtime: Any) -> Any:
+    """The graph's thread id, as a model or tool hook's runtime carries it (or None)."""
+    thread = getattr(getattr(runtime, "execution_info", None), "thread_id", None)
+    if thread is None:
+        config: Any = getattr(runtime, "config", None) or {}
+        thread = config.get("configurable", {}).get("thread_id")
+    return thread
 
 
 def _model_name(model: Any) -> str:
@@ -138,12 +122,13 @@ class ContextGuardMiddleware(AgentMiddleware):
     ``guard``: a :class:`ContextGuard` (or an ``AsyncContextGuard`` for async
     agents). ``model``: the name the guard looks limits up by (default: the
     chat model's ``model_name``/``model``); ``max_tokens``: the output reserve
-    (default: the request's or the chat model's ``max_tokens``).
+    (default: the request's or the chat model's ``max_tokens``). ``recall``:
+    give the model the ``recall`` tool, run here against the guard (default on).
     """
 
     def __init__(self, guard: Any, *, session_id: str | SessionFn | None = None,
                  model: str | None = None, max_tokens: int | None = None,
-                 async_guard: AsyncGuard | None = None) -> None:
+                 async_guard: AsyncGuard | None = None, recall: bool = True) -> None:
         super().__init__()
         is_async = not isinstance(guard, ContextGuard)
         self.guard: ContextGuard | None = None if is_async else guard
@@ -153,6 +138,8 @@ class ContextGuardMiddleware(AgentMiddleware):
         self.max_tokens = max_tokens
         self.cursors = Cursors()
         self._tools: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
+        self.tools: list[BaseTool] = [recall_tool()] if recall else []
+        self._recall_calls = Cursors()  # call id -> (0, session): for a session_id function
 
     # -- the request ---------------------------------------------------------------
     def _session(self, request: ModelRequest[Any]) -> str:
@@ -160,8 +147,7 @@ class ContextGuardMiddleware(AgentMiddleware):
             return self.session_id(request)
         if self.session_id is not None:
             return self.session_id
-        info = getattr(request.runtime, "execution_info", None)
-        thread = getattr(info, "thread_id", None)
+        thread = _thread_of(request.runtime)
         if thread is None:
             try:
                 from langgraph.config import get_config
@@ -241,6 +227,7 @@ class ContextGuardMiddleware(AgentMiddleware):
         response, _view = run_with_recovery(guard, session_id, fixed, pending,
                                             lambda view: handler(self._send(request, view)))
         result, usage = self._reply(response)
+        self._note_recall_calls(session_id, result)
         first = len(state)
         reply = to_neutral(result, first)
         if any(m.tool_calls for m in reply):  # recorded with its results, next call
@@ -272,6 +259,7 @@ class ContextGuardMiddleware(AgentMiddleware):
 
         response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
         result, usage = self._reply(response)
+        self._note_recall_calls(session_id, result)
         first = len(state)
         reply = to_neutral(result, first)
         if any(m.tool_calls for m in reply):  # recorded with its results, next call
@@ -280,6 +268,66 @@ class ContextGuardMiddleware(AgentMiddleware):
             await guard.record_turn(session_id, [*pending, *reply], usage=usage)
         self._advance(session_id, state, first, result)
         return response
+
+    # -- recall ------------------------------------------------------------------------
+    def _note_recall_calls(self, session_id: str, result: Sequence[BaseMessage]) -> None:
+        """With a ``session_id`` function (it needs the model request), remember the
+        session of each recall call the model just made, for the tool hook."""
+        if not self.tools or not callable(self.session_id):
+            return
+        for message in result:
+            for call in getattr(message, "tool_calls", None) or []:
+                if call.get("name") == RECALL_NAME and call.get("id"):
+                    self._recall_calls.put(call["id"], 0, session_id)
+
+    def _recall_session(self, request: ToolCallRequest) -> str:
+        """The session a recall call runs for: the model call's (same rules)."""
+        if isinstance(self.session_id, str):
+            return self.session_id
+        if callable(self.session_id):
+            call_id = str(request.tool_call.get("id"))
+            noted = self._recall_calls.get(call_id)
+            self._recall_calls.drop(call_id)
+            thread = noted[1] if noted is not None else None
+        else:
+            thread = _thread_of(request.runtime)
+        if not isinstance(thread, str) or not thread:
+            raise InvalidInput("no session for this recall call (no thread id, or not made "
+                               "by a model call this middleware saw)", field="session_id")
+        return thread
+
+    def _is_recall(self, request: ToolCallRequest) -> bool:
+        return bool(self.tools) and request.tool_call.get("name") == RECALL_NAME
+
+    @staticmethod
+    def _tool_message(request: ToolCallRequest, answer: RecallAnswer) -> ToolMessage:
+        return ToolMessage(content=answer.text, tool_call_id=request.tool_call.get("id") or "",
+                           name=RECALL_NAME, status="success" if answer.ok else "error",
+                           artifact=[h.model_dump() for h in answer.hits])
+
+    def wrap_tool_call(self, request: ToolCallRequest,
+                       handler: Callable[[ToolCallRequest], Any]) -> Any:
+        if not self._is_recall(request):
+            return handler(request)
+        if self.guard is None:
+            raise CompactionError("an async guard was given: run the agent with ainvoke")
+        try:
+            session_id = self._recall_session(request)
+        except InvalidInput as exc:
+            return self._tool_message(request, RecallAnswer(recall_failure(exc), ok=False))
+        return self._tool_message(request, answer_recall(self.guard, session_id,
+                                                         request.tool_call.get("args")))
+
+    async def awrap_tool_call(self, request: ToolCallRequest,
+                              handler: Callable[[ToolCallRequest], Awaitable[Any]]) -> Any:
+        if not self._is_recall(request):
+            return await handler(request)
+        try:
+            session_id = self._recall_session(request)
+        except InvalidInput as exc:
+            return self._tool_message(request, RecallAnswer(recall_failure(exc), ok=False))
+        return self._tool_message(request, await aanswer_recall(
+            self.async_guard, session_id, request.tool_call.get("args")))
 
     def _advance(self, session_id: str, state: Sequence[BaseMessage], first: int,
                  result: Sequence[BaseMessage]) -> None:
@@ -290,4 +338,4 @@ class ContextGuardMiddleware(AgentMiddleware):
             self.cursors.put(session_id, first + len(result), last.id)
 
 
-__all__ = ["ContextGuardMiddleware", "from_view", "to_neutral"]
+__all__ = ["ContextGuardMiddleware", "from_view", "recall_tool", "to_neutral"]

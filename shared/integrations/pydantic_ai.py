@@ -22,6 +22,12 @@ same contract as the LangChain middleware:
   response with tool calls is recorded with its results, at the next call
   (a log never ends in an unanswered tool call).
 
+Recall (on by default, ``recall=False`` to leave it out): the capability's
+toolset holds a ``recall`` tool, run here against the guard's index of what
+compaction summarized away, for the run's session; the model gets the
+matching messages verbatim with their index, or an error text naming the
+bad argument (never an exception that ends the run).
+
 The session is the run's ``conversation_id`` (kept on ``message_history``
 across runs), or ``session_id=`` (a string or a function of the RunContext).
 System prompt parts and instructions are the fixed system prompt: never
@@ -42,18 +48,24 @@ from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import RetryModelRequest
 from pydantic_ai.models import ModelRequestContext
-from pydantic_ai.tools import RunContext
+from pydantic_ai.tools import RunContext, Tool
+from pydantic_ai.toolsets import FunctionToolset
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import ImagePart, Message, TextPart, ToolCall
 from shared.core.prepared import PreparedView
 from shared.integrations._common import (
+    RECALL_DESCRIPTION,
+    RECALL_NAME,
     AsyncGuard,
     Cursors,
     Request,
+    aanswer_recall,
     aload_cursor,
     as_async_guard,
     origin,
+    recall_failure,
+    recall_parameters,
     tag,
 )
 
@@ -221,13 +233,15 @@ class ContextGuardCapability(AbstractCapability[Any]):
     ``guard``: a :class:`ContextGuard` or an ``AsyncContextGuard``. ``model``:
     the name the guard looks limits up by (default: the model's
     ``model_name``); ``max_tokens``: the output reserve (default: the run's
-    ``max_tokens`` setting).
+    ``max_tokens`` setting). ``recall``: give the model the ``recall`` tool,
+    run here against the guard (default on).
     """
 
     guard: Any
     session_id: str | SessionFn | None = None
     model: str | None = None
     max_tokens: int | None = None
+    recall: bool = True
     cursors: Cursors = field(default_factory=Cursors)
     _async: AsyncGuard | None = field(default=None, repr=False)
     _runs: dict[str, _Pending] = field(default_factory=dict, repr=False)
@@ -244,6 +258,23 @@ class ContextGuardCapability(AbstractCapability[Any]):
     def aguard(self) -> AsyncGuard:
         assert self._async is not None
         return self._async
+
+    # -- recall ------------------------------------------------------------------------------
+    def get_toolset(self) -> FunctionToolset[Any] | None:
+        """The ``recall`` tool (one schema, ``shared.core.recall_tool``), when on."""
+        if not self.recall:
+            return None
+        return FunctionToolset([Tool.from_schema(
+            self._recall, name=RECALL_NAME, description=RECALL_DESCRIPTION,
+            json_schema=recall_parameters(), takes_ctx=True)])
+
+    async def _recall(self, ctx: RunContext[Any], **arguments: Any) -> str:
+        """A ``recall`` call of the run's session: the hits rendered, or the error text."""
+        try:
+            session_id = self._session(ctx)
+        except InvalidInput as exc:
+            return recall_failure(exc)
+        return (await aanswer_recall(self.aguard, session_id, arguments)).text
 
     def _session(self, ctx: RunContext[Any]) -> str:
         if callable(self.session_id):

@@ -172,7 +172,9 @@ class BodyLimit:
 
 
 def _field(loc: Sequence[Any]) -> str | None:
-    parts = [p for p in loc if p not in ("body", "path", "query", "header")]
+    """``("body", "query")`` -> ``query``: only the first item names where (a body
+    field may be called ``query`` too, as recall's is)."""
+    parts = list(loc[1:] if loc and loc[0] in ("body", "path", "query", "header") else loc)
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))

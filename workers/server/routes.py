@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.messages import Message, validate_messages
 from shared.core.prepared import PreparedView
+from shared.core.recall import render_hits
 from shared.core.wire import from_anthropic, from_gemini, from_openai, to_anthropic, to_gemini
 from shared.enqueue import TASK_COMPACT
 from shared.guard import ContextGuard
@@ -30,6 +31,8 @@ from workers.server.schemas import (
     HistoryOut,
     PreparedOut,
     PrepareRequest,
+    RecallOut,
+    RecallRequest,
     RecordOut,
     RecordRequest,
     RecoverOut,
@@ -160,6 +163,17 @@ def recover(request: Request, tenant: Tenant, session_id: SessionId,
     if view is None:
         return fast(RecoverOut(recovered=False))
     return fast(RecoverOut(recovered=True, view=view_out(view, body.format)))
+
+
+@router.post("/sessions/{session_id}/recall", response_model=RecallOut,
+             summary="Recall: the earlier messages compaction summarized away that match, "
+                     "verbatim, with their index")
+def recall(request: Request, tenant: Tenant, session_id: SessionId,
+           body: RecallRequest) -> Response:
+    guard = _guard(request, tenant, session_id)
+    hits = guard.recall(session_id, body.query, limit=body.limit, start=body.start,
+                        end=body.end)
+    return fast(RecallOut(session_id=session_id, hits=hits, text=render_hits(hits)))
 
 
 @router.get("/sessions/{session_id}/stats", summary="Tokens by region, usage, summaries")

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, RecallHit
+
 Format = Literal["openai", "anthropic", "gemini", "neutral"]
 
 
@@ -58,6 +60,19 @@ class CompactRequest(_Body):
     force: bool = False
 
 
+class RecallRequest(_Body):
+    """A model's ``recall`` tool call, its arguments as the tool defines them."""
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS,
+                       description="exact words: file paths, identifiers, error codes, numbers")
+    limit: int = Field(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT,
+                       description="passages to return, best first")
+    start: int | None = Field(default=None, ge=0, description="first message index searched")
+    end: int | None = Field(default=None, ge=0, description=(
+        "search messages before this index (default: the watermark, i.e. what was "
+        "summarized away)"))
+
+
 class PreparedOut(BaseModel):
     format: Format
     messages: list[Any] = Field(description="the view in `format` (system first for openai)")
@@ -80,6 +95,13 @@ class CompactOut(BaseModel):
     session_id: str
     task_id: str
     task: str
+
+
+class RecallOut(BaseModel):
+    session_id: str
+    hits: list[RecallHit] = Field(description="one passage per message, best first")
+    text: str = Field(description="the hits rendered as the recall tool's result: send it "
+                                  "to the model as the tool message's content")
 
 
 class SummaryOut(BaseModel):
@@ -115,6 +137,8 @@ __all__ = [
     "HistoryOut",
     "PrepareRequest",
     "PreparedOut",
+    "RecallOut",
+    "RecallRequest",
     "RecordOut",
     "RecordRequest",
     "RecoverOut",
