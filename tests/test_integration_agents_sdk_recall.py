@@ -25,6 +25,7 @@ from openai.types.responses import (
 )
 
 from shared.core.config import StoreConfig
+from shared.core.recall_tool import NOTICE, recall_tool
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.integrations.agents_sdk import GuardedSession, recall_function_tool
 from shared.store.aio import AsyncSessionStore
@@ -95,6 +96,7 @@ def check_second_request(model: RecallingModel, store: SessionStore, session: st
     first, second = model.requests[-2], model.requests[-1]
     assert "recall" in model.offered
     assert FACT not in json.dumps(first)  # compacted away...
+    assert NOTICE in json.dumps(first)  # ...the summary says it can be recalled...
     [result] = _outputs(second)
     assert_recalled(result["output"], fact_index(store, session))  # ...and recalled verbatim
 
@@ -121,7 +123,8 @@ def test_the_model_recalls_a_compacted_fact_sync_guard(store: SessionStore) -> N
 def test_the_model_recalls_a_compacted_fact_async_guard(store: SessionStore,
                                                         redis_url: str) -> None:
     guard = ContextGuard(store, overrides={MODEL: 40_000})
-    session = GuardedSession(guard, "sdk-arecall", model=MODEL)
+    # the tool is bound below, to the async guard: the session is told it is offered
+    session = GuardedSession(guard, "sdk-arecall", model=MODEL, tools=[recall_tool("openai")])
     model = RecallingModel([{"query": QUERY, "start": 0, "end": 12}])
     seed(store, session, Agent(name="a", instructions="Answer.", model=model))
 

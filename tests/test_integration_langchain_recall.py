@@ -21,6 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from examples.langchain_agent import SYSTEM, WindowedChatModel, lookup, lookup_then_answer
 from shared.core.config import StoreConfig
+from shared.core.recall_tool import NOTICE
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.integrations.langchain import ContextGuardMiddleware
 from shared.store.aio import AsyncSessionStore
@@ -86,6 +87,7 @@ def check_second_request(model: RecallingChatModel, store: SessionStore, session
     first, second = model.requests[-2], model.requests[-1]
     assert "recall" in model.bound  # the model was offered the tool
     assert not any(FACT in str(m.content) for m in first)  # compacted away...
+    assert NOTICE in str(first[0].content)  # ...the summary says it can be recalled...
     result = second[-1]
     assert isinstance(result, ToolMessage) and result.name == "recall"
     assert result.status == "success"

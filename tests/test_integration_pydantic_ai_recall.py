@@ -20,6 +20,7 @@ from pydantic_ai.models.function import AgentInfo
 
 from examples.pydantic_ai_agent import WindowedModel, build_agent
 from shared.core.config import StoreConfig
+from shared.core.recall_tool import NOTICE
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.integrations.pydantic_ai import ContextGuardCapability
 from shared.store.aio import AsyncSessionStore
@@ -74,6 +75,7 @@ def check_second_request(model: RecallingModel, store: SessionStore, session: st
     first, second = model.requests[-2], model.requests[-1]
     assert "recall" in model.offered  # the capability's toolset offered it
     assert FACT not in str(first)  # compacted away...
+    assert NOTICE in str(first)  # ...the summary says it can be recalled...
     [result] = _returns(second)
     assert_recalled(result.content, fact_index(store, session))  # ...and recalled verbatim
 

@@ -129,8 +129,15 @@ class GuardedSession:
 
     # -- wiring -----------------------------------------------------------------------------
     def recall_tool(self) -> FunctionTool:
-        """The ``recall`` tool bound to this session (:func:`recall_function_tool`)."""
-        return recall_function_tool(self.guard, self.session_id)
+        """The ``recall`` tool bound to this session (:func:`recall_function_tool`), also
+        added to the tools the session counts: the budget includes it, and the summary
+        tells the model what it can recall."""
+        from shared.core.recall_tool import offers_recall
+
+        tool = recall_function_tool(self.guard, self.session_id)
+        if not offers_recall(self.tools):
+            self.tools = [*(self.tools or []), *tool_schemas([tool])]
+        return tool
 
     def wrap(self, model: Model) -> GuardedModel:
         """``model`` with overflow recovery sharing this session's budget."""
