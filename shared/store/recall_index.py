@@ -78,6 +78,8 @@ class RecallKeys:
     df: str
     """An older index's term counts (read only to expire and drop them)."""
     terms: str
+    queued: str
+    """Set while an index job of the session is queued (workers coalesce on it)."""
     doc: str
     mp: str
     state: str
@@ -93,6 +95,7 @@ def recall_keys(store: SessionStore | AsyncSessionStore, session_id: str) -> Rec
     k = store.keys(session_id)
     base = k.state.removesuffix(":state")
     return RecallKeys(meta=f"{base}:rx:meta", df=f"{base}:rx:df", terms=f"{base}:rx:terms",
+                      queued=f"{base}:rx:queued",
                       doc=f"{base}:rx:doc", mp=f"{base}:rx:mp", state=k.state, log=k.log,
                       term_prefix=f"{base}:rx:t:")
 
@@ -143,6 +146,8 @@ class IndexReport:
     terms: int = 0
     rebuilt: bool = False
     conflict: str = ""
+    left: int = 0
+    """Messages past ``end`` this call was asked to index but did not (its bound)."""
     ms: float = 0.0
 
 
@@ -179,7 +184,8 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             meta, report.rebuilt = {}, unreconciled or littered
         hwm = _int(meta.get("hwm"))
         budget = MAX_MESSAGES_PER_CALL if max_messages is None else max_messages
-        target = min(length, _int(state[1]) if end is None else end, hwm + budget)
+        wanted = min(length, _int(state[1]) if end is None else end)
+        target = min(wanted, hwm + budget)
         report.start = report.end = hwm
         # A new index starts its passage ids at a random base: postings left by an
         # expired or dropped index can never name a new passage.
@@ -202,6 +208,7 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             expected_pid = str(next_pid)
             hwm += len(raw)
             report.end = hwm
+        report.left = 0 if report.conflict else max(0, wanted - report.end)
         ttl = store.config.ttl_seconds
         if report.messages and ttl:
             if not expected_at_start:  # a new index: this call created every term key
@@ -307,12 +314,32 @@ def drop_index(store: SessionStore, session_id: str) -> None:
     k = recall_keys(store, session_id)
     with redis_errors("recall drop"):
         # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
-        keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp]
+        keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
+                k.queued]
         for i in range(0, len(keys), 1000):
             pipe = _client(store).pipeline(transaction=False)
             for key in keys[i:i + 1000]:
                 pipe.delete(key)
             pipe.execute()
+
+
+def claim_index_job(store: SessionStore, session_id: str, ttl_seconds: int) -> bool:
+    """True when the caller should publish an index job: none is queued for the session.
+
+    Coalescing, like the guard's pending flag: a compaction committed while
+    an index job waits is covered by it (the job indexes up to the watermark
+    it finds). The flag expires after ``ttl_seconds``, so a lost message
+    delays the session's indexing, never stops it."""
+    k = recall_keys(store, session_id)
+    with redis_errors("recall index request"):
+        return bool(_client(store).set(k.queued, "1", nx=True, ex=ttl_seconds))
+
+
+def release_index_job(store: SessionStore, session_id: str) -> None:
+    """The index job started (or its publish failed): the next commit asks again."""
+    k = recall_keys(store, session_id)
+    with redis_errors("recall index request"):
+        _client(store).delete(k.queued)
 
 
 def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
@@ -328,5 +355,5 @@ def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
             "terms_total": _int(total)}
 
 
-__all__ = ["IndexReport", "RecallKeys", "drop_index", "forget_after", "index_compacted",
-           "index_stats", "recall_keys"]
+__all__ = ["IndexReport", "RecallKeys", "claim_index_job", "drop_index", "forget_after",
+           "index_compacted", "index_stats", "recall_keys", "release_index_job"]
