@@ -109,10 +109,7 @@ def index_cost(store: SessionStore, template: Template, redis_pid: int, *, jobs:
                 got = index_stats(store, ids[-1])
                 stats = {"terms": got["terms"], "passages": got["passages"]}
         finally:
-            for sid in ids:
-                for key in index_keys(store, sid):
-                    client.delete(key)
-            delete_sessions(store, ids)
+            delete_sessions(store, ids)  # their indexes too
     best = min(range(rounds), key=lambda i: server[i])  # the round least disturbed
     return IndexCost(jobs=jobs, messages=template.summarized_messages,
                      worker_ms=statistics.median(worker), redis_ms=statistics.median(server),
