@@ -161,6 +161,8 @@ class RunResult:
     """Seconds from the start until every session's recall index covered its summary."""
     indexed_cpu_ms: float
     """Worker CPU per job until then (index jobs included)."""
+    indexed_redis_ms: float
+    """Redis CPU per job until then."""
     """Share of the machine's CPUs busy with processes other than the workers, the fake,
     Redis and this script while the run was timed."""
 
@@ -288,7 +290,7 @@ class Bench:
                 spy.wait(timeout=60)
             cpu1, fake1, redis1 = workers.cpu(), self.fake.cpu(), proc_cpu(self.redis_pid)
             indexed = self.wait_indexed(ids, config, timeout=120) or ended
-            cpu2 = workers.cpu()
+            cpu2, redis2 = workers.cpu(), proc_cpu(self.redis_pid)
             rss, pss, nproc = workers.memory()
             stamps, statuses, _ = self.fake.ask("stats")
             llm = committed(self.store, ids)[1]
@@ -310,7 +312,8 @@ class Bench:
             errors=errors, start_seconds=start_seconds, warmup_seconds=warmup,
             busy_before=busy, others_during=min(1.0, others),
             indexed_wall=(indexed - started) if indexed else 0.0,
-            indexed_cpu_ms=(cpu2 - cpu0) / jobs * 1000)
+            indexed_cpu_ms=(cpu2 - cpu0) / jobs * 1000,
+            indexed_redis_ms=(redis2 - redis0) / jobs * 1000)
 
 
 # -- report -----------------------------------------------------------------------------------

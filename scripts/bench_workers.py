@@ -199,7 +199,7 @@ def size_sweep(bench: Bench) -> None:
 def print_results(results: dict[Config, list[RunResult]]) -> None:
     print("| pool (job) | jobs per run | ideal jobs/s | jobs/s (median) | of ideal | steady "
           "jobs/s (10-90%) | runs (jobs/s) | worker CPU ms/job | worker CPUs busy | fake CPU "
-          "ms/job | Redis CPU ms/job | until indexed: jobs/s, worker CPU ms/job | other load "
+          "ms/job | Redis CPU ms/job | until indexed: jobs/s, worker / Redis CPU ms/job | other load "
           "during (per run) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for runs in results.values():
@@ -232,7 +232,8 @@ def _indexed(runs: list[RunResult]) -> str:
     if not all(r.indexed_wall for r in runs):
         return "-"
     return (f"{median_of(runs, lambda r: r.indexed_rate):.1f}, "
-            f"{median_of(runs, lambda r: r.indexed_cpu_ms):.1f}")
+            f"{median_of(runs, lambda r: r.indexed_cpu_ms):.1f} / "
+            f"{median_of(runs, lambda r: r.indexed_redis_ms):.1f}")
 
 
 def verdicts(results: dict[Config, list[RunResult]]) -> None:
