@@ -199,8 +199,8 @@ def size_sweep(bench: Bench) -> None:
 def print_results(results: dict[Config, list[RunResult]]) -> None:
     print("| pool (job) | jobs per run | ideal jobs/s | jobs/s (median) | of ideal | steady "
           "jobs/s (10-90%) | runs (jobs/s) | worker CPU ms/job | worker CPUs busy | fake CPU "
-          "ms/job | Redis CPU ms/job | until indexed: jobs/s, worker / Redis CPU ms/job | other load "
-          "during (per run) |")
+          "ms/job | Redis CPU ms/job | until indexed: jobs/s, worker / Redis CPU ms/job | "
+          "other load during (per run) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for runs in results.values():
         rate = median_of(runs, lambda r: r.rate)
