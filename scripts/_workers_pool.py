@@ -289,7 +289,7 @@ class Bench:
             if spy is not None:
                 spy.wait(timeout=60)
             cpu1, fake1, redis1 = workers.cpu(), self.fake.cpu(), proc_cpu(self.redis_pid)
-            indexed = self.wait_indexed(ids, config, timeout=120) or ended
+            indexed = self.wait_indexed(ids, config, timeout=120)
             cpu2, redis2 = workers.cpu(), proc_cpu(self.redis_pid)
             rss, pss, nproc = workers.memory()
             stamps, statuses, _ = self.fake.ask("stats")
