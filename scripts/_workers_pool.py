@@ -336,8 +336,9 @@ def parse_configs(text: str) -> list[Config]:
         concurrency, _, processes = rest.partition("x")
         if (pool not in ("threads", "prefork", "solo") or not concurrency.isdigit()
                 or not (processes or "1").isdigit() or job not in JOBS):
-            raise SystemExit(f"--configs: bad item {item!r} (pool:CxP[@{'|@'.join(k for k in JOBS if k)}],"
-                             " e.g. threads:32x2)")
+            suffixes = "|@".join(k for k in JOBS if k)
+            raise SystemExit(f"--configs: bad item {item!r} (pool:CxP[@{suffixes}], e.g. "
+                             "threads:32x2)")
         out.append(Config(pool, int(concurrency), int(processes or 1), job == "llm-only",
                           JOBS[job]))
     return out
