@@ -60,15 +60,16 @@ def _build_llm_only_app() -> Any:
     def llm_only(session_id: str, tenant: str = "default") -> dict[str, Any]:
         runtime = get_runtime(settings)
         store = runtime.store.for_tenant(tenant)
+        redis = runtime.store.redis  # a tenant's handle has no raw client
         store.clear_pending(session_id)
         if "request" not in cache:
-            raw = store.redis.get(f"{settings.key_prefix}:{REQUEST_KEY}")
+            raw = redis.get(f"{settings.key_prefix}:{REQUEST_KEY}")
             cache.update(json.loads(raw))
         client = runtime.engine.client
         if client is None:
             raise RuntimeError("the LLM-only job needs COMPACTION_SUMMARIZER=openai")
         completion = client.complete(cache["request"], 2000)
-        store.redis.hset(store.keys(session_id).state,
+        redis.hset(store.keys(session_id).state,
                          mapping={"watermark": cache["cut"], "summary_kind": "llm"})
         return {"session_id": session_id, "status": "compacted",
                 "summarizer_input_tokens": completion.input_tokens}

@@ -25,7 +25,13 @@ from _timing import (
 )
 from _workers_fake import FakeLLM
 from _workers_llm_only import LLM_ONLY_APP, WORKER_APP
-from _workers_sessions import Template, committed, copy_sessions, delete_sessions
+from _workers_sessions import (
+    Template,
+    committed,
+    copy_sessions,
+    delete_sessions,
+    indexed_all,
+)
 
 from shared.enqueue import (
     QUEUE,
@@ -46,6 +52,7 @@ class WorkerSet:
     processes: int
     env: dict[str, str]
     app: str = WORKER_APP
+    recall_index: str = "task"
     workers: list[WorkerProcess] = field(default_factory=list)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
@@ -57,13 +64,15 @@ class WorkerSet:
     @property
     def label(self) -> str:
         return f"{self.pool} -c {self.concurrency} x {self.processes} process" + (
-            "es" if self.processes > 1 else "") + (" (LLM-only job)" if self.app != WORKER_APP
-                                                   else "")
+            "es" if self.processes > 1 else "") + (
+            " (LLM-only job)" if self.app != WORKER_APP else
+            "" if self.recall_index == "task" else f" (recall index: {self.recall_index})")
 
     def start(self, timeout: float = 120) -> float:
         """Start and wait until every process is ready; seconds it took."""
         started = time.perf_counter()
         env = dict(self.env)
+        env["COMPACTION_RECALL_INDEX"] = self.recall_index
         if self.app != WORKER_APP:  # the LLM-only app lives in scripts/
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])
         self.workers = [WorkerProcess(f"bench{i}-{self.tag}", env, self.concurrency,
@@ -120,6 +129,8 @@ class Config:
     concurrency: int
     processes: int
     llm_only: bool = False
+    recall_index: str = "task"
+    """COMPACTION_RECALL_INDEX of the workers: task (default), job or off."""
 
     @property
     def slots(self) -> int:
@@ -146,12 +157,22 @@ class RunResult:
     warmup_seconds: float
     busy_before: float
     others_during: float
+    indexed_wall: float
+    """Seconds from the start until every session's recall index covered its summary."""
+    indexed_cpu_ms: float
+    """Worker CPU per job until then (index jobs included)."""
+    indexed_redis_ms: float
+    """Redis CPU per job until then."""
     """Share of the machine's CPUs busy with processes other than the workers, the fake,
     Redis and this script while the run was timed."""
 
     @property
     def rate(self) -> float:
         return self.jobs / self.wall
+
+    @property
+    def indexed_rate(self) -> float:
+        return self.jobs / self.indexed_wall if self.indexed_wall else float("nan")
 
     @property
     def worker_cores(self) -> float:
@@ -214,6 +235,18 @@ class Bench:
         raise SystemExit(f"stalled: {progress[0]} LLM calls, {committed(self.store, ids)} of "
                          f"{len(ids)} committed; worker log:\n{workers.log_tail()}")
 
+    def wait_indexed(self, ids: list[str], config: Config, timeout: float) -> float | None:
+        """When every session's recall index covered its summary (perf_counter); None when
+        the workers do not index (LLM-only job, ``off``)."""
+        if config.llm_only or config.recall_index == "off":
+            return None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if indexed_all(self.store, ids):
+                return time.perf_counter()
+            time.sleep(0.02)
+        raise SystemExit(f"recall indexes not caught up after {timeout:.0f} s")
+
     def run(self, config: Config, busy: float, spy_output: Path | None = None) -> RunResult:
         args = self.args
         slots = config.slots
@@ -223,7 +256,8 @@ class Bench:
         ids = [f"job-{i}" for i in range(jobs)]
         copy_sessions(self.store, self.template.session_id, warm + ids)
         workers = WorkerSet(config.pool, config.concurrency, config.processes, self.env,
-                            app=LLM_ONLY_APP if config.llm_only else WORKER_APP)
+                            app=LLM_ONLY_APP if config.llm_only else WORKER_APP,
+                            recall_index=config.recall_index)
         try:
             start_seconds = workers.start()
             self.fake.ask("reset")
@@ -232,6 +266,7 @@ class Bench:
             # Prefork children build their runtime on their first job, all at once:
             # on a busy machine that can take a while without any visible progress.
             self.wait_all(warm, len(warm), timeout=600, workers=workers, stall=180)
+            self.wait_indexed(warm, config, timeout=120)
             warmup = time.perf_counter() - t0
             # Publish the whole batch while the workers do not consume (the agents that
             # publish run elsewhere in production), then let them loose at once.
@@ -254,6 +289,8 @@ class Bench:
             if spy is not None:
                 spy.wait(timeout=60)
             cpu1, fake1, redis1 = workers.cpu(), self.fake.cpu(), proc_cpu(self.redis_pid)
+            indexed = self.wait_indexed(ids, config, timeout=120)
+            cpu2, redis2 = workers.cpu(), proc_cpu(self.redis_pid)
             rss, pss, nproc = workers.memory()
             stamps, statuses, _ = self.fake.ask("stats")
             llm = committed(self.store, ids)[1]
@@ -273,7 +310,10 @@ class Bench:
             worker_cpu_ms=(cpu1 - cpu0) / jobs * 1000, fake_cpu_ms=(fake1 - fake0) / jobs * 1000,
             redis_cpu_ms=(redis1 - redis0) / jobs * 1000, rss=rss, pss=pss, os_processes=nproc,
             errors=errors, start_seconds=start_seconds, warmup_seconds=warmup,
-            busy_before=busy, others_during=min(1.0, others))
+            busy_before=busy, others_during=min(1.0, others),
+            indexed_wall=(indexed - started) if indexed else 0.0,
+            indexed_cpu_ms=(cpu2 - cpu0) / jobs * 1000,
+            indexed_redis_ms=(redis2 - redis0) / jobs * 1000)
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -281,16 +321,24 @@ def median_of(results: list[RunResult], fn: Callable[[RunResult], float]) -> flo
     return statistics.median(fn(r) for r in results)
 
 
+JOBS = {"": "task", "llm-only": "task", "index-in-job": "job", "no-index": "off"}
+"""Job suffix -> the workers' COMPACTION_RECALL_INDEX."""
+
+
 def parse_configs(text: str) -> list[Config]:
-    """``pool:CxP`` items, comma separated; ``@llm-only`` runs the LLM-only job."""
+    """``pool:CxP`` items, comma separated; ``@llm-only`` runs the LLM-only job,
+    ``@index-in-job`` indexes for recall in the compaction job, ``@no-index`` not at
+    all (default: the index job)."""
     out = []
     for item in text.split(","):
         spec, _, job = item.strip().partition("@")
         pool, _, rest = spec.partition(":")
         concurrency, _, processes = rest.partition("x")
         if (pool not in ("threads", "prefork", "solo") or not concurrency.isdigit()
-                or not (processes or "1").isdigit() or job not in ("", "llm-only")):
-            raise SystemExit(f"--configs: bad item {item!r} (pool:CxP[@llm-only], e.g. "
+                or not (processes or "1").isdigit() or job not in JOBS):
+            suffixes = "|@".join(k for k in JOBS if k)
+            raise SystemExit(f"--configs: bad item {item!r} (pool:CxP[@{suffixes}], e.g. "
                              "threads:32x2)")
-        out.append(Config(pool, int(concurrency), int(processes or 1), job == "llm-only"))
+        out.append(Config(pool, int(concurrency), int(processes or 1), job == "llm-only",
+                          JOBS[job]))
     return out

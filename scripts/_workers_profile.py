@@ -14,7 +14,7 @@ from _workers_pool import Bench
 from _workers_sessions import copy_sessions, delete_sessions
 
 from shared.core.config import CompactionPolicy
-from workers.compactor import Compactor
+from workers.compactor import Compactor, index_inline
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import OpenAIClient
 
@@ -22,11 +22,11 @@ from workers.summarizer.providers import OpenAIClient
 PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("Compactor.run (one job, in-process, no Celery)", "compactor.py", "run"),
     ("store.load_view (EVALSHA, reply parsing, state/summary models, per-message counts)",
-     "store.py", "load_view"),
+     "sessions.py", "load_view"),
     ("ViewData.messages (decoding the session's messages)", "records.py", "messages"),
     ("Compactor.plan (trigger, find_cut_point, tokens freed)", "compactor.py", "plan"),
     ("  find_cut_point", "turns.py", "find_cut_point"),
-    ("extract_facts (ledger)", "ledger.py", "extract_facts"),
+    ("extract_facts (ledger)", "facts.py", "extract_facts"),
     ("SummaryEngine.summarize (prompt + LLM call + quality check)", "engine.py", "summarize"),
     ("  chunk_for_window (sizes the request)", "chunking.py", "chunk_for_window"),
     ("  render_messages (renders the transcript, once)", "prompts.py", "render_messages"),
@@ -38,19 +38,28 @@ PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("message token estimates (messages the store did not count)", "tokens.py",
      "estimate_message_tokens"),
     ("Ledger.missing_from / render / to_json", "ledger.py", "missing_from"),
-    ("store.commit_summary (Lua CAS)", "store.py", "commit_summary"),
+    ("store.commit_summary (Lua CAS)", "sessions.py", "commit_summary"),
+    ("recall indexing in the job (`index_compacted`; COMPACTION_RECALL_INDEX=job only)",
+     "recall_index.py", "index_compacted"),
     ("logging (json.dumps of the outcome)", "compactor.py", "as_dict"),
 ]
 
 
-def profile_jobs(bench: Bench, jobs: int, top: int) -> tuple[float, list[tuple[str, float]],
-                                                              list[str]]:
-    """CPU ms per job in-process, and a cProfile breakdown (shares) on the thread's CPU clock."""
+def profile_jobs(bench: Bench, jobs: int, top: int, *, index_in_job: bool = False,
+                 ) -> tuple[float, list[tuple[str, float]], list[str]]:
+    """CPU ms per job in-process, and a cProfile breakdown (shares) on the thread's CPU clock.
+
+    The job as a worker runs it by default: recall indexing is its own job
+    (``index_in_job``: as ``COMPACTION_RECALL_INDEX=job`` runs it, in the job).
+    """
+    if jobs < 1:
+        return 0.0, [], []
     store = bench.store
     client = OpenAIClient(SUMMARIZER_MODEL, base_url=bench.fake.base_url, api_key="bench",
                           timeout=30)
     compactor = Compactor(store, SummaryEngine(client, counter=store.counter),
-                          policy=CompactionPolicy(), counter=store.counter)
+                          policy=CompactionPolicy(), counter=store.counter,
+                          recall_indexer=index_inline if index_in_job else None)
     bench.fake.ask("latency", 0.0)
     ids = [f"prof-{i}" for i in range(2 * jobs + 5)]
     copy_sessions(store, bench.template.session_id, ids)

@@ -9,6 +9,7 @@ from _workers_fake import SUMMARIZER_MODEL
 
 from shared.core.config import CompactionPolicy
 from shared.guard import ContextGuard
+from shared.store.recall_index import drop_index, recall_keys
 from shared.store.sessions import SessionStore
 from workers.compactor import Compactor
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
@@ -74,11 +75,28 @@ def copy_sessions(store: SessionStore, template: str, ids: list[str]) -> None:
 
 
 def delete_sessions(store: SessionStore, ids: list[str]) -> None:
+    delete_index(store, ids)  # the index's term keys are not data keys of the session
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         k = store.keys(sid)
         pipe.delete(*k.data_keys(), k.pending, k.lease, k.dirty)
     pipe.execute()
+
+
+def indexed_all(store: SessionStore, ids: list[str]) -> bool:
+    """Every session's recall index covers its summary (and the session has one)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in ids:
+        pipe.hget(store.keys(sid).state, "watermark")
+        pipe.hget(recall_keys(store, sid).meta, "hwm")
+    rows = pipe.execute()
+    return all(w is not None and int(w) > 0 and h is not None and int(h) >= int(w)
+               for w, h in zip(rows[::2], rows[1::2], strict=True))
+
+
+def delete_index(store: SessionStore, ids: list[str]) -> None:
+    for sid in ids:
+        drop_index(store, sid)
 
 
 def committed(store: SessionStore, ids: list[str]) -> tuple[int, int]:

@@ -11,6 +11,14 @@ an agent builds it: turns recorded through ``ContextGuard`` until the
 worker's own plan (``Compactor.plan``) says compaction is due with a cut on
 a turn boundary, i.e. one LLM call, no split-turn prefix call, no folding.
 
+Recall indexing (issue 16) runs as its own low-priority job after each
+compaction (``COMPACTION_RECALL_INDEX=task``, the default); a configuration
+suffixed ``@index-in-job`` indexes in the compaction job instead, ``@no-index``
+not at all. Each run also times until every session's index covers its
+summary ("until indexed": index jobs included), and the report gives the
+in-process cost of indexing one job's range (worker and Redis CPU, Redis
+commands).
+
 A configuration suffixed ``@llm-only`` runs the same worker configuration,
 broker, publish path and task name with a job that only makes that LLM call
 (same request, same SDK client) and marks the session summarized: the
@@ -33,7 +41,8 @@ compare runs made minutes apart under similar load.
 
     .venv/bin/python scripts/bench_workers.py [--redis-url redis://127.0.0.1:6379/5]
         [--broker-url redis://127.0.0.1:6379/6] [--latency 0.5] [--window 32000]
-        [--configs threads:32x1,threads:32x2,prefork:32x1,threads:32x1@llm-only,...]
+        [--configs threads:32x1,threads:32x2,prefork:32x1,threads:32x1@llm-only,
+                   threads:32x1@index-in-job,threads:32x1@no-index,...]
         [--rounds 3] [--py-spy PATH]
 """
 
@@ -55,6 +64,7 @@ from _timing import (
     wait_for_quiet,
 )
 from _workers_fake import SUMMARIZER_MODEL, fake_capacity, fake_llm
+from _workers_index import index_cost, report_index_cost
 from _workers_llm_only import store_request
 from _workers_pool import Bench, Config, RunResult, median_of, parse_configs
 from _workers_profile import profile_jobs, spy_breakdown
@@ -134,6 +144,16 @@ def report(bench: Bench) -> None:
         spy_path.unlink(missing_ok=True)
         spy_log.unlink(missing_ok=True)
 
+    print("\n" + "\n".join(report_index_cost(index_cost(
+        bench.store, template, bench.redis_pid, jobs=args.index_jobs))))
+    profile(bench)
+    size_sweep(bench)
+
+
+def profile(bench: Bench) -> None:
+    args = bench.args
+    if args.profile_jobs < 1:
+        return
     per_job, parts, table = profile_jobs(bench, args.profile_jobs, args.profile_top)
     print(f"\nWhere one job's CPU goes without Celery (in-process `Compactor.run` on the same "
           f"sessions, fake at zero latency in its own process): {per_job:.1f} CPU ms per job. "
@@ -146,7 +166,6 @@ def report(bench: Bench) -> None:
         print(f"| {label} | {share:.0%} | {share * per_job:.1f} |")
     print("\nTop functions by own CPU time:\n")
     print("\n".join(table))
-    size_sweep(bench)
 
 
 def size_sweep(bench: Bench) -> None:
@@ -180,8 +199,9 @@ def size_sweep(bench: Bench) -> None:
 def print_results(results: dict[Config, list[RunResult]]) -> None:
     print("| pool (job) | jobs per run | ideal jobs/s | jobs/s (median) | of ideal | steady "
           "jobs/s (10-90%) | runs (jobs/s) | worker CPU ms/job | worker CPUs busy | fake CPU "
-          "ms/job | Redis CPU ms/job | other load during (per run) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "ms/job | Redis CPU ms/job | until indexed: jobs/s, worker / Redis CPU ms/job | "
+          "other load during (per run) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for runs in results.values():
         rate = median_of(runs, lambda r: r.rate)
         print(f"| {runs[0].label} | {runs[0].jobs} | {runs[0].ideal:.0f} | {rate:.1f} | "
@@ -190,7 +210,7 @@ def print_results(results: dict[Config, list[RunResult]]) -> None:
               f"{median_of(runs, lambda r: r.worker_cpu_ms):.1f} | "
               f"{median_of(runs, lambda r: r.worker_cores):.2f} | "
               f"{median_of(runs, lambda r: r.fake_cpu_ms):.1f} | "
-              f"{median_of(runs, lambda r: r.redis_cpu_ms):.1f} | "
+              f"{median_of(runs, lambda r: r.redis_cpu_ms):.1f} | {_indexed(runs)} | "
               f"{', '.join(f'{r.others_during:.0%}' for r in runs)} |")
 
     print("\n| pool (job) | OS processes | RSS MiB (total) | PSS MiB (total) | PSS MiB per slot "
@@ -205,6 +225,15 @@ def print_results(results: dict[Config, list[RunResult]]) -> None:
               f"{median_of(runs, lambda r: r.warmup_seconds):.1f} | "
               f"{sum(r.llm_calls for r in runs)} / {sum(r.jobs for r in runs)} | "
               f"{sum(r.llm_summaries for r in runs)} | {sum(r.errors for r in runs)} |")
+
+
+def _indexed(runs: list[RunResult]) -> str:
+    """Jobs/s and worker CPU per job until every index covered its summary."""
+    if not all(r.indexed_wall for r in runs):
+        return "-"
+    return (f"{median_of(runs, lambda r: r.indexed_rate):.1f}, "
+            f"{median_of(runs, lambda r: r.indexed_cpu_ms):.1f} / "
+            f"{median_of(runs, lambda r: r.indexed_redis_ms):.1f}")
 
 
 def verdicts(results: dict[Config, list[RunResult]]) -> None:
@@ -246,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fake-clients", type=int, default=96)
     parser.add_argument("--fake-seconds", type=float, default=5.0)
-    parser.add_argument("--profile-jobs", type=int, default=30)
+    parser.add_argument("--profile-jobs", type=int, default=30,
+                        help="jobs profiled in-process with cProfile (0: no profile)")
+    parser.add_argument("--index-jobs", type=int, default=40,
+                        help="ranges indexed in-process per round for the indexing cost")
     parser.add_argument("--profile-top", type=int, default=15)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--size-sweep", default="8000,128000",

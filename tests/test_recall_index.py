@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -138,21 +139,51 @@ def test_bad_input_and_unknown_session(store: SessionStore) -> None:
     assert recall(store, "s", "handler_1") == []  # nothing compacted yet
 
 
-def test_drop_and_ttl(any_redis: Any, key_prefix: str) -> None:
+def test_drop_and_ttl(any_redis: Any, key_prefix: str,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Meta, docs and message map expire with ``ttl``; term keys (and the term list)
+    with ``2 * ttl``, refreshed all at once at most every ``ttl / 2`` seconds, so no
+    term of a live index expires before its meta."""
     store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=500))
     fill(store, "s", range(10))
     commit(store, "s", 20)
     index_compacted(store, "s")
     index_keys = [k for k in any_redis.scan_iter(match=f"{key_prefix}:*:rx:*")]
-    assert index_keys and all(0 < any_redis.ttl(k) <= 500 for k in index_keys)
+    terms = [k for k in index_keys if b":rx:t:" in k or k.endswith(b":rx:terms")]
+    assert len(terms) > 10 and all(500 < any_redis.ttl(k) <= 1000 for k in terms)
+    assert all(0 < any_redis.ttl(k) <= 500 for k in set(index_keys) - set(terms))
     early = next(k for k in index_keys if k.endswith(b":rx:t:handler_1.py"))
-    any_redis.expire(early, 50)
+    any_redis.expire(early, 600)  # as if set a while ago
     store.append("s", turn(11))
     commit(store, "s", 22)
-    index_compacted(store, "s")  # touches other terms only, refreshes every one
-    assert any_redis.ttl(early) > 50
+    index_compacted(store, "s")  # touches other terms only: no full refresh yet
+    assert 500 < any_redis.ttl(early) <= 600
+    meta = next(k for k in index_keys if k.endswith(b":rx:meta"))
+    assert any_redis.ttl(early) >= any_redis.ttl(meta)
+    clock = time.time() + 251  # past ttl / 2 since the last full refresh
+    monkeypatch.setattr(recall_index_module.time, "time", lambda: clock)
+    store.append("s", turn(12))
+    commit(store, "s", 24)
+    index_compacted(store, "s")
+    assert any_redis.ttl(early) > 900  # every term key refreshed
+    monkeypatch.undo()
     drop_index(store, "s")
     assert not list(any_redis.scan_iter(match=f"{key_prefix}:*:rx:*"))
+
+
+def test_a_new_index_drops_the_term_keys_an_expired_one_left(store: SessionStore) -> None:
+    """Term keys outlive the meta key by design; a new index starts without them."""
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    index_compacted(store, "s")
+    k = recall_index_module.recall_keys(store, "s")
+    first = {t: store.redis.strlen(k.term(t)) for t in ("handler_3", "step", "src")}
+    store.redis.delete(k.meta, k.doc, k.mp)  # the meta expired, terms did not
+    report = index_compacted(store, "s")
+    assert (report.start, report.end) == (0, 20)
+    assert index_stats(store, "s")["terms_total"] > 0
+    assert {t: store.redis.strlen(k.term(t)) for t in first} == first  # no leftovers
+    assert recall(store, "s", "handler_3", limit=1)[0].index == 6
 
 
 def test_the_worker_indexes_what_it_compacts(store: SessionStore) -> None:

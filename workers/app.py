@@ -52,7 +52,12 @@ from kombu.entity import Exchange, Queue
 from shared.core.errors import ConfigError
 from shared.enqueue import QUEUE
 from workers.broker import worker_transport
-from workers.settings import Settings, load_settings
+from workers.settings import (
+    RECALL_INDEX_PRIORITY,
+    RECALL_INDEX_TASK,
+    Settings,
+    load_settings,
+)
 
 log = logging.getLogger("compaction.app")
 
@@ -105,7 +110,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Routing: everything on the dedicated queue, so the service can share a broker.
         "task_default_queue": QUEUE,
         "task_queues": (Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE),),
-        "task_routes": {"compaction.*": {"queue": QUEUE}},
+        # The recall index job rides the same queue at the lowest priority: workers take it
+        # only when no compaction is waiting (workers.tasks.index_recall).
+        "task_routes": {RECALL_INDEX_TASK: {"queue": QUEUE, "priority": RECALL_INDEX_PRIORITY},
+                        "compaction.*": {"queue": QUEUE}},
         # Time limits: enforced by prefork only. Under threads the job stops starting
         # LLM calls after the soft limit and each call has its client timeout (see the
         # module docstring); Settings.longest_job_seconds covers both pools.

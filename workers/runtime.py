@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from shared.core.tokens import TokenCounter
 from shared.core.tokens_exact import build_counter
 from shared.store.sessions import SessionStore, connect
-from workers.compactor import Compactor
+from workers.compactor import Compactor, index_inline
 from workers.settings import Settings
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import client_from_settings
@@ -36,7 +36,10 @@ class Runtime:
         compactor = self._compactors.get(tenant)
         if compactor is None:
             compactor = Compactor(self.store.for_tenant(tenant), self.engine,
-                                  policy=self.settings.policy(), counter=self.store.counter)
+                                  policy=self.settings.policy(), counter=self.store.counter,
+                                  # "task": workers.tasks asks for an index job instead
+                                  recall_indexer=(index_inline if self.settings.recall_index
+                                                  == "job" else None))
             if len(self._compactors) >= MAX_CACHED_TENANTS:
                 self._compactors.clear()  # many tenants: rebuilding is cheap, memory is not
             self._compactors[tenant] = compactor

@@ -50,6 +50,10 @@ from workers.settings_sources import (
 from workers.settings_urls import check_broker_url, check_store_url, redact_url, with_password
 
 RETRY_BACKOFF_FACTOR = 2  # Celery retry_backoff: countdowns 2, 4, 8... s (capped, jittered)
+RECALL_INDEX_TASK = "compaction.index_recall"
+# Kombu's Redis transport reads priority 0 (every compaction job) before 3, 6 and 9: an
+# index job waits while compactions are queued (workers.app routes it at this priority).
+RECALL_INDEX_PRIORITY = 9
 LEASE_MARGIN_SECONDS = 30  # lease beyond the longest job (store calls, a slow release)
 REDELIVERY_MARGIN_SECONDS = 30  # visibility beyond lease + countdown (clock, scheduling)
 # Shown as *** in error messages; URLs are shown with their password redacted.
@@ -105,6 +109,10 @@ class Settings(BaseSettings):
     max_ledger_chars: int = Field(default=4000, gt=0)
     summary_placement: Literal["system", "message"] = "system"
     proactive: bool = Field(default=True, description="kill switch; recovery stays on")
+    recall_index: Literal["task", "job", "off"] = Field(
+        default="task", description="who indexes a compacted range for recall: its own "
+        "low-priority job, coalesced per session (task), the compaction job itself (job), "
+        "or nobody (off: recall finds only what was indexed before)")
 
     # summarizer
     summarizer: Literal["offline", "openai", "vertex", "gemini"] = "offline"
@@ -206,6 +214,18 @@ class Settings(BaseSettings):
                              "for a keyless local server) is required when "
                              "COMPACTION_SUMMARIZER=openai")
         return self
+
+    @field_validator("recall_index", mode="before")
+    @classmethod
+    def _recall_index_switch(cls, value: object) -> object:
+        """``true``/``false`` (and 1/0, on/off, yes/no) read as ``task``/``off``."""
+        if isinstance(value, bool):
+            return "task" if value else "off"
+        if isinstance(value, str):
+            word = value.strip().lower()
+            return {"true": "task", "1": "task", "on": "task", "yes": "task",
+                    "false": "off", "0": "off", "no": "off"}.get(word, word)
+        return value
 
     @field_validator("tiktoken_dir", mode="before")
     @classmethod

@@ -4,6 +4,17 @@
   the guard after each turn (coalesced); compacts only when due.
 - ``compaction.compact(session_id, keep_recent=None, force=False,
   tenant="default")``: a manual ``/compact``.
+- ``compaction.index_recall(session_id, tenant="default")``: published by a
+  job that compacted (``COMPACTION_RECALL_INDEX=task``, the default), at the
+  lowest priority of the same queue, at most one queued per session; indexes
+  what was summarized away for recall (:mod:`shared.store.recall_index`).
+
+Recall indexing left the compaction job: it cost the job more CPU than the
+rest of it (BENCHMARKS.md, "Worker throughput"). An index job is taken only
+when no compaction waits (Redis transport priorities), one covers every
+compaction of its session committed while it waited, a failure to publish
+or to index is logged and never fails the compaction, and the next one
+catches up (the index is incremental from its high-water mark).
 
 Delivery is at least once (acks_late): every job is idempotent. A
 per-session lease keeps two workers from summarizing one session at once;
@@ -28,14 +39,17 @@ from typing import Any
 
 from celery import Task
 
-from shared.core.errors import SummarizerError, SummarizerUnavailable
+from shared.core.errors import StoreUnavailable, SummarizerError, SummarizerUnavailable
 from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE
 from shared.store.lease import MAX_RERUN_ROUNDS, LeaseHolder, Request
+from shared.store.recall_index import claim_index_job, index_compacted, release_index_job
+from shared.store.sessions import SessionStore
+from shared.telemetry.logs import log_context
 from workers.app import app
 from workers.compactor import JobOutcome
 from workers.metrics import observed, record_outcome
 from workers.runtime import get_runtime
-from workers.settings import RETRY_BACKOFF_FACTOR, Settings
+from workers.settings import RECALL_INDEX_TASK, RETRY_BACKOFF_FACTOR, Settings
 
 log = logging.getLogger("compaction.tasks")
 
@@ -70,8 +84,11 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
     deadline = time.monotonic() + settings.task_soft_time_limit
 
     def execute(request: Request, token: str) -> JobOutcome:
-        return record_outcome(_compact_once(compactor.run, session_id, request,  # metrics
-                                            last_attempt, deadline, token))
+        outcome = record_outcome(_compact_once(compactor.run, session_id, request,  # metrics
+                                               last_attempt, deadline, token))
+        if outcome.status == "compacted" and settings.recall_index == "task":
+            request_index(store, session_id, tenant, eager=bool(task.request.is_eager))
+        return outcome
 
     def follow_up(countdown: float, handoff: int) -> None:
         kwargs: dict[str, Any] = {"tenant": tenant}
@@ -129,6 +146,27 @@ def _compact_once(run: Callable[..., JobOutcome], session_id: str, request: Requ
         return fallback
 
 
+def request_index(store: SessionStore, session_id: str, tenant: str, *,
+                  eager: bool = False) -> None:
+    """After a commit: publish an index job unless one is queued for the session.
+
+    ``eager`` (the task applied in-process, ``compaction compact --wait``):
+    index now, as Celery runs an eager task's follow-ups. Never raises: a
+    range left unindexed is indexed by the next index job.
+    """
+    try:
+        if eager:
+            index_compacted(store, session_id)
+        elif claim_index_job(store, session_id, store.config.pending_ttl_seconds):
+            try:  # routed at the lowest priority of the queue (workers.app)
+                index_recall.apply_async(args=[session_id], kwargs={"tenant": tenant})
+            except Exception:
+                release_index_job(store, session_id)
+                raise
+    except Exception:
+        log.warning("recall indexing of %s could not be requested", session_id, exc_info=True)
+
+
 _RETRY = {
     # Only what may succeed later is retried; the rest falls back at once (_compact_once).
     "autoretry_for": (SummarizerUnavailable,),
@@ -158,4 +196,30 @@ def compact(self: Task, session_id: str, keep_recent: int | None = None, force: 
                                     keep_recent=keep_recent, manual=True))
 
 
-__all__ = ["MAX_RERUN_ROUNDS", "JobFailed", "Request", "compact", "maybe_summarize", "run_job"]
+@app.task(name=RECALL_INDEX_TASK, bind=True, autoretry_for=(StoreUnavailable,),
+          retry_backoff=RETRY_BACKOFF_FACTOR, retry_backoff_max=_settings().retry_backoff_max,
+          retry_jitter=True, max_retries=_settings().max_retries)
+def index_recall(self: Task, session_id: str, tenant: str = "default") -> dict[str, Any]:
+    """Index what the session's compactions summarized away (up to its watermark now).
+
+    The queued flag is released first, so a commit made while this runs asks
+    for another job. A Redis failure is retried with backoff (Celery
+    autoretry); a job whose call stopped at its bound asks for the next one.
+    """
+    # Logged with the job's ids; not in the compaction metrics (jobs, lag, queue depth:
+    # they describe compactions, and the queue depth gauge reads priority 0 only).
+    with log_context(session_id=session_id, tenant=tenant, job_id=self.request.id,
+                     task="index_recall"):
+        store = get_runtime(_settings()).compactor(tenant).store
+        release_index_job(store, session_id)
+        report = index_compacted(store, session_id)
+        if report.left:
+            request_index(store, session_id, tenant)
+    status = "conflict" if report.conflict else "indexed" if report.messages else "skipped"
+    return {"session_id": session_id, "status": status, "start": report.start,
+            "end": report.end, "messages": report.messages, "left": report.left,
+            "rebuilt": report.rebuilt, "ms": report.ms}
+
+
+__all__ = ["MAX_RERUN_ROUNDS", "JobFailed", "Request", "compact", "index_recall",
+           "maybe_summarize", "request_index", "run_job"]

@@ -8,12 +8,16 @@ Every key shares the session's hash tag:
 
 - ``<base>:rx:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
   ``gen`` (the log generation it describes: a history edit bumps the state's);
-- ``<base>:rx:df`` hash: term -> passages holding it (also the term list);
+- ``<base>:rx:terms`` string: every term of the index, each followed by a newline
+  (appended by the batch that creates the term's key); an index written before it
+  has a ``<base>:rx:df`` hash (term -> passages holding it) instead, read only to
+  expire and drop it;
 - ``<base>:rx:doc`` hash: passage id -> ``index:start:end:crc:length``;
 - ``<base>:rx:mp`` list: first passage id of each indexed message;
 - ``<base>:rx:t:<term>`` strings: packed postings, 12 bytes each
   (passage id, message index: u32; term frequency, passage length: u16),
-  appended, so the newest postings are the string's tail.
+  appended, so the newest postings are the string's tail; a term's passage
+  count (BM25's df) is the string's length over 12.
 
 The index keeps offsets, not copies: a hit's text is cut again from the
 message in the log, and returned only if that message's CRC-32 is the one
@@ -72,6 +76,10 @@ STALE_REBUILD = 1000
 class RecallKeys:
     meta: str
     df: str
+    """An older index's term counts (read only to expire and drop them)."""
+    terms: str
+    queued: str
+    """Set while an index job of the session is queued (workers coalesce on it)."""
     doc: str
     mp: str
     state: str
@@ -86,8 +94,10 @@ def recall_keys(store: SessionStore | AsyncSessionStore, session_id: str) -> Rec
     """The index keys of a session (validated ids, the store's tenant, its hash tag)."""
     k = store.keys(session_id)
     base = k.state.removesuffix(":state")
-    return RecallKeys(meta=f"{base}:rx:meta", df=f"{base}:rx:df", doc=f"{base}:rx:doc",
-                      mp=f"{base}:rx:mp", state=k.state, log=k.log, term_prefix=f"{base}:rx:t:")
+    return RecallKeys(meta=f"{base}:rx:meta", df=f"{base}:rx:df", terms=f"{base}:rx:terms",
+                      queued=f"{base}:rx:queued",
+                      doc=f"{base}:rx:doc", mp=f"{base}:rx:mp", state=k.state, log=k.log,
+                      term_prefix=f"{base}:rx:t:")
 
 
 _SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
@@ -119,6 +129,10 @@ def _int(value: Any, default: int = 0) -> int:
     return default if value is None or value == b"" or value == "" else int(value)
 
 
+def _float(value: Any) -> float:
+    return 0.0 if value is None or value == b"" or value == "" else float(value)
+
+
 # -- indexing ----------------------------------------------------------------------------
 @dataclass(slots=True)
 class IndexReport:
@@ -132,6 +146,8 @@ class IndexReport:
     terms: int = 0
     rebuilt: bool = False
     conflict: str = ""
+    left: int = 0
+    """Messages past ``end`` this call was asked to index but did not (its bound)."""
     ms: float = 0.0
 
 
@@ -143,34 +159,39 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
     a rebuild of a long session is spread over the next jobs instead of
     holding one job for a minute.
 
-    Called by workers after a successful commit. Idempotent and safe
-    against concurrency: each batch is one compare-and-swap on the
-    high-water mark and the log generation; a loser stops (the winner
-    indexed the same messages). When the log was edited and the edit hook
-    did not run, the index is rebuilt from scratch.
+    Called by workers after a successful commit (``workers.tasks.index_recall``,
+    off the compaction job). Idempotent and safe against concurrency: each
+    batch is one compare-and-swap on the high-water mark and the log
+    generation; a loser stops (the winner indexed the same messages). When the
+    log was edited and the edit hook did not run, the index is rebuilt from
+    scratch.
     """
     started = time.perf_counter()
     k = recall_keys(store, session_id)
     report = IndexReport(session_id)
     with redis_errors("recall index"):
-        meta, state, length = _read_heads(store, k)
+        meta, state, length, has_terms = _read_heads(store, k)
         gen = _s(state[0]) if state[0] is not None else "0"
         unreconciled = meta.get("hwm") is not None and meta.get("gen", "0") != gen
         # Forgotten passages leave postings behind; once they outnumber the live
         # ones, a rebuild costs less than carrying them in every query.
         littered = _int(meta.get("stale")) > max(_int(meta.get("n_docs")), STALE_REBUILD)
-        if unreconciled or littered:
+        # Term keys outlive the rest of an index by design (see _refresh_ttl): a new
+        # index must not append to an expired one's postings.
+        leftover = meta.get("hwm") is None and has_terms
+        if unreconciled or littered or leftover:
             drop_index(store, session_id)
-            meta, report.rebuilt = {}, True
+            meta, report.rebuilt = {}, unreconciled or littered
         hwm = _int(meta.get("hwm"))
         budget = MAX_MESSAGES_PER_CALL if max_messages is None else max_messages
-        target = min(length, _int(state[1]) if end is None else end, hwm + budget)
+        wanted = min(length, _int(state[1]) if end is None else end)
+        target = min(wanted, hwm + budget)
         report.start = report.end = hwm
         # A new index starts its passage ids at a random base: postings left by an
         # expired or dropped index can never name a new passage.
         next_pid = (_int(meta["next_pid"]) if meta.get("next_pid") is not None
                     else secrets.randbelow(1 << 30))
-        expected_pid = meta.get("next_pid") or ""
+        expected_pid = expected_at_start = meta.get("next_pid") or ""
         while hwm < target:
             stop = min(target, hwm + BATCH_MESSAGES)
             raw = _client(store).lrange(k.log, hwm, stop - 1)
@@ -187,39 +208,68 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             expected_pid = str(next_pid)
             hwm += len(raw)
             report.end = hwm
-        if report.messages and store.config.ttl_seconds:
-            _refresh_ttl(store, k, store.config.ttl_seconds)
+        report.left = 0 if report.conflict else max(0, wanted - report.end)
+        ttl = store.config.ttl_seconds
+        if report.messages and ttl:
+            if not expected_at_start:  # a new index: this call created every term key
+                _client(store).hset(k.meta, "ttl_at", f"{time.time():.3f}")
+            elif time.time() - _float(meta.get("ttl_at")) >= ttl / 2:
+                _refresh_ttl(store, k, ttl)
     report.ms = round((time.perf_counter() - started) * 1000, 3)
     return report
 
 
 def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:
-    """Every term key expires with the rest of the index, not only the ones this
-    batch touched (a term seen only early on would otherwise expire first)."""
-    terms = [_s(t) for t in _client(store).hkeys(k.df)]
+    """Every term key gets twice the index's TTL, at least every ``ttl / 2`` seconds.
+
+    A batch sets the TTL of meta, docs and message map (``ttl``) and of the
+    term keys it creates (``2 * ttl``), not of the term keys it appends to:
+    one EXPIRE per term per batch cost as much Redis time as the postings.
+    This refresh keeps every term key alive at least as long as the meta key
+    (a call at ``t`` after a refresh at ``F >= t - ttl / 2`` leaves the meta
+    until ``t + ttl`` and every term until ``F + 2 * ttl`` or later), so no
+    term of a live index expires first; once the index expires, its term keys
+    go within ``2 * ttl`` (a new index drops them first: ``leftover``).
+    """
+    keys = [*(k.term(t) for t in _terms(store, k)), k.terms, k.df]
+    for i in range(0, len(keys), 1000):
+        pipe = _client(store).pipeline(transaction=False)
+        for key in keys[i:i + 1000]:
+            pipe.expire(key, 2 * ttl)
+        pipe.execute()
+    _client(store).hset(k.meta, "ttl_at", f"{time.time():.3f}")
+
+
+def _terms(store: SessionStore, k: RecallKeys) -> list[str]:
+    """Every term of the index: the term list, and an older index's count hash."""
     pipe = _client(store).pipeline(transaction=False)
-    for term in terms:
-        pipe.expire(k.term(term), ttl)
-    for key in (k.meta, k.df, k.doc, k.mp):
-        pipe.expire(key, ttl)
-    pipe.execute()
+    pipe.get(k.terms)
+    pipe.hkeys(k.df)
+    listed, counted = pipe.execute()
+    terms = _s(listed).split("\n")[:-1] if listed else []
+    return terms + [_s(t) for t in counted]
 
 
-def _read_heads(store: SessionStore, k: RecallKeys) -> tuple[dict[str, str], list[Any], int]:
+def _read_heads(store: SessionStore,
+                k: RecallKeys) -> tuple[dict[str, str], list[Any], int, bool]:
     pipe = _client(store).pipeline(transaction=False)
     pipe.hgetall(k.meta)
     pipe.hmget(k.state, "gen", "watermark")
     pipe.llen(k.log)
-    meta_raw, state, length = pipe.execute()
-    return {_s(a): _s(b) for a, b in meta_raw.items()}, list(state), int(length)
+    pipe.exists(k.terms)
+    pipe.exists(k.df)
+    meta_raw, state, length, listed, counted = pipe.execute()
+    return ({_s(a): _s(b) for a, b in meta_raw.items()}, list(state), int(length),
+            bool(listed or counted))
 
 
 def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int, gen: str,
                next_pid: int, expected_pid: str) -> tuple[int, int] | str:
+    """One script call: the batch's docs, and every term's postings in one blob (the
+    term keys are declared; their counts say where each term's postings end)."""
     firsts: list[int] = []
     docs: list[Any] = []
-    postings: dict[str, bytearray] = defaultdict(bytearray)
-    df: dict[str, int] = defaultdict(int)
+    postings: dict[str, list[bytes]] = defaultdict(list)
     pid, total = next_pid, 0
     pack = POSTING.pack
     for offset, item in enumerate(raw):
@@ -231,16 +281,17 @@ def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int,
             analyzed = analyze(passage)
             docs.extend((pid, f"{index}:{passage.start}:{passage.end}:{crc}:{analyzed.length}"))
             total += analyzed.length
+            length = analyzed.length
             for term, tf in analyzed.terms.items():
-                postings[term] += pack(pid, index, tf, analyzed.length)
-                df[term] += 1
+                postings[term].append(pack(pid, index, tf, length))
             pid += 1
-    keys = [k.meta, k.df, k.doc, k.mp, k.state]
-    args: list[Any] = [first, first + len(raw), gen, expected_pid, pid, pid - next_pid, total,
-                       store.config.ttl_seconds or 0, len(firsts), *firsts, len(docs) // 2, *docs]
-    for term, data in postings.items():
-        keys.append(k.term(term))
-        args.extend((df[term], bytes(data)))
+    ttl = store.config.ttl_seconds or 0
+    keys = [k.meta, k.terms, k.doc, k.mp, k.state, *map(k.term, postings)]
+    blob = b"".join(b"".join(p) for p in postings.values())
+    counts = " ".join(str(len(p)) for p in postings.values())
+    args: list[Any] = [first, first + len(raw), gen, POSTING.size, expected_pid, pid,
+                       pid - next_pid, total, ttl, 2 * ttl, len(firsts), *firsts,
+                       len(docs) // 2, *docs, blob, counts]
     result = _script(store, "recall_add")(keys=keys, args=args)
     if _s(result[0]) != "ok":
         return _s(result[1])
@@ -262,9 +313,9 @@ def drop_index(store: SessionStore, session_id: str) -> None:
     """Delete a session's whole index (also call it from ``delete_session``)."""
     k = recall_keys(store, session_id)
     with redis_errors("recall drop"):
-        terms = [_s(t) for t in _client(store).hkeys(k.df)]
         # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
-        keys = [*(k.term(t) for t in terms), k.meta, k.df, k.doc, k.mp]
+        keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
+                k.queued]
         for i in range(0, len(keys), 1000):
             pipe = _client(store).pipeline(transaction=False)
             for key in keys[i:i + 1000]:
@@ -272,17 +323,37 @@ def drop_index(store: SessionStore, session_id: str) -> None:
             pipe.execute()
 
 
+def claim_index_job(store: SessionStore, session_id: str, ttl_seconds: int) -> bool:
+    """True when the caller should publish an index job: none is queued for the session.
+
+    Coalescing, like the guard's pending flag: a compaction committed while
+    an index job waits is covered by it (the job indexes up to the watermark
+    it finds). The flag expires after ``ttl_seconds``, so a lost message
+    delays the session's indexing, never stops it."""
+    k = recall_keys(store, session_id)
+    with redis_errors("recall index request"):
+        return bool(_client(store).set(k.queued, "1", nx=True, ex=ttl_seconds))
+
+
+def release_index_job(store: SessionStore, session_id: str) -> None:
+    """The index job started (or its publish failed): the next commit asks again."""
+    k = recall_keys(store, session_id)
+    with redis_errors("recall index request"):
+        _client(store).delete(k.queued)
+
+
 def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
     """High-water mark, passages, distinct terms and postings bytes of the index."""
     k = recall_keys(store, session_id)
     with redis_errors("recall stats"):
         pipe = _client(store).pipeline(transaction=False)
-        pipe.hmget(k.meta, "hwm", "n_docs", "total_len")
+        pipe.hmget(k.meta, "hwm", "n_docs", "total_len", "n_terms")
         pipe.hlen(k.df)
-        (hwm, n_docs, total), terms = pipe.execute()
-    return {"indexed_until": _int(hwm), "passages": _int(n_docs), "terms": int(terms),
+        (hwm, n_docs, total, n_terms), counted = pipe.execute()
+    return {"indexed_until": _int(hwm), "passages": _int(n_docs),
+            "terms": _int(n_terms) + int(counted),
             "terms_total": _int(total)}
 
 
-__all__ = ["IndexReport", "RecallKeys", "drop_index", "forget_after", "index_compacted",
-           "index_stats", "recall_keys"]
+__all__ = ["IndexReport", "RecallKeys", "claim_index_job", "drop_index", "forget_after",
+           "index_compacted", "index_stats", "recall_keys", "release_index_job"]

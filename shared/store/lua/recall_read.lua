@@ -3,8 +3,9 @@
 -- KEYS[1] rx:meta  hash   read: hwm, n_docs, total_len
 -- KEYS[2] state    hash   read: watermark
 -- KEYS[3] log      list   read: its length (0 and no state: no such session)
--- KEYS[4] rx:df    hash   read: the query terms' passage counts
--- KEYS[5..] rx:t:<term>  string  read: postings of each query term (in ARGV order)
+-- KEYS[4] rx:df    hash   unused (an index before the term list kept its counts here)
+-- KEYS[5..] rx:t:<term>  string  read: postings of each query term (in ARGV order);
+--                         a term's passage count is its length over the posting size
 -- ARGV[1] postings read for the whole query at most (the budget)
 -- ARGV[2] postings read per term at least (while the budget lasts)
 -- ARGV[3] bytes per posting
@@ -26,8 +27,9 @@ local size = tonumber(ARGV[3])
 local n = #ARGV - 3
 local dfs, blobs, order = {}, {}, {}
 for i = 1, n do
-  local df = redis.call('HGET', KEYS[4], ARGV[i + 3])
-  dfs[i] = df or false
+  local bytes = redis.call('STRLEN', KEYS[i + 4])
+  local df = bytes >= size and math.floor(bytes / size) or false
+  dfs[i] = df
   blobs[i] = ''
   if df then
     order[#order + 1] = i

@@ -121,7 +121,9 @@ def purge_queue(broker_url: str) -> None:
     import redis
 
     client = redis.Redis.from_url(broker_url)
-    client.delete(QUEUE, "unacked", "unacked_index", "unacked_mutex")
+    # kombu keeps a priority's jobs in a list of its own (the recall index job's: 9)
+    priorities = [f"{QUEUE}\x06\x16{p}" for p in (3, 6, 9)]
+    client.delete(QUEUE, *priorities, "unacked", "unacked_index", "unacked_mutex")
     client.close()
 
 
