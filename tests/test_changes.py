@@ -170,3 +170,34 @@ def test_flush_starts_a_new_epoch(real_store: SessionStore, real_redis: redis.Re
     feed._invalidated([b"invalidate", None])
     assert not feed.unchanged(session_base(real_store.keys("s").state), mark)
     time.sleep(0)
+
+
+def test_a_forked_child_opens_its_own_feed(real_store: SessionStore, redis_url: str,
+                                           key_prefix: str) -> None:
+    """A guard used before a fork (a preloading server): the child must not read the
+    parent's socket; it reconnects, and still sees every write."""
+    import multiprocessing
+    import os
+
+    from shared.guard import ContextGuard
+
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = ContextGuard(real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    parent_conn = guard.feed._conn
+    assert parent_conn is not None
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+
+    def child() -> None:
+        other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+        other.append("s", [{"role": "assistant", "content": f"from {os.getpid()}"}])
+        view = guard.prepare("s", SYSTEM, model="m")
+        out.put((str(view.messages[-1].content), guard.feed._conn is not parent_conn))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(20)
+    content, own = out.get(timeout=5)
+    assert proc.exitcode == 0 and content.startswith("from ") and own
+    assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == content  # parent too

@@ -20,8 +20,9 @@ Why it stays correct:
   that much staleness, and a broken one turns the feed off (every prepare
   reads) until it reconnects, with backoff.
 - The guard's own writes drop its mark at once (they do not wait for the push).
-- A ``FLUSHDB`` (a push with no keys) or a reconnection starts a new epoch:
-  marks from before it are worthless.
+- A ``FLUSHDB`` (a push with no keys), a reconnection or a fork starts a new
+  epoch: marks from before it are worthless (a forked child opens its own
+  connection; the parent's is left alone).
 
 Where tracking is not available (fakeredis, Redis Cluster, Redis before 6, a
 custom connection class) the feed reports itself unavailable and the guard
@@ -31,8 +32,10 @@ reads on every call, as before.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,6 +83,7 @@ class ChangeFeed:
         self._failures = 0
         self._retry_at = 0.0
         self.closed = False
+        _FEEDS.add(self)
 
     # -- what the guard calls -------------------------------------------------------------
     def mark(self) -> tuple[int, int] | None:
@@ -167,6 +171,14 @@ class ChangeFeed:
         self._retry_at = time.monotonic() + wait
         self._drop()
 
+    def _forked(self) -> None:
+        """In a forked child: the parent's connection and lock are not this process's."""
+        self._lock = threading.Lock()
+        self._conn = None  # the parent's socket: neither read nor closed here
+        self._epoch += 1
+        self._changed.clear()
+        self._retry_at = 0.0
+
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._epoch += 1
@@ -175,6 +187,18 @@ class ChangeFeed:
                 conn.disconnect()
             except Exception:  # already broken
                 log.debug("closing the change feed's connection failed", exc_info=True)
+
+
+_FEEDS: weakref.WeakSet[ChangeFeed] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for feed in list(_FEEDS):
+        feed._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
