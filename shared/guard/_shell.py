@@ -43,9 +43,9 @@ from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
 from shared.core.viewcache import CachedView
+from shared.guard._tracing import Traced
 from shared.store.changes import ChangeFeed, feed_for
-from shared.telemetry import get_metrics, span
-from shared.telemetry.hooks import view_attributes
+from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
 PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
@@ -69,43 +69,6 @@ def check_request(system_prompt: object, tools: object) -> None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise InvalidInput("expected an object", field=f"tools[{i}]")
-
-
-class Traced:
-    """A span around one guard call (a no-op one without an OpenTelemetry SDK).
-
-    A context manager over :func:`shared.telemetry.span` (entered directly: no
-    second generator on the hot path); ``current`` is the span inside it.
-    """
-
-    __slots__ = ("_cm", "current")
-
-    def __init__(self, name: str, attributes: Mapping[str, Any],
-                 kind: str = "internal") -> None:
-        self._cm = span(name, attributes, kind=kind)
-        self.current: Any = None
-
-    def __enter__(self) -> Traced:
-        self.current = self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        return self._cm.__exit__(*exc)
-
-    def view(self, view: PreparedView) -> PreparedView:
-        """``view``, its report's figures set on the span (skipped when nothing records)."""
-        if self.current.is_recording():
-            self.current.set_attributes(view_attributes(view.report))
-        return view
-
-    def recovered(self, view: PreparedView) -> PreparedView:
-        get_metrics().recovery("recovered")
-        return self.view(view)
-
-    def turn(self, length: int) -> int:
-        """The log length after a recorded turn, set on the span."""
-        self.current.set_attribute("compaction.log_length", length)
-        return length
 
 
 class GuardShell:
@@ -426,4 +389,4 @@ class GuardShell:
         }
 
 
-__all__ = ["GuardShell", "Traced", "check_request"]
+__all__ = ["GuardShell", "Traced", "check_request"]  # Traced: from _tracing

@@ -1,0 +1,50 @@
+"""The span around one guard call, for both shells (docs/observability.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared.core.prepared import PreparedView
+from shared.telemetry import get_metrics, span
+from shared.telemetry.hooks import view_attributes
+
+
+class Traced:
+    """A span around one guard call (a no-op one without an OpenTelemetry SDK).
+
+    A context manager over :func:`shared.telemetry.span` (entered directly: no
+    second generator on the hot path); ``current`` is the span inside it.
+    """
+
+    __slots__ = ("_cm", "current")
+
+    def __init__(self, name: str, attributes: Mapping[str, Any],
+                 kind: str = "internal") -> None:
+        self._cm = span(name, attributes, kind=kind)
+        self.current: Any = None
+
+    def __enter__(self) -> Traced:
+        self.current = self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._cm.__exit__(*exc)
+
+    def view(self, view: PreparedView) -> PreparedView:
+        """``view``, its report's figures set on the span (skipped when nothing records)."""
+        if self.current.is_recording():
+            self.current.set_attributes(view_attributes(view.report))
+        return view
+
+    def recovered(self, view: PreparedView) -> PreparedView:
+        get_metrics().recovery("recovered")
+        return self.view(view)
+
+    def turn(self, length: int) -> int:
+        """The log length after a recorded turn, set on the span."""
+        self.current.set_attribute("compaction.log_length", length)
+        return length
+
+
+__all__ = ["Traced"]
