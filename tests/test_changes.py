@@ -201,3 +201,40 @@ def test_a_forked_child_opens_its_own_feed(real_store: SessionStore, redis_url: 
     content, own = out.get(timeout=5)
     assert proc.exitcode == 0 and content.startswith("from ") and own
     assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == content  # parent too
+
+
+def test_a_frozen_redis_costs_the_feed_at_most_its_short_timeout(shell: str) -> None:
+    """Redis stops answering (SIGSTOP): the feed's check gives up after IO_TIMEOUT and the
+    call goes on as without it (here: the store's own timeout, then StoreUnavailable);
+    the feed never blocks a call (or the async guard's event loop) for long."""
+    import os
+    import signal
+
+    from shared.core.errors import StoreUnavailable
+    from shared.store.sessions import connect
+    from workers.harness.stack.redis_server import start_server
+
+    server = start_server()
+    try:
+        config = StoreConfig(key_prefix="f", socket_timeout=0.5, connect_timeout=0.5)
+        store = SessionStore(connect(server.url, config), config)
+        store.append("s", [{"role": "user", "content": "hello"}])
+        guard = make(shell, store, overrides={"m": 100_000})
+        guard.prepare("s", SYSTEM, model="m")
+        guard.prepare("s", SYSTEM, model="m")
+        feed: ChangeFeed = guard.feed
+        assert feed.mark() is not None
+        feed._verified = 0.0  # the next check pings
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.perf_counter()
+            with pytest.raises(StoreUnavailable):
+                guard.prepare("s", SYSTEM, model="m")
+            took = time.perf_counter() - started
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert took < changes_module.IO_TIMEOUT + 0.5 + 0.4, took
+        assert feed._conn is None  # given up, retried later
+    finally:
+        server.remove()

@@ -43,6 +43,8 @@ log = logging.getLogger("shared.store.changes")
 
 VERIFY_SECONDS = 1.0
 """How long a ``PING`` answered on the feed's connection vouches for it."""
+IO_TIMEOUT = 0.25
+"""Seconds the feed's connect and ``PING`` may take at most (inside a guard call)."""
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Waits before reconnecting after consecutive failures (then the last one, repeated)."""
 _KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout", "path",
@@ -69,9 +71,11 @@ class ChangeFeed:
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
                  connection_class: str = "Connection") -> None:
         self._kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
-        # never longer than the store's own timeout: the check runs inside prepare()
-        timeout = connection_kwargs.get("socket_timeout")
-        self._kwargs["socket_timeout"] = min(float(timeout or 1.0), 1.0)
+        # Short, whatever the store's: the check runs inside prepare() (and, for the async
+        # guard, on its event loop); a slow answer only turns the shortcut off for a while.
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            given = connection_kwargs.get(name)
+            self._kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
         self._class = connection_class
         self.prefix = prefix
         self._lock = threading.Lock()
@@ -217,4 +221,5 @@ def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
     return ChangeFeed(kwargs, prefix, connection_class=name)
 
 
-__all__ = ["RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for", "session_base"]
+__all__ = ["IO_TIMEOUT", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for",
+           "session_base"]
