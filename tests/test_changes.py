@@ -12,6 +12,7 @@ import redis
 
 import shared.store.changes as changes_module
 from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
 from shared.core.records import SummaryRecord
 from shared.store.changes import ChangeFeed, feed_for, session_base
 from shared.store.sessions import SessionStore
@@ -238,3 +239,43 @@ def test_a_frozen_redis_costs_the_feed_at_most_its_short_timeout(shell: str) -> 
         assert feed._conn is None  # given up, retried later
     finally:
         server.remove()
+
+
+def test_guards_of_several_tenants_share_one_feed(real_redis: redis.Redis, redis_url: str,
+                                                  key_prefix: str, shell: str) -> None:
+    """One connection for every tenant (``compaction serve``'s guards): each guard still
+    sees only its tenant's writes as changes to its sessions."""
+    config = StoreConfig(key_prefix=key_prefix)
+    feed = feed_for(real_redis, f"{key_prefix}:{{")
+    assert feed is not None
+    stores = {t: SessionStore(real_redis, config, tenant=t) for t in ("alice", "bob")}
+    guards = {t: make(shell, s, overrides={"m": 100_000}, watch_changes=feed)
+              for t, s in stores.items()}
+    writer = {t: SessionStore(redis.Redis.from_url(redis_url), config, tenant=t)
+              for t in stores}
+    for t in stores:
+        writer[t].append("s", [{"role": "user", "content": f"{t} 0"}])
+        guards[t].prepare("s", SYSTEM, model="m")
+    for k in range(1, 4):
+        writer["bob"].append("s", [{"role": "user", "content": f"bob {k}"}])
+        for t in stores:
+            assert guards[t].feed is feed
+            want = f"{t} 0" if t == "alice" else f"bob {k}"
+            assert guards[t].prepare("s", SYSTEM, model="m").messages[-1].content == want
+    seen = reads(guards["alice"])
+    guards["alice"].prepare("s", SYSTEM, model="m")
+    assert seen == []  # bob's writes are not alice's changes
+    other = feed_for(real_redis, "elsewhere:{")
+    with pytest.raises(InvalidInput, match="watch_changes"):
+        make(shell, stores["alice"], watch_changes=other)
+
+
+def test_the_http_service_shares_one_feed(real_redis: redis.Redis, key_prefix: str) -> None:
+    from workers.server.app import create_app
+    from workers.server.config import ServerConfig
+
+    app = create_app(ServerConfig(), SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)),
+                     tokens={"ta": "alice", "tb": "bob"})
+    state = app.state.server
+    alice, bob = state.guard("alice"), state.guard("bob")
+    assert alice.feed is not None and alice.feed is bob.feed

@@ -94,10 +94,17 @@ class GuardShell:
         self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
 
     # -- reads skipped while nothing changed (shared.store.changes) -------------------------
-    def watch(self, client: Any, prefix: str, tenant: str, enabled: bool) -> None:
-        """Set up the change feed for ``tenant``'s sessions (None where unavailable)."""
+    def watch(self, client: Any, prefix: str, tenant: str, enabled: bool | ChangeFeed) -> None:
+        """Set up the change feed for ``tenant``'s sessions (None where unavailable), or
+        use the one given (several guards may share a feed whose prefix covers theirs)."""
         self._base = f"{prefix}:{{{tenant}:"
-        self.feed = feed_for(client, self._base) if enabled else None
+        if isinstance(enabled, ChangeFeed):
+            if not self._base.startswith(enabled.prefix):
+                raise InvalidInput(f"the feed watches {enabled.prefix!r}, not this guard's "
+                                   f"sessions ({self._base!r})", field="watch_changes")
+            self.feed = enabled
+        else:
+            self.feed = feed_for(client, self._base) if enabled else None
 
     def fresh(self, session_id: str) -> CachedView | None:
         """The cached view when the feed vouches that nothing of the session changed since

@@ -35,6 +35,7 @@ from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
 from shared.guard._shell import GuardShell, check_request
 from shared.store import recall_query
+from shared.store.changes import ChangeFeed
 from shared.store.keys import validate_session_id
 from shared.store.sessions import SessionStore
 
@@ -50,7 +51,8 @@ class ContextGuard(GuardShell):
     bytes each); ``ViewCache(0, 0)`` turns caching off. ``watch_changes``: skip the
     read while Redis reports nothing of the session written since the cached one
     (client tracking, :mod:`shared.store.changes`; a connection of its own, used
-    where the server supports it). One guard per process
+    where the server supports it; a :class:`~shared.store.changes.ChangeFeed` to share
+    one between guards, e.g. one per tenant). One guard per process
     is the intended use; it is thread-safe.
     """
 
@@ -58,7 +60,8 @@ class ContextGuard(GuardShell):
                  policy: CompactionPolicy | None = None,
                  overrides: Mapping[str, ModelLimits | int] | None = None,
                  counter: TokenCounter | None = None,
-                 view_cache: ViewCache | None = None, watch_changes: bool = True) -> None:
+                 view_cache: ViewCache | None = None,
+                 watch_changes: bool | ChangeFeed = True) -> None:
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()

@@ -44,6 +44,7 @@ from shared.core.errors import (
 from shared.core.limits import ModelLimits
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard import ContextGuard
+from shared.store.changes import ChangeFeed, feed_for
 from shared.store.sessions import SessionStore
 from shared.telemetry import metrics_app
 from workers.server.config import ServerConfig, TokenBook
@@ -100,6 +101,13 @@ class ServerState:
     compact: CompactPublisher | None = None
     _guards: dict[str, ContextGuard] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _feed: ChangeFeed | bool | None = None  # one change feed for every tenant's guard
+
+    def _shared_feed(self) -> ChangeFeed | bool:
+        if self._feed is None:
+            self._feed = feed_for(self.store.redis, f"{self.store.config.key_prefix}:{{") \
+                or False
+        return self._feed
 
     def guard(self, tenant: str) -> ContextGuard:
         """The tenant's guard (its view cache and learned limits are the tenant's own)."""
@@ -108,7 +116,7 @@ class ServerState:
             if guard is None:
                 guard = self._guards[tenant] = ContextGuard(
                     self.store.for_tenant(tenant), self.enqueuer, policy=self.policy,
-                    overrides=self.overrides)
+                    overrides=self.overrides, watch_changes=self._shared_feed())
             return guard
 
 
