@@ -279,3 +279,25 @@ def test_a_cut_inside_a_turn_needs_no_repair_per_prepare(shell_name: str,
                     "tool_calls": [{"id": f"p{k}", "name": "run", "arguments": "{}"}]},
                    {"role": "tool", "tool_call_id": f"p{k}", "content": "ok"}]
     assert repairs == []
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored=conversations(min_turns=1, max_turns=3, system=False),
+       turn=any_conversations(min_turns=1, max_turns=2, system=False))
+def test_a_turn_prepared_call_by_call_equals_a_fresh_prepare(
+        shell_name: str, stored: list[Message], turn: list[Message]) -> None:
+    """A tool chain's calls re-use the last call's validation, counts, wire forms and pair
+    scan; each call's view is still the one a guard seeing the turn for the first time
+    builds (ids shared with the stored log, damaged turns and repairs included)."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    store.append("s", stored)
+    warm = make(shell_name, store, overrides={"m": 1_000_000})
+    pending = [m.model_dump(exclude_none=True) for m in turn[1:]]
+    for end in range(len(pending) + 1):  # one call per message, as a tool chain makes
+        given = pending[:end]
+        cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
+        a = warm.prepare("s", SYSTEM, model="m", pending=given)
+        b = cold.prepare("s", SYSTEM, model="m", pending=given)
+        assert list(a.messages) == list(b.messages)
+        assert a.openai() == b.openai()

@@ -31,7 +31,7 @@ from shared.core.cheap import plan_cheap_stages
 from shared.core.chunks import Chunks, concat
 from shared.core.config import CompactionPolicy
 from shared.core.messages import Message
-from shared.core.pairs import pairs_intact, scan_pairs
+from shared.core.pairs import PairScan, pairs_intact, scan_pairs
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
@@ -62,6 +62,9 @@ class Request:
     extra: Sequence[Message] = ()
     extra_tokens: Sequence[int] = ()
     extra_wire: Sequence[dict[str, Any]] = ()  # per pending message: its wire forms, kept
+    # the pair scan of ``extra[:k]`` from the snapshot's scan, as an earlier call of the
+    # turn left it: (that scan, k); the scan then resumes over the new messages only
+    extra_scan: tuple[PairScan, int] | None = None
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -92,6 +95,7 @@ class Plan:
     enqueue: bool = False
     force: bool = False
     log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
+    extra_scan: PairScan | None = None  # the pending turn's scan, for the next call's resume
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
         """The view, its report completed. The report was built by :func:`plan_view` for
@@ -149,6 +153,15 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
                                      saved=snap.saved + sum(d.saved_tokens for d in plan))
 
 
+def _scan_pending(extra: list[Message], snap: CachedView,
+                  known: tuple[PairScan, int] | None) -> PairScan:
+    """The pair scan of the pending turn from the stored view's, resumed where an earlier
+    call of the same turn stopped (``known``: its state after ``extra[:k]``)."""
+    if known is not None and 0 < known[1] <= len(extra) and known[0].ok:
+        return scan_pairs(extra[known[1]:], known[0])
+    return scan_pairs(extra, snap.scan)
+
+
 def _unique_pending(extra: list[Message], snap: CachedView) -> list[Message]:
     """The pending turn with call ids the stored view already used renamed (as the
     append will), so a Gemini-style turn pairs without a repair of the whole view."""
@@ -165,7 +178,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
     given = list(req.extra)
-    extra, extra_tokens = _unique_pending(given, snap), list(req.extra_tokens)
+    pending_scan = _scan_pending(given, snap, req.extra_scan)
+    # a turn whose ids are new and unique scans ok: nothing to rename
+    extra = given if pending_scan.ok else _unique_pending(given, snap)
+    extra_tokens = list(req.extra_tokens)
     extra_wire = req.extra_wire if extra is given and len(req.extra_wire) == len(extra) else ()
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
@@ -211,7 +227,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 
     intact = (pairs_intact(history) if truncated
-              else scan_pairs(extra, snap.scan).intact)
+              else pending_scan.intact if extra is given else scan_pairs(extra, snap.scan).intact)
     incremental = not truncated and intact
     if not intact:
         history = repair_tool_pairs(history)
@@ -241,7 +257,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                 version=state.version, clear_recover_next=req.force_ratio is not None,
                 enqueue=enqueue, force=truncated,
                 log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
-                            + sum(extra_tokens))), snap
+                            + sum(extra_tokens)),
+                extra_scan=pending_scan if pending_scan.ok else None), snap
 
 
 def _notice(summary: SummaryRecord | None, req: Request,

@@ -265,7 +265,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         new_applied: list[Any] = [tail_changes.get(j, r) for j, r in enumerate(new_raw)]
         applied = applied.extend_lazy(new_applied, decode_stored)
         saved += tail_saved
-        scan = (scan_shapes(shapes, cached.scan) if drop == 0
+        scan = ((scan_shapes(shapes, cached.scan) if new_raw else cached.scan) if drop == 0
                 else scan_pairs(history, _scan_start(summary)))
         new_counts = raw.message_counts()
         counts = (cached.counts.drop(drop).extend(new_counts)

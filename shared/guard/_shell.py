@@ -23,7 +23,6 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,8 +31,9 @@ from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
-from shared.core.messages import Message, validate_messages
+from shared.core.messages import Message
 from shared.core.overflow import is_context_overflow, parse_overflow
+from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
 from shared.core.records import SessionState, SummaryRecord
@@ -43,12 +43,12 @@ from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
 from shared.core.viewcache import CachedView
+from shared.guard._pending import PENDING_KEEP, PendingTurns
 from shared.guard._tracing import Traced
 from shared.store.changes import ChangeFeed, feed_for
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
-PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
 
 
 def check_request(system_prompt: object, tools: object) -> None:
@@ -86,8 +86,7 @@ class GuardShell:
         self._tools_seen: tuple[Any, int, bool] | None = None
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
-        self._pending: OrderedDict[str, list[tuple[Any, Message, int, dict[str, Any]]]] = (
-            OrderedDict())
+        self.turns = PendingTurns(self.counter)
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
         self._base = ""
@@ -178,55 +177,20 @@ class GuardShell:
             self._limits_seen[key] = found
         return found
 
-    # -- the pending turn: validated and counted once per message ------------------------
+    # -- the pending turn (shared.guard._pending) ------------------------------------------
     def pending(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
                 ) -> tuple[list[Message], list[int]]:
-        """The pending messages, validated and counted; a tool chain's prepares re-use
-        what an earlier prepare of the same turn already did (compared by value), the
-        messages' wire forms included (:meth:`request`)."""
-        if not isinstance(raw, (list, tuple)):
-            items = validate_messages(raw, prefix="pending")
-            return items, [self.counter.message(m) for m in items]
-        if not raw:
-            return [], []
-        with self._lock:
-            known = self._pending.get(session_id) or []
-        reuse = 0
-        for (old, _, _, _), item in zip(known, raw, strict=False):
-            if old is not item and old != item:
-                break
-            reuse += 1
-        try:
-            fresh = validate_messages(raw[reuse:], prefix="pending") if reuse < len(raw) else []
-        except InvalidInput:
-            if not reuse:
-                raise
-            validate_messages(raw, prefix="pending")  # the error, named by its place in raw
-            raise
-        rows = known[:reuse] + [(copy.deepcopy(item) if isinstance(item, Mapping) else item, m,
-                                 self.counter.message(m), {})
-                                for item, m in zip(raw[reuse:], fresh, strict=True)]
-        with self._lock:
-            self._pending[session_id] = rows
-            self._pending.move_to_end(session_id)
-            while len(self._pending) > PENDING_KEEP:
-                self._pending.popitem(last=False)
-        return [r[1] for r in rows], [r[2] for r in rows]
+        """The pending messages, validated and counted (re-using an earlier call's work)."""
+        return self.turns.rows(session_id, raw)
 
-    def _pending_wire(self, session_id: str, extra: list[Message]) -> list[dict[str, Any]]:
-        """The wire-form slots of the pending messages when ``extra`` is the turn
-        :meth:`pending` last returned for the session (else none: converted afresh)."""
-        with self._lock:
-            rows = self._pending.get(session_id)
-        if not rows or len(rows) != len(extra) or any(
-                r[1] is not m for r, m in zip(rows, extra, strict=True)):
-            return []
-        return [r[3] for r in rows]
+    def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
+        """Keep the pending turn's pair scan for the next call of the turn."""
+        self.turns.scanned(session_id, req.extra, plan.extra_scan, base)
 
     def request(self, session_id: str, system_prompt: str,
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                 state: SessionState | None, extra: list[Message], extra_tokens: list[int],
-                force_ratio: float | None) -> Request:
+                force_ratio: float | None, *, scan: PairScan | None = None) -> Request:
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
         return Request(
@@ -235,7 +199,8 @@ class GuardShell:
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
             tool_tokens=tool_tokens, overhead=self.counter.messages([]),
             extra=extra, extra_tokens=extra_tokens,
-            extra_wire=self._pending_wire(session_id, extra) if extra else (),
+            extra_wire=self.turns.wire(session_id, extra) if extra else (),
+            extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
@@ -248,7 +213,7 @@ class GuardShell:
     def take_sent(self, session_id: str, reported: bool) -> Sent | None:
         """The last request prepared, when a usage report describes it (else kept)."""
         with self._lock:
-            self._pending.pop(session_id, None)  # the turn is recorded: a new one starts
+            self.turns.forget(session_id)  # the turn is recorded: a new one starts
             return self._sent.pop(session_id, None) if reported else None
 
     # -- observability: spans and metrics, the same for both shells ---------------------------

@@ -124,8 +124,10 @@ class AsyncContextGuard(GuardShell):
                extra: list[Message], extra_tokens: list[int], started: float,
                force_ratio: float | None, retry_lost_swap: bool = True) -> PreparedView:
         req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
-                           extra, extra_tokens, force_ratio)
+                           extra, extra_tokens, force_ratio, scan=snap.scan)
+        base = snap.scan
         plan, snap = plan_view(snap, req, self.policy, self.counter)
+        self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
         if not self.performed(plan, await self._perform(session_id, plan)) and retry_lost_swap:
