@@ -57,14 +57,11 @@ def documents(text: str) -> list[Any]:
     return out
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
-def test_the_curl_example_in_the_docs(redis_url: str, real_redis: object, key_prefix: str,
-                                      tmp_path: Path) -> None:
-    pytest.importorskip("fastapi")
+def run_docs_script(script: str, redis_url: str, key_prefix: str,
+                    tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """A bash block of docs/server.md against a real ``compaction serve`` (tenant "docs")."""
     from workers.server.process import ServerProcess
 
-    text = (ROOT / "docs" / "server.md").read_text()
-    script = text.split("## curl", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     token = "docs-curl-token-0123456789"
     env = {"COMPACTION_REDIS_URL": redis_url, "COMPACTION_KEY_PREFIX": key_prefix,
            "COMPACTION_BROKER_URL": "memory://",
@@ -75,6 +72,17 @@ def test_the_curl_example_in_the_docs(redis_url: str, real_redis: object, key_pr
                               env={**os.environ, "TOKEN": token}, cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_the_curl_example_in_the_docs(redis_url: str, real_redis: object, key_prefix: str,
+                                      tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+
+    text = (ROOT / "docs" / "server.md").read_text()
+    script = text.split("## curl", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    done = run_docs_script(script, redis_url, key_prefix, tmp_path)
     recovered, recorded, stats = documents(done.stdout)
     assert recovered["recovered"] is True
     assert recorded == {"session_id": "demo-1", "length": 2}
@@ -102,7 +110,6 @@ def test_the_recall_curl_example_in_the_docs(redis_url: str, real_redis: Any,
     from shared.guard import ContextGuard
     from shared.store.sessions import SessionStore
     from tests.recall_adapters_support import FACT, assert_recalled, compact, opening
-    from workers.server.process import ServerProcess
 
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="docs")
     guard = ContextGuard(store)
@@ -111,16 +118,7 @@ def test_the_recall_curl_example_in_the_docs(redis_url: str, real_redis: Any,
                                      {"role": "assistant", "content": f"Noted, turn {i}."}])
     compact(store, "demo-1")
     script = _section((ROOT / "docs" / "server.md").read_text(), "## Recall", "```bash")
-    token = "docs-curl-token-0123456789"
-    env = {"COMPACTION_REDIS_URL": redis_url, "COMPACTION_KEY_PREFIX": key_prefix,
-           "COMPACTION_BROKER_URL": "memory://",
-           "COMPACTION_SERVER_TOKENS": json.dumps({token: "docs"})}
-    with ServerProcess(env) as server:
-        done = subprocess.run(["bash", "-euc", script.replace("http://127.0.0.1:8080",
-                                                              server.url)],
-                              env={**os.environ, "TOKEN": token}, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    done = run_docs_script(script, redis_url, key_prefix, tmp_path)
     [answer] = documents(done.stdout)
     assert answer["session_id"] == "demo-1" and len(answer["hits"]) <= 3
     assert (answer["hits"][0]["index"], answer["hits"][0]["text"]) == (2, FACT)
