@@ -14,6 +14,7 @@ import shared.store.changes as changes_module
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
 from shared.core.records import SummaryRecord
+from shared.core.view import ViewCache
 from shared.store.changes import ChangeFeed, feed_for, session_base
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
@@ -168,7 +169,7 @@ def test_flush_starts_a_new_epoch(real_store: SessionStore, real_redis: redis.Re
     guard.prepare("s", SYSTEM, model="m")
     feed: ChangeFeed = guard.feed
     mark = feed.mark()
-    feed._invalidated([b"invalidate", None])
+    feed._seen.invalidated([b"invalidate", None])
     assert not feed.unchanged(session_base(real_store.keys("s").state), mark)
     time.sleep(0)
 
@@ -271,11 +272,46 @@ def test_guards_of_several_tenants_share_one_feed(real_redis: redis.Redis, redis
 
 
 def test_the_http_service_shares_one_feed(real_redis: redis.Redis, key_prefix: str) -> None:
+    from shared.telemetry.metrics import get_metrics, set_metrics
     from workers.server.app import create_app
     from workers.server.config import ServerConfig
 
-    app = create_app(ServerConfig(), SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)),
-                     tokens={"ta": "alice", "tb": "bob"})
-    state = app.state.server
-    alice, bob = state.guard("alice"), state.guard("bob")
-    assert alice.feed is not None and alice.feed is bob.feed
+    before = get_metrics()  # the app serves /metrics: it installs the process's registry
+    try:
+        app = create_app(ServerConfig(),
+                         SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)),
+                         tokens={"ta": "alice", "tb": "bob"})
+        state = app.state.server
+        alice, bob = state.guard("alice"), state.guard("bob")
+        assert alice.feed is not None and alice.feed is bob.feed
+    finally:
+        set_metrics(before)
+
+
+def test_a_dropped_guard_closes_its_feed_at_once(real_store: SessionStore,
+                                                 real_redis: redis.Redis) -> None:
+    """No reference cycle holds a feed: an application (or a test suite) creating guards
+    by the hundred does not pile up connections until the garbage collector runs."""
+    import gc
+
+    from shared.guard import ContextGuard
+
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = ContextGuard(real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    feed = guard.feed
+    assert feed is not None
+    with feed._lock:
+        feed._conn.send_command("CLIENT", "ID")
+        feed_id = feed._conn.read_response()
+    del guard, feed
+    gc.disable()
+    try:
+        deadline = time.monotonic() + 5
+        while any(c["id"] == str(feed_id) or c["id"] == feed_id
+                  for c in real_redis.client_list()):
+            assert time.monotonic() < deadline, "the feed's connection outlived its guard"
+            time.sleep(0.02)
+    finally:
+        gc.enable()
+    assert ContextGuard(real_store, view_cache=ViewCache(0, 0)).feed is None  # nothing to skip

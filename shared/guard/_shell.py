@@ -102,8 +102,9 @@ class GuardShell:
                 raise InvalidInput(f"the feed watches {enabled.prefix!r}, not this guard's "
                                    f"sessions ({self._base!r})", field="watch_changes")
             self.feed = enabled
-        else:
-            self.feed = feed_for(client, self._base) if enabled else None
+        else:  # a guard that caches no view has no read to skip
+            caching = self.views.max_sessions > 0
+            self.feed = feed_for(client, self._base) if enabled and caching else None
 
     def fresh(self, session_id: str) -> CachedView | None:
         """The cached view when the feed vouches that nothing of the session changed since

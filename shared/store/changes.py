@@ -60,6 +60,38 @@ def session_base(key: bytes | str) -> str:
     return text[: end + 1] if end >= 0 else text
 
 
+class _Seen:
+    """What the pushes told: the change counter, the epoch, each session's last change.
+
+    Apart from the feed so that the connection's push handler does not hold the
+    feed: a guard dropped is a feed dropped, and its socket closed, at once.
+    """
+
+    __slots__ = ("changed", "epoch", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.epoch = 0
+        self.changed: dict[str, int] = {}
+
+    def forget(self) -> None:
+        """Changes may have been missed: marks taken before now are worthless."""
+        self.epoch += 1
+        self.changed.clear()
+
+    def invalidated(self, push: list[Any]) -> None:
+        """A push ``[b"invalidate", keys | None]`` (None: the whole database was flushed)."""
+        keys = push[1] if len(push) > 1 else None
+        if keys is None:
+            self.forget()
+            return
+        self.seq += 1
+        for key in keys:
+            self.changed[session_base(key)] = self.seq
+        if len(self.changed) > 100_000:  # bounded: forgetting is safe, a new epoch
+            self.forget()
+
+
 class ChangeFeed:
     """Invalidation pushes for one tenant's sessions, and the marks the guard compares.
 
@@ -80,9 +112,7 @@ class ChangeFeed:
         self.prefix = prefix
         self._lock = threading.Lock()
         self._conn: Any = None
-        self._seq = 0
-        self._epoch = 0
-        self._changed: dict[str, int] = {}
+        self._seen = _Seen()
         self._verified = 0.0
         self._failures = 0
         self._retry_at = 0.0
@@ -95,7 +125,7 @@ class ChangeFeed:
         with self._lock:
             if not self._ready():
                 return None
-            return self._epoch, self._seq
+            return self._seen.epoch, self._seen.seq
 
     def unchanged(self, base: str, mark: tuple[int, int] | None) -> bool:
         """True when no key of session ``base`` was written since ``mark`` was taken."""
@@ -105,7 +135,7 @@ class ChangeFeed:
             if not self._ready():
                 return False
             epoch, seq = mark
-            return epoch == self._epoch and self._changed.get(base, -1) <= seq
+            return epoch == self._seen.epoch and self._seen.changed.get(base, -1) <= seq
 
     def close(self) -> None:
         with self._lock:
@@ -125,7 +155,7 @@ class ChangeFeed:
                 self._conn.read_response(push_request=True, timeout=0)
             if now - self._verified > VERIFY_SECONDS:
                 self._conn.send_command("PING")
-                self._conn.read_response()  # pushes before the PONG go to _invalidated
+                self._conn.read_response()  # pushes before the PONG are handled first
                 self._verified = time.monotonic()
         except Exception as exc:
             self._fail(exc)
@@ -140,31 +170,17 @@ class ChangeFeed:
                    "UnixDomainSocketConnection": redis.UnixDomainSocketConnection}[self._class]
             conn = cls(**self._kwargs, protocol=3)
             conn.connect()
-            conn._parser.set_invalidation_push_handler(self._invalidated)
+            conn._parser.set_invalidation_push_handler(self._seen.invalidated)
             conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", self.prefix)
             conn.read_response()
         except Exception as exc:
             self._fail(exc)
             return False
         self._conn = conn
-        self._epoch += 1  # changes before now were not seen: older marks are worthless
+        self._seen.forget()  # changes before now were not seen: older marks are worthless
         self._verified = time.monotonic()
         self._failures = 0
         return True
-
-    def _invalidated(self, push: list[Any]) -> None:
-        """A push ``[b"invalidate", keys | None]`` (None: the whole database was flushed)."""
-        keys = push[1] if len(push) > 1 else None
-        if keys is None:
-            self._epoch += 1
-            self._changed.clear()
-            return
-        self._seq += 1
-        for key in keys:
-            self._changed[session_base(key)] = self._seq
-        if len(self._changed) > 100_000:  # bounded: forgetting is safe, a new epoch
-            self._epoch += 1
-            self._changed.clear()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failures == 0:
@@ -179,13 +195,12 @@ class ChangeFeed:
         """In a forked child: the parent's connection and lock are not this process's."""
         self._lock = threading.Lock()
         self._conn = None  # the parent's socket: neither read nor closed here
-        self._epoch += 1
-        self._changed.clear()
+        self._seen.forget()
         self._retry_at = 0.0
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        self._epoch += 1
+        self._seen.forget()
         if conn is not None:
             try:
                 conn.disconnect()
