@@ -16,10 +16,17 @@ from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer
 from shared.store.sessions import SessionStore
 from tests.fakes_support import WORDS
-from tests.guard_shells import SHELLS, Recorder, make
+from tests.guard_shells import SHELLS, Recorder, close_all, make
 from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
 from workers.harness.stack.redis_server import RedisServer, find_redis
 from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
+
+
+@pytest.fixture(autouse=True)
+def _async_shells_closed() -> Iterator[None]:
+    """Every async guard shell a test made is closed when it ends (tests.guard_shells)."""
+    yield
+    close_all()
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ class AsyncShell:
     def __init__(self, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -> None:
         self.store = store
         self.loop = asyncio.new_event_loop()
+        OPEN.append(self)  # closed when the test ends (close_all): see there
         self.astore = AsyncSessionStore(async_client(store.redis), store.config,
                                         tenant=store.tenant, counter=store.counter)
         self.inner = AsyncContextGuard(self.astore, enqueuer, **kwargs)
@@ -61,12 +62,26 @@ class AsyncShell:
             return run
         return attr
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Close the async client and the event loop (three file descriptors)."""
+        if self.loop.is_closed():
+            return
         try:
             self.loop.run_until_complete(self.astore.redis.aclose())
+        finally:
             self.loop.close()
-        except Exception:  # best effort at interpreter exit
-            return
+
+
+OPEN: list[AsyncShell] = []
+"""Shells not closed yet. A test's frames can outlive it (a traceback kept by a
+library), and with them its shells: hundreds of event loops in one run (a
+property test makes one per example) ran the process out of file descriptors."""
+
+
+def close_all() -> None:
+    """Close every shell made since the last call (the conftest calls it after each test)."""
+    while OPEN:
+        OPEN.pop().close()
 
 
 def make(shell: str, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -> Any:

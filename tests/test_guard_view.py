@@ -294,9 +294,9 @@ def test_a_turn_prepared_call_by_call_equals_a_fresh_prepare(
     store.append("s", stored)
     warm = make(shell_name, store, overrides={"m": 1_000_000})
     pending = [m.model_dump(exclude_none=True) for m in turn[1:]]
+    cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
     for end in range(len(pending) + 1):  # one call per message, as a tool chain makes
         given = pending[:end]
-        cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
         a = warm.prepare("s", SYSTEM, model="m", pending=given)
         b = cold.prepare("s", SYSTEM, model="m", pending=given)
         assert list(a.messages) == list(b.messages)
