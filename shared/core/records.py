@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -241,6 +242,8 @@ class AppendResult:
     duplicate: bool = False
     marked: bool = False
     state: SessionState | None = None
+    state_raw: Mapping[str, str] | None = None  # the same hash as the store holds it
+    batch: Sequence[tuple[str, int]] = ()  # what was sent: (stored JSON, token count) each
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shared.core.appended import appended_read
 from shared.core.budget import ensure_reducible
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
@@ -36,13 +37,14 @@ from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
-from shared.core.records import SessionState, SummaryRecord
+from shared.core.records import AppendResult, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
-from shared.core.viewcache import CachedView
+from shared.core.viewcache import CachedView, decode_view
+from shared.core.wireview import carry
 from shared.guard._pending import PENDING_KEEP, PendingTurns
 from shared.guard._tracing import Traced
 from shared.store.changes import ChangeFeed, feed_for
@@ -122,6 +124,16 @@ class GuardShell:
         cached = self.views.get(session_id)
         if cached is not None:
             cached.mark = None
+
+    def appended(self, session_id: str, cached: CachedView | None,
+                 result: AppendResult) -> None:
+        """After the guard's own append: the cached view extended with the batch it wrote,
+        when the append's reply shows nothing else changed (:mod:`shared.core.appended`):
+        the next call's read brings nothing to decode. Unvouched (the feed saw the
+        write), so that call still reads."""
+        raw = appended_read(cached, result.batch, result) if cached is not None else None
+        if raw is not None:
+            self.views.put(session_id, decode_view(raw, cached, carry))
 
     def close(self) -> None:
         """Close the change feed's connection (the guard keeps working, reading every call)."""

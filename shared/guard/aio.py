@@ -203,8 +203,10 @@ class AsyncContextGuard(GuardShell):
             async def attempt() -> AppendResult:
                 return await self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
-                    state_fields=fields, fields_version=sent.version if sent else None)
+                    state_fields=fields, fields_version=sent.version if sent else None,
+                    with_state=cached is not None)
 
+            cached = self.views.get(session_id)
             self.touched(session_id)
             try:
                 result = await attempt()
@@ -212,6 +214,7 @@ class AsyncContextGuard(GuardShell):
                 log.info("session %s: append %s unanswered (%s); retrying once", session_id,
                          rid, exc)
                 result = await attempt()
+            self.appended(session_id, cached, result)
             if result.marked:
                 await self._publish(session_id)
             return trace.turn(result.length)

@@ -188,8 +188,10 @@ class ContextGuard(GuardShell):
             def attempt() -> AppendResult:
                 return self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
-                    state_fields=fields, fields_version=sent.version if sent else None)
+                    state_fields=fields, fields_version=sent.version if sent else None,
+                    with_state=cached is not None)
 
+            cached = self.views.get(session_id)
             self.touched(session_id)
             try:
                 result = attempt()
@@ -197,6 +199,7 @@ class ContextGuard(GuardShell):
                 log.info("session %s: append %s unanswered (%s); retrying once", session_id,
                          rid, exc)
                 result = attempt()
+            self.appended(session_id, cached, result)
             if result.marked:
                 try:
                     self.enqueuer.enqueue(self.store.tenant, session_id)

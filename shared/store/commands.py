@@ -8,6 +8,7 @@ parsers; only the client call differs. Nothing here touches a socket.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -142,15 +143,18 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
             args.extend((provider, stored))
     keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
             k.summaries, k.summary_index, k.cheap, ids_key(k)]
-    return Command("append", keys, args, parse_append, "append")
+    return Command("append", keys, args, functools.partial(parse_append, batch=encoded),
+                   "append")
 
 
-def parse_append(result: Any) -> AppendResult:
+def parse_append(result: Any, batch: Sequence[tuple[str, int]] = ()) -> AppendResult:
     length, watermark, version, before, duplicate, marked, state = result
+    state_raw = json_pairs(state) if state else None
     return AppendResult(
         length=int(length), watermark=int(watermark), version=int(version),
         tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
-        state=SessionState.from_hash(json_pairs(state)) if state else None)
+        state=SessionState.from_hash(state_raw) if state_raw is not None else None,
+        state_raw=state_raw, batch=batch)
 
 
 def id_conflict(error: Exception) -> dict[str, str] | None:
