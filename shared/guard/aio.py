@@ -52,8 +52,9 @@ class AsyncContextGuard(GuardShell):
     read while Redis reports nothing of the session written since the cached one
     (client tracking, :mod:`shared.store.changes`; a connection of its own, used
     where the server supports it; a :class:`~shared.store.changes.ChangeFeed` to share
-    one between guards, e.g. one per tenant). One guard per process
-    is the intended use; it is thread-safe.
+    one between guards, e.g. one per tenant). ``warm_up``: connect the change feed at
+    construction (:meth:`warm_up` connects the rest). One guard per process is the
+    intended use; it is thread-safe.
     """
 
     def __init__(self, store: AsyncSessionStore, enqueuer: Enqueuer | None = None, *,
@@ -61,12 +62,23 @@ class AsyncContextGuard(GuardShell):
                  overrides: Mapping[str, ModelLimits | int] | None = None,
                  counter: TokenCounter | None = None,
                  view_cache: ViewCache | None = None,
-                 watch_changes: bool | ChangeFeed = True) -> None:
+                 watch_changes: bool | ChangeFeed = True, warm_up: bool = True) -> None:
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
         self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
                    watch_changes)
+        if warm_up:
+            self.mark()  # the change feed connects now (its connection is a blocking one)
+
+    async def warm_up(self) -> None:
+        """Connect now, best effort (the store's connection, its scripts, the change feed):
+        the first ``prepare`` then pays only for its read. The constructor connects only
+        the feed: the store's connection belongs to the event loop that awaits this."""
+        warm = getattr(self.store, "warm_up", None)
+        if warm is not None:
+            await warm()
+        self.mark()
 
     # -- reading -------------------------------------------------------------------
     async def snapshot(self, session_id: str) -> CachedView:

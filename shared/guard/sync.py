@@ -52,8 +52,9 @@ class ContextGuard(GuardShell):
     read while Redis reports nothing of the session written since the cached one
     (client tracking, :mod:`shared.store.changes`; a connection of its own, used
     where the server supports it; a :class:`~shared.store.changes.ChangeFeed` to share
-    one between guards, e.g. one per tenant). One guard per process
-    is the intended use; it is thread-safe.
+    one between guards, e.g. one per tenant). ``warm_up``: connect at construction
+    (best effort, :meth:`warm_up`). One guard per process is the intended use; it is
+    thread-safe.
     """
 
     def __init__(self, store: SessionStore, enqueuer: Enqueuer | None = None, *,
@@ -61,12 +62,22 @@ class ContextGuard(GuardShell):
                  overrides: Mapping[str, ModelLimits | int] | None = None,
                  counter: TokenCounter | None = None,
                  view_cache: ViewCache | None = None,
-                 watch_changes: bool | ChangeFeed = True) -> None:
+                 watch_changes: bool | ChangeFeed = True, warm_up: bool = True) -> None:
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
         self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
                    watch_changes)
+        if warm_up:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Connect now, best effort (the store's connection, its scripts, the change feed):
+        the first ``prepare`` of a new process then pays only for its read."""
+        warm = getattr(self.store, "warm_up", None)  # a TenantStore or a stand-in may lack it
+        if warm is not None:
+            warm()
+        self.mark()  # the feed connects (it reports its own failures)
 
     # -- reading -------------------------------------------------------------------
     def snapshot(self, session_id: str) -> CachedView:

@@ -10,6 +10,7 @@ workers and operators keep the sync store.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ from shared.store.sessions import (
     _load_lua,
     session_full,
 )
+
+log = logging.getLogger("shared.store")
 
 
 def connect_async(url: str, config: StoreConfig | None = None) -> redis.asyncio.Redis:
@@ -73,6 +76,19 @@ class AsyncSessionStore:
 
     def keys(self, session_id: str) -> SessionKeys:
         return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
+
+    async def warm_up(self) -> bool:
+        """See :meth:`shared.store.sessions.SessionStore.warm_up`."""
+        scripts = list(self._scripts.values())
+        try:
+            loaded = await self.redis.script_exists(*(s.sha for s in scripts))
+            for script, found in zip(scripts, loaded, strict=True):
+                if not found:
+                    await self.redis.script_load(script.script)
+        except Exception as exc:  # any failure here is the first call's to report
+            log.debug("warm-up of the store's connection failed: %s", exc)
+            return False
+        return True
 
     async def _call(self, what: str, awaitable: Any) -> Any:
         try:

@@ -18,6 +18,7 @@ is given, so it runs on the node that owns the session's slot.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from shared.store.tenancy import TenantStore
 
 T = TypeVar("T")
+log = logging.getLogger("shared.store")
 # What "Redis is not there right now" looks like. The cluster errors count too:
 # every key of one call shares a slot, so they can only mean an unreachable or
 # reconfiguring cluster (no reachable node, slot not covered, CLUSTERDOWN).
@@ -158,6 +160,21 @@ class SessionStore(LeaseOps):
 
     def keys(self, session_id: str) -> SessionKeys:
         return SessionKeys.for_session(self.config.key_prefix, self.tenant, session_id)
+
+    def warm_up(self) -> bool:
+        """Connect and load the scripts now, best effort, so that the first call of a new
+        process pays for neither (a few ms). False when Redis did not answer (then the
+        first call connects, and reports the failure, as usual)."""
+        scripts = list(self._scripts.values())
+        try:
+            loaded = self.redis.script_exists(*(s.sha for s in scripts))
+            for script, found in zip(scripts, loaded, strict=True):
+                if not found:
+                    self.redis.script_load(script.script)
+        except Exception as exc:  # any failure here is the first call's to report
+            log.debug("warm-up of the store's connection failed: %s", exc)
+            return False
+        return True
 
     def for_tenant(self, tenant: str) -> TenantStore:
         """A handle on one tenant's sessions: store methods only, no raw client, no way
