@@ -37,13 +37,24 @@ from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import TokenCounter
-from shared.core.truncation import emergency_truncate
+from shared.core.truncation import TruncationInput
 from shared.core.view import Regions, assemble, summary_block, view_estimate
 from shared.core.viewcache import CachedView, KnownCounts, placeholder
 from shared.core.wireview import carry
 
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
 SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCut:
+    """A truncation input over a stored view (``applied``, by identity) and the pending
+    turn so far (``extra``): the turn's next truncating call extends it with its new
+    messages instead of walking the whole history again."""
+
+    applied: Sequence[Message]
+    extra: tuple[Message, ...]
+    source: TruncationInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +76,8 @@ class Request:
     # the pair scan of ``extra[:k]`` from the snapshot's scan, as an earlier call of the
     # turn left it: (that scan, k); the scan then resumes over the new messages only
     extra_scan: tuple[PairScan, int] | None = None
+    # the truncation input an earlier truncating call of the turn left: extended, not rebuilt
+    extra_cut: TurnCut | None = None
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -96,6 +109,7 @@ class Plan:
     force: bool = False
     log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
     extra_scan: PairScan | None = None  # the pending turn's scan, for the next call's resume
+    extra_cut: TurnCut | None = None  # the truncation input, for the next call's resume
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
         """The view, its report completed. The report was built by :func:`plan_view` for
@@ -207,22 +221,23 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     summary = snap.summary
     truncation: SummaryRecord | None = None
     truncated, dropped, note = False, 0, ""
+    cut: TurnCut | None = None
     over = not report.within_budget and (proactive or req.force_ratio is not None)
     if over or req.force_ratio is not None:
         ensure_reducible(report)
-        counter = KnownCounts.of(counter, snap, extra, extra_tokens)
         # One ratio sizes the cut and re-estimates the result.
         ratio = max(estimated / regions.total if regions.total else 1.0, state.calibration_ratio)
         budget = _history_budget(report, regions, math.ceil(regions.total * ratio),
                                  req.window, req.force_ratio)
-        result = emergency_truncate(list(history), budget, counter,
-                                    drop_fraction=policy.emergency_drop_fraction)
+        cut = _cut_input(req.extra_cut, snap, extra, extra_tokens, counter)
+        result = cut.source.cut(budget, counter, drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
         summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
+        # the kept messages' tokens, as the cut counted them (clipped ones included)
         regions = Regions(regions.system, summary.tokens + notice_tokens, regions.tools,
-                          sum(counter.message(m) for m in history), regions.overhead)
+                          result.tokens_after, regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 
@@ -258,7 +273,23 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                 enqueue=enqueue, force=truncated,
                 log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
                             + sum(extra_tokens)),
-                extra_scan=pending_scan if pending_scan.ok else None), snap
+                extra_scan=pending_scan if pending_scan.ok else None, extra_cut=cut), snap
+
+
+def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
+               extra_tokens: list[int], counter: TokenCounter) -> TurnCut:
+    """The truncation input of ``applied + extra``: the one an earlier call of the turn
+    left, extended by the messages added since (same stored view, same first pending
+    messages), else built over the whole (the store's counts for stored messages)."""
+    if known is not None and known.applied is snap.applied and len(known.extra) <= len(extra):
+        k = len(known.extra)
+        if all(a is b for a, b in zip(known.extra, extra, strict=False)):
+            grown = known.source.extend(extra[k:], extra_tokens[k:])
+            if grown is not None:
+                return TurnCut(snap.applied, tuple(extra), grown)
+    history = list(concat(snap.applied, extra))
+    return TurnCut(snap.applied, tuple(extra), TruncationInput.build(
+        history, KnownCounts.of(counter, snap, extra, extra_tokens)))
 
 
 def _notice(summary: SummaryRecord | None, req: Request,
@@ -323,5 +354,5 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
             "calibration_ratio": cal.ratio, "calibration_samples": cal.samples}
 
 
-__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent",
+__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut",
            "check", "newest_tokens", "plan_view", "usage_fields"]
