@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,39 @@ TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of t
 SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
 
 
+Counted = dict[int, tuple[Message, int]]  # id -> (message, its tokens by the base counter)
+
+
+class _Memo:
+    """Counts exactly as :class:`KnownCounts` gives them (the store's count of a message it
+    knows, else the base counter's), remembering what the base counter counted, by message
+    object: the next build over the same stored messages (the next snapshot: they survive
+    a moved watermark) does not count them again."""
+
+    def __init__(self, base: TokenCounter, known: TokenCounter, memo: Counted) -> None:
+        self.base, self.memo = base, memo
+        self.known: dict[int, int] = known.known if isinstance(known, KnownCounts) else {}
+        self.counted: Counted = {}
+
+    def text(self, text: str) -> int:
+        return self.base.text(text)
+
+    def message(self, message: Message) -> int:
+        found = self.known.get(id(message))
+        if found is not None:
+            return found
+        kept = self.memo.get(id(message))
+        tokens = kept[1] if kept is not None and kept[0] is message else self.base.message(message)
+        self.counted[id(message)] = (message, tokens)
+        return tokens
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return self.base.messages([]) + sum(self.message(m) for m in messages)
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        return self.base.tools(tools)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnCut:
     """A truncation input over a stored view (``applied``, by identity) and the pending
@@ -55,6 +88,7 @@ class TurnCut:
     applied: Sequence[Message]
     extra: tuple[Message, ...]
     source: TruncationInput
+    counted: Counted = field(default_factory=dict)  # what its build counted (see _Memo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +112,7 @@ class Request:
     extra_scan: tuple[PairScan, int] | None = None
     # the truncation input an earlier truncating call of the turn left: extended, not rebuilt
     extra_cut: TurnCut | None = None
+    counted: Counted | None = None  # what the session's last truncation build counted
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -229,7 +264,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         ratio = max(estimated / regions.total if regions.total else 1.0, state.calibration_ratio)
         budget = _history_budget(report, regions, math.ceil(regions.total * ratio),
                                  req.window, req.force_ratio)
-        cut = _cut_input(req.extra_cut, snap, extra, extra_tokens, counter)
+        cut = _cut_input(req.extra_cut, snap, extra, extra_tokens, counter, req.counted)
         result = cut.source.cut(budget, counter, drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
         summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
@@ -277,7 +312,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
 
 
 def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
-               extra_tokens: list[int], counter: TokenCounter) -> TurnCut:
+               extra_tokens: list[int], counter: TokenCounter,
+               counted: Counted | None = None) -> TurnCut:
     """The truncation input of ``applied + extra``: the one an earlier call of the turn
     left, extended by the messages added since (same stored view, same first pending
     messages), else built over the whole (the store's counts for stored messages)."""
@@ -286,10 +322,11 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
         if all(a is b for a, b in zip(known.extra, extra, strict=False)):
             grown = known.source.extend(extra[k:], extra_tokens[k:])
             if grown is not None:
-                return TurnCut(snap.applied, tuple(extra), grown)
+                return TurnCut(snap.applied, tuple(extra), grown, known.counted)
     history = list(concat(snap.applied, extra))
-    return TurnCut(snap.applied, tuple(extra), TruncationInput.build(
-        history, KnownCounts.of(counter, snap, extra, extra_tokens)))
+    memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens), counted or {})
+    source = TruncationInput.build(history, memo)
+    return TurnCut(snap.applied, tuple(extra), source, memo.counted)
 
 
 def _notice(summary: SummaryRecord | None, req: Request,

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.core.errors import InvalidInput
-from shared.core.guard_state import TurnCut
+from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
 from shared.core.tokens import TokenCounter
@@ -47,6 +47,8 @@ class PendingTurns:
         self.counter = counter
         self._lock = threading.Lock()
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
+        # per session, what its last truncation build counted (kept across turns)
+        self._counted: OrderedDict[str, Counted] = OrderedDict()
 
     def _get(self, session_id: str) -> _Turn | None:
         with self._lock:
@@ -114,16 +116,27 @@ class PendingTurns:
         turn = self._get(session_id)
         return turn.cut if turn is not None else None
 
+    def counted(self, session_id: str) -> Counted | None:
+        """What the session's last truncation build counted: the next build re-uses it."""
+        with self._lock:
+            return self._counted.get(session_id)
+
     def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
                 base: PairScan, cut: TurnCut | None = None) -> None:
         """Keep the pending turn's scan (``scan``, from ``base``) and truncation input
         (``cut``, when this call truncated) for the next call."""
-        turn = self._get(session_id) if scan is None or not extra else self._turn(session_id)
+        turn = (self._get(session_id) if (scan is None or not extra) and cut is None
+                else self._turn(session_id))
         if turn is None:
             return
         turn.scan = None if scan is None or not extra else (base, tuple(extra), scan)
         if cut is not None:
             turn.cut = cut
+            with self._lock:
+                self._counted[session_id] = cut.counted
+                self._counted.move_to_end(session_id)
+                while len(self._counted) > PENDING_KEEP:
+                    self._counted.popitem(last=False)
 
     def wire(self, session_id: str, extra: list[Message]) -> list[dict[str, Any]]:
         """The wire-form slots of the pending messages when ``extra`` is the turn

@@ -203,6 +203,7 @@ class GuardShell:
             extra_wire=self.turns.wire(session_id, extra) if extra else (),
             extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
             extra_cut=self.turns.known_cut(session_id) if extra else None,
+            counted=self.turns.counted(session_id),
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
