@@ -282,26 +282,24 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     if not intact:
         history = repair_tool_pairs(history)
     messages: Sequence[Message]
-    head: list[Message] = []
+    head: Sequence[Message] = ()
+    head_wire: dict[str, Any] | None = None
     if incremental:  # the head alone; the history is shared with the cache, not copied
-        first = (snap.applied[:1] or extra[:1])
-        head = assemble(req.system_prompt, summary, first,
-                        placement=policy.summary_placement, notice=notice)[: -1 if first else None]
+        head, head_wire = _head(req.system_prompt, summary, snap.applied[:1] or extra[:1],
+                                policy.summary_placement, notice)
         messages = concat(head, snap.applied, extra)
     else:
         messages = Chunks.of(assemble(req.system_prompt, summary, history,
                                       placement=policy.summary_placement, notice=notice))
-    view = PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
-        session_id=req.session_id, model=req.model, limits_source=req.limits_source,
-        budget=report, estimated_prompt_tokens=estimated,
-        watermark=summary.watermark if truncated and summary is not None else w,
-        version=state.version, length=snap.end, summary_kind=state.summary_kind,
-        cheap_applied=len(snap.cheap), truncated=truncated, dropped_messages=dropped,
-        note=note, enqueued=False, pending_job=snap.pending, recovery=req.force_ratio is not None,
-        degraded=False, elapsed_ms=0.0))
-    if incremental:
-        view._head, view._wire, view._applied, view._extra = head, snap.wire, snap.applied, extra
-        view._extra_wire = extra_wire
+    report_ = ViewReport.built(
+        req.session_id, req.model, req.limits_source, report, estimated,
+        summary.watermark if truncated and summary is not None else w, state.version,
+        snap.end, state.summary_kind, len(snap.cheap), truncated, dropped, note, False,
+        snap.pending, req.force_ratio is not None, False, 0.0)
+    view = (PreparedView.built(messages, report_, head=head, head_wire=head_wire,
+                               wire=snap.wire, applied=snap.applied, extra=extra,
+                               extra_wire=extra_wire)
+            if incremental else PreparedView.built(messages, report_))
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,
@@ -327,6 +325,29 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
     memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens), counted or {})
     source = TruncationInput.build(history, memo)
     return TurnCut(snap.applied, tuple(extra), source, memo.counted)
+
+
+_HEADS: dict[tuple[str, int, str, str, bool],
+             tuple[SummaryRecord | None, list[Message], dict[str, Any]]] = {}
+HEADS_KEEP = 64  # heads kept (system prompt, summary, notice): a few per live session
+
+
+def _head(system_prompt: str, summary: SummaryRecord | None, first: Sequence[Message],
+          placement: str, notice: str) -> tuple[list[Message], dict[str, Any]]:
+    """The messages before the history (system message, a summary leading as a user
+    message) and a slot for their wire forms, made once per system prompt, summary and
+    notice: the calls of a tool chain share them (messages are immutable)."""
+    lead = bool(first) and first[0].role != "user"
+    key = (system_prompt, id(summary), notice, placement, lead)
+    found = _HEADS.get(key)
+    if found is not None and found[0] is summary:
+        return found[1], found[2]
+    head = assemble(system_prompt, summary, first, placement=placement,
+                    notice=notice)[: -1 if first else None]
+    if len(_HEADS) >= HEADS_KEEP:
+        _HEADS.clear()
+    _HEADS[key] = (summary, head, {})
+    return head, _HEADS[key][2]
 
 
 def _notice(summary: SummaryRecord | None, req: Request,
