@@ -14,6 +14,8 @@ from shared.core.config import StoreConfig
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, SummaryRecord
 from shared.core.repair import repair_tool_pairs
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.truncation import emergency_truncate
 from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
 from shared.core.wire import to_openai
 from shared.store.sessions import SessionStore
@@ -301,3 +303,82 @@ def test_a_turn_prepared_call_by_call_equals_a_fresh_prepare(
         b = cold.prepare("s", SYSTEM, model="m", pending=given)
         assert list(a.messages) == list(b.messages)
         assert a.openai() == b.openai()
+
+
+# -- a turn's truncation resumes where its last call left it ---------------------------------
+@settings(max_examples=300, deadline=None)
+@given(messages=any_conversations(), data=st.data())
+def test_an_extended_truncation_input_cuts_as_a_fresh_one(messages: list[Message],
+                                                         data: st.DataObject) -> None:
+    """The truncation input of a turn's calls is built once and extended by each call's
+    new messages (or rebuilt when it cannot be); every cut equals a fresh truncation."""
+    from shared.core.truncation import TruncationInput, emergency_truncate
+    from tests.strategies import CharCounter
+
+    count = CharCounter()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(messages)), max_size=6)))
+    source = TruncationInput.build(messages[:cuts[0]] if cuts else messages, count)
+    for end in [*cuts[1:], len(messages)]:
+        new = messages[len(source.messages):end]
+        grown = source.extend(new, [count.message(m) for m in new])
+        source = grown if grown is not None else TruncationInput.build(messages[:end], count)
+        assert source.messages == messages[:end]
+        for budget in data.draw(st.lists(st.integers(0, 3000), min_size=1, max_size=3)):
+            fraction = data.draw(st.sampled_from([0.25, 0.5, 1.0]))
+            assert source.cut(budget, count, drop_fraction=fraction) == \
+                emergency_truncate(messages[:end], budget, count, drop_fraction=fraction)
+
+
+def test_a_valid_turn_extends_its_truncation_input() -> None:
+    """The resume is taken (not rebuilt) for a valid turn that grows call by call."""
+    from shared.core.truncation import TruncationInput
+
+    history = [Message(role="user", content="go")]
+    source = TruncationInput.build(history, DEFAULT_COUNTER)
+    for k in range(5):
+        new = [Message(role="assistant", content="", tool_calls=[
+                   {"id": f"c{k}", "name": "run", "arguments": "{}"}]),
+               Message(role="tool", tool_call_id=f"c{k}", content="x" * 400)]
+        grown = source.extend(new, [DEFAULT_COUNTER.message(m) for m in new])
+        assert grown is not None
+        source = grown
+    assert source.cut(300) == emergency_truncate(source.messages, 300)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored=conversations(min_turns=1, max_turns=4, system=False),
+       turn=conversations(min_turns=1, max_turns=1, max_steps=8, system=False),
+       window=st.integers(300, 3000))
+def test_a_truncating_turn_prepared_call_by_call_equals_a_fresh_prepare(
+        shell_name: str, stored: list[Message], turn: list[Message], window: int) -> None:
+    """A turn that overflows the window truncates on its calls; each call resumes the
+    last call's truncation input, and its view, report and wire form are still those a
+    guard seeing the session for the first time builds (on a twin store, since a
+    truncation commits a summary)."""
+    stores = [SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c")) for _ in "ab"]
+    for store in stores:
+        store.append("s", stored)
+    warm = make(shell_name, stores[0], overrides={"m": window})
+    pending = [m.model_dump(exclude_none=True) for m in turn]
+    truncated = 0
+    for end in range(1, len(pending) + 1):  # one call per message, as a tool chain makes
+        cold = make(shell_name, stores[1], overrides={"m": window}, view_cache=ViewCache(0, 0))
+        given = pending[:end]
+        views: list[Any] = []
+        for guard in (warm, cold):
+            try:
+                views.append(guard.prepare("s", SYSTEM, model="m", max_tokens=50,
+                                           pending=given))
+            except Exception as exc:  # both refuse alike (e.g. nothing left to drop)
+                views.append(type(exc))
+        a, b = views
+        if isinstance(a, type) or isinstance(b, type):
+            assert a == b
+            continue
+        assert list(a.messages) == list(b.messages)
+        assert a.openai() == b.openai()
+        assert a.report.model_dump(exclude={"elapsed_ms"}) == \
+            b.report.model_dump(exclude={"elapsed_ms"})
+        truncated += a.report.truncated
+        assert stores[0].state("s") == stores[1].state("s")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +37,58 @@ from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import TokenCounter
-from shared.core.truncation import emergency_truncate
+from shared.core.truncation import TruncationInput
 from shared.core.view import Regions, assemble, summary_block, view_estimate
 from shared.core.viewcache import CachedView, KnownCounts, placeholder
 from shared.core.wireview import carry
 
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
 SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
+
+
+Counted = dict[int, tuple[Message, int]]  # id -> (message, its tokens by the base counter)
+
+
+class _Memo:
+    """Counts exactly as :class:`KnownCounts` gives them (the store's count of a message it
+    knows, else the base counter's), remembering what the base counter counted, by message
+    object: the next build over the same stored messages (the next snapshot: they survive
+    a moved watermark) does not count them again."""
+
+    def __init__(self, base: TokenCounter, known: TokenCounter, memo: Counted) -> None:
+        self.base, self.memo = base, memo
+        self.known: dict[int, int] = known.known if isinstance(known, KnownCounts) else {}
+        self.counted: Counted = {}
+
+    def text(self, text: str) -> int:
+        return self.base.text(text)
+
+    def message(self, message: Message) -> int:
+        found = self.known.get(id(message))
+        if found is not None:
+            return found
+        kept = self.memo.get(id(message))
+        tokens = kept[1] if kept is not None and kept[0] is message else self.base.message(message)
+        self.counted[id(message)] = (message, tokens)
+        return tokens
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return self.base.messages([]) + sum(self.message(m) for m in messages)
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        return self.base.tools(tools)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCut:
+    """A truncation input over a stored view (``applied``, by identity) and the pending
+    turn so far (``extra``): the turn's next truncating call extends it with its new
+    messages instead of walking the whole history again."""
+
+    applied: Sequence[Message]
+    extra: tuple[Message, ...]
+    source: TruncationInput
+    counted: Counted = field(default_factory=dict)  # what its build counted (see _Memo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +110,9 @@ class Request:
     # the pair scan of ``extra[:k]`` from the snapshot's scan, as an earlier call of the
     # turn left it: (that scan, k); the scan then resumes over the new messages only
     extra_scan: tuple[PairScan, int] | None = None
+    # the truncation input an earlier truncating call of the turn left: extended, not rebuilt
+    extra_cut: TurnCut | None = None
+    counted: Counted | None = None  # what the session's last truncation build counted
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -96,6 +144,7 @@ class Plan:
     force: bool = False
     log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
     extra_scan: PairScan | None = None  # the pending turn's scan, for the next call's resume
+    extra_cut: TurnCut | None = None  # the truncation input, for the next call's resume
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
         """The view, its report completed. The report was built by :func:`plan_view` for
@@ -207,22 +256,23 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     summary = snap.summary
     truncation: SummaryRecord | None = None
     truncated, dropped, note = False, 0, ""
+    cut: TurnCut | None = None
     over = not report.within_budget and (proactive or req.force_ratio is not None)
     if over or req.force_ratio is not None:
         ensure_reducible(report)
-        counter = KnownCounts.of(counter, snap, extra, extra_tokens)
         # One ratio sizes the cut and re-estimates the result.
         ratio = max(estimated / regions.total if regions.total else 1.0, state.calibration_ratio)
         budget = _history_budget(report, regions, math.ceil(regions.total * ratio),
                                  req.window, req.force_ratio)
-        result = emergency_truncate(list(history), budget, counter,
-                                    drop_fraction=policy.emergency_drop_fraction)
+        cut = _cut_input(req.extra_cut, snap, extra, extra_tokens, counter, req.counted)
+        result = cut.source.cut(budget, counter, drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
         summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
+        # the kept messages' tokens, as the cut counted them (clipped ones included)
         regions = Regions(regions.system, summary.tokens + notice_tokens, regions.tools,
-                          sum(counter.message(m) for m in history), regions.overhead)
+                          result.tokens_after, regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 
@@ -232,33 +282,72 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     if not intact:
         history = repair_tool_pairs(history)
     messages: Sequence[Message]
-    head: list[Message] = []
+    head: Sequence[Message] = ()
+    head_wire: dict[str, Any] | None = None
     if incremental:  # the head alone; the history is shared with the cache, not copied
-        first = (snap.applied[:1] or extra[:1])
-        head = assemble(req.system_prompt, summary, first,
-                        placement=policy.summary_placement, notice=notice)[: -1 if first else None]
+        head, head_wire = _head(req.system_prompt, summary, snap.applied[:1] or extra[:1],
+                                policy.summary_placement, notice)
         messages = concat(head, snap.applied, extra)
     else:
         messages = Chunks.of(assemble(req.system_prompt, summary, history,
                                       placement=policy.summary_placement, notice=notice))
-    view = PreparedView.model_construct(messages=messages, report=ViewReport.model_construct(
-        session_id=req.session_id, model=req.model, limits_source=req.limits_source,
-        budget=report, estimated_prompt_tokens=estimated,
-        watermark=summary.watermark if truncated and summary is not None else w,
-        version=state.version, length=snap.end, summary_kind=state.summary_kind,
-        cheap_applied=len(snap.cheap), truncated=truncated, dropped_messages=dropped,
-        note=note, enqueued=False, pending_job=snap.pending, recovery=req.force_ratio is not None,
-        degraded=False, elapsed_ms=0.0))
-    if incremental:
-        view._head, view._wire, view._applied, view._extra = head, snap.wire, snap.applied, extra
-        view._extra_wire = extra_wire
+    report_ = ViewReport.built(
+        req.session_id, req.model, req.limits_source, report, estimated,
+        summary.watermark if truncated and summary is not None else w, state.version,
+        snap.end, state.summary_kind, len(snap.cheap), truncated, dropped, note, False,
+        snap.pending, req.force_ratio is not None, False, 0.0)
+    view = (PreparedView.built(messages, report_, head=head, head_wire=head_wire,
+                               wire=snap.wire, applied=snap.applied, extra=extra,
+                               extra_wire=extra_wire)
+            if incremental else PreparedView.built(messages, report_))
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,
                 enqueue=enqueue, force=truncated,
                 log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
                             + sum(extra_tokens)),
-                extra_scan=pending_scan if pending_scan.ok else None), snap
+                extra_scan=pending_scan if pending_scan.ok else None, extra_cut=cut), snap
+
+
+def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
+               extra_tokens: list[int], counter: TokenCounter,
+               counted: Counted | None = None) -> TurnCut:
+    """The truncation input of ``applied + extra``: the one an earlier call of the turn
+    left, extended by the messages added since (same stored view, same first pending
+    messages), else built over the whole (the store's counts for stored messages)."""
+    if known is not None and known.applied is snap.applied and len(known.extra) <= len(extra):
+        k = len(known.extra)
+        if all(a is b for a, b in zip(known.extra, extra, strict=False)):
+            grown = known.source.extend(extra[k:], extra_tokens[k:])
+            if grown is not None:
+                return TurnCut(snap.applied, tuple(extra), grown, known.counted)
+    history = list(concat(snap.applied, extra))
+    memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens), counted or {})
+    source = TruncationInput.build(history, memo)
+    return TurnCut(snap.applied, tuple(extra), source, memo.counted)
+
+
+_HEADS: dict[tuple[str, int, str, str, bool],
+             tuple[SummaryRecord | None, list[Message], dict[str, Any]]] = {}
+HEADS_KEEP = 64  # heads kept (system prompt, summary, notice): a few per live session
+
+
+def _head(system_prompt: str, summary: SummaryRecord | None, first: Sequence[Message],
+          placement: str, notice: str) -> tuple[list[Message], dict[str, Any]]:
+    """The messages before the history (system message, a summary leading as a user
+    message) and a slot for their wire forms, made once per system prompt, summary and
+    notice: the calls of a tool chain share them (messages are immutable)."""
+    lead = bool(first) and first[0].role != "user"
+    key = (system_prompt, id(summary), notice, placement, lead)
+    found = _HEADS.get(key)
+    if found is not None and found[0] is summary:
+        return found[1], found[2]
+    head = assemble(system_prompt, summary, first, placement=placement,
+                    notice=notice)[: -1 if first else None]
+    if len(_HEADS) >= HEADS_KEEP:
+        _HEADS.clear()
+    _HEADS[key] = (summary, head, {})
+    return head, _HEADS[key][2]
 
 
 def _notice(summary: SummaryRecord | None, req: Request,
@@ -323,5 +412,5 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
             "calibration_ratio": cal.ratio, "calibration_samples": cal.samples}
 
 
-__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent",
+__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut",
            "check", "newest_tokens", "plan_view", "usage_fields"]

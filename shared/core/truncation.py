@@ -28,17 +28,20 @@ not inserted and not counted here.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message, TextPart
+from shared.core.pairs import PairScan, scan_pairs
 from shared.core.repair import RepairReport, repair_tool_pairs_with_report
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.core.turns import leading_system_count, tool_units, turn_starts
+from shared.core.turns import Unit, leading_system_count, tool_units
 
 CLIP_MARKER = "[... {removed} characters removed by emergency truncation ...]"
 PATH_KEYS: tuple[str, ...] = ("path", "file_path", "filepath", "filename", "paths", "files")
@@ -170,56 +173,204 @@ def _validate(budget_tokens: int, drop_fraction: float) -> None:
         raise InvalidInput(f"must be in (0, 1], got {drop_fraction!r}", field="drop_fraction")
 
 
-class _View:
-    """Mutable working state: which body messages are kept, and their clipped forms."""
+def _units_and_starts(body: Sequence[Message], offset: int = 0,
+                      ) -> tuple[list[Unit], list[int]]:
+    """The body's tool units and turn starts, shifted by ``offset``."""
+    units = tool_units(body)
+    starts = [u.start + offset for u in units if body[u.start].role == "user"]
+    return ([Unit(u.start + offset, u.end + offset) for u in units] if offset else units), starts
 
-    def __init__(self, body: list[Message], room: int, count: TokenCounter) -> None:
-        self.body, self.room, self.count = body, room, count
-        self.sizes = [count.message(m) for m in body]
-        self.kept = list(range(len(body)))
-        self.used = self.initial = sum(self.sizes)
-        self.clipped: dict[int, tuple[Message, int]] = {}
+
+@dataclass(frozen=True, slots=True)
+class TruncationInput:
+    """A truncation's input, repaired, counted and split into turns and units once.
+
+    :meth:`cut` truncates it to a budget in time proportional to what is kept
+    (prefix sums, not per-message walks), and :meth:`extend` adds messages at
+    the end in time proportional to them (and a copy of the lists) while the
+    whole stays intact: the calls of one turn that overflows truncate the
+    turn so far without walking the history again. Built fresh or extended,
+    the same input cuts the same way (a property test holds them equal).
+    """
+
+    messages: list[Message]  # the input
+    repaired: list[Message]
+    repair: RepairReport
+    head: int  # leading system messages of ``repaired`` (never dropped)
+    fixed: int  # their tokens
+    sizes: list[int]  # tokens of each body message (``repaired[head:]``)
+    cum: list[int]  # cum[i]: tokens of body[:i]
+    units: list[Unit]  # tool units of the body, oldest first
+    unit_starts: list[int]
+    starts: list[int]  # turn starts of the body
+    origin: dict[int, int]  # id of an input message -> its first index
+    scan: PairScan  # of the input from the start: intact means ``repaired is messages``
+    memo: dict[int, tuple[dict[str, int], list[str]]] = field(default_factory=dict)
+
+    @property
+    def body(self) -> list[Message]:
+        return self.repaired[self.head:]
+
+    @classmethod
+    def build(cls, messages: Sequence[Message], count: TokenCounter) -> TruncationInput:
+        """The input as a fresh truncation sees it (repair, counts, units, turns)."""
+        messages = list(messages)
+        scan = scan_pairs(messages)
+        repaired, repair = repair_tool_pairs_with_report(messages)
+        head = leading_system_count(repaired)
+        body = repaired[head:]
+        sizes = [count.message(m) for m in body]
+        units, starts = _units_and_starts(body)
+        origin: dict[int, int] = {}
+        for index, message in enumerate(messages):
+            origin.setdefault(id(message), index)
+        return cls(messages, repaired, repair, head, sum(count.message(m) for m in repaired[:head]),
+                   sizes, list(itertools.accumulate(sizes, initial=0)), units,
+                   [u.start for u in units], starts, origin, scan)
+
+    def extend(self, new: Sequence[Message], sizes: Sequence[int]) -> TruncationInput | None:
+        """The input with ``new`` (counted: ``sizes``) appended, without a walk of what it
+        held; None when that cannot be done exactly (the input or the whole needs repair,
+        or the head could change): build the whole then."""
+        if not new:
+            return self
+        scan = scan_pairs(new, self.scan) if self.scan.intact else self.scan
+        if (not scan.intact or len(self.repaired) == self.head or new[0].role == "system"
+                or len(sizes) != len(new)):
+            return None
+        n = len(self.sizes)
+        units, starts = _units_and_starts(new, n)
+        origin = dict(self.origin)
+        for index, message in enumerate(new, len(self.messages)):
+            origin.setdefault(id(message), index)
+        messages = [*self.messages, *new]
+        cum = self.cum + list(itertools.accumulate(sizes, initial=self.cum[-1]))[1:]
+        return TruncationInput(messages, messages, self.repair, self.head, self.fixed,
+                               [*self.sizes, *sizes], cum, [*self.units, *units],
+                               [*self.unit_starts, *(u.start for u in units)],
+                               [*self.starts, *starts], origin, scan,
+                               dict(self.memo))
+
+    def lost_before(self, begin: int) -> tuple[dict[str, int], list[str]]:
+        """Roles and files of ``body[:begin]`` (kept: a turn's calls often cut there again)."""
+        found = self.memo.get(begin)
+        if found is None:
+            lost = self.repaired[self.head:self.head + begin]
+            found = self.memo[begin] = (dict(Counter(m.role for m in lost)),
+                                        files_in_calls(lost))
+        return found
+
+    def cut(self, budget_tokens: int, counter: TokenCounter | None = None, *,
+            drop_fraction: float = 0.5) -> TruncationResult:
+        """Fit the input into ``budget_tokens`` (the module docstring's steps)."""
+        _validate(budget_tokens, drop_fraction)
+        view = _Cut(self, budget_tokens - self.fixed, counter or DEFAULT_COUNTER)
+        view.drop_turns(drop_fraction)
+        view.drop_units(keep_newest=True)
+        view.clip()
+        if view.over():
+            view.drop_units(keep_newest=False)
+            view.clip()
+        return view.result(budget_tokens)
+
+
+class _Cut:
+    """One cut's working state. Kept body messages: ``[begin, gap) + [resume, n)``
+    (whole turns before ``begin`` dropped, then units ``[gap, resume)`` inside the
+    first kept turn), some of them clipped."""
+
+    def __init__(self, src: TruncationInput, room: int, count: TokenCounter) -> None:
+        self.src, self.room, self.count = src, room, count
+        self.n = len(src.sizes)
+        self.begin, self.gap, self.resume = 0, self.n, self.n
+        self.used = src.cum[-1]
+        self.clipped: dict[int, tuple[Message, int, int]] = {}  # i -> clipped, removed, size
 
     def over(self) -> bool:
         return self.used > self.room
 
-    def keep(self, kept: list[int]) -> None:
-        self.kept = kept
-        self.used = sum(self.sizes[i] for i in kept)
+    def kept(self) -> list[int]:
+        if self.n == 0:
+            return []
+        return [*range(self.begin, self.gap), *range(self.resume, self.n)]
+
+    def size(self, i: int) -> int:
+        found = self.clipped.get(i)
+        return found[2] if found is not None else self.src.sizes[i]
+
+    def span(self, start: int, end: int) -> int:
+        """Tokens of body[start:end] as it stands (clipped sizes included)."""
+        cum = self.src.cum
+        return cum[end] - cum[start] - sum(self.src.sizes[i] - c[2]
+                                           for i, c in self.clipped.items() if start <= i < end)
 
     def drop_turns(self, fraction: float) -> None:
-        starts = turn_starts(self.body)
+        starts = self.src.starts
         first = 0
         while len(starts) - first > 1 and self.over():
             remaining = len(starts) - first
             first += min(remaining - 1, max(1, math.floor(remaining * fraction)))
-            self.keep(list(range(starts[first], len(self.body))))
+            self.begin = starts[first]
+            self.used = self.span(self.begin, self.n)
 
     def drop_units(self, keep_newest: bool) -> None:
-        if not self.kept:
+        if self.n == 0:
             return
-        start, kept = self.kept[0], set(self.kept)
-        units = [u for u in tool_units(self.body) if u.start > start and u.start in kept]
-        while units[:1] and (len(units) > 1 or not keep_newest) and self.over():
-            gone = units.pop(0)
-            kept.difference_update(range(gone.start, gone.end))
-            self.used -= sum(self.sizes[gone.start:gone.end])
-        self.kept = sorted(kept)
+        src = self.src
+        at = (bisect.bisect_left(src.unit_starts, self.resume) if self.resume > self.gap
+              else bisect.bisect_right(src.unit_starts, self.begin))
+        first, last = at, len(src.units)
+        while first < last and (last - first > 1 or not keep_newest) and self.over():
+            gone = src.units[first]
+            first += 1
+            self.used -= self.span(gone.start, gone.end)
+        if first > at:
+            if self.resume == self.gap:
+                self.gap = src.units[at].start
+            self.resume = src.units[first].start if first < last else self.n
 
-    def clip(self, originals: list[Message]) -> None:
+    def clip(self) -> None:
+        body = self.src.body
         done: set[int] = set()
+        kept = self.kept()
         while self.over():
-            candidates = [i for i in self.kept if i not in done]
+            candidates = [i for i in kept if i not in done]
             if not candidates:
                 return
-            i = max(candidates, key=lambda k: self.sizes[k])
+            i = max(candidates, key=self.size)
             done.add(i)
-            clipped, removed = _clip(originals[i], self.sizes[i] - (self.used - self.room),
-                                     self.count)
+            before = self.size(i)
+            clipped, removed = _clip(body[i], before - (self.used - self.room), self.count)
             size = self.count.message(clipped)
-            if size < self.sizes[i]:
-                self.used -= self.sizes[i] - size
-                self.clipped[i], self.sizes[i] = (clipped, removed), size
+            if size < before:
+                self.used -= before - size
+                self.clipped[i] = (clipped, removed, size)
+
+    def result(self, budget: int) -> TruncationResult:
+        src, kept = self.src, self.kept()
+        body, head = src.body, src.head
+        roles, files = src.lost_before(self.begin)
+        inside = body[self.gap:self.resume]
+        by_role: Counter[str] = Counter(roles)
+        by_role.update(m.role for m in inside)
+        files = list(dict.fromkeys([*files, *files_in_calls(inside)]))
+        out = [*src.repaired[:head], *(self.clipped[i][0] if i in self.clipped else body[i]
+                                       for i in kept)]
+        clipped_at = tuple(head + k for k, i in enumerate(kept) if i in self.clipped)
+        removed = sum(self.clipped[i][1] for i in kept if i in self.clipped)
+        kept_origins = [src.origin[id(body[i])] for i in kept if id(body[i]) in src.origin]
+        prefix = ((min(kept_origins) if kept_origins else len(src.messages))
+                  - leading_system_count(src.messages))
+        after = src.fixed + self.used
+        return TruncationResult(
+            messages=out, dropped=self.n - len(kept), dropped_prefix=max(0, prefix),
+            dropped_by_role=dict(by_role), files_touched=tuple(files), truncated=clipped_at,
+            chars_removed=removed, tokens_before=src.fixed + src.cum[-1],
+            tokens_after=after, budget_tokens=budget, within_budget=after <= budget,
+            repair=src.repair,
+            note=_note(by_role, files, len(clipped_at), removed, max(0, after - budget),
+                       after, budget),
+        )
 
 
 def _plural(n: int, noun: str) -> str:
@@ -255,48 +406,15 @@ def emergency_truncate(
     """Fit ``messages`` into ``budget_tokens`` (see the module docstring). Never mutates input."""
     _validate(budget_tokens, drop_fraction)
     count = counter or DEFAULT_COUNTER
-    repaired, repair = repair_tool_pairs_with_report(messages)
-    head = leading_system_count(repaired)
-    body = repaired[head:]
-    fixed = sum(count.message(m) for m in repaired[:head])
-    view = _View(body, budget_tokens - fixed, count)
-    view.drop_turns(drop_fraction)
-    view.drop_units(keep_newest=True)
-    view.clip(body)
-    if view.over():
-        view.drop_units(keep_newest=False)
-        view.clip(body)
-
-    kept = set(view.kept)
-    lost = [m for i, m in enumerate(body) if i not in kept]
-    out = [*repaired[:head], *(view.clipped[i][0] if i in view.clipped else body[i]
-                               for i in view.kept)]
-    clipped_at = tuple(head + k for k, i in enumerate(view.kept) if i in view.clipped)
-    removed = sum(view.clipped[i][1] for i in view.kept if i in view.clipped)
-    origin: dict[int, int] = {}
-    for index, message in enumerate(messages):
-        origin.setdefault(id(message), index)
-    input_head = leading_system_count(messages)
-    kept_origins = [origin[id(body[i])] for i in view.kept if id(body[i]) in origin]
-    prefix = (min(kept_origins) if kept_origins else len(messages)) - input_head
-    after = fixed + view.used
-    files = files_in_calls(lost)
-    by_role: Counter[str] = Counter(m.role for m in lost)
-    return TruncationResult(
-        messages=out, dropped=len(lost), dropped_prefix=max(0, prefix),
-        dropped_by_role=dict(by_role), files_touched=tuple(files), truncated=clipped_at,
-        chars_removed=removed, tokens_before=fixed + view.initial,
-        tokens_after=after, budget_tokens=budget_tokens, within_budget=after <= budget_tokens,
-        repair=repair,
-        note=_note(by_role, files, len(clipped_at), removed, max(0, after - budget_tokens),
-                   after, budget_tokens),
-    )
+    return TruncationInput.build(messages, count).cut(budget_tokens, count,
+                                                      drop_fraction=drop_fraction)
 
 
 __all__ = [
     "CLIP_MARKER",
     "COMMAND_KEYS",
     "PATH_KEYS",
+    "TruncationInput",
     "TruncationResult",
     "emergency_truncate",
     "files_in_calls",

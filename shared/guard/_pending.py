@@ -3,8 +3,9 @@
 Between two recorded turns an agent calls ``prepare`` once per model call,
 each time with the turn so far as ``pending``. Each message of it is
 validated and counted once (compared with what the last call passed), keeps
-its wire forms, and the turn's tool-pair scan resumes where the last call
-left it: a call costs what its new messages cost, not the whole turn.
+its wire forms, the turn's tool-pair scan resumes where the last call left
+it, and so does a truncation of the turn (:class:`shared.core.guard_state.TurnCut`):
+a call costs what its new messages cost, not the whole turn.
 """
 
 from __future__ import annotations
@@ -16,11 +17,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.core.errors import InvalidInput
+from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
 from shared.core.tokens import TokenCounter
 
 PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
+
+Row = tuple[Any, Message, int, dict[str, Any]]  # as given, validated, tokens, wire forms
+
+
+class _Turn:
+    """One session's turn so far: its rows, the list last handed out, scan and cut."""
+
+    __slots__ = ("cut", "extra", "rows", "scan", "slots")
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.extra: list[Message] | None = None  # the messages :meth:`rows` last returned
+        self.slots: list[dict[str, Any]] = []  # their wire-form slots, index for index
+        self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
+        self.cut: TurnCut | None = None
 
 
 class PendingTurns:
@@ -29,23 +46,37 @@ class PendingTurns:
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
         self._lock = threading.Lock()
-        self._pending: OrderedDict[str, list[tuple[Any, Message, int, dict[str, Any]]]] = (
-            OrderedDict())
-        self._scans: OrderedDict[str, tuple[PairScan, tuple[Message, ...], PairScan]] = (
-            OrderedDict())
+        self._turns: OrderedDict[str, _Turn] = OrderedDict()
+        # per session, what its last truncation build counted (kept across turns)
+        self._counted: OrderedDict[str, Counted] = OrderedDict()
+
+    def _get(self, session_id: str) -> _Turn | None:
+        with self._lock:
+            return self._turns.get(session_id)
+
+    def _turn(self, session_id: str) -> _Turn:
+        """The session's turn record, made if absent (most recently used)."""
+        with self._lock:
+            turn = self._turns.get(session_id)
+            if turn is None:
+                turn = self._turns[session_id] = _Turn()
+            self._turns.move_to_end(session_id)
+            while len(self._turns) > PENDING_KEEP:
+                self._turns.popitem(last=False)
+            return turn
 
     def rows(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
              ) -> tuple[list[Message], list[int]]:
         """The pending messages, validated and counted; a tool chain's prepares re-use
         what an earlier prepare of the same turn already did (compared by value), the
-        messages' wire forms included (:meth:`request`)."""
+        messages' wire forms included (:meth:`wire`)."""
         if not isinstance(raw, (list, tuple)):
             items = validate_messages(raw, prefix="pending")
             return items, [self.counter.message(m) for m in items]
         if not raw:
             return [], []
-        with self._lock:
-            known = self._pending.get(session_id) or []
+        found = self._get(session_id)
+        known = found.rows if found is not None else []
         reuse = 0
         for (old, _, _, _), item in zip(known, raw, strict=False):
             if old is not item and old != item:
@@ -61,19 +92,17 @@ class PendingTurns:
         rows = known[:reuse] + [(copy.deepcopy(item) if isinstance(item, Mapping) else item, m,
                                  self.counter.message(m), {})
                                 for item, m in zip(raw[reuse:], fresh, strict=True)]
-        with self._lock:
-            self._pending[session_id] = rows
-            self._pending.move_to_end(session_id)
-            while len(self._pending) > PENDING_KEEP:
-                self._pending.popitem(last=False)
-        return [r[1] for r in rows], [r[2] for r in rows]
+        extra, tokens = [r[1] for r in rows], [r[2] for r in rows]
+        turn = self._turn(session_id)
+        turn.rows, turn.extra, turn.slots = rows, extra, [r[3] for r in rows]
+        return extra, tokens
 
     def known_scan(self, session_id: str, scan: PairScan | None,
-                    extra: list[Message]) -> tuple[PairScan, int] | None:
+                   extra: list[Message]) -> tuple[PairScan, int] | None:
         """Where the pair scan of this pending turn can resume: the state an earlier call
         left after the same first messages, from the same stored view's scan."""
-        with self._lock:
-            known = self._scans.get(session_id)
+        turn = self._get(session_id)
+        known = turn.scan if turn is not None else None
         if known is None or scan is None or known[0] is not scan:
             return None
         seen = known[1]
@@ -82,33 +111,43 @@ class PendingTurns:
             return None
         return known[2], len(seen)
 
-    def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
-                base: PairScan) -> None:
-        """Keep the pending turn's scan (``scan``, from ``base``) for the next call."""
+    def known_cut(self, session_id: str) -> TurnCut | None:
+        """The truncation input the turn's last truncating call left (checked by the core)."""
+        turn = self._get(session_id)
+        return turn.cut if turn is not None else None
+
+    def counted(self, session_id: str) -> Counted | None:
+        """What the session's last truncation build counted: the next build re-uses it."""
         with self._lock:
-            if scan is None or not extra:
-                self._scans.pop(session_id, None)
-                return
-            self._scans[session_id] = (base, tuple(extra), scan)
-            self._scans.move_to_end(session_id)
-            while len(self._scans) > PENDING_KEEP:
-                self._scans.popitem(last=False)
+            return self._counted.get(session_id)
+
+    def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
+                base: PairScan, cut: TurnCut | None = None) -> None:
+        """Keep the pending turn's scan (``scan``, from ``base``) and truncation input
+        (``cut``, when this call truncated) for the next call."""
+        turn = (self._get(session_id) if (scan is None or not extra) and cut is None
+                else self._turn(session_id))
+        if turn is None:
+            return
+        turn.scan = None if scan is None or not extra else (base, tuple(extra), scan)
+        if cut is not None:
+            turn.cut = cut
+            with self._lock:
+                self._counted[session_id] = cut.counted
+                self._counted.move_to_end(session_id)
+                while len(self._counted) > PENDING_KEEP:
+                    self._counted.popitem(last=False)
 
     def wire(self, session_id: str, extra: list[Message]) -> list[dict[str, Any]]:
         """The wire-form slots of the pending messages when ``extra`` is the turn
-        :meth:`pending` last returned for the session (else none: converted afresh)."""
-        with self._lock:
-            rows = self._pending.get(session_id)
-        if not rows or len(rows) != len(extra) or any(
-                r[1] is not m for r, m in zip(rows, extra, strict=True)):
-            return []
-        return [r[3] for r in rows]
+        :meth:`rows` last returned for the session (else none: converted afresh)."""
+        turn = self._get(session_id)
+        return turn.slots if turn is not None and turn.extra is extra else []
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""
         with self._lock:
-            self._pending.pop(session_id, None)
-            self._scans.pop(session_id, None)
+            self._turns.pop(session_id, None)
 
 
 __all__ = ["PENDING_KEEP", "PendingTurns"]

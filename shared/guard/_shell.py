@@ -197,8 +197,8 @@ class GuardShell:
         return self.turns.rows(session_id, raw)
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
-        """Keep the pending turn's pair scan for the next call of the turn."""
-        self.turns.scanned(session_id, req.extra, plan.extra_scan, base)
+        """Keep the pending turn's pair scan and truncation input for the turn's next call."""
+        self.turns.scanned(session_id, req.extra, plan.extra_scan, base, plan.extra_cut)
 
     def request(self, session_id: str, system_prompt: str,
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
@@ -214,6 +214,8 @@ class GuardShell:
             extra=extra, extra_tokens=extra_tokens,
             extra_wire=self.turns.wire(session_id, extra) if extra else (),
             extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
+            extra_cut=self.turns.known_cut(session_id) if extra else None,
+            counted=self.turns.counted(session_id),
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
