@@ -77,6 +77,29 @@ def test_over_budget_truncates_records_and_enqueues(guard: ContextGuard,
     assert not again.report.truncated and again.report.watermark == report.watermark
 
 
+def test_a_truncating_chain_requests_its_forced_job_once(guard: ContextGuard,
+                                                         jobs: Recorder) -> None:
+    """Each call of a tool chain that overflows truncates; the forced job it asks for is
+    asked once, not written and read back on every call."""
+    writes: list[dict[str, object]] = []
+    store = getattr(guard, "inner", guard).store  # the async shell's own store
+    update = store.update_state
+
+    def spy(session_id: str, **fields: object) -> object:
+        writes.append(fields)
+        return update(session_id, **fields)  # a coroutine for the async store
+    store.update_state = spy
+    turn = coding_turn(0, 12_000) + coding_turn(1, 12_000)[1:] + coding_turn(2, 12_000)[1:]
+    calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
+    reports = [guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
+                             pending=turn[:i]).report for i in calls[1:]]
+    assert [r.truncated for r in reports] == [False, False, True, True, True]
+    assert reports[-1].pending_job
+    assert [w for w in writes if "force_requested" in w] == [{"force_requested": 1}]
+    assert jobs.jobs == [("default", "s")]
+    assert guard.store.state("s").force_requested == 1
+
+
 def test_irreducible_floor_is_a_clear_error(guard: ContextGuard) -> None:
     guard.store.append("s", coding_turn(0))
     with pytest.raises(IrreducibleOverflow, match="window"):

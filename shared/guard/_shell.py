@@ -281,6 +281,14 @@ class GuardShell:
         return ok
 
     @staticmethod
+    def job_wanted(plan: Plan, snap: CachedView) -> tuple[bool, bool]:
+        """Whether to request the summary job, and forced. Not again while the view shows
+        one queued, forced already when this plan forces (each call of a tool chain that
+        overflows truncates: it would write the same flag and read it back every call)."""
+        force = plan.force and not (snap.pending and snap.state.force_requested)
+        return plan.enqueue and (force or not snap.pending), force
+
+    @staticmethod
     def finish(plan: Plan, enqueued: bool, started: float) -> PreparedView:
         """The plan's view, finished, and its figures counted."""
         seconds = time.perf_counter() - started

@@ -151,8 +151,8 @@ class AsyncContextGuard(GuardShell):
                                      retry_lost_swap=False)
         self.remember(session_id, plan.sent)
         # a job already queued (the flag in this view) needs no second request
-        enqueued = (await self._enqueue(session_id, force=plan.force)
-                    if plan.enqueue and (plan.force or not snap.pending) else False)
+        wanted, force = self.job_wanted(plan, snap)
+        enqueued = await self._enqueue(session_id, force=force) if wanted else False
         return self.finish(plan, enqueued, started)
 
     async def _perform(self, session_id: str, plan: Plan) -> bool:
