@@ -144,6 +144,23 @@ class PendingTurns:
         turn = self._get(session_id)
         return turn.slots if turn is not None and turn.extra is extra else []
 
+    def recorded(self, session_id: str, messages: Sequence[Any],
+                 ) -> tuple[list[Message], dict[int, int]]:
+        """For the turn being recorded: its first messages as the pending turn validated
+        them (the same given, compared as :meth:`rows` does), and their token counts by
+        message object, so that recording the turn does not validate and count again."""
+        turn = self._get(session_id)
+        if turn is None or not isinstance(messages, (list, tuple)):
+            return [], {}
+        known: list[Message] = []
+        counts: dict[int, int] = {}
+        for (old, message, tokens, _), item in zip(turn.rows, messages, strict=False):
+            if old is not item and old != item:
+                break
+            known.append(message)
+            counts[id(message)] = tokens
+        return known, counts
+
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""
         with self._lock:

@@ -32,7 +32,7 @@ from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
-from shared.core.messages import Message
+from shared.core.messages import Message, validate_message
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
@@ -43,11 +43,13 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
-from shared.core.viewcache import CachedView, decode_view
+from shared.core.viewcache import CachedView, KnownCounts, decode_view
 from shared.core.wireview import carry
 from shared.guard._pending import PENDING_KEEP, PendingTurns
 from shared.guard._tracing import Traced
+from shared.store import commands
 from shared.store.changes import ChangeFeed, feed_for
+from shared.store.commands import EncodedBatch
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
@@ -195,6 +197,20 @@ class GuardShell:
                 ) -> tuple[list[Message], list[int]]:
         """The pending messages, validated and counted (re-using an earlier call's work)."""
         return self.turns.rows(session_id, raw)
+
+    def encode_turn(self, session_id: str, store: Any,
+                    messages: Sequence[Message | Mapping[str, Any]]) -> EncodedBatch:
+        """The turn encoded for its append (:meth:`SessionStore.encode`), re-using what the
+        pending turn's prepares validated and counted (when the store counts with the
+        guard's counter): recording a long tool chain does not count it all again."""
+        known, counts = (self.turns.recorded(session_id, messages)
+                         if store.counter is self.counter else ([], {}))
+        if not known:
+            return store.encode(session_id, messages)  # type: ignore[no-any-return]
+        validated = known + [validate_message(item, i) for i, item in
+                             enumerate(messages[len(known):], start=len(known))]
+        return commands.encode(messages, store.config, KnownCounts(self.counter, counts),
+                               validated=validated)
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""

@@ -1,0 +1,74 @@
+"""Recording a turn re-uses what its prepares validated and counted, with the same result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import pytest
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
+from shared.core.messages import validate_messages
+from shared.core.tokens import DEFAULT_COUNTER
+from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
+from tests.test_guard import SYSTEM, coding_turn
+
+
+class CountingCounter:
+    """The default counter, counting how many messages it was asked to count."""
+
+    def __init__(self) -> None:
+        self.messages_counted = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(DEFAULT_COUNTER, name)
+
+    def message(self, message: Any) -> int:
+        self.messages_counted += 1
+        return DEFAULT_COUNTER.message(message)
+
+
+def _chain() -> list[dict[str, Any]]:
+    return coding_turn(0, 3000) + coding_turn(1, 3000)[1:] + coding_turn(2, 3000)[1:]
+
+
+def _stored_counts(store: SessionStore) -> list[int]:
+    totals = [int(t) for t in store.redis.lrange(store.keys("s").cum, 0, -1)]
+    return [b - a for a, b in zip([0, *totals], totals, strict=False)]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
+        shell_name: str) -> None:
+    counter = CountingCounter()
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"), counter=counter)
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _chain()
+    for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
+        guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
+    before = counter.messages_counted
+    guard.record_turn("s", turn)
+    assert counter.messages_counted - before == 1  # only the last message was new
+
+    plain = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    plain.append("s", turn)
+    assert _stored_counts(store) == _stored_counts(plain)
+    assert [m.to_json() for m in store.messages("s")] == \
+        [m.to_json() for m in plain.messages("s")]
+    assert _stored_counts(store) == [DEFAULT_COUNTER.message(m)
+                                     for m in validate_messages(turn)]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_bad_message_after_the_prepared_ones_is_named_by_its_place(shell_name: str) -> None:
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = coding_turn(0, 100)
+    guard.prepare("s", SYSTEM, model="m", pending=turn[:3])
+    bad = [*turn[:3], {"role": "wizard", "content": "x"}]
+    with pytest.raises(InvalidInput) as raised:
+        guard.record_turn("s", bad)
+    assert raised.value.field is not None and raised.value.field.startswith("messages[3]")
+    assert store.length("s") == 0
