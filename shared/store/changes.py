@@ -11,9 +11,15 @@ of the session changed since the read its cached view came from.
 
 Why it stays correct:
 
-- Redis sends the push before it replies to the write, so a writer in this
-  process that got its reply has its push on this connection already: every
-  check drains the connection first (a ``select`` with no wait, a few µs).
+- In broadcast mode Redis queues the push in the same event-loop pass as the
+  write and (Redis 6 and 7: the client queued last is written first) sends it
+  before the writer's reply, so a writer in this process that got its reply
+  has its push on this connection already: every check drains the
+  connection first (a ``select`` with no wait, a few µs). The tests check
+  this ordering against the server they run on.
+- Own writes are not told apart from others' (``NOLOOP`` does not cover
+  script writes in broadcast mode on Redis 7.0, and one push may carry the
+  keys of several clients' writes): after writing, the guard reads again.
 - A connection that died quietly sends nothing; the feed is trusted only
   within :data:`VERIFY_SECONDS` of a ``PING`` answered on it (the pushes
   before the ``PONG`` are read before it), so a silent failure costs at most
