@@ -278,11 +278,13 @@ def bulk_batch(k: SessionKeys, deferred: DeferredView) -> Batch[RawView | None]:
 
 
 def view_steps(k: SessionKeys, since: ViewCursor | None, with_counts: bool = False,
-               bulk: tuple[int, int] | None = (BULK_MESSAGES, BULK_TOKENS)) -> ViewSteps:
+               bulk: bool = True) -> ViewSteps:
     """One consistent view read as steps for a shell to send (:func:`drive`): the script;
-    for a large range, then its messages with plain reads; if those prove replaced
-    since, the script again, returning everything itself (atomic on its own)."""
-    reply = yield view_command(k, since, with_counts, bulk)
+    for a range above :data:`BULK_MESSAGES` / :data:`BULK_TOKENS` (``bulk``), then its
+    messages with plain reads; if those prove replaced since, the script again,
+    returning everything itself (atomic on its own)."""
+    limits = (BULK_MESSAGES, BULK_TOKENS) if bulk else None  # read now: tests lower them
+    reply = yield view_command(k, since, with_counts, limits)
     if isinstance(reply, RawView):
         return reply
     done = yield bulk_batch(k, reply)
