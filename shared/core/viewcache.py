@@ -207,52 +207,56 @@ def _scan_start(summary: SummaryRecord | None) -> PairScan:
 _TALK = ("user", "assistant")
 
 
-def _openai_in_place(data: dict[str, Any]) -> bool:
-    """Turn a stored message parsed as plain data into its OpenAI wire form, in place,
-    when it is text with or without tool calls and nothing that needs the model (media,
-    a name, reasoning, OpenAI passthrough metadata): exactly what
-    :func:`~shared.core.wireview.openai_of_stored` makes of it, keys in the same order.
-    False (``data`` untouched) for any other message."""
-    n = len(data)
-    content, calls, meta = data.get("content"), data.get("tool_calls"), data.get("metadata")
-    if (type(content) is not str or type(calls) is not list or type(meta) is not dict
-            or not (n == 4 or (n == 5 and "tool_call_id" in data))):
+def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
+    """Whether :func:`_shapes_and_wire` can make ``data``'s wire form in place: text
+    content (checked by the caller), and nothing that needs the model (media, a name,
+    reasoning, OpenAI passthrough metadata, an unknown field)."""
+    meta = data.get("metadata")
+    if type(meta) is not dict or len(data) != (4 if call_id is None else 5):
         return False
-    if meta and any(k.startswith("openai_") for k in meta):
-        return False
-    if calls:
-        if not all(len(c) == 3 and "arguments" in c for c in calls):
-            return False
-        data["tool_calls"] = [{"id": c["id"], "type": "function",
-                               "function": {"name": c["name"], "arguments": c["arguments"]}}
-                              for c in calls]
-        if content == "" and data["role"] == "assistant":
-            data["content"] = None
-    else:
-        del data["tool_calls"]
-    del data["metadata"]
+    if meta and not (len(meta) == 1 and "wire_ids" in meta):  # wire_ids: the store's own
+        return not any(k.startswith("openai_") for k in meta)
     return True
 
 
 def _shapes_and_wire(loaded: list[dict[str, Any]],
                      wire: bool) -> tuple[list[Shape], list[dict[str, Any] | None]]:
     """The pair-scan shape of each stored message (:func:`stored_shape`) and, with
-    ``wire``, the OpenAI wire form of those :func:`_openai_in_place` can make (None for
-    the others), in one pass.
+    ``wire``, the OpenAI wire form of the ones that are text with or without tool calls
+    (None for the others), in one pass.
 
-    In place, since ``loaded`` was parsed for this read alone: a cold read of 10k
-    messages spent ~15 ms converting them one by one into new dicts."""
+    The wire form is made in place, since ``loaded`` was parsed for this read alone:
+    exactly what :func:`~shared.core.wireview.openai_of_stored` makes (keys in the same
+    order), without a new dict per message (a cold read of 10k messages spent ~15 ms
+    converting them one by one)."""
     shapes: list[Shape] = []
     found: list[dict[str, Any] | None] = []
     for data in loaded:
-        content = data.get("content")
-        if not data.get("tool_calls") and type(content) is str:
-            role = data["role"]
-            shapes.append((role, data.get("tool_call_id"), (),
-                           role in _TALK and not content.strip()))
-        else:
+        role, content, calls = data.get("role"), data.get("content"), data.get("tool_calls")
+        if type(content) is not str or type(calls) is not list or type(role) is not str:
             shapes.append(stored_shape(data))
-        found.append(data if wire and _openai_in_place(data) else None)
+            found.append(None)
+            continue
+        call_id = data.get("tool_call_id")
+        if calls:
+            shapes.append((role, call_id, tuple(c["id"] for c in calls), False))
+        else:
+            shapes.append((role, call_id, (), role in _TALK and not content.strip()))
+        if not wire or not _openai_ok(data, call_id) or not all(
+                len(c) == 3 and "arguments" in c for c in calls):
+            found.append(None)
+            continue
+        if calls:
+            data["tool_calls"] = [{"id": c["id"], "type": "function",
+                                   "function": {"name": c["name"],
+                                                "arguments": c["arguments"]}}
+                                  for c in calls]
+            if content == "" and role == "assistant":
+                data["content"] = None
+        else:
+            del data["tool_calls"]
+        del data["metadata"]
+        found.append(data)
     return shapes, found
 
 
