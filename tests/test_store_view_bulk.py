@@ -29,6 +29,8 @@ from shared.store.aio import AsyncSessionStore
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, async_client, make
 from tests.test_guard_view import OPS, check_cached_views
+from tests.test_store_cluster import cluster_store
+from workers.harness.stack.redis_server import LocalCluster, redis_binary, start_cluster
 
 Meddle = Callable[[SessionStore, str], None]
 
@@ -248,3 +250,39 @@ def test_the_bulk_steps_are_sans_io() -> None:
         steps.send(batch.parse([[b"{}"] * 490, [b"5"] * 491, [b"e", b"2"], b"99"]))
     assert len(done.value.value.messages) == 490
 
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    if redis_binary() is None:
+        pytest.fail("no redis-server binary to start a cluster from")
+    started = start_cluster()
+    yield started
+    started.stop()
+
+
+def test_bulk_reads_on_a_cluster(cluster: LocalCluster, key_prefix: str) -> None:
+    """The plain reads go to the session's node in one MULTI/EXEC (its keys share a slot),
+    on the redis-py and the redis.asyncio cluster clients."""
+    import redis.asyncio.cluster
+
+    store = cluster_store(cluster, key_prefix)
+    sids = [f"user:{n}" for n in range(4)]  # several slots, so several nodes
+    for sid in sids:
+        seed(store, sid, 70)
+    for sid in sids:
+        got, kinds = read(store, "sync", sid)
+        assert kinds == ["script", "batch"] and len(got.messages) == 280
+        assert got == in_script(store, sid)
+
+    async def run() -> list[RawView]:
+        astore = AsyncSessionStore(redis.asyncio.cluster.RedisCluster.from_url(cluster.url),
+                                   store.config)
+        try:
+            return [await astore.read_view(sid, with_counts=True) for sid in sids]
+        finally:
+            await astore.aclose()
+
+    assert asyncio.run(run()) == [in_script(store, sid) for sid in sids]
+    got, kinds = read(store, "sync", sids[0], meddle=lambda st, sid: st.truncate_after(sid, 9))
+    assert kinds == ["script", "batch", "script"] and len(got.messages) == 9
