@@ -1,17 +1,13 @@
 """A full read's decode (the cold path): wire forms made in place equal to_openai's,
-shapes equal the pair scan's, the first message reads alone, the collector comes back."""
+shapes equal the pair scan's, the first message reads alone."""
 
 from __future__ import annotations
 
-import gc
 import json
-import threading
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core import viewcache
 from shared.core.chunks import Lazy
 from shared.core.messages import Message
 from shared.core.pairs import scan_pairs
@@ -87,42 +83,6 @@ def test_the_first_message_is_a_chunk_of_its_own() -> None:
     assert len(chunks[0]) == 1 and all(isinstance(c, Lazy) for c in chunks)
     assert not any(c.decoded for c in chunks[1:])  # type: ignore[attr-defined]
     assert list(snap.history) == messages
-
-
-def test_the_collector_is_paused_for_a_large_decode_and_restored() -> None:
-    seen: list[bool] = []
-    original = viewcache._decode_view
-
-    def spy(*args: Any) -> Any:
-        seen.append(gc.isenabled())
-        return original(*args)
-
-    messages = [Message(role="user", content=f"m{i}") for i in range(viewcache.GC_PAUSE_MESSAGES)]
-    viewcache._decode_view = spy  # type: ignore[assignment]
-    try:
-        assert gc.isenabled()
-        decode_view(full_read(messages), None, carry)
-        decode_view(full_read(messages[:3]), None, carry)
-        gc.disable()  # an application that runs without it: left off
-        decode_view(full_read(messages), None, carry)
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-        viewcache._decode_view = original  # type: ignore[assignment]
-    assert seen == [False, True, False]
-    assert gc.isenabled()
-
-
-def test_overlapping_decodes_leave_the_collector_on() -> None:
-    messages = [Message(role="user", content=f"m{i}") for i in range(2000)]
-    raw = full_read(messages)
-    threads = [threading.Thread(target=lambda: [decode_view(raw, None, carry)
-                                                for _ in range(5)]) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert gc.isenabled()
 
 
 @settings(max_examples=30, deadline=None)

@@ -21,11 +21,9 @@ recently used first out.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,40 +282,6 @@ def _lazy_history(raw: Sequence[bytes]) -> Chunks[Message]:
     return Chunks((Lazy((raw[0],), decode_stored), *rest.chunks))
 
 
-GC_PAUSE_MESSAGES = 1_000
-"""Reads of at least this many messages are decoded with the cyclic garbage collector
-paused. Every object they make stays alive (the cached view holds it), so collections
-during the decode find nothing, yet parsing a cold 10k-message read (~50k dicts and
-lists) triggered enough of them, some full, to double its cost (54 -> 27 ms measured
-in a new process)."""
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = False
-
-
-@contextmanager
-def _gc_paused(messages: int) -> Iterator[None]:
-    """The collector off while a large read is decoded; back as it was after the last
-    concurrent decode ends (a counter, so that overlapping decodes in threads cannot
-    leave it off or turn it on early)."""
-    global _gc_pauses, _gc_was_enabled
-    if messages < GC_PAUSE_MESSAGES:
-        yield
-        return
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
-
 def decode_view(raw: RawView, cached: CachedView | None,
                 wire_update: Any = None) -> CachedView:
     """The session's next cached view from a read and the entry it was made against.
@@ -326,11 +290,6 @@ def decode_view(raw: RawView, cached: CachedView | None,
     drop, changes, new_messages)`` carries the wire forms along (see
     :func:`shared.core.wireview.carry`).
     """
-    with _gc_paused(len(raw.messages)):
-        return _decode_view(raw, cached, wire_update)
-
-
-def _decode_view(raw: RawView, cached: CachedView | None, wire_update: Any) -> CachedView:
     if (cached is not None and raw.incremental and not raw.messages
             and not raw.summary_included and not raw.cheap_included
             and raw.start == cached.end and cached.state_raw == raw.state_raw):
@@ -414,5 +373,5 @@ def _decode_view(raw: RawView, cached: CachedView | None, wire_update: Any) -> C
         counts=counts, wire=wire, planned_end=planned_end)
 
 
-__all__ = ["BYTES_PER_MESSAGE", "GC_PAUSE_MESSAGES", "CachedView", "KnownCounts", "ViewCache",
-           "decode_view", "placeholder"]
+__all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",
+           "placeholder"]
