@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.core.chunks import Chunks
+from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
-from shared.core.pairs import PAIRS_START, PairScan, scan_pairs, scan_shapes, stored_shape
+from shared.core.pairs import PAIRS_START, PairScan, Shape, scan_pairs, scan_shapes, stored_shape
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import convert, decode_stored, load_stored
@@ -202,6 +202,86 @@ def _scan_start(summary: SummaryRecord | None) -> PairScan:
     return PairScan(begun=True) if summary is not None else PAIRS_START
 
 
+_TALK = ("user", "assistant")
+
+
+def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
+    """Whether :func:`_shapes_and_wire` can make ``data``'s wire form in place: text
+    content (checked by the caller), and nothing that needs the model (media, a name,
+    reasoning, OpenAI passthrough metadata, an unknown field)."""
+    meta = data.get("metadata")
+    if type(meta) is not dict or len(data) != (4 if call_id is None else 5):
+        return False
+    if meta and not (len(meta) == 1 and "wire_ids" in meta):  # wire_ids: the store's own
+        return not any(k.startswith("openai_") for k in meta)
+    return True
+
+
+def _shapes_and_wire(loaded: list[dict[str, Any]],
+                     wire: bool) -> tuple[list[Shape], list[dict[str, Any] | None]]:
+    """The pair-scan shape of each stored message (:func:`stored_shape`) and, with
+    ``wire``, the OpenAI wire form of the ones that are text with or without tool calls
+    (None for the others), in one pass.
+
+    The wire form is made in place, since ``loaded`` was parsed for this read alone:
+    exactly what :func:`~shared.core.wireview.openai_of_stored` makes (keys in the same
+    order), without a new dict per message (a cold read of 10k messages spent ~15 ms
+    converting them one by one)."""
+    shapes: list[Shape] = []
+    found: list[dict[str, Any] | None] = []
+    for data in loaded:
+        role, content, calls = data.get("role"), data.get("content"), data.get("tool_calls")
+        if type(content) is not str or type(calls) is not list or type(role) is not str:
+            shapes.append(stored_shape(data))
+            found.append(None)
+            continue
+        call_id = data.get("tool_call_id")
+        if calls:
+            shapes.append((role, call_id, tuple(c["id"] for c in calls), False))
+        else:
+            shapes.append((role, call_id, (), role in _TALK and not content.strip()))
+        if not wire or not _openai_ok(data, call_id) or not all(
+                len(c) == 3 and "arguments" in c for c in calls):
+            found.append(None)
+            continue
+        if calls:
+            data["tool_calls"] = [{"id": c["id"], "type": "function",
+                                   "function": {"name": c["name"],
+                                                "arguments": c["arguments"]}}
+                                  for c in calls]
+            if content == "" and role == "assistant":
+                data["content"] = None
+        else:
+            del data["tool_calls"]
+        del data["metadata"]
+        found.append(data)
+    return shapes, found
+
+
+def _openai_of_read(raw: Sequence[bytes], loaded: list[dict[str, Any]],
+                    found: list[dict[str, Any] | None],
+                    changes: Mapping[int, Message]) -> list[dict[str, Any]]:
+    """The OpenAI wire form of a full read: ``found`` where made, the placeholders of
+    ``changes`` and the other messages converted (:func:`convert`)."""
+    todo = [i for i, f in enumerate(found) if f is None or i in changes]
+    items = [changes.get(i, raw[i]) for i in todo]
+    out: list[Any] = list(found)
+    for i, converted in zip(todo, convert("openai", items, [loaded[i] for i in todo]),
+                            strict=True):
+        out[i] = converted
+    return out
+
+
+def _lazy_history(raw: Sequence[bytes]) -> Chunks[Message]:
+    """Stored messages as lazy chunks, the first one alone: every prepare reads the first
+    message of the view (the head is assembled around it), and reading it should not
+    decode a whole chunk of 512 with pydantic (~5 ms) that a cold prepare never reads."""
+    if len(raw) <= 1:
+        return Chunks.lazy(raw, decode_stored)
+    rest = Chunks.lazy(raw[1:], decode_stored)
+    return Chunks((Lazy((raw[0],), decode_stored), *rest.chunks))
+
+
 def decode_view(raw: RawView, cached: CachedView | None,
                 wire_update: Any = None) -> CachedView:
     """The session's next cached view from a read and the entry it was made against.
@@ -240,8 +320,8 @@ def decode_view(raw: RawView, cached: CachedView | None,
     # a time): the pair scan and the OpenAI wire form are made from the JSON as plain data.
     new_raw = raw.messages
     loaded = load_stored(new_raw)
-    shapes = map(stored_shape, loaded)
     if raw.incremental:
+        shapes = map(stored_shape, loaded)
         if cached is None or cached.end != raw.start or not cached.start <= w <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
         drop = w - cached.start
@@ -274,18 +354,17 @@ def decode_view(raw: RawView, cached: CachedView | None,
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
     else:
-        history = Chunks.lazy(new_raw, decode_stored)
+        history = _lazy_history(new_raw)
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)
-        scan = scan_shapes(shapes, _scan_start(summary))
+        # the shell keeps wire forms: OpenAI's, from the JSON read
+        shapes_of, made = _shapes_and_wire(loaded, wire_update is not None)
+        scan = scan_shapes(shapes_of, _scan_start(summary))
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
         wire, planned_end = {}, -1
-        if wire_update is not None:  # the shell keeps wire forms: OpenAI's, from the JSON read
-            items: list[Any] = list(new_raw)
-            for i, m in changes.items():
-                items[i] = m
-            wire = {"openai": Chunks.of(convert("openai", items, loaded))}
+        if wire_update is not None:
+            wire = {"openai": Chunks.of(_openai_of_read(new_raw, loaded, made, changes))}
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,

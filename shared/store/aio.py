@@ -145,8 +145,22 @@ class AsyncSessionStore:
     # -- view, state, summaries -------------------------------------------------
     async def read_view(self, session_id: str, since: ViewCursor | None = None, *,
                         with_counts: bool = False) -> RawView:
-        return await self.execute(commands.view_command(self.keys(session_id), since,
-                                                        with_counts))
+        """See :meth:`shared.store.sessions.SessionStore.read_view` (same steps)."""
+        return await commands.drive_async(
+            commands.view_steps(self.keys(session_id), since, with_counts), self._send)
+
+    async def _send(self, step: commands.Step) -> Any:
+        """One step of a sans-I/O exchange: a script, or plain commands in one MULTI/EXEC."""
+        if isinstance(step, commands.Command):
+            return await self.execute(step)
+
+        async def batch() -> list[Any]:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for call in step.calls:
+                    pipe.execute_command(*call)
+                return list(await pipe.execute())
+
+        return step.parse(await self._call(step.what, batch()))
 
     async def state(self, session_id: str) -> SessionState:
         raw = await self._call("state", self.redis.hgetall(self.keys(session_id).state))

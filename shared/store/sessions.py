@@ -304,9 +304,25 @@ class SessionStore(LeaseOps):
         ``log[since.end:]`` and the summary only if the version changed
         (``incremental``); otherwise everything from the watermark.
         ``with_counts``: also the running token totals of the messages sent
-        (:meth:`RawView.message_counts`), read atomically with them.
+        (:meth:`RawView.message_counts`), read atomically with them. A large
+        range comes by plain LRANGE after the script, checked to be the script's
+        moment's (:func:`shared.store.commands.view_steps`): two round trips.
         """
-        return self.execute(commands.view_command(self.keys(session_id), since, with_counts))
+        return commands.drive(commands.view_steps(self.keys(session_id), since, with_counts),
+                              self._send)
+
+    def _send(self, step: commands.Step) -> Any:
+        """One step of a sans-I/O exchange: a script, or plain commands in one MULTI/EXEC."""
+        if isinstance(step, commands.Command):
+            return self.execute(step)
+
+        def batch() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=True)  # one slot: fine on a Cluster too
+            for call in step.calls:
+                pipe.execute_command(*call)
+            return list(pipe.execute())
+
+        return step.parse(self._run(step.what, batch))
 
     def load_view(self, session_id: str, *, with_counts: bool = False) -> ViewData:
         """One atomic read of everything prepare() needs, decoded; ``with_counts``: with

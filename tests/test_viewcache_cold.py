@@ -1,0 +1,91 @@
+"""A full read's decode (the cold path): wire forms made in place equal to_openai's,
+shapes equal the pair scan's, the first message reads alone."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.core.chunks import Lazy
+from shared.core.messages import Message
+from shared.core.pairs import scan_pairs
+from shared.core.records import CheapDecision, RawView
+from shared.core.viewcache import decode_view
+from shared.core.wire.openai import to_openai
+from shared.core.wireview import carry
+from tests.strategies import any_conversations
+
+ODD = [
+    Message(role="user", content="hi"),
+    Message(role="user", content="   "),
+    Message(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": " "}]),
+    Message(role="user", content=[{"type": "text", "text": "look"},
+                                  {"type": "image", "url": "https://x/y.png"}]),
+    Message(role="assistant", content="", tool_calls=[
+        {"id": "c1", "name": "read", "arguments": {"path": "a"}}], reasoning="think"),
+    Message(role="assistant", content="", tool_calls=[{"id": "c3", "name": "ls"}],
+            metadata={"wire_ids": {"c3": "call_3"}}),
+    Message(role="assistant", content="both", tool_calls=[{"id": "c2", "name": "ls"}]),
+    Message(role="tool", content="out", tool_call_id="c1", name="read"),
+    Message(role="tool", content="out", tool_call_id="c2", metadata={"k": 1}),
+    Message(role="system", content="dev", metadata={"openai_role": "developer"}),
+    Message(role="assistant", content="no", metadata={"openai_refusal": "r", "k": 1}),
+    Message(role="assistant", content="", metadata={"usage": {"x": 1}}),
+    Message(role="assistant", content=""),
+]
+
+
+def full_read(messages: list[Message], cheap: dict[int, CheapDecision] | None = None) -> RawView:
+    return RawView(state_raw={"epoch": "e", "version": "1"},
+                   messages=[m.to_json().encode() for m in messages], start=0,
+                   tokens_before_watermark=0, tokens_total=len(messages), length=len(messages),
+                   summary_json=None, summary_included=True,
+                   cheap_raw={i: d.model_dump_json() for i, d in (cheap or {}).items()},
+                   pending=False, incremental=False)
+
+
+def check(messages: list[Message], cheap: dict[int, CheapDecision] | None = None) -> None:
+    snap = decode_view(full_read(messages, cheap), None, carry)
+    applied = [m.model_copy(update={"content": cheap[i].placeholder}) if cheap and i in cheap
+               else m for i, m in enumerate(messages)]
+    wire = list(snap.wire["openai"])
+    expected_wire = to_openai(applied, include_reasoning=False)
+    assert wire == expected_wire
+    assert [json.dumps(w) for w in wire] == [json.dumps(w) for w in expected_wire]  # key order
+    assert list(snap.history) == messages
+    expected = scan_pairs(messages)
+    assert (snap.scan.ok, snap.scan.position if snap.scan.ok else 0) == \
+        (expected.ok, expected.position if expected.ok else 0)
+
+
+def test_odd_messages_convert_as_to_openai_does() -> None:
+    check(ODD)
+    check(ODD, {1: CheapDecision(index=1, stage="clear_tool_output", placeholder="[x]",
+                                 saved_tokens=1),
+                8: CheapDecision(index=8, stage="clear_tool_output", placeholder="[y]",
+                                 saved_tokens=1)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=any_conversations())
+def test_any_conversation_converts_and_scans_as_before(messages: list[Message]) -> None:
+    check(messages)
+
+
+def test_the_first_message_is_a_chunk_of_its_own() -> None:
+    """Reading the view's first message (every prepare does) decodes it alone."""
+    messages = [Message(role="user", content=f"m{i}") for i in range(1200)]
+    snap = decode_view(full_read(messages), None, carry)
+    assert snap.applied[:1] == messages[:1]
+    chunks = snap.history.chunks
+    assert len(chunks[0]) == 1 and all(isinstance(c, Lazy) for c in chunks)
+    assert not any(c.decoded for c in chunks[1:])  # type: ignore[attr-defined]
+    assert list(snap.history) == messages
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 3))
+def test_tiny_reads(n: int) -> None:
+    check(ODD[:n])
