@@ -53,7 +53,8 @@ def connect_async(url: str, config: StoreConfig | None = None) -> redis.asyncio.
     cfg = config or StoreConfig()
     return redis.asyncio.Redis.from_url(
         url, socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
-        retry=Retry(NoBackoff(), 0), health_check_interval=30)
+        retry=Retry(NoBackoff(), 0), health_check_interval=30,
+        lib_version=redis.__version__)  # else each new connection asks importlib.metadata
 
 
 class AsyncSessionStore:

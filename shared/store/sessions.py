@@ -12,7 +12,8 @@ carries a request id: the second attempt is recognised and writes nothing.
 
 Standalone Redis and Redis Cluster alike: every key of a session shares one
 hash tag, and every multi-key operation is one Lua script over the keys it
-is given, so it runs on the node that owns the session's slot.
+is given (a large view read adds one MULTI/EXEC over the same keys), so it
+runs on the node that owns the session's slot.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
         socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=30,
+        lib_version=redis.__version__,  # else each new connection asks importlib.metadata
     )
 
 
@@ -127,6 +129,7 @@ def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
         socket_timeout=cfg.socket_timeout,
         socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 1),
+        lib_version=redis.__version__,
     )
 
 
