@@ -39,6 +39,7 @@ from shared.store.sessions import (
     IDEMPOTENCY_TTL_SECONDS,
     SCRIPTS,
     _load_lua,
+    driver_info,
     session_full,
 )
 
@@ -54,7 +55,7 @@ def connect_async(url: str, config: StoreConfig | None = None) -> redis.asyncio.
     return redis.asyncio.Redis.from_url(
         url, socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 0), health_check_interval=30,
-        lib_version=redis.__version__)  # else each new connection asks importlib.metadata
+        driver_info=driver_info())
 
 
 class AsyncSessionStore:

@@ -54,7 +54,7 @@ IO_TIMEOUT = 0.25
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Waits before reconnecting after consecutive failures (then the last one, repeated)."""
 _KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout", "path",
-           "lib_name", "lib_version",
+           "driver_info",
            "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data",
            "ssl_check_hostname", "client_name")
 
@@ -175,7 +175,10 @@ class ChangeFeed:
         try:
             cls = {"Connection": redis.Connection, "SSLConnection": redis.SSLConnection,
                    "UnixDomainSocketConnection": redis.UnixDomainSocketConnection}[self._class]
-            conn = cls(**{"lib_version": redis.__version__, **self._kwargs}, protocol=3)
+            from redis.driver_info import DriverInfo
+
+            given = {"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs}
+            conn = cls(**given, protocol=3)
             conn.connect()
             conn._parser.set_invalidation_push_handler(self._seen.invalidated)
             conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", self.prefix)
