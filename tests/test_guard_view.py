@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -187,7 +188,11 @@ def test_chunks_behave_like_a_list_and_never_change_under_a_holder(
             i = n % len(model)
             assert chunks[i] == model[i] and chunks[-1] == model[-1]
             assert chunks[i:i + 7] == model[i:i + 7]
-        assert list(concat([1], chunks, [2])) == [1, *model, 2]
+        joined = concat([1], chunks, [2], chunks)
+        assert list(joined) == [1, *model, 2, *model]
+        assert joined[len(model) + 1] == 2 and len(joined) == 2 * len(model) + 2
+        for c in (chunks, joined):  # offsets carried along equal offsets measured
+            assert c._offsets == list(itertools.accumulate(map(len, c.chunks), initial=0))
     for version, expected in held:  # earlier versions are untouched by later edits
         assert list(version) == expected
 

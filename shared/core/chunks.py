@@ -95,6 +95,23 @@ class Chunks(Sequence[T], Generic[T]):
         self._len = self._offsets[-1]
 
     @classmethod
+    def _joined(cls, head: tuple[Sequence[T], ...], offsets: list[int],
+                tail: Iterable[Sequence[T]]) -> Chunks[T]:
+        """``head`` (non-empty chunks starting at ``offsets``, which ends at their total)
+        followed by ``tail``: the head's offsets are copied, not re-measured (a chunk's
+        length is a Python call for a lazy one; a long view has hundreds of chunks)."""
+        new = cls.__new__(cls)
+        chunks, at = list(head), offsets.copy()
+        total = at[-1]
+        for chunk in tail:
+            if chunk:
+                total += len(chunk)
+                chunks.append(chunk)
+                at.append(total)
+        new._chunks, new._offsets, new._len = tuple(chunks), at, total
+        return new
+
+    @classmethod
     def of(cls, items: Iterable[T]) -> Chunks[T]:
         flat = tuple(items)
         return cls(tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
@@ -167,7 +184,8 @@ class Chunks(Sequence[T], Generic[T]):
             head, tail = head[:-1], head[-1]
         flat: Sequence[T] = (tail + items if isinstance(tail, Lazy)
                              else tuple(tail) + tuple(items))
-        return Chunks(head + tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
+        return Chunks._joined(head, self._offsets[:len(head) + 1],
+                              (flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
     def extend_lazy(self, raw: Sequence[Any],
                     decode: Callable[[tuple[Any, ...]], tuple[T, ...]]) -> Chunks[T]:
@@ -183,7 +201,8 @@ class Chunks(Sequence[T], Generic[T]):
                              else Lazy(tuple(tail), decode) + raw)
         else:
             flat = Lazy(tuple(raw), decode)
-        return Chunks(head + tuple(flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
+        return Chunks._joined(head, self._offsets[:len(head) + 1],
+                              (flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
     def drop(self, n: int) -> Chunks[T]:
         """A new list without its first ``n`` items; copies at most one chunk."""
@@ -193,7 +212,9 @@ class Chunks(Sequence[T], Generic[T]):
             return Chunks()
         at = bisect.bisect_right(self._offsets, n) - 1
         first = self._chunks[at][n - self._offsets[at]:]
-        return Chunks((first, *self._chunks[at + 1:]))
+        # offsets[at] <= n < offsets[at + 1]: ``first`` is not empty
+        return Chunks._joined((first, *self._chunks[at + 1:]),
+                              [0, *(o - n for o in self._offsets[at + 1:])], ())
 
     def replace(self, changes: dict[int, T]) -> Chunks[T]:
         """A new list with items at the given indexes replaced; copies only their chunks."""
@@ -210,18 +231,26 @@ class Chunks(Sequence[T], Generic[T]):
             for offset, item in edits:
                 chunk[offset] = item
             chunks[at] = tuple(chunk)
-        return Chunks(tuple(chunks))
+        return Chunks._joined(tuple(chunks), self._offsets, ())  # same lengths
 
 
 def concat(*parts: Sequence[Any]) -> Chunks[Any]:
-    """Chunks of several sequences, re-using the chunks of those that are Chunks."""
+    """Chunks of several sequences, re-using the chunks (and offsets) of those that are
+    Chunks."""
     out: list[Sequence[Any]] = []
+    offsets = [0]
+    total = 0
     for part in parts:
         if isinstance(part, Chunks):
-            out.extend(part.chunks)
+            if part._len:
+                out.extend(part._chunks)
+                offsets.extend([total + o for o in part._offsets[1:]])
+                total += part._len
         elif part:
             out.append(tuple(part))
-    return Chunks(tuple(out))
+            total += len(part)
+            offsets.append(total)
+    return Chunks._joined(tuple(out), offsets, ())
 
 
 __all__ = ["CHUNK", "Chunks", "Lazy", "concat"]
