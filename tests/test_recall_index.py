@@ -67,6 +67,31 @@ def test_indexing_is_incremental(store: SessionStore) -> None:
     assert recall(store, "s", "ERR_STEP_22_FAILED", limit=1)[0].index == 45
 
 
+def test_what_the_index_has_not_reached_yet_is_searched_too(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction whose index job still waits: the summary's notice already names its
+    range, and recall finds it there, ranked as the index will rank it."""
+    fill(store, "s", range(30))
+    commit(store, "s", 20)
+    index_compacted(store, "s")
+    commit(store, "s", 50)  # not indexed yet: messages 20-49
+    queries = ["ERR_STEP_22_FAILED", "src/mod3/handler_3.py", "handler_17", "ERR_STEP_4_FAILED",
+               "timeout 24.5", "step 9"]
+    before = [[h.index for h in recall(store, "s", q, limit=3)] for q in queries]
+    assert recall(store, "s", "ERR_STEP_22_FAILED", limit=1)[0].index == 45
+    assert recall(store, "s", "ERR_STEP_4_FAILED", limit=1)[0].index == 9  # the index's part
+    assert all(h.index < 50 for h in recall(store, "s", "step", limit=50))  # the watermark
+    hit = recall(store, "s", "timeout 24.5", limit=1)[0]
+    assert (hit.index, hit.role) == (49, "assistant") and "24.5 seconds" in hit.text
+    index_compacted(store, "s")
+    assert [[h.index for h in recall(store, "s", q, limit=3)] for q in queries] == before
+    commit(store, "s", 60)  # a backlog larger than a query scans waits for the index
+    monkeypatch.setattr("shared.store.recall_query.TAIL_SCAN_MESSAGES", 5)
+    assert all(h.index < 50 for h in recall(store, "s", "ERR_STEP_27_FAILED", limit=50))
+    monkeypatch.undo()
+    assert recall(store, "s", "ERR_STEP_27_FAILED", limit=1)[0].index == 55
+
+
 @pytest.mark.parametrize("hook", [True, False])
 def test_nothing_past_an_edit_is_returned(store: SessionStore, hook: bool,
                                           monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,14 +17,17 @@ from shared.core.errors import InvalidInput, SessionNotFound
 from shared.core.messages import Message
 from shared.core.recall import (
     DEFAULT_LIMIT,
+    Passage,
     RecallHit,
     RecallQuery,
+    analyze,
     best_per_message,
     bm25,
     checksum,
     parse_tool_arguments,
     passage_text,
     render_hits,
+    split_passages,
     validate_query,
 )
 from shared.store.recall_index import (
@@ -43,6 +46,11 @@ from shared.store.sessions import _s, redis_errors
 if TYPE_CHECKING:
     from shared.store.aio import AsyncSessionStore
     from shared.store.sessions import SessionStore
+
+
+TAIL_SCAN_MESSAGES = 2_000
+"""The most unindexed messages a query scans itself (a compaction's range is far smaller;
+a backlog larger than this waits for the index job)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,19 +83,56 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
     hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
     if not length and not int(has_state):
         raise SessionNotFound(f"no session {session_id!r} in tenant {tenant!r}")
-    hi = min(_int(hwm_raw), int(length), q.end if q.end is not None else _int(watermark))
+    top = min(int(length), q.end if q.end is not None else _int(watermark))
+    hi = min(_int(hwm_raw), top)
     lo = q.start or 0
     df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d}
-    if hi <= lo or not df:
-        return []
-    postings: Mapping[str, Any] = {
-        term: POSTING.iter_unpack(blob[len(blob) % POSTING.size:])
+    postings: dict[str, list[Any]] = {
+        term: list(POSTING.iter_unpack(blob[len(blob) % POSTING.size:]))
         for term, blob in zip(q.terms, blobs, strict=True) if blob}
-    n_docs = max(_int(n_raw), 1)
-    scores = bm25(postings, df, n_docs=n_docs, avg_length=_int(total_raw) / n_docs,
-                  start=lo, end=hi)
+    n_docs, total = _int(n_raw), _int(total_raw)
+    # What was summarized away but not indexed yet (a compaction whose index job still
+    # waits) is scanned here, scored with the index as one collection: recall finds
+    # everything the summary's notice names, whatever the index's lag.
+    tail_lo, tail_hi = max(lo, _int(hwm_raw)), min(top, _int(watermark))
+    tail: dict[int, tuple[Message, Passage]] = {}
+    if tail_lo < tail_hi and tail_hi - tail_lo <= TAIL_SCAN_MESSAGES:
+        raws = (yield PipelineCall([("lrange", (k.log, tail_lo, tail_hi - 1))]))[0]
+        tail, counts = _tail_passages(tail_lo, raws, q.terms, postings)
+        n_docs += len(counts)
+        total += sum(counts)
+        for term in postings:
+            df[term] = df.get(term, 0) + sum(1 for p in postings[term] if p[0] < 0)
+    df = {t: d for t, d in df.items() if d}
+    if max(hi, tail_lo if tail else 0) <= lo or not df:
+        return []
+    n_docs = max(n_docs, 1)
+    scores = bm25(postings, df, n_docs=n_docs, avg_length=total / n_docs, start=lo,
+                  end=tail_hi if tail else hi)
     ranked = best_per_message(scores, MAX_CANDIDATES)
-    return (yield from _verified(k, ranked, q.limit))
+    return (yield from _verified(k, ranked, q.limit, tail))
+
+
+def _tail_passages(start: int, raws: Sequence[bytes], terms: Sequence[str],
+                   postings: dict[str, list[Any]],
+                   ) -> tuple[dict[int, tuple[Message, Passage]], list[int]]:
+    """Passages of the unindexed messages ``log[start:]``, analyzed as the indexer does,
+    their postings for ``terms`` added to ``postings`` under negative passage ids.
+    Returns those passages by id and every passage's length (for the average)."""
+    wanted = set(terms)
+    passages: dict[int, tuple[Message, Passage]] = {}
+    lengths: list[int] = []
+    for offset, raw in enumerate(raws):
+        message = Message.model_validate_json(raw)
+        for passage in split_passages(start + offset, message):
+            analyzed = analyze(passage)
+            lengths.append(analyzed.length)
+            pid = -len(lengths)
+            for term in wanted.intersection(analyzed.terms):
+                postings.setdefault(term, []).append(
+                    (pid, passage.index, analyzed.terms[term], analyzed.length))
+                passages[pid] = (message, passage)
+    return passages, lengths
 
 
 def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
@@ -95,7 +140,8 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
     """The messages of ``[start, end)`` that best match ``query``, best first.
 
     ``end`` defaults to the current watermark (what was summarized away);
-    messages past what workers indexed are not searched. One passage per
+    what workers have not indexed yet (up to :data:`TAIL_SCAN_MESSAGES`
+    messages below the watermark) is read and scored here. One passage per
     message, at most ``limit``. Raises :class:`InvalidInput` (naming the
     field) for a bad query or range, :class:`SessionNotFound` for a session
     without a log.
@@ -152,14 +198,25 @@ def answer_recall_call(store: SessionStore, session_id: str,
                               end=q.end))
 
 
-def _verified(k: RecallKeys, ranked: Sequence[tuple[int, float, int]],
-              limit: int) -> Generator[PipelineCall, Any, list[RecallHit]]:
-    """The best ``limit`` candidates whose message is still the one indexed."""
+def _verified(k: RecallKeys, ranked: Sequence[tuple[int, float, int]], limit: int,
+              tail: Mapping[int, tuple[Message, Passage]] | None = None,
+              ) -> Generator[PipelineCall, Any, list[RecallHit]]:
+    """The best ``limit`` candidates whose message is still the one indexed (a passage of
+    the unindexed ``tail`` was read just now: it needs no check)."""
     hits: list[RecallHit] = []
     at = 0
     while len(hits) < limit and at < len(ranked):
-        chunk = ranked[at:at + limit - len(hits)]  # most verify: read few messages
-        at += len(chunk)
+        if ranked[at][0] < 0 and tail:
+            message, passage = tail[ranked[at][0]]
+            score = ranked[at][1]
+            hits.append(RecallHit(index=passage.index, role=message.role, text=passage.text,
+                                  score=round(score, 4) if math.isfinite(score) else 0.0))
+            at += 1
+            continue
+        chunk: list[tuple[int, float, int]] = []  # most verify: read few messages
+        while at < len(ranked) and ranked[at][0] >= 0 and len(chunk) < limit - len(hits):
+            chunk.append(ranked[at])
+            at += 1
         docs, *raws = yield PipelineCall(
             [("hmget", (k.doc, *(pid for pid, _, _ in chunk))),
              *(("lindex", (k.log, index)) for _, _, index in chunk)])
@@ -178,5 +235,5 @@ def _verified(k: RecallKeys, ranked: Sequence[tuple[int, float, int]],
     return hits
 
 
-__all__ = ["PipelineCall", "RecallSteps", "ScriptCall", "answer_recall_call", "recall",
-           "recall_async", "recall_steps"]
+__all__ = ["TAIL_SCAN_MESSAGES", "PipelineCall", "RecallSteps", "ScriptCall",
+           "answer_recall_call", "recall", "recall_async", "recall_steps"]
