@@ -201,6 +201,53 @@ def test_streamed_runs_recover_too(guard: ContextGuard) -> None:
 
     assert run(scenario()) == "All files read."
     assert model.overflows == 1 and wrapped.recoveries == 1
+    assert session.input_filter.calibration.samples == model.calls  # usage from the stream
+
+
+class DenseModel(WindowModel):
+    """A provider whose tokenizer counts 1.6x what the fake's (and about what the guard's
+    heuristic) counts: its window is reached far sooner than estimated."""
+
+    DENSITY = 1.6
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: Any, tools: list[Any], *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        prompt = int(count(system_instructions, input, tools) * self.DENSITY)
+        if prompt + (model_settings.max_tokens or 0) > self.window:
+            self.overflows += 1
+            raise overflow_error(self.window, prompt)
+        window, self.window = self.window, 10**9  # the check above is this provider's
+        try:
+            answer = await super().get_response(system_instructions, input, model_settings,
+                                                tools, *args, **kwargs)
+        finally:
+            self.window = window
+        self.dense_largest = max(getattr(self, "dense_largest", 0), prompt)
+        answer.usage = Usage(requests=1, input_tokens=prompt, output_tokens=20,
+                             total_tokens=prompt + 20)
+        return answer
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_the_filter_learns_a_denser_tokenizer_from_usage(guard: ContextGuard,
+                                                         learn: bool) -> None:
+    model = DenseModel(WINDOW, steps=24)
+    session = GuardedSession(guard, f"dense-{learn}", model=MODEL, max_tokens=500)
+    wrapped = session.wrap(model)
+    if not learn:
+        session.input_filter.calibrate = lambda usage: None  # type: ignore[method-assign]
+    agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
+                  model=wrapped, model_settings=ModelSettings(max_tokens=500))
+    result = run(Runner.run(agent, "Read every module.", session=session,
+                            run_config=session.run_config(), max_turns=60))
+    assert result.final_output == "All files read."
+    if learn:  # learned from the first responses, before the window was ever reached
+        assert model.overflows == 0 and wrapped.recoveries == 0
+        assert model.dense_largest + 500 <= WINDOW  # type: ignore[attr-defined]
+        assert session.input_filter.calibration.ratio > 1.3
+    else:  # every call past the window overflows and is recovered
+        assert model.overflows > 3 and wrapped.recoveries == model.overflows
 
 
 def test_without_the_guard_the_same_run_overflows(guard: ContextGuard) -> None:

@@ -14,6 +14,7 @@ of a run, not on the stored history:
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -29,6 +30,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               name=exc.name) from exc
 
 from shared.core.budget import BudgetReport, check_budget
+from shared.core.calibration import Calibration
 from shared.core.limits import output_reserve
 from shared.core.messages import Message
 from shared.core.overflow import is_context_overflow, parse_overflow
@@ -77,40 +79,62 @@ class InputBudget:
     Use as ``RunConfig(call_model_input_filter=budget)``. Within budget the
     input goes out untouched; over it, the oldest turns are dropped (then
     units, then long contents clipped) without an LLM, leading system
-    messages (the session's summary) kept, tool pairs repaired.
+    messages (the session's summary) kept, tool pairs repaired. Counts are
+    corrected by the ratio of reported to estimated input tokens, learned
+    from each response's usage when the model is wrapped in
+    :class:`GuardedModel` (``session.wrap(model)``).
     """
 
     def __init__(self, guard: ContextGuard, *, model: str = "gpt-4o",
                  max_tokens: int | None = None) -> None:
         self.guard, self.model, self.max_tokens = guard, model, max_tokens
         self.truncations = 0  # how many calls this filter had to truncate
+        # The heuristic against the provider's own counts (fed by GuardedModel from each
+        # response's usage): a denser tokenizer than the heuristic's is learned, not
+        # discovered by an overflow.
+        self.calibration = Calibration()
+        self.sent = 0  # the heuristic tokens of the input last let through
+
+    def calibrate(self, usage: Any) -> None:
+        """Fold in a response's usage (``input_tokens``) for the input last let through."""
+        reported = getattr(usage, "input_tokens", None)
+        if isinstance(reported, int) and not isinstance(reported, bool) and self.sent:
+            self.calibration = self.calibration.update(reported, self.sent)
 
     def fit(self, items: Sequence[Any], instructions: str | None, tools: Sequence[Any], *,
             force_ratio: float | None = None) -> Fitted:
-        """Fit ``items`` into the budget (or into ``force_ratio`` of the window)."""
+        """Fit ``items`` into the budget (or into ``force_ratio`` of the window), counting
+        with the heuristic corrected by what responses reported (:meth:`calibrate`)."""
         counter = self.guard.counter
         messages = items_to_messages(items, prefix="input")
         head = leading_system_count(messages)
-        system = counter.message(Message(role="system", content=instructions)) \
-            if instructions else 0
-        system += sum(counter.message(m) for m in messages[:head])
+        # the request's own tokens besides its messages: instructions, tools, framing
+        outside = (counter.message(Message(role="system", content=instructions))
+                   if instructions else 0) + counter.messages([])
         schemas = tool_schemas(tools)
         tool_tokens = counter.tools(schemas) if schemas else 0
+        lead = sum(counter.message(m) for m in messages[:head])
         history = sum(counter.message(m) for m in messages[head:])
         limits = self.guard.model_limits(self.model)
         reserve = output_reserve(limits, self.max_tokens)
         newest = counter.message(messages[-1]) if messages and messages[-1].role == "user" else 0
-        report = check_budget(window=limits.context_window, reserve=reserve, system=system,
-                              tools=tool_tokens + counter.messages([]), history=history,
-                              newest=newest, trigger_ratio=self.guard.policy.trigger_ratio,
+        ratio = self.calibration.ratio
+
+        def calibrated(tokens: int) -> int:
+            return math.ceil(tokens * ratio - 1e-9)
+        report = check_budget(window=limits.context_window, reserve=reserve,
+                              system=calibrated(outside + lead), tools=calibrated(tool_tokens),
+                              history=calibrated(history), newest=calibrated(newest),
+                              trigger_ratio=self.guard.policy.trigger_ratio,
                               target_ratio=self.guard.policy.target_ratio)
         if report.within_budget and force_ratio is None:
+            self.sent = outside + tool_tokens + lead + history
             return Fitted(list(items), report, False, 0, "")
-        fixed = system + tool_tokens + counter.messages([])
         room = int(report.input_budget * HEADROOM)
         if force_ratio is not None:
             room = min(room, int(limits.context_window * force_ratio))
-        budget = max(1, room - fixed + sum(counter.message(m) for m in messages[:head]))
+        # heuristic units for the messages (the leading system ones are kept whole)
+        budget = max(1, int(room / ratio) - outside - tool_tokens)
         result = emergency_truncate(messages, budget, counter,
                                     drop_fraction=self.guard.policy.emergency_drop_fraction)
         kept = repair_tool_pairs(result.messages)
@@ -118,6 +142,7 @@ class InputBudget:
             at = leading_system_count(kept)
             kept.insert(at, Message(role="system", content=result.note))
         self.truncations += 1
+        self.sent = outside + tool_tokens + sum(counter.message(m) for m in kept)
         return Fitted(messages_to_items(kept), report, True, result.dropped, result.note)
 
     def __call__(self, data: CallModelData[Any]) -> ModelInputData:
@@ -171,12 +196,15 @@ class GuardedModel(Model):
                            input: str | list[TResponseInputItem], *args: Any,
                            **kwargs: Any) -> ModelResponse:
         try:
-            return await self.inner.get_response(system_instructions, input, *args, **kwargs)
+            response = await self.inner.get_response(system_instructions, input, *args,
+                                                     **kwargs)
         except Exception as exc:
             tools = _tools_arg(args, kwargs)
             retry = self._recover(exc, system_instructions, input, tools)
-        return await self.inner.get_response(
-            system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs)
+            response = await self.inner.get_response(
+                system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs)
+        self.budget.calibrate(response.usage)
+        return response
 
     async def stream_response(self, system_instructions: str | None,
                               input: str | list[TResponseInputItem], *args: Any,
@@ -186,6 +214,7 @@ class GuardedModel(Model):
             async for event in self.inner.stream_response(system_instructions, input,
                                                           *args, **kwargs):
                 started = True
+                self._usage_of(event)
                 yield event
             return
         except Exception as exc:
@@ -195,7 +224,13 @@ class GuardedModel(Model):
             retry = self._recover(exc, system_instructions, input, tools)
         async for event in self.inner.stream_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs):
+            self._usage_of(event)
             yield event
+
+    def _usage_of(self, event: Any) -> None:
+        """The usage a stream reports in its ``response.completed`` event."""
+        if getattr(event, "type", None) == "response.completed":
+            self.budget.calibrate(getattr(getattr(event, "response", None), "usage", None))
 
     def get_retry_advice(self, request: Any) -> Any:
         return self.inner.get_retry_advice(request)
