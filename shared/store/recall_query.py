@@ -48,10 +48,11 @@ if TYPE_CHECKING:
     from shared.store.sessions import SessionStore
 
 
-TAIL_SCAN_MESSAGES = 500
-"""The most unindexed messages a query scans itself: about 35 µs each (50: 2 ms, 200:
-7 ms), so a query stays within recall's 20 ms; a compaction's range is usually far
-smaller, and a larger backlog waits for the index job."""
+TAIL_SCAN_MESSAGES = 64
+"""The most unindexed messages a query scans itself: about 0.13 ms each on real agent
+transcripts (50: p50 6.5 ms, 100: 13.5 ms; ``scripts/bench_recall.py --lag``), so a
+query stays within recall's 20 ms. That covers a typical compaction's range (a median
+job holds ~50 messages); a larger backlog waits for the index job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
     postings: dict[str, list[Any]] = {
         term: list(POSTING.iter_unpack(blob[len(blob) % POSTING.size:]))
         for term, blob in zip(q.terms, blobs, strict=True) if blob}
-    n_docs, total = _int(n_raw), _int(total_raw)
+    n_docs, total = _int(n_raw), float(_int(total_raw))
     # What was summarized away but not indexed yet (a compaction whose index job still
     # waits) is scanned here, scored with the index as one collection: recall finds
     # everything the summary's notice names, whatever the index's lag.
@@ -99,9 +100,10 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
     tail: dict[int, tuple[Message, Passage]] = {}
     if tail_lo < tail_hi and tail_hi - tail_lo <= TAIL_SCAN_MESSAGES:
         raws = (yield PipelineCall([("lrange", (k.log, tail_lo, tail_hi - 1))]))[0]
-        tail, counts = _tail_passages(tail_lo, raws, q.terms, postings)
-        n_docs += len(counts)
-        total += sum(counts)
+        tail, added, terms = _tail_passages(tail_lo, raws, q.terms, postings,
+                                            total / n_docs if n_docs else None)
+        n_docs += added
+        total += terms
         for term in postings:
             df[term] = df.get(term, 0) + sum(1 for p in postings[term] if p[0] < 0)
     df = {t: d for t, d in df.items() if d}
@@ -115,25 +117,34 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
 
 
 def _tail_passages(start: int, raws: Sequence[bytes], terms: Sequence[str],
-                   postings: dict[str, list[Any]],
-                   ) -> tuple[dict[int, tuple[Message, Passage]], list[int]]:
+                   postings: dict[str, list[Any]], average: float | None,
+                   ) -> tuple[dict[int, tuple[Message, Passage]], int, float]:
     """Passages of the unindexed messages ``log[start:]``, analyzed as the indexer does,
     their postings for ``terms`` added to ``postings`` under negative passage ids.
-    Returns those passages by id and every passage's length (for the average)."""
+
+    Only passages whose lowercased text holds a query term are analyzed (every term is
+    a lowercased piece of a word); the others count as passages of ``average`` length
+    (the index's; None: no index yet, every passage is analyzed).
+    Returns the matching passages by id, and the passages and terms the scan adds."""
     wanted = set(terms)
     passages: dict[int, tuple[Message, Passage]] = {}
-    lengths: list[int] = []
+    n_passages, n_terms = 0, 0.0
     for offset, raw in enumerate(raws):
         message = Message.model_validate_json(raw)
         for passage in split_passages(start + offset, message):
+            n_passages += 1
+            low = passage.text.lower()
+            if average is not None and not any(term in low for term in wanted):
+                n_terms += average
+                continue
             analyzed = analyze(passage)
-            lengths.append(analyzed.length)
-            pid = -len(lengths)
+            n_terms += analyzed.length
+            pid = -n_passages
             for term in wanted.intersection(analyzed.terms):
                 postings.setdefault(term, []).append(
                     (pid, passage.index, analyzed.terms[term], analyzed.length))
                 passages[pid] = (message, passage)
-    return passages, lengths
+    return passages, n_passages, n_terms
 
 
 def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
