@@ -22,68 +22,57 @@ def _store() -> SessionStore:
     return SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="ap"))
 
 
-class Reads:
-    """Counts the messages each store read of the session brought back."""
-
-    def __init__(self, store: Any) -> None:
-        self.sizes: list[int] = []
-        inner = store.read_view
-
-        def read_view(*args: Any, **kwargs: Any) -> Any:
-            raw = inner(*args, **kwargs)
-            self.sizes.append(len(raw.messages))
-            return raw
-        store.read_view = read_view
-
-
-def _guard(shell_name: str, store: SessionStore) -> tuple[Any, Reads]:
+def _warm(shell_name: str) -> tuple[SessionStore, Any, list[int]]:
+    """A store, a guard that has recorded a turn and prepared once (so it caches the
+    view), and the list of how many messages each later store read brought back."""
+    store = _store()
     guard = make(shell_name, store, overrides={"m": 1_000_000})
     inner = guard.inner.store if shell_name == "async" else guard.store
-    if shell_name == "async":  # the async store's read_view is a coroutine
-        sizes: list[int] = []
-        original = inner.read_view
+    sizes: list[int] = []
+    original = inner.read_view
 
+    def count(raw: Any) -> Any:
+        sizes.append(len(raw.messages))
+        return raw
+
+    if shell_name == "async":
         async def read_view(*args: Any, **kwargs: Any) -> Any:
-            raw = await original(*args, **kwargs)
-            sizes.append(len(raw.messages))
-            return raw
-        inner.read_view = read_view
-        reads = Reads.__new__(Reads)
-        reads.sizes = sizes
-        return guard, reads
-    return guard, Reads(inner)
+            return count(await original(*args, **kwargs))
+    else:
+        def read_view(*args: Any, **kwargs: Any) -> Any:
+            return count(original(*args, **kwargs))
+    inner.read_view = read_view
+    guard.record_turn("s", coding_turn(0, 100))
+    guard.prepare("s", SYSTEM, model="m", pending=GO)
+    return store, guard, sizes
+
+
+def _equals_a_cold_guard(shell_name: str, store: SessionStore, view: Any) -> bool:
+    cold = make(shell_name, store, overrides={"m": 1_000_000})
+    return bool(view.openai() == cold.prepare("s", SYSTEM, model="m", pending=GO).openai())
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
 def test_the_read_after_an_own_append_brings_nothing_back(shell_name: str) -> None:
-    store = _store()
-    guard, reads = _guard(shell_name, store)
-    guard.record_turn("s", coding_turn(0, 100))
-    guard.prepare("s", SYSTEM, model="m", pending=GO)
+    store, guard, sizes = _warm(shell_name)
     for step in range(1, 4):
-        turn = coding_turn(step, 100)
-        guard.record_turn("s", turn)
+        guard.record_turn("s", coding_turn(step, 100))
         assert guard.views.get("s").end == store.length("s")  # extended, not read
-        reads.sizes.clear()
+        sizes.clear()
         view = guard.prepare("s", SYSTEM, model="m", pending=GO)
-        assert reads.sizes == [0]  # the turn was not sent back
-        cold = make(shell_name, store, overrides={"m": 1_000_000})
-        assert view.openai() == cold.prepare("s", SYSTEM, model="m", pending=GO).openai()
+        assert sizes == [0]  # the turn was not sent back
+        assert _equals_a_cold_guard(shell_name, store, view)
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_write_by_someone_else_before_the_append_is_read(shell_name: str) -> None:
-    store = _store()
-    guard, reads = _guard(shell_name, store)
-    guard.record_turn("s", coding_turn(0, 100))
-    guard.prepare("s", SYSTEM, model="m", pending=GO)
+    store, guard, sizes = _warm(shell_name)
     store.append("s", coding_turn(1, 100))  # another process appends first
     guard.record_turn("s", coding_turn(2, 100))
-    reads.sizes.clear()
+    sizes.clear()
     view = guard.prepare("s", SYSTEM, model="m", pending=GO)
-    assert reads.sizes == [10]  # both turns read: the cache was not extended past a gap
-    cold = make(shell_name, store, overrides={"m": 1_000_000})
-    assert view.openai() == cold.prepare("s", SYSTEM, model="m", pending=GO).openai()
+    assert sizes == [10]  # both turns read: the cache was not extended past a gap
+    assert _equals_a_cold_guard(shell_name, store, view)
 
 
 def test_appended_read_refuses_what_it_cannot_vouch_for() -> None:

@@ -40,6 +40,7 @@ from shared.core.tokens import TokenCounter
 from shared.store.keys import SessionKeys, validate_request_id
 
 T = TypeVar("T")
+S = TypeVar("S")  # a step of a sans-I/O generator: what to send
 
 
 def _s(value: Any) -> str:
@@ -299,8 +300,8 @@ def view_steps(k: SessionKeys, since: ViewCursor | None, with_counts: bool = Fal
     return whole
 
 
-def drive(steps: Generator[Step, Any, T], send: Callable[[Step], Any]) -> T:
-    """Run sans-I/O steps with a blocking ``send`` (the sync store)."""
+def drive(steps: Generator[S, Any, T], send: Callable[[S], Any]) -> T:
+    """Run sans-I/O steps with a blocking ``send`` (the sync store; recall queries)."""
     reply: Any = None
     while True:
         try:
@@ -310,8 +311,8 @@ def drive(steps: Generator[Step, Any, T], send: Callable[[Step], Any]) -> T:
         reply = send(step)
 
 
-async def drive_async(steps: Generator[Step, Any, T],
-                      send: Callable[[Step], Awaitable[Any]]) -> T:
+async def drive_async(steps: Generator[S, Any, T],
+                      send: Callable[[S], Awaitable[Any]]) -> T:
     """:func:`drive` with an awaited ``send`` (the asyncio store)."""
     reply: Any = None
     while True:

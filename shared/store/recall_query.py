@@ -30,6 +30,7 @@ from shared.core.recall import (
     split_passages,
     validate_query,
 )
+from shared.store.commands import drive, drive_async
 from shared.store.recall_index import (
     MAX_CANDIDATES,
     POSTING,
@@ -161,13 +162,9 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
     q = validate_query(query, limit=limit, start=start, end=end)
     steps = recall_steps(recall_keys(store, session_id), q, session_id=session_id,
                          tenant=store.tenant)
+    client = _client(store)
     with redis_errors("recall"):
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(_send(_client(store), step))
-        except StopIteration as done:
-            return list(done.value)
+        return drive(steps, lambda step: _send(client, step))
 
 
 async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
@@ -178,13 +175,9 @@ async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
     q = validate_query(query, limit=limit, start=start, end=end)
     steps = recall_steps(recall_keys(store, session_id), q, session_id=session_id,
                          tenant=store.tenant)
+    client = _client(store)
     with redis_errors("recall"):
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(await _send(_client(store), step))
-        except StopIteration as done:
-            return list(done.value)
+        return await drive_async(steps, lambda step: _send(client, step))
 
 
 def _send(client: Any, step: ScriptCall | PipelineCall) -> Any:
