@@ -187,6 +187,25 @@ def test_guard_on_a_cluster(cluster: LocalCluster, key_prefix: str) -> None:
     store.delete_session("agent")
 
 
+def test_sessions_are_listed_page_by_page_across_the_primaries(cluster: LocalCluster,
+                                                               key_prefix: str) -> None:
+    from workers.cli.sessions import list_page
+
+    store = cluster_store(cluster, key_prefix)
+    ids = [f"s{i}" for i in range(40)]
+    for sid in ids:
+        store.append(sid, turn(0, 10))
+    seen, cursor, pages = [], 0, 0
+    while True:
+        page = list_page(store, limit=7, cursor=cursor)
+        seen += [row.session_id for row in page.sessions]
+        pages, cursor = pages + 1, page.cursor
+        if cursor == 0:
+            break
+    assert sorted(seen) == sorted(ids) and pages > 1  # every session once, over pages
+    assert {row.messages for row in page.sessions} == {len(turn(0, 10))}
+
+
 def test_store_on_a_redis_62_cluster(cluster62: LocalCluster, key_prefix: str) -> None:
     exercise_store(cluster_store(cluster62, key_prefix))
 

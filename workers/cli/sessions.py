@@ -6,7 +6,8 @@ pipeline per page: messages in the log, tokens in the log (the running
 total), watermark, model, and the last activity (Redis's idle time of the
 log key: any read or write of the session; unknown under an LFU eviction
 policy). A page ends on a ``SCAN`` cursor boundary, so it may hold a few
-more sessions than ``--limit``; the next page starts at ``--cursor``.
+more sessions than ``--limit``; the next page starts at ``--cursor``. On a
+Redis Cluster the primaries are scanned one after another.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def list_page(store: SessionStore, *, tenant: str | None = None, prefix: str = "
     found: list[tuple[str, str]] = []
     count = max(20, min(SCAN_COUNT_MAX, limit * SCAN_KEYS_PER_ROW))
     while True:
-        cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
+        cursor, keys = scan_step(client, cursor, pattern, count)
         for raw in keys:
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             parsed = _parse_state_key(key, key_prefix)
@@ -119,6 +120,25 @@ def list_page(store: SessionStore, *, tenant: str | None = None, prefix: str = "
             break
     found.sort()
     return Page([*_figures(client, key_prefix, found)], int(cursor))
+
+
+def scan_step(client: Any, cursor: int, pattern: str, count: int) -> tuple[int, list[Any]]:
+    """One ``SCAN`` call. On a Redis Cluster the primaries are walked in turn (ordered by
+    name), and the cursor carries which: node cursor x primaries + node index, so a page
+    goes on where the last one stopped while the cluster keeps its primaries."""
+    get_primaries = getattr(client, "get_primaries", None)
+    if get_primaries is None:
+        next_cursor, keys = client.scan(cursor=cursor, match=pattern, count=count)
+        return int(next_cursor), list(keys)
+    nodes = sorted(get_primaries(), key=lambda node: node.name)
+    at, node_cursor = cursor % len(nodes), cursor // len(nodes)
+    next_cursor, keys = client.scan(cursor=node_cursor, match=pattern, count=count,
+                                    target_nodes=nodes[at])
+    if isinstance(next_cursor, dict):  # redis-py gives the cursor by node name
+        (next_cursor,) = next_cursor.values()
+    if int(next_cursor):
+        return int(next_cursor) * len(nodes) + at, list(keys)
+    return (at + 1 if at + 1 < len(nodes) else 0), list(keys)  # this node is done
 
 
 def _figures(client: Any, key_prefix: str, found: list[tuple[str, str]]) -> list[SessionRow]:
