@@ -195,15 +195,15 @@ def test_sessions_are_listed_page_by_page_across_the_primaries(cluster: LocalClu
     ids = [f"s{i}" for i in range(40)]
     for sid in ids:
         store.append(sid, turn(0, 10))
-    seen, cursor, pages = [], 0, 0
+    rows, cursor, pages = [], 0, 0
     while True:
         page = list_page(store, limit=7, cursor=cursor)
-        seen += [row.session_id for row in page.sessions]
+        rows += page.sessions
         pages, cursor = pages + 1, page.cursor
         if cursor == 0:
             break
-    assert sorted(seen) == sorted(ids) and pages > 1  # every session once, over pages
-    assert {row.messages for row in page.sessions} == {len(turn(0, 10))}
+    assert sorted(r.session_id for r in rows) == sorted(ids) and pages > 1  # each once
+    assert {row.messages for row in rows} == {len(turn(0, 10))}
 
 
 def test_store_on_a_redis_62_cluster(cluster62: LocalCluster, key_prefix: str) -> None:
