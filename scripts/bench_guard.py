@@ -12,8 +12,12 @@ again with an LLM summary committed near the end ("summary"). Per size:
 - the same with Gemini-style positional tool-call ids (they repeat every turn);
 - the async guard (``AsyncContextGuard`` over redis.asyncio), same loop;
 - LangChain ``trim_messages`` (langchain-core) trimming the same messages
-  to the same input budget, in the same run; and the same followed by
+  to the same input budget; and the same followed by
   ``convert_to_openai_messages`` (the wire conversion ours includes);
+
+  ours paired: blocks of 25 calls of each variant in turn, each variant on
+  its own copy of the session, so that their ratios compare the same minutes of
+  a shared, noisy machine (LangChain runs in two blocks, before and after);
 - the first prepare (+ wire) of a new process (a subprocess; imports done);
 - ``record_turn`` with a real publish (``CeleryEnqueuer`` to a Redis broker,
   pending flag cleared before each call so that every call publishes);
@@ -60,52 +64,96 @@ USER = {"role": "user", "content": "Continue with the next step."}
 ARGS = {"max_tokens": 4000, "model": WINDOW_MODEL}
 
 
-def sync_loop(guard: ContextGuard, sid: str, calls: int, repeated: bool,
-              as_list: bool = False) -> list[float]:
-    """prepare + the view in OpenAI format: ``wire("openai")`` (shared, no copy) or,
-    ``as_list``, ``openai()`` (the same as a new list: one pointer copy)."""
-    turns = next_turns(repeated)
-    guard.prepare(sid, SYSTEM, pending=[USER], **ARGS).openai()  # the cache is warm
-    times = []
-    for _ in range(calls):
-        guard.record_turn(sid, next(turns))
+class SyncArm:
+    """One measured variant on the sync guard: its own session, a real turn recorded
+    before each timed prepare (that append is not in the figure), then the view in
+    OpenAI format: ``wire("openai")`` (shared with the cache) or, ``as_list``,
+    ``openai()`` (the same as a new list: one pointer copy)."""
+
+    def __init__(self, guard: ContextGuard, sid: str, repeated: bool,
+                 as_list: bool = False) -> None:
+        self.guard, self.sid, self.as_list = guard, sid, as_list
+        self.turns = next_turns(repeated)
+        self.times: list[float] = []
+        guard.prepare(sid, SYSTEM, pending=[USER], **ARGS).openai()  # the cache is warm
+
+    def step(self) -> None:
+        self.guard.record_turn(self.sid, next(self.turns))
         started = time.perf_counter()
-        view = guard.prepare(sid, SYSTEM, pending=[USER], **ARGS)
-        view.openai() if as_list else view.wire("openai")
-        times.append((time.perf_counter() - started) * 1000)
-    return times
+        view = self.guard.prepare(self.sid, SYSTEM, pending=[USER], **ARGS)
+        view.openai() if self.as_list else view.wire("openai")
+        self.times.append((time.perf_counter() - started) * 1000)
 
 
-async def async_loop(guard: AsyncContextGuard, sid: str, calls: int) -> list[float]:
-    turns = next_turns(False)
-    (await guard.prepare(sid, SYSTEM, pending=[USER], **ARGS)).openai()
-    times = []
-    for _ in range(calls):
-        await guard.record_turn(sid, next(turns))
+class AsyncArm:
+    """The same loop on the async guard (``AsyncContextGuard`` over redis.asyncio); each
+    step runs on one event loop kept for the whole run, timed inside the coroutine."""
+
+    def __init__(self, guard: AsyncContextGuard, sid: str) -> None:
+        self.guard, self.sid = guard, sid
+        self.turns = next_turns(False)
+        self.times: list[float] = []
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self._warm())
+
+    async def _warm(self) -> None:
+        (await self.guard.prepare(self.sid, SYSTEM, pending=[USER], **ARGS)).openai()
+
+    async def _step(self) -> None:
+        await self.guard.record_turn(self.sid, next(self.turns))
         started = time.perf_counter()
-        (await guard.prepare(sid, SYSTEM, pending=[USER], **ARGS)).wire("openai")
-        times.append((time.perf_counter() - started) * 1000)
-    await guard.store.aclose()
-    return times
+        (await self.guard.prepare(self.sid, SYSTEM, pending=[USER], **ARGS)).wire("openai")
+        self.times.append((time.perf_counter() - started) * 1000)
+
+    def step(self) -> None:
+        self.loop.run_until_complete(self._step())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.guard.store.aclose())
+        self.loop.close()
 
 
-def langchain_trim(messages: list[Message], budget: int, calls: int,
-                   wire: bool = False) -> list[float]:
-    """``trim_messages`` to the budget; ``wire``: then the trimmed list in OpenAI format
-    (``convert_to_openai_messages``), as our figure includes ``view.wire("openai")``."""
-    from langchain_core.messages import convert_to_openai_messages, trim_messages
-    from langchain_core.messages.utils import count_tokens_approximately
+class TrimArm:
+    """LangChain ``trim_messages`` to the same budget; ``wire``: then the trimmed list in
+    OpenAI format (``convert_to_openai_messages``), as our figure includes the wire."""
 
-    lc = lc_messages(messages)
-    times = []
-    for _ in range(calls):
+    def __init__(self, messages: list[Message], budget: int, wire: bool) -> None:
+        self.lc = lc_messages(messages)
+        self.budget, self.wire = budget, wire
+        self.times: list[float] = []
+
+    def step(self) -> None:
+        from langchain_core.messages import convert_to_openai_messages, trim_messages
+        from langchain_core.messages.utils import count_tokens_approximately
+
         started = time.perf_counter()
-        kept = trim_messages(lc, max_tokens=budget, token_counter=count_tokens_approximately,
+        kept = trim_messages(self.lc, max_tokens=self.budget,
+                             token_counter=count_tokens_approximately,
                              strategy="last", start_on="human", include_system=True)
-        if wire:
+        if self.wire:
             convert_to_openai_messages(kept)
-        times.append((time.perf_counter() - started) * 1000)
-    return times
+        self.times.append((time.perf_counter() - started) * 1000)
+
+
+BLOCK = 25
+"""Timed calls of one arm in a row: few enough that the arms share the machine's
+minutes, each block after one untimed call, so that an arm runs warm as an agent's
+process serving one session does (not just after another session's work)."""
+
+
+def paired(arms: dict[str, Any], calls: int) -> dict[str, list[float]]:
+    """Blocks of :data:`BLOCK` calls of each arm in turn, the order rotating, until each
+    made ``calls``: the figures, and the ratios between them, are taken over the same
+    minutes of this shared machine. Returns every arm's times so far."""
+    names = list(arms)
+    for r in range(-(-calls // BLOCK)):
+        for k in range(len(names)):
+            arm = arms[names[(r + k) % len(names)]]
+            arm.step()
+            arm.times.pop()  # the block's first call: warm-up
+            for _ in range(min(BLOCK, calls - r * BLOCK)):
+                arm.step()
+    return {name: arm.times for name, arm in arms.items()}
 
 
 FIRST = """
@@ -177,22 +225,33 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
     store = env.store()
     messages = history(size)
     w = seed(store, sid, messages, summary_at=summary_at)
-    guard = ContextGuard(store, NullEnqueuer(), overrides=OVERRIDES)
+    for twin in ("l", "a"):  # the same session for the list and async arms
+        seed(store, sid + twin, messages, summary_at=summary_at)
+    seed(store, sid + "r", history(size, repeated_ids=True), summary_at=summary_at)
     row["view"] = len(messages) - w
     row["first"] = first_prepare(env, sid)
-    row["warm"] = stats(sync_loop(guard, sid, calls, False))
-    row["warm_list"] = stats(sync_loop(guard, sid, calls, False, as_list=True))
+    guard = ContextGuard(store, NullEnqueuer(), overrides=OVERRIDES)
     budget = guard.prepare(sid, SYSTEM, **ARGS).report.budget.input_budget
-    lc_calls = 30 if size <= 10_000 else 5
-    row["langchain"] = stats(langchain_trim(messages[w:], budget, lc_calls))
-    row["langchain_wire"] = stats(langchain_trim(messages[w:], budget, lc_calls, wire=True))
-    rsid = sid + "r"
-    seed(store, rsid, history(size, repeated_ids=True), summary_at=summary_at)
-    row["repeated"] = stats(sync_loop(ContextGuard(store, overrides=OVERRIDES), rsid, calls,
-                                      True))
     astore = AsyncSessionStore(connect_async(env.url, env.config), env.config)
-    aguard = AsyncContextGuard(astore, overrides=OVERRIDES)
-    row["async"] = stats(asyncio.run(async_loop(aguard, sid, calls)))
+    arms: dict[str, Any] = {
+        "warm": SyncArm(guard, sid, False),
+        "warm_list": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "l", False,
+                             as_list=True),
+        "repeated": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "r", True),
+        "async": AsyncArm(AsyncContextGuard(astore, overrides=OVERRIDES), sid + "a"),
+    }
+    lc_calls = 30 if size <= 10_000 else 5
+    lc = {"langchain": TrimArm(messages[w:], budget, wire=False),
+          "langchain_wire": TrimArm(messages[w:], budget, wire=True)}
+    try:
+        # LangChain in two blocks, before and after ours, not between our calls: the
+        # collector would then charge its ~10k new objects per call to our prepares
+        paired(lc, lc_calls // 2)
+        times = paired(arms, calls)
+        times.update(paired(lc, lc_calls - lc_calls // 2))
+    finally:
+        arms["async"].close()
+    row.update({name: stats(t) for name, t in times.items()})
     if size >= 10_000:
         row["record"] = stats(record_publish(env, args.broker_url, sid, min(calls, 300)))
         row["bytes_per_message"] = round(cached_bytes(env, sid))
