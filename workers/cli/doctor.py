@@ -27,10 +27,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from shared.core.errors import StoreUnavailable
 from shared.enqueue import QUEUE, publisher_app
-from shared.store.sessions import connect
 from workers.cli._format import extra_for, needs_extra
 from workers.settings import Settings
+from workers.store_client import store_client
 from workers.urls import redact_url
 
 Verdict = Literal["OK", "WARN", "FAIL"]
@@ -95,9 +96,12 @@ def _eviction_policy(client: Any) -> str | None:
 def check_store(settings: Settings) -> Check:
     name, url = "redis store", settings.redis_url
     try:
-        client = connect(url, settings.store_config())
+        client = store_client(settings)
     except ValueError as exc:
         return Check(name, "FAIL", f"invalid COMPACTION_REDIS_URL {redact_url(url)!r}: {exc}")
+    except StoreUnavailable as exc:
+        return Check(name, "FAIL", f"cannot reach the Redis Cluster at {redact_url(url)}: "
+                                   f"{exc.__cause__ or exc}")
     try:
         timings = []
         for _ in range(PINGS):
@@ -106,6 +110,8 @@ def check_store(settings: Settings) -> Check:
             timings.append((time.perf_counter() - started) * 1000)
         version = client.info("server").get("redis_version", "?")
         policy = _eviction_policy(client)
+        if settings.redis_cluster:
+            version = f"{version} (Cluster, {len(client.get_primaries())} primaries)"
     except redis.exceptions.RedisError as exc:
         return Check(name, "FAIL", f"cannot reach Redis at {redact_url(url)}: {exc}")
     finally:
