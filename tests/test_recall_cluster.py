@@ -9,7 +9,7 @@ from shared.store.recall_index import drop_index, forget_after, index_compacted
 from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from tests.test_recall_index import commit, fill
-from tests.test_store_cluster import cluster, cluster62, cluster_store  # noqa: F401
+from tests.test_store_cluster import cluster62, cluster_store  # noqa: F401
 from workers.harness.stack.redis_server import LocalCluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -33,7 +33,7 @@ def exercise(store: SessionStore) -> None:
         store.delete_session(sid)
 
 
-def test_recall_on_a_three_master_cluster(cluster: LocalCluster,  # noqa: F811
+def test_recall_on_a_three_master_cluster(cluster: LocalCluster,
                                           key_prefix: str) -> None:
     exercise(cluster_store(cluster, key_prefix))
 
