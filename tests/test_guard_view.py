@@ -18,7 +18,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.truncation import emergency_truncate
 from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
-from shared.core.wire import to_openai
+from shared.core.wire import to_anthropic, to_gemini, to_openai
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.strategies import any_conversations, conversations, damaged_conversations
@@ -107,6 +107,12 @@ def check_cached_views(store: SessionStore, shell_name: str, ops: list[tuple[str
         b = cold.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
         assert a.messages == b.messages
         assert a.openai() == b.openai() == to_openai(list(a.messages), include_reasoning=False)
+        # Anthropic and Gemini: the warm guard's folds, carried through every change (and
+        # used: a view the fold leaves to the whole conversion would pass unseen)
+        assert a.anthropic() == b.anthropic() == to_anthropic(list(a.messages))
+        assert a.gemini() == b.gemini() == to_gemini(list(a.messages))
+        if a._wire is not None:  # built from the cached parts (not repaired whole)
+            assert a._folded("anthropic") is not None and a._folded("gemini") is not None
         assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
 
 

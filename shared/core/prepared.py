@@ -128,16 +128,34 @@ class PreparedView(BaseModel):
         return flatten(self.wire("openai+reasoning" if include_reasoning else "openai"))
 
     def anthropic(self) -> tuple[Any, list[dict[str, Any]]]:
-        """``(system, messages)`` for Anthropic's Messages API (converted whole)."""
+        """``(system, messages)`` for Anthropic's Messages API (a new list; its dicts are
+        shared, do not mutate them): the history's turns kept with the guard's cached
+        view, the rest converted (:mod:`shared.core.wirefold`)."""
         from shared.core.wire import to_anthropic
 
-        return to_anthropic(list(self.messages))
+        found = self._folded("anthropic")
+        return found if found is not None else to_anthropic(list(self.messages))
 
     def gemini(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """``(system_instruction, contents)`` for Gemini (converted whole)."""
+        """``(system_instruction, contents)`` for Gemini (a new list; its dicts are shared,
+        do not mutate them), kept like :meth:`anthropic`."""
         from shared.core.wire import to_gemini
 
-        return to_gemini(list(self.messages))
+        found = self._folded("gemini")
+        return found if found is not None else to_gemini(list(self.messages))
+
+    def _folded(self, fmt: str) -> Any:
+        """The view in ``fmt`` from the cached history's fold; None: convert it whole (a
+        view without cached parts, or one the fold leaves to the whole conversion)."""
+        if self._wire is None or self._applied is None:
+            return None
+        from shared.core.wirefold import AnthropicFold, anthropic_view, gemini_view
+        from shared.core.wireview import history_fold
+
+        fold = history_fold(self._wire, fmt, self._applied)
+        if isinstance(fold, AnthropicFold):
+            return anthropic_view(self._head, fold, self._extra)
+        return gemini_view(self._head, fold, self._extra)
 
 
 __all__ = ["PreparedView", "ViewReport"]

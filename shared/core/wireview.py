@@ -8,9 +8,9 @@ placeholder replaces one converted message; a summary drops a prefix. A
 prepared view is ``head + history + pending``, the history shared, not copied.
 
 OpenAI's format is one wire message per message, so it is maintained this
-way. Anthropic and Gemini merge neighbours (tool results into one user
-message), so their views are converted whole on request (their adapters'
-``to_*``); see the README's performance notes.
+way. Anthropic and Gemini join neighbours (tool results into one user
+message): their histories are kept as folds (:mod:`shared.core.wirefold`),
+finished groups plus the last group's messages, carried the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
 from shared.core.records import decode_messages
 from shared.core.wire.openai import to_openai
+from shared.core.wirefold import FOLDED, AnthropicFold, Fold, GeminiFold, fold_of
 
 INCREMENTAL = ("openai", "openai+reasoning")
 
@@ -140,12 +141,17 @@ def raw_items(chunks: Chunks[Any]) -> list[Any]:
     return out
 
 
-def carry(wire: Mapping[str, Chunks[dict[str, Any]]], drop: int, changes: Mapping[int, Message],
-          new: Sequence[Message], _start_new: int = 0) -> dict[str, Chunks[dict[str, Any]]]:
+def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
+          new: Sequence[Any], _start_new: int = 0) -> dict[str, Any]:
     """The wire forms of the next view: ``drop`` first messages gone, ``changes``
-    (index after the drop -> message) replaced, ``new`` appended."""
-    out: dict[str, Chunks[dict[str, Any]]] = {}
+    (index after the drop -> message) replaced, ``new`` appended (messages, or their
+    stored JSON)."""
+    out: dict[str, Any] = {}
     for fmt, chunks in wire.items():
+        if fmt in FOLDED:  # Anthropic, Gemini: extended; after a summary or a placeholder,
+            if not drop and not changes:  # made again at the next request
+                out[fmt] = chunks.extend(decode_stored(tuple(new)))
+            continue
         items = list(changes.items())
         replaced = dict(zip((i for i, _ in items), convert(fmt, [m for _, m in items]),
                             strict=True))
@@ -163,6 +169,16 @@ def history_wire(wire: dict[str, Any], fmt: str,
     return found
 
 
+def history_fold(wire: dict[str, Any], fmt: str, applied: Chunks[Message]) -> Fold:
+    """The cached fold of ``applied`` for Anthropic or Gemini (:mod:`shared.core.wirefold`),
+    made (once: every message decoded) if absent."""
+    found = wire.get(fmt)
+    if found is None or found.size != len(applied):
+        found = wire[fmt] = fold_of(fmt, list(applied))
+    assert isinstance(found, AnthropicFold | GeminiFold)
+    return found
+
+
 def flatten(*parts: Sequence[Any]) -> list[Any]:
     """One list from several sequences (a pointer copy at C speed, no conversion)."""
     pieces: list[Any] = []
@@ -172,4 +188,4 @@ def flatten(*parts: Sequence[Any]) -> list[Any]:
 
 
 __all__ = ["INCREMENTAL", "carry", "convert", "convert_kept", "decode_stored", "flatten",
-           "history_wire", "load_stored", "openai_of_stored", "raw_items"]
+           "history_fold", "history_wire", "load_stored", "openai_of_stored", "raw_items"]

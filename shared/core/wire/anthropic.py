@@ -86,11 +86,30 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, An
     """``(system, messages)`` for the Messages API, alternating and tool-paired."""
     items = neutral(messages)
     lead = next((i for i, m in enumerate(items) if m.role != "system"), len(items))
-    turns: list[_Turn] = []
-    for i in range(lead, len(items)):
-        _add(turns, items[i], Loc.item("messages", i))
+    turns = fold_turns(items[lead:], lead)
     _check_pairs(turns)
-    return _system_out(items[:lead]), [t.wire() for t in turns]
+    return system_out(items[:lead]), [t.wire() for t in turns]
+
+
+def fold_turns(items: Sequence[Message], offset: int = 0) -> list[Turn]:
+    """The wire turns of consecutive messages (none of them a leading system message):
+    each message's own turn (:func:`turn_of`), same-role neighbours joined. Tool pairs are
+    not checked (:func:`adjacent_ok`); ``offset``: index of ``items[0]`` in error paths."""
+    turns: list[Turn] = []
+    for i, m in enumerate(items):
+        add_turn(turns, turn_of(m, Loc.item("messages", offset + i)))
+    return turns
+
+
+def add_turn(turns: list[Turn], turn: Turn | None) -> None:
+    """Append ``turn``, joined to the last one when they share a role (a new object: turns
+    already made are shared by cached views and never change)."""
+    if turn is None:
+        return
+    if turns and turns[-1].role == turn.role:
+        turns[-1] = turns[-1].joined(turn)
+    else:
+        turns.append(turn)
 
 
 # -- in --------------------------------------------------------------------
@@ -230,9 +249,10 @@ def _part_in(raw: Any, loc: Loc, expected: str) -> dict[str, Any]:
 # -- out -------------------------------------------------------------------
 
 
-@dataclass
-class _Turn:
-    """One wire message being assembled from consecutive same-role neutral messages."""
+@dataclass(frozen=True)
+class Turn:
+    """One wire message: one neutral message's (:func:`turn_of`), or consecutive same-role
+    ones joined. Immutable; the lists are never changed once the turn is made."""
 
     role: str
     plain: str | None  # string content, while the turn is one message with nothing else
@@ -245,8 +265,14 @@ class _Turn:
         content = self.plain if self.plain is not None else self.results + self.blocks
         return {"role": self.role, "content": content}
 
+    def joined(self, other: Turn) -> Turn:
+        """This turn and the next same-role one as one message (results first)."""
+        return Turn(self.role, None, self.results + other.results, self.blocks + other.blocks,
+                    self.result_ids + other.result_ids, self.call_ids + other.call_ids)
 
-def _add(turns: list[_Turn], m: Message, loc: Loc) -> None:
+
+def turn_of(m: Message, loc: Loc) -> Turn | None:
+    """The wire turn of one message alone; None when the API would refuse it (blank)."""
     role = "assistant" if m.role == "assistant" else "user"
     blocks = _reasoning_out(m) if role == "assistant" else []
     if isinstance(m.content, str):
@@ -256,31 +282,31 @@ def _add(turns: list[_Turn], m: Message, loc: Loc) -> None:
         plain = None
         blocks += [_part_out(p, loc / "content" / j) for j, p in enumerate(m.content) if _sent(p)]
     if not blocks and not m.tool_calls and m.role != "tool":
-        return  # the API refuses blank messages; dropping one merges its neighbours
-    if turns and turns[-1].role == role:
-        turn = turns[-1]
-        turn.plain = None
-    else:
-        turn = _Turn(role, plain)
-        turns.append(turn)
+        return None  # the API refuses blank messages; dropping one merges its neighbours
     if m.role == "tool":
         assert m.tool_call_id is not None  # guaranteed by Message
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
         result["content"] = m.content if isinstance(m.content, str) else blocks
         if m.metadata.get(IS_ERROR):
             result["is_error"] = True
-        turn.results.append(result)
-        turn.result_ids.append((m.tool_call_id, loc / "tool_call_id"))
-        return
-    turn.blocks += blocks
+        return Turn(role, plain, [result], [], [(m.tool_call_id, loc / "tool_call_id")])
+    calls: list[tuple[str, Loc]] = []
     for j, c in enumerate(m.tool_calls):
         c_loc = loc / "tool_calls" / j
         args = arguments_object(c.arguments, c_loc / "arguments")
-        turn.blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
-        turn.call_ids.append((c.id, c_loc / "id"))
+        blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
+        calls.append((c.id, c_loc / "id"))
+    return Turn(role, plain, [], blocks, [], calls)
 
 
-def _check_pairs(turns: list[_Turn]) -> None:
+def adjacent_ok(before: Turn | None, turn: Turn) -> bool:
+    """Whether ``turn`` answers exactly the calls of the turn ``before`` it (None: the
+    first turn, which may answer none): what :func:`to_anthropic` checks, as a yes/no."""
+    calls = {cid for cid, _ in before.call_ids} if before is not None else set()
+    return {rid for rid, _ in turn.result_ids} == calls
+
+
+def _check_pairs(turns: list[Turn]) -> None:
     """Each result answers a call of the previous turn; each call is answered in the next."""
     for k, turn in enumerate(turns):
         calls = {cid for cid, _ in turns[k - 1].call_ids} if k else set()
@@ -315,7 +341,8 @@ def _reasoning_out(m: Message) -> list[dict[str, Any]]:
     return blocks
 
 
-def _system_out(items: list[Message]) -> System:
+def system_out(items: Sequence[Message]) -> System:
+    """The ``system`` parameter from the leading system messages."""
     if not items:
         return None
     if len(items) == 1 and isinstance(items[0].content, str):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import mimetypes
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from shared.core.messages import ContentPart, ImagePart, Message, TextPart
@@ -113,11 +113,27 @@ def to_gemini(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list[
     """``(system_instruction, contents)`` for ``generate_content``."""
     items = neutral(messages)
     lead = next((i for i, m in enumerate(items) if m.role != "system"), len(items))
-    names: dict[str, str] = {}
+    contents = fold_contents(items[lead:], lead, {})
+    return system_instruction(items[:lead]), contents
+
+
+def system_instruction(items: Sequence[Message]) -> dict[str, Any] | None:
+    """``system_instruction`` from the leading system messages (None: there are none)."""
+    system = [p for i, m in enumerate(items) for p in _parts_out(m, Loc.item("messages", i),
+                                                                   False)]
+    return {"parts": system} if system else None
+
+
+def fold_contents(items: Sequence[Message], offset: int,
+                  names: MutableMapping[str, str]) -> list[dict[str, Any]]:
+    """The contents of consecutive messages (none of them a leading system message): one
+    per message, a run of tool results as one user content. ``names``: function name of
+    each call id seen before ``items``, updated with their calls; ``offset``: index of
+    ``items[0]`` in error paths."""
     contents: list[dict[str, Any]] = []
     results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
-    for i in range(lead, len(items)):
-        m, loc = items[i], Loc.item("messages", i)
+    for i, m in enumerate(items, offset):
+        loc = Loc.item("messages", i)
         if m.role == "tool":
             if results is None:
                 results = []
@@ -129,8 +145,7 @@ def to_gemini(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list[
         parts = _model_out(m, loc) if m.role == "assistant" else _parts_out(m, loc)
         if parts:  # the API refuses a content without parts
             contents.append({"role": "model" if m.role == "assistant" else "user", "parts": parts})
-    system = [p for i in range(lead) for p in _parts_out(items[i], Loc.item("messages", i), False)]
-    return ({"parts": system} if system else None), contents
+    return contents
 
 
 # -- in --------------------------------------------------------------------

@@ -1,0 +1,263 @@
+"""Anthropic and Gemini views maintained incrementally (pure, no I/O).
+
+OpenAI's format is one wire message per message (:mod:`shared.core.wireview`).
+Anthropic's joins neighbours of one role into one message (tool results into
+the user message after the calls), Gemini's a run of tool results into one
+content: a message's wire form can depend on the messages after it, but only
+within its group, the run of messages that join. A history is kept as the
+wire forms of its groups, finished, except the last group, whose messages
+are kept instead and joined again with what follows (the next append, or a
+prepare's pending messages); for Anthropic the first group too, which the
+view's head (system prompt, a summary leading as a user message) may join.
+
+Per prepare the work is the head, the first and last groups and the pending
+messages, plus a pointer copy of the finished forms; per append, the last
+group and the new messages; a summary or a placeholder drops the fold, made
+again (once) at the next request. What this cannot do exactly (a conversion
+error, wrong tool pairs, leading system messages reaching into the history)
+goes to the whole conversion, ``to_anthropic`` / ``to_gemini``, which gives
+the same result or raises the same error; a property test holds the two equal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import ChainMap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core.chunks import Chunks
+from shared.core.errors import InvalidInput
+from shared.core.messages import Message
+from shared.core.wire._common import Loc
+from shared.core.wire.anthropic import (
+    System,
+    Turn,
+    add_turn,
+    adjacent_ok,
+    fold_turns,
+    system_out,
+    turn_of,
+)
+from shared.core.wire.gemini import fold_contents, system_instruction
+
+FOLDED = ("anthropic", "gemini")
+NAME_LAYERS = 16  # Gemini's call-name layers kept before they are merged into one
+
+
+def _leading_system(head: Sequence[Message], first: Message | None) -> int | None:
+    """How many of the head's messages lead as system; None when the view's leading
+    system messages would reach past the head (into the history or pending)."""
+    lead = next((i for i, m in enumerate(head) if m.role != "system"), len(head))
+    if lead == len(head) and first is not None and first.role == "system":
+        return None
+    return lead
+
+
+# -- Anthropic ----------------------------------------------------------------------------
+
+def _groups(turns: Sequence[Turn | None]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each group: a run of messages whose turns share a role (blank
+    messages, turn None, stay with the group they are in, or the first one)."""
+    bounds: list[tuple[int, int]] = []
+    start, role = 0, None
+    for i, turn in enumerate(turns):
+        if turn is None:
+            continue
+        if role is not None and turn.role != role:
+            bounds.append((start, i))
+            start = i
+        role = turn.role
+    if turns:
+        bounds.append((start, len(turns)))
+    return bounds
+
+
+def _turns(items: Sequence[Message]) -> list[Turn | None]:
+    """Each message's own turn (error paths count from the group: a conversion error makes
+    the caller fall back to the whole conversion, which reports it)."""
+    return [turn_of(m, Loc.item("messages", i)) for i, m in enumerate(items)]
+
+
+def _joined(turns: Sequence[Turn | None]) -> list[Turn]:
+    out: list[Turn] = []
+    for turn in turns:
+        add_turn(out, turn)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AnthropicFold:
+    """A history as Anthropic turns: ``front`` and ``tail`` (first and last groups) as
+    messages, the groups between as finished wire messages (``done``), with their first
+    and last turns kept for the tool-pair checks at their ends."""
+
+    front: tuple[Message, ...] = ()
+    done: Chunks[dict[str, Any]] = field(default_factory=Chunks)
+    first: Turn | None = None
+    last: Turn | None = None
+    tail: tuple[Message, ...] = ()
+    ok: bool = True  # no conversion error, tool pairs right inside ``done``
+    size: int = 0
+    opens_with: Message | None = None  # the history's first message
+
+    @classmethod
+    def of(cls, history: Sequence[Message]) -> AnthropicFold:
+        items = tuple(history)
+        opens = items[0] if items else None
+        try:
+            turns = _turns(items)
+        except InvalidInput:
+            return cls(ok=False, size=len(items), opens_with=opens)
+        bounds = _groups(turns)
+        if len(bounds) <= 1:
+            return cls(front=items, size=len(items), opens_with=opens)
+        middle = [_joined(turns[a:b])[0] for a, b in bounds[1:-1]]
+        return cls(items[:bounds[0][1]], Chunks.of([t.wire() for t in middle]),
+                   middle[0] if middle else None, middle[-1] if middle else None,
+                   items[bounds[-1][0]:], _pairs_ok(middle), len(items), opens)
+
+    def extend(self, new: Sequence[Message]) -> AnthropicFold:
+        """The fold of the history with ``new`` appended (the last group joined again)."""
+        if not new:
+            return self
+        if not self.ok:
+            return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
+        if not self.tail:  # one group so far: the first one may grow or split
+            return AnthropicFold.of((*self.front, *new))
+        items = (*self.tail, *new)
+        try:
+            turns = _turns(items)
+        except InvalidInput:
+            return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
+        bounds = _groups(turns)
+        if len(bounds) == 1:
+            return AnthropicFold(self.front, self.done, self.first, self.last, items, self.ok,
+                                 self.size + len(new), self.opens_with)
+        made = [_joined(turns[a:b])[0] for a, b in bounds[:-1]]
+        ok = self.ok and (self.last is None or adjacent_ok(self.last, made[0])) \
+            and _pairs_ok(made)
+        return AnthropicFold(self.front, self.done.extend([t.wire() for t in made]),
+                             self.first or made[0], made[-1], items[bounds[-1][0]:], ok,
+                             self.size + len(new), self.opens_with)
+
+
+def _pairs_ok(turns: Sequence[Turn]) -> bool:
+    return all(adjacent_ok(a, b) for a, b in itertools.pairwise(turns))
+
+
+def anthropic_view(head: Sequence[Message], fold: AnthropicFold,
+                   pending: Sequence[Message]) -> tuple[System, list[dict[str, Any]]] | None:
+    """``to_anthropic(head + history + pending)`` from the history's fold; None where only
+    the whole conversion can say (it raises, or the fold cannot be used)."""
+    first = fold.opens_with or (pending[0] if pending else None)
+    lead = _leading_system(head, first)
+    if not fold.ok or lead is None:
+        return None
+    try:
+        if fold.tail:
+            left = fold_turns((*head[lead:], *fold.front))
+            right = fold_turns((*fold.tail, *pending))
+        else:  # the history is one group (or none): pending may join it
+            left, right = fold_turns((*head[lead:], *fold.front, *pending)), []
+    except InvalidInput:
+        return None
+    if not _ends_ok(left, fold.first, fold.last, right):
+        return None
+    messages = list(itertools.chain((t.wire() for t in left), *fold.done.chunks,
+                                    (t.wire() for t in right)))
+    return system_out(head[:lead]), messages
+
+
+def _ends_ok(left: list[Turn], first: Turn | None, last: Turn | None,
+             right: list[Turn]) -> bool:
+    """The tool pairs the whole conversion checks that the fold did not: inside the
+    head+front and tail+pending turns, and where they meet ``done`` (or each other); the
+    view's first turn answers no call."""
+    if first is None or last is None:
+        ends = [*left, *right]
+        return not (ends and ends[0].result_ids) and _pairs_ok(ends)
+    opening = left[0] if left else first
+    return (not opening.result_ids and _pairs_ok([*left, first])
+            and _pairs_ok([last, *right]))
+
+
+# -- Gemini -------------------------------------------------------------------------------
+
+def _last_group(items: Sequence[Message]) -> int:
+    """Where the last group starts: the run of tool results at the end, or the last one."""
+    start = len(items) - 1
+    if start >= 0 and items[start].role == "tool":
+        while start > 0 and items[start - 1].role == "tool":
+            start -= 1
+    return max(start, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GeminiFold:
+    """A history as Gemini contents: finished ones (``done``) and the last group as
+    messages (``tail``); ``names``: the function name of each call id in ``done``'s
+    messages, newest layer first (a result names its call from them)."""
+
+    done: Chunks[dict[str, Any]] = field(default_factory=Chunks)
+    names: tuple[dict[str, str], ...] = ()
+    tail: tuple[Message, ...] = ()
+    ok: bool = True
+    size: int = 0
+    opens_with: Message | None = None
+
+    @classmethod
+    def of(cls, history: Sequence[Message]) -> GeminiFold:
+        items = tuple(history)
+        return cls(opens_with=items[0] if items else None).extend(items)
+
+    def extend(self, new: Sequence[Message]) -> GeminiFold:
+        if not new:
+            return self
+        size = self.size + len(new)
+        opens = self.opens_with or new[0]
+        if not self.ok:
+            return GeminiFold(ok=False, size=size, opens_with=opens)
+        items = (*self.tail, *new)
+        cut = _last_group(items)
+        layer: dict[str, str] = {}
+        try:
+            made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names))
+        except InvalidInput:
+            return GeminiFold(ok=False, size=size, opens_with=opens)
+        names = (layer, *self.names) if layer else self.names
+        if len(names) > NAME_LAYERS:
+            names = (dict(ChainMap(*names)),)
+        return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens)
+
+
+def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Message],
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]] | None:
+    """``to_gemini(head + history + pending)`` from the history's fold; None where only
+    the whole conversion can say."""
+    first = fold.opens_with or (pending[0] if pending else None)
+    lead = _leading_system(head, first)
+    if (not fold.ok or lead is None or any(m.tool_calls for m in head)
+            or (head and head[-1].role == "tool")):
+        return None  # the head would name calls, or join the history's first results
+    try:
+        left = fold_contents(head[lead:], 0, {})
+        right = fold_contents((*fold.tail, *pending), 0, ChainMap({}, *fold.names))
+    except InvalidInput:
+        return None
+    return (system_instruction(head[:lead]),
+            list(itertools.chain(left, *fold.done.chunks, right)))
+
+
+# -- the cache's side -----------------------------------------------------------------------
+
+Fold = AnthropicFold | GeminiFold
+
+
+def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
+    return AnthropicFold.of(history) if fmt == "anthropic" else GeminiFold.of(history)
+
+
+__all__ = ["FOLDED", "AnthropicFold", "Fold", "GeminiFold", "anthropic_view", "fold_of",
+           "gemini_view"]
