@@ -10,6 +10,8 @@ again with an LLM summary committed near the end ("summary"). Per size:
   recorded between prepares as an agent does (that append is not in the
   figure), gc on;
 - the same with Gemini-style positional tool-call ids (they repeat every turn);
+- the same with the view in Anthropic's and Gemini's formats (``view.anthropic()``,
+  ``view.gemini()``);
 - the async guard (``AsyncContextGuard`` over redis.asyncio), same loop;
 - LangChain ``trim_messages`` (langchain-core) trimming the same messages
   to the same input budget; and the same followed by
@@ -70,22 +72,30 @@ ARGS = {"max_tokens": 4000, "model": WINDOW_MODEL}
 
 class SyncArm:
     """One measured variant on the sync guard: its own session, a real turn recorded
-    before each timed prepare (that append is not in the figure), then the view in
-    OpenAI format: ``wire("openai")`` (shared with the cache) or, ``as_list``,
-    ``openai()`` (the same as a new list: one pointer copy)."""
+    before each timed prepare (that append is not in the figure), then the view in a wire
+    format: ``wire`` (OpenAI, shared with the cache), ``list`` (``openai()``: the same as
+    a new list, one pointer copy), ``anthropic`` or ``gemini`` (``view.anthropic()`` /
+    ``view.gemini()``: new lists, kept as folds)."""
 
     def __init__(self, guard: ContextGuard, sid: str, repeated: bool,
-                 as_list: bool = False) -> None:
-        self.guard, self.sid, self.as_list = guard, sid, as_list
+                 fmt: str = "wire") -> None:
+        self.guard, self.sid, self.fmt = guard, sid, fmt
         self.turns = next_turns(repeated)
         self.times: list[float] = []
-        guard.prepare(sid, SYSTEM, pending=[USER], **ARGS).openai()  # the cache is warm
+        self._view(guard.prepare(sid, SYSTEM, pending=[USER], **ARGS))  # the cache is warm
+
+    def _view(self, view: Any) -> None:
+        if self.fmt == "wire":
+            view.wire("openai")
+        elif self.fmt == "list":
+            view.openai()
+        else:
+            getattr(view, self.fmt)()
 
     def step(self) -> None:
         self.guard.record_turn(self.sid, next(self.turns))
         started = time.perf_counter()
-        view = self.guard.prepare(self.sid, SYSTEM, pending=[USER], **ARGS)
-        view.openai() if self.as_list else view.wire("openai")
+        self._view(self.guard.prepare(self.sid, SYSTEM, pending=[USER], **ARGS))
         self.times.append((time.perf_counter() - started) * 1000)
 
 
@@ -229,7 +239,7 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
     store = env.store()
     messages = history(size)
     w = seed(store, sid, messages, summary_at=summary_at)
-    for twin in ("l", "a"):  # the same session for the list and async arms
+    for twin in ("l", "a", "n", "g"):  # the same session: list, async, Anthropic, Gemini
         seed(store, sid + twin, messages, summary_at=summary_at)
     seed(store, sid + "r", history(size, repeated_ids=True), summary_at=summary_at)
     row["view"] = len(messages) - w
@@ -250,7 +260,10 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
     arms: dict[str, Any] = {
         "warm": SyncArm(ContextGuard(store, NullEnqueuer(), overrides=OVERRIDES), sid, False),
         "warm_list": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "l", False,
-                             as_list=True),
+                             "list"),
+        "anthropic": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "n", False,
+                             "anthropic"),
+        "gemini": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "g", False, "gemini"),
         "repeated": SyncArm(ContextGuard(store, overrides=OVERRIDES), sid + "r", True),
         "async": AsyncArm(AsyncContextGuard(astore, overrides=OVERRIDES), sid + "a"),
     }
@@ -269,15 +282,16 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| messages | mode | view | warm p50 / p99 ms | as list p99 | repeated ids p99 | "
-           "async p99 | LangChain trim p50 (+ wire) | x LangChain (+ wire) | first prepare ms | "
-           "record_turn p99 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| messages | mode | view | warm p50 / p99 ms | as list p99 | Anthropic / Gemini "
+           "p50 | repeated ids p99 | async p99 | LangChain trim p50 (+ wire) | x LangChain "
+           "(+ wire) | first prepare ms | record_turn p99 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         record = f"{r['record']['p99']:.2f}" if "record" in r else ""
         out.append(
             f"| {r['size']:,} | {r['mode']} | {r['view']:,} | {r['warm']['p50']:.3f} / "
             f"{r['warm']['p99']:.3f} | {r['warm_list']['p99']:.3f} | "
+            f"{r['anthropic']['p50']:.3f} / {r['gemini']['p50']:.3f} | "
             f"{r['repeated']['p99']:.3f} | {r['async']['p99']:.3f} | "
             f"{r['langchain']['p50']:.2f} ({r['langchain_wire']['p50']:.2f}) | "
             f"{r['langchain']['p50'] / r['warm']['p50']:.0f}x "
