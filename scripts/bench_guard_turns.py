@@ -13,6 +13,7 @@ compacting, and LangChain's ``SummarizationMiddleware.before_model`` on the
 same messages when it does not compact (langchain v1).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard_turns.py [--turns 127] [--chain 27]
+        [--format openai|anthropic|gemini]
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
         for i in calls:
             started = time.perf_counter()
             view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
-            view.wire("openai")
+            view.wire("openai") if args.format == "openai" else getattr(view, args.format)()
             took = (time.perf_counter() - started) * 1000
             wait += took
             report = view.report
@@ -124,6 +125,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=14_000, help="8k trigger: (w - 4000) * .8")
     parser.add_argument("--max-tokens", type=int, default=4000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--format", choices=("openai", "anthropic", "gemini"), default="openai",
+                        help="the wire format the agent sends")
     args = parser.parse_args()
     turns = all_turns()[: args.turns - 1]
     args.chain_at = len(turns) // 2

@@ -85,7 +85,7 @@ class PreparedView(BaseModel):
     _extra: Sequence[Message] = PrivateAttr(default=())
     _extra_wire: Sequence[dict[str, Any]] = PrivateAttr(default=())  # kept across prepares
 
-    _head_wire: dict[str, list[dict[str, Any]]] | None = PrivateAttr(default=None)
+    _head_wire: dict[str, Any] | None = PrivateAttr(default=None)  # per format; "memo"
 
     @classmethod
     def built(cls, messages: Sequence[Message], report: ViewReport, *,
@@ -153,9 +153,17 @@ class PreparedView(BaseModel):
         from shared.core.wireview import history_fold
 
         fold = history_fold(self._wire, fmt, self._applied)
+        kept = self._head_wire  # shared by the prepares with this head: its turns kept there
+        head_memo: tuple[dict[str, Any], ...] | None = None
+        if kept is not None:
+            head_memo = kept.get("memo")
+            if head_memo is None or len(head_memo) != len(self._head):
+                head_memo = kept["memo"] = tuple({} for _ in self._head)
+        extra = self._extra_wire  # a slot per pending message, kept across the turn
+        pending_memo = tuple(extra) if len(extra) == len(self._extra) else None
         if isinstance(fold, AnthropicFold):
-            return anthropic_view(self._head, fold, self._extra)
-        return gemini_view(self._head, fold, self._extra)
+            return anthropic_view(self._head, fold, self._extra, head_memo, pending_memo)
+        return gemini_view(self._head, fold, self._extra, head_memo, pending_memo)
 
 
 __all__ = ["PreparedView", "ViewReport"]

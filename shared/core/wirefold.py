@@ -32,6 +32,7 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.wire._common import Loc
 from shared.core.wire.anthropic import (
+    MEMO_KEY,
     System,
     Turn,
     add_turn,
@@ -74,10 +75,26 @@ def _groups(turns: Sequence[Turn | None]) -> list[tuple[int, int]]:
     return bounds
 
 
-def _turns(items: Sequence[Message]) -> list[Turn | None]:
-    """Each message's own turn (error paths count from the group: a conversion error makes
-    the caller fall back to the whole conversion, which reports it)."""
-    return [turn_of(m, Loc.item("messages", i)) for i, m in enumerate(items)]
+Memo = tuple[dict[str, Any], ...]
+"""A dict per message of a group kept as messages: what its conversion made (the
+format's ``fold_*`` fills it), so a group is converted once, not on every prepare."""
+
+
+def _memo(n: int) -> Memo:
+    return tuple({} for _ in range(n))
+
+
+def _turns(items: Sequence[Message], memo: Memo) -> list[Turn | None]:
+    """Each message's own turn, kept in ``memo`` (error paths count from the group: a
+    conversion error makes the caller fall back to the whole conversion, which reports
+    it)."""
+    out: list[Turn | None] = []
+    for i, m in enumerate(items):
+        found = memo[i].get(MEMO_KEY)
+        if found is None:
+            found = memo[i][MEMO_KEY] = (turn_of(m, Loc.item("messages", i)),)
+        out.append(found[0])
+    return out
 
 
 def _joined(turns: Sequence[Turn | None]) -> list[Turn]:
@@ -90,8 +107,9 @@ def _joined(turns: Sequence[Turn | None]) -> list[Turn]:
 @dataclass(frozen=True, slots=True)
 class AnthropicFold:
     """A history as Anthropic turns: ``front`` and ``tail`` (first and last groups) as
-    messages, the groups between as finished wire messages (``done``), with their first
-    and last turns kept for the tool-pair checks at their ends."""
+    messages (with their memos), the groups between as finished wire messages
+    (``done``), with their first and last turns kept for the tool-pair checks at their
+    ends."""
 
     front: tuple[Message, ...] = ()
     done: Chunks[dict[str, Any]] = field(default_factory=Chunks)
@@ -101,22 +119,26 @@ class AnthropicFold:
     ok: bool = True  # no conversion error, tool pairs right inside ``done``
     size: int = 0
     opens_with: Message | None = None  # the history's first message
+    front_memo: Memo = ()
+    tail_memo: Memo = ()
 
     @classmethod
-    def of(cls, history: Sequence[Message]) -> AnthropicFold:
+    def of(cls, history: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
         items = tuple(history)
+        memo = memo if memo is not None else _memo(len(items))
         opens = items[0] if items else None
         try:
-            turns = _turns(items)
+            turns = _turns(items, memo)
         except InvalidInput:
             return cls(ok=False, size=len(items), opens_with=opens)
         bounds = _groups(turns)
         if len(bounds) <= 1:
-            return cls(front=items, size=len(items), opens_with=opens)
+            return cls(front=items, size=len(items), opens_with=opens, front_memo=memo)
         middle = [_joined(turns[a:b])[0] for a, b in bounds[1:-1]]
-        return cls(items[:bounds[0][1]], Chunks.of([t.wire() for t in middle]),
+        f, t = bounds[0][1], bounds[-1][0]
+        return cls(items[:f], Chunks.of([m.wire() for m in middle]),
                    middle[0] if middle else None, middle[-1] if middle else None,
-                   items[bounds[-1][0]:], _pairs_ok(middle), len(items), opens)
+                   items[t:], _pairs_ok(middle), len(items), opens, memo[:f], memo[t:])
 
     def extend(self, new: Sequence[Message]) -> AnthropicFold:
         """The fold of the history with ``new`` appended (the last group joined again)."""
@@ -125,42 +147,49 @@ class AnthropicFold:
         if not self.ok:
             return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
         if not self.tail:  # one group so far: the first one may grow or split
-            return AnthropicFold.of((*self.front, *new))
-        items = (*self.tail, *new)
+            return AnthropicFold.of((*self.front, *new), (*self.front_memo, *_memo(len(new))))
+        items, memo = (*self.tail, *new), (*self.tail_memo, *_memo(len(new)))
         try:
-            turns = _turns(items)
+            turns = _turns(items, memo)
         except InvalidInput:
             return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
         bounds = _groups(turns)
         if len(bounds) == 1:
             return AnthropicFold(self.front, self.done, self.first, self.last, items, self.ok,
-                                 self.size + len(new), self.opens_with)
+                                 self.size + len(new), self.opens_with, self.front_memo, memo)
         made = [_joined(turns[a:b])[0] for a, b in bounds[:-1]]
         ok = self.ok and (self.last is None or adjacent_ok(self.last, made[0])) \
             and _pairs_ok(made)
-        return AnthropicFold(self.front, self.done.extend([t.wire() for t in made]),
-                             self.first or made[0], made[-1], items[bounds[-1][0]:], ok,
-                             self.size + len(new), self.opens_with)
+        t = bounds[-1][0]
+        return AnthropicFold(self.front, self.done.extend([m.wire() for m in made]),
+                             self.first or made[0], made[-1], items[t:], ok,
+                             self.size + len(new), self.opens_with, self.front_memo, memo[t:])
 
 
 def _pairs_ok(turns: Sequence[Turn]) -> bool:
     return all(adjacent_ok(a, b) for a, b in itertools.pairwise(turns))
 
 
-def anthropic_view(head: Sequence[Message], fold: AnthropicFold,
-                   pending: Sequence[Message]) -> tuple[System, list[dict[str, Any]]] | None:
+def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequence[Message],
+                   head_memo: Memo | None = None, pending_memo: Memo | None = None,
+                   ) -> tuple[System, list[dict[str, Any]]] | None:
     """``to_anthropic(head + history + pending)`` from the history's fold; None where only
-    the whole conversion can say (it raises, or the fold cannot be used)."""
+    the whole conversion can say (it raises, or the fold cannot be used). The memos keep
+    the head's and the pending messages' turns across prepares."""
     first = fold.opens_with or (pending[0] if pending else None)
     lead = _leading_system(head, first)
     if not fold.ok or lead is None:
         return None
+    h_memo = head_memo[lead:] if head_memo is not None else _memo(len(head) - lead)
+    p_memo = pending_memo if pending_memo is not None else _memo(len(pending))
     try:
         if fold.tail:
-            left = fold_turns((*head[lead:], *fold.front))
-            right = fold_turns((*fold.tail, *pending))
+            left = fold_turns((*head[lead:], *fold.front), memo=(*h_memo, *fold.front_memo))
+            right = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *p_memo))
         else:  # the history is one group (or none): pending may join it
-            left, right = fold_turns((*head[lead:], *fold.front, *pending)), []
+            left = fold_turns((*head[lead:], *fold.front, *pending),
+                              memo=(*h_memo, *fold.front_memo, *p_memo))
+            right = []
     except InvalidInput:
         return None
     if not _ends_ok(left, fold.first, fold.last, right):
@@ -197,8 +226,8 @@ def _last_group(items: Sequence[Message]) -> int:
 @dataclass(frozen=True, slots=True)
 class GeminiFold:
     """A history as Gemini contents: finished ones (``done``) and the last group as
-    messages (``tail``); ``names``: the function name of each call id in ``done``'s
-    messages, newest layer first (a result names its call from them)."""
+    messages (``tail``, with its memo); ``names``: the function name of each call id in
+    ``done``'s messages, newest layer first (a result names its call from them)."""
 
     done: Chunks[dict[str, Any]] = field(default_factory=Chunks)
     names: tuple[dict[str, str], ...] = ()
@@ -206,6 +235,7 @@ class GeminiFold:
     ok: bool = True
     size: int = 0
     opens_with: Message | None = None
+    tail_memo: Memo = ()
 
     @classmethod
     def of(cls, history: Sequence[Message]) -> GeminiFold:
@@ -219,31 +249,37 @@ class GeminiFold:
         opens = self.opens_with or new[0]
         if not self.ok:
             return GeminiFold(ok=False, size=size, opens_with=opens)
-        items = (*self.tail, *new)
+        items, memo = (*self.tail, *new), (*self.tail_memo, *_memo(len(new)))
         cut = _last_group(items)
         layer: dict[str, str] = {}
         try:
-            made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names))
+            made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names), memo[:cut])
         except InvalidInput:
             return GeminiFold(ok=False, size=size, opens_with=opens)
         names = (layer, *self.names) if layer else self.names
         if len(names) > NAME_LAYERS:
             names = (dict(ChainMap(*names)),)
-        return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens)
+        return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens,
+                          memo[cut:])
 
 
 def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Message],
+                head_memo: Memo | None = None, pending_memo: Memo | None = None,
                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]] | None:
     """``to_gemini(head + history + pending)`` from the history's fold; None where only
-    the whole conversion can say."""
+    the whole conversion can say. The memos keep the head's and the pending messages'
+    contents across prepares."""
     first = fold.opens_with or (pending[0] if pending else None)
     lead = _leading_system(head, first)
     if (not fold.ok or lead is None or any(m.tool_calls for m in head)
             or (head and head[-1].role == "tool")):
         return None  # the head would name calls, or join the history's first results
+    h_memo = head_memo[lead:] if head_memo is not None else _memo(len(head) - lead)
+    p_memo = pending_memo if pending_memo is not None else _memo(len(pending))
     try:
-        left = fold_contents(head[lead:], 0, {})
-        right = fold_contents((*fold.tail, *pending), 0, ChainMap({}, *fold.names))
+        left = fold_contents(head[lead:], 0, {}, h_memo)
+        right = fold_contents((*fold.tail, *pending), 0, ChainMap({}, *fold.names),
+                              (*fold.tail_memo, *p_memo))
     except InvalidInput:
         return None
     return (system_instruction(head[:lead]),
@@ -259,5 +295,5 @@ def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
     return AnthropicFold.of(history) if fmt == "anthropic" else GeminiFold.of(history)
 
 
-__all__ = ["FOLDED", "AnthropicFold", "Fold", "GeminiFold", "anthropic_view", "fold_of",
-           "gemini_view"]
+__all__ = ["FOLDED", "AnthropicFold", "Fold", "GeminiFold", "Memo", "anthropic_view",
+           "fold_of", "gemini_view"]

@@ -38,6 +38,7 @@ message, or a call without a result in the next message, raises
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,7 @@ from shared.core.wire._common import (
 )
 
 THINKING_KEY = "anthropic_thinking"
+MEMO_KEY = "anthropic-turn"  # a message's own turn, in a memo slot (see fold_turns)
 _HINTS = ("cache_control", "citations")
 System = str | list[dict[str, Any]] | None
 
@@ -91,13 +93,22 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, An
     return system_out(items[:lead]), [t.wire() for t in turns]
 
 
-def fold_turns(items: Sequence[Message], offset: int = 0) -> list[Turn]:
+def fold_turns(items: Sequence[Message], offset: int = 0,
+               memo: Sequence[dict[str, Any]] | None = None) -> list[Turn]:
     """The wire turns of consecutive messages (none of them a leading system message):
     each message's own turn (:func:`turn_of`), same-role neighbours joined. Tool pairs are
-    not checked (:func:`adjacent_ok`); ``offset``: index of ``items[0]`` in error paths."""
+    not checked (:func:`adjacent_ok`); ``offset``: index of ``items[0]`` in error paths;
+    ``memo``: a dict per message keeping its turn (a turn's pending messages, converted
+    once across its prepares)."""
     turns: list[Turn] = []
     for i, m in enumerate(items):
-        add_turn(turns, turn_of(m, Loc.item("messages", offset + i)))
+        slot = memo[i] if memo is not None else None
+        found = slot.get(MEMO_KEY) if slot is not None else None
+        if found is None:
+            found = (turn_of(m, Loc.item("messages", offset + i)),)
+            if slot is not None:
+                slot[MEMO_KEY] = found
+        add_turn(turns, found[0])
     return turns
 
 
@@ -261,9 +272,14 @@ class Turn:
     result_ids: list[tuple[str, Loc]] = field(default_factory=list)
     call_ids: list[tuple[str, Loc]] = field(default_factory=list)
 
-    def wire(self) -> dict[str, Any]:
+    @functools.cached_property
+    def _wire(self) -> dict[str, Any]:
         content = self.plain if self.plain is not None else self.results + self.blocks
         return {"role": self.role, "content": content}
+
+    def wire(self) -> dict[str, Any]:
+        """The wire message, made once per turn (shared: do not mutate it)."""
+        return self._wire
 
     def joined(self, other: Turn) -> Turn:
         """This turn and the next same-role one as one message (results first)."""

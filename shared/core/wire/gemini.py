@@ -109,6 +109,9 @@ def from_gemini(
     return out
 
 
+MEMO_KEY = "gemini-part"  # a message's content or result part, in a memo slot (fold_contents)
+
+
 def to_gemini(messages: Sequence[Message]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(system_instruction, contents)`` for ``generate_content``."""
     items = neutral(messages)
@@ -124,27 +127,40 @@ def system_instruction(items: Sequence[Message]) -> dict[str, Any] | None:
     return {"parts": system} if system else None
 
 
-def fold_contents(items: Sequence[Message], offset: int,
-                  names: MutableMapping[str, str]) -> list[dict[str, Any]]:
+def fold_contents(items: Sequence[Message], offset: int, names: MutableMapping[str, str],
+                  memo: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The contents of consecutive messages (none of them a leading system message): one
     per message, a run of tool results as one user content. ``names``: function name of
     each call id seen before ``items``, updated with their calls; ``offset``: index of
-    ``items[0]`` in error paths."""
+    ``items[0]`` in error paths; ``memo``: a dict per message keeping its content or
+    result part (with the function name it used), made once across a turn's prepares."""
     contents: list[dict[str, Any]] = []
     results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
-    for i, m in enumerate(items, offset):
-        loc = Loc.item("messages", i)
+    for i, m in enumerate(items):
+        loc = Loc.item("messages", offset + i)
+        slot = memo[i] if memo is not None else None
+        kept = slot.get(MEMO_KEY) if slot is not None else None
         if m.role == "tool":
             if results is None:
                 results = []
                 contents.append({"role": "user", "parts": results})
-            results.append(_result_out(m, loc, names))
+            name = m.name or names.get(m.tool_call_id or "")
+            if kept is None or kept[0] != name:
+                kept = (name, _result_out(m, loc, names))
+                if slot is not None:
+                    slot[MEMO_KEY] = kept
+            results.append(kept[1])
             continue
         results = None
         names.update((c.id, c.name) for c in m.tool_calls)
-        parts = _model_out(m, loc) if m.role == "assistant" else _parts_out(m, loc)
-        if parts:  # the API refuses a content without parts
-            contents.append({"role": "model" if m.role == "assistant" else "user", "parts": parts})
+        if kept is None:
+            parts = _model_out(m, loc) if m.role == "assistant" else _parts_out(m, loc)
+            role = "model" if m.role == "assistant" else "user"
+            kept = (None, {"role": role, "parts": parts} if parts else None)
+            if slot is not None:
+                slot[MEMO_KEY] = kept
+        if kept[1] is not None:  # the API refuses a content without parts
+            contents.append(kept[1])
     return contents
 
 
