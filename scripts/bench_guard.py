@@ -213,13 +213,14 @@ def record_publish(env: Env, broker_url: str, sid: str, calls: int) -> list[floa
     return times
 
 
-def cached_bytes(env: Env, sid: str) -> float:
-    """Bytes the guard's cache holds per message of a session's view (OpenAI wire included)."""
+def cached_bytes(env: Env, sid: str, fmt: str = "openai") -> float:
+    """Bytes the guard's cache holds per message of a session's view (OpenAI wire included;
+    ``fmt`` anthropic or gemini: that view's fold too)."""
     gc.collect()
     tracemalloc.start()
     guard = ContextGuard(env.store(), overrides=OVERRIDES)
     before = tracemalloc.get_traced_memory()[0]
-    guard.prepare(sid, SYSTEM, **ARGS).openai()
+    getattr(guard.prepare(sid, SYSTEM, **ARGS), fmt)()
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
@@ -278,6 +279,7 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
     if size >= 10_000:
         row["record"] = stats(record_publish(env, args.broker_url, sid, min(calls, 300)))
         row["bytes_per_message"] = round(cached_bytes(env, sid))
+        row["bytes_per_message_anthropic"] = round(cached_bytes(env, sid, "anthropic"))
     return row
 
 
@@ -321,7 +323,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"async/sync p50 {r['async']['p50'] / r['warm']['p50']:.2f}, "
             f"p99 {r['async']['p99'] / r['warm']['p99']:.2f} (<= 1.5); "
             f"record_turn p99 {r.get('record', {}).get('p99', float('nan')):.2f} ms (<= 2); "
-            f"{r.get('bytes_per_message', 0)} bytes/cached message"
+            f"{r.get('bytes_per_message', 0)} bytes/cached message "
+            f"({r.get('bytes_per_message_anthropic', 0)} with Anthropic's view kept)"
             + (f"; {r['langchain_log']['p50'] / r['warm']['p50']:.0f}x LangChain trimming "
                f"the whole log ({r['langchain_log']['p50']:.2f} ms)"
                if "langchain_log" in r else ""))
