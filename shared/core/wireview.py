@@ -171,10 +171,11 @@ def history_wire(wire: dict[str, Any], fmt: str,
 
 def history_fold(wire: dict[str, Any], fmt: str, applied: Chunks[Message]) -> Fold:
     """The cached fold of ``applied`` for Anthropic or Gemini (:mod:`shared.core.wirefold`),
-    made (once: every message decoded) if absent."""
+    made (once: every message decoded, then dropped) if absent."""
     found = wire.get(fmt)
     if found is None or found.size != len(applied):
-        found = wire[fmt] = fold_of(fmt, list(applied))
+        # decoded for the fold alone: the cache's chunks stay as stored JSON where they are
+        found = wire[fmt] = fold_of(fmt, decode_stored(tuple(raw_items(applied))))
     assert isinstance(found, AnthropicFold | GeminiFold)
     return found
 
