@@ -41,7 +41,9 @@ def appended_read(cached: CachedView, batch: Sequence[tuple[str, int]],
         state_raw=dict(state), messages=[raw.encode() for raw, _ in batch], start=cached.end,
         tokens_before_watermark=cached.tokens_before, tokens_total=totals[-1],
         length=result.length, summary_json=None, summary_included=False, cheap_raw={},
-        pending=cached.pending or result.marked, incremental=True,
+        pending=result.pending if result.pending is not None else (cached.pending
+                                                                   or result.marked),
+        incremental=True,
         totals=totals if cached.end > 0 else totals[1:], cheap_included=False)
 
 

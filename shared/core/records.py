@@ -244,6 +244,7 @@ class AppendResult:
     state: SessionState | None = None
     state_raw: Mapping[str, str] | None = None  # the same hash as the store holds it
     batch: Sequence[tuple[str, int]] = ()  # what was sent: (stored JSON, token count) each
+    pending: bool | None = None  # the pending flag right after the append (None: not told)
 
 
 @dataclass(frozen=True, slots=True)

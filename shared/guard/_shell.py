@@ -50,6 +50,7 @@ from shared.guard._tracing import Traced
 from shared.store import commands
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
+from shared.store.own_writes import AsyncOwnWrites, OwnMark, OwnWrites, own_writes_for
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
@@ -75,6 +76,11 @@ def check_request(system_prompt: object, tools: object) -> None:
             raise InvalidInput("expected an object", field=f"tools[{i}]")
 
 
+def script_source(store: Any, name: str) -> str:
+    """The Lua source of one of the store's scripts (the own-writes connection loads it)."""
+    return str(store._scripts[name].script)
+
+
 class GuardShell:
     """State and pure helpers of a guard shell (no store calls here)."""
 
@@ -93,6 +99,7 @@ class GuardShell:
         self.turns = PendingTurns(self.counter)
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
+        self.own: OwnWrites | AsyncOwnWrites | None = None
         self._base = ""
         self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
 
@@ -109,6 +116,12 @@ class GuardShell:
         else:  # a guard that caches no view has no read to skip
             caching = self.views.max_sessions > 0
             self.feed = feed_for(client, self._base) if enabled and caching else None
+        if enabled and self.views.max_sessions > 0:
+            self.own = own_writes_for(client, f"{prefix}:")
+
+    def session_base(self, session_id: str) -> str:
+        return f"{self._base}{session_id}}}"
+
 
     def fresh(self, session_id: str) -> CachedView | None:
         """The cached view when the feed vouches that nothing of the session changed since
@@ -116,7 +129,17 @@ class GuardShell:
         cached = self.views.get(session_id)
         if cached is None or cached.mark is None or self.feed is None:
             return None
-        return cached if self.feed.unchanged(f"{self._base}{session_id}}}", cached.mark) else None
+        if isinstance(cached.mark, OwnMark):  # vouched by the own-writes connection instead
+            return None
+        return cached if self.feed.unchanged(self.session_base(session_id), cached.mark) else None
+
+    def own_vouched(self, session_id: str) -> tuple[CachedView, OwnMark] | None:
+        """The cached view and its mark when it came from the guard's own append (the
+        shell asks the own-writes connection whether it still holds)."""
+        cached = self.views.get(session_id)
+        if cached is None or not isinstance(cached.mark, OwnMark) or self.own is None:
+            return None
+        return cached, cached.mark
 
     def mark(self) -> Any:
         return self.feed.mark() if self.feed is not None else None
@@ -128,20 +151,26 @@ class GuardShell:
             cached.mark = None
 
     def appended(self, session_id: str, cached: CachedView | None,
-                 result: AppendResult) -> None:
+                 result: AppendResult, mark: OwnMark | None = None) -> None:
         """After the guard's own append: the cached view extended with the batch it wrote,
-        when the append's reply shows nothing else changed (:mod:`shared.core.appended`):
-        the next call's read brings nothing to decode. Unvouched (the feed saw the
-        write), so that call still reads."""
+        when the append's reply shows nothing else changed (:mod:`shared.core.appended`).
+        ``mark``: the own-writes connection vouches for it from now on
+        (:mod:`shared.store.own_writes`), so the next call does not read; without one,
+        that call reads (and finds nothing to decode)."""
         raw = appended_read(cached, result.batch, result) if cached is not None else None
         if raw is not None:
-            self.views.put(session_id, decode_view(raw, cached, carry))
+            snap = decode_view(raw, cached, carry)
+            snap.mark = mark
+            self.views.put(session_id, snap)
 
     def close(self) -> None:
         """Close the change feed's connection (the guard keeps working, reading every call)."""
         feed, self.feed = self.feed, None
         if feed is not None:
             feed.close()
+        own, self.own = self.own, None
+        if own is not None:
+            own.close()
 
     # -- fixed figures ---------------------------------------------------------------
     def _cached(self, key: str, compute: Callable[[], int]) -> int:

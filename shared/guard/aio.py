@@ -14,6 +14,7 @@ are tested by the same tests (tests/test_guard.py runs every test on both).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -33,11 +34,13 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
-from shared.guard._shell import GuardShell, check_request
+from shared.guard._shell import GuardShell, check_request, script_source
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
+from shared.store.commands import Command
 from shared.store.keys import validate_session_id
+from shared.store.own_writes import AsyncOwnWrites, OwnMark
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
@@ -87,6 +90,10 @@ class AsyncContextGuard(GuardShell):
         fresh = self.fresh(session_id)
         if fresh is not None:
             return fresh
+        own = self.own_vouched(session_id)
+        if own is not None and isinstance(self.own, AsyncOwnWrites) \
+                and await self.own.unchanged(self.session_base(session_id), own[1]):
+            return own[0]
         cached = self.views.get(session_id)
         mark = self.mark()
         raw = await self.store.read_view(
@@ -212,11 +219,14 @@ class AsyncContextGuard(GuardShell):
             fields, sent = self.turn_usage(session_id, usage)
             rid = request_id if request_id is not None else secrets.token_hex(12)
 
+            marks: list[OwnMark | None] = []
+
             async def attempt() -> AppendResult:
                 return await self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None,
-                    with_state=cached is not None)
+                    with_state=cached is not None,
+                    run=functools.partial(self._run_own, session_id, marks))
 
             cached = self.views.get(session_id)
             self.touched(session_id)
@@ -226,10 +236,25 @@ class AsyncContextGuard(GuardShell):
                 log.info("session %s: append %s unanswered (%s); retrying once", session_id,
                          rid, exc)
                 result = await attempt()
-            self.appended(session_id, cached, result)
+            self.appended(session_id, cached, result, marks[-1] if marks else None)
             if result.marked:
                 await self._publish(session_id)
             return trace.turn(result.length)
+
+    async def _run_own(self, session_id: str, marks: list[OwnMark | None],
+                       cmd: Command[AppendResult]) -> AppendResult:
+        """See :meth:`shared.guard.sync.ContextGuard._run_own`."""
+        done = None
+        if isinstance(self.own, AsyncOwnWrites):
+            done = await self.own.run(self.session_base(session_id), cmd.script,
+                                      script_source(self.store, cmd.script), cmd.keys,
+                                      cmd.args)
+        if done is None:
+            marks.append(None)
+            return await self.store.execute(cmd)
+        reply, mark = done
+        marks.append(mark)
+        return cmd.parse(reply)
 
     # -- reactive recovery -----------------------------------------------------------------
     async def recover(self, session_id: str, error: object, system_prompt: str = "",

@@ -14,6 +14,7 @@ tested by the same tests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -33,10 +34,12 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
-from shared.guard._shell import GuardShell, check_request
+from shared.guard._shell import GuardShell, check_request, script_source
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
+from shared.store.commands import Command
 from shared.store.keys import validate_session_id
+from shared.store.own_writes import OwnMark, OwnWrites
 from shared.store.sessions import SessionStore
 
 log = logging.getLogger("shared.guard")
@@ -86,6 +89,10 @@ class ContextGuard(GuardShell):
         fresh = self.fresh(session_id)
         if fresh is not None:
             return fresh
+        own = self.own_vouched(session_id)
+        if own is not None and isinstance(self.own, OwnWrites) \
+                and self.own.unchanged(self.session_base(session_id), own[1]):
+            return own[0]
         cached = self.views.get(session_id)
         mark = self.mark()
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
@@ -196,11 +203,14 @@ class ContextGuard(GuardShell):
             fields, sent = self.turn_usage(session_id, usage)
             rid = request_id if request_id is not None else secrets.token_hex(12)
 
+            marks: list[OwnMark | None] = []
+
             def attempt() -> AppendResult:
                 return self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None,
-                    with_state=cached is not None)
+                    with_state=cached is not None,
+                    run=functools.partial(self._run_own, session_id, marks))
 
             cached = self.views.get(session_id)
             self.touched(session_id)
@@ -210,7 +220,7 @@ class ContextGuard(GuardShell):
                 log.info("session %s: append %s unanswered (%s); retrying once", session_id,
                          rid, exc)
                 result = attempt()
-            self.appended(session_id, cached, result)
+            self.appended(session_id, cached, result, marks[-1] if marks else None)
             if result.marked:
                 try:
                     self.enqueuer.enqueue(self.store.tenant, session_id)
@@ -219,6 +229,21 @@ class ContextGuard(GuardShell):
                         self.store.clear_pending(session_id)
                     log.warning("enqueue failed for session %s: %s", session_id, exc)
             return trace.turn(result.length)
+
+    def _run_own(self, session_id: str, marks: list[OwnMark | None],
+                 cmd: Command[AppendResult]) -> AppendResult:
+        """The append on the own-writes connection when it is free (its mark vouches for
+        the view it extends), else through the store (no mark: the next call reads)."""
+        done = None
+        if isinstance(self.own, OwnWrites):
+            done = self.own.run(self.session_base(session_id), cmd.script,
+                                script_source(self.store, cmd.script), cmd.keys, cmd.args)
+        if done is None:
+            marks.append(None)
+            return self.store.execute(cmd)
+        reply, mark = done
+        marks.append(mark)
+        return cmd.parse(reply)
 
     # -- reactive recovery -----------------------------------------------------------------
     def recover(self, session_id: str, error: object, system_prompt: str = "",

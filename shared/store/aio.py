@@ -11,7 +11,7 @@ workers and operators keep the sync store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -116,7 +116,10 @@ class AsyncSessionStore:
                              request_id: str | None = None, mark_pending: bool = False,
                              with_state: bool = False,
                              state_fields: Mapping[str, Any] | None = None,
-                             fields_version: int | None = None) -> AppendResult:
+                             fields_version: int | None = None,
+                             run: Callable[[commands.Command[AppendResult]],
+                                           Awaitable[AppendResult]] | None = None,
+                             ) -> AppendResult:
         """See :meth:`shared.store.sessions.SessionStore.append_encoded`."""
         opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
                                       fields_version)
@@ -125,7 +128,7 @@ class AsyncSessionStore:
                                           idempotency_keep=self.idempotency_keep,
                                           idempotency_ttl=self.idempotency_ttl)
             try:
-                return await self.execute(cmd)
+                return await (self.execute(cmd) if run is None else run(cmd))
             except redis.exceptions.ResponseError as exc:
                 renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
                 if renamed is None:

@@ -59,6 +59,17 @@ _KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout
            "ssl_check_hostname", "client_name")
 
 
+def feed_kwargs(connection_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A tracking connection's arguments, from the store's: the same server and
+    credentials, short timeouts whatever the store's (its checks run inside a guard
+    call; a slow answer only turns the shortcut off for a while)."""
+    kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        given = connection_kwargs.get(name)
+        kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
+    return kwargs
+
+
 def session_base(key: bytes | str) -> str:
     """``prefix:{tenant:session}`` of a session's key (the part every key of it shares;
     tenants and session ids hold no braces, a recall term after it may)."""
@@ -109,12 +120,7 @@ class ChangeFeed:
 
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
                  connection_class: str = "Connection") -> None:
-        self._kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
-        # Short, whatever the store's: the check runs inside prepare() (and, for the async
-        # guard, on its event loop); a slow answer only turns the shortcut off for a while.
-        for name in ("socket_timeout", "socket_connect_timeout"):
-            given = connection_kwargs.get(name)
-            self._kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
+        self._kwargs = feed_kwargs(connection_kwargs)
         self._class = connection_class
         self.prefix = prefix
         self._lock = threading.Lock()
@@ -230,9 +236,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
-    """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
-    tracking cannot work (fakeredis, a cluster client, an unknown connection class)."""
+def tracking_pool(client: Any) -> tuple[Mapping[str, Any], str] | None:
+    """The connection arguments and class name of ``client``'s pool (redis-py, sync or
+    asyncio), or None where tracking cannot work (fakeredis, a cluster client, an
+    unknown connection class)."""
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if pool is None or not isinstance(kwargs, Mapping):
@@ -243,8 +250,17 @@ def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
     name = getattr(cls, "__name__", "")
     if name not in ("Connection", "SSLConnection", "UnixDomainSocketConnection"):
         return None
-    return ChangeFeed(kwargs, prefix, connection_class=name)
+    return kwargs, name
+
+
+def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
+    """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
+    tracking cannot work (:func:`tracking_pool`)."""
+    found = tracking_pool(client)
+    if found is None:
+        return None
+    return ChangeFeed(found[0], prefix, connection_class=found[1])
 
 
 __all__ = ["IO_TIMEOUT", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for",
-           "session_base"]
+           "feed_kwargs", "session_base", "tracking_pool"]

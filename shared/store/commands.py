@@ -157,13 +157,14 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
 
 
 def parse_append(result: Any, batch: Sequence[tuple[str, int]] = ()) -> AppendResult:
-    length, watermark, version, before, duplicate, marked, state = result
+    length, watermark, version, before, duplicate, marked, state = result[:7]
     state_raw = json_pairs(state) if state else None
     return AppendResult(
         length=int(length), watermark=int(watermark), version=int(version),
         tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
         state=SessionState.from_hash(state_raw) if state_raw is not None else None,
-        state_raw=state_raw, batch=batch)
+        state_raw=state_raw, batch=batch,
+        pending=bool(result[7]) if len(result) > 7 else None)
 
 
 def id_conflict(error: Exception) -> dict[str, str] | None:

@@ -241,7 +241,9 @@ class SessionStore(LeaseOps):
     def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
                        request_id: str | None = None, mark_pending: bool = False,
                        with_state: bool = False, state_fields: Mapping[str, Any] | None = None,
-                       fields_version: int | None = None) -> AppendResult:
+                       fields_version: int | None = None,
+                       run: Callable[[commands.Command[AppendResult]], AppendResult] | None = None,
+                       ) -> AppendResult:
         """Append pre-encoded messages (see :meth:`append`), with the turn's bookkeeping.
 
         ``mark_pending``: also set the session's pending flag if absent, in
@@ -249,7 +251,8 @@ class SessionStore(LeaseOps):
         ``with_state``: return the state hash after the append too.
         ``state_fields``: set these on the state hash too, but only if its
         version is still ``fields_version`` (figures about a view that a
-        compaction or an edit has since replaced are dropped).
+        compaction or an edit has since replaced are dropped). ``run``: what sends the
+        script (the guard's own-writes connection, :mod:`shared.store.own_writes`).
         """
         opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
                                       fields_version)
@@ -258,7 +261,7 @@ class SessionStore(LeaseOps):
                                           idempotency_keep=self.idempotency_keep,
                                           idempotency_ttl=self.idempotency_ttl)
             try:
-                return self.execute(cmd)
+                return self.execute(cmd) if run is None else run(cmd)
             except redis.exceptions.ResponseError as exc:
                 # Ids repeat in the session: rename against its mapping and send again.
                 renamed = commands.renamed_after(exc, encoded, self.config, self.counter)

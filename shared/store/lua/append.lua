@@ -32,7 +32,8 @@
 -- of the batch's provider ids and nothing is written.
 --
 -- Returns {new_length, watermark, version, tokens_before_append, duplicate,
---          marked, state_json_or_false}
+--          marked, state_json_or_false, pending}
+-- pending = 1: the pending flag is set after the append (whoever set it).
 -- duplicate = 1: the request id was seen; nothing was written and the
 -- figures (length, tokens before, marked) are those of the first append.
 -- marked = 1: this append set the pending flag, so its caller publishes the job.
@@ -160,4 +161,10 @@ if ttl > 0 then
   end
 end
 local state = redis.call('HMGET', KEYS[3], 'watermark', 'version')
-return {len + n, tonumber(state[1]), tonumber(state[2]), before, 0, marked, state_reply()}
+local reply = state_reply()
+-- Last, a read of every key a view is made of: a caller with client tracking (default
+-- mode, NOLOOP) keeps them tracked after its own write (a write untracks the key for
+-- the writer too), so the next write by anyone else is pushed to it at once.
+redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[7], KEYS[9])
+return {len + n, tonumber(state[1]), tonumber(state[2]), before, 0, marked, reply,
+        redis.call('EXISTS', KEYS[6])}
