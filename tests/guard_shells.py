@@ -67,6 +67,9 @@ class AsyncShell:
         if self.loop.is_closed():
             return
         try:
+            guard = self.__dict__.get("inner")  # None: its constructor raised
+            if guard is not None:
+                self.loop.run_until_complete(guard.aclose())
             self.loop.run_until_complete(self.astore.redis.aclose())
         finally:
             self.loop.close()

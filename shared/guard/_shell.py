@@ -134,12 +134,20 @@ class GuardShell:
         return cached if self.feed.unchanged(self.session_base(session_id), cached.mark) else None
 
     def own_vouched(self, session_id: str) -> tuple[CachedView, OwnMark] | None:
-        """The cached view and its mark when it came from the guard's own append (the
-        shell asks the own-writes connection whether it still holds)."""
+        """The cached view and its mark when it came from the guard's own append and the
+        change feed saw no write to the session since (the shell then asks the own-writes
+        connection: :func:`shared.store.own_writes.vouch`)."""
         cached = self.views.get(session_id)
-        if cached is None or not isinstance(cached.mark, OwnMark) or self.own is None:
+        if cached is None or not isinstance(cached.mark, OwnMark) or self.own is None \
+                or self.feed is None or cached.mark.feed is None:
+            return None
+        if not self.feed.unchanged(self.session_base(session_id), cached.mark.feed):
             return None
         return cached, cached.mark
+
+    def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
+        """The change feed's tally for the session, around an own append."""
+        return self.feed.tally(self.session_base(session_id)) if self.feed is not None else None
 
     def mark(self) -> Any:
         return self.feed.mark() if self.feed is not None else None

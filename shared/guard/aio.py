@@ -40,7 +40,7 @@ from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
-from shared.store.own_writes import AsyncOwnWrites, OwnMark
+from shared.store.own_writes import AsyncOwnWrites, OwnMark, vouch
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
@@ -245,7 +245,8 @@ class AsyncContextGuard(GuardShell):
                        cmd: Command[AppendResult]) -> AppendResult:
         """See :meth:`shared.guard.sync.ContextGuard._run_own`."""
         done = None
-        if isinstance(self.own, AsyncOwnWrites):
+        before = self.own_tally(session_id) if isinstance(self.own, AsyncOwnWrites) else None
+        if isinstance(self.own, AsyncOwnWrites) and before is not None:
             done = await self.own.run(self.session_base(session_id), cmd.script,
                                       script_source(self.store, cmd.script), cmd.keys,
                                       cmd.args)
@@ -253,7 +254,7 @@ class AsyncContextGuard(GuardShell):
             marks.append(None)
             return await self.store.execute(cmd)
         reply, mark = done
-        marks.append(mark)
+        marks.append(vouch(mark, before, self.own_tally(session_id)))
         return cmd.parse(reply)
 
     # -- reactive recovery -----------------------------------------------------------------
@@ -310,6 +311,14 @@ class AsyncContextGuard(GuardShell):
         """
         return await recall_query.recall_async(self.store, session_id, query, limit=limit,
                                                start=start, end=end)
+
+    async def aclose(self) -> None:
+        """Close the guard's own connections (the change feed and the own-writes one) on
+        this event loop; the guard keeps working, reading every call. The store's client
+        is the caller's to close."""
+        if isinstance(self.own, AsyncOwnWrites):
+            await self.own.aclose()
+        self.close()
 
     async def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""

@@ -39,7 +39,7 @@ from shared.store import recall_query
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
-from shared.store.own_writes import OwnMark, OwnWrites
+from shared.store.own_writes import OwnMark, OwnWrites, vouch
 from shared.store.sessions import SessionStore
 
 log = logging.getLogger("shared.guard")
@@ -235,14 +235,15 @@ class ContextGuard(GuardShell):
         """The append on the own-writes connection when it is free (its mark vouches for
         the view it extends), else through the store (no mark: the next call reads)."""
         done = None
-        if isinstance(self.own, OwnWrites):
+        before = self.own_tally(session_id) if isinstance(self.own, OwnWrites) else None
+        if isinstance(self.own, OwnWrites) and before is not None:
             done = self.own.run(self.session_base(session_id), cmd.script,
                                 script_source(self.store, cmd.script), cmd.keys, cmd.args)
         if done is None:
             marks.append(None)
             return self.store.execute(cmd)
         reply, mark = done
-        marks.append(mark)
+        marks.append(vouch(mark, before, self.own_tally(session_id)))
         return cmd.parse(reply)
 
     # -- reactive recovery -----------------------------------------------------------------

@@ -59,14 +59,16 @@ _KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout
            "ssl_check_hostname", "client_name")
 
 
-def feed_kwargs(connection_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def feed_kwargs(connection_kwargs: Mapping[str, Any], *, short: bool = True) -> dict[str, Any]:
     """A tracking connection's arguments, from the store's: the same server and
-    credentials, short timeouts whatever the store's (its checks run inside a guard
-    call; a slow answer only turns the shortcut off for a while)."""
+    credentials; ``short``: timeouts of at most :data:`IO_TIMEOUT` whatever the store's
+    (the feed's checks run inside a guard call; a slow answer only turns the shortcut
+    off for a while)."""
     kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
     for name in ("socket_timeout", "socket_connect_timeout"):
         given = connection_kwargs.get(name)
-        kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
+        if short or given is None:
+            kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
     return kwargs
 
 
@@ -85,17 +87,19 @@ class _Seen:
     feed: a guard dropped is a feed dropped, and its socket closed, at once.
     """
 
-    __slots__ = ("changed", "epoch", "seq")
+    __slots__ = ("changed", "epoch", "pushes", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
         self.epoch = 0
         self.changed: dict[str, int] = {}
+        self.pushes: dict[str, int] = {}  # per session, how many pushes named it
 
     def forget(self) -> None:
         """Changes may have been missed: marks taken before now are worthless."""
         self.epoch += 1
         self.changed.clear()
+        self.pushes.clear()
 
     def invalidated(self, push: list[Any]) -> None:
         """A push ``[b"invalidate", keys | None]`` (None: the whole database was flushed)."""
@@ -104,8 +108,9 @@ class _Seen:
             self.forget()
             return
         self.seq += 1
-        for key in keys:
-            self.changed[session_base(key)] = self.seq
+        for base in {session_base(key) for key in keys}:
+            self.changed[base] = self.seq
+            self.pushes[base] = self.pushes.get(base, 0) + 1
         if len(self.changed) > 100_000:  # bounded: forgetting is safe, a new epoch
             self.forget()
 
@@ -149,6 +154,16 @@ class ChangeFeed:
                 return False
             epoch, seq = mark
             return epoch == self._seen.epoch and self._seen.changed.get(base, -1) <= seq
+
+    def tally(self, base: str) -> tuple[int, int, int] | None:
+        """(epoch, sequence number, pushes that named session ``base``) now, the
+        connection drained first; None when the feed cannot vouch for anything now.
+        Around a write of its own, one more push names the session: that write's (with
+        any other client's writes to it in the same pass of Redis's event loop)."""
+        with self._lock:
+            if not self._ready():
+                return None
+            return self._seen.epoch, self._seen.seq, self._seen.pushes.get(base, 0)
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,343 @@
+"""The guard's own appends vouch for the view they extend (shared.store.own_writes): no
+read after ``record_turn``, yet every write by anyone else is in the next call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+import shared.store.own_writes as own_module
+from shared.core.config import StoreConfig
+from shared.core.errors import LimitExceeded
+from shared.core.records import SummaryRecord
+from shared.core.view import ViewCache
+from shared.store.own_writes import AsyncOwnWrites, OwnWrites, probe_steps, probe_verdict
+from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
+from tests.test_changes import reads
+
+SYSTEM = "be brief"
+M = {"model": "m"}
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def real_store(real_redis: redis.Redis, key_prefix: str) -> SessionStore:
+    return SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+
+
+def turn(k: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"u{k}"}, {"role": "assistant", "content": f"a{k}"}]
+
+
+def inner(guard: Any) -> Any:
+    return guard.inner if hasattr(guard, "inner") else guard
+
+
+def test_own_appends_are_not_read_back(real_store: SessionStore, shell: str) -> None:
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)  # the first read (and the request's figures)
+    guard.prepare("s", SYSTEM, **M)
+    seen = reads(guard)
+    for k in range(1, 11):
+        guard.record_turn("s", turn(k))
+        view = guard.prepare("s", SYSTEM, **M)
+        assert [m.content for m in view.messages[-2:]] == [f"u{k}", f"a{k}"]
+        assert view.report.length == 2 * (k + 1)
+    assert seen == []
+    assert [m.content for m in view.messages[1:]] == [m.content for m in
+                                                      real_store.messages("s")]
+
+
+def test_every_write_after_an_own_append_is_in_the_next_call(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str) -> None:
+    """Another client's append, a worker's summary, its clearing of the pending flag, an
+    edit and a delete, each right after the guard's own append."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    for k in range(1, 6):
+        guard.record_turn("s", turn(k))
+        other.append("s", [{"role": "user", "content": f"other {k}"}])
+        assert guard.prepare("s", SYSTEM, **M).messages[-1].content == f"other {k}"
+    guard.record_turn("s", turn(6))
+    version = other.state("s").version
+    assert other.commit_summary("s", SummaryRecord(watermark=10, kind="offline",
+                                                   text="SUMMARY-TEXT", tokens=5), version).ok
+    view = guard.prepare("s", SYSTEM, **M)
+    assert "SUMMARY-TEXT" in str(view.messages[0].content) and view.report.watermark == 10
+    guard.record_turn("s", turn(7))
+    assert guard.prepare("s", SYSTEM, **M).report.pending_job
+    other.clear_pending("s")
+    assert not guard.prepare("s", SYSTEM, **M).report.pending_job
+    guard.record_turn("s", turn(8))
+    other.truncate_after("s", 12)
+    assert guard.prepare("s", SYSTEM, **M).report.length == 12
+    guard.record_turn("s", turn(9))
+    other.delete_session("s")
+    other.append("s", [{"role": "user", "content": "fresh start"}])
+    assert [m.content for m in guard.prepare("s", "", **M).messages] == ["fresh start"]
+    other.redis.close()
+
+
+def test_a_writer_racing_the_guard_is_never_missed(real_store: SessionStore, redis_url: str,
+                                                   key_prefix: str, shell: str) -> None:
+    """Another client appends without pause while the guard records turns and prepares:
+    every append that returned before a prepare started is in that prepare's view."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 10_000_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    done = [0]
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            other.append("s", [{"role": "user", "content": f"w{done[0] + 1}"}])
+            done[0] += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for k in range(1, 150):
+            guard.record_turn("s", turn(k))
+            finished = done[0]
+            view = guard.prepare("s", SYSTEM, **M)
+            written = {m.content for m in view.messages if str(m.content).startswith("w")}
+            assert all(f"w{i}" in written for i in range(1, finished + 1)), (k, finished)
+            assert f"a{k}" in {m.content for m in view.messages}
+    finally:
+        stop.set()
+        writer.join(10)
+        other.redis.close()
+    assert done[0] > 50  # the writer really raced the guard
+
+
+def test_a_busy_connection_sends_the_append_through_the_store(real_store: SessionStore,
+                                                              shell: str) -> None:
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    own = inner(guard).own
+    seen = reads(guard)
+    if isinstance(own, OwnWrites):
+        with own._lock:  # another thread is on it
+            guard.record_turn("s", turn(1))
+    else:
+        assert isinstance(own, AsyncOwnWrites)
+        own._busy = True  # another task is on it
+        guard.record_turn("s", turn(1))
+        own._busy = False
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a1"
+    assert seen == ["s"]  # not vouched: read
+
+
+def test_a_killed_connection_is_noticed_and_replaced(real_store: SessionStore,
+                                                     real_redis: redis.Redis, redis_url: str,
+                                                     key_prefix: str, shell: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(own_module, "RETRY_SECONDS", (0.0,))
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    guard.record_turn("s", turn(1))
+    own = inner(guard).own
+    before = own._conn
+    name = f"own-{time.monotonic_ns()}"
+    if isinstance(own, OwnWrites):
+        own._conn.send_command("CLIENT", "SETNAME", name)
+        own._conn.read_response()
+    else:
+        async def setname() -> None:
+            await own._conn.send_command("CLIENT", "SETNAME", name)
+            await own._conn.read_response()
+        guard.loop.run_until_complete(setname())
+    killed = [c["id"] for c in real_redis.client_list() if c.get("name") == name]
+    assert len(killed) == 1
+    real_redis.client_kill_filter(_id=killed[0])
+    other.append("s", [{"role": "user", "content": "written while it was down"}])
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "written while it was down"
+    guard.record_turn("s", turn(2))  # finds it dead: through the store, read back
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a2"
+    guard.record_turn("s", turn(3))  # a new connection
+    assert own._conn is not None and own._conn is not before
+    seen = reads(guard)
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a3"
+    assert seen == []
+    other.redis.close()
+
+
+def test_a_server_that_fails_the_probe_is_read_after_appends(
+        real_store: SessionStore, shell: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(own_module, "probe_verdict", lambda pushes, key: False)
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    seen = reads(guard)
+    guard.record_turn("s", turn(1))
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a1"
+    assert seen == ["s"] and inner(guard).own.state.usable is False
+
+
+def test_the_probe_expects_exactly_the_other_clients_write() -> None:
+    steps = probe_steps("k")
+    assert [who for _, who in steps] == ["own", "own", "other", "other"]
+    assert probe_verdict([[b"invalidate", [b"k"]]], "k")
+    assert not probe_verdict([], "k")  # the own write untracked the key
+    assert not probe_verdict([[b"invalidate", [b"k"]], [b"invalidate", [b"k"]]], "k")  # no NOLOOP
+    assert not probe_verdict([[b"invalidate", None]], "k")
+
+
+def test_conflicts_and_limits_on_the_own_connection(real_redis: redis.Redis,
+                                                    key_prefix: str, shell: str) -> None:
+    """Redis's own error replies come back through it as through the store: repeated
+    call ids are renamed and sent again, a full session is refused."""
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix,
+                                                 max_messages_per_session=12))
+    guard = make(shell, store, overrides={"m": 100_000})
+
+    def call_turn(k: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"u{k}"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_0", "name": "f", "arguments": "{}"}]},
+                {"role": "tool", "tool_call_id": "call_0", "content": f"r{k}"}]
+
+    for k in range(3):
+        guard.record_turn("s", call_turn(k))
+        guard.prepare("s", SYSTEM, **M)
+    ids = [m.tool_calls[0].id for m in store.messages("s") if m.tool_calls]
+    assert len(set(ids)) == 3 and ids[0] == "call_0"
+    view = guard.prepare("s", SYSTEM, **M)
+    assert view.messages[-1].content == "r2" and view.report.length == 9
+    with pytest.raises(LimitExceeded):
+        guard.record_turn("s", [*call_turn(3), {"role": "assistant", "content": "x"}])
+    assert guard.prepare("s", SYSTEM, **M).report.length == 9
+
+
+def test_no_own_connection_where_it_cannot_work(real_store: SessionStore, key_prefix: str,
+                                                shell: str) -> None:
+    fake = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix=key_prefix))
+    assert inner(make(shell, fake)).own is None
+    assert inner(make(shell, real_store, watch_changes=False)).own is None
+    assert inner(make(shell, real_store, view_cache=ViewCache(0, 0))).own is None
+
+
+def test_a_dropped_guard_closes_its_own_connection(real_store: SessionStore,
+                                                   real_redis: redis.Redis) -> None:
+    import gc
+
+    from shared.guard import ContextGuard
+
+    guard = ContextGuard(real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    own = guard.own
+    assert isinstance(own, OwnWrites) and own._conn is not None
+    own._conn.send_command("CLIENT", "ID")
+    own_id = own._conn.read_response()
+    del guard, own
+    gc.disable()
+    try:
+        deadline = time.monotonic() + 5
+        while any(str(c["id"]) == str(own_id) for c in real_redis.client_list()):
+            assert time.monotonic() < deadline, "the own connection outlived its guard"
+            time.sleep(0.02)
+    finally:
+        gc.enable()
+
+
+def test_a_write_in_the_same_pass_as_the_own_append_is_seen(
+        real_store: SessionStore, real_redis: redis.Redis, redis_url: str, key_prefix: str,
+        shell: str) -> None:
+    """Redis runs the guard's append and another client's write in one pass of its event
+    loop (both held by a short CLIENT PAUSE): the change feed gets one push for both,
+    as for the append alone; the own connection is pushed the other write, behind the
+    append's reply. The next call must have it."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    for k in range(1, 4):
+        real_redis.execute_command("CLIENT", "PAUSE", 100, "WRITE")
+        writer = threading.Thread(target=lambda k=k: other.append(
+            "s", [{"role": "user", "content": f"same pass {k}"}]))
+        if shell == "sync":
+            appender = threading.Thread(target=guard.record_turn, args=("s", turn(k)))
+            appender.start()
+            time.sleep(0.03)  # the append waits first, the other write after it
+            writer.start()
+            appender.join(5)
+        else:
+            def later(writer: threading.Thread = writer) -> None:
+                time.sleep(0.03)
+                writer.start()
+            threading.Thread(target=later).start()
+            guard.record_turn("s", turn(k))
+        writer.join(5)
+        contents = [m.content for m in guard.prepare("s", SYSTEM, **M).messages]
+        assert contents[-3:] == [f"u{k}", f"a{k}", f"same pass {k}"], contents[-3:]
+    other.redis.close()
+
+
+@pytest.mark.parametrize("blind", ["feed", "own"])
+def test_either_connection_alone_sees_a_later_write(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str, blind: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one of the two connections blinded, the other still reports a write made
+    after the own append (each is checked, neither is decoration)."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    g = inner(guard)
+    guard.record_turn("s", turn(1))
+    if blind == "feed":
+        monkeypatch.setattr(g.feed, "unchanged", lambda base, mark: True)
+    else:
+        monkeypatch.setattr(g.own.state, "unchanged", lambda base, mark: True)
+    seen = reads(guard)
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a1"
+    assert seen == []  # vouched
+    other.append("s", [{"role": "user", "content": "later"}])
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "later"
+    assert seen == ["s"]
+    other.redis.close()
+
+
+def test_a_write_between_the_append_and_the_feeds_tally_is_not_missed(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another client writes after the append's pass but before the feed is drained
+    after it: its push is taken in with the append's, so the feed counts two pushes
+    and vouches for nothing (the own connection is blinded here, to check the feed)."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    g = inner(guard)
+    monkeypatch.setattr(g.own.state, "unchanged", lambda base, mark: True)
+    tally = g.own_tally
+    calls: list[str] = []
+
+    def late_tally(session_id: str) -> Any:
+        calls.append(session_id)
+        if len(calls) == 2:  # after the append's reply
+            other.append("s", [{"role": "user", "content": "between"}])
+        return tally(session_id)
+
+    monkeypatch.setattr(g, "own_tally", late_tally)
+    guard.record_turn("s", turn(1))
+    assert len(calls) == 2
+    assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "between"
+    other.redis.close()
