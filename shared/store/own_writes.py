@@ -25,10 +25,10 @@ around the append (its own pass) and neither connection reports a write since.
 The feed's rules keep this connection honest too: drained before every check,
 trusted within :data:`~shared.store.changes.VERIFY_SECONDS` of an answer on it
 (else a ``PING`` first), a new epoch on every (re)connection, flush or failure.
-The probe (:func:`probe_steps`, run once per connection's first use) checks, on the server at hand, the behaviour all this rests on;
-where it does not hold, or tracking is unavailable (fakeredis, Cluster), or
-another thread is using the connection, the append goes through the store and
-the next call reads, as before.
+A probe (:func:`probe_steps`, when the first connection opens) checks the
+behaviour all this rests on, on the server at hand; where it does not hold, or
+tracking is unavailable (fakeredis, Cluster), or another thread is using the
+connection, the append goes through the store and the next call reads, as before.
 
 :class:`OwnWrites` is the blocking shell (the sync guard), :class:`AsyncOwnWrites`
 the asyncio one; both keep their state in :class:`OwnState`.
