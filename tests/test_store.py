@@ -512,3 +512,41 @@ def test_an_edit_gives_removed_call_ids_back(store: SessionStore) -> None:
     store.truncate_after("s", 0)  # nothing left: c1 is free
     store.append("s", call_turn("again"))
     assert store.messages("s")[1].tool_calls[0].id == "c1"
+
+
+def test_a_renamed_batch_encodes_only_the_renamed_messages_again(store: SessionStore) -> None:
+    """The retry after ID_CONFLICT re-uses the first attempt's JSON and counts for every
+    message the renaming left alone (a 50-message tool chain repeats one old id)."""
+    from shared.store import commands
+
+    def call(cid: str, n: int) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": cid, "name": "bash", "arguments": f'{{"n": {n}}}'}]},
+            {"role": "tool", "tool_call_id": cid, "content": f"out {n}"}]
+
+    store.append("s", [{"role": "user", "content": "go"}, *call("old", 0)])
+    batch = [{"role": "user", "content": "again"}]
+    for n in range(24):
+        batch += call(f"c{n}", n)
+    batch += call("old", 99)  # new to this batch, known to the session
+    first = store.encode("s", batch)
+    counted: list[Any] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store.counter, name)
+
+        def message(self, message: Any) -> int:
+            counted.append(message)
+            return store.counter.message(message)
+
+    conflict = Exception('ID_CONFLICT {"old": "old"}')
+    renamed = commands.renamed_after(conflict, first, store.config, Counting())  # type: ignore[arg-type]
+    assert renamed is not None
+    assert len(counted) == 2  # the call and its result, renamed
+    fresh = commands.encode((), store.config, store.counter, known={"old": "old"},
+                            validated=first.messages, nonce="x")
+    assert [t for _, t in renamed] == [t for _, t in fresh]
+    assert renamed[:-2] == list(first)[:-2] and renamed[-1] != first[-1]
+    store.append_encoded("s", renamed)
+    assert [m.tool_calls[0].id for m in store.messages("s") if m.tool_calls][-1] != "old"

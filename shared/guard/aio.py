@@ -82,6 +82,8 @@ class AsyncContextGuard(GuardShell):
         if warm is not None:
             await warm()
         self.mark()
+        if isinstance(self.own, AsyncOwnWrites):
+            await self.own.warm_up()
 
     # -- reading -------------------------------------------------------------------
     async def snapshot(self, session_id: str) -> CachedView:

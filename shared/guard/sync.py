@@ -81,6 +81,8 @@ class ContextGuard(GuardShell):
         if warm is not None:
             warm()
         self.mark()  # the feed connects (it reports its own failures)
+        if isinstance(self.own, OwnWrites):
+            self.own.warm_up()
 
     # -- reading -------------------------------------------------------------------
     def snapshot(self, session_id: str) -> CachedView:

@@ -81,19 +81,26 @@ class EncodedBatch(list[tuple[str, int]]):
 
     messages: list[Message]
     claims: Claims
+    unique: list[Message]  # the messages as encoded (ids made unique), row for row
 
     @classmethod
     def build(cls, rows: Iterable[tuple[str, int]], messages: list[Message],
-              claims: Claims) -> EncodedBatch:
+              claims: Claims, unique: list[Message] | None = None) -> EncodedBatch:
         batch = cls(rows)
         batch.messages, batch.claims = messages, claims
+        batch.unique = unique if unique is not None else messages
         return batch
 
 
 def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, *,
            known: Mapping[str, str] | None = None, nonce: str | None = None,
-           validated: list[Message] | None = None) -> EncodedBatch:
-    """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count."""
+           validated: list[Message] | None = None,
+           reuse: Mapping[int, tuple[str, int]] | None = None) -> EncodedBatch:
+    """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count.
+
+    ``reuse``: rows already made for some of the messages (by object id), e.g. by an
+    earlier attempt whose ids collided: only the messages renamed since are encoded
+    and counted again."""
     items = validated if validated is not None else validate_messages(messages)
     if len(items) > config.max_messages_per_call:
         raise LimitExceeded(
@@ -102,6 +109,10 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
     unique, claims = disambiguate(items, nonce or secrets.token_hex(3), known)
     rows: list[tuple[str, int]] = []
     for i, message in enumerate(unique):
+        found = reuse.get(id(message)) if reuse else None
+        if found is not None:
+            rows.append(found)
+            continue
         try:
             raw = message.to_json()
         except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
@@ -113,7 +124,7 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
                 f"{size} bytes; the limit is {config.max_message_bytes} bytes per message",
                 field=f"messages[{i}]", index=i)
         rows.append((raw, counter.message(message)))
-    return EncodedBatch.build(rows, items, claims)
+    return EncodedBatch.build(rows, items, claims, unique)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +194,8 @@ def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: 
     known = id_conflict(error)
     if known is None or not isinstance(encoded, EncodedBatch):
         return None
-    return encode((), config, counter, known=known, validated=encoded.messages)
+    reuse = {id(message): row for message, row in zip(encoded.unique, encoded, strict=True)}
+    return encode((), config, counter, known=known, validated=encoded.messages, reuse=reuse)
 
 
 APPEND_ATTEMPTS = 3  # ids renamed against the session's mapping at most twice

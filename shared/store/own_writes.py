@@ -200,6 +200,11 @@ class OwnWrites:
         finally:
             self._lock.release()
 
+    def warm_up(self) -> bool:
+        """Connect (and probe the server) now, best effort: not in the first append."""
+        with self._lock:
+            return self._ready()
+
     def unchanged(self, base: str, mark: OwnMark) -> bool:
         """True when no write by anyone else touched session ``base`` since ``mark``."""
         if not self._lock.acquire(blocking=False):
@@ -363,6 +368,15 @@ class AsyncOwnWrites:
                 raise StoreUnavailable(f"redis unavailable during {script}: {exc}") from exc
             self.state.answered()
             return reply, self.state.mark_after(base, before)
+        finally:
+            self._busy = False
+
+    async def warm_up(self) -> bool:
+        """See :meth:`OwnWrites.warm_up`."""
+        if not self._acquire():
+            return False
+        try:
+            return await self._ready()
         finally:
             self._busy = False
 
