@@ -57,21 +57,37 @@ def _fresh(provider: str, nonce: str, n: int) -> str:
     return provider[: MAX_ID - len(tail)] + tail
 
 
-def disambiguate(messages: Sequence[Message], nonce: str,
-                 known: Mapping[str, str] | None = None) -> tuple[list[Message], Claims]:
-    """The batch with session-unique call ids, and the claims the store must check.
+class Renaming:
+    """:func:`disambiguate` as a state that can be fed more messages: the pending turn
+    of a tool chain grows by a call and its result per model call, and is renamed once
+    per message, not once per call (:meth:`copy` before feeding a shared one)."""
 
-    ``known``: the session's mapping (provider id -> stored id of its newest
-    call) for the ids of this batch, as far as the caller knows it (empty on
-    the optimistic first attempt). ``nonce`` makes renamed ids unique.
-    """
-    known = known or {}
-    latest: dict[str, str] = {}  # provider id -> stored id, within the batch
-    calls: list[tuple[str, str]] = []
-    results: list[tuple[str, str]] = []
-    out: list[Message] = []
-    n = 0
-    for message in messages:
+    __slots__ = ("calls", "known", "latest", "n", "nonce", "results")
+
+    def __init__(self, nonce: str, known: Mapping[str, str] | None = None) -> None:
+        self.nonce = nonce
+        self.known: Mapping[str, str] = known or {}
+        self.latest: dict[str, str] = {}  # provider id -> stored id, within the batch
+        self.calls: list[tuple[str, str]] = []
+        self.results: list[tuple[str, str]] = []
+        self.n = 0
+
+    def copy(self) -> Renaming:
+        other = Renaming(self.nonce, self.known)
+        other.latest, other.calls, other.results = dict(self.latest), list(self.calls), \
+            list(self.results)
+        other.n = self.n
+        return other
+
+    def claims(self) -> Claims:
+        return Claims(tuple(self.calls), tuple(self.results))
+
+    def feed(self, messages: Sequence[Message]) -> list[Message]:
+        """The messages with session-unique call ids (the same objects where unchanged)."""
+        return [self._one(message) for message in messages]
+
+    def _one(self, message: Message) -> Message:
+        known, latest = self.known, self.latest
         if message.tool_calls:
             synthetic = message.metadata.get(SYNTHETIC_KEY)
             synthetic = synthetic if isinstance(synthetic, list) else []
@@ -80,15 +96,15 @@ def disambiguate(messages: Sequence[Message], nonce: str,
             for call in message.tool_calls:
                 p = call.id
                 if p in synthetic or p in known or p in latest:
-                    stored = _fresh(p, nonce, n)
-                    n += 1
+                    stored = _fresh(p, self.nonce, self.n)
+                    self.n += 1
                     renamed[stored] = p
                     new_calls.append(call.model_copy(update={"id": stored}))
                 else:
                     stored = p
                     new_calls.append(call)
                 latest[p] = stored
-                calls.append((p, stored))
+                self.calls.append((p, stored))
             if renamed:
                 meta = dict(message.metadata)
                 meta[WIRE_IDS] = {**meta.get(WIRE_IDS, {}), **renamed}
@@ -102,13 +118,25 @@ def disambiguate(messages: Sequence[Message], nonce: str,
                 stored = latest[p]
             else:
                 stored = known.get(p, p)
-                results.append((p, stored))
+                self.results.append((p, stored))
             if stored != p:
                 meta = dict(message.metadata)
                 meta[WIRE_IDS] = {stored: p}
                 message = message.model_copy(update={"tool_call_id": stored, "metadata": meta})
-        out.append(message)
-    return out, Claims(tuple(calls), tuple(results))
+        return message
+
+
+def disambiguate(messages: Sequence[Message], nonce: str,
+                 known: Mapping[str, str] | None = None) -> tuple[list[Message], Claims]:
+    """The batch with session-unique call ids, and the claims the store must check.
+
+    ``known``: the session's mapping (provider id -> stored id of its newest
+    call) for the ids of this batch, as far as the caller knows it (empty on
+    the optimistic first attempt). ``nonce`` makes renamed ids unique.
+    """
+    renaming = Renaming(nonce, known)
+    out = renaming.feed(messages)
+    return out, renaming.claims()
 
 
 def wire_id(message: Message, stored: str) -> str:
@@ -121,4 +149,4 @@ def wire_id(message: Message, stored: str) -> str:
     return stored
 
 
-__all__ = ["WIRE_IDS", "Claims", "disambiguate", "wire_id"]
+__all__ = ["WIRE_IDS", "Claims", "Renaming", "disambiguate", "wire_id"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
 from shared.core.calibration import Calibration
-from shared.core.callids import disambiguate
+from shared.core.callids import Renaming
 from shared.core.cheap import plan_cheap_stages
 from shared.core.chunks import Chunks, concat
 from shared.core.config import CompactionPolicy
@@ -112,6 +112,8 @@ class Request:
     extra_scan: tuple[PairScan, int] | None = None
     # the truncation input an earlier truncating call of the turn left: extended, not rebuilt
     extra_cut: TurnCut | None = None
+    # the pending turn as an earlier call of the turn renamed it (repeated call ids)
+    extra_renamed: RenamedTurn | None = None
     counted: Counted | None = None  # what the session's last truncation build counted
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
@@ -145,6 +147,7 @@ class Plan:
     log_tokens: int = 0  # the request with the whole log instead of the view (metrics)
     extra_scan: PairScan | None = None  # the pending turn's scan, for the next call's resume
     extra_cut: TurnCut | None = None  # the truncation input, for the next call's resume
+    extra_renamed: RenamedTurn | None = None  # the pending turn renamed, for the next call
 
     def finish(self, enqueued: bool, elapsed_ms: float) -> PreparedView:
         """The view, its report completed. The report was built by :func:`plan_view` for
@@ -211,14 +214,56 @@ def _scan_pending(extra: list[Message], snap: CachedView,
     return scan_pairs(extra, snap.scan)
 
 
-def _unique_pending(extra: list[Message], snap: CachedView) -> list[Message]:
-    """The pending turn with call ids the stored view already used renamed (as the
-    append will), so a Gemini-style turn pairs without a repair of the whole view."""
-    ids = [c.id for m in extra for c in m.tool_calls]
-    if not ids or not (len(set(ids)) < len(ids) or any(snap.scan.taken(i) for i in ids)):
-        return extra
-    known = {i: i for i in ids if snap.scan.taken(i)}
-    return disambiguate(extra, f"p{snap.end}", known)[0]
+@dataclass(frozen=True, slots=True)
+class RenamedTurn:
+    """A pending turn whose call ids repeat (within it, or ids the stored view used),
+    renamed as its append will rename it, so that it pairs without a repair of the
+    whole view. Kept across the turn's calls: each message is renamed, scanned and
+    converted to the wire once (:func:`_renamed`)."""
+
+    base: PairScan  # the stored view's scan it was made against
+    nonce: str
+    given: tuple[Message, ...]
+    renamed: tuple[Message, ...]
+    renaming: Renaming  # its state after ``given`` (copied before it is fed more)
+    scan: PairScan  # the pair scan of ``renamed``, from ``base``
+    slots: list[dict[str, Any]]  # the wire forms of ``renamed``, index for index
+
+
+def _renamed(given: list[Message], snap: CachedView,
+             known: RenamedTurn | None) -> RenamedTurn:
+    """The pending turn renamed: ``known`` (an earlier call's) extended by the messages
+    added since, when it was made from the same stored view and the same first
+    messages, else from scratch."""
+    nonce = f"p{snap.end}"
+    k = 0
+    if known is not None and known.base is snap.scan and known.nonce == nonce \
+            and len(known.given) <= len(given) \
+            and all(a is b for a, b in zip(known.given, given, strict=False)):
+        k = len(known.given)
+        renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
+        slots = known.slots
+    else:
+        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, []
+    more = given[k:]
+    # ids the stored view used: renamed as the store's mapping will have them renamed
+    renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
+                                           if snap.scan.taken(c.id)}}
+    fresh = renaming.feed(more)
+    return RenamedTurn(snap.scan, nonce, tuple(given), (*renamed, *fresh), renaming,
+                       scan_pairs(fresh, scan), [*slots, *({} for _ in fresh)])
+
+
+def _known_renamed(given: list[Message], snap: CachedView,
+                   known: RenamedTurn | None) -> RenamedTurn | None:
+    """``known`` extended, when this call's turn continues the one it was made for: the
+    turn needs renaming, and its scan of the given messages can be skipped."""
+    if known is None or not known.given or known.base is not snap.scan:
+        return None
+    if len(known.given) > len(given) or any(a is not b for a, b in zip(known.given, given,
+                                                                         strict=False)):
+        return None
+    return _renamed(given, snap, known)
 
 
 def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter: TokenCounter,
@@ -227,11 +272,15 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
     given = list(req.extra)
-    pending_scan = _scan_pending(given, snap, req.extra_scan)
-    # a turn whose ids are new and unique scans ok: nothing to rename
-    extra = given if pending_scan.ok else _unique_pending(given, snap)
+    renamed = _known_renamed(given, snap, req.extra_renamed)
+    pending_scan = renamed.scan if renamed is not None else _scan_pending(given, snap,
+                                                                          req.extra_scan)
+    if renamed is None and not pending_scan.ok and any(m.tool_calls for m in given):
+        renamed = _renamed(given, snap, None)  # a turn whose ids are new and unique scans ok
+    extra = given if renamed is None else list(renamed.renamed)
     extra_tokens = list(req.extra_tokens)
-    extra_wire = req.extra_wire if extra is given and len(req.extra_wire) == len(extra) else ()
+    extra_wire = (renamed.slots if renamed is not None else
+                  req.extra_wire if len(req.extra_wire) == len(extra) else ())
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
     notice, notice_tokens = _notice(snap.summary, req, counter)
@@ -277,7 +326,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 
     intact = (pairs_intact(history) if truncated
-              else pending_scan.intact if extra is given else scan_pairs(extra, snap.scan).intact)
+              else pending_scan.intact if renamed is None else renamed.scan.intact)
     incremental = not truncated and intact
     if not intact:
         history = repair_tool_pairs(history)
@@ -306,7 +355,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                 enqueue=enqueue, force=truncated,
                 log_tokens=(req.system_tokens + req.tool_tokens + req.overhead + snap.total
                             + sum(extra_tokens)),
-                extra_scan=pending_scan if pending_scan.ok else None, extra_cut=cut), snap
+                extra_scan=pending_scan if renamed is None and pending_scan.ok else None,
+                extra_cut=cut, extra_renamed=renamed), snap
 
 
 def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.core.errors import InvalidInput
-from shared.core.guard_state import Counted, TurnCut
+from shared.core.guard_state import Counted, RenamedTurn, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
 from shared.core.tokens import TokenCounter
@@ -30,7 +30,7 @@ Row = tuple[Any, Message, int, dict[str, Any]]  # as given, validated, tokens, w
 class _Turn:
     """One session's turn so far: its rows, the list last handed out, scan and cut."""
 
-    __slots__ = ("cut", "extra", "rows", "scan", "slots")
+    __slots__ = ("cut", "extra", "renamed", "rows", "scan", "slots")
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
@@ -38,6 +38,7 @@ class _Turn:
         self.slots: list[dict[str, Any]] = []  # their wire-form slots, index for index
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
+        self.renamed: RenamedTurn | None = None
 
 
 class PendingTurns:
@@ -111,6 +112,11 @@ class PendingTurns:
             return None
         return known[2], len(seen)
 
+    def known_renamed(self, session_id: str) -> RenamedTurn | None:
+        """The turn as the last call renamed it (repeated call ids; checked by the core)."""
+        turn = self._get(session_id)
+        return turn.renamed if turn is not None else None
+
     def known_cut(self, session_id: str) -> TurnCut | None:
         """The truncation input the turn's last truncating call left (checked by the core)."""
         turn = self._get(session_id)
@@ -122,13 +128,16 @@ class PendingTurns:
             return self._counted.get(session_id)
 
     def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
-                base: PairScan, cut: TurnCut | None = None) -> None:
-        """Keep the pending turn's scan (``scan``, from ``base``) and truncation input
-        (``cut``, when this call truncated) for the next call."""
+                base: PairScan, cut: TurnCut | None = None,
+                renamed: RenamedTurn | None = None) -> None:
+        """Keep the pending turn's scan (``scan``, from ``base``), truncation input
+        (``cut``, when this call truncated) and renaming (``renamed``: its call ids
+        repeat) for the next call."""
         turn = (self._get(session_id) if (scan is None or not extra) and cut is None
-                else self._turn(session_id))
+                and renamed is None else self._turn(session_id))
         if turn is None:
             return
+        turn.renamed = renamed
         turn.scan = None if scan is None or not extra else (base, tuple(extra), scan)
         if cut is not None:
             turn.cut = cut

@@ -251,7 +251,8 @@ class GuardShell:
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""
-        self.turns.scanned(session_id, req.extra, plan.extra_scan, base, plan.extra_cut)
+        self.turns.scanned(session_id, req.extra, plan.extra_scan, base, plan.extra_cut,
+                           plan.extra_renamed)
 
     def request(self, session_id: str, system_prompt: str,
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
@@ -268,6 +269,7 @@ class GuardShell:
             extra_wire=self.turns.wire(session_id, extra) if extra else (),
             extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
             extra_cut=self.turns.known_cut(session_id) if extra else None,
+            extra_renamed=self.turns.known_renamed(session_id) if extra else None,
             counted=self.turns.counted(session_id),
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)

@@ -67,8 +67,8 @@ def feed_kwargs(connection_kwargs: Mapping[str, Any], *, short: bool = True) -> 
     kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
     for name in ("socket_timeout", "socket_connect_timeout"):
         given = connection_kwargs.get(name)
-        if short or given is None:
-            kwargs[name] = min(float(given or IO_TIMEOUT), IO_TIMEOUT)
+        kwargs[name] = (min(float(given or IO_TIMEOUT), IO_TIMEOUT) if short or given is None
+                        else float(given))
     return kwargs
 
 
