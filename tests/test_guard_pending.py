@@ -72,3 +72,55 @@ def test_a_bad_message_after_the_prepared_ones_is_named_by_its_place(shell_name:
         guard.record_turn("s", bad)
     assert raised.value.field is not None and raised.value.field.startswith("messages[3]")
     assert store.length("s") == 0
+
+
+def _repeating_chain(calls: int) -> list[dict[str, Any]]:
+    """A tool chain whose call ids repeat (an OpenAI-compatible server numbering its
+    calls per response) and reuse one the session already stored."""
+    out: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    for k in range(calls):
+        cid = "stored" if k == 3 else f"call_{k % 2}"
+        out += [{"role": "assistant", "content": "", "tool_calls": [
+                    {"id": cid, "name": "bash", "arguments": f'{{"step": {k}}}'}]},
+                {"role": "tool", "tool_call_id": cid, "content": f"output {k}"}]
+    return [*out, {"role": "assistant", "content": "done"}]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_chain_with_repeated_ids_is_renamed_once_per_message(
+        shell_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call of the chain renames only the messages added since the last one, keeps
+    their wire forms, and sends what a guard seeing the turn for the first time sends."""
+    import shared.core.callids as callids
+
+    fed: list[int] = []
+    feed = callids.Renaming.feed
+
+    def counting(self: callids.Renaming, messages: Any) -> list[Any]:
+        fed.append(len(messages))
+        return feed(self, messages)
+
+    monkeypatch.setattr(callids.Renaming, "feed", counting)
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    store.append("s", [{"role": "user", "content": "before"},
+                       {"role": "assistant", "content": "", "tool_calls": [
+                           {"id": "stored", "name": "bash", "arguments": "{}"}]},
+                       {"role": "tool", "tool_call_id": "stored", "content": "old"}])
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _repeating_chain(12)
+    calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
+    renamed = 0
+    for i in calls:
+        fed.clear()
+        view = guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
+        wire = view.wire("openai")
+        renamed += sum(fed)
+        fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare(
+            "s", SYSTEM, model="m", pending=turn[:i])
+        assert wire == fresh.wire("openai")
+        assert view.report.estimated_prompt_tokens == fresh.report.estimated_prompt_tokens
+        ids = [c["id"] for m in wire for c in m.get("tool_calls", [])]
+        assert len(ids) == len(set(ids))  # sent paired, each call its own id
+    assert renamed == calls[-1]  # each pending message renamed once, by the first call with it
+    guard.record_turn("s", turn)
+    assert guard.prepare("s", SYSTEM, model="m").report.length == 3 + len(turn)
