@@ -341,3 +341,31 @@ def test_a_write_between_the_append_and_the_feeds_tally_is_not_missed(
     assert len(calls) == 2
     assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "between"
     other.redis.close()
+
+
+def test_sync_guards_sharing_a_feed_share_its_own_writes_connection(
+        real_redis: redis.Redis, key_prefix: str) -> None:
+    """``compaction serve``'s guards (one per tenant, one feed): one own-writes
+    connection too, and each tenant's appends are still vouched for."""
+    from shared.guard import ContextGuard
+    from shared.store.changes import feed_for
+
+    config = StoreConfig(key_prefix=key_prefix)
+    feed = feed_for(real_redis, f"{key_prefix}:{{")
+    assert feed is not None
+    guards = {t: ContextGuard(SessionStore(real_redis, config, tenant=t),
+                              overrides={"m": 100_000}, watch_changes=feed)
+              for t in ("alice", "bob")}
+    assert guards["alice"].own is guards["bob"].own is feed.shared_own_writes()
+    for t, guard in guards.items():
+        guard.record_turn("s", turn(0))
+        guard.prepare("s", SYSTEM, **M)
+    seen = {t: reads(g) for t, g in guards.items()}
+    for k in range(1, 4):
+        for t, guard in guards.items():
+            guard.record_turn("s", turn(k))
+            assert guard.prepare("s", SYSTEM, **M).messages[-1].content == f"a{k}"
+    assert seen == {"alice": [], "bob": []}
+    own = guards["bob"].own
+    feed.close()  # the shared connection is the feed's to close
+    assert own is not None and own.closed

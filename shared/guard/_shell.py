@@ -50,7 +50,13 @@ from shared.guard._tracing import Traced
 from shared.store import commands
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
-from shared.store.own_writes import AsyncOwnWrites, OwnMark, OwnWrites, own_writes_for
+from shared.store.own_writes import (
+    AsyncOwnWrites,
+    OwnMark,
+    OwnWrites,
+    is_async_client,
+    own_writes_for,
+)
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
@@ -100,6 +106,7 @@ class GuardShell:
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
         self.own: OwnWrites | AsyncOwnWrites | None = None
+        self._own_shared = False
         self._base = ""
         self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
 
@@ -117,7 +124,10 @@ class GuardShell:
             caching = self.views.max_sessions > 0
             self.feed = feed_for(client, self._base) if enabled and caching else None
         if enabled and self.views.max_sessions > 0:
-            self.own = own_writes_for(client, f"{prefix}:")
+            shared = isinstance(enabled, ChangeFeed) and not is_async_client(client)
+            self.own = (enabled.shared_own_writes() if shared  # type: ignore[union-attr]
+                        else own_writes_for(client, f"{prefix}:"))
+            self._own_shared = shared
 
     def session_base(self, session_id: str) -> str:
         return f"{self._base}{session_id}}}"
@@ -177,7 +187,7 @@ class GuardShell:
         if feed is not None:
             feed.close()
         own, self.own = self.own, None
-        if own is not None:
+        if own is not None and not self._own_shared:  # a shared one is its feed's to close
             own.close()
 
     # -- fixed figures ---------------------------------------------------------------

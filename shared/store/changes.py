@@ -126,8 +126,10 @@ class ChangeFeed:
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
                  connection_class: str = "Connection") -> None:
         self._kwargs = feed_kwargs(connection_kwargs)
+        self._store_kwargs = dict(connection_kwargs)
         self._class = connection_class
         self.prefix = prefix
+        self._own: Any = None  # the sync guards' shared own-writes connection, when asked
         self._lock = threading.Lock()
         self._conn: Any = None
         self._seen = _Seen()
@@ -165,10 +167,25 @@ class ChangeFeed:
                 return None
             return self._seen.epoch, self._seen.seq, self._seen.pushes.get(base, 0)
 
+    def shared_own_writes(self) -> Any:
+        """One own-writes connection (:class:`shared.store.own_writes.OwnWrites`) for the
+        sync guards sharing this feed, made on first use: like the feed, one connection
+        for every tenant's guard (a busy one sends an append through the store)."""
+        from shared.store.own_writes import OwnWrites
+
+        with self._lock:
+            if self._own is None:
+                self._own = OwnWrites(self._store_kwargs, connection_class=self._class,
+                                      probe_key=self.prefix.split("{", 1)[0])
+            return self._own
+
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self._drop()
+            own, self._own = self._own, None
+        if own is not None:
+            own.close()
 
     # -- the connection ----------------------------------------------------------------------
     def _ready(self) -> bool:

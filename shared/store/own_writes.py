@@ -535,8 +535,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-__all__ = ["IO_TIMEOUT", "AsyncOwnWrites", "OwnMark", "OwnState", "OwnWrites", "own_writes_for",
+__all__ = ["IO_TIMEOUT", "AsyncOwnWrites", "OwnMark", "OwnState", "OwnWrites", "is_async_client",
+           "own_writes_for",
            "probe_steps", "probe_verdict", "script_sha", "vouch"]
+
+
+def is_async_client(client: Any) -> bool:
+    return type(client).__module__.startswith("redis.asyncio")
 
 
 def own_writes_for(client: Any, probe_key: str) -> OwnWrites | AsyncOwnWrites | None:
@@ -549,6 +554,6 @@ def own_writes_for(client: Any, probe_key: str) -> OwnWrites | AsyncOwnWrites | 
     if found is None:
         return None
     kwargs, name = found
-    if type(client).__module__.startswith("redis.asyncio"):
+    if is_async_client(client):
         return AsyncOwnWrites(kwargs, connection_class=name, probe_key=probe_key)
     return OwnWrites(kwargs, connection_class=name, probe_key=probe_key)
