@@ -357,12 +357,12 @@ def test_sync_guards_sharing_a_feed_share_its_own_writes_connection(
                               overrides={"m": 100_000}, watch_changes=feed)
               for t in ("alice", "bob")}
     assert guards["alice"].own is guards["bob"].own is feed.shared_own_writes()
-    for t, guard in guards.items():
+    for guard in guards.values():
         guard.record_turn("s", turn(0))
         guard.prepare("s", SYSTEM, **M)
     seen = {t: reads(g) for t, g in guards.items()}
     for k in range(1, 4):
-        for t, guard in guards.items():
+        for guard in guards.values():
             guard.record_turn("s", turn(k))
             assert guard.prepare("s", SYSTEM, **M).messages[-1].content == f"a{k}"
     assert seen == {"alice": [], "bob": []}
