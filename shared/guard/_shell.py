@@ -82,11 +82,6 @@ def check_request(system_prompt: object, tools: object) -> None:
             raise InvalidInput("expected an object", field=f"tools[{i}]")
 
 
-def script_source(store: Any, name: str) -> str:
-    """The Lua source of one of the store's scripts (the own-writes connection loads it)."""
-    return str(store._scripts[name].script)
-
-
 class GuardShell:
     """State and pure helpers of a guard shell (no store calls here)."""
 
@@ -137,23 +132,25 @@ class GuardShell:
         """The cached view when the feed vouches that nothing of the session changed since
         it was read: this call needs no read."""
         cached = self.views.get(session_id)
-        if cached is None or cached.mark is None or self.feed is None:
+        mark = cached.mark if cached is not None else None  # once: another thread may drop it
+        if cached is None or mark is None or self.feed is None:
             return None
-        if isinstance(cached.mark, OwnMark):  # vouched by the own-writes connection instead
+        if isinstance(mark, OwnMark):  # vouched by the own-writes connection instead
             return None
-        return cached if self.feed.unchanged(self.session_base(session_id), cached.mark) else None
+        return cached if self.feed.unchanged(self.session_base(session_id), mark) else None
 
     def own_vouched(self, session_id: str) -> tuple[CachedView, OwnMark] | None:
         """The cached view and its mark when it came from the guard's own append and the
         change feed saw no write to the session since (the shell then asks the own-writes
         connection: :func:`shared.store.own_writes.vouch`)."""
         cached = self.views.get(session_id)
-        if cached is None or not isinstance(cached.mark, OwnMark) or self.own is None \
-                or self.feed is None or cached.mark.feed is None:
+        mark = cached.mark if cached is not None else None  # once: another thread may drop it
+        if cached is None or not isinstance(mark, OwnMark) or self.own is None \
+                or self.feed is None or mark.feed is None:
             return None
-        if not self.feed.unchanged(self.session_base(session_id), cached.mark.feed):
+        if not self.feed.unchanged(self.session_base(session_id), mark.feed):
             return None
-        return cached, cached.mark
+        return cached, mark
 
     def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
         """The change feed's tally for the session, around an own append."""

@@ -34,7 +34,7 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
-from shared.guard._shell import GuardShell, check_request, script_source
+from shared.guard._shell import GuardShell, check_request
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
@@ -249,8 +249,7 @@ class AsyncContextGuard(GuardShell):
         done = None
         before = self.own_tally(session_id) if isinstance(self.own, AsyncOwnWrites) else None
         if isinstance(self.own, AsyncOwnWrites) and before is not None:
-            done = await self.own.run(self.session_base(session_id), cmd.script,
-                                      script_source(self.store, cmd.script), cmd.keys,
+            done = await self.own.run(self.session_base(session_id), cmd.script, cmd.keys,
                                       cmd.args)
         if done is None:
             marks.append(None)

@@ -34,7 +34,7 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
-from shared.guard._shell import GuardShell, check_request, script_source
+from shared.guard._shell import GuardShell, check_request
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
@@ -239,8 +239,7 @@ class ContextGuard(GuardShell):
         done = None
         before = self.own_tally(session_id) if isinstance(self.own, OwnWrites) else None
         if isinstance(self.own, OwnWrites) and before is not None:
-            done = self.own.run(self.session_base(session_id), cmd.script,
-                                script_source(self.store, cmd.script), cmd.keys, cmd.args)
+            done = self.own.run(self.session_base(session_id), cmd.script, cmd.keys, cmd.args)
         if done is None:
             marks.append(None)
             return self.store.execute(cmd)

@@ -37,6 +37,7 @@ the asyncio one; both keep their state in :class:`OwnState`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -44,6 +45,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from importlib import resources
 from typing import Any, NamedTuple, TypeVar
 
 from shared.core.errors import StoreUnavailable
@@ -139,6 +141,13 @@ def _is_reply_error(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError)
 
 
+@functools.cache
+def lua_source(name: str) -> str:
+    """The text of one of the store's scripts (``shared/store/lua/<name>.lua``)."""
+    return resources.files("shared.store").joinpath("lua", f"{name}.lua").read_text(
+        encoding="utf-8")
+
+
 def script_sha(source: str) -> str:
     return hashlib.sha1(source.encode("utf-8")).hexdigest()  # Redis names scripts by SHA-1
 
@@ -175,7 +184,7 @@ class OwnWrites:
         self.closed = False
         _OWN.add(self)
 
-    def run(self, base: str, script: str, source: str, keys: list[str], args: list[Any],
+    def run(self, base: str, script: str, keys: list[str], args: list[Any],
             ) -> tuple[Any, OwnMark | None] | None:
         """Run one script on the connection: (its reply, the mark vouching for what it
         wrote), or None when the connection is busy or unavailable (use the store).
@@ -188,7 +197,7 @@ class OwnWrites:
                 return None
             before = self.state.seen.seq
             try:
-                reply = self._eval(script, source, keys, args)
+                reply = self._eval(script, keys, args)
                 self._drain()
             except Exception as exc:
                 if _is_reply_error(exc):
@@ -241,9 +250,10 @@ class OwnWrites:
         while self._conn.can_read(0):
             self._conn.read_response(push_request=True, timeout=0)
 
-    def _eval(self, script: str, source: str, keys: list[str], args: list[Any]) -> Any:
+    def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
         import redis
 
+        source = lua_source(script)
         sha = script_sha(source)
         if sha not in self._loaded:
             self._conn.send_command("SCRIPT", "LOAD", source)
@@ -254,7 +264,7 @@ class OwnWrites:
             return self._conn.read_response()
         except redis.exceptions.NoScriptError:  # the server's script cache was flushed
             self._loaded.discard(sha)
-            return self._eval(script, source, keys, args)
+            return self._eval(script, keys, args)
 
     def _connect(self) -> bool:
         try:
@@ -349,7 +359,7 @@ class AsyncOwnWrites:
         self._loaded: set[str] = set()
         self.closed = False
 
-    async def run(self, base: str, script: str, source: str, keys: list[str],
+    async def run(self, base: str, script: str, keys: list[str],
                   args: list[Any]) -> tuple[Any, OwnMark | None] | None:
         """See :meth:`OwnWrites.run`."""
         if not self._acquire():
@@ -359,7 +369,7 @@ class AsyncOwnWrites:
                 return None
             before = self.state.seen.seq
             try:
-                reply = await self._eval(script, source, keys, args)
+                reply = await self._eval(script, keys, args)
                 await self._drain()
             except Exception as exc:
                 if _is_reply_error(exc):
@@ -436,9 +446,10 @@ class AsyncOwnWrites:
         while await self._conn.can_read():
             await self._conn.read_response(push_request=True)
 
-    async def _eval(self, script: str, source: str, keys: list[str], args: list[Any]) -> Any:
+    async def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
         import redis
 
+        source = lua_source(script)
         sha = script_sha(source)
         if sha not in self._loaded:
             await self._conn.send_command("SCRIPT", "LOAD", source)
@@ -449,7 +460,7 @@ class AsyncOwnWrites:
             return await self._conn.read_response()
         except redis.exceptions.NoScriptError:
             self._loaded.discard(sha)
-            return await self._eval(script, source, keys, args)
+            return await self._eval(script, keys, args)
 
     async def _connect(self) -> bool:
         seen = self.state.seen
