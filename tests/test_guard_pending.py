@@ -124,3 +124,27 @@ def test_a_chain_with_repeated_ids_is_renamed_once_per_message(
     assert renamed == calls[-1]  # each pending message renamed once, by the first call with it
     guard.record_turn("s", turn)
     assert guard.prepare("s", SYSTEM, model="m").report.length == 3 + len(turn)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_an_id_the_view_holds_is_renamed_before_the_first_attempt(shell_name: str) -> None:
+    """A turn re-using a call id the cached view shows stored is renamed at once: one
+    append script call, not a refused one and a second."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    chain = _repeating_chain(2)  # call_0, call_1
+    guard.record_turn("s", chain)
+    guard.prepare("s", SYSTEM, model="m")
+    inner = guard.inner if hasattr(guard, "inner") else guard
+    sent: list[str] = []
+    execute = inner.store.execute
+
+    def spy(cmd: Any) -> Any:
+        sent.append(cmd.script)
+        return execute(cmd)
+
+    inner.store.execute = spy
+    guard.record_turn("s", chain)
+    assert sent == ["append"]
+    ids = [c.id for m in store.messages("s") for c in m.tool_calls]
+    assert len(ids) == len(set(ids)) == 4

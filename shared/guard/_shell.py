@@ -32,7 +32,7 @@ from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
-from shared.core.messages import Message, validate_message
+from shared.core.messages import Message, validate_message, validate_messages
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
@@ -249,12 +249,22 @@ class GuardShell:
         guard's counter): recording a long tool chain does not count it all again."""
         known, counts = (self.turns.recorded(session_id, messages)
                          if store.counter is self.counter else ([], {}))
-        if not known:
-            return store.encode(session_id, messages)  # type: ignore[no-any-return]
-        validated = known + [validate_message(item, i) for i, item in
-                             enumerate(messages[len(known):], start=len(known))]
-        return commands.encode(messages, store.config, KnownCounts(self.counter, counts),
-                               validated=validated)
+        validated = (known + [validate_message(item, i) for i, item in
+                              enumerate(messages[len(known):], start=len(known))]
+                     if known else validate_messages(messages))
+        return commands.encode(messages, store.config,
+                               KnownCounts(self.counter, counts) if known else store.counter,
+                               validated=validated, known=self.stored_ids(session_id, validated))
+
+    def stored_ids(self, session_id: str, batch: Sequence[Message]) -> dict[str, str]:
+        """Call ids of ``batch`` that the cached view shows the session already stored:
+        renamed on the first attempt, not after an ``ID_CONFLICT`` round trip (ids from
+        before the view's start still take that one)."""
+        cached = self.views.get(session_id)
+        if cached is None:
+            return {}
+        scan = cached.scan
+        return {c.id: c.id for m in batch for c in m.tool_calls if scan.taken(c.id)}
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""
