@@ -122,8 +122,13 @@ def test_a_chain_with_repeated_ids_is_renamed_once_per_message(
         ids = [c["id"] for m in wire for c in m.get("tool_calls", [])]
         assert len(ids) == len(set(ids))  # sent paired, each call its own id
     assert renamed == calls[-1]  # each pending message renamed once, by the first call with it
-    guard.record_turn("s", turn)
-    assert guard.prepare("s", SYSTEM, model="m").report.length == 3 + len(turn)
+    guard.record_turn("s", turn)  # the cached view extended with the models it holds
+    view = guard.prepare("s", SYSTEM, model="m")
+    fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare("s", SYSTEM, model="m")
+    assert view.report.length == 3 + len(turn)
+    for fmt in ("openai", "openai+reasoning"):
+        assert view.wire(fmt) == fresh.wire(fmt)
+    assert view.anthropic() == fresh.anthropic() and view.gemini() == fresh.gemini()
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
@@ -148,3 +153,35 @@ def test_an_id_the_view_holds_is_renamed_before_the_first_attempt(shell_name: st
     assert sent == ["append"]
     ids = [c.id for m in store.messages("s") for c in m.tool_calls]
     assert len(ids) == len(set(ids)) == 4
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_message_renamed_at_append_is_not_sent_with_its_pending_wire_form(
+        shell_name: str) -> None:
+    """A call id stored before the view's start (compacted away) is new to the view, so
+    the turn's prepares send it as given; the append renames it. The next view must
+    send the stored id, as a fresh read does, not the form the prepares made."""
+    from shared.core.records import SummaryRecord
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    store.append("s", [{"role": "user", "content": "before"},
+                       {"role": "assistant", "content": "", "tool_calls": [
+                           {"id": "old", "name": "bash", "arguments": "{}"}]},
+                       {"role": "tool", "tool_call_id": "old", "content": "out"},
+                       {"role": "assistant", "content": "ok"}])
+    assert store.commit_summary("s", SummaryRecord(watermark=4, kind="offline", text="S",
+                                                   tokens=3), 0).ok
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = [{"role": "user", "content": "again"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "old", "name": "bash", "arguments": '{"n": 2}'}]},
+            {"role": "tool", "tool_call_id": "old", "content": "out 2"},
+            {"role": "assistant", "content": "done"}]
+    for i in (1, 3):
+        assert guard.prepare("s", SYSTEM, model="m", pending=turn[:i]).wire("openai")
+    guard.record_turn("s", turn)
+    stored = [c.id for m in store.messages("s") for c in m.tool_calls]
+    assert stored[0] == "old" and stored[1] != "old"
+    view = guard.prepare("s", SYSTEM, model="m")
+    fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare("s", SYSTEM, model="m")
+    assert view.wire("openai") == fresh.wire("openai")

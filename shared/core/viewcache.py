@@ -29,7 +29,15 @@ from typing import Any
 
 from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
-from shared.core.pairs import PAIRS_START, PairScan, Shape, scan_pairs, scan_shapes, stored_shape
+from shared.core.pairs import (
+    PAIRS_START,
+    PairScan,
+    Shape,
+    scan_pairs,
+    scan_shapes,
+    shape,
+    stored_shape,
+)
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import convert, decode_stored, load_stored
@@ -283,12 +291,14 @@ def _lazy_history(raw: Sequence[bytes]) -> Chunks[Message]:
 
 
 def decode_view(raw: RawView, cached: CachedView | None,
-                wire_update: Any = None) -> CachedView:
+                wire_update: Any = None, decoded: Sequence[Message] | None = None) -> CachedView:
     """The session's next cached view from a read and the entry it was made against.
 
     Decodes only what ``cached`` does not hold. ``wire_update(old_wire,
     drop, changes, new_messages)`` carries the wire forms along (see
-    :func:`shared.core.wireview.carry`).
+    :func:`shared.core.wireview.carry`). ``decoded``: the new messages as models,
+    index for index with ``raw.messages`` (the guard's own append: it holds them), for
+    their pair shapes and wire forms; the cache keeps their stored JSON all the same.
     """
     if (cached is not None and raw.incremental and not raw.messages
             and not raw.summary_included and not raw.cheap_included
@@ -319,9 +329,11 @@ def decode_view(raw: RawView, cached: CachedView | None,
     # The new messages stay stored JSON (decoded into models only when read, a chunk at
     # a time): the pair scan and the OpenAI wire form are made from the JSON as plain data.
     new_raw = raw.messages
-    loaded = load_stored(new_raw)
+    if decoded is not None and len(decoded) != len(new_raw):
+        decoded = None
     if raw.incremental:
-        shapes = map(stored_shape, loaded)
+        shapes = (map(shape, decoded) if decoded is not None
+                  else map(stored_shape, load_stored(new_raw)))
         if cached is None or cached.end != raw.start or not cached.start <= w <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
         drop = w - cached.start
@@ -350,10 +362,14 @@ def decode_view(raw: RawView, cached: CachedView | None,
         new_counts = raw.message_counts()
         counts = (cached.counts.drop(drop).extend(new_counts)
                   if cached.counts is not None and new_counts is not None else None)
-        wire = (wire_update(cached.wire, drop, changes, new_applied, start_new)
+        models = (new_applied if decoded is None else  # placeholders stay, JSON: its model
+                  [m if isinstance(r, bytes) else r for r, m in zip(new_applied, decoded,
+                                                                     strict=True)])
+        wire = (wire_update(cached.wire, drop, changes, models, start_new)
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
     else:
+        loaded = load_stored(new_raw)
         history = _lazy_history(new_raw)
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)

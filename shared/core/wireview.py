@@ -142,10 +142,12 @@ def raw_items(chunks: Chunks[Any]) -> list[Any]:
 
 
 def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
-          new: Sequence[Any], _start_new: int = 0) -> dict[str, Any]:
+          new: Sequence[Any], _start_new: int = 0, *,
+          kept: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The wire forms of the next view: ``drop`` first messages gone, ``changes``
     (index after the drop -> message) replaced, ``new`` appended (messages, or their
-    stored JSON)."""
+    stored JSON; ``kept``: their wire forms already made, slot for slot, see
+    :func:`convert_kept`)."""
     out: dict[str, Any] = {}
     for fmt, chunks in wire.items():
         if fmt in FOLDED:  # Anthropic, Gemini: extended; after a summary or a placeholder,
@@ -155,7 +157,9 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
         items = list(changes.items())
         replaced = dict(zip((i for i, _ in items), convert(fmt, [m for _, m in items]),
                             strict=True))
-        out[fmt] = chunks.drop(drop).replace(replaced).extend(convert(fmt, new))
+        made = (convert_kept(fmt, new, kept) if kept is not None and len(kept) == len(new)
+                and not any(isinstance(m, bytes) for m in new) else convert(fmt, new))
+        out[fmt] = chunks.drop(drop).replace(replaced).extend(made)
     return out
 
 

@@ -154,21 +154,24 @@ class PendingTurns:
         return turn.slots if turn is not None and turn.extra is extra else []
 
     def recorded(self, session_id: str, messages: Sequence[Any],
-                 ) -> tuple[list[Message], dict[int, int]]:
+                 ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]]]:
         """For the turn being recorded: its first messages as the pending turn validated
-        them (the same given, compared as :meth:`rows` does), and their token counts by
-        message object, so that recording the turn does not validate and count again."""
+        them (the same given, compared as :meth:`rows` does), their token counts by
+        message object and their wire-form slots, so that recording the turn does not
+        validate, count or convert them again."""
         turn = self._get(session_id)
         if turn is None or not isinstance(messages, (list, tuple)):
-            return [], {}
+            return [], {}, []
         known: list[Message] = []
         counts: dict[int, int] = {}
-        for (old, message, tokens, _), item in zip(turn.rows, messages, strict=False):
+        slots: list[dict[str, Any]] = []
+        for (old, message, tokens, slot), item in zip(turn.rows, messages, strict=False):
             if old is not item and old != item:
                 break
             known.append(message)
             counts[id(message)] = tokens
-        return known, counts
+            slots.append(slot)
+        return known, counts, slots
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""

@@ -18,6 +18,7 @@ view, the overflow check and the usage report (:meth:`~GuardShell.turn_usage`).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -174,7 +175,16 @@ class GuardShell:
         that call reads (and finds nothing to decode)."""
         raw = appended_read(cached, result.batch, result) if cached is not None else None
         if raw is not None:
-            snap = decode_view(raw, cached, carry)
+            batch = result.batch
+            if isinstance(batch, EncodedBatch):  # ours: the models and wire forms it holds
+                slots, given = batch.slots, batch.messages
+                kept: list[dict[str, Any]] = [  # a renamed message is converted anew
+                    slots[i] if i < len(slots) and message is given[i] else {}
+                    for i, message in enumerate(batch.unique)]
+                snap = decode_view(raw, cached, functools.partial(carry, kept=kept),
+                                   decoded=batch.unique)
+            else:
+                snap = decode_view(raw, cached, carry)
             snap.mark = mark
             self.views.put(session_id, snap)
 
@@ -247,14 +257,16 @@ class GuardShell:
         """The turn encoded for its append (:meth:`SessionStore.encode`), re-using what the
         pending turn's prepares validated and counted (when the store counts with the
         guard's counter): recording a long tool chain does not count it all again."""
-        known, counts = (self.turns.recorded(session_id, messages)
-                         if store.counter is self.counter else ([], {}))
+        known, counts, slots = (self.turns.recorded(session_id, messages)
+                                if store.counter is self.counter else ([], {}, []))
         validated = (known + [validate_message(item, i) for i, item in
                               enumerate(messages[len(known):], start=len(known))]
                      if known else validate_messages(messages))
-        return commands.encode(messages, store.config,
-                               KnownCounts(self.counter, counts) if known else store.counter,
-                               validated=validated, known=self.stored_ids(session_id, validated))
+        batch = commands.encode(messages, store.config,
+                                KnownCounts(self.counter, counts) if known else store.counter,
+                                validated=validated, known=self.stored_ids(session_id, validated))
+        batch.slots = slots
+        return batch
 
     def stored_ids(self, session_id: str, batch: Sequence[Message]) -> dict[str, str]:
         """Call ids of ``batch`` that the cached view shows the session already stored:

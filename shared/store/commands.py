@@ -82,6 +82,7 @@ class EncodedBatch(list[tuple[str, int]]):
     messages: list[Message]
     claims: Claims
     unique: list[Message]  # the messages as encoded (ids made unique), row for row
+    slots: list[dict[str, Any]]  # wire forms its caller already made, by index (opaque here)
 
     @classmethod
     def build(cls, rows: Iterable[tuple[str, int]], messages: list[Message],
@@ -89,6 +90,7 @@ class EncodedBatch(list[tuple[str, int]]):
         batch = cls(rows)
         batch.messages, batch.claims = messages, claims
         batch.unique = unique if unique is not None else messages
+        batch.slots = []
         return batch
 
 
@@ -195,7 +197,9 @@ def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: 
     if known is None or not isinstance(encoded, EncodedBatch):
         return None
     reuse = {id(message): row for message, row in zip(encoded.unique, encoded, strict=True)}
-    return encode((), config, counter, known=known, validated=encoded.messages, reuse=reuse)
+    renamed = encode((), config, counter, known=known, validated=encoded.messages, reuse=reuse)
+    renamed.slots = encoded.slots  # by index of the same messages
+    return renamed
 
 
 APPEND_ATTEMPTS = 3  # ids renamed against the session's mapping at most twice
