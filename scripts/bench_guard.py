@@ -27,7 +27,8 @@ again with an LLM summary committed near the end ("summary"). Per size:
 - the first prepare (+ wire) of a new process (a subprocess; imports done);
 - ``record_turn`` with a real publish (``CeleryEnqueuer`` to a Redis broker,
   pending flag cleared before each call so that every call publishes);
-- resident bytes of the guard's cached view per message (tracemalloc).
+- resident bytes of the guard's cached view per message (tracemalloc);
+- growth from 100 to 10k messages: the warm loop on both sizes, paired as above.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard.py [--sizes 100,1000,10000,100000]
         [--calls 300] [--redis-url redis://127.0.0.1:6379/5] [--broker-url redis://127.0.0.1:6379/6]
@@ -302,21 +303,38 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def targets(rows: list[dict[str, Any]]) -> list[str]:
+def growth_paired(env: Env, mode: str, calls: int) -> dict[str, Any]:
+    """Warm prepare + wire at 100 and at 10k messages, paired (blocks of 25 in turn, same
+    minutes of the machine): the growth ratio is not the drift between two size runs."""
+    summary_at = 0.9 if mode == "summary" else None
+    store = env.store()
+    arms = {}
+    for size in (100, 10_000):
+        sid = f"growth{size}{mode}"
+        seed(store, sid, history(size), summary_at=summary_at)
+        arms[size] = SyncArm(ContextGuard(store, NullEnqueuer(), overrides=OVERRIDES), sid,
+                             False)
+    times = paired(arms, calls)
+    small, large = stats(times[100]), stats(times[10_000])
+    return {"mode": mode, "small": small, "large": large,
+            "p50": large["p50"] / small["p50"], "p99": large["p99"] / small["p99"]}
+
+
+def targets(rows: list[dict[str, Any]], growth: dict[str, dict[str, Any]]) -> list[str]:
     by = {(r["size"], r["mode"]): r for r in rows}
     lines = []
     for mode in ("none", "summary"):
-        r, small = by.get((10_000, mode)), by.get((100, mode))
+        r = by.get((10_000, mode))
         if r is None:
             continue
         nan = float("nan")
-        growth = (r["warm"]["p50"] / small["warm"]["p50"] if small else nan,
-                  r["warm"]["p99"] / small["warm"]["p99"] if small else nan)
+        found = growth.get(mode)
+        growth_ = (found["p50"], found["p99"]) if found else (nan, nan)
         lines.append(
             f"- 10k ({mode}): warm+wire p99 {r['warm']['p99']:.3f} ms (<= 1); "
             f"{r['langchain']['p50'] / r['warm']['p50']:.0f}x LangChain p50 (>= 100; "
             f"{r['langchain_wire']['p50'] / r['warm']['p50']:.0f}x with its wire conversion); "
-            f"growth 100->10k p50 {growth[0]:.2f}x, p99 {growth[1]:.2f}x (<= 1.5); "
+            f"growth 100->10k (paired) p50 {growth_[0]:.2f}x, p99 {growth_[1]:.2f}x (<= 1.5); "
             f"first {r['first']:.1f} ms (<= 20); "
             f"repeated/unique p50 {r['repeated']['p50'] / r['warm']['p50']:.2f}, "
             f"p99 {r['repeated']['p99'] / r['warm']['p99']:.2f} (<= 1.2); "
@@ -342,19 +360,24 @@ def main() -> None:
     args = parser.parse_args()
     env = Env(args.redis_url)
     rows = []
+    growth: dict[str, dict[str, Any]] = {}
+    sizes = [int(s) for s in args.sizes.split(",")]
     try:
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in sizes:
             for mode in args.modes.split(","):
                 rows.append(run(size, mode, env, args))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if 100 in sizes and 10_000 in sizes:
+            for mode in args.modes.split(","):
+                growth[mode] = growth_paired(env, mode, args.calls)
     finally:
         env.cleanup()
     print(f"load average {loadavg()}; gc on; {args.calls} calls per figure\n")
     print(table(rows))
-    print("\n" + "\n".join(targets(rows)))
+    print("\n" + "\n".join(targets(rows, growth)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(rows, handle, indent=1)
+            json.dump({"rows": rows, "growth": growth}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ compacting, and LangChain's ``SummarizationMiddleware.before_model`` on the
 same messages when it does not compact (langchain v1).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard_turns.py [--turns 127] [--chain 27]
-        [--format openai|anthropic|gemini]
+        [--format openai|anthropic|gemini] [--llm-ms 0]
+
+``--llm-ms``: each prepare is followed by a model call of that long (a sleep), as in a
+real agent, where the worker summarizes while the model answers; 0 (the default) is
+the worst case, every call right after the last, the worker always behind.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
                 views.append(list(view.messages))
             if number == args.chain_at:
                 chain.append(took)
+            if args.llm_ms:
+                time.sleep(args.llm_ms / 1000)  # the model call the view is sent to
         assert view is not None
         started = time.perf_counter()
         guard.record_turn(sid, turn, usage={"prompt_tokens": view.report.estimated_prompt_tokens})
@@ -127,6 +133,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--format", choices=("openai", "anthropic", "gemini"), default="openai",
                         help="the wire format the agent sends")
+    parser.add_argument("--llm-ms", type=float, default=0.0,
+                        help="the model call after each prepare, in ms (0: none, the worker "
+                             "always behind: the worst case)")
     args = parser.parse_args()
     turns = all_turns()[: args.turns - 1]
     args.chain_at = len(turns) // 2
@@ -146,7 +155,8 @@ def main() -> None:
         env.cleanup()
     lc = middleware(views, min(200, len(views))) if views else []
     print(f"load average {loadavg()}; {len(turns)} turns, {sum(len(t) for t in turns)} "
-          f"messages, window {args.window}, {summaries} summaries kept at the end\n")
+          f"messages, window {args.window}, {summaries} summaries kept at the end, "
+          f"model call {args.llm_ms:g} ms\n")
     print("| figure | p50 ms | p99 ms | target |\n|---|---|---|---|")
     print(f"| guard wait per turn | {percentile(per_turn, 50):.2f} | "
           f"{percentile(per_turn, 99):.2f} | p99 <= 5 |")
