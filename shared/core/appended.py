@@ -3,13 +3,14 @@
 After ``record_turn`` the next ``prepare`` used to read the session again,
 only to get back the turn it had just written. The append's reply already
 says everything that read would: the log length and token total before the
-batch, and the state hash after it. When those show that the cached view is
+batch, the state hash and the pending flag after it. When those show that the cached view is
 still the view just before the batch (same epoch, log generation, version,
 watermark and cheap-stage generation; the log ended where the cache ends),
 :func:`appended_read` builds the read's result from the batch itself, and
 :func:`shared.core.viewcache.decode_view` extends the cache with it as with
 any incremental read. When anything else changed, it returns None and the
-guard reads as before.
+guard reads as before. Whether the next call may skip its read altogether is
+for :mod:`shared.store.own_writes` to vouch.
 """
 
 from __future__ import annotations

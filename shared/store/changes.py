@@ -19,7 +19,8 @@ Why it stays correct:
   this ordering against the server they run on.
 - Own writes are not told apart from others' (``NOLOOP`` does not cover
   script writes in broadcast mode on Redis 7.0, and one push may carry the
-  keys of several clients' writes): after writing, the guard reads again.
+  keys of several clients' writes): after writing, the guard reads again, except
+  after its appends, which :mod:`shared.store.own_writes` vouches for.
 - A connection that died quietly sends nothing; the feed is trusted only
   within :data:`VERIFY_SECONDS` of a ``PING`` answered on it (the pushes
   before the ``PONG`` are read before it), so a silent failure costs at most
