@@ -16,7 +16,9 @@ from shared.core.config import StoreConfig
 from shared.core.errors import LimitExceeded
 from shared.core.records import SummaryRecord
 from shared.core.view import ViewCache
-from shared.store.own_writes import AsyncOwnWrites, OwnWrites, probe_steps, probe_verdict
+from shared.store.own_writes import probe_steps, probe_verdict
+from shared.store.own_writes_aio import AsyncOwnWrites
+from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.test_changes import reads

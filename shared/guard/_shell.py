@@ -51,13 +51,9 @@ from shared.guard._tracing import Traced
 from shared.store import commands
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
-from shared.store.own_writes import (
-    AsyncOwnWrites,
-    OwnMark,
-    OwnWrites,
-    is_async_client,
-    own_writes_for,
-)
+from shared.store.own_writes import OwnMark, is_async_client, own_writes_for
+from shared.store.own_writes_aio import AsyncOwnWrites
+from shared.store.own_writes_sync import OwnWrites
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")

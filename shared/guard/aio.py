@@ -40,7 +40,8 @@ from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
-from shared.store.own_writes import AsyncOwnWrites, OwnMark, vouch
+from shared.store.own_writes import OwnMark, vouch
+from shared.store.own_writes_aio import AsyncOwnWrites
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")

@@ -39,7 +39,8 @@ from shared.store import recall_query
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
-from shared.store.own_writes import OwnMark, OwnWrites, vouch
+from shared.store.own_writes import OwnMark, vouch
+from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
 
 log = logging.getLogger("shared.guard")

@@ -172,7 +172,7 @@ class ChangeFeed:
         """One own-writes connection (:class:`shared.store.own_writes.OwnWrites`) for the
         sync guards sharing this feed, made on first use: like the feed, one connection
         for every tenant's guard (a busy one sends an append through the store)."""
-        from shared.store.own_writes import OwnWrites
+        from shared.store.own_writes_sync import OwnWrites
 
         with self._lock:
             if self._own is None:

@@ -1,0 +1,219 @@
+"""The own-writes connection over asyncio (the async guard): see
+:mod:`shared.store.own_writes`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shared.core.errors import StoreUnavailable
+from shared.store import own_writes
+from shared.store.changes import IO_TIMEOUT, feed_kwargs
+from shared.store.own_writes import (
+    TRACKING,
+    OwnMark,
+    OwnState,
+    is_reply_error,
+    lua_source,
+    probe_steps,
+    script_sha,
+)
+
+log = logging.getLogger("shared.store.own_writes")
+
+
+class AsyncOwnWrites:
+    """The asyncio shell: one connection of the event loop that opened it."""
+
+    def __init__(self, connection_kwargs: Mapping[str, Any], *,
+                 connection_class: str = "Connection", probe_key: str = "") -> None:
+        self._kwargs = feed_kwargs(connection_kwargs, short=False)  # an append may take a while
+        self._class = connection_class
+        self._probe_key = probe_key
+        self._busy = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Any = None
+        self.state = OwnState()
+        self._loaded: set[str] = set()
+        self.closed = False
+
+    async def run(self, base: str, script: str, keys: list[str],
+                  args: list[Any]) -> tuple[Any, OwnMark | None] | None:
+        """See :meth:`OwnWrites.run`."""
+        if not self._acquire():
+            return None
+        try:
+            if not await self._ready():
+                return None
+            before = self.state.seen.seq
+            try:
+                reply = await self._eval(script, keys, args)
+                await self._drain()
+            except Exception as exc:
+                if is_reply_error(exc):
+                    raise
+                await self._fail(exc)
+                raise StoreUnavailable(f"redis unavailable during {script}: {exc}") from exc
+            self.state.answered()
+            return reply, self.state.mark_after(base, before)
+        finally:
+            self._busy = False
+
+    async def warm_up(self) -> bool:
+        """See :meth:`OwnWrites.warm_up`."""
+        if not self._acquire():
+            return False
+        try:
+            return await self._ready()
+        finally:
+            self._busy = False
+
+    async def unchanged(self, base: str, mark: OwnMark) -> bool:
+        if not self._acquire():
+            return False
+        try:
+            return await self._ready() and self.state.unchanged(base, mark)
+        finally:
+            self._busy = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._drop()
+
+    def close(self) -> None:
+        """Stop using the connection (closed with its event loop, or when collected)."""
+        self.closed = True
+        self._conn = None
+        self.state.seen.forget()
+
+    def _acquire(self) -> bool:
+        """Take the connection without waiting (False: another task is on it). No await
+        between the test and the set: atomic on the event loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # a connection of another loop is unusable here (and not closable from it)
+            self._loop, self._busy, self._conn = loop, False, None
+            self.state.seen.forget()
+        if self._busy:
+            return False
+        self._busy = True
+        return True
+
+    async def _ready(self) -> bool:
+        if self.closed:
+            return False
+        if self._conn is None and not (self.state.may_connect(time.monotonic())
+                                       and await self._connect()):
+            return False
+        try:
+            await self._drain()
+            if self.state.needs_ping():
+                await self._conn.send_command("PING")
+                await self._conn.read_response(timeout=IO_TIMEOUT)
+                self.state.answered()
+        except Exception as exc:
+            await self._fail(exc)
+            return False
+        return True
+
+    async def _drain(self) -> None:
+        # bytes that reached the socket are in the stream only once the loop has polled
+        # it: two passes of the loop make sure it has, since this call began
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        while await self._conn.can_read():
+            await self._conn.read_response(push_request=True)
+
+    async def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        import redis
+
+        source = lua_source(script)
+        sha = script_sha(source)
+        if sha not in self._loaded:
+            await self._conn.send_command("SCRIPT", "LOAD", source)
+            await self._conn.read_response()
+            self._loaded.add(sha)
+        try:
+            await self._conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            return await self._conn.read_response()
+        except redis.exceptions.NoScriptError:
+            self._loaded.discard(sha)
+            return await self._eval(script, keys, args)
+
+    async def _connect(self) -> bool:
+        seen = self.state.seen
+
+        async def pushed(push: Any) -> None:
+            seen.invalidated(push)
+
+        try:
+            conn = self._new()
+            await conn.connect()
+            conn._parser.set_invalidation_push_handler(pushed)
+            await conn.send_command(*TRACKING)
+            await conn.read_response()
+            if self.state.usable is None:
+                self.state.usable = await self._probe(conn, pushed)
+                if not self.state.usable:
+                    await conn.disconnect()
+                    return False
+        except Exception as exc:
+            await self._fail(exc)
+            return False
+        self._conn = conn
+        self._loaded.clear()
+        self.state.connected()
+        return True
+
+    def _new(self) -> Any:
+        import redis.asyncio
+        from redis.driver_info import DriverInfo
+
+        cls = {"Connection": redis.asyncio.Connection,
+               "SSLConnection": redis.asyncio.SSLConnection,
+               "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
+               }[self._class]
+        return cls(**{"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs},
+                   protocol=3)
+
+    async def _probe(self, conn: Any, handler: Callable[[Any], Any]) -> bool:
+        key = f"{self._probe_key}own-probe:{os.getpid()}:{id(self)}"
+        other = self._new()
+        pushes: list[Any] = []
+
+        async def collect(push: Any) -> None:
+            pushes.append(push)
+
+        conn._parser.set_invalidation_push_handler(collect)
+        try:
+            await other.connect()
+            for command, who in probe_steps(key):
+                on = conn if who == "own" else other
+                await on.send_command(*command)
+                await on.read_response()
+            await conn.send_command("PING")
+            await conn.read_response()
+        finally:
+            await other.disconnect()
+            conn._parser.set_invalidation_push_handler(handler)
+        return own_writes.probe_verdict(pushes, key)
+
+    async def _fail(self, exc: BaseException) -> None:
+        self.state.failed(exc)
+        await self._drop()
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self.state.seen.forget()
+        if conn is not None:
+            try:
+                await conn.disconnect()
+            except Exception:
+                log.debug("closing the own-writes connection failed", exc_info=True)
+
+
+__all__ = ["AsyncOwnWrites"]
