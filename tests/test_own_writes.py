@@ -371,3 +371,51 @@ def test_sync_guards_sharing_a_feed_share_its_own_writes_connection(
     own = guards["bob"].own
     feed.close()  # the shared connection is the feed's to close
     assert own is not None and own.closed
+
+
+def test_threads_sharing_a_guard_never_see_a_stale_view(real_store: SessionStore,
+                                                        redis_url: str, key_prefix: str) -> None:
+    """Four threads on one guard (the own connection busy half the time: those appends go
+    through the store), each with its session and a writer racing it."""
+    from shared.guard import ContextGuard
+
+    guard = ContextGuard(real_store, overrides={"m": 10_000_000})
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    done: dict[str, int] = {}
+
+    def writer(sid: str) -> None:
+        other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+        while not stop.is_set():
+            other.append(sid, [{"role": "user", "content": f"w{done[sid] + 1}"}])
+            done[sid] += 1
+            time.sleep(0.001)
+        other.redis.close()
+
+    def agent(sid: str) -> None:
+        try:
+            for k in range(60):
+                guard.record_turn(sid, turn(k))
+                finished = done[sid]
+                view = guard.prepare(sid, SYSTEM, **M)
+                contents = {str(m.content) for m in view.messages}
+                assert all(f"w{i}" in contents for i in range(1, finished + 1)), (sid, k)
+                assert f"a{k}" in contents
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    sids = [f"t{i}" for i in range(4)]
+    for sid in sids:
+        done[sid] = 0
+        guard.record_turn(sid, turn(0))
+    threads = [threading.Thread(target=writer, args=(sid,)) for sid in sids]
+    agents = [threading.Thread(target=agent, args=(sid,)) for sid in sids]
+    for t in threads + agents:
+        t.start()
+    for t in agents:
+        t.join(60)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not errors, errors
+    assert all(n > 5 for n in done.values())
