@@ -253,6 +253,7 @@ def test_doctor_without_workers_fails_on_workers(urls: tuple[str, str],
     assert code == 1
     found = verdicts(json.loads(out))
     assert found["redis store"] == "OK" and found["queue"] == "OK"
+    assert found["guard reads"] == "OK"
     assert found["broker"] in ("OK", "WARN") and found["workers"] == "FAIL"
     assert found["summarizer"] == "OK"
     code, out, _ = cli(capsys, "doctor", "--timeout", "0.5")
@@ -275,7 +276,7 @@ def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COMPACTION_BROKER_URL", "redis://127.0.0.1:1/1")
     found = verdicts(json.loads(cli(capsys, "doctor", "--timeout", "0.5", "--json")[1]))
-    assert found == {"redis store": "OK", "broker": "FAIL", "queue": "FAIL",
+    assert found == {"redis store": "OK", "guard reads": "OK", "broker": "FAIL", "queue": "FAIL",
                      "workers": "FAIL", "summarizer": "OK"}
 
 
@@ -590,3 +591,18 @@ def test_the_cli_and_the_demo_load_no_optional_dependency() -> None:
     # the demo's provider simulation counts with tiktoken when it is installed (imported
     # inside a function, chars/4 otherwise); no provider SDK is ever loaded
     assert "DEMO []" in done.stderr, done.stderr[-2000:]
+
+
+def test_doctor_warns_when_the_guard_must_read_every_call(
+        monkeypatch: pytest.MonkeyPatch, urls: tuple[str, str]) -> None:
+    import shared.store.own_writes as own_writes
+    from workers.cli.doctor import check_tracking
+    from workers.settings import load_settings
+
+    assert check_tracking(load_settings()).verdict == "OK"
+    monkeypatch.setattr(own_writes, "probe_verdict", lambda pushes, key: False)
+    found = check_tracking(load_settings())
+    assert found.verdict == "WARN" and "probe" in found.detail, found
+    monkeypatch.setenv("COMPACTION_REDIS_CLUSTER", "true")
+    monkeypatch.setenv("COMPACTION_REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert "Cluster" in check_tracking(load_settings()).detail

@@ -2,7 +2,8 @@
 
 Checks, each with one verdict line (OK / WARN / FAIL) and every one bounded
 by ``--timeout``: the Redis store (reachable, version, latency, eviction
-policy), the broker (reachable, ``maxmemory-policy``: anything but
+policy), whether a warm guard can skip its reads there (client tracking), the
+broker (reachable, ``maxmemory-policy``: anything but
 ``noeviction`` may silently drop queued jobs), the queue length, the
 workers (Celery ``control.ping``, and whether they consume the
 ``compaction`` queue), and the summarizer (a ``models.list()`` for
@@ -123,6 +124,43 @@ def check_store(settings: Settings) -> Check:
         return Check(name, "WARN", f"{detail}; maxmemory-policy {policy} may evict sessions "
                                    "(use noeviction, or volatile-* with COMPACTION_SESSION_TTL)")
     return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
+
+
+def check_tracking(settings: Settings) -> Check:
+    """Whether a warm guard can skip its reads here: the change feed (``CLIENT TRACKING``
+    in broadcast mode) and the own-writes connection (default mode, ``NOLOOP``, its probe
+    passed). Without them the guard works, reading on every call: a WARN."""
+    from shared.store.changes import feed_for
+    from shared.store.own_writes import own_writes_for
+
+    name = "guard reads"
+    if settings.redis_cluster:
+        return Check(name, "WARN", "client tracking is off on a Redis Cluster: every prepare "
+                                   "reads the session (one round trip)")
+    try:
+        client = store_client(settings)
+    except (ValueError, StoreUnavailable) as exc:
+        return Check(name, "WARN", f"not checked: {exc}")
+    feed = feed_for(client, f"{settings.key_prefix}:{{{settings.tenant}:")
+    own = own_writes_for(client, f"{settings.key_prefix}:")
+    try:
+        feed_ok = feed is not None and feed.mark() is not None
+        own_ok = own is not None and bool(own.warm_up())
+        probe = own.state.usable if own is not None else None
+    finally:
+        for closing in (feed, own):
+            if closing is not None:
+                closing.close()
+        client.close()
+    if feed_ok and own_ok:
+        return Check(name, "OK", "change feed and own-writes connection work (CLIENT TRACKING; "
+                                 "the probe passed): a warm guard reads only what others wrote")
+    missing = [what for what, ok in (("change feed", feed_ok), ("own-writes connection", own_ok))
+               if not ok]
+    why = ("the server failed the own-writes probe" if probe is False else
+           "CLIENT TRACKING refused or unreachable (the guard's user needs the client command)")
+    return Check(name, "WARN", f"no {' or '.join(missing)}: {why}; the guard reads the "
+                               "session on every call, or after its own appends")
 
 
 # -- broker and queue ----------------------------------------------------------------------
@@ -271,6 +309,7 @@ def _gemini(settings: Settings, timeout: float) -> Check:
 # -- the command -------------------------------------------------------------------------------
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
     return [_guarded("redis store", lambda: check_store(settings)),
+            _guarded("guard reads", lambda: check_tracking(settings)),
             *check_broker(settings, timeout),
             check_summarizer(settings, timeout)]
 
@@ -296,4 +335,4 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 __all__ = ["Check", "add_arguments", "check_broker", "check_store", "check_summarizer",
-           "check_workers", "run", "run_checks"]
+           "check_tracking", "check_workers", "run", "run_checks"]
