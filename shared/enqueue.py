@@ -289,6 +289,12 @@ def request_summary(store: Any, enqueuer: Enqueuer, session_id: str) -> bool:
     """
     if not store.mark_pending(session_id):
         return False
+    return publish_marked(store, enqueuer, session_id)
+
+
+def publish_marked(store: Any, enqueuer: Enqueuer, session_id: str) -> bool:
+    """Publish the job for a session whose pending flag this caller just set (see
+    :func:`request_summary`); on failure the flag is cleared again."""
     try:
         enqueuer.enqueue(store.tenant, session_id)
     except Exception as exc:
@@ -308,6 +314,7 @@ __all__ = [
     "Enqueuer",
     "NullEnqueuer",
     "RedisTaskPublisher",
+    "publish_marked",
     "publisher_app",
     "request_summary",
 ]

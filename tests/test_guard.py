@@ -89,6 +89,15 @@ def test_a_truncating_chain_requests_its_forced_job_once(guard: ContextGuard,
         writes.append(fields)
         return update(session_id, **fields)  # a coroutine for the async store
     store.update_state = spy
+    own = getattr(guard, "inner", guard).own  # writes on the own-writes connection too
+    if own is not None:
+        run_many = own.run_many
+
+        def spy_own(base: str, steps: list[Any]) -> Any:
+            writes.extend({"force_requested": 1} for step in steps
+                          if isinstance(step, tuple) and "force_requested" in step)
+            return run_many(base, steps)
+        own.run_many = spy_own
     turn = coding_turn(0, 12_000) + coding_turn(1, 12_000)[1:] + coding_turn(2, 12_000)[1:]
     calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
     reports = [guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",

@@ -419,3 +419,84 @@ def test_threads_sharing_a_guard_never_see_a_stale_view(real_store: SessionStore
         t.join(10)
     assert not errors, errors
     assert all(n > 5 for n in done.values())
+
+
+def assert_cached_is_fresh(guard: Any, store: SessionStore) -> None:
+    """The guard's cached view is what a read of the store gives now, wire form included."""
+    from shared.core.view import apply_cheap, cheap_savings
+    from shared.core.wire import to_openai
+
+    reader = SessionStore(store.redis, store.config, tenant=store.tenant)  # not the guard's
+    cached, fresh = inner(guard).views.get("s"), reader.load_view("s", with_counts=True)
+    assert cached is not None
+    assert cached.history == fresh.history and cached.end == fresh.length
+    assert (cached.summary, dict(cached.cheap), cached.state) == \
+        (fresh.summary, fresh.cheap, fresh.state)
+    assert cached.counts is not None and list(cached.counts) == fresh.history_counts
+    w = fresh.state.watermark
+    assert cached.applied == apply_cheap(fresh.history, w, fresh.cheap)
+    assert cached.saved == cheap_savings(fresh.cheap, w, fresh.length)
+    if "openai" in cached.wire:
+        assert list(cached.wire["openai"]) == to_openai(list(cached.applied),
+                                                        include_reasoning=False)
+
+
+def test_a_truncation_or_cheap_stage_is_not_read_back(real_store: SessionStore,
+                                                      shell: str) -> None:
+    """A prepare that writes (a truncation, cheap-stage placeholders, the job's flags)
+    reads the view in the same round trip: the next call reads nothing, and the cached
+    view is what a read would give."""
+    from tests.test_guard import coding_turn
+
+    guard = make(shell, real_store, overrides={"small": 8000})
+    for i in range(2):
+        guard.record_turn("s", coding_turn(i, 3000))
+    turn = coding_turn(2, 12_000) + coding_turn(3, 12_000)[1:]
+    calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
+    seen = reads(guard)
+    wrote = 0
+    for i in calls[1:]:
+        view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small", pending=turn[:i])
+        view.wire("openai")
+        wrote += bool(view.report.truncated or view.report.cheap_applied)
+        assert_cached_is_fresh(guard, real_store)
+    assert wrote >= 2 and view.report.truncated
+    assert seen.count("s") <= 1  # the first call's read, none after the writes
+    guard.record_turn("s", turn)
+    assert_cached_is_fresh(guard, real_store)
+    assert seen.count("s") <= 1
+
+
+def test_a_truncation_that_loses_its_swap_rebuilds_from_the_read_it_made(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str) -> None:
+    """A worker's summary lands between the guard's read and its truncation: the
+    truncation loses the swap and the call rebuilds from the view read in the same
+    round trip (the worker's summary in it), with no read of its own."""
+    from tests.test_guard import coding_turn
+
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, real_store, overrides={"small": 8000})
+    for i in range(3):
+        guard.record_turn("s", coding_turn(i, 3000))
+    guard.prepare("s", SYSTEM, max_tokens=1000, model="small")
+    g = inner(guard)
+    tally = g.own_tally
+    landed: list[int] = []
+
+    def worker_first(session_id: str) -> Any:
+        if not landed:  # the worker commits after the guard's read, before its writes
+            version = other.state("s").version
+            assert other.commit_summary("s", SummaryRecord(
+                watermark=10, kind="offline", text="WORKER-SUMMARY", tokens=20), version).ok
+            landed.append(version)
+        return tally(session_id)
+
+    g.own_tally = worker_first
+    seen = reads(guard)
+    turn = coding_turn(3, 20_000)
+    view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small", pending=turn[:4])
+    assert landed and "WORKER-SUMMARY" in str(view.messages[0].content)
+    assert real_store.state("s").watermark >= 10
+    assert seen == []
+    assert_cached_is_fresh(guard, real_store)
+    other.redis.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -38,7 +39,7 @@ from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
-from shared.core.records import AppendResult, SessionState, SummaryRecord
+from shared.core.records import AppendResult, RawView, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
@@ -51,7 +52,7 @@ from shared.guard._tracing import Traced
 from shared.store import commands
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
-from shared.store.own_writes import OwnMark, is_async_client, own_writes_for
+from shared.store.own_writes import OwnMark, is_async_client, own_writes_for, vouch
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.own_writes_sync import OwnWrites
 from shared.telemetry import get_metrics
@@ -148,6 +149,62 @@ class GuardShell:
         if not self.feed.unchanged(self.session_base(session_id), mark.feed):
             return None
         return cached, mark
+
+    def own_steps(self, store: Any, session_id: str, plan: Plan, cursor: Any, wanted: bool,
+                  force: bool) -> tuple[list[Any], dict[str, int]] | None:
+        """The plan's writes (and the job's flags) followed by a read of the view, as one
+        round trip on the own-writes connection; where each reply is. None when they
+        cannot go that way (a truncation whose recovery flag is cleared only if it wins)."""
+        if plan.truncation is not None and plan.clear_recover_next:
+            return None
+        k, config = store.keys(session_id), store.config
+        steps: list[Any] = []
+        at: dict[str, int] = {}
+        if plan.figures:
+            fields = commands.state_fields(plan.figures)
+            steps.append(("HSET", k.state, *itertools.chain.from_iterable(fields.items())))
+        if plan.cheap:
+            at["cheap"] = len(steps)
+            steps.append(commands.cheap_command(k, config, plan.cheap, plan.version))
+        if plan.truncation is not None:
+            at["commit"] = len(steps)
+            steps.append(commands.commit_command(k, config, plan.truncation, plan.version))
+        if plan.clear_recover_next:
+            steps.append(("HSET", k.state, "recover_next", 0))
+        if wanted:
+            if force:
+                steps.append(("HSET", k.state, "force_requested", 1))
+            at["pending"] = len(steps)
+            steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds))
+        at["view"] = len(steps)
+        steps.append(commands.view_command(k, cursor, True, (commands.BULK_MESSAGES,
+                                                             commands.BULK_TOKENS)))
+        return steps, at
+
+    def own_written(self, session_id: str, snap: CachedView, steps: list[Any],
+                    at: dict[str, int], replies: list[Any], mark: OwnMark | None,
+                    before: tuple[int, int, int] | None) -> tuple[bool, bool]:
+        """Read the replies of :meth:`own_steps`: (the truncation won its swap, this call
+        set the pending flag). The view read after the writes becomes the cached view,
+        vouched for like an own append (:func:`shared.store.own_writes.vouch`)."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        won = True
+        if "commit" in at:
+            result = commands.parse_commit(replies[at["commit"]])
+            if not result.ok:
+                log.info("truncation summary for %s lost its swap (%s)", session_id,
+                         result.reason)
+                won = False
+        marked = "pending" in at and replies[at["pending"]] not in (None, False)
+        raw = steps[at["view"]].parse(replies[at["view"]])
+        if isinstance(raw, RawView):  # a large range (deferred) is left to the next read
+            fresh = decode_view(raw, snap, carry)
+            fresh.mark = vouch(mark, before, self.own_tally(session_id))
+            if raw.epoch:
+                self.views.put(session_id, fresh)
+        return won, marked
 
     def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
         """The change feed's tally for the session, around an own append."""

@@ -152,7 +152,11 @@ class AsyncContextGuard(GuardShell):
         self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
-        if not self.performed(plan, await self._perform(session_id, plan)) and retry_lost_swap:
+        # a job already queued (the flag in this view) needs no second request
+        wanted, force = self.job_wanted(plan, snap)
+        done = await self._perform_own(session_id, plan, snap, wanted, force)
+        won = await self._perform(session_id, plan) if done is None else done[0]
+        if not self.performed(plan, won) and retry_lost_swap:
             # A worker's summary (or an edit) landed since the read: build from it
             # instead (it may fit without truncating), once.
             fresh = await self.snapshot(session_id)
@@ -160,10 +164,28 @@ class AsyncContextGuard(GuardShell):
                                      extra, extra_tokens, started, force_ratio,
                                      retry_lost_swap=False)
         self.remember(session_id, plan.sent)
-        # a job already queued (the flag in this view) needs no second request
-        wanted, force = self.job_wanted(plan, snap)
-        enqueued = await self._enqueue(session_id, force=force) if wanted else False
+        if done is not None:
+            enqueued = done[1]
+        else:
+            enqueued = await self._enqueue(session_id, force=force) if wanted else False
         return self.finish(plan, enqueued, started)
+
+    async def _perform_own(self, session_id: str, plan: Plan, snap: CachedView, wanted: bool,
+                           force: bool) -> tuple[bool, bool] | None:
+        """See :meth:`shared.guard.sync.ContextGuard._perform_own`."""
+        if not (plan.figures or plan.cheap or plan.truncation is not None
+                or plan.clear_recover_next or wanted) or not isinstance(self.own, AsyncOwnWrites):
+            return None
+        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
+        before = self.own_tally(session_id)
+        if built is None or before is None:
+            return None
+        self.touched(session_id)
+        done = await self.own.run_many(self.session_base(session_id), built[0])
+        if done is None:
+            return None
+        won, marked = self.own_written(session_id, snap, built[0], built[1], *done, before)
+        return won, marked and await self._publish(session_id)
 
     async def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""

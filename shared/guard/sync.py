@@ -33,7 +33,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
-from shared.enqueue import Enqueuer, NullEnqueuer, request_summary
+from shared.enqueue import Enqueuer, NullEnqueuer, publish_marked, request_summary
 from shared.guard._shell import GuardShell, check_request
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
@@ -150,17 +150,41 @@ class ContextGuard(GuardShell):
         self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
-        if not self.performed(plan, self._perform(session_id, plan)) and retry_lost_swap:
+        # a job already queued (the flag in this view) needs no second request
+        wanted, force = self.job_wanted(plan, snap)
+        done = self._perform_own(session_id, plan, snap, wanted, force)
+        won = self._perform(session_id, plan) if done is None else done[0]
+        if not self.performed(plan, won) and retry_lost_swap:
             # A worker's summary (or an edit) landed since the read: build from it
             # instead (it may fit without truncating), once.
             return self._build(session_id, self.snapshot(session_id), system_prompt, tools,
                                max_tokens, model, extra, extra_tokens, started, force_ratio,
                                retry_lost_swap=False)
         self.remember(session_id, plan.sent)
-        # a job already queued (the flag in this view) needs no second request
-        wanted, force = self.job_wanted(plan, snap)
-        enqueued = self._enqueue(session_id, force=force) if wanted else False
+        if done is not None:
+            enqueued = done[1]
+        else:
+            enqueued = self._enqueue(session_id, force=force) if wanted else False
         return self.finish(plan, enqueued, started)
+
+    def _perform_own(self, session_id: str, plan: Plan, snap: CachedView, wanted: bool,
+                     force: bool) -> tuple[bool, bool] | None:
+        """The plan's writes and the job's flags, then a read of the view, in one round
+        trip on the own-writes connection (the next call need not read); None when they
+        cannot go that way. Returns (the truncation won, a job was published)."""
+        if not (plan.figures or plan.cheap or plan.truncation is not None
+                or plan.clear_recover_next or wanted) or not isinstance(self.own, OwnWrites):
+            return None
+        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
+        before = self.own_tally(session_id)
+        if built is None or before is None:
+            return None
+        self.touched(session_id)
+        done = self.own.run_many(self.session_base(session_id), built[0])
+        if done is None:
+            return None
+        won, marked = self.own_written(session_id, snap, built[0], built[1], *done, before)
+        return won, marked and publish_marked(self.store, self.enqueuer, session_id)
 
     def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""

@@ -7,12 +7,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
 from shared.store.changes import IO_TIMEOUT, feed_kwargs
+from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
     OwnMark,
@@ -62,6 +63,51 @@ class AsyncOwnWrites:
             return reply, self.state.mark_after(base, before)
         finally:
             self._busy = False
+
+    async def run_many(self, base: str, steps: Sequence[Command[Any] | tuple[Any, ...]],
+                       ) -> tuple[list[Any], OwnMark | None] | None:
+        """See :meth:`shared.store.own_writes_sync.OwnWrites.run_many`."""
+        if not self._acquire():
+            return None
+        try:
+            if not await self._ready():
+                return None
+            before = self.state.seen.seq
+            try:
+                packed = []
+                for step in steps:
+                    if isinstance(step, Command):
+                        sha = await self._load(step.script)
+                        packed.append(("EVALSHA", sha, len(step.keys), *step.keys, *step.args))
+                    else:
+                        packed.append(step)
+                await self._conn.send_packed_command(self._conn.pack_commands(packed))
+                replies: list[Any] = []
+                for _ in packed:
+                    try:
+                        replies.append(await self._conn.read_response())
+                    except Exception as exc:
+                        if not is_reply_error(exc):
+                            raise
+                        replies.append(exc)
+                await self._drain()
+            except Exception as exc:
+                await self._fail(exc)
+                raise StoreUnavailable(f"redis unavailable during a guard's writes: {exc}") \
+                    from exc
+            self.state.answered()
+            return replies, self.state.mark_after(base, before)
+        finally:
+            self._busy = False
+
+    async def _load(self, script: str) -> str:
+        source = lua_source(script)
+        sha = script_sha(source)
+        if sha not in self._loaded:
+            await self._conn.send_command("SCRIPT", "LOAD", source)
+            await self._conn.read_response()
+            self._loaded.add(sha)
+        return sha
 
     async def warm_up(self) -> bool:
         """See :meth:`OwnWrites.warm_up`."""

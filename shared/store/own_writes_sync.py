@@ -7,12 +7,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
 from shared.store.changes import IO_TIMEOUT, feed_kwargs
+from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
     OwnMark,
@@ -65,6 +66,54 @@ class OwnWrites:
             return reply, self.state.mark_after(base, before)
         finally:
             self._lock.release()
+
+    def run_many(self, base: str, steps: Sequence[Command[Any] | tuple[Any, ...]],
+                 ) -> tuple[list[Any], OwnMark | None] | None:
+        """Several commands in one round trip (a script as its :class:`Command`, a plain
+        one as a tuple), in order: their raw replies (an error reply as its exception),
+        and the mark; None when the connection is busy or unavailable."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if not self._ready():
+                return None
+            before = self.state.seen.seq
+            try:
+                packed = []
+                for step in steps:
+                    if isinstance(step, Command):
+                        sha = self._load(step.script)
+                        packed.append(("EVALSHA", sha, len(step.keys), *step.keys, *step.args))
+                    else:
+                        packed.append(step)
+                self._conn.send_packed_command(self._conn.pack_commands(packed))
+                replies: list[Any] = []
+                for _ in packed:
+                    try:
+                        replies.append(self._conn.read_response())
+                    except Exception as exc:
+                        if not is_reply_error(exc):
+                            raise
+                        replies.append(exc)
+                self._drain()
+            except Exception as exc:
+                self._fail(exc)
+                raise StoreUnavailable(f"redis unavailable during a guard's writes: {exc}") \
+                    from exc
+            self.state.answered()
+            return replies, self.state.mark_after(base, before)
+        finally:
+            self._lock.release()
+
+    def _load(self, script: str) -> str:
+        """The script's SHA, loaded on this connection's server first if not yet."""
+        source = lua_source(script)
+        sha = script_sha(source)
+        if sha not in self._loaded:
+            self._conn.send_command("SCRIPT", "LOAD", source)
+            self._conn.read_response()
+            self._loaded.add(sha)
+        return sha
 
     def warm_up(self) -> bool:
         """Connect (and probe the server) now, best effort: not in the first append."""

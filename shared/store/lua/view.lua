@@ -112,5 +112,8 @@ local totals = {}
 if ARGV[7] == '1' and start < len and deferred == 0 then
   totals = redis.call('LRANGE', KEYS[3], math.max(start - 1, 0), -1)
 end
+-- Every key of the view read, whatever the branches above skipped: a caller with client
+-- tracking in default mode (shared.store.own_writes) stays told of any write to them.
+redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 return {cjson.encode(state), messages, before, total, len, summary, cheap, pending, start,
         incremental, included, totals, cheap_included, deferred}
