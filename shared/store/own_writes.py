@@ -25,6 +25,9 @@ around the append (its own pass) and neither connection reports a write since.
 The feed's rules keep this connection honest too: drained before every check,
 trusted within :data:`~shared.store.changes.VERIFY_SECONDS` of an answer on it
 (else a ``PING`` first), a new epoch on every (re)connection, flush or failure.
+A prepare's own writes (a truncation, cheap stages, figures, the job's flags) go the
+same way: :meth:`~shared.store.own_writes_sync.OwnWrites.run_many` sends them and a
+read of the view in one round trip, and that read is vouched for by the same rule.
 A probe (:func:`probe_steps`, when the first connection opens) checks the
 behaviour all this rests on, on the server at hand; where it does not hold, or
 tracking is unavailable (fakeredis, Cluster), or another thread is using the
