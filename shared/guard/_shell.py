@@ -60,6 +60,22 @@ from shared.telemetry import get_metrics
 log = logging.getLogger("shared.guard")
 
 
+WRITES = ("update_state", "record_cheap", "commit_summary", "mark_pending", "clear_pending")
+"""The store's methods a prepare writes with: the own-writes connection stands in for
+them only where they are the store class's own (a store that overrides one, such as a
+dry run that drops writes, keeps them)."""
+
+
+def plain_writes(store: Any, base: type) -> bool:
+    """Whether ``store``'s write methods are ``base``'s, not overridden (a tenant handle
+    forwards to its store's)."""
+    for name in WRITES:
+        method = getattr(store, name, None)
+        if getattr(method, "__func__", None) is not getattr(base, name, None):
+            return False
+    return True
+
+
 def check_request(system_prompt: object, tools: object) -> None:
     """The caller's fixed request parts, checked before anything is read or hashed."""
     if not isinstance(system_prompt, str):

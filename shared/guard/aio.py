@@ -34,7 +34,7 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer
-from shared.guard._shell import GuardShell, check_request
+from shared.guard._shell import GuardShell, check_request, plain_writes
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
@@ -174,7 +174,8 @@ class AsyncContextGuard(GuardShell):
                            force: bool) -> tuple[bool, bool] | None:
         """See :meth:`shared.guard.sync.ContextGuard._perform_own`."""
         if not (plan.figures or plan.cheap or plan.truncation is not None
-                or plan.clear_recover_next or wanted) or not isinstance(self.own, AsyncOwnWrites):
+                or plan.clear_recover_next or wanted) or not isinstance(self.own, AsyncOwnWrites) \
+                or not plain_writes(self.store, AsyncSessionStore):
             return None
         built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
         before = self.own_tally(session_id)

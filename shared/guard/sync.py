@@ -34,7 +34,7 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, publish_marked, request_summary
-from shared.guard._shell import GuardShell, check_request
+from shared.guard._shell import GuardShell, check_request, plain_writes
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
 from shared.store.commands import Command
@@ -173,7 +173,8 @@ class ContextGuard(GuardShell):
         trip on the own-writes connection (the next call need not read); None when they
         cannot go that way. Returns (the truncation won, a job was published)."""
         if not (plan.figures or plan.cheap or plan.truncation is not None
-                or plan.clear_recover_next or wanted) or not isinstance(self.own, OwnWrites):
+                or plan.clear_recover_next or wanted) or not isinstance(self.own, OwnWrites) \
+                or not plain_writes(self.store, SessionStore):
             return None
         built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
         before = self.own_tally(session_id)
