@@ -185,3 +185,38 @@ def test_a_message_renamed_at_append_is_not_sent_with_its_pending_wire_form(
     view = guard.prepare("s", SYSTEM, model="m")
     fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare("s", SYSTEM, model="m")
     assert view.wire("openai") == fresh.wire("openai")
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_an_id_this_guard_stored_is_renamed_at_once_after_it_left_the_view(
+        shell_name: str) -> None:
+    """A provider that numbers calls per response (``call_0`` every turn): once the turn
+    that first used an id is summarized away the view no longer shows it, but the
+    guard's own appends told it the session's mapping, so the next turn is renamed
+    before its first attempt and its result is claimed under the newest call."""
+    from shared.core.records import SummaryRecord
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    guard.record_turn("s", _repeating_chain(1))
+    guard.record_turn("s", _repeating_chain(1))  # renamed: call_0 is in the view
+    length = len(store.messages("s"))
+    assert store.commit_summary("s", SummaryRecord(watermark=length, kind="offline", text="S",
+                                                   tokens=3), store.state("s").version).ok
+    guard.prepare("s", SYSTEM, model="m")  # the view now starts after every call_0
+    inner = guard.inner if hasattr(guard, "inner") else guard
+    sent: list[str] = []
+    execute = inner.store.execute
+
+    def spy(cmd: Any) -> Any:
+        sent.append(cmd.script)
+        return execute(cmd)
+
+    inner.store.execute = spy
+    guard.record_turn("s", _repeating_chain(1))
+    assert sent == ["append"]
+    stored = store.messages("s")
+    ids = [c.id for m in stored for c in m.tool_calls]
+    assert len(ids) == len(set(ids)) == 3
+    results = [m.tool_call_id for m in stored if m.role == "tool"]
+    assert results[-1] == ids[-1]  # paired with its own call, not an older call_0

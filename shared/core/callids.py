@@ -26,7 +26,9 @@ session's mapping and the batch is renamed again (:func:`disambiguate`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.core.messages import Message
@@ -149,4 +151,50 @@ def wire_id(message: Message, stored: str) -> str:
     return stored
 
 
-__all__ = ["WIRE_IDS", "Claims", "Renaming", "disambiguate", "wire_id"]
+class KnownIds:
+    """Each session's id mapping as this process last saw it (provider id -> stored id
+    of its newest call), from the claims of its own appends, which the store checked.
+
+    A hint for the first attempt of the next append: a call whose id the session has
+    seen is renamed at once and a result is claimed under its call's stored id, so a
+    repeated id that left the cached view (summarized away) costs no ``ID_CONFLICT``
+    round trip. A stale hint is harmless: a needless rename is still unique, and a
+    wrong claim is refused by the store and renamed again. Bounded: the
+    ``per_session`` newest ids of the ``sessions`` most recently used sessions.
+    """
+
+    def __init__(self, sessions: int = 256, per_session: int = 256) -> None:
+        self.sessions, self.per_session = sessions, per_session
+        self._maps: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, session_id: str, provider_ids: Iterable[str]) -> dict[str, str]:
+        """The known stored ids of ``provider_ids`` (those this process saw)."""
+        with self._lock:
+            found = self._maps.get(session_id)
+            if not found:
+                return {}
+            self._maps.move_to_end(session_id)
+            return {p: found[p] for p in provider_ids if p in found}
+
+    def learn(self, session_id: str, claims: Claims) -> None:
+        """The mapping after an append with ``claims`` was written."""
+        if (not claims.calls and not claims.results) or not self.sessions:
+            return
+        with self._lock:
+            found = self._maps.pop(session_id, None) or {}
+            for provider, stored in (*claims.results, *claims.calls):  # newest call last
+                found.pop(provider, None)
+                found[provider] = stored
+            while len(found) > self.per_session:
+                del found[next(iter(found))]
+            self._maps[session_id] = found
+            while len(self._maps) > self.sessions:
+                self._maps.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._maps.pop(session_id, None)
+
+
+__all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "wire_id"]

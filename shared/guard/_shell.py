@@ -30,6 +30,7 @@ from typing import Any
 
 from shared.core.appended import appended_read
 from shared.core.budget import ensure_reducible
+from shared.core.callids import KnownIds
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
@@ -112,6 +113,7 @@ class GuardShell:
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
         self.turns = PendingTurns(self.counter)
+        self.known_ids = KnownIds(self.views.max_sessions)
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
         self.own: OwnWrites | AsyncOwnWrites | None = None
@@ -242,6 +244,8 @@ class GuardShell:
         ``mark``: the own-writes connection vouches for it from now on
         (:mod:`shared.store.own_writes`), so the next call does not read; without one,
         that call reads (and finds nothing to decode)."""
+        if isinstance(result.batch, EncodedBatch) and not result.duplicate:
+            self.known_ids.learn(session_id, result.batch.claims)
         raw = appended_read(cached, result.batch, result) if cached is not None else None
         if raw is not None:
             batch = result.batch
@@ -338,14 +342,18 @@ class GuardShell:
         return batch
 
     def stored_ids(self, session_id: str, batch: Sequence[Message]) -> dict[str, str]:
-        """Call ids of ``batch`` that the cached view shows the session already stored:
-        renamed on the first attempt, not after an ``ID_CONFLICT`` round trip (ids from
-        before the view's start still take that one)."""
-        cached = self.views.get(session_id)
-        if cached is None:
+        """The session's mapping of ``batch``'s call ids as far as this guard knows it: ids
+        the cached view shows stored, and the newest stored id of ids its own appends
+        wrote (:class:`~shared.core.callids.KnownIds`; they may have left the view). The
+        first attempt renames them, not an ``ID_CONFLICT`` round trip."""
+        ids = {c.id for m in batch for c in m.tool_calls}
+        ids.update(m.tool_call_id for m in batch if m.role == "tool" and m.tool_call_id)
+        if not ids:
             return {}
-        scan = cached.scan
-        return {c.id: c.id for m in batch for c in m.tool_calls if scan.taken(c.id)}
+        cached = self.views.get(session_id)
+        known = ({p: p for p in ids if cached.scan.taken(p)} if cached is not None else {})
+        known.update(self.known_ids.of(session_id, ids))
+        return known
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""

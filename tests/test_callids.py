@@ -1,0 +1,51 @@
+"""Call ids made unique at append, and the per-session mapping a guard remembers."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.core.callids import Claims, KnownIds, disambiguate
+from shared.core.messages import validate_messages
+
+
+def _turn(cid: str) -> list[dict[str, object]]:
+    return [{"role": "assistant", "content": "", "tool_calls": [
+                {"id": cid, "name": "bash", "arguments": "{}"}]},
+            {"role": "tool", "tool_call_id": cid, "content": "out"}]
+
+
+def test_a_known_id_is_renamed_and_its_result_follows() -> None:
+    out, claims = disambiguate(validate_messages(_turn("call_0")), "ab",
+                               known={"call_0": "call_0"})
+    stored = out[0].tool_calls[0].id
+    assert stored != "call_0" and out[1].tool_call_id == stored
+    assert claims.calls == (("call_0", stored),) and claims.results == ()
+
+
+def test_known_ids_keep_the_newest_call_of_each_id() -> None:
+    ids = KnownIds()
+    ids.learn("s", Claims(calls=(("call_0", "call_0"),)))
+    ids.learn("s", Claims(calls=(("call_0", "call_0-rab0"),), results=(("x", "x"),)))
+    assert ids.of("s", ["call_0", "x", "y"]) == {"call_0": "call_0-rab0", "x": "x"}
+    assert ids.of("other", ["call_0"]) == {}
+    ids.forget("s")
+    assert ids.of("s", ["call_0"]) == {}
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 50)), max_size=200))
+def test_known_ids_stay_within_their_bounds(writes: list[tuple[str, int]]) -> None:
+    ids = KnownIds(sessions=3, per_session=5)
+    for session, n in writes:
+        ids.learn(session, Claims(calls=((f"id{n}", f"id{n}-s"),)))
+    assert len(ids._maps) <= 3
+    assert all(len(found) <= 5 for found in ids._maps.values())
+    if writes:  # the last write is always remembered
+        session, n = writes[-1]
+        assert ids.of(session, [f"id{n}"]) == {f"id{n}": f"id{n}-s"}
+
+
+def test_no_sessions_kept_means_nothing_learned() -> None:
+    ids = KnownIds(sessions=0)
+    ids.learn("s", Claims(calls=(("a", "a"),)))
+    assert ids.of("s", ["a"]) == {}
