@@ -87,6 +87,40 @@ def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
     other.redis.close()
 
 
+def test_only_writes_to_keys_the_view_is_read_from_count(real_store: SessionStore,
+                                                         real_redis: redis.Redis,
+                                                         shell: str) -> None:
+    """A worker's lease, the request ids, the recall index: written beside the view, they
+    leave it as it was, so the next prepare does not read. A write to any key the view
+    is read from does make it read."""
+    real_store.append("s", [{"role": "user", "content": "hello"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    guard.prepare("s", SYSTEM, model="m")
+    keys = real_store.keys("s")
+    base = keys.log.rsplit(":", 1)[0]
+    seen = reads(guard)
+    real_redis.set(keys.lease, "worker-1", px=5000)
+    real_redis.hset(keys.requests, "r1", "1:0:0")
+    real_redis.hset(keys.summary_index, "1", "x")
+    real_redis.sadd(f"{base}:recall:term:flight", "1")  # a recall term, ':' in its name
+    with real_redis.pipeline() as pipe:  # several in one push
+        pipe.set(keys.dirty, "1").set(keys.taken, "1").lpush(keys.request_order, "r1").execute()
+    guard.prepare("s", SYSTEM, model="m")
+    assert seen == []
+    for key in keys.view_keys():
+        if real_redis.exists(key):  # writes that change no value: still counted
+            real_redis.expire(key, 3600)
+        else:
+            with real_redis.pipeline() as pipe:
+                pipe.set(key, "x").delete(key).execute()
+        guard.prepare("s", SYSTEM, model="m")
+        assert len(seen) == 1, key
+        seen.clear()
+        guard.prepare("s", SYSTEM, model="m")  # the read's own figures write: read again
+        seen.clear()
+
+
 def test_own_writes_are_read_back_at_once(real_store: SessionStore, shell: str) -> None:
     guard = make(shell, real_store, overrides={"m": 100_000})
     for k in range(10):

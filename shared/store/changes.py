@@ -17,6 +17,8 @@ Why it stays correct:
   has its push on this connection already: every check drains the
   connection first (a ``select`` with no wait, a few µs). The tests check
   this ordering against the server they run on.
+- Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
+  worker's lease, request ids and recall index leave a cached view as it was.
 - Own writes are not told apart from others' (``NOLOOP`` does not cover
   script writes in broadcast mode on Redis 7.0, and one push may carry the
   keys of several clients' writes): after writing, the guard reads again, except
@@ -45,6 +47,8 @@ import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
+
+from shared.store.keys import VIEW_KEY_NAMES
 
 log = logging.getLogger("shared.store.changes")
 
@@ -81,6 +85,16 @@ def session_base(key: bytes | str) -> str:
     return text[: end + 1] if end >= 0 else text
 
 
+def _split(key: bytes | str) -> tuple[str, str | None]:
+    """(:func:`session_base`, the key's name after it) of a session's key; None as the
+    name when it has none (not a session key: counted as a change, to be safe)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    end = text.find("}")
+    if end < 0:
+        return text, None
+    return text[: end + 1], text[end + 2:]
+
+
 class _Seen:
     """What the pushes told: the change counter, the epoch, each session's last change.
 
@@ -108,8 +122,15 @@ class _Seen:
         if keys is None:
             self.forget()
             return
+        bases = set()
+        for key in keys:
+            base, name = _split(key)
+            if name is None or name in VIEW_KEY_NAMES:
+                bases.add(base)
+        if not bases:  # only keys no view is read from (a lease, the recall index)
+            return
         self.seq += 1
-        for base in {session_base(key) for key in keys}:
+        for base in bases:
             self.changed[base] = self.seq
             self.pushes[base] = self.pushes.get(base, 0) + 1
         if len(self.changed) > 100_000:  # bounded: forgetting is safe, a new epoch

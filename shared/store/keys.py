@@ -87,6 +87,11 @@ class SessionKeys:
             taken=f"{base}:taken",
         )
 
+    def view_keys(self) -> list[str]:
+        """Keys a guard's view is read from (``view.lua``'s): a write to any other key of
+        the session (lease, request ids, recall index) leaves a cached view as it was."""
+        return [self.state, self.log, self.cum, self.summaries, self.cheap, self.pending]
+
     def data_keys(self) -> list[str]:
         """Keys that hold session data (TTL applies to these)."""
         return [self.log, self.cum, self.state, self.summaries, self.summary_index, self.cheap]
@@ -95,6 +100,10 @@ class SessionKeys:
         """Every key of the session: data, recent append request ids, flags, lease."""
         return [*self.data_keys(), self.requests, self.request_order, self.pending,
                 self.lease, self.dirty, self.taken]
+
+
+VIEW_KEY_NAMES = frozenset(("state", "log", "cum", "sums", "cheap", "pending"))
+"""The last part of each of :meth:`SessionKeys.view_keys` (``<prefix>:{<tenant>:<id>}:<name>``)."""
 
 
 def session_pattern(prefix: str, tenant: str) -> str:
