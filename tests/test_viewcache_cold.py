@@ -89,3 +89,28 @@ def test_the_first_message_is_a_chunk_of_its_own() -> None:
 @given(n=st.integers(0, 3))
 def test_tiny_reads(n: int) -> None:
     check(ODD[:n])
+
+
+def test_stored_counts_answer_for_the_applied_messages_but_placeholders() -> None:
+    """A truncation counts the applied view (its own decoded objects): the store's count
+    answers for each stored message, a placeholder is counted afresh."""
+    from shared.core.tokens import DEFAULT_COUNTER
+    from shared.core.viewcache import KnownCounts
+
+    messages = [Message(role="user", content="read it"),
+                Message(role="assistant", content="", tool_calls=[{"id": "c1", "name": "read"}]),
+                Message(role="tool", content="x" * 400, tool_call_id="c1"),
+                Message(role="assistant", content="done")]
+    cheap = {2: CheapDecision(index=2, stage="clear_tool_output", placeholder="[cleared]",
+                              saved_tokens=90)}
+    raw = full_read(messages, cheap)
+    stored = [7, 11, 105, 3]  # the store's counts (not the default counter's)
+    raw = RawView(**{**{f: getattr(raw, f) for f in raw.__dataclass_fields__},
+                     "tokens_total": sum(stored),
+                     "totals": [sum(stored[:i + 1]) for i in range(4)]})
+    snap = decode_view(raw, None, carry)
+    counter = KnownCounts.of(DEFAULT_COUNTER, snap, applied=True)
+    applied = list(snap.applied)
+    assert [counter.message(m) for m in applied] == [
+        7, 11, DEFAULT_COUNTER.message(applied[2]), 3]
+    assert applied[2].content == "[cleared]"

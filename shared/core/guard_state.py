@@ -372,7 +372,8 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
             if grown is not None:
                 return TurnCut(snap.applied, tuple(extra), grown, known.counted)
     history = list(concat(snap.applied, extra))
-    memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens), counted or {})
+    memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens, applied=True),
+                 counted or {})
     source = TruncationInput.build(history, memo)
     return TurnCut(snap.applied, tuple(extra), source, memo.counted)
 

@@ -166,10 +166,19 @@ class KnownCounts:
 
     @classmethod
     def of(cls, base: TokenCounter, snap: CachedView, extra: Sequence[Message] = (),
-           extra_tokens: Sequence[int] = ()) -> TokenCounter:
+           extra_tokens: Sequence[int] = (), *, applied: bool = False) -> TokenCounter:
+        """``applied``: for the messages of ``snap.applied`` (what a truncation counts: its
+        chunks decode their own objects), the placeholders of cheap stages left to
+        ``base``; else for ``snap.history``."""
         if snap.counts is None or len(snap.counts) != len(snap.history):
             return base
-        known = dict(zip(map(id, snap.history), snap.counts, strict=True))
+        if applied:
+            placed, w = snap.cheap, snap.start
+            known = {id(m): n for i, (m, n) in enumerate(zip(snap.applied, snap.counts,
+                                                             strict=True))
+                     if w + i not in placed}
+        else:
+            known = dict(zip(map(id, snap.history), snap.counts, strict=True))
         known.update(zip(map(id, extra), extra_tokens, strict=False))
         return cls(base, known)
 
