@@ -340,6 +340,55 @@ def test_an_extended_truncation_input_cuts_as_a_fresh_one(messages: list[Message
                 emergency_truncate(messages[:end], budget, count, drop_fraction=fraction)
 
 
+def _same_input(a: Any, b: Any) -> bool:
+    """Two truncation inputs hold the same (their pair scans compared by what they say)."""
+    import dataclasses
+
+    ids = {c.id for m in b.messages for c in m.tool_calls} | {
+        m.tool_call_id for m in b.messages if m.tool_call_id}
+    fields = [f.name for f in dataclasses.fields(a) if f.name != "scan"]
+    return (all(getattr(a, f) == getattr(b, f) for f in fields)
+            and (a.scan.ok, a.scan.begun, a.scan.position, a.scan.open_calls)
+            == (b.scan.ok, b.scan.begun, b.scan.position, b.scan.open_calls)
+            and all(a.scan.taken(i) == b.scan.taken(i) for i in ids))
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=any_conversations(system=False), data=st.data())
+def test_a_truncation_input_without_its_first_messages_is_a_fresh_one(
+        messages: list[Message], data: st.DataObject) -> None:
+    """A watermark moved past the first messages: the input drops them (or declines, and
+    the rest is built); either way it equals a fresh input over the rest and cuts as one."""
+    from shared.core.truncation import TruncationInput, emergency_truncate
+    from tests.strategies import CharCounter
+
+    count = CharCounter()
+    source = TruncationInput.build(messages, count)
+    gone = data.draw(st.integers(0, len(messages)))
+    dropped = source.drop(gone)
+    if dropped is None:
+        return
+    assert _same_input(dropped, TruncationInput.build(messages[gone:], count))
+    budget = data.draw(st.integers(0, 3000))
+    assert dropped.cut(budget, count) == emergency_truncate(messages[gone:], budget, count)
+
+
+def test_a_watermark_at_a_turn_start_drops_without_a_rebuild() -> None:
+    from shared.core.truncation import TruncationInput
+
+    turns = [[Message(role="user", content=f"step {k}"),
+              Message(role="assistant", content="", tool_calls=[
+                  {"id": f"c{k}", "name": "run", "arguments": "{}"}]),
+              Message(role="tool", tool_call_id=f"c{k}", content="x" * 400),
+              Message(role="assistant", content="ok")] for k in range(4)]
+    messages = [m for t in turns for m in t]
+    source = TruncationInput.build(messages, DEFAULT_COUNTER)
+    dropped = source.drop(8)
+    assert dropped is not None
+    assert _same_input(dropped, TruncationInput.build(messages[8:], DEFAULT_COUNTER))
+    assert source.drop(2) is None  # between a call and its result
+
+
 def test_a_valid_turn_extends_its_truncation_input() -> None:
     """The resume is taken (not rebuilt) for a valid turn that grows call by call."""
     from shared.core.truncation import TruncationInput

@@ -365,10 +365,12 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
     """The truncation input of ``applied + extra``: the one an earlier call of the turn
     left, extended by the messages added since (same stored view, same first pending
     messages), else built over the whole (the store's counts for stored messages)."""
-    if known is not None and known.applied is snap.applied and len(known.extra) <= len(extra):
+    if known is not None and len(known.extra) <= len(extra):
         k = len(known.extra)
-        if all(a is b for a, b in zip(known.extra, extra, strict=False)):
-            grown = known.source.extend(extra[k:], extra_tokens[k:])
+        source = (known.source if known.applied is snap.applied
+                  else _dropped(known, snap.applied))
+        if source is not None and all(a is b for a, b in zip(known.extra, extra, strict=False)):
+            grown = source.extend(extra[k:], extra_tokens[k:])
             if grown is not None:
                 return TurnCut(snap.applied, tuple(extra), grown, known.counted)
     history = list(concat(snap.applied, extra))
@@ -376,6 +378,16 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
                  counted or {})
     source = TruncationInput.build(history, memo)
     return TurnCut(snap.applied, tuple(extra), source, memo.counted)
+
+
+def _dropped(known: TurnCut, applied: Sequence[Message]) -> TruncationInput | None:
+    """``known``'s input without the stored messages a moved watermark left behind (the
+    turn's own truncation committed), when ``applied`` is the rest of ``known.applied``
+    (the same objects): the turn's next call does not build it again."""
+    gone = len(known.applied) - len(applied)
+    if gone <= 0 or any(a is not b for a, b in zip(applied, known.applied[gone:], strict=True)):
+        return None
+    return known.source.drop(gone)
 
 
 _HEADS: dict[tuple[str, int, str, str, bool],

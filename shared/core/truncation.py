@@ -251,6 +251,33 @@ class TruncationInput:
                                [*self.starts, *starts], origin, scan,
                                dict(self.memo))
 
+    def drop(self, count: int) -> TruncationInput | None:
+        """The input without its first ``count`` messages (a watermark moved past them),
+        without counting or splitting the rest again; None when that cannot be done
+        exactly (the input needs repair or has a head, ``count`` is not a unit's start,
+        the rest would need repair): build the rest then."""
+        n = len(self.sizes)
+        if count == 0:
+            return self
+        if self.head or not self.scan.intact or not 0 < count < n:
+            return None
+        at = bisect.bisect_left(self.unit_starts, count)
+        if at == len(self.unit_starts) or self.unit_starts[at] != count:
+            return None
+        messages = self.messages[count:]
+        scan = scan_pairs(messages)
+        if not scan.intact or messages[0].role == "system":
+            return None
+        base = self.cum[count]
+        units = [Unit(u.start - count, u.end - count) for u in self.units[at:]]
+        origin: dict[int, int] = {}
+        for index, message in enumerate(messages):
+            origin.setdefault(id(message), index)
+        return TruncationInput(messages, messages, RepairReport(), 0, 0, self.sizes[count:],
+                               [c - base for c in self.cum[count:]], units,
+                               [u.start for u in units],
+                               [s - count for s in self.starts if s >= count], origin, scan)
+
     def lost_before(self, begin: int) -> tuple[dict[str, int], list[str]]:
         """Roles and files of ``body[:begin]`` (kept: a turn's calls often cut there again)."""
         found = self.memo.get(begin)
