@@ -70,6 +70,24 @@ def positional(turn: list[Message]) -> list[Message]:
     return out
 
 
+def fresh_ids(turn: list[Message]) -> list[Message]:
+    """The turn with new random call ids, as a provider makes them for a new response
+    (replayed transcripts repeat the ids the session already holds)."""
+    names: dict[str, str] = {}
+    out = []
+    for m in turn:
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                names[c.id] = "call_" + uuid.uuid4().hex[:24]
+                calls.append(c.model_copy(update={"id": names[c.id]}))
+            m = m.model_copy(update={"tool_calls": calls})
+        elif m.role == "tool" and m.tool_call_id in names:
+            m = m.model_copy(update={"tool_call_id": names[m.tool_call_id]})
+        out.append(m)
+    return out
+
+
 def history(n: int, *, repeated_ids: bool = False) -> list[Message]:
     """About ``n`` messages of real turns (whole turns, cut at the last turn start <= n)."""
     out: list[Message] = []

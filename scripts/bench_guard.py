@@ -26,7 +26,9 @@ again with an LLM summary committed near the end ("summary"). Per size:
   exist and after they are gone);
 - the first prepare (+ wire) of a new process (a subprocess; imports done);
 - ``record_turn`` with a real publish (``CeleryEnqueuer`` to a Redis broker,
-  pending flag cleared before each call so that every call publishes);
+  pending flag cleared before each call so that every call publishes), after a
+  prepare as in the agent loop, the turn with new call ids as a provider's new
+  response has (and, apart, the transcript's own ids, which the session holds);
 - resident bytes of the guard's cached view per message (tracemalloc);
 - growth from 100 to 10k messages: the warm loop on both sizes, paired as above.
 
@@ -55,6 +57,7 @@ from _guard_sessions import (
     SYSTEM,
     WINDOW_MODEL,
     Env,
+    fresh_ids,
     history,
     lc_messages,
     next_turns,
@@ -194,7 +197,13 @@ def first_prepare(env: Env, sid: str) -> float:
     return sorted(runs)[1]
 
 
-def record_publish(env: Env, broker_url: str, sid: str, calls: int) -> list[float]:
+def record_publish(env: Env, broker_url: str, sid: str, calls: int,
+                   stored_ids: bool = False) -> list[float]:
+    """``record_turn`` as the agent loop calls it: after a prepare (untimed, the call
+    before the model's answer), the job published every time (a worker claimed the last
+    one). The turns carry new call ids, as a provider's new response does; ``stored_ids``:
+    the transcript's own ids, which the session already holds (an ``ID_CONFLICT`` round
+    trip wherever they left the view)."""
     queue = "bench-" + uuid.uuid4().hex[:8]
     store = env.store()
     guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker_url), queue=queue),
@@ -203,10 +212,14 @@ def record_publish(env: Env, broker_url: str, sid: str, calls: int) -> list[floa
     times = []
     try:
         for _ in range(calls):
-            store.clear_pending(sid)  # a worker claimed the last job: this call publishes
+            store.clear_pending(sid)
             turn = next(turns)
+            turn = turn if stored_ids else fresh_ids(turn)
+            view = guard.prepare(sid, SYSTEM, **ARGS)
+            view.openai()
             started = time.perf_counter()
-            guard.record_turn(sid, turn, usage={"prompt_tokens": 1000})
+            guard.record_turn(sid, turn,
+                              usage={"prompt_tokens": view.report.estimated_prompt_tokens})
             times.append((time.perf_counter() - started) * 1000)
     finally:
         import redis
@@ -279,6 +292,8 @@ def run(size: int, mode: str, env: Env, args: argparse.Namespace) -> dict[str, A
     row.update({name: stats(t) for name, t in times.items()})
     if size >= 10_000:
         row["record"] = stats(record_publish(env, args.broker_url, sid, min(calls, 300)))
+        row["record_stored_ids"] = stats(record_publish(env, args.broker_url, sid,
+                                                        min(calls, 300), stored_ids=True))
         row["bytes_per_message"] = round(cached_bytes(env, sid))
         row["bytes_per_message_anthropic"] = round(cached_bytes(env, sid, "anthropic"))
     return row
@@ -340,13 +355,29 @@ def targets(rows: list[dict[str, Any]], growth: dict[str, dict[str, Any]]) -> li
             f"p99 {r['repeated']['p99'] / r['warm']['p99']:.2f} (<= 1.2); "
             f"async/sync p50 {r['async']['p50'] / r['warm']['p50']:.2f}, "
             f"p99 {r['async']['p99'] / r['warm']['p99']:.2f} (<= 1.5); "
-            f"record_turn p99 {r.get('record', {}).get('p99', float('nan')):.2f} ms (<= 2); "
+            f"record_turn p99 {r.get('record', {}).get('p99', float('nan')):.2f} ms (<= 2; "
+            f"the transcript's ids, already stored: "
+            f"{r.get('record_stored_ids', {}).get('p99', float('nan')):.2f}); "
             f"{r.get('bytes_per_message', 0)} bytes/cached message "
             f"({r.get('bytes_per_message_anthropic', 0)} with Anthropic's view kept)"
             + (f"; {r['langchain_log']['p50'] / r['warm']['p50']:.0f}x LangChain trimming "
                f"the whole log ({r['langchain_log']['p50']:.2f} ms)"
                if "langchain_log" in r else ""))
     return lines
+
+
+def ping_ms(url: str, calls: int = 500) -> float:
+    """This machine's Redis round trip through redis-py (the floor under every write)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        client.ping()
+        times.append((time.perf_counter() - started) * 1000)
+    client.close()
+    return percentile(times, 50)
 
 
 def main() -> None:
@@ -372,7 +403,8 @@ def main() -> None:
                 growth[mode] = growth_paired(env, mode, args.calls)
     finally:
         env.cleanup()
-    print(f"load average {loadavg()}; gc on; {args.calls} calls per figure\n")
+    print(f"load average {loadavg()}; gc on; {args.calls} calls per figure; Redis PING round "
+          f"trip p50 {ping_ms(args.redis_url):.3f} ms (what each round trip costs here)\n")
     print(table(rows))
     print("\n" + "\n".join(targets(rows, growth)))
     if args.json:
