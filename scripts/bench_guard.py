@@ -10,8 +10,9 @@ again with an LLM summary committed near the end ("summary"). Per size:
   recorded between prepares as an agent does (that append is not in the
   figure), gc on;
 - the same with Gemini-style positional tool-call ids (they repeat every turn);
-- the same with the view in Anthropic's and Gemini's formats (``view.anthropic()``,
-  ``view.gemini()``);
+- the same with the view in Anthropic's and Gemini's formats
+  (``view.anthropic(shared=True)``, ``view.gemini(shared=True)``: no copy of the
+  history, as ``wire``);
 - the async guard (``AsyncContextGuard`` over redis.asyncio), same loop;
 - LangChain ``trim_messages`` (langchain-core) trimming the same messages
   to the same input budget; and the same followed by
@@ -78,8 +79,8 @@ class SyncArm:
     """One measured variant on the sync guard: its own session, a real turn recorded
     before each timed prepare (that append is not in the figure), then the view in a wire
     format: ``wire`` (OpenAI, shared with the cache), ``list`` (``openai()``: the same as
-    a new list, one pointer copy), ``anthropic`` or ``gemini`` (``view.anthropic()`` /
-    ``view.gemini()``: new lists, kept as folds)."""
+    a new list, one pointer copy), ``anthropic`` or ``gemini`` (``view.anthropic(shared=True)``
+    / ``view.gemini(shared=True)``: kept as folds, the finished turns shared, as ``wire``)."""
 
     def __init__(self, guard: ContextGuard, sid: str, repeated: bool,
                  fmt: str = "wire") -> None:
@@ -94,7 +95,7 @@ class SyncArm:
         elif self.fmt == "list":
             view.openai()
         else:
-            getattr(view, self.fmt)()
+            getattr(view, self.fmt)(shared=True)
 
     def step(self) -> None:
         self.guard.record_turn(self.sid, next(self.turns))

@@ -89,7 +89,10 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
         for i in calls:
             started = time.perf_counter()
             view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
-            view.wire("openai") if args.format == "openai" else getattr(view, args.format)()
+            if args.format == "openai":
+                view.wire("openai")
+            else:
+                getattr(view, args.format)(shared=True)
             took = (time.perf_counter() - started) * 1000
             wait += took
             report = view.report

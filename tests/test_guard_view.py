@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.core.chunks import Chunks
 from shared.core.config import StoreConfig
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, SummaryRecord
@@ -19,6 +20,7 @@ from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.truncation import emergency_truncate
 from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
 from shared.core.wire import to_anthropic, to_gemini, to_openai
+from shared.core.wireview import history_fold
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.strategies import any_conversations, conversations, damaged_conversations
@@ -113,6 +115,16 @@ def check_cached_views(store: SessionStore, shell_name: str, ops: list[tuple[str
         assert a.gemini() == b.gemini() == to_gemini(list(a.messages))
         if a._wire is not None:  # built from the cached parts (not repaired whole)
             assert a._folded("anthropic") is not None and a._folded("gemini") is not None
+        for fmt in ("anthropic", "gemini"):  # the shared form: the same, not a copy
+            system, shared = getattr(a, fmt)(shared=True)
+            assert (system, list(shared)) == getattr(a, fmt)()
+            if a._wire is not None and a._applied is not None:
+                fold = history_fold(a._wire, fmt, a._applied)
+                again = getattr(a, fmt)(shared=True)[1]
+                if fold.ok and len(fold.done):  # the finished turns: the fold's, twice
+                    assert isinstance(shared, Chunks) and isinstance(again, Chunks)
+                    assert set(map(id, fold.done.chunks)) <= set(map(id, shared.chunks)) \
+                        & set(map(id, again.chunks))
         assert a.report.estimated_prompt_tokens == b.report.estimated_prompt_tokens
 
 

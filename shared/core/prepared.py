@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
@@ -127,24 +127,42 @@ class PreparedView(BaseModel):
 
         return flatten(self.wire("openai+reasoning" if include_reasoning else "openai"))
 
-    def anthropic(self) -> tuple[Any, list[dict[str, Any]]]:
+    @overload
+    def anthropic(self, *, shared: Literal[False] = False) -> tuple[Any, list[dict[str, Any]]]:
+        ...
+
+    @overload
+    def anthropic(self, *, shared: Literal[True]) -> tuple[Any, Sequence[dict[str, Any]]]: ...
+
+    def anthropic(self, *, shared: bool = False) -> tuple[Any, Sequence[dict[str, Any]]]:
         """``(system, messages)`` for Anthropic's Messages API (a new list; its dicts are
         shared, do not mutate them): the history's turns kept with the guard's cached
-        view, the rest converted (:mod:`shared.core.wirefold`)."""
+        view, the rest converted (:mod:`shared.core.wirefold`). ``shared``: the messages
+        as a read-only sequence sharing the cached turns, no copy of the history (the
+        SDK takes any iterable), as :meth:`wire` is for OpenAI's format."""
         from shared.core.wire import to_anthropic
 
-        found = self._folded("anthropic")
+        found = self._folded("anthropic", shared)
         return found if found is not None else to_anthropic(list(self.messages))
 
-    def gemini(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    @overload
+    def gemini(self, *, shared: Literal[False] = False,
+               ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]: ...
+
+    @overload
+    def gemini(self, *, shared: Literal[True],
+               ) -> tuple[dict[str, Any] | None, Sequence[dict[str, Any]]]: ...
+
+    def gemini(self, *, shared: bool = False,
+               ) -> tuple[dict[str, Any] | None, Sequence[dict[str, Any]]]:
         """``(system_instruction, contents)`` for Gemini (a new list; its dicts are shared,
-        do not mutate them), kept like :meth:`anthropic`."""
+        do not mutate them), kept like :meth:`anthropic` (``shared`` too)."""
         from shared.core.wire import to_gemini
 
-        found = self._folded("gemini")
+        found = self._folded("gemini", shared)
         return found if found is not None else to_gemini(list(self.messages))
 
-    def _folded(self, fmt: str) -> Any:
+    def _folded(self, fmt: str, shared: bool = False) -> Any:
         """The view in ``fmt`` from the cached history's fold; None: convert it whole (a
         view without cached parts, or one the fold leaves to the whole conversion)."""
         if self._wire is None or self._applied is None:
@@ -162,8 +180,9 @@ class PreparedView(BaseModel):
         extra = self._extra_wire  # a slot per pending message, kept across the turn
         pending_memo = tuple(extra) if len(extra) == len(self._extra) else None
         if isinstance(fold, AnthropicFold):
-            return anthropic_view(self._head, fold, self._extra, head_memo, pending_memo)
-        return gemini_view(self._head, fold, self._extra, head_memo, pending_memo)
+            return anthropic_view(self._head, fold, self._extra, head_memo, pending_memo,
+                                  shared=shared)
+        return gemini_view(self._head, fold, self._extra, head_memo, pending_memo, shared=shared)
 
 
 __all__ = ["PreparedView", "ViewReport"]

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.core.chunks import Chunks
+from shared.core.chunks import Chunks, concat
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.wire._common import Loc
@@ -171,11 +171,12 @@ def _pairs_ok(turns: Sequence[Turn]) -> bool:
 
 
 def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequence[Message],
-                   head_memo: Memo | None = None, pending_memo: Memo | None = None,
-                   ) -> tuple[System, list[dict[str, Any]]] | None:
+                   head_memo: Memo | None = None, pending_memo: Memo | None = None, *,
+                   shared: bool = False) -> tuple[System, Sequence[dict[str, Any]]] | None:
     """``to_anthropic(head + history + pending)`` from the history's fold; None where only
     the whole conversion can say (it raises, or the fold cannot be used). The memos keep
-    the head's and the pending messages' turns across prepares."""
+    the head's and the pending messages' turns across prepares. ``shared``: the messages
+    as chunks that share the fold's finished turns (no copy of the history), else a list."""
     first = fold.opens_with or (pending[0] if pending else None)
     lead = _leading_system(head, first)
     if not fold.ok or lead is None:
@@ -194,9 +195,17 @@ def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequen
         return None
     if not _ends_ok(left, fold.first, fold.last, right):
         return None
-    messages = list(itertools.chain((t.wire() for t in left), *fold.done.chunks,
-                                    (t.wire() for t in right)))
-    return system_out(head[:lead]), messages
+    return system_out(head[:lead]), _around([t.wire() for t in left], fold.done,
+                                            [t.wire() for t in right], shared)
+
+
+def _around(left: list[dict[str, Any]], done: Chunks[dict[str, Any]],
+            right: list[dict[str, Any]], shared: bool) -> Sequence[dict[str, Any]]:
+    """The head's and pending turns around the finished ones: chunks sharing ``done``
+    (``shared``), else one new list (a pointer copy)."""
+    if shared:
+        return concat(left, done, right)
+    return list(itertools.chain(left, *done.chunks, right))
 
 
 def _ends_ok(left: list[Turn], first: Turn | None, last: Turn | None,
@@ -264,11 +273,12 @@ class GeminiFold:
 
 
 def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Message],
-                head_memo: Memo | None = None, pending_memo: Memo | None = None,
-                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]] | None:
+                head_memo: Memo | None = None, pending_memo: Memo | None = None, *,
+                shared: bool = False,
+                ) -> tuple[dict[str, Any] | None, Sequence[dict[str, Any]]] | None:
     """``to_gemini(head + history + pending)`` from the history's fold; None where only
     the whole conversion can say. The memos keep the head's and the pending messages'
-    contents across prepares."""
+    contents across prepares (``shared``: as :func:`anthropic_view`)."""
     first = fold.opens_with or (pending[0] if pending else None)
     lead = _leading_system(head, first)
     if (not fold.ok or lead is None or any(m.tool_calls for m in head)
@@ -282,8 +292,7 @@ def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Mes
                               (*fold.tail_memo, *p_memo))
     except InvalidInput:
         return None
-    return (system_instruction(head[:lead]),
-            list(itertools.chain(left, *fold.done.chunks, right)))
+    return system_instruction(head[:lead]), _around(left, fold.done, right, shared)
 
 
 # -- the cache's side -----------------------------------------------------------------------
