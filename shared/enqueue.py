@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.core.records import InlineJob
 from shared.telemetry.propagation import publish_headers
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
@@ -67,15 +69,35 @@ class CeleryEnqueuer:
         self._signals = _publish_signals()
         self._registry: Any = getattr(app, "_tasks", {})  # what send_task looks in, unfinalized
 
-    def enqueue(self, tenant: str, session_id: str) -> None:
-        args, kwargs = [session_id], {"tenant": tenant}
+    def _lean(self) -> RedisTaskPublisher | None:
+        """The lean publisher, when ``send_task`` would write the same message now."""
         before, after = self._signals
         if (self.publisher is not None and not (before.receivers or after.receivers)
                 and TASK_MAYBE_SUMMARIZE not in self._registry):
-            self.publisher.publish(TASK_MAYBE_SUMMARIZE, args, kwargs)
+            return self.publisher
+        return None
+
+    def enqueue(self, tenant: str, session_id: str) -> None:
+        args, kwargs = [session_id], {"tenant": tenant}
+        publisher = self._lean()
+        if publisher is not None:
+            publisher.publish(TASK_MAYBE_SUMMARIZE, args, kwargs)
             return
         self.app.send_task(TASK_MAYBE_SUMMARIZE, args=args, kwargs=kwargs, queue=self.queue,
                            ignore_result=True, headers=publish_headers() or None)  # telemetry
+
+    def inline_job(self, tenant: str, session_id: str,
+                   server: tuple[Any, ...] | None) -> InlineJob | None:
+        """The job as an :class:`~shared.core.records.InlineJob` for an append on
+        ``server`` (:func:`redis_server`), when the broker is that Redis server (any
+        database) and the lean message is faithful; else None (the caller publishes with
+        :meth:`enqueue`)."""
+        publisher = self._lean()
+        if publisher is None or server is None or publisher.server is None \
+                or publisher.server[:3] != server[:3]:
+            return None
+        _, data = publisher.message(TASK_MAYBE_SUMMARIZE, [session_id], {"tenant": tenant})
+        return InlineJob(publisher.key, data, int(publisher.server[3]), int(server[3]))
 
     def close(self) -> None:
         """Release the lean publisher's broker connections (``send_task``'s are the app's)."""
@@ -94,6 +116,21 @@ _HARMLESS_TRANSPORT_OPTIONS = frozenset({
     "queue_order_strategy", "fanout_prefix", "fanout_patterns"})
 _DELIVERY_MODES = {"transient": 1, "persistent": 2}
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def redis_server(client: Any) -> tuple[Any, ...] | None:
+    """Which Redis server and database a redis-py client (sync or asyncio) talks to:
+    (host, port, unix socket path, db), or None when that is not one server (a Cluster,
+    a Sentinel pool, a client of another kind). Equal names only: ``localhost`` and
+    ``127.0.0.1`` differ, which only costs the inline job."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    connection = getattr(pool, "connection_class", None)
+    if not isinstance(kwargs, dict) or type(pool).__name__ not in {
+            "ConnectionPool", "BlockingConnectionPool"} \
+            or not getattr(connection, "__module__", "").startswith("redis."):
+        return None  # fakeredis, say: its "server" is in this process
+    return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0))
 
 
 def _publish_signals() -> tuple[Any, Any]:
@@ -168,6 +205,10 @@ class RedisTaskPublisher:
         self.client = redis.Redis.from_url(
             url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
             retry=Retry(NoBackoff(), 0))
+        self.server = redis_server(self.client)
+        maxlevels = conf.task_repr_maxlevels
+        self._reprs = functools.lru_cache(maxsize=4096)(functools.partial(
+            _reprs, self.amqp.argsrepr_maxsize, self.amqp.kwargsrepr_maxsize, maxlevels))
 
     @classmethod
     def for_app(cls, app: Any, queue: str) -> RedisTaskPublisher | None:
@@ -205,8 +246,14 @@ class RedisTaskPublisher:
     def message(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[str, bytes]:
         """(task id, the bytes kombu's Redis channel would LPUSH for this job)."""
         task_id = uuid()
+        reprs: tuple[str | None, str | None] = (None, None)  # None: Celery makes them
+        with contextlib.suppress(TypeError):  # unhashable arguments
+            # the same text as Celery's saferepr of them, made once per session
+            reprs = self._reprs(tuple(args), tuple(kwargs.items()))
+        argsrepr, kwargsrepr = reprs
         headers, properties, body, _ = self.amqp.as_task_v2(
-            task_id, name, args, kwargs, reply_to=self.app.thread_oid, ignore_result=True)
+            task_id, name, args, kwargs, reply_to=self.app.thread_oid, ignore_result=True,
+            argsrepr=argsrepr, kwargsrepr=kwargsrepr)
         headers.update(publish_headers())  # telemetry: traceparent, sent-at (often none)
         content_type, content_encoding, payload = serialization.dumps(  # type: ignore[no-untyped-call]
             body, "json")
@@ -240,6 +287,15 @@ class RedisTaskPublisher:
     def close(self) -> None:
         """Disconnect the pool; a later publish connects again."""
         self.client.close()
+
+
+def _reprs(args_max: int, kwargs_max: int, maxlevels: int, args: tuple[Any, ...],
+           items: tuple[tuple[str, Any], ...]) -> tuple[str, str]:
+    """The ``argsrepr``/``kwargsrepr`` headers ``as_task_v2`` would make (saferepr)."""
+    from celery.utils.saferepr import saferepr
+
+    return (saferepr(list(args), args_max, maxlevels=maxlevels),
+            saferepr(dict(items), kwargs_max, maxlevels=maxlevels))
 
 
 class CallbackEnqueuer:
@@ -316,5 +372,6 @@ __all__ = [
     "RedisTaskPublisher",
     "publish_marked",
     "publisher_app",
+    "redis_server",
     "request_summary",
 ]

@@ -6,9 +6,11 @@ aside (hypothesis over session ids and tenants); the apps it must leave to
 ``send_task``; threads sharing one enqueuer lose no job; a broker that
 refuses or never answers raises kombu's ``OperationalError`` within the
 retry policy's bound, and ``record_turn`` keeps the turn and clears the
-pending flag. End to end: a real Celery worker (threads pool) and Flower,
-as subprocesses on a redis-server of this module's own, run and list a job
-published the lean way.
+pending flag. When the broker is the store's Redis server, the append script
+pushes that same message itself (once, even when retried; never into a key
+of the wrong type). End to end: a real Celery worker (threads pool) and
+Flower, as subprocesses on a redis-server of this module's own, run and list
+a job the append pushed the lean way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import httpx
 import pytest
 import redis
@@ -37,15 +40,19 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from shared.core.config import StoreConfig
+from shared.core.records import InlineJob
 from shared.enqueue import (
     QUEUE,
     TASK_MAYBE_SUMMARIZE,
     CeleryEnqueuer,
     RedisTaskPublisher,
     publisher_app,
+    redis_server,
 )
 from shared.guard import ContextGuard
+from shared.store import commands
 from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
 from workers.flower_entry import ENV_VAR
 from workers.harness.stack.redis_server import free_port, start_server
 from workers.harness.stack.worker_process import WorkerProcess, worker_env
@@ -304,6 +311,105 @@ def test_record_turn_keeps_the_turn_when_the_broker_is_down(real_redis: redis.Re
     assert not store.is_pending("s"), "a failed publish clears the flag for the next turn"
 
 
+# -- the job inside the append (broker on the store's Redis server) ----------------------
+def _broker_url(redis_url: str) -> str:
+    """Another database of the same server: the default layout (store 0, broker 1)."""
+    base, _, db = redis_url.rpartition("/")
+    return f"{base}/{(int(db or 0) + 1) % 16}"
+
+
+@pytest.fixture
+def broker_queue(redis_url: str, key_prefix: str) -> Iterator[tuple[str, str]]:
+    url = _broker_url(redis_url)
+    name = f"{key_prefix}:queue"
+    yield url, name
+    client = redis.Redis.from_url(url)
+    client.delete(name)
+    client.close()
+
+
+def _unused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the job should have gone inside the append")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_record_turn_pushes_the_job_inside_the_append(real_redis: redis.Redis, key_prefix: str,
+                                                      broker_queue: tuple[str, str],
+                                                      shell: str) -> None:
+    url, name = broker_queue
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    enqueuer = CeleryEnqueuer(publisher_app(url), queue=name)
+    assert enqueuer.publisher is not None
+    enqueuer.publisher.client.lpush = _unused  # type: ignore[method-assign]
+    guard = make(shell, store, enqueuer)
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert guard.record_turn("s", turn) == 2
+    assert guard.record_turn("s", turn) == 4  # the flag is set: no second job
+    (raw,) = pop_all(url, name)
+    ours, message = ids_set_aside(raw)
+    reference, _ = ids_set_aside(enqueuer.publisher.message(
+        TASK_MAYBE_SUMMARIZE, ["s"], {"tenant": store.tenant})[1])
+    assert ours == reference, "the very message the lean publisher writes"
+    assert body_of(message)[:2] == [["s"], {"tenant": store.tenant}]
+    assert store.is_pending("s")
+    store.clear_pending("s")  # a worker took the job
+    guard.prepare("s")  # the guard sees the flag cleared, as before its next append
+    guard.record_turn("s", turn)
+    assert len(pop_all(url, name)) == 1
+    assert real_redis.ttl(name) == -2 and redis.Redis.from_url(url).ttl(name) == -2, \
+        "the queue gets no TTL from the session's"
+    enqueuer.close()
+
+
+def _job_append(store: SessionStore, job: InlineJob, request_id: str) -> Any:
+    encoded = commands.encode([{"role": "user", "content": "hi"}], store.config, store.counter)
+    return store.append_encoded("s", encoded, request_id=request_id, mark_pending=True, job=job)
+
+
+def test_a_retried_append_pushes_its_job_once(real_redis: redis.Redis, key_prefix: str,
+                                              broker_queue: tuple[str, str]) -> None:
+    url, name = broker_queue
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    db = int(url.rpartition("/")[2])
+    job = InlineJob(name, b"job", db, int(real_redis.connection_pool.connection_kwargs["db"]))
+    first = _job_append(store, job, "req-1")
+    again = _job_append(store, job, "req-1")
+    assert first.published and first.marked and not first.duplicate
+    assert again.duplicate and again.published, "its caller must not publish again"
+    assert pop_all(url, name) == [b"job"]
+    assert store.length("s") == 1
+
+
+def test_a_queue_of_the_wrong_type_leaves_the_job_to_the_caller(
+        real_redis: redis.Redis, key_prefix: str, broker_queue: tuple[str, str]) -> None:
+    url, name = broker_queue
+    broker = redis.Redis.from_url(url)
+    broker.set(name, "not a list")
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    job = InlineJob(name, b"job", int(url.rpartition("/")[2]),
+                    int(real_redis.connection_pool.connection_kwargs["db"]))
+    result = _job_append(store, job, "req-2")
+    assert result.marked and not result.published
+    assert store.length("s") == 1, "the turn is stored all the same"
+    assert broker.get(name) == b"not a list"
+    broker.close()
+
+
+def test_no_inline_job_for_another_server_or_a_fake(real_redis: redis.Redis,
+                                                    broker_queue: tuple[str, str]) -> None:
+    url, name = broker_queue
+    enqueuer = CeleryEnqueuer(publisher_app(url), queue=name)
+    here = redis_server(real_redis)
+    assert here is not None
+    assert enqueuer.inline_job("t", "s", here) is not None
+    assert enqueuer.inline_job("t", "s", ("elsewhere", 6379, None, 0)) is None
+    assert enqueuer.inline_job("t", "s", None) is None
+    assert redis_server(fakeredis.FakeRedis()) is None
+    assert CeleryEnqueuer(publisher_app(url), queue=name, lean=False).inline_job(
+        "t", "s", here) is None
+    enqueuer.close()
+
+
 # -- a real worker and Flower ------------------------------------------------------------
 def _wait(what: str, probe: Callable[[], Any], timeout: float, logs: Callable[[], str]) -> Any:
     deadline = time.monotonic() + timeout
@@ -344,6 +450,8 @@ def test_a_real_worker_runs_the_lean_job_and_flower_lists_it(tmp_path: Path) -> 
     store = SessionStore(store_client, StoreConfig(key_prefix=prefix))
     enqueuer = CeleryEnqueuer(publisher_app(broker_url))
     assert enqueuer.publisher is not None, "this test is about the lean path"
+    # broker and store share the server: the append script pushes the job itself
+    enqueuer.publisher.client.lpush = _unused  # type: ignore[method-assign]
     try:
         worker.start()
         flower_env = {k: v for k, v in os.environ.items()

@@ -225,13 +225,31 @@ class RawView:
 
 
 @dataclass(frozen=True, slots=True)
+class InlineJob:
+    """A broker message the append script pushes itself when it sets the pending flag.
+
+    When the Celery broker is the store's own Redis server (any database),
+    the job rides in the append: one round trip instead of two, and the flag
+    and the job are set together or not at all. ``key`` is the queue's list
+    in database ``db`` (the store's is ``store_db``), ``message`` the bytes
+    kombu's Redis channel would push (:class:`shared.enqueue.RedisTaskPublisher`).
+    """
+
+    key: str
+    message: bytes
+    db: int = 0
+    store_db: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AppendResult:
     """Outcome of one append.
 
     ``duplicate``: the request id had been seen, nothing was written, and
     ``length`` / ``tokens_before`` are those of the first append. ``marked``:
     this append set the session's pending flag, so its caller publishes the
-    summary job (coalescing: one job per burst). ``state`` is the session
+    summary job (coalescing: one job per burst), unless ``published``: the
+    script pushed the :class:`InlineJob` it was given. ``state`` is the session
     state after the append, when it was asked for.
     """
 
@@ -245,6 +263,7 @@ class AppendResult:
     state_raw: Mapping[str, str] | None = None  # the same hash as the store holds it
     batch: Sequence[tuple[str, int]] = ()  # what was sent: (stored JSON, token count) each
     pending: bool | None = None  # the pending flag right after the append (None: not told)
+    published: bool = False  # the script pushed the job it carried (InlineJob)
 
 
 @dataclass(frozen=True, slots=True)

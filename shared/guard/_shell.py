@@ -40,7 +40,7 @@ from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
-from shared.core.records import AppendResult, RawView, SessionState, SummaryRecord
+from shared.core.records import AppendResult, InlineJob, RawView, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
@@ -119,6 +119,7 @@ class GuardShell:
         self.own: OwnWrites | AsyncOwnWrites | None = None
         self._own_shared = False
         self._base = ""
+        self.server: tuple[Any, ...] | None = None  # the store's Redis: redis_server()
         self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
 
     # -- reads skipped while nothing changed (shared.store.changes) -------------------------
@@ -236,6 +237,19 @@ class GuardShell:
         cached = self.views.get(session_id)
         if cached is not None:
             cached.mark = None
+
+    def inline_job(self, enqueuer: Any, tenant: str, session_id: str,
+                   cached: CachedView | None) -> InlineJob | None:
+        """The job for the append script to push if it sets the pending flag, when the
+        broker is the store's own Redis (one round trip for the turn instead of two). None
+        when the cached view shows a job already pending (the append will not mark) or
+        the enqueuer cannot (then a marking append publishes as before)."""
+        if not self.policy.proactive or self.server is None \
+                or (cached is not None and cached.pending):
+            return None
+        make = getattr(enqueuer, "inline_job", None)
+        job: InlineJob | None = make(tenant, session_id, self.server) if make else None
+        return job
 
     def appended(self, session_id: str, cached: CachedView | None,
                  result: AppendResult, mark: OwnMark | None = None) -> None:

@@ -33,7 +33,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
-from shared.enqueue import Enqueuer, NullEnqueuer
+from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
 from shared.guard._shell import GuardShell, check_request, plain_writes
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
@@ -70,6 +70,7 @@ class AsyncContextGuard(GuardShell):
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
+        self.server = redis_server(getattr(store, "redis", None))
         self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
                    watch_changes)
         if warm_up:
@@ -251,10 +252,11 @@ class AsyncContextGuard(GuardShell):
                 return await self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None,
-                    with_state=cached is not None,
+                    with_state=cached is not None, job=job,
                     run=functools.partial(self._run_own, session_id, marks))
 
             cached = self.views.get(session_id)
+            job = self.inline_job(self.enqueuer, self.store.tenant, session_id, cached)
             self.touched(session_id)
             try:
                 result = await attempt()
@@ -263,7 +265,7 @@ class AsyncContextGuard(GuardShell):
                          rid, exc)
                 result = await attempt()
             self.appended(session_id, cached, result, marks[-1] if marks else None)
-            if result.marked:
+            if result.marked and not result.published:
                 await self._publish(session_id)
             return trace.turn(result.length)
 

@@ -33,7 +33,13 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
-from shared.enqueue import Enqueuer, NullEnqueuer, publish_marked, request_summary
+from shared.enqueue import (
+    Enqueuer,
+    NullEnqueuer,
+    publish_marked,
+    redis_server,
+    request_summary,
+)
 from shared.guard._shell import GuardShell, check_request, plain_writes
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
@@ -70,6 +76,7 @@ class ContextGuard(GuardShell):
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
+        self.server = redis_server(getattr(store, "redis", None))
         self.watch(getattr(store, "redis", None), store.config.key_prefix, store.tenant,
                    watch_changes)
         if warm_up:
@@ -237,10 +244,11 @@ class ContextGuard(GuardShell):
                 return self.store.append_encoded(
                     session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
                     state_fields=fields, fields_version=sent.version if sent else None,
-                    with_state=cached is not None,
+                    with_state=cached is not None, job=job,
                     run=functools.partial(self._run_own, session_id, marks))
 
             cached = self.views.get(session_id)
+            job = self.inline_job(self.enqueuer, self.store.tenant, session_id, cached)
             self.touched(session_id)
             try:
                 result = attempt()
@@ -249,7 +257,7 @@ class ContextGuard(GuardShell):
                          rid, exc)
                 result = attempt()
             self.appended(session_id, cached, result, marks[-1] if marks else None)
-            if result.marked:
+            if result.marked and not result.published:
                 try:
                     self.enqueuer.enqueue(self.store.tenant, session_id)
                 except Exception as exc:

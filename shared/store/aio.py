@@ -24,6 +24,7 @@ from shared.core.records import (
     AppendResult,
     CheapDecision,
     CommitResult,
+    InlineJob,
     RawView,
     SessionState,
     SummaryRecord,
@@ -117,12 +118,13 @@ class AsyncSessionStore:
                              with_state: bool = False,
                              state_fields: Mapping[str, Any] | None = None,
                              fields_version: int | None = None,
+                             job: InlineJob | None = None,
                              run: Callable[[commands.Command[AppendResult]],
                                            Awaitable[AppendResult]] | None = None,
                              ) -> AppendResult:
         """See :meth:`shared.store.sessions.SessionStore.append_encoded`."""
         opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
-                                      fields_version)
+                                      fields_version, job)
         for _ in range(commands.APPEND_ATTEMPTS):
             cmd = commands.append_command(self.keys(session_id), self.config, encoded, opts,
                                           idempotency_keep=self.idempotency_keep,

@@ -31,6 +31,7 @@ from shared.core.records import (
     AppendResult,
     CheapDecision,
     CommitResult,
+    InlineJob,
     RawView,
     SessionState,
     SummaryRecord,
@@ -136,6 +137,7 @@ class AppendOptions:
     with_state: bool = False
     state_fields: Mapping[str, Any] | None = None
     fields_version: int | None = None
+    job: InlineJob | None = None  # pushed by the script if it sets the pending flag
 
 
 def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[str, int]],
@@ -165,6 +167,9 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
             args.extend((provider, stored))
     keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
             k.summaries, k.summary_index, k.cheap, ids_key(k)]
+    if opts.job is not None and opts.mark_pending:
+        keys.append(opts.job.key)
+        args.extend((opts.job.db, opts.job.store_db, opts.job.message))
     return Command("append", keys, args, functools.partial(parse_append, batch=encoded),
                    "append")
 
@@ -175,6 +180,7 @@ def parse_append(result: Any, batch: Sequence[tuple[str, int]] = ()) -> AppendRe
     return AppendResult(
         length=int(length), watermark=int(watermark), version=int(version),
         tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
+        published=int(marked) == 2,
         state=SessionState.from_hash(state_raw) if state_raw is not None else None,
         state_raw=state_raw, batch=batch,
         pending=bool(result[7]) if len(result) > 7 else None)

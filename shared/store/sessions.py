@@ -39,6 +39,7 @@ from shared.core.records import (
     CheapDecision,
     CommitResult,
     HistoryEdit,
+    InlineJob,
     RawView,
     SessionState,
     SummaryRecord,
@@ -241,7 +242,7 @@ class SessionStore(LeaseOps):
     def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
                        request_id: str | None = None, mark_pending: bool = False,
                        with_state: bool = False, state_fields: Mapping[str, Any] | None = None,
-                       fields_version: int | None = None,
+                       fields_version: int | None = None, job: InlineJob | None = None,
                        run: Callable[[commands.Command[AppendResult]], AppendResult] | None = None,
                        ) -> AppendResult:
         """Append pre-encoded messages (see :meth:`append`), with the turn's bookkeeping.
@@ -253,9 +254,11 @@ class SessionStore(LeaseOps):
         version is still ``fields_version`` (figures about a view that a
         compaction or an edit has since replaced are dropped). ``run``: what sends the
         script (the guard's own-writes connection, :mod:`shared.store.own_writes`).
+        ``job``: pushed by the script too if it sets the pending flag
+        (``result.published``); only for a broker queue on this same Redis.
         """
         opts = commands.AppendOptions(request_id, mark_pending, with_state, state_fields,
-                                      fields_version)
+                                      fields_version, job)
         for _ in range(commands.APPEND_ATTEMPTS):
             cmd = commands.append_command(self.keys(session_id), self.config, encoded, opts,
                                           idempotency_keep=self.idempotency_keep,

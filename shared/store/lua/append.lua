@@ -10,6 +10,10 @@
 -- KEYS[7..9] other data keys of the session, only for the TTL refresh
 -- KEYS[10] ids       hash   provider tool-call id -> stored id of its newest call
 --                           (shared.core.callids: ids made unique at append)
+-- KEYS[11] queue      list   optional: the broker's queue, when the broker is this
+--                           Redis server (shared.core.records.InlineJob); then the
+--                           last three ARGV are its database, the session's database
+--                           and the job message, pushed only if this append sets the flag
 -- ARGV[1] max messages per session
 -- ARGV[2] ttl in seconds (0 = no expiry)
 -- ARGV[3] epoch: a random token kept only if the session has none yet. A
@@ -36,7 +40,8 @@
 -- pending = 1: the pending flag is set after the append (whoever set it).
 -- duplicate = 1: the request id was seen; nothing was written and the
 -- figures (length, tokens before, marked) are those of the first append.
--- marked = 1: this append set the pending flag, so its caller publishes the job.
+-- marked = 1: this append set the pending flag, so its caller publishes the job;
+-- marked = 2: it set the flag and pushed the job it carried (KEYS[11]).
 -- (A retry does not set the fields again: the first attempt did, or they were stale.)
 -- Error reply "SESSION_FULL <current length>" when the limit would be passed.
 
@@ -55,6 +60,18 @@ if request_id ~= '' then
     local cur = redis.call('HMGET', KEYS[3], 'watermark', 'version')
     return {tonumber(length), tonumber(cur[1]) or 0, tonumber(cur[2]) or 0,
             tonumber(before), 1, tonumber(marked), state_reply()}
+  end
+end
+
+-- The queue is checked before anything is written: a wrong type would fail the push
+-- after the append (scripts do not roll back); the caller then publishes as usual.
+-- A server that refuses SELECT in scripts leaves the job to the caller too.
+local job, job_db, own_db = false, ARGV[#ARGV - 2], ARGV[#ARGV - 1]
+if KEYS[11] and (job_db == own_db or not redis.pcall('SELECT', job_db).err) then
+  local kind = redis.call('TYPE', KEYS[11]).ok
+  job = kind == 'list' or kind == 'none'
+  if job_db ~= own_db then
+    redis.call('SELECT', own_db)
   end
 end
 
@@ -136,6 +153,16 @@ local marked = 0
 local pending_ttl = tonumber(ARGV[7])
 if pending_ttl > 0 and redis.call('SET', KEYS[6], '1', 'NX', 'EX', pending_ttl) then
   marked = 1
+  if job then
+    if job_db ~= own_db then
+      redis.call('SELECT', job_db)
+    end
+    redis.call('LPUSH', KEYS[11], ARGV[#ARGV])
+    if job_db ~= own_db then
+      redis.call('SELECT', own_db)
+    end
+    marked = 2
+  end
 end
 
 if request_id ~= '' then
@@ -154,7 +181,7 @@ if request_id ~= '' then
 end
 
 if ttl > 0 then
-  for i = 1, #KEYS do
+  for i = 1, 10 do
     if i < 4 or i > 6 then
       redis.call('EXPIRE', KEYS[i], ttl)
     end
