@@ -26,6 +26,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from shared.core.constructed import constructed
 from shared.core.errors import InvalidInput, IrreducibleOverflow
 
 
@@ -76,6 +77,9 @@ class BudgetReport(BaseModel):
                 "history": self.history, "reserve": self.reserve}
 
 
+_COUNTS = ("window", "reserve", "system", "summary", "tools", "history", "newest")
+
+
 def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"expected a whole number of tokens, got {value!r}", field=name)
@@ -111,12 +115,13 @@ def check_budget(
     counts, a window of 0, a reserve that leaves no input budget, ratios
     outside (0, 1] and a target not below the trigger.
     """
-    counts = {name: _count(name, value) for name, value in (
-        ("window", window), ("reserve", reserve), ("system", system), ("summary", summary),
-        ("tools", tools), ("history", history), ("newest", newest))}
-    if counts["window"] == 0:
+    counts = (window, reserve, system, summary, tools, history, newest)
+    if not all(type(value) is int and value >= 0 for value in counts):  # name the bad one
+        for name, value in zip(_COUNTS, counts, strict=True):
+            _count(name, value)
+    if window == 0:
         raise InvalidInput("must be > 0", field="window")
-    if counts["reserve"] >= counts["window"]:
+    if reserve >= window:
         raise InvalidInput(f"{reserve} leaves no input budget in a window of {window}",
                            field="reserve")
     trigger = _ratio("trigger_ratio", trigger_ratio)
@@ -128,13 +133,14 @@ def check_budget(
     total = system + summary + tools + history
     usage = total / input_budget
     floor = system + tools + reserve + newest
-    return BudgetReport(
-        window=window, reserve=reserve, system=system, summary=summary, tools=tools,
-        history=history, newest=newest, trigger_ratio=trigger, target_ratio=target,
-        input_budget=input_budget, total_input=total, usage_ratio=usage,
-        should_compact=usage >= trigger, within_budget=total <= input_budget,
-        target_tokens=math.floor(target * input_budget), floor=floor, irreducible=floor > window,
-    )
+    return constructed(BudgetReport, {  # every figure checked above
+        "window": window, "reserve": reserve, "system": system, "summary": summary,
+        "tools": tools, "history": history, "newest": newest, "trigger_ratio": trigger,
+        "target_ratio": target, "input_budget": input_budget, "total_input": total,
+        "usage_ratio": usage, "should_compact": usage >= trigger,
+        "within_budget": total <= input_budget,
+        "target_tokens": math.floor(target * input_budget), "floor": floor,
+        "irreducible": floor > window})
 
 
 def ensure_reducible(report: BudgetReport) -> BudgetReport:

@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from shared.core.budget import BudgetReport
+from shared.core.constructed import constructed
 from shared.core.messages import Message
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def _made(cls: type[M], fields: dict[str, Any], private: dict[str, Any] | None) -> M:
-    """An instance of ``cls`` holding ``fields`` (every field, in declaration order,
-    already valid) as :meth:`BaseModel.model_construct` makes it."""
-    model = cls.__new__(cls)
-    setattr_ = object.__setattr__
-    setattr_(model, "__dict__", fields)
-    setattr_(model, "__pydantic_fields_set__", set(fields))
-    setattr_(model, "__pydantic_extra__", None)
-    setattr_(model, "__pydantic_private__", private)
-    return model
 
 
 class ViewReport(BaseModel):
@@ -56,7 +43,7 @@ class ViewReport(BaseModel):
               note: str, enqueued: bool, pending_job: bool, recovery: bool, degraded: bool,
               elapsed_ms: float) -> ViewReport:
         """A report from valid figures: :meth:`model_construct` without its field walk."""
-        return _made(cls, {
+        return constructed(cls, {
             "session_id": session_id, "model": model, "limits_source": limits_source,
             "budget": budget, "estimated_prompt_tokens": estimated_prompt_tokens,
             "watermark": watermark, "version": version, "length": length,
@@ -95,7 +82,7 @@ class PreparedView(BaseModel):
               extra_wire: Sequence[dict[str, Any]] = ()) -> PreparedView:
         """A view from parts the guard already holds: :meth:`model_construct` without its
         per-field walk (a prepare made two of them, a tenth of a warm call)."""
-        return _made(cls, {"messages": messages, "report": report},
+        return constructed(cls, {"messages": messages, "report": report},
                      {"_head": head, "_wire": wire, "_applied": applied, "_extra": extra,
                       "_extra_wire": extra_wire, "_head_wire": head_wire})
 
@@ -105,16 +92,19 @@ class PreparedView(BaseModel):
         from shared.core.chunks import concat
         from shared.core.wireview import convert, convert_kept, history_wire
 
-        if self._wire is None or self._applied is None:
+        private = self.__pydantic_private__  # a slot: no __getattr__ per attribute
+        assert private is not None
+        wire, applied = private["_wire"], private["_applied"]
+        if wire is None or applied is None:
             return convert(fmt, self.messages)
-        kept = self._head_wire
+        kept = private["_head_wire"]
         head = kept.get(fmt) if kept is not None else None
         if head is None:
-            head = convert(fmt, self._head)
+            head = convert(fmt, private["_head"])
             if kept is not None:
                 kept[fmt] = head
-        return concat(head, history_wire(self._wire, fmt, self._applied),
-                      convert_kept(fmt, self._extra, self._extra_wire))
+        return concat(head, history_wire(wire, fmt, applied),
+                      convert_kept(fmt, private["_extra"], private["_extra_wire"]))
 
     def openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """The view in OpenAI Chat Completions format (a new list; its dicts are shared,

@@ -27,6 +27,19 @@ PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, cou
 Row = tuple[Any, Message, int, dict[str, Any]]  # as given, validated, tokens, wire forms
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _kept(item: Any) -> Any:
+    """What a later call's item is compared with: a copy of a mapping, which the caller
+    may change in place (a flat one of strings, as most messages are, copied cheaply)."""
+    if not isinstance(item, Mapping):
+        return item
+    if all(type(value) in _SCALARS for value in item.values()):
+        return dict(item)
+    return copy.deepcopy(item)
+
+
 class _Turn:
     """One session's turn so far: its rows, the list last handed out, scan and cut."""
 
@@ -90,8 +103,7 @@ class PendingTurns:
                 raise
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
-        rows = known[:reuse] + [(copy.deepcopy(item) if isinstance(item, Mapping) else item, m,
-                                 self.counter.message(m), {})
+        rows = known[:reuse] + [(_kept(item), m, self.counter.message(m), {})
                                 for item, m in zip(raw[reuse:], fresh, strict=True)]
         extra, tokens = [r[1] for r in rows], [r[2] for r in rows]
         turn = self._turn(session_id)

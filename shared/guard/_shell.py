@@ -110,6 +110,8 @@ class GuardShell:
         self.views = view_cache if view_cache is not None else ViewCache()
         self._fixed_cache: dict[str, int] = {}
         self._tools_seen: tuple[Any, int, bool] | None = None
+        self._system_seen: tuple[str, int] | None = None
+        self._overhead = (self.counter, self.counter.messages([]))  # per request
         self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
         self.turns = PendingTurns(self.counter)
@@ -293,10 +295,22 @@ class GuardShell:
             value = self._fixed_cache[key] = compute()
         return value
 
+    def _request_overhead(self) -> int:
+        """The counter's tokens per request, whatever its messages (made once per counter)."""
+        counter, tokens = self._overhead
+        if counter is not self.counter:
+            self._overhead = counter, tokens = self.counter, self.counter.messages([])
+        return tokens
+
     def _system_tokens(self, system_prompt: str) -> int:
+        last = self._system_seen  # an agent sends the same prompt call after call
+        if last is not None and last[0] == system_prompt:
+            return last[1]
         key = "s" + hashlib.blake2b(system_prompt.encode(), digest_size=16).hexdigest()
-        return self._cached(key, lambda: self.counter.message(
+        tokens = self._cached(key, lambda: self.counter.message(
             Message(role="system", content=system_prompt)) if system_prompt else 0)
+        self._system_seen = (system_prompt, tokens)
+        return tokens
 
     def _tool_figures(self, tools: Sequence[Mapping[str, Any]] | None) -> tuple[int, bool]:
         """Tokens of the tool definitions, and whether they offer ``recall``."""
@@ -384,7 +398,7 @@ class GuardShell:
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=output_reserve(limits, max_tokens),
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
-            tool_tokens=tool_tokens, overhead=self.counter.messages([]),
+            tool_tokens=tool_tokens, overhead=self._request_overhead(),
             extra=extra, extra_tokens=extra_tokens,
             extra_wire=self.turns.wire(session_id, extra) if extra else (),
             extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
