@@ -220,3 +220,24 @@ def test_an_id_this_guard_stored_is_renamed_at_once_after_it_left_the_view(
     assert len(ids) == len(set(ids)) == 3
     results = [m.tool_call_id for m in stored if m.role == "tool"]
     assert results[-1] == ids[-1]  # paired with its own call, not an older call_0
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_pending_message_changed_in_place_is_counted_again(shell_name: str) -> None:
+    """The turn's messages are compared by value with copies of what the last call got:
+    a dict the agent edits in place between calls (flat or nested) is not taken as seen."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _chain()
+    first = guard.prepare("s", SYSTEM, model="m", pending=turn[:1]).report
+    turn[0]["content"] = turn[0]["content"] + " Also add a regression test." * 40
+    grown = guard.prepare("s", SYSTEM, model="m", pending=turn[:1]).report
+    assert grown.estimated_prompt_tokens > first.estimated_prompt_tokens + 100
+    assert guard.prepare("s", SYSTEM, model="m", pending=turn[:1]).wire("openai")[-1][
+        "content"] == turn[0]["content"]
+    call = next(m for m in turn if m.get("tool_calls"))
+    at = turn.index(call)
+    before = guard.prepare("s", SYSTEM, model="m", pending=turn[:at + 1]).report
+    call["tool_calls"][0]["arguments"] = '{"path": "' + "x" * 2000 + '"}'
+    after = guard.prepare("s", SYSTEM, model="m", pending=turn[:at + 1]).report
+    assert after.estimated_prompt_tokens > before.estimated_prompt_tokens + 100
