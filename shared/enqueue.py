@@ -116,6 +116,8 @@ _HARMLESS_TRANSPORT_OPTIONS = frozenset({
     "queue_order_strategy", "fanout_prefix", "fanout_patterns"})
 _DELIVERY_MODES = {"transient": 1, "persistent": 2}
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+# Where a cached message's task id and delivery tag go: uuid4 text of this process's own.
+_ID_MARK, _TAG_MARK = uuid().encode(), uuid().encode()
 
 
 def redis_server(client: Any) -> tuple[Any, ...] | None:
@@ -209,6 +211,7 @@ class RedisTaskPublisher:
         maxlevels = conf.task_repr_maxlevels
         self._reprs = functools.lru_cache(maxsize=4096)(functools.partial(
             _reprs, self.amqp.argsrepr_maxsize, self.amqp.kwargsrepr_maxsize, maxlevels))
+        self._template = functools.lru_cache(maxsize=4096)(self._template_of)
 
     @classmethod
     def for_app(cls, app: Any, queue: str) -> RedisTaskPublisher | None:
@@ -245,28 +248,46 @@ class RedisTaskPublisher:
 
     def message(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[str, bytes]:
         """(task id, the bytes kombu's Redis channel would LPUSH for this job)."""
-        task_id = uuid()
+        task_id, tag = uuid(), uuid()
+        extra = publish_headers()  # telemetry: traceparent, sent-at (often none)
+        if not extra:
+            # A session's jobs differ only by their two ids: its message is made once,
+            # with marks where the ids go (same length and alphabet, so byte for byte).
+            with contextlib.suppress(TypeError):  # unhashable arguments: made in full
+                template = self._template(self.app.thread_oid, name, tuple(args),
+                                          tuple(kwargs.items()))
+                return task_id, template.replace(_ID_MARK, task_id.encode()).replace(
+                    _TAG_MARK, tag.encode())
+        return task_id, self._made(name, args, kwargs, extra, task_id, tag, self.app.thread_oid)
+
+    def _made(self, name: str, args: list[Any], kwargs: dict[str, Any],
+              extra: dict[str, Any], task_id: str, tag: str, reply_to: str) -> bytes:
         reprs: tuple[str | None, str | None] = (None, None)  # None: Celery makes them
         with contextlib.suppress(TypeError):  # unhashable arguments
             # the same text as Celery's saferepr of them, made once per session
             reprs = self._reprs(tuple(args), tuple(kwargs.items()))
         argsrepr, kwargsrepr = reprs
         headers, properties, body, _ = self.amqp.as_task_v2(
-            task_id, name, args, kwargs, reply_to=self.app.thread_oid, ignore_result=True,
+            task_id, name, args, kwargs, reply_to=reply_to, ignore_result=True,
             argsrepr=argsrepr, kwargsrepr=kwargsrepr)
-        headers.update(publish_headers())  # telemetry: traceparent, sent-at (often none)
+        headers.update(extra)
         content_type, content_encoding, payload = serialization.dumps(  # type: ignore[no-untyped-call]
             body, "json")
         raw = payload.encode() if isinstance(payload, str) else payload
         properties.update(
             delivery_mode=self.delivery_mode,
             delivery_info={"exchange": "", "routing_key": self.queue},
-            priority=0, body_encoding="base64", delivery_tag=uuid())
+            priority=0, body_encoding="base64", delivery_tag=tag)
         envelope = {"body": base64.b64encode(raw).decode("ascii"),
                     "content-encoding": content_encoding, "content-type": content_type,
                     "headers": headers, "properties": properties}
         text: str = json_dumps(envelope)  # type: ignore[no-untyped-call]
-        return task_id, text.encode()
+        return text.encode()
+
+    def _template_of(self, reply_to: str, name: str, args: tuple[Any, ...],
+                     items: tuple[tuple[str, Any], ...]) -> bytes:
+        return self._made(name, list(args), dict(items), {}, _ID_MARK.decode(),
+                          _TAG_MARK.decode(), reply_to)
 
     def publish(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
         """Push one job, return its task id; ``OperationalError`` once the retries are spent."""
