@@ -12,12 +12,21 @@ ratio, and are then recorded in the store (first writer wins). Between
 two batches the view's prefix is byte-identical, so provider prompt caches
 keep hitting. Placeholders are deterministic text: the same decision always
 renders the same bytes. The raw log is never changed.
+
+A session stays above the trigger until a worker's summary lands, and it
+keeps growing meanwhile: planning reads each message once
+(:class:`CheapScan`), so a plan costs what was appended since the last one,
+not the view (a 10k-message view took ~300 ms to plan from scratch).
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import json
+import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.core.config import CompactionPolicy
@@ -25,36 +34,145 @@ from shared.core.fileops import file_ops
 from shared.core.messages import Message
 from shared.core.records import CheapDecision
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.core.turns import turn_starts
 
 
-def _calls_by_id(messages: Sequence[Message]) -> dict[str, tuple[str, object]]:
-    calls: dict[str, tuple[str, object]] = {}
-    for m in messages:
-        for tc in m.tool_calls:
-            try:
-                args: object = json.loads(tc.arguments)
-            except ValueError:
-                args = {}
-            calls[tc.id] = (tc.name, args)
-    return calls
-
-
-def _read_path(name: str, args: object) -> str | None:
+def _read_path(name: str, arguments: str) -> str | None:
     """The single file a call only reads, else None."""
+    try:
+        args: object = json.loads(arguments)
+    except ValueError:
+        args = {}
     ops = file_ops(name, args)
     if len(ops) == 1 and ops[0][1] == "read":
         return ops[0][0]
     return None
 
 
-def _protected_from(messages: Sequence[Message], keep_turns: int) -> int:
-    if keep_turns <= 0:
-        return len(messages)
-    starts = turn_starts(messages)
-    if len(starts) < keep_turns:
-        return 0
-    return starts[-keep_turns]
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """A tool result not decided yet: its call's tool and file, its tokens."""
+
+    name: str
+    path: str | None
+    tokens: int
+
+
+@dataclass
+class CheapScan:
+    """What planning knows of ``log[start:end)``: the next plan reads only what follows.
+
+    Kept per session view (the log is append-only while its epoch and
+    generation last); :meth:`advance` takes the messages appended since,
+    :meth:`decide` the decisions they made possible. A tool result answers the
+    nearest earlier call with its id (as :func:`shared.core.turns.tool_units`
+    ties them); turn starts are maintained as ``turn_starts`` finds them.
+    """
+
+    start: int
+    keep_turns: int
+    threshold: int
+    end: int = -1
+    calls: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
+    starts: list[int] = field(default_factory=list)  # turn starts, log indexes
+    latest_read: dict[str, int] = field(default_factory=dict)  # file -> its newest read
+    undecided: dict[int, _Result] = field(default_factory=dict)
+    big: list[int] = field(default_factory=list)  # heap: results over the threshold
+    superseded: list[int] = field(default_factory=list)  # heap: reads read again later
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            self.end = self.start
+
+    @classmethod
+    def for_policy(cls, start: int, policy: CompactionPolicy) -> CheapScan:
+        return cls(start, policy.clear_keep_recent_turns, policy.clear_tool_outputs_over_tokens)
+
+    def fits(self, start: int, end: int, policy: CompactionPolicy) -> bool:
+        """Whether this scan can continue to a view ``log[start:end)`` under ``policy``."""
+        return (self.start == start and self.end <= end
+                and self.keep_turns == policy.clear_keep_recent_turns
+                and self.threshold == policy.clear_tool_outputs_over_tokens)
+
+    def advance(self, messages: Sequence[Message], tokens: Sequence[int] | None,
+                counter: TokenCounter) -> None:
+        """Read ``messages``, log indexes ``end`` on (``tokens``: their counts, if known)."""
+        for k, m in enumerate(messages):
+            i = self.end + k
+            if m.role == "assistant":
+                for call in m.tool_calls:
+                    self.calls[call.id] = (call.name, _read_path(call.name, call.arguments), i)
+            elif m.role == "user":
+                self.starts.append(i)
+            elif m.role == "tool" and m.tool_call_id in self.calls:
+                name, path, at = self.calls[m.tool_call_id]
+                # everything between the call and its result is one unit: no turn starts
+                del self.starts[bisect.bisect_right(self.starts, at):]
+                self._result(i, name, path, tokens[k] if tokens is not None
+                             else counter.message(m))
+        self.end += len(messages)
+
+    def _result(self, i: int, name: str, path: str | None, tokens: int) -> None:
+        self.undecided[i] = _Result(name, path, tokens)
+        if tokens > self.threshold:
+            heapq.heappush(self.big, i)
+        if path is not None:
+            previous = self.latest_read.get(path)
+            if previous is not None and previous in self.undecided:
+                heapq.heappush(self.superseded, previous)
+            self.latest_read[path] = i
+
+    def protected_from(self) -> int:
+        """The first log index of the newest ``keep_turns`` turns (``end``: none kept)."""
+        if self.keep_turns <= 0:
+            return self.end
+        if len(self.starts) < self.keep_turns:
+            return self.start
+        return self.starts[-self.keep_turns]
+
+    def decide(self, history: Sequence[Message], existing: Mapping[int, CheapDecision],
+               counter: TokenCounter) -> list[CheapDecision]:
+        """Decisions for the results now older than the protected turns (once each);
+        ``history``: the view's messages, ``history[0]`` at log index ``start``."""
+        protect = self.protected_from()
+        plan: list[CheapDecision] = []
+        for queue in (self.big, self.superseded):
+            while queue and queue[0] < protect:
+                i = heapq.heappop(queue)
+                result = self.undecided.pop(i, None)
+                if result is None or i in existing:
+                    continue
+                decision = self._decision(i, history[i - self.start], result, counter)
+                if decision is not None:
+                    plan.append(decision)
+                elif result.path is not None and self.latest_read[result.path] == i:
+                    self.undecided[i] = result  # a later read of its file may drop it yet
+        plan.sort(key=lambda d: d.index)
+        return plan
+
+    def _decision(self, i: int, m: Message, result: _Result,
+                  counter: TokenCounter) -> CheapDecision | None:
+        path = result.path
+        later = self.latest_read.get(path, i) if path is not None else i
+        if path is not None and later > i:
+            text = (f"[earlier read of {path} omitted: the file was read again at "
+                    f"message #{later}, which has the current content]")
+            stage: Literal["clear_tool_output", "dedupe_read"] = "dedupe_read"
+            refers: int | None = later
+        elif result.tokens > self.threshold:
+            text = (f"[tool output cleared to save context: {result.name} returned "
+                    f"{len(m.text())} characters (~{result.tokens} tokens). The full output "
+                    f"is kept in the session log as message #{i}; call {result.name} again "
+                    f"with the same arguments if you need it.]")
+            stage = "clear_tool_output"
+            refers = None
+        else:
+            return None
+        saved = result.tokens - counter.message(m.model_copy(update={"content": text}))
+        if saved <= 0:
+            return None
+        return CheapDecision(index=i, stage=stage, placeholder=text, saved_tokens=saved,
+                             refers_to=refers)
 
 
 def plan_cheap_stages(messages: Sequence[Message], offset: int,
@@ -64,48 +182,9 @@ def plan_cheap_stages(messages: Sequence[Message], offset: int,
     """New decisions for ``messages`` (``messages[0]`` is log index ``offset``)."""
     policy = policy or CompactionPolicy()
     counter = counter or DEFAULT_COUNTER
-    protect = _protected_from(messages, policy.clear_keep_recent_turns)
-    calls = _calls_by_id(messages)
-    decided = set(existing)
-    plan: list[CheapDecision] = []
-
-    latest_read: dict[str, int] = {}
-    for i, m in enumerate(messages):
-        if m.role != "tool" or m.tool_call_id not in calls:
-            continue
-        name, args = calls[m.tool_call_id]
-        path = _read_path(name, args)
-        if path is not None:
-            latest_read[path] = i
-
-    for i, m in enumerate(messages[:protect]):
-        index = offset + i
-        if m.role != "tool" or index in decided or m.tool_call_id not in calls:
-            continue
-        name, args = calls[m.tool_call_id]
-        tokens = counter.message(m)
-        path = _read_path(name, args)
-        later = latest_read.get(path, i) if path is not None else i
-        if path is not None and later > i:
-            text = (f"[earlier read of {path} omitted: the file was read again at "
-                    f"message #{offset + later}, which has the current content]")
-            stage: Literal["clear_tool_output", "dedupe_read"] = "dedupe_read"
-            refers: int | None = offset + later
-        elif tokens > policy.clear_tool_outputs_over_tokens:
-            text = (f"[tool output cleared to save context: {name} returned "
-                    f"{len(m.text())} characters (~{tokens} tokens). The full output is kept "
-                    f"in the session log as message #{index}; call {name} again with the "
-                    f"same arguments if you need it.]")
-            stage = "clear_tool_output"
-            refers = None
-        else:
-            continue
-        saved = tokens - counter.message(m.model_copy(update={"content": text}))
-        if saved > 0:
-            plan.append(CheapDecision(index=index, stage=stage,
-                                      placeholder=text, saved_tokens=saved,
-                                      refers_to=refers))
-    return plan
+    scan = CheapScan.for_policy(offset, policy)
+    scan.advance(messages, None, counter)
+    return scan.decide(messages, existing, counter)
 
 
-__all__ = ["plan_cheap_stages"]
+__all__ = ["CheapScan", "plan_cheap_stages"]

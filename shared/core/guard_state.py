@@ -27,7 +27,7 @@ from typing import Any
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
 from shared.core.calibration import Calibration
 from shared.core.callids import Renaming
-from shared.core.cheap import plan_cheap_stages
+from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, concat
 from shared.core.config import CompactionPolicy
 from shared.core.messages import Message
@@ -189,8 +189,7 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
     """
     if snap.planned_end == snap.end:
         return [], snap
-    plan = [d for d in plan_cheap_stages(snap.history, snap.start, snap.cheap, policy=policy,
-                                         counter=counter) if d.index not in snap.cheap]
+    plan = _cheap_plan(snap, policy, counter)
     snap.planned_end = snap.end  # the entry is the shell's; no other reader depends on it
     if not plan:
         return [], snap
@@ -203,6 +202,25 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
     return plan, dataclasses.replace(snap, cheap=cheap, cheap_raw=cheap_raw, applied=applied,
                                      wire=wire,
                                      saved=snap.saved + sum(d.saved_tokens for d in plan))
+
+
+def _cheap_plan(snap: CachedView, policy: CompactionPolicy,
+                counter: TokenCounter) -> list[CheapDecision]:
+    """The decisions the messages stored since the last plan made possible: the view's
+    :class:`~shared.core.cheap.CheapScan` reads only those (from scratch after the
+    watermark moved or the log was edited: a new cached view)."""
+    scan = snap.cheap_scan
+    if scan is None or not scan.fits(snap.start, snap.end, policy):
+        scan = snap.cheap_scan = CheapScan.for_policy(snap.start, policy)
+    counts = snap.counts if snap.counts is not None and len(snap.counts) == len(snap.history) \
+        else None
+    with scan.lock:
+        if scan.end > snap.end:  # another call read past this (older) entry: its own scan
+            scan = snap.cheap_scan = CheapScan.for_policy(snap.start, policy)
+        at = scan.end - snap.start
+        scan.advance(snap.history[at:], counts[at:] if counts is not None else None, counter)
+        return [d for d in scan.decide(snap.history, snap.cheap, counter)
+                if d.index not in snap.cheap]
 
 
 def _scan_pending(extra: list[Message], snap: CachedView,
@@ -296,7 +314,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     decisions: list[CheapDecision] = []
     enqueue = False
     if proactive and report.should_compact:
-        decisions, snap = _cheap(snap, policy, KnownCounts.of(counter, snap))
+        decisions, snap = _cheap(snap, policy, counter)
         if decisions:
             regions, estimated, report = estimate(snap.saved)
         enqueue = True

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
 from shared.core.pairs import (
@@ -74,6 +75,7 @@ class CachedView:
     counts: Chunks[int] | None = None  # the store's token count of each ``history`` message
     wire: dict[str, Any] = field(default_factory=dict)
     planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
+    cheap_scan: CheapScan | None = None  # what planning read of this view (shared.core.cheap)
     mark: Any = None  # the change feed's mark of the read this entry came from (None: read)
 
     @property
@@ -377,6 +379,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         wire = (wire_update(cached.wire, drop, changes, models, start_new)
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
+        cheap_scan = cached.cheap_scan if drop == 0 else None  # the log only grew
     else:
         loaded = load_stored(new_raw)
         history = _lazy_history(new_raw)
@@ -387,7 +390,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         scan = scan_shapes(shapes_of, _scan_start(summary))
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
-        wire, planned_end = {}, -1
+        wire, planned_end, cheap_scan = {}, -1, None
         if wire_update is not None:
             wire = {"openai": Chunks.of(_openai_of_read(new_raw, loaded, made, changes))}
     return CachedView(
@@ -395,7 +398,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
         applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
         cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
-        counts=counts, wire=wire, planned_end=planned_end)
+        counts=counts, wire=wire, planned_end=planned_end, cheap_scan=cheap_scan)
 
 
 __all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",

@@ -1,0 +1,165 @@
+"""Cheap stages (shared.core.cheap): incremental planning equals planning from scratch.
+
+A :class:`CheapScan` fed a conversation in random slices, deciding after each
+slice with the decisions so far as the recorded ones, makes exactly the
+decisions a plan from scratch of the same prefix makes, and keeps the turn
+starts :func:`shared.core.turns.turn_starts` finds (damaged conversations
+included: moved, duplicated and orphaned results, reused ids). On valid
+conversations both equal the reference below: the planner as first written,
+reading the whole view on every plan. A guard over the trigger reads only
+the messages stored since its last plan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import fakeredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shared.core.cheap as cheap_module
+from shared.core.cheap import CheapScan, plan_cheap_stages
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.core.fileops import file_ops
+from shared.core.messages import Message
+from shared.core.records import CheapDecision
+from shared.core.turns import turn_starts
+from shared.guard import ContextGuard
+from shared.store.sessions import SessionStore
+from tests.strategies import CharCounter, conversations, damaged_conversations
+from tests.test_guard import SYSTEM, coding_turn
+
+COUNTER = CharCounter()
+
+
+def reference_plan(messages: Sequence[Message], offset: int,
+                   existing: Mapping[int, CheapDecision],
+                   policy: CompactionPolicy) -> list[CheapDecision]:
+    """The whole view read on every plan (the planner before it was incremental)."""
+    starts = turn_starts(messages)
+    keep = policy.clear_keep_recent_turns
+    protect = (len(messages) if keep <= 0 else 0 if len(starts) < keep else starts[-keep])
+    calls: dict[str, tuple[str, Any]] = {}
+    for m in messages:
+        for tc in m.tool_calls:
+            try:
+                calls[tc.id] = (tc.name, json.loads(tc.arguments))
+            except ValueError:
+                calls[tc.id] = (tc.name, {})
+
+    def read_path(name: str, args: Any) -> str | None:
+        ops = file_ops(name, args)
+        return ops[0][0] if len(ops) == 1 and ops[0][1] == "read" else None
+
+    latest: dict[str, int] = {}
+    for i, m in enumerate(messages):
+        if m.role == "tool" and m.tool_call_id in calls:
+            path = read_path(*calls[m.tool_call_id])
+            if path is not None:
+                latest[path] = i
+    plan = []
+    for i, m in enumerate(messages[:protect]):
+        if m.role != "tool" or offset + i in existing or m.tool_call_id not in calls:
+            continue
+        name, args = calls[m.tool_call_id]
+        tokens = COUNTER.message(m)
+        path = read_path(name, args)
+        later = latest.get(path, i) if path is not None else i
+        stage: Literal["clear_tool_output", "dedupe_read"]
+        if path is not None and later > i:
+            text = (f"[earlier read of {path} omitted: the file was read again at "
+                    f"message #{offset + later}, which has the current content]")
+            stage, refers = "dedupe_read", offset + later
+        elif tokens > policy.clear_tool_outputs_over_tokens:
+            text = (f"[tool output cleared to save context: {name} returned "
+                    f"{len(m.text())} characters (~{tokens} tokens). The full output is kept "
+                    f"in the session log as message #{offset + i}; call {name} again with "
+                    f"the same arguments if you need it.]")
+            stage, refers = "clear_tool_output", None
+        else:
+            continue
+        saved = tokens - COUNTER.message(m.model_copy(update={"content": text}))
+        if saved > 0:
+            plan.append(CheapDecision(index=offset + i, stage=stage, placeholder=text,
+                                      saved_tokens=saved, refers_to=refers))
+    return plan
+
+
+def _policy(keep: int, threshold: int) -> CompactionPolicy:
+    return CompactionPolicy(clear_keep_recent_turns=keep, clear_tool_outputs_over_tokens=threshold)
+
+
+def _in_slices(messages: list[Message], cuts: list[int], offset: int, policy: CompactionPolicy,
+               reference: bool) -> None:
+    scan = CheapScan.for_policy(offset, policy)
+    existing: dict[int, CheapDecision] = {}
+    for end in [*sorted(set(cuts)), len(messages)]:
+        done = scan.end - offset
+        scan.advance(messages[done:end], None, COUNTER)
+        relative = [s - offset for s in scan.starts]
+        assert relative == turn_starts(messages[:end])
+        made = scan.decide(messages[:end], existing, COUNTER)
+        assert made == plan_cheap_stages(messages[:end], offset, existing, policy=policy,
+                                         counter=COUNTER)
+        if reference:
+            assert made == reference_plan(messages[:end], offset, existing, policy)
+        existing.update({d.index: d for d in made})
+
+
+_cuts = st.lists(st.integers(0, 60), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations(max_turns=8), _cuts, st.integers(0, 3), st.sampled_from([5, 60, 400]),
+       st.integers(0, 50))
+def test_slices_decide_as_the_reference_on_valid_conversations(
+        messages: list[Message], cuts: list[int], keep: int, threshold: int,
+        offset: int) -> None:
+    _in_slices(messages, [c for c in cuts if c <= len(messages)], offset,
+               _policy(keep, threshold), reference=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(damaged_conversations(max_turns=8), _cuts, st.integers(0, 3),
+       st.sampled_from([5, 60, 400]))
+def test_slices_decide_as_from_scratch_on_damaged_conversations(
+        messages: list[Message], cuts: list[int], keep: int, threshold: int) -> None:
+    _in_slices(messages, [c for c in cuts if c <= len(messages)], 0,
+               _policy(keep, threshold), reference=False)
+
+
+def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: Any) -> None:
+    read: list[str] = []
+    real = cheap_module._read_path
+
+    def counting(name: str, arguments: str) -> str | None:
+        read.append(arguments)
+        return real(name, arguments)
+
+    monkeypatch.setattr(cheap_module, "_read_path", counting)
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    for i in range(60):
+        store.append("s", coding_turn(i, 400))
+    policy = CompactionPolicy(clear_tool_outputs_over_tokens=10**9)  # reads deduped only
+    tokens = store.range_tokens("s", 0, store.length("s"))
+    deduped = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy
+                           ).prepare("s", SYSTEM, max_tokens=500, model="m").report
+    assert deduped.cheap_applied  # recorded: the guards below find them applied
+    window = int(deduped.budget.total_input / 0.9) + 500  # still over the trigger
+    read.clear()
+    guard = ContextGuard(store, overrides={"m": window}, policy=policy)
+    assert guard.prepare("s", SYSTEM, max_tokens=500, model="m").report.budget.should_compact
+    assert len(read) == 120  # every call of the view, once
+    for i in range(60, 66):
+        read.clear()
+        guard.record_turn("s", coding_turn(i, 400))
+        view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+        assert view.report.budget.should_compact
+        assert len(read) == 2, "only the new turn's two calls"
+    assert view.report.cheap_applied, "the new reads made earlier ones redundant"
+    fresh = ContextGuard(store, overrides={"m": window}, policy=policy)
+    assert list(fresh.prepare("s", SYSTEM, max_tokens=500, model="m").wire("openai")) == \
+        list(view.wire("openai")), "the same view as a guard planning from scratch"
