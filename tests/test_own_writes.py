@@ -467,6 +467,49 @@ def test_a_truncation_or_cheap_stage_is_not_read_back(real_store: SessionStore,
     assert seen.count("s") <= 1
 
 
+def test_cheap_decisions_of_another_writer_are_read_not_taken_for_ours(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str) -> None:
+    """The read after recording a batch of cheap decisions skips the decisions when only
+    ours landed on the generation read; when another writer recorded decisions for the
+    same messages first (first writer wins), ours did not land, and the view shows the
+    other writer's: the next call reads them."""
+    from shared.core.cheap import plan_cheap_stages
+    from shared.core.config import CompactionPolicy
+    from tests.test_guard import coding_turn
+
+    policy = CompactionPolicy(clear_tool_outputs_over_tokens=10**9)  # reads deduped only
+    for i in range(30):
+        real_store.append("s", coding_turn(i, 400))
+    tokens = real_store.range_tokens("s", 0, real_store.length("s"))
+    guard = make(shell, real_store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    g = inner(guard)
+    tally = g.own_tally
+    raced: list[int] = []
+
+    def other_first(session_id: str) -> Any:
+        if not raced:  # between the guard's read and its writes
+            data = other.load_view("s")
+            mine = [d.model_copy(update={"placeholder": "[OTHER-WRITER]"})
+                    for d in plan_cheap_stages(data.history, 0, data.cheap, policy=policy)]
+            raced.append(other.record_cheap("s", mine, data.state.version))
+        return tally(session_id)
+
+    g.own_tally = other_first
+    first = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert raced and raced[0] > 0 and first.report.cheap_applied
+    g.own_tally = tally
+    second = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert "[OTHER-WRITER]" in [m.content for m in second.messages]
+    assert_cached_is_fresh(guard, real_store)
+    seen = reads(guard)
+    guard.record_turn("s", coding_turn(30, 400))
+    guard.prepare("s", SYSTEM, max_tokens=500, model="m")  # a batch of its own this time
+    assert_cached_is_fresh(guard, real_store)
+    assert seen == [], "nothing read back after its own batch"
+    other.redis.close()
+
+
 def test_a_truncation_that_loses_its_swap_rebuilds_from_the_read_it_made(
         real_store: SessionStore, redis_url: str, key_prefix: str, shell: str) -> None:
     """A worker's summary lands between the guard's read and its truncation: the

@@ -356,7 +356,8 @@ def decode_view(raw: RawView, cached: CachedView | None,
             changes: dict[int, Message] = {}
         else:  # a new batch of decisions, or the watermark moved: re-derive the placeholders
             old = cached.cheap
-            fresh = [i for i in cheap if i not in old or old[i] != cheap[i]]
+            # an unchanged decision is the cached object itself (its JSON matched above)
+            fresh = [i for i, d in cheap.items() if old.get(i) is not d]
             gone = [i for i in old if i not in cheap and w <= i < cached.end]
             changes, _ = _apply(history, w, cheap, fresh)
             changes.update({i - w: history[i - w] for i in gone})

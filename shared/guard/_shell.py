@@ -18,6 +18,7 @@ view, the overflow check and the usage report (:meth:`~GuardShell.turn_usage`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -75,6 +76,20 @@ def plain_writes(store: Any, base: type) -> bool:
         if getattr(method, "__func__", None) is not getattr(base, name, None):
             return False
     return True
+
+
+def _after_own_cheap(cursor: Any, plan: Plan) -> Any:
+    """The cursor to read the view with after this call records its cheap decisions: at
+    the decisions' next generation, so that the read does not send back every decision
+    of the view (O(decisions) per batch) when exactly ours landed on the one we read
+    (:meth:`GuardShell.own_written` checks that all of them did)."""
+    if not plan.cheap or cursor is None:
+        return cursor
+    try:
+        after = str(int(cursor.cheap_gen or 0) + 1)  # cheap.lua: one HINCRBY per batch
+    except ValueError:
+        return cursor
+    return dataclasses.replace(cursor, cheap_gen=after)
 
 
 def check_request(system_prompt: object, tools: object) -> None:
@@ -198,8 +213,8 @@ class GuardShell:
             at["pending"] = len(steps)
             steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds))
         at["view"] = len(steps)
-        steps.append(commands.view_command(k, cursor, True, (commands.BULK_MESSAGES,
-                                                             commands.BULK_TOKENS)))
+        steps.append(commands.view_command(k, _after_own_cheap(cursor, plan), True,
+                                           (commands.BULK_MESSAGES, commands.BULK_TOKENS)))
         return steps, at
 
     def own_written(self, session_id: str, snap: CachedView, steps: list[Any],
@@ -211,6 +226,10 @@ class GuardShell:
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+        raw = steps[at["view"]].parse(replies[at["view"]])
+        if "cheap" in at and isinstance(raw, RawView) and not raw.cheap_included \
+                and replies[at["cheap"]] != len(steps[at["cheap"]].args[2:]) // 2:
+            raw = None  # not all of ours landed: the decisions read as ours were not
         won = True
         if "commit" in at:
             result = commands.parse_commit(replies[at["commit"]])
@@ -219,7 +238,6 @@ class GuardShell:
                          result.reason)
                 won = False
         marked = "pending" in at and replies[at["pending"]] not in (None, False)
-        raw = steps[at["view"]].parse(replies[at["view"]])
         if isinstance(raw, RawView):  # a large range (deferred) is left to the next read
             fresh = decode_view(raw, snap, carry)
             fresh.mark = vouch(mark, before, self.own_tally(session_id))
