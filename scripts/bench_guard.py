@@ -31,7 +31,9 @@ again with an LLM summary committed near the end ("summary"). Per size:
   prepare as in the agent loop, the turn with new call ids as a provider's new
   response has (and, apart, the transcript's own ids, which the session holds);
 - resident bytes of the guard's cached view per message (tracemalloc);
-- growth from 100 to 10k messages: the warm loop on both sizes, paired as above.
+- growth from 100 to 10k messages: the warm loop on both sizes, paired as above;
+- at 10k messages and more, the warm loop while the view is over the trigger and no
+  summary has landed (cheap stages re-planned on every new batch of stored messages).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard.py [--sizes 100,1000,10000,100000]
         [--calls 300] [--redis-url redis://127.0.0.1:6379/5] [--broker-url redis://127.0.0.1:6379/6]
@@ -319,6 +321,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def over_trigger(env: Env, size: int, calls: int) -> dict[str, Any]:
+    """Warm prepare + wire (a turn recorded before each) while the view is over the
+    trigger and no summary has landed yet (the worker still summarizing): the window is
+    sized so that the view stays at ~85% of it after its cheap stages, which every new
+    batch of stored messages re-plans. ``scratch_ms``: the same view planned from scratch
+    (what such a prepare cost before planning was incremental)."""
+    from shared.core.cheap import plan_cheap_stages
+    from shared.core.config import CompactionPolicy
+
+    store = env.store()
+    sid = f"trigger{size}"
+    seed(store, sid, history(size))
+    total = store.range_tokens(sid, 0, store.length(sid))
+    first = ContextGuard(store, NullEnqueuer(), overrides={"bench-trigger": int(total / 0.85)
+                                                           + ARGS["max_tokens"]})
+    after = first.prepare(sid, SYSTEM, pending=[USER], max_tokens=ARGS["max_tokens"],
+                          model="bench-trigger").report  # cheap decisions recorded
+    window = int(after.budget.total_input / 0.85) + ARGS["max_tokens"]
+    guard = ContextGuard(store, NullEnqueuer(), overrides={"bench-trigger": window})
+    args = {"max_tokens": ARGS["max_tokens"], "model": "bench-trigger"}
+    guard.prepare(sid, SYSTEM, pending=[USER], **args).wire("openai")
+    turns = next_turns(False)
+    times, over = [], 0
+    for _ in range(calls):
+        guard.record_turn(sid, next(turns))
+        started = time.perf_counter()
+        view = guard.prepare(sid, SYSTEM, pending=[USER], **args)
+        view.wire("openai")
+        times.append((time.perf_counter() - started) * 1000)
+        over += view.report.budget.should_compact and not view.report.truncated
+    data = store.load_view(sid)
+    started = time.perf_counter()
+    plan_cheap_stages(data.history, data.state.watermark, data.cheap,
+                      policy=CompactionPolicy(), counter=store.counter)
+    scratch = (time.perf_counter() - started) * 1000
+    return {"size": size, "view": len(data.history), "over": over / calls,
+            "warm": stats(times), "scratch_ms": scratch}
+
+
 def growth_paired(env: Env, mode: str, calls: int) -> dict[str, Any]:
     """Warm prepare + wire at 100 and at 10k messages, paired (blocks of 25 in turn, same
     minutes of the machine): the growth ratio is not the drift between two size runs."""
@@ -402,15 +443,22 @@ def main() -> None:
         if 100 in sizes and 10_000 in sizes:
             for mode in args.modes.split(","):
                 growth[mode] = growth_paired(env, mode, args.calls)
+        trigger = [over_trigger(env, size, min(args.calls, 200)) for size in sizes
+                   if size >= 10_000]
     finally:
         env.cleanup()
     print(f"load average {loadavg()}; gc on; {args.calls} calls per figure; Redis PING round "
           f"trip p50 {ping_ms(args.redis_url):.3f} ms (what each round trip costs here)\n")
     print(table(rows))
     print("\n" + "\n".join(targets(rows, growth)))
+    for t in trigger:
+        print(f"- {t['size']:,} over the trigger, no summary yet ({t['view']:,} messages, "
+              f"{t['over']:.0%} of calls over it): warm+wire p50 {t['warm']['p50']:.3f} / "
+              f"p99 {t['warm']['p99']:.3f} ms; planning that view from scratch: "
+              f"{t['scratch_ms']:.0f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"rows": rows, "growth": growth}, handle, indent=1)
+            json.dump({"rows": rows, "growth": growth, "trigger": trigger}, handle, indent=1)
 
 
 if __name__ == "__main__":
