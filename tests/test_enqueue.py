@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 
-from shared.core.config import StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.records import InlineJob
 from shared.enqueue import (
     QUEUE,
@@ -358,6 +358,40 @@ def test_record_turn_pushes_the_job_inside_the_append(real_redis: redis.Redis, k
     assert len(pop_all(url, name)) == 1
     assert real_redis.ttl(name) == -2 and redis.Redis.from_url(url).ttl(name) == -2, \
         "the queue gets no TTL from the session's"
+    enqueuer.close()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_prepare_that_wants_a_job_pushes_it_with_the_flag(
+        real_redis: redis.Redis, key_prefix: str, broker_queue: tuple[str, str],
+        shell: str) -> None:
+    """Over the trigger, the prepare's own round trip sets the flag and pushes the job
+    (pending.lua), as record_turn's append does."""
+    from tests.test_guard import SYSTEM, coding_turn
+
+    url, name = broker_queue
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    for i in range(12):
+        store.append("s", coding_turn(i, 2000))
+    enqueuer = CeleryEnqueuer(publisher_app(url), queue=name)
+    assert enqueuer.publisher is not None
+    enqueuer.publisher.client.lpush = _unused  # type: ignore[method-assign]
+    tokens = store.range_tokens("s", 0, store.length("s"))
+    no_cheap = CompactionPolicy(clear_keep_recent_turns=100, clear_tool_outputs_over_tokens=10**9)
+    guard = make(shell, store, enqueuer, overrides={"m": int(tokens / 0.9) + 500},
+                 policy=no_cheap)
+    guard.prepare("s", SYSTEM, max_tokens=500, model="m")  # warm: the own connection is up
+    store.clear_pending("s")
+    pop_all(url, name)
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert view.report.budget.should_compact and view.report.enqueued
+    (raw,) = pop_all(url, name)
+    ours, _ = ids_set_aside(raw)
+    reference, _ = ids_set_aside(enqueuer.publisher.message(
+        TASK_MAYBE_SUMMARIZE, ["s"], {"tenant": store.tenant})[1])
+    assert ours == reference and store.is_pending("s")
+    assert not guard.prepare("s", SYSTEM, max_tokens=500, model="m").report.enqueued
+    assert pop_all(url, name) == [], "the flag coalesces: no second job"
     enqueuer.close()
 
 

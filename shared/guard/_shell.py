@@ -187,7 +187,8 @@ class GuardShell:
         return cached, mark
 
     def own_steps(self, store: Any, session_id: str, plan: Plan, cursor: Any, wanted: bool,
-                  force: bool) -> tuple[list[Any], dict[str, int]] | None:
+                  force: bool, job: InlineJob | None = None,
+                  ) -> tuple[list[Any], dict[str, int]] | None:
         """The plan's writes (and the job's flags) followed by a read of the view, as one
         round trip on the own-writes connection; where each reply is. None when they
         cannot go that way (a truncation whose recovery flag is cleared only if it wins)."""
@@ -211,7 +212,8 @@ class GuardShell:
             if force:
                 steps.append(("HSET", k.state, "force_requested", 1))
             at["pending"] = len(steps)
-            steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds))
+            steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds)
+                         if job is None else commands.pending_command(k, config, job))
         at["view"] = len(steps)
         steps.append(commands.view_command(k, _after_own_cheap(cursor, plan), True,
                                            (commands.BULK_MESSAGES, commands.BULK_TOKENS)))
@@ -219,10 +221,11 @@ class GuardShell:
 
     def own_written(self, session_id: str, snap: CachedView, steps: list[Any],
                     at: dict[str, int], replies: list[Any], mark: OwnMark | None,
-                    before: tuple[int, int, int] | None) -> tuple[bool, bool]:
+                    before: tuple[int, int, int] | None) -> tuple[bool, bool, bool]:
         """Read the replies of :meth:`own_steps`: (the truncation won its swap, this call
-        set the pending flag). The view read after the writes becomes the cached view,
-        vouched for like an own append (:func:`shared.store.own_writes.vouch`)."""
+        set the pending flag, it pushed the job too). The view read after the writes
+        becomes the cached view, vouched for like an own append
+        (:func:`shared.store.own_writes.vouch`)."""
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -237,13 +240,14 @@ class GuardShell:
                 log.info("truncation summary for %s lost its swap (%s)", session_id,
                          result.reason)
                 won = False
-        marked = "pending" in at and replies[at["pending"]] not in (None, False)
+        flag = replies[at["pending"]] if "pending" in at else None
+        marked = flag not in (None, False, 0)  # SET's OK, or pending.lua's 1 or 2
         if isinstance(raw, RawView):  # a large range (deferred) is left to the next read
             fresh = decode_view(raw, snap, carry)
             fresh.mark = vouch(mark, before, self.own_tally(session_id))
             if raw.epoch:
                 self.views.put(session_id, fresh)
-        return won, marked
+        return won, marked, flag == 2
 
     def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
         """The change feed's tally for the session, around an own append."""

@@ -178,7 +178,10 @@ class AsyncContextGuard(GuardShell):
                 or plan.clear_recover_next or wanted) or not isinstance(self.own, AsyncOwnWrites) \
                 or not plain_writes(self.store, AsyncSessionStore):
             return None
-        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
+        job = self.inline_job(self.enqueuer, self.store.tenant, session_id, snap) \
+            if wanted else None
+        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force,
+                               job)
         before = self.own_tally(session_id)
         if built is None or before is None:
             return None
@@ -186,8 +189,9 @@ class AsyncContextGuard(GuardShell):
         done = await self.own.run_many(self.session_base(session_id), built[0])
         if done is None:
             return None
-        won, marked = self.own_written(session_id, snap, built[0], built[1], *done, before)
-        return won, marked and await self._publish(session_id)
+        won, marked, pushed = self.own_written(session_id, snap, built[0], built[1], *done,
+                                               before)
+        return won, marked and (pushed or await self._publish(session_id))
 
     async def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""

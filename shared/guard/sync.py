@@ -183,7 +183,10 @@ class ContextGuard(GuardShell):
                 or plan.clear_recover_next or wanted) or not isinstance(self.own, OwnWrites) \
                 or not plain_writes(self.store, SessionStore):
             return None
-        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force)
+        job = self.inline_job(self.enqueuer, self.store.tenant, session_id, snap) \
+            if wanted else None
+        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force,
+                               job)
         before = self.own_tally(session_id)
         if built is None or before is None:
             return None
@@ -191,8 +194,9 @@ class ContextGuard(GuardShell):
         done = self.own.run_many(self.session_base(session_id), built[0])
         if done is None:
             return None
-        won, marked = self.own_written(session_id, snap, built[0], built[1], *done, before)
-        return won, marked and publish_marked(self.store, self.enqueuer, session_id)
+        won, marked, pushed = self.own_written(session_id, snap, built[0], built[1], *done,
+                                               before)
+        return won, marked and (pushed or publish_marked(self.store, self.enqueuer, session_id))
 
     def _perform(self, session_id: str, plan: Plan) -> bool:
         """The plan's writes, in order; False when its truncation lost the swap."""

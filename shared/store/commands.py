@@ -357,6 +357,14 @@ def cheap_command(k: SessionKeys, config: StoreConfig, decisions: Sequence[Cheap
     return Command("cheap", [k.cheap, k.state], args, int, "record_cheap")
 
 
+def pending_command(k: SessionKeys, config: StoreConfig, job: InlineJob) -> Command[int]:
+    """Set the pending flag if absent and push ``job`` with it (``pending.lua``): 0 already
+    set, 1 set (the caller publishes), 2 set and pushed."""
+    return Command("pending", [k.pending, job.key],
+                   [config.pending_ttl_seconds, job.db, job.store_db, job.message], int,
+                   "mark_pending")
+
+
 def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
                    expected_version: int, token: str = "") -> Command[CommitResult]:
     """The one compare-and-swap writer; a non-empty ``token`` fences it by the lease."""

@@ -144,12 +144,14 @@ def is_reply_error(exc: BaseException) -> bool:
 
 
 @functools.cache
+@functools.cache
 def lua_source(name: str) -> str:
-    """The text of one of the store's scripts (``shared/store/lua/<name>.lua``)."""
+    """The text of one of the store's scripts (``shared/store/lua/<name>.lua``), read once."""
     return resources.files("shared.store").joinpath("lua", f"{name}.lua").read_text(
         encoding="utf-8")
 
 
+@functools.lru_cache(maxsize=64)
 def script_sha(source: str) -> str:
     return hashlib.sha1(source.encode("utf-8")).hexdigest()  # Redis names scripts by SHA-1
 
