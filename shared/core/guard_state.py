@@ -36,6 +36,7 @@ from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.repair import repair_tool_pairs
+from shared.core.repaired import RepairedView, repaired_view
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
 from shared.core.view import Regions, assemble, summary_block, view_estimate
@@ -200,6 +201,7 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
     wire = carry(snap.wire, 0, changes, []) if snap.wire else {}
     cheap_raw = {**snap.cheap_raw, **{d.index: d.model_dump_json() for d in plan}}
     return plan, dataclasses.replace(snap, cheap=cheap, cheap_raw=cheap_raw, applied=applied,
+                                     repaired=None,
                                      wire=wire,
                                      saved=snap.saved + sum(d.saved_tokens for d in plan))
 
@@ -346,7 +348,14 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     intact = (pairs_intact(history) if truncated
               else pending_scan.intact if renamed is None else renamed.scan.intact)
     incremental = not truncated and intact
-    if not intact:
+    repaired: RepairedView | None = None
+    tail: list[Message] | None = None
+    if not intact and not truncated:  # the stored view's repair is kept: only the rest
+        repaired = snap.repaired = repaired_view(snap.repaired, snap.applied)
+        tail = repaired.continued(snap.applied, extra)
+    if tail is not None and repaired is not None:
+        history = concat(repaired.messages, tail)
+    elif not intact:
         history = repair_tool_pairs(history)
     messages: Sequence[Message]
     head: Sequence[Message] = ()
@@ -355,6 +364,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         head, head_wire = _head(req.system_prompt, summary, snap.applied[:1] or extra[:1],
                                 policy.summary_placement, notice)
         messages = concat(head, snap.applied, extra)
+    elif tail is not None and repaired is not None:  # the same over the kept repair
+        head, head_wire = _head(req.system_prompt, summary, repaired.messages[:1] or tail[:1],
+                                policy.summary_placement, notice)
+        messages = concat(head, repaired.messages, tail)
     else:
         messages = Chunks.of(assemble(req.system_prompt, summary, history,
                                       placement=policy.summary_placement, notice=notice))
@@ -363,10 +376,15 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         summary.watermark if truncated and summary is not None else w, state.version,
         snap.end, state.summary_kind, len(snap.cheap), truncated, dropped, note, False,
         snap.pending, req.force_ratio is not None, False, 0.0)
-    view = (PreparedView.built(messages, report_, head=head, head_wire=head_wire,
-                               wire=snap.wire, applied=snap.applied, extra=extra,
-                               extra_wire=extra_wire)
-            if incremental else PreparedView.built(messages, report_))
+    if incremental:
+        view = PreparedView.built(messages, report_, head=head, head_wire=head_wire,
+                                  wire=snap.wire, applied=snap.applied, extra=extra,
+                                  extra_wire=extra_wire)
+    elif tail is not None and repaired is not None:
+        view = PreparedView.built(messages, report_, head=head, head_wire=head_wire,
+                                  wire=repaired.wire, applied=repaired.messages, extra=tail)
+    else:
+        view = PreparedView.built(messages, report_)
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,

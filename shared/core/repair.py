@@ -33,7 +33,8 @@ its input. The leading system messages are passed through untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -209,6 +210,50 @@ def repair_tool_pairs(messages: Sequence[Message]) -> list[Message]:
     return repair_tool_pairs_with_report(messages)[0]
 
 
+_ANCHOR = Message(role="user", content="-")  # stands for the repaired prefix's start
+
+
+def call_ids(messages: Iterable[Message]) -> set[str]:
+    """Every tool call id the messages use, and every id their results name."""
+    ids = {c.id for m in messages for c in m.tool_calls}
+    ids.update(m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id)
+    return ids
+
+
+def repair_continued(tail: Sequence[Message], taken: AbstractSet[str]) -> list[Message] | None:
+    """``repair_tool_pairs(prefix + tail)[len(repair_tool_pairs(prefix)):]``, in time
+    proportional to ``tail``: the prefix's repair is kept and only the tail repaired.
+
+    ``taken``: the ids of the prefix and of its repair (:func:`call_ids` of both); the
+    prefix holds a non-system message and ends with no call waiting for its results
+    (:func:`open_unit_start`). None when the tail reaches back into the prefix (a result
+    for one of its calls, a call reusing one of its ids, a renamed id that would meet
+    one of them): then only a repair of the whole says what changes.
+    """
+    for m in tail:
+        if m.role == "tool" and (m.tool_call_id or "") in taken:
+            return None
+        if any(c.id in taken for c in m.tool_calls):
+            return None
+    out = repair_tool_pairs([_ANCHOR, *tail])[1:]  # the anchor: the prefix began the body
+    if any(c.id in taken for m in out for c in m.tool_calls):
+        return None
+    return out
+
+
+def open_unit_start(messages: Sequence[Message], floor: int = 0) -> int:
+    """Where a trailing assistant message with a call not answered by the tool results
+    after it begins (results may still come), else ``len(messages)``; not below ``floor``."""
+    end = len(messages)
+    k = end - 1
+    while k >= floor and messages[k].role == "tool":
+        k -= 1
+    if k < floor or not messages[k].tool_calls:
+        return end
+    answered = {messages[j].tool_call_id for j in range(k + 1, end)}
+    return k if any(c.id not in answered for c in messages[k].tool_calls) else end
+
+
 def _pairing_violations(messages: Sequence[Message]) -> list[str]:
     problems: list[str] = []
     i, n = 0, len(messages)
@@ -285,6 +330,9 @@ __all__ = [
     "MISSING_RESULT_TEXT",
     "PROVIDERS",
     "RepairReport",
+    "call_ids",
+    "open_unit_start",
+    "repair_continued",
     "repair_tool_pairs",
     "repair_tool_pairs_with_report",
     "validate_view",

@@ -40,6 +40,7 @@ from shared.core.pairs import (
     stored_shape,
 )
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
+from shared.core.repaired import RepairedView
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import convert, decode_stored, load_stored
 
@@ -76,6 +77,7 @@ class CachedView:
     wire: dict[str, Any] = field(default_factory=dict)
     planned_end: int = -1  # log length the cheap stages were last planned at (-1: never)
     cheap_scan: CheapScan | None = None  # what planning read of this view (shared.core.cheap)
+    repaired: RepairedView | None = None  # its repair, when it needs one (shared.core.repaired)
     mark: Any = None  # the change feed's mark of the read this entry came from (None: read)
 
     @property
@@ -381,6 +383,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
                 if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
         cheap_scan = cached.cheap_scan if drop == 0 else None  # the log only grew
+        repaired = cached.repaired if drop == 0 and not changes else None  # applied only grew
     else:
         loaded = load_stored(new_raw)
         history = _lazy_history(new_raw)
@@ -391,7 +394,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         scan = scan_shapes(shapes_of, _scan_start(summary))
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
-        wire, planned_end, cheap_scan = {}, -1, None
+        wire, planned_end, cheap_scan, repaired = {}, -1, None, None
         if wire_update is not None:
             wire = {"openai": Chunks.of(_openai_of_read(new_raw, loaded, made, changes))}
     return CachedView(
@@ -399,7 +402,8 @@ def decode_view(raw: RawView, cached: CachedView | None,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
         applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
         cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
-        counts=counts, wire=wire, planned_end=planned_end, cheap_scan=cheap_scan)
+        counts=counts, wire=wire, planned_end=planned_end, cheap_scan=cheap_scan,
+        repaired=repaired)
 
 
 __all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",
