@@ -93,8 +93,10 @@ def test_a_guard_repairs_only_what_follows_its_kept_repair(monkeypatch: Any) -> 
         fresh = ContextGuard(store, overrides={"m": 1_000_000})
         assert list(view.wire("openai")) == list(
             fresh.prepare("s", SYSTEM, model="m", pending=pending).wire("openai"))
-        assert list(view.messages) == list(fresh.prepare("s", SYSTEM, model="m",
-                                                         pending=pending).messages)
+        again = fresh.prepare("s", SYSTEM, model="m", pending=pending)
+        assert list(view.messages) == list(again.messages)
+        assert view.anthropic() == again.anthropic() and view.gemini() == again.gemini()
+        assert list(view.anthropic(shared=True)[1]) == again.anthropic()[1]
 
 
 def test_a_rename_in_the_tail_that_would_meet_an_id_of_the_prefix_is_turned_down() -> None:
