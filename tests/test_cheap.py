@@ -159,7 +159,11 @@ def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: 
         view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
         assert view.report.budget.should_compact
         assert len(read) == 2, "only the new turn's two calls"
+        folds = view.anthropic(shared=True), view.gemini(shared=True)  # kept across batches
     assert view.report.cheap_applied, "the new reads made earlier ones redundant"
     fresh = ContextGuard(store, overrides={"m": window}, policy=policy)
-    assert list(fresh.prepare("s", SYSTEM, max_tokens=500, model="m").wire("openai")) == \
-        list(view.wire("openai")), "the same view as a guard planning from scratch"
+    again = fresh.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert list(again.wire("openai")) == list(view.wire("openai")), \
+        "the same view as a guard planning from scratch"
+    assert (folds[0][0], list(folds[0][1])) == again.anthropic()
+    assert (folds[1][0], list(folds[1][1])) == again.gemini()

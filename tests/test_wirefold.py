@@ -112,3 +112,52 @@ def test_a_long_history_is_folded_once() -> None:
         assert len(fold.tail) <= 2
         got = VIEW[fmt]([SYSTEM], fold, [Message(role="user", content="next")])
         assert got == WHOLE[fmt]([SYSTEM, *turns, Message(role="user", content="next")])
+
+
+@settings(max_examples=300, deadline=None)
+@given(fmt=st.sampled_from(["anthropic", "gemini"]), case=cases(valid=False),
+       picks=st.lists(st.integers(0, 200), max_size=4), text=st.sampled_from(
+           ["[tool output cleared]", "", "[earlier read of a.py omitted]"]))
+def test_a_fold_with_placeholders_made_is_the_fold_of_the_changed_history(
+        fmt: str, case: tuple[list[Message], list[Message], list[Message], list[int]],
+        picks: list[int], text: str) -> None:
+    """Cheap-stage placeholders (a tool result's content replaced) join only their groups
+    again: the view equals the whole conversion of the changed history, or the fold says
+    it cannot (None) and the guard makes a new one."""
+    head, history, pending, cuts = case
+    tools = [i for i, m in enumerate(history) if m.role == "tool"]
+    if not tools:
+        return
+    changes = {tools[p % len(tools)]: history[tools[p % len(tools)]].model_copy(
+        update={"content": text}) for p in picks}
+    changed = [changes.get(i, m) for i, m in enumerate(history)]
+    fold = folded(fmt, history, cuts).replace(changed, changes)
+    if fold is None:
+        return
+    more = pending[:1]
+    fold = fold.extend(more)
+    expected = whole(fmt, [*head, *changed, *more, *pending[1:]])
+    got = VIEW[fmt](head, fold, pending[1:])
+    if got is not None:
+        assert (got[0], list(got[1])) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(fmt=st.sampled_from(["anthropic", "gemini"]),
+       convo=conversations(max_turns=6, system=False), picks=st.lists(st.integers(0, 200),
+                                                                      min_size=1, max_size=4),
+       cuts=st.lists(st.integers(1, 40), max_size=4))
+def test_placeholders_on_valid_conversations_keep_the_fold(
+        fmt: str, convo: list[Message], picks: list[int], cuts: list[int]) -> None:
+    tools = [i for i, m in enumerate(convo) if m.role == "tool"]
+    if not tools:
+        return
+    changes = {tools[p % len(tools)]: convo[tools[p % len(tools)]].model_copy(
+        update={"content": "[tool output cleared]"}) for p in picks}
+    changed = [changes.get(i, m) for i, m in enumerate(convo)]
+    before = folded(fmt, convo, cuts)
+    assert VIEW[fmt]([SYSTEM], before, []) is not None  # its kept groups' memos filled
+    fold = before.replace(changed, changes)
+    assert fold is not None, "unique ids, no conversion error: the fold is kept"
+    got = VIEW[fmt]([SYSTEM], fold, [])
+    assert got is not None and (got[0], list(got[1])) == whole(fmt, [SYSTEM, *changed])

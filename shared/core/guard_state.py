@@ -198,7 +198,7 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
     changes = {d.index - snap.start: placeholder(snap.history[d.index - snap.start], d)
                for d in plan}
     applied = snap.applied.replace(changes)
-    wire = carry(snap.wire, 0, changes, []) if snap.wire else {}
+    wire = carry(snap.wire, 0, changes, [], history=applied) if snap.wire else {}
     cheap_raw = {**snap.cheap_raw, **{d.index: d.model_dump_json() for d in plan}}
     return plan, dataclasses.replace(snap, cheap=cheap, cheap_raw=cheap_raw, applied=applied,
                                      repaired=None,

@@ -365,6 +365,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
             changes.update({i - w: history[i - w] for i in gone})
             saved = sum(d.saved_tokens for i, d in cheap.items() if w <= i < cached.end)
         applied = applied.replace(changes)
+        changed = applied  # the folds join the groups of a change again from it
         start_new = len(applied)
         tail_changes, tail_saved = _apply(_Stored(new_raw), raw.start, cheap,
                                           [i for i in cheap if i >= raw.start])
@@ -379,8 +380,12 @@ def decode_view(raw: RawView, cached: CachedView | None,
         models = (new_applied if decoded is None else  # placeholders stay, JSON: its model
                   [m if isinstance(r, bytes) else r for r, m in zip(new_applied, decoded,
                                                                      strict=True)])
-        wire = (wire_update(cached.wire, drop, changes, models, start_new)
-                if wire_update is not None and cached.wire else {})
+        if not (drop or changes or models):  # the same messages: the same wire forms, and
+            wire = cached.wire  # a fold made from this entry's view lands in the next one too
+        else:
+            wire = (wire_update(cached.wire, drop, changes, models, start_new,
+                                history=changed if changes and not drop else None)
+                    if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
         cheap_scan = cached.cheap_scan if drop == 0 else None  # the log only grew
         repaired = cached.repaired if drop == 0 and not changes else None  # applied only grew

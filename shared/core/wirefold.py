@@ -21,9 +21,11 @@ the same result or raises the same error; a property test holds the two equal.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import itertools
 from collections import ChainMap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,7 @@ from shared.core.wire.anthropic import (
     system_out,
     turn_of,
 )
+from shared.core.wire.gemini import MEMO_KEY as GEMINI_MEMO_KEY
 from shared.core.wire.gemini import fold_contents, system_instruction
 
 FOLDED = ("anthropic", "gemini")
@@ -121,6 +124,7 @@ class AnthropicFold:
     opens_with: Message | None = None  # the history's first message
     front_memo: Memo = ()
     tail_memo: Memo = ()
+    spans: Chunks[int] = field(default_factory=Chunks)  # where each ``done`` group starts
 
     @classmethod
     def of(cls, history: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
@@ -138,7 +142,8 @@ class AnthropicFold:
         f, t = bounds[0][1], bounds[-1][0]
         return cls(items[:f], Chunks.of([m.wire() for m in middle]),
                    middle[0] if middle else None, middle[-1] if middle else None,
-                   items[t:], _pairs_ok(middle), len(items), opens, memo[:f], memo[t:])
+                   items[t:], _pairs_ok(middle), len(items), opens, memo[:f], memo[t:],
+                   Chunks.of([a for a, _ in bounds[1:-1]]))
 
     def extend(self, new: Sequence[Message]) -> AnthropicFold:
         """The fold of the history with ``new`` appended (the last group joined again)."""
@@ -156,14 +161,58 @@ class AnthropicFold:
         bounds = _groups(turns)
         if len(bounds) == 1:
             return AnthropicFold(self.front, self.done, self.first, self.last, items, self.ok,
-                                 self.size + len(new), self.opens_with, self.front_memo, memo)
+                                 self.size + len(new), self.opens_with, self.front_memo, memo,
+                                 self.spans)
         made = [_joined(turns[a:b])[0] for a, b in bounds[:-1]]
         ok = self.ok and (self.last is None or adjacent_ok(self.last, made[0])) \
             and _pairs_ok(made)
         t = bounds[-1][0]
+        base = self.size - len(self.tail)
         return AnthropicFold(self.front, self.done.extend([m.wire() for m in made]),
                              self.first or made[0], made[-1], items[t:], ok,
-                             self.size + len(new), self.opens_with, self.front_memo, memo[t:])
+                             self.size + len(new), self.opens_with, self.front_memo, memo[t:],
+                             self.spans.extend([base + a for a, _ in bounds[:-1]]))
+
+    def replace(self, history: Sequence[Message],
+                changes: Mapping[int, Message]) -> AnthropicFold | None:
+        """The fold of ``history``: this fold's history with ``changes`` (index -> message
+        of the same role and tool ids, a cheap-stage placeholder) made. Only the groups
+        holding a change are joined again; None where only a new fold can say."""
+        if not changes:
+            return self
+        if not self.ok or len(history) != self.size:
+            return None
+        f, t = len(self.front), self.size - len(self.tail)
+        front, front_memo = list(self.front), list(self.front_memo)
+        tail, tail_memo = list(self.tail), list(self.tail_memo)
+        groups: set[int] = set()
+        for i, m in changes.items():
+            if not 0 <= i < self.size:  # a message past the fold: the caller's to append
+                continue
+            if i < f:
+                front[i], front_memo[i] = m, {}
+            elif i >= t:
+                tail[i - t], tail_memo[i - t] = m, {}
+            else:
+                groups.add(bisect.bisect_right(self.spans, i) - 1)
+        made: dict[int, Turn] = {}
+        for g in groups:
+            start = self.spans[g]
+            end = self.spans[g + 1] if g + 1 < len(self.spans) else t
+            try:
+                joined = _joined(_turns(history[start:end], _memo(end - start)))
+            except InvalidInput:
+                return None
+            if len(joined) != 1:
+                return None
+            made[g] = joined[0]
+        last = len(self.spans) - 1
+        return dataclasses.replace(
+            self, front=tuple(front), front_memo=tuple(front_memo), tail=tuple(tail),
+            tail_memo=tuple(tail_memo),
+            done=self.done.replace({g: turn.wire() for g, turn in made.items()}),
+            first=made.get(0, self.first), last=made.get(last, self.last),
+            opens_with=history[0] if history else None)
 
 
 def _pairs_ok(turns: Sequence[Turn]) -> bool:
@@ -245,6 +294,8 @@ class GeminiFold:
     size: int = 0
     opens_with: Message | None = None
     tail_memo: Memo = ()
+    spans: Chunks[int] | None = field(default_factory=Chunks)  # where each content starts
+    unique: bool = True  # no call id named twice (a result names its call the same later)
 
     @classmethod
     def of(cls, history: Sequence[Message]) -> GeminiFold:
@@ -265,11 +316,66 @@ class GeminiFold:
             made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names), memo[:cut])
         except InvalidInput:
             return GeminiFold(ok=False, size=size, opens_with=opens)
+        known = ChainMap(*self.names)
+        unique = self.unique and not any(c in known for c in layer) \
+            and len(layer) == sum(len(m.tool_calls) for m in items[:cut])
         names = (layer, *self.names) if layer else self.names
         if len(names) > NAME_LAYERS:
             names = (dict(ChainMap(*names)),)
+        starts = _content_starts(items[:cut], memo[:cut], self.size - len(self.tail))
+        spans = (self.spans.extend(starts) if self.spans is not None
+                 and len(starts) == len(made) else None)
         return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens,
-                          memo[cut:])
+                          memo[cut:], spans, unique)
+
+    def replace(self, history: Sequence[Message],
+                changes: Mapping[int, Message]) -> GeminiFold | None:
+        """As :meth:`AnthropicFold.replace`: the contents holding a change made again."""
+        if not changes:
+            return self
+        if not self.ok or not self.unique or self.spans is None \
+                or len(history) != self.size:
+            return None
+        t = self.size - len(self.tail)
+        tail, tail_memo = list(self.tail), list(self.tail_memo)
+        contents: set[int] = set()
+        for i, m in changes.items():
+            if not 0 <= i < self.size:
+                continue
+            if i >= t:
+                tail[i - t], tail_memo[i - t] = m, {}
+            else:
+                contents.add(bisect.bisect_right(self.spans, i) - 1)
+        names = ChainMap({}, *self.names)
+        made: dict[int, dict[str, Any]] = {}
+        for g in contents:
+            if g < 0:
+                return None
+            start = self.spans[g]
+            end = self.spans[g + 1] if g + 1 < len(self.spans) else t
+            try:
+                found = fold_contents(history[start:end], start, names, None)
+            except InvalidInput:
+                return None
+            if len(found) != 1:
+                return None
+            made[g] = found[0]
+        return dataclasses.replace(self, done=self.done.replace(made), tail=tuple(tail),
+                                   tail_memo=tuple(tail_memo),
+                                   opens_with=history[0] if history else None)
+
+
+def _content_starts(items: Sequence[Message], memo: Memo, base: int) -> list[int]:
+    """Where each content :func:`fold_contents` made of ``items`` starts (``base`` +
+    index): a run of tool results is one, a message without parts none (its memo says)."""
+    starts: list[int] = []
+    for i, m in enumerate(items):
+        if m.role == "tool":
+            if i == 0 or items[i - 1].role != "tool":
+                starts.append(base + i)
+        elif memo[i].get(GEMINI_MEMO_KEY, (None, None))[1] is not None:
+            starts.append(base + i)
+    return starts
 
 
 def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Message],

@@ -143,16 +143,22 @@ def raw_items(chunks: Chunks[Any]) -> list[Any]:
 
 def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
           new: Sequence[Any], _start_new: int = 0, *,
-          kept: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+          kept: Sequence[dict[str, Any]] | None = None,
+          history: Sequence[Message] | None = None) -> dict[str, Any]:
     """The wire forms of the next view: ``drop`` first messages gone, ``changes``
     (index after the drop -> message) replaced, ``new`` appended (messages, or their
     stored JSON; ``kept``: their wire forms already made, slot for slot, see
-    :func:`convert_kept`)."""
+    :func:`convert_kept`). ``history``: the view's messages with the changes made (before
+    ``new``), which Anthropic's and Gemini's folds join again around a change."""
     out: dict[str, Any] = {}
     for fmt, chunks in wire.items():
-        if fmt in FOLDED:  # Anthropic, Gemini: extended; after a summary or a placeholder,
-            if not drop and not changes:  # made again at the next request
-                out[fmt] = chunks.extend(decode_stored(tuple(new)))
+        if fmt in FOLDED:  # Anthropic, Gemini: extended, the groups of a placeholder joined
+            if drop or (changes and history is None):  # again; after a summary, made again
+                continue  # at the next request
+            fold = chunks.replace(history, changes) if changes and history is not None \
+                else chunks
+            if fold is not None:
+                out[fmt] = fold.extend(decode_stored(tuple(new)))
             continue
         items = list(changes.items())
         replaced = dict(zip((i for i, _ in items), convert(fmt, [m for _, m in items]),
