@@ -33,7 +33,8 @@ again with an LLM summary committed near the end ("summary"). Per size:
 - resident bytes of the guard's cached view per message (tracemalloc);
 - growth from 100 to 10k messages: the warm loop on both sizes, paired as above;
 - at 10k messages and more, the warm loop while the view is over the trigger and no
-  summary has landed (cheap stages re-planned on every new batch of stored messages).
+  summary has landed (cheap stages re-planned on every new batch of stored messages), in
+  the OpenAI format and, at 10k, Anthropic's and Gemini's.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard.py [--sizes 100,1000,10000,100000]
         [--calls 300] [--redis-url redis://127.0.0.1:6379/5] [--broker-url redis://127.0.0.1:6379/6]
@@ -321,7 +322,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def over_trigger(env: Env, size: int, calls: int) -> dict[str, Any]:
+def over_trigger(env: Env, size: int, calls: int, fmt: str = "openai") -> dict[str, Any]:
     """Warm prepare + wire (a turn recorded before each) while the view is over the
     trigger and no summary has landed yet (the worker still summarizing): the window is
     sized so that the view stays at ~85% of it after its cheap stages, which every new
@@ -331,7 +332,7 @@ def over_trigger(env: Env, size: int, calls: int) -> dict[str, Any]:
     from shared.core.config import CompactionPolicy
 
     store = env.store()
-    sid = f"trigger{size}"
+    sid = f"trigger{size}{fmt}"
     seed(store, sid, history(size))
     total = store.range_tokens(sid, 0, store.length(sid))
     first = ContextGuard(store, NullEnqueuer(), overrides={"bench-trigger": int(total / 0.85)
@@ -348,7 +349,7 @@ def over_trigger(env: Env, size: int, calls: int) -> dict[str, Any]:
         guard.record_turn(sid, next(turns))
         started = time.perf_counter()
         view = guard.prepare(sid, SYSTEM, pending=[USER], **args)
-        view.wire("openai")
+        _ = view.wire("openai") if fmt == "openai" else getattr(view, fmt)(shared=True)
         times.append((time.perf_counter() - started) * 1000)
         over += view.report.budget.should_compact and not view.report.truncated
     data = store.load_view(sid)
@@ -356,7 +357,7 @@ def over_trigger(env: Env, size: int, calls: int) -> dict[str, Any]:
     plan_cheap_stages(data.history, data.state.watermark, data.cheap,
                       policy=CompactionPolicy(), counter=store.counter)
     scratch = (time.perf_counter() - started) * 1000
-    return {"size": size, "view": len(data.history), "over": over / calls,
+    return {"size": size, "format": fmt, "view": len(data.history), "over": over / calls,
             "warm": stats(times), "scratch_ms": scratch}
 
 
@@ -443,8 +444,9 @@ def main() -> None:
         if 100 in sizes and 10_000 in sizes:
             for mode in args.modes.split(","):
                 growth[mode] = growth_paired(env, mode, args.calls)
-        trigger = [over_trigger(env, size, min(args.calls, 200)) for size in sizes
-                   if size >= 10_000]
+        trigger = [over_trigger(env, size, min(args.calls, 200), fmt) for size in sizes
+                   if size >= 10_000 for fmt in ("openai", "anthropic", "gemini")
+                   if fmt == "openai" or size == 10_000]
     finally:
         env.cleanup()
     print(f"load average {loadavg()}; gc on; {args.calls} calls per figure; Redis PING round "
@@ -452,7 +454,8 @@ def main() -> None:
     print(table(rows))
     print("\n" + "\n".join(targets(rows, growth)))
     for t in trigger:
-        print(f"- {t['size']:,} over the trigger, no summary yet ({t['view']:,} messages, "
+        print(f"- {t['size']:,} over the trigger ({t['format']}), no summary yet "
+              f"({t['view']:,} messages, "
               f"{t['over']:.0%} of calls over it): warm+wire p50 {t['warm']['p50']:.3f} / "
               f"p99 {t['warm']['p99']:.3f} ms; planning that view from scratch: "
               f"{t['scratch_ms']:.0f} ms")
