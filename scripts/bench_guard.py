@@ -34,7 +34,8 @@ again with an LLM summary committed near the end ("summary"). Per size:
 - growth from 100 to 10k messages: the warm loop on both sizes, paired as above;
 - at 10k messages and more, the warm loop while the view is over the trigger and no
   summary has landed (cheap stages re-planned on every new batch of stored messages), in
-  the OpenAI format and, at 10k, Anthropic's and Gemini's.
+  the OpenAI format and, at 10k, Anthropic's and Gemini's; and on a log holding one
+  interrupted tool call (the view repaired on every prepare).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard.py [--sizes 100,1000,10000,100000]
         [--calls 300] [--redis-url redis://127.0.0.1:6379/5] [--broker-url redis://127.0.0.1:6379/6]
@@ -361,6 +362,36 @@ def over_trigger(env: Env, size: int, calls: int, fmt: str = "openai") -> dict[s
             "warm": stats(times), "scratch_ms": scratch}
 
 
+def interrupted(env: Env, size: int, calls: int) -> dict[str, Any]:
+    """Warm prepare + wire (a turn recorded before each) on a log holding one interrupted
+    call (an assistant call whose result never came, then the user goes on): the view
+    needs a tool-pair repair on every prepare. ``scratch_ms``: that view repaired whole
+    (what each such prepare cost before the repair was kept)."""
+    from shared.core.repair import repair_tool_pairs
+
+    store = env.store()
+    sid = f"interrupted{size}"
+    seed(store, sid, history(size))
+    store.append(sid, [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "interrupted-1", "name": "bash", "arguments": '{"command": "make test"}'}]},
+        {"role": "user", "content": "That got cut off. Go on with the next step."}])
+    guard = ContextGuard(store, NullEnqueuer(), overrides=OVERRIDES)
+    guard.prepare(sid, SYSTEM, pending=[USER], **ARGS).wire("openai")
+    turns = next_turns(False)
+    times = []
+    for _ in range(calls):
+        guard.record_turn(sid, next(turns))
+        started = time.perf_counter()
+        guard.prepare(sid, SYSTEM, pending=[USER], **ARGS).wire("openai")
+        times.append((time.perf_counter() - started) * 1000)
+    messages = store.load_view(sid).history
+    started = time.perf_counter()
+    repair_tool_pairs(messages)
+    scratch = (time.perf_counter() - started) * 1000
+    return {"size": size, "view": len(messages), "warm": stats(times), "scratch_ms": scratch}
+
+
 def growth_paired(env: Env, mode: str, calls: int) -> dict[str, Any]:
     """Warm prepare + wire at 100 and at 10k messages, paired (blocks of 25 in turn, same
     minutes of the machine): the growth ratio is not the drift between two size runs."""
@@ -447,6 +478,8 @@ def main() -> None:
         trigger = [over_trigger(env, size, min(args.calls, 200), fmt) for size in sizes
                    if size >= 10_000 for fmt in ("openai", "anthropic", "gemini")
                    if fmt == "openai" or size == 10_000]
+        broken = [interrupted(env, size, min(args.calls, 200)) for size in sizes
+                  if size >= 10_000]
     finally:
         env.cleanup()
     print(f"load average {loadavg()}; gc on; {args.calls} calls per figure; Redis PING round "
@@ -459,9 +492,14 @@ def main() -> None:
               f"{t['over']:.0%} of calls over it): warm+wire p50 {t['warm']['p50']:.3f} / "
               f"p99 {t['warm']['p99']:.3f} ms; planning that view from scratch: "
               f"{t['scratch_ms']:.0f} ms")
+    for b in broken:
+        print(f"- {b['size']:,} with one interrupted call in the log ({b['view']:,} messages): "
+              f"warm+wire p50 {b['warm']['p50']:.3f} / p99 {b['warm']['p99']:.3f} ms; "
+              f"repairing that view whole: {b['scratch_ms']:.0f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"rows": rows, "growth": growth, "trigger": trigger}, handle, indent=1)
+            json.dump({"rows": rows, "growth": growth, "trigger": trigger,
+                       "interrupted": broken}, handle, indent=1)
 
 
 if __name__ == "__main__":
