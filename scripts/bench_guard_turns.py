@@ -9,8 +9,9 @@ so the session compacts again and again; a worker process (the real
 would, off the agent's process. One turn is a tool chain of ``--chain`` calls
 built from real tool calls. Reported: guard wait per turn (every prepare of
 the turn plus record_turn) p50/p99, per prepare p50/p99 when nothing needs
-compacting, and LangChain's ``SummarizationMiddleware.before_model`` on the
-same messages when it does not compact (langchain v1).
+compacting, and LangChain's ``SummarizationMiddleware.before_model`` (langchain
+v1, a trigger it never reaches) on the view's messages at the same point of the
+loop, paired call for call (the two in alternating order).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard_turns.py [--turns 127] [--chain 27]
         [--format openai|anthropic|gemini] [--llm-ms 0]
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from _guard_sessions import SYSTEM, Env, all_turns, lc_messages
@@ -75,56 +77,89 @@ def worker(url: str, prefix: str, sid: str, stop: Any) -> None:
 
 
 def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argparse.Namespace,
-           ) -> tuple[list[float], list[float], list[float], list[list[Message]], list[float]]:
+           ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """Per turn: wall ms of every prepare plus record_turn (and the same in this thread's
-    CPU ms, which other load on the machine does not inflate)."""
-    per_turn, quiet, chain, cpu = [], [], [], []
-    views: list[list[Message]] = []
+    CPU ms, which other load on the machine does not inflate). Per quiet prepare (nothing
+    to compact): its ms, and LangChain's hook on the same messages at the same point of
+    the loop (after the same model call), in alternating order."""
+    per_turn, quiet, chain, cpu, hooked = [], [], [], [], []
+    hook, lc_state = middleware_hook(), LcState()
     kw = {"max_tokens": args.max_tokens, "model": MODEL}
     for number, turn in enumerate(turns):
-        wait = 0.0
-        cpu_started = time.thread_time()
+        wait = used = 0.0
         calls = [i for i, m in enumerate(turn) if m.role == "assistant"] or [len(turn)]
         view = None
         for i in calls:
-            started = time.perf_counter()
+            if args.llm_ms:
+                time.sleep(args.llm_ms / 1000)  # the model call the last view was sent to
+            hook_first = len(quiet) % 2 == 1
+            lc = timed_hook(hook, lc_state.state) if hook_first else None
+            cpu_started, started = time.thread_time(), time.perf_counter()
             view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
             if args.format == "openai":
                 view.wire("openai")
             else:
                 getattr(view, args.format)(shared=True)
             took = (time.perf_counter() - started) * 1000
+            used += (time.thread_time() - cpu_started) * 1000
+            if not hook_first:
+                lc = timed_hook(hook, lc_state.state)
             wait += took
             report = view.report
             if not (report.truncated or report.budget.should_compact or report.cheap_applied):
                 quiet.append(took)
-                views.append(list(view.messages))
+                if lc is not None:
+                    hooked.append(lc)
             if number == args.chain_at:
                 chain.append(took)
-            if args.llm_ms:
-                time.sleep(args.llm_ms / 1000)  # the model call the view is sent to
+            lc_state.update(view.messages)
         assert view is not None
-        started = time.perf_counter()
+        if args.llm_ms:
+            time.sleep(args.llm_ms / 1000)  # the model call whose answer ends the turn
+        cpu_started, started = time.thread_time(), time.perf_counter()
         guard.record_turn(sid, turn, usage={"prompt_tokens": view.report.estimated_prompt_tokens})
         per_turn.append(wait + (time.perf_counter() - started) * 1000)
-        cpu.append((time.thread_time() - cpu_started) * 1000)
-    return per_turn, quiet, chain, views, cpu
+        cpu.append(used + (time.thread_time() - cpu_started) * 1000)
+    return per_turn, quiet, chain, cpu, hooked
 
 
-def middleware(views: list[list[Message]], calls: int) -> list[float]:
-    """SummarizationMiddleware.before_model on the same views, when it does not compact."""
+class LcState:
+    """A LangChain agent's state holding the view's messages (after our system message),
+    each message converted once: the loop makes no more garbage per call than the agent
+    would (a list rebuilt per call makes the collector run on the guard's time)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+        self.system = lc_messages([])[0]
+        self.known: dict[int, tuple[Message, Any]] = {}
+
+    def update(self, messages: Sequence[Message]) -> None:
+        out = [self.system]
+        for m in list(messages)[1:]:
+            found = self.known.get(id(m))
+            if found is None or found[0] is not m:
+                found = self.known[id(m)] = (m, lc_messages([m])[1])
+            out.append(found[1])
+        self.state = {"messages": out}
+
+
+def middleware_hook() -> Any:
+    """LangChain's ``SummarizationMiddleware`` with a trigger it never reaches: its
+    ``before_model`` is the per-call cost of a LangChain agent that does not compact."""
     from langchain.agents.middleware import SummarizationMiddleware
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-    hook = SummarizationMiddleware(FakeListChatModel(responses=["summary"]),
+    return SummarizationMiddleware(FakeListChatModel(responses=["summary"]),
                                    trigger=("tokens", 10**9), keep=("messages", 20))
-    states = [{"messages": lc_messages(v[1:])} for v in views[-calls:]]
-    times = []
-    for state in states:
-        started = time.perf_counter()
-        assert hook.before_model(state, None) is None  # type: ignore[arg-type]
-        times.append((time.perf_counter() - started) * 1000)
-    return times
+
+
+def timed_hook(hook: Any, state: dict[str, Any] | None) -> float | None:
+    """ms of ``before_model`` on ``state`` (None before the first view)."""
+    if state is None:
+        return None
+    started = time.perf_counter()
+    assert hook.before_model(state, None) is None
+    return (time.perf_counter() - started) * 1000
 
 
 def main() -> None:
@@ -150,13 +185,12 @@ def main() -> None:
     proc.start()
     try:
         guard = ContextGuard(env.store(), NullEnqueuer(), overrides={MODEL: args.window})
-        per_turn, quiet, chain, views, cpu = replay(guard, sid, turns, args)
+        per_turn, quiet, chain, cpu, lc = replay(guard, sid, turns, args)
         summaries = len(guard.store.summaries(sid))
     finally:
         stop.set()
         proc.join(10)
         env.cleanup()
-    lc = middleware(views, min(200, len(views))) if views else []
     print(f"load average {loadavg()}; {len(turns)} turns, {sum(len(t) for t in turns)} "
           f"messages, window {args.window}, {summaries} summaries kept at the end, "
           f"model call {args.llm_ms:g} ms\n")

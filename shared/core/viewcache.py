@@ -384,7 +384,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
             wire = cached.wire  # a fold made from this entry's view lands in the next one too
         else:
             wire = (wire_update(cached.wire, drop, changes, models, start_new,
-                                history=changed if changes and not drop else None)
+                                history=changed if changes or drop else None)
                     if wire_update is not None and cached.wire else {})
         planned_end = cached.planned_end if same_cheap or drop == 0 else -1
         cheap_scan = cached.cheap_scan if drop == 0 else None  # the log only grew

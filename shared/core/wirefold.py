@@ -173,6 +173,41 @@ class AnthropicFold:
                              self.size + len(new), self.opens_with, self.front_memo, memo[t:],
                              self.spans.extend([base + a for a, _ in bounds[:-1]]))
 
+    def drop(self, n: int, history: Sequence[Message]) -> AnthropicFold | None:
+        """The fold without its first ``n`` messages (a summary moved the watermark);
+        ``history``: what is left, the same messages. The group the cut falls in becomes
+        the front; the finished groups after it are kept as they are. None where only a
+        new fold can say."""
+        if n <= 0:
+            return self
+        if not self.ok or len(history) != self.size - n:
+            return None
+        f, t = len(self.front), self.size - len(self.tail)
+        if n < f:
+            return dataclasses.replace(
+                self, front=self.front[n:], front_memo=self.front_memo[n:], size=self.size - n,
+                opens_with=history[0] if history else None,
+                spans=Chunks.of([s - n for s in self.spans]))
+        if n >= t or not self.spans:  # into the last group: little is left
+            return AnthropicFold.of(history)
+        g = bisect.bisect_right(self.spans, n) - 1  # the finished group the cut falls in
+        end = self.spans[g + 1] if g + 1 < len(self.spans) else t
+        if g + 1 < len(self.spans):
+            nxt = self.spans[g + 2] if g + 2 < len(self.spans) else t
+            try:
+                joined = _joined(_turns(history[end - n:nxt - n], _memo(nxt - end)))
+            except InvalidInput:
+                return None
+            if len(joined) != 1:
+                return None
+            first, last = joined[0], self.last
+        else:
+            first = last = None
+        front = tuple(history[:end - n])
+        return AnthropicFold(front, self.done.drop(g + 1), first, last, self.tail, True,
+                             self.size - n, front[0] if front else None, _memo(len(front)),
+                             self.tail_memo, Chunks.of([s - n for s in self.spans[g + 1:]]))
+
     def replace(self, history: Sequence[Message],
                 changes: Mapping[int, Message]) -> AnthropicFold | None:
         """The fold of ``history``: this fold's history with ``changes`` (index -> message

@@ -153,10 +153,15 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
     out: dict[str, Any] = {}
     for fmt, chunks in wire.items():
         if fmt in FOLDED:  # Anthropic, Gemini: extended, the groups of a placeholder joined
-            if drop or (changes and history is None):  # again; after a summary, made again
-                continue  # at the next request
-            fold = chunks.replace(history, changes) if changes and history is not None \
-                else chunks
+            # again, Anthropic's first ones dropped after a summary; else made again (once)
+            # at the next request
+            if (drop or changes) and history is None:
+                continue
+            fold = chunks
+            if drop:
+                fold = fold.drop(drop, history) if isinstance(fold, AnthropicFold) else None
+            if fold is not None and changes:
+                fold = fold.replace(history, changes)
             if fold is not None:
                 out[fmt] = fold.extend(decode_stored(tuple(new)))
             continue
