@@ -192,6 +192,8 @@ class AnthropicFold:
             return AnthropicFold.of(history)
         g = bisect.bisect_right(self.spans, n) - 1  # the finished group the cut falls in
         end = self.spans[g + 1] if g + 1 < len(self.spans) else t
+        first: Turn | None = None
+        last: Turn | None = None
         if g + 1 < len(self.spans):
             nxt = self.spans[g + 2] if g + 2 < len(self.spans) else t
             try:
@@ -201,8 +203,6 @@ class AnthropicFold:
             if len(joined) != 1:
                 return None
             first, last = joined[0], self.last
-        else:
-            first = last = None
         front = tuple(history[:end - n])
         return AnthropicFold(front, self.done.drop(g + 1), first, last, self.tail, True,
                              self.size - n, front[0] if front else None, _memo(len(front)),

@@ -155,8 +155,10 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
         if fmt in FOLDED:  # Anthropic, Gemini: extended, the groups of a placeholder joined
             # again, Anthropic's first ones dropped after a summary; else made again (once)
             # at the next request
-            if (drop or changes) and history is None:
-                continue
+            if history is None:
+                if drop or changes:
+                    continue
+                history = ()
             fold = chunks
             if drop:
                 fold = fold.drop(drop, history) if isinstance(fold, AnthropicFold) else None
