@@ -90,6 +90,9 @@ class TurnCut:
     extra: tuple[Message, ...]
     source: TruncationInput
     counted: Counted = field(default_factory=dict)  # what its build counted (see _Memo)
+    # id -> (message, its wire forms): the kept messages of the turn's truncated views,
+    # converted once across its calls (shared by the cuts it is extended into)
+    slots: dict[int, tuple[Message, dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +327,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     history: Sequence[Message] = concat(snap.applied, extra)
     summary = snap.summary
     truncation: SummaryRecord | None = None
-    truncated, dropped, note = False, 0, ""
+    truncated, dropped, note, dropped_prefix = False, 0, "", 0
     cut: TurnCut | None = None
     over = not report.within_budget and (proactive or req.force_ratio is not None)
     if over or req.force_ratio is not None:
@@ -336,6 +339,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         cut = _cut_input(req.extra_cut, snap, extra, extra_tokens, counter, req.counted)
         result = cut.source.cut(budget, counter, drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
+        dropped_prefix = result.dropped_prefix
         summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
@@ -368,6 +372,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         head, head_wire = _head(req.system_prompt, summary, repaired.messages[:1] or tail[:1],
                                 policy.summary_placement, notice)
         messages = concat(head, repaired.messages, tail)
+    elif truncated and cut is not None:  # what is kept converted once per turn, not per call
+        head, head_wire = _head(req.system_prompt, summary, history[:1],
+                                policy.summary_placement, notice)
+        messages = concat(head, history)
     else:
         messages = Chunks.of(assemble(req.system_prompt, summary, history,
                                       placement=policy.summary_placement, notice=notice))
@@ -383,6 +391,11 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     elif tail is not None and repaired is not None:
         view = PreparedView.built(messages, report_, head=head, head_wire=head_wire,
                                   wire=repaired.wire, applied=repaired.messages, extra=tail)
+    elif truncated and cut is not None:
+        view = PreparedView.built(
+            messages, report_, head=head, head_wire=head_wire, wire={}, applied=Chunks(),
+            extra=history, extra_wire=_truncated_slots(history, snap, extra, extra_wire, cut,
+                                                       dropped_prefix))
     else:
         view = PreparedView.built(messages, report_)
     sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
@@ -408,12 +421,48 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
         if source is not None and all(a is b for a, b in zip(known.extra, extra, strict=False)):
             grown = source.extend(extra[k:], extra_tokens[k:])
             if grown is not None:
-                return TurnCut(snap.applied, tuple(extra), grown, known.counted)
+                return TurnCut(snap.applied, tuple(extra), grown, known.counted, known.slots)
     history = list(concat(snap.applied, extra))
     memo = _Memo(counter, KnownCounts.of(counter, snap, extra, extra_tokens, applied=True),
                  counted or {})
     source = TruncationInput.build(history, memo)
-    return TurnCut(snap.applied, tuple(extra), source, memo.counted)
+    slots = known.slots if known is not None and len(known.slots) < SLOTS_KEEP else {}
+    return TurnCut(snap.applied, tuple(extra), source, memo.counted, slots)
+
+
+SLOTS_KEEP = 4096  # kept conversions a turn's truncations carry to its next rebuilt cut
+
+
+def _truncated_slots(kept: Sequence[Message], snap: CachedView, extra: Sequence[Message],
+                     extra_wire: Sequence[dict[str, Any]], cut: TurnCut,
+                     dropped: int) -> list[dict[str, Any]]:
+    """A wire-form slot per message of a truncated view (see
+    :func:`shared.core.wireview.convert_kept`): the pending message's own, the stored
+    message's OpenAI form from the cached view, or what an earlier truncation of the turn
+    made; a clipped or repaired message gets a new one. Most of a truncated view is the
+    newest part of the last one: each message is converted once per turn, not per call."""
+    pending = ({id(m): w for m, w in zip(extra, extra_wire, strict=True)}
+               if len(extra_wire) == len(extra) else {})
+    stored = snap.wire.get("openai")
+    applied = snap.applied
+    if stored is not None and len(stored) != len(applied):
+        stored = None
+    out: list[dict[str, Any]] = []
+    at = dropped  # where the kept stored messages start, when none was clipped
+    for m in kept:
+        # the stored message it is, if any: the next one, or the one after (a clipped copy
+        # stands for the one before)
+        here = next((j for j in (at, at + 1) if 0 <= j < len(applied) and applied[j] is m),
+                    None)
+        if here is not None:
+            at = here + 1
+        found = cut.slots.get(id(m))
+        slot = found[1] if found is not None and found[0] is m else pending.get(id(m))
+        if slot is None:
+            slot = {"openai": stored[here]} if stored is not None and here is not None else {}
+        cut.slots[id(m)] = (m, slot)
+        out.append(slot)
+    return out
 
 
 def _dropped(known: TurnCut, applied: Sequence[Message]) -> TruncationInput | None:
