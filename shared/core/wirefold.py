@@ -254,6 +254,89 @@ def _pairs_ok(turns: Sequence[Turn]) -> bool:
     return all(adjacent_ok(a, b) for a, b in itertools.pairwise(turns))
 
 
+# -- the end of a view, kept across a turn's prepares -------------------------------------
+
+ANTHROPIC_END = "anthropic:end"  # the key of an _End in a pending message's memo
+GEMINI_END = "gemini:end"
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The end of a view (the history's last group, then the pending messages up to one)
+    as a call of the turn made it, kept in the memo of that last pending message: the
+    turn's next call extends it by its new messages, not the turn so far again."""
+
+    base: tuple[Message, ...]  # the fold's tail it starts with (by identity)
+    given: tuple[Message, ...]  # the pending messages it covers
+    parts: tuple[Any, ...]  # Anthropic: every turn; Gemini: the finished contents
+    ok: int = 0  # Anthropic: how many first turns pair up (adjacent_ok) among themselves
+    tail: tuple[Message, ...] = ()  # Gemini: the last group, joined again with what follows
+    tail_memo: Memo = ()
+    names: Mapping[str, str] = field(default_factory=dict)  # Gemini: the turn's calls so far
+
+
+def _known_end(memo: Memo, pending: Sequence[Message], base: tuple[Message, ...],
+               key: str) -> _End | None:
+    """The end an earlier call left for the same fold tail and the same first pending
+    messages (found from the newest message back: a call adds a few)."""
+    for k in range(len(pending), 0, -1):
+        found = memo[k - 1].get(key)
+        if found is None:
+            continue
+        if found.base is base and len(found.given) == k \
+                and all(a is b for a, b in zip(found.given, pending, strict=False)):
+            return found  # type: ignore[no-any-return]
+        return None
+    return None
+
+
+def _keep_end(memo: Memo, pending: Sequence[Message], known: _End | None, key: str,
+              end: _End) -> None:
+    if pending:
+        memo[len(pending) - 1][key] = end
+    if known is not None and len(known.given) != len(pending):
+        memo[len(known.given) - 1].pop(key, None)  # superseded
+
+
+def _anthropic_end(fold: AnthropicFold, pending: Sequence[Message], memo: Memo) -> _End:
+    """The turns of ``fold.tail + pending`` (raises InvalidInput as :func:`fold_turns`)."""
+    known = _known_end(memo, pending, fold.tail, ANTHROPIC_END)
+    if known is None:
+        turns = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *memo))
+        trusted = 0
+    else:
+        k = len(known.given)
+        turns = fold_turns(pending[k:], memo=memo[k:], into=list(known.parts))
+        trusted = min(known.ok, len(known.parts) - 1)  # the last turn may have grown
+    ok = max(trusted, 1 if turns else 0)
+    while ok < len(turns) and adjacent_ok(turns[ok - 1], turns[ok]):
+        ok += 1
+    end = _End(fold.tail, tuple(pending), tuple(turns), ok)
+    _keep_end(memo, pending, known, ANTHROPIC_END, end)
+    return end
+
+
+def _gemini_end(fold: GeminiFold, pending: Sequence[Message],
+                memo: Memo) -> list[dict[str, Any]]:
+    """The contents of ``fold.tail + pending`` (raises InvalidInput as
+    :func:`fold_contents`): the finished ones kept, the last group joined again."""
+    known = _known_end(memo, pending, fold.tail, GEMINI_END)
+    if known is None:
+        items, memos = (*fold.tail, *pending), (*fold.tail_memo, *memo)
+        done: tuple[Any, ...] = ()
+        names: dict[str, str] = {}
+    else:
+        k = len(known.given)
+        items, memos = (*known.tail, *pending[k:]), (*known.tail_memo, *memo[k:])
+        done, names = known.parts, dict(known.names)
+    cut = _last_group(items)
+    made = fold_contents(items[:cut], 0, ChainMap(names, *fold.names), memos[:cut])
+    end = _End(fold.tail, tuple(pending), (*done, *made), 0, items[cut:], memos[cut:], names)
+    last = fold_contents(end.tail, 0, ChainMap({}, names, *fold.names), end.tail_memo)
+    _keep_end(memo, pending, known, GEMINI_END, end)
+    return [*end.parts, *last]
+
+
 def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequence[Message],
                    head_memo: Memo | None = None, pending_memo: Memo | None = None, *,
                    shared: bool = False) -> tuple[System, Sequence[dict[str, Any]]] | None:
@@ -267,17 +350,22 @@ def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequen
         return None
     h_memo = head_memo[lead:] if head_memo is not None else _memo(len(head) - lead)
     p_memo = pending_memo if pending_memo is not None else _memo(len(pending))
+    right_ok: bool | None = None
     try:
         if fold.tail:
             left = fold_turns((*head[lead:], *fold.front), memo=(*h_memo, *fold.front_memo))
-            right = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *p_memo))
+            if pending_memo is not None:  # kept across the turn: its new messages alone
+                end = _anthropic_end(fold, pending, pending_memo)
+                right, right_ok = list(end.parts), end.ok >= len(end.parts)
+            else:
+                right = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *p_memo))
         else:  # the history is one group (or none): pending may join it
             left = fold_turns((*head[lead:], *fold.front, *pending),
                               memo=(*h_memo, *fold.front_memo, *p_memo))
             right = []
     except InvalidInput:
         return None
-    if not _ends_ok(left, fold.first, fold.last, right):
+    if not _ends_ok(left, fold.first, fold.last, right, right_ok):
         return None
     return system_out(head[:lead]), _around([t.wire() for t in left], fold.done,
                                             [t.wire() for t in right], shared)
@@ -293,16 +381,18 @@ def _around(left: list[dict[str, Any]], done: Chunks[dict[str, Any]],
 
 
 def _ends_ok(left: list[Turn], first: Turn | None, last: Turn | None,
-             right: list[Turn]) -> bool:
+             right: list[Turn], right_ok: bool | None = None) -> bool:
     """The tool pairs the whole conversion checks that the fold did not: inside the
-    head+front and tail+pending turns, and where they meet ``done`` (or each other); the
-    view's first turn answers no call."""
+    head+front and tail+pending turns (``right_ok``: those of ``right``, if known), and
+    where they meet ``done`` (or each other); the view's first turn answers no call."""
+    if not (_pairs_ok(right) if right_ok is None else right_ok):
+        return False
     if first is None or last is None:
-        ends = [*left, *right]
+        ends = [*left, *right[:1]]
         return not (ends and ends[0].result_ids) and _pairs_ok(ends)
     opening = left[0] if left else first
     return (not opening.result_ids and _pairs_ok([*left, first])
-            and _pairs_ok([last, *right]))
+            and _pairs_ok([last, *right[:1]]))
 
 
 # -- Gemini -------------------------------------------------------------------------------
@@ -429,8 +519,9 @@ def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Mes
     p_memo = pending_memo if pending_memo is not None else _memo(len(pending))
     try:
         left = fold_contents(head[lead:], 0, {}, h_memo)
-        right = fold_contents((*fold.tail, *pending), 0, ChainMap({}, *fold.names),
-                              (*fold.tail_memo, *p_memo))
+        right = (_gemini_end(fold, pending, pending_memo) if pending_memo is not None else
+                 fold_contents((*fold.tail, *pending), 0, ChainMap({}, *fold.names),
+                               (*fold.tail_memo, *p_memo)))
     except InvalidInput:
         return None
     return system_instruction(head[:lead]), _around(left, fold.done, right, shared)

@@ -94,13 +94,14 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, An
 
 
 def fold_turns(items: Sequence[Message], offset: int = 0,
-               memo: Sequence[dict[str, Any]] | None = None) -> list[Turn]:
+               memo: Sequence[dict[str, Any]] | None = None,
+               into: list[Turn] | None = None) -> list[Turn]:
     """The wire turns of consecutive messages (none of them a leading system message):
     each message's own turn (:func:`turn_of`), same-role neighbours joined. Tool pairs are
     not checked (:func:`adjacent_ok`); ``offset``: index of ``items[0]`` in error paths;
     ``memo``: a dict per message keeping its turn (a turn's pending messages, converted
-    once across its prepares)."""
-    turns: list[Turn] = []
+    once across its prepares); ``into``: turns made before ``items``, extended in place."""
+    turns: list[Turn] = into if into is not None else []
     for i, m in enumerate(items):
         slot = memo[i] if memo is not None else None
         found = slot.get(MEMO_KEY) if slot is not None else None
