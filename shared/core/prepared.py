@@ -155,24 +155,27 @@ class PreparedView(BaseModel):
     def _folded(self, fmt: str, shared: bool = False) -> Any:
         """The view in ``fmt`` from the cached history's fold; None: convert it whole (a
         view without cached parts, or one the fold leaves to the whole conversion)."""
-        if self._wire is None or self._applied is None:
+        private = self.__pydantic_private__  # a slot: no __getattr__ per attribute
+        assert private is not None
+        wire, applied = private["_wire"], private["_applied"]
+        if wire is None or applied is None:
             return None
         from shared.core.wirefold import AnthropicFold, anthropic_view, gemini_view
         from shared.core.wireview import history_fold
 
-        fold = history_fold(self._wire, fmt, self._applied)
-        kept = self._head_wire  # shared by the prepares with this head: its turns kept there
+        fold = history_fold(wire, fmt, applied)
+        head, pending = private["_head"], private["_extra"]
+        kept = private["_head_wire"]  # shared by the prepares with this head: turns kept there
         head_memo: tuple[dict[str, Any], ...] | None = None
         if kept is not None:
             head_memo = kept.get("memo")
-            if head_memo is None or len(head_memo) != len(self._head):
-                head_memo = kept["memo"] = tuple({} for _ in self._head)
-        extra = self._extra_wire  # a slot per pending message, kept across the turn
-        pending_memo = tuple(extra) if len(extra) == len(self._extra) else None
+            if head_memo is None or len(head_memo) != len(head):
+                head_memo = kept["memo"] = tuple({} for _ in head)
+        extra = private["_extra_wire"]  # a slot per pending message, kept across the turn
+        pending_memo = tuple(extra) if len(extra) == len(pending) else None
         if isinstance(fold, AnthropicFold):
-            return anthropic_view(self._head, fold, self._extra, head_memo, pending_memo,
-                                  shared=shared)
-        return gemini_view(self._head, fold, self._extra, head_memo, pending_memo, shared=shared)
+            return anthropic_view(head, fold, pending, head_memo, pending_memo, shared=shared)
+        return gemini_view(head, fold, pending, head_memo, pending_memo, shared=shared)
 
 
 __all__ = ["PreparedView", "ViewReport"]

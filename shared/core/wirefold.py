@@ -270,6 +270,7 @@ class _End:
     given: tuple[Message, ...]  # the pending messages it covers
     parts: tuple[Any, ...]  # Anthropic: every turn; Gemini: the finished contents
     ok: int = 0  # Anthropic: how many first turns pair up (adjacent_ok) among themselves
+    wires: tuple[dict[str, Any], ...] = ()  # Anthropic: the wire message of each turn
     tail: tuple[Message, ...] = ()  # Gemini: the last group, joined again with what follows
     tail_memo: Memo = ()
     names: Mapping[str, str] = field(default_factory=dict)  # Gemini: the turn's calls so far
@@ -283,8 +284,8 @@ def _known_end(memo: Memo, pending: Sequence[Message], base: tuple[Message, ...]
         found = memo[k - 1].get(key)
         if found is None:
             continue
-        if found.base is base and len(found.given) == k \
-                and all(a is b for a, b in zip(found.given, pending, strict=False)):
+        # the same messages (a tuple compares by identity first, at C speed)
+        if found.base is base and len(found.given) == k and found.given == tuple(pending[:k]):
             return found  # type: ignore[no-any-return]
         return None
     return None
@@ -304,14 +305,17 @@ def _anthropic_end(fold: AnthropicFold, pending: Sequence[Message], memo: Memo) 
     if known is None:
         turns = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *memo))
         trusted = 0
+        wires = [t.wire() for t in turns]
     else:
         k = len(known.given)
         turns = fold_turns(pending[k:], memo=memo[k:], into=list(known.parts))
         trusted = min(known.ok, len(known.parts) - 1)  # the last turn may have grown
+        same = max(len(known.parts) - 1, 0)
+        wires = [*known.wires[:same], *(t.wire() for t in turns[same:])]
     ok = max(trusted, 1 if turns else 0)
     while ok < len(turns) and adjacent_ok(turns[ok - 1], turns[ok]):
         ok += 1
-    end = _End(fold.tail, tuple(pending), tuple(turns), ok)
+    end = _End(fold.tail, tuple(pending), tuple(turns), ok, tuple(wires))
     _keep_end(memo, pending, known, ANTHROPIC_END, end)
     return end
 
@@ -331,7 +335,8 @@ def _gemini_end(fold: GeminiFold, pending: Sequence[Message],
         done, names = known.parts, dict(known.names)
     cut = _last_group(items)
     made = fold_contents(items[:cut], 0, ChainMap(names, *fold.names), memos[:cut])
-    end = _End(fold.tail, tuple(pending), (*done, *made), 0, items[cut:], memos[cut:], names)
+    end = _End(fold.tail, tuple(pending), (*done, *made), tail=items[cut:],
+               tail_memo=memos[cut:], names=names)
     last = fold_contents(end.tail, 0, ChainMap({}, names, *fold.names), end.tail_memo)
     _keep_end(memo, pending, known, GEMINI_END, end)
     return [*end.parts, *last]
@@ -351,12 +356,14 @@ def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequen
     h_memo = head_memo[lead:] if head_memo is not None else _memo(len(head) - lead)
     p_memo = pending_memo if pending_memo is not None else _memo(len(pending))
     right_ok: bool | None = None
+    right_wires: list[dict[str, Any]] | None = None
     try:
         if fold.tail:
             left = fold_turns((*head[lead:], *fold.front), memo=(*h_memo, *fold.front_memo))
             if pending_memo is not None:  # kept across the turn: its new messages alone
                 end = _anthropic_end(fold, pending, pending_memo)
                 right, right_ok = list(end.parts), end.ok >= len(end.parts)
+                right_wires = list(end.wires)
             else:
                 right = fold_turns((*fold.tail, *pending), memo=(*fold.tail_memo, *p_memo))
         else:  # the history is one group (or none): pending may join it
@@ -367,8 +374,8 @@ def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequen
         return None
     if not _ends_ok(left, fold.first, fold.last, right, right_ok):
         return None
-    return system_out(head[:lead]), _around([t.wire() for t in left], fold.done,
-                                            [t.wire() for t in right], shared)
+    wires = right_wires if right_wires is not None else [t.wire() for t in right]
+    return system_out(head[:lead]), _around([t.wire() for t in left], fold.done, wires, shared)
 
 
 def _around(left: list[dict[str, Any]], done: Chunks[dict[str, Any]],
