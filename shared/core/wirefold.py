@@ -460,6 +460,34 @@ class GeminiFold:
         return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens,
                           memo[cut:], spans, unique)
 
+    def drop(self, n: int, history: Sequence[Message]) -> GeminiFold | None:
+        """As :meth:`AnthropicFold.drop`: the contents after the cut kept. The call names
+        are made again from the finished messages that are left (a result must not find
+        the name of a call gone with the cut); None where only a new fold can say."""
+        if n <= 0:
+            return self
+        if not self.ok or self.spans is None or len(history) != self.size - n:
+            return None
+        t = self.size - len(self.tail)
+        if n >= t or not self.spans:
+            return GeminiFold.of(history)
+        g = bisect.bisect_right(self.spans, n) - 1  # the content the cut falls in
+        if g >= 0 and self.spans[g] < n:
+            if history and history[0].role == "tool":  # inside a run of results: split
+                return None
+            g += 1  # that content is gone whole
+        keep = max(g, 0)
+        names: dict[str, str] = {}
+        calls = 0
+        for m in history[:t - n]:
+            if m.role == "tool" and not m.name and (m.tool_call_id or "") not in names:
+                return None  # a kept result named from a call the cut took
+            names.update((c.id, c.name) for c in m.tool_calls)
+            calls += len(m.tool_calls)
+        return GeminiFold(self.done.drop(keep), (names,) if names else (), self.tail, True,
+                          self.size - n, history[0] if history else None, self.tail_memo,
+                          Chunks.of([s - n for s in self.spans[keep:]]), len(names) == calls)
+
     def replace(self, history: Sequence[Message],
                 changes: Mapping[int, Message]) -> GeminiFold | None:
         """As :meth:`AnthropicFold.replace`: the contents holding a change made again."""

@@ -153,15 +153,15 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
     out: dict[str, Any] = {}
     for fmt, chunks in wire.items():
         if fmt in FOLDED:  # Anthropic, Gemini: extended, the groups of a placeholder joined
-            # again, Anthropic's first ones dropped after a summary; else made again (once)
-            # at the next request
+            # again, the first ones dropped after a summary; else made again (once) at the
+            # next request
             if history is None:
                 if drop or changes:
                     continue
                 history = ()
             fold = chunks
             if drop:
-                fold = fold.drop(drop, history) if isinstance(fold, AnthropicFold) else None
+                fold = fold.drop(drop, history)
             if fold is not None and changes:
                 fold = fold.replace(history, changes)
             if fold is not None:
