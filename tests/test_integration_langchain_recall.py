@@ -119,7 +119,9 @@ def test_the_model_recalls_a_compacted_fact_sync(store: SessionStore, how: str) 
 @pytest.mark.redis
 def test_the_model_recalls_a_compacted_fact_async(store: SessionStore, redis_url: str,
                                                   key_prefix: str) -> None:
-    async def drive() -> tuple[Any, RecallingChatModel]:
+    out: list[tuple[Any, RecallingChatModel]] = []
+
+    async def drive() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
             guard = AsyncContextGuard(AsyncSessionStore(client, store.config),
@@ -131,11 +133,15 @@ def test_the_model_recalls_a_compacted_fact_async(store: SessionStore, redis_url
             await asyncio.to_thread(compact, store, "lc-arecall")
             final = await agent.ainvoke({"messages": [HumanMessage(ASK)]},
                                         config("lc-arecall"))
-            return final, model
+            out.append((final, model))
         finally:
             await client.aclose()
 
-    final, model = asyncio.run(drive())
+    # Handed out through ``out``, not returned: on Python 3.11 asyncio.run's clean-up
+    # formats a repr of its main task, result included (restoring the SIGINT handler),
+    # and a result holding the agent's whole state took about 30 s to repr.
+    asyncio.run(drive())
+    final, model = out[0]
     check_second_request(model, store, "lc-arecall", final)
 
 
