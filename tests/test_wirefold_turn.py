@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import fakeredis
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.core import wirefold
+from shared.core.config import StoreConfig
 from shared.core.messages import Message, ToolCall
 from shared.core.wire.anthropic import MEMO_KEY
 from shared.core.wirefold import ANTHROPIC_END, GEMINI_END, fold_of
+from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, make
+from tests.test_guard import SYSTEM as PROMPT
+from tests.test_guard import coding_turn
 from tests.test_wirefold import SYSTEM, VIEW, WHOLE, cases, folded, whole
 
 Case = tuple[list[Message], list[Message], list[Message], list[int]]
@@ -111,3 +119,40 @@ def test_a_result_joining_the_last_turn_is_checked_again() -> None:
         second = VIEW[fmt]([SYSTEM], fold, pending, None, memo)
         assert second is None  # the whole conversion's error, not a view
         assert whole(fmt, [SYSTEM, *history, *pending])[0] == "raises"
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+@pytest.mark.parametrize("fmt", ["anthropic", "gemini"])
+def test_a_recorded_turn_is_not_converted_again(shell_name: str, fmt: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn's prepares converted its messages (memos in its pending slots): recording
+    it extends the cached fold with those conversions, and the next prepare's view is
+    still the whole conversion of its messages."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="f"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    guard.record_turn("s", [dict(m) for m in coding_turn(0, 400)])
+    turn = coding_turn(1, 400)
+    for end in (1, 4, 5):  # the turn's calls: each converts its new messages
+        view = guard.prepare("s", PROMPT, model="m", pending=turn[:end])
+        getattr(view, fmt)(shared=True)
+    made: list[Message] = []
+    import shared.core.wire.anthropic as anthropic_wire
+    import shared.core.wire.gemini as gemini_wire
+    if fmt == "anthropic":
+        real = anthropic_wire.turn_of
+        monkeypatch.setattr(anthropic_wire, "turn_of",
+                            lambda m, loc: made.append(m) or real(m, loc))
+        monkeypatch.setattr(wirefold, "turn_of", anthropic_wire.turn_of)
+    else:
+        real_model, real_parts = gemini_wire._model_out, gemini_wire._parts_out
+        monkeypatch.setattr(gemini_wire, "_model_out",
+                            lambda m, *a: made.append(m) or real_model(m, *a))
+        monkeypatch.setattr(gemini_wire, "_parts_out",
+                            lambda m, *a: made.append(m) or real_parts(m, *a))
+    guard.record_turn("s", turn)
+    view = guard.prepare("s", PROMPT, model="m", pending=[{"role": "user", "content": "next"}])
+    got = getattr(view, fmt)()
+    assert not [m for m in made if m.role != "system" and m.text() != "next"], \
+        "only the head and the new message are converted"
+    monkeypatch.undo()
+    assert got == WHOLE[fmt](list(view.messages))

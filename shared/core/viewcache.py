@@ -369,6 +369,8 @@ def decode_view(raw: RawView, cached: CachedView | None,
         start_new = len(applied)
         tail_changes, tail_saved = _apply(_Stored(new_raw), raw.start, cheap,
                                           [i for i in cheap if i >= raw.start])
+        if tail_changes:  # a placeholder is not the message its wire forms were made for
+            decoded = None
         new_applied: list[Any] = [tail_changes.get(j, r) for j, r in enumerate(new_raw)]
         applied = applied.extend_lazy(new_applied, decode_stored)
         saved += tail_saved

@@ -145,15 +145,18 @@ class AnthropicFold:
                    items[t:], _pairs_ok(middle), len(items), opens, memo[:f], memo[t:],
                    Chunks.of([a for a, _ in bounds[1:-1]]))
 
-    def extend(self, new: Sequence[Message]) -> AnthropicFold:
-        """The fold of the history with ``new`` appended (the last group joined again)."""
+    def extend(self, new: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
+        """The fold of the history with ``new`` appended (the last group joined again);
+        ``memo``: a dict per new message, what its conversion made (the turn's pending
+        slots: a recorded turn is not converted again)."""
+        fresh = memo if memo is not None and len(memo) == len(new) else _memo(len(new))
         if not new:
             return self
         if not self.ok:
             return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
         if not self.tail:  # one group so far: the first one may grow or split
-            return AnthropicFold.of((*self.front, *new), (*self.front_memo, *_memo(len(new))))
-        items, memo = (*self.tail, *new), (*self.tail_memo, *_memo(len(new)))
+            return AnthropicFold.of((*self.front, *new), (*self.front_memo, *fresh))
+        items, memo = (*self.tail, *new), (*self.tail_memo, *fresh)
         try:
             turns = _turns(items, memo)
         except InvalidInput:
@@ -434,14 +437,16 @@ class GeminiFold:
         items = tuple(history)
         return cls(opens_with=items[0] if items else None).extend(items)
 
-    def extend(self, new: Sequence[Message]) -> GeminiFold:
+    def extend(self, new: Sequence[Message], memo: Memo | None = None) -> GeminiFold:
+        """The fold with ``new`` appended (as :meth:`AnthropicFold.extend`)."""
         if not new:
             return self
         size = self.size + len(new)
         opens = self.opens_with or new[0]
         if not self.ok:
             return GeminiFold(ok=False, size=size, opens_with=opens)
-        items, memo = (*self.tail, *new), (*self.tail_memo, *_memo(len(new)))
+        fresh = memo if memo is not None and len(memo) == len(new) else _memo(len(new))
+        items, memo = (*self.tail, *new), (*self.tail_memo, *fresh)
         cut = _last_group(items)
         layer: dict[str, str] = {}
         try:

@@ -165,7 +165,9 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
             if fold is not None and changes:
                 fold = fold.replace(history, changes)
             if fold is not None:
-                out[fmt] = fold.extend(decode_stored(tuple(new)))
+                slots = (kept if kept is not None and len(kept) == len(new)
+                         and not any(isinstance(m, bytes) for m in new) else None)
+                out[fmt] = fold.extend(decode_stored(tuple(new)), tuple(slots) if slots else None)
             continue
         items = list(changes.items())
         replaced = dict(zip((i for i, _ in items), convert(fmt, [m for _, m in items]),
