@@ -10,10 +10,13 @@ are kept instead and joined again with what follows (the next append, or a
 prepare's pending messages); for Anthropic the first group too, which the
 view's head (system prompt, a summary leading as a user message) may join.
 
-Per prepare the work is the head, the first and last groups and the pending
-messages, plus a pointer copy of the finished forms; per append, the last
-group and the new messages; a summary or a placeholder drops the fold, made
-again (once) at the next request. What this cannot do exactly (a conversion
+Per prepare the work is the head, the first group and the pending messages a
+turn's last call had not seen (the end of the view is kept in the newest pending
+message's memo, :class:`_End`), plus a pointer copy of the finished forms; per
+append, the last group and the new messages (their conversions from the turn's
+memos); a summary drops the first groups (:meth:`AnthropicFold.drop`), a
+cheap-stage placeholder joins its group again (``replace``); where neither can say,
+the fold is made again (once) at the next request. What this cannot do exactly (a conversion
 error, wrong tool pairs, leading system messages reaching into the history)
 goes to the whole conversion, ``to_anthropic`` / ``to_gemini``, which gives
 the same result or raises the same error; a property test holds the two equal.
