@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer
-from shared.store.sessions import SessionStore
+from shared.store.sessions import SessionStore, connect
 from workers.server.app import create_app
 from workers.server.config import ServerConfig, TokenBook, load_server_config
 
@@ -247,9 +247,11 @@ def test_stats_compact_history(client: TestClient, recorder: Recorder) -> None:
 
 
 def test_store_unavailable_is_503(key_prefix: str) -> None:
-    dead = redis.Redis(port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
-    app = create_app(ServerConfig(), SessionStore(dead, StoreConfig(key_prefix=key_prefix)),
-                     tokens=TOKENS)
+    # The client the server builds (connect: no silent retries); a hand-made redis.Redis
+    # retries with backoff, about 4 s per call to a dead port, for the same outcome.
+    config = StoreConfig(key_prefix=key_prefix, socket_timeout=0.2, connect_timeout=0.2)
+    dead = connect("redis://127.0.0.1:1/0", config)
+    app = create_app(ServerConfig(), SessionStore(dead, config), tokens=TOKENS)
     with TestClient(app, raise_server_exceptions=False) as c:
         response = c.post("/v1/sessions/s/prepare", json={}, headers=A)
         assert response.status_code == 503
