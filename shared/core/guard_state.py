@@ -324,7 +324,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
             regions, estimated, report = estimate(snap.saved)
         enqueue = True
 
-    history: Sequence[Message] = concat(snap.applied, extra)
+    history: Sequence[Message] = ()  # the truncated or repaired history, where one is made
     summary = snap.summary
     truncation: SummaryRecord | None = None
     truncated, dropped, note, dropped_prefix = False, 0, "", 0
@@ -360,7 +360,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     if tail is not None and repaired is not None:
         history = concat(repaired.messages, tail)
     elif not intact:
-        history = repair_tool_pairs(history)
+        history = repair_tool_pairs(history if truncated else concat(snap.applied, extra))
     messages: Sequence[Message]
     head: Sequence[Message] = ()
     head_wire: dict[str, Any] | None = None
