@@ -20,6 +20,7 @@ Reusable by every test module:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,19 +52,32 @@ class CharCounter:
         return sum(len(json.dumps(t, sort_keys=True)) for t in tools)
 
 
-@st.composite
-def texts(draw: st.DrawFn, /, min_words: int = 1, max_words: int = 60) -> str:
-    """Words joined by spaces; cheap to generate and to shrink, never blank if min_words > 0."""
-    n = draw(st.integers(min_words, max_words))
-    seed = draw(st.integers(0, len(WORDS) - 1))
-    words = [WORDS[(seed + 7 * i) % len(WORDS)] for i in range(n)]
-    text = " ".join(words).replace(" \n ", "\n")
-    return text if text.strip() or not min_words else "x"
+@functools.cache
+def texts(min_words: int = 1, max_words: int = 60) -> st.SearchStrategy[str]:
+    """Words joined by spaces; cheap to generate and to shrink, never blank if min_words > 0.
+
+    One strategy object per size range, made once (and the two it draws from): hypothesis
+    validates every new strategy object it draws from, which cost more than the drawing."""
+    sizes, seeds = st.integers(min_words, max_words), st.integers(0, len(WORDS) - 1)
+
+    @st.composite
+    def _texts(draw: st.DrawFn) -> str:
+        n = draw(sizes)
+        seed = draw(seeds)
+        words = [WORDS[(seed + 7 * i) % len(WORDS)] for i in range(n)]
+        text = " ".join(words).replace(" \n ", "\n")
+        return text if text.strip() or not min_words else "x"
+
+    return _texts()
+
+
+_CALL_KINDS = st.sampled_from(["read_file", "bash", "search"])
+_STEMS = st.sampled_from(["main", "utils", "models", "views", "test_api"])
 
 
 def _call(draw: st.DrawFn, call_id: str) -> ToolCall:
-    kind = draw(st.sampled_from(["read_file", "bash", "search"]))
-    stem = draw(st.sampled_from(["main", "utils", "models", "views", "test_api"]))
+    kind = draw(_CALL_KINDS)
+    stem = draw(_STEMS)
     args: dict[str, Any] = {
         "read_file": {"path": f"src/{stem}.py"},
         "bash": {"command": f"grep -n value docs/{stem}.md && python {stem}.py"},
@@ -85,26 +99,30 @@ def conversations(
     system: bool | None = None,
 ) -> list[Message]:
     """A valid conversation (see the module docstring)."""
+    # Each strategy looked up once per conversation (they are cached, but the lookup
+    # costs about as much as a draw).
+    coin, text, result = st.booleans(), texts(1, max_words), texts(0, max_words * 4)
+    steps, parallel = st.integers(0, max_steps), st.integers(1, max_parallel)
     messages: list[Message] = []
-    if draw(st.booleans()) if system is None else system:
-        messages.append(Message(role="system", content=draw(texts(1, max_words))))
+    if draw(coin) if system is None else system:
+        messages.append(Message(role="system", content=draw(text)))
     next_id = 0
     for _ in range(draw(st.integers(min_turns, max_turns))):
-        messages.append(Message(role="user", content=draw(texts(1, max_words))))
-        for _ in range(draw(st.integers(0, max_steps))):
-            if draw(st.booleans()):
-                messages.append(Message(role="assistant", content=draw(texts(1, max_words))))
+        messages.append(Message(role="user", content=draw(text)))
+        for _ in range(draw(steps)):
+            if draw(coin):
+                messages.append(Message(role="assistant", content=draw(text)))
                 continue
             calls = []
-            for _ in range(draw(st.integers(1, max_parallel))):
+            for _ in range(draw(parallel)):
                 calls.append(_call(draw, f"call_{next_id}"))
                 next_id += 1
             messages.append(Message(role="assistant", content=draw(texts(0, 8)), tool_calls=calls))
             for call in draw(st.permutations(calls)):
                 messages.append(Message(role="tool", tool_call_id=call.id, name=call.name,
-                                        content=draw(texts(0, max_words * 4))))
-        if draw(st.booleans()):
-            messages.append(Message(role="assistant", content=draw(texts(1, max_words))))
+                                        content=draw(result)))
+        if draw(coin):
+            messages.append(Message(role="assistant", content=draw(text)))
     return messages
 
 
@@ -122,9 +140,14 @@ def _rename(messages: list[Message], old: str, new: str) -> list[Message]:
     return out
 
 
+_DAMAGES = st.sampled_from(["drop", "move", "duplicate", "orphan", "reuse", "empty", "swap",
+                            "lead", "system"])
+_EMPTY_ROLES = st.sampled_from(["user", "assistant"])
+_EMPTY_TEXTS = st.sampled_from(["", "  \n"])
+
+
 def _damage(draw: st.DrawFn, messages: list[Message]) -> list[Message]:
-    kind = draw(st.sampled_from(["drop", "move", "duplicate", "orphan", "reuse", "empty", "swap",
-                                 "lead", "system"]))
+    kind = draw(_DAMAGES)
     n = len(messages)
     if n == 0:
         return [Message(role="tool", tool_call_id="ghost", content="lost result")]
@@ -147,8 +170,8 @@ def _damage(draw: st.DrawFn, messages: list[Message]) -> list[Message]:
             return messages
         return _rename(messages, draw(st.sampled_from(ids)), draw(st.sampled_from(ids)))
     if kind == "empty":
-        role = draw(st.sampled_from(["user", "assistant"]))
-        empty = Message(role=role, content=draw(st.sampled_from(["", "  \n"])))
+        role = draw(_EMPTY_ROLES)
+        empty = Message(role=role, content=draw(_EMPTY_TEXTS))
         return [*messages[:j], empty, *messages[j:]]
     if kind == "swap" and i + 1 < n:
         return [*messages[:i], messages[i + 1], m, *messages[i + 2:]]
