@@ -8,6 +8,7 @@ check that both give byte-identical ledgers. Behaviour tests of the ledger
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from typing import Any
@@ -151,11 +152,16 @@ _PIECES = [
 _ALPHABET = "aZ09_./-@#$€:;,!?%<>`'\"()[]{}=+~&* \n\t\u00a0é\u0663"
 
 
+# The strategies below are made once (functools.cache, module constants) instead of at
+# every draw: hypothesis validates each new strategy object it draws from, which cost
+# more than the drawing. Same draws, same examples.
+@functools.cache
 def _texts() -> st.SearchStrategy[str]:
     return st.lists(st.one_of(st.sampled_from(_PIECES), st.text(_ALPHABET, max_size=6)),
                     max_size=8).map("".join)
 
 
+@functools.cache
 def _json_values() -> st.SearchStrategy[Any]:
     leaves = st.one_of(_texts(), st.integers(-5, 10**6), st.floats(allow_nan=False),
                        st.booleans(), st.none())
@@ -165,31 +171,38 @@ def _json_values() -> st.SearchStrategy[Any]:
                         inner, max_size=3)), max_leaves=6)
 
 
+_TOOL_NAMES = st.sampled_from(["bash", "shell", "read_file", "write_file", "get_user",
+                               "str_replace_based_edit_tool", "apply_patch", "search"])
+_SHELL_COMMANDS = st.one_of(st.sampled_from(_COMMANDS), _texts(),
+                            st.lists(st.sampled_from(_COMMANDS), max_size=3).map("\n".join))
+_ARGUMENTS = st.dictionaries(
+    st.sampled_from(["path", "file_path", "command", "input", "reservation_id",
+                     "user_id", "query", "items", "amount", "code"]),
+    _json_values(), max_size=4)
+
+
 @st.composite
 def _tool_calls(draw: st.DrawFn, i: int) -> ToolCall:
-    name = draw(st.sampled_from(["bash", "shell", "read_file", "write_file", "get_user",
-                                 "str_replace_based_edit_tool", "apply_patch", "search"]))
+    name = draw(_TOOL_NAMES)
     if name in ("bash", "shell") and draw(st.booleans()):
-        command = draw(st.one_of(st.sampled_from(_COMMANDS), _texts(),
-                                 st.lists(st.sampled_from(_COMMANDS), max_size=3)
-                                 .map("\n".join)))
-        args: dict[str, Any] = {"command": command}
+        args: dict[str, Any] = {"command": draw(_SHELL_COMMANDS)}
     else:
-        args = draw(st.dictionaries(
-            st.sampled_from(["path", "file_path", "command", "input", "reservation_id",
-                             "user_id", "query", "items", "amount", "code"]),
-            _json_values(), max_size=4))
+        args = draw(_ARGUMENTS)
     return ToolCall(id=f"c{i}", name=name, arguments=args)
+
+
+_ROLES = st.sampled_from(["user", "assistant", "tool", "system"])
+_CALL_LISTS = st.lists(_tool_calls(0), max_size=3)  # ids: made per message below
 
 
 @st.composite
 def mixed_messages(draw: st.DrawFn) -> list[Message]:
     out: list[Message] = []
     for i in range(draw(st.integers(0, 10))):
-        role = draw(st.sampled_from(["user", "assistant", "tool", "system"]))
+        role = draw(_ROLES)
         text = draw(_texts())
         if role == "assistant":
-            calls = draw(st.lists(_tool_calls(i), max_size=3))
+            calls = draw(_CALL_LISTS)
             calls = [c.model_copy(update={"id": f"c{i}_{j}"}) for j, c in enumerate(calls)]
             out.append(Message(role="assistant", content=text, tool_calls=calls))
         elif role == "tool":
