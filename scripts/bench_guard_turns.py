@@ -77,16 +77,17 @@ def worker(url: str, prefix: str, sid: str, stop: Any) -> None:
 
 
 def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argparse.Namespace,
-           ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+           ) -> tuple[list[float], list[float], list[float], list[float], list[float],
+                      list[float]]:
     """Per turn: wall ms of every prepare plus record_turn (and the same in this thread's
     CPU ms, which other load on the machine does not inflate). Per quiet prepare (nothing
     to compact): its ms, and LangChain's hook on the same messages at the same point of
     the loop (after the same model call), in alternating order."""
-    per_turn, quiet, chain, cpu, hooked = [], [], [], [], []
+    per_turn, quiet, chain, cpu, hooked, hook_turns = [], [], [], [], [], []
     hook, lc_state = middleware_hook(), LcState()
     kw = {"max_tokens": args.max_tokens, "model": MODEL}
     for number, turn in enumerate(turns):
-        wait = used = 0.0
+        wait = used = hook_wait = 0.0
         calls = [i for i, m in enumerate(turn) if m.role == "assistant"] or [len(turn)]
         view = None
         for i in calls:
@@ -105,6 +106,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
             if not hook_first:
                 lc = timed_hook(hook, lc_state.state)
             wait += took
+            hook_wait += lc or 0.0
             report = view.report
             if not (report.truncated or report.budget.should_compact or report.cheap_applied):
                 quiet.append(took)
@@ -120,7 +122,9 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
         guard.record_turn(sid, turn, usage={"prompt_tokens": view.report.estimated_prompt_tokens})
         per_turn.append(wait + (time.perf_counter() - started) * 1000)
         cpu.append(used + (time.thread_time() - cpu_started) * 1000)
-    return per_turn, quiet, chain, cpu, hooked
+        if number:  # the first turn's first call has no state for the hook yet
+            hook_turns.append(hook_wait)
+    return per_turn, quiet, chain, cpu, hooked, hook_turns
 
 
 class LcState:
@@ -185,7 +189,7 @@ def main() -> None:
     proc.start()
     try:
         guard = ContextGuard(env.store(), NullEnqueuer(), overrides={MODEL: args.window})
-        per_turn, quiet, chain, cpu, lc = replay(guard, sid, turns, args)
+        per_turn, quiet, chain, cpu, lc, lc_turns = replay(guard, sid, turns, args)
         summaries = len(guard.store.summaries(sid))
     finally:
         stop.set()
@@ -199,6 +203,8 @@ def main() -> None:
           f"{percentile(per_turn, 99):.2f} | p99 <= 5 |")
     print(f"| the same, CPU of the agent's thread | {percentile(cpu, 50):.2f} | "
           f"{percentile(cpu, 99):.2f} | |")
+    print(f"| SummarizationMiddleware.before_model per turn (every call, never compacting) | "
+          f"{percentile(lc_turns, 50):.2f} | {percentile(lc_turns, 99):.2f} | |")
     print(f"| tool chain of {args.chain} calls: per prepare | {percentile(chain, 50):.2f} | "
           f"{percentile(chain, 99):.2f} | total {sum(chain):.1f} ms |")
     print(f"| prepare, nothing to compact | {percentile(quiet, 50):.3f} | "
