@@ -158,8 +158,10 @@ def test_four_workers_appends_edit_and_manual_compactions(
             errors.append(exc)
 
     try:
+        for w in workers:  # launched together, then each waited for: the same four workers
+            w.launch()
         for w in workers:
-            w.start()
+            w.wait_ready()
         threads = [threading.Thread(target=appender, args=(turns[i::2],)) for i in range(2)]
         threads.append(threading.Thread(target=viewer))
         for t in threads:
@@ -251,8 +253,10 @@ def test_a_summarizer_slower_than_the_lease_keeps_one_job_per_session(
                                 if k.startswith("COMPACTION_") and k not in (
                                     "COMPACTION_BROKER_URL", "COMPACTION_REDIS_URL",
                                     "COMPACTION_KEY_PREFIX")}).lease_seconds == 5
-        workers = [WorkerProcess(f"slow{i}", env, concurrency=2).start() for i in range(2)]
+        workers = [WorkerProcess(f"slow{i}", env, concurrency=2).launch() for i in range(2)]
         try:
+            for w in workers:
+                w.wait_ready()
             app = publisher_app(broker)
             app.send_task(TASK_COMPACT, args=["s3"], kwargs={"keep_recent": 2000},
                           queue="compaction")
