@@ -112,7 +112,7 @@ def test_truncation_keeps_system_and_the_newest_suffix(sizes: list[int], window:
     fake = _shared_fake(window)
     fake.truncate, fake.responder = True, responder
     try:
-        reply = ask(client_for(fake), messages)
+        reply = ask(_shared_client(), messages)
     except openai.BadRequestError as exc:  # even system + newest alone do not fit
         assert WORDS([system, messages[-1]], None) > window
         assert f"resulted in {WORDS(messages, None)} tokens" in exc.message
@@ -138,9 +138,9 @@ def test_accepts_exactly_what_fits(sizes: list[int], window: int, max_tokens: in
     messages = [user(words(n)) for n in sizes]
     prompt = WORDS(messages, None)
     extra = {} if max_tokens is None else {"max_tokens": max_tokens}
-    fake = _shared_fake(window)
+    _shared_fake(window)
     try:
-        reply = ask(client_for(fake), messages, **extra)
+        reply = ask(_shared_client(), messages, **extra)
         assert prompt + (max_tokens or 0) <= window
         assert reply.usage.prompt_tokens == prompt
     except openai.BadRequestError as exc:
@@ -150,6 +150,7 @@ def test_accepts_exactly_what_fits(sizes: list[int], window: int, max_tokens: in
 
 
 _FAKES: dict[int, FakeOpenAIServer] = {}
+_CLIENTS: dict[int, openai.OpenAI] = {}
 
 
 def _shared_fake(window: int) -> FakeOpenAIServer:
@@ -161,7 +162,16 @@ def _shared_fake(window: int) -> FakeOpenAIServer:
     return fake
 
 
+def _shared_client() -> openai.OpenAI:
+    """One client of that server too (making a client costs ~50 ms: its TLS context)."""
+    if 0 not in _CLIENTS:
+        _CLIENTS[0] = client_for(_FAKES[0])
+    return _CLIENTS[0]
+
+
 def teardown_module() -> None:
+    for client in _CLIENTS.values():
+        client.close()
     for fake in _FAKES.values():
         fake.stop()
 
