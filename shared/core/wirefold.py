@@ -28,7 +28,7 @@ import bisect
 import dataclasses
 import itertools
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -381,7 +381,19 @@ def anthropic_view(head: Sequence[Message], fold: AnthropicFold, pending: Sequen
     if not _ends_ok(left, fold.first, fold.last, right, right_ok):
         return None
     wires = right_wires if right_wires is not None else [t.wire() for t in right]
-    return system_out(head[:lead]), _around([t.wire() for t in left], fold.done, wires, shared)
+    system = _system(head_memo, lead, "anthropic:system", lambda: system_out(head[:lead]))
+    return system, _around([t.wire() for t in left], fold.done, wires, shared)
+
+
+def _system(head_memo: Memo | None, lead: int, key: str, make: Callable[[], Any]) -> Any:
+    """The head's leading system messages converted, kept in the first one's memo (the
+    head is made once per system prompt and summary: its calls share it)."""
+    if head_memo is None or not lead:
+        return make()
+    found = head_memo[0].get(key)
+    if found is None:
+        found = head_memo[0][key] = (make(),)
+    return found[0]
 
 
 def _around(left: list[dict[str, Any]], done: Chunks[dict[str, Any]],
@@ -567,7 +579,8 @@ def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Mes
                                (*fold.tail_memo, *p_memo)))
     except InvalidInput:
         return None
-    return system_instruction(head[:lead]), _around(left, fold.done, right, shared)
+    system = _system(head_memo, lead, "gemini:system", lambda: system_instruction(head[:lead]))
+    return system, _around(left, fold.done, right, shared)
 
 
 # -- the cache's side -----------------------------------------------------------------------
