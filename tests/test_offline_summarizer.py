@@ -142,15 +142,21 @@ _WORDS = st.sampled_from(["must keep", "JG7FMM", "src/x.py", "Error: boom", "##"
                           "Traceback (most recent call last):", "\n", "I will fix it.", "word"])
 
 
+# Made once, not at every draw (hypothesis validates each new strategy object it draws
+# from, which cost more than the drawing); the same draws, the same sessions.
+_PIECES = st.lists(st.one_of(_WORDS, st.text(max_size=30)), max_size=30)
+_KINDS = st.sampled_from(["user", "assistant", "call"])
+_SHELL = st.sampled_from(["cat a.py", "echo x > b.py", "pytest"])
+
+
 @st.composite
 def random_session(draw: st.DrawFn) -> list[Message]:
     out: list[Message] = []
     for i in range(draw(st.integers(0, 15))):
-        text = " ".join(draw(st.lists(st.one_of(_WORDS, st.text(max_size=30)), max_size=30)))
-        kind = draw(st.sampled_from(["user", "assistant", "call"]))
+        text = " ".join(draw(_PIECES))
+        kind = draw(_KINDS)
         if kind == "call":
-            out.append(bash(draw(st.sampled_from(["cat a.py", "echo x > b.py", "pytest"])),
-                            f"c{i}", text))
+            out.append(bash(draw(_SHELL), f"c{i}", text))
             out.append(result(text, f"c{i}"))
         else:
             out.append(Message(role=kind, content=text))
