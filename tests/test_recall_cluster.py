@@ -9,7 +9,7 @@ from shared.store.recall_index import drop_index, forget_after, index_compacted
 from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from tests.test_recall_index import commit, fill
-from tests.test_store_cluster import cluster62, cluster_store  # noqa: F401
+from tests.test_store_cluster import cluster_store
 from workers.harness.stack.redis_server import LocalCluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -38,6 +38,5 @@ def test_recall_on_a_three_master_cluster(cluster: LocalCluster,
     exercise(cluster_store(cluster, key_prefix))
 
 
-def test_recall_on_a_redis_62_cluster(cluster62: LocalCluster,  # noqa: F811
-                                      key_prefix: str) -> None:
+def test_recall_on_a_redis_62_cluster(cluster62: LocalCluster, key_prefix: str) -> None:
     exercise(cluster_store(cluster62, key_prefix))

