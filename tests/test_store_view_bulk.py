@@ -30,7 +30,7 @@ from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, async_client, make
 from tests.test_guard_view import OPS, check_cached_views
 from tests.test_store_cluster import cluster_store
-from workers.harness.stack.redis_server import LocalCluster, redis_binary, start_cluster
+from workers.harness.stack.redis_server import LocalCluster
 
 Meddle = Callable[[SessionStore, str], None]
 
@@ -250,15 +250,6 @@ def test_the_bulk_steps_are_sans_io() -> None:
         steps.send(batch.parse([[b"{}"] * 490, [b"5"] * 491, [b"e", b"2"], b"99"]))
     assert len(done.value.value.messages) == 490
 
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    if redis_binary() is None:
-        pytest.fail("no redis-server binary to start a cluster from")
-    started = start_cluster()
-    yield started
-    started.stop()
 
 
 def test_bulk_reads_on_a_cluster(cluster: LocalCluster, key_prefix: str) -> None:
