@@ -284,13 +284,21 @@ def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,
 def test_doctor_all_ok_with_a_worker_on_the_broker(urls: tuple[str, str],
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """An in-process Celery worker consuming the real broker answers ping and inspect."""
+    from workers.app import app
     from workers.harness.stack.demo import choose_backends, open_stack
     from workers.settings import load_settings
 
     settings = load_settings()
     backends = choose_backends(settings, "embedded")
-    with open_stack(settings, backends, concurrency=1):
-        code, out, _ = cli(capsys, "doctor", "--timeout", "2", "--json")
+    try:
+        with open_stack(settings, backends, concurrency=1):
+            code, out, _ = cli(capsys, "doctor", "--timeout", "2", "--json")
+    finally:
+        # The worker answered remote control on this broker, and the worker app's cached
+        # Control stays bound to it: every later in-process worker of this process (on
+        # another broker) then missed its remote shutdown and took ~4 s to stop. Forget
+        # it, as the stack forgets the app's pools (harness: _drop_connections).
+        app.__dict__.pop("control", None)
     found = verdicts(json.loads(out))
     assert found["workers"] == "OK", out
     assert code == (1 if "FAIL" in found.values() else 0)
