@@ -15,7 +15,9 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
 from shared.core.records import SummaryRecord
 from shared.core.view import ViewCache
+from shared.enqueue import CallbackEnqueuer, CeleryEnqueuer, publisher_app
 from shared.store.changes import ChangeFeed, feed_for, session_base
+from shared.store.own_writes import OwnState
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 
@@ -115,10 +117,65 @@ def test_only_writes_to_keys_the_view_is_read_from_count(real_store: SessionStor
             with real_redis.pipeline() as pipe:
                 pipe.set(key, "x").delete(key).execute()
         guard.prepare("s", SYSTEM, model="m")
+        if key == keys.pending:  # the job flag alone: see the next test
+            assert seen == []
+            continue
         assert len(seen) == 1, key
         seen.clear()
         guard.prepare("s", SYSTEM, model="m")  # the read's own figures write: read again
         seen.clear()
+
+
+def test_a_claimed_job_costs_no_read_and_the_next_one_is_requested(
+        real_store: SessionStore, real_redis: redis.Redis, shell: str) -> None:
+    """A worker claiming the job clears the session's job flag and nothing else: the
+    cached view holds (no read), no job taken as queued any more, so a view over the
+    trigger requests the next one. A flag set meanwhile by another process is not
+    queued twice (the request sets it only if absent)."""
+    jobs: list[str] = []
+    guard = make(shell, real_store, CallbackEnqueuer(lambda _t, sid: jobs.append(sid)),
+                 overrides={"m": 1000})
+    kw: dict[str, Any] = {"model": "m", "max_tokens": 10}
+    guard.record_turn("s", [{"role": "user", "content": "word " * 880},
+                            {"role": "assistant", "content": "ok"}])
+    assert jobs == ["s"]
+    assert guard.prepare("s", SYSTEM, **kw).report.budget.should_compact
+    guard.prepare("s", SYSTEM, **kw)
+    assert jobs == ["s"]  # queued already: not requested again
+    seen = reads(guard)
+    real_store.clear_pending("s")  # a worker claims it
+    guard.prepare("s", SYSTEM, **kw)
+    assert seen == [] and jobs == ["s", "s"] and real_store.is_pending("s")
+    guard.prepare("s", SYSTEM, **kw)  # its own request written: read back once
+    seen.clear()
+    real_store.clear_pending("s")
+    real_redis.set(real_store.keys("s").pending, "1")  # another process queued one
+    guard.prepare("s", SYSTEM, **kw)
+    assert seen == [] and jobs == ["s", "s"]
+
+
+def test_a_claimed_job_lets_the_next_turn_push_its_job_with_the_append(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn after a worker claimed the job carries the next job in its append (one
+    round trip), though the cached view last showed one queued."""
+    queue = f"{key_prefix}:queue"
+    enqueuer = CeleryEnqueuer(publisher_app(redis_url), queue=queue)
+    separate: list[str] = []
+    monkeypatch.setattr(enqueuer, "enqueue", lambda _t, sid: separate.append(sid))
+    guard = make(shell, real_store, enqueuer, overrides={"m": 100_000})
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for k in range(3):
+            guard.record_turn("s", [{"role": "user", "content": f"u{k}"},
+                                    {"role": "assistant", "content": f"a{k}"}])
+            assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == f"a{k}"
+            assert real_store.is_pending("s")
+            real_store.clear_pending("s")  # a worker claims it
+        assert client.llen(queue) == 3 and separate == []
+    finally:
+        client.delete(queue)
+        client.close()
 
 
 def test_own_writes_are_read_back_at_once(real_store: SessionStore, shell: str) -> None:
@@ -194,6 +251,29 @@ def test_session_base_of_every_key() -> None:
     assert session_base(b"p:{t:s1}:state") == "p:{t:s1}"
     assert session_base("p:{t:s1}:rx:t:foo}bar") == "p:{t:s1}"  # a term with a brace
     assert session_base("plain") == "plain"
+
+
+def test_what_a_push_tells() -> None:
+    """The job flag alone (with keys no view is read from) is told apart from a change."""
+    seen = changes_module._Seen()
+    epoch, seq = seen.epoch, seen.seq
+    seen.invalidated([b"invalidate", [b"p:{t:a}:pending", b"p:{t:a}:lease"]])
+    assert seen.since("p:{t:a}", epoch, seq) == changes_module.FLAG
+    assert seen.since("p:{t:b}", epoch, seq) == changes_module.NOTHING
+    flag = seen.seq
+    seen.invalidated([b"invalidate", [b"p:{t:a}:pending", b"p:{t:b}:pending",
+                                      b"p:{t:b}:state"]])
+    assert seen.since("p:{t:a}", epoch, flag) == changes_module.FLAG
+    assert seen.since("p:{t:b}", epoch, flag) == changes_module.CHANGED
+    assert seen.since("p:{t:a}", epoch, seen.seq) == changes_module.NOTHING
+    assert seen.pushes == {"p:{t:a}": 2, "p:{t:b}": 1}
+    seen.invalidated([b"invalidate", [b"p:{t:a}:log"]])
+    assert seen.since("p:{t:a}", epoch, seq) == changes_module.CHANGED
+    assert seen.since("p:{t:a}", epoch + 1, seen.seq) == changes_module.CHANGED
+    own = OwnState()
+    before = own.seen.seq
+    own.seen.invalidated([b"invalidate", [b"p:{t:a}:pending"]])
+    assert own.mark_after("p:{t:a}", before) is None  # a racing flag write: no vouching
 
 
 def test_flush_starts_a_new_epoch(real_store: SessionStore, real_redis: redis.Redis,

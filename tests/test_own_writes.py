@@ -16,6 +16,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import LimitExceeded
 from shared.core.records import SummaryRecord
 from shared.core.view import ViewCache
+from shared.store.changes import NOTHING
 from shared.store.own_writes import probe_steps, probe_verdict
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.own_writes_sync import OwnWrites
@@ -305,9 +306,9 @@ def test_either_connection_alone_sees_a_later_write(
     g = inner(guard)
     guard.record_turn("s", turn(1))
     if blind == "feed":
-        monkeypatch.setattr(g.feed, "unchanged", lambda base, mark: True)
+        monkeypatch.setattr(g.feed, "since", lambda base, mark: NOTHING)
     else:
-        monkeypatch.setattr(g.own.state, "unchanged", lambda base, mark: True)
+        monkeypatch.setattr(g.own.state, "since", lambda base, mark: NOTHING)
     seen = reads(guard)
     assert guard.prepare("s", SYSTEM, **M).messages[-1].content == "a1"
     assert seen == []  # vouched
@@ -328,7 +329,7 @@ def test_a_write_between_the_append_and_the_feeds_tally_is_not_missed(
     guard.record_turn("s", turn(0))
     guard.prepare("s", SYSTEM, **M)
     g = inner(guard)
-    monkeypatch.setattr(g.own.state, "unchanged", lambda base, mark: True)
+    monkeypatch.setattr(g.own.state, "since", lambda base, mark: NOTHING)
     tally = g.own_tally
     calls: list[str] = []
 

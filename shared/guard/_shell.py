@@ -52,7 +52,7 @@ from shared.core.wireview import carry
 from shared.guard._pending import PENDING_KEEP, PendingTurns
 from shared.guard._tracing import Traced
 from shared.store import commands
-from shared.store.changes import ChangeFeed, feed_for
+from shared.store.changes import CHANGED, FLAG, NOTHING, ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
 from shared.store.own_writes import OwnMark, is_async_client, own_writes_for, vouch
 from shared.store.own_writes_aio import AsyncOwnWrites
@@ -171,20 +171,45 @@ class GuardShell:
             return None
         if isinstance(mark, OwnMark):  # vouched by the own-writes connection instead
             return None
-        return cached if self.feed.unchanged(self.session_base(session_id), mark) else None
+        seen = self.feed.since(self.session_base(session_id), mark)
+        return None if seen == CHANGED else self.settled(session_id, cached, seen)
 
-    def own_vouched(self, session_id: str) -> tuple[CachedView, OwnMark] | None:
-        """The cached view and its mark when it came from the guard's own append and the
-        change feed saw no write to the session since (the shell then asks the own-writes
-        connection: :func:`shared.store.own_writes.vouch`)."""
+    def own_vouched(self, session_id: str) -> tuple[CachedView, OwnMark, int] | None:
+        """The cached view, its mark and what the change feed saw since (NOTHING or FLAG)
+        when it came from the guard's own append and the feed saw no other write to the
+        session since (the shell then asks the own-writes connection:
+        :func:`shared.store.own_writes.vouch`)."""
         cached = self.views.get(session_id)
         mark = cached.mark if cached is not None else None  # once: another thread may drop it
         if cached is None or not isinstance(mark, OwnMark) or self.own is None \
                 or self.feed is None or mark.feed is None:
             return None
-        if not self.feed.unchanged(self.session_base(session_id), mark.feed):
-            return None
-        return cached, mark
+        seen = self.feed.since(self.session_base(session_id), mark.feed)
+        return None if seen == CHANGED else (cached, mark, seen)
+
+    def settled(self, session_id: str, cached: CachedView, seen: int) -> CachedView:
+        """``cached`` as a fresh read would show it when only its job flag was written
+        since (``seen`` FLAG: a worker claimed the job, or the flag expired): the flag
+        unknown, taken as clear. A request made on it sets the flag only if absent, so a
+        job queued meanwhile by another process is not queued twice."""
+        if seen != FLAG or not cached.pending:
+            return cached
+        settled = dataclasses.replace(cached, pending=False)
+        self.views.put(session_id, settled)
+        return settled
+
+    def unflagged(self, session_id: str, cached: CachedView | None) -> CachedView | None:
+        """``cached`` for a turn's append: its job flag taken as clear when the change
+        feed cannot vouch that nothing wrote to the session since it was read (the append
+        then carries the job, pushed only if the flag turns out clear)."""
+        if cached is None or not cached.pending:
+            return cached
+        mark = cached.mark
+        if self.feed is not None and self.feed.since(
+                self.session_base(session_id),
+                mark.feed if isinstance(mark, OwnMark) else mark) == NOTHING:
+            return cached
+        return dataclasses.replace(cached, pending=False)
 
     def own_steps(self, store: Any, session_id: str, plan: Plan, cursor: Any, wanted: bool,
                   force: bool, job: InlineJob | None = None,

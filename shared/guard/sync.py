@@ -42,7 +42,7 @@ from shared.enqueue import (
 )
 from shared.guard._shell import GuardShell, check_request, plain_writes
 from shared.store import recall_query
-from shared.store.changes import ChangeFeed
+from shared.store.changes import CHANGED, ChangeFeed
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
 from shared.store.own_writes import OwnMark, vouch
@@ -100,9 +100,10 @@ class ContextGuard(GuardShell):
         if fresh is not None:
             return fresh
         own = self.own_vouched(session_id)
-        if own is not None and isinstance(self.own, OwnWrites) \
-                and self.own.unchanged(self.session_base(session_id), own[1]):
-            return own[0]
+        if own is not None and isinstance(self.own, OwnWrites):
+            seen = self.own.since(self.session_base(session_id), own[1])
+            if seen != CHANGED:
+                return self.settled(session_id, own[0], max(seen, own[2]))
         cached = self.views.get(session_id)
         mark = self.mark()
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
@@ -252,7 +253,8 @@ class ContextGuard(GuardShell):
                     run=functools.partial(self._run_own, session_id, marks))
 
             cached = self.views.get(session_id)
-            job = self.inline_job(self.enqueuer, self.store.tenant, session_id, cached)
+            job = self.inline_job(self.enqueuer, self.store.tenant, session_id,
+                                  self.unflagged(session_id, cached))
             self.touched(session_id)
             try:
                 result = attempt()

@@ -19,6 +19,10 @@ Why it stays correct:
   this ordering against the server they run on.
 - Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
   worker's lease, request ids and recall index leave a cached view as it was.
+  A write to the job flag alone (a worker claiming the job, the flag's expiry)
+  is told apart (:data:`FLAG`): the view holds, whether a job is queued is
+  unknown, and a request sets the flag only if absent, so the guard takes it
+  as clear instead of reading (the worker claims a job after most turns).
 - Own writes are not told apart from others' (``NOLOOP`` does not cover
   script writes in broadcast mode on Redis 7.0, and one push may carry the
   keys of several clients' writes): after writing, the guard reads again, except
@@ -51,6 +55,13 @@ from typing import Any
 from shared.store.keys import VIEW_KEY_NAMES
 
 log = logging.getLogger("shared.store.changes")
+
+NOTHING, FLAG, CHANGED = 0, 1, 2
+"""What a session saw since a mark (:meth:`ChangeFeed.since`): nothing; its job flag
+alone (a worker claimed the job, the flag expired, another process requested one: the
+cached view holds, only whether a job is queued is unknown); anything else."""
+FLAG_KEY_NAME = "pending"
+"""The one view key whose writes leave a cached view as it was, but for its job flag."""
 
 VERIFY_SECONDS = 1.0
 """How long a ``PING`` answered on the feed's connection vouches for it."""
@@ -102,19 +113,28 @@ class _Seen:
     feed: a guard dropped is a feed dropped, and its socket closed, at once.
     """
 
-    __slots__ = ("changed", "epoch", "pushes", "seq")
+    __slots__ = ("changed", "epoch", "flagged", "pushes", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
         self.epoch = 0
         self.changed: dict[str, int] = {}
+        self.flagged: dict[str, int] = {}  # per session, its last push of the job flag alone
         self.pushes: dict[str, int] = {}  # per session, how many pushes named it
 
     def forget(self) -> None:
         """Changes may have been missed: marks taken before now are worthless."""
         self.epoch += 1
         self.changed.clear()
+        self.flagged.clear()
         self.pushes.clear()
+
+    def since(self, base: str, epoch: int, seq: int) -> int:
+        """What session ``base`` saw after (epoch, seq): :data:`NOTHING`, :data:`FLAG` (its
+        job flag alone was written) or :data:`CHANGED` (anything else, or another epoch)."""
+        if epoch != self.epoch or self.changed.get(base, -1) > seq:
+            return CHANGED
+        return FLAG if self.flagged.get(base, -1) > seq else NOTHING
 
     def invalidated(self, push: list[Any]) -> None:
         """A push ``[b"invalidate", keys | None]`` (None: the whole database was flushed)."""
@@ -122,18 +142,18 @@ class _Seen:
         if keys is None:
             self.forget()
             return
-        bases = set()
+        bases: dict[str, bool] = {}  # session -> only its job flag was written
         for key in keys:
             base, name = _split(key)
             if name is None or name in VIEW_KEY_NAMES:
-                bases.add(base)
+                bases[base] = bases.get(base, True) and name == FLAG_KEY_NAME
         if not bases:  # only keys no view is read from (a lease, the recall index)
             return
         self.seq += 1
-        for base in bases:
-            self.changed[base] = self.seq
+        for base, flag_only in bases.items():
+            (self.flagged if flag_only else self.changed)[base] = self.seq
             self.pushes[base] = self.pushes.get(base, 0) + 1
-        if len(self.changed) > 100_000:  # bounded: forgetting is safe, a new epoch
+        if len(self.changed) + len(self.flagged) > 100_000:  # bounded: forgetting is safe
             self.forget()
 
 
@@ -170,14 +190,19 @@ class ChangeFeed:
             return self._seen.epoch, self._seen.seq
 
     def unchanged(self, base: str, mark: tuple[int, int] | None) -> bool:
-        """True when no key of session ``base`` was written since ``mark`` was taken."""
+        """True when no key of session ``base`` was written since ``mark`` was taken (but
+        perhaps its job flag: :meth:`since` tells)."""
+        return self.since(base, mark) != CHANGED
+
+    def since(self, base: str, mark: tuple[int, int] | None) -> int:
+        """What session ``base`` saw since ``mark`` was taken: :data:`NOTHING`,
+        :data:`FLAG` or :data:`CHANGED` (also whenever the feed cannot vouch)."""
         if mark is None:
-            return False
+            return CHANGED
         with self._lock:
             if not self._ready():
-                return False
-            epoch, seq = mark
-            return epoch == self._seen.epoch and self._seen.changed.get(base, -1) <= seq
+                return CHANGED
+            return self._seen.since(base, *mark)
 
     def tally(self, base: str) -> tuple[int, int, int] | None:
         """(epoch, sequence number, pushes that named session ``base``) now, the

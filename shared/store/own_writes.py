@@ -47,7 +47,7 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from shared.store.changes import RETRY_SECONDS, VERIFY_SECONDS, _Seen
+from shared.store.changes import NOTHING, RETRY_SECONDS, VERIFY_SECONDS, _Seen
 
 if TYPE_CHECKING:
     from shared.store.own_writes_aio import AsyncOwnWrites
@@ -127,12 +127,13 @@ class OwnState:
     def mark_after(self, base: str, before: int) -> OwnMark | None:
         """The mark for a view made from an append sent at push counter ``before``: none
         when a push for the session arrived meanwhile (a write raced the append)."""
-        if self.seen.changed.get(base, -1) > before:
+        if self.seen.since(base, self.seen.epoch, before) != NOTHING:
             return None
         return OwnMark(self.seen.epoch, self.seen.seq)
 
-    def unchanged(self, base: str, mark: OwnMark) -> bool:
-        return mark.epoch == self.seen.epoch and self.seen.changed.get(base, -1) <= mark.seq
+    def since(self, base: str, mark: OwnMark) -> int:
+        """What the session saw since ``mark`` (:meth:`shared.store.changes._Seen.since`)."""
+        return self.seen.since(base, mark.epoch, mark.seq)
 
 
 def is_reply_error(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
-from shared.store.changes import IO_TIMEOUT, feed_kwargs
+from shared.store.changes import CHANGED, IO_TIMEOUT, feed_kwargs
 from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
@@ -118,11 +118,12 @@ class AsyncOwnWrites:
         finally:
             self._busy = False
 
-    async def unchanged(self, base: str, mark: OwnMark) -> bool:
+    async def since(self, base: str, mark: OwnMark) -> int:
+        """As :meth:`shared.store.own_writes_sync.OwnWrites.since`."""
         if not self._acquire():
-            return False
+            return CHANGED
         try:
-            return await self._ready() and self.state.unchanged(base, mark)
+            return self.state.since(base, mark) if await self._ready() else CHANGED
         finally:
             self._busy = False
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
-from shared.store.changes import IO_TIMEOUT, feed_kwargs
+from shared.store.changes import CHANGED, IO_TIMEOUT, feed_kwargs
 from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
@@ -120,12 +120,13 @@ class OwnWrites:
         with self._lock:
             return self._ready()
 
-    def unchanged(self, base: str, mark: OwnMark) -> bool:
-        """True when no write by anyone else touched session ``base`` since ``mark``."""
+    def since(self, base: str, mark: OwnMark) -> int:
+        """What writes by anyone else did to session ``base`` since ``mark``
+        (:data:`~shared.store.changes.NOTHING`, ``FLAG`` or ``CHANGED``)."""
         if not self._lock.acquire(blocking=False):
-            return False  # another thread is on the connection: read instead
+            return CHANGED  # another thread is on the connection: read instead
         try:
-            return self._ready() and self.state.unchanged(base, mark)
+            return self.state.since(base, mark) if self._ready() else CHANGED
         finally:
             self._lock.release()
 
