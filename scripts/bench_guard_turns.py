@@ -8,10 +8,12 @@ so the session compacts again and again; a worker process (the real
 ``Compactor``, offline summarizer) runs whenever a job is pending, as Celery
 would, off the agent's process. One turn is a tool chain of ``--chain`` calls
 built from real tool calls. Reported: guard wait per turn (every prepare of
-the turn plus record_turn) p50/p99, per prepare p50/p99 when nothing needs
-compacting, and LangChain's ``SummarizationMiddleware.before_model`` (langchain
-v1, a trigger it never reaches) on the view's messages at the same point of the
-loop, paired call for call (the two in alternating order).
+the turn, its wire conversion included, plus record_turn) p50/p99, per prepare
+p50/p99 when nothing needs compacting (alone, and with the view in the wire
+format), and LangChain's ``SummarizationMiddleware.before_model`` (langchain v1,
+a trigger it never reaches) on the view's messages at the same point of the
+loop (alone, and followed by ``convert_to_openai_messages``, the conversion its
+model call makes), paired call for call (the two in alternating order).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard_turns.py [--turns 127] [--chain 27]
         [--format openai|anthropic|gemini] [--llm-ms 0]
@@ -84,6 +86,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
     to compact): its ms, and LangChain's hook on the same messages at the same point of
     the loop (after the same model call), in alternating order."""
     per_turn, quiet, chain, cpu, hooked, hook_turns = [], [], [], [], [], []
+    alone, converted = args.alone, args.converted
     hook, lc_state = middleware_hook(), LcState()
     kw = {"max_tokens": args.max_tokens, "model": MODEL}
     for number, turn in enumerate(turns):
@@ -97,6 +100,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
             lc = timed_hook(hook, lc_state.state) if hook_first else None
             cpu_started, started = time.thread_time(), time.perf_counter()
             view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
+            prepared = time.perf_counter()
             if args.format == "openai":
                 view.wire("openai")
             else:
@@ -106,12 +110,14 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
             if not hook_first:
                 lc = timed_hook(hook, lc_state.state)
             wait += took
-            hook_wait += lc or 0.0
+            hook_wait += lc[0] if lc is not None else 0.0
             report = view.report
             if not (report.truncated or report.budget.should_compact or report.cheap_applied):
                 quiet.append(took)
+                alone.append((prepared - started) * 1000)
                 if lc is not None:
-                    hooked.append(lc)
+                    hooked.append(lc[0])
+                    converted.append(lc[0] + lc[1])
             if number == args.chain_at:
                 chain.append(took)
             lc_state.update(view.messages)
@@ -157,13 +163,19 @@ def middleware_hook() -> Any:
                                    trigger=("tokens", 10**9), keep=("messages", 20))
 
 
-def timed_hook(hook: Any, state: dict[str, Any] | None) -> float | None:
-    """ms of ``before_model`` on ``state`` (None before the first view)."""
+def timed_hook(hook: Any, state: dict[str, Any] | None) -> tuple[float, float] | None:
+    """ms of ``before_model`` on ``state``, then of ``convert_to_openai_messages`` on its
+    messages (what LangChain's model call does before sending); None before the first
+    view."""
+    from langchain_core.messages import convert_to_openai_messages
+
     if state is None:
         return None
     started = time.perf_counter()
     assert hook.before_model(state, None) is None
-    return (time.perf_counter() - started) * 1000
+    hooked = time.perf_counter()
+    convert_to_openai_messages(state["messages"])
+    return (hooked - started) * 1000, (time.perf_counter() - hooked) * 1000
 
 
 def main() -> None:
@@ -179,6 +191,7 @@ def main() -> None:
                         help="the model call after each prepare, in ms (0: none, the worker "
                              "always behind: the worst case)")
     args = parser.parse_args()
+    args.alone, args.converted = [], []
     turns = all_turns()[: args.turns - 1]
     args.chain_at = len(turns) // 2
     turns.insert(args.chain_at, chain_turn(args.chain))
@@ -207,12 +220,20 @@ def main() -> None:
           f"{percentile(lc_turns, 50):.2f} | {percentile(lc_turns, 99):.2f} | |")
     print(f"| tool chain of {args.chain} calls: per prepare | {percentile(chain, 50):.2f} | "
           f"{percentile(chain, 99):.2f} | total {sum(chain):.1f} ms |")
-    print(f"| prepare, nothing to compact | {percentile(quiet, 50):.3f} | "
-          f"{percentile(quiet, 99):.3f} | <= 2x middleware |")
+    alone, converted = args.alone, args.converted
+    print(f"| prepare, nothing to compact | {percentile(alone, 50):.3f} | "
+          f"{percentile(alone, 99):.3f} | <= 2x middleware |")
+    print(f"| the same, the view in {args.format}'s format | {percentile(quiet, 50):.3f} | "
+          f"{percentile(quiet, 99):.3f} | |")
     if lc:
         print(f"| SummarizationMiddleware.before_model, not compacting | "
               f"{percentile(lc, 50):.3f} | {percentile(lc, 99):.3f} | |")
-        print(f"\nguard / middleware p50: {percentile(quiet, 50) / percentile(lc, 50):.2f}x")
+        print(f"| the same, then convert_to_openai_messages | {percentile(converted, 50):.3f} | "
+              f"{percentile(converted, 99):.3f} | |")
+        print(f"\nprepare / before_model p50: {percentile(alone, 50) / percentile(lc, 50):.2f}x")
+        if args.format == "openai":
+            print(f"both with the OpenAI conversion, p50: "
+                  f"{percentile(quiet, 50) / percentile(converted, 50):.2f}x")
 
 
 if __name__ == "__main__":
