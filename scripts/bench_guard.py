@@ -205,8 +205,8 @@ def first_prepare(env: Env, sid: str) -> float:
 def record_publish(env: Env, broker_url: str, sid: str, calls: int,
                    stored_ids: bool = False) -> list[float]:
     """``record_turn`` as the agent loop calls it: after a prepare (untimed, the call
-    before the model's answer), the job published every time (a worker claimed the last
-    one). The turns carry new call ids, as a provider's new response does; ``stored_ids``:
+    before the model's answer, the turn so far pending), the job published every time (a
+    worker claimed the last one). The turns carry new call ids, as a provider's new response does; ``stored_ids``:
     the transcript's own ids, which the session already holds (an ``ID_CONFLICT`` round
     trip wherever they left the view)."""
     queue = "bench-" + uuid.uuid4().hex[:8]
@@ -220,7 +220,8 @@ def record_publish(env: Env, broker_url: str, sid: str, calls: int,
             store.clear_pending(sid)
             turn = next(turns)
             turn = turn if stored_ids else fresh_ids(turn)
-            view = guard.prepare(sid, SYSTEM, **ARGS)
+            answer = max([i for i, m in enumerate(turn) if m.role == "assistant"] or [0])
+            view = guard.prepare(sid, SYSTEM, pending=turn[:answer], **ARGS)
             view.openai()
             started = time.perf_counter()
             guard.record_turn(sid, turn,

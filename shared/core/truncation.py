@@ -29,7 +29,9 @@ not inserted and not counted here.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
+import json
 import math
 import re
 from collections import Counter
@@ -122,17 +124,30 @@ def files_in_calls(messages: Sequence[Message]) -> list[str]:
     seen: dict[str, None] = {}
     for message in messages:
         for call in message.tool_calls:
-            args = call.args()
-            if not isinstance(args, dict):
-                continue
-            for key in PATH_KEYS:
-                value = args.get(key)
-                values = value if isinstance(value, list) else [value]
-                seen.update((v, None) for v in values if isinstance(v, str) and v)
-            for key in COMMAND_KEYS:
-                if isinstance(args.get(key), str):
-                    seen.update((p, None) for p in _paths_in_command(args[key]))
+            seen.update(dict.fromkeys(_files_of_arguments(call.arguments)))
     return list(seen)
+
+
+@functools.lru_cache(maxsize=4096)
+def _files_of_arguments(arguments: str) -> tuple[str, ...]:
+    """The paths one call's arguments name, parsed once: a tool chain that outgrows the
+    window is cut again on every call, and each cut lists the files of every call it
+    drops (without this, a chain's calls cost the square of its length)."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:  # validated JSON at construction; a model_construct'ed call may not be
+        return ()
+    if not isinstance(args, dict):
+        return ()
+    seen: dict[str, None] = {}
+    for key in PATH_KEYS:
+        value = args.get(key)
+        values = value if isinstance(value, list) else [value]
+        seen.update((v, None) for v in values if isinstance(v, str) and v)
+    for key in COMMAND_KEYS:
+        if isinstance(args.get(key), str):
+            seen.update((p, None) for p in _paths_in_command(args[key]))
+    return tuple(seen)
 
 
 def _clip(original: Message, limit: int, count: TokenCounter) -> tuple[Message, int]:
