@@ -269,6 +269,28 @@ def test_lazy_chunks_decode_once_and_keep_identity() -> None:
     assert list(concat(["h"], lazy, ["t"])) == ["h", *[("d", r) for r in raw], "t"]
 
 
+def test_items_the_caller_holds_decoded_are_kept_not_decoded_again() -> None:
+    """An append the guard made extends a view whose end was read: the new items are the
+    caller's own objects; an end not read yet stays stored, decoded when read."""
+    from shared.core.chunks import Chunks
+
+    calls: list[int] = []
+
+    def decode(raw: tuple[object, ...]) -> tuple[object, ...]:
+        calls.append(len(raw))
+        return tuple(("d", r) for r in raw)
+
+    held = [("held", 1), ("held", 2)]
+    read: Chunks[object] = Chunks.lazy([b"a", b"b"], decode)
+    assert read[-1] == ("d", b"b") and calls == [2]
+    grown = read.extend_lazy([b"x", b"y"], decode, held)
+    assert grown[2] is held[0] and grown[3] is held[1] and calls == [2]
+    assert grown.extend_lazy([b"z"], decode)[-1] == ("d", b"z") and calls == [2, 1]
+    unread: Chunks[object] = Chunks.lazy([b"a"], decode)
+    later = unread.extend_lazy([b"x"], decode, held[:1])
+    assert list(later) == [("d", b"a"), ("d", b"x")] and calls == [2, 1, 2]
+
+
 @pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_cut_inside_a_turn_needs_no_repair_per_prepare(shell_name: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:

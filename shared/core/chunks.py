@@ -75,10 +75,16 @@ class Lazy(Sequence[T], Generic[T]):
 
     def __add__(self, other: Sequence[Any]) -> Lazy[T]:
         """The chunk followed by ``other`` (raw items, or items already decoded)."""
+        return self.joined(other)
+
+    def joined(self, other: Sequence[Any], decoded: Sequence[T] | None = None) -> Lazy[T]:
+        """``self + other``; ``decoded``: ``other``'s items as decoded already, item for item
+        (used only if this chunk was read: its new items are then needed decoded)."""
         extra = other.raw if isinstance(other, Lazy) else tuple(other)
         found = self._decoded  # already read: decode the (few) new items now, keep identities
-        return Lazy(self.raw + extra, self.decode,
-                    None if found is None else found + self.decode(extra))
+        if found is not None:
+            found += tuple(decoded) if decoded is not None else self.decode(extra)
+        return Lazy(self.raw + extra, self.decode, found)
 
     def __repr__(self) -> str:
         return f"Lazy({len(self.raw)} items, decoded={self.decoded})"
@@ -188,16 +194,19 @@ class Chunks(Sequence[T], Generic[T]):
                               (flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
     def extend_lazy(self, raw: Sequence[Any],
-                    decode: Callable[[tuple[Any, ...]], tuple[T, ...]]) -> Chunks[T]:
+                    decode: Callable[[tuple[Any, ...]], tuple[T, ...]],
+                    decoded: Sequence[T] | None = None) -> Chunks[T]:
         """:meth:`extend` with items in their stored form, decoded when read (see :meth:`lazy`).
 
-        ``raw`` may mix stored items and decoded ones."""
+        ``raw`` may mix stored items and decoded ones; ``decoded``: all of them decoded
+        already, item for item (what the caller holds), kept where the last chunk was read
+        instead of decoding them again."""
         if not raw:
             return self
         head = self._chunks
         if head and len(head[-1]) < CHUNK:
             head, tail = head[:-1], head[-1]
-            flat: Lazy[T] = (tail + raw if isinstance(tail, Lazy)
+            flat: Lazy[T] = (tail.joined(raw, decoded) if isinstance(tail, Lazy)
                              else Lazy(tuple(tail), decode) + raw)
         else:
             flat = Lazy(tuple(raw), decode)

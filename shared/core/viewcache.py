@@ -350,7 +350,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         if cached is None or cached.end != raw.start or not cached.start <= w <= cached.end:
             raise ValueError("an incremental read needs the cached view it continues")
         drop = w - cached.start
-        history = cached.history.drop(drop).extend_lazy(new_raw, decode_stored)
+        history = cached.history.drop(drop).extend_lazy(new_raw, decode_stored, decoded)
         applied = cached.applied.drop(drop)
         same_cheap = cheap is cached.cheap and drop == 0
         if same_cheap:
@@ -372,7 +372,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         if tail_changes:  # a placeholder is not the message its wire forms were made for
             decoded = None
         new_applied: list[Any] = [tail_changes.get(j, r) for j, r in enumerate(new_raw)]
-        applied = applied.extend_lazy(new_applied, decode_stored)
+        applied = applied.extend_lazy(new_applied, decode_stored, decoded)
         saved += tail_saved
         scan = ((scan_shapes(shapes, cached.scan) if new_raw else cached.scan) if drop == 0
                 else scan_pairs(history, _scan_start(summary)))
