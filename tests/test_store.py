@@ -550,3 +550,20 @@ def test_a_renamed_batch_encodes_only_the_renamed_messages_again(store: SessionS
     assert renamed[:-2] == list(first)[:-2] and renamed[-1] != first[-1]
     store.append_encoded("s", renamed)
     assert [m.tool_calls[0].id for m in store.messages("s") if m.tool_calls][-1] != "old"
+
+
+def test_a_renamed_message_keeps_the_count_of_the_message_given(store: SessionStore) -> None:
+    """Renaming changes ids alone, and the provider is sent the given ids: the count the
+    guard made of the given message (its pending turn's) is the stored one, not redone."""
+    from shared.core.messages import validate_messages
+    from shared.core.viewcache import KnownCounts
+    from shared.store import commands
+
+    given = validate_messages([
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "old", "name": "bash", "arguments": '{"n": 1}'}]},
+        {"role": "tool", "tool_call_id": "old", "content": "out"}])
+    known = KnownCounts(store.counter, {id(m): 1000 + i for i, m in enumerate(given)})
+    batch = commands.encode((), store.config, known, known={"old": "old"}, validated=given)
+    assert all(u is not m for u, m in zip(batch.unique, given, strict=True))  # renamed
+    assert [t for _, t in batch] == [1000, 1001]

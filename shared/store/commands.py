@@ -126,7 +126,9 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
             raise LimitExceeded(
                 f"{size} bytes; the limit is {config.max_message_bytes} bytes per message",
                 field=f"messages[{i}]", index=i)
-        rows.append((raw, counter.message(message)))
+        # counted as given: a renamed copy differs in its ids alone, and the provider is
+        # sent the given ids (wire_ids); the caller may know the given message's count
+        rows.append((raw, counter.message(items[i])))
     return EncodedBatch.build(rows, items, claims, unique)
 
 
