@@ -206,9 +206,9 @@ def record_publish(env: Env, broker_url: str, sid: str, calls: int,
                    stored_ids: bool = False) -> list[float]:
     """``record_turn`` as the agent loop calls it: after a prepare (untimed, the call
     before the model's answer, the turn so far pending), the job published every time (a
-    worker claimed the last one). The turns carry new call ids, as a provider's new response does; ``stored_ids``:
-    the transcript's own ids, which the session already holds (an ``ID_CONFLICT`` round
-    trip wherever they left the view)."""
+    worker claimed the last one). The turns carry new call ids, as a provider's new
+    response does; ``stored_ids``: the transcript's own ids, which the session already
+    holds (an ``ID_CONFLICT`` round trip wherever they left the view)."""
     queue = "bench-" + uuid.uuid4().hex[:8]
     store = env.store()
     guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker_url), queue=queue),
