@@ -38,7 +38,8 @@ again with an LLM summary committed near the end ("summary"). Per size:
   interrupted tool call (the view repaired on every prepare).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_guard.py [--sizes 100,1000,10000,100000]
-        [--calls 300] [--redis-url redis://127.0.0.1:6379/5] [--broker-url redis://127.0.0.1:6379/6]
+        [--calls 300] [--growth-calls 1000] [--redis-url redis://127.0.0.1:6379/5]
+        [--broker-url redis://127.0.0.1:6379/6]
 
 Per-turn figures on a long session (tool chains, an 8k trigger, LangChain's
 middleware): ``scripts/bench_guard_turns.py``.
@@ -460,6 +461,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000,10000,100000")
     parser.add_argument("--modes", default="none,summary")
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--growth-calls", type=int, default=1000,
+                        help="calls per size of the growth figure (its p99 is a ratio of two "
+                             "tails: 300 calls leave it to the 3rd slowest of each)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/6")
     parser.add_argument("--json", help="also write the rows here")
@@ -475,7 +479,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if 100 in sizes and 10_000 in sizes:
             for mode in args.modes.split(","):
-                growth[mode] = growth_paired(env, mode, args.calls)
+                growth[mode] = growth_paired(env, mode, args.growth_calls)
         trigger = [over_trigger(env, size, min(args.calls, 200), fmt) for size in sizes
                    if size >= 10_000 for fmt in ("openai", "anthropic", "gemini")
                    if fmt == "openai" or size == 10_000]
@@ -483,7 +487,8 @@ def main() -> None:
                   if size >= 10_000]
     finally:
         env.cleanup()
-    print(f"load average {loadavg()}; gc on; {args.calls} calls per figure; Redis PING round "
+    print(f"load average {loadavg()}; gc on; {args.calls} calls per figure (growth: "
+          f"{args.growth_calls} per size); Redis PING round "
           f"trip p50 {ping_ms(args.redis_url):.3f} ms (what each round trip costs here)\n")
     print(table(rows))
     print("\n" + "\n".join(targets(rows, growth)))
