@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import gc
 import hashlib
 import itertools
 import json
@@ -110,6 +111,22 @@ def check_request(system_prompt: object, tools: object) -> None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise InvalidInput("expected an object", field=f"tools[{i}]")
+
+
+COLLECT_AFTER = 2_000
+"""A read that brought at least this many messages collects the young generations of the
+garbage collector at once (:func:`settle_garbage`)."""
+
+
+def settle_garbage(raw: RawView) -> None:
+    """After a large read (a cold start, a view read again after a summary): collect the
+    young generations now, so the read pays for the objects it made. Left alone, they sit
+    in the youngest generation until the allocation count next triggers a collection,
+    which then walks all of them during whatever call comes next: 3-4 ms twice (young,
+    then middle generation) in the guard's later warm calls after a 10k-message read.
+    Nothing is done while the application has the collector disabled."""
+    if len(raw.messages) >= COLLECT_AFTER and gc.isenabled():
+        gc.collect(1)
 
 
 class GuardShell:

@@ -34,7 +34,7 @@ from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._shell import GuardShell, check_request, plain_writes
+from shared.guard._shell import GuardShell, check_request, plain_writes, settle_garbage
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import CHANGED, ChangeFeed
@@ -104,6 +104,7 @@ class AsyncContextGuard(GuardShell):
         raw = await self.store.read_view(
             session_id, cached.cursor if cached is not None else None, with_counts=True)
         snap = decode_view(raw, cached, carry)
+        settle_garbage(raw)
         snap.mark = mark
         if raw.epoch:
             self.views.put(session_id, snap)

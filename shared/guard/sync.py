@@ -40,7 +40,7 @@ from shared.enqueue import (
     redis_server,
     request_summary,
 )
-from shared.guard._shell import GuardShell, check_request, plain_writes
+from shared.guard._shell import GuardShell, check_request, plain_writes, settle_garbage
 from shared.store import recall_query
 from shared.store.changes import CHANGED, ChangeFeed
 from shared.store.commands import Command
@@ -109,6 +109,7 @@ class ContextGuard(GuardShell):
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
                                    with_counts=True)
         snap = decode_view(raw, cached, carry)
+        settle_garbage(raw)
         snap.mark = mark
         if raw.epoch:
             self.views.put(session_id, snap)
