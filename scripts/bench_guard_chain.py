@@ -11,6 +11,10 @@ figures are the guard's own work per call, in two windows:
 - *truncates*: a window the chain outgrows, so its later calls truncate the turn
   (emergency truncation, committed as a summary) on every call.
 
+A call's cost should not grow with the turn so far: the per-call p50 of the chain's first
+quarter (its first call aside) and of its last quarter are reported apart (``--chain 150``:
+300 pending messages by the end).
+
 Each window and format runs ``--reps`` times, each on a fresh session (a truncation
 moves the watermark); blocks alternate between formats, gc is not frozen.
 
@@ -82,19 +86,25 @@ def main() -> None:
                     times, truncated = one_turn(env, f"c{rep}{name}{fmt}", history, chain,
                                                 window, fmt)
                     row = results.setdefault((name, fmt), {"calls": [], "turns": [],
-                                                           "truncated": 0})
+                                                           "truncated": 0, "early": [],
+                                                           "late": []})
                     row["calls"] += times
+                    quarter = max(1, len(times) // 4)
+                    row["early"] += times[1:quarter + 1]  # the first call reads the turn
+                    row["late"] += times[-quarter:]
                     row["turns"].append(sum(times))
                     row["truncated"] += truncated
     finally:
         env.cleanup()
     print(f"load average {loadavg()}; a {args.chain}-call chain over {args.turns} real turns, "
           f"{args.reps} runs each, gc on\n")
-    print("| window | format | per call p50 / p99 ms | the turn's calls p50 / max ms | "
-          "calls truncating |\n|---|---|---|---|---|")
+    print("| window | format | per call p50 / p99 ms | per call p50, first / last quarter of "
+          "the chain | the turn's calls p50 / max ms | calls truncating |\n"
+          "|---|---|---|---|---|---|")
     for (name, fmt), row in results.items():
         calls, turns = row["calls"], row["turns"]
         print(f"| {name} | {fmt} | {percentile(calls, 50):.3f} / {percentile(calls, 99):.3f} | "
+              f"{percentile(row['early'], 50):.3f} / {percentile(row['late'], 50):.3f} | "
               f"{percentile(turns, 50):.1f} / {max(turns):.1f} | "
               f"{row['truncated'] / len(calls):.0%} |")
 

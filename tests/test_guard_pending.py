@@ -241,3 +241,25 @@ def test_a_pending_message_changed_in_place_is_counted_again(shell_name: str) ->
     call["tool_calls"][0]["arguments"] = '{"path": "' + "x" * 2000 + '"}'
     after = guard.prepare("s", SYSTEM, model="m", pending=turn[:at + 1]).report
     assert after.estimated_prompt_tokens > before.estimated_prompt_tokens + 100
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_chain_s_wire_is_extended_and_follows_a_replaced_earlier_message(
+        shell_name: str) -> None:
+    """Each call of a chain extends the wire list the last call made; a message the
+    caller replaced earlier in the turn is converted anew, and so is everything after."""
+    from shared.core.wire import to_openai
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = validate_messages(_chain())
+    calls = [i for i, m in enumerate(turn) if m.role == "assistant"]
+    for i in calls[:3]:
+        view = guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
+        assert list(view.wire("openai"))[1:] == to_openai(turn[:i])
+    guard.prepare("s", SYSTEM, model="m", pending=turn[:calls[3]])  # no wire made this call
+    turn = [turn[0].model_copy(update={"content": "replaced"}), *turn[1:]]
+    for i in calls[3:5]:
+        view = guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
+        assert list(view.wire("openai"))[1:] == to_openai(turn[:i])
+    assert list(view.wire("openai"))[1]["content"] == "replaced"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.core.chunks import Chunks, Lazy
@@ -118,18 +118,44 @@ def convert(fmt: str, messages: Sequence[Any],
     return out
 
 
+class Slots(list[dict[str, Any]]):
+    """The wire-form slots of a turn in progress, one per message, and the lists
+    :func:`convert_kept` made of them so far, per format: the next call of the chain
+    starts from that list (a prefix of its own) and looks at its new messages alone."""
+
+    __slots__ = ("made",)
+
+    def __init__(self, slots: Iterable[dict[str, Any]] = (),
+                 made: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        super().__init__(slots)
+        self.made = made if made is not None else {}
+
+    def continued(self, keep: int, new: int) -> Slots:
+        """The slots of the turn's next call: this turn's first ``keep`` (and what was
+        made of them), then ``new`` empty ones."""
+        made = {fmt: found if len(found) <= keep else found[:keep]
+                for fmt, found in self.made.items()}
+        return Slots((self if keep == len(self) else self[:keep]) + [{} for _ in range(new)],
+                     made)
+
+
 def convert_kept(fmt: str, messages: Sequence[Message],
                  kept: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`convert`, each message's wire form kept in its slot of ``kept`` (the turn in
-    progress: a tool chain's prepares convert each of its messages once, not every call)."""
+    progress: a tool chain's prepares convert each of its messages once, not every call;
+    with :class:`Slots`, the list the last call made is extended, not walked again)."""
     if len(kept) != len(messages) or fmt not in INCREMENTAL:
         return convert(fmt, messages)
-    out: list[dict[str, Any]] = []
-    for message, slot in zip(messages, kept, strict=True):
-        found = slot.get(fmt)
-        if found is None:
-            found = slot[fmt] = convert(fmt, [message])[0]
-        out.append(found)
+    made = kept.made.get(fmt) if isinstance(kept, Slots) else None
+    prefix: list[Any] = made if made is not None and len(made) <= len(messages) else []
+    start = len(prefix)
+    out = prefix + list(map(dict.get, kept[start:], itertools.repeat(fmt)))  # C speed
+    if None in out:  # the new messages of this call: converted once, kept in their slots
+        for i in range(start, len(out)):
+            if out[i] is None:
+                out[i] = kept[i][fmt] = convert(fmt, [messages[i]])[0]
+    if isinstance(kept, Slots):
+        kept.made[fmt] = out
     return out
 
 
@@ -207,5 +233,5 @@ def flatten(*parts: Sequence[Any]) -> list[Any]:
     return list(itertools.chain.from_iterable(pieces))
 
 
-__all__ = ["INCREMENTAL", "carry", "convert", "convert_kept", "decode_stored", "flatten",
+__all__ = ["INCREMENTAL", "Slots", "carry", "convert", "convert_kept", "decode_stored", "flatten",
            "history_fold", "history_wire", "load_stored", "openai_of_stored", "raw_items"]

@@ -11,6 +11,7 @@ a call costs what its new messages cost, not the whole turn.
 from __future__ import annotations
 
 import copy
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -21,11 +22,9 @@ from shared.core.guard_state import Counted, RenamedTurn, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
 from shared.core.tokens import TokenCounter
+from shared.core.wireview import Slots
 
 PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
-
-Row = tuple[Any, Message, int, dict[str, Any]]  # as given, validated, tokens, wire forms
-
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -41,14 +40,16 @@ def _kept(item: Any) -> Any:
 
 
 class _Turn:
-    """One session's turn so far: its rows, the list last handed out, scan and cut."""
+    """One session's turn so far, as parallel lists (each call extends them at C speed: a
+    long chain's calls do not walk the whole turn in Python), scan and cut."""
 
-    __slots__ = ("cut", "extra", "renamed", "rows", "scan", "slots")
+    __slots__ = ("cut", "extra", "given", "renamed", "scan", "slots", "tokens")
 
     def __init__(self) -> None:
-        self.rows: list[Row] = []
-        self.extra: list[Message] | None = None  # the messages :meth:`rows` last returned
-        self.slots: list[dict[str, Any]] = []  # their wire-form slots, index for index
+        self.given: list[Any] = []  # each message as given (a mapping: a copy of it)
+        self.extra: list[Message] = []  # the messages :meth:`rows` last returned, validated
+        self.tokens: list[int] = []  # their counts
+        self.slots = Slots()  # their wire-form slots, index for index
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
         self.renamed: RenamedTurn | None = None
@@ -90,12 +91,15 @@ class PendingTurns:
         if not raw:
             return [], []
         found = self._get(session_id)
-        known = found.rows if found is not None else []
-        reuse = 0
-        for (old, _, _, _), item in zip(known, raw, strict=False):
-            if old is not item and old != item:
-                break
-            reuse += 1
+        given: list[Any] = found.given if found is not None else []
+        if len(given) <= len(raw) and all(map(operator.is_, given, raw)):
+            reuse = len(given)  # the same objects (a chain's calls): checked at C speed
+        else:
+            reuse = 0
+            for old, item in zip(given, raw, strict=False):
+                if old is not item and old != item:
+                    break
+                reuse += 1
         try:
             fresh = validate_messages(raw[reuse:], prefix="pending") if reuse < len(raw) else []
         except InvalidInput:
@@ -103,12 +107,21 @@ class PendingTurns:
                 raise
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
-        rows = known[:reuse] + [(_kept(item), m, self.counter.message(m), {})
-                                for item, m in zip(raw[reuse:], fresh, strict=True)]
-        extra, tokens = [r[1] for r in rows], [r[2] for r in rows]
+        assert reuse == 0 or found is not None
         turn = self._turn(session_id)
-        turn.rows, turn.extra, turn.slots = rows, extra, [r[3] for r in rows]
-        return extra, tokens
+        keep = found is not None and reuse == len(given)
+        base = found if found is not None else turn
+
+        def kept(part: list[Any]) -> list[Any]:
+            return part if keep else part[:reuse]
+
+        # new lists (an earlier view holds the last ones), made at C speed
+        turn.given = kept(base.given) + [_kept(item) for item in raw[reuse:]]
+        turn.extra = extra = kept(base.extra) + fresh
+        turn.tokens = tokens = kept(base.tokens) + [self.counter.message(m) for m in fresh]
+        turn.slots = (base.slots if isinstance(base.slots, Slots) else Slots(base.slots)
+                      ).continued(reuse, len(fresh))
+        return extra, list(tokens)
 
     def known_scan(self, session_id: str, scan: PairScan | None,
                    extra: list[Message]) -> tuple[PairScan, int] | None:
@@ -119,8 +132,7 @@ class PendingTurns:
         if known is None or scan is None or known[0] is not scan:
             return None
         seen = known[1]
-        if len(seen) > len(extra) or any(a is not b for a, b in zip(seen, extra,
-                                                                     strict=False)):
+        if len(seen) > len(extra) or not all(map(operator.is_, seen, extra)):
             return None
         return known[2], len(seen)
 
@@ -177,7 +189,8 @@ class PendingTurns:
         known: list[Message] = []
         counts: dict[int, int] = {}
         slots: list[dict[str, Any]] = []
-        for (old, message, tokens, slot), item in zip(turn.rows, messages, strict=False):
+        for old, message, tokens, slot, item in zip(turn.given, turn.extra, turn.tokens,
+                                                    turn.slots, messages, strict=False):
             if old is not item and old != item:
                 break
             known.append(message)
