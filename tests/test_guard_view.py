@@ -353,6 +353,29 @@ def test_a_turn_prepared_call_by_call_equals_a_fresh_prepare(
 # -- a turn's truncation resumes where its last call left it ---------------------------------
 @settings(max_examples=300, deadline=None)
 @given(messages=any_conversations(), data=st.data())
+def test_units_dropped_by_bisection_cut_as_the_walk_over_them(messages: list[Message],
+                                                              data: st.DataObject) -> None:
+    """A cut finds how many units to drop by bisecting prefix sums; walking the units one
+    by one, as it did, drops the same ones."""
+    import shared.core.truncation as truncation
+    from tests.strategies import CharCounter
+
+    count = CharCounter()
+    source = truncation.TruncationInput.build(messages, count)
+    for budget in data.draw(st.lists(st.integers(0, 3000), min_size=1, max_size=4)):
+        fraction = data.draw(st.sampled_from([0.25, 0.5, 1.0]))
+        bisected = source.cut(budget, count, drop_fraction=fraction)
+        truncation._FAST_DROP = False
+        try:
+            walked = truncation.TruncationInput.build(messages, count).cut(
+                budget, count, drop_fraction=fraction)
+        finally:
+            truncation._FAST_DROP = True
+        assert bisected == walked
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=any_conversations(), data=st.data())
 def test_an_extended_truncation_input_cuts_as_a_fresh_one(messages: list[Message],
                                                          data: st.DataObject) -> None:
     """The truncation input of a turn's calls is built once and extended by each call's

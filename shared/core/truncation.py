@@ -221,6 +221,10 @@ class TruncationInput:
     origin: dict[int, int]  # id of an input message -> its first index
     scan: PairScan  # of the input from the start: intact means ``repaired is messages``
     memo: dict[int, tuple[dict[str, int], list[str]]] = field(default_factory=dict)
+    # gap -> (resume, roles, files) of body[gap:resume], the units a cut last dropped inside
+    # the first kept turn: a chain's next cut drops a few more and adds only those
+    inside: dict[int, tuple[int, dict[str, int], dict[str, None]]] = field(
+        default_factory=dict)
 
     @property
     def body(self) -> list[Message]:
@@ -264,7 +268,7 @@ class TruncationInput:
                                [*self.sizes, *sizes], cum, [*self.units, *units],
                                [*self.unit_starts, *(u.start for u in units)],
                                [*self.starts, *starts], origin, scan,
-                               dict(self.memo))
+                               dict(self.memo), dict(self.inside))
 
     def drop(self, count: int) -> TruncationInput | None:
         """The input without its first ``count`` messages (a watermark moved past them),
@@ -302,6 +306,23 @@ class TruncationInput:
                                         files_in_calls(lost))
         return found
 
+    def dropped_inside(self, gap: int, resume: int) -> tuple[dict[str, int], list[str]]:
+        """Roles and files of ``body[gap:resume]``, from the last range with this ``gap``
+        extended by the messages after it (the input only grows at its end)."""
+        found = self.inside.get(gap)
+        at, roles, files = (found if found is not None and found[0] <= resume
+                            else (gap, {}, {}))
+        if at < resume:
+            part = self.repaired[self.head + at:self.head + resume]
+            roles, files = dict(roles), dict(files)
+            for message in part:
+                roles[message.role] = roles.get(message.role, 0) + 1
+            files.update(dict.fromkeys(files_in_calls(part)))
+            if len(self.inside) >= 64:
+                self.inside.clear()
+            self.inside[gap] = (resume, roles, files)
+        return roles, list(files)
+
     def cut(self, budget_tokens: int, counter: TokenCounter | None = None, *,
             drop_fraction: float = 0.5) -> TruncationResult:
         """Fit the input into ``budget_tokens`` (the module docstring's steps)."""
@@ -314,6 +335,9 @@ class TruncationInput:
             view.drop_units(keep_newest=False)
             view.clip()
         return view.result(budget_tokens)
+
+
+_FAST_DROP = True  # tests compare the bisection with the walk it replaces
 
 
 class _Cut:
@@ -362,6 +386,16 @@ class _Cut:
         at = (bisect.bisect_left(src.unit_starts, self.resume) if self.resume > self.gap
               else bisect.bisect_right(src.unit_starts, self.begin))
         first, last = at, len(src.units)
+        limit = last - 1 if keep_newest else last
+        if not self.clipped and at < limit and _FAST_DROP:
+            # Units partition the body, and nothing is clipped yet: the tokens of units
+            # [at, f) are a difference of prefix sums, so the first f that fits is found by
+            # bisection, not by a walk over every unit the turn drops.
+            cum, units = src.cum, src.units
+            base = cum[units[at].start]
+            first = bisect.bisect_left(units, self.used - self.room + base, lo=at, hi=limit,
+                                       key=lambda u: cum[u.start])
+            self.used -= (cum[units[first].start] if first < last else cum[self.n]) - base
         while first < last and (last - first > 1 or not keep_newest) and self.over():
             gone = src.units[first]
             first += 1
@@ -392,10 +426,10 @@ class _Cut:
         src, kept = self.src, self.kept()
         body, head = src.body, src.head
         roles, files = src.lost_before(self.begin)
-        inside = body[self.gap:self.resume]
+        roles_inside, files_inside = src.dropped_inside(self.gap, self.resume)
         by_role: Counter[str] = Counter(roles)
-        by_role.update(m.role for m in inside)
-        files = list(dict.fromkeys([*files, *files_in_calls(inside)]))
+        by_role.update(roles_inside)
+        files = list(dict.fromkeys([*files, *files_inside]))
         out = [*src.repaired[:head], *(self.clipped[i][0] if i in self.clipped else body[i]
                                        for i in kept)]
         clipped_at = tuple(head + k for k, i in enumerate(kept) if i in self.clipped)
