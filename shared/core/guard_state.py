@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,7 +263,7 @@ def _renamed(given: list[Message], snap: CachedView,
     k = 0
     if known is not None and known.base is snap.scan and known.nonce == nonce \
             and len(known.given) <= len(given) \
-            and all(a is b for a, b in zip(known.given, given, strict=False)):
+            and all(map(operator.is_, known.given, given)):
         k = len(known.given)
         renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
         slots = known.slots
@@ -283,8 +284,7 @@ def _known_renamed(given: list[Message], snap: CachedView,
     turn needs renaming, and its scan of the given messages can be skipped."""
     if known is None or not known.given or known.base is not snap.scan:
         return None
-    if len(known.given) > len(given) or any(a is not b for a, b in zip(known.given, given,
-                                                                         strict=False)):
+    if len(known.given) > len(given) or not all(map(operator.is_, known.given, given)):
         return None
     return _renamed(given, snap, known)
 
@@ -418,7 +418,7 @@ def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],
         k = len(known.extra)
         source = (known.source if known.applied is snap.applied
                   else _dropped(known, snap.applied))
-        if source is not None and all(a is b for a, b in zip(known.extra, extra, strict=False)):
+        if source is not None and all(map(operator.is_, known.extra, extra)):
             grown = source.extend(extra[k:], extra_tokens[k:])
             if grown is not None:
                 return TurnCut(snap.applied, tuple(extra), grown, known.counted, known.slots)
@@ -470,7 +470,7 @@ def _dropped(known: TurnCut, applied: Sequence[Message]) -> TruncationInput | No
     turn's own truncation committed), when ``applied`` is the rest of ``known.applied``
     (the same objects): the turn's next call does not build it again."""
     gone = len(known.applied) - len(applied)
-    if gone <= 0 or any(a is not b for a, b in zip(applied, known.applied[gone:], strict=True)):
+    if gone <= 0 or not all(map(operator.is_, applied, known.applied[gone:])):
         return None
     return known.source.drop(gone)
 
