@@ -235,7 +235,10 @@ class TruncationInput:
         """The input as a fresh truncation sees it (repair, counts, units, turns)."""
         messages = list(messages)
         scan = scan_pairs(messages)
-        repaired, repair = repair_tool_pairs_with_report(messages)
+        # intact: repair would hand back the same messages (a property test holds it), so
+        # a turn's first cut does not walk the view twice more to learn that
+        repaired, repair = ((messages, RepairReport()) if scan.intact
+                            else repair_tool_pairs_with_report(messages))
         head = leading_system_count(repaired)
         body = repaired[head:]
         sizes = [count.message(m) for m in body]
