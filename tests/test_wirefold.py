@@ -11,6 +11,7 @@ path is what these tests exercise.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -18,15 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.core.errors import InvalidInput
-from shared.core.messages import Message, ToolCall
+from shared.core.messages import Message, TextPart, ToolCall
 from shared.core.wire import to_anthropic, to_gemini
 from shared.core.wirefold import (
     AnthropicFold,
     GeminiFold,
     anthropic_view,
     fold_of,
+    fold_of_stored,
     gemini_view,
 )
+from shared.core.wireview import decode_stored
 from tests.strategies import any_conversations, conversations
 
 SYSTEM = Message(role="system", content="You are a careful coding agent.")
@@ -161,3 +164,63 @@ def test_placeholders_on_valid_conversations_keep_the_fold(
     assert fold is not None, "unique ids, no conversion error: the fold is kept"
     got = VIEW[fmt]([SYSTEM], fold, [])
     assert got is not None and (got[0], list(got[1])) == whole(fmt, [SYSTEM, *changed])
+
+
+@st.composite
+def stored_histories(draw: st.DrawFn) -> tuple[list[Message], list[Any]]:
+    """A conversation with some messages dressed as real sessions have them (an error
+    result, thinking blocks, content parts), and the
+    same as a cache holds it: stored JSON, some of it decoded already."""
+    convo = draw(any_conversations(max_turns=5))
+    dressed: list[Message] = []
+    for m in convo:
+        kind = draw(st.sampled_from(["as is"] * 6 + ["error", "thinking", "parts"]))
+        if kind == "error" and m.role == "tool":
+            m = m.model_copy(update={"metadata": {**m.metadata, "is_error": True}})
+        elif kind == "thinking" and m.role == "assistant":
+            m = m.model_copy(update={"reasoning": "abc", "metadata": {
+                **m.metadata, "anthropic_thinking": [{"chars": 3, "signature": "s"}]}})
+        elif kind == "parts" and m.role in ("user", "tool"):
+            m = m.model_copy(update={"content": [TextPart(text=m.text() or "x"),
+                                                 TextPart(text=" ")]})
+        dressed.append(m)
+    raw = [m if draw(st.booleans()) and draw(st.booleans()) else m.to_json().encode()
+           for m in dressed]
+    return dressed, raw
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=stored_histories())
+def test_a_fold_made_from_stored_json_is_the_fold_of_its_messages(
+        case: tuple[list[Message], list[Any]]) -> None:
+    """A cold cache folds the stored JSON as plain data: the same fold (turns, kept
+    messages, memos) as the decoded messages give, or the same refusal."""
+    messages, raw = case
+    decoded: list[tuple[Any, ...]] = []
+
+    def decode(items: tuple[Any, ...]) -> tuple[Message, ...]:
+        decoded.append(items)
+        return decode_stored(items)
+
+    for fmt in ("anthropic", "gemini"):
+        assert fold_of_stored(fmt, raw, json.loads, decode) == fold_of(fmt, messages)
+
+
+def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
+    turns = []
+    for i in range(200):
+        call = ToolCall(id=f"c{i}", name="read_file", arguments={"path": f"f{i}.py"})
+        turns += [Message(role="user", content=f"step {i}"),
+                  Message(role="assistant", content="", tool_calls=[call]),
+                  Message(role="tool", tool_call_id=f"c{i}", content=f"body {i}"),
+                  Message(role="assistant", content=f"done {i}")]
+    decoded: list[int] = []
+
+    def decode(items: tuple[Any, ...]) -> tuple[Message, ...]:
+        decoded.append(sum(isinstance(r, bytes) for r in items))
+        return decode_stored(items)
+
+    fold = fold_of_stored("anthropic", [m.to_json().encode() for m in turns], json.loads,
+                          decode)
+    assert fold == fold_of("anthropic", turns)
+    assert sum(decoded) == 2  # the first message and the last: one group each

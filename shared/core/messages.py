@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shared.core import fastjson
 from shared.core.errors import InvalidInput
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -80,7 +81,7 @@ class ToolCall(_Frozen):
         if isinstance(value, str):
             text = value.strip() or "{}"
             try:
-                parsed = json.loads(text)
+                parsed = fastjson.loads(text)
             except ValueError as exc:
                 raise ValueError(f"arguments are not valid JSON: {exc}") from None
             except RecursionError:
@@ -92,7 +93,7 @@ class ToolCall(_Frozen):
 
     def args(self) -> Any:
         """The arguments parsed (a dict for every sane provider)."""
-        return json.loads(self.arguments)
+        return fastjson.loads(self.arguments)
 
 
 class Message(_Frozen):

@@ -45,6 +45,7 @@ from shared.core.wire.anthropic import (
     fold_turns,
     system_out,
     turn_of,
+    turn_of_stored,
 )
 from shared.core.wire.gemini import MEMO_KEY as GEMINI_MEMO_KEY
 from shared.core.wire.gemini import fold_contents, system_instruction
@@ -133,20 +134,54 @@ class AnthropicFold:
     def of(cls, history: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
         items = tuple(history)
         memo = memo if memo is not None else _memo(len(items))
-        opens = items[0] if items else None
         try:
             turns = _turns(items, memo)
         except InvalidInput:
-            return cls(ok=False, size=len(items), opens_with=opens)
+            return cls(ok=False, size=len(items), opens_with=items[0] if items else None)
+        return cls._made(turns, memo, lambda a, b: items[a:b])
+
+    @classmethod
+    def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
+                  decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> AnthropicFold:
+        """:meth:`of` a history given as stored items (``raw``: stored JSON, or a message
+        already decoded) and ``loaded`` (the JSON as plain data, None for a message): the
+        turns are made from the data; ``decode`` makes models of the few messages the fold
+        keeps as messages (its first and last groups) and of those the data cannot say."""
+        memo = _memo(len(raw))
+
+        def turn(i: int) -> Turn | None:
+            data = loaded[i]
+            found = turn_of_stored(data, i) if data is not None else None
+            if found is None:
+                found = (turn_of(decode((raw[i],))[0], Loc.item("messages", i)),)
+            memo[i][MEMO_KEY] = found
+            return found[0]
+
+        try:
+            turns = [turn(i) for i in range(len(raw))]
+        except InvalidInput:
+            return cls(ok=False, size=len(raw), opens_with=decode(tuple(raw[:1]))[0]
+                       if raw else None)
+        return cls._made(turns, memo, lambda a, b: decode(tuple(raw[a:b])))
+
+    @classmethod
+    def _made(cls, turns: list[Turn | None], memo: Memo,
+              items: Callable[[int, int], Sequence[Message]]) -> AnthropicFold:
+        """The fold of messages whose own turns are ``turns``; ``items(a, b)``: the
+        messages ``[a, b)`` (only the first and last groups are asked for)."""
+        size = len(turns)
         bounds = _groups(turns)
         if len(bounds) <= 1:
-            return cls(front=items, size=len(items), opens_with=opens, front_memo=memo)
+            front = tuple(items(0, size))
+            return cls(front=front, size=size, opens_with=front[0] if front else None,
+                       front_memo=memo)
         middle = [_joined(turns[a:b])[0] for a, b in bounds[1:-1]]
         f, t = bounds[0][1], bounds[-1][0]
-        return cls(items[:f], Chunks.of([m.wire() for m in middle]),
+        front = tuple(items(0, f))  # f >= 1: the first group holds the first message
+        return cls(front, Chunks.of([m.wire() for m in middle]),
                    middle[0] if middle else None, middle[-1] if middle else None,
-                   items[t:], _pairs_ok(middle), len(items), opens, memo[:f], memo[t:],
-                   Chunks.of([a for a, _ in bounds[1:-1]]))
+                   tuple(items(t, size)), _pairs_ok(middle), size, front[0], memo[:f],
+                   memo[t:], Chunks.of([a for a, _ in bounds[1:-1]]))
 
     def extend(self, new: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
         """The fold of the history with ``new`` appended (the last group joined again);
@@ -592,5 +627,16 @@ def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
     return AnthropicFold.of(history) if fmt == "anthropic" else GeminiFold.of(history)
 
 
+def fold_of_stored(fmt: str, raw: Sequence[Any], loads: Callable[[bytes], Any],
+                   decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> Fold:
+    """:func:`fold_of` a history of stored items (stored JSON, or messages already
+    decoded): Anthropic's made from the JSON as plain data (see
+    :meth:`AnthropicFold.of_stored`), Gemini's from the decoded messages."""
+    if fmt != "anthropic":
+        return fold_of(fmt, decode(tuple(raw)))
+    loaded = [loads(r) if isinstance(r, bytes) else None for r in raw]
+    return AnthropicFold.of_stored(raw, loaded, decode)
+
+
 __all__ = ["FOLDED", "AnthropicFold", "Fold", "GeminiFold", "Memo", "anthropic_view",
-           "fold_of", "gemini_view"]
+           "fold_of", "fold_of_stored", "gemini_view"]

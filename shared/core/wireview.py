@@ -16,29 +16,20 @@ finished groups plus the last group's messages, carried the same way.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from shared.core import fastjson
 from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
 from shared.core.records import decode_messages
 from shared.core.wire.openai import to_openai
-from shared.core.wirefold import FOLDED, AnthropicFold, Fold, GeminiFold, fold_of
+from shared.core.wirefold import FOLDED, AnthropicFold, Fold, GeminiFold, fold_of_stored
 
 INCREMENTAL = ("openai", "openai+reasoning")
 
-try:  # optional: about twice as fast as json on stored messages; same values
-    import orjson
-
-    def _loads(raw: bytes) -> Any:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:  # e.g. an integer beyond 64 bits: json reads it
-            return json.loads(raw)
-except ImportError:  # pragma: no cover - orjson is optional
-    def _loads(raw: bytes) -> Any:
-        return json.loads(raw)
+def _loads(raw: bytes) -> Any:
+    return fastjson.loads(raw)
 
 
 def load_stored(raw: Sequence[bytes]) -> list[dict[str, Any]]:
@@ -219,8 +210,9 @@ def history_fold(wire: dict[str, Any], fmt: str, applied: Chunks[Message]) -> Fo
     made (once: every message decoded, then dropped) if absent."""
     found = wire.get(fmt)
     if found is None or found.size != len(applied):
-        # decoded for the fold alone: the cache's chunks stay as stored JSON where they are
-        found = wire[fmt] = fold_of(fmt, decode_stored(tuple(raw_items(applied))))
+        # made from the stored JSON (Anthropic: as plain data, the few messages it keeps
+        # decoded; Gemini: decoded for the fold alone): the cache's chunks stay as they are
+        found = wire[fmt] = fold_of_stored(fmt, raw_items(applied), _loads, decode_stored)
     assert isinstance(found, AnthropicFold | GeminiFold)
     return found
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from shared.core import fastjson
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message, validate_message
 
@@ -166,7 +167,7 @@ def json_arguments(value: Any, loc: Loc) -> str:
 
 def arguments_object(arguments: str, loc: Loc) -> dict[str, Any]:
     """Arguments as the JSON object Anthropic and Gemini require."""
-    value = json.loads(arguments)
+    value = fastjson.loads(arguments)
     if not isinstance(value, dict):
         raise loc.error(f"this provider needs a JSON object as arguments, got {_kind(value)}")
     return value

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.core import fastjson
 from shared.core.messages import ContentPart, ImagePart, Message, TextPart
 from shared.core.wire._common import (
     IS_ERROR,
@@ -314,6 +315,54 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
         calls.append((c.id, c_loc / "id"))
     return Turn(role, plain, [], blocks, [], calls)
+
+
+_STORED_CALL_KEYS = frozenset(("id", "name", "arguments"))
+
+
+def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
+    """:func:`turn_of` of a stored message (``messages[index]``) from its JSON as plain
+    data, as a 1-tuple; None when only the model can say (content parts, thinking
+    blocks, an unexpected shape).
+
+    A cold cache folds every message of the view: made from the data, the messages
+    need not be decoded into models first (which cost as much as the fold itself)."""
+    if type(data) is not dict:
+        return None
+    role_in, content = data.get("role"), data.get("content", "")
+    calls, meta = data.get("tool_calls", []), data.get("metadata", {})
+    if type(role_in) is not str or type(content) is not str or type(calls) is not list \
+            or type(meta) is not dict or THINKING_KEY in meta \
+            or (calls and role_in != "assistant"):
+        return None
+    role = "assistant" if role_in == "assistant" else "user"
+    if role_in == "tool":
+        call_id = data.get("tool_call_id")
+        if type(call_id) is not str or calls:
+            return None
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id,
+                                  "content": content}
+        if meta.get(IS_ERROR):
+            result["is_error"] = True
+        where = Loc(f"messages[{index}].tool_call_id", index)  # = Loc.item(...) / "tool_call_id"
+        return (Turn(role, None, [result], [], [(call_id, where)]),)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content.strip() else []
+    if not calls:
+        return (Turn(role, content, [], blocks),) if blocks else (None,)
+    made: list[tuple[str, Loc]] = []
+    for j, c in enumerate(calls):
+        if type(c) is not dict or c.keys() != _STORED_CALL_KEYS:
+            return None
+        call_id, name, arguments = c["id"], c["name"], c["arguments"]
+        if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        at = f"messages[{index}].tool_calls[{j}]"
+        args = fastjson.loads(arguments)
+        if type(args) is not dict:  # the error the whole conversion reports
+            arguments_object(arguments, Loc(at + ".arguments", index))
+        blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
+        made.append((call_id, Loc(at + ".id", index)))
+    return (Turn(role, None, [], blocks, [], made),)
 
 
 def adjacent_ok(before: Turn | None, turn: Turn) -> bool:

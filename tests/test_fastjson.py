@@ -1,0 +1,59 @@
+"""fastjson.loads gives json.loads's value, whatever orjson would have made of it."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.core import fastjson
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=4),
+    max_leaves=20)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (1 == 1.0 would hide a float)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=values)
+def test_any_json_reads_as_json_reads_it(value: Any) -> None:
+    text = json.dumps(value, ensure_ascii=False)
+    assert same(fastjson.loads(text), json.loads(text))
+    assert same(fastjson.loads(text.encode()), json.loads(text.encode()))
+
+
+@pytest.mark.parametrize("text", [
+    '{"id": 123456789012345678901234567890}',  # orjson: a float
+    '{"id": -9223372036854775809}',
+    '[18446744073709551616]',
+    '{"x": NaN, "y": -Infinity}',  # orjson refuses these
+    '{"x": 1e400}',
+    '{"x": "\\ud800"}',
+    '{"a": 1, "a": 2}',
+])
+def test_where_orjson_differs_json_decides(text: str) -> None:
+    assert same(fastjson.loads(text), json.loads(text))
+
+
+def test_errors_are_json_errors() -> None:
+    with pytest.raises(json.JSONDecodeError):
+        fastjson.loads('{"a": ')
