@@ -169,13 +169,31 @@ def test_placeholders_on_valid_conversations_keep_the_fold(
 @st.composite
 def stored_histories(draw: st.DrawFn) -> tuple[list[Message], list[Any]]:
     """A conversation with some messages dressed as real sessions have them (an error
-    result, thinking blocks, content parts), and the
+    result, thinking blocks, Gemini's signatures, synthetic ids and JSON responses,
+    reasoning, content parts, results named only by their call), and the
     same as a cache holds it: stored JSON, some of it decoded already."""
     convo = draw(any_conversations(max_turns=5))
     dressed: list[Message] = []
     for m in convo:
-        kind = draw(st.sampled_from(["as is"] * 6 + ["error", "thinking", "parts"]))
-        if kind == "error" and m.role == "tool":
+        kind = draw(st.sampled_from(["as is"] * 6 + ["error", "thinking", "parts", "signed",
+                                                     "synthetic", "json", "unnamed",
+                                                     "reasoning"]))
+        ids = [c.id for c in m.tool_calls]
+        if kind == "signed":  # Gemini's thought signatures, on every part they may sign
+            m = m.model_copy(update={"metadata": {**m.metadata, "gemini_signatures": {
+                "content:0": "s0", "response": "s1", **{f"call:{i}": "s2" for i in ids}}}})
+        elif kind == "synthetic" and (ids or m.role == "tool"):
+            m = m.model_copy(update={"metadata": {**m.metadata, "gemini_synthetic_ids": (
+                ids[:1] if ids else True)}})
+        elif kind == "json" and m.role == "tool":
+            m = m.model_copy(update={"content": draw(st.sampled_from(
+                ['{"ok": true, "n": [1, 2]}', '[1]', 'not json'])),
+                "metadata": {**m.metadata, "gemini_response": "json"}})
+        elif kind == "unnamed" and m.role == "tool":
+            m = m.model_copy(update={"name": None})
+        elif kind == "reasoning" and m.role == "assistant":
+            m = m.model_copy(update={"reasoning": "thinking it over"})
+        elif kind == "error" and m.role == "tool":
             m = m.model_copy(update={"metadata": {**m.metadata, "is_error": True}})
         elif kind == "thinking" and m.role == "assistant":
             m = m.model_copy(update={"reasoning": "abc", "metadata": {
@@ -207,6 +225,7 @@ def test_a_fold_made_from_stored_json_is_the_fold_of_its_messages(
 
 
 def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
+    """A cold fold of 800 messages decodes two of them into models."""
     turns = []
     for i in range(200):
         call = ToolCall(id=f"c{i}", name="read_file", arguments={"path": f"f{i}.py"})
@@ -220,7 +239,8 @@ def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
         decoded.append(sum(isinstance(r, bytes) for r in items))
         return decode_stored(items)
 
-    fold = fold_of_stored("anthropic", [m.to_json().encode() for m in turns], json.loads,
-                          decode)
-    assert fold == fold_of("anthropic", turns)
-    assert sum(decoded) == 2  # the first message and the last: one group each
+    for fmt in ("anthropic", "gemini"):
+        decoded.clear()
+        fold = fold_of_stored(fmt, [m.to_json().encode() for m in turns], json.loads, decode)
+        assert fold == fold_of(fmt, turns)
+        assert sum(decoded) == 2  # the first message and the last group (one message)

@@ -18,13 +18,20 @@ import orjson
 
 
 def _has_float(value: Any) -> bool:
-    kind = type(value)
-    if kind is float:
-        return True
-    if kind is dict:
-        return any(map(_has_float, value.values()))
-    if kind is list:
-        return any(map(_has_float, value))
+    """Whether a float is anywhere in ``value`` (strings are not looked into)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            return True
+        values = item.values() if kind is dict else item if kind is list else ()
+        for v in values:
+            kind = type(v)
+            if kind is float:
+                return True
+            if kind is dict or kind is list:
+                stack.append(v)
     return False
 
 

@@ -48,7 +48,7 @@ from shared.core.wire.anthropic import (
     turn_of_stored,
 )
 from shared.core.wire.gemini import MEMO_KEY as GEMINI_MEMO_KEY
-from shared.core.wire.gemini import fold_contents, system_instruction
+from shared.core.wire.gemini import fold_contents, kept_of_stored, system_instruction
 
 FOLDED = ("anthropic", "gemini")
 NAME_LAYERS = 16  # Gemini's call-name layers kept before they are merged into one
@@ -138,7 +138,7 @@ class AnthropicFold:
             turns = _turns(items, memo)
         except InvalidInput:
             return cls(ok=False, size=len(items), opens_with=items[0] if items else None)
-        return cls._made(turns, memo, lambda a, b: items[a:b])
+        return cls._made(turns, lambda a, b: memo[a:b], lambda a, b: items[a:b])
 
     @classmethod
     def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
@@ -147,14 +147,11 @@ class AnthropicFold:
         already decoded) and ``loaded`` (the JSON as plain data, None for a message): the
         turns are made from the data; ``decode`` makes models of the few messages the fold
         keeps as messages (its first and last groups) and of those the data cannot say."""
-        memo = _memo(len(raw))
-
         def turn(i: int) -> Turn | None:
             data = loaded[i]
             found = turn_of_stored(data, i) if data is not None else None
             if found is None:
                 found = (turn_of(decode((raw[i],))[0], Loc.item("messages", i)),)
-            memo[i][MEMO_KEY] = found
             return found[0]
 
         try:
@@ -162,26 +159,31 @@ class AnthropicFold:
         except InvalidInput:
             return cls(ok=False, size=len(raw), opens_with=decode(tuple(raw[:1]))[0]
                        if raw else None)
+
+        def memo(a: int, b: int) -> Memo:  # made for the kept groups alone
+            return tuple({MEMO_KEY: (t,)} for t in turns[a:b])
+
         return cls._made(turns, memo, lambda a, b: decode(tuple(raw[a:b])))
 
     @classmethod
-    def _made(cls, turns: list[Turn | None], memo: Memo,
+    def _made(cls, turns: list[Turn | None], memo: Callable[[int, int], Memo],
               items: Callable[[int, int], Sequence[Message]]) -> AnthropicFold:
-        """The fold of messages whose own turns are ``turns``; ``items(a, b)``: the
-        messages ``[a, b)`` (only the first and last groups are asked for)."""
+        """The fold of messages whose own turns are ``turns``; ``items(a, b)`` and
+        ``memo(a, b)``: the messages ``[a, b)`` and their memos (only the first and last
+        groups are asked for)."""
         size = len(turns)
         bounds = _groups(turns)
         if len(bounds) <= 1:
             front = tuple(items(0, size))
             return cls(front=front, size=size, opens_with=front[0] if front else None,
-                       front_memo=memo)
+                       front_memo=memo(0, size))
         middle = [_joined(turns[a:b])[0] for a, b in bounds[1:-1]]
         f, t = bounds[0][1], bounds[-1][0]
         front = tuple(items(0, f))  # f >= 1: the first group holds the first message
         return cls(front, Chunks.of([m.wire() for m in middle]),
                    middle[0] if middle else None, middle[-1] if middle else None,
-                   tuple(items(t, size)), _pairs_ok(middle), size, front[0], memo[:f],
-                   memo[t:], Chunks.of([a for a, _ in bounds[1:-1]]))
+                   tuple(items(t, size)), _pairs_ok(middle), size, front[0], memo(0, f),
+                   memo(t, size), Chunks.of([a for a, _ in bounds[1:-1]]))
 
     def extend(self, new: Sequence[Message], memo: Memo | None = None) -> AnthropicFold:
         """The fold of the history with ``new`` appended (the last group joined again);
@@ -457,13 +459,43 @@ def _ends_ok(left: list[Turn], first: Turn | None, last: Turn | None,
 
 # -- Gemini -------------------------------------------------------------------------------
 
-def _last_group(items: Sequence[Message]) -> int:
+def _last_group(items: Sequence[Message | _StoredShape]) -> int:
     """Where the last group starts: the run of tool results at the end, or the last one."""
     start = len(items) - 1
     if start >= 0 and items[start].role == "tool":
         while start > 0 and items[start - 1].role == "tool":
             start -= 1
     return max(start, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredCall:
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredShape:
+    """What :func:`fold_contents` and :class:`GeminiFold` read of a message besides its
+    content (which its memo slot holds): a stored message's, from its JSON as plain data."""
+
+    role: str
+    name: str | None
+    tool_call_id: str | None
+    tool_calls: tuple[_StoredCall, ...]
+
+    @classmethod
+    def of(cls, data: Any) -> _StoredShape | None:
+        if type(data) is not dict:
+            return None
+        role, name, call_id = data.get("role"), data.get("name"), data.get("tool_call_id")
+        calls = data.get("tool_calls", [])
+        if type(role) is not str or type(calls) is not list or not all(
+                type(c) is dict and type(c.get("id")) is str and type(c.get("name")) is str
+                for c in calls) or (name is not None and type(name) is not str) \
+                or (call_id is not None and type(call_id) is not str):
+            return None
+        return cls(role, name, call_id, tuple(_StoredCall(c["id"], c["name"]) for c in calls))
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +519,46 @@ class GeminiFold:
         items = tuple(history)
         return cls(opens_with=items[0] if items else None).extend(items)
 
+    @classmethod
+    def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
+                  decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> GeminiFold:
+        """:meth:`of` a history given as stored items (as :meth:`AnthropicFold.of_stored`):
+        each finished message's content is made from its JSON as plain data and put in
+        its memo slot, and :func:`fold_contents` is handed a stand-in holding what it
+        reads besides (role, ids, names); the last group, and any message the data cannot
+        say, is decoded."""
+        if not raw:
+            return cls()
+        shapes = [_StoredShape.of(d) if d is not None else None for d in loaded]
+        cut = _last_group([s if s is not None else decode((r,))[0]
+                           for s, r in zip(shapes, raw, strict=True)])  # roles alone
+        memo = _memo(len(raw))
+        items: list[Any] = []
+        names: dict[str, str] = {}  # as fold_contents names the results (from scratch)
+        for i in range(cut):
+            shape, kept = shapes[i], None
+            if shape is not None:
+                name = (shape.name or names.get(shape.tool_call_id or "")
+                        if shape.role == "tool" else None)
+                try:
+                    kept = kept_of_stored(loaded[i], i, name)
+                except InvalidInput:
+                    kept = None  # the model's conversion raises it, where fold_contents does
+            if shape is None or kept is None:
+                m = decode((raw[i],))[0]
+                items.append(m)
+                calls = [(c.id, c.name) for c in m.tool_calls]
+            else:
+                memo[i][GEMINI_MEMO_KEY] = kept
+                items.append(shape)
+                calls = [(c.id, c.name) for c in shape.tool_calls]
+            if items[-1].role != "tool":
+                names.update(calls)
+        items.extend(decode(tuple(raw[cut:])))
+        first = items[0] if isinstance(items[0], Message) else decode((raw[0],))[0]
+        # the stand-ins stay inside: the fold keeps finished contents and the last group
+        return cls(opens_with=first).extend(items, memo)
+
     def extend(self, new: Sequence[Message], memo: Memo | None = None) -> GeminiFold:
         """The fold with ``new`` appended (as :meth:`AnthropicFold.extend`)."""
         if not new:
@@ -499,12 +571,13 @@ class GeminiFold:
         items, memo = (*self.tail, *new), (*self.tail_memo, *fresh)
         cut = _last_group(items)
         layer: dict[str, str] = {}
-        try:
-            made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names), memo[:cut])
+        try:  # (a first fold has no earlier names: a plain dict, not a ChainMap, is faster)
+            made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names) if self.names
+                                 else layer, memo[:cut])
         except InvalidInput:
             return GeminiFold(ok=False, size=size, opens_with=opens)
         known = ChainMap(*self.names)
-        unique = self.unique and not any(c in known for c in layer) \
+        unique = self.unique and not (self.names and any(c in known for c in layer)) \
             and len(layer) == sum(len(m.tool_calls) for m in items[:cut])
         names = (layer, *self.names) if layer else self.names
         if len(names) > NAME_LAYERS:
@@ -630,12 +703,12 @@ def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
 def fold_of_stored(fmt: str, raw: Sequence[Any], loads: Callable[[bytes], Any],
                    decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> Fold:
     """:func:`fold_of` a history of stored items (stored JSON, or messages already
-    decoded): Anthropic's made from the JSON as plain data (see
-    :meth:`AnthropicFold.of_stored`), Gemini's from the decoded messages."""
-    if fmt != "anthropic":
-        return fold_of(fmt, decode(tuple(raw)))
+    decoded), made from the JSON as plain data (:meth:`AnthropicFold.of_stored`,
+    :meth:`GeminiFold.of_stored`)."""
     loaded = [loads(r) if isinstance(r, bytes) else None for r in raw]
-    return AnthropicFold.of_stored(raw, loaded, decode)
+    if fmt == "anthropic":
+        return AnthropicFold.of_stored(raw, loaded, decode)
+    return GeminiFold.of_stored(raw, loaded, decode)
 
 
 __all__ = ["FOLDED", "AnthropicFold", "Fold", "GeminiFold", "Memo", "anthropic_view",

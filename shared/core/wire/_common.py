@@ -38,7 +38,7 @@ WireItem = Mapping[str, Any] | BaseModel
 REASONING_SEP = "\n\n"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loc:
     """A wire path plus the index of the top-level item it lies in."""
 

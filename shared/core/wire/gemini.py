@@ -47,6 +47,7 @@ import re
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
+from shared.core import fastjson
 from shared.core.messages import ContentPart, ImagePart, Message, TextPart
 from shared.core.wire._common import (
     IS_ERROR,
@@ -375,6 +376,61 @@ def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
         mime = part.media_type or mimetypes.guess_type(part.url)[0]
         return {"file_data": {**({"mime_type": mime} if mime else {}), **blob}}
     raise (loc / "file_id").error("Gemini cannot reference a provider file id; give data or a URL")
+
+
+_STORED_CALL_KEYS = frozenset(("id", "name", "arguments"))
+Kept = tuple[str | None, dict[str, Any] | None]  # a memo slot's entry (see fold_contents)
+
+
+def _signed_stored(part: dict[str, Any], meta: Mapping[str, Any], key: str) -> dict[str, Any]:
+    signatures = meta.get(SIGNATURES_KEY)
+    if isinstance(signatures, dict) and isinstance(signatures.get(key), str):
+        part["thought_signature"] = signatures[key]
+    return part
+
+
+def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
+    """What :func:`fold_contents` keeps in a stored message's memo slot
+    (``messages[index]``), made from its JSON as plain data; ``name``: the function name
+    a result answers (its own, or its call's). None when only the model can say
+    (reasoning, content parts, an unnamed result, an unexpected shape)."""
+    if type(data) is not dict:
+        return None
+    role_in, content = data.get("role"), data.get("content", "")
+    calls, meta = data.get("tool_calls", []), data.get("metadata", {})
+    if type(role_in) is not str or type(content) is not str or type(calls) is not list \
+            or type(meta) is not dict or data.get("reasoning") is not None \
+            or (calls and role_in != "assistant"):
+        return None
+    if role_in == "tool":
+        call_id = data.get("tool_call_id")
+        if type(call_id) is not str or calls or not name:
+            return None
+        response = _json_object(content) if meta.get(RESPONSE_KEY) == "json" else None
+        if response is None:
+            response = {"error" if meta.get(IS_ERROR) else "output": content}
+        fr: dict[str, Any] = {"name": name, "response": response}
+        if meta.get(SYNTHETIC_KEY) is not True:
+            fr["id"] = call_id
+        return name, _signed_stored({"function_response": fr}, meta, "response")
+    parts = [_signed_stored({"text": content}, meta, "content:0")] if content else []
+    synthetic = meta.get(SYNTHETIC_KEY)
+    for j, c in enumerate(calls):
+        if type(c) is not dict or c.keys() != _STORED_CALL_KEYS:
+            return None
+        call_id, fn, arguments = c["id"], c["name"], c["arguments"]
+        if type(call_id) is not str or type(fn) is not str or type(arguments) is not str:
+            return None
+        args = fastjson.loads(arguments)
+        if type(args) is not dict:  # the error the whole conversion reports
+            arguments_object(arguments, Loc(f"messages[{index}].tool_calls[{j}].arguments",
+                                            index))
+        call: dict[str, Any] = {"name": fn, "args": args}
+        if not (isinstance(synthetic, list) and call_id in synthetic):
+            call["id"] = call_id
+        parts.append(_signed_stored({"function_call": call}, meta, f"call:{call_id}"))
+    role = "model" if role_in == "assistant" else "user"
+    return None, ({"role": role, "parts": parts} if parts else None)
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
