@@ -57,3 +57,15 @@ def test_where_orjson_differs_json_decides(text: str) -> None:
 def test_errors_are_json_errors() -> None:
     with pytest.raises(json.JSONDecodeError):
         fastjson.loads('{"a": ')
+
+
+@settings(max_examples=200, deadline=None)
+@given(meta=st.dictionaries(st.text(max_size=5), values, max_size=3),
+       big=st.integers(2**64, 2**80))
+def test_a_stored_message_reads_as_json_reads_it(meta: dict[str, Any], big: int) -> None:
+    from shared.core.messages import Message
+
+    for m in (Message(role="user", content="hi", metadata=meta),
+              Message(role="user", content="hi", metadata={**meta, "n": big})):
+        raw = m.to_json()
+        assert same(fastjson.loads_message(raw), json.loads(raw))

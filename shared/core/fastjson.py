@@ -44,4 +44,20 @@ def loads(text: str | bytes) -> Any:
     return json.loads(text) if _has_float(value) else value
 
 
-__all__ = ["loads"]
+def loads_message(raw: str | bytes) -> Any:
+    """:func:`loads` of a stored message (:meth:`shared.core.messages.Message.to_json`):
+    only its metadata and content parts can hold a number, so only they are checked
+    (a cold read parses every message of the view)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+    if type(value) is dict:
+        meta, content = value.get("metadata"), value.get("content")
+        if not (meta and _has_float(meta)) and not (type(content) is list
+                                                    and _has_float(content)):
+            return value
+    return json.loads(raw) if _has_float(value) else value
+
+
+__all__ = ["loads", "loads_message"]

@@ -29,7 +29,7 @@ from shared.core.wirefold import FOLDED, AnthropicFold, Fold, GeminiFold, fold_o
 INCREMENTAL = ("openai", "openai+reasoning")
 
 def _loads(raw: bytes) -> Any:
-    return fastjson.loads(raw)
+    return fastjson.loads_message(raw)
 
 
 def load_stored(raw: Sequence[bytes]) -> list[dict[str, Any]]:
