@@ -96,16 +96,22 @@ def test_on_valid_conversations_the_fold_gives_the_view(
     assert got == WHOLE[fmt]([*head, *history, *pending])
 
 
-def test_a_long_history_is_folded_once() -> None:
-    """Appending keeps the finished groups (shared, not made again) and only the last
-    group as messages: per append and per view, work on the tail alone."""
+def read_file_turns(n: int) -> list[Message]:
+    """``n`` turns of four messages: a step, a read_file call, its result, a reply."""
     turns = []
-    for i in range(300):
+    for i in range(n):
         call = ToolCall(id=f"c{i}", name="read_file", arguments={"path": f"f{i}.py"})
         turns += [Message(role="user", content=f"step {i}"),
                   Message(role="assistant", content="", tool_calls=[call]),
                   Message(role="tool", tool_call_id=f"c{i}", content=f"body {i}"),
                   Message(role="assistant", content=f"done {i}")]
+    return turns
+
+
+def test_a_long_history_is_folded_once() -> None:
+    """Appending keeps the finished groups (shared, not made again) and only the last
+    group as messages: per append and per view, work on the tail alone."""
+    turns = read_file_turns(300)
     for fmt in ("anthropic", "gemini"):
         fold = fold_of(fmt, turns[:1196])
         before = fold.done.chunks
@@ -226,13 +232,7 @@ def test_a_fold_made_from_stored_json_is_the_fold_of_its_messages(
 
 def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
     """A cold fold of 800 messages decodes two of them into models."""
-    turns = []
-    for i in range(200):
-        call = ToolCall(id=f"c{i}", name="read_file", arguments={"path": f"f{i}.py"})
-        turns += [Message(role="user", content=f"step {i}"),
-                  Message(role="assistant", content="", tool_calls=[call]),
-                  Message(role="tool", tool_call_id=f"c{i}", content=f"body {i}"),
-                  Message(role="assistant", content=f"done {i}")]
+    turns = read_file_turns(200)
     decoded: list[int] = []
 
     def decode(items: tuple[Any, ...]) -> tuple[Message, ...]:

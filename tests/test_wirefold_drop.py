@@ -18,7 +18,7 @@ from shared.core.turns import turn_starts
 from shared.core.wirefold import AnthropicFold, GeminiFold, fold_of
 from shared.core.wireview import carry, history_fold
 from tests.strategies import conversations
-from tests.test_wirefold import SYSTEM, VIEW, cases, folded, whole
+from tests.test_wirefold import SYSTEM, VIEW, cases, folded, read_file_turns, whole
 
 FORMATS = st.sampled_from(["anthropic", "gemini"])
 
@@ -60,13 +60,7 @@ def test_a_fold_dropped_at_a_turn_start_is_kept(fmt: str, convo: list[Message], 
 
 
 def test_the_finished_groups_after_the_cut_are_the_same_objects() -> None:
-    turns: list[Message] = []
-    for i in range(200):
-        call = ToolCall(id=f"c{i}", name="read_file", arguments={"path": f"f{i}.py"})
-        turns += [Message(role="user", content=f"step {i}"),
-                  Message(role="assistant", content="", tool_calls=[call]),
-                  Message(role="tool", tool_call_id=f"c{i}", content=f"body {i}"),
-                  Message(role="assistant", content=f"done {i}")]
+    turns = read_file_turns(200)
     for fmt in ("anthropic", "gemini"):
         fold = fold_of(fmt, turns)
         n = 4 * 150  # the watermark at turn 150

@@ -173,6 +173,24 @@ def arguments_object(arguments: str, loc: Loc) -> dict[str, Any]:
     return value
 
 
+_STORED_CALL_KEYS = frozenset(("id", "name", "arguments"))
+
+
+def stored_call(call: Any, index: int, j: int) -> tuple[str, str, dict[str, Any]] | None:
+    """(id, name, arguments as the object Anthropic and Gemini take) of call ``j`` of a
+    stored message (``messages[index]``) given as plain data; None when it is not as the
+    store writes it. Arguments that are no JSON object raise the whole conversion's error."""
+    if type(call) is not dict or call.keys() != _STORED_CALL_KEYS:
+        return None
+    call_id, name, arguments = call["id"], call["name"], call["arguments"]
+    if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+        return None
+    args = fastjson.loads(arguments)
+    if type(args) is not dict:
+        arguments_object(arguments, Loc(f"messages[{index}].tool_calls[{j}].arguments", index))
+    return call_id, name, args
+
+
 def canonical_json(value: Any) -> str:
     """How arguments and structured results are written (what ToolCall does for dicts)."""
     return json.dumps(value, ensure_ascii=False)

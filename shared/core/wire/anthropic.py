@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.core import fastjson
 from shared.core.messages import ContentPart, ImagePart, Message, TextPart
 from shared.core.wire._common import (
     IS_ERROR,
@@ -63,6 +62,7 @@ from shared.core.wire._common import (
     opt_str,
     req_str,
     split_reasoning,
+    stored_call,
 )
 
 THINKING_KEY = "anthropic_thinking"
@@ -317,9 +317,6 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
     return Turn(role, plain, [], blocks, [], calls)
 
 
-_STORED_CALL_KEYS = frozenset(("id", "name", "arguments"))
-
-
 def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
     """:func:`turn_of` of a stored message (``messages[index]``) from its JSON as plain
     data, as a 1-tuple; None when only the model can say (content parts, thinking
@@ -351,17 +348,12 @@ def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
         return (Turn(role, content, [], blocks),) if blocks else (None,)
     made: list[tuple[str, Loc]] = []
     for j, c in enumerate(calls):
-        if type(c) is not dict or c.keys() != _STORED_CALL_KEYS:
+        found = stored_call(c, index, j)
+        if found is None:
             return None
-        call_id, name, arguments = c["id"], c["name"], c["arguments"]
-        if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
-            return None
-        at = f"messages[{index}].tool_calls[{j}]"
-        args = fastjson.loads(arguments)
-        if type(args) is not dict:  # the error the whole conversion reports
-            arguments_object(arguments, Loc(at + ".arguments", index))
+        call_id, name, args = found
         blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
-        made.append((call_id, Loc(at + ".id", index)))
+        made.append((call_id, Loc(f"messages[{index}].tool_calls[{j}].id", index)))
     return (Turn(role, None, [], blocks, [], made),)
 
 

@@ -47,7 +47,6 @@ import re
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-from shared.core import fastjson
 from shared.core.messages import ContentPart, ImagePart, Message, TextPart
 from shared.core.wire._common import (
     IS_ERROR,
@@ -68,6 +67,7 @@ from shared.core.wire._common import (
     opt_str,
     req_str,
     split_reasoning,
+    stored_call,
 )
 
 SIGNATURES_KEY = "gemini_signatures"
@@ -378,7 +378,6 @@ def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
     raise (loc / "file_id").error("Gemini cannot reference a provider file id; give data or a URL")
 
 
-_STORED_CALL_KEYS = frozenset(("id", "name", "arguments"))
 Kept = tuple[str | None, dict[str, Any] | None]  # a memo slot's entry (see fold_contents)
 
 
@@ -416,15 +415,10 @@ def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
     parts = [_signed_stored({"text": content}, meta, "content:0")] if content else []
     synthetic = meta.get(SYNTHETIC_KEY)
     for j, c in enumerate(calls):
-        if type(c) is not dict or c.keys() != _STORED_CALL_KEYS:
+        found = stored_call(c, index, j)
+        if found is None:
             return None
-        call_id, fn, arguments = c["id"], c["name"], c["arguments"]
-        if type(call_id) is not str or type(fn) is not str or type(arguments) is not str:
-            return None
-        args = fastjson.loads(arguments)
-        if type(args) is not dict:  # the error the whole conversion reports
-            arguments_object(arguments, Loc(f"messages[{index}].tool_calls[{j}].arguments",
-                                            index))
+        call_id, fn, args = found
         call: dict[str, Any] = {"name": fn, "args": args}
         if not (isinstance(synthetic, list) and call_id in synthetic):
             call["id"] = call_id
