@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.core import fastjson
 from shared.core.config import CompactionPolicy
-from shared.core.fileops import file_ops, may_read, shell_command
+from shared.core.fileops import file_ops
 from shared.core.messages import Message
 from shared.core.records import CheapDecision
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
@@ -39,12 +39,9 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 def _read_path(name: str, arguments: str) -> str | None:
     """The single file a call only reads, else None."""
     try:
-        args: object = fastjson.loads(arguments)
+        args: object = json.loads(arguments)
     except ValueError:
         args = {}
-    command = shell_command(name, args)
-    if command is not None and not may_read(command):  # no reader in it: no parse
-        return None
     ops = file_ops(name, args)
     if len(ops) == 1 and ops[0][1] == "read":
         return ops[0][0]

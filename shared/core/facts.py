@@ -23,11 +23,11 @@ result is a :class:`shared.core.ledger.Ledger`.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from shared.core import fastjson
 from shared.core.errors import InvalidInput
 from shared.core.fact_patterns import (
     _CODE_GATE,
@@ -177,7 +177,7 @@ def _tool_call_facts(name: str, arguments: str, batch: _ScanBatch) -> tuple[list
     """The facts of one tool call, in order, as lists (some filled later by ``batch``)."""
     parts: list[_Found] = []
     try:
-        args = fastjson.loads(arguments)
+        args = json.loads(arguments)
     except ValueError:
         args = {}
     command = shell_command(name, args)

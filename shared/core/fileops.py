@@ -228,22 +228,6 @@ def _shell_file_ops(command: str) -> list[tuple[str, str]]:
     return ops
 
 
-# Every read _shell_file_ops finds comes from a "<" redirection or one of these programs.
-_READ_PROGRAMS = _READERS | _GREPS | {"sed", "awk", "perl", "cp"}
-_READ_HINT = re.compile(
-    r"<|(?<![\w.-])(?:" + "|".join(re.escape(p) for p in sorted(_READ_PROGRAMS, key=len,
-                                                               reverse=True))
-    + r")(?![\w.-])")
-_QUOTING = str.maketrans("", "", "'\"\\")
-
-
-def may_read(command: str) -> bool:
-    """False when no simple command of ``command`` can read a file (:func:`file_ops` would
-    find no read): no "<" and no reading program's name as a word, quotes and backslashes
-    taken out first (they may split a name). A cheap test before the full parse."""
-    return _READ_HINT.search(command.translate(_QUOTING)) is not None
-
-
 def file_ops(name: str, args: Any) -> list[tuple[str, str]]:
     """(path, "read" | "modified") for every file a tool call reads or changes."""
     command = shell_command(name, args)

@@ -31,13 +31,13 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import json
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.core import fastjson
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message, TextPart
 from shared.core.pairs import PairScan, scan_pairs
@@ -134,7 +134,7 @@ def _files_of_arguments(arguments: str) -> tuple[str, ...]:
     window is cut again on every call, and each cut lists the files of every call it
     drops (without this, a chain's calls cost the square of its length)."""
     try:
-        args = fastjson.loads(arguments)
+        args = json.loads(arguments)
     except ValueError:  # validated JSON at construction; a model_construct'ed call may not be
         return ()
     if not isinstance(args, dict):
