@@ -1,5 +1,6 @@
 """A full read's decode (the cold path): wire forms made in place equal to_openai's,
-shapes equal the pair scan's, the first message reads alone."""
+shapes equal the pair scan's, the first message reads alone, and the first Anthropic or
+Gemini fold made from those wire forms is the fold of the messages."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from shared.core.pairs import scan_pairs
 from shared.core.records import CheapDecision, RawView
 from shared.core.viewcache import decode_view
 from shared.core.wire.openai import to_openai
-from shared.core.wireview import carry
+from shared.core.wirefold import fold_of
+from shared.core.wireview import carry, history_fold
 from tests.strategies import any_conversations
 
 ODD = [
@@ -50,6 +52,9 @@ def check(messages: list[Message], cheap: dict[int, CheapDecision] | None = None
     snap = decode_view(full_read(messages, cheap), None, carry)
     applied = [m.model_copy(update={"content": cheap[i].placeholder}) if cheap and i in cheap
                else m for i, m in enumerate(messages)]
+    for fmt in ("anthropic", "gemini"):  # folded from the wire forms made in place (first:
+        # before anything reads the history, which would decode its chunks)
+        assert history_fold(dict(snap.wire), fmt, snap.applied) == fold_of(fmt, applied)
     wire = list(snap.wire["openai"])
     expected_wire = to_openai(applied, include_reasoning=False)
     assert wire == expected_wire

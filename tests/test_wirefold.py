@@ -227,7 +227,8 @@ def test_a_fold_made_from_stored_json_is_the_fold_of_its_messages(
         return decode_stored(items)
 
     for fmt in ("anthropic", "gemini"):
-        assert fold_of_stored(fmt, raw, json.loads, decode) == fold_of(fmt, messages)
+        loaded = [json.loads(r) if isinstance(r, bytes) else None for r in raw]
+        assert fold_of_stored(fmt, raw, loaded, decode) == fold_of(fmt, messages)
 
 
 def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
@@ -241,6 +242,7 @@ def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
 
     for fmt in ("anthropic", "gemini"):
         decoded.clear()
-        fold = fold_of_stored(fmt, [m.to_json().encode() for m in turns], json.loads, decode)
+        raw = [m.to_json().encode() for m in turns]
+        fold = fold_of_stored(fmt, raw, [json.loads(r) for r in raw], decode)
         assert fold == fold_of(fmt, turns)
         assert sum(decoded) == 2  # the first message and the last group (one message)

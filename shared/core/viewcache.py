@@ -42,7 +42,7 @@ from shared.core.pairs import (
 from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
 from shared.core.repaired import RepairedView
 from shared.core.tokens import TokenCounter
-from shared.core.wireview import convert, decode_stored, load_stored
+from shared.core.wireview import ReadWire, convert, decode_stored, load_stored
 
 BYTES_PER_MESSAGE = 2_800
 """Measured bytes per cached message (decoded Message, its store count, its OpenAI
@@ -403,7 +403,9 @@ def decode_view(raw: RawView, cached: CachedView | None,
         counts = Chunks.of(found) if found is not None else None
         wire, planned_end, cheap_scan, repaired = {}, -1, None, None
         if wire_update is not None:
-            wire = {"openai": Chunks.of(_openai_of_read(new_raw, loaded, made, changes))}
+            wire = {"openai": ReadWire.of_read(
+                _openai_of_read(new_raw, loaded, made, changes),
+                [None if i in changes else m for i, m in enumerate(made)])}
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,

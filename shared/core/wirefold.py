@@ -700,12 +700,11 @@ def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
     return AnthropicFold.of(history) if fmt == "anthropic" else GeminiFold.of(history)
 
 
-def fold_of_stored(fmt: str, raw: Sequence[Any], loads: Callable[[bytes], Any],
+def fold_of_stored(fmt: str, raw: Sequence[Any], loaded: Sequence[Any],
                    decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> Fold:
     """:func:`fold_of` a history of stored items (stored JSON, or messages already
-    decoded), made from the JSON as plain data (:meth:`AnthropicFold.of_stored`,
-    :meth:`GeminiFold.of_stored`)."""
-    loaded = [loads(r) if isinstance(r, bytes) else None for r in raw]
+    decoded), made from ``loaded``, their JSON as plain data (None for a message)
+    (:meth:`AnthropicFold.of_stored`, :meth:`GeminiFold.of_stored`)."""
     if fmt == "anthropic":
         return AnthropicFold.of_stored(raw, loaded, decode)
     return GeminiFold.of_stored(raw, loaded, decode)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.core import fastjson
-from shared.core.chunks import Chunks, Lazy
+from shared.core.chunks import CHUNK, Chunks, Lazy
 from shared.core.messages import Message
 from shared.core.records import decode_messages
 from shared.core.wire.openai import to_openai
@@ -30,6 +30,39 @@ INCREMENTAL = ("openai", "openai+reasoning")
 
 def _loads(raw: bytes) -> Any:
     return fastjson.loads_message(raw)
+
+
+class ReadWire(Chunks[dict[str, Any]]):
+    """A full read's OpenAI wire forms, with ``made``: per message, the wire form made from
+    its JSON in place (a plain message: text, tool calls, no metadata but the store's
+    ``wire_ids``), else None. What such a form says is all its stored JSON says to a fold
+    (:func:`stored_of_openai`): the view's first Anthropic or Gemini fold does not parse the
+    view again. Any change to the view carries it into plain :class:`Chunks` (no hint)."""
+
+    __slots__ = ("made",)
+    made: list[dict[str, Any] | None]
+
+    @classmethod
+    def of_read(cls, items: Sequence[dict[str, Any]],
+                made: list[dict[str, Any] | None]) -> ReadWire:
+        out = cls(tuple(tuple(items[i:i + CHUNK]) for i in range(0, len(items), CHUNK)))
+        out.made = made
+        return out
+
+
+def stored_of_openai(wire: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain stored message's JSON as plain data, back from the OpenAI wire form made of
+    it in place (see :class:`ReadWire`; the store's ``wire_ids`` left out: no fold reads
+    them)."""
+    calls = wire.get("tool_calls") or ()
+    data: dict[str, Any] = {
+        "role": wire["role"], "content": wire["content"] or "",
+        "tool_calls": [{"id": c["id"], "name": c["function"]["name"],
+                        "arguments": c["function"]["arguments"]} for c in calls],
+        "metadata": {}}
+    if "tool_call_id" in wire:
+        data["tool_call_id"] = wire["tool_call_id"]
+    return data
 
 
 def load_stored(raw: Sequence[bytes]) -> list[dict[str, Any]]:
@@ -210,9 +243,16 @@ def history_fold(wire: dict[str, Any], fmt: str, applied: Chunks[Message]) -> Fo
     made (once: every message decoded, then dropped) if absent."""
     found = wire.get(fmt)
     if found is None or found.size != len(applied):
-        # made from the stored JSON (Anthropic: as plain data, the few messages it keeps
-        # decoded; Gemini: decoded for the fold alone): the cache's chunks stay as they are
-        found = wire[fmt] = fold_of_stored(fmt, raw_items(applied), _loads, decode_stored)
+        # made from the stored JSON as plain data (the wire forms a full read made in place
+        # where it can: not parsed again), the few messages the fold keeps decoded: the
+        # cache's chunks stay as they are
+        read = wire.get("openai")
+        made = read.made if isinstance(read, ReadWire) and len(read) == len(applied) else None
+        raw = raw_items(applied)
+        hints: Sequence[dict[str, Any] | None] = made if made is not None else [None] * len(raw)
+        loaded = [(_loads(r) if hint is None else stored_of_openai(hint))
+                  if isinstance(r, bytes) else None for r, hint in zip(raw, hints, strict=True)]
+        found = wire[fmt] = fold_of_stored(fmt, raw, loaded, decode_stored)
     assert isinstance(found, AnthropicFold | GeminiFold)
     return found
 
@@ -225,5 +265,6 @@ def flatten(*parts: Sequence[Any]) -> list[Any]:
     return list(itertools.chain.from_iterable(pieces))
 
 
-__all__ = ["INCREMENTAL", "Slots", "carry", "convert", "convert_kept", "decode_stored", "flatten",
-           "history_fold", "history_wire", "load_stored", "openai_of_stored", "raw_items"]
+__all__ = ["INCREMENTAL", "ReadWire", "Slots", "carry", "convert", "convert_kept", "decode_stored",
+           "flatten", "history_fold", "history_wire", "load_stored", "openai_of_stored",
+           "raw_items", "stored_of_openai"]
