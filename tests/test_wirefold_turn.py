@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core import wirefold
 from shared.core.config import StoreConfig
 from shared.core.messages import Message, ToolCall
 from shared.core.wire.anthropic import MEMO_KEY
 from shared.core.wirefold import ANTHROPIC_END, GEMINI_END, fold_of
+from shared.core.wirefold import anthropic as anthropic_fold
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.test_guard import SYSTEM as PROMPT
@@ -142,7 +142,7 @@ def test_a_recorded_turn_is_not_converted_again(shell_name: str, fmt: str,
         real = anthropic_wire.turn_of
         monkeypatch.setattr(anthropic_wire, "turn_of",
                             lambda m, loc: made.append(m) or real(m, loc))
-        monkeypatch.setattr(wirefold, "turn_of", anthropic_wire.turn_of)
+        monkeypatch.setattr(anthropic_fold, "turn_of", anthropic_wire.turn_of)
     else:
         real_model, real_parts = gemini_wire._model_out, gemini_wire._parts_out
         monkeypatch.setattr(gemini_wire, "_model_out",
