@@ -89,6 +89,33 @@ def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
     other.redis.close()
 
 
+def test_a_quiet_check_is_one_poll_and_misses_no_write(real_store: SessionStore,
+                                                        redis_url: str, key_prefix: str,
+                                                        shell: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While nothing arrives, a check polls the socket and does not run redis-py's drain;
+    a push that arrives is drained and seen by the very next call."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    real_store.append("s", [{"role": "user", "content": "one"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    guard.prepare("s", SYSTEM, model="m")
+    feed: ChangeFeed = guard.feed
+    assert feed._pushes is not None and feed._pushes._poll is not None
+    drains: list[int] = []
+    real = feed._conn.can_read
+    monkeypatch.setattr(feed._conn, "can_read", lambda t=0: drains.append(1) or real(t))
+    seen = reads(guard)
+    for _ in range(3):
+        guard.prepare("s", SYSTEM, model="m")
+    assert drains == [] and seen == []
+    for k in range(3):
+        other.append("s", [{"role": "assistant", "content": f"a{k}"}])
+        assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == f"a{k}"
+    assert drains and seen == ["s"] * 3
+    other.redis.close()
+
+
 def test_only_writes_to_keys_the_view_is_read_from_count(real_store: SessionStore,
                                                          real_redis: redis.Redis,
                                                          shell: str) -> None:

@@ -15,7 +15,7 @@ Why it stays correct:
   write and (Redis 6 and 7: the client queued last is written first) sends it
   before the writer's reply, so a writer in this process that got its reply
   has its push on this connection already: every check drains the
-  connection first (a ``select`` with no wait, a few µs). The tests check
+  connection first (one ``poll`` with no wait, :mod:`shared.store.pushes`). The tests check
   this ordering against the server they run on.
 - Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
   worker's lease, request ids and recall index leave a cached view as it was.
@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.store.keys import VIEW_KEY_NAMES
+from shared.store.pushes import Pushes
 
 log = logging.getLogger("shared.store.changes")
 
@@ -174,6 +175,7 @@ class ChangeFeed:
         self._own: Any = None  # the sync guards' shared own-writes connection, when asked
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._pushes: Pushes | None = None
         self._seen = _Seen()
         self._verified = 0.0
         self._failures = 0
@@ -243,8 +245,8 @@ class ChangeFeed:
         if self._conn is None and (now < self._retry_at or not self._connect()):
             return False
         try:
-            while self._conn.can_read(0):
-                self._conn.read_response(push_request=True, timeout=0)
+            assert self._pushes is not None
+            self._pushes.drain()
             if now - self._verified > VERIFY_SECONDS:
                 self._conn.send_command("PING")
                 self._conn.read_response()  # pushes before the PONG are handled first
@@ -272,6 +274,7 @@ class ChangeFeed:
             self._fail(exc)
             return False
         self._conn = conn
+        self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._seen.forget()  # changes before now were not seen: older marks are worthless
         self._verified = time.monotonic()
         self._failures = 0
@@ -290,11 +293,13 @@ class ChangeFeed:
         """In a forked child: the parent's connection and lock are not this process's."""
         self._lock = threading.Lock()
         self._conn = None  # the parent's socket: neither read nor closed here
+        self._pushes = None
         self._seen.forget()
         self._retry_at = 0.0
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._pushes = None
         self._seen.forget()
         if conn is not None:
             try:

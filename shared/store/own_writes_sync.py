@@ -23,6 +23,7 @@ from shared.store.own_writes import (
     probe_steps,
     script_sha,
 )
+from shared.store.pushes import Pushes
 
 log = logging.getLogger("shared.store.own_writes")
 
@@ -37,6 +38,7 @@ class OwnWrites:
         self._probe_key = probe_key
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._pushes: Pushes | None = None
         self.state = OwnState()
         self._loaded: set[str] = set()
         self.closed = False
@@ -154,8 +156,8 @@ class OwnWrites:
         return True
 
     def _drain(self) -> None:
-        while self._conn.can_read(0):
-            self._conn.read_response(push_request=True, timeout=0)
+        assert self._pushes is not None
+        self._pushes.drain()
 
     def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
         import redis
@@ -189,6 +191,7 @@ class OwnWrites:
             self._fail(exc)
             return False
         self._conn = conn
+        self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._loaded.clear()
         self.state.connected()
         return True
@@ -231,10 +234,12 @@ class OwnWrites:
     def _forked(self) -> None:
         self._lock = threading.Lock()
         self._conn = None  # the parent's socket: neither read nor closed here
+        self._pushes = None
         self.state.seen.forget()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._pushes = None
         self.state.seen.forget()
         if conn is not None:
             try:
