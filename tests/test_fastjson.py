@@ -69,3 +69,39 @@ def test_a_stored_message_reads_as_json_reads_it(meta: dict[str, Any], big: int)
               Message(role="user", content="hi", metadata={**meta, "n": big})):
         raw = m.to_json()
         assert same(fastjson.loads_message(raw), json.loads(raw))
+
+
+def json_is_object(text: str) -> bool | type[BaseException]:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return ValueError
+    except RecursionError:
+        return RecursionError
+
+
+def fast_is_object(text: str) -> bool | type[BaseException]:
+    try:
+        return fastjson.is_object(text)
+    except ValueError:
+        return ValueError
+    except RecursionError:
+        return RecursionError
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=values, cut=st.integers(0, 40), junk=st.sampled_from(["", " ", "x", "}", ","]))
+def test_is_object_says_what_json_says(value: Any, cut: int, junk: str) -> None:
+    """An object or not, and an error exactly where json has one (a text cut short, with
+    something after it)."""
+    text = json.dumps(value, ensure_ascii=False)
+    for candidate in (text, text[:cut] + junk, text + junk):
+        assert fast_is_object(candidate) == json_is_object(candidate)
+
+
+@pytest.mark.parametrize("text", [
+    '{"x": NaN}', '{"x": "\\ud800"}', '{"x": 1e400}', '[1]', '"{}"', "  {}  ", "",
+    "[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000,
+])
+def test_is_object_where_orjson_differs(text: str) -> None:
+    assert fast_is_object(text) == json_is_object(text)

@@ -44,6 +44,16 @@ def loads(text: str | bytes) -> Any:
     return json.loads(text) if _has_float(value) else value
 
 
+def is_object(text: str | bytes) -> bool:
+    """Whether ``json.loads(text)`` is a dict (raising its error where ``text`` is not
+    JSON): a check needs no exact value, so nothing is walked for floats (a tool call's
+    arguments are checked whenever a message is validated, stored ones too)."""
+    try:
+        return type(orjson.loads(text)) is dict
+    except orjson.JSONDecodeError:
+        return isinstance(json.loads(text), dict)
+
+
 def loads_message(raw: str | bytes) -> Any:
     """:func:`loads` of a stored message (:meth:`shared.core.messages.Message.to_json`):
     only its metadata and content parts can hold a number, so only they are checked
@@ -60,4 +70,4 @@ def loads_message(raw: str | bytes) -> Any:
     return json.loads(raw) if _has_float(value) else value
 
 
-__all__ = ["loads", "loads_message"]
+__all__ = ["is_object", "loads", "loads_message"]

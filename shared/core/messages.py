@@ -81,12 +81,12 @@ class ToolCall(_Frozen):
         if isinstance(value, str):
             text = value.strip() or "{}"
             try:
-                parsed = fastjson.loads(text)
+                is_object = fastjson.is_object(text)
             except ValueError as exc:
                 raise ValueError(f"arguments are not valid JSON: {exc}") from None
             except RecursionError:
                 raise ValueError("arguments are nested too deeply") from None
-            if not isinstance(parsed, dict):
+            if not is_object:
                 raise ValueError("arguments must be a JSON object (every provider requires one)")
             return value if value.strip() else "{}"
         return value
