@@ -138,3 +138,13 @@ def test_a_reply_other_than_a_push_is_dropped_as_before(watched: Watched,
     assert watched.keys == [name, name] and watched.checks == 0
     watched.conn.send_command("PING")  # the connection is in step: the next reply is ours
     assert watched.conn.read_response() == b"PONG"
+
+
+def test_an_error_reply_waiting_is_raised_as_redis_py_does(watched: Watched) -> None:
+    """An error on a connection that should hold only pushes: raised (the feed then stops
+    vouching and reconnects later), the connection closed."""
+    watched.conn.send_command("GET")  # wrong number of arguments: an error reply
+    time.sleep(0.05)
+    with pytest.raises(redis.ResponseError):
+        watched.pushes.drain()
+    assert watched.reads == 1 and watched.conn._sock is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import select
+import time
 from typing import Any
 
 from redis.exceptions import ConnectionError as Disconnected
@@ -71,8 +72,9 @@ class Pushes:
 
     def _read_once(self) -> bool:
         """What the socket holds, read with one system call and handed to the parser
-        reply by reply as redis-py's read would (pushes to its handler; any other reply
-        dropped, as a drain always has); False where redis-py's path must go on."""
+        reply by reply as redis-py's read would (pushes to its handler, an error raised
+        and the connection closed, any other reply dropped, as a drain always has); False
+        where redis-py's path must go on."""
         conn = self.conn
         parser = conn._parser
         if conn._sock is not self._sock or parser._reader is not self._reader:
@@ -85,16 +87,23 @@ class Pushes:
             return False
         reader = self._reader
         reader.feed(self._buffer, 0, size)
-        while True:
-            reply = reader.gets()
-            if reply is _PARTIAL:
-                return not reader.has_data()  # a reply cut short: redis-py reads the rest
-            if isinstance(reply, self._push_type):
-                parser.handle_push_response(reply)
-            elif isinstance(reply, Disconnected):
-                raise reply
-            elif isinstance(reply, list) and reply and isinstance(reply[0], Disconnected):
-                raise reply[0]
+        try:
+            while True:
+                reply = reader.gets()
+                if reply is _PARTIAL:
+                    break
+                if isinstance(reply, self._push_type):
+                    parser.handle_push_response(reply)
+                elif isinstance(reply, Exception):  # raised by redis-py's read too
+                    raise reply
+                elif isinstance(reply, list) and reply and isinstance(reply[0], Disconnected):
+                    raise reply[0]
+        except BaseException:
+            conn.disconnect()  # as redis-py's read does on any failure
+            raise
+        if conn.health_check_interval:
+            conn.next_health_check = time.monotonic() + conn.health_check_interval
+        return not reader.has_data()  # a reply cut short: redis-py's path reads the rest
 
 
 __all__ = ["Pushes"]
