@@ -22,6 +22,7 @@ raises instead of letting a caller compact in a loop.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from pydantic import BaseModel, ConfigDict
@@ -97,6 +98,20 @@ def _ratio(name: str, value: object) -> float:
     return ratio
 
 
+_INT = {int}
+
+
+@functools.lru_cache(maxsize=64)
+def _ratios(trigger_ratio: object, target_ratio: object) -> tuple[float, float]:
+    """The trigger and target ratios, checked (cached for floats: a policy's pair is
+    checked once, not on every prepare)."""
+    trigger = _ratio("trigger_ratio", trigger_ratio)
+    target = _ratio("target_ratio", target_ratio)
+    if target >= trigger:
+        raise InvalidInput(f"{target} must be below trigger_ratio {trigger}", field="target_ratio")
+    return trigger, target
+
+
 def check_budget(
     *,
     window: int,
@@ -116,7 +131,7 @@ def check_budget(
     outside (0, 1] and a target not below the trigger.
     """
     counts = (window, reserve, system, summary, tools, history, newest)
-    if not all(type(value) is int and value >= 0 for value in counts):  # name the bad one
+    if set(map(type, counts)) != _INT or min(counts) < 0:  # name the bad one
         for name, value in zip(_COUNTS, counts, strict=True):
             _count(name, value)
     if window == 0:
@@ -124,10 +139,10 @@ def check_budget(
     if reserve >= window:
         raise InvalidInput(f"{reserve} leaves no input budget in a window of {window}",
                            field="reserve")
-    trigger = _ratio("trigger_ratio", trigger_ratio)
-    target = _ratio("target_ratio", target_ratio)
-    if target >= trigger:
-        raise InvalidInput(f"{target} must be below trigger_ratio {trigger}", field="target_ratio")
+    if type(trigger_ratio) is float and type(target_ratio) is float:
+        trigger, target = _ratios(trigger_ratio, target_ratio)
+    else:
+        trigger, target = _ratios.__wrapped__(trigger_ratio, target_ratio)
 
     input_budget = window - reserve
     total = system + summary + tools + history

@@ -16,6 +16,7 @@ needs none (the common case: the log holds complete turns).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -107,11 +108,19 @@ def calibrated_total(regions: Regions, state: SessionState, covered_end: int) ->
     the heuristic times the session's calibration ratio, which survives
     compaction.
     """
-    calibration = Calibration(ratio=state.calibration_ratio, samples=state.calibration_samples)
-    anchor = state.anchor()
-    if anchor is not None and anchor.version == state.version and anchor.end <= covered_end:
-        return hybrid_estimate(anchor.reported, anchor.estimated, regions.total, calibration)
+    calibration = _calibration(state.calibration_ratio, state.calibration_samples)
+    reported, estimated, end = state.anchor_reported, state.anchor_estimated, state.anchor_end
+    if reported is not None and estimated is not None and end is not None \
+            and state.anchor_version == state.version and end <= covered_end:
+        return hybrid_estimate(reported, estimated, regions.total, calibration)
     return calibration.apply(regions.total)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _calibration(ratio: float, samples: int) -> Calibration:
+    """A session's calibration, checked once per figures seen (every prepare estimates
+    with it; an invalid one raises every time, as it is not cached)."""
+    return Calibration(ratio=ratio, samples=samples)
 
 
 def view_estimate(state: SessionState, summary: SummaryRecord | None, history_tokens: int,

@@ -15,7 +15,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Counted, RenamedTurn, TurnCut
@@ -53,6 +53,19 @@ class _Turn:
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
         self.renamed: RenamedTurn | None = None
+
+
+class SoFar(NamedTuple):
+    """What a turn's earlier calls left for its next one: the pending messages' wire-form
+    slots (none unless ``extra`` is the list :meth:`PendingTurns.rows` last returned),
+    where the pair scan resumes (state, messages already scanned), the last truncation
+    input, the renaming of repeated call ids, and the session's last truncation counts."""
+
+    wire: Sequence[dict[str, Any]]
+    scan: tuple[PairScan, int] | None
+    cut: TurnCut | None
+    renamed: RenamedTurn | None
+    counted: Counted | None
 
 
 class PendingTurns:
@@ -123,33 +136,22 @@ class PendingTurns:
                       ).continued(reuse, len(fresh))
         return extra, list(tokens)
 
-    def known_scan(self, session_id: str, scan: PairScan | None,
-                   extra: list[Message]) -> tuple[PairScan, int] | None:
-        """Where the pair scan of this pending turn can resume: the state an earlier call
-        left after the same first messages, from the same stored view's scan."""
-        turn = self._get(session_id)
-        known = turn.scan if turn is not None else None
-        if known is None or scan is None or known[0] is not scan:
-            return None
-        seen = known[1]
-        if len(seen) > len(extra) or not all(map(operator.is_, seen, extra)):
-            return None
-        return known[2], len(seen)
-
-    def known_renamed(self, session_id: str) -> RenamedTurn | None:
-        """The turn as the last call renamed it (repeated call ids; checked by the core)."""
-        turn = self._get(session_id)
-        return turn.renamed if turn is not None else None
-
-    def known_cut(self, session_id: str) -> TurnCut | None:
-        """The truncation input the turn's last truncating call left (checked by the core)."""
-        turn = self._get(session_id)
-        return turn.cut if turn is not None else None
-
-    def counted(self, session_id: str) -> Counted | None:
-        """What the session's last truncation build counted: the next build re-uses it."""
+    def known(self, session_id: str, scan: PairScan | None, extra: list[Message]) -> SoFar:
+        """What the turn's earlier calls left that this call's pending messages (``extra``,
+        as :meth:`rows` returned them) can re-use; the core checks each before use."""
         with self._lock:
-            return self._counted.get(session_id)
+            turn = self._turns.get(session_id) if extra else None
+            counted = self._counted.get(session_id)
+        if turn is None:
+            return SoFar((), None, None, None, counted)
+        wire: Sequence[dict[str, Any]] = turn.slots if turn.extra is extra else []
+        resumed = None
+        known = turn.scan
+        if known is not None and scan is not None and known[0] is scan:
+            seen = known[1]
+            if len(seen) <= len(extra) and all(map(operator.is_, seen, extra)):
+                resumed = known[2], len(seen)  # the scan resumes after the same messages
+        return SoFar(wire, resumed, turn.cut, turn.renamed, counted)
 
     def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
                 base: PairScan, cut: TurnCut | None = None,
@@ -170,12 +172,6 @@ class PendingTurns:
                 self._counted.move_to_end(session_id)
                 while len(self._counted) > PENDING_KEEP:
                     self._counted.popitem(last=False)
-
-    def wire(self, session_id: str, extra: list[Message]) -> list[dict[str, Any]]:
-        """The wire-form slots of the pending messages when ``extra`` is the turn
-        :meth:`rows` last returned for the session (else none: converted afresh)."""
-        turn = self._get(session_id)
-        return turn.slots if turn is not None and turn.extra is extra else []
 
     def recorded(self, session_id: str, messages: Sequence[Any],
                  ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]]]:
@@ -204,4 +200,4 @@ class PendingTurns:
             self._turns.pop(session_id, None)
 
 
-__all__ = ["PENDING_KEEP", "PendingTurns"]
+__all__ = ["PENDING_KEEP", "PendingTurns", "SoFar"]

@@ -246,17 +246,15 @@ class GuardShell(FreshViews):
                 force_ratio: float | None, *, scan: PairScan | None = None) -> Request:
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
+        so_far = self.turns.known(session_id, scan, extra)
         return Request(
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=output_reserve(limits, max_tokens),
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
             tool_tokens=tool_tokens, overhead=self._request_overhead(),
             extra=extra, extra_tokens=extra_tokens,
-            extra_wire=self.turns.wire(session_id, extra) if extra else (),
-            extra_scan=self.turns.known_scan(session_id, scan, extra) if extra else None,
-            extra_cut=self.turns.known_cut(session_id) if extra else None,
-            extra_renamed=self.turns.known_renamed(session_id) if extra else None,
-            counted=self.turns.counted(session_id),
+            extra_wire=so_far.wire, extra_scan=so_far.scan, extra_cut=so_far.cut,
+            extra_renamed=so_far.renamed, counted=so_far.counted,
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
