@@ -13,6 +13,7 @@ import redis
 
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import IrreducibleOverflow, StoreUnavailable
+from shared.core.limits import LimitBook
 from shared.core.records import AppendResult, SummaryRecord
 from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
@@ -138,6 +139,24 @@ def test_recover_learns_limit_and_compacts_to_a_fifth(make_guard: Callable[..., 
                                               "type": "requests", "code": "rate_limit_exceeded"}}),
         body=None)
     assert guard.recover("s", rate, SYSTEM, model="m") is None
+
+
+def test_limits_seen_follow_the_book(make_guard: Callable[..., Any], store: SessionStore,
+                                     ) -> None:
+    """The guard keeps the limits it resolved per model; a limit learned or forgotten, or
+    another book put in place, is seen by the very next call."""
+    guard = make_guard(store, overrides={"m": 100_000})
+    assert guard.model_limits("m").context_window == 100_000
+    version = guard.limits.version
+    assert guard.limits.learn("m", 16_000) and guard.limits.version == version + 1
+    assert not guard.limits.learn("m", 20_000) and guard.limits.version == version + 1
+    assert guard.model_limits("m").context_window == 16_000
+    assert guard.limits.forget("m") and not guard.limits.forget("m")
+    assert guard.model_limits("m").context_window == 100_000
+    shell = getattr(guard, "inner", guard)  # the async guard behind its test driver
+    shell.limits = LimitBook({"m": 9_000})  # a book of the same version, in its place
+    assert guard.limits.version == version + 1
+    assert guard.model_limits("m").context_window == 9_000
 
 
 def test_call_wrapper_recovers_once_against_a_real_sdk(make_guard: Callable[..., Any],

@@ -231,6 +231,7 @@ class LimitBook:
     def __init__(self, initial: Mapping[str, int] | None = None) -> None:
         self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.version = 0  # moves on with every change: what a reader keys a cache on
         for model, limit in (initial or {}).items():
             self.learn(model, limit)
 
@@ -252,6 +253,7 @@ class LimitBook:
             if current is not None and current <= limit:
                 return False
             self._limits[key] = limit
+            self.version += 1
             return True
 
     def get(self, model: str) -> int | None:
@@ -260,7 +262,9 @@ class LimitBook:
     def forget(self, model: str) -> bool:
         """Drop a learned limit (the deployment changed); True if there was one."""
         with self._lock:
-            return self._limits.pop(self._key(model), None) is not None
+            dropped = self._limits.pop(self._key(model), None) is not None
+            self.version += dropped
+            return dropped
 
     def as_mapping(self) -> dict[str, int]:
         """A copy, for ``model_limits(learned=...)`` and for persisting."""

@@ -126,7 +126,7 @@ class GuardShell(FreshViews):
         self._tools_seen: tuple[Any, int, bool] | None = None
         self._system_seen: tuple[str, int] | None = None
         self._overhead = (self.counter, self.counter.messages([]))  # per request
-        self._limits_seen: dict[tuple[str, tuple[tuple[str, int], ...]], ModelLimits] = {}
+        self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
         self.turns = PendingTurns(self.counter)
         self.known_ids = KnownIds(self.views.max_sessions)
@@ -184,20 +184,30 @@ class GuardShell(FreshViews):
         return tokens, offers
 
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
-        learned = dict(self.limits.as_mapping())
-        if state is not None and state.learned_window and state.model == model:
-            learned.setdefault(model, state.learned_window)
+        stated = (state.learned_window if state is not None and state.learned_window
+                  and state.model == model else 0)
         if not isinstance(model, str):  # model_limits names the bad field
-            return model_limits(model, overrides=self.overrides or None, learned=learned or None)
-        key = (model, tuple(sorted(learned.items())))
+            return model_limits(model, overrides=self.overrides or None,
+                                learned=self._learned(self.limits, model, stated) or None)
+        book = self.limits  # a caller may put another book in its place
+        key = (model, stated, book, book.version)  # the version: read before the book
         found = self._limits_seen.get(key)
         if found is None:
             found = model_limits(model, overrides=self.overrides or None,
-                                 learned=learned or None)
+                                 learned=self._learned(book, model, stated) or None)
             if len(self._limits_seen) > 256:
                 self._limits_seen.clear()
             self._limits_seen[key] = found
         return found
+
+    @staticmethod
+    def _learned(book: LimitBook, model: str, stated: int) -> dict[str, int]:
+        """The limits learned in this process, and the one the session's state holds for
+        its model (``stated``, 0: none)."""
+        learned = book.as_mapping()
+        if stated:
+            learned.setdefault(model, stated)
+        return learned
 
     # -- the pending turn (shared.guard._pending) ------------------------------------------
     def pending(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],

@@ -9,6 +9,7 @@ whitespace, no separators that would make two sessions share a key).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -38,6 +39,15 @@ def validate_tenant(tenant: str) -> str:
 
 
 def validate_session_id(session_id: str) -> str:
+    """``session_id``, checked (a valid one is remembered: a guard checks the same few ids
+    on every call, and a regular expression run cold after a model call costs ~15 µs)."""
+    if type(session_id) is str:
+        return _session_id(session_id)
+    return _validated(session_id, SESSION_RE, "session_id", f"1-128 characters of {_ID_CHARS}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _session_id(session_id: str) -> str:
     return _validated(session_id, SESSION_RE, "session_id", f"1-128 characters of {_ID_CHARS}")
 
 
