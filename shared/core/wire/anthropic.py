@@ -317,10 +317,20 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
     return Turn(role, plain, [], blocks, [], calls)
 
 
-def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
+Piece = tuple[str, str | None, list[dict[str, Any]], list[dict[str, Any]], tuple[str, ...],
+              tuple[str, ...]]
+"""A message's own wire turn as plain parts: (role, plain text, results, blocks, ids of the
+results, ids of the calls), what a fold joins into its finished groups (no :class:`Turn`, no
+error paths: they are made only for the groups a fold keeps as turns)."""
+BLANK: Piece = ("", None, [], [], (), ())
+"""The piece of a message the API would refuse (blank): it stays with its group."""
+
+
+def piece_of_stored(data: Any, index: int) -> Piece | None:
     """:func:`turn_of` of a stored message (``messages[index]``) from its JSON as plain
-    data, as a 1-tuple; None when only the model can say (content parts, thinking
-    blocks, an unexpected shape).
+    data, as a :data:`Piece` (:data:`BLANK` for None); None when only the model can say
+    (content parts, thinking blocks, an unexpected shape). Arguments that are no JSON
+    object raise the conversion's error.
 
     A cold cache folds every message of the view: made from the data, the messages
     need not be decoded into models first (which cost as much as the fold itself)."""
@@ -332,7 +342,6 @@ def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
             or type(meta) is not dict or THINKING_KEY in meta \
             or (calls and role_in != "assistant"):
         return None
-    role = "assistant" if role_in == "assistant" else "user"
     if role_in == "tool":
         call_id = data.get("tool_call_id")
         if type(call_id) is not str or calls:
@@ -341,20 +350,49 @@ def turn_of_stored(data: Any, index: int) -> tuple[Turn | None] | None:
                                   "content": content}
         if meta.get(IS_ERROR):
             result["is_error"] = True
-        where = Loc(f"messages[{index}].tool_call_id", index)  # = Loc.item(...) / "tool_call_id"
-        return (Turn(role, None, [result], [], [(call_id, where)]),)
+        return "user", None, [result], [], (call_id,), ()
+    role = "assistant" if role_in == "assistant" else "user"
     blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content.strip() else []
     if not calls:
-        return (Turn(role, content, [], blocks),) if blocks else (None,)
-    made: list[tuple[str, Loc]] = []
+        return (role, content, [], blocks, (), ()) if blocks else BLANK
+    ids: list[str] = []
     for j, c in enumerate(calls):
         found = stored_call(c, index, j)
         if found is None:
             return None
         call_id, name, args = found
         blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
-        made.append((call_id, Loc(f"messages[{index}].tool_calls[{j}].id", index)))
-    return (Turn(role, None, [], blocks, [], made),)
+        ids.append(call_id)
+    return role, None, [], blocks, (), tuple(ids)
+
+
+def piece_of_turn(turn: Turn | None) -> Piece:
+    if turn is None:
+        return BLANK
+    return (turn.role, turn.plain, turn.results, turn.blocks,
+            tuple(rid for rid, _ in turn.result_ids), tuple(cid for cid, _ in turn.call_ids))
+
+
+def turn_of_piece(piece: Piece, index: int) -> Turn | None:
+    """The :class:`Turn` of a message (``messages[index]``) from its piece."""
+    role, plain, results, blocks, result_ids, call_ids = piece
+    if piece is BLANK:
+        return None
+    return Turn(role, plain, results, blocks,
+                [(rid, Loc(f"messages[{index}].tool_call_id", index)) for rid in result_ids],
+                [(cid, Loc(f"messages[{index}].tool_calls[{j}].id", index))
+                 for j, cid in enumerate(call_ids)])
+
+
+def group_wire(pieces: Sequence[Piece]) -> dict[str, Any]:
+    """The wire message of a group's pieces (one role; blank ones left out), as the turn
+    their messages join into makes it (:meth:`Turn.wire`)."""
+    kept = [p for p in pieces if p is not BLANK]
+    if len(kept) == 1 and kept[0][1] is not None:
+        return {"role": kept[0][0], "content": kept[0][1]}
+    content = [r for p in kept for r in p[2]]
+    content += [b for p in kept for b in p[3]]
+    return {"role": kept[0][0], "content": content}
 
 
 def adjacent_ok(before: Turn | None, turn: Turn) -> bool:

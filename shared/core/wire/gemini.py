@@ -138,7 +138,6 @@ def fold_contents(items: Sequence[Message], offset: int, names: MutableMapping[s
     contents: list[dict[str, Any]] = []
     results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
     for i, m in enumerate(items):
-        loc = Loc.item("messages", offset + i)
         slot = memo[i] if memo is not None else None
         kept = slot.get(MEMO_KEY) if slot is not None else None
         if m.role == "tool":
@@ -147,14 +146,16 @@ def fold_contents(items: Sequence[Message], offset: int, names: MutableMapping[s
                 contents.append({"role": "user", "parts": results})
             name = m.name or names.get(m.tool_call_id or "")
             if kept is None or kept[0] != name:
-                kept = (name, _result_out(m, loc, names))
+                kept = (name, _result_out(m, Loc.item("messages", offset + i), names))
                 if slot is not None:
                     slot[MEMO_KEY] = kept
             results.append(kept[1])
             continue
         results = None
-        names.update((c.id, c.name) for c in m.tool_calls)
-        if kept is None:
+        if m.tool_calls:
+            names.update((c.id, c.name) for c in m.tool_calls)
+        if kept is None:  # (its error path made only here: a memo holds most turns)
+            loc = Loc.item("messages", offset + i)
             parts = _model_out(m, loc) if m.role == "assistant" else _parts_out(m, loc)
             role = "model" if m.role == "assistant" else "user"
             kept = (None, {"role": role, "parts": parts} if parts else None)
@@ -381,8 +382,7 @@ def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
 Kept = tuple[str | None, dict[str, Any] | None]  # a memo slot's entry (see fold_contents)
 
 
-def _signed_stored(part: dict[str, Any], meta: Mapping[str, Any], key: str) -> dict[str, Any]:
-    signatures = meta.get(SIGNATURES_KEY)
+def _signed_stored(part: dict[str, Any], signatures: Any, key: str) -> dict[str, Any]:
     if isinstance(signatures, dict) and isinstance(signatures.get(key), str):
         part["thought_signature"] = signatures[key]
     return part
@@ -401,6 +401,7 @@ def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
             or type(meta) is not dict or data.get("reasoning") is not None \
             or (calls and role_in != "assistant"):
         return None
+    signatures = meta.get(SIGNATURES_KEY) if meta else None
     if role_in == "tool":
         call_id = data.get("tool_call_id")
         if type(call_id) is not str or calls or not name:
@@ -411,8 +412,8 @@ def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
         fr: dict[str, Any] = {"name": name, "response": response}
         if meta.get(SYNTHETIC_KEY) is not True:
             fr["id"] = call_id
-        return name, _signed_stored({"function_response": fr}, meta, "response")
-    parts = [_signed_stored({"text": content}, meta, "content:0")] if content else []
+        return name, _signed_stored({"function_response": fr}, signatures, "response")
+    parts = [_signed_stored({"text": content}, signatures, "content:0")] if content else []
     synthetic = meta.get(SYNTHETIC_KEY)
     for j, c in enumerate(calls):
         found = stored_call(c, index, j)
@@ -422,7 +423,8 @@ def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
         call: dict[str, Any] = {"name": fn, "args": args}
         if not (isinstance(synthetic, list) and call_id in synthetic):
             call["id"] = call_id
-        parts.append(_signed_stored({"function_call": call}, meta, f"call:{call_id}"))
+        parts.append(_signed_stored({"function_call": call}, signatures, f"call:{call_id}")
+                     if signatures is not None else {"function_call": call})
     role = "model" if role_in == "assistant" else "user"
     return None, ({"role": role, "parts": parts} if parts else None)
 

@@ -15,15 +15,20 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.wire._common import Loc
 from shared.core.wire.anthropic import (
+    BLANK,
     MEMO_KEY,
+    Piece,
     System,
     Turn,
     add_turn,
     adjacent_ok,
     fold_turns,
+    group_wire,
+    piece_of_stored,
+    piece_of_turn,
     system_out,
     turn_of,
-    turn_of_stored,
+    turn_of_piece,
 )
 from shared.core.wirefold._base import (
     ANTHROPIC_END,
@@ -38,21 +43,25 @@ from shared.core.wirefold._base import (
 )
 
 
-def _groups(turns: Sequence[Turn | None]) -> list[tuple[int, int]]:
+def _groups(roles: Sequence[str | None]) -> list[tuple[int, int]]:
     """``[start, end)`` of each group: a run of messages whose turns share a role (blank
-    messages, turn None, stay with the group they are in, or the first one)."""
+    messages, role None, stay with the group they are in, or the first one)."""
     bounds: list[tuple[int, int]] = []
-    start, role = 0, None
-    for i, turn in enumerate(turns):
-        if turn is None:
+    start, last = 0, None
+    for i, role in enumerate(roles):
+        if role is None:
             continue
-        if role is not None and turn.role != role:
+        if last is not None and role != last:
             bounds.append((start, i))
             start = i
-        role = turn.role
-    if turns:
-        bounds.append((start, len(turns)))
+        last = role
+    if roles:
+        bounds.append((start, len(roles)))
     return bounds
+
+
+def _roles(turns: Sequence[Turn | None]) -> list[str | None]:
+    return [t.role if t is not None else None for t in turns]
 
 
 def _turns(items: Sequence[Message], memo: Memo) -> list[Turn | None]:
@@ -108,26 +117,48 @@ class AnthropicFold:
     def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
                   decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> AnthropicFold:
         """:meth:`of` a history given as stored items (``raw``: stored JSON, or a message
-        already decoded) and ``loaded`` (the JSON as plain data, None for a message): the
-        turns are made from the data; ``decode`` makes models of the few messages the fold
-        keeps as messages (its first and last groups) and of those the data cannot say."""
-        def turn(i: int) -> Turn | None:
-            data = loaded[i]
-            found = turn_of_stored(data, i) if data is not None else None
-            if found is None:
-                found = (turn_of(decode((raw[i],))[0], Loc.item("messages", i)),)
-            return found[0]
-
+        already decoded) and ``loaded`` (the JSON as plain data, None for a message): each
+        message's turn is made from the data as plain parts (:data:`Piece`), joined into
+        the finished groups' wire messages; ``decode`` makes models of the few messages
+        the fold keeps as messages (its first and last groups) and of those the data
+        cannot say. A cold cache folds its whole view this way (a :class:`Turn` per
+        message cost four times as much)."""
+        pieces: list[Piece] = []
         try:
-            turns = [turn(i) for i in range(len(raw))]
+            for i in range(len(raw)):
+                data = loaded[i]
+                piece = piece_of_stored(data, i) if data is not None else None
+                if piece is None:
+                    piece = piece_of_turn(turn_of(decode((raw[i],))[0], Loc.item("messages", i)))
+                pieces.append(piece)
         except InvalidInput:
             return cls(ok=False, size=len(raw), opens_with=decode(tuple(raw[:1]))[0]
                        if raw else None)
+        size = len(pieces)
+        bounds = _groups([p[0] if p is not BLANK else None for p in pieces])
+
+        def turns(a: int, b: int) -> list[Turn | None]:
+            return [turn_of_piece(pieces[i], i) for i in range(a, b)]
 
         def memo(a: int, b: int) -> Memo:  # made for the kept groups alone
-            return tuple({MEMO_KEY: (t,)} for t in turns[a:b])
+            return tuple({MEMO_KEY: (t,)} for t in turns(a, b))
 
-        return cls._made(turns, memo, lambda a, b: decode(tuple(raw[a:b])))
+        if len(bounds) <= 1:
+            front = tuple(decode(tuple(raw)))
+            return cls(front=front, size=size, opens_with=front[0] if front else None,
+                       front_memo=memo(0, size))
+        middle = bounds[1:-1]
+        ends = [_joined(turns(a, b))[0] for a, b in middle[:1] + middle[-1:]]
+        wires = [group_wire(pieces[a:b]) for a, b in middle]
+        if ends:  # the first and last groups' wire messages: their turns' own
+            wires[0], wires[-1] = ends[0].wire(), ends[-1].wire()
+        ok = all(_ids(pieces, b, False) == _ids(pieces, a, True)
+                 for a, b in itertools.pairwise(middle))
+        f, t = bounds[0][1], bounds[-1][0]
+        front = tuple(decode(tuple(raw[:f])))  # f >= 1: the first group holds the first message
+        return cls(front, Chunks.of(wires), ends[0] if ends else None,
+                   ends[-1] if ends else None, tuple(decode(tuple(raw[t:]))), ok, size,
+                   front[0], memo(0, f), memo(t, size), Chunks.of([a for a, _ in middle]))
 
     @classmethod
     def _made(cls, turns: list[Turn | None], memo: Callable[[int, int], Memo],
@@ -136,7 +167,7 @@ class AnthropicFold:
         ``memo(a, b)``: the messages ``[a, b)`` and their memos (only the first and last
         groups are asked for)."""
         size = len(turns)
-        bounds = _groups(turns)
+        bounds = _groups(_roles(turns))
         if len(bounds) <= 1:
             front = tuple(items(0, size))
             return cls(front=front, size=size, opens_with=front[0] if front else None,
@@ -165,7 +196,7 @@ class AnthropicFold:
             turns = _turns(items, memo)
         except InvalidInput:
             return AnthropicFold(ok=False, size=self.size + len(new), opens_with=self.opens_with)
-        bounds = _groups(turns)
+        bounds = _groups(_roles(turns))
         if len(bounds) == 1:
             return AnthropicFold(self.front, self.done, self.first, self.last, items, self.ok,
                                  self.size + len(new), self.opens_with, self.front_memo, memo,
@@ -255,6 +286,14 @@ class AnthropicFold:
             done=self.done.replace({g: turn.wire() for g, turn in made.items()}),
             first=made.get(0, self.first), last=made.get(last, self.last),
             opens_with=history[0] if history else None)
+
+
+def _ids(pieces: Sequence[Piece], group: tuple[int, int], calls: bool) -> set[str]:
+    """The ids of a group's results, or of its calls."""
+    found: set[str] = set()
+    for p in pieces[group[0]:group[1]]:
+        found.update(p[5] if calls else p[4])
+    return found
 
 
 def _pairs_ok(turns: Sequence[Turn]) -> bool:

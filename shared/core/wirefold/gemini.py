@@ -30,43 +30,25 @@ from shared.core.wirefold._base import (
 NAME_LAYERS = 16  # Gemini's call-name layers kept before they are merged into one
 
 
-def _last_group(items: Sequence[Message | _StoredShape]) -> int:
+def _last_group(roles: Sequence[str]) -> int:
     """Where the last group starts: the run of tool results at the end, or the last one."""
-    start = len(items) - 1
-    if start >= 0 and items[start].role == "tool":
-        while start > 0 and items[start - 1].role == "tool":
+    start = len(roles) - 1
+    if start >= 0 and roles[start] == "tool":
+        while start > 0 and roles[start - 1] == "tool":
             start -= 1
     return max(start, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class _StoredCall:
-    id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class _StoredShape:
-    """What :func:`fold_contents` and :class:`GeminiFold` read of a message besides its
-    content (which its memo slot holds): a stored message's, from its JSON as plain data."""
-
-    role: str
-    name: str | None
-    tool_call_id: str | None
-    tool_calls: tuple[_StoredCall, ...]
-
-    @classmethod
-    def of(cls, data: Any) -> _StoredShape | None:
-        if type(data) is not dict:
-            return None
-        role, name, call_id = data.get("role"), data.get("name"), data.get("tool_call_id")
-        calls = data.get("tool_calls", [])
-        if type(role) is not str or type(calls) is not list or not all(
-                type(c) is dict and type(c.get("id")) is str and type(c.get("name")) is str
-                for c in calls) or (name is not None and type(name) is not str) \
-                or (call_id is not None and type(call_id) is not str):
-            return None
-        return cls(role, name, call_id, tuple(_StoredCall(c["id"], c["name"]) for c in calls))
+def _stored_role(data: Any) -> str | None:
+    """The role of a stored message from its JSON as plain data, when the rest of what a
+    fold reads besides its content (name, ids) is as the store writes it; None: decode."""
+    if type(data) is not dict:
+        return None
+    role, name, call_id = data.get("role"), data.get("name"), data.get("tool_call_id")
+    if type(role) is not str or (name is not None and type(name) is not str) \
+            or (call_id is not None and type(call_id) is not str):
+        return None
+    return role
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,41 +76,59 @@ class GeminiFold:
     def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
                   decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> GeminiFold:
         """:meth:`of` a history given as stored items (as :meth:`AnthropicFold.of_stored`):
-        each finished message's content is made from its JSON as plain data and put in
-        its memo slot, and :func:`fold_contents` is handed a stand-in holding what it
-        reads besides (role, ids, names); the last group, and any message the data cannot
-        say, is decoded."""
+        each finished message's content is made from its JSON as plain data
+        (:func:`kept_of_stored`) and joined as :func:`fold_contents` joins them, in one
+        pass; the last group, and any message the data cannot say, is decoded (that one
+        converted by :func:`fold_contents` itself)."""
         if not raw:
             return cls()
-        shapes = [_StoredShape.of(d) if d is not None else None for d in loaded]
-        cut = _last_group([s if s is not None else decode((r,))[0]
-                           for s, r in zip(shapes, raw, strict=True)])  # roles alone
-        memo = blank_memo(len(raw))
-        items: list[Any] = []
+        found = [_stored_role(d) if d is not None else None for d in loaded]
+        models: dict[int, Message] = {i: decode((raw[i],))[0]
+                                      for i, role in enumerate(found) if role is None}
+        roles = [role if role is not None else models[i].role for i, role in enumerate(found)]
+        cut = _last_group(roles)
+        opens = models[0] if 0 in models else decode((raw[0],))[0]
+        contents: list[dict[str, Any]] = []
+        starts: list[int] = []
         names: dict[str, str] = {}  # as fold_contents names the results (from scratch)
+        results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
+        calls = 0
         for i in range(cut):
-            shape, kept = shapes[i], None
-            if shape is not None:
-                name = (shape.name or names.get(shape.tool_call_id or "")
-                        if shape.role == "tool" else None)
+            data, kept, m = loaded[i], None, models.get(i)
+            name = ((data.get("name") or names.get(data.get("tool_call_id") or ""))
+                    if m is None and roles[i] == "tool" else None)
+            if m is None:
                 try:
-                    kept = kept_of_stored(loaded[i], i, name)
+                    kept = kept_of_stored(data, i, name)
                 except InvalidInput:
-                    kept = None  # the model's conversion raises it, where fold_contents does
-            if shape is None or kept is None:
-                m = decode((raw[i],))[0]
-                items.append(m)
-                calls = [(c.id, c.name) for c in m.tool_calls]
+                    kept = None  # the model's conversion raises it, in fold_contents
+            if kept is None:  # converted from the model, as the fold of messages does
+                m = m if m is not None else decode((raw[i],))[0]
+                slot: dict[str, Any] = {}
+                try:
+                    fold_contents([m], i, dict(names), (slot,))
+                except InvalidInput:
+                    return GeminiFold(ok=False, size=len(raw), opens_with=opens)
+                kept = slot[GEMINI_MEMO_KEY]
+                made = [(c.id, c.name) for c in m.tool_calls]
             else:
-                memo[i][GEMINI_MEMO_KEY] = kept
-                items.append(shape)
-                calls = [(c.id, c.name) for c in shape.tool_calls]
-            if items[-1].role != "tool":
-                names.update(calls)
-        items.extend(decode(tuple(raw[cut:])))
-        first = items[0] if isinstance(items[0], Message) else decode((raw[0],))[0]
-        # the stand-ins stay inside: the fold keeps finished contents and the last group
-        return cls(opens_with=first).extend(items, memo)
+                made = [(c["id"], c["name"]) for c in data.get("tool_calls", ())]
+            if roles[i] == "tool":
+                if results is None:
+                    results = []
+                    contents.append({"role": "user", "parts": results})
+                    starts.append(i)
+                results.append(kept[1])  # type: ignore[arg-type]  # a result's part, never None
+                continue
+            results = None
+            calls += len(made)
+            names.update(made)
+            if kept[1] is not None:  # the API refuses a content without parts
+                contents.append(kept[1])
+                starts.append(i)
+        return GeminiFold(Chunks.of(contents), (names,) if names else (),
+                          tuple(decode(tuple(raw[cut:]))), True, len(raw), opens,
+                          blank_memo(len(raw) - cut), Chunks.of(starts), len(names) == calls)
 
     def extend(self, new: Sequence[Message], memo: Memo | None = None) -> GeminiFold:
         """The fold with ``new`` appended (as :meth:`AnthropicFold.extend`)."""
@@ -140,7 +140,7 @@ class GeminiFold:
             return GeminiFold(ok=False, size=size, opens_with=opens)
         fresh = memo if memo is not None and len(memo) == len(new) else blank_memo(len(new))
         items, memo = (*self.tail, *new), (*self.tail_memo, *fresh)
-        cut = _last_group(items)
+        cut = _last_group([m.role for m in items])
         layer: dict[str, str] = {}
         try:  # (a first fold has no earlier names: a plain dict, not a ChainMap, is faster)
             made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names) if self.names
@@ -250,7 +250,7 @@ def _gemini_end(fold: GeminiFold, pending: Sequence[Message],
         k = len(known.given)
         items, memos = (*known.tail, *pending[k:]), (*known.tail_memo, *memo[k:])
         done, names = known.parts, dict(known.names)
-    cut = _last_group(items)
+    cut = _last_group([m.role for m in items])
     made = fold_contents(items[:cut], 0, ChainMap(names, *fold.names), memos[:cut])
     end = End(fold.tail, tuple(pending), (*done, *made), tail=items[cut:],
                tail_memo=memos[cut:], names=names)
