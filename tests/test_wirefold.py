@@ -228,7 +228,7 @@ def test_a_fold_made_from_stored_json_is_the_fold_of_its_messages(
 
     for fmt in ("anthropic", "gemini"):
         loaded = [json.loads(r) if isinstance(r, bytes) else None for r in raw]
-        assert fold_of_stored(fmt, raw, loaded, decode) == fold_of(fmt, messages)
+        assert fold_of_stored(fmt, raw, loaded.__getitem__, decode) == fold_of(fmt, messages)
 
 
 def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
@@ -243,6 +243,6 @@ def test_a_stored_fold_decodes_only_the_messages_it_keeps() -> None:
     for fmt in ("anthropic", "gemini"):
         decoded.clear()
         raw = [m.to_json().encode() for m in turns]
-        fold = fold_of_stored(fmt, raw, [json.loads(r) for r in raw], decode)
+        fold = fold_of_stored(fmt, raw, [json.loads(r) for r in raw].__getitem__, decode)
         assert fold == fold_of(fmt, turns)
         assert sum(decoded) == 2  # the first message and the last group (one message)

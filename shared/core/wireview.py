@@ -249,10 +249,14 @@ def history_fold(wire: dict[str, Any], fmt: str, applied: Chunks[Message]) -> Fo
         read = wire.get("openai")
         made = read.made if isinstance(read, ReadWire) and len(read) == len(applied) else None
         raw = raw_items(applied)
-        hints: Sequence[dict[str, Any] | None] = made if made is not None else [None] * len(raw)
-        loaded = [(_loads(r) if hint is None else stored_of_openai(hint))
-                  if isinstance(r, bytes) else None for r, hint in zip(raw, hints, strict=True)]
-        found = wire[fmt] = fold_of_stored(fmt, raw, loaded, decode_stored)
+
+        def load(i: int) -> Any:
+            item, hint = raw[i], made[i] if made is not None else None
+            if not isinstance(item, bytes):
+                return None
+            return _loads(item) if hint is None else stored_of_openai(hint)
+
+        found = wire[fmt] = fold_of_stored(fmt, raw, load, decode_stored)
     assert isinstance(found, AnthropicFold | GeminiFold)
     return found
 

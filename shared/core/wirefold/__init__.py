@@ -39,14 +39,15 @@ def fold_of(fmt: str, history: Sequence[Message]) -> Fold:
     return AnthropicFold.of(history) if fmt == "anthropic" else GeminiFold.of(history)
 
 
-def fold_of_stored(fmt: str, raw: Sequence[Any], loaded: Sequence[Any],
+def fold_of_stored(fmt: str, raw: Sequence[Any], load: Callable[[int], Any],
                    decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> Fold:
     """:func:`fold_of` a history of stored items (stored JSON, or messages already
-    decoded), made from ``loaded``, their JSON as plain data (None for a message)
+    decoded), made from their JSON as plain data: ``load(i)``, None for a message, made
+    when the fold asks for it, so that it is garbage as soon as the fold read it
     (:meth:`AnthropicFold.of_stored`, :meth:`GeminiFold.of_stored`)."""
     if fmt == "anthropic":
-        return AnthropicFold.of_stored(raw, loaded, decode)
-    return GeminiFold.of_stored(raw, loaded, decode)
+        return AnthropicFold.of_stored(raw, load, decode)
+    return GeminiFold.of_stored(raw, load, decode)
 
 __all__ = ["ANTHROPIC_END", "FOLDED", "GEMINI_END", "AnthropicFold", "Fold", "GeminiFold",
            "Memo", "anthropic_view", "fold_of", "fold_of_stored", "gemini_view"]

@@ -114,51 +114,67 @@ class AnthropicFold:
         return cls._made(turns, lambda a, b: memo[a:b], lambda a, b: items[a:b])
 
     @classmethod
-    def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
+    def of_stored(cls, raw: Sequence[Any], load: Callable[[int], Any],
                   decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> AnthropicFold:
         """:meth:`of` a history given as stored items (``raw``: stored JSON, or a message
-        already decoded) and ``loaded`` (the JSON as plain data, None for a message): each
-        message's turn is made from the data as plain parts (:data:`Piece`), joined into
-        the finished groups' wire messages; ``decode`` makes models of the few messages
-        the fold keeps as messages (its first and last groups) and of those the data
-        cannot say. A cold cache folds its whole view this way (a :class:`Turn` per
-        message cost four times as much)."""
-        pieces: list[Piece] = []
+        already decoded); ``load(i)``: item ``i``'s JSON as plain data (None for a
+        message), asked once. Each message's turn is made from the data as plain parts
+        (:data:`Piece`) and joined into its group's wire message as the groups close, in
+        one pass; ``decode`` makes models of the few messages the fold keeps as messages
+        (its first and last groups) and of those the data cannot say. A cold cache folds
+        its whole view this way (a :class:`Turn` per message cost four times as much, and
+        what every message left alive until the end made the collector walk it)."""
+        size = len(raw)
+        head: list[Piece] | None = None  # the first group's pieces, once it closed
+        first: tuple[int, list[Piece]] | None = None  # the first finished group
+        last: tuple[int, list[Piece]] | None = None  # the last one so far
+        start, role, group = 0, None, []  # the open group
+        wires: list[dict[str, Any]] = []
+        spans: list[int] = []
+        ok, answered = True, None  # answered: the calls of the last finished group
         try:
-            for i in range(len(raw)):
-                data = loaded[i]
+            for i in range(size):
+                data = load(i)
                 piece = piece_of_stored(data, i) if data is not None else None
                 if piece is None:
                     piece = piece_of_turn(turn_of(decode((raw[i],))[0], Loc.item("messages", i)))
-                pieces.append(piece)
+                if piece is not BLANK and role is not None and piece[0] != role:
+                    if head is None:
+                        head = group
+                    else:  # a finished group: its wire message, its tool pairs
+                        wires.append(group_wire(group))
+                        spans.append(start)
+                        if answered is not None and answered != {r for p in group for r in p[4]}:
+                            ok = False
+                        answered = {c for p in group for c in p[5]}
+                        last = (start, group)
+                        first = first or last
+                    start, group = i, []
+                if piece is not BLANK:
+                    role = piece[0]
+                group.append(piece)
         except InvalidInput:
-            return cls(ok=False, size=len(raw), opens_with=decode(tuple(raw[:1]))[0]
+            return cls(ok=False, size=size, opens_with=decode(tuple(raw[:1]))[0]
                        if raw else None)
-        size = len(pieces)
-        bounds = _groups([p[0] if p is not BLANK else None for p in pieces])
 
-        def turns(a: int, b: int) -> list[Turn | None]:
-            return [turn_of_piece(pieces[i], i) for i in range(a, b)]
+        def turns(at: int, pieces: list[Piece]) -> list[Turn | None]:
+            return [turn_of_piece(p, at + k) for k, p in enumerate(pieces)]
 
-        def memo(a: int, b: int) -> Memo:  # made for the kept groups alone
-            return tuple({MEMO_KEY: (t,)} for t in turns(a, b))
+        def memo(at: int, pieces: list[Piece]) -> Memo:  # made for the kept groups alone
+            return tuple({MEMO_KEY: (t,)} for t in turns(at, pieces))
 
-        if len(bounds) <= 1:
+        if head is None:  # one group (or none)
             front = tuple(decode(tuple(raw)))
             return cls(front=front, size=size, opens_with=front[0] if front else None,
-                       front_memo=memo(0, size))
-        middle = bounds[1:-1]
-        ends = [_joined(turns(a, b))[0] for a, b in middle[:1] + middle[-1:]]
-        wires = [group_wire(pieces[a:b]) for a, b in middle]
-        if ends:  # the first and last groups' wire messages: their turns' own
-            wires[0], wires[-1] = ends[0].wire(), ends[-1].wire()
-        ok = all(_ids(pieces, b, False) == _ids(pieces, a, True)
-                 for a, b in itertools.pairwise(middle))
-        f, t = bounds[0][1], bounds[-1][0]
-        front = tuple(decode(tuple(raw[:f])))  # f >= 1: the first group holds the first message
-        return cls(front, Chunks.of(wires), ends[0] if ends else None,
-                   ends[-1] if ends else None, tuple(decode(tuple(raw[t:]))), ok, size,
-                   front[0], memo(0, f), memo(t, size), Chunks.of([a for a, _ in middle]))
+                       front_memo=memo(0, group))
+        opening = _joined(turns(*first))[0] if first is not None else None
+        closing = (opening if last is first or last is None
+                   else _joined(turns(*last))[0])
+        if opening is not None and closing is not None:  # their wire messages: their turns'
+            wires[0], wires[-1] = opening.wire(), closing.wire()
+        front = tuple(decode(tuple(raw[:len(head)])))
+        return cls(front, Chunks.of(wires), opening, closing, tuple(decode(tuple(raw[start:]))),
+                   ok, size, front[0], memo(0, head), memo(start, group), Chunks.of(spans))
 
     @classmethod
     def _made(cls, turns: list[Turn | None], memo: Callable[[int, int], Memo],
@@ -286,14 +302,6 @@ class AnthropicFold:
             done=self.done.replace({g: turn.wire() for g, turn in made.items()}),
             first=made.get(0, self.first), last=made.get(last, self.last),
             opens_with=history[0] if history else None)
-
-
-def _ids(pieces: Sequence[Piece], group: tuple[int, int], calls: bool) -> set[str]:
-    """The ids of a group's results, or of its calls."""
-    found: set[str] = set()
-    for p in pieces[group[0]:group[1]]:
-        found.update(p[5] if calls else p[4])
-    return found
 
 
 def _pairs_ok(turns: Sequence[Turn]) -> bool:

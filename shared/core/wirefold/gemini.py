@@ -73,7 +73,7 @@ class GeminiFold:
         return cls(opens_with=items[0] if items else None).extend(items)
 
     @classmethod
-    def of_stored(cls, raw: Sequence[Any], loaded: Sequence[Any],
+    def of_stored(cls, raw: Sequence[Any], load: Callable[[int], Any],
                   decode: Callable[[tuple[Any, ...]], tuple[Message, ...]]) -> GeminiFold:
         """:meth:`of` a history given as stored items (as :meth:`AnthropicFold.of_stored`):
         each finished message's content is made from its JSON as plain data
@@ -82,22 +82,32 @@ class GeminiFold:
         converted by :func:`fold_contents` itself)."""
         if not raw:
             return cls()
-        found = [_stored_role(d) if d is not None else None for d in loaded]
-        models: dict[int, Message] = {i: decode((raw[i],))[0]
-                                      for i, role in enumerate(found) if role is None}
-        roles = [role if role is not None else models[i].role for i, role in enumerate(found)]
-        cut = _last_group(roles)
-        opens = models[0] if 0 in models else decode((raw[0],))[0]
+
+        def stored(i: int) -> tuple[str, Any, Message | None]:
+            """(role, data, the message where the data cannot say)."""
+            data = load(i)
+            role = _stored_role(data) if data is not None else None
+            if role is None:
+                m = decode((raw[i],))[0]
+                return m.role, data, m
+            return role, data, None
+
+        cut = len(raw) - 1  # where the last group starts (as _last_group finds it)
+        if stored(cut)[0] == "tool":
+            while cut > 0 and stored(cut - 1)[0] == "tool":
+                cut -= 1
+        opens = decode((raw[0],))[0]
         contents: list[dict[str, Any]] = []
         starts: list[int] = []
         names: dict[str, str] = {}  # as fold_contents names the results (from scratch)
         results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
         calls = 0
         for i in range(cut):
-            data, kept, m = loaded[i], None, models.get(i)
-            name = ((data.get("name") or names.get(data.get("tool_call_id") or ""))
-                    if m is None and roles[i] == "tool" else None)
+            role, data, m = stored(i)
+            kept = None
             if m is None:
+                name = (data.get("name") or names.get(data.get("tool_call_id") or "")
+                        if role == "tool" else None)
                 try:
                     kept = kept_of_stored(data, i, name)
                 except InvalidInput:
@@ -105,15 +115,17 @@ class GeminiFold:
             if kept is None:  # converted from the model, as the fold of messages does
                 m = m if m is not None else decode((raw[i],))[0]
                 slot: dict[str, Any] = {}
-                try:
-                    fold_contents([m], i, dict(names), (slot,))
+                try:  # (names its calls in ``names`` as it goes)
+                    fold_contents([m], i, names, (slot,))
                 except InvalidInput:
                     return GeminiFold(ok=False, size=len(raw), opens_with=opens)
                 kept = slot[GEMINI_MEMO_KEY]
-                made = [(c.id, c.name) for c in m.tool_calls]
-            else:
-                made = [(c["id"], c["name"]) for c in data.get("tool_calls", ())]
-            if roles[i] == "tool":
+                made = len(m.tool_calls)
+            elif role != "tool":
+                found = data.get("tool_calls", ())
+                names.update((c["id"], c["name"]) for c in found)
+                made = len(found)
+            if role == "tool":
                 if results is None:
                     results = []
                     contents.append({"role": "user", "parts": results})
@@ -121,8 +133,7 @@ class GeminiFold:
                 results.append(kept[1])  # type: ignore[arg-type]  # a result's part, never None
                 continue
             results = None
-            calls += len(made)
-            names.update(made)
+            calls += made
             if kept[1] is not None:  # the API refuses a content without parts
                 contents.append(kept[1])
                 starts.append(i)
