@@ -54,6 +54,16 @@ def is_object(text: str | bytes) -> bool:
         return isinstance(json.loads(text), dict)
 
 
+def loads_unchecked(raw: str | bytes) -> Any:
+    """orjson's parse of ``raw`` (json's where orjson refuses it), for a caller that reads
+    no number of it (a stored message's role, ids and text): a number may differ from
+    :func:`json.loads`'s."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def loads_message(raw: str | bytes) -> Any:
     """:func:`loads` of a stored message (:meth:`shared.core.messages.Message.to_json`):
     only its metadata and content parts can hold a number, so only they are checked
@@ -70,4 +80,4 @@ def loads_message(raw: str | bytes) -> Any:
     return json.loads(raw) if _has_float(value) else value
 
 
-__all__ = ["is_object", "loads", "loads_message"]
+__all__ = ["is_object", "loads", "loads_message", "loads_unchecked"]

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.core import fastjson
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
@@ -227,7 +228,7 @@ _TALK = ("user", "assistant")
 
 
 def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
-    """Whether :func:`_shapes_and_wire` can make ``data``'s wire form in place: text
+    """Whether :func:`_read_stored` can make ``data``'s wire form in place: text
     content (checked by the caller), and nothing that needs the model (media, a name,
     reasoning, OpenAI passthrough metadata, an unknown field)."""
     meta = data.get("metadata")
@@ -238,23 +239,31 @@ def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
     return True
 
 
-def _shapes_and_wire(loaded: list[dict[str, Any]],
-                     wire: bool) -> tuple[list[Shape], list[dict[str, Any] | None]]:
-    """The pair-scan shape of each stored message (:func:`stored_shape`) and, with
-    ``wire``, the OpenAI wire form of the ones that are text with or without tool calls
-    (None for the others), in one pass.
+def _read_stored(raw: Sequence[bytes], wire: bool,
+                 ) -> tuple[list[Shape], list[dict[str, Any] | None], dict[int, Any]]:
+    """Each stored message of a full read parsed once: its pair-scan shape
+    (:func:`stored_shape`); with ``wire``, the OpenAI wire form of the ones that are text
+    with or without tool calls (None for the others), and the others' JSON as plain data
+    for their conversion (:func:`~shared.core.wireview.openai_of_stored`).
 
-    The wire form is made in place, since ``loaded`` was parsed for this read alone:
+    The wire form is made in place, since the data was parsed for this read alone:
     exactly what :func:`~shared.core.wireview.openai_of_stored` makes (keys in the same
-    order), without a new dict per message (a cold read of 10k messages spent ~15 ms
-    converting them one by one)."""
+    order), without a new dict per message (converting 10k messages one by one cost
+    ~15 ms), and what it drops is garbage at once (a read that parsed every message first
+    kept all of it alive for the collector to walk while the rest were parsed). No number
+    of a message is read here nor by that conversion (which leaves metadata to the
+    model's), so the parse is not checked for floats (:func:`fastjson.loads_unchecked`)."""
     shapes: list[Shape] = []
     found: list[dict[str, Any] | None] = []
-    for data in loaded:
+    others: dict[int, Any] = {}
+    for i, stored in enumerate(raw):
+        data = fastjson.loads_unchecked(stored)
         role, content, calls = data.get("role"), data.get("content"), data.get("tool_calls")
         if type(content) is not str or type(calls) is not list or type(role) is not str:
             shapes.append(stored_shape(data))
             found.append(None)
+            if wire:
+                others[i] = data
             continue
         call_id = data.get("tool_call_id")
         if calls:
@@ -264,6 +273,8 @@ def _shapes_and_wire(loaded: list[dict[str, Any]],
         if not wire or not _openai_ok(data, call_id) or not all(
                 len(c) == 3 and "arguments" in c for c in calls):
             found.append(None)
+            if wire:
+                others[i] = data
             continue
         if calls:
             data["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -276,18 +287,19 @@ def _shapes_and_wire(loaded: list[dict[str, Any]],
             del data["tool_calls"]
         del data["metadata"]
         found.append(data)
-    return shapes, found
+    return shapes, found, others
 
 
-def _openai_of_read(raw: Sequence[bytes], loaded: list[dict[str, Any]],
+def _openai_of_read(raw: Sequence[bytes], loaded: Mapping[int, Any],
                     found: list[dict[str, Any] | None],
                     changes: Mapping[int, Message]) -> list[dict[str, Any]]:
     """The OpenAI wire form of a full read: ``found`` where made, the placeholders of
-    ``changes`` and the other messages converted (:func:`convert`)."""
+    ``changes`` and the other messages converted (:func:`convert`; ``loaded``: their
+    JSON as plain data)."""
     todo = [i for i, f in enumerate(found) if f is None or i in changes]
     items = [changes.get(i, raw[i]) for i in todo]
     out: list[Any] = list(found)
-    for i, converted in zip(todo, convert("openai", items, [loaded[i] for i in todo]),
+    for i, converted in zip(todo, convert("openai", items, [loaded.get(i) for i in todo]),
                             strict=True):
         out[i] = converted
     return out
@@ -392,12 +404,11 @@ def decode_view(raw: RawView, cached: CachedView | None,
         cheap_scan = cached.cheap_scan if drop == 0 else None  # the log only grew
         repaired = cached.repaired if drop == 0 and not changes else None  # applied only grew
     else:
-        loaded = load_stored(new_raw)
+        # the shell keeps wire forms: OpenAI's, from the JSON read
+        shapes_of, made, loaded = _read_stored(new_raw, wire_update is not None)
         history = _lazy_history(new_raw)
         changes, saved = _apply(history, w, cheap, list(cheap))
         applied = history.replace(changes)
-        # the shell keeps wire forms: OpenAI's, from the JSON read
-        shapes_of, made = _shapes_and_wire(loaded, wire_update is not None)
         scan = scan_shapes(shapes_of, _scan_start(summary))
         found = raw.message_counts()
         counts = Chunks.of(found) if found is not None else None
