@@ -96,6 +96,23 @@ def test_the_first_message_is_a_chunk_of_its_own() -> None:
     assert list(snap.history) == messages
 
 
+def test_placeholders_decode_their_messages_alone() -> None:
+    """A cold read with cheap decisions decodes the decided messages, not their chunks."""
+    messages: list[Message] = [Message(role="user", content="go")]
+    for i in range(400):
+        messages += [Message(role="assistant", content="", tool_calls=[
+                         {"id": f"c{i}", "name": "read", "arguments": {"path": f"f{i}"}}]),
+                     Message(role="tool", content=f"out {i} " * 50, tool_call_id=f"c{i}")]
+    cheap = {i: CheapDecision(index=i, stage="clear_tool_output", placeholder=f"[cleared {i}]",
+                              saved_tokens=100) for i in (2, 300, 700)}
+    snap = decode_view(full_read(messages, cheap), None, carry)
+    assert not any(c.decoded for c in snap.history.chunks)  # type: ignore[attr-defined]
+    assert [snap.applied[i].content for i in cheap] == [d.placeholder for d in cheap.values()]
+    assert snap.saved == 300
+    assert list(snap.history) == messages
+    check(messages, cheap)
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(0, 3))
 def test_tiny_reads(n: int) -> None:

@@ -236,10 +236,13 @@ class Chunks(Sequence[T], Generic[T]):
                 at = bisect.bisect_right(self._offsets, index) - 1
                 by_chunk.setdefault(at, []).append((index - self._offsets[at], item))
         for at, edits in by_chunk.items():
-            chunk = list(chunks[at])
+            old = chunks[at]
+            lazy = old if isinstance(old, Lazy) and not old.decoded else None
+            chunk = list(lazy.raw if lazy is not None else old)
             for offset, item in edits:
                 chunk[offset] = item
-            chunks[at] = tuple(chunk)
+            # a chunk not read yet stays so: the new items go in its raw, decoded already
+            chunks[at] = Lazy(tuple(chunk), lazy.decode) if lazy is not None else tuple(chunk)
         return Chunks._joined(tuple(chunks), self._offsets, ())  # same lengths
 
 
