@@ -93,12 +93,17 @@ def _policy(keep: int, threshold: int) -> CompactionPolicy:
 
 
 def _in_slices(messages: list[Message], cuts: list[int], offset: int, policy: CompactionPolicy,
-               reference: bool) -> None:
+               reference: bool, stored: Sequence[bool] = ()) -> None:
+    """``stored``: which messages the scan reads as their stored JSON (a cold view's
+    chunks not decoded yet), the rest as models."""
+    items: list[Message | bytes] = [
+        m.to_json().encode() if j < len(stored) and stored[j] else m
+        for j, m in enumerate(messages)]
     scan = CheapScan.for_policy(offset, policy)
     existing: dict[int, CheapDecision] = {}
     for end in [*sorted(set(cuts)), len(messages)]:
         done = scan.end - offset
-        scan.advance(messages[done:end], None, COUNTER)
+        scan.advance(items[done:end], None, COUNTER)
         relative = [s - offset for s in scan.starts]
         assert relative == turn_starts(messages[:end])
         made = scan.decide(messages[:end], existing, COUNTER)
@@ -114,21 +119,22 @@ _cuts = st.lists(st.integers(0, 60), max_size=6)
 
 @settings(max_examples=150, deadline=None)
 @given(conversations(max_turns=8), _cuts, st.integers(0, 3), st.sampled_from([5, 60, 400]),
-       st.integers(0, 50))
+       st.integers(0, 50), st.lists(st.booleans(), max_size=60))
 def test_slices_decide_as_the_reference_on_valid_conversations(
         messages: list[Message], cuts: list[int], keep: int, threshold: int,
-        offset: int) -> None:
+        offset: int, stored: list[bool]) -> None:
     _in_slices(messages, [c for c in cuts if c <= len(messages)], offset,
-               _policy(keep, threshold), reference=True)
+               _policy(keep, threshold), reference=True, stored=stored)
 
 
 @settings(max_examples=150, deadline=None)
 @given(damaged_conversations(max_turns=8), _cuts, st.integers(0, 3),
-       st.sampled_from([5, 60, 400]))
+       st.sampled_from([5, 60, 400]), st.lists(st.booleans(), max_size=60))
 def test_slices_decide_as_from_scratch_on_damaged_conversations(
-        messages: list[Message], cuts: list[int], keep: int, threshold: int) -> None:
+        messages: list[Message], cuts: list[int], keep: int, threshold: int,
+        stored: list[bool]) -> None:
     _in_slices(messages, [c for c in cuts if c <= len(messages)], 0,
-               _policy(keep, threshold), reference=False)
+               _policy(keep, threshold), reference=False, stored=stored)
 
 
 def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: Any) -> None:
@@ -167,3 +173,25 @@ def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: 
         "the same view as a guard planning from scratch"
     assert (folds[0][0], list(folds[0][1])) == again.anthropic()
     assert (folds[1][0], list(folds[1][1])) == again.gemini()
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations(max_turns=8), st.integers(0, 3), st.sampled_from([5, 60, 400]))
+def test_a_cold_view_is_planned_from_its_stored_json_without_decoding_a_chunk(
+        messages: list[Message], keep: int, threshold: int) -> None:
+    """The guard plans a cold view from its lazy chunks: the stored JSON read for the
+    scan, each decided message decoded alone (:class:`Peeked`): the same decisions as
+    from the models, and no chunk decoded for them."""
+    from shared.core.chunks import Chunks, Lazy, Peeked
+    from shared.core.wireview import decode_stored, raw_items
+
+    policy = _policy(keep, threshold)
+    counts = [COUNTER.message(m) for m in messages]
+    history = Chunks.lazy([m.to_json().encode() for m in messages], decode_stored)
+    scan = CheapScan.for_policy(0, policy)
+    scan.advance(raw_items(history), counts, COUNTER)
+    made = scan.decide(Peeked(history), {}, COUNTER)
+    assert made == plan_cheap_stages(messages, 0, {}, policy=policy, counter=COUNTER)
+    assert not any(isinstance(c, Lazy) and c.decoded for c in history.chunks)
+    if messages:
+        assert Peeked(history)[-1] == messages[-1] and Peeked(history)[0] == messages[0]

@@ -29,10 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.core import fastjson
 from shared.core.config import CompactionPolicy
 from shared.core.fileops import file_ops
 from shared.core.messages import Message
-from shared.core.records import CheapDecision
+from shared.core.records import CheapDecision, decode_messages
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 
 
@@ -46,6 +47,52 @@ def _read_path(name: str, arguments: str) -> str | None:
     if len(ops) == 1 and ops[0][1] == "read":
         return ops[0][0]
     return None
+
+
+Fields = tuple[str, str | None, list[tuple[str, str, str]]]
+"""What planning reads of a message: its role, the call its result answers, its calls
+(id, name, arguments)."""
+
+
+def _fields(message: Message) -> Fields:
+    return (message.role, message.tool_call_id,
+            [(c.id, c.name, c.arguments) for c in message.tool_calls])
+
+
+def _decoded(item: Message | bytes) -> Message:
+    return item if isinstance(item, Message) else decode_messages(b"[" + item + b"]")[0]
+
+
+def _read(item: Message | bytes) -> tuple[Message | None, Fields]:
+    """(the model where one was needed, :data:`Fields`) of a message or its stored JSON."""
+    if isinstance(item, Message):
+        return item, _fields(item)
+    found = _stored_fields(item)
+    if found is None:  # not as the store writes it: its model says
+        m = _decoded(item)
+        return m, _fields(m)
+    return None, found
+
+
+def _stored_fields(raw: bytes) -> Fields | None:
+    """:func:`_fields` of a stored message from its JSON, without a model (a cold view's
+    chunks are not decoded for planning); None when it is not as the store writes it."""
+    data = fastjson.loads_unchecked(raw)  # (no number of it is read)
+    if type(data) is not dict:
+        return None
+    role, call_id, calls = data.get("role"), data.get("tool_call_id"), data.get("tool_calls", [])
+    if type(role) is not str or type(calls) is not list \
+            or (call_id is not None and type(call_id) is not str):
+        return None
+    out: list[tuple[str, str, str]] = []
+    for c in calls:
+        if type(c) is not dict:
+            return None
+        cid, name, arguments = c.get("id"), c.get("name"), c.get("arguments", "{}")
+        if type(cid) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        out.append((cid, name, arguments))
+    return role, call_id, out
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,22 +141,28 @@ class CheapScan:
                 and self.keep_turns == policy.clear_keep_recent_turns
                 and self.threshold == policy.clear_tool_outputs_over_tokens)
 
-    def advance(self, messages: Sequence[Message], tokens: Sequence[int] | None,
+    def advance(self, messages: Sequence[Message | bytes], tokens: Sequence[int] | None,
                 counter: TokenCounter) -> None:
-        """Read ``messages``, log indexes ``end`` on (``tokens``: their counts, if known)."""
-        for k, m in enumerate(messages):
+        """Read ``messages``, log indexes ``end`` on (``tokens``: their counts, if known);
+        an item may be a message's stored JSON (a cold view's history not decoded yet),
+        read without a model."""
+        for k, item in enumerate(messages):
             i = self.end + k
-            if m.role == "assistant":
-                for call in m.tool_calls:
-                    self.calls[call.id] = (call.name, _read_path(call.name, call.arguments), i)
-            elif m.role == "user":
+            m, (role, call_id, calls) = _read(item)
+            if role == "assistant":
+                for cid, name, arguments in calls:
+                    self.calls[cid] = (name, _read_path(name, arguments), i)
+            elif role == "user":
                 self.starts.append(i)
-            elif m.role == "tool" and m.tool_call_id in self.calls:
-                name, path, at = self.calls[m.tool_call_id]
+            elif role == "tool" and call_id in self.calls:
+                name, path, at = self.calls[call_id]
                 # everything between the call and its result is one unit: no turn starts
                 del self.starts[bisect.bisect_right(self.starts, at):]
-                self._result(i, name, path, tokens[k] if tokens is not None
-                             else counter.message(m))
+                if tokens is not None:
+                    count = tokens[k]
+                else:
+                    count = counter.message(m if m is not None else _decoded(item))
+                self._result(i, name, path, count)
         self.end += len(messages)
 
     def _result(self, i: int, name: str, path: str | None, tokens: int) -> None:

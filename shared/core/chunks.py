@@ -90,6 +90,29 @@ class Lazy(Sequence[T], Generic[T]):
         return f"Lazy({len(self.raw)} items, decoded={self.decoded})"
 
 
+class Peeked(Sequence[T], Generic[T]):
+    """``chunks`` indexed with :meth:`Chunks.peek` (iterating reads every chunk as usual)."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks: Chunks[T]) -> None:
+        self.chunks = chunks
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            return self.chunks[index]
+        return self.chunks.peek(index if index >= 0 else index + len(self.chunks))
+
+
 class Chunks(Sequence[T], Generic[T]):
     """An immutable sequence of items stored in shared chunks."""
 
@@ -158,6 +181,18 @@ class Chunks(Sequence[T], Generic[T]):
             raise IndexError("Chunks index out of range")
         at = bisect.bisect_right(self._offsets, index) - 1
         return self._chunks[at][index - self._offsets[at]]
+
+    def peek(self, index: int) -> T:
+        """``self[index]``, made alone where its chunk was not read yet (and not kept): a
+        caller that reads a few items of a long cold view decodes no chunk for them."""
+        if not 0 <= index < self._len:
+            raise IndexError("Chunks index out of range")
+        at = bisect.bisect_right(self._offsets, index) - 1
+        chunk, offset = self._chunks[at], index - self._offsets[at]
+        if isinstance(chunk, Lazy) and not chunk.decoded:
+            made: T = chunk.decode((chunk.raw[offset],))[0]
+            return made
+        return chunk[offset]
 
     def _from(self, start: int) -> Iterator[T]:
         if start >= self._len:
@@ -265,4 +300,4 @@ def concat(*parts: Sequence[Any]) -> Chunks[Any]:
     return Chunks._joined(tuple(out), offsets, ())
 
 
-__all__ = ["CHUNK", "Chunks", "Lazy", "concat"]
+__all__ = ["CHUNK", "Chunks", "Lazy", "Peeked", "concat"]

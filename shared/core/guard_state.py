@@ -29,7 +29,7 @@ from shared.core.budget import BudgetReport, check_budget, ensure_reducible
 from shared.core.calibration import Calibration
 from shared.core.callids import Renaming
 from shared.core.cheap import CheapScan
-from shared.core.chunks import Chunks, concat
+from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, pairs_intact, scan_pairs
@@ -42,7 +42,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
 from shared.core.view import Regions, assemble, summary_block, view_estimate
 from shared.core.viewcache import CachedView, KnownCounts, placeholder
-from shared.core.wireview import carry
+from shared.core.wireview import carry, raw_items
 
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
 SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
@@ -223,9 +223,10 @@ def _cheap_plan(snap: CachedView, policy: CompactionPolicy,
     with scan.lock:
         if scan.end > snap.end:  # another call read past this (older) entry: its own scan
             scan = snap.cheap_scan = CheapScan.for_policy(snap.start, policy)
-        at = scan.end - snap.start
-        scan.advance(snap.history[at:], counts[at:] if counts is not None else None, counter)
-        return [d for d in scan.decide(snap.history, snap.cheap, counter)
+        at = scan.end - snap.start  # (stored JSON where not decoded: no chunk decoded for it)
+        scan.advance(raw_items(snap.history, at), counts[at:] if counts is not None else None,
+                     counter)
+        return [d for d in scan.decide(Peeked(snap.history), snap.cheap, counter)
                 if d.index not in snap.cheap]
 
 

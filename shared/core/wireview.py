@@ -183,11 +183,17 @@ def convert_kept(fmt: str, messages: Sequence[Message],
     return out
 
 
-def raw_items(chunks: Chunks[Any]) -> list[Any]:
-    """The items of ``chunks`` in their stored form where not decoded yet (see :class:`Lazy`)."""
+def raw_items(chunks: Chunks[Any], start: int = 0) -> list[Any]:
+    """The items of ``chunks`` (from ``start`` on) in their stored form where not decoded
+    yet (see :class:`Lazy`)."""
     out: list[Any] = []
+    at = 0
     for chunk in chunks.chunks:
-        out.extend(chunk.raw if isinstance(chunk, Lazy) and not chunk.decoded else chunk)
+        size = len(chunk)
+        if at + size > start:
+            items = chunk.raw if isinstance(chunk, Lazy) and not chunk.decoded else chunk
+            out.extend(items[start - at:] if start > at else items)
+        at += size
     return out
 
 
