@@ -274,9 +274,10 @@ def test_lazy_chunks_decode_once_and_keep_identity() -> None:
 
 
 def test_items_the_caller_holds_decoded_are_kept_not_decoded_again() -> None:
-    """An append the guard made extends a view whose end was read: the new items are the
-    caller's own objects; an end not read yet stays stored, decoded when read."""
-    from shared.core.chunks import Chunks
+    """An append the guard made extends its view with the models it holds: joined to an
+    end that was read, or in a chunk of their own after an end nobody read (which stays
+    stored until read), never dropped to be decoded again with that end."""
+    from shared.core.chunks import Chunks, Lazy
 
     calls: list[int] = []
 
@@ -284,15 +285,20 @@ def test_items_the_caller_holds_decoded_are_kept_not_decoded_again() -> None:
         calls.append(len(raw))
         return tuple(("d", r) for r in raw)
 
-    held = [("held", 1), ("held", 2)]
+    held = [("held", 1), ("held", 2), ("held", 3)]
     read: Chunks[object] = Chunks.lazy([b"a", b"b"], decode)
     assert read[-1] == ("d", b"b") and calls == [2]
-    grown = read.extend_lazy([b"x", b"y"], decode, held)
+    grown = read.extend_lazy([b"x", b"y"], decode, held[:2])
     assert grown[2] is held[0] and grown[3] is held[1] and calls == [2]
     assert grown.extend_lazy([b"z"], decode)[-1] == ("d", b"z") and calls == [2, 1]
     unread: Chunks[object] = Chunks.lazy([b"a"], decode)
-    later = unread.extend_lazy([b"x"], decode, held[:1])
-    assert list(later) == [("d", b"a"), ("d", b"x")] and calls == [2, 1, 2]
+    later = unread.extend_lazy([b"x"], decode, held[:1]).extend_lazy([b"y"], decode, held[1:2])
+    assert later[1] is held[0] and later[2] is held[1] and calls == [2, 1]  # "a" not read
+    assert [isinstance(c, Lazy) and c.decoded for c in later.chunks] == [False, True]
+    assert list(later) == [("d", b"a"), *held[:2]] and calls == [2, 1, 1]
+    replaced: Chunks[object] = Chunks.of(["p", "q"])  # a chunk edited in place: a tuple
+    joined = replaced.extend_lazy([b"z"], decode, held[2:])
+    assert list(joined) == ["p", "q", held[2]] and joined[2] is held[2] and calls == [2, 1, 1]
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)

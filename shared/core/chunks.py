@@ -239,12 +239,25 @@ class Chunks(Sequence[T], Generic[T]):
         if not raw:
             return self
         head = self._chunks
-        if head and len(head[-1]) < CHUNK:
-            head, tail = head[:-1], head[-1]
-            flat: Lazy[T] = (tail.joined(raw, decoded) if isinstance(tail, Lazy)
-                             else Lazy(tuple(tail), decode) + raw)
+        tail = head[-1] if head and len(head[-1]) < CHUNK else None
+        if decoded is not None and len(decoded) != len(raw):
+            decoded = None
+        if isinstance(tail, Lazy) and not tail.decoded and decoded is not None:
+            # Items the caller holds decoded go in a chunk of their own: joined to a chunk
+            # nobody read, their models would be dropped and made again, with that whole
+            # chunk, by the first read of it (a truncation reads every message).
+            tail = None
+        if tail is None:
+            flat: Lazy[T] = Lazy(tuple(raw), decode,
+                                 tuple(decoded) if decoded is not None else None)
         else:
-            flat = Lazy(tuple(raw), decode)
+            head = head[:-1]
+            if isinstance(tail, Lazy):
+                flat = tail.joined(raw, decoded)
+            else:  # items already decoded (a replaced chunk): with the new ones if held
+                items = tuple(tail)
+                flat = Lazy(items + tuple(raw), decode,
+                            items + tuple(decoded) if decoded is not None else None)
         return Chunks._joined(head, self._offsets[:len(head) + 1],
                               (flat[i:i + CHUNK] for i in range(0, len(flat), CHUNK)))
 
