@@ -263,3 +263,75 @@ def test_a_chain_s_wire_is_extended_and_follows_a_replaced_earlier_message(
         view = guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
         assert list(view.wire("openai"))[1:] == to_openai(turn[:i])
     assert list(view.wire("openai"))[1]["content"] == "replaced"
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_renamed_turn_is_stored_with_the_ids_its_prepares_sent(
+        shell_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append stores the ids the turn's prepares renamed and sent (a prompt cache of
+    the provider keeps matching the next turn), renaming only what came after them, in
+    one append script call."""
+    import shared.core.callids as callids
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    store.append("s", [{"role": "user", "content": "before"},
+                       {"role": "assistant", "content": "", "tool_calls": [
+                           {"id": "stored", "name": "bash", "arguments": "{}"}]},
+                       {"role": "tool", "tool_call_id": "stored", "content": "old"}])
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _repeating_chain(6)
+    last = len(turn) - 1
+    wire = guard.prepare("s", SYSTEM, model="m", pending=turn[:last]).wire("openai")
+    sent = [c["id"] for m in wire[-last:] for c in m.get("tool_calls", [])]
+    assert len(set(sent)) == len(sent) == 6 and sent != [c["tool_calls"][0]["id"]
+                                                          for c in turn[1:last:2]]
+    fed: list[int] = []
+    feed = callids.Renaming.feed
+
+    def counting(self: callids.Renaming, messages: Any) -> list[Any]:
+        fed.append(len(messages))
+        return feed(self, messages)
+
+    monkeypatch.setattr(callids.Renaming, "feed", counting)
+    inner = guard.inner if hasattr(guard, "inner") else guard
+    scripts: list[str] = []
+    execute = inner.store.execute
+
+    def spy(cmd: Any) -> Any:
+        scripts.append(cmd.script)
+        return execute(cmd)
+
+    inner.store.execute = spy
+    guard.record_turn("s", turn)
+    assert fed == [1] and scripts == ["append"]  # only the final answer was new
+    stored = [c.id for m in store.messages("s")[3:] for c in m.tool_calls]
+    assert stored == sent
+    view = guard.prepare("s", SYSTEM, model="m")
+    fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare("s", SYSTEM, model="m")
+    assert view.wire("openai") == fresh.wire("openai")
+    assert [c["id"] for m in view.wire("openai")[-len(turn):]
+            for c in m.get("tool_calls", [])] == sent
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_turn_renamed_for_a_position_another_append_took_is_renamed_again(
+        shell_name: str) -> None:
+    """Ids renamed for the log position the turn was prepared at are unique only there:
+    when another writer appended first, the append refuses them and the turn is renamed
+    afresh; every stored call id stays unique."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    store.append("s", _repeating_chain(1))  # call_0 stored: the turn's call_0 is renamed
+    first = make(shell_name, store, overrides={"m": 1_000_000})
+    second = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _repeating_chain(1)
+    sent = []
+    for guard in (first, second):  # both prepared at the same position, renamed alike
+        wire = guard.prepare("s", SYSTEM, model="m", pending=turn[:-1]).wire("openai")
+        sent.append(wire[-2]["tool_calls"][0]["id"])
+    assert sent[0] == sent[1] != "call_0"
+    first.record_turn("s", turn)
+    second.record_turn("s", turn)  # no id kept as given: only the position tells
+    ids = [c.id for m in store.messages("s") for c in m.tool_calls]
+    assert len(ids) == 3 and len(set(ids)) == 3 and ids[1] == sent[0]
+    results = [m.tool_call_id for m in store.messages("s") if m.role == "tool"]
+    assert results == ids  # each result paired with its own call

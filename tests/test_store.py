@@ -514,6 +514,38 @@ def test_an_edit_gives_removed_call_ids_back(store: SessionStore) -> None:
     assert store.messages("s")[1].tool_calls[0].id == "c1"
 
 
+def test_ids_renamed_for_a_log_position_land_only_there(store: SessionStore) -> None:
+    """A batch renamed with a position's nonce claims that position: at it the ids are
+    stored as made; elsewhere the script refuses them (ID_CONFLICT) and the batch is
+    renamed afresh, so no two calls of the session share a stored id."""
+    import dataclasses
+
+    from shared.core.callids import Renaming, position_nonce
+    from shared.core.messages import validate_messages
+    from shared.store import commands
+
+    turn = validate_messages([{"role": "user", "content": "go"},
+                              {"role": "assistant", "content": "", "tool_calls": [
+                                  {"id": "c", "name": "ls", "arguments": "{}"}]},
+                              {"role": "tool", "tool_call_id": "c", "content": "a.py"}])
+    store.append("s", turn)
+
+    def at(length: int) -> commands.EncodedBatch:
+        renaming = Renaming(position_nonce(length), {"c": "c"})
+        unique = renaming.feed(turn)
+        claims = dataclasses.replace(renaming.claims(), at_length=length)
+        return commands.encode((), store.config, store.counter, validated=turn,
+                               renamed=(unique, claims))
+
+    made = at(3)
+    assert made.unique[1].tool_calls[0].id == "c-rp3_0"
+    store.append_encoded("s", made)
+    store.append_encoded("s", at(3))  # made for position 3, appended at 6
+    ids = [c.id for m in store.messages("s") for c in m.tool_calls]
+    assert ids[:2] == ["c", "c-rp3_0"] and len(set(ids)) == 3
+    assert [m.tool_call_id for m in store.messages("s") if m.role == "tool"] == ids
+
+
 def test_a_renamed_batch_encodes_only_the_renamed_messages_again(store: SessionStore) -> None:
     """The retry after ID_CONFLICT re-uses the first attempt's JSON and counts for every
     message the renaming left alone (a 50-message tool chain repeats one old id)."""

@@ -20,8 +20,10 @@ they are appended, and every later stage pairs by it for free.
 
 The store checks the batch's assumptions atomically (``claims``): a call
 id kept as is must be new to the session, a result's stored id must be
-what the session maps its provider id to. A failed check returns the
-session's mapping and the batch is renamed again (:func:`disambiguate`).
+what the session maps its provider id to, and a batch renamed for a log
+position (:func:`position_nonce`, the guard's pending turn) must land there.
+A failed check returns the session's mapping and the batch is renamed again
+(:func:`disambiguate`, with a random nonce).
 """
 
 from __future__ import annotations
@@ -44,14 +46,25 @@ class Claims:
 
     ``calls``: (provider id, stored id) of every call in the batch, in order;
     ``results``: (provider id, stored id) of results whose call is not in
-    the batch.
+    the batch; ``at_length``: the log length its renamed ids were made for, when
+    their nonce is that position (a pending turn's, :func:`position_nonce`):
+    unique only if the batch lands there.
     """
 
     calls: tuple[tuple[str, str], ...] = ()
     results: tuple[tuple[str, str], ...] = ()
+    at_length: int | None = None
 
     def provider_ids(self) -> list[str]:
         return sorted({p for p, _ in self.calls} | {p for p, _ in self.results})
+
+
+def position_nonce(length: int) -> str:
+    """The nonce of ids renamed for a batch appended at log position ``length``: the
+    same for every guard (a turn's prepares send the ids its append stores), unique in
+    the session as long as the batch lands there (``Claims.at_length``); the ``p`` and
+    ``_`` keep it apart from random hex nonces and from other positions."""
+    return f"p{length}_"
 
 
 def _fresh(provider: str, nonce: str, n: int) -> str:
@@ -197,4 +210,5 @@ class KnownIds:
             self._maps.pop(session_id, None)
 
 
-__all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "wire_id"]
+__all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "position_nonce",
+           "wire_id"]

@@ -27,7 +27,6 @@ from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
 from shared.core.calibration import Calibration
-from shared.core.callids import Renaming
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
@@ -36,6 +35,7 @@ from shared.core.pairs import PairScan, pairs_intact, scan_pairs
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
+from shared.core.renamed import RenamedTurn, known_renamed, renamed_turn
 from shared.core.repair import repair_tool_pairs
 from shared.core.repaired import RepairedView, repaired_view
 from shared.core.tokens import TokenCounter
@@ -239,68 +239,17 @@ def _scan_pending(extra: list[Message], snap: CachedView,
     return scan_pairs(extra, snap.scan)
 
 
-@dataclass(frozen=True, slots=True)
-class RenamedTurn:
-    """A pending turn whose call ids repeat (within it, or ids the stored view used),
-    renamed as its append will rename it, so that it pairs without a repair of the
-    whole view. Kept across the turn's calls: each message is renamed, scanned and
-    converted to the wire once (:func:`_renamed`)."""
-
-    base: PairScan  # the stored view's scan it was made against
-    nonce: str
-    given: tuple[Message, ...]
-    renamed: tuple[Message, ...]
-    renaming: Renaming  # its state after ``given`` (copied before it is fed more)
-    scan: PairScan  # the pair scan of ``renamed``, from ``base``
-    slots: list[dict[str, Any]]  # the wire forms of ``renamed``, index for index
-
-
-def _renamed(given: list[Message], snap: CachedView,
-             known: RenamedTurn | None) -> RenamedTurn:
-    """The pending turn renamed: ``known`` (an earlier call's) extended by the messages
-    added since, when it was made from the same stored view and the same first
-    messages, else from scratch."""
-    nonce = f"p{snap.end}"
-    k = 0
-    if known is not None and known.base is snap.scan and known.nonce == nonce \
-            and len(known.given) <= len(given) \
-            and all(map(operator.is_, known.given, given)):
-        k = len(known.given)
-        renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
-        slots = known.slots
-    else:
-        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, []
-    more = given[k:]
-    # ids the stored view used: renamed as the store's mapping will have them renamed
-    renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
-                                           if snap.scan.taken(c.id)}}
-    fresh = renaming.feed(more)
-    return RenamedTurn(snap.scan, nonce, tuple(given), (*renamed, *fresh), renaming,
-                       scan_pairs(fresh, scan), [*slots, *({} for _ in fresh)])
-
-
-def _known_renamed(given: list[Message], snap: CachedView,
-                   known: RenamedTurn | None) -> RenamedTurn | None:
-    """``known`` extended, when this call's turn continues the one it was made for: the
-    turn needs renaming, and its scan of the given messages can be skipped."""
-    if known is None or not known.given or known.base is not snap.scan:
-        return None
-    if len(known.given) > len(given) or not all(map(operator.is_, known.given, given)):
-        return None
-    return _renamed(given, snap, known)
-
-
 def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter: TokenCounter,
               *, proactive: bool | None = None) -> tuple[Plan, CachedView]:
     """The plan for one prepare (or recover) of ``snap`` and the snapshot to cache after it."""
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
     given = list(req.extra)
-    renamed = _known_renamed(given, snap, req.extra_renamed)
+    renamed = known_renamed(given, snap, req.extra_renamed)
     pending_scan = renamed.scan if renamed is not None else _scan_pending(given, snap,
                                                                           req.extra_scan)
     if renamed is None and not pending_scan.ok and any(m.tool_calls for m in given):
-        renamed = _renamed(given, snap, None)  # a turn whose ids are new and unique scans ok
+        renamed = renamed_turn(given, snap, None)  # a turn whose ids are new and unique scans ok
     extra = given if renamed is None else list(renamed.renamed)
     extra_tokens = list(req.extra_tokens)
     extra_wire = (renamed.slots if renamed is not None else

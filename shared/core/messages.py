@@ -204,13 +204,17 @@ def check_tool_results(messages: Sequence[Any], prefix: str = "messages",
     seen: set[str] = set()
     assistant_seen = False
     for i, message in enumerate(messages):
-        role = _field(message, "role")
+        typed = type(message) is Message  # validated already: no ABC check per field
+        role = message.role if typed else _field(message, "role")
         if role == "assistant":
             assistant_seen = True
-            seen.update(str(_call_id(c)) for c in (_field(message, "tool_calls") or [])
-                        if _call_id(c) is not None)
+            if typed:
+                seen.update(c.id for c in message.tool_calls)
+            else:
+                seen.update(str(_call_id(c)) for c in (_field(message, "tool_calls") or [])
+                            if _call_id(c) is not None)
         elif role == "tool":
-            call_id = _field(message, "tool_call_id")
+            call_id = message.tool_call_id if typed else _field(message, "tool_call_id")
             if call_id in seen:
                 continue
             if not assistant_seen and (earlier_calls is None or call_id in earlier_calls):

@@ -230,9 +230,9 @@ class FreshViews:
         if raw is not None:
             batch = result.batch
             if isinstance(batch, EncodedBatch):  # ours: the models and wire forms it holds
-                slots, given = batch.slots, batch.messages
-                kept: list[dict[str, Any]] = [  # a renamed message is converted anew
-                    slots[i] if i < len(slots) and message is given[i] else {}
+                slots, owners = batch.slots, batch.slots_for
+                kept: list[dict[str, Any]] = [  # a message renamed since is converted anew
+                    slots[i] if i < len(slots) and message is owners[i] else {}
                     for i, message in enumerate(batch.unique)]
                 snap = decode_view(raw, cached, functools.partial(carry, kept=kept),
                                    decoded=batch.unique)

@@ -18,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from shared.core.errors import InvalidInput
-from shared.core.guard_state import Counted, RenamedTurn, TurnCut
+from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
+from shared.core.renamed import RenamedTurn
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import Slots
 
@@ -174,14 +175,15 @@ class PendingTurns:
                     self._counted.popitem(last=False)
 
     def recorded(self, session_id: str, messages: Sequence[Any],
-                 ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]]]:
+                 ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]],
+                            RenamedTurn | None]:
         """For the turn being recorded: its first messages as the pending turn validated
         them (the same given, compared as :meth:`rows` does), their token counts by
-        message object and their wire-form slots, so that recording the turn does not
-        validate, count or convert them again."""
+        message object, their wire-form slots and the turn's renaming, so that recording
+        the turn does not validate, count, rename or convert them again."""
         turn = self._get(session_id)
         if turn is None or not isinstance(messages, (list, tuple)):
-            return [], {}, []
+            return [], {}, [], None
         known: list[Message] = []
         counts: dict[int, int] = {}
         slots: list[dict[str, Any]] = []
@@ -192,7 +194,7 @@ class PendingTurns:
             known.append(message)
             counts[id(message)] = tokens
             slots.append(slot)
-        return known, counts, slots
+        return known, counts, slots, turn.renamed
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""

@@ -40,6 +40,7 @@ from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
 from shared.core.records import RawView, SessionState, SummaryRecord
+from shared.core.renamed import adopted
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
@@ -220,15 +221,23 @@ class GuardShell(FreshViews):
         """The turn encoded for its append (:meth:`SessionStore.encode`), re-using what the
         pending turn's prepares validated and counted (when the store counts with the
         guard's counter): recording a long tool chain does not count it all again."""
-        known, counts, slots = (self.turns.recorded(session_id, messages)
-                                if store.counter is self.counter else ([], {}, []))
+        known, counts, slots, renamed = (self.turns.recorded(session_id, messages)
+                                         if store.counter is self.counter
+                                         else ([], {}, [], None))
         validated = (known + [validate_message(item, i) for i, item in
                               enumerate(messages[len(known):], start=len(known))]
                      if known else validate_messages(messages))
+        ids = self.stored_ids(session_id, validated)
+        # the ids the turn's prepares sent, when the append would rename it the same way
+        adopt = adopted(renamed, validated, ids) if known else None
         batch = commands.encode(messages, store.config,
                                 KnownCounts(self.counter, counts) if known else store.counter,
-                                validated=validated, known=self.stored_ids(session_id, validated))
-        batch.slots = slots
+                                validated=validated, known=ids,
+                                renamed=adopt[:2] if adopt is not None else None)
+        if adopt is not None:
+            batch.slots, batch.slots_for = adopt[2], batch.unique
+        else:
+            batch.slots = slots
         return batch
 
     def stored_ids(self, session_id: str, batch: Sequence[Message]) -> dict[str, str]:

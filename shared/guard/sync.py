@@ -240,7 +240,7 @@ class ContextGuard(GuardShell):
         with self.traced_turn(session_id) as trace:  # the publish carries its context
             validate_session_id(session_id)
             encoded = self.encode_turn(session_id, self.store, messages)
-            check_tool_results(messages)  # an orphan tool result: InvalidInput naming its index
+            check_tool_results(encoded.messages)  # an orphan result: InvalidInput naming its index
             fields, sent = self.turn_usage(session_id, usage)
             rid = request_id if request_id is not None else secrets.token_hex(12)
 

@@ -84,6 +84,7 @@ class EncodedBatch(list[tuple[str, int]]):
     claims: Claims
     unique: list[Message]  # the messages as encoded (ids made unique), row for row
     slots: list[dict[str, Any]]  # wire forms its caller already made, by index (opaque here)
+    slots_for: Sequence[Message]  # the message each slot was made for, by index
 
     @classmethod
     def build(cls, rows: Iterable[tuple[str, int]], messages: list[Message],
@@ -91,25 +92,28 @@ class EncodedBatch(list[tuple[str, int]]):
         batch = cls(rows)
         batch.messages, batch.claims = messages, claims
         batch.unique = unique if unique is not None else messages
-        batch.slots = []
+        batch.slots, batch.slots_for = [], messages
         return batch
 
 
 def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, *,
            known: Mapping[str, str] | None = None, nonce: str | None = None,
            validated: list[Message] | None = None,
-           reuse: Mapping[int, tuple[str, int]] | None = None) -> EncodedBatch:
+           reuse: Mapping[int, tuple[str, int]] | None = None,
+           renamed: tuple[list[Message], Claims] | None = None) -> EncodedBatch:
     """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count.
 
     ``reuse``: rows already made for some of the messages (by object id), e.g. by an
     earlier attempt whose ids collided: only the messages renamed since are encoded
-    and counted again."""
+    and counted again. ``renamed``: the messages with unique ids and their claims,
+    made already (a pending turn's renaming, :func:`shared.core.guard_state.adopted`)."""
     items = validated if validated is not None else validate_messages(messages)
     if len(items) > config.max_messages_per_call:
         raise LimitExceeded(
             f"{len(items)} messages in one call; the limit is "
             f"{config.max_messages_per_call}", field="messages")
-    unique, claims = disambiguate(items, nonce or secrets.token_hex(3), known)
+    unique, claims = (renamed if renamed is not None and len(renamed[0]) == len(items)
+                      else disambiguate(items, nonce or secrets.token_hex(3), known))
     rows: list[tuple[str, int]] = []
     for i, message in enumerate(unique):
         found = reuse.get(id(message)) if reuse else None
@@ -167,6 +171,7 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
         args.append(len(pairs))
         for provider, stored in pairs:
             args.extend((provider, stored))
+    args.append("" if claims.at_length is None else claims.at_length)
     keys = [k.log, k.cum, k.state, k.requests, k.request_order, k.pending,
             k.summaries, k.summary_index, k.cheap, ids_key(k)]
     if opts.job is not None and opts.mark_pending:
@@ -206,7 +211,7 @@ def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: 
         return None
     reuse = {id(message): row for message, row in zip(encoded.unique, encoded, strict=True)}
     renamed = encode((), config, counter, known=known, validated=encoded.messages, reuse=reuse)
-    renamed.slots = encoded.slots  # by index of the same messages
+    renamed.slots, renamed.slots_for = encoded.slots, encoded.slots_for  # by index
     return renamed
 
 

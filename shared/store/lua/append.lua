@@ -29,9 +29,11 @@
 --         calibration figures of the request whose reply this turn holds)
 -- then n, then n pairs: message JSON, its token estimate
 -- then c and c pairs (provider id, stored id) of the batch's calls, then r and
--- r pairs of results whose call is in an earlier append (both optional). The
--- batch is written only if every call kept under its provider id is new to the
--- session and every such result's stored id is the session's current mapping;
+-- r pairs of results whose call is in an earlier append, then the log length the
+-- renamed ids were made for ('' = any; all three optional). The batch is written
+-- only if every call kept under its provider id is new to the session, every
+-- such result's stored id is the session's current mapping and the log has that
+-- length (ids renamed after the position they were made at are unique only there);
 -- otherwise the error reply "ID_CONFLICT <json>" carries the session's mapping
 -- of the batch's provider ids and nothing is written.
 --
@@ -90,8 +92,9 @@ local claims_at = at + 1 + 2 * n
 local n_calls = tonumber(ARGV[claims_at]) or 0
 local results_at = claims_at + 1 + 2 * n_calls
 local n_results = tonumber(ARGV[results_at]) or 0
+local at_length = tonumber(ARGV[results_at + 1 + 2 * n_results])
 if n_calls + n_results > 0 then
-  local bad = false
+  local bad = at_length ~= nil and at_length ~= len
   for i = 0, n_calls - 1 do
     local p = ARGV[claims_at + 1 + 2 * i]
     if p == ARGV[claims_at + 2 + 2 * i] and redis.call('HEXISTS', KEYS[10], p) == 1 then

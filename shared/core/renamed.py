@@ -1,0 +1,96 @@
+"""A pending turn whose call ids repeat, renamed once per message (sans-I/O).
+
+The guard renames a turn's repeated call ids (:mod:`shared.core.callids`) while the
+turn is still pending, so that each prepare sends a view that pairs without a repair
+of the whole view; each call renames only the messages added since the last one. The
+append then stores the very ids the prepares sent (:func:`adopted`): the provider saw
+them, so a prompt cache keeps matching, and the turn is not renamed a second time. The
+ids' nonce is the log position the turn was renamed at (:func:`position_nonce`), bound
+to it by the append's claims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.core.callids import Claims, Renaming, position_nonce
+from shared.core.messages import Message
+from shared.core.pairs import PairScan, scan_pairs
+from shared.core.viewcache import CachedView
+
+
+@dataclass(frozen=True, slots=True)
+class RenamedTurn:
+    """A pending turn whose call ids repeat (within it, or ids the stored view used),
+    renamed as its append will rename it, so that it pairs without a repair of the
+    whole view. Kept across the turn's calls: each message is renamed, scanned and
+    converted to the wire once (:func:`renamed_turn`)."""
+
+    base: PairScan  # the stored view's scan it was made against
+    end: int  # the log length it was made at (its nonce's position)
+    nonce: str
+    given: tuple[Message, ...]
+    renamed: tuple[Message, ...]
+    renaming: Renaming  # its state after ``given`` (copied before it is fed more)
+    scan: PairScan  # the pair scan of ``renamed``, from ``base``
+    slots: list[dict[str, Any]]  # the wire forms of ``renamed``, index for index
+
+
+def renamed_turn(given: list[Message], snap: CachedView,
+             known: RenamedTurn | None) -> RenamedTurn:
+    """The pending turn renamed: ``known`` (an earlier call's) extended by the messages
+    added since, when it was made from the same stored view and the same first
+    messages, else from scratch."""
+    nonce = position_nonce(snap.end)
+    k = 0
+    if known is not None and known.base is snap.scan and known.nonce == nonce \
+            and len(known.given) <= len(given) \
+            and all(map(operator.is_, known.given, given)):
+        k = len(known.given)
+        renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
+        slots = known.slots
+    else:
+        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, []
+    more = given[k:]
+    # ids the stored view used: renamed as the store's mapping will have them renamed
+    renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
+                                           if snap.scan.taken(c.id)}}
+    fresh = renaming.feed(more)
+    return RenamedTurn(snap.scan, snap.end, nonce, tuple(given), (*renamed, *fresh), renaming,
+                       scan_pairs(fresh, scan), [*slots, *({} for _ in fresh)])
+
+
+def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping[str, str],
+            ) -> tuple[list[Message], Claims, list[dict[str, Any]]] | None:
+    """The turn being recorded renamed as its prepares renamed it (and sent it): the
+    pending turn's renaming extended by the messages after it, its claims bound to the
+    log length it was made at, and the renamed messages' wire-form slots. None unless
+    ``messages`` start with the messages it renamed and the append's id mapping
+    (``known``) is the one it renamed with: the append then renames as usual."""
+    if renamed is None or len(renamed.given) > len(messages) \
+            or not all(map(operator.is_, renamed.given, messages)) \
+            or renamed.renaming.known != known:
+        return None
+    renaming = renamed.renaming.copy()
+    more = renaming.feed(messages[len(renamed.given):])
+    claims = dataclasses.replace(renaming.claims(), at_length=renamed.end)
+    return ([*renamed.renamed, *more], claims,
+            [*renamed.slots, *({} for _ in more)])
+
+
+def known_renamed(given: list[Message], snap: CachedView,
+                   known: RenamedTurn | None) -> RenamedTurn | None:
+    """``known`` extended, when this call's turn continues the one it was made for: the
+    turn needs renaming, and its scan of the given messages can be skipped."""
+    if known is None or not known.given or known.base is not snap.scan:
+        return None
+    if len(known.given) > len(given) or not all(map(operator.is_, known.given, given)):
+        return None
+    return renamed_turn(given, snap, known)
+
+
+__all__ = ["RenamedTurn", "adopted", "known_renamed", "renamed_turn"]
