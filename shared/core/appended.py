@@ -22,7 +22,7 @@ from shared.core.records import AppendResult, RawView
 from shared.core.viewcache import CachedView
 
 
-def appended_read(cached: CachedView, batch: Sequence[tuple[str, int]],
+def appended_read(cached: CachedView, batch: Sequence[tuple[str | bytes, int]],
                   result: AppendResult) -> RawView | None:
     """What an incremental read against ``cached`` returns right after the append of
     ``batch`` (stored JSON, store token count) that answered ``result``; None when
@@ -38,8 +38,9 @@ def appended_read(cached: CachedView, batch: Sequence[tuple[str, int]],
             or state.get("cheap_gen", "") != cached.cheap_gen):
         return None
     totals = list(itertools.accumulate((tokens for _, tokens in batch), initial=cached.total))
+    stored = [raw if isinstance(raw, bytes) else raw.encode() for raw, _ in batch]
     return RawView(
-        state_raw=dict(state), messages=[raw.encode() for raw, _ in batch], start=cached.end,
+        state_raw=dict(state), messages=stored, start=cached.end,
         tokens_before_watermark=cached.tokens_before, tokens_total=totals[-1],
         length=result.length, summary_json=None, summary_included=False, cheap_raw={},
         pending=result.pending if result.pending is not None else (cached.pending

@@ -143,6 +143,10 @@ class Message(_Frozen):
         """
         return self.model_dump_json(exclude_none=True)
 
+    def to_json_bytes(self) -> bytes:
+        """:meth:`to_json` as UTF-8 bytes, made directly (what the store sends and keeps)."""
+        return self.__pydantic_serializer__.to_json(self, exclude_none=True)
+
     @classmethod
     def from_json(cls, raw: str | bytes) -> Message:
         return cls.model_validate_json(raw)

@@ -261,7 +261,7 @@ class AppendResult:
     marked: bool = False
     state: SessionState | None = None
     state_raw: Mapping[str, str] | None = None  # the same hash as the store holds it
-    batch: Sequence[tuple[str, int]] = ()  # what was sent: (stored JSON, token count) each
+    batch: Sequence[tuple[str | bytes, int]] = ()  # what was sent: (stored JSON, token count) each
     pending: bool | None = None  # the pending flag right after the append (None: not told)
     published: bool = False  # the script pushed the job it carried (InlineJob)
 

@@ -113,7 +113,7 @@ class AsyncSessionStore:
                                            request_id=request_id)
         return result.length
 
-    async def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
+    async def append_encoded(self, session_id: str, encoded: Sequence[tuple[str | bytes, int]], *,
                              request_id: str | None = None, mark_pending: bool = False,
                              with_state: bool = False,
                              state_fields: Mapping[str, Any] | None = None,

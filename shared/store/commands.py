@@ -73,7 +73,7 @@ class Command(Generic[T]):
     what: str = ""
 
 
-class EncodedBatch(list[tuple[str, int]]):
+class EncodedBatch(list[tuple[bytes, int]]):
     """Messages validated and encoded for one append: (JSON, tokens) per message.
 
     Also keeps the decoded messages and the id claims the append script
@@ -87,7 +87,7 @@ class EncodedBatch(list[tuple[str, int]]):
     slots_for: Sequence[Message]  # the message each slot was made for, by index
 
     @classmethod
-    def build(cls, rows: Iterable[tuple[str, int]], messages: list[Message],
+    def build(cls, rows: Iterable[tuple[bytes, int]], messages: list[Message],
               claims: Claims, unique: list[Message] | None = None) -> EncodedBatch:
         batch = cls(rows)
         batch.messages, batch.claims = messages, claims
@@ -99,7 +99,7 @@ class EncodedBatch(list[tuple[str, int]]):
 def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, *,
            known: Mapping[str, str] | None = None, nonce: str | None = None,
            validated: list[Message] | None = None,
-           reuse: Mapping[int, tuple[str, int]] | None = None,
+           reuse: Mapping[int, tuple[bytes, int]] | None = None,
            renamed: tuple[list[Message], Claims] | None = None) -> EncodedBatch:
     """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count.
 
@@ -114,18 +114,18 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
             f"{config.max_messages_per_call}", field="messages")
     unique, claims = (renamed if renamed is not None and len(renamed[0]) == len(items)
                       else disambiguate(items, nonce or secrets.token_hex(3), known))
-    rows: list[tuple[str, int]] = []
+    rows: list[tuple[bytes, int]] = []
     for i, message in enumerate(unique):
         found = reuse.get(id(message)) if reuse else None
         if found is not None:
             rows.append(found)
             continue
         try:
-            raw = message.to_json()
+            raw = message.to_json_bytes()
         except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
             raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
                                field=f"messages[{i}]", index=i) from None
-        size = len(raw.encode("utf-8"))
+        size = len(raw)
         if size > config.max_message_bytes:
             raise LimitExceeded(
                 f"{size} bytes; the limit is {config.max_message_bytes} bytes per message",
@@ -146,7 +146,7 @@ class AppendOptions:
     job: InlineJob | None = None  # pushed by the script if it sets the pending flag
 
 
-def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[str, int]],
+def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[str | bytes, int]],
                    opts: AppendOptions, *, idempotency_keep: int,
                    idempotency_ttl: int) -> Command[AppendResult]:
     if opts.request_id is not None:
@@ -181,7 +181,7 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
                    "append")
 
 
-def parse_append(result: Any, batch: Sequence[tuple[str, int]] = ()) -> AppendResult:
+def parse_append(result: Any, batch: Sequence[tuple[str | bytes, int]] = ()) -> AppendResult:
     length, watermark, version, before, duplicate, marked, state = result[:7]
     state_raw = json_pairs(state) if state else None
     return AppendResult(
@@ -202,7 +202,7 @@ def id_conflict(error: Exception) -> dict[str, str] | None:
     return {p: s for p, s in raw.items() if isinstance(s, str)} if isinstance(raw, dict) else {}
 
 
-def renamed_after(error: Exception, encoded: Sequence[tuple[str, int]], config: StoreConfig,
+def renamed_after(error: Exception, encoded: Sequence[tuple[str | bytes, int]], config: StoreConfig,
                   counter: TokenCounter) -> EncodedBatch | None:
     """The batch renamed against the session's id mapping an ``ID_CONFLICT`` reply
     carried; None when ``error`` is another error."""

@@ -239,7 +239,7 @@ class SessionStore(LeaseOps):
         return self.append_encoded(session_id, self.encode(session_id, messages),
                                    request_id=request_id).length
 
-    def append_encoded(self, session_id: str, encoded: Sequence[tuple[str, int]], *,
+    def append_encoded(self, session_id: str, encoded: Sequence[tuple[str | bytes, int]], *,
                        request_id: str | None = None, mark_pending: bool = False,
                        with_state: bool = False, state_fields: Mapping[str, Any] | None = None,
                        fields_version: int | None = None, job: InlineJob | None = None,
