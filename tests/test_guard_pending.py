@@ -74,6 +74,45 @@ def test_a_bad_message_after_the_prepared_ones_is_named_by_its_place(shell_name:
     assert store.length("s") == 0
 
 
+def _scripts_sent(guard: Any) -> list[str]:
+    """The names of the store scripts ``guard`` runs from now on, in order."""
+    inner = guard.inner if hasattr(guard, "inner") else guard
+    sent: list[str] = []
+    execute = inner.store.execute
+
+    def spy(cmd: Any) -> Any:
+        sent.append(cmd.script)
+        return execute(cmd)
+
+    inner.store.execute = spy
+    return sent
+
+
+def _fed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many messages each :meth:`Renaming.feed` call renames from now on."""
+    import shared.core.callids as callids
+
+    fed: list[int] = []
+    feed = callids.Renaming.feed
+
+    def counting(self: callids.Renaming, messages: Any) -> list[Any]:
+        fed.append(len(messages))
+        return feed(self, messages)
+
+    monkeypatch.setattr(callids.Renaming, "feed", counting)
+    return fed
+
+
+def _store_with_a_call(call_id: str) -> SessionStore:
+    """A session holding one answered call with ``call_id``."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    store.append("s", [{"role": "user", "content": "before"},
+                       {"role": "assistant", "content": "", "tool_calls": [
+                           {"id": call_id, "name": "bash", "arguments": "{}"}]},
+                       {"role": "tool", "tool_call_id": call_id, "content": "old"}])
+    return store
+
+
 def _repeating_chain(calls: int) -> list[dict[str, Any]]:
     """A tool chain whose call ids repeat (an OpenAI-compatible server numbering its
     calls per response) and reuse one the session already stored."""
@@ -91,21 +130,8 @@ def test_a_chain_with_repeated_ids_is_renamed_once_per_message(
         shell_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call of the chain renames only the messages added since the last one, keeps
     their wire forms, and sends what a guard seeing the turn for the first time sends."""
-    import shared.core.callids as callids
-
-    fed: list[int] = []
-    feed = callids.Renaming.feed
-
-    def counting(self: callids.Renaming, messages: Any) -> list[Any]:
-        fed.append(len(messages))
-        return feed(self, messages)
-
-    monkeypatch.setattr(callids.Renaming, "feed", counting)
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
-    store.append("s", [{"role": "user", "content": "before"},
-                       {"role": "assistant", "content": "", "tool_calls": [
-                           {"id": "stored", "name": "bash", "arguments": "{}"}]},
-                       {"role": "tool", "tool_call_id": "stored", "content": "old"}])
+    fed = _fed(monkeypatch)
+    store = _store_with_a_call("stored")
     guard = make(shell_name, store, overrides={"m": 1_000_000})
     turn = _repeating_chain(12)
     calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
@@ -140,15 +166,7 @@ def test_an_id_the_view_holds_is_renamed_before_the_first_attempt(shell_name: st
     chain = _repeating_chain(2)  # call_0, call_1
     guard.record_turn("s", chain)
     guard.prepare("s", SYSTEM, model="m")
-    inner = guard.inner if hasattr(guard, "inner") else guard
-    sent: list[str] = []
-    execute = inner.store.execute
-
-    def spy(cmd: Any) -> Any:
-        sent.append(cmd.script)
-        return execute(cmd)
-
-    inner.store.execute = spy
+    sent = _scripts_sent(guard)
     guard.record_turn("s", chain)
     assert sent == ["append"]
     ids = [c.id for m in store.messages("s") for c in m.tool_calls]
@@ -204,15 +222,7 @@ def test_an_id_this_guard_stored_is_renamed_at_once_after_it_left_the_view(
     assert store.commit_summary("s", SummaryRecord(watermark=length, kind="offline", text="S",
                                                    tokens=3), store.state("s").version).ok
     guard.prepare("s", SYSTEM, model="m")  # the view now starts after every call_0
-    inner = guard.inner if hasattr(guard, "inner") else guard
-    sent: list[str] = []
-    execute = inner.store.execute
-
-    def spy(cmd: Any) -> Any:
-        sent.append(cmd.script)
-        return execute(cmd)
-
-    inner.store.execute = spy
+    sent = _scripts_sent(guard)
     guard.record_turn("s", _repeating_chain(1))
     assert sent == ["append"]
     stored = store.messages("s")
@@ -271,13 +281,7 @@ def test_a_renamed_turn_is_stored_with_the_ids_its_prepares_sent(
     """The append stores the ids the turn's prepares renamed and sent (a prompt cache of
     the provider keeps matching the next turn), renaming only what came after them, in
     one append script call."""
-    import shared.core.callids as callids
-
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
-    store.append("s", [{"role": "user", "content": "before"},
-                       {"role": "assistant", "content": "", "tool_calls": [
-                           {"id": "stored", "name": "bash", "arguments": "{}"}]},
-                       {"role": "tool", "tool_call_id": "stored", "content": "old"}])
+    store = _store_with_a_call("stored")
     guard = make(shell_name, store, overrides={"m": 1_000_000})
     turn = _repeating_chain(6)
     last = len(turn) - 1
@@ -285,23 +289,8 @@ def test_a_renamed_turn_is_stored_with_the_ids_its_prepares_sent(
     sent = [c["id"] for m in wire[-last:] for c in m.get("tool_calls", [])]
     assert len(set(sent)) == len(sent) == 6 and sent != [c["tool_calls"][0]["id"]
                                                           for c in turn[1:last:2]]
-    fed: list[int] = []
-    feed = callids.Renaming.feed
-
-    def counting(self: callids.Renaming, messages: Any) -> list[Any]:
-        fed.append(len(messages))
-        return feed(self, messages)
-
-    monkeypatch.setattr(callids.Renaming, "feed", counting)
-    inner = guard.inner if hasattr(guard, "inner") else guard
-    scripts: list[str] = []
-    execute = inner.store.execute
-
-    def spy(cmd: Any) -> Any:
-        scripts.append(cmd.script)
-        return execute(cmd)
-
-    inner.store.execute = spy
+    fed = _fed(monkeypatch)
+    scripts = _scripts_sent(guard)
     guard.record_turn("s", turn)
     assert fed == [1] and scripts == ["append"]  # only the final answer was new
     stored = [c.id for m in store.messages("s")[3:] for c in m.tool_calls]
