@@ -324,3 +324,32 @@ def test_a_turn_renamed_for_a_position_another_append_took_is_renamed_again(
     assert len(ids) == 3 and len(set(ids)) == 3 and ids[1] == sent[0]
     results = [m.tool_call_id for m in store.messages("s") if m.role == "tool"]
     assert results == ids  # each result paired with its own call
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_turn_renamed_from_its_middle_converts_each_message_once(
+        shell_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn whose ids start repeating half way is renamed from then on; the messages
+    the renaming leaves as they are keep the wire forms the earlier calls made, so each
+    message of the turn is converted once, whenever its renaming began."""
+    import shared.core.wireview as wireview
+
+    converted: list[int] = []
+    convert = wireview.convert
+
+    def counting(fmt: str, messages: Any, *rest: Any) -> Any:
+        converted.append(len(messages))
+        return convert(fmt, messages, *rest)
+
+    store = _store_with_a_call("stored")
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = _repeating_chain(8)  # call_0 and call_1 repeat from the third call on
+    guard.prepare("s", SYSTEM, model="m").wire("openai")  # the stored view, converted
+    monkeypatch.setattr(wireview, "convert", counting)
+    for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
+        wire = guard.prepare("s", SYSTEM, model="m", pending=turn[:i]).wire("openai")
+    monkeypatch.setattr(wireview, "convert", convert)
+    fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare(
+        "s", SYSTEM, model="m", pending=turn[:-1])
+    assert wire == fresh.wire("openai")
+    assert sum(converted) == len(turn) - 1  # every pending message once, none again

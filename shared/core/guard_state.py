@@ -249,7 +249,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     pending_scan = renamed.scan if renamed is not None else _scan_pending(given, snap,
                                                                           req.extra_scan)
     if renamed is None and not pending_scan.ok and any(m.tool_calls for m in given):
-        renamed = renamed_turn(given, snap, None)  # a turn whose ids are new and unique scans ok
+        renamed = renamed_turn(given, snap, None, req.extra_wire)  # new, unique ids scan ok
     extra = given if renamed is None else list(renamed.renamed)
     extra_tokens = list(req.extra_tokens)
     extra_wire = (renamed.slots if renamed is not None else

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from shared.core.callids import Claims, Renaming, position_nonce
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.viewcache import CachedView
+from shared.core.wireview import Slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,16 +38,18 @@ class RenamedTurn:
     renamed: tuple[Message, ...]
     renaming: Renaming  # its state after ``given`` (copied before it is fed more)
     scan: PairScan  # the pair scan of ``renamed``, from ``base``
-    slots: list[dict[str, Any]]  # the wire forms of ``renamed``, index for index
+    slots: Slots  # the wire forms of ``renamed``, index for index
 
 
-def renamed_turn(given: list[Message], snap: CachedView,
-             known: RenamedTurn | None) -> RenamedTurn:
+def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | None,
+                 given_wire: Sequence[dict[str, Any]] = ()) -> RenamedTurn:
     """The pending turn renamed: ``known`` (an earlier call's) extended by the messages
     added since, when it was made from the same stored view and the same first
-    messages, else from scratch."""
+    messages, else from scratch. ``given_wire``: the wire-form slots of ``given`` (the
+    pending turn's), kept for the messages the renaming leaves as they are."""
     nonce = position_nonce(snap.end)
     k = 0
+    slots: Sequence[dict[str, Any]]
     if known is not None and known.base is snap.scan and known.nonce == nonce \
             and len(known.given) <= len(given) \
             and all(map(operator.is_, known.given, given)):
@@ -54,14 +57,19 @@ def renamed_turn(given: list[Message], snap: CachedView,
         renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
         slots = known.slots
     else:
-        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, []
+        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, ()
     more = given[k:]
     # ids the stored view used: renamed as the store's mapping will have them renamed
     renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
                                            if snap.scan.taken(c.id)}}
     fresh = renaming.feed(more)
+    wire = given_wire if len(given_wire) == len(given) else ()
+    added = [wire[k + j] if wire and new is old else {}
+             for j, (new, old) in enumerate(zip(fresh, more, strict=True))]
+    made = ({fmt: found for fmt, found in slots.made.items() if len(found) <= len(slots)}
+            if isinstance(slots, Slots) else {})  # the next wire() extends what it made
     return RenamedTurn(snap.scan, snap.end, nonce, tuple(given), (*renamed, *fresh), renaming,
-                       scan_pairs(fresh, scan), [*slots, *({} for _ in fresh)])
+                       scan_pairs(fresh, scan), Slots([*slots, *added], made))
 
 
 def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping[str, str],
