@@ -27,9 +27,9 @@ from shared.core.wireview import Slots
 @dataclass(frozen=True, slots=True)
 class RenamedTurn:
     """A pending turn whose call ids repeat (within it, or ids the stored view used),
-    renamed as its append will rename it, so that it pairs without a repair of the
-    whole view. Kept across the turn's calls: each message is renamed, scanned and
-    converted to the wire once (:func:`renamed_turn`)."""
+    renamed so that it pairs without a repair of the whole view, and stored so by its
+    append (:func:`adopted`). Kept across the turn's calls: each message is renamed,
+    scanned and converted to the wire once (:func:`renamed_turn`)."""
 
     base: PairScan  # the stored view's scan it was made against
     end: int  # the log length it was made at (its nonce's position)
@@ -91,7 +91,7 @@ def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping
 
 
 def known_renamed(given: list[Message], snap: CachedView,
-                   known: RenamedTurn | None) -> RenamedTurn | None:
+                  known: RenamedTurn | None) -> RenamedTurn | None:
     """``known`` extended, when this call's turn continues the one it was made for: the
     turn needs renaming, and its scan of the given messages can be skipped."""
     if known is None or not known.given or known.base is not snap.scan:
