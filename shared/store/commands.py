@@ -106,7 +106,7 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
     ``reuse``: rows already made for some of the messages (by object id), e.g. by an
     earlier attempt whose ids collided: only the messages renamed since are encoded
     and counted again. ``renamed``: the messages with unique ids and their claims,
-    made already (a pending turn's renaming, :func:`shared.core.guard_state.adopted`)."""
+    made already (a pending turn's renaming, :func:`shared.core.renamed.adopted`)."""
     items = validated if validated is not None else validate_messages(messages)
     if len(items) > config.max_messages_per_call:
         raise LimitExceeded(
