@@ -353,33 +353,3 @@ def test_a_turn_renamed_from_its_middle_converts_each_message_once(
         "s", SYSTEM, model="m", pending=turn[:-1])
     assert wire == fresh.wire("openai")
     assert sum(converted) == len(turn) - 1  # every pending message once, none again
-
-
-@pytest.mark.parametrize("shell_name", SHELLS)
-def test_an_id_stored_before_the_view_is_renamed_while_pending_and_stored_as_sent(
-        shell_name: str) -> None:
-    """A provider numbering its calls per response (``call_0`` every turn), once the turn
-    that first used the id was summarized away: the guard's own appends told it the
-    session holds the id, so the pending turn is renamed before it is sent, and its append
-    stores the ids sent (one script call, no renaming of its own)."""
-    from shared.core.records import SummaryRecord
-
-    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
-    guard = make(shell_name, store, overrides={"m": 1_000_000})
-    guard.record_turn("s", _repeating_chain(1))
-    length = len(store.messages("s"))
-    assert store.commit_summary("s", SummaryRecord(watermark=length, kind="offline", text="S",
-                                                   tokens=3), store.state("s").version).ok
-    turn = _repeating_chain(1)
-    wire = guard.prepare("s", SYSTEM, model="m", pending=turn[:-1]).wire("openai")
-    sent = wire[-2]["tool_calls"][0]["id"]
-    assert sent != "call_0" and wire[-1]["tool_call_id"] == sent
-    scripts = _scripts_sent(guard)
-    guard.record_turn("s", turn)
-    assert scripts == ["append"]
-    stored = store.messages("s")
-    assert [c.id for m in stored for c in m.tool_calls] == ["call_0", sent]
-    assert stored[-2].tool_call_id == sent
-    view = guard.prepare("s", SYSTEM, model="m")
-    fresh = make(shell_name, store, overrides={"m": 1_000_000}).prepare("s", SYSTEM, model="m")
-    assert view.wire("openai") == fresh.wire("openai")

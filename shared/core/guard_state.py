@@ -119,9 +119,6 @@ class Request:
     extra_cut: TurnCut | None = None
     # the pending turn as an earlier call of the turn renamed it (repeated call ids)
     extra_renamed: RenamedTurn | None = None
-    # the session's stored ids of the pending turn's call ids, as the shell knows them (its
-    # own appends'): a call id the store holds is renamed before it is sent
-    extra_known: Mapping[str, str] | None = None
     counted: Counted | None = None  # what the session's last truncation build counted
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
@@ -248,16 +245,11 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     state, w = snap.state, snap.start
     proactive = policy.proactive if proactive is None else proactive
     given = list(req.extra)
-    stored = req.extra_known or {}
-    renamed = known_renamed(given, snap, req.extra_renamed, stored)
+    renamed = known_renamed(given, snap, req.extra_renamed)
     pending_scan = renamed.scan if renamed is not None else _scan_pending(given, snap,
                                                                           req.extra_scan)
-    if renamed is None and any(m.tool_calls for m in given) and (
-            not pending_scan.ok or (stored and any(c.id in stored for m in given
-                                                   for c in m.tool_calls))):
-        # ids repeated in the view, or stored before it (the append would rename them):
-        # renamed now, sent as they will be stored; new, unique ids scan ok as given
-        renamed = renamed_turn(given, snap, None, req.extra_wire, stored)
+    if renamed is None and not pending_scan.ok and any(m.tool_calls for m in given):
+        renamed = renamed_turn(given, snap, None, req.extra_wire)  # new, unique ids scan ok
     extra = given if renamed is None else list(renamed.renamed)
     extra_tokens = list(req.extra_tokens)
     extra_wire = (renamed.slots if renamed is not None else

@@ -42,14 +42,11 @@ class RenamedTurn:
 
 
 def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | None,
-                 given_wire: Sequence[dict[str, Any]] = (),
-                 stored: Mapping[str, str] | None = None) -> RenamedTurn:
+                 given_wire: Sequence[dict[str, Any]] = ()) -> RenamedTurn:
     """The pending turn renamed: ``known`` (an earlier call's) extended by the messages
     added since, when it was made from the same stored view and the same first
     messages, else from scratch. ``given_wire``: the wire-form slots of ``given`` (the
-    pending turn's), kept for the messages the renaming leaves as they are. ``stored``:
-    the session's stored ids of the turn's ids beyond the view, as the guard knows them
-    (the append's mapping: :meth:`~shared.guard._shell.GuardShell.stored_ids`)."""
+    pending turn's), kept for the messages the renaming leaves as they are."""
     nonce = position_nonce(snap.end)
     k = 0
     slots: Sequence[dict[str, Any]]
@@ -62,13 +59,9 @@ def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | No
     else:
         renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, ()
     more = given[k:]
-    # the append's mapping of these ids: the view's (kept as given), then the guard's
-    ids = [*(c.id for m in more for c in m.tool_calls),
-           *(m.tool_call_id for m in more if m.role == "tool" and m.tool_call_id)]
-    taken = {p: p for p in ids if snap.scan.taken(p)}
-    if stored:
-        taken.update((p, stored[p]) for p in ids if p in stored)
-    renaming.known = {**renaming.known, **taken}
+    # ids the stored view used: renamed as the store's mapping will have them renamed
+    renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
+                                           if snap.scan.taken(c.id)}}
     fresh = renaming.feed(more)
     wire = given_wire if len(given_wire) == len(given) else ()
     added = [wire[k + j] if wire and new is old else {}
@@ -97,15 +90,15 @@ def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping
             [*renamed.slots, *({} for _ in more)])
 
 
-def known_renamed(given: list[Message], snap: CachedView, known: RenamedTurn | None,
-                  stored: Mapping[str, str] | None = None) -> RenamedTurn | None:
+def known_renamed(given: list[Message], snap: CachedView,
+                  known: RenamedTurn | None) -> RenamedTurn | None:
     """``known`` extended, when this call's turn continues the one it was made for: the
     turn needs renaming, and its scan of the given messages can be skipped."""
     if known is None or not known.given or known.base is not snap.scan:
         return None
     if len(known.given) > len(given) or not all(map(operator.is_, known.given, given)):
         return None
-    return renamed_turn(given, snap, known, stored=stored)
+    return renamed_turn(given, snap, known)
 
 
 __all__ = ["RenamedTurn", "adopted", "known_renamed", "renamed_turn"]

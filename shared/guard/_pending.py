@@ -17,7 +17,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from shared.core.callids import KnownIds
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
@@ -45,7 +44,7 @@ class _Turn:
     """One session's turn so far, as parallel lists (each call extends them at C speed: a
     long chain's calls do not walk the whole turn in Python), scan and cut."""
 
-    __slots__ = ("cut", "extra", "given", "ids", "renamed", "scan", "slots", "tokens")
+    __slots__ = ("cut", "extra", "given", "renamed", "scan", "slots", "tokens")
 
     def __init__(self) -> None:
         self.given: list[Any] = []  # each message as given (a mapping: a copy of it)
@@ -55,7 +54,6 @@ class _Turn:
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
         self.renamed: RenamedTurn | None = None
-        self.ids: dict[str, str] = {}  # the session's ids its messages use, as this guard knows
 
 
 class SoFar(NamedTuple):
@@ -69,13 +67,6 @@ class SoFar(NamedTuple):
     cut: TurnCut | None
     renamed: RenamedTurn | None
     counted: Counted | None
-    ids: Mapping[str, str]
-
-
-def _ids(messages: Sequence[Message]) -> list[str]:
-    """The call ids ``messages`` use: their calls', their results'."""
-    return [*(c.id for m in messages for c in m.tool_calls),
-            *(m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id)]
 
 
 class PendingTurns:
@@ -104,12 +95,10 @@ class PendingTurns:
             return turn
 
     def rows(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
-             known_ids: KnownIds | None = None,
              ) -> tuple[list[Message], list[int]]:
         """The pending messages, validated and counted; a tool chain's prepares re-use
         what an earlier prepare of the same turn already did (compared by value), the
-        messages' wire forms included (:meth:`wire`). ``known_ids``: the sessions' call
-        ids as this guard's own appends stored them, looked up once per message."""
+        messages' wire forms included (:meth:`wire`)."""
         if not isinstance(raw, (list, tuple)):
             items = validate_messages(raw, prefix="pending")
             return items, [self.counter.message(m) for m in items]
@@ -146,10 +135,6 @@ class PendingTurns:
         turn.tokens = tokens = kept(base.tokens) + [self.counter.message(m) for m in fresh]
         turn.slots = (base.slots if isinstance(base.slots, Slots) else Slots(base.slots)
                       ).continued(reuse, len(fresh))
-        if known_ids is not None:
-            ids = _ids(fresh if keep else extra)
-            stored = known_ids.of(session_id, ids) if ids else {}
-            turn.ids = ({**base.ids, **stored} if stored else base.ids) if keep else stored
         return extra, list(tokens)
 
     def known(self, session_id: str, scan: PairScan | None, extra: list[Message]) -> SoFar:
@@ -159,7 +144,7 @@ class PendingTurns:
             turn = self._turns.get(session_id) if extra else None
             counted = self._counted.get(session_id)
         if turn is None:
-            return SoFar((), None, None, None, counted, {})
+            return SoFar((), None, None, None, counted)
         wire: Sequence[dict[str, Any]] = turn.slots if turn.extra is extra else []
         resumed = None
         known = turn.scan
@@ -167,7 +152,7 @@ class PendingTurns:
             seen = known[1]
             if len(seen) <= len(extra) and all(map(operator.is_, seen, extra)):
                 resumed = known[2], len(seen)  # the scan resumes after the same messages
-        return SoFar(wire, resumed, turn.cut, turn.renamed, counted, turn.ids)
+        return SoFar(wire, resumed, turn.cut, turn.renamed, counted)
 
     def scanned(self, session_id: str, extra: Sequence[Message], scan: PairScan | None,
                 base: PairScan, cut: TurnCut | None = None,

@@ -214,7 +214,7 @@ class GuardShell(FreshViews):
     def pending(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
                 ) -> tuple[list[Message], list[int]]:
         """The pending messages, validated and counted (re-using an earlier call's work)."""
-        return self.turns.rows(session_id, raw, self.known_ids)
+        return self.turns.rows(session_id, raw)
 
     def encode_turn(self, session_id: str, store: Any,
                     messages: Sequence[Message | Mapping[str, Any]]) -> EncodedBatch:
@@ -273,7 +273,7 @@ class GuardShell(FreshViews):
             tool_tokens=tool_tokens, overhead=self._request_overhead(),
             extra=extra, extra_tokens=extra_tokens,
             extra_wire=so_far.wire, extra_scan=so_far.scan, extra_cut=so_far.cut,
-            extra_renamed=so_far.renamed, extra_known=so_far.ids, counted=so_far.counted,
+            extra_renamed=so_far.renamed, counted=so_far.counted,
             force_ratio=force_ratio,
             recall=self.policy.recall_notice and offers)
 
