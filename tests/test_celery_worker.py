@@ -24,22 +24,12 @@ from workers.app import celery_config
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
-from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.settings import RETRY_BACKOFF_FACTOR, load_settings
 from workers.urls import with_db
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    """A redis-server of this module's own, so that another run of the suite on the
-    machine's Redis cannot take these workers' jobs (or these workers its)."""
-    server = start_server()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture

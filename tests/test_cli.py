@@ -40,9 +40,9 @@ CLEARED = ("COMPACTION_TENANT", "COMPACTION_SUMMARIZER", "COMPACTION_SUMMARIZER_
 
 
 @pytest.fixture
-def urls(redis_url: str, key_prefix: str,
+def urls(own_redis_url: str, key_prefix: str,
          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    store_url, broker_url = with_db(redis_url, 13), with_db(redis_url, 14)
+    store_url, broker_url = with_db(own_redis_url, 13), with_db(own_redis_url, 14)
     for name in CLEARED:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COMPACTION_REDIS_URL", store_url)

@@ -180,8 +180,8 @@ def test_redact_url_never_shows_the_password(user: str, password: str, host: str
 
 # -- real Redis, real broker, deployed worker --------------------------------------------------
 @pytest.fixture
-def store_url(redis_url: str, key_prefix: str) -> Iterator[str]:
-    url = with_db(redis_url, 13)
+def store_url(own_redis_url: str, key_prefix: str) -> Iterator[str]:
+    url = with_db(own_redis_url, 13)
     yield url
     client = redis.Redis.from_url(url)
     for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
@@ -217,9 +217,9 @@ def test_demo_reports_an_unreachable_store_cleanly(
 @pytest.mark.celery
 @pytest.mark.slow
 def test_demo_with_a_deployed_worker_on_a_real_broker(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], redis_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], own_redis_url: str,
         store_url: str, key_prefix: str) -> None:
-    broker = with_db(redis_url, 14)
+    broker = with_db(own_redis_url, 14)
     purge_queue(broker)
     worker = WorkerProcess("demo", worker_env(broker_url=broker, redis_url=store_url,
                                               key_prefix=key_prefix)).start()
@@ -240,9 +240,9 @@ def test_demo_with_a_deployed_worker_on_a_real_broker(
 
 @pytest.mark.celery
 def test_deployed_mode_without_workers_says_so(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], redis_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], own_redis_url: str,
         store_url: str, key_prefix: str) -> None:
-    broker = with_db(redis_url, 14)
+    broker = with_db(own_redis_url, 14)
     monkeypatch.setenv("COMPACTION_REDIS_URL", store_url)
     monkeypatch.setenv("COMPACTION_BROKER_URL", broker)
     monkeypatch.setenv("COMPACTION_KEY_PREFIX", key_prefix)
@@ -253,7 +253,7 @@ def test_deployed_mode_without_workers_says_so(
 
 
 @pytest.mark.redis
-def test_worker_app_publishes_to_the_broker_it_is_bound_to(redis_url: str,
+def test_worker_app_publishes_to_the_broker_it_is_bound_to(own_redis_url: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Rebinding the worker app drops the producers of the previous broker (Celery's
     ``app.close()`` keeps them): a later in-process run must not publish to an old broker."""
@@ -261,7 +261,7 @@ def test_worker_app_publishes_to_the_broker_it_is_bound_to(redis_url: str,
 
     from workers.harness.stack.in_process import worker_app_with
 
-    broker = with_db(redis_url, 14)
+    broker = with_db(own_redis_url, 14)
     purge_queue(broker)
     settings = settings_from(monkeypatch)
     try:

@@ -112,8 +112,8 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def urls(redis_url: str, key_prefix: str) -> Iterator[tuple[str, str]]:
-    store_url, broker_url = with_db(redis_url, 13), with_db(redis_url, 14)
+def urls(own_redis_url: str, key_prefix: str) -> Iterator[tuple[str, str]]:
+    store_url, broker_url = with_db(own_redis_url, 13), with_db(own_redis_url, 14)
     purge_queue(broker_url)
     yield store_url, broker_url
     purge_queue(broker_url)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -17,7 +16,6 @@ from shared.store.sessions import SessionStore
 from shared.telemetry import tracing
 from shared.telemetry.logs import ContextFilter, JsonFormatter, configure_json, log_context
 from workers.harness.demo_session import demo_turns
-from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.urls import with_db
@@ -84,13 +82,6 @@ def test_configure_json_is_idempotent() -> None:
     configure_json(configure_json(handler))
     assert isinstance(handler.formatter, JsonFormatter)
     assert sum(isinstance(f, ContextFilter) for f in handler.filters) == 1
-
-
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    server = start_server()
-    yield server.url
-    server.stop()
 
 
 @pytest.mark.celery

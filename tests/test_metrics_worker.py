@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,21 +25,13 @@ from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metric
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
-from workers.harness.stack.redis_server import free_port, start_server
+from workers.harness.stack.redis_server import free_port
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.metrics import MULTIPROC_ENV
 from workers.urls import with_db
 
 pytestmark = [pytest.mark.celery, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    """A redis-server of this module's own: no other run's worker can take these jobs."""
-    server = start_server()
-    yield server.url
-    server.stop()
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,6 @@ from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from tests.test_recall_index import fill
 from workers.app import celery_config
-from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import (
     WorkerProcess,
     parse_job_lines,
@@ -32,14 +30,6 @@ from workers.harness.stack.worker_process import (
 from workers.harness.timing import wait_for
 from workers.settings import RECALL_INDEX_PRIORITY, RECALL_INDEX_TASK, Settings
 from workers.urls import with_db
-
-
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    """A redis-server of this module's own: no other run's worker takes these jobs."""
-    server = start_server()
-    yield server.url
-    server.stop()
 
 
 def _received(log: str) -> list[str]:

@@ -43,23 +43,12 @@ from workers.harness.reliability.races import (
     run_races,
 )
 from workers.harness.reliability.restart import run_restart
-from workers.harness.stack.redis_server import start_server
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import MAX_REFOLDS, SummaryEngine
 from workers.summarizer.providers import OpenAIClient
 from workers.urls import with_db
 
 pytestmark = [pytest.mark.redis]
-
-
-@pytest.fixture(scope="module")
-def own_redis_url() -> Iterator[str]:
-    """A redis-server of this module's own: other runs of the suite on the machine's
-    Redis (another checkout, a colleague's CI) would otherwise share the broker db
-    and take each other's jobs."""
-    server = start_server()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture

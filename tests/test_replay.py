@@ -178,8 +178,8 @@ def test_workers_that_keep_up_leave_the_guard_nothing_to_truncate() -> None:
 
 # -- end to end: real Redis, real worker subprocess ---------------------------------------
 @pytest.fixture
-def configured(redis_url: str, key_prefix: str) -> Iterator[dict[str, str]]:
-    urls = {"redis_url": with_db(redis_url, 9), "broker_url": with_db(redis_url, 10)}
+def configured(own_redis_url: str, key_prefix: str) -> Iterator[dict[str, str]]:
+    urls = {"redis_url": with_db(own_redis_url, 9), "broker_url": with_db(own_redis_url, 10)}
     broker = redis.Redis.from_url(urls["broker_url"])
     broker.delete(QUEUE, "unacked", "unacked_index")
     yield {**urls, "key_prefix": key_prefix}
