@@ -282,3 +282,34 @@ def test_serve_without_the_extra_says_so(monkeypatch: pytest.MonkeyPatch,
     assert serve.run(args, load_settings()) == 2
     assert capsys.readouterr().err.strip() == (
         "needs the 'server' extra: pip install 'context-compaction[server]'")
+
+
+def test_tenants_share_one_bounded_view_cache(store: SessionStore) -> None:
+    """One cache per process, bounded by the server's settings, whatever the tenants; a
+    session id two tenants use stays two sessions."""
+    config = ServerConfig(max_body_bytes=64 * 1024, cache_sessions=1, cache_messages=1000)
+    app = create_app(config, store, tokens=TOKENS)
+    body = {"system_prompt": "Be brief.", "max_tokens": 500}
+    with TestClient(app, raise_server_exceptions=False) as c:
+        record(c, "same", headers=A)
+        record(c, "same", TURN[:1], headers=B)
+        alpha = c.post("/v1/sessions/same/prepare", json=body, headers=A).json()
+        beta = c.post("/v1/sessions/same/prepare", json=body, headers=B).json()
+        again = c.post("/v1/sessions/same/prepare", json=body, headers=A).json()
+    assert alpha["messages"][1:] == again["messages"][1:] == TURN
+    assert beta["messages"][1:] == TURN[:1]
+    server = app.state.server
+    views = server.guard("alpha").views
+    assert views is not server.guard("beta").views and views.max_sessions == 1
+    assert len(views) == 1  # the bound is the process's, not each tenant's
+
+
+def test_cache_bounds_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_SERVER_TOKENS", json.dumps(TOKENS))
+    monkeypatch.setenv("COMPACTION_SERVER_CACHE_SESSIONS", "5000")
+    monkeypatch.setenv("COMPACTION_SERVER_CACHE_MESSAGES", "1000000")
+    config = load_server_config()
+    assert (config.cache_sessions, config.cache_messages) == (5000, 1_000_000)
+    monkeypatch.setenv("COMPACTION_SERVER_CACHE_SESSIONS", "-1")
+    with pytest.raises(ValueError, match="COMPACTION_SERVER_CACHE_SESSIONS"):
+        load_server_config()

@@ -97,6 +97,17 @@ class CachedView:
         return self.total - self.tokens_before
 
 
+@dataclass(slots=True)
+class _Shelf:
+    """What the scopes of one :class:`ViewCache` share: bounds, entries, LRU order."""
+
+    max_sessions: int
+    max_messages: int
+    entries: OrderedDict[Any, CachedView] = field(default_factory=OrderedDict)
+    messages: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class ViewCache:
     """Cached views of recently used sessions, least recently used evicted.
 
@@ -104,45 +115,69 @@ class ViewCache:
     messages in all (a view larger than that is not kept); about
     :data:`BYTES_PER_MESSAGE` bytes per cached message. Entries are replaced
     whole, so concurrent prepares of one session cannot corrupt each other.
+
+    :meth:`scoped` gives guards of different namespaces (a server's tenants,
+    whose session ids may be the same) one memory bound between them.
     """
 
+    __slots__ = ("_scope", "_shelf")
+
     def __init__(self, max_sessions: int = 256, max_messages: int = 200_000) -> None:
-        self.max_sessions = max_sessions
-        self.max_messages = max_messages
-        self._entries: OrderedDict[str, CachedView] = OrderedDict()
-        self._messages = 0
-        self._lock = threading.Lock()
+        self._shelf = _Shelf(max_sessions, max_messages)
+        self._scope = ""
+
+    def scoped(self, scope: str) -> ViewCache:
+        """This cache as seen by one namespace: its session ids are its own; the bounds,
+        and the order in which sessions leave, are shared with every other scope."""
+        if not scope:
+            raise ValueError("a scope of a view cache needs a name")
+        view = ViewCache.__new__(ViewCache)
+        view._shelf, view._scope = self._shelf, scope
+        return view
+
+    @property
+    def max_sessions(self) -> int:
+        return self._shelf.max_sessions
+
+    @property
+    def max_messages(self) -> int:
+        return self._shelf.max_messages
 
     def get(self, session_id: str) -> CachedView | None:
-        with self._lock:
-            entry = self._entries.get(session_id)
+        shelf, key = self._shelf, (self._scope, session_id) if self._scope else session_id
+        with shelf.lock:
+            entry = shelf.entries.get(key)
             if entry is not None:
-                self._entries.move_to_end(session_id)
+                shelf.entries.move_to_end(key)
             return entry
 
     def put(self, session_id: str, entry: CachedView | None) -> None:
-        with self._lock:
-            old = self._entries.pop(session_id, None)
+        shelf, key = self._shelf, (self._scope, session_id) if self._scope else session_id
+        with shelf.lock:
+            old = shelf.entries.pop(key, None)
             if old is not None:
-                self._messages -= len(old.history)
-            if entry is None or len(entry.history) > self.max_messages or not self.max_sessions:
+                shelf.messages -= len(old.history)
+            if entry is None or len(entry.history) > shelf.max_messages \
+                    or not shelf.max_sessions:
                 return
-            self._entries[session_id] = entry
-            self._messages += len(entry.history)
-            while self._entries and (len(self._entries) > self.max_sessions
-                                     or self._messages > self.max_messages):
-                _, evicted = self._entries.popitem(last=False)
-                self._messages -= len(evicted.history)
+            shelf.entries[key] = entry
+            shelf.messages += len(entry.history)
+            while shelf.entries and (len(shelf.entries) > shelf.max_sessions
+                                     or shelf.messages > shelf.max_messages):
+                _, evicted = shelf.entries.popitem(last=False)
+                shelf.messages -= len(evicted.history)
 
     def discard(self, session_id: str) -> None:
         self.put(session_id, None)
 
     @property
     def messages(self) -> int:
-        return self._messages
+        """Messages cached in all, every scope's."""
+        return self._shelf.messages
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Sessions cached in all, every scope's."""
+        return len(self._shelf.entries)
 
 
 class KnownCounts:

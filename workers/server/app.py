@@ -42,6 +42,7 @@ from shared.core.errors import (
     SummarizerError,
 )
 from shared.core.limits import ModelLimits
+from shared.core.viewcache import ViewCache
 from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard import ContextGuard
 from shared.store.changes import ChangeFeed, feed_for
@@ -102,6 +103,7 @@ class ServerState:
     _guards: dict[str, ContextGuard] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _feed: ChangeFeed | bool | None = None  # one change feed for every tenant's guard
+    _views: ViewCache | None = None  # one cache, one bound, for every tenant's guard
 
     def _shared_feed(self) -> ChangeFeed | bool:
         if self._feed is None:
@@ -110,13 +112,18 @@ class ServerState:
         return self._feed
 
     def guard(self, tenant: str) -> ContextGuard:
-        """The tenant's guard (its view cache and learned limits are the tenant's own)."""
+        """The tenant's guard (its learned limits and its scope of the process's view cache
+        are the tenant's own; the cache's bound is the process's)."""
         with self._lock:
             guard = self._guards.get(tenant)
             if guard is None:
+                if self._views is None:
+                    self._views = ViewCache(self.config.cache_sessions,
+                                            self.config.cache_messages)
                 guard = self._guards[tenant] = ContextGuard(
                     self.store.for_tenant(tenant), self.enqueuer, policy=self.policy,
-                    overrides=self.overrides, watch_changes=self._shared_feed())
+                    overrides=self.overrides, view_cache=self._views.scoped(tenant),
+                    watch_changes=self._shared_feed())
             return guard
 
 

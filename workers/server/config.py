@@ -38,6 +38,14 @@ class ServerConfig(BaseSettings):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024,
                                 description="larger request bodies get 413, unread")
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    cache_sessions: int = Field(
+        default=1024, ge=0,
+        description="sessions whose views a worker process keeps decoded, every tenant's "
+                    "together (0: none, every prepare reads)")
+    cache_messages: int = Field(
+        default=200_000, ge=0,
+        description="messages those views hold in all (~2.6 kB each with the OpenAI wire "
+                    "form): the bound on a process's cache memory")
 
     @model_validator(mode="after")
     def _tokens_readable(self) -> ServerConfig:
