@@ -49,3 +49,23 @@ def test_no_sessions_kept_means_nothing_learned() -> None:
     ids = KnownIds(sessions=0)
     ids.learn("s", Claims(calls=(("a", "a"),)))
     assert ids.of("s", ["a"]) == {}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["", "t1", "t2"]), st.sampled_from("abcd"),
+                          st.integers(0, 50)), max_size=200))
+def test_scoped_known_ids_share_their_bounds_and_keep_sessions_apart(
+        writes: list[tuple[str, str, int]]) -> None:
+    ids = KnownIds(sessions=3, per_session=5)
+    scopes = {"": ids, "t1": ids.scoped("t1"), "t2": ids.scoped("t2")}
+    for scope, session, n in writes:
+        scopes[scope].learn(session, Claims(calls=((f"id{n}", f"{scope}:id{n}"),)))
+    assert len(ids._maps) <= 3  # one bound for every scope
+    for scope, view in scopes.items():  # a scope sees only what it learned
+        for session in "abcd":
+            assert all(stored.startswith(f"{scope}:")
+                       for stored in view.of(session, [f"id{n}" for n in range(51)]).values())
+    if writes:
+        scope, session, n = writes[-1]
+        assert scopes[scope].of(session, [f"id{n}"]) == {f"id{n}": f"{scope}:id{n}"}
+        scopes[scope].forget(session)
+        assert scopes[scope].of(session, [f"id{n}"]) == {}

@@ -69,3 +69,17 @@ def test_the_bounds_hold_across_scopes_and_a_kept_view_is_the_last_put(
         assert scopes[scope].get(sid) is last[scope, sid]  # never another scope's
     assert len(cache) == len(kept)
     assert cache.messages == sum(len(scopes[s].get(i).history) for s, i in kept)
+
+
+def test_the_id_hints_of_a_scope_are_its_own_and_bounded_with_the_cache() -> None:
+    from shared.core.callids import Claims
+
+    cache = ViewCache(max_sessions=2)
+    alpha, beta = cache.scoped("alpha").known_ids(), cache.scoped("beta").known_ids()
+    alpha.learn("s1", Claims(calls=(("c1", "c1-alpha"),)))
+    beta.learn("s1", Claims(calls=(("c1", "c1-beta"),)))
+    assert alpha.of("s1", ["c1"]) == {"c1": "c1-alpha"}
+    assert beta.of("s1", ["c1"]) == {"c1": "c1-beta"}
+    assert cache.known_ids().of("s1", ["c1"]) == {}  # the unscoped cache: a scope of its own
+    beta.learn("s2", Claims(calls=(("c2", "c2"),)))  # a third session: the oldest goes
+    assert alpha.of("s1", ["c1"]) == {} and beta.of("s2", ["c2"]) == {"c2": "c2"}

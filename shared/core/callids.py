@@ -32,6 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shared.core.messages import Message
 
@@ -173,41 +174,58 @@ class KnownIds:
     repeated id that left the cached view (summarized away) costs no ``ID_CONFLICT``
     round trip. A stale hint is harmless: a needless rename is still unique, and a
     wrong claim is refused by the store and renamed again. Bounded: the
-    ``per_session`` newest ids of the ``sessions`` most recently used sessions.
+    ``per_session`` newest ids of the ``sessions`` most recently used sessions,
+    shared by the :meth:`scoped` views of one instance (a server's tenants).
     """
 
     def __init__(self, sessions: int = 256, per_session: int = 256) -> None:
         self.sessions, self.per_session = sessions, per_session
-        self._maps: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._maps: OrderedDict[Any, dict[str, str]] = OrderedDict()
         self._lock = threading.Lock()
+        self._scope = ""
+
+    def scoped(self, scope: str) -> KnownIds:
+        """The same hints as seen by one namespace: its session ids its own, the bounds
+        and the order in which sessions leave shared with every other scope."""
+        if not scope:
+            raise ValueError("a scope of the id hints needs a name")
+        view = KnownIds.__new__(KnownIds)
+        view.__dict__.update(self.__dict__)
+        view._scope = scope
+        return view
+
+    def _key(self, session_id: str) -> Any:
+        return (self._scope, session_id) if self._scope else session_id
 
     def of(self, session_id: str, provider_ids: Iterable[str]) -> dict[str, str]:
         """The known stored ids of ``provider_ids`` (those this process saw)."""
+        key = self._key(session_id)
         with self._lock:
-            found = self._maps.get(session_id)
+            found = self._maps.get(key)
             if not found:
                 return {}
-            self._maps.move_to_end(session_id)
+            self._maps.move_to_end(key)
             return {p: found[p] for p in provider_ids if p in found}
 
     def learn(self, session_id: str, claims: Claims) -> None:
         """The mapping after an append with ``claims`` was written."""
         if (not claims.calls and not claims.results) or not self.sessions:
             return
+        key = self._key(session_id)
         with self._lock:
-            found = self._maps.pop(session_id, None) or {}
+            found = self._maps.pop(key, None) or {}
             for provider, stored in (*claims.results, *claims.calls):  # newest call last
                 found.pop(provider, None)
                 found[provider] = stored
             while len(found) > self.per_session:
                 del found[next(iter(found))]
-            self._maps[session_id] = found
+            self._maps[key] = found
             while len(self._maps) > self.sessions:
                 self._maps.popitem(last=False)
 
     def forget(self, session_id: str) -> None:
         with self._lock:
-            self._maps.pop(session_id, None)
+            self._maps.pop(self._key(session_id), None)
 
 
 __all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "position_nonce",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core import fastjson
+from shared.core.callids import KnownIds
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Lazy
 from shared.core.messages import Message
@@ -99,10 +100,12 @@ class CachedView:
 
 @dataclass(slots=True)
 class _Shelf:
-    """What the scopes of one :class:`ViewCache` share: bounds, entries, LRU order."""
+    """What the scopes of one :class:`ViewCache` share: bounds, entries, LRU order, and
+    the id hints of the sessions (:class:`~shared.core.callids.KnownIds`, as many)."""
 
     max_sessions: int
     max_messages: int
+    ids: KnownIds
     entries: OrderedDict[Any, CachedView] = field(default_factory=OrderedDict)
     messages: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,7 +126,7 @@ class ViewCache:
     __slots__ = ("_scope", "_shelf")
 
     def __init__(self, max_sessions: int = 256, max_messages: int = 200_000) -> None:
-        self._shelf = _Shelf(max_sessions, max_messages)
+        self._shelf = _Shelf(max_sessions, max_messages, KnownIds(max_sessions))
         self._scope = ""
 
     def scoped(self, scope: str) -> ViewCache:
@@ -134,6 +137,11 @@ class ViewCache:
         view = ViewCache.__new__(ViewCache)
         view._shelf, view._scope = self._shelf, scope
         return view
+
+    def known_ids(self) -> KnownIds:
+        """The id hints of this cache's sessions (this scope's), bounded with it."""
+        ids = self._shelf.ids
+        return ids.scoped(self._scope) if self._scope else ids
 
     @property
     def max_sessions(self) -> int:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.core.budget import ensure_reducible
-from shared.core.callids import KnownIds
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
@@ -130,7 +129,7 @@ class GuardShell(FreshViews):
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
         self.turns = PendingTurns(self.counter)
-        self.known_ids = KnownIds(self.views.max_sessions)
+        self.known_ids = self.views.known_ids()
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
         self.own: OwnWrites | AsyncOwnWrites | None = None
