@@ -11,6 +11,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
 from shared.core.messages import validate_messages
 from shared.core.tokens import DEFAULT_COUNTER
+from shared.core.viewcache import ViewCache
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.test_guard import SYSTEM, coding_turn
@@ -353,3 +354,49 @@ def test_a_turn_renamed_from_its_middle_converts_each_message_once(
         "s", SYSTEM, model="m", pending=turn[:-1])
     assert wire == fresh.wire("openai")
     assert sum(converted) == len(turn) - 1  # every pending message once, none again
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_turn_over_the_pending_bound_is_not_kept_and_its_views_are_the_same(
+        shell_name: str) -> None:
+    """The bound on remembered turns costs a long turn its re-use, never its view."""
+    turn = _chain()
+    calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
+    views, counted = {}, {}
+    for tokens in (10_000_000, 5):  # the default; less than the chain's first message
+        counter = CountingCounter()
+        store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"), counter=counter)
+        cache = ViewCache(pending_tokens=tokens)
+        guard = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=cache)
+        views[tokens] = [guard.prepare("s", SYSTEM, model="m", pending=turn[:i]).openai()
+                         for i in calls]
+        counted[tokens] = counter.messages_counted
+        turns, _ = cache.pending()
+        assert len(turns) == (1 if tokens > 5 else 0) and turns.size <= tokens
+    assert views[5] == views[10_000_000]
+    # kept, each pending message was counted once; not kept, at every call
+    assert counted[5] - counted[10_000_000] == sum(calls) - calls[-1]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_the_guards_of_one_cache_share_its_bound_on_remembered_turns(shell_name: str) -> None:
+    """A server's tenants: each tenant's turns its own, one bound between them."""
+    turn = _chain()[:3]
+    cache = ViewCache(pending_turns=1)
+    counters = {name: CountingCounter() for name in ("alpha", "beta")}
+    guards = {name: make(shell_name, SessionStore(fakeredis.FakeRedis(), StoreConfig(
+        key_prefix=name), counter=counters[name]), view_cache=cache.scoped(name))
+        for name in ("alpha", "beta")}
+
+    def counted(name: str, pending: list[dict[str, Any]]) -> int:
+        before = counters[name].messages_counted
+        guards[name].prepare("s", SYSTEM, pending=pending)
+        return counters[name].messages_counted - before
+
+    for name in guards:
+        counted(name, [])  # the system prompt, counted once
+    assert counted("alpha", turn[:2]) == 2
+    assert counted("alpha", turn) == 1  # only its new message
+    assert counted("beta", turn) == 3  # the same session id, another tenant's turn
+    assert counted("alpha", turn) == 3  # pushed out by beta's: all three again
+    assert len(cache.pending()[0]) == 1

@@ -296,20 +296,27 @@ def test_tenants_share_one_bounded_view_cache(store: SessionStore) -> None:
         alpha = c.post("/v1/sessions/same/prepare", json=body, headers=A).json()
         beta = c.post("/v1/sessions/same/prepare", json=body, headers=B).json()
         again = c.post("/v1/sessions/same/prepare", json=body, headers=A).json()
+        for headers in (A, B):  # a turn in progress each: one bound holds both
+            c.post("/v1/sessions/same/prepare", json={**body, "pending": TURN[:1]},
+                   headers=headers).raise_for_status()
     assert alpha["messages"][1:] == again["messages"][1:] == TURN
     assert beta["messages"][1:] == TURN[:1]
     server = app.state.server
     views = server.guard("alpha").views
     assert views is not server.guard("beta").views and views.max_sessions == 1
     assert len(views) == 1  # the bound is the process's, not each tenant's
+    turns, _ = views.pending()
+    assert turns.max_size == config.cache_pending_tokens and len(turns) == 2
 
 
 def test_cache_bounds_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMPACTION_SERVER_TOKENS", json.dumps(TOKENS))
     monkeypatch.setenv("COMPACTION_SERVER_CACHE_SESSIONS", "5000")
     monkeypatch.setenv("COMPACTION_SERVER_CACHE_MESSAGES", "1000000")
+    monkeypatch.setenv("COMPACTION_SERVER_CACHE_PENDING_TOKENS", "2000")
     config = load_server_config()
-    assert (config.cache_sessions, config.cache_messages) == (5000, 1_000_000)
+    assert (config.cache_sessions, config.cache_messages, config.cache_pending_tokens) == \
+        (5000, 1_000_000, 2000)
     monkeypatch.setenv("COMPACTION_SERVER_CACHE_SESSIONS", "-1")
     with pytest.raises(ValueError, match="COMPACTION_SERVER_CACHE_SESSIONS"):
         load_server_config()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core import fastjson
+from shared.core.boundedlru import BoundedLRU
 from shared.core.callids import KnownIds
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Lazy
@@ -51,6 +52,15 @@ BYTES_PER_MESSAGE = 2_800
 wire dict, chunk overhead): 2,292-2,831 on the real transcripts of the benchmark
 (~1 kB of JSON a message; tracemalloc in ``scripts/bench_guard.py``). A session's
 cost is about this times the messages of its view."""
+
+PENDING_TURNS = 1_024
+"""Sessions whose turn in progress a guard remembers between its prepares (see
+:meth:`ViewCache.pending`)."""
+PENDING_TOKENS = 10_000_000
+"""Tokens of those turns, in all: a turn costs 4-18 bytes a token (the messages as given,
+validated, counted, their wire forms; the text itself is held once), 18 on 27-call real
+tool chains (tracemalloc), nearer 4 where one large tool output makes most of a turn.
+Counted in tokens, not messages, so that a few turns of huge tool outputs are bounded too."""
 
 
 @dataclass(slots=True)
@@ -100,12 +110,15 @@ class CachedView:
 
 @dataclass(slots=True)
 class _Shelf:
-    """What the scopes of one :class:`ViewCache` share: bounds, entries, LRU order, and
-    the id hints of the sessions (:class:`~shared.core.callids.KnownIds`, as many)."""
+    """What the scopes of one :class:`ViewCache` share: bounds, entries, LRU order, the
+    id hints of the sessions (:class:`~shared.core.callids.KnownIds`, as many) and the
+    guards' turns in progress (:meth:`ViewCache.pending`)."""
 
     max_sessions: int
     max_messages: int
     ids: KnownIds
+    turns: BoundedLRU[Any]
+    counted: BoundedLRU[Any]
     entries: OrderedDict[Any, CachedView] = field(default_factory=OrderedDict)
     messages: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -118,6 +131,8 @@ class ViewCache:
     messages in all (a view larger than that is not kept); about
     :data:`BYTES_PER_MESSAGE` bytes per cached message. Entries are replaced
     whole, so concurrent prepares of one session cannot corrupt each other.
+    The turns in progress its guards remember (:meth:`pending`) have bounds of
+    their own: ``pending_turns`` sessions, ``pending_tokens`` tokens in all.
 
     :meth:`scoped` gives guards of different namespaces (a server's tenants,
     whose session ids may be the same) one memory bound between them.
@@ -125,8 +140,12 @@ class ViewCache:
 
     __slots__ = ("_scope", "_shelf")
 
-    def __init__(self, max_sessions: int = 256, max_messages: int = 200_000) -> None:
-        self._shelf = _Shelf(max_sessions, max_messages, KnownIds(max_sessions))
+    def __init__(self, max_sessions: int = 256, max_messages: int = 200_000, *,
+                 pending_turns: int = PENDING_TURNS,
+                 pending_tokens: int = PENDING_TOKENS) -> None:
+        self._shelf = _Shelf(max_sessions, max_messages, KnownIds(max_sessions),
+                             BoundedLRU(pending_turns, pending_tokens),
+                             BoundedLRU(pending_turns, max_messages))
         self._scope = ""
 
     def scoped(self, scope: str) -> ViewCache:
@@ -142,6 +161,15 @@ class ViewCache:
         """The id hints of this cache's sessions (this scope's), bounded with it."""
         ids = self._shelf.ids
         return ids.scoped(self._scope) if self._scope else ids
+
+    def pending(self) -> tuple[BoundedLRU[Any], BoundedLRU[Any]]:
+        """Where this cache's guards keep their sessions' turns in progress (bounded by
+        turns and tokens) and the counts of their last truncations (by turns and messages:
+        mostly the cached views' own messages); this scope's."""
+        shelf = self._shelf
+        if not self._scope:
+            return shelf.turns, shelf.counted
+        return shelf.turns.scoped(self._scope), shelf.counted.scoped(self._scope)
 
     @property
     def max_sessions(self) -> int:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import copy
 import operator
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from shared.core.boundedlru import BoundedLRU
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
@@ -24,8 +23,6 @@ from shared.core.pairs import PairScan
 from shared.core.renamed import RenamedTurn
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import Slots
-
-PENDING_KEEP = 1024  # sessions whose pending turn is remembered (validated, counted)
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -70,29 +67,37 @@ class SoFar(NamedTuple):
 
 
 class PendingTurns:
-    """The pending turn of up to :data:`PENDING_KEEP` sessions (LRU); thread-safe."""
+    """The pending turns of recent sessions, least recently used out first; thread-safe.
 
-    def __init__(self, counter: TokenCounter) -> None:
+    Bounded by sessions and by tokens (``turns``, sized by each turn's token count;
+    :meth:`shared.core.viewcache.ViewCache.pending` gives the guard its cache's two
+    maps, so the guards of one cache share those bounds): a turn an agent never
+    recorded stays only until newer ones push it out.
+    """
+
+    def __init__(self, counter: TokenCounter, turns: BoundedLRU[_Turn],
+                 counted: BoundedLRU[Counted]) -> None:
         self.counter = counter
-        self._lock = threading.Lock()
-        self._turns: OrderedDict[str, _Turn] = OrderedDict()
-        # per session, what its last truncation build counted (kept across turns)
-        self._counted: OrderedDict[str, Counted] = OrderedDict()
+        self._turns = turns
+        # per session, what its last truncation build counted (kept across turns), sized
+        # by messages
+        self._counted = counted
 
     def _get(self, session_id: str) -> _Turn | None:
-        with self._lock:
-            return self._turns.get(session_id)
+        return self._turns.peek(session_id)
 
     def _turn(self, session_id: str) -> _Turn:
         """The session's turn record, made if absent (most recently used)."""
-        with self._lock:
-            turn = self._turns.get(session_id)
-            if turn is None:
-                turn = self._turns[session_id] = _Turn()
-            self._turns.move_to_end(session_id)
-            while len(self._turns) > PENDING_KEEP:
-                self._turns.popitem(last=False)
-            return turn
+        turn = self._turns.get(session_id)
+        if turn is None:
+            turn = _Turn()
+            self._turns.put(session_id, turn, 0)
+        return turn
+
+    def _sized(self, session_id: str, turn: _Turn) -> None:
+        """Account for ``turn``'s tokens now (the bound may push older turns out, or this
+        one when it alone is over it: its next call then starts afresh)."""
+        self._turns.put(session_id, turn, sum(turn.tokens))
 
     def rows(self, session_id: str, raw: Sequence[Message | Mapping[str, Any]],
              ) -> tuple[list[Message], list[int]]:
@@ -135,14 +140,14 @@ class PendingTurns:
         turn.tokens = tokens = kept(base.tokens) + [self.counter.message(m) for m in fresh]
         turn.slots = (base.slots if isinstance(base.slots, Slots) else Slots(base.slots)
                       ).continued(reuse, len(fresh))
+        self._sized(session_id, turn)
         return extra, list(tokens)
 
     def known(self, session_id: str, scan: PairScan | None, extra: list[Message]) -> SoFar:
         """What the turn's earlier calls left that this call's pending messages (``extra``,
         as :meth:`rows` returned them) can re-use; the core checks each before use."""
-        with self._lock:
-            turn = self._turns.get(session_id) if extra else None
-            counted = self._counted.get(session_id)
+        turn = self._turns.peek(session_id) if extra else None
+        counted = self._counted.get(session_id)
         if turn is None:
             return SoFar((), None, None, None, counted)
         wire: Sequence[dict[str, Any]] = turn.slots if turn.extra is extra else []
@@ -160,19 +165,17 @@ class PendingTurns:
         """Keep the pending turn's scan (``scan``, from ``base``), truncation input
         (``cut``, when this call truncated) and renaming (``renamed``: its call ids
         repeat) for the next call."""
-        turn = (self._get(session_id) if (scan is None or not extra) and cut is None
-                and renamed is None else self._turn(session_id))
+        if cut is not None:
+            self._counted.put(session_id, cut.counted, len(cut.counted))
+        turn = self._get(session_id)
         if turn is None:
-            return
+            if extra or (cut is None and renamed is None):
+                return  # :meth:`rows` kept no turn (over the bound, or not a list)
+            turn = self._turn(session_id)
         turn.renamed = renamed
         turn.scan = None if scan is None or not extra else (base, tuple(extra), scan)
         if cut is not None:
             turn.cut = cut
-            with self._lock:
-                self._counted[session_id] = cut.counted
-                self._counted.move_to_end(session_id)
-                while len(self._counted) > PENDING_KEEP:
-                    self._counted.popitem(last=False)
 
     def recorded(self, session_id: str, messages: Sequence[Any],
                  ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]],
@@ -198,8 +201,7 @@ class PendingTurns:
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""
-        with self._lock:
-            self._turns.pop(session_id, None)
+        self._turns.pop(session_id)
 
 
-__all__ = ["PENDING_KEEP", "PendingTurns", "SoFar"]
+__all__ = ["PendingTurns", "SoFar"]

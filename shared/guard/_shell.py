@@ -45,9 +45,9 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.view import Regions, ViewCache, assemble
-from shared.core.viewcache import CachedView, KnownCounts
+from shared.core.viewcache import PENDING_TURNS, CachedView, KnownCounts
 from shared.guard._fresh import FreshViews
-from shared.guard._pending import PENDING_KEEP, PendingTurns
+from shared.guard._pending import PendingTurns
 from shared.guard._tracing import Traced
 from shared.store import commands
 from shared.store.changes import ChangeFeed
@@ -128,7 +128,7 @@ class GuardShell(FreshViews):
         self._overhead = (self.counter, self.counter.messages([]))  # per request
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
-        self.turns = PendingTurns(self.counter)
+        self.turns = PendingTurns(self.counter, *self.views.pending())
         self.known_ids = self.views.known_ids()
         self._lock = threading.Lock()
         self.feed: ChangeFeed | None = None
@@ -279,7 +279,7 @@ class GuardShell(FreshViews):
     def remember(self, session_id: str, sent: Sent) -> None:
         with self._lock:
             self._sent[session_id] = sent
-            if len(self._sent) > max(PENDING_KEEP, self.views.max_sessions):
+            if len(self._sent) > max(PENDING_TURNS, self.views.max_sessions):
                 self._sent.pop(next(iter(self._sent)))
 
     def take_sent(self, session_id: str, reported: bool) -> Sent | None:

@@ -118,8 +118,9 @@ class ServerState:
             guard = self._guards.get(tenant)
             if guard is None:
                 if self._views is None:
-                    self._views = ViewCache(self.config.cache_sessions,
-                                            self.config.cache_messages)
+                    self._views = ViewCache(
+                        self.config.cache_sessions, self.config.cache_messages,
+                        pending_tokens=self.config.cache_pending_tokens)
                 guard = self._guards[tenant] = ContextGuard(
                     self.store.for_tenant(tenant), self.enqueuer, policy=self.policy,
                     overrides=self.overrides, view_cache=self._views.scoped(tenant),

@@ -46,6 +46,11 @@ class ServerConfig(BaseSettings):
         default=200_000, ge=0,
         description="messages those views hold in all (~2.6 kB each with the OpenAI wire "
                     "form): the bound on a process's cache memory")
+    cache_pending_tokens: int = Field(
+        default=10_000_000, ge=0,
+        description="tokens of the turns in progress a process remembers between their "
+                    "prepares, every tenant's together (4-18 bytes a token; a turn over "
+                    "it is validated and counted again at each call)")
 
     @model_validator(mode="after")
     def _tokens_readable(self) -> ServerConfig:
