@@ -57,9 +57,9 @@ PENDING_TURNS = 1_024
 """Sessions whose turn in progress a guard remembers between its prepares (see
 :meth:`ViewCache.pending`)."""
 PENDING_TOKENS = 10_000_000
-"""Tokens of those turns, in all: a turn costs 4-18 bytes a token (the messages as given,
-validated, counted, their wire forms; the text itself is held once), 18 on 27-call real
-tool chains (tracemalloc), nearer 4 where one large tool output makes most of a turn.
+"""Tokens of those turns, in all: a turn costs 3-15 bytes a token (the messages as given,
+validated, counted, their wire forms; the text itself is held once): 14.7 on 27-call real
+tool chains, 3 on the same chains with 40 kB tool outputs (tracemalloc).
 Counted in tokens, not messages, so that a few turns of huge tool outputs are bounded too."""
 
 

@@ -49,7 +49,7 @@ class ServerConfig(BaseSettings):
     cache_pending_tokens: int = Field(
         default=10_000_000, ge=0,
         description="tokens of the turns in progress a process remembers between their "
-                    "prepares, every tenant's together (4-18 bytes a token; a turn over "
+                    "prepares, every tenant's together (3-15 bytes a token; a turn over "
                     "it is validated and counted again at each call)")
 
     @model_validator(mode="after")
