@@ -187,6 +187,15 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      "the output). Please reduce the length of either one, or use the \"middle-out\" transform to "
      "compress your prompt automatically.", "code": 400}},
      {"limit": 1048576, "requested": 1060000, "prompt_tokens": 1043000, "output_tokens": 16000}),
+    # "length: N > M" after a maximum: M is the limit, not the first number after "maximum"
+    ("paraphrase-max-then-comparison", "Request exceeds maximum context length: 130000 > "
+     "128000", {"prompt_tokens": 130000, "limit": 128000}),
+    ("paraphrase-bare-parentheses", "The number of tokens in the prompt (150000) exceeds the "
+     "model's context window (128000).", {"prompt_tokens": 150000, "limit": 128000}),
+    ("paraphrase-max-model-length", "prompt length (9000) exceeds maximum model length (8192)",
+     {"prompt_tokens": 9000, "limit": 8192}),
+    ("paraphrase-model-context-length", "Input length 9000 exceeds model context length 8192",
+     {"prompt_tokens": 9000, "limit": 8192}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "

@@ -72,7 +72,8 @@ OVERFLOW_STRONG = _rx(
     r"exceed max message tokens", r"reduce the length of the (?:messages|input|prompt)",
     r"size limit exceeded by \d+ tokens", r"tokens in the prompt cannot exceed",
     r"current length is \d+ while limit is", r"maximum (?:allowed )?input length",
-    r"longer than the maximum model length", r"is too long and exceeds limit of",
+    r"(?:longer than|exceeds?) (?:the )?max(?:imum)? model length",
+    r"is too long and exceeds limit of",
     r"prompt has too many tokens", r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?tokens",
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
@@ -137,6 +138,8 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
     for p, f in (
         (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
          rf"request has {_N} input tokens", ("output", "limit", "prompt")),
+        # "maximum context length: 130000 > 128000": the stated length, then the limit
+        (rf"(?:context|prompt) length:? {_N} ?> ?{_N}\b", ("prompt", "limit")),
         (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
         (rf"context length of only {_N}", ("limit",)),
         (rf"your messages resulted in {_N} tokens", ("prompt",)),
@@ -162,7 +165,7 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"requested tokens \({_N}\) exceed context window of {_N}", ("total", "limit")),
         (rf"keep the first {_N} tokens when context the overflows", ("prompt",)),
         (rf"exceeded max context length by {_N} tokens", ("excess",)),
-        (rf"input length \(?{_N}\)? exceeds (?:the )?(?:model's )?(?:maximum )?context length"
+        (rf"input length \(?{_N}\)? exceeds (?:the )?(?:model'?s? )?(?:maximum )?context length"
          rf" \(?{_N}", ("prompt", "limit")),
         (rf"input tokens exceed the configured limit of {_N} tokens", ("limit",)),
         (rf"prompt tokens \({_N}\) exceed model maximum \({_N}", ("prompt", "limit")),
@@ -185,9 +188,10 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          rf"length of {_N})", ("prompt", "limit")),
         # Families shared by several servers (SGLang, llama.cpp, Ollama, LM Studio, TGI forks):
         # "(N tokens) is longer than / exceeds / is larger than ... (M tokens)".
-        (rf"\({_N} tokens?\) (?:is )?(?:longer|larger|greater|more) than[^()]{{0,60}}?"
-         rf"\({_N} tokens?\)", ("prompt", "limit")),
-        (rf"\({_N} tokens?\) exceeds?[^()]{{0,60}}?\({_N} tokens?\)", ("prompt", "limit")),
+        (rf"\({_N}(?: tokens?)?\) (?:is )?(?:longer|larger|greater|more) than[^()]{{0,60}}?"
+         rf"\({_N}(?: tokens?)?\)", ("prompt", "limit")),
+        (rf"\({_N}(?: tokens?)?\) exceeds?[^()]{{0,60}}?\({_N}(?: tokens?)?\)",
+         ("prompt", "limit")),
         # "a total of N tokens: P tokens from the input messages and O tokens for the completion"
         (rf"total of {_N} tokens:? {_N} tokens? (?:from|in) the (?:input|prompt|messages)"
          rf"[\w ]{{0,20}}? and {_N} tokens? (?:for|in) the (?:completion|output)",
