@@ -141,6 +141,29 @@ def test_recover_learns_limit_and_compacts_to_a_fifth(make_guard: Callable[..., 
     assert guard.recover("s", rate, SYSTEM, model="m") is None
 
 
+def test_a_window_stated_in_thousands_is_learned_and_a_misparse_never_is(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """"128k" is 128,000 tokens; a figure no window can be (a misparse, e.g. of
+    "1.048.576") is neither learned nor stored, and one an older version stored in the
+    session's state is not used: it would truncate every later view to nothing."""
+    guard = make_guard(store, overrides={"m": 100_000})
+    for i in range(12):
+        store.append("s", coding_turn(i))
+    view = guard.recover("s", RuntimeError("Input exceeds the maximum context length of 32k "
+                                           "tokens"), SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and view.report.budget.window == 32_000
+    assert store.state("s").learned_window == 32_000
+    guard.limits.forget("m")
+    store.update_state("s", learned_window=0)
+    view = guard.recover("s", RuntimeError("maximum context length is 1.048.576 tokens"),
+                         SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and view.report.budget.window == 100_000  # compacted, unlearned
+    assert store.state("s").learned_window == 0 and guard.limits.get("m") is None
+    store.update_state("s", learned_window=1, model="m")  # written before the check
+    assert guard.prepare("s", SYSTEM, max_tokens=1000, model="m").report.budget.window \
+        == 100_000
+
+
 def test_limits_seen_follow_the_book(make_guard: Callable[..., Any], store: SessionStore,
                                      ) -> None:
     """The guard keeps the limits it resolved per model; a limit learned or forgotten, or

@@ -21,6 +21,7 @@ from shared.core.overflow import (
     is_context_overflow,
     is_tool_pairing_error,
     parse_overflow,
+    stated_count,
 )
 
 K = ErrorKind
@@ -196,6 +197,15 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      {"prompt_tokens": 9000, "limit": 8192}),
     ("paraphrase-model-context-length", "Input length 9000 exceeds model context length 8192",
      {"prompt_tokens": 9000, "limit": 8192}),
+    # windows stated in thousands: "128k" is not a 128-token window
+    ("paraphrase-thousands", "Input exceeds the maximum context length of 128k tokens",
+     {"limit": 128_000}),
+    ("paraphrase-thousands-comparison", "prompt is too long: 210k tokens > 200K maximum",
+     {"prompt_tokens": 210_000, "limit": 200_000}),
+    ("paraphrase-thousands-decimal", "The input (130.5k tokens) is longer than the model's "
+     "context length (128k tokens).", {"prompt_tokens": 130_500, "limit": 128_000}),
+    ("paraphrase-millions", "This model's maximum context length is 1M tokens. However, your "
+     "messages resulted in 1,200,000 tokens.", {"limit": 1_000_000}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -226,6 +236,13 @@ def test_held_out_overflows_generalise(name: str, error: object, numbers: dict[s
     assert info is not None
     for field, value in numbers.items():
         assert getattr(info, field) == value, (field, info)
+
+
+@pytest.mark.parametrize(("raw", "count"), [("131,072", 131_072), ("4096", 4096),
+                                            ("128k", 128_000), ("32K", 32_000),
+                                            ("1.5M", 1_500_000), ("130.5k", 130_500)])
+def test_stated_counts_read_separators_and_suffixes(raw: str, count: int) -> None:
+    assert stated_count(raw) == count
 
 
 @pytest.mark.parametrize(("name", "error", "kind"), HELD_OUT_NEGATIVES,

@@ -48,7 +48,7 @@ from shared.core.budget import check_budget
 from shared.core.config import CompactionPolicy
 from shared.core.facts import extract_facts
 from shared.core.ledger import Ledger
-from shared.core.limits import model_limits, output_reserve
+from shared.core.limits import LimitBook, model_limits, output_reserve
 from shared.core.records import SessionState, SummaryRecord, ViewData
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import find_cut_point
@@ -141,10 +141,10 @@ class Compactor:
 
     # -- decision ------------------------------------------------------------------
     def _window(self, state: SessionState) -> tuple[int, int]:
+        learned = state.learned_window if LimitBook.credible(state.learned_window) else 0
         limits = model_limits(state.model or "gpt-4o",
-                              learned={state.model: state.learned_window}
-                              if state.learned_window and state.model else None)
-        window = state.learned_window or state.window or limits.context_window
+                              learned={state.model: learned} if learned and state.model else None)
+        window = learned or state.window or limits.context_window
         reserve = state.max_tokens or output_reserve(limits, None)
         return window, min(reserve, max(0, window - 1024))
 

@@ -180,9 +180,10 @@ def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | Non
     key, value = _find(learned, model, canonical=False)
     if value is not None:
         window = positive_int(value, f"learned[{key!r}]")
-        return replace(base, context_window=window, source="learned",
-                       detail=f"learned: a provider error stated a {window}-token limit "
-                              f"for {key!r}")
+        if LimitBook.credible(window):  # else a misparse (a state written before the check)
+            return replace(base, context_window=window, source="learned",
+                           detail=f"learned: a provider error stated a {window}-token limit "
+                                  f"for {key!r}")
     key, value = _find(overrides, model, canonical=True)
     if isinstance(value, ModelLimits):
         return replace(value, model=model, source="override",
@@ -228,6 +229,11 @@ class LimitBook:
     MIN_CREDIBLE = 512
     MAX_CREDIBLE = 100_000_000
 
+    @classmethod
+    def credible(cls, limit: int) -> bool:
+        """Whether ``limit`` can be a context window (else a misparse, never learned)."""
+        return cls.MIN_CREDIBLE <= limit <= cls.MAX_CREDIBLE
+
     def __init__(self, initial: Mapping[str, int] | None = None) -> None:
         self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -246,7 +252,7 @@ class LimitBook:
         key = self._key(model)
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidInput(f"expected an integer, got {limit!r}", field="limit")
-        if not self.MIN_CREDIBLE <= limit <= self.MAX_CREDIBLE:
+        if not self.credible(limit):
             return False
         with self._lock:
             current = self._limits.get(key)

@@ -54,6 +54,7 @@ __all__ = [
     "is_context_overflow",
     "is_tool_pairing_error",
     "parse_overflow",
+    "stated_count",
 ]
 
 
@@ -315,6 +316,18 @@ def is_tool_pairing_error(error: object) -> bool:
     return classify_error(error) is ErrorKind.TOOL_PAIRING
 
 
+_SUFFIX = {"k": 1_000, "m": 1_000_000}
+
+
+def stated_count(raw: str) -> int:
+    """A count as an error states it: ``"131,072"``, ``"128k"`` (128,000: the smaller
+    reading of a rounded window, the safe one to learn), ``"1.5M"``."""
+    scale = _SUFFIX.get(raw[-1].lower())
+    if scale is None:
+        return int(raw.replace(",", ""))
+    return round(float(raw[:-1]) * scale)
+
+
 def parse_overflow(error: object) -> OverflowInfo | None:
     """The numbers an overflow error stated, or None when ``error`` is not an overflow."""
     try:
@@ -329,7 +342,7 @@ def parse_overflow(error: object) -> OverflowInfo | None:
             match = pattern.search(verdict.text)
             for name, raw in zip(fields, match.groups() if match else (), strict=False):
                 if raw is not None:
-                    found.setdefault(name, int(raw.replace(",", "")))
+                    found.setdefault(name, stated_count(raw))
     limit, prompt, output = found.get("limit"), found.get("prompt"), found.get("output")
     kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
         "output_reserve_overflow"

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 
-_N = r"(\d{1,3}(?:,\d{3})+(?!\d)|\d+)"  # a token count, thousands separators allowed
+# A token count: thousands separators allowed, or a k / M suffix ("128k", "1.5M"; read by
+# shared.core.overflow.stated_count as 128,000 and 1,500,000).
+_N = r"(\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?[kKmM]\b|\d+)"
 _Q = r"[`'\"]?"  # optional quoting around parameter names
 
 

@@ -318,8 +318,8 @@ class GuardShell(FreshViews):
     def learn_overflow(self, error: object, model: str, trace: Traced) -> int | None:
         """The limit an overflow error states (learned for ``model``, set on the span)."""
         info = parse_overflow(error)
-        if info is None or not info.limit:
-            return None
+        if info is None or not info.limit or not LimitBook.credible(info.limit):
+            return None  # nothing stated, or a misparse: not learned, nor stored
         self.limits.learn(model, info.limit)
         trace.current.set_attribute("compaction.stated_limit", info.limit)
         return info.limit
