@@ -206,6 +206,13 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      "context length (128k tokens).", {"prompt_tokens": 130_500, "limit": 128_000}),
     ("paraphrase-millions", "This model's maximum context length is 1M tokens. However, your "
      "messages resulted in 1,200,000 tokens.", {"limit": 1_000_000}),
+    ("paraphrase-input-comparison", "Too many input tokens: 9000 > 8192",
+     {"prompt_tokens": 9000, "limit": 8192}),
+    ("paraphrase-max-length-of", "Input Tokens Exceeded: Number of input tokens exceeds maximum "
+     "length of 8192", {"limit": 8192}),
+    ("paraphrase-max-tokens-is", "The maximum number of tokens for this model is 8192, but 9000 "
+     "were requested", {"limit": 8192}),
+    ("paraphrase-conversation", "The conversation is too long, please start a new chat.", {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -226,6 +233,7 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      '"code":402}}', 402), K.QUOTA),
     ("litellm-rate", ProviderError("litellm.RateLimitError: RateLimitError: OpenAIException - "
      "Rate limit reached for requests", 429), K.RATE_LIMIT),
+    ("plan-token-limit", ProviderError("Token limit exceeded for your plan", 403), K.QUOTA),
 ]
 
 

@@ -46,7 +46,7 @@ QUOTA = _rx(
     r"quota(?!increase)", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
     r"credit balance", r"insufficient[_ ](?:balance|credits?|funds)", r"more credits",
     r"can only afford", r"exceeded your current", r"payment required", r"spending limit",
-    r"usage limits?\b",
+    r"usage limits?\b", r"\bfor your (?:current )?plan\b", r"upgrade your plan",
 )
 RATE = _rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
@@ -130,6 +130,7 @@ SERVER = _rx(
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request too large", r"too long for (?:this|the) model",
     r"messages? (?:is|are) too long", r"total length of all messages",
+    r"conversation (?:is )?too long",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
     r"token count exceeds", r"number of tokens .{0,30}exceeds?",
 )
@@ -140,8 +141,9 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
     for p, f in (
         (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
          rf"request has {_N} input tokens", ("output", "limit", "prompt")),
-        # "maximum context length: 130000 > 128000": the stated length, then the limit
-        (rf"(?:context|prompt) length:? {_N} ?> ?{_N}\b", ("prompt", "limit")),
+        # "maximum context length: 130000 > 128000", "too many input tokens: 9000 > 8192":
+        # the stated length, then the limit
+        (rf"(?:context|prompt|input) (?:length|tokens):? {_N} ?> ?{_N}\b", ("prompt", "limit")),
         (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
         (rf"context length of only {_N}", ("limit",)),
         (rf"your messages resulted in {_N} tokens", ("prompt",)),
@@ -155,7 +157,9 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"exceed context limit: {_N} \+ {_N} > {_N}", ("prompt", "output", "limit")),
         (rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
          ("prompt", "limit")),
-        (rf"maximum number of tokens allowed \(?{_N}", ("limit",)),
+        (rf"max(?:imum)? number of tokens(?: allowed| for this model)?(?: is)? \(?{_N}",
+         ("limit",)),
+        (rf"tokens? exceeds? (?:the )?max(?:imum)? length of {_N}", ("limit",)),
         (rf"max size: {_N} tokens", ("limit",)),
         (rf"input token count is {_N} but model only supports up to {_N}", ("prompt", "limit")),
         (rf"prompt contains {_N} tokens(?: and \d+ draft tokens)?, too large for model with {_N}",
