@@ -12,9 +12,12 @@ from shared.core.errors import InvalidInput
 # that would silently switch calibration off, so it is reported naming the field.
 PROMPT_FIELDS = ("prompt_tokens", "prompt_token_count", "promptTokenCount")
 ANTHROPIC_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+# Bedrock's Converse API: the same split as Anthropic's, in camelCase
+BEDROCK_FIELDS = ("inputTokens", "cacheWriteInputTokens", "cacheReadInputTokens")
 OTHER_FIELDS = ("completion_tokens", "total_tokens", "output_tokens", "candidates_token_count",
-                "candidatesTokenCount", "total_token_count", "totalTokenCount")
-COUNT_FIELDS = PROMPT_FIELDS + ANTHROPIC_FIELDS + OTHER_FIELDS
+                "candidatesTokenCount", "total_token_count", "totalTokenCount", "outputTokens",
+                "totalTokens")
+COUNT_FIELDS = PROMPT_FIELDS + ANTHROPIC_FIELDS + BEDROCK_FIELDS + OTHER_FIELDS
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -66,7 +69,9 @@ def reported_prompt_tokens(usage: Any) -> int | None:
 
     Takes an int, an OpenAI ``usage`` (``prompt_tokens``), an Anthropic one
     (``input_tokens`` plus cache creation and cache reads, which Anthropic
-    reports separately although they were all sent), a Gemini
+    reports separately although they were all sent), a Bedrock Converse one
+    (``inputTokens`` plus ``cacheWriteInputTokens`` and ``cacheReadInputTokens``,
+    the same split), a Gemini
     ``usage_metadata`` (``prompt_token_count`` / ``promptTokenCount``), as
     dicts or SDK objects. None when there is no usage or no prompt figure
     (or it is 0); InvalidInput naming the field (``usage.prompt_tokens``)
@@ -79,13 +84,13 @@ def reported_prompt_tokens(usage: Any) -> int | None:
         return usage if usage > 0 else None
     value = next((v for v in (_count(_get(usage, n), f"usage.{n}") for n in PROMPT_FIELDS)
                   if v is not None), None)
-    if value is None:
-        base = _count(_get(usage, "input_tokens"), "usage.input_tokens")
-        if base is None:
-            return None
-        value = base + sum(_count(_get(usage, n), f"usage.{n}") or 0
-                           for n in ANTHROPIC_FIELDS[1:])
-    return value if value > 0 else None
+    for fields in (ANTHROPIC_FIELDS, BEDROCK_FIELDS):
+        if value is not None:
+            break
+        base = _count(_get(usage, fields[0]), f"usage.{fields[0]}")
+        if base is not None:
+            value = base + sum(_count(_get(usage, n), f"usage.{n}") or 0 for n in fields[1:])
+    return value if value else None
 
 
 __all__ = ["COUNT_FIELDS", "reported_prompt_tokens", "validate_usage"]
