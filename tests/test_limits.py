@@ -22,6 +22,7 @@ from shared.core.limits import (
     default_registry,
     model_limits,
     output_reserve,
+    window_in_name,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,3 +261,26 @@ def test_committed_registry_file_has_the_generator_header() -> None:
     assert meta["generator"] == "scripts/gen_model_limits.py" and meta["litellm_version"]
     assert meta["count"] == len(data["models"])
     assert list(data["models"]) == sorted(data["models"])
+
+
+@pytest.mark.parametrize(("name", "window"), [
+    ("acme-chat-8k", 8_000), ("house/llama-3-8b-instruct-262k", 262_000),
+    ("qwen2.5-7b-instruct-1m", 1_000_000), ("local_model_32K_v2", 32_000),
+    ("claude-house-9k", 9_000),  # more specific than the family's default
+    ("qwen2.5:7b-instruct-q4_K_M", None), ("mixtral-8x7b", None), ("tiny-0.1k", None),
+    ("house-model", None),
+])
+def test_an_unknown_model_s_name_can_state_its_window(name: str, window: int | None) -> None:
+    assert window_in_name(name) == window
+    limits = model_limits(name, registry=TINY)
+    if window is None:
+        assert limits.source in ("fallback", "provider_default")
+        return
+    assert (limits.context_window, limits.source) == (window, "fallback")
+    assert "its name states" in limits.detail and limits.max_output_tokens <= window // 4
+
+
+def test_a_known_model_s_name_is_not_read_for_a_size() -> None:
+    """The registry's figure wins over what the name seems to say."""
+    registry = Registry.from_json({"models": {"acme-chat-8k": [8192, 2048, "acme"]}})
+    assert model_limits("acme-chat-8k", registry=registry).context_window == 8192

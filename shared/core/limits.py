@@ -13,8 +13,10 @@ names its source. Precedence, strongest first:
    separate from their output cap (gpt-5, Gemini) that makes
    ``window - reserve`` conservative, never too large.
 4. ``provider_default``: a family default by name prefix (``PROVIDER_DEFAULTS``).
-5. ``fallback``: 128k window, 4096 output, visible as ``source == "fallback"`` and
-   logged once per model string and process (a warning naming model and window).
+5. ``fallback``: the window an unknown model's name states (``phi-3-mini-4k``,
+   ``my-llama-32k``: 4,000 and 32,000, the smaller reading of a rounded size), else
+   128k; 4096 output. Visible as ``source == "fallback"`` and logged once per model
+   string and process (a warning naming model and window).
 
 The registry table and model-name canonicalization are in
 :mod:`shared.core.model_registry`; their names are importable from here too.
@@ -23,6 +25,7 @@ The registry table and model-name canonicalization are in
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -124,8 +127,24 @@ def _family(model: str) -> tuple[str, tuple[int, int]] | None:
     return None
 
 
+_NAMED_SIZE = re.compile(r"(?:^|[-_:/.])(\d{1,4}(?:\.\d+)?)([km])(?=$|[-_:/.])")
+"""A context size in a model's name: ``-8k``, ``_128k``, ``-1m`` (not ``q4_k``, ``8x7b``)."""
+
+
+def window_in_name(model: str) -> int | None:
+    """The window a model's name states, if any (its last size; k = 1,000, m = 1,000,000),
+    when it is one a window can be."""
+    sizes = _NAMED_SIZE.findall(model.lower())
+    if not sizes:
+        return None
+    number, unit = sizes[-1]
+    window = round(float(number) * (1_000 if unit == "k" else 1_000_000))
+    return window if LimitBook.credible(window) else None
+
+
 def _base(model: str, registry: Registry) -> ModelLimits:
-    """Registry, provider default or fallback: what applies without caller knowledge."""
+    """Registry, name-stated size, provider default or fallback: what applies without
+    caller knowledge."""
     found = registry.lookup(model)
     family = _family(model)
     if found is not None:
@@ -139,6 +158,10 @@ def _base(model: str, registry: Registry) -> ModelLimits:
             out = min(family[1][1] if family else FALLBACK_MAX_OUTPUT, max(1, window // 2))
             detail += f"; no usable output cap in the registry, {out} assumed"
         return ModelLimits(model, window, out, "registry", detail)
+    named = window_in_name(model)
+    if named is not None:  # the name is more specific than its family's default
+        return ModelLimits(model, named, min(FALLBACK_MAX_OUTPUT, named // 4), "fallback",
+                           f"fallback: {model!r} is unknown; its name states {named}")
     if family is not None:
         prefix, (window, out) = family
         return ModelLimits(model, window, out, "provider_default",
@@ -159,8 +182,10 @@ def _warn_fallback(limits: ModelLimits) -> None:
             return
         _warned.add(key)
     log.warning("unknown model %r: assuming a %d-token context window and %d output tokens "
-                "(default fallback); pass overrides={%r: WINDOW} to the guard if that is wrong",
-                limits.model, limits.context_window, limits.max_output_tokens, limits.model)
+                "(%s); pass overrides={%r: WINDOW} to the guard if that is wrong",
+                limits.model, limits.context_window, limits.max_output_tokens,
+                "the size its name states" if window_in_name(limits.model) else
+                "default fallback", limits.model)
 
 
 def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | None = None,
