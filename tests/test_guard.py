@@ -153,8 +153,8 @@ def test_a_window_stated_in_thousands_is_learned_and_a_misparse_never_is(
                                            "tokens"), SYSTEM, max_tokens=1000, model="m")
     assert view is not None and view.report.budget.window == 32_000
     assert store.state("s").learned_window == 32_000
-    guard.limits.forget("m")
     store.update_state("s", learned_window=0)
+    guard = make_guard(store, overrides={"m": 100_000})  # it prepared no request to bound by
     view = guard.recover("s", RuntimeError("maximum context length is 1.048.576 tokens"),
                          SYSTEM, max_tokens=1000, model="m")
     assert view is not None and view.report.budget.window == 100_000  # compacted, unlearned
@@ -162,6 +162,38 @@ def test_a_window_stated_in_thousands_is_learned_and_a_misparse_never_is(
     store.update_state("s", learned_window=1, model="m")  # written before the check
     assert guard.prepare("s", SYSTEM, max_tokens=1000, model="m").report.budget.window \
         == 100_000
+
+
+@pytest.mark.parametrize(("error", "excess"), [
+    ("the request exceeds the available context size, try increasing it", 0),  # llama.cpp
+    ('{"error":"prompt too long; exceeded max context length by 40 tokens"}', 40),  # Ollama
+])
+def test_an_overflow_that_states_no_window_is_bounded_by_the_refused_request(
+        make_guard: Callable[..., Any], store: SessionStore, error: str, excess: int) -> None:
+    """A server started with less context than the model has (llama.cpp's default, Ollama's
+    num_ctx): the refused request, which the guard made to fit the window it knew, bounds
+    the real one; the retry fits that bound and so do the next calls."""
+    guard = make_guard(store, overrides={"m": 100_000})
+    for i in range(12):
+        store.append("s", coding_turn(i))
+    refused = guard.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    sent = refused.report.estimated_prompt_tokens
+    assert 20_000 < sent < 100_000
+    view = guard.recover("s", RuntimeError(error), SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and view.report.budget.window == sent - excess
+    assert view.report.estimated_prompt_tokens <= 0.2 * (sent - excess) + 200
+    assert store.state("s").learned_window == sent - excess == guard.limits.get("m")
+    later = guard.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    assert later.report.budget.window == sent - excess
+    # another model's overflow, or a refusal of the body's bytes, teaches this one nothing
+    other = make_guard(store, overrides={"m": 100_000, "n": 100_000})
+    other.prepare("s", SYSTEM, max_tokens=1000, model="n")
+    other.recover("s", RuntimeError(error), SYSTEM, max_tokens=1000, model="m")
+    assert other.limits.get("m") is None
+    other.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    assert other.recover("s", RuntimeError("413 Request Entity Too Large"), SYSTEM,
+                         max_tokens=1000, model="m") is not None
+    assert other.limits.get("m") is None
 
 
 def test_limits_seen_follow_the_book(make_guard: Callable[..., Any], store: SessionStore,

@@ -134,6 +134,7 @@ class Sent:
     window: int
     version: int  # the session version it was built at
     state: SessionState
+    model: str = ""  # the model it was prepared for
 
 
 @dataclass(slots=True)
@@ -348,7 +349,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                                                        dropped_prefix))
     else:
         view = PreparedView.built(messages, report_)
-    sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state)
+    sent = Sent(regions.total, estimated, snap.end + len(extra), req.window, state.version, state,
+                req.model)
     return Plan(view=view, sent=sent, figures=figures, cheap=decisions, truncation=truncation,
                 version=state.version, clear_recover_next=req.force_ratio is not None,
                 enqueue=enqueue, force=truncated,

@@ -34,7 +34,7 @@ from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
 from shared.core.messages import Message, validate_message, validate_messages
-from shared.core.overflow import is_context_overflow, parse_overflow
+from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
@@ -315,14 +315,43 @@ class GuardShell(FreshViews):
         get_metrics().recovery("not_overflow")
         return False
 
-    def learn_overflow(self, error: object, model: str, trace: Traced) -> int | None:
-        """The limit an overflow error states (learned for ``model``, set on the span)."""
+    def learn_overflow(self, session_id: str, error: object, model: str,
+                       trace: Traced) -> int | None:
+        """The limit an overflow error states, learned for ``model`` (set on the span); when
+        it states none, the bound the refused request sets (:meth:`refused_bound`)."""
         info = parse_overflow(error)
-        if info is None or not info.limit or not LimitBook.credible(info.limit):
-            return None  # nothing stated, or a misparse: not learned, nor stored
-        self.limits.learn(model, info.limit)
-        trace.current.set_attribute("compaction.stated_limit", info.limit)
-        return info.limit
+        if info is None:
+            return None
+        if info.limit and LimitBook.credible(info.limit):
+            limit, attribute = info.limit, "compaction.stated_limit"
+        else:
+            bound = self.refused_bound(session_id, info, model)
+            if bound is None:
+                return None
+            limit, attribute = bound, "compaction.inferred_limit"
+        self.limits.learn(model, limit)
+        trace.current.set_attribute(attribute, limit)
+        return limit
+
+    def refused_bound(self, session_id: str, info: OverflowInfo, model: str) -> int | None:
+        """The window an overflow that states none implies: this guard prepared the refused
+        request to fit the window it knew, so the real one is smaller than that request
+        (less any overshoot the error stated: Ollama's "exceeded ... by N tokens").
+
+        A server started with a smaller context than the model's (llama.cpp's
+        "exceeds the available context size", Ollama's default ``num_ctx``) would
+        otherwise be retried at a fifth of the window it does not have, and overflow
+        again every turn. Only ever lower than that window; None when this process did
+        not prepare the request for ``model``, or for a body-size refusal (bytes).
+        """
+        if info.kind != "context_overflow":
+            return None
+        with self._lock:
+            sent = self._sent.get(session_id)
+        if sent is None or sent.model != model:
+            return None
+        bound = sent.estimate - (info.excess or 0)
+        return bound if bound < sent.window and LimitBook.credible(bound) else None
 
     @staticmethod
     def performed(plan: Plan, ok: bool) -> bool:

@@ -295,8 +295,9 @@ class ContextGuard(GuardShell):
                 pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView | None:
         """After a provider error: None if it is not a context overflow, else a view to retry.
 
-        The stated limit is learned; the view is compacted to a fifth of the
-        window with force, without an LLM, and a worker is asked to replace
+        The stated limit is learned (or, when the error states none, the bound the
+        refused request sets: :meth:`refused_bound`); the view is compacted to a
+        fifth of the window with force, without an LLM, and a worker is asked to replace
         the truncation with a real summary. Runs even with proactive
         compaction switched off.
         """
@@ -304,7 +305,7 @@ class ContextGuard(GuardShell):
             return None
         with self.traced_recover(session_id, model, error) as trace:
             validate_session_id(session_id)
-            limit = self.learn_overflow(error, model, trace)
+            limit = self.learn_overflow(session_id, error, model, trace)
             if limit:
                 self.touched(session_id)
                 self.store.update_state(session_id, learned_window=limit, model=model,
