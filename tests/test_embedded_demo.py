@@ -22,13 +22,13 @@ from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
 from shared.core.wire import to_openai
 from shared.store.sessions import SessionStore
-from workers.cli.demo import ProviderSim, split_turns
+from workers.cli.demo import ProviderSim, landing_line, split_turns
 from workers.cli.main import main
 from workers.harness.demo_session import TOOLS
 from workers.harness.fakes.counting import default_counter
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
-from workers.harness.stack.demo import choose_backends
+from workers.harness.stack.demo import Landing, choose_backends
 from workers.harness.stack.in_process import MEMORY_BROKER
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.settings import Settings
@@ -278,3 +278,25 @@ def test_worker_app_publishes_to_the_broker_it_is_bound_to(own_redis_url: str,
     finally:
         purge_queue(broker)
         memory.Channel.queues.pop("compaction", None)
+
+
+def test_a_landing_fits_an_80_column_terminal_and_names_only_unusual_stages() -> None:
+    """Rich wraps a longer line mid-phrase in the narrow terminals it defaults to."""
+    from rich.console import Console
+
+    plain = Landing(217, 321, "offline", ["offline_summary"], 1_312, 12_034, 2_210,
+                    latency_ms=47.0)
+    llm = Landing(12_217, 13_321, "llm", ["incremental_merge", "folded_3_chunks"], 2_048,
+                  118_034, 42_210, model="gpt-4o-mini", latency_ms=2_470.0)
+    for landing in (plain, llm):
+        console = Console(width=80, record=True, color_system=None)
+        console.print(landing_line(119, 10, landing))
+        lines = console.export_text().splitlines()
+        assert len(lines) == (2 if landing is plain else 3), lines
+        assert all(len(line) <= 80 for line in lines), lines
+    text = "\n".join(lines)
+    assert "messages 12217-13320 → 2.0k-token summary, llm by gpt-4o-mini, 2470 ms" in text
+    assert "folded_3_chunks" in text
+    console = Console(width=80, record=True, color_system=None)
+    console.print(landing_line(0, 1, plain))
+    assert "offline_summary" not in console.export_text()
