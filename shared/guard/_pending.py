@@ -127,7 +127,7 @@ class PendingTurns:
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
         assert reuse == 0 or found is not None
-        turn = self._turn(session_id)
+        turn = found if found is not None else _Turn()  # kept (as most recent) by _sized
         keep = found is not None and reuse == len(given)
         base = found if found is not None else turn
 
