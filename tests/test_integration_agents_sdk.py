@@ -184,6 +184,41 @@ def test_an_overflow_the_filter_missed_is_recovered_once(guard: ContextGuard) ->
     assert guard.store.state("wrong-window").learned_window == WINDOW
 
 
+class QuietWindowModel(WindowModel):
+    """A llama.cpp server started with less context than the model has: its refusal
+    states no window."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        try:
+            return await super().get_response(*args, **kwargs)
+        except openai.BadRequestError:
+            body = {"error": {"code": 400, "type": "exceed_context_size_error", "message":
+                              "the request exceeds the available context size, try "
+                              "increasing it"}}
+            request = httpx.Request("POST", "http://127.0.0.1:8080/v1/responses")
+            raise openai.BadRequestError(
+                f"Error code: 400 - {body}", body=body["error"],
+                response=cast(Any, httpx.Response(400, request=request, json=body))) from None
+
+
+def test_an_overflow_that_states_no_window_is_bounded_by_the_input_let_through(
+        guard: ContextGuard) -> None:
+    """The filter made the refused input fit the window it believed: the real one is
+    smaller, and each refusal teaches a smaller bound until the calls fit."""
+    model = QuietWindowModel(WINDOW, steps=12)
+    guard.overrides[MODEL] = WINDOW * 4
+    session = GuardedSession(guard, "quiet-window", model=MODEL, max_tokens=500)
+    wrapped = session.wrap(model)
+    agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
+                  model=wrapped, model_settings=ModelSettings(max_tokens=500))
+    result = run(Runner.run(agent, "Read every module.", session=session,
+                            run_config=session.run_config(), max_turns=30))
+    assert result.final_output == "All files read."
+    assert 1 <= model.overflows == wrapped.recoveries <= 3
+    learned = guard.limits.as_mapping()[MODEL]
+    assert learned < WINDOW * 4 and guard.store.state("quiet-window").learned_window == learned
+
+
 def test_streamed_runs_recover_too(guard: ContextGuard) -> None:
     model = WindowModel(WINDOW, steps=12)
     guard.overrides[MODEL] = WINDOW * 4  # the filter lets an overflow through once

@@ -53,6 +53,8 @@ __all__ = [
     "default_registry",
     "model_limits",
     "output_reserve",
+    "refused_bound",
+    "window_in_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,17 @@ def output_reserve(limits: ModelLimits, max_tokens: int | None = None, *,
     wanted = limits.max_output_tokens if max_tokens is None else max_tokens
     floor = max(1, min(min_input_tokens, window // 2))
     return max(0, min(wanted, window - floor))
+
+
+def refused_bound(estimate: int, window: int, excess: int | None = None) -> int | None:
+    """The window an overflow that states none implies, for a request of ``estimate``
+    tokens that was prepared to fit ``window``: the real window is below that request
+    (less an overshoot the error stated: Ollama's "exceeded ... by N tokens"). A server
+    started with less context than its model has (llama.cpp's "exceeds the available
+    context size", Ollama's default ``num_ctx``) is otherwise retried at a fifth of a
+    window it does not have. None unless lower than ``window`` and credible."""
+    bound = estimate - (excess or 0)
+    return bound if bound < window and LimitBook.credible(bound) else None
 
 
 class LimitBook:

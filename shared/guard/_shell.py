@@ -32,7 +32,13 @@ from shared.core.budget import ensure_reducible
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
-from shared.core.limits import LimitBook, ModelLimits, model_limits, output_reserve
+from shared.core.limits import (
+    LimitBook,
+    ModelLimits,
+    model_limits,
+    output_reserve,
+    refused_bound,
+)
 from shared.core.messages import Message, validate_message, validate_messages
 from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
@@ -334,24 +340,16 @@ class GuardShell(FreshViews):
         return limit
 
     def refused_bound(self, session_id: str, info: OverflowInfo, model: str) -> int | None:
-        """The window an overflow that states none implies: this guard prepared the refused
-        request to fit the window it knew, so the real one is smaller than that request
-        (less any overshoot the error stated: Ollama's "exceeded ... by N tokens").
-
-        A server started with a smaller context than the model's (llama.cpp's
-        "exceeds the available context size", Ollama's default ``num_ctx``) would
-        otherwise be retried at a fifth of the window it does not have, and overflow
-        again every turn. Only ever lower than that window; None when this process did
-        not prepare the request for ``model``, or for a body-size refusal (bytes).
-        """
+        """The window an overflow that states none implies for the request this guard
+        prepared last for the session (:func:`shared.core.limits.refused_bound`); None
+        when it prepared none for ``model`` here, or for a body-size refusal (bytes)."""
         if info.kind != "context_overflow":
             return None
         with self._lock:
             sent = self._sent.get(session_id)
         if sent is None or sent.model != model:
             return None
-        bound = sent.estimate - (info.excess or 0)
-        return bound if bound < sent.window and LimitBook.credible(bound) else None
+        return refused_bound(sent.estimate, sent.window, info.excess)
 
     @staticmethod
     def performed(plan: Plan, ok: bool) -> bool:

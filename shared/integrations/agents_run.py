@@ -31,7 +31,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 
 from shared.core.budget import BudgetReport, check_budget
 from shared.core.calibration import Calibration
-from shared.core.limits import output_reserve
+from shared.core.limits import LimitBook, output_reserve, refused_bound
 from shared.core.messages import Message
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.repair import repair_tool_pairs
@@ -166,9 +166,11 @@ class GuardedModel(Model):
     """An SDK ``Model`` that survives one context overflow per call.
 
     On an overflow error the stated limit is learned (the budget filter
-    uses it from then on), the input is compacted to the policy's recovery
-    ratio of the window and the call is retried once; a second failure, or
-    any other error, reaches the caller unchanged.
+    uses it from then on; when the error states none, the input the filter let
+    through bounds it: :func:`~shared.core.limits.refused_bound`), the input
+    is compacted to the policy's recovery ratio of the window and the call is
+    retried once; a second failure, or any other error, reaches the caller
+    unchanged.
     """
 
     def __init__(self, inner: Model, budget: InputBudget, *,
@@ -182,10 +184,17 @@ class GuardedModel(Model):
             raise error
         guard = self.budget.guard
         info = parse_overflow(error)
-        if info is not None and info.limit:
-            guard.limits.learn(self.budget.model, info.limit)
+        limit = info.limit if info is not None and info.limit \
+            and LimitBook.credible(info.limit) else None
+        if limit is None and info is not None and info.kind == "context_overflow" \
+                and self.budget.sent:  # the input this filter let through bounds the window
+            limit = refused_bound(math.ceil(self.budget.sent * self.budget.calibration.ratio),
+                                  guard.model_limits(self.budget.model).context_window,
+                                  info.excess)
+        if limit:
+            guard.limits.learn(self.budget.model, limit)
             if self.session is not None:
-                guard.store.update_state(self.session.session_id, learned_window=info.limit,
+                guard.store.update_state(self.session.session_id, learned_window=limit,
                                          model=self.budget.model)
         items = [{"role": "user", "content": input}] if isinstance(input, str) else input
         self.recoveries += 1
