@@ -32,6 +32,7 @@ from shared.core.errors import InvalidInput
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.integrations.agents_sdk import (
+    GuardedModel,
     GuardedSession,
     InputBudget,
     items_to_messages,
@@ -168,17 +169,23 @@ def test_a_run_longer_than_the_window_never_overflows(guard: ContextGuard) -> No
     assert count("You read files.", items, [read_file]) + 500 <= WINDOW
 
 
-def test_an_overflow_the_filter_missed_is_recovered_once(guard: ContextGuard) -> None:
-    """The budget believes the window is 4x larger: the provider's error teaches it."""
-    model = WindowModel(WINDOW, steps=12)
+def run_believing_4x(guard: ContextGuard, model: WindowModel, session_id: str) -> GuardedModel:
+    """A 12-step run whose budget believes the window is 4x the model's; the wrapped model."""
     guard.overrides[MODEL] = WINDOW * 4
-    session = GuardedSession(guard, "wrong-window", model=MODEL, max_tokens=500)
+    session = GuardedSession(guard, session_id, model=MODEL, max_tokens=500)
     wrapped = session.wrap(model)
     agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
                   model=wrapped, model_settings=ModelSettings(max_tokens=500))
     result = run(Runner.run(agent, "Read every module.", session=session,
                             run_config=session.run_config(), max_turns=30))
     assert result.final_output == "All files read."
+    return wrapped
+
+
+def test_an_overflow_the_filter_missed_is_recovered_once(guard: ContextGuard) -> None:
+    """The budget believes the window is 4x larger: the provider's error teaches it."""
+    model = WindowModel(WINDOW, steps=12)
+    wrapped = run_believing_4x(guard, model, "wrong-window")
     assert model.overflows == 1 and wrapped.recoveries == 1  # learned once, then filtered
     assert guard.limits.as_mapping().get(MODEL) == WINDOW
     assert guard.store.state("wrong-window").learned_window == WINDOW
@@ -206,14 +213,7 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_input_let_through(
     """The filter made the refused input fit the window it believed: the real one is
     smaller, and each refusal teaches a smaller bound until the calls fit."""
     model = QuietWindowModel(WINDOW, steps=12)
-    guard.overrides[MODEL] = WINDOW * 4
-    session = GuardedSession(guard, "quiet-window", model=MODEL, max_tokens=500)
-    wrapped = session.wrap(model)
-    agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
-                  model=wrapped, model_settings=ModelSettings(max_tokens=500))
-    result = run(Runner.run(agent, "Read every module.", session=session,
-                            run_config=session.run_config(), max_turns=30))
-    assert result.final_output == "All files read."
+    wrapped = run_believing_4x(guard, model, "quiet-window")
     assert 1 <= model.overflows == wrapped.recoveries <= 3
     learned = guard.limits.as_mapping()[MODEL]
     assert learned < WINDOW * 4 and guard.store.state("quiet-window").learned_window == learned
