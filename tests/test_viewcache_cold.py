@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -111,6 +112,37 @@ def test_placeholders_decode_their_messages_alone() -> None:
     assert snap.saved == 300
     assert list(snap.history) == messages
     check(messages, cheap)
+
+
+def test_new_placeholders_in_old_chunks_decode_their_messages_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm view over the trigger plans cheap stages for each new batch; a placeholder
+    for an old message (a file read again) must not decode the 512 messages of its chunk
+    (5-25 ms in a warm call, four times in 200 turns of the benchmark), nor the folds of
+    Anthropic's and Gemini's views that join the runs around it again."""
+    from shared.core import guard_state
+    from shared.core.config import CompactionPolicy
+    from shared.core.tokens import DEFAULT_COUNTER
+
+    messages: list[Message] = [Message(role="user", content="go")]
+    for i in range(700):
+        messages += [Message(role="assistant", content="", tool_calls=[
+                         {"id": f"c{i}", "name": "read", "arguments": {"path": f"f{i}"}}]),
+                     Message(role="tool", content=f"out {i} " * 50, tool_call_id=f"c{i}")]
+    snap = decode_view(full_read(messages), None, carry)
+    for fmt in ("anthropic", "gemini"):  # the folds a view kept join the changed runs again
+        history_fold(snap.wire, fmt, snap.applied)
+    plan = [CheapDecision(index=i, stage="clear_tool_output", placeholder=f"[cleared {i}]",
+                          saved_tokens=100) for i in (2, 600, 1300)]
+    monkeypatch.setattr(guard_state, "_cheap_plan", lambda *_: plan)
+    decisions, after = guard_state._cheap(snap, CompactionPolicy(), DEFAULT_COUNTER)
+    assert decisions == plan
+    assert not any(c.decoded for c in after.history.chunks)  # type: ignore[attr-defined]
+    applied = list(after.applied)
+    assert [applied[d.index].content for d in plan] == [d.placeholder for d in plan]
+    assert applied[3] == messages[3] and after.saved == 300
+    for fmt in ("anthropic", "gemini"):
+        assert after.wire[fmt] == fold_of(fmt, applied)
 
 
 @settings(max_examples=30, deadline=None)

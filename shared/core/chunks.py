@@ -113,6 +113,27 @@ class Peeked(Sequence[T], Generic[T]):
         return self.chunks.peek(index if index >= 0 else index + len(self.chunks))
 
 
+class PeekedSlices(Peeked[T]):
+    """``chunks`` sliced with :meth:`Chunks.peek_range`: a reader of a few short runs of a
+    long view (a fold joining the groups around a placeholder again) decodes those runs
+    alone, not their chunks."""
+
+    __slots__ = ()
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self.chunks))
+            if step == 1:
+                return self.chunks.peek_range(start, stop)
+        return super().__getitem__(index)
+
+
 class Chunks(Sequence[T], Generic[T]):
     """An immutable sequence of items stored in shared chunks."""
 
@@ -193,6 +214,22 @@ class Chunks(Sequence[T], Generic[T]):
             made: T = chunk.decode((chunk.raw[offset],))[0]
             return made
         return chunk[offset]
+
+    def peek_range(self, start: int, stop: int) -> list[T]:
+        """``self[start:stop]``, the items of chunks not read yet made for this call alone
+        (those chunks stay unread, as :meth:`peek`)."""
+        stop = min(stop, self._len)
+        out: list[T] = []
+        at = bisect.bisect_right(self._offsets, start) - 1
+        while start < stop:
+            chunk, base = self._chunks[at], self._offsets[at]
+            a, b = start - base, min(stop - base, len(chunk))
+            if isinstance(chunk, Lazy) and not chunk.decoded:
+                out.extend(chunk.decode(chunk.raw[a:b]))
+            else:
+                out.extend(chunk[a:b])
+            start, at = base + b, at + 1
+        return out
 
     def _from(self, start: int) -> Iterator[T]:
         if start >= self._len:
@@ -313,4 +350,4 @@ def concat(*parts: Sequence[Any]) -> Chunks[Any]:
     return Chunks._joined(tuple(out), offsets, ())
 
 
-__all__ = ["CHUNK", "Chunks", "Lazy", "Peeked", "concat"]
+__all__ = ["CHUNK", "Chunks", "Lazy", "Peeked", "PeekedSlices", "concat"]

@@ -200,7 +200,9 @@ def _cheap(snap: CachedView, policy: CompactionPolicy,
     if not plan:
         return [], snap
     cheap = {**snap.cheap, **{d.index: d for d in plan}}
-    changes = {d.index - snap.start: placeholder(snap.history[d.index - snap.start], d)
+    # each replaced message made alone where its chunk was not read (Chunks.peek): a
+    # placeholder in an old chunk of a cold view must not decode its 512 messages
+    changes = {d.index - snap.start: placeholder(snap.history.peek(d.index - snap.start), d)
                for d in plan}
     applied = snap.applied.replace(changes)
     wire = carry(snap.wire, 0, changes, [], history=applied) if snap.wire else {}

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.core import fastjson
-from shared.core.chunks import CHUNK, Chunks, Lazy
+from shared.core.chunks import CHUNK, Chunks, Lazy, PeekedSlices
 from shared.core.messages import Message
 from shared.core.records import decode_messages
 from shared.core.wire.openai import to_openai
@@ -218,8 +218,9 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
             fold = chunks
             if drop:
                 fold = fold.drop(drop, history)
-            if fold is not None and changes:
-                fold = fold.replace(history, changes)
+            if fold is not None and changes:  # the runs around a change, read alone
+                fold = fold.replace(PeekedSlices(history) if isinstance(history, Chunks)
+                                    else history, changes)
             if fold is not None:
                 slots = (kept if kept is not None and len(kept) == len(new)
                          and not any(isinstance(m, bytes) for m in new) else None)
