@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from shared.core.config import CompactionPolicy, StoreConfig
-from shared.core.errors import IrreducibleOverflow, StoreUnavailable
+from shared.core.errors import InvalidInput, IrreducibleOverflow, StoreUnavailable
 from shared.core.limits import LimitBook
 from shared.core.records import AppendResult, SummaryRecord
 from shared.core.repair import validate_view
@@ -194,6 +194,27 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_refused_request(
     assert other.recover("s", RuntimeError("413 Request Entity Too Large"), SYSTEM,
                          max_tokens=1000, model="m") is not None
     assert other.limits.get("m") is None
+
+
+def test_the_refused_size_can_come_from_the_process_that_prepared_it(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A guard that did not prepare the refused view (another server process) takes its
+    estimate from the caller; a stated window still wins, and a bad figure is refused."""
+    for i in range(12):
+        store.append("s", coding_turn(i))
+    quiet = RuntimeError("the request exceeds the available context size, try increasing it")
+    guard = make_guard(store, overrides={"m": 100_000})
+    with pytest.raises(InvalidInput, match="prepared_tokens"):
+        guard.recover("s", quiet, SYSTEM, max_tokens=1000, model="m", prepared_tokens=0)
+    assert store.state("s").learned_window == 0  # nothing written
+    view = guard.recover("s", quiet, SYSTEM, max_tokens=1000, model="m",
+                         prepared_tokens=30_000)
+    assert view is not None and view.report.budget.window == 30_000
+    stated = RuntimeError("maximum context length is 20000 tokens, you requested 29000")
+    fresh = make_guard(store, overrides={"m": 100_000})
+    view = fresh.recover("s", stated, SYSTEM, max_tokens=1000, model="m",
+                         prepared_tokens=25_000)
+    assert view is not None and view.report.budget.window == 20_000
 
 
 def test_limits_seen_follow_the_book(make_guard: Callable[..., Any], store: SessionStore,

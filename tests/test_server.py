@@ -220,6 +220,31 @@ def test_recover_gives_a_compacted_view_only_for_overflows(client: TestClient) -
         "recovered": False, "view": None}
 
 
+def test_a_numberless_overflow_recovered_by_another_process_uses_the_prepared_size(
+        client: TestClient, store: SessionStore) -> None:
+    """Two server processes (two apps on one store): the one that recovers did not make the
+    prepare, so the client passes the refused view's estimate; the error states no window."""
+    for i in range(30):
+        record(client, "other", [{"role": "user", "content": f"step {i} " + "word " * 200},
+                                 {"role": "assistant", "content": "ok " * 50}])
+    prepared = client.post("/v1/sessions/other/prepare", json={"model": "gpt-4o"},
+                           headers=A).json()["report"]["estimated_prompt_tokens"]
+    assert prepared > 5_000
+    quiet = {"error": "the request exceeds the available context size, try increasing it",
+             "status": 400, "model": "gpt-4o"}
+    with TestClient(create_app(ServerConfig(), store, tokens=TOKENS)) as second:
+        before = second.post("/v1/sessions/other/recover", json=quiet, headers=A).json()
+        assert before["view"]["report"]["budget"]["window"] == 128_000  # nothing to bound by
+        bad = second.post("/v1/sessions/other/recover", json={**quiet, "prepared_tokens": 0},
+                          headers=A)
+        assert bad.status_code == 422 and error(bad)["field"] == "prepared_tokens"
+    with TestClient(create_app(ServerConfig(), store, tokens=TOKENS)) as third:
+        out = third.post("/v1/sessions/other/recover",
+                         json={**quiet, "prepared_tokens": prepared}, headers=A).json()
+        assert out["view"]["report"]["budget"]["window"] == prepared
+    assert store.state("other").learned_window == prepared
+
+
 def test_irreducible_overflow_is_409(client: TestClient) -> None:
     response = client.post("/v1/sessions/s4/prepare",
                            json={"model": "tiny", "system_prompt": "rule " * 2000}, headers=A)

@@ -40,6 +40,7 @@ from shared.core.limits import (
     refused_bound,
 )
 from shared.core.messages import Message, validate_message, validate_messages
+from shared.core.model_registry import positive_int
 from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
@@ -321,17 +322,19 @@ class GuardShell(FreshViews):
         get_metrics().recovery("not_overflow")
         return False
 
-    def learn_overflow(self, session_id: str, error: object, model: str,
-                       trace: Traced) -> int | None:
+    def learn_overflow(self, session_id: str, error: object, model: str, trace: Traced,
+                       prepared_tokens: int | None = None) -> int | None:
         """The limit an overflow error states, learned for ``model`` (set on the span); when
         it states none, the bound the refused request sets (:meth:`refused_bound`)."""
+        if prepared_tokens is not None:
+            positive_int(prepared_tokens, "prepared_tokens")
         info = parse_overflow(error)
         if info is None:
             return None
         if info.limit and LimitBook.credible(info.limit):
             limit, attribute = info.limit, "compaction.stated_limit"
         else:
-            bound = self.refused_bound(session_id, info, model)
+            bound = self.refused_bound(session_id, info, model, prepared_tokens)
             if bound is None:
                 return None
             limit, attribute = bound, "compaction.inferred_limit"
@@ -339,17 +342,23 @@ class GuardShell(FreshViews):
         trace.current.set_attribute(attribute, limit)
         return limit
 
-    def refused_bound(self, session_id: str, info: OverflowInfo, model: str) -> int | None:
+    def refused_bound(self, session_id: str, info: OverflowInfo, model: str,
+                      prepared_tokens: int | None = None) -> int | None:
         """The window an overflow that states none implies for the request this guard
-        prepared last for the session (:func:`shared.core.limits.refused_bound`); None
-        when it prepared none for ``model`` here, or for a body-size refusal (bytes)."""
+        prepared last for the session (:func:`shared.core.limits.refused_bound`), or, where
+        another process prepared it, for ``prepared_tokens`` (that prepare's
+        ``report.estimated_prompt_tokens``, against the window known here); None without
+        either, or for a body-size refusal (bytes)."""
         if info.kind != "context_overflow":
             return None
         with self._lock:
             sent = self._sent.get(session_id)
-        if sent is None or sent.model != model:
+        if sent is not None and sent.model == model:
+            return refused_bound(sent.estimate, sent.window, info.excess)
+        if prepared_tokens is None:
             return None
-        return refused_bound(sent.estimate, sent.window, info.excess)
+        return refused_bound(prepared_tokens, self.model_limits(model).context_window,
+                             info.excess)
 
     @staticmethod
     def performed(plan: Plan, ok: bool) -> bool:

@@ -295,11 +295,14 @@ class AsyncContextGuard(GuardShell):
     async def recover(self, session_id: str, error: object, system_prompt: str = "",
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
-                pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView | None:
+                pending: Sequence[Message | Mapping[str, Any]] = (),
+                prepared_tokens: int | None = None) -> PreparedView | None:
         """After a provider error: None if it is not a context overflow, else a view to retry.
 
         The stated limit is learned (or, when the error states none, the bound the
-        refused request sets: :meth:`refused_bound`); the view is compacted to a
+        refused request sets: :meth:`refused_bound`; ``prepared_tokens``, the refused
+        view's ``report.estimated_prompt_tokens``, stands in for it where another process
+        prepared that view); the view is compacted to a
         fifth of the window with force, without an LLM, and a worker is asked to replace
         the truncation with a real summary. Runs even with proactive
         compaction switched off.
@@ -308,7 +311,7 @@ class AsyncContextGuard(GuardShell):
             return None
         with self.traced_recover(session_id, model, error) as trace:
             validate_session_id(session_id)
-            limit = self.learn_overflow(session_id, error, model, trace)
+            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
             if limit:
                 self.touched(session_id)
                 await self.store.update_state(session_id, learned_window=limit, model=model,

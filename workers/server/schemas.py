@@ -43,6 +43,11 @@ class RecoverRequest(RequestFigures):
         description="the provider's error: its message, or its JSON body")
     status: int | None = Field(default=None, ge=100, le=599,
                                description="the HTTP status of the failed call")
+    prepared_tokens: int | None = Field(
+        default=None, ge=1,
+        description="report.estimated_prompt_tokens of the prepared view the provider refused: "
+                    "when the error states no window, it bounds the real one (needed where "
+                    "another server process made that prepare)")
 
 
 class RecordRequest(_Body):
