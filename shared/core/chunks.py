@@ -94,6 +94,7 @@ class Peeked(Sequence[T], Generic[T]):
     """``chunks`` indexed with :meth:`Chunks.peek` (iterating reads every chunk as usual)."""
 
     __slots__ = ("chunks",)
+    slices_peeked = False  # slices read chunks as usual (see PeekedSlices)
 
     def __init__(self, chunks: Chunks[T]) -> None:
         self.chunks = chunks
@@ -109,29 +110,21 @@ class Peeked(Sequence[T], Generic[T]):
 
     def __getitem__(self, index: int | slice) -> T | list[T]:
         if isinstance(index, slice):
+            if self.slices_peeked:
+                start, stop, step = index.indices(len(self.chunks))
+                if step == 1:
+                    return self.chunks.peek_range(start, stop)
             return self.chunks[index]
         return self.chunks.peek(index if index >= 0 else index + len(self.chunks))
 
 
 class PeekedSlices(Peeked[T]):
-    """``chunks`` sliced with :meth:`Chunks.peek_range`: a reader of a few short runs of a
-    long view (a fold joining the groups around a placeholder again) decodes those runs
+    """``chunks`` sliced with :meth:`Chunks.peek_range` too: a reader of a few short runs of
+    a long view (a fold joining the groups around a placeholder again) decodes those runs
     alone, not their chunks."""
 
     __slots__ = ()
-
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self.chunks))
-            if step == 1:
-                return self.chunks.peek_range(start, stop)
-        return super().__getitem__(index)
+    slices_peeked = True
 
 
 class Chunks(Sequence[T], Generic[T]):

@@ -297,16 +297,7 @@ class AsyncContextGuard(GuardShell):
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
                 prepared_tokens: int | None = None) -> PreparedView | None:
-        """After a provider error: None if it is not a context overflow, else a view to retry.
-
-        The stated limit is learned (or, when the error states none, the bound the
-        refused request sets: :meth:`refused_bound`; ``prepared_tokens``, the refused
-        view's ``report.estimated_prompt_tokens``, stands in for it where another process
-        prepared that view); the view is compacted to a
-        fifth of the window with force, without an LLM, and a worker is asked to replace
-        the truncation with a real summary. Runs even with proactive
-        compaction switched off.
-        """
+        """See :meth:`shared.guard.sync.ContextGuard.recover`."""
         if not self.is_overflow(error):
             return None
         with self.traced_recover(session_id, model, error) as trace:
