@@ -9,11 +9,13 @@ appended since a report to that report (valid only for the same view).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from shared.core.errors import InvalidInput
+from shared.core.tokens_profiles import provider_for_model, provider_profile
 
 CALIBRATION_MIN_RATIO = 0.5
 """The learned ratio never leaves [0.5, 2.0]: a tokenizer twice as dense as
@@ -90,6 +92,36 @@ class Calibration:
         return math.ceil(estimate * self.ratio - 1e-9)
 
 
+def prior_ratio(model: str, counter: object) -> float:
+    """The ratio a session is estimated with before its first usage report.
+
+    Stored counts are at ``counter``'s baseline (its ``provider``: o200k for the default
+    heuristic and for tiktoken), but Gemini's tokenizer counts ~18% more on the same text
+    and Claude's 16-30% more (``PROVIDERS``): without a prior, a new Gemini or Claude
+    session is underestimated by that much until the provider reports usage, which an
+    agent that never passes usage never does. The first report replaces the prior (it
+    carries no weight). 1.0 for model families without a profile of their own and for a
+    counter that does not say its baseline (a custom one may count that model exactly).
+    """
+    for _ in range(3):  # through the counters that wrap another (memos, a job's counter)
+        if hasattr(counter, "provider"):
+            break
+        counter = getattr(counter, "base", None) or getattr(counter, "counter", None)
+    baseline = getattr(counter, "provider", None)
+    if not model or not isinstance(model, str) or not isinstance(baseline, str):
+        return 1.0
+    return _prior(model, baseline)
+
+
+@functools.lru_cache(maxsize=1024)
+def _prior(model: str, baseline: str) -> float:
+    family = provider_for_model(model)
+    if family == "generic":
+        return 1.0
+    ratio = provider_profile(family).factor / provider_profile(baseline).factor
+    return min(max(ratio, CALIBRATION_MIN_RATIO), CALIBRATION_MAX_RATIO)
+
+
 def hybrid_estimate(
     anchor_reported: int,
     anchor_estimated: int,
@@ -125,4 +157,5 @@ __all__ = [
     "CALIBRATION_PLAUSIBLE",
     "Calibration",
     "hybrid_estimate",
+    "prior_ratio",
 ]

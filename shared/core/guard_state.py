@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
-from shared.core.calibration import Calibration
+from shared.core.calibration import Calibration, prior_ratio
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
@@ -260,12 +260,13 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
     notice, notice_tokens = _notice(snap.summary, req, counter)
+    prior = prior_ratio(req.model, counter)
 
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
                                      tools=req.tool_tokens, extra=sum(extra_tokens),
-                                     notice=notice_tokens)
+                                     notice=notice_tokens, prior=prior)
         return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
 
     regions, estimated, report = estimate(snap.saved)

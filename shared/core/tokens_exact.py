@@ -206,6 +206,10 @@ def exact_counter_available(
 class TiktokenCounter:
     """Exact OpenAI counts (BPE + cookbook framing); implements ``TokenCounter``."""
 
+    provider = "openai"
+    """Its counts are OpenAI's: other families' tokenizers are scaled from them
+    (:func:`shared.core.calibration.prior_ratio`)."""
+
     def __init__(
         self, encoding: str = "o200k_base", encoding_dir: str | Path | None = None
     ) -> None:

@@ -99,16 +99,19 @@ class Regions:
         return self.system + self.summary + self.tools + self.history + self.overhead
 
 
-def calibrated_total(regions: Regions, state: SessionState, covered_end: int) -> int:
+def calibrated_total(regions: Regions, state: SessionState, covered_end: int,
+                     prior: float = 1.0) -> int:
     """Estimated prompt tokens of this request, hybrid where possible.
 
     If the provider reported usage for an earlier request of the *same* view
     (same version: no compaction or edit since), the estimate is that
     report plus the calibrated heuristic for what was added since; otherwise
     the heuristic times the session's calibration ratio, which survives
-    compaction.
+    compaction. ``prior`` (:func:`shared.core.calibration.prior_ratio`) stands for the
+    ratio until a report has set it.
     """
-    calibration = _calibration(state.calibration_ratio, state.calibration_samples)
+    ratio = state.calibration_ratio if state.calibration_samples else prior
+    calibration = _calibration(ratio, state.calibration_samples)
     reported, estimated, end = state.anchor_reported, state.anchor_estimated, state.anchor_end
     if reported is not None and estimated is not None and end is not None \
             and state.anchor_version == state.version and end <= covered_end:
@@ -126,7 +129,7 @@ def _calibration(ratio: float, samples: int) -> Calibration:
 def view_estimate(state: SessionState, summary: SummaryRecord | None, history_tokens: int,
                   cheap_saved: int, length: int, *, overhead: int, system: int | None = None,
                   tools: int | None = None, extra: int = 0,
-                  notice: int = 0) -> tuple[Regions, int]:
+                  notice: int = 0, prior: float = 1.0) -> tuple[Regions, int]:
     """The one estimate of a view's prompt tokens, for the guard and the workers alike.
 
     ``history_tokens``: store-counted tokens of ``log[watermark:length]``;
@@ -134,7 +137,8 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
     messages not recorded yet (the guard's pending turn). ``system`` and
     ``tools``: the request's own figures when known (the guard), else the
     ones the session last recorded (a worker). ``notice``: tokens of the recall
-    notice the request's summary carries. Returns the regions and the
+    notice the request's summary carries. ``prior``: the model's ratio before any usage
+    report (:func:`shared.core.calibration.prior_ratio`). Returns the regions and the
     calibrated (hybrid, when a usage anchor holds) total.
     """
     regions = Regions(
@@ -143,7 +147,7 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
         tools=state.tool_tokens if tools is None else tools,
         history=history_tokens - cheap_saved + extra,
         overhead=overhead)
-    return regions, calibrated_total(regions, state, length)
+    return regions, calibrated_total(regions, state, length, prior)
 
 
 from shared.core.pairs import PAIRS_START, PairScan, pairs_intact, scan_pairs  # noqa: E402

@@ -30,7 +30,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               name=exc.name) from exc
 
 from shared.core.budget import BudgetReport, check_budget
-from shared.core.calibration import Calibration
+from shared.core.calibration import Calibration, prior_ratio
 from shared.core.limits import LimitBook, output_reserve, refused_bound
 from shared.core.messages import Message
 from shared.core.overflow import is_context_overflow, parse_overflow
@@ -101,6 +101,12 @@ class InputBudget:
         if isinstance(reported, int) and not isinstance(reported, bool) and self.sent:
             self.calibration = self.calibration.update(reported, self.sent)
 
+    def ratio(self) -> float:
+        """The learned ratio, or the model's prior until a response reported usage."""
+        if self.calibration.samples:
+            return self.calibration.ratio
+        return prior_ratio(self.model, self.guard.counter)
+
     def fit(self, items: Sequence[Any], instructions: str | None, tools: Sequence[Any], *,
             force_ratio: float | None = None) -> Fitted:
         """Fit ``items`` into the budget (or into ``force_ratio`` of the window), counting
@@ -118,7 +124,7 @@ class InputBudget:
         limits = self.guard.model_limits(self.model)
         reserve = output_reserve(limits, self.max_tokens)
         newest = counter.message(messages[-1]) if messages and messages[-1].role == "user" else 0
-        ratio = self.calibration.ratio
+        ratio = self.ratio()
 
         def calibrated(tokens: int) -> int:
             return math.ceil(tokens * ratio - 1e-9)
@@ -188,7 +194,7 @@ class GuardedModel(Model):
             and LimitBook.credible(info.limit) else None
         if limit is None and info is not None and info.kind == "context_overflow" \
                 and self.budget.sent:  # the input this filter let through bounds the window
-            limit = refused_bound(math.ceil(self.budget.sent * self.budget.calibration.ratio),
+            limit = refused_bound(math.ceil(self.budget.sent * self.budget.ratio()),
                                   guard.model_limits(self.budget.model).context_window,
                                   info.excess)
         if limit:
