@@ -1,5 +1,6 @@
-"""Measure overflow detection on the labelled provider errors (overflow_errors.dev.json)
-and on the project's own self-hosted-server corpus (tests/data/overflow_errors_selfhosted.json).
+"""Measure overflow detection on the labelled provider errors (overflow_errors.dev.json),
+on the project's own self-hosted-server corpus (tests/data/overflow_errors_selfhosted.json)
+and on errors users quoted in public issue threads (tests/data/overflow_errors_issues.json).
 
 Each error is classified in two forms: the bare message string and an
 exception carrying the message plus its HTTP status (how SDKs raise). Prints
@@ -9,6 +10,7 @@ kind, how many stated token numbers ``parse_overflow`` recovers, every miss
 and false alarm, and the time per classification.
 
     .venv/bin/python scripts/bench_overflow.py [--data ../shared/data] [--selfhosted PATH]
+        [--issues PATH]
 """
 
 from __future__ import annotations
@@ -113,10 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selfhosted", type=Path,
                         default=ROOT / "tests" / "data" / "overflow_errors_selfhosted.json",
                         help="the self-hosted servers' labelled errors")
+    parser.add_argument("--issues", type=Path,
+                        default=ROOT / "tests" / "data" / "overflow_errors_issues.json",
+                        help="errors quoted in public issue threads")
     args = parser.parse_args(argv)
     found = 0
     for title, path in (("Kit corpus", args.data / "overflow_errors.dev.json"),
-                        ("Self-hosted servers and gateways", args.selfhosted)):
+                        ("Self-hosted servers and gateways", args.selfhosted),
+                        ("Quoted in issue threads", args.issues)):
         if not path.exists():  # each corpus is optional; report the ones present
             print(f"no labelled errors at {path}", file=sys.stderr)
             continue

@@ -248,7 +248,8 @@ def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
     if patterns.CAPACITY.search(text):
         return ErrorKind.OVERLOADED, 3
     if patterns.QUOTA.search(text):
-        return ErrorKind.QUOTA, 3
+        per_short = patterns.PER_SHORT_WINDOW.search(text)
+        return (ErrorKind.RATE_LIMIT if per_short else ErrorKind.QUOTA), 3
     if patterns.RATE.search(text):
         return ErrorKind.RATE_LIMIT, 3
     strong = patterns.OVERFLOW_STRONG.search(text)
@@ -344,10 +345,15 @@ def parse_overflow(error: object) -> OverflowInfo | None:
                 if raw is not None:
                     found.setdefault(name, stated_count(raw))
     limit, prompt, output = found.get("limit"), found.get("prompt"), found.get("output")
+    # the whole input: the messages and whatever else a total counted besides the output
+    # ("6683 in the messages, 730 in the functions, and 800 in the completion")
+    total = found.get("total")
+    body = max(prompt or 0, total - output) if total is not None and output is not None \
+        else prompt
     kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
         "output_reserve_overflow"
-        if limit is not None and prompt is not None and output is not None
-        and prompt < limit < prompt + output
+        if limit is not None and body is not None and output is not None
+        and body < limit < body + output
         else "context_overflow"
     )
     return OverflowInfo(

@@ -26,11 +26,12 @@ def _rx(*parts: str) -> re.Pattern[str]:
 
 
 TOOL_PAIRING = _rx(
-    r"role '?tool'? must be a response to a prece\w*",  # OpenAI (spelt "preceeding"), DeepSeek
+    # OpenAI (spelt "preceeding"), DeepSeek, DashScope (double quotes)
+    r"role ['\"]?tool['\"]? must be a response to a prece\w*",
     r"must be followed by tool messages responding to each",
     r"tool_call_ids? did not have response messages",
     r"tool_use`? ids were found without `?tool_result",  # Anthropic
-    r"unexpected `?tool_use_id`? found in `?tool_result",
+    r"unexpected `?tool_use_id`? found in `?\w*tool_result",  # also server tools' result blocks
     r"function response turn comes immediately after a function call turn",  # Gemini
     r"number of function response parts is equal to the number of function call parts",
     r"function call turn comes immediately after a user turn",
@@ -40,20 +41,30 @@ TOOL_PAIRING = _rx(
     r"no tool (?:output|call) found for function call",  # OpenAI Responses
 )
 # Throttling and money: checked before any overflow wording (they mention tokens too).
-CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity")
+CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity",
+               r"no more data centers", r"访问量过大")
 QUOTA = _rx(
     # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease.
     r"quota(?!increase)", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
     r"credit balance", r"insufficient[_ ](?:balance|credits?|funds)", r"more credits",
     r"can only afford", r"exceeded your current", r"payment required", r"spending limit",
     r"usage limits?\b", r"\bfor your (?:current )?plan\b", r"upgrade your plan",
+    r"余额不足|欠费|额度|限额|配额",  # Chinese providers: balance, arrears, quota
+    r"arrearage", r"account is (?:not )?in good standing", r"included credits",
+    r"free allocation", r"reached the set (?:inference )?limit",
 )
+# A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
+# 'Generate Content API requests per minute'"): waiting is the fix, not money.
+PER_SHORT_WINDOW = _rx(r"(?:per|/) ?(?:min(?:ute)?|sec(?:ond)?)\b", r"_per_(?:minute|second)",
+                       r"每(?:分钟|秒)")
 RATE = _rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
     r"\b(?:tokens?|requests?) per (?:min|minute|hour|day|second)\b", r"\bper[- ]minute\b",
     r"\b(?:TPM|RPM|TPD|RPD|ITPM|OTPM)\b", r"\bthis minute\b", r"please wait",
     r"retry (?:after|in) \d", r"try again in \d", r"too many concurrent", r"slow down",
     r"/ ?min(?:ute)?\b", r"trial key",
+    # Chinese: too frequent, throttled, rate limit, concurrency, per minute / second / day
+    r"过于频繁|频率超|限流|速率限制|并发|每(?:分钟|秒|小时|天|日)",
 )
 OVERFLOW_STRONG = _rx(
     r"context[_ ]?(?:length|window)[_ ]?exceeded", r"contextwindowexceeded",
@@ -63,7 +74,7 @@ OVERFLOW_STRONG = _rx(
     r"(?: (?:length|window|size|limit))?\b",
     r"context (?:length|window|size) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
     r"exceed context limit",
-    r"when context the overflows", r"prompt is too long", r"prompt too long",
+    r"when context the overflows", r"prompt(?: tokens?)? (?:is |are )?too long",
     r"input (?:is )?too long", r"(?:number of |too many )input tokens", r"input tokens exceed",
     r"input token count .{0,40}(?:exceeds|but model only supports)",
     r"exceeds the maximum number of tokens allowed", r"maximum prompt length",
@@ -76,7 +87,23 @@ OVERFLOW_STRONG = _rx(
     r"current length is \d+ while limit is", r"maximum (?:allowed )?input length",
     r"(?:longer than|exceeds?) (?:the )?max(?:imum)? model length",
     r"is too long and exceeds limit of",
-    r"prompt has too many tokens", r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?tokens",
+    r"prompt has too many tokens",
+    r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?(?:tokens|length)",
+    # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
+    r"(?:less than|<=?|exceeds?|greater than|longer than)(?: or equal to)? (?:the )?"
+    r"(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens|n_ctx)\b",
+    r"too long to fit (?:into|in) the (?:model|context)",
+    r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
+    r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
+    # "Input length (N tokens) exceeds the maximum allowed length (M tokens)" (SGLang)
+    r"(?:input|prompt) length\b.{0,40}?(?:exceeds?|is longer than|is greater than) (?:the )?"
+    r"max(?:imum)? (?:allowed |supported )?(?:length|tokens)",
+    r"model'?s? max(?:imum)? length (?:is )?exceeded",  # Moonshot
+    r"max(?:imum)? (?:supported |allowed )?sequence length",  # SambaNova, transformers
+    r"reached (?:the )?(?:max(?:imum)? )?context (?:length|window|size|limit)",  # LM Studio
+    # Chinese providers: "input too long", "context length exceeded", "over the maximum length"
+    r"(?:输入|提示词?|上下文|请求|消息)(?:内容|文本)?(?:长度)?(?:过长|太长|超长|超过|超出)",
+    r"超(?:过|出)了?(?:模型)?(?:的)?(?:最大)?(?:上下文|长度|token)",
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
     # llama.cpp / LM Studio: the kept prompt does not fit the loaded context.
@@ -92,11 +119,16 @@ PAYLOAD = _rx(
     r"content[_ ]too[_ ]large", r"maximum allowed number of bytes",
     r"request payload size exceeds", r"body (?:is )?too large", r"sent message larger than max",
     r"exceeds the maximum (?:request|payload|body) size",
+    r"failed to buffer the request body", r"request body:? length limit exceeded",
 )
 OUTPUT_LIMIT = _rx(
     r"max_tokens is too large", r"maximum allowed number of output tokens",
     r"supports at most \d+ completion tokens", r"maximum output for this model",
     r"valid range of max_tokens", r"invalid max_tokens value",
+    r"max(?:imum)? tokens you requested exceeds", r"max(?:imum)? tokens value that is lower",
+    # a client's verdict on a reply cut at max_tokens (AI SDK, openai-python's parse())
+    r"finish[_ ]reason\W{0,3}(?:max_tokens|length)\b", r"length limit was reached",
+    r"lengthfinishreasonerror", r"range of max_tokens",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
     rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
     r"|greater than|must be (?:less|<|smaller|at most)|less than or equal|supported range"
@@ -114,9 +146,11 @@ CONTENT_FILTER = _rx(
     r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
     r"responsibleaipolicyviolation", r"safety system", r"flagged as potentially violating",
     r"usage polic(?:y|ies)", r"blocked by (?:the |our )?(?:safety|guardrail|content)",
-    r"prohibited content", r"guardrail intervened",
+    r"prohibited content", r"guardrail intervened", r"inappropriate content",
+    r"data[_ ]inspection[_ ]failed", r"content exists risk", r"敏感内容|不安全的?内容|违规内容",
 )
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
+                  r"too busy",
                   r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
 SERVER = _rx(
     r"internal[_ ]server[_ ]error", r"internal error", r"service[_ ]?unavailable",
@@ -126,9 +160,12 @@ SERVER = _rx(
     r"network (?:error|is unreachable)", r"name or service not known",
     r"temporary failure in name resolution", r"econnrefused|econnreset|etimedout",
     r"\bserver_error\b", r"server had an error", r"deadline expired",
+    r"error occurred while processing your request", r"out of available cache blocks",
+    r"server[- ]side (?:issue|error)",
 )
 OVERFLOW_WEAK = _rx(
-    r"too many tokens", r"token limit", r"request too large", r"too long for (?:this|the) model",
+    r"too many tokens", r"token limit", r"request (?:is )?too large",
+    r"too long for (?:this|the) model",
     r"messages? (?:is|are) too long", r"total length of all messages",
     r"conversation (?:is )?too long",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
@@ -145,7 +182,26 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         # the stated length, then the limit
         (rf"(?:context|prompt|input) (?:length|tokens):? {_N} ?> ?{_N}\b", ("prompt", "limit")),
         (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
-        (rf"context length of only {_N}", ("limit",)),
+        (rf"context length (?:is |of )?only {_N}", ("limit",)),
+        (rf"you passed {_N} input tokens and requested {_N} output tokens", ("prompt", "output")),
+        (rf"max(?:imum)? (?:supported |allowed )?sequence length(?: for this model)? "
+         rf"(?:is )?(?:just |only )?\(?{_N}", ("limit",)),
+        (rf"prompt is {_N} tokens long", ("prompt",)),
+        # "prompt_tokens (N) must be less than max_seq_len (M)", "max_total_tokens (N) must be
+        # less than or equal to max_seq_len (M)"
+        (rf"\b\w*tokens\W{{0,3}}\(?{_N}\)? must be less than (?:or equal to )?\w+\W{{0,3}}\(?{_N}",
+         ("total", "limit")),
+        (rf"total length {_N}\)? is too long to fit into the model \(context length {_N}",
+         ("prompt", "limit")),
+        (rf"cannot truncate to {_N},? required {_N}", ("limit", "prompt")),
+        (rf"you supplied {_N} tokens", ("prompt",)),
+        # "Prompt length of N is longer than the maximum model length of M" and kin
+        (rf"(?:prompt|input)(?: length)?(?: of)? \(?{_N}(?: tokens)?\)? (?:is )?(?:longer|larger"
+         rf"|greater|more) than (?:the )?(?:max(?:imum)? )?(?:model |context )?(?:length|window"
+         rf"|size|limit)(?: of| is)? \(?{_N}", ("prompt", "limit")),
+        (rf"model'?s? max(?:imum)? length (?:is )?exceeded\W{{0,3}}max(?:imum)? length"
+         rf"\s*[:=]?\s*{_N}", ("limit",)),
+        (rf"reached (?:the )?context length of {_N}", ("limit",)),
         (rf"your messages resulted in {_N} tokens", ("prompt",)),
         (rf"you requested (?:about )?{_N} tokens", ("total",)),
         (rf"\({_N} (?:in the messages|of text input|in your prompt)", ("prompt",)),
@@ -154,6 +210,8 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          rf"(?:, for a total of at least {_N})?", ("output", "prompt", "total")),
         (rf"your request has {_N} (?:input|prompt) tokens", ("prompt",)),
         (rf"prompt is too long: {_N} tokens > {_N}", ("prompt", "limit")),
+        (rf"prompt is too long: {_N}\b", ("prompt",)),
+        (rf"{_N} (?:input|prompt) tokens,? exceeds?", ("prompt",)),
         (rf"exceed context limit: {_N} \+ {_N} > {_N}", ("prompt", "output", "limit")),
         (rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
          ("prompt", "limit")),
@@ -178,14 +236,19 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"input length {_N} exceeds the maximum allowed input length of {_N}",
          ("prompt", "limit")),
         (rf"exceeded model token limit: {_N}(?: \(requested: {_N})?", ("limit", "total")),
-        (rf"prompt token count of {_N} exceeds the limit of {_N}", ("prompt", "limit")),
+        (rf"prompt token count of {_N} exceeds (?:the )?(?:limit|max(?:imum)? token count) of {_N}",
+         ("prompt", "limit")),
         (rf"range of input length should be \[1, ?{_N}\]", ("limit",)),
         (rf"exceeds the model's maximum context length of {_N}", ("limit",)),
         (rf"size limit exceeded by {_N} tokens", ("excess",)),
         (rf"the limit for this model is {_N} tokens", ("limit",)),
         (rf"tokens in the prompt cannot exceed {_N} - received {_N}", ("limit", "prompt")),
+        # "total number of tokens (prompt and prediction) cannot exceed N - received M"
+        (rf"tokens\b[^.]{{0,60}}?cannot exceed {_N}(?: tokens)?\W{{1,4}}(?:received|got|but got"
+         rf"|requested) {_N}", ("limit", "total")),
         (rf"current length is {_N} while limit is {_N}", ("total", "limit")),
-        (rf"maximum input length is {_N}", ("limit",)),
+        (rf"max(?:imum)? input length is {_N}", ("limit",)),
+        (rf"input token limit (?:is|of) {_N}", ("limit",)),
         (rf"max input tokens: {_N}, request input token count: {_N}", ("limit", "prompt")),
         (rf"is too long and exceeds limit of {_N}", ("limit",)),
         (rf"n_ctx[\"']?\s*[:=]\s*{_N}", ("limit",)),
