@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 import subprocess
@@ -30,12 +31,25 @@ from _token_data import (
     pct,
 )
 
+from shared.core.calibration import prior_ratio
 from shared.core.messages import Message
 from shared.core.tokens import (
     HeuristicCounter,
     TokenCounter,
 )
 from shared.core.tokens_exact import TiktokenCounter
+
+GEMINI = "gemini-3-pro-preview"  # the model of the 28 coding sessions
+
+
+class Scaled:
+    """A counter's message counts times a fixed ratio (a model family's prior)."""
+
+    def __init__(self, counter: TokenCounter, ratio: float) -> None:
+        self.counter, self.ratio = counter, ratio
+
+    def message(self, message: Message) -> int:
+        return math.ceil(self.counter.message(message) * self.ratio)
 
 
 def exact_table(rows: Sequence[tuple[str, str, Sequence[Trace]]]) -> list[str]:
@@ -158,6 +172,13 @@ def exact_lines(
         (f"heuristic, gemini, margin {margin:g}", "Gemini-reported",
          reported_traces(sessions, gemini)),
         ("tiktoken o200k", "Gemini-reported", reported_traces(sessions, o200k)),
+        (heur_name, "Gemini-reported", reported_traces(sessions, heuristic)),
+        # what a deployment does with a Gemini model: the stored o200k-baseline counts times
+        # the family's prior (shared.core.calibration.prior_ratio) until the first report
+        (f"{heur_name} x Gemini's prior", "Gemini-reported",
+         reported_traces(sessions, Scaled(heuristic, prior_ratio(GEMINI, heuristic)))),
+        ("tiktoken o200k x Gemini's prior", "Gemini-reported",
+         reported_traces(sessions, Scaled(o200k, prior_ratio(GEMINI, o200k)))),
     ]
     return [
         "Exact counter (`TiktokenCounter`, what `COMPACTION_TOKEN_COUNTER=tiktoken` selects) "
