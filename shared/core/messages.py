@@ -152,7 +152,7 @@ class Message(_Frozen):
         return cls.model_validate_json(raw)
 
 
-def _describe(exc: ValidationError, index: int, prefix: str) -> InvalidInput:
+def _describe(exc: ValidationError, index: int, prefix: str, hint: str = "") -> InvalidInput:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",))
     msg = err["msg"].removeprefix("Value error, ")
@@ -160,11 +160,39 @@ def _describe(exc: ValidationError, index: int, prefix: str) -> InvalidInput:
     if not loc and ":" in msg.split(" ", 1)[0]:
         loc, msg = msg.split(": ", 1)
     field = f"{prefix}[{index}]" + (f".{loc}" if loc else "")
-    return InvalidInput(msg, field=field, index=index)
+    return InvalidInput(msg + hint, field=field, index=index)
+
+
+_ANTHROPIC_PARTS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking",
+                              "document", "server_tool_use"})
+_OPENAI_PARTS = frozenset({"image_url", "input_audio", "input_text", "input_image", "refusal"})
+
+
+def _wire_format(data: Mapping[str, Any]) -> str | None:
+    """The converter for a message that is in a provider's wire format, if it looks like one:
+    the neutral model is not what an SDK hands back, and the first thing an integrator
+    passes is often the provider's own list."""
+    if data.get("role") == "model" or "parts" in data:
+        return "from_gemini"
+    calls, content = data.get("tool_calls"), data.get("content")
+    if data.get("role") in ("developer", "function") or "refusal" in data or "audio" in data \
+            or (isinstance(calls, list)
+                and any(isinstance(c, Mapping) and "function" in c for c in calls)):
+        return "from_openai"
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, Mapping)]
+        types = {p.get("type") for p in parts}
+        if types & _ANTHROPIC_PARTS or any(p.get("type") == "image" and "source" in p
+                                           for p in parts):
+            return "from_anthropic"
+        if types & _OPENAI_PARTS:
+            return "from_openai"
+    return None
 
 
 def validate_message(data: Any, index: int = 0, prefix: str = "messages") -> Message:
-    """One message from a dict (or a Message), raising InvalidInput that names the field."""
+    """One message from a dict (or a Message), raising InvalidInput that names the field
+    (and the converter to use when the dict is in a provider's wire format)."""
     if isinstance(data, Message):
         return data
     if not isinstance(data, Mapping):
@@ -173,7 +201,10 @@ def validate_message(data: Any, index: int = 0, prefix: str = "messages") -> Mes
     try:
         return Message.model_validate(data)
     except ValidationError as exc:
-        raise _describe(exc, index, prefix) from None
+        converter = _wire_format(data)
+        hint = (f" (a provider's wire format: convert the list with shared.{converter}() "
+                "first)") if converter else ""
+        raise _describe(exc, index, prefix, hint) from None
 
 
 def validate_messages(data: Iterable[Any], prefix: str = "messages") -> list[Message]:
