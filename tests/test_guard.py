@@ -164,6 +164,22 @@ def test_a_window_stated_in_thousands_is_learned_and_a_misparse_never_is(
         == 100_000
 
 
+def test_an_overflow_never_raises_the_window(make_guard: Callable[..., Any],
+                                             store: SessionStore) -> None:
+    """A stated figure above the window the refused request was made for is another number
+    of the text (a string's length in characters) or a misparse: believing it would send
+    larger requests after a refusal. The refused request bounds the window instead."""
+    guard = make_guard(store, overrides={"m": 100_000})
+    for i in range(12):
+        store.append("s", coding_turn(i))
+    sent = guard.prepare("s", SYSTEM, max_tokens=1000, model="m").report.estimated_prompt_tokens
+    view = guard.recover("s", RuntimeError("This model's maximum context length is 1000000 "
+                                           "tokens. Please reduce the length of the messages."),
+                         SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and view.report.budget.window == sent
+    assert guard.limits.get("m") == sent == store.state("s").learned_window
+
+
 @pytest.mark.parametrize(("error", "excess"), [
     ("the request exceeds the available context size, try increasing it", 0),  # llama.cpp
     ('{"error":"prompt too long; exceeded max context length by 40 tokens"}', 40),  # Ollama

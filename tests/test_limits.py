@@ -22,6 +22,7 @@ from shared.core.limits import (
     default_registry,
     model_limits,
     output_reserve,
+    stated_limit,
     window_in_name,
 )
 
@@ -284,3 +285,11 @@ def test_a_known_model_s_name_is_not_read_for_a_size() -> None:
     """The registry's figure wins over what the name seems to say."""
     registry = Registry.from_json({"models": {"acme-chat-8k": [8192, 2048, "acme"]}})
     assert model_limits("acme-chat-8k", registry=registry).context_window == 8192
+
+
+@pytest.mark.parametrize(("limit", "window", "learned"), [
+    (32_000, 128_000, 32_000), (128_000, 128_000, None), (1_000_000, 128_000, None),
+    (100, 128_000, None), (None, 128_000, None), (0, 128_000, None)])
+def test_a_stated_limit_is_learned_only_below_the_window(limit: int | None, window: int,
+                                                          learned: int | None) -> None:
+    assert stated_limit(limit, window) == learned

@@ -130,18 +130,18 @@ def test_self_hosted_numbers_are_recovered(entry: dict[str, Any]) -> None:
         assert info.kind == "output_reserve_overflow", info
 
 
-# -- errors quoted in public issue threads, provider docs and servers' sources (143, sources
+# -- errors quoted in public issue threads, provider docs and servers' sources (213, sources
 # named): what a provider's text looks like once SDKs, proxies and agent frameworks have wrapped
-# it. Collected in two batches; each was measured before the patterns were generalised from it
-# (docs/benchmarks/overflow.md) -----------------------------------------------------------------
+# it. Collected in three batches; each was measured before the patterns were generalised from
+# it (docs/benchmarks/overflow.md) --------------------------------------------------------------
 ISSUES_SET = Path(__file__).resolve().parent / "data" / "overflow_errors_issues.json"
 ISSUES: list[dict[str, Any]] = json.loads(ISSUES_SET.read_text(encoding="utf-8"))
 
 
 def test_issues_set_is_well_formed() -> None:
     fields = {"provider", "message", "http_status", "is_overflow", "kind", "tokens", "source"}
-    assert len(ISSUES) >= 140 and len({e["provider"] for e in ISSUES}) >= 40
-    assert sum(not e["is_overflow"] for e in ISSUES) >= 70
+    assert len(ISSUES) >= 210 and len({e["provider"] for e in ISSUES}) >= 80
+    assert sum(not e["is_overflow"] for e in ISSUES) >= 80
     for entry in ISSUES:
         assert fields <= entry.keys() and entry["kind"] in ACCEPTED and entry["source"], entry
         assert set(entry["tokens"]) <= TOKEN_FIELDS.keys(), entry
@@ -286,6 +286,17 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("zh-token-rate", ProviderError("您的每分钟 token 数已超过限制", 400), K.RATE_LIMIT),
     ("zh-parameter-range", ProviderError("输入参数超出范围: temperature", 400), K.OTHER),
 ]
+
+
+def test_a_string_length_cap_states_no_window() -> None:
+    """An over-long message string is compacted like an overflow, but its cap is characters:
+    no window may be read from it."""
+    error = ProviderError("Invalid 'messages[3].content': string too long. Expected a string "
+                          "with maximum length 10485760, but got a string with length 12000000 "
+                          "instead.", 400)
+    info = parse_overflow(error)
+    assert info is not None and info.limit is None
+
 
 
 @pytest.mark.parametrize(("name", "error", "numbers"), HELD_OUT, ids=[h[0] for h in HELD_OUT])

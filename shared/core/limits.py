@@ -54,6 +54,7 @@ __all__ = [
     "model_limits",
     "output_reserve",
     "refused_bound",
+    "stated_limit",
     "window_in_name",
 ]
 
@@ -241,6 +242,17 @@ def output_reserve(limits: ModelLimits, max_tokens: int | None = None, *,
     wanted = limits.max_output_tokens if max_tokens is None else max_tokens
     floor = max(1, min(min_input_tokens, window // 2))
     return max(0, min(wanted, window - floor))
+
+
+def stated_limit(limit: int | None, window: int) -> int | None:
+    """The window an overflow error states, when it can be one: credible, and below the
+    window the refused request was prepared for. An overflow never raises the window:
+    a larger figure is another number of the text (a string's length in characters, a
+    batch cap) or a misparse, and believing it would send larger requests after a refusal.
+    """
+    if limit and LimitBook.credible(limit) and limit < window:
+        return limit
+    return None
 
 
 def refused_bound(estimate: int, window: int, excess: int | None = None) -> int | None:

@@ -112,7 +112,8 @@ class OverflowInfo:
 
 # Checked in this order after the overflow wording (see the module docstring).
 _SECONDARY = (
-    (ErrorKind.PAYLOAD_SIZE, patterns.PAYLOAD), (ErrorKind.OUTPUT_LIMIT, patterns.OUTPUT_LIMIT),
+    (ErrorKind.PAYLOAD_SIZE, patterns.PAYLOAD), (ErrorKind.OTHER, patterns.PARAMETER_CONFLICT),
+    (ErrorKind.OUTPUT_LIMIT, patterns.OUTPUT_LIMIT),
     (ErrorKind.AUTH, patterns.AUTH), (ErrorKind.CONTENT_FILTER, patterns.CONTENT_FILTER),
     (ErrorKind.OVERLOADED, patterns.OVERLOADED), (ErrorKind.SERVER_ERROR, patterns.SERVER),
 )

@@ -51,7 +51,7 @@ QUOTA = _rx(
     r"usage limits?\b", r"\bfor your (?:current )?plan\b", r"upgrade your plan",
     r"余额不足|欠费|额度|限额|配额",  # Chinese providers: balance, arrears, quota
     r"arrearage", r"account is (?:not )?in good standing", r"included credits",
-    r"free allocation", r"reached the set (?:inference )?limit",
+    r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
@@ -95,6 +95,17 @@ OVERFLOW_STRONG = _rx(
     r"too long to fit (?:into|in) the (?:model|context)",
     r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
     r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
+    # the window named as the subject of a failed comparison or an exhaustion
+    r"context (?:length|window|size)\b[^.;]{0,40}?\bexceeded",
+    r"(?:smaller|less|shorter) than (?:the )?(?:model'?s? )?(?:max(?:imum)? )?(?:context|sequence"
+    r"|model|input) (?:length|window|size)",
+    r"(?:prompt|input)(?: sequence)? (?:length|size) (?:is )?(?:greater|longer|larger|more) than",
+    r"(?:greater|longer|larger|more) than the (?:model'?s? )?(?:input|context|prompt) length",
+    r"and the context (?:window|length|size) is \d",
+    r"out of (?:room|space) in the (?:model'?s? )?context",
+    r"available context (?:size|length)? ?(?:is )?-\d",  # a negative room left
+    r"exceeds? (?:the )?(?:session )?max(?:imum)? (?:token |context |sequence )?length\b",
+    r"(?:message|prompt|input) (?:was|is) too long and could not be processed",
     # "Input length (N tokens) exceeds the maximum allowed length (M tokens)" (SGLang)
     r"(?:input|prompt) length\b.{0,40}?(?:exceeds?|is longer than|is greater than) (?:the )?"
     r"max(?:imum)? (?:allowed |supported )?(?:length|tokens)",
@@ -120,14 +131,19 @@ PAYLOAD = _rx(
     r"request payload size exceeds", r"body (?:is )?too large", r"sent message larger than max",
     r"exceeds the maximum (?:request|payload|body) size",
     r"failed to buffer the request body", r"request body:? length limit exceeded",
+    r"exceeds (?:the )?maximum allowed content length",
 )
+# Two parameters that may not be combined: a malformed request, whatever they are about.
+PARAMETER_CONFLICT = _rx(r"cannot be (?:set|specified|used) (?:at the same time|together)",
+                         r"mutually exclusive", r"cannot both be (?:set|specified)")
 OUTPUT_LIMIT = _rx(
     r"max_tokens is too large", r"maximum allowed number of output tokens",
     r"supports at most \d+ completion tokens", r"maximum output for this model",
     r"valid range of max_tokens", r"invalid max_tokens value",
     r"max(?:imum)? tokens you requested exceeds", r"max(?:imum)? tokens value that is lower",
     # a client's verdict on a reply cut at max_tokens (AI SDK, openai-python's parse())
-    r"finish[_ ]reason\W{0,3}(?:max_tokens|length)\b", r"length limit was reached",
+    r"(?:finish[_ ])?reason\W{0,3}(?:max_tokens|max_output_tokens|length)\b",
+    r"length limit was reached", r"model output limit was reached",
     r"lengthfinishreasonerror", r"range of max_tokens",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
     rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
@@ -251,7 +267,7 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"input token limit (?:is|of) {_N}", ("limit",)),
         (rf"max input tokens: {_N}, request input token count: {_N}", ("limit", "prompt")),
         (rf"is too long and exceeds limit of {_N}", ("limit",)),
-        (rf"n_ctx[\"']?\s*[:=]\s*{_N}", ("limit",)),
+        (rf"n_ctx[\"']?\s*[:=]\s*{_N}(?![\d,.]|\s*>)", ("limit",)),
         (rf"n_prompt_tokens[\"']?\s*[:=]\s*{_N}", ("prompt",)),
         (rf"prompt \((?:length )?{_N}(?: tokens)?\) is (?:too long|longer than the maximum model "
          rf"length of {_N})", ("prompt", "limit")),
@@ -269,6 +285,30 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"n_keep\W{{0,3}}{_N}\W{{0,3}}>=?\s*n_ctx\W{{0,3}}{_N}", ("prompt", "limit")),
         (rf"{_N} tokens?,? but the (?:configured |available |loaded |model'?s? )?context "
          rf"(?:size|length|window) is {_N}", ("prompt", "limit")),
+        (rf"truncation length:\s*{_N}", ("limit",)),
+        (rf"\({_N} tokens?,? max(?:imum)?:? {_N}\)", ("prompt", "limit")),
+        (rf"too long \({_N} tokens?\)", ("prompt",)),
+        (rf"(?:length|size|tokens?) (?:is )?(?:greater|longer|larger|more) than {_N}", ("limit",)),
+        # Generic shapes, consulted last. "P + O (= T) > L", "P plus max_tokens O cannot
+        # exceed ... L": the prompt, the output, the total and the window.
+        (rf"{_N}\)?\s*(?:\+|plus)\s*(?:max_tokens|max_new_tokens|max_completion_tokens|output"
+         rf"|completion)?\W{{0,4}}{_N}\)?\s*(?:=\s*{_N}\s*)?(?:>|cannot exceed|exceeds?)"
+         rf"[^\d]{{0,50}}?{_N}", ("prompt", "output", "total", "limit")),
+        # "N (input tokens|cache tokens|tokens in total)? (>|exceeds|larger than|must be
+        # smaller than) (the ... window|limit)? (of|is)? M": what was asked, then the window
+        (rf"{_N}(?:\s+[a-z]+)?(?:\s+tokens?)?(?:\s+in total)?\)?,?(?:\s*which)?\s*(?:>=?|exceeds?"
+         rf"|exceeded|is (?:larger|greater|more|longer) than|(?:larger|greater|more|longer) than"
+         rf"|must be (?:smaller|less) than(?: or equal to)?)\s*(?:the\s+)?(?:[a-z_'-]+\s+){{0,5}}?"
+         rf"(?:of\s+|is\s+|:\s*)?\(?{_N}", ("prompt", "limit")),
+        # a window named, then its figure: "context window is 2048", "max token limit (16384"
+        # (a "maximum length" alone is not one: "a string with maximum length 10485760")
+        (rf"(?:context[ _](?:length|window|size|limit)|max(?:imum)? (?:token|input|sequence"
+         rf"|context|model) (?:length|limit|size|window)(?: limit)?|input length limit"
+         rf"|max_seq_len|max_model_len)(?: of| is| for this model)?\s*[:=]?\s*\(?{_N}",
+         ("limit",)),
+        # what was asked: "the prompt is 3000 tokens", "Prompt length 40000", "input (33000)"
+        (rf"(?:prompt|input|request(?:ed)?(?: input| prompt)?)(?: sequence)?(?: length| size"
+         rf"| token count)?(?: is| of| has| contains(?: at least)?|:)?\s*\(?{_N}", ("prompt",)),
     )
 )
 

@@ -38,6 +38,7 @@ from shared.core.limits import (
     model_limits,
     output_reserve,
     refused_bound,
+    stated_limit,
 )
 from shared.core.messages import Message, validate_message, validate_messages
 from shared.core.model_registry import positive_int
@@ -331,8 +332,12 @@ class GuardShell(FreshViews):
         info = parse_overflow(error)
         if info is None:
             return None
-        if info.limit and LimitBook.credible(info.limit):
-            limit, attribute = info.limit, "compaction.stated_limit"
+        window = self.model_limits(model).context_window
+        stated = stated_limit(info.limit, window)
+        if stated is not None:
+            limit, attribute = stated, "compaction.stated_limit"
+        elif info.limit == window:
+            return None  # the window it knew: the count was short, not the window wrong
         else:
             bound = self.refused_bound(session_id, info, model, prepared_tokens)
             if bound is None:

@@ -31,7 +31,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 
 from shared.core.budget import BudgetReport, check_budget
 from shared.core.calibration import Calibration, prior_ratio
-from shared.core.limits import LimitBook, output_reserve, refused_bound
+from shared.core.limits import output_reserve, refused_bound, stated_limit
 from shared.core.messages import Message
 from shared.core.overflow import is_context_overflow, parse_overflow
 from shared.core.repair import repair_tool_pairs
@@ -190,12 +190,13 @@ class GuardedModel(Model):
             raise error
         guard = self.budget.guard
         info = parse_overflow(error)
-        limit = info.limit if info is not None and info.limit \
-            and LimitBook.credible(info.limit) else None
+        window = guard.model_limits(self.budget.model).context_window
+        limit = stated_limit(info.limit, window) if info is not None else None
         if limit is None and info is not None and info.kind == "context_overflow" \
-                and self.budget.sent:  # the input this filter let through bounds the window
-            limit = refused_bound(math.ceil(self.budget.sent * self.budget.ratio()),
-                                  guard.model_limits(self.budget.model).context_window,
+                and info.limit != window and self.budget.sent:
+            # the input this filter let through bounds the window (unless the error states the
+            # window it knew: then the count was short, not the window wrong)
+            limit = refused_bound(math.ceil(self.budget.sent * self.budget.ratio()), window,
                                   info.excess)
         if limit:
             guard.limits.learn(self.budget.model, limit)
