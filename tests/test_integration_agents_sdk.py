@@ -27,7 +27,7 @@ from openai.types.responses import (
     ResponseUsage,
 )
 
-from shared.core.config import StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import InvalidInput
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
@@ -283,6 +283,47 @@ def test_the_filter_learns_a_denser_tokenizer_from_usage(guard: ContextGuard,
         assert session.input_filter.calibration.ratio > 1.3
     else:  # every call past the window overflows and is recovered
         assert model.overflows > 3 and wrapped.recoveries == model.overflows
+
+
+class UnwordedModel(WindowModel):
+    """A server whose real window is a little smaller than the one the guard believes and
+    whose refusal names neither a window nor an overflow."""
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: Any, tools: list[Any], *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        if count(system_instructions, input, tools) + (model_settings.max_tokens or 0) \
+                > self.window:
+            self.overflows += 1
+            body = {"error": {"message": "Request could not be processed by the inference "
+                              "engine.", "type": "invalid_request_error", "code": None}}
+            request = httpx.Request("POST", "https://llm.internal/v1/responses")
+            raise openai.BadRequestError(
+                f"Error code: 400 - {body}", body=body["error"],
+                response=cast(Any, httpx.Response(400, request=request, json=body)))
+        return await super().get_response(system_instructions, input, model_settings, tools,
+                                           *args, **kwargs)
+
+
+@pytest.mark.parametrize("net", [True, False])
+def test_an_unworded_refusal_of_a_nearly_full_input_is_recovered(
+        real_redis: Any, key_prefix: str, net: bool) -> None:
+    policy = CompactionPolicy(unrecognised_overflow_at=0.9 if net else None)
+    guard = ContextGuard(SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)),
+                         overrides={MODEL: WINDOW}, policy=policy)
+    model = UnwordedModel(int(WINDOW * 0.94), steps=24)
+    session = GuardedSession(guard, f"unworded-{net}", model=MODEL, max_tokens=500)
+    wrapped = session.wrap(model)
+    agent = Agent(name="reader", instructions="You read files.", tools=[read_file],
+                  model=wrapped, model_settings=ModelSettings(max_tokens=500))
+    running = Runner.run(agent, "Read every module.", session=session,
+                         run_config=session.run_config(), max_turns=60)
+    if not net:
+        with pytest.raises(openai.BadRequestError, match="inference engine"):
+            run(running)
+        return
+    assert run(running).final_output == "All files read."
+    assert model.overflows >= 1 and wrapped.recoveries == model.overflows
 
 
 def test_without_the_guard_the_same_run_overflows(guard: ContextGuard) -> None:

@@ -228,3 +228,12 @@ def test_the_heuristic_never_looks_at_the_tiktoken_settings(
 ) -> None:
     s = Settings(tiktoken_encoding=encoding, tiktoken_dir=directory)
     assert token_counter(s) is DEFAULT_COUNTER
+
+
+@pytest.mark.parametrize(("raw", "value"), [(None, 0.9), ("0.95", 0.95), ("none", None)])
+def test_unrecognised_overflows_are_a_policy_setting(monkeypatch: pytest.MonkeyPatch,
+                                                     raw: str | None,
+                                                     value: float | None) -> None:
+    if raw is not None:
+        monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", raw)
+    assert Settings().policy().unrecognised_overflow_at == value

@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     default.
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
+                                      env_parse_none_str="none")
 
     # connections
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
@@ -114,6 +115,9 @@ class Settings(BaseSettings):
     max_ledger_chars: int = Field(default=4000, gt=0)
     summary_placement: Literal["system", "message"] = "system"
     proactive: bool = Field(default=True, description="kill switch; recovery stays on")
+    unrecognised_overflow_at: float | None = Field(
+        default=0.90, gt=0, le=1, description="recover from an error nothing recognises "
+        "when the refused request was at least this full (compaction serve)")
     recall_index: Literal["task", "job", "off"] = Field(
         default="task", description="who indexes a compacted range for recall: its own "
         "low-priority job, coalesced per session (task), the compaction job itself (job), "
@@ -283,7 +287,8 @@ class Settings(BaseSettings):
             keep_recent_ratio=self.keep_recent_ratio, keep_recent_tokens=self.keep_recent_tokens,
             message_threshold=self.message_threshold, min_saving_ratio=self.min_saving_ratio,
             max_summary_tokens=self.max_summary_tokens, max_ledger_chars=self.max_ledger_chars,
-            summary_placement=self.summary_placement, proactive=self.proactive)
+            summary_placement=self.summary_placement, proactive=self.proactive,
+            unrecognised_overflow_at=self.unrecognised_overflow_at)
 
     # -- Timing ------------------------------------------------------------------
     # A job's message stays unacknowledged from delivery to the end of the job

@@ -46,6 +46,12 @@ class CompactionPolicy(BaseModel):
                                     description="skip smaller compactions")
     recovery_ratio: float = Field(default=0.20, gt=0, lt=1,
                                   description="of the window after an overflow")
+    unrecognised_overflow_at: float | None = Field(
+        default=0.90, gt=0, le=1,
+        description="an error nothing recognises, refusing a request at least this full "
+                    "(prompt + output reserve over the window), is taken for an overflow in "
+                    "a wording no pattern knows: compacted to target_ratio and retried once; "
+                    "None: never")
     emergency_drop_fraction: float = Field(default=0.5, gt=0, lt=1)
     split_turn_min_messages: int = Field(default=5, ge=2)
     # cheap stages

@@ -55,6 +55,7 @@ __all__ = [
     "is_tool_pairing_error",
     "parse_overflow",
     "stated_count",
+    "unrecognised",
 ]
 
 
@@ -241,6 +242,7 @@ class _Verdict:
     strength: int  # 3: specific wording, 2: generic wording, 1: HTTP status only, 0: nothing
     text: str
     module: str
+    status: int | None = None
 
 
 def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
@@ -286,7 +288,7 @@ def _verdict(error: object) -> _Verdict:
     A wrapper saying "service unavailable" around a cause that names the
     context window is an overflow, not a server error.
     """
-    best = _Verdict(ErrorKind.OTHER, -1, "", "")
+    best = _Verdict(ErrorKind.OTHER, -1, "", "", None)
     for link in _chain(error):
         ev = _Evidence(texts=[])
         _walk(link, ev, 0)
@@ -296,7 +298,7 @@ def _verdict(error: object) -> _Verdict:
             ev.status = _as_status(next((g for g in found.groups() if g), None)) if found else None
         kind, strength = _decide(text, ev.status)
         if strength > best.strength:
-            best = _Verdict(kind, strength, text, ev.module)
+            best = _Verdict(kind, strength, text, ev.module, ev.status)
     return best
 
 
@@ -328,6 +330,23 @@ def stated_count(raw: str) -> int:
     if scale is None:
         return int(raw.replace(",", ""))
     return round(float(raw[:-1]) * scale)
+
+
+def unrecognised(error: object) -> bool:
+    """True when nothing in ``error`` says what went wrong (no wording any kind knows, no
+    telling HTTP status), and it is neither a lookup failure (an unknown model or route,
+    404) nor a request that names what is malformed in it (a parameter, a value, a type):
+    what a provider's overflow looks like when no pattern knows its wording. The guard
+    takes such an error for an overflow only when the refused request was nearly as large
+    as the window (``CompactionPolicy.unrecognised_overflow_at``)."""
+    try:
+        verdict = _verdict(error)
+    except Exception:  # same contract as classify_error
+        return False
+    return verdict.kind is ErrorKind.OTHER and verdict.status not in (404, 405, 409) \
+        and not patterns.NOT_FOUND.search(verdict.text) \
+        and not patterns.NON_MESSAGE_PARAM.search(verdict.text) \
+        and not patterns.MALFORMED.search(verdict.text)
 
 
 def parse_overflow(error: object) -> OverflowInfo | None:

@@ -133,6 +133,23 @@ PAYLOAD = _rx(
     r"failed to buffer the request body", r"request body:? length limit exceeded",
     r"exceeds (?:the )?maximum allowed content length",
 )
+# A lookup that failed (a model or route that does not exist): never a size problem.
+NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
+                r"(?:unknown|invalid|unsupported) model", r"no endpoints? found",
+                r"model .{0,60}? (?:is )?not (?:found|available|supported)")
+# A request that names what is malformed in it (a parameter, a value, a type): a size
+# problem would not be worded so.
+MALFORMED = _rx(
+    r"invalid (?:value|type|parameter|argument|format|base64|image|url|json|schema|enum|role)",
+    r"unsupported (?:parameter|value|image|media|file|content|role)", r"must be one of",
+    r"must be (?:a valid|an? (?:string|integer|number|boolean|array|object|list))",
+    r"is not (?:a )?valid\b", r"(?:unknown|unrecognized|unexpected) (?:parameter|field|argument)",
+    r"extra (?:inputs|fields) (?:are )?not permitted", r"field required",
+    r"missing required", r"(?:above|below) (?:the )?(?:maximum|minimum) value",
+    r"expected an? (?:string|integer|number|value|object|array)", r"must not be empty",
+    r"\billegal\b", r"invalid params?\b", r"invalid request:", r"\bare not valid",
+    r"must be strictly", r"stop[_ ]?sequences?", r"image dimensions?",
+)
 # Two parameters that may not be combined: a malformed request, whatever they are about.
 PARAMETER_CONFLICT = _rx(r"cannot be (?:set|specified|used) (?:at the same time|together)",
                          r"mutually exclusive", r"cannot both be (?:set|specified)")

@@ -42,7 +42,7 @@ from shared.core.limits import (
 )
 from shared.core.messages import Message, validate_message, validate_messages
 from shared.core.model_registry import positive_int
-from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow
+from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow, unrecognised
 from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
@@ -315,13 +315,41 @@ class GuardShell(FreshViews):
         return Traced("compaction.record_turn", {"compaction.session_id": session_id},
                       kind="producer")
 
-    @staticmethod
-    def is_overflow(error: object) -> bool:
-        """True when ``error`` is a context overflow (else counted as ``not_overflow``)."""
+    def overflow_ratio(self, session_id: str, error: object, model: str,
+                       max_tokens: int | None,
+                       prepared_tokens: int | None) -> tuple[float, bool] | None:
+        """The share of the window to compact to after ``error``, and whether the error was
+        recognised: the recovery ratio for a context overflow; the target ratio for an
+        error nothing recognises that refused a request nearly as large as the window (an
+        overflow worded in a way no pattern knows: :func:`shared.core.overflow.unrecognised`,
+        ``CompactionPolicy.unrecognised_overflow_at``); None for anything else (counted as
+        ``not_overflow``)."""
         if is_context_overflow(error):
-            return True
+            return self.policy.recovery_ratio, True
+        threshold = self.policy.unrecognised_overflow_at
+        if threshold is not None and unrecognised(error):
+            fill = self.refused_fill(session_id, model, max_tokens, prepared_tokens)
+            if fill is not None and fill >= threshold:
+                get_metrics().recovery("unrecognised_overflow")
+                return self.policy.target_ratio, False
         get_metrics().recovery("not_overflow")
-        return False
+        return None
+
+    def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
+                     prepared_tokens: int | None) -> float | None:
+        """How full the refused request was: (its prompt + output reserve) / window, for the
+        request this guard prepared last for the session (or ``prepared_tokens``)."""
+        limits = self.model_limits(model)
+        with self._lock:
+            sent = self._sent.get(session_id)
+        if sent is not None and sent.model == model:
+            estimate, window = sent.estimate, sent.window
+        elif prepared_tokens is not None:
+            estimate, window = positive_int(prepared_tokens, "prepared_tokens"), \
+                limits.context_window
+        else:
+            return None
+        return (estimate + output_reserve(limits, max_tokens)) / window if window else None
 
     def learn_overflow(self, session_id: str, error: object, model: str, trace: Traced,
                        prepared_tokens: int | None = None) -> int | None:

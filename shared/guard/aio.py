@@ -298,9 +298,13 @@ class AsyncContextGuard(GuardShell):
                 pending: Sequence[Message | Mapping[str, Any]] = (),
                 prepared_tokens: int | None = None) -> PreparedView | None:
         """See :meth:`shared.guard.sync.ContextGuard.recover`."""
-        if not self.is_overflow(error):
+        decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
+        if decided is None:
             return None
+        ratio, recognised = decided
         with self.traced_recover(session_id, model, error) as trace:
+            if not recognised:
+                trace.current.set_attribute("compaction.unrecognised_error", True)
             validate_session_id(session_id)
             limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
             if limit:
@@ -312,7 +316,7 @@ class AsyncContextGuard(GuardShell):
             snap = await self.snapshot(session_id)
             return trace.recovered(await self._build(session_id, snap, system_prompt, tools,
                                                      max_tokens, model, extra, extra_tokens,
-                                                     started, self.policy.recovery_ratio))
+                                                     started, ratio))
 
     async def call(self, session_id: str, send: Callable[[PreparedView], Awaitable[R]], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,

@@ -302,11 +302,17 @@ class ContextGuard(GuardShell):
         prepared that view); the view is compacted to a
         fifth of the window with force, without an LLM, and a worker is asked to replace
         the truncation with a real summary. Runs even with proactive
-        compaction switched off.
+        compaction switched off. An error nothing recognises that refused a request at
+        least ``policy.unrecognised_overflow_at`` full is taken for an overflow in a
+        wording no pattern knows: compacted to the target ratio, nothing learned.
         """
-        if not self.is_overflow(error):
+        decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
+        if decided is None:
             return None
+        ratio, recognised = decided
         with self.traced_recover(session_id, model, error) as trace:
+            if not recognised:
+                trace.current.set_attribute("compaction.unrecognised_error", True)
             validate_session_id(session_id)
             limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
             if limit:
@@ -317,8 +323,7 @@ class ContextGuard(GuardShell):
             extra, extra_tokens = self.pending(session_id, pending)
             return trace.recovered(self._build(session_id, self.snapshot(session_id),
                                                system_prompt, tools, max_tokens, model, extra,
-                                               extra_tokens, started,
-                                               self.policy.recovery_ratio))
+                                               extra_tokens, started, ratio))
 
     def call(self, session_id: str, send: Callable[[PreparedView], R], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,

@@ -33,7 +33,7 @@ from shared.core.budget import BudgetReport, check_budget
 from shared.core.calibration import Calibration, prior_ratio
 from shared.core.limits import output_reserve, refused_bound, stated_limit
 from shared.core.messages import Message
-from shared.core.overflow import is_context_overflow, parse_overflow
+from shared.core.overflow import is_context_overflow, parse_overflow, unrecognised
 from shared.core.repair import repair_tool_pairs
 from shared.core.truncation import emergency_truncate
 from shared.core.turns import leading_system_count
@@ -176,7 +176,8 @@ class GuardedModel(Model):
     through bounds it: :func:`~shared.core.limits.refused_bound`), the input
     is compacted to the policy's recovery ratio of the window and the call is
     retried once; a second failure, or any other error, reaches the caller
-    unchanged.
+    unchanged (an error nothing recognises is taken for an overflow when the refused
+    input was nearly as large as the window: ``CompactionPolicy.unrecognised_overflow_at``).
     """
 
     def __init__(self, inner: Model, budget: InputBudget, *,
@@ -186,11 +187,21 @@ class GuardedModel(Model):
 
     def _recover(self, error: Exception, system_instructions: str | None,
                  input: str | list[TResponseInputItem], tools: Sequence[Any]) -> list[Any]:
-        if not is_context_overflow(error):
-            raise error
         guard = self.budget.guard
+        limits = guard.model_limits(self.budget.model)
+        window = limits.context_window
+        ratio = guard.policy.recovery_ratio
+        if not is_context_overflow(error):
+            # an error nothing recognises, refusing input nearly as large as the window: an
+            # overflow in a wording no pattern knows (the guard's rule, ContextGuard.recover)
+            near = guard.policy.unrecognised_overflow_at
+            sent = math.ceil(self.budget.sent * self.budget.ratio()) \
+                + output_reserve(limits, self.budget.max_tokens)
+            if near is None or not self.budget.sent or not unrecognised(error) \
+                    or sent < near * window:
+                raise error
+            ratio = guard.policy.target_ratio
         info = parse_overflow(error)
-        window = guard.model_limits(self.budget.model).context_window
         limit = stated_limit(info.limit, window) if info is not None else None
         if limit is None and info is not None and info.kind == "context_overflow" \
                 and info.limit != window and self.budget.sent:
@@ -205,8 +216,7 @@ class GuardedModel(Model):
                                          model=self.budget.model)
         items = [{"role": "user", "content": input}] if isinstance(input, str) else input
         self.recoveries += 1
-        return self.budget.fit(items, system_instructions, tools,
-                               force_ratio=guard.policy.recovery_ratio).items
+        return self.budget.fit(items, system_instructions, tools, force_ratio=ratio).items
 
     async def get_response(self, system_instructions: str | None,
                            input: str | list[TResponseInputItem], *args: Any,

@@ -64,7 +64,8 @@ class Metrics(Protocol):
         ``compacted``, ``lost_swap``, ``covered``, ``conflict``."""
 
     def recovery(self, outcome: str) -> None:
-        """``recover()`` after a provider error: ``recovered`` or ``not_overflow``."""
+        """``recover()`` after a provider error: ``recovered``, ``not_overflow`` or
+        ``unrecognised_overflow`` (taken for one by the refused request's size)."""
 
     def silent_truncation(self) -> None:
         """The provider reported far fewer prompt tokens than were sent."""
