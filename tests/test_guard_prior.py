@@ -29,6 +29,7 @@ def chat_turn(i: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("model", "ratio"), [
     (GEMINI, PROVIDERS["gemini"].factor), ("vertex_ai/gemini-3-pro-preview", 1.18),
+    ("google/gemma-3-27b-it", 1.18),
     (CLAUDE, PROVIDERS["anthropic"].factor), ("anthropic.claude-3-5-sonnet-v2:0", 1.30),
     ("gpt-4o", 1.0), ("o3-mini", 1.0), ("llama-3.1-70b-instruct", 1.0), ("", 1.0),
 ])

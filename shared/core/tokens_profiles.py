@@ -94,7 +94,7 @@ def provider_for_model(model: str) -> str:
     name = model.strip().lower().rsplit("/", 1)[-1]
     if "claude" in name:
         return "anthropic"
-    if "gemini" in name:
+    if "gemini" in name or "gemma" in name:  # Gemma 3 shares Gemini's tokenizer
         return "gemini"
     if name.startswith(("gpt-", "gpt4", "chatgpt", "ft:gpt")) or (
         len(name) >= 2 and name[0] == "o" and name[1] in "134" and name[2:3] in ("", "-")
