@@ -106,3 +106,12 @@ def test_the_worker_estimates_with_the_same_prior(make_guard: Callable[..., Any]
         assert report.budget.should_compact is due
         outcome = Compactor(store, SummaryEngine(None)).run("s")
         assert (outcome.status != "skipped") is due, outcome.reason
+
+
+def test_stats_show_the_estimate_the_guard_uses(guard: Any) -> None:
+    for i in range(4):
+        guard.store.append("g", coding_turn(i, 2000))
+    estimate = _estimate(guard, GEMINI, "g")
+    stats = guard.stats("g")
+    assert stats["estimated_prompt_tokens"] == pytest.approx(estimate, abs=2)
+    assert stats["calibration_ratio"] == pytest.approx(1.18) and stats["calibration_samples"] == 0

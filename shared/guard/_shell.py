@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.core.budget import ensure_reducible
+from shared.core.calibration import prior_ratio
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
@@ -487,8 +488,10 @@ class GuardShell(FreshViews):
         state = snap.state
         limits = self.model_limits(state.model or "gpt-4o", state)
         reserve = state.max_tokens or output_reserve(limits, None)
+        prior = prior_ratio(state.model, self.counter)
         regions, estimated = view_estimate(state, snap.summary, snap.history_tokens, snap.saved,
-                                           snap.end, overhead=self.counter.messages([]))
+                                           snap.end, overhead=self.counter.messages([]),
+                                           prior=prior)
         report = check(limits.context_window, reserve, regions, estimated, 0, self.policy)
         return {
             "session_id": session_id, "tenant": tenant, "length": snap.end,
@@ -502,7 +505,8 @@ class GuardShell(FreshViews):
             "summary_kind": state.summary_kind, "cheap_decisions": len(snap.cheap),
             "summaries": [{"watermark": s.watermark, "kind": s.kind, "tokens": s.tokens,
                            "created_at": s.created_at} for s in summaries],
-            "pending_job": snap.pending, "calibration_ratio": state.calibration_ratio,
+            "pending_job": snap.pending,
+            "calibration_ratio": state.calibration_ratio if state.calibration_samples else prior,
             "calibration_samples": state.calibration_samples,
             "silent_truncation_flags": state.silent_truncation_flags,
             "requests_failed": state.requests_failed,

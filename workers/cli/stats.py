@@ -72,7 +72,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         ("placeholders", str(figures["cheap_decisions"])),
         ("pending job", "yes" if figures["pending_job"] else "no"),
         ("calibration", f"x{figures['calibration_ratio']:.3f} from "
-                        f"{figures['calibration_samples']} reported usages"),
+                        f"{figures['calibration_samples']} reported usages"
+                        + ("" if figures["calibration_samples"] else " (the model's prior)")),
         ("usage", f"{pct(figures['usage_ratio'])} of the input budget"),
     ]
     if figures["silent_truncation_flags"]:
