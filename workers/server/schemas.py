@@ -46,8 +46,9 @@ class RecoverRequest(RequestFigures):
     prepared_tokens: int | None = Field(
         default=None, ge=1,
         description="report.estimated_prompt_tokens of the prepared view the provider refused: "
-                    "when the error states no window, it bounds the real one (needed where "
-                    "another server process made that prepare)")
+                    "when the error states no window, it bounds the real one, and an error "
+                    "nothing recognises counts as an overflow when it was nearly the window "
+                    "(needed where another server process made that prepare)")
 
 
 class RecordRequest(_Body):
