@@ -52,6 +52,7 @@ QUOTA = _rx(
     r"余额不足|欠费|额度|限额|配额",  # Chinese providers: balance, arrears, quota
     r"arrearage", r"account is (?:not )?in good standing", r"included credits",
     r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
+    r"hit your (?:usage |plan )?limit",
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
@@ -70,9 +71,13 @@ OVERFLOW_STRONG = _rx(
     r"context[_ ]?(?:length|window)[_ ]?exceeded", r"contextwindowexceeded",
     r"exceed_context_size", r"max(?:imum)? context (?:length|size|window|limit)",
     r"(?:exceeds?|exceeded|over|longer than|larger than|greater than) (?:the |this |your )?"
-    r"(?:model'?s? |endpoint'?s? |available |loaded |configured )?(?:maximum |max )?context"
-    r"(?: (?:length|window|size|limit))?\b",
-    r"context (?:length|window|size) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
+    r"(?:model'?s? |llm'?s? |endpoint'?s? |available |loaded |configured )?(?:maximum |max )?"
+    r"context(?: (?:length|window|size|limit))?\b",
+    r"context (?:length|window|size|limit) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
+    r"context overflow", r"exhausted (?:the )?context window", r"prompt (?:is )?too large",
+    r"context (?:still )?exceeds (?:the )?model(?:'s)? limits?",
+    r"exceeds? (?:the )?model(?:'s)? (?:context )?window", r"range of total length should be",
+    r"max_tokens`?\W{0,3}\(?-\d",  # a negative room for the output: the prompt took it all
     r"exceed context limit",
     r"when context the overflows", r"prompt(?: tokens?)? (?:is |are )?too long",
     r"input (?:is )?too long", r"(?:number of |too many )input tokens", r"input tokens exceed",
@@ -90,13 +95,14 @@ OVERFLOW_STRONG = _rx(
     r"prompt has too many tokens",
     r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?(?:tokens|length)",
     # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
-    r"(?:less than|<=?|exceeds?|greater than|longer than)(?: or equal to)? (?:the )?"
-    r"(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens|n_ctx)\b",
+    r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal to)? "
+    r"(?:the )?(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens"
+    r"|max_prompt_tokens|max_num_tokens|n_ctx)\b",
     r"too long to fit (?:into|in) the (?:model|context)",
     r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
     r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
     # the window named as the subject of a failed comparison or an exhaustion
-    r"context (?:length|window|size)\b[^.;]{0,40}?\bexceeded",
+    r"context (?:length|window|size|limit)\b[^.;]{0,40}?\bexceeded",
     r"(?:smaller|less|shorter) than (?:the )?(?:model'?s? )?(?:max(?:imum)? )?(?:context|sequence"
     r"|model|input) (?:length|window|size)",
     r"(?:prompt|input)(?: sequence)? (?:length|size) (?:is )?(?:greater|longer|larger|more) than",
@@ -131,7 +137,8 @@ PAYLOAD = _rx(
     r"request payload size exceeds", r"body (?:is )?too large", r"sent message larger than max",
     r"exceeds the maximum (?:request|payload|body) size",
     r"failed to buffer the request body", r"request body:? length limit exceeded",
-    r"exceeds (?:the )?maximum allowed content length",
+    r"exceeds (?:the )?maximum allowed content length", r"message larger than max\b",
+    r"(?:string|value) length \(?\d+\)? exceeds (?:the )?maximum allowed",
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
@@ -148,7 +155,8 @@ MALFORMED = _rx(
     r"missing required", r"(?:above|below) (?:the )?(?:maximum|minimum) value",
     r"expected an? (?:string|integer|number|value|object|array)", r"must not be empty",
     r"\billegal\b", r"invalid params?\b", r"invalid request:", r"\bare not valid",
-    r"must be strictly", r"stop[_ ]?sequences?", r"image dimensions?",
+    r"must be strictly", r"stop[_ ]?sequences?", r"image dimensions?", r"invalid_param",
+    r"\bis invalid\b", r"maximum number of items", r"may not include", r"must be at least",
 )
 # Two parameters that may not be combined: a malformed request, whatever they are about.
 PARAMETER_CONFLICT = _rx(r"cannot be (?:set|specified|used) (?:at the same time|together)",
@@ -161,7 +169,9 @@ OUTPUT_LIMIT = _rx(
     # a client's verdict on a reply cut at max_tokens (AI SDK, openai-python's parse())
     r"(?:finish[_ ])?reason\W{0,3}(?:max_tokens|max_output_tokens|length)\b",
     r"length limit was reached", r"model output limit was reached",
-    r"lengthfinishreasonerror", r"range of max_tokens",
+    r"lengthfinishreasonerror", r"range of max_tokens", r"exceeded output limit",
+    r"response incomplete\W{0,3}(?:length|max_tokens)",
+    r"(?:response|output|reply|completion) (?:was |is )?(?:truncated|cut off)",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
     rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
     r"|greater than|must be (?:less|<|smaller|at most)|less than or equal|supported range"
@@ -169,7 +179,7 @@ OUTPUT_LIMIT = _rx(
 )
 AUTH = _rx(
     r"\bunauthori[sz]ed\b", r"\bunauthenticated\b", r"authentication", r"\bnot authori[sz]ed\b",
-    r"invalid[_ ](?:api[_ ]?)?key", r"incorrect api key", r"api key not valid",
+    r"invalid[_ -]?(?:api[_ -]?)?key", r"incorrect api key", r"api key not valid",
     r"invalid x-api-key", r"permission[_ ]denied", r"\bforbidden\b", r"access ?denied",
     r"unrecognizedclient", r"security token included in the request is invalid",
     r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
@@ -200,7 +210,7 @@ OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
     r"messages? (?:is|are) too long", r"total length of all messages",
-    r"conversation (?:is )?too long",
+    r"conversation (?:is |has become |became |got )?too long",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
     r"token count exceeds", r"number of tokens .{0,30}exceeds?",
 )
@@ -303,6 +313,15 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"{_N} tokens?,? but the (?:configured |available |loaded |model'?s? )?context "
          rf"(?:size|length|window) is {_N}", ("prompt", "limit")),
         (rf"truncation length:\s*{_N}", ("limit",)),
+        (rf"input tokens length is {_N}\. output tokens length is {_N}\. range of total length "
+         rf"should be less than or equal to {_N}", ("prompt", "output", "limit")),
+        (rf"max(?:imum)? context length of [\w.:/-]+ is {_N}", ("limit",)),
+        (rf"resulted in (?:over |about |at least )?{_N}", ("prompt",)),
+        (rf"prompt length {_N} plus \w+ length {_N}", ("prompt", "output")),
+        (rf"\w*prompt_len(?:gth)?`?\W{{0,3}}\(?{_N}", ("prompt",)),
+        (rf"\({_N}/{_N} (?:prompt )?tokens\)", ("prompt", "limit")),
+        (rf"\blimit={_N}", ("limit",)), (rf"\bprompt={_N}", ("prompt",)),
+        (rf"(?:service|context|token|model|the) limit of {_N}", ("limit",)),
         (rf"\({_N} tokens?,? max(?:imum)?:? {_N}\)", ("prompt", "limit")),
         (rf"too long \({_N} tokens?\)", ("prompt",)),
         (rf"(?:length|size|tokens?) (?:is )?(?:greater|longer|larger|more) than {_N}", ("limit",)),
@@ -314,14 +333,16 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         # "N (input tokens|cache tokens|tokens in total)? (>|exceeds|larger than|must be
         # smaller than) (the ... window|limit)? (of|is)? M": what was asked, then the window
         (rf"{_N}(?:\s+[a-z]+)?(?:\s+tokens?)?(?:\s+in total)?\)?,?(?:\s*which)?\s*(?:>=?|exceeds?"
-         rf"|exceeded|is (?:larger|greater|more|longer) than|(?:larger|greater|more|longer) than"
+         rf"|exceeded|(?:has|have) exceeded|is (?:larger|greater|more|longer) than"
+         rf"|(?:larger|greater|more|longer) than"
          rf"|must be (?:smaller|less) than(?: or equal to)?)\s*(?:the\s+)?(?:[a-z_'-]+\s+){{0,5}}?"
          rf"(?:of\s+|is\s+|:\s*)?\(?{_N}", ("prompt", "limit")),
         # a window named, then its figure: "context window is 2048", "max token limit (16384"
         # (a "maximum length" alone is not one: "a string with maximum length 10485760")
         (rf"(?:context[ _](?:length|window|size|limit)|max(?:imum)? (?:token|input|sequence"
          rf"|context|model) (?:length|limit|size|window)(?: limit)?|input length limit"
-         rf"|max_seq_len|max_model_len)(?: of| is| for this model)?\s*[:=]?\s*\(?{_N}",
+         rf"|max_seq_len|max_model_len|max_num_tokens|max_prompt_tokens)(?: of| is"
+         rf"| for this model)?\s*[:=]?\s*\(?{_N}",
          ("limit",)),
         # what was asked: "the prompt is 3000 tokens", "Prompt length 40000", "input (33000)"
         (rf"(?:prompt|input|request(?:ed)?(?: input| prompt)?)(?: sequence)?(?: length| size"
