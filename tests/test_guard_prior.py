@@ -115,3 +115,27 @@ def test_stats_show_the_estimate_the_guard_uses(guard: Any) -> None:
     stats = guard.stats("g")
     assert stats["estimated_prompt_tokens"] == pytest.approx(estimate, abs=2)
     assert stats["calibration_ratio"] == pytest.approx(1.18) and stats["calibration_samples"] == 0
+
+
+def test_a_fallback_to_another_family_is_estimated_by_its_prior(guard: Any) -> None:
+    """Reports taught the ratio for GPT; the session falls back to Claude: neither that ratio
+    nor its anchor describes Claude's tokenizer, so the prior does until Claude reports."""
+    for i in range(4):
+        guard.store.append("f", coding_turn(i, 2000))
+    user = {"role": "user", "content": "next"}
+    view = guard.prepare("f", SYSTEM, max_tokens=500, model="gpt-4o", pending=[user])
+    heuristic = guard.counter.messages(list(view.messages))
+    guard.record_turn("f", [user, {"role": "assistant", "content": "ok"}],
+                      usage={"prompt_tokens": int(heuristic * 0.9)})
+    state = guard.store.state("f")
+    assert state.calibration_family == "openai" and state.calibration_samples == 1
+    gpt = _estimate(guard, "gpt-4o", "f")
+    claude = _estimate(guard, CLAUDE, "f")
+    assert claude == pytest.approx(gpt / 0.9 * 1.30, rel=0.02)
+    view = guard.prepare("f", SYSTEM, max_tokens=500, model=CLAUDE, pending=[user])
+    heuristic = guard.counter.messages(list(view.messages))
+    guard.record_turn("f", [user, {"role": "assistant", "content": "ok"}],
+                      usage={"input_tokens": int(heuristic * 1.25)})
+    state = guard.store.state("f")  # Claude's first report starts the ratio afresh
+    assert state.calibration_family == "anthropic" and state.calibration_samples == 1
+    assert state.calibration_ratio == pytest.approx(1.25, abs=0.01)

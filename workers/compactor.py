@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from shared.core.budget import check_budget
-from shared.core.calibration import prior_ratio
+from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
 from shared.core.facts import extract_facts
 from shared.core.ledger import Ledger
@@ -156,7 +156,8 @@ class Compactor:
         _, estimated = view_estimate(
             state, data.summary, data.history_tokens,
             cheap_savings(data.cheap, state.watermark, data.length), data.length,
-            overhead=self.counter.messages([]), prior=prior_ratio(state.model, self.counter))
+            overhead=self.counter.messages([]), prior=prior_ratio(state.model, self.counter),
+            family=model_family(state.model))
         return estimated, window, window - reserve
 
     def plan(self, session_id: str, data: ViewData, *, force: bool,

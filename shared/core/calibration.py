@@ -92,6 +92,12 @@ class Calibration:
         return math.ceil(estimate * self.ratio - 1e-9)
 
 
+@functools.lru_cache(maxsize=1024)
+def model_family(model: str) -> str:
+    """The tokenizer family of ``model`` ("" for none): what a learned ratio is valid for."""
+    return provider_for_model(model) if model and isinstance(model, str) else ""
+
+
 def prior_ratio(model: str, counter: object) -> float:
     """The ratio a session is estimated with before its first usage report.
 
@@ -157,5 +163,6 @@ __all__ = [
     "CALIBRATION_PLAUSIBLE",
     "Calibration",
     "hybrid_estimate",
+    "model_family",
     "prior_ratio",
 ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
-from shared.core.calibration import Calibration, prior_ratio
+from shared.core.calibration import Calibration, model_family, prior_ratio
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
@@ -260,13 +260,13 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     newest = newest_tokens(extra, extra_tokens)
     figures = _figures(state, req)
     notice, notice_tokens = _notice(snap.summary, req, counter)
-    prior = prior_ratio(req.model, counter)
+    prior, family = prior_ratio(req.model, counter), model_family(req.model)
 
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
                                      tools=req.tool_tokens, extra=sum(extra_tokens),
-                                     notice=notice_tokens, prior=prior)
+                                     notice=notice_tokens, prior=prior, family=family)
         return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
 
     regions, estimated, report = estimate(snap.saved)
@@ -508,11 +508,15 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
                                          reported < expected * SILENT_TRUNCATION_RATIO)):
         return {"silent_truncation_flags": state.silent_truncation_flags + 1,
                 "recover_next": 1}
-    cal = Calibration(state.calibration_ratio, state.calibration_samples).update(
-        reported, sent.heuristic)
+    # a report of another tokenizer family than the ratio's starts the ratio afresh
+    family = model_family(sent.model)
+    same = not family or not state.calibration_family or family == state.calibration_family
+    cal = (Calibration(state.calibration_ratio, state.calibration_samples) if same
+           else Calibration()).update(reported, sent.heuristic)
     return {"anchor_reported": reported, "anchor_estimated": sent.heuristic,
             "anchor_end": sent.end, "anchor_version": sent.version,
-            "calibration_ratio": cal.ratio, "calibration_samples": cal.samples}
+            "calibration_ratio": cal.ratio, "calibration_samples": cal.samples,
+            "calibration_family": family or state.calibration_family}
 
 
 __all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut",

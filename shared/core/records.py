@@ -81,6 +81,8 @@ class SessionState(BaseModel):
     learned_window: int = 0
     calibration_ratio: float = 1.0
     calibration_samples: int = 0
+    calibration_family: str = Field(default="", description="the tokenizer family the ratio "
+                                    "was learned for (openai, anthropic, gemini, generic)")
     anchor_reported: int | None = None
     anchor_estimated: int | None = None
     anchor_end: int | None = None

@@ -100,7 +100,7 @@ class Regions:
 
 
 def calibrated_total(regions: Regions, state: SessionState, covered_end: int,
-                     prior: float = 1.0) -> int:
+                     prior: float = 1.0, family: str = "") -> int:
     """Estimated prompt tokens of this request, hybrid where possible.
 
     If the provider reported usage for an earlier request of the *same* view
@@ -108,8 +108,12 @@ def calibrated_total(regions: Regions, state: SessionState, covered_end: int,
     report plus the calibrated heuristic for what was added since; otherwise
     the heuristic times the session's calibration ratio, which survives
     compaction. ``prior`` (:func:`shared.core.calibration.prior_ratio`) stands for the
-    ratio until a report has set it.
+    ratio until a report has set it, and when the reports were of another tokenizer family
+    than ``family``, the request's (a fallback from one provider to another): then neither
+    their ratio nor their anchor describes this request.
     """
+    if family and state.calibration_family and family != state.calibration_family:
+        return _calibration(prior, 0).apply(regions.total)
     ratio = state.calibration_ratio if state.calibration_samples else prior
     calibration = _calibration(ratio, state.calibration_samples)
     reported, estimated, end = state.anchor_reported, state.anchor_estimated, state.anchor_end
@@ -129,7 +133,8 @@ def _calibration(ratio: float, samples: int) -> Calibration:
 def view_estimate(state: SessionState, summary: SummaryRecord | None, history_tokens: int,
                   cheap_saved: int, length: int, *, overhead: int, system: int | None = None,
                   tools: int | None = None, extra: int = 0,
-                  notice: int = 0, prior: float = 1.0) -> tuple[Regions, int]:
+                  notice: int = 0, prior: float = 1.0,
+                  family: str = "") -> tuple[Regions, int]:
     """The one estimate of a view's prompt tokens, for the guard and the workers alike.
 
     ``history_tokens``: store-counted tokens of ``log[watermark:length]``;
@@ -138,7 +143,8 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
     ``tools``: the request's own figures when known (the guard), else the
     ones the session last recorded (a worker). ``notice``: tokens of the recall
     notice the request's summary carries. ``prior``: the model's ratio before any usage
-    report (:func:`shared.core.calibration.prior_ratio`). Returns the regions and the
+    report (:func:`shared.core.calibration.prior_ratio`); ``family``: the request's
+    tokenizer family (:func:`shared.core.calibration.model_family`). Returns the regions and the
     calibrated (hybrid, when a usage anchor holds) total.
     """
     regions = Regions(
@@ -147,7 +153,7 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
         tools=state.tool_tokens if tools is None else tools,
         history=history_tokens - cheap_saved + extra,
         overhead=overhead)
-    return regions, calibrated_total(regions, state, length, prior)
+    return regions, calibrated_total(regions, state, length, prior, family)
 
 
 from shared.core.pairs import PAIRS_START, PairScan, pairs_intact, scan_pairs  # noqa: E402

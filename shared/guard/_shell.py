@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.core.budget import ensure_reducible
-from shared.core.calibration import prior_ratio
+from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
@@ -491,7 +491,7 @@ class GuardShell(FreshViews):
         prior = prior_ratio(state.model, self.counter)
         regions, estimated = view_estimate(state, snap.summary, snap.history_tokens, snap.saved,
                                            snap.end, overhead=self.counter.messages([]),
-                                           prior=prior)
+                                           prior=prior, family=model_family(state.model))
         report = check(limits.context_window, reserve, regions, estimated, 0, self.policy)
         return {
             "session_id": session_id, "tenant": tenant, "length": snap.end,
@@ -506,7 +506,8 @@ class GuardShell(FreshViews):
             "summaries": [{"watermark": s.watermark, "kind": s.kind, "tokens": s.tokens,
                            "created_at": s.created_at} for s in summaries],
             "pending_job": snap.pending,
-            "calibration_ratio": state.calibration_ratio if state.calibration_samples else prior,
+            "calibration_ratio": state.calibration_ratio if state.calibration_samples and (
+                state.calibration_family in ("", model_family(state.model))) else prior,
             "calibration_samples": state.calibration_samples,
             "silent_truncation_flags": state.silent_truncation_flags,
             "requests_failed": state.requests_failed,
