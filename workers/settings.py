@@ -83,8 +83,7 @@ class Settings(BaseSettings):
     default.
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
-                                      env_parse_none_str="none")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # connections
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
@@ -229,6 +228,14 @@ class Settings(BaseSettings):
                              "for a keyless local server) is required when "
                              "COMPACTION_SUMMARIZER=openai")
         return self
+
+    @field_validator("unrecognised_overflow_at", mode="before")
+    @classmethod
+    def _never(cls, value: object) -> object:
+        """``none`` / ``off`` (or empty) turn the net off."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "off", "never"):
+            return None
+        return value
 
     @field_validator("recall_index", mode="before")
     @classmethod
