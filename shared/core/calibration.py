@@ -121,8 +121,8 @@ def prior_ratio(model: str, counter: object) -> float:
 
 @functools.lru_cache(maxsize=1024)
 def _prior(model: str, baseline: str) -> float:
-    family = provider_for_model(model)
-    if family == "generic":
+    family = model_family(model)
+    if family in ("", "generic"):
         return 1.0
     ratio = provider_profile(family).factor / provider_profile(baseline).factor
     return min(max(ratio, CALIBRATION_MIN_RATIO), CALIBRATION_MAX_RATIO)
