@@ -130,9 +130,9 @@ def test_self_hosted_numbers_are_recovered(entry: dict[str, Any]) -> None:
         assert info.kind == "output_reserve_overflow", info
 
 
-# -- errors quoted in public issue threads, provider docs and servers' sources (287, sources
+# -- errors quoted in public issue threads, provider docs and servers' sources (304, sources
 # named): what a provider's text looks like once SDKs, proxies and agent frameworks have wrapped
-# it. Collected in four batches; each was measured before the patterns were generalised from
+# it. Collected in five batches; each was measured before the patterns were generalised from
 # it (docs/benchmarks/overflow.md) --------------------------------------------------------------
 ISSUES_SET = Path(__file__).resolve().parent / "data" / "overflow_errors_issues.json"
 ISSUES: list[dict[str, Any]] = json.loads(ISSUES_SET.read_text(encoding="utf-8"))

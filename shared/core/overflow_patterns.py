@@ -80,7 +80,8 @@ OVERFLOW_STRONG = _rx(
     r"max_tokens`?\W{0,3}\(?-\d",  # a negative room for the output: the prompt took it all
     r"exceed context limit",
     r"when context the overflows", r"prompt(?: tokens?)? (?:is |are )?too long",
-    r"input (?:is )?too long", r"(?:number of |too many )input tokens", r"input tokens exceed",
+    r"input (?:length |tokens? )?(?:is )?too long", r"(?:number of |too many )input tokens",
+    r"input tokens exceed",
     r"input token count .{0,40}(?:exceeds|but model only supports)",
     r"exceeds the maximum number of tokens allowed", r"maximum prompt length",
     r"prompt tokens \(\d+\) exceed", r"prompt token count of \d+ exceeds",
@@ -157,6 +158,7 @@ MALFORMED = _rx(
     r"\billegal\b", r"invalid params?\b", r"invalid request:", r"\bare not valid",
     r"must be strictly", r"stop[_ ]?sequences?", r"image dimensions?", r"invalid_param",
     r"\bis invalid\b", r"maximum number of items", r"may not include", r"must be at least",
+    r"should be (?:greater|less) than or equal to", r"too many inputs",
 )
 # Two parameters that may not be combined: a malformed request, whatever they are about.
 PARAMETER_CONFLICT = _rx(r"cannot be (?:set|specified|used) (?:at the same time|together)",
