@@ -118,6 +118,49 @@ def test_cjk_and_other_scripts_cost_far_more_per_character() -> None:
     assert raw("😀" * 10) >= 10
 
 
+POLISH = (
+    "Zespół programistów opublikował nową wersję biblioteki, która zawiera ważne poprawki "
+    "błędów. Według dziennika zmian naprawiono wyciek pamięci występujący podczas długich "
+    "połączeń z serwerem oraz przyspieszono uruchamianie aplikacji."
+)
+POLISH_WITHOUT_DIACRITICS = POLISH.translate(str.maketrans("ółęąśżźćńŁÓĘĄŚŻŹĆŃ",
+                                                           "oleaszzcnLOEASZZCN"))
+
+
+def test_other_languages_in_latin_letters_count_their_long_words() -> None:
+    """o200k splits a Polish word of the same length into more pieces than an English one;
+    the accented letters are the sign, so the same text stripped of them counts as before."""
+    assert raw(POLISH) / len(POLISH) > raw(PROSE) / len(PROSE) * 1.1
+    accented = raw(POLISH) - raw(POLISH_WITHOUT_DIACRITICS)
+    letters = POLISH.count("ó") + POLISH.count("ł") + POLISH.count("ę") + POLISH.count("ą")
+    assert accented > letters * 0.2  # more than the accented letters' own weight
+
+
+def test_an_accented_word_in_english_text_adds_a_bounded_few_tokens() -> None:
+    bound = tokens._OTHER_LANGUAGE_LETTER * tokens._LETTERS_PER_DIACRITIC + 2
+    for english in (PROSE, PROSE * 20):
+        plain = raw(english + " We met at the cafe.")
+        accented = raw(english + " We met at the café.")
+        assert 0 <= accented - plain <= bound
+
+
+def test_code_logs_and_json_are_not_taken_for_another_language() -> None:
+    for text in (CODE, RECORDS, "src/app/handlers/registration_controller.py:118: Warning"):
+        assert tokens._count_chunk(text)[3] == 0  # no accented letter: nothing added
+
+
+def test_scripts_with_few_merges_cost_more_per_character() -> None:
+    def per_char(text: str) -> float:
+        return raw(text * 20) / (len(text) * 20)
+
+    thai, hindi = per_char("ภาษาไทย"), per_char("हिन्दी")
+    for sparse in ("ພາສາລາວ", "አማርኛ", "བོད་སྐད", "ꆈꌠꉙ"):  # Lao, Amharic, Tibetan, Yi
+        assert per_char(sparse) > 2 * max(thai, hindi)
+    # Hangul costs the same whichever page of UTF-8 its syllables fall in.
+    assert per_char("가각간") == pytest.approx(per_char("한국어"), rel=0.01)
+    assert per_char("가각간") < per_char("ꆈꌠꉙ") / 2
+
+
 def test_long_digit_runs_count_in_groups_of_about_three() -> None:
     digits = "".join(random.Random(1).choice("0123456789") for _ in range(9000))
     assert len(digits) / 3.5 <= raw(digits) <= len(digits) / 1.5
@@ -152,7 +195,7 @@ def test_lone_surrogates_do_not_crash() -> None:
 
 texts = st.text(st.characters(codec="utf-8"), max_size=300) | st.text(
     st.sampled_from("aZ09 \n\t.,:{}\"'\\/+=_-é中😀\x00"), max_size=300
-)
+) | st.text(st.sampled_from("abcdefgh  łóęßà가한ꀀກཀሀảनก"), max_size=300)
 
 
 @given(texts)

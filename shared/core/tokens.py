@@ -45,12 +45,17 @@ non-negative least-squares fit of the relative error against o200k on a
 neutral corpus (Python sources, licence texts, Markdown and JSON files
 shipped with common packages) plus the even-numbered half of the 40 dev
 sessions; the other half is held out (BENCHMARKS.md, "Token estimation").
-Other scripts count per character by UTF-8 lead byte, because BPE
-vocabularies hold far fewer of their merges: Latin letters with diacritics
-0.62 (they also break the word), Greek/Cyrillic/Hebrew/Arabic 0.31, Indic
-and Thai 0.4, CJK 0.75, Hangul 0.6, symbols (curly quotes, box drawing,
-arrows) 0.82, emoji and other 4-byte characters 1.7 (fitted on one short
-hand-written paragraph per script: indicative, -20%..+45% per script).
+Other scripts count per character, by script (UTF-8 lead byte, refined by the second
+byte where one page holds several scripts), because BPE vocabularies hold far fewer of
+their merges: Cyrillic and Arabic 0.34, Greek, Hebrew, Devanagari and Thai 0.42, kana
+0.75, CJK 0.85, Hangul 0.68, Latin letters with diacritics 0.78, symbols (curly quotes,
+box drawing, arrows) 0.82, emoji and other 4-byte characters 1.7, and scripts o200k
+barely merges (Lao, Tibetan, Ethiopic, Syriac, Yi...) 1.5-2.8. Measured on real text in
+~60 widely used languages (Django's message catalogs, the UDHR's translations; Debian's
+translated manual pages held out): ``scripts/bench_tokens_languages.py``. Within a
+script, languages differ by up to ~30% (Russian costs less than Serbian): the weights
+err on the side of the costlier ones. Other languages written in Latin letters: see
+``_raw_text``.
 
 Providers scale the result (``PROVIDERS``): ``openai`` is the o200k
 baseline; ``gemini`` counts ~18% more than o200k on the same text (the data
@@ -112,18 +117,39 @@ from shared.core.tokens_profiles import (
     provider_profile,
 )
 
+_OTHER_LANGUAGE_LETTER = 0.16
+"""Tokens a letter 4+ deep into a word adds in a language other than English."""
+
+_LETTERS_PER_DIACRITIC = 40
+"""How many such letters one letter with a diacritic vouches for (see ``_raw_text``)."""
+
 
 def _raw_text(text: str, profile: ProviderProfile) -> float:
-    """Unrounded provider-scaled tokens of ``text`` (no safety margin)."""
+    """Unrounded provider-scaled tokens of ``text`` (no safety margin).
+
+    o200k's merges favour English: in another language written in Latin letters a long
+    word splits into two to four pieces where an English one stays whole, and the
+    features above (fitted on English text and code) undercount it by 10-30%. Letters
+    with diacritics (``é``, ``ł``, ``ö``: 1-7% of the letters of most European languages,
+    next to none in English, code, logs and JSON) are the sign: each vouches for up to
+    ``_LETTERS_PER_DIACRITIC`` letters deep into a word, which cost
+    ``_OTHER_LANGUAGE_LETTER`` more. A count, not a ratio: adding text never lowers the
+    estimate, and slicing never changes it. Languages written without diacritics
+    (Indonesian, Dutch, Swahili) stay undercounted (BENCHMARKS.md).
+    """
     if not text:
         return 0.0
-    latin, other = _count_chunk(text[:_CHUNK])
+    latin, other, deep, diacritics = _count_chunk(text[:_CHUNK])
     for start in range(_CHUNK, len(text), _CHUNK):
         context = max(0, start - _CONTEXT)
-        a, b = _count_chunk(text[context : start + _CHUNK])
-        context_a, context_b = _count_chunk(text[context:start])
+        a, b, c, d = _count_chunk(text[context : start + _CHUNK])
+        context_a, context_b, context_c, context_d = _count_chunk(text[context:start])
         latin += a - context_a
         other += b - context_b
+        deep += c - context_c
+        diacritics += d - context_d
+    if diacritics:
+        latin += _OTHER_LANGUAGE_LETTER * min(deep, _LETTERS_PER_DIACRITIC * diacritics)
     return profile.factor * (latin + profile.non_latin_factor * other)
 
 
