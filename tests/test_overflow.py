@@ -260,6 +260,21 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("paraphrase-zh-context", ProviderError("请求的上下文长度超过模型最大长度限制", 400), {}),
     ("paraphrase-zh-input", "输入长度超出模型支持的最大长度, 请缩短输入", {}),
     ("paraphrase-zh-max", {"error": {"code": "1261", "message": "超出最大上下文长度"}}, {}),
+    # written after the sixth batch's patterns (2026-11-27): its phrase families reworded
+    ("paraphrase-does-not-fit", ProviderError("The prompt does not fit into the context window "
+     "of the loaded model.", 400), {}),
+    ("paraphrase-supports-up-to", "Unable to process: the request's token count is 52000 but the "
+     "model only supports 32768.", {"prompt_tokens": 52000, "limit": 32768}),
+    ("paraphrase-session-len", "Generation failed: sequence length (8100 + 512) exceeds "
+     "session_len (8192)", {"prompt_tokens": 8100, "output_tokens": 512, "limit": 8192,
+                            "requested": 8612}),
+    ("paraphrase-body-limit", ProviderError("Request body exceeded 4.5mb limit", 413), {}),
+    ("paraphrase-request-size", "Upstream rejected the call: request size 31457280 exceeds the "
+     "configured maximum", {}),
+    ("paraphrase-negative-room", ProviderError("max_new_tokens must be at least 1, got -312", 400),
+     {}),
+    ("paraphrase-max-input-got", "Context window exceeded. Max Input Tokens=8000, Got=9123",
+     {"limit": 8000, "prompt_tokens": 9123}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -285,6 +300,19 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("zh-balance", ProviderError("账户余额不足, 请充值后重试", 402), K.QUOTA),
     ("zh-token-rate", ProviderError("您的每分钟 token 数已超过限制", 400), K.RATE_LIMIT),
     ("zh-parameter-range", ProviderError("输入参数超出范围: temperature", 400), K.OTHER),
+    ("paraphrase-budget", ProviderError("Budget exceeded for team 'research': spend 25.01 of max "
+     "budget 25.0", 400), K.QUOTA),
+    ("paraphrase-safety-block", "Response blocked due to safety filters", K.CONTENT_FILTER),
+    ("paraphrase-role-order", ProviderError("Unexpected role 'assistant' after role 'tool'", 400),
+     K.TOOL_PAIRING),
+    ("paraphrase-max-tokens-should", ProviderError("max_tokens should be less or equal to 8192",
+     400), K.OUTPUT_LIMIT),
+    ("paraphrase-kv-startup", "ValueError: max_model_len (65536) exceeds the tokens that can be "
+     "stored in KV cache (20000)", K.SERVER_ERROR),
+    ("paraphrase-no-slot", ProviderError("no free slots available, try again later", 503),
+     K.OVERLOADED),
+    ("paraphrase-max-tokens-zero", ProviderError("max_tokens must be at least 1, got 0", 400),
+     K.OTHER),
 ]
 
 

@@ -373,11 +373,14 @@ def parse_overflow(error: object) -> OverflowInfo | None:
     kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
         "output_reserve_overflow"
         if limit is not None and body is not None and output is not None
-        and body < limit < body + output
+        and body < limit <= body + output  # the prompt fits; with its output it does not
         else "context_overflow"
     )
+    # what was asked in all: the stated total, else the prompt and the output it reserved
+    requested = found.get("total", prompt + output if prompt is not None and output is not None
+                          else prompt)
     return OverflowInfo(
-        kind=kind, limit=limit, requested=found.get("total", prompt), prompt_tokens=prompt,
+        kind=kind, limit=limit, requested=requested, prompt_tokens=prompt,
         output_tokens=output, excess=found.get("excess"),
         provider=_provider(verdict.text, verdict.module), message=verdict.text[:500],
     )

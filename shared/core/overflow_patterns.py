@@ -39,9 +39,13 @@ TOOL_PAIRING = _rx(
     r"expected toolresult blocks at",
     r"not the same number of function calls and responses",  # Mistral
     r"no tool (?:output|call) found for function call",  # OpenAI Responses
+    # chat templates and tokenizers refusing the order of roles (vLLM's Mistral tokenizer,
+    # llama.cpp's Jinja templates)
+    r"unexpected role \W?\w+\W? after role \W?tool", r"roles must alternate",
 )
 # Throttling and money: checked before any overflow wording (they mention tokens too).
 CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity",
+               r"too many (?:open |concurrent )?connections",
                r"no more data centers", r"访问量过大")
 QUOTA = _rx(
     # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease.
@@ -53,6 +57,8 @@ QUOTA = _rx(
     r"arrearage", r"account is (?:not )?in good standing", r"included credits",
     r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
     r"hit your (?:usage |plan )?limit",
+    r"budget (?:has been |was |is )?(?:exceeded|exhausted|reached)",
+    r"(?:exceeded|reached) (?:your |the )?(?:max(?:imum)? )?budget",
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
@@ -97,8 +103,8 @@ OVERFLOW_STRONG = _rx(
     r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?(?:tokens|length)",
     # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
     r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal to)? "
-    r"(?:the )?(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens"
-    r"|max_prompt_tokens|max_num_tokens|n_ctx)\b",
+    r"(?:the )?[`'\"]?(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens"
+    r"|max_prompt_tokens|max_num_tokens|n_ctx|session_len)\b",
     r"too long to fit (?:into|in) the (?:model|context)",
     r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
     r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
@@ -115,7 +121,7 @@ OVERFLOW_STRONG = _rx(
     r"(?:message|prompt|input) (?:was|is) too long and could not be processed",
     # "Input length (N tokens) exceeds the maximum allowed length (M tokens)" (SGLang)
     r"(?:input|prompt) length\b.{0,40}?(?:exceeds?|is longer than|is greater than) (?:the )?"
-    r"max(?:imum)? (?:allowed |supported )?(?:length|tokens)",
+    r"max(?:imum)? (?:allowed |supported )?(?:length|tokens?(?: size| count| limit)?)\b",
     r"model'?s? max(?:imum)? length (?:is )?exceeded",  # Moonshot
     r"max(?:imum)? (?:supported |allowed )?sequence length",  # SambaNova, transformers
     r"reached (?:the )?(?:max(?:imum)? )?context (?:length|window|size|limit)",  # LM Studio
@@ -129,6 +135,15 @@ OVERFLOW_STRONG = _rx(
     # "..., but the configured context size is N tokens" and kin.
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
+    r"(?:does not|doesn't|did not|won't|cannot|can't) fit (?:in|into|within) (?:the )?"
+    r"(?:model'?s? )?(?:context|window)",
+    r"but (?:the )?model (?:only )?supports (?:up to )?\d",  # Vertex, any model
+    # a server's total of prompt + output against its session length (LMDeploy)
+    r"(?:total )?sequence length\b.{0,40}?exceeds",
+    r"\btype\W{1,4}input_length\b",  # an error type naming the input's length
+    # the room left for the output computed negative: the prompt filled the window (vLLM)
+    r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
+    r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
 )
 # An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
 NON_MESSAGE_PARAM = re.compile(r"invalid '(?!messages|input|prompt|contents?\b)[\w.\[\]]+'", re.I)
@@ -140,6 +155,13 @@ PAYLOAD = _rx(
     r"failed to buffer the request body", r"request body:? length limit exceeded",
     r"exceeds (?:the )?maximum allowed content length", r"message larger than max\b",
     r"(?:string|value) length \(?\d+\)? exceeds (?:the )?maximum allowed",
+    # a size in bytes over a limit, however worded ("content size limit (N) exceeded",
+    # "request size exceeds limit of N bytes", "body exceeded 1mb limit", "limit on max
+    # bytes", "files bytes are too large", "fields that are too large")
+    r"(?:content|request|body|payload|upload|message) size\b.{0,40}?\bexceed",
+    r"body (?:size )?exceed(?:s|ed) (?:the )?(?:\d+(?:\.\d+)? ?[kmg]i?b )?limit",
+    r"limit on (?:the )?max(?:imum)? (?:number of )?bytes", r"bytes (?:are|is) too large",
+    r"(?:fields?|parts?|items?|attachments?|files?) (?:that |which )?(?:are|is) too large",
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
@@ -174,9 +196,14 @@ OUTPUT_LIMIT = _rx(
     r"lengthfinishreasonerror", r"range of max_tokens", r"exceeded output limit",
     r"response incomplete\W{0,3}(?:length|max_tokens)",
     r"(?:response|output|reply|completion) (?:was |is )?(?:truncated|cut off)",
+    r"(?:response|output|reply|completion) remained truncated",
+    r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
+    r"before any (?:response|output|content|text) was generated",
+    r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
     rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
-    r"|greater than|must be (?:less|<|smaller|at most)|less than or equal|supported range"
+    r"|greater than|(?:must|should) be (?:less|<|smaller|at most)|less (?:than )?or equal"
+    r"|supported range"
     r"|valid range|out of range|not valid)",
 )
 AUTH = _rx(
@@ -193,9 +220,11 @@ CONTENT_FILTER = _rx(
     r"usage polic(?:y|ies)", r"blocked by (?:the |our )?(?:safety|guardrail|content)",
     r"prohibited content", r"guardrail intervened", r"inappropriate content",
     r"data[_ ]inspection[_ ]failed", r"content exists risk", r"敏感内容|不安全的?内容|违规内容",
+    r"blocked (?:due to|because of|for) \w*\s?(?:safety|policy|content)",
 )
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
-                  r"too busy",
+                  r"too busy", r"loading (?:the )?model\b", r"no (?:available |free )?slots?"
+                  r" (?:is |are )?(?:available|found|left)",
                   r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
 SERVER = _rx(
     r"internal[_ ]server[_ ]error", r"internal error", r"service[_ ]?unavailable",
@@ -207,6 +236,7 @@ SERVER = _rx(
     r"\bserver_error\b", r"server had an error", r"deadline expired",
     r"error occurred while processing your request", r"out of available cache blocks",
     r"server[- ]side (?:issue|error)",
+    r"(?:can be|could be) stored in (?:the )?kv cache",  # an engine configured beyond its memory
 )
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
@@ -247,6 +277,8 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"model'?s? max(?:imum)? length (?:is )?exceeded\W{{0,3}}max(?:imum)? length"
          rf"\s*[:=]?\s*{_N}", ("limit",)),
         (rf"reached (?:the )?context length of {_N}", ("limit",)),
+        (rf"context (?:length|window|size|limit) (?:was |has been |is )?exceeded \({_N} tokens?\)",
+         ("limit",)),
         (rf"your messages resulted in {_N} tokens", ("prompt",)),
         (rf"you requested (?:about )?{_N} tokens", ("total",)),
         (rf"\({_N} (?:in the messages|of text input|in your prompt)", ("prompt",)),
@@ -264,7 +296,13 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          ("limit",)),
         (rf"tokens? exceeds? (?:the )?max(?:imum)? length of {_N}", ("limit",)),
         (rf"max size: {_N} tokens", ("limit",)),
-        (rf"input token count is {_N} but model only supports up to {_N}", ("prompt", "limit")),
+        # "the input token count is N but the model supports up to M", "the input has N tokens,
+        # but the context length only supports M tokens"
+        (rf"{_N}(?: tokens?)?,? but (?:the )?(?:model|context (?:length|window|size))(?: only)? "
+         rf"supports (?:up to |only )?{_N}", ("prompt", "limit")),
+        # "Max Input Tokens=M, Got=N" (LiteLLM's pre-call check)
+        (rf"max(?:imum)? (?:input )?tokens\W{{1,3}}{_N}\W{{1,3}}got\W{{1,3}}{_N}",
+         ("limit", "prompt")),
         (rf"prompt contains {_N} tokens(?: and \d+ draft tokens)?, too large for model with {_N}",
          ("prompt", "limit")),
         (rf"maximum prompt length is {_N} but the request contains {_N}", ("limit", "prompt")),
@@ -332,6 +370,11 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"{_N}\)?\s*(?:\+|plus)\s*(?:max_tokens|max_new_tokens|max_completion_tokens|output"
          rf"|completion)?\W{{0,4}}{_N}\)?\s*(?:=\s*{_N}\s*)?(?:>|cannot exceed|exceeds?)"
          rf"[^\d]{{0,50}}?{_N}", ("prompt", "output", "total", "limit")),
+        # "length P + O is greater than max_seq_len L", "(P + O) exceeds `session_len` (L)"
+        (rf"{_N} ?\+ ?{_N}\)? (?:is (?:greater|larger|longer|more) than|exceeds?)\W{{0,3}}"
+         rf"[a-z_ ]{{0,30}}?\W{{0,3}}\(?{_N}", ("prompt", "output", "limit")),
+        # "info: N / M", "More info: N / M" (a count over its limit, in a client's own error)
+        (rf"info\W{{1,4}}{_N} ?/ ?{_N}", ("prompt", "limit")),
         # "N (input tokens|cache tokens|tokens in total)? (>|exceeds|larger than|must be
         # smaller than) (the ... window|limit)? (of|is)? M": what was asked, then the window
         (rf"{_N}(?:\s+[a-z]+)?(?:\s+tokens?)?(?:\s+in total)?\)?,?(?:\s*which)?\s*(?:>=?|exceeds?"
