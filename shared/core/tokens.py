@@ -102,6 +102,7 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message
 from shared.core.tokens_classes import _CHUNK as _CHUNK  # tests slice with a smaller one
 from shared.core.tokens_classes import _CONTEXT, _count_chunk
+from shared.core.tokens_media import image_cost
 from shared.core.tokens_profiles import (
     DEFAULT_SAFETY_MARGIN,
     MESSAGE_OVERHEAD,
@@ -177,11 +178,9 @@ def estimate_tokens(
 
 
 def image_tokens(part: ImagePart, provider: str = "openai") -> int:
-    """Flat figure for one image (``detail="low"`` honoured where it exists)."""
-    profile = provider_profile(provider)
-    if part.detail == "low":
-        return profile.low_detail_image_tokens
-    return profile.image_tokens
+    """One image: by its pixel size where it is inline and the provider's rule uses it,
+    else the provider's flat figure (``detail="low"`` honoured where it exists)."""
+    return image_cost(part, provider_profile(provider))
 
 
 def file_tokens(part: FilePart, provider: str = "openai") -> int:
@@ -206,11 +205,7 @@ def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, i
     if not isinstance(message.content, str):
         for part in message.content:
             if isinstance(part, ImagePart):
-                fixed += (
-                    profile.low_detail_image_tokens
-                    if part.detail == "low"
-                    else profile.image_tokens
-                )
+                fixed += image_cost(part, profile)
             elif isinstance(part, FilePart):
                 fixed += profile.file_tokens
     return content, fixed

@@ -23,8 +23,8 @@ JSON arguments; each tool definition as its name, description and compact
 JSON schema plus the same fixed overheads the heuristic assumes
 (``TOOL_DEFINITION_OVERHEAD``, ``TOOLS_BLOCK_OVERHEAD``): an upper-bound
 approximation, as OpenAI renders schemas in a terser TypeScript-like form.
-Images and files use the same flat per-item figures as the heuristic (their
-pixel size is not known here).
+Images and files cost what the heuristic's ``openai`` profile says: an inline image by
+its pixel size (OpenAI's tiles), a remote one and a file by a flat figure.
 
 ``build_counter`` is how an edge turns a setting into a counter: one
 function for the workers and the guard's process, so the two cannot differ

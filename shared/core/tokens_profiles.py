@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
@@ -41,12 +41,17 @@ DEFAULT_SAFETY_MARGIN = 0.05
 were never underestimated with it (BENCHMARKS.md)."""
 
 
+ImageRule = Literal["openai", "anthropic", "largest", "flat"]
+
+
 @dataclass(frozen=True)
 class ProviderProfile:
     """How one provider's tokenizer differs from the o200k baseline.
 
-    ``image_tokens`` and ``file_tokens`` are flat per-item figures: the
-    message model does not know pixel sizes or page counts.
+    ``image_rule`` costs an inline image by its pixel size the provider's way
+    (:mod:`shared.core.tokens_media`); ``image_tokens`` is the figure when the size is
+    unknown (a remote URL) or the rule is ``flat``. ``file_tokens`` is flat per file:
+    the message model does not know page counts.
     """
 
     factor: float
@@ -54,20 +59,21 @@ class ProviderProfile:
     image_tokens: int
     low_detail_image_tokens: int
     file_tokens: int
+    image_rule: ImageRule = "flat"
 
 
 PROVIDERS: Mapping[str, ProviderProfile] = {
     # Images: a 1024x1024 image at high detail is 85 + 4 tiles x 170 = 765 tokens
     # (OpenAI vision pricing for gpt-4o); low detail is a flat 85.
-    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000),
+    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000, "openai"),
     # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
     # i.e. at most ~1,600 tokens (Anthropic vision docs).
-    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000),
+    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000, "anthropic"),
     # Images: 1,120 tokens at media_resolution high, the Gemini 3 default
     # (Gemini 2.x: 258 per 768x768 tile, ~1,032 for a 1.5k-pixel image).
     "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000),
     # Unknown tokenizer: the largest figure of the three for media.
-    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000),
+    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000, "largest"),
 }
 """Files (PDF, documents) are a flat 3,000 tokens everywhere: Anthropic
 documents 1,500-3,000 tokens of text per PDF page plus the page image,
