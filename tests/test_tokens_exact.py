@@ -256,3 +256,38 @@ def test_heuristic_targets_hold_on_text_outside_the_sessions(o200k: TiktokenCoun
     errors = [estimate_tokens(t) / o200k.text(t) - 1 for t in texts]
     assert min(errors) >= -0.05
     assert statistics.median(errors) <= 0.15
+
+
+def html_page(rows: int = 60) -> str:
+    """A page as documentation generators and sites write it: nested blocks with classes,
+    links, a table, entities, self-closing tags."""
+    body = "\n".join(
+        f'<tr class="row-{i % 2}"><td class="name"><a href="/api/items/{i}#details" '
+        f'title="Item {i}">item_{i}</a></td><td align="right">{i * 37 % 1000}&nbsp;kB</td>'
+        f'<td><span class="badge badge-{"ok" if i % 3 else "warn"}">'
+        f'{"ready" if i % 3 else "pending review"}</span><br/></td></tr>'
+        for i in range(rows)
+    )
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/>'
+            '<link rel="stylesheet" href="/static/site.css" type="text/css"/>'
+            '<title>Inventory</title></head>\n<body><div class="container" id="main">'
+            '<h1 class="title">Inventory</h1><table class="table striped">\n'
+            + body + "\n</table></div></body></html>")
+
+
+def test_markup_is_not_undercounted(o200k: TiktokenCounter) -> None:
+    page = html_page()
+    error = estimate_tokens(page, safety_margin=0) / o200k.text(page) - 1
+    assert -0.05 <= error <= 0.20, error
+
+
+def test_a_language_with_diacritics_is_not_undercounted(o200k: TiktokenCounter) -> None:
+    polish = (
+        "Zespół programistów opublikował nową wersję biblioteki, która zawiera ważne "
+        "poprawki błędów. Według dziennika zmian naprawiono wyciek pamięci występujący "
+        "podczas długich połączeń z serwerem oraz przyspieszono uruchamianie aplikacji. "
+        "Użytkownicy powinni zaktualizować oprogramowanie jak najszybciej, ponieważ "
+        "poprzednia wersja zawierała również lukę w zabezpieczeniach uwierzytelniania."
+    )
+    error = estimate_tokens(polish, safety_margin=0) / o200k.text(polish) - 1
+    assert -0.05 <= error <= 0.30, error

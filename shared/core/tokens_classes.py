@@ -134,12 +134,14 @@ def _deep(flags: int, depth: int) -> int:
     return flags.bit_count()
 
 
-def _count_chunk(text: str) -> tuple[float, float, int, int]:
+def _count_chunk(text: str, markup: bool = False) -> tuple[float, float, int, int]:
     """(tokens of the ASCII part, tokens of other scripts, ASCII letters with three or more
     letters before them in their word, Latin letters with diacritics) at the o200k baseline.
 
     The last two tell a language other than English written in Latin letters, whose long
-    words split into more pieces (``tokens._raw_text`` adds them).
+    words split into more pieces (``tokens._raw_text`` adds them). ``markup``: the whole
+    text holds a ``<``, so its markup pairs are counted (decided once per text, so that
+    every slice of it is counted alike).
     """
     raw = text.encode("utf-8", "surrogatepass")
     size = len(raw)
@@ -173,6 +175,10 @@ def _count_chunk(text: str) -> tuple[float, float, int, int]:
         + 0.89 * (starts & _M_NEWLINE).bit_count()
         + 0.78 * (packed & _M_ESCAPE).bit_count()
     )
+    if markup:  # o200k keeps "</", "\">", "=\"" and "/>" whole, apart from the names
+        count = raw.count
+        latin += (0.6 * count(b"</") + 0.3 * count(b'="') + 0.6 * count(b'">')
+                  + 0.4 * count(b"/>"))
     if size >= 32:
         latin += 0.125 * _deep(((packed >> 4) | (packed >> 5)) & _M_LOWER, 32)
     if size >= 64:
