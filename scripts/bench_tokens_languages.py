@@ -173,17 +173,28 @@ def _language(tag: str) -> str:
     return f"{head}-{tail.upper() if len(tail) == 2 else tail}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def real_text_parser(doc: str, cache: str) -> argparse.ArgumentParser:
+    """The options of the scripts that measure on fetched real text: the data kit (its
+    tokenizer is the truth) and where the text is cached."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA_DIR)
     parser.add_argument("--cache", type=Path,
-                        default=Path.home() / ".cache" / "context-compaction" / "languages")
-    args = parser.parse_args()
+                        default=Path.home() / ".cache" / "context-compaction" / cache)
+    return parser
+
+
+def open_truth(args: argparse.Namespace) -> TiktokenCounter:
+    """o200k from the data kit (exits saying why when it is missing); makes the cache."""
     args.cache.mkdir(parents=True, exist_ok=True)
     try:
-        truth = TiktokenCounter("o200k_base", args.data / "tokenizers")
+        return TiktokenCounter("o200k_base", args.data / "tokenizers")
     except ConfigError as exc:
         raise SystemExit(f"exact counter unavailable: {exc}") from None
+
+
+def main() -> None:
+    args = real_text_parser(__doc__ or "", "languages").parse_args()
+    truth = open_truth(args)
     sources = {"man": _man_pages(args.cache), "po": _catalogs(args.cache),
                "udhr": _udhr(args.cache)}
     print("| source | languages | under by > 5% | under by > 10% | over by > 15% | "

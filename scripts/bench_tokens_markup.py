@@ -13,18 +13,14 @@ each checkout (it uses only ``estimate_tokens``).
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 from pathlib import Path
 
 import _timing  # noqa: F401  (puts this checkout first on sys.path)
-from bench_tokens_languages import _run
+from bench_tokens_languages import _run, open_truth, real_text_parser
 
-from shared.core.errors import ConfigError
 from shared.core.tokens import estimate_tokens
-from shared.core.tokens_exact import TiktokenCounter
-from workers.harness.transcripts import DATA_DIR
 
 PACKAGES = ("python3.11-doc", "debian-reference-en")
 
@@ -43,17 +39,10 @@ def pages(cache: Path, count: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DATA_DIR)
+    parser = real_text_parser(__doc__ or "", "markup")
     parser.add_argument("--pages", type=int, default=150)
-    parser.add_argument("--cache", type=Path,
-                        default=Path.home() / ".cache" / "context-compaction" / "markup")
     args = parser.parse_args()
-    args.cache.mkdir(parents=True, exist_ok=True)
-    try:
-        truth = TiktokenCounter("o200k_base", args.data / "tokenizers")
-    except ConfigError as exc:
-        raise SystemExit(f"exact counter unavailable: {exc}") from None
+    truth = open_truth(args)
     texts = pages(args.cache, args.pages)
     if not texts:
         raise SystemExit("no HTML pages: apt-get download failed (see above)")
