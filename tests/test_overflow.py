@@ -275,6 +275,17 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      {}),
     ("paraphrase-max-input-got", "Context window exceeded. Max Input Tokens=8000, Got=9123",
      {"limit": 8000, "prompt_tokens": 9123}),
+    # written after the seventh batch's patterns
+    ("paraphrase-window-overflowed", "Request failed: the model's context window overflowed while "
+     "adding tool results", {}),
+    ("paraphrase-too-large-for-context", ProviderError("This chat is too large for the model's "
+     "context. Start a new chat.", 400), {}),
+    ("paraphrase-tokens-in-prompt", "tokens in the prompt are more than the limit allowed", {}),
+    ("paraphrase-input-tokens-too-long", ProviderError("Input tokens too long for this model", 400),
+     {}),
+    ("paraphrase-zh-token-over", ProviderError("请求的token数量超出限制", 400), {}),
+    ("paraphrase-too-many-images", ProviderError("Too many images in request: 30 > 20", 400), {}),
+    ("paraphrase-content-length", "HTTP content length exceeded 6291456 bytes", {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -313,6 +324,18 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      K.OVERLOADED),
     ("paraphrase-max-tokens-zero", ProviderError("max_tokens must be at least 1, got 0", 400),
      K.OTHER),
+    ("paraphrase-output-over-window", ProviderError("max_tokens=200000 must not be greater than "
+     "max_model_len=131072", 400), K.OUTPUT_LIMIT),
+    ("paraphrase-hit-token-limit", "The reply hit the token limit before finishing.",
+     K.OUTPUT_LIMIT),
+    ("paraphrase-high-traffic", ProviderError("We are seeing high traffic, please retry shortly",
+     503), K.OVERLOADED),
+    ("paraphrase-overdue", ProviderError("Your account is overdue; top up to continue", 403),
+     K.QUOTA),
+    ("paraphrase-no-user-role", ProviderError("The input messages do not contain any message "
+     "with the role user", 400), K.TOOL_PAIRING),
+    ("paraphrase-envoy-overflow", ProviderError("upstream connect error or disconnect/reset "
+     "before headers. reset reason: overflow", 503), K.OVERLOADED),
 ]
 
 

@@ -230,8 +230,9 @@ def _chain(error: object) -> Iterator[object]:
 
 
 def _normalise(texts: list[str]) -> str:
-    text = patterns.ESCAPES.sub(lambda m: m.group(1) or ("'" if "27" in m.group(0) else " "),
-                        "\n".join(texts))
+    text = patterns.ESCAPES.sub(
+        lambda m: m.group(1) or patterns.UNICODE_ESCAPES.get(m.group(0)[-2:].lower(), " "),
+        "\n".join(texts))
     return re.sub(r"\s+", " ", text).strip()
 
 
@@ -255,6 +256,8 @@ def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
         return (ErrorKind.RATE_LIMIT if per_short else ErrorKind.QUOTA), 3
     if patterns.RATE.search(text):
         return ErrorKind.RATE_LIMIT, 3
+    if patterns.OUTPUT_OVER_WINDOW.search(text):
+        return ErrorKind.OUTPUT_LIMIT, 3
     strong = patterns.OVERFLOW_STRONG.search(text)
     if strong and not (
         "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)
@@ -370,12 +373,11 @@ def parse_overflow(error: object) -> OverflowInfo | None:
     total = found.get("total")
     body = max(prompt or 0, total - output) if total is not None and output is not None \
         else prompt
+    reserve = limit is not None and output is not None and (
+        body < limit <= body + output  # the prompt fits; with its output it does not
+        if body is not None else bool(patterns.OUTPUT_RESERVE.search(verdict.text)))
     kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
-        "output_reserve_overflow"
-        if limit is not None and body is not None and output is not None
-        and body < limit <= body + output  # the prompt fits; with its output it does not
-        else "context_overflow"
-    )
+        "output_reserve_overflow" if reserve else "context_overflow")
     # what was asked in all: the stated total, else the prompt and the output it reserved
     requested = found.get("total", prompt + output if prompt is not None and output is not None
                           else prompt)

@@ -42,10 +42,15 @@ TOOL_PAIRING = _rx(
     # chat templates and tokenizers refusing the order of roles (vLLM's Mistral tokenizer,
     # llama.cpp's Jinja templates)
     r"unexpected role \W?\w+\W? after role \W?tool", r"roles must alternate",
+    r"multiturn requests? ends? with a user role",  # Gemini
+    r"(?:number|length) of messages must be (?:an )?odd",  # Qianfan: user/assistant pairs
+    r"messages do not contain (?:any )?(?:elements?|messages?) with the role",  # DashScope
 )
 # Throttling and money: checked before any overflow wording (they mention tokens too).
 CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity",
-               r"too many (?:open |concurrent )?connections",
+               r"too many (?:open |concurrent )?connections", r"high traffic",
+               r"reset reason: overflow",  # Envoy: its connection pool, not the context
+               r"容量不足",
                r"no more data centers", r"访问量过大")
 QUOTA = _rx(
     # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease.
@@ -59,6 +64,7 @@ QUOTA = _rx(
     r"hit your (?:usage |plan )?limit",
     r"budget (?:has been |was |is )?(?:exceeded|exhausted|reached)",
     r"(?:exceeded|reached) (?:your |the )?(?:max(?:imum)? )?budget",
+    r"\boverdue\b", r"accountoverdue",
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
@@ -135,6 +141,16 @@ OVERFLOW_STRONG = _rx(
     # "..., but the configured context size is N tokens" and kin.
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
+    r"too (?:large|long|big) for (?:the )?(?:model'?s? )?context",
+    r"context(?: window| length)? (?:has |is )?overflow(?:ed|ing)?\b",
+    r"not enough (?:room in the )?context (?:window |length )?(?:is )?(?:available|left|remaining)",
+    r"(?:request|conversation|context|history)(?: content)? (?:is|was|has become|got) too large",
+    r"tokens? in (?:the )?(?:request|prompt|input|messages?) (?:is |are )?(?:more|greater|larger)"
+    r" than",
+    r"input (?:tokens? )?(?:length |count |size )?(?:is )?too (?:long|large)\b",
+    r"max(?:imum)? length of (?:the )?(?:current )?(?:question|prompt|input|message)s?\b",
+    r"\b(?:prompt|input|context|tokens?|text)\s*(?:过长|太长|超长)",
+    r"token ?(?:数量|数|长度)?(?:超过|超出)了?(?:上限|限制|最大)",
     r"(?:does not|doesn't|did not|won't|cannot|can't) fit (?:in|into|within) (?:the )?"
     r"(?:model'?s? )?(?:context|window)",
     r"but (?:the )?model (?:only )?supports (?:up to )?\d",  # Vertex, any model
@@ -145,6 +161,14 @@ OVERFLOW_STRONG = _rx(
     r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
     r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
 )
+# An output parameter over the window on its own ("max_completion_tokens=384000 cannot be greater
+# than max_model_len=135168"): the request's max_tokens is the fault, not its prompt.
+OUTPUT_OVER_WINDOW = re.compile(
+    r"(?:max_tokens|max_completion_tokens|max_new_tokens|max_output_tokens)\W{0,3}=?\s*\d+\s*"
+    r"(?:cannot|can't|must not|should not|may not) be (?:greater|larger|more) than", re.I)
+# The complaint is the room left for the output (the prompt alone may fit).
+OUTPUT_RESERVE = _rx(r"tokens? (?:remaining|left|available) for (?:the )?(?:output|completion"
+                     r"|response)", r"room for (?:the )?(?:output|completion|response)")
 # An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
 NON_MESSAGE_PARAM = re.compile(r"invalid '(?!messages|input|prompt|contents?\b)[\w.\[\]]+'", re.I)
 PAYLOAD = _rx(
@@ -154,6 +178,7 @@ PAYLOAD = _rx(
     r"exceeds the maximum (?:request|payload|body) size",
     r"failed to buffer the request body", r"request body:? length limit exceeded",
     r"exceeds (?:the )?maximum allowed content length", r"message larger than max\b",
+    r"content[_ -]length (?:limit )?exceeded",
     r"(?:string|value) length \(?\d+\)? exceeds (?:the )?maximum allowed",
     # a size in bytes over a limit, however worded ("content size limit (N) exceeded",
     # "request size exceeds limit of N bytes", "body exceeded 1mb limit", "limit on max
@@ -161,7 +186,12 @@ PAYLOAD = _rx(
     r"(?:content|request|body|payload|upload|message) size\b.{0,40}?\bexceed",
     r"body (?:size )?exceed(?:s|ed) (?:the )?(?:\d+(?:\.\d+)? ?[kmg]i?b )?limit",
     r"limit on (?:the )?max(?:imum)? (?:number of )?bytes", r"bytes (?:are|is) too large",
-    r"(?:fields?|parts?|items?|attachments?|files?) (?:that |which )?(?:are|is) too large",
+    r"(?:fields?|parts?|items?|attachments?|files?|definitions?) (?:that |which )?(?:are|is) too "
+    r"large",
+    r"(?:file|image|upload|attachment|body|payload|request) size (?:is )?too (?:large|big)",
+    r"oversized? (?:request )?body", r"exceeds? the (?:image )?dimension limit",
+    r"too (?:much|many) (?:media|images|documents|attachments|files|pdf pages)",
+    r"\d+ (?:images|files|documents|attachments|pdf pages),? exceed", r"image limit exceeded",
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
@@ -197,6 +227,8 @@ OUTPUT_LIMIT = _rx(
     r"response incomplete\W{0,3}(?:length|max_tokens)",
     r"(?:response|output|reply|completion) (?:was |is )?(?:truncated|cut off)",
     r"(?:response|output|reply|completion) remained truncated",
+    r"(?:response|output|reply|answer|completion) (?:hit|reached) the (?:length|token|output) "
+    r"limit",
     r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
     r"before any (?:response|output|content|text) was generated",
     r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
@@ -221,13 +253,15 @@ CONTENT_FILTER = _rx(
     r"prohibited content", r"guardrail intervened", r"inappropriate content",
     r"data[_ ]inspection[_ ]failed", r"content exists risk", r"敏感内容|不安全的?内容|违规内容",
     r"blocked (?:due to|because of|for) \w*\s?(?:safety|policy|content)",
+    r"审核不通过|涉嫌违规",
 )
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
                   r"too busy", r"loading (?:the )?model\b", r"no (?:available |free )?slots?"
                   r" (?:is |are )?(?:available|found|left)",
                   r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
 SERVER = _rx(
-    r"internal[_ ]server[_ ]error", r"internal error", r"service[_ ]?unavailable",
+    r"internal[_ ]server[_ ]error", r"internal[_ ]error", r"service[_ ]?unavailable",
+    r"service (?:is )?(?:temporarily )?unavailable",
     r"bad gateway", r"gateway time-?out", r"timed? ?out\b", r"deadline[_ ]exceeded",
     r"connection (?:refused|reset|aborted|error|closed)", r"apiconnectionerror",
     r"server disconnected", r"remote ?protocol ?error", r"crashed", r"upstream (?:connect )?error",
@@ -242,7 +276,9 @@ OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
     r"messages? (?:is|are) too long", r"total length of all messages",
-    r"conversation (?:is |has become |became |got )?too long",
+    r"conversation (?:is |has become |became |got )?too (?:long|large)",
+    r"\btext (?:is )?too long\b",
+    r"max(?:imum)? tokens (?:of \d+ )?(?:exceeded|reached)",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
     r"token count exceeds", r"number of tokens .{0,30}exceeds?",
 )
@@ -373,6 +409,10 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         # "length P + O is greater than max_seq_len L", "(P + O) exceeds `session_len` (L)"
         (rf"{_N} ?\+ ?{_N}\)? (?:is (?:greater|larger|longer|more) than|exceeds?)\W{{0,3}}"
          rf"[a-z_ ]{{0,30}}?\W{{0,3}}\(?{_N}", ("prompt", "output", "limit")),
+        (rf"max(?:imum)? tokens of {_N} (?:exceeded|reached)", ("limit",)),
+        # a client's own report: "contextLength: 8192 ... max output tokens: 4096"
+        (rf"\bcontextlength\W{{1,3}}{_N}", ("limit",)),
+        (rf"max(?:imum)? output tokens\W{{1,3}}{_N}", ("output",)),
         # "info: N / M", "More info: N / M" (a count over its limit, in a client's own error)
         (rf"info\W{{1,4}}{_N} ?/ ?{_N}", ("prompt", "limit")),
         # "N (input tokens|cache tokens|tokens in total)? (>|exceeds|larger than|must be
@@ -429,6 +469,9 @@ STATUS_IN_TEXT = re.compile(
     r"|error \(([1-5]\d\d)\)",
     re.IGNORECASE,
 )
-ESCAPES = re.compile(r"\\+([\"'`])|\\u0027|\\u0022|\\[nrt]")
+ESCAPES = re.compile(r"\\+([\"'`])|\\u00(?:27|22|3[ce]|26)|\\[nrt]", re.IGNORECASE)
+"""Escapes of texts quoted inside JSON strings: quotes, "<", ">" and "&" as JSON encoders write
+them (``\\u003e``), and whitespace."""
+UNICODE_ESCAPES = {"27": "'", "22": '"', "3c": "<", "3e": ">", "26": "&"}
 STATUS_KEYS = frozenset({"status_code", "status", "code", "http_status", "httpstatuscode",
                           "statuscode", "status_int"})
