@@ -40,7 +40,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.repaired import RepairedView, repaired_view
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
-from shared.core.view import Regions, assemble, summary_block, view_estimate
+from shared.core.view import Regions, assemble, summary_block, summary_region, view_estimate
 from shared.core.viewcache import CachedView, KnownCounts, placeholder
 from shared.core.wireview import carry, raw_items
 
@@ -298,7 +298,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
         # the kept messages' tokens, as the cut counted them (clipped ones included)
-        regions = Regions(regions.system, summary.tokens + notice_tokens, regions.tools,
+        regions = Regions(regions.system, summary_region(summary, notice_tokens), regions.tools,
                           result.tokens_after, regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
-from shared.core.tokens import Calibration, hybrid_estimate
+from shared.core.tokens import MESSAGE_OVERHEAD, Calibration, hybrid_estimate
 
 SUMMARY_OPEN = "<conversation_summary>"
 SUMMARY_CLOSE = "</conversation_summary>"
@@ -30,6 +30,17 @@ SUMMARY_INTRO = (
     "The earlier part of this conversation was compacted. What follows summarizes it; "
     "the messages after it continue from there."
 )
+
+
+SUMMARY_FRAMING = MESSAGE_OVERHEAD
+"""What placing the summary costs beyond its text: joined to the system prompt it adds a
+blank line (~1 token); alone, or leading the history as a user message, a message's
+framing (4). The larger, so that the view is never estimated below its recount."""
+
+
+def summary_region(summary: SummaryRecord | None, notice: int = 0) -> int:
+    """Tokens of the summary region of a view: its block, the recall notice, its framing."""
+    return summary.tokens + notice + SUMMARY_FRAMING if summary is not None else 0
 
 
 def summary_block(record: SummaryRecord, notice: str = "") -> str:
@@ -149,7 +160,7 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
     """
     regions = Regions(
         system=state.system_tokens if system is None else system,
-        summary=summary.tokens + notice if summary is not None else 0,
+        summary=summary_region(summary, notice),
         tools=state.tool_tokens if tools is None else tools,
         history=history_tokens - cheap_saved + extra,
         overhead=overhead)
@@ -175,5 +186,6 @@ __all__ = [
     "pairs_intact",
     "scan_pairs",
     "summary_block",
+    "summary_region",
     "view_estimate",
 ]
