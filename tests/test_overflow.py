@@ -286,6 +286,19 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("paraphrase-zh-token-over", ProviderError("请求的token数量超出限制", 400), {}),
     ("paraphrase-too-many-images", ProviderError("Too many images in request: 30 > 20", 400), {}),
     ("paraphrase-content-length", "HTTP content length exceeded 6291456 bytes", {}),
+    # written after the eighth batch's patterns
+    ("paraphrase-none-fit", "Pruning left nothing: no messages fit in the context window.", {}),
+    ("paraphrase-token-budget", ProviderError("Prompt assembly failed: token budget exceeded",
+     400), {}),
+    ("paraphrase-n-token-window", "Request would exceed the 32000-token context window "
+     "(projected 35000 tokens including a 4000-token completion budget)",
+     {"limit": 32000, "requested": 35000, "output_tokens": 4000}),
+    ("paraphrase-only-process", "This pipeline can only process prompts of up to 4096 tokens", {}),
+    ("paraphrase-max-length-exceeded", ProviderError("Maximum length exceeded for this engine",
+     500), {}),
+    ("paraphrase-payload-size-limit", ProviderError("request body exceeded the size limit", 413),
+     {}),
+    ("paraphrase-images-number", "Number of images exceeds the maximum of 10", {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -336,6 +349,16 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      "with the role user", 400), K.TOOL_PAIRING),
     ("paraphrase-envoy-overflow", ProviderError("upstream connect error or disconnect/reset "
      "before headers. reset reason: overflow", 503), K.OVERLOADED),
+    ("paraphrase-output-token-limit", "The model hit its output token limit before answering.",
+     K.OUTPUT_LIMIT),
+    ("paraphrase-rate-quota", ProviderError("Throttling.RateQuota: too many requests", 429),
+     K.RATE_LIMIT),
+    ("paraphrase-successive", ProviderError("This model does not support successive assistant "
+     "messages", 400), K.TOOL_PAIRING),
+    ("paraphrase-n-ctx-train", "warning: n_ctx (8192) > n_ctx_train (4096): the model may degrade",
+     K.OTHER),
+    ("paraphrase-backpressure", ProviderError("request dropped due to backpressure", 503),
+     K.OVERLOADED),
 ]
 
 

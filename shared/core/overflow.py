@@ -258,6 +258,8 @@ def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
         return ErrorKind.RATE_LIMIT, 3
     if patterns.OUTPUT_OVER_WINDOW.search(text):
         return ErrorKind.OUTPUT_LIMIT, 3
+    if patterns.NOT_A_REQUEST.search(text):
+        return ErrorKind.OTHER, 3
     strong = patterns.OVERFLOW_STRONG.search(text)
     if strong and not (
         "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)

@@ -45,11 +45,15 @@ TOOL_PAIRING = _rx(
     r"multiturn requests? ends? with a user role",  # Gemini
     r"(?:number|length) of messages must be (?:an )?odd",  # Qianfan: user/assistant pairs
     r"messages do not contain (?:any )?(?:elements?|messages?) with the role",  # DashScope
+    r"successive (?:user|assistant)(?: or (?:user|assistant))? messages",  # DeepSeek reasoner
+    r"first message\b.{0,80}must be a user message",
 )
 # Throttling and money: checked before any overflow wording (they mention tokens too).
 CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity",
                r"too many (?:open |concurrent )?connections", r"high traffic",
                r"reset reason: overflow",  # Envoy: its connection pool, not the context
+               r"\bbackpressure\b", r"no (?:free )?space left for (?:only )?one request",
+               r"total request limit reached", r"decode out of memory", r"retracted_reqs",
                r"容量不足",
                r"no more data centers", r"访问量过大")
 QUOTA = _rx(
@@ -62,13 +66,14 @@ QUOTA = _rx(
     r"arrearage", r"account is (?:not )?in good standing", r"included credits",
     r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
     r"hit your (?:usage |plan )?limit",
-    r"budget (?:has been |was |is )?(?:exceeded|exhausted|reached)",
+    r"(?<!token )budget (?:has been |was |is )?(?:exceeded|exhausted|reached)", r"\bkudos\b",
     r"(?:exceeded|reached) (?:your |the )?(?:max(?:imum)? )?budget",
     r"\boverdue\b", r"accountoverdue",
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
 PER_SHORT_WINDOW = _rx(r"(?:per|/) ?(?:min(?:ute)?|sec(?:ond)?)\b", r"_per_(?:minute|second)",
+                       r"rate[_. ]?quota",
                        r"每(?:分钟|秒)")
 RATE = _rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
@@ -142,6 +147,21 @@ OVERFLOW_STRONG = _rx(
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
     r"too (?:large|long|big) for (?:the )?(?:model'?s? )?context",
+    r"exceeds? (?:the )?(?:model'?s? )?[\d,]+[- ]token context (?:window|length|size)",
+    r"(?:none|nothing|no messages?) (?:of them )?(?:fit|fits|could fit) (?:in|into|within) "
+    r"(?:the )?context",
+    r"token budget (?:was |is |has been )?(?:exceeded|exhausted)",
+    r"(?:greater|gather|larger|longer|more) than (?:the )?max(?:imum)? context\b",
+    r"prompt[_ ]too[_ ]long",
+    r"max(?:imum)? length exceeded", r"exceeds? (?:the )?dimension size",
+    r"no position (?:encodings|embeddings) (?:are )?defined for positions?",
+    r"length of (?:the )?prompt\b.{0,40}(?:longer|larger|greater|more) than",
+    r"(?:prompt|input) tokens? (?:are |is )?(?:more|greater|larger) than",
+    r"(?:input|prompt) length \d+ (?:is )?(?:longer|larger|greater|more) than",
+    r"(?:only|can) (?:process|handle|accept) (?:input|prompts?|inputs)\b[\w ]{0,20}? up to \d",
+    r"requires \d+ pages \(only \d+ available\)",  # ExLlamaV2: the cache holds the window
+    r"couldn't assign past_key_value\w* with shape",  # TensorRT-LLM: past the engine's maximum
+    r"end of the context window",
     r"context(?: window| length)? (?:has |is )?overflow(?:ed|ing)?\b",
     r"not enough (?:room in the )?context (?:window |length )?(?:is )?(?:available|left|remaining)",
     r"(?:request|conversation|context|history)(?: content)? (?:is|was|has become|got) too large",
@@ -161,6 +181,8 @@ OVERFLOW_STRONG = _rx(
     r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
     r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
 )
+# A server's startup warning that names its context against the model's training context.
+NOT_A_REQUEST = _rx(r"n_ctx_train", r"training context overflow")
 # An output parameter over the window on its own ("max_completion_tokens=384000 cannot be greater
 # than max_model_len=135168"): the request's max_tokens is the fault, not its prompt.
 OUTPUT_OVER_WINDOW = re.compile(
@@ -192,6 +214,13 @@ PAYLOAD = _rx(
     r"oversized? (?:request )?body", r"exceeds? the (?:image )?dimension limit",
     r"too (?:much|many) (?:media|images|documents|attachments|files|pdf pages)",
     r"\d+ (?:images|files|documents|attachments|pdf pages),? exceed", r"image limit exceeded",
+    r"number of (?:files|images|attachments|documents) exceeds",
+    r"at most \d+ (?:image|file|document|attachment|item)s?(?:\(s\))? (?:may|can) be",
+    r"limit[_-]mm[_-]per[_-]prompt",
+    r"(?:payload|body|request) (?:reached|exceeded|exceeds|hit) (?:the |its )?(?:max(?:imum)? )?"
+    r"size limit",
+    r"(?:cannot|can't|must not|may not) exceed [\d.]+ ?[kmg]i?b\b",
+    r"(?:less|fewer) than \d+ characters", r"files? too large",
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
@@ -229,6 +258,9 @@ OUTPUT_LIMIT = _rx(
     r"(?:response|output|reply|completion) remained truncated",
     r"(?:response|output|reply|answer|completion) (?:hit|reached) the (?:length|token|output) "
     r"limit",
+    r"(?:reached|hit|exceeded) (?:its|the) (?:max(?:imum)? )?output(?: token)? limit",
+    r"for the (?:content )?length reason",
+    r"did not \w+ a final (?:response|output)",  # the Agents SDK (JS), its typo included
     r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
     r"before any (?:response|output|content|text) was generated",
     r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
@@ -245,6 +277,7 @@ AUTH = _rx(
     r"unrecognizedclient", r"security token included in the request is invalid",
     r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
     r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
+    r"api ?key\W{0,3}(?:不正确|错误|无效)",
 )
 CONTENT_FILTER = _rx(
     r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
@@ -271,13 +304,15 @@ SERVER = _rx(
     r"error occurred while processing your request", r"out of available cache blocks",
     r"server[- ]side (?:issue|error)",
     r"(?:can be|could be) stored in (?:the )?kv cache",  # an engine configured beyond its memory
+    r"available kv cache memory", r"out of memory", r"insufficient memory", r"fatal error",
+    r"engine ?dead", r"enginecore encountered",
 )
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
     r"messages? (?:is|are) too long", r"total length of all messages",
     r"conversation (?:is |has become |became |got )?too (?:long|large)",
-    r"\btext (?:is )?too long\b",
+    r"\btext (?:is )?too long\b", r"exceed(?:s|ed)? (?:the )?max(?:imum)? tokens? limit",
     r"max(?:imum)? tokens (?:of \d+ )?(?:exceeded|reached)",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
     r"token count exceeds", r"number of tokens .{0,30}exceeds?",
@@ -287,6 +322,9 @@ OVERFLOW_WEAK = _rx(
 NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
     (re.compile(p, re.IGNORECASE), f)
     for p, f in (
+        # "input_ids size (P) + current sequence length (G) exceeds max length (L)"
+        (rf"input_ids size \(?{_N}\)?\s*\+[^()]{{0,40}}\(\d+\)\s*exceeds max(?:imum)? length "
+         rf"\(?{_N}", ("prompt", "limit")),
         (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
          rf"request has {_N} input tokens", ("output", "limit", "prompt")),
         # "maximum context length: 130000 > 128000", "too many input tokens: 9000 > 8192":
@@ -410,6 +448,22 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"{_N} ?\+ ?{_N}\)? (?:is (?:greater|larger|longer|more) than|exceeds?)\W{{0,3}}"
          rf"[a-z_ ]{{0,30}}?\W{{0,3}}\(?{_N}", ("prompt", "output", "limit")),
         (rf"max(?:imum)? tokens of {_N} (?:exceeded|reached)", ("limit",)),
+        # "exceed the 60000 token context window ... (projected 72534 tokens ... a 65536 token
+        # completion budget)", "the prompt's 430 tokens plus the 8192-token reply budget"
+        (rf"{_N}[- ]token context (?:window|length|size)", ("limit",)),
+        (rf"projected {_N} tokens", ("total",)),
+        (rf"{_N}[- ]token (?:completion|reply|output|response) budget", ("output",)),
+        (rf"{_N} tokens? plus (?:the |a )?{_N}[- ]token", ("prompt", "output")),
+        (rf"has {_N} tokens?,? max\b[^.\d]{{0,30}}? is {_N}", ("prompt", "limit")),
+        (rf"positions? >= ?{_N},? but got position {_N}", ("limit", "prompt")),
+        (rf"up to {_N} tokens\. {_N} is passed", ("limit", "prompt")),
+        (rf"max(?:imum)? context\W{{1,3}}{_N}", ("limit",)),
+        (rf"dimension size \(?{_N}", ("limit",)),
+        (rf"total cache allocated is [\d *]+= ?{_N}", ("limit",)),
+        # TensorRT-LLM: the cache's length dimension against the engine profile's maximum
+        (rf"past_key_value\w* with shape torch\.size\(\[(?:\d+, ){{3}}{_N}, \d+\]\), engine "
+         rf"supports \[min, opt, max\] = \[.*?\((?:\d+, ){{3}}{_N}, \d+\)\]\)?$",
+         ("prompt", "limit")),
         # a client's own report: "contextLength: 8192 ... max output tokens: 4096"
         (rf"\bcontextlength\W{{1,3}}{_N}", ("limit",)),
         (rf"max(?:imum)? output tokens\W{{1,3}}{_N}", ("output",)),
