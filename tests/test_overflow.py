@@ -299,6 +299,13 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("paraphrase-payload-size-limit", ProviderError("request body exceeded the size limit", 413),
      {}),
     ("paraphrase-images-number", "Number of images exceeds the maximum of 10", {}),
+    # written after the ninth batch's patterns
+    ("paraphrase-max-input-context", ProviderError("The prompt exceeds the maximum input context "
+     "length (32000 tokens)", 400), {"limit": 32000}),
+    ("paraphrase-max-question-length", "error: maximum message length exceeded", {}),
+    ("paraphrase-supports-only", ProviderError("this model supports only 128K context", 400), {}),
+    ("paraphrase-zh-content-long", "发送失败: 内容过长, 请缩短后重试", {}),
+    ("paraphrase-body-mb", ProviderError("Request body exceeded 4MB for /api/chat", 413), {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -359,6 +366,14 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      K.OTHER),
     ("paraphrase-backpressure", ProviderError("request dropped due to backpressure", 503),
      K.OVERLOADED),
+    ("paraphrase-balance", ProviderError("Your balance is insufficient, please top up", 403),
+     K.QUOTA),
+    ("paraphrase-premature-close", "FetchError: Premature close while reading the stream",
+     K.SERVER_ERROR),
+    ("paraphrase-max-tokens-invalid", ProviderError("field max_tokens invalid, should be in "
+     "[1, 8192]", 400), K.OUTPUT_LIMIT),
+    ("paraphrase-waf-block", "Sorry, you have been blocked. You are unable to access api.example",
+     K.AUTH),
 ]
 
 

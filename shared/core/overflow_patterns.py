@@ -67,6 +67,7 @@ QUOTA = _rx(
     r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
     r"hit your (?:usage |plan )?limit",
     r"(?<!token )budget (?:has been |was |is )?(?:exceeded|exhausted|reached)", r"\bkudos\b",
+    r"balance is (?:insufficient|not enough|too low)", r"\btop up\b",
     r"(?:exceeded|reached) (?:your |the )?(?:max(?:imum)? )?budget",
     r"\boverdue\b", r"accountoverdue",
 )
@@ -147,6 +148,14 @@ OVERFLOW_STRONG = _rx(
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
     r"too (?:large|long|big) for (?:the )?(?:model'?s? )?context",
+    r"exceed(?:s|ed)? (?:the )?max(?:imum)? (?:input |prompt )context",
+    r"max(?:imum)? (?:text|question|prompt|input|message|context|content) length (?:exceeded|"
+    r"reached)",
+    r"context exceeds (?:the )?(?:provider|model|endpoint)'?s? limit",
+    r"supports only \d[\d.,]*\s*[km]?\b(?: tokens?)? (?:of )?context",
+    r"\b\d+ tokens? ?> ?\d+ (?:limit|max(?:imum)?)\b",
+    r"内容(?:长度)?(?:过长|太长|超长)", r"(?:请求|内容|消息|输入)(?:内容|体)?(?:过大|太大)",
+    r"超过了?(?:上下文)?窗口",
     r"exceeds? (?:the )?(?:model'?s? )?[\d,]+[- ]token context (?:window|length|size)",
     r"(?:none|nothing|no messages?) (?:of them )?(?:fit|fits|could fit) (?:in|into|within) "
     r"(?:the )?context",
@@ -221,6 +230,10 @@ PAYLOAD = _rx(
     r"size limit",
     r"(?:cannot|can't|must not|may not) exceed [\d.]+ ?[kmg]i?b\b",
     r"(?:less|fewer) than \d+ characters", r"files? too large",
+    r"body exceeded \d+(?:\.\d+)? ?[kmg]i?b", r"too large \(max(?:imum)? [\d.]+ ?[kmg]i?b\)",
+    r"(?:图像|图片|文件)过多|(?:图像|图片|文件)(?:数量)?超过",
+    r"(?:media|attachments?|images?|files?|body|payload)\b.{0,20}exceeds? (?:the |its )?size "
+    r"limits?",
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
@@ -259,7 +272,7 @@ OUTPUT_LIMIT = _rx(
     r"(?:response|output|reply|answer|completion) (?:hit|reached) the (?:length|token|output) "
     r"limit",
     r"(?:reached|hit|exceeded) (?:its|the) (?:max(?:imum)? )?output(?: token)? limit",
-    r"for the (?:content )?length reason",
+    r"for the (?:content )?length reason", r"max_?tokens\W{0,3}(?:is )?invalid\b",
     r"did not \w+ a final (?:response|output)",  # the Agents SDK (JS), its typo included
     r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
     r"before any (?:response|output|content|text) was generated",
@@ -277,7 +290,7 @@ AUTH = _rx(
     r"unrecognizedclient", r"security token included in the request is invalid",
     r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
     r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
-    r"api ?key\W{0,3}(?:不正确|错误|无效)",
+    r"api ?key\W{0,3}(?:不正确|错误|无效)", r"you have been blocked",  # a firewall's page
 )
 CONTENT_FILTER = _rx(
     r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
@@ -306,6 +319,9 @@ SERVER = _rx(
     r"(?:can be|could be) stored in (?:the )?kv cache",  # an engine configured beyond its memory
     r"available kv cache memory", r"out of memory", r"insufficient memory", r"fatal error",
     r"engine ?dead", r"enginecore encountered",
+    r"payload is not completed", r"premature close", r"typeerror: terminated",
+    r"web server is (?:returning an unknown error|down)", r"origin (?:is )?unreachable",
+    r"(?:iterating over|reading) (?:the |an )?sse stream",
 )
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
@@ -448,6 +464,10 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"{_N} ?\+ ?{_N}\)? (?:is (?:greater|larger|longer|more) than|exceeds?)\W{{0,3}}"
          rf"[a-z_ ]{{0,30}}?\W{{0,3}}\(?{_N}", ("prompt", "output", "limit")),
         (rf"max(?:imum)? tokens of {_N} (?:exceeded|reached)", ("limit",)),
+        (rf"max(?:imum)? input context length \(?{_N}", ("limit",)),
+        (rf"{_N} tokens? ?> ?{_N} (?:limit|max(?:imum)?)\b", ("prompt", "limit")),
+        (rf"you requested ~{_N} tokens \({_N} input \+ {_N} output\)",
+         ("total", "prompt", "output")),
         # "exceed the 60000 token context window ... (projected 72534 tokens ... a 65536 token
         # completion budget)", "the prompt's 430 tokens plus the 8192-token reply budget"
         (rf"{_N}[- ]token context (?:window|length|size)", ("limit",)),
