@@ -11,7 +11,10 @@ import fakeredis
 import pytest
 import redis
 
+import shared.store.changes as changes_module
 import shared.store.own_writes as own_module
+import shared.store.own_writes_aio as aio_module
+import shared.store.own_writes_sync as sync_module
 from shared.core.config import StoreConfig
 from shared.core.errors import LimitExceeded
 from shared.core.records import SummaryRecord
@@ -31,6 +34,17 @@ M = {"model": "m"}
 @pytest.fixture(params=SHELLS)
 def shell(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def patient_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count the guard's reads. By design an answer slower than IO_TIMEOUT
+    (0.25 s) on the feed or the own-writes connection turns the shortcut off for a while
+    and the guard reads instead: on a machine whose CPUs are all busy (the suite in
+    parallel with workers and Redis) one such answer made a test see a read. The
+    timeouts themselves are tested in test_changes.py and test_pushes.py."""
+    for module in (changes_module, aio_module, sync_module):
+        monkeypatch.setattr(module, "IO_TIMEOUT", 5.0)
 
 
 @pytest.fixture
