@@ -66,7 +66,7 @@ def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
                                                      redis_url: str, key_prefix: str,
                                                      shell: str) -> None:
     """Another client's append, a worker's summary, an edit and a flush of the session's
-    keys: each is in the very next prepare (the push precedes the writer's reply)."""
+    keys: each is in the very next prepare (Redis sends the push before the writer's reply)."""
     other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
     real_store.append("s", [{"role": "user", "content": "one"},
                             {"role": "assistant", "content": "two"}])
@@ -87,6 +87,41 @@ def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
     other.append("s", [{"role": "user", "content": "fresh start"}])
     assert [m.content for m in guard.prepare("s", "", model="m").messages] == ["fresh start"]
     other.redis.close()
+
+
+def test_a_turn_handed_over_is_in_the_view_before_its_push_arrives(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis queues the push before the writer's reply, but on another connection: the
+    reply can arrive first. A process handed a turn that another one recorded passes the
+    length that append returned, and the view holds the turn; then the shortcut holds."""
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    real_store.append("s", [{"role": "user", "content": "one"},
+                            {"role": "assistant", "content": "two"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    for _ in range(2):
+        guard.prepare("s", SYSTEM, model="m")
+    # every push from now on is still in flight, on both of the guard's connections
+    monkeypatch.setattr(changes_module._Seen, "since",
+                        lambda self, base, epoch, seq: changes_module.NOTHING)
+    length = other.append("s", [{"role": "user", "content": "three"},
+                                {"role": "assistant", "content": "four"}])
+    assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == "two"  # the hazard
+    view = guard.prepare("s", SYSTEM, model="m", min_length=length)
+    assert [m.content for m in view.messages[-2:]] == ["three", "four"]
+    seen = reads(guard)
+    again = guard.prepare("s", SYSTEM, model="m", min_length=length)
+    assert seen == [] and again.messages[-1].content == "four"
+    other.redis.close()
+
+
+@pytest.mark.parametrize("bad", [-1, "4", 2.0, True])
+def test_min_length_must_be_a_log_length(real_store: SessionStore, shell: str,
+                                         bad: object) -> None:
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    with pytest.raises(InvalidInput) as caught:
+        guard.prepare("s", SYSTEM, model="m", min_length=bad)
+    assert caught.value.field == "min_length"
 
 
 def test_a_quiet_check_is_one_poll_and_misses_no_write(real_store: SessionStore,

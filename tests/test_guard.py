@@ -479,12 +479,13 @@ def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
 
     if isinstance(guard, ContextGuard):
         real_read = guard.snapshot
-        guard.snapshot = lambda sid: worker_commits(real_read(sid))  # type: ignore[method-assign]
+        guard.snapshot = lambda sid, *more: worker_commits(  # type: ignore[method-assign]
+            real_read(sid, *more))
     else:
         real_aread = guard.inner.snapshot
 
-        async def aread(sid: str) -> Any:
-            return worker_commits(await real_aread(sid))
+        async def aread(sid: str, *more: Any) -> Any:
+            return worker_commits(await real_aread(sid, *more))
 
         guard.inner.snapshot = aread
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",

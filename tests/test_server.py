@@ -245,6 +245,32 @@ def test_a_numberless_overflow_recovered_by_another_process_uses_the_prepared_si
     assert store.state("other").learned_window == prepared
 
 
+def test_a_turn_recorded_by_another_process_is_in_the_view_given_its_length(
+        client: TestClient, store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two server processes: the second served the session before, and Redis's notice of
+    the first one's record has not reached it yet; the client passes the length its record
+    returned, and the view holds the turn."""
+    import shared.store.changes as changes
+
+    record(client, "handed")
+    with TestClient(create_app(ServerConfig(), store, tokens=TOKENS)) as second:
+        for _ in range(2):
+            second.post("/v1/sessions/handed/prepare", json={"model": "gpt-4o"}, headers=A)
+        monkeypatch.setattr(changes._Seen, "since",  # every notice still in flight
+                            lambda self, base, epoch, seq: changes.NOTHING)
+        length = record(client, "handed", [{"role": "user", "content": "the new question"},
+                                           {"role": "assistant", "content": "its answer"}]
+                        ).json()["length"]
+        stale = second.post("/v1/sessions/handed/prepare", json={"model": "gpt-4o"},
+                            headers=A).json()
+        assert stale["messages"][-1]["content"] != "its answer"  # without the length
+        view = second.post("/v1/sessions/handed/prepare",
+                           json={"model": "gpt-4o", "min_length": length}, headers=A).json()
+        assert view["messages"][-1]["content"] == "its answer"
+        bad = second.post("/v1/sessions/handed/prepare", json={"min_length": -1}, headers=A)
+        assert bad.status_code == 422 and error(bad)["field"] == "min_length"
+
+
 def test_irreducible_overflow_is_409(client: TestClient) -> None:
     response = client.post("/v1/sessions/s4/prepare",
                            json={"model": "tiny", "system_prompt": "rule " * 2000}, headers=A)

@@ -104,6 +104,16 @@ def check_request(system_prompt: object, tools: object) -> None:
             raise InvalidInput("expected an object", field=f"tools[{i}]")
 
 
+def check_min_length(min_length: object) -> int | None:
+    """``prepare``'s ``min_length``: a log length, or None."""
+    if min_length is None:
+        return None
+    if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 0:
+        raise InvalidInput(f"expected a log length (an int >= 0), got {min_length!r}",
+                           field="min_length")
+    return min_length
+
+
 COLLECT_AFTER = 2_000
 """A read that brought at least this many messages collects the young generations of the
 garbage collector at once (:func:`settle_garbage`)."""

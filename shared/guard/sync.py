@@ -40,7 +40,13 @@ from shared.enqueue import (
     redis_server,
     request_summary,
 )
-from shared.guard._shell import GuardShell, check_request, plain_writes, settle_garbage
+from shared.guard._shell import (
+    GuardShell,
+    check_min_length,
+    check_request,
+    plain_writes,
+    settle_garbage,
+)
 from shared.store import recall_query
 from shared.store.changes import CHANGED, ChangeFeed
 from shared.store.commands import Command
@@ -93,17 +99,20 @@ class ContextGuard(GuardShell):
             self.own.warm_up()
 
     # -- reading -------------------------------------------------------------------
-    def snapshot(self, session_id: str) -> CachedView:
-        """The session's view, read incrementally against the cached one (one round trip)."""
+    def snapshot(self, session_id: str, min_length: int | None = None) -> CachedView:
+        """The session's view, read incrementally against the cached one (one round trip,
+        none while Redis reports nothing of the session written since the cached read and
+        the log is known to be no longer than it: ``min_length``)."""
         validate_session_id(session_id)  # before it is used as a cache key
-        fresh = self.fresh(session_id)
-        if fresh is not None:
-            return fresh
-        own = self.own_vouched(session_id)
-        if own is not None and isinstance(self.own, OwnWrites):
-            seen = self.own.since(self.session_base(session_id), own[1])
-            if seen != CHANGED:
-                return self.settled(session_id, own[0], max(seen, own[2]))
+        if not self.behind(session_id, min_length):
+            fresh = self.fresh(session_id)
+            if fresh is not None:
+                return fresh
+            own = self.own_vouched(session_id)
+            if own is not None and isinstance(self.own, OwnWrites):
+                seen = self.own.since(self.session_base(session_id), own[1])
+                if seen != CHANGED:
+                    return self.settled(session_id, own[0], max(seen, own[2]))
         cached = self.views.get(session_id)
         mark = self.mark()
         raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
@@ -124,20 +133,24 @@ class ContextGuard(GuardShell):
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
                 fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
-                ) -> PreparedView:
+                min_length: int | None = None) -> PreparedView:
         """The view to send now, with its budget report.
 
         ``pending`` are messages of the current turn not yet recorded (the
         new user message, say). ``fallback_messages``: when Redis is down,
         build a locally truncated view from these instead of raising.
+        ``min_length``: the log length ``record_turn`` returned in another process
+        that handed this turn over (a job, an HTTP request): the view then holds
+        that turn even if Redis's change notice has not reached this process yet.
         """
         started = time.perf_counter()
         with self.traced_prepare(session_id, model) as trace:
             validate_session_id(session_id)  # before it is used as a cache key
             check_request(system_prompt, tools)
+            check_min_length(min_length)
             extra, extra_tokens = self.pending(session_id, pending)
             try:
-                snap = self.snapshot(session_id)
+                snap = self.snapshot(session_id, min_length)
             except StoreUnavailable:
                 if fallback_messages is None:
                     raise

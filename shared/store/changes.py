@@ -13,10 +13,15 @@ Why it stays correct:
 
 - In broadcast mode Redis queues the push in the same event-loop pass as the
   write and (Redis 6 and 7: the client queued last is written first) sends it
-  before the writer's reply, so a writer in this process that got its reply
-  has its push on this connection already: every check drains the
-  connection first (one ``poll`` with no wait, :mod:`shared.store.pushes`). The tests check
-  this ordering against the server they run on.
+  before the writer's reply, and every check drains the connection first (one
+  ``poll`` with no wait, :mod:`shared.store.pushes`). The push and the reply
+  travel on different connections, though: the reply can arrive first (over TCP
+  on one host with another client writing, 6 in 60,000 writes, 28-171 µs late; none
+  when quiet or over a Unix socket: ``scripts/bench_feed_order.py``; across a network
+  a lost packet delays the push by a retransmission). Such a write is in the view
+  from the first call after its push; a process handed a turn that another one
+  recorded (a job, an HTTP request) passes ``prepare(min_length=)``, the length that
+  append returned, and reads when its view is shorter.
 - Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
   worker's lease, request ids and recall index leave a cached view as it was.
   A write to the job flag alone (a worker claiming the job, the flag's expiry)

@@ -19,7 +19,8 @@ TRACKING ON NOLOOP`` in default mode:
 
 Default mode has a blind spot of its own: its push may reach this connection a
 few microseconds after the writer got its reply (measured: 4 in 20,000), where
-the feed's push always comes first. So the view is vouched for by both
+the feed's push is sent first (and arrives first but for a rarer late arrival:
+:mod:`shared.store.changes`). So the view is vouched for by both
 (:func:`vouch`, :class:`OwnMark`): the feed saw exactly one push for the session
 around the append (its own pass) and neither connection reports a write since.
 The feed's rules keep this connection honest too: drained before every check,
@@ -78,8 +79,9 @@ def vouch(own: OwnMark | None, before: tuple[int, int, int] | None,
     Each connection covers the other's blind spot. The feed's push for the append's
     pass of the event loop merges any other client's write in that pass; but those are
     pushed to this connection, in the same reply buffer as the append's answer. This
-    connection's pushes may reach it just after the writer's reply; but the feed's
-    reach it before (:mod:`shared.store.changes`). So: exactly one feed push named the
+    connection's pushes may reach it just after the writer's reply; the feed's are sent
+    before it (:mod:`shared.store.changes`), and a late one makes the count fall short:
+    no vouching. So: exactly one feed push named the
     session meanwhile (the append's own pass), none here; from then on, neither
     connection may report a write to it.
     """

@@ -134,7 +134,7 @@ def prepare(request: Request, tenant: Tenant, session_id: SessionId,
     guard = _guard(request, tenant, session_id)
     pending = messages_in(body.pending, body.format, "pending")
     view = guard.prepare(session_id, body.system_prompt, body.tools, body.max_tokens,
-                         body.model, pending=pending)
+                         body.model, pending=pending, min_length=body.min_length)
     return fast(view_out(view, body.format))
 
 

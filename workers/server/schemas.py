@@ -35,7 +35,10 @@ class RequestFigures(_Body):
 
 
 class PrepareRequest(RequestFigures):
-    pass
+    min_length: int | None = Field(
+        default=None, ge=0,
+        description="`length` of the last record of this session (RecordOut): the view holds "
+                    "that turn even when another server process recorded it a moment ago")
 
 
 class RecoverRequest(RequestFigures):
