@@ -115,6 +115,28 @@ def test_a_turn_handed_over_is_in_the_view_before_its_push_arrives(
     other.redis.close()
 
 
+def test_a_recovery_handed_over_reads_the_turn_too(
+        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
+    real_store.append("s", [{"role": "user", "content": "one"},
+                            {"role": "assistant", "content": "two"}])
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    for _ in range(2):
+        guard.prepare("s", SYSTEM, model="m")
+    monkeypatch.setattr(changes_module._Seen, "since",
+                        lambda self, base, epoch, seq: changes_module.NOTHING)
+    length = other.append("s", [{"role": "user", "content": "three"}])
+    error = {"message": "prompt is too long", "status_code": 400}  # no window to learn
+    stale = guard.recover("s", error, SYSTEM, model="m")
+    assert stale is not None and stale.messages[-1].content == "two"  # the hazard
+    view = guard.recover("s", error, SYSTEM, model="m", min_length=length)
+    assert view is not None and view.messages[-1].content == "three"
+    with pytest.raises(InvalidInput):
+        guard.recover("s", error, SYSTEM, model="m", min_length=-2)
+    other.redis.close()
+
+
 @pytest.mark.parametrize("bad", [-1, "4", 2.0, True])
 def test_min_length_must_be_a_log_length(real_store: SessionStore, shell: str,
                                          bad: object) -> None:

@@ -309,8 +309,10 @@ class AsyncContextGuard(GuardShell):
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
-                prepared_tokens: int | None = None) -> PreparedView | None:
+                prepared_tokens: int | None = None,
+                min_length: int | None = None) -> PreparedView | None:
         """See :meth:`shared.guard.sync.ContextGuard.recover`."""
+        check_min_length(min_length)
         decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
         if decided is None:
             return None
@@ -326,7 +328,7 @@ class AsyncContextGuard(GuardShell):
                                               last_overflow_at=time.time())
             started = time.perf_counter()
             extra, extra_tokens = self.pending(session_id, pending)
-            snap = await self.snapshot(session_id)
+            snap = await self.snapshot(session_id, min_length)
             return trace.recovered(await self._build(session_id, snap, system_prompt, tools,
                                                      max_tokens, model, extra, extra_tokens,
                                                      started, ratio))

@@ -306,7 +306,8 @@ class ContextGuard(GuardShell):
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
-                prepared_tokens: int | None = None) -> PreparedView | None:
+                prepared_tokens: int | None = None,
+                min_length: int | None = None) -> PreparedView | None:
         """After a provider error: None if it is not a context overflow, else a view to retry.
 
         The stated limit is learned (or, when the error states none, the bound the
@@ -318,7 +319,9 @@ class ContextGuard(GuardShell):
         compaction switched off. An error nothing recognises that refused a request at
         least ``policy.unrecognised_overflow_at`` full is taken for an overflow in a
         wording no pattern knows: compacted to the target ratio, nothing learned.
+        ``min_length``: as for :meth:`prepare`.
         """
+        check_min_length(min_length)
         decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
         if decided is None:
             return None
@@ -334,9 +337,10 @@ class ContextGuard(GuardShell):
                                         last_overflow_at=time.time())
             started = time.perf_counter()
             extra, extra_tokens = self.pending(session_id, pending)
-            return trace.recovered(self._build(session_id, self.snapshot(session_id),
-                                               system_prompt, tools, max_tokens, model, extra,
-                                               extra_tokens, started, ratio))
+            snap = self.snapshot(session_id, min_length)
+            return trace.recovered(self._build(session_id, snap, system_prompt, tools,
+                                               max_tokens, model, extra, extra_tokens, started,
+                                               ratio))
 
     def call(self, session_id: str, send: Callable[[PreparedView], R], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,

@@ -159,7 +159,8 @@ def recover(request: Request, tenant: Tenant, session_id: SessionId,
     if body.status is not None:
         error["status_code"] = body.status
     view = guard.recover(session_id, error, body.system_prompt, body.tools, body.max_tokens,
-                         body.model, pending=pending, prepared_tokens=body.prepared_tokens)
+                         body.model, pending=pending, prepared_tokens=body.prepared_tokens,
+                         min_length=body.min_length)
     if view is None:
         return fast(RecoverOut(recovered=False))
     return fast(RecoverOut(recovered=True, view=view_out(view, body.format)))

@@ -32,13 +32,14 @@ class RequestFigures(_Body):
     pending: list[Any] = Field(default_factory=list,
                                description="this turn's messages not yet recorded")
     format: Format = "openai"
-
-
-class PrepareRequest(RequestFigures):
     min_length: int | None = Field(
         default=None, ge=0,
         description="`length` of the last record of this session (RecordOut): the view holds "
                     "that turn even when another server process recorded it a moment ago")
+
+
+class PrepareRequest(RequestFigures):
+    pass
 
 
 class RecoverRequest(RequestFigures):
