@@ -8,7 +8,11 @@ import pytest
 
 from shared.core.messages import ImagePart, Message, TextPart
 from shared.core.tokens import PROVIDERS, estimate_message_tokens, image_tokens
-from shared.core.tokens_media import anthropic_image_tokens, openai_image_tokens
+from shared.core.tokens_media import (
+    anthropic_image_tokens,
+    gemini_image_tokens,
+    openai_image_tokens,
+)
 from tests.images_support import jpeg, png
 
 
@@ -34,6 +38,20 @@ def test_anthropic_area_with_its_caps() -> None:
         assert anthropic_image_tokens(width, height) <= 1600
 
 
+@pytest.mark.parametrize(
+    ("width", "height", "tokens"),
+    [
+        (384, 384, 258),  # within 384x384: one tile
+        (385, 200, 258),  # larger: 768-pixel tiles, here one
+        (1920, 1080, 1548),  # a screenshot: 3 x 2 tiles
+        (3840, 2160, 3870),  # a 4K screenshot: 5 x 3 tiles
+        (1080, 2400, 2064),  # a tall phone screenshot: 2 x 4 tiles
+    ],
+)
+def test_gemini_2_tiles(width: int, height: int, tokens: int) -> None:
+    assert gemini_image_tokens(width, height) == tokens
+
+
 def screenshot(fmt: str = "png") -> ImagePart:
     raw = png(1920, 1080) if fmt == "png" else jpeg(1920, 1080, exif=20_000)
     return ImagePart(data=base64.b64encode(raw).decode(), media_type=f"image/{fmt}")
@@ -43,14 +61,20 @@ def test_an_inline_screenshot_costs_its_tiles_not_the_flat_figure() -> None:
     for fmt in ("png", "jpeg"):
         assert image_tokens(screenshot(fmt), "openai") == 1105
         assert image_tokens(screenshot(fmt), "anthropic") == 1600
-    assert image_tokens(screenshot(), "generic") == 1600  # the larger of the two rules
-    assert image_tokens(screenshot(), "gemini") == PROVIDERS["gemini"].image_tokens  # flat
+    assert image_tokens(screenshot(), "generic") == 1600  # the largest of the three rules
+    # Gemini: Gemini 2.x's tiles where they cost more than Gemini 3's flat figure
+    assert image_tokens(screenshot(), "gemini") == 1548
+    small = ImagePart(data=base64.b64encode(png(300, 300)).decode(), media_type="image/png")
+    assert image_tokens(small, "gemini") == PROVIDERS["gemini"].image_tokens
+    big = ImagePart(data=base64.b64encode(png(3840, 2160)).decode(), media_type="image/png")
+    assert image_tokens(big, "gemini") == image_tokens(big, "generic") == 3870
 
 
 def test_low_detail_and_unknown_sizes_keep_the_flat_figures() -> None:
     low = screenshot().model_copy(update={"detail": "low"})
     assert image_tokens(low, "openai") == 85
     assert image_tokens(low, "anthropic") == 1600  # Anthropic has no low detail
+    assert image_tokens(low, "gemini") == 280  # Gemini's low media resolution
     remote = ImagePart(url="https://example.com/screen.png")
     for provider, profile in PROVIDERS.items():
         assert image_tokens(remote, provider) == profile.image_tokens

@@ -41,7 +41,7 @@ DEFAULT_SAFETY_MARGIN = 0.05
 were never underestimated with it (BENCHMARKS.md)."""
 
 
-ImageRule = Literal["openai", "anthropic", "largest", "flat"]
+ImageRule = Literal["openai", "anthropic", "gemini", "largest", "flat"]
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ PROVIDERS: Mapping[str, ProviderProfile] = {
     # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
     # i.e. at most ~1,600 tokens (Anthropic vision docs).
     "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000, "anthropic"),
-    # Images: 1,120 tokens at media_resolution high, the Gemini 3 default
-    # (Gemini 2.x: 258 per 768x768 tile, ~1,032 for a 1.5k-pixel image).
-    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000),
+    # Images: 1,120 tokens at media_resolution high, the Gemini 3 default, or Gemini
+    # 2.x's 258 per 768x768 tile where that is more (1,548 for a 1920x1080 screenshot).
+    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000, "gemini"),
     # Unknown tokenizer: the largest figure of the three for media.
     "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000, "largest"),
 }
