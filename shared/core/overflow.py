@@ -31,6 +31,12 @@ Decisions documented here because callers depend on them:
   automatic way to shrink the body; its byte limits never reach the token
   ``LimitBook`` (``OverflowInfo.limit`` stays None).
 
+Other languages than English (``shared.core.overflow_languages``) are read in the same
+order: for a text with letters beyond ASCII, each English family is followed by its
+namesake's part in those letters' scripts; an ASCII text that no English wording
+recognised is read once more in the Latin-script languages when it names one of their
+words (Italian or Indonesian need no accents). English errors pay nothing for them.
+
 Nothing here imports openai, anthropic or google-genai: errors are duck-typed.
 """
 
@@ -41,9 +47,10 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import islice
-from typing import Literal
+from itertools import combinations, islice
+from typing import Literal, Protocol
 
+from shared.core import overflow_languages as languages
 from shared.core import overflow_patterns as patterns
 
 __all__ = [
@@ -111,13 +118,78 @@ class OverflowInfo:
         return None
 
 
-# Checked in this order after the overflow wording (see the module docstring).
-_SECONDARY = (
-    (ErrorKind.PAYLOAD_SIZE, patterns.PAYLOAD), (ErrorKind.OTHER, patterns.PARAMETER_CONFLICT),
-    (ErrorKind.OUTPUT_LIMIT, patterns.OUTPUT_LIMIT),
-    (ErrorKind.AUTH, patterns.AUTH), (ErrorKind.CONTENT_FILTER, patterns.CONTENT_FILTER),
-    (ErrorKind.OVERLOADED, patterns.OVERLOADED), (ErrorKind.SERVER_ERROR, patterns.SERVER),
-)
+_Numbers = tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]
+
+
+class _Searcher(Protocol):
+    def search(self, string: str, /) -> re.Match[str] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _AnyOf:
+    """Patterns searched in turn (English, then each script's part of a family): the first
+    match wins."""
+
+    patterns: tuple[re.Pattern[str], ...]
+
+    def search(self, string: str, /) -> re.Match[str] | None:
+        for pattern in self.patterns:
+            found = pattern.search(string)
+            if found:
+                return found
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    """The phrase families one decision consults, in the order of the module docstring."""
+
+    tool_pairing: _Searcher
+    capacity: _Searcher
+    quota: _Searcher
+    per_short_window: _Searcher
+    rate: _Searcher
+    output_over_window: _Searcher
+    not_a_request: _Searcher
+    strong: _Searcher
+    secondary: tuple[tuple[ErrorKind, _Searcher], ...]  # after the overflow wording
+    weak: _Searcher
+    numbers: _Numbers
+    output_reserve: _Searcher
+    token_word: re.Pattern[str] | None  # None: English alone, where "token" is the word
+
+
+_NEVER = re.compile(r"(?!)")
+_SECONDARY = ((ErrorKind.PAYLOAD_SIZE, "PAYLOAD"), (ErrorKind.OTHER, "PARAMETER_CONFLICT"),
+              (ErrorKind.OUTPUT_LIMIT, "OUTPUT_LIMIT"), (ErrorKind.AUTH, "AUTH"),
+              (ErrorKind.CONTENT_FILTER, "CONTENT_FILTER"), (ErrorKind.OVERLOADED, "OVERLOADED"),
+              (ErrorKind.SERVER_ERROR, "SERVER"))
+
+
+def _families(scripts: frozenset[str], english: bool = True) -> _Families:
+    """The English families (a bare compiled pattern each: English texts pay for nothing
+    else), each followed by the parts of its namesake in the other languages written in
+    ``scripts``."""
+    def get(name: str) -> _Searcher:
+        own = [getattr(patterns, name)] if english else []
+        family: languages.Family = getattr(languages, name, {})
+        found = (*own, *(family[script] for script in sorted(scripts) if script in family))
+        return found[0] if len(found) == 1 else _AnyOf(found) if found else _NEVER
+
+    return _Families(
+        get("TOOL_PAIRING"), get("CAPACITY"), get("QUOTA"), get("PER_SHORT_WINDOW"), get("RATE"),
+        get("OUTPUT_OVER_WINDOW"), get("NOT_A_REQUEST"), get("OVERFLOW_STRONG"),
+        tuple((kind, get(name)) for kind, name in _SECONDARY), get("OVERFLOW_WEAK"),
+        patterns.NUMBERS + languages.NUMBERS if scripts else patterns.NUMBERS,
+        get("OUTPUT_RESERVE"), languages.TOKEN_WORD if scripts else None)
+
+
+_ENGLISH = _families(frozenset())
+# Any other text: English with the families of the scripts it is written in (built once).
+_BY_SCRIPTS = {frozenset(c): _families(frozenset(c)) for n in range(1, 5)
+               for c in combinations(("arabic", "cjk", "cyrillic", "latin"), n)}
+# An ASCII text that no English wording recognised: Latin-script languages without accents.
+_ACCENTLESS = _families(frozenset({"latin"}), english=False)
 
 
 # --------------------------------------------------------------------------- evidence
@@ -244,38 +316,56 @@ class _Verdict:
     text: str
     module: str
     status: int | None = None
+    families: _Families = _ENGLISH  # the set that decided: its numbers are read
 
 
-def _decide(text: str, status: int | None) -> tuple[ErrorKind, int]:
-    if patterns.TOOL_PAIRING.search(text):
+def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, int]:
+    if fam.tool_pairing.search(text):
         return ErrorKind.TOOL_PAIRING, 3
-    if patterns.CAPACITY.search(text):
+    if fam.capacity.search(text):
         return ErrorKind.OVERLOADED, 3
-    if patterns.QUOTA.search(text):
-        per_short = patterns.PER_SHORT_WINDOW.search(text)
+    if fam.quota.search(text):
+        per_short = fam.per_short_window.search(text)
         return (ErrorKind.RATE_LIMIT if per_short else ErrorKind.QUOTA), 3
-    if patterns.RATE.search(text):
+    if fam.rate.search(text):
         return ErrorKind.RATE_LIMIT, 3
-    if patterns.OUTPUT_OVER_WINDOW.search(text):
+    if fam.output_over_window.search(text):
         return ErrorKind.OUTPUT_LIMIT, 3
-    if patterns.NOT_A_REQUEST.search(text):
+    if fam.not_a_request.search(text):
         return ErrorKind.OTHER, 3
-    strong = patterns.OVERFLOW_STRONG.search(text)
+    strong = fam.strong.search(text)
     if strong and not (
         "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)
     ):
         return ErrorKind.CONTEXT_OVERFLOW, 3
-    for kind, pattern in _SECONDARY:
+    for kind, pattern in fam.secondary:
         if pattern.search(text):  # generic transport / overload wording ranks below the rest
             return kind, 2 if kind in (ErrorKind.OVERLOADED, ErrorKind.SERVER_ERROR) else 3
     by_status = _kind_of_status(status)
-    weak = patterns.OVERFLOW_WEAK.search(text)
+    weak = fam.weak.search(text)
     if weak and by_status is None:
         return ErrorKind.CONTEXT_OVERFLOW, 2
     if weak and by_status is ErrorKind.PAYLOAD_SIZE:  # 413: tokens named -> window, else bytes
-        token = "token" in weak.group(0).lower()
+        named = weak.group(0)
+        token = "token" in named.lower() or (
+            fam.token_word is not None and fam.token_word.search(named) is not None)
         return (ErrorKind.CONTEXT_OVERFLOW if token else ErrorKind.PAYLOAD_SIZE), 2
     return (by_status, 1) if by_status is not None else (ErrorKind.OTHER, 0)
+
+
+def _decide_any_language(text: str, status: int | None) -> tuple[ErrorKind, int, _Families]:
+    """Decide with the English families, each followed by the other languages' part in the
+    scripts of the text's letters (none for ASCII); an ASCII text that no English wording
+    recognised is read once more in the Latin-script languages when it names one of their
+    words (Italian, Indonesian, Dutch written without accents)."""
+    found = frozenset() if text.isascii() else languages.scripts(text)
+    fam = _BY_SCRIPTS[found] if found else _ENGLISH
+    kind, strength = _decide(text, status, fam)
+    if strength < 2 and not found and languages.maybe_accentless(text):
+        other, other_strength = _decide(text, status, _ACCENTLESS)
+        if other_strength > strength:
+            return other, other_strength, _ACCENTLESS
+    return kind, strength, fam
 
 
 def _kind_of_status(status: int | None) -> ErrorKind | None:
@@ -301,9 +391,9 @@ def _verdict(error: object) -> _Verdict:
         if ev.status is None:
             found = patterns.STATUS_IN_TEXT.search(text)
             ev.status = _as_status(next((g for g in found.groups() if g), None)) if found else None
-        kind, strength = _decide(text, ev.status)
+        kind, strength, families = _decide_any_language(text, ev.status)
         if strength > best.strength:
-            best = _Verdict(kind, strength, text, ev.module, ev.status)
+            best = _Verdict(kind, strength, text, ev.module, ev.status, families)
     return best
 
 
@@ -351,7 +441,9 @@ def unrecognised(error: object) -> bool:
     return verdict.kind is ErrorKind.OTHER and verdict.status not in (404, 405, 409) \
         and not patterns.NOT_FOUND.search(verdict.text) \
         and not patterns.NON_MESSAGE_PARAM.search(verdict.text) \
-        and not patterns.MALFORMED.search(verdict.text)
+        and not patterns.MALFORMED.search(verdict.text) \
+        and not languages.NOT_FOUND.search(verdict.text) \
+        and not languages.MALFORMED.search(verdict.text)
 
 
 def parse_overflow(error: object) -> OverflowInfo | None:
@@ -364,7 +456,7 @@ def parse_overflow(error: object) -> OverflowInfo | None:
         return None
     found: dict[str, int] = {}
     if verdict.kind is ErrorKind.CONTEXT_OVERFLOW:
-        for pattern, fields in patterns.NUMBERS:
+        for pattern, fields in verdict.families.numbers:
             match = pattern.search(verdict.text)
             for name, raw in zip(fields, match.groups() if match else (), strict=False):
                 if raw is not None:
@@ -377,7 +469,7 @@ def parse_overflow(error: object) -> OverflowInfo | None:
         else prompt
     reserve = limit is not None and output is not None and (
         body < limit <= body + output  # the prompt fits; with its output it does not
-        if body is not None else bool(patterns.OUTPUT_RESERVE.search(verdict.text)))
+        if body is not None else bool(verdict.families.output_reserve.search(verdict.text)))
     kind: OverflowKind = "payload_size" if verdict.kind is ErrorKind.PAYLOAD_SIZE else (
         "output_reserve_overflow" if reserve else "context_overflow")
     # what was asked in all: the stated total, else the prompt and the output it reserved
