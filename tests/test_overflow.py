@@ -359,6 +359,37 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("paraphrase-nl-window", "Het gesprek overschrijdt het contextvenster van het model.", {}),
     ("paraphrase-id-tokens", ProviderError("Jumlah token melebihi batas maksimum model.", 400), {}),
     ("paraphrase-id-file", ProviderError("Ukuran file melebihi batas 10 MB.", 413), {}),
+    # written after the eleventh and twelfth batches' patterns (13 of 14 passed at once; "the
+    # maximum is 200,000" was not read as the limit)
+    ("paraphrase-could-not-fit", "The conversation could not fit into the model's context window.",
+     {}),
+    ("paraphrase-surpassing", ProviderError("Your document is too large, surpassing the model's "
+     "context window.", 400), {}),
+    ("paraphrase-window-limit-reached", "Context window limit reached. Start a new chat to "
+     "continue.", {}),
+    ("paraphrase-maxed-out", ProviderError("The LLM's context length is maxed out; remove some "
+     "messages.", 400), {}),
+    ("paraphrase-reached-its-limit", "Error: the agent has reached its context limit.", {}),
+    ("paraphrase-permitted-input-tokens", "Chunk exceeds the maximum number of permitted input "
+     "tokens", {}),
+    ("paraphrase-limit-is", ProviderError("Prompt too long: 140000 prompt tokens, limit is 128000.",
+     400), {"prompt_tokens": 140000, "limit": 128000}),
+    ("paraphrase-would-need", ProviderError("This model's maximum context length is 32768 tokens. "
+     "However, your request would need 40000 tokens.", 400), {"limit": 32768, "requested": 40000}),
+    ("paraphrase-maximum-is", ProviderError("Context length exceeded: 250,000 tokens were "
+     "requested but the maximum is 200,000.", 400), {"requested": 250000, "limit": 200000}),
+    ("paraphrase-log-field", "compaction failed: request exceeds the context window "
+     "(context_window_tokens=131072)", {"limit": 131072}),
+    ("paraphrase-count-slash-limit", ProviderError("Input token count exceeds the limit "
+     "(140000 / 128000)", 400), {"prompt_tokens": 140000, "limit": 128000}),
+    ("paraphrase-tokens-paren-max", "Prompt is too long: the request is ~210,000 tokens "
+     "(max 200,000)", {"prompt_tokens": 210000, "limit": 200000}),
+    ("paraphrase-body-constraint", ProviderError("ValidationException: Value at 'body' failed to "
+     "satisfy constraint: Member must have length less than or equal to 20000000", 400), {}),
+    ("paraphrase-tool-input", ProviderError("This endpoint's maximum context length is 65536 "
+     "tokens. However, you requested about 70000 tokens (50000 of text input, 8000 of tool input, "
+     "12000 in the output).", 400),
+     {"prompt_tokens": 58000, "limit": 65536, "requested": 70000, "output_tokens": 12000}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -441,6 +472,31 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      "de tokens de salida."), K.OUTPUT_LIMIT),
     ("zh-tokens-per-minute", ProviderError("模型每分钟的 token 上限已达到，请稍候"), K.RATE_LIMIT),
     ("vi-rate-limit", ProviderError("Bạn đã vượt quá giới hạn tốc độ của API."), K.RATE_LIMIT),
+    # written after the eleventh and twelfth batches' patterns (11 of 11 passed at once)
+    ("paraphrase-enqueued-prompts", ProviderError("Enqueued prompt limit reached for this "
+     "organization. Retry once some batches complete."), K.RATE_LIMIT),
+    ("paraphrase-in-progress-batches", "Your in_progress batches already hold 3,000,000 tokens, "
+     "the most allowed; wait for some to finish.", K.RATE_LIMIT),
+    ("paraphrase-tool-name-too-long", ProviderError("Invalid 'tools[3].name': string too long. "
+     "Expected a string with maximum length 64, but got a string with length 80 instead.", 400),
+     K.OTHER),
+    ("paraphrase-call-id-too-long", ProviderError("Invalid 'input[12].call_id': string too long. "
+     "Expected a string with maximum length 64, but got a string with length 300 instead.", 400),
+     K.OTHER),
+    ("paraphrase-servers-limiting", ProviderError("Our servers are temporarily limiting traffic; "
+     "this is not your usage limit.", 429), K.OVERLOADED),
+    ("paraphrase-rate-review-quota", "The API provider is rate limiting you. Please retry later or "
+     "review your quota.", K.RATE_LIMIT),
+    ("paraphrase-reply-output-cap", "Claude's reply exceeded the 8192 output token limit.",
+     K.OUTPUT_LIMIT),
+    ("paraphrase-max-output-below", ProviderError("max output tokens must be below 64K for this "
+     "model", 400), K.OUTPUT_LIMIT),
+    ("paraphrase-request-tokens-budget", "UsageLimitExceeded: the request_tokens_limit of 5000 was "
+     "exceeded", K.QUOTA),
+    ("paraphrase-guess-unknown-model", ProviderError("This often happens when the context is too "
+     "long. Model 'foo-bar' was not found.", 400), K.OTHER),
+    ("paraphrase-full-capacity", ProviderError("Platform is at full capacity, please retry", 503),
+     K.OVERLOADED),
 ]
 
 

@@ -13,9 +13,12 @@ LiteLLM and OpenRouter) and decides in a fixed order of precedence:
    "Too many tokens, please wait"): they veto every overflow phrase, because
    their texts talk about tokens and "request too large" too;
 3. specific overflow wording (context window / length named, or a provider's
-   own overflow code), even under HTTP 500/503 (llama.cpp, LiteLLM fallbacks);
+   own overflow code), even under HTTP 500/503 (llama.cpp, LiteLLM fallbacks), unless
+   offered as a guess beside another named cause ("this often happens when the context
+   is too long ... is not a valid model ID");
 4. request-body size (HTTP 413, "payload too large");
-5. output-limit, auth, content-filter, overloaded and server errors;
+5. a parameter conflict or a response of the wrong shape (no kind), output-limit, auth,
+   content-filter, overloaded and server errors;
 6. generic overflow wording ("too many tokens", "token limit") only when the
    HTTP status does not say otherwise (429, 401/403, 5xx);
 7. the HTTP status alone.
@@ -51,6 +54,7 @@ from itertools import combinations, islice
 from typing import Literal, Protocol
 
 from shared.core import overflow_languages as languages
+from shared.core import overflow_numbers as numbers
 from shared.core import overflow_patterns as patterns
 
 __all__ = [
@@ -130,7 +134,7 @@ class _AnyOf:
     """Patterns searched in turn (English, then each script's part of a family): the first
     match wins."""
 
-    patterns: tuple[re.Pattern[str], ...]
+    patterns: tuple[_Searcher, ...]
 
     def search(self, string: str, /) -> re.Match[str] | None:
         for pattern in self.patterns:
@@ -161,7 +165,8 @@ class _Families:
 
 _NEVER = re.compile(r"(?!)")
 _SECONDARY = ((ErrorKind.PAYLOAD_SIZE, "PAYLOAD"), (ErrorKind.OTHER, "PARAMETER_CONFLICT"),
-              (ErrorKind.OUTPUT_LIMIT, "OUTPUT_LIMIT"), (ErrorKind.AUTH, "AUTH"),
+              (ErrorKind.OTHER, "UNEXPECTED_RESPONSE"), (ErrorKind.OUTPUT_LIMIT, "OUTPUT_LIMIT"),
+              (ErrorKind.AUTH, "AUTH"),
               (ErrorKind.CONTENT_FILTER, "CONTENT_FILTER"), (ErrorKind.OVERLOADED, "OVERLOADED"),
               (ErrorKind.SERVER_ERROR, "SERVER"))
 
@@ -180,7 +185,7 @@ def _families(scripts: frozenset[str], english: bool = True) -> _Families:
         get("TOOL_PAIRING"), get("CAPACITY"), get("QUOTA"), get("PER_SHORT_WINDOW"), get("RATE"),
         get("OUTPUT_OVER_WINDOW"), get("NOT_A_REQUEST"), get("OVERFLOW_STRONG"),
         tuple((kind, get(name)) for kind, name in _SECONDARY), get("OVERFLOW_WEAK"),
-        patterns.NUMBERS + languages.NUMBERS if scripts else patterns.NUMBERS,
+        numbers.NUMBERS + languages.NUMBERS if scripts else numbers.NUMBERS,
         get("OUTPUT_RESERVE"), languages.TOKEN_WORD if scripts else None)
 
 
@@ -334,6 +339,8 @@ def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, i
     if fam.not_a_request.search(text):
         return ErrorKind.OTHER, 3
     strong = fam.strong.search(text)
+    if strong and _guessed(text, strong):
+        return ErrorKind.OTHER, 2
     if strong and not (
         "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)
     ):
@@ -351,6 +358,13 @@ def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, i
             fam.token_word is not None and fam.token_word.search(named) is not None)
         return (ErrorKind.CONTEXT_OVERFLOW if token else ErrorKind.PAYLOAD_SIZE), 2
     return (by_status, 1) if by_status is not None else (ErrorKind.OTHER, 0)
+
+
+def _guessed(text: str, found: re.Match[str]) -> bool:
+    """Overflow wording offered as a guess ("this often happens when the context is too long")
+    by a text that names another cause: a model that does not exist."""
+    return patterns.HEDGE.search(text, max(0, found.start() - 60), found.start()) is not None \
+        and patterns.NOT_FOUND.search(text) is not None
 
 
 def _decide_any_language(text: str, status: int | None) -> tuple[ErrorKind, int, _Families]:
@@ -428,8 +442,10 @@ def stated_count(raw: str) -> int:
 
 
 def unrecognised(error: object) -> bool:
-    """True when nothing in ``error`` says what went wrong (no wording any kind knows, no
-    telling HTTP status), and it is neither a lookup failure (an unknown model or route,
+    """True when nothing in ``error`` says what went wrong (no wording any kind knows, not
+    even one that names no kind: a parameter conflict, a response of the wrong shape, a
+    server's startup warning, overflow wording offered as a guess; no telling HTTP status),
+    and it is neither a lookup failure (an unknown model or route,
     404) nor a request that names what is malformed in it (a parameter, a value, a type):
     what a provider's overflow looks like when no pattern knows its wording. The guard
     takes such an error for an overflow only when the refused request was nearly as large
@@ -438,7 +454,8 @@ def unrecognised(error: object) -> bool:
         verdict = _verdict(error)
     except Exception:  # same contract as classify_error
         return False
-    return verdict.kind is ErrorKind.OTHER and verdict.status not in (404, 405, 409) \
+    return verdict.kind is ErrorKind.OTHER and verdict.strength <= 0 \
+        and verdict.status not in (404, 405, 409) \
         and not patterns.NOT_FOUND.search(verdict.text) \
         and not patterns.NON_MESSAGE_PARAM.search(verdict.text) \
         and not patterns.MALFORMED.search(verdict.text) \
@@ -476,7 +493,10 @@ def parse_overflow(error: object) -> OverflowInfo | None:
     requested = found.get("total", prompt + output if prompt is not None and output is not None
                           else prompt)
     return OverflowInfo(
-        kind=kind, limit=limit, requested=requested, prompt_tokens=prompt,
+        kind=kind, limit=limit, requested=requested,
+        # input named besides the messages: the prompt is everything the total counted but the
+        # output ("119886 of text input, 4729 of tool input, 10000 in the output" of 134615)
+        prompt_tokens=body if "other_input" in found else prompt,
         output_tokens=output, excess=found.get("excess"),
         provider=_provider(verdict.text, verdict.module), message=verdict.text[:500],
     )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from shared.core.overflow_patterns import _N
+from shared.core.overflow_numbers import _N
 
 _C = r"[:\uff1a]"  # a colon, ASCII or full-width
 # The letters of each script a family is written in. "latin" is any Latin letter beyond ASCII

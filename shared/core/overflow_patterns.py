@@ -12,21 +12,59 @@ comparison, "N tokens ... (M tokens)" pairs), not one regex per server string;
 
 English only: the same families in other languages (Chinese, Japanese, Korean, Russian,
 German, French...) are in ``shared.core.overflow_languages``, consulted only for texts
-that are not ASCII or that nothing here recognised.
+that are not ASCII or that nothing here recognised; the shapes in which an overflow states
+its numbers are in ``shared.core.overflow_numbers``.
 """
 
 from __future__ import annotations
 
 import re
 
-# A token count: thousands separators allowed, or a k / M suffix ("128k", "1.5M"; read by
-# shared.core.overflow.stated_count as 128,000 and 1,500,000).
-_N = r"(\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?[kKmM]\b|\d+)"
 _Q = r"[`'\"]?"  # optional quoting around parameter names
 
 
 def _rx(*parts: str) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{p})" for p in parts), re.IGNORECASE)
+
+
+_LAST: list[tuple[str, str]] = [("", "")]
+
+
+def _lowered(text: str) -> str:
+    """``text.lower()``, computed once for the text being decided (a one-slot cache: the
+    families are searched in turn on the same string)."""
+    last = _LAST[0]
+    if last[0] is text:
+        return last[1]
+    lowered = text.lower()
+    _LAST[0] = (text, lowered)
+    return lowered
+
+
+class Gated:
+    """A phrase family whose rarer branches are searched only in texts that hold one of their
+    literal words (lower case). Each branch of an alternation costs a step at every position of
+    every text it is searched in; a word costs one substring search of the text lower-cased
+    once: so branches that cannot match without a rare word ("capacity", "bytes", "max_") wait
+    behind it, and texts without it (most of them) never pay for them."""
+
+    __slots__ = ("common", "gates")
+
+    def __init__(self, common: re.Pattern[str] | None,
+                 *gates: tuple[tuple[str, ...], re.Pattern[str]]) -> None:
+        self.common = common
+        self.gates = gates
+
+    def search(self, string: str, /) -> re.Match[str] | None:
+        found = self.common.search(string) if self.common is not None else None
+        if found is None:
+            lowered = _lowered(string)
+            for words, pattern in self.gates:
+                if any(word in lowered for word in words):
+                    found = pattern.search(string)
+                    if found is not None:
+                        break
+        return found
 
 
 TOOL_PAIRING = _rx(
@@ -53,18 +91,32 @@ TOOL_PAIRING = _rx(
     r"first message\b.{0,80}must be a user message",
 )
 # Throttling and money: checked before any overflow wording (they mention tokens too).
-CAPACITY = _rx(r"out of capacity", r"capacity exceeded", r"(?:insufficient|over|at) capacity",
-               r"too many (?:open |concurrent )?connections", r"high traffic",
-               r"reset reason: overflow",  # Envoy: its connection pool, not the context
-               r"\bbackpressure\b", r"no (?:free )?space left for (?:only )?one request",
-               r"total request limit reached", r"decode out of memory", r"retracted_reqs",
-               r"no more data centers")
-QUOTA = _rx(
-    # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease.
-    r"quota(?!increase)", r"resource[_ ]exhausted", r"resource has been exhausted", r"\bbilling\b",
+CAPACITY = Gated(
+    _rx(r"too many (?:open |concurrent )?connections", r"high traffic",
+        r"reset reason: overflow",  # Envoy: its connection pool, not the context
+        r"\bbackpressure\b", r"no (?:free )?space left for (?:only )?one request",
+        r"total request limit reached", r"decode out of memory", r"retracted_reqs",
+        r"no more data centers"),
+    (("capacity",), _rx(r"out of capacity", r"capacity exceeded",
+                        r"(?:insufficient|over|at|near)(?: (?:max(?:imum)?|full|peak))? capacity")),
+    # a server overloaded or shedding load ("Server is temporarily limiting requests (not your
+    # usage limit)"), not a limit of the caller's
+    (("overload", "limiting", "shedding", "restricting"),
+     _rx(r"servers?(?:[_ ]overload|(?: is| are) (?:currently |temporarily )?(?:limiting"
+         r"|shedding|restricting) (?:incoming )?(?:requests|traffic|load))")),
+)
+QUOTA = Gated(_rx(
+    # "quota(?!increase)": Azure's token-rate 429s link aka.ms/oai/quotaincrease; a quota named
+    # as advice beside another verdict ("try again later or check your quotas", "quota alerts")
+    r"quota(?<!check your quota)(?<!check the quota)(?<!review your quota)"
+    r"(?<!monitor your quota)(?!increase|s? alerts?)", r"resource[_ ]exhausted",
+    r"resource has been exhausted", r"\bbilling\b",
     r"credit balance", r"insufficient[_ ](?:balance|credits?|funds)", r"more credits",
     r"can only afford", r"exceeded your current", r"payment required", r"spending limit",
-    r"usage limits?\b", r"\bfor your (?:current )?plan\b", r"upgrade your plan",
+    # a usage limit (not one negated: "not your usage limit"), paid extra usage
+    r"usage(?:[_ ]?limit(?<!not your usage limit)(?<!not the usage limit)(?<!not a usage limit)"
+    r"|\b(?:(?<=extra usage)|(?<=additional usage)))",
+    r"\bfor your (?:current )?plan\b", r"upgrade your plan",
     r"arrearage", r"account is (?:not )?in good standing", r"included credits",
     r"free allocation", r"reached the set (?:inference )?limit", r"for higher limits",
     r"hit your (?:usage |plan )?limit",
@@ -72,22 +124,28 @@ QUOTA = _rx(
     r"balance is (?:insufficient|not enough|too low)", r"\btop up\b",
     r"(?:exceeded|reached) (?:your |the )?(?:max(?:imum)? )?budget",
     r"\boverdue\b", r"accountoverdue", r"\bmonthly[_ ](?:request|token|usage)",
+),  # a run's token budget ("Exceeded the total_tokens_limit of 300", pydantic-ai)
+    (("_tokens_limit",), _rx(r"(?:total|request|response)_tokens_limit\b")),
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
 PER_SHORT_WINDOW = _rx(r"(?:per|/) ?(?:min(?:ute)?|sec(?:ond)?)\b", r"_per_(?:minute|second)",
                        r"rate[_. ]?quota")
-RATE = _rx(
+RATE = Gated(_rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
     r"\b(?:tokens?|requests?) per (?:min|minute|hour|day|second)\b", r"\bper[- ]minute\b",
     r"\b(?:TPM|RPM|TPD|RPD|ITPM|OTPM)\b", r"\bthis minute\b", r"please wait",
     r"retry (?:after|in) \d", r"try again in \d", r"too many concurrent", r"slow down",
     r"/ ?min(?:ute)?\b", r"trial key",
+),  # a batch queue's token limit ("Enqueued token limit reached ... once some in_progress
+    # batches have been completed"): waiting for batches to finish is the fix, not a smaller request
+    (("queued", "progress"), _rx(r"(?:enqueued|in[_ ]progress) (?:token|request|prompt|batch)")),
 )
-OVERFLOW_STRONG = _rx(
+OVERFLOW_STRONG = Gated(_rx(
     r"context[_ ]?(?:length|window)[_ ]?exceeded", r"contextwindowexceeded",
     r"exceed_context_size", r"max(?:imum)? context (?:length|size|window|limit)",
-    r"(?:exceeds?|exceeded|over|longer than|larger than|greater than) (?:the |this |your )?"
+    r"(?:exceed(?:s|ed|ing)?|surpass(?:es|ed|ing)?|overflow(?:s|ed|ing)?|over|longer than"
+    r"|larger than|greater than) (?:the |this |your |its )?"
     r"(?:model'?s? |llm'?s? |endpoint'?s? |available |loaded |configured )?(?:maximum |max )?"
     r"context(?: (?:length|window|size|limit))?\b",
     r"context (?:length|window|size|limit) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
@@ -97,7 +155,8 @@ OVERFLOW_STRONG = _rx(
     r"max_tokens`?\W{0,3}\(?-\d",  # a negative room for the output: the prompt took it all
     r"exceed context limit",
     r"when context the overflows", r"prompt(?: tokens?)? (?:is |are )?too long",
-    r"input (?:length |tokens? )?(?:is )?too long", r"(?:number of |too many )input tokens",
+    r"input (?:length |tokens? )?(?:is )?too long",
+    r"(?:number of|too many) (?:allowed |permitted |supported )?input tokens",
     r"input tokens exceed",
     r"input token count .{0,40}(?:exceeds|but model only supports)",
     r"exceeds the maximum number of tokens allowed", r"maximum prompt length",
@@ -112,11 +171,6 @@ OVERFLOW_STRONG = _rx(
     r"is too long and exceeds limit of",
     r"prompt has too many tokens",
     r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?(?:tokens|length)",
-    # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
-    r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal to)? "
-    r"(?:the )?[`'\"]?(?:max_seq_len|max_model_len|max_position_embeddings|max_input_tokens"
-    r"|max_prompt_tokens|max_num_tokens|n_ctx|session_len)\b",
-    r"too long to fit (?:into|in) the (?:model|context)",
     r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
     r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
     # the window named as the subject of a failed comparison or an exhaustion
@@ -135,7 +189,6 @@ OVERFLOW_STRONG = _rx(
     r"max(?:imum)? (?:allowed |supported )?(?:length|tokens?(?: size| count| limit)?)\b",
     r"model'?s? max(?:imum)? length (?:is )?exceeded",  # Moonshot
     r"max(?:imum)? (?:supported |allowed )?sequence length",  # SambaNova, transformers
-    r"reached (?:the )?(?:max(?:imum)? )?context (?:length|window|size|limit)",  # LM Studio
     r"\bcontext (?:is |was |got |has become )?too (?:long|large)\b",
     r"context(?: window)? (?:is|was) (?:already )?full\b",
     r"max(?:imum)? size\W{0,3}\d[\d,]*\s?tokens\b",  # a size counted in tokens is the window
@@ -177,8 +230,6 @@ OVERFLOW_STRONG = _rx(
     r" than",
     r"input (?:tokens? )?(?:length |count |size )?(?:is )?too (?:long|large)\b",
     r"max(?:imum)? length of (?:the )?(?:current )?(?:question|prompt|input|message)s?\b",
-    r"(?:does not|doesn't|did not|won't|cannot|can't) fit (?:in|into|within) (?:the )?"
-    r"(?:model'?s? )?(?:context|window)",
     r"but (?:the )?model (?:only )?supports (?:up to )?\d",  # Vertex, any model
     # a server's total of prompt + output against its session length (LMDeploy)
     r"(?:total )?sequence length\b.{0,40}?exceeds",
@@ -186,9 +237,28 @@ OVERFLOW_STRONG = _rx(
     # the room left for the output computed negative: the prompt filled the window (vLLM)
     r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
     r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
+),
+    # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
+    (("max_", "n_ctx", "session_len"),
+     _rx(r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal "
+         r"to)? (?:the )?[`'\"]?(?:max_seq_len|max_model_len|max_position_embeddings"
+         r"|max_input_tokens|max_prompt_tokens|max_num_tokens|n_ctx|session_len)\b")),
+    # "too long to fit into the model"; "does not / couldn't / can't / won't / unable to / failed
+    # to fit in(to) the context"
+    (("fit",), _rx(r"too long to fit (?:into|in) the (?:model|context)",
+                   r"fit(?<=n't fit|not fit| to fit) (?:in|into|within) (?:the |its |your )?"
+                   r"(?:model'?s? |llm'?s? )?(?:context|window)")),
+    # LM Studio: "reached the context length"; "has reached its context window limit", "maxed out
+    # the context", "context limit reached", "context length is maxed out"
+    (("reach", "maxed", "hit", "used up", "filled", "exhausted"),
+     _rx(r"(?:reached|maxed out) (?:the |its |your |their |this |a )?(?:model'?s? )?"
+         r"(?:max(?:imum)? |full )?context (?:length|window|size|limit)",
+         r"context(?: (?:length|window|size))?(?: limit)? (?:has been |was |is |got )?(?:reached"
+         r"|hit|maxed(?: out)?|used up|filled up|exhausted)\b")),
 )
 # A server's startup warning that names its context against the model's training context.
-NOT_A_REQUEST = _rx(r"n_ctx_train", r"training context overflow")
+NOT_A_REQUEST = Gated(None, (("n_ctx_train", "training context"),
+                             _rx(r"n_ctx_train", r"training context overflow")))
 # An output parameter over the window on its own ("max_completion_tokens=384000 cannot be greater
 # than max_model_len=135168"): the request's max_tokens is the fault, not its prompt.
 OUTPUT_OVER_WINDOW = re.compile(
@@ -198,8 +268,13 @@ OUTPUT_OVER_WINDOW = re.compile(
 OUTPUT_RESERVE = _rx(r"tokens? (?:remaining|left|available) for (?:the )?(?:output|completion"
                      r"|response)", r"room for (?:the )?(?:output|completion|response)")
 # An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
-NON_MESSAGE_PARAM = re.compile(r"invalid '(?!messages|input|prompt|contents?\b)[\w.\[\]]+'", re.I)
-PAYLOAD = _rx(
+# The conversation is a path that starts at the messages and ends at their content:
+# 'messages[3].content' and 'input[12].output' are, 'input[206].id' (an item's id),
+# 'tools[0].function.name' and 'session.audio.input.transcription.prompt' are not.
+NON_MESSAGE_PARAM = re.compile(
+    r"invalid '(?!(?:messages|input|prompt|contents?|instructions)(?:\[\d+\])*(?:(?:\.[\w\[\]]+)*"
+    r"\.(?:content|contents|text|output|arguments|input|prompt)(?:\[\d+\])*)?')[\w.\[\]]+'", re.I)
+PAYLOAD = Gated(_rx(
     r"request entity too large", r"payload too large", r"request_too_large",
     r"content[_ ]too[_ ]large", r"maximum allowed number of bytes",
     r"request payload size exceeds", r"body (?:is )?too large", r"sent message larger than max",
@@ -225,14 +300,25 @@ PAYLOAD = _rx(
     r"limit[_-]mm[_-]per[_-]prompt",
     r"(?:payload|body|request) (?:reached|exceeded|exceeds|hit) (?:the |its )?(?:max(?:imum)? )?"
     r"size limit",
-    r"(?:cannot|can't|must not|may not) exceed [\d.]+ ?[kmg]i?b\b",
     r"(?:less|fewer) than \d+ characters", r"files? too large",
     r"body exceeded \d+(?:\.\d+)? ?[kmg]i?b", r"too large \(max(?:imum)? [\d.]+ ?[kmg]i?b\)",
-    r"(?:media|attachments?|images?|files?|body|payload)\b.{0,20}exceeds? (?:the |its )?size "
-    r"limits?",
+),
+    (("exceed",), _rx(
+        r"(?:media|attachments?|images?|files?|body|payload)\b.{0,20}exceeds? (?:the |its )?size "
+        r"limits?",
+        r"exceed(?:s|ed)? (?:the )?max(?:imum)? (?:number|count) of (?:images|files|attachments"
+        r"|documents|pdf pages)",
+        # a size in MB that may not be exceeded ("cannot exceed 15.00 MB"); one image over its own
+        # cap ("image exceeds 5 MB maximum") is not the request's size (tests/test_overflow.py)
+        r"(?:cannot|can't|must not|may not) exceed [\d.]+ ?[kmg]i?b\b")),
+    # a body whose length fails a constraint (Bedrock: "Value at 'body' failed to satisfy
+    # constraint: Member must have length less than or equal to 25000000")
+    (("value at",), _rx(r"value at '(?:body|payload|request_?body)'[^.]{0,60}?(?:length|size) "
+                        r"(?:less than|at most|<=|smaller than|must not exceed)")),
 )
 # A lookup that failed (a model or route that does not exist): never a size problem.
 NOT_FOUND = _rx(r"\b404\b", r"not[_ ]found", r"does not exist", r"no such (?:model|route)",
+                r"not a (?:valid|known|supported) model",
                 r"(?:unknown|invalid|unsupported) model", r"no endpoints? found",
                 r"model .{0,60}? (?:is )?not (?:found|available|supported)")
 # A request that names what is malformed in it (a parameter, a value, a type): a size
@@ -249,10 +335,25 @@ MALFORMED = _rx(
     r"must be strictly", r"stop[_ ]?sequences?", r"image dimensions?", r"invalid_param",
     r"\bis invalid\b", r"maximum number of items", r"may not include", r"must be at least",
     r"should be (?:greater|less) than or equal to", r"too many inputs",
+    # a minimum not met, a schema's tag, a prompt-caching rule, a mode's unsupported option, a
+    # model's malformed tool call
+    r"must be >= ?[01]\b", r"is too small\b", r"does not match any of the expected",
+    r"cache_control", r"does not support (?:this|the) (?:tool_choice|parameter|value|option"
+    r"|feature|setting)", r"produced (?:an )?invalid",
 )
 # Two parameters that may not be combined: a malformed request, whatever they are about.
-PARAMETER_CONFLICT = _rx(r"cannot be (?:set|specified|used) (?:at the same time|together)",
-                         r"mutually exclusive", r"cannot both be (?:set|specified)")
+PARAMETER_CONFLICT = Gated(None, (("cannot", "mutually"), _rx(
+    r"cannot be (?:set|specified|used) (?:at the same time|together)", r"mutually exclusive",
+    r"cannot both be (?:set|specified)")))
+# A client's check of a response's shape that failed ("expected exactly one compaction output
+# item, got 0"): neither a server fault nor a size, whatever the client prefixes it with.
+UNEXPECTED_RESPONSE = Gated(None, (("expected",), _rx(
+    r"expected (?:exactly |at least |at most )?(?:one|an?|\d+) [\w ]{1,40}?,? (?:but )?(?:got"
+    r"|received|found) \d+")))
+# Overflow wording stated as a guess ("this often happens when the context is too long") in a
+# text that names another cause (a model that does not exist) is not an overflow.
+HEDGE = re.compile(r"\b(?:often|usually|typically|sometimes|commonly|generally|possibly|probably"
+                   r"|likely|perhaps|may|might|could)\b", re.I)
 OUTPUT_LIMIT = _rx(
     r"max_tokens is too large", r"maximum allowed number of output tokens",
     r"supports at most \d+ completion tokens", r"maximum output for this model",
@@ -267,15 +368,17 @@ OUTPUT_LIMIT = _rx(
     r"(?:response|output|reply|completion) remained truncated",
     r"(?:response|output|reply|answer|completion) (?:hit|reached) the (?:length|token|output) "
     r"limit",
-    r"(?:reached|hit|exceeded) (?:its|the) (?:max(?:imum)? )?output(?: token)? limit",
+    r"(?:reached|hit|exceeded|exceeds) (?:its|the) (?:[\d,.]+k? ?)?(?:max(?:imum)? )?output"
+    r"(?:[ -]?tokens?)? (?:limit|maximum|max|cap)\b",
     r"for the (?:content )?length reason", r"max_?tokens\W{0,3}(?:is )?invalid\b",
     r"did not \w+ a final (?:response|output)",  # the Agents SDK (JS), its typo included
     r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
     r"before any (?:response|output|content|text) was generated",
     r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
-    rf"|num_predict){_Q}(?: value)?\b.{{0,80}}(?:too large|too big|above maximum|exceed"
-    r"|greater than|(?:must|should) be (?:less|<|smaller|at most)|less (?:than )?or equal"
+    rf"|num_predict|max(?:imum)? output tokens){_Q}(?: value)?\b.{{0,80}}(?:too large|too big"
+    r"|above maximum|exceed|greater than|(?:must|should) be (?:less|<|smaller|at most|under"
+    r"|below|lower)|less (?:than )?or equal"
     r"|supported range"
     r"|valid range|out of range|not valid)",
 )
@@ -327,188 +430,6 @@ OVERFLOW_WEAK = _rx(
     r"max(?:imum)? tokens (?:of \d+ )?(?:exceeded|reached)",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
     r"token count exceeds", r"number of tokens .{0,30}exceeds?",
-)
-
-# Numbers: (pattern, field names in group order). First value found per field wins.
-NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
-    (re.compile(p, re.IGNORECASE), f)
-    for p, f in (
-        # "input_ids size (P) + current sequence length (G) exceeds max length (L)"
-        (rf"input_ids size \(?{_N}\)?\s*\+[^()]{{0,40}}\(\d+\)\s*exceeds max(?:imum)? length "
-         rf"\(?{_N}", ("prompt", "limit")),
-        (rf"is too large: {_N}\. this model's maximum context length is {_N} tokens and your "
-         rf"request has {_N} input tokens", ("output", "limit", "prompt")),
-        # "maximum context length: 130000 > 128000", "too many input tokens: 9000 > 8192":
-        # the stated length, then the limit
-        (rf"(?:context|prompt|input) (?:length|tokens):? {_N} ?> ?{_N}\b", ("prompt", "limit")),
-        (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
-        (rf"context length (?:is |of )?only {_N}", ("limit",)),
-        (rf"you passed {_N} input tokens and requested {_N} output tokens", ("prompt", "output")),
-        (rf"max(?:imum)? (?:supported |allowed )?sequence length(?: for this model)? "
-         rf"(?:is )?(?:just |only )?\(?{_N}", ("limit",)),
-        (rf"prompt is {_N} tokens long", ("prompt",)),
-        # "prompt_tokens (N) must be less than max_seq_len (M)", "max_total_tokens (N) must be
-        # less than or equal to max_seq_len (M)"
-        (rf"\b\w*tokens\W{{0,3}}\(?{_N}\)? must be less than (?:or equal to )?\w+\W{{0,3}}\(?{_N}",
-         ("total", "limit")),
-        (rf"total length {_N}\)? is too long to fit into the model \(context length {_N}",
-         ("prompt", "limit")),
-        (rf"cannot truncate to {_N},? required {_N}", ("limit", "prompt")),
-        (rf"you supplied {_N} tokens", ("prompt",)),
-        # "Prompt length of N is longer than the maximum model length of M" and kin
-        (rf"(?:prompt|input)(?: length)?(?: of)? \(?{_N}(?: tokens)?\)? (?:is )?(?:longer|larger"
-         rf"|greater|more) than (?:the )?(?:max(?:imum)? )?(?:model |context )?(?:length|window"
-         rf"|size|limit)(?: of| is)? \(?{_N}", ("prompt", "limit")),
-        (rf"model'?s? max(?:imum)? length (?:is )?exceeded\W{{0,3}}max(?:imum)? length"
-         rf"\s*[:=]?\s*{_N}", ("limit",)),
-        (rf"reached (?:the )?context length of {_N}", ("limit",)),
-        (rf"context (?:length|window|size|limit) (?:was |has been |is )?exceeded \({_N} tokens?\)",
-         ("limit",)),
-        (rf"your messages resulted in {_N} tokens", ("prompt",)),
-        (rf"you requested (?:about )?{_N} tokens", ("total",)),
-        (rf"\({_N} (?:in the messages|of text input|in your prompt)", ("prompt",)),
-        (rf"{_N} (?:in|for) the (?:completion|output)", ("output",)),
-        (rf"you requested {_N} output tokens and your prompt contains at least {_N} input tokens"
-         rf"(?:, for a total of at least {_N})?", ("output", "prompt", "total")),
-        (rf"your request has {_N} (?:input|prompt) tokens", ("prompt",)),
-        (rf"prompt is too long: {_N} tokens > {_N}", ("prompt", "limit")),
-        (rf"prompt is too long: {_N}\b", ("prompt",)),
-        (rf"{_N} (?:input|prompt) tokens,? exceeds?", ("prompt",)),
-        (rf"exceed context limit: {_N} \+ {_N} > {_N}", ("prompt", "output", "limit")),
-        (rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
-         ("prompt", "limit")),
-        (rf"max(?:imum)? number of tokens(?: allowed| for this model)?(?: is)? \(?{_N}",
-         ("limit",)),
-        (rf"tokens? exceeds? (?:the )?max(?:imum)? length of {_N}", ("limit",)),
-        (rf"max size: {_N} tokens", ("limit",)),
-        # "the input token count is N but the model supports up to M", "the input has N tokens,
-        # but the context length only supports M tokens"
-        (rf"{_N}(?: tokens?)?,? but (?:the )?(?:model|context (?:length|window|size))(?: only)? "
-         rf"supports (?:up to |only )?{_N}", ("prompt", "limit")),
-        # "Max Input Tokens=M, Got=N" (LiteLLM's pre-call check)
-        (rf"max(?:imum)? (?:input )?tokens\W{{1,3}}{_N}\W{{1,3}}got\W{{1,3}}{_N}",
-         ("limit", "prompt")),
-        (rf"prompt contains {_N} tokens(?: and \d+ draft tokens)?, too large for model with {_N}",
-         ("prompt", "limit")),
-        (rf"maximum prompt length is {_N} but the request contains {_N}", ("limit", "prompt")),
-        (rf"max_new_tokens`? must be <= {_N}\. given: {_N} `?inputs`? tokens and {_N}",
-         ("limit", "prompt", "output")),
-        (rf"inputs`? must have less than {_N} tokens\. given: {_N}", ("limit", "prompt")),
-        (rf"requested tokens \({_N}\) exceed context window of {_N}", ("total", "limit")),
-        (rf"keep the first {_N} tokens when context the overflows", ("prompt",)),
-        (rf"exceeded max context length by {_N} tokens", ("excess",)),
-        (rf"input length \(?{_N}\)? exceeds (?:the )?(?:model'?s? )?(?:maximum )?context length"
-         rf" \(?{_N}", ("prompt", "limit")),
-        (rf"input tokens exceed the configured limit of {_N} tokens", ("limit",)),
-        (rf"prompt tokens \({_N}\) exceed model maximum \({_N}", ("prompt", "limit")),
-        (rf"input length {_N} exceeds the maximum allowed input length of {_N}",
-         ("prompt", "limit")),
-        (rf"exceeded model token limit: {_N}(?: \(requested: {_N})?", ("limit", "total")),
-        (rf"prompt token count of {_N} exceeds (?:the )?(?:limit|max(?:imum)? token count) of {_N}",
-         ("prompt", "limit")),
-        (rf"range of input length should be \[1, ?{_N}\]", ("limit",)),
-        (rf"exceeds the model's maximum context length of {_N}", ("limit",)),
-        (rf"size limit exceeded by {_N} tokens", ("excess",)),
-        (rf"the limit for this model is {_N} tokens", ("limit",)),
-        (rf"tokens in the prompt cannot exceed {_N} - received {_N}", ("limit", "prompt")),
-        # "number of input tokens must be no more than 8192, got 28498" (YandexGPT)
-        (rf"(?:input|prompt) tokens\b[^.]{{0,30}}?must (?:be )?(?:no more than|at most|not exceed"
-         rf"|less than or equal to|<=?) {_N}\W{{1,4}}(?:got|received|given|but got) {_N}",
-         ("limit", "prompt")),
-        # "text length is 349354, which is outside the range (0, 100000]"
-        (rf"length is {_N},? which is outside (?:of )?the (?:allowed |valid )?range "
-         rf"[\[(]\d+, ?{_N}\]", ("prompt", "limit")),
-        # "total number of tokens (prompt and prediction) cannot exceed N - received M"
-        (rf"tokens\b[^.]{{0,60}}?cannot exceed {_N}(?: tokens)?\W{{1,4}}(?:received|got|but got"
-         rf"|requested) {_N}", ("limit", "total")),
-        (rf"current length is {_N} while limit is {_N}", ("total", "limit")),
-        (rf"max(?:imum)? input length is {_N}", ("limit",)),
-        (rf"input token limit (?:is|of) {_N}", ("limit",)),
-        (rf"max input tokens: {_N}, request input token count: {_N}", ("limit", "prompt")),
-        (rf"is too long and exceeds limit of {_N}", ("limit",)),
-        (rf"n_ctx[\"']?\s*[:=]\s*{_N}(?![\d,.]|\s*>)", ("limit",)),
-        (rf"n_prompt_tokens[\"']?\s*[:=]\s*{_N}", ("prompt",)),
-        (rf"prompt \((?:length )?{_N}(?: tokens)?\) is (?:too long|longer than the maximum model "
-         rf"length of {_N})", ("prompt", "limit")),
-        # Families shared by several servers (SGLang, llama.cpp, Ollama, LM Studio, TGI forks):
-        # "(N tokens) is longer than / exceeds / is larger than ... (M tokens)".
-        (rf"\({_N}(?: tokens?)?\) (?:is )?(?:longer|larger|greater|more) than[^()]{{0,60}}?"
-         rf"\({_N}(?: tokens?)?\)", ("prompt", "limit")),
-        (rf"\({_N}(?: tokens?)?\) exceeds?[^()]{{0,60}}?\({_N}(?: tokens?)?\)",
-         ("prompt", "limit")),
-        # "a total of N tokens: P tokens from the input messages and O tokens for the completion"
-        (rf"total of {_N} tokens:? {_N} tokens? (?:from|in) the (?:input|prompt|messages)"
-         rf"[\w ]{{0,20}}? and {_N} tokens? (?:for|in) the (?:completion|output)",
-         ("total", "prompt", "output")),
-        # LM Studio / llama.cpp: "n_keep (P) >= n_ctx (L)", "(n_keep: P >= n_ctx: L)"
-        (rf"n_keep\W{{0,3}}{_N}\W{{0,3}}>=?\s*n_ctx\W{{0,3}}{_N}", ("prompt", "limit")),
-        (rf"{_N} tokens?,? but the (?:configured |available |loaded |model'?s? )?context "
-         rf"(?:size|length|window) is {_N}", ("prompt", "limit")),
-        (rf"truncation length:\s*{_N}", ("limit",)),
-        (rf"input tokens length is {_N}\. output tokens length is {_N}\. range of total length "
-         rf"should be less than or equal to {_N}", ("prompt", "output", "limit")),
-        (rf"max(?:imum)? context length of [\w.:/-]+ is {_N}", ("limit",)),
-        (rf"resulted in (?:over |about |at least )?{_N}", ("prompt",)),
-        (rf"prompt length {_N} plus \w+ length {_N}", ("prompt", "output")),
-        (rf"\w*prompt_len(?:gth)?`?\W{{0,3}}\(?{_N}", ("prompt",)),
-        (rf"\({_N}/{_N} (?:prompt )?tokens\)", ("prompt", "limit")),
-        (rf"\blimit={_N}", ("limit",)), (rf"\bprompt={_N}", ("prompt",)),
-        (rf"(?:service|context|token|model|the) limit of {_N}", ("limit",)),
-        (rf"\({_N} tokens?,? max(?:imum)?:? {_N}\)", ("prompt", "limit")),
-        (rf"too long \({_N} tokens?\)", ("prompt",)),
-        (rf"(?:length|size|tokens?) (?:is )?(?:greater|longer|larger|more) than {_N}", ("limit",)),
-        # Generic shapes, consulted last. "P + O (= T) > L", "P plus max_tokens O cannot
-        # exceed ... L": the prompt, the output, the total and the window.
-        (rf"{_N}\)?\s*(?:\+|plus)\s*(?:max_tokens|max_new_tokens|max_completion_tokens|output"
-         rf"|completion)?\W{{0,4}}{_N}\)?\s*(?:=\s*{_N}\s*)?(?:>|cannot exceed|exceeds?)"
-         rf"[^\d]{{0,50}}?{_N}", ("prompt", "output", "total", "limit")),
-        # "length P + O is greater than max_seq_len L", "(P + O) exceeds `session_len` (L)"
-        (rf"{_N} ?\+ ?{_N}\)? (?:is (?:greater|larger|longer|more) than|exceeds?)\W{{0,3}}"
-         rf"[a-z_ ]{{0,30}}?\W{{0,3}}\(?{_N}", ("prompt", "output", "limit")),
-        (rf"max(?:imum)? tokens of {_N} (?:exceeded|reached)", ("limit",)),
-        (rf"max(?:imum)? input context length \(?{_N}", ("limit",)),
-        (rf"{_N} tokens? ?> ?{_N} (?:limit|max(?:imum)?)\b", ("prompt", "limit")),
-        (rf"you requested ~{_N} tokens \({_N} input \+ {_N} output\)",
-         ("total", "prompt", "output")),
-        # "exceed the 60000 token context window ... (projected 72534 tokens ... a 65536 token
-        # completion budget)", "the prompt's 430 tokens plus the 8192-token reply budget"
-        (rf"{_N}[- ]token context (?:window|length|size)", ("limit",)),
-        (rf"projected {_N} tokens", ("total",)),
-        (rf"{_N}[- ]token (?:completion|reply|output|response) budget", ("output",)),
-        (rf"{_N} tokens? plus (?:the |a )?{_N}[- ]token", ("prompt", "output")),
-        (rf"has {_N} tokens?,? max\b[^.\d]{{0,30}}? is {_N}", ("prompt", "limit")),
-        (rf"positions? >= ?{_N},? but got position {_N}", ("limit", "prompt")),
-        (rf"up to {_N} tokens\. {_N} is passed", ("limit", "prompt")),
-        (rf"max(?:imum)? context\W{{1,3}}{_N}", ("limit",)),
-        (rf"dimension size \(?{_N}", ("limit",)),
-        (rf"total cache allocated is [\d *]+= ?{_N}", ("limit",)),
-        # TensorRT-LLM: the cache's length dimension against the engine profile's maximum
-        (rf"past_key_value\w* with shape torch\.size\(\[(?:\d+, ){{3}}{_N}, \d+\]\), engine "
-         rf"supports \[min, opt, max\] = \[.*?\((?:\d+, ){{3}}{_N}, \d+\)\]\)?$",
-         ("prompt", "limit")),
-        # a client's own report: "contextLength: 8192 ... max output tokens: 4096"
-        (rf"\bcontextlength\W{{1,3}}{_N}", ("limit",)),
-        (rf"max(?:imum)? output tokens\W{{1,3}}{_N}", ("output",)),
-        # "info: N / M", "More info: N / M" (a count over its limit, in a client's own error)
-        (rf"info\W{{1,4}}{_N} ?/ ?{_N}", ("prompt", "limit")),
-        # "N (input tokens|cache tokens|tokens in total)? (>|exceeds|larger than|must be
-        # smaller than) (the ... window|limit)? (of|is)? M": what was asked, then the window
-        (rf"{_N}(?:\s+[a-z]+)?(?:\s+tokens?)?(?:\s+in total)?\)?,?(?:\s*which)?\s*(?:>=?|exceeds?"
-         rf"|exceeded|(?:has|have) exceeded|is (?:larger|greater|more|longer) than"
-         rf"|(?:larger|greater|more|longer) than"
-         rf"|must be (?:smaller|less) than(?: or equal to)?)\s*(?:the\s+)?(?:[a-z_'-]+\s+){{0,5}}?"
-         rf"(?:of\s+|is\s+|:\s*)?\(?{_N}", ("prompt", "limit")),
-        # a window named, then its figure: "context window is 2048", "max token limit (16384"
-        # (a "maximum length" alone is not one: "a string with maximum length 10485760")
-        (rf"(?:context[ _](?:length|window|size|limit)|max(?:imum)? (?:token|input|sequence"
-         rf"|context|model) (?:length|limit|size|window)(?: limit)?|input length limit"
-         rf"|max_seq_len|max_model_len|max_num_tokens|max_prompt_tokens)(?: of| is"
-         rf"| for this model)?\s*[:=]?\s*\(?{_N}",
-         ("limit",)),
-        # what was asked: "the prompt is 3000 tokens", "Prompt length 40000", "input (33000)"
-        (rf"(?:prompt|input|request(?:ed)?(?: input| prompt)?)(?: sequence)?(?: length| size"
-         rf"| token count)?(?: is| of| has| contains(?: at least)?|:)?\s*\(?{_N}", ("prompt",)),
-    )
 )
 
 PROVIDER_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
