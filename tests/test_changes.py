@@ -4,6 +4,7 @@ the session was written, by anyone, and falls back to reading when it cannot vou
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import fakeredis
@@ -89,21 +90,29 @@ def test_writes_by_anyone_are_seen_by_the_next_call(real_store: SessionStore,
     other.redis.close()
 
 
-def test_a_turn_handed_over_is_in_the_view_before_its_push_arrives(
-        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Redis queues the push before the writer's reply, but on another connection: the
-    reply can arrive first. A process handed a turn that another one recorded passes the
-    length that append returned, and the view holds the turn; then the shortcut holds."""
+@pytest.fixture
+def handed_over(real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, SessionStore]]:
+    """A warm guard on a session of two messages, and another process's store; from then
+    on every push is still in flight, on both of the guard's connections."""
     other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
     real_store.append("s", [{"role": "user", "content": "one"},
                             {"role": "assistant", "content": "two"}])
     guard = make(shell, real_store, overrides={"m": 100_000})
     for _ in range(2):
         guard.prepare("s", SYSTEM, model="m")
-    # every push from now on is still in flight, on both of the guard's connections
     monkeypatch.setattr(changes_module._Seen, "since",
                         lambda self, base, epoch, seq: changes_module.NOTHING)
+    yield guard, other
+    other.redis.close()
+
+
+def test_a_turn_handed_over_is_in_the_view_before_its_push_arrives(
+        handed_over: tuple[Any, SessionStore]) -> None:
+    """Redis queues the push before the writer's reply, but on another connection: the
+    reply can arrive first. A process handed a turn that another one recorded passes the
+    length that append returned, and the view holds the turn; then the shortcut holds."""
+    guard, other = handed_over
     length = other.append("s", [{"role": "user", "content": "three"},
                                 {"role": "assistant", "content": "four"}])
     assert guard.prepare("s", SYSTEM, model="m").messages[-1].content == "two"  # the hazard
@@ -112,20 +121,11 @@ def test_a_turn_handed_over_is_in_the_view_before_its_push_arrives(
     seen = reads(guard)
     again = guard.prepare("s", SYSTEM, model="m", min_length=length)
     assert seen == [] and again.messages[-1].content == "four"
-    other.redis.close()
 
 
 def test_a_recovery_handed_over_reads_the_turn_too(
-        real_store: SessionStore, redis_url: str, key_prefix: str, shell: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    other = SessionStore(redis.Redis.from_url(redis_url), StoreConfig(key_prefix=key_prefix))
-    real_store.append("s", [{"role": "user", "content": "one"},
-                            {"role": "assistant", "content": "two"}])
-    guard = make(shell, real_store, overrides={"m": 100_000})
-    for _ in range(2):
-        guard.prepare("s", SYSTEM, model="m")
-    monkeypatch.setattr(changes_module._Seen, "since",
-                        lambda self, base, epoch, seq: changes_module.NOTHING)
+        handed_over: tuple[Any, SessionStore]) -> None:
+    guard, other = handed_over
     length = other.append("s", [{"role": "user", "content": "three"}])
     error = {"message": "prompt is too long", "status_code": 400}  # no window to learn
     stale = guard.recover("s", error, SYSTEM, model="m")
@@ -134,7 +134,6 @@ def test_a_recovery_handed_over_reads_the_turn_too(
     assert view is not None and view.messages[-1].content == "three"
     with pytest.raises(InvalidInput):
         guard.recover("s", error, SYSTEM, model="m", min_length=-2)
-    other.redis.close()
 
 
 @pytest.mark.parametrize("bad", [-1, "4", 2.0, True])
