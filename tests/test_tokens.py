@@ -144,6 +144,33 @@ def test_an_accented_word_in_english_text_adds_a_bounded_few_tokens() -> None:
         assert 0 <= accented - plain <= bound
 
 
+INDONESIAN = (
+    "Tim pengembang telah merilis versi baru yang memperbaiki kebocoran memori pada koneksi "
+    "panjang dengan server. Pengguna disarankan untuk segera memperbarui perangkat lunak "
+    "mereka, karena versi sebelumnya mengandung celah keamanan dalam proses autentikasi."
+)
+
+
+def test_languages_without_diacritics_are_told_by_their_common_words(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Indonesian, Dutch, Swahili and Tagalog carry no diacritics; their commonest words
+    ("yang", "het", "kwa", "ang") are the sign instead, looked for at the text's start."""
+    assert tokens.may_hold_signs(INDONESIAN) and tokens._count_chunk(INDONESIAN,
+                                                                     signs=True)[3] >= 4
+    counted = raw(INDONESIAN)
+    monkeypatch.setattr(tokens, "may_hold_signs", lambda head: False)
+    assert counted > raw(INDONESIAN) * 1.1
+
+
+def test_a_sign_word_in_english_text_adds_a_bounded_few_tokens() -> None:
+    bound = tokens._OTHER_LANGUAGE_LETTER * tokens._LETTERS_PER_DIACRITIC + 2
+    for english in (PROSE, PROSE * 20):
+        plain = raw(english + " He said yarn is a word.")
+        signed = raw(english + " He said yang is a word.")
+        assert 0 <= signed - plain <= bound
+    assert not tokens.may_hold_signs(PROSE + CODE + RECORDS)
+
+
 def test_code_logs_and_json_are_not_taken_for_another_language() -> None:
     for text in (CODE, RECORDS, "src/app/handlers/registration_controller.py:118: Warning"):
         assert tokens._count_chunk(text)[3] == 0  # no accented letter: nothing added
@@ -195,7 +222,9 @@ def test_lone_surrogates_do_not_crash() -> None:
 
 texts = st.text(st.characters(codec="utf-8"), max_size=300) | st.text(
     st.sampled_from("aZ09 \n\t.,:{}\"'\\/+=_-é中😀\x00"), max_size=300
-) | st.text(st.sampled_from("abcdefgh  łóęßà가한ꀀກཀሀảनก"), max_size=300)
+) | st.text(st.sampled_from("abcdefgh  łóęßà가한ꀀກཀሀảनก"), max_size=300) | st.lists(
+    st.sampled_from(["yang", "het", "een", "kwa", "ang", "ng", "na", "dan", "ya", "the",
+                     "memperbaiki", "function", "\n", "é"]), max_size=80).map(" ".join)
 
 
 @given(texts)

@@ -291,3 +291,21 @@ def test_a_language_with_diacritics_is_not_undercounted(o200k: TiktokenCounter) 
     )
     error = estimate_tokens(polish, safety_margin=0) / o200k.text(polish) - 1
     assert -0.05 <= error <= 0.30, error
+
+
+@pytest.mark.parametrize("text", [
+    # Indonesian: no diacritics at all
+    "Tim pengembang telah merilis versi baru dari perpustakaan yang memperbaiki kebocoran "
+    "memori pada koneksi panjang dengan server. Pengguna disarankan untuk segera "
+    "memperbarui perangkat lunak mereka, karena versi sebelumnya juga mengandung celah "
+    "keamanan dalam proses autentikasi yang dapat dimanfaatkan oleh penyerang.",
+    # Dutch: next to none
+    "Het ontwikkelteam heeft een nieuwe versie van de bibliotheek uitgebracht die een "
+    "geheugenlek bij langdurige verbindingen met de server verhelpt. Gebruikers wordt "
+    "aangeraden hun software zo snel mogelijk bij te werken, omdat de vorige versie ook "
+    "een beveiligingslek in de authenticatie bevatte dat niet eerder werd opgemerkt.",
+])
+def test_a_language_without_diacritics_is_not_undercounted(o200k: TiktokenCounter,
+                                                           text: str) -> None:
+    error = estimate_tokens(text, safety_margin=0) / o200k.text(text) - 1
+    assert -0.05 <= error <= 0.30, error

@@ -106,7 +106,7 @@ from shared.core.calibration import Calibration, hybrid_estimate
 from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message
 from shared.core.tokens_classes import _CHUNK as _CHUNK  # tests slice with a smaller one
-from shared.core.tokens_classes import _CONTEXT, _count_chunk
+from shared.core.tokens_classes import _CONTEXT, _SIGN_HEAD, _count_chunk, may_hold_signs
 from shared.core.tokens_media import image_cost
 from shared.core.tokens_profiles import (
     DEFAULT_SAFETY_MARGIN,
@@ -139,18 +139,25 @@ def _raw_text(text: str, profile: ProviderProfile) -> float:
     with diacritics (``é``, ``ł``, ``ö``: 1-7% of the letters of most European languages,
     next to none in English, code, logs and JSON) are the sign: each vouches for up to
     ``_LETTERS_PER_DIACRITIC`` letters deep into a word, which cost
-    ``_OTHER_LANGUAGE_LETTER`` more. A count, not a ratio: adding text never lowers the
-    estimate, and slicing never changes it. Languages written without diacritics
-    (Indonesian, Dutch, Swahili) stay undercounted (BENCHMARKS.md).
+    ``_OTHER_LANGUAGE_LETTER`` more. Languages written without them (Indonesian, Malay,
+    Dutch, Swahili, Tagalog) have their commonest words instead ("yang", "het", "kwa",
+    "ang": ``tokens_classes._SIGN_WORDS``), each a sign as a diacritic is; they are
+    counted only in a text whose first 2,048 characters hold one of a few of them
+    (:func:`~shared.core.tokens_classes.may_hold_signs`), so that English text pays one
+    short search, not thirty passes. A count, not a ratio: appending text never lowers
+    the estimate, and slicing never changes it (a text that starts in English and goes on
+    in Indonesian is counted as before).
     """
     if not text:
         return 0.0
     markup = "<" in text
-    latin, other, deep, diacritics = _count_chunk(text[:_CHUNK], markup)
+    signs = may_hold_signs(text[:_SIGN_HEAD])
+    latin, other, deep, diacritics = _count_chunk(text[:_CHUNK], markup, signs)
     for start in range(_CHUNK, len(text), _CHUNK):
         context = max(0, start - _CONTEXT)
-        a, b, c, d = _count_chunk(text[context : start + _CHUNK], markup)
-        context_a, context_b, context_c, context_d = _count_chunk(text[context:start], markup)
+        a, b, c, d = _count_chunk(text[context : start + _CHUNK], markup, signs)
+        context_a, context_b, context_c, context_d = _count_chunk(text[context:start], markup,
+                                                                  signs)
         latin += a - context_a
         other += b - context_b
         deep += c - context_c

@@ -5,6 +5,8 @@ The weights and why they are what they are: :mod:`shared.core.tokens`.
 
 from __future__ import annotations
 
+import re
+
 # -- character classes ---------------------------------------------------------
 # One bit per class, so that "byte i starts a run" is ``packed & ~(packed >> 8)``
 # and "class a right after class b" is a shifted AND, all on one big integer.
@@ -90,6 +92,38 @@ _NOT_LEAD = bytes(b for b in range(256) if not _lead_weight(b))
 _DIACRITIC_CODE = _SCRIPT_TABLE[0xC3]
 """The code of U+00C0-02BF (accented Latin letters): no other lead byte shares its weight."""
 
+_SIGN_WORDS: tuple[bytes, ...] = tuple(
+    f" {word} ".encode()
+    for word in (
+        # Indonesian and Malay
+        "yang", "dengan", "untuk", "tidak", "adalah", "dalam", "kepada", "sebagai", "telah",
+        "atau", "akan",
+        # Dutch
+        "het", "een", "niet", "wordt", "worden", "zijn", "deze", "naar", "moet", "ook",
+        # Swahili
+        "kwa", "katika", "kila", "ya", "za",
+        # Tagalog
+        "ang", "mga", "ay", "nang",
+    )
+)
+"""Frequent words of languages written in Latin letters without diacritics and rare in
+English, code and logs: each is a sign of such a language, as a diacritic is of others."""
+
+_SIGN_HEAD = 2048
+"""Bytes at the start of a text where a few of those words decide whether it is counted
+for them at all (each count costs a pass over the text)."""
+
+def may_hold_signs(head: str) -> bool:
+    """Whether a text whose start is ``head`` (its first :data:`_SIGN_HEAD` characters) is
+    counted for sign words, by the commonest of them (and ``dan``, ``na``, ``ng``: too
+    common elsewhere to count as signs, telling enough to look further). Decided once per
+    text, on its start, so that appending never turns it off and English text pays eight
+    short searches."""
+    return _HEAD_SIGNS(head) is not None
+
+
+_HEAD_SIGNS = re.compile(" (?:yang|het|een|kwa|ang|dan|na|ng) ").search
+
 _REFINED: tuple[tuple[int, tuple[tuple[bytes, float], ...]], ...] = tuple(
     (lead, tuple((bytes((lead, second)), weight - _lead_weight(lead))
                  for low_lead, first, last, weight in _PAGE_WEIGHTS if low_lead == lead
@@ -134,7 +168,8 @@ def _deep(flags: int, depth: int) -> int:
     return flags.bit_count()
 
 
-def _count_chunk(text: str, markup: bool = False) -> tuple[float, float, int, int]:
+def _count_chunk(text: str, markup: bool = False,
+                 signs: bool = False) -> tuple[float, float, int, int]:
     """(tokens of the ASCII part, tokens of other scripts, ASCII letters with three or more
     letters before them in their word, Latin letters with diacritics) at the o200k baseline.
 
@@ -183,8 +218,10 @@ def _count_chunk(text: str, markup: bool = False) -> tuple[float, float, int, in
         latin += 0.125 * _deep(((packed >> 4) | (packed >> 5)) & _M_LOWER, 32)
     if size >= 64:
         latin += 0.16 * _deep(int.from_bytes(raw.translate(_BLOB_TABLE), "big"), 64)
+    deep = deep4.bit_count()
+    found = sum(map(raw.count, _SIGN_WORDS)) if signs else 0
     if size == len(text):
-        return latin, 0.0, deep4.bit_count(), 0
+        return latin, 0.0, deep, found
     leads = raw.translate(_SCRIPT_TABLE, _NOT_LEAD)  # one code per non-ASCII character
     if len(leads) <= 32:
         other = sum(_SCRIPT_WEIGHTS[code] for code in leads)
@@ -194,4 +231,4 @@ def _count_chunk(text: str, markup: bool = False) -> tuple[float, float, int, in
     for lead, prefixes in _REFINED:
         if lead in raw:
             other += sum(extra * raw.count(prefix) for prefix, extra in prefixes)
-    return latin, other, deep4.bit_count(), leads.count(_DIACRITIC_CODE)
+    return latin, other, deep, leads.count(_DIACRITIC_CODE) + found
