@@ -390,6 +390,39 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      "tokens. However, you requested about 70000 tokens (50000 of text input, 8000 of tool input, "
      "12000 in the output).", 400),
      {"prompt_tokens": 58000, "limit": 65536, "requested": 70000, "output_tokens": 12000}),
+    # batches 13 and 14: wrapped and escaped texts, and the new languages (written after the
+    # patterns)
+    ("b13-tenacity-genai", "tenacity.RetryError: RetryError[<Future state=finished raised "
+     "ClientError>] caused by google.genai.errors.ClientError: 400 INVALID_ARGUMENT. {'error': "
+     "{'code': 400, 'message': 'The input token count (1200000) exceeds the maximum number of "
+     "tokens allowed (1048576).', 'status': 'INVALID_ARGUMENT'}}",
+     {"prompt_tokens": 1200000, "limit": 1048576}),
+    ("b13-escaped-anthropic-in-litellm", 'litellm.BadRequestError: AnthropicException - {\\"type'
+     '\\":\\"error\\",\\"error\\":{\\"type\\":\\"invalid_request_error\\",\\"message\\":'
+     '\\"prompt is too long: 250000 tokens \\u003e 200000 maximum\\"}}',
+     {"prompt_tokens": 250000, "limit": 200000}),
+    ("b13-bytes-repr-vertex", "litellm.BadRequestError: VertexAIException - b'{\\n  \"error\": "
+     "{\\n    \"code\": 400,\\n    \"message\": \"The input token count (2000000) exceeds the "
+     "maximum number of tokens allowed (1048576).\"\\n  }\\n}\\n'",
+     {"prompt_tokens": 2000000, "limit": 1048576}),
+    ("b13-retry-log-after-overflow", "ERROR:openai:This model's maximum context length is 16385 "
+     "tokens. However, your messages resulted in 17000 tokens. Please reduce the length of the "
+     "messages.\nINFO: hit rate limit backoff, retrying in 4s",
+     {"limit": 16385, "prompt_tokens": 17000}),
+    ("b13-code-camel", ProviderError("upstream error: ContextTooLong (request rejected)", 400), {}),
+    ("b14-ukrainian", "Перевищено максимальну довжину контексту моделі. Почніть нову розмову.", {}),
+    ("b14-thai", "จำนวนโทเค็นเกินขีดจำกัดของบริบทของโมเดล", {}),
+    ("b14-hebrew", "השיחה חורגת מחלון ההקשר של המודל. התחל שיחה חדשה.", {}),
+    ("b14-traditional-chinese", "請求的Token數超過了模型的最大上下文長度", {}),
+    ("b14-spanish-numbers", "El prompt (40000 tokens) excede la ventana de contexto (32768 tokens)",
+     {"prompt_tokens": 40000, "limit": 32768}),
+    ("b14-portuguese-fit", "A conversa não cabe na janela de contexto do modelo (8192 tokens).",
+     {"limit": 8192}),
+    ("b14-indonesian-ascii", "Permintaan melampaui batas konteks model, mulai percakapan baru.",
+     {}),
+    ("b14-korean-greater", "요청에 필요한 토큰이 컨텍스트 크기보다 큽니다", {}),
+    ("b14-russian-fit", "Диалог не вмещается в окно контекста: нужно 140000 токенов",
+     {"prompt_tokens": 140000}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -497,6 +530,22 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      "long. Model 'foo-bar' was not found.", 400), K.OTHER),
     ("paraphrase-full-capacity", ProviderError("Platform is at full capacity, please retry", 503),
      K.OVERLOADED),
+    # batches 13 and 14 (written after the patterns)
+    ("b14-ukrainian-telegram-cap", "Відповідь перевищує обмеження Telegram на довжину "
+     "повідомлення", K.OTHER),
+    ("b14-traditional-rate", "請求過於頻繁，請稍後再試", K.RATE_LIMIT),
+    ("b14-hebrew-quota", "המכסה החודשית שלך נוצלה", K.QUOTA),
+    ("b14-thai-rate", "คำขอมากเกินไป กรุณาลองใหม่ภายหลัง", K.RATE_LIMIT),
+    ("b13-wrapped-tpm", ProviderError("litellm.RateLimitError: OpenAIException - Request too "
+     "large for gpt-4o on tokens per min (TPM): Limit 30000, Requested 45000. Please retry in "
+     "12s", 429), K.RATE_LIMIT),
+    ("b14-chinese-settings-cap", "最大上下文长度不能超过 128000", K.OTHER),
+    ("b14-spanish-truncated", "La respuesta fue truncada por el límite de longitud",
+     K.OUTPUT_LIMIT),
+    ("b14-japanese-key-unset", "OPENAI_API_KEY が設定されていません", K.AUTH),
+    ("b13-gemini-prompt-feedback", "ValueError: Invalid operation: The `response.text` quick "
+     "accessor requires the response to contain a valid `Part`, but none were returned. Check "
+     "the `response.prompt_feedback` to see if the prompt was blocked.", K.CONTENT_FILTER),
 ]
 
 

@@ -11,7 +11,9 @@ LiteLLM and OpenRouter) and decides in a fixed order of precedence:
 1. tool-pairing errors (the request is malformed, compaction is not the fix);
 2. rate limits, quotas and capacity ("tokens per minute", RESOURCE_EXHAUSTED,
    "Too many tokens, please wait"): they veto every overflow phrase, because
-   their texts talk about tokens and "request too large" too;
+   their texts talk about tokens and "request too large" too, except the provider's own
+   overflow sentence stating both the window and the request (a retry loop's "Hit rate
+   limit; retrying" logged after it);
 3. specific overflow wording (context window / length named, or a provider's
    own overflow code), even under HTTP 500/503 (llama.cpp, LiteLLM fallbacks), unless
    offered as a guess beside another named cause ("this often happens when the context
@@ -53,6 +55,7 @@ from enum import StrEnum
 from itertools import combinations, islice
 from typing import Literal, Protocol
 
+from shared.core import overflow_language_kinds as language_kinds
 from shared.core import overflow_languages as languages
 from shared.core import overflow_numbers as numbers
 from shared.core import overflow_patterns as patterns
@@ -177,7 +180,8 @@ def _families(scripts: frozenset[str], english: bool = True) -> _Families:
     ``scripts``."""
     def get(name: str) -> _Searcher:
         own = [getattr(patterns, name)] if english else []
-        family: languages.Family = getattr(languages, name, {})
+        family: languages.Family = getattr(languages, name, None) \
+            or getattr(language_kinds, name, {})
         found = (*own, *(family[script] for script in sorted(scripts) if script in family))
         return found[0] if len(found) == 1 else _AnyOf(found) if found else _NEVER
 
@@ -191,8 +195,19 @@ def _families(scripts: frozenset[str], english: bool = True) -> _Families:
 
 _ENGLISH = _families(frozenset())
 # Any other text: English with the families of the scripts it is written in (built once).
-_BY_SCRIPTS = {frozenset(c): _families(frozenset(c)) for n in range(1, 5)
-               for c in combinations(("arabic", "cjk", "cyrillic", "latin"), n)}
+_BY_SCRIPTS = {frozenset(c): _families(frozenset(c)) for n in range(1, 3)
+               for c in combinations(sorted(languages.SCRIPTS), n)}
+
+
+def _by_scripts(found: frozenset[str]) -> _Families:
+    """The families for a text's scripts: one or two built at import, rarer mixes on first
+    use."""
+    fam = _BY_SCRIPTS.get(found)
+    if fam is None:
+        fam = _BY_SCRIPTS[found] = _families(found)
+    return fam
+
+
 # An ASCII text that no English wording recognised: Latin-script languages without accents.
 _ACCENTLESS = _families(frozenset({"latin"}), english=False)
 
@@ -329,11 +344,13 @@ def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, i
         return ErrorKind.TOOL_PAIRING, 3
     if fam.capacity.search(text):
         return ErrorKind.OVERLOADED, 3
-    if fam.quota.search(text):
-        per_short = fam.per_short_window.search(text)
-        return (ErrorKind.RATE_LIMIT if per_short else ErrorKind.QUOTA), 3
-    if fam.rate.search(text):
-        return ErrorKind.RATE_LIMIT, 3
+    quota = fam.quota.search(text)
+    if quota or fam.rate.search(text):
+        if patterns.WINDOW_STATED.search(text):  # a retry loop's log around the overflow
+            return ErrorKind.CONTEXT_OVERFLOW, 3
+        if quota is None or fam.per_short_window.search(text):
+            return ErrorKind.RATE_LIMIT, 3
+        return ErrorKind.QUOTA, 3
     if fam.output_over_window.search(text):
         return ErrorKind.OUTPUT_LIMIT, 3
     if fam.not_a_request.search(text):
@@ -367,19 +384,22 @@ def _guessed(text: str, found: re.Match[str]) -> bool:
         and patterns.NOT_FOUND.search(text) is not None
 
 
-def _decide_any_language(text: str, status: int | None) -> tuple[ErrorKind, int, _Families]:
+def _decide_any_language(text: str, status: int | None) -> tuple[ErrorKind, int, _Families, str]:
     """Decide with the English families, each followed by the other languages' part in the
-    scripts of the text's letters (none for ASCII); an ASCII text that no English wording
-    recognised is read once more in the Latin-script languages when it names one of their
-    words (Italian, Indonesian, Dutch written without accents)."""
+    scripts of the text's letters (none for ASCII; traditional Chinese read in its simplified
+    forms); an ASCII text that no English wording recognised is read once more in the
+    Latin-script languages when it names one of their words (Italian, Indonesian, Dutch
+    written without accents). Also returns the text as read, for the numbers."""
     found = frozenset() if text.isascii() else languages.scripts(text)
-    fam = _BY_SCRIPTS[found] if found else _ENGLISH
+    if "cjk" in found:
+        text = languages.simplified(text)
+    fam = _by_scripts(found) if found else _ENGLISH
     kind, strength = _decide(text, status, fam)
     if strength < 2 and not found and languages.maybe_accentless(text):
         other, other_strength = _decide(text, status, _ACCENTLESS)
         if other_strength > strength:
-            return other, other_strength, _ACCENTLESS
-    return kind, strength, fam
+            return other, other_strength, _ACCENTLESS, text
+    return kind, strength, fam, text
 
 
 def _kind_of_status(status: int | None) -> ErrorKind | None:
@@ -405,9 +425,9 @@ def _verdict(error: object) -> _Verdict:
         if ev.status is None:
             found = patterns.STATUS_IN_TEXT.search(text)
             ev.status = _as_status(next((g for g in found.groups() if g), None)) if found else None
-        kind, strength, families = _decide_any_language(text, ev.status)
+        kind, strength, families, read = _decide_any_language(text, ev.status)
         if strength > best.strength:
-            best = _Verdict(kind, strength, text, ev.module, ev.status, families)
+            best = _Verdict(kind, strength, read, ev.module, ev.status, families)
     return best
 
 
@@ -459,8 +479,8 @@ def unrecognised(error: object) -> bool:
         and not patterns.NOT_FOUND.search(verdict.text) \
         and not patterns.NON_MESSAGE_PARAM.search(verdict.text) \
         and not patterns.MALFORMED.search(verdict.text) \
-        and not languages.NOT_FOUND.search(verdict.text) \
-        and not languages.MALFORMED.search(verdict.text)
+        and not language_kinds.NOT_FOUND.search(verdict.text) \
+        and not language_kinds.MALFORMED.search(verdict.text)
 
 
 def parse_overflow(error: object) -> OverflowInfo | None:

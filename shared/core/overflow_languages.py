@@ -14,8 +14,10 @@ generic wording.
 
 Each family names a concept, not a sentence: a subject (context, conversation, input, tokens,
 file size) with a verb (exceed, too long, full, reach) per language, in either order.
-Chinese, Japanese, Korean, Russian, German, French, Italian, Spanish, Portuguese, Dutch,
-Indonesian, Vietnamese, Turkish, Polish and Arabic are covered.
+Chinese (traditional read through a map to the simplified forms), Japanese, Korean, Russian,
+Ukrainian, German, French, Italian, Spanish, Portuguese, Dutch, Indonesian, Vietnamese, Turkish,
+Polish, Arabic, Hebrew and Thai are covered. The verdicts that are not overflows (quota, rate,
+auth...) are in ``shared.core.overflow_language_kinds``.
 """
 
 # Words of other scripts look like Latin letters to ruff (Cyrillic "о", Turkish "ı"): they are
@@ -36,8 +38,31 @@ _LETTERS = {
     "cyrillic": re.compile(r"[\u0400-\u04ff]"),
     "arabic": re.compile(r"[\u0600-\u06ff]"),
     "latin": re.compile(r"[\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff]"),
+    "hebrew": re.compile(r"[\u05d0-\u05ea]"),
+    "thai": re.compile(r"[\u0e01-\u0e5b]"),
 }
+SCRIPTS = frozenset(_LETTERS)
 _ANY_LETTER = re.compile("|".join(p.pattern for p in _LETTERS.values()))
+
+# Traditional Chinese read by the simplified families: the characters their words use, mapped
+# to their simplified forms (a text with kana is Japanese, whose kanji keep the older forms).
+_TRADITIONAL = str.maketrans(
+    "長過額請頻餘內對話輸體圖數個試錯誤載負務權證驗審違規費記錄應單滿處詞傳積歷會僅納範圍達經"
+    "憶庫儲刪舊於並發時調顯網絡異連敗斷鑒鑑認絕訪問無確鑰斷響參稱標題預給為當實際檔訊視窗額"
+    "區間總節點風險檢測攔遮蔽濾違礙擁擠過載負荷啟動",
+    "长过额请频余内对话输体图数个试错误载负务权证验审违规费记录应单满处词传积历会仅纳范围达经"
+    "忆库储删旧于并发时调显网络异连败断鉴鉴认绝访问无确钥断响参称标题预给为当实际档讯视窗额"
+    "区间总节点风险检测拦遮蔽滤违碍拥挤过载负荷启动")
+_KANA = re.compile(r"[\u3040-\u30ff]")
+
+
+def simplified(text: str) -> str:
+    """``text`` with the traditional Chinese characters the families use in their simplified
+    forms; a text without CJK letters, or with kana (Japanese), unchanged."""
+    if _KANA.search(text) or not _LETTERS["cjk"].search(text):
+        return text
+    return text.translate(_TRADITIONAL)
+
 
 Family = dict[str, re.Pattern[str]]
 """A phrase family split by script: a text is searched only with its own scripts' parts."""
@@ -63,7 +88,8 @@ ACCENTLESS_WORDS = ("contest", "contexto", "contextvenster", "konteks", "supera"
                     "demasiad", "muito", "demais", "overschr", "te lang", "te groot", "te veel",
                     "melebihi", "terlalu", "zu viele", "zu lang", "kontext", "erreicht",
                     "przekr", "trop ", "kontingent", "guthaben", "cuota", "kuota", "saldo",
-                    "tegoed", "quotum", "credito", "kredit")
+                    "tegoed", "quotum", "credito", "kredit", "melampaui", "dlug", "kontekst",
+                    "miesci", "filtr", "contexte")
 # English words no other language written in Latin letters here uses.
 _ENGLISH_WORD = re.compile(r"\b(?:the|and|your|please|with|this|that)\b", re.IGNORECASE)
 
@@ -88,74 +114,6 @@ def _whole(*parts: str) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{p})" for p in parts), re.IGNORECASE)
 
 
-# Roles that must alternate, tool calls without their results.
-TOOL_PAIRING = _rx(
-    r"(?:user|assistant|用户|助手).{0,20}?(?:交替|轮流)", r"tool_?(?:result|use|call)\w*.{0,6}?"
-    r"(?:配对|对应|匹配)", r"工具(?:调用|结果).{0,6}?(?:配对|不匹配|没有对应|缺少对应)",
-    r"(?:ユーザー|アシスタント|user|assistant).{0,20}?交互", r"(?:사용자|user).{0,20}?번갈아",
-    r"(?:user|assistant)\b.{0,40}?чередова", r"(?:user|assistant)\b.{0,40}?(?:abwechseln"
-    r"|alterner|alternar|afwisselen|bergantian|luân phiên|naprzemiennie)",
-)
-CAPACITY = _rx(r"容量不足", r"访问量过大")
-# Money and allowances, and a memory store that is full (an app's saved memories, not the
-# context): checked before any overflow wording.
-QUOTA = _rx(
-    r"余额不足|欠费|额度|限额|配额", r"记忆(?:库|存储|空间)?(?:已满|不足|超过|超出|已达上限)",
-    r"删除(?:一些|部分|现有的?|旧的?)?记忆",
-    r"残高|クレジット(?:が|の)?\S{0,4}不足|資金\S{0,10}不足|クォータ|割り?当て(?:量|枠)"
-    r"|利用(?:上限|枠)|無料枠",
-    r"할당량|잔액|크레딧\S{0,2} 부족|결제|사용 한도",
-    r"квот\w*|\bбаланс[аеу]?\b|недостаточно средств|воспоминани\w*",
-    r"Kontingent|Guthaben|Kontostand|Abrechnung|Erinnerungen",
-    r"\bsolde\b|crédits? (?:insuffisant|épuisé)|facturation|souvenirs",
-    r"\bcuota\b|\bsaldo\b|cr[ée]ditos? insuficientes?|facturaci[oó]n|recuerdos",
-    r"\bcota\b|faturamento|memórias existentes", r"credito (?:insufficiente|esaurito)",
-    r"fatturazione|ricordi esistenti", r"\btegoed\b|\bquotum\b|herinneringen",
-    r"\bkuota\b|kredit (?:tidak cukup|habis)", r"hạn ngạch|số dư|tín dụng không đủ",
-    r"\bkota\b|bakiye|kredi(?:niz)? (?:yetersiz|bitti)",
-    r"limit\w* wykorzystania|brak środków|niewystarczając\w* (?:środk|kredyt)\w*",
-    r"الحصة|حصتك|الرصيد|رصيدك|الفوترة|الذكريات",
-)
-# A rate limit named as such: beside a quota, the rate is what to wait on.
-_RATE_NAMES = (
-    r"速率限制|频率限制|レート制限|속도 제한", r"(?:лимит|ограничени)\w* (?:скорости|частоты)",
-    r"Ratenlimit|limite de (?:débit|taux|fréquence)|l[íi]mite de (?:velocidad|tasa|frecuencia)"
-    r"|limite de taxa|limite di (?:velocità|frequenza)|snelheidslimiet|batas (?:kecepatan|laju)"
-    r"|giới hạn tốc độ|(?:oran|hız) sınır\w*|limit\w* (?:szybkości|częstotliwości)", r"حد المعدل",
-)
-_SHORT_WINDOWS = (
-    r"每(?:分钟|秒)|毎分|毎秒|1?分(?:間|あたり)|분당|초당", r"в (?:минуту|секунду)",
-    r"pro (?:Minute|Sekunde)|par (?:minute|seconde)|por (?:minuto|segundo)"
-    r"|al (?:minuto|secondo)|per (?:minuut|menit|detik)|mỗi (?:phút|giây)"
-    r"|(?:dakika|saniye) başına|na (?:minutę|sekundę)", r"في (?:الدقيقة|الثانية)",
-)
-PER_SHORT_WINDOW = _rx(*_SHORT_WINDOWS, *_RATE_NAMES)
-RATE = _rx(
-    *_RATE_NAMES, *_SHORT_WINDOWS, r"过于频繁|频率超|限流|并发|每(?:小时|天|日)",
-    r"(?:请求|提问|调用|发送)得?(?:太|过)快|(?:调用|请求)次数\S{0,4}?(?:超过|超出|达到)",
-    r"リクエスト(?:が|数が)?多すぎ|リクエスト過多",
-    r"요청\S{0,2} 너무 많|요청 수\S{0,2} (?:너무|제한|한도)",
-    r"слишком много запросов|частот\w* (?:ваших )?запрос\w*|лимит\w* запросов",
-    r"zu viele Anfragen|Anfragelimit", r"trop de requêtes|limite de requêtes",
-    r"demasiadas (?:solicitudes|peticiones)|l[íi]mite de solicitudes",
-    r"(?:muitas|excesso de) (?:solicitações|requisições)|limite de (?:requisições|solicitações)",
-    r"troppe richieste|limite di richieste", r"te veel (?:verzoeken|aanvragen)",
-    r"terlalu banyak permintaan|batas permintaan",
-    r"quá nhiều yêu cầu|số (?:lượng )?yêu cầu\b.{0,20}?vượt quá",
-    r"çok fazla istek|istek sınır\w*", r"(?:zbyt|za) (?:wiele|dużo) (?:żądań|zapytań|próśb)"
-    r"|limit\w* (?:żądań|zapytań)", r"طلبات كثيرة|عدد كبير جد\S* من الطلبات|معدل الطلبات",
-)
-# The output setting's own cap ("最大输出长度不能超过1000000"): an output limit.
-OUTPUT_OVER_WINDOW = _rx(
-    r"最大输出(?:长度|token\s?数?)\S{0,4}?(?:不能|不可|不得|无法|应小于|必须小于)",
-    r"最大出力(?:トークン数?|長|の長さ)\S{0,30}?(?:を超えることはできません|以下にしてください)",
-    r"최대 출력 (?:토큰(?: 수)?|길이)\S{0,2}.{0,20}?초과할 수 없",
-    r"(?:выходных токенов|длин\w* ответа)\b.{0,20}?не (?:может|должн\w*) превышать",
-    r"Ausgabe(?:länge|-?Token\w*)\b.{0,30}?(?:darf|kann) nicht",
-    r"(?:longueur|tokens?) (?:maximale? )?de sortie\b.{0,30}?ne (?:peut|doit) pas",
-    r"(?:longitud|tokens?) (?:m[aá]xim[oa] )?de salida\b.{0,30}?no (?:puede|debe)",
-    r"(?:comprimento|tokens?) (?:m[aá]xim[oa] )?de saída\b.{0,30}?não (?:pode|deve)",
-)
 # A setting's own cap stated as a rule with no measured count ("コンテキストの長さは10000000を
 # 超えることはできません": a settings form), not a refused request.
 _NO_COUNT_AFTER = (r"(?![^.。!]{0,40}?(?:当前|实际|現在|현재|текущ|сейчас|aktuell|actuel|actual"
@@ -184,11 +142,11 @@ NOT_A_REQUEST = _rx(
 OVERFLOW_STRONG = _rx(
     # Chinese: "输入内容过长", "上下文长度超出模型限制", "对话历史过长导致上下文溢出",
     # "上下文窗口已满", "模型的上下文窗口仅能容纳 8192"
-    r"(?:输入|提示词?|上下文|请求|消息)(?:内容|文本)?(?:长度)?(?:过长|太长|超长|超过|超出)",
-    r"超(?:过|出)了?(?:模型)?(?:的)?(?:最大)?(?:上下文|长度|token)", r"超过了?(?:上下文)?窗口",
+    r"(?:输入|提示词?|上下文|请求|消息)(?:内容|文本)?(?:长度)?(?:过长|太长|超长|超过|超出|超限)",
+    r"超(?:过|出)了?(?:模型|可用)?(?:的)?(?:最大)?(?:上下文|长度|token)", r"超过了?(?:上下文)?窗口",
     r"内容(?:长度)?(?:过长|太长|超长)", r"(?:请求|内容|消息|输入)(?:内容)?(?:过大|太大)",
     r"\b(?:prompt|input|context|tokens?|text)\s*(?:过长|太长|超长)",
-    r"(?:token|词元) ?(?:数量|数|长度)?(?:超过|超出)了?(?:模型)?(?:的)?(?:上限|限制|最大)",
+    r"(?:token|词元) ?(?:数量|数|长度)?(?:超过|超出)了?(?:模型|可用)?(?:的)?(?:上限|限制|最大)",
     r"(?:对话|会话|聊天)(?:历史|记录|内容)?(?:已经?)?(?:过长|太长|超长)",
     r"上下文(?:窗口)?(?:已经?)?(?:溢出|已满|满了)",
     r"(?:上下文|窗口)\S{0,6}?(?:仅|只)(?:能|可)?(?:容纳|支持|处理|接受)",
@@ -216,7 +174,10 @@ OVERFLOW_STRONG = _rx(
     r"(?:контекст\w*|окн\w* контекста)\b.{0,30}?(?:переполнен|превыш|заполнен|слишком (?:длинн"
     r"|велик))",
     r"(?:запрос|сообщени|ввод|промпт|диалог|разговор|бесед|текст)\w*\b.{0,20}?слишком длинн\w*",
-    r"не помещается в (?:контекст|окно)",
+    r"не (?:помещается|вмещается|умещается|влезает) в (?:контекст|окно)",
+    r"(?:контекст|запрос|диалог|промпт|истори|разговор|бесед)\w*\b.{0,20}?не (?:помещается"
+    r"|вмещается|умещается|влезает)",
+    r"больше\s(?:чем\s)?(?:максимальн\w*\s)?(?:(?:размер|длин|окн)\w*\s)?контекст",
     # German: "Kontextfenster überschritten", "überschreitet die maximale Kontextlänge",
     # "Dieser Chat erreicht das KI Speicher Limit"
     r"(?:Kontext|Token)\w*\b.{0,40}?(?:überschritten|überschreitet|übersteigt|ist voll|zu lang"
@@ -263,19 +224,57 @@ OVERFLOW_STRONG = _rx(
     r"(?:تجاوز|يتجاوز|تتجاوز|تخطى|يتخطى|تتخطى)\S*\s.{0,30}?(?:سياق|الرموز|رموز|الطول)",
     r"(?:سياق|الرموز|رموز|طول)\S*\s.{0,40}?(?:يتجاوز|تتجاوز|تجاوز|يتخطى|تتخطى)",
     r"سياق\S*\s.{0,20}?(?:طويل|ممتلئ)", r"(?:الطلب|الرسالة|الإدخال|المحادثة|النص)\S*\s.{0,10}?طويل",
+    # The same concepts, added with batch 14: a request that does not fit, a count greater than
+    # the window ("所需的 Token 数超过了可用的最大上下文大小", "최대 토큰보다 큽니다"), and
+    # Ukrainian, Thai and Hebrew.
+    r"(?:上下文|窗口)\S{0,6}?(?:放不下|装不下|无法容纳|容纳不下)", r"大于\S{0,4}?上下文",
+    r"(?:コンテキスト|文脈)(?:ウィンドウ|長|の長さ|サイズ)?\S{0,6}?を上回",
+    r"(?:최대\s?(?:토큰|컨텍스트)|컨텍스트\s?(?:창|윈도우|길이|크기)?)\S{0,2}보다 (?:큽|많|깁|길)",
+    r"컨텍스트\S{0,6}\s?(?:들어가지 않|맞지 않)",
+    r"größer als (?:die |das |der )?(?:maximale[nr]? )?Kontext",
+    r"ne (?:tient|rentre) (?:pas|plus) dans (?:la fenêtre de |le )?contexte",
+    r"supérieure? à (?:la |le )?(?:taille |fenêtre |longueur )?(?:maximale )?(?:de |du )?contexte",
+    r"no cabe en (?:la ventana de |el )?contexto", r"não cabe (?:na janela de |no )?contexto",
+    r"non (?:entra|rientra|sta) (?:più )?(?:nella finestra di |nel )contesto",
+    r"(?:melampaui|melebihi)\b.{0,30}?(?:konteks|token|panjang)",
+    r"(?:konteks|token)\w*\b.{0,30}?melampaui", r"tidak muat (?:dalam|di) (?:jendela )?konteks",
+    r"(?:lớn hơn|nhiều hơn)\b.{0,30}?ngữ cảnh", r"không vừa (?:với |trong )?(?:cửa sổ )?ngữ cảnh",
+    r"bağlam\w*\b.{0,20}?sığmı",
+    r"nie mieści się w (?:oknie )?kontek", r"(?:wiadomosc|zadanie|wejscie|rozmowa|zapytanie)\w*\b"
+    r".{0,20}?(?:za|zbyt) dlug", r"(?:przekracza|przekroczon)\w*\b.{0,30}?(?:kontekst|dlugos)",
+    r"nie miesci sie w (?:oknie )?kontek",
+    r"أكبر من\s.{0,20}?(?:سياق|نافذة)",
+    r"перевищ\w*\s(?:(?:максимальн|допустим|встановлен)\w*\s)?(?:довжин\w*|контекст\w*"
+    r"|(?:ліміт|обмеженн|меж)\w*\s(?:(?:на|за|по|у)\s)?(?:кількост\w*\s)?(?:токен|контекст|довжин)\w*"
+    r"|(?:розмір|вікн)\w*\sконтекст\w*|(?:кількість|число)\w*\sтокен\w*)",
+    r"(?:кількість|число)\w*\sтокенів\b.{0,60}?(?:(?:занадто|надто) велик|перевищу)",
+    r"(?:контекст\w*|вікн\w* контексту)\b.{0,30}?(?:переповнен|перевищ|заповнен|(?:занадто|надто)"
+    r" (?:довг|велик))",
+    r"(?:запит|ввід|промпт|діалог|розмов|бесід|текст)\w*\b.{0,20}?(?:занадто|надто) довг",
+    r"не (?:вміщується|поміщається|влазить) в (?:контекст|вікно)",
+    r"(?:контекст|запит|діалог|промпт|розмов)\w*\b.{0,20}?не (?:вміщується|поміщається)",
+    r"(?:บริบท|โทเค็น).{0,30}?เกิน", r"เกิน.{0,30}?(?:บริบท|โทเค็น)",
+    r"(?:ข้อความ|คำขอ|การสนทนา|อินพุต|พรอมต์|บริบท).{0,10}?ยาวเกินไป",
+    r"(?:הקשר|טוקנים|אסימונים)\S*\s.{0,40}?(?:חורג|חורגת|חרג|חרגה|עולה על|עולים על)",
+    r"(?:חורג|חורגת|חרג|חרגה|חריגה|עולה על|עולים על)\S*\s?.{0,30}?(?:הקשר|טוקנים|אסימונים)",
+    r"(?:השיחה|ההקשר|הפרומפט|הקלט)\s.{0,10}?ארוכ\S* מדי",
 )
 # Generic wording ("too many tokens"): an overflow unless the HTTP status says otherwise.
 OVERFLOW_WEAK = _rx(
     r"token(?:数)?(?:过多|太多)", r"トークン数?が多すぎ", r"토큰\S{0,2}\s?(?:수가 )?너무 많",
-    r"слишком много токенов", r"запрос\w*\b.{0,12}?слишком велик", r"Anfrage\b.{0,12}?zu groß",
+    r"слишком много токенов", r"запрос\w*\b.{0,12}?слишком (?:велик|больш)",
+    r"Anfrage\b.{0,12}?zu groß",
     r"solicitud\b.{0,12}?demasiado grande", r"(?:requisição|solicitação)\b.{0,12}?muito grande",
     r"zu viele Token", r"trop de (?:tokens|jetons)", r"demasiados tokens",
     r"(?:tokens demais|muitos tokens)", r"troppi token", r"te veel tokens",
     r"terlalu banyak token", r"quá nhiều token", r"çok fazla (?:token|belirteç)",
     r"(?:zbyt|za) (?:wiele|dużo) tokenów", r"عدد كبير جد\S* من الرموز",
+    r"(?:забагато|занадто багато) токенів", r"запит\w*\b.{0,12}?(?:занадто|надто) велик",
+    r"повідомленн\w*\b.{0,12}?(?:занадто|надто) довг", r"โทเค็นมากเกินไป", r"คำขอ.{0,10}?ใหญ่เกินไป",
+    r"יותר מדי (?:טוקנים|אסימונים)", r"(?:ההודעה|הבקשה)\s.{0,10}?(?:ארוכ|גדול)\S* מדי",
 )
 # Whether generic wording under HTTP 413 counts tokens (the window) or bytes.
-TOKEN_WORD = _whole(r"token|トークン|토큰|токен|词元|jeton|belirteç|الرموز")
+TOKEN_WORD = _whole(r"token|トークン|토큰|токен|词元|jeton|belirteç|الرموز|โทเค็น|טוקנ|אסימונ")
 # Request bodies, files and images over a size limit ("ファイルサイズが50MBの制限を超えています",
 # "请求体过大", "本轮图片总大小超过限制").
 PAYLOAD = _rx(
@@ -317,96 +316,11 @@ PAYLOAD = _rx(
     r"|(?:zbyt|za) duż)", r"(?:plik|żądanie|obraz|załącznik)\w*\b.{0,12}?(?:zbyt|za) duż",
     r"حجم (?:الملف|الطلب|الصورة|المرفق)\S*.{0,30}?(?:يتجاوز|تجاوز|كبير)",
     r"(?:الملف|الطلب|الصورة|المرفق)\S*\s(?:كبير|كبيرة) جد",
-)
-# A reply cut at its length limit ("回答已经被大模型截断"): not the request's size.
-OUTPUT_LIMIT = _rx(
-    r"(?:回答|回复|输出|响应|生成内容?)\S{0,12}?(?:被|已)\S{0,8}?截断",
-    r"(?:输出|回复|回答)(?:长度|token\s?数?)?\S{0,2}?(?:达到|超过|超出)了?(?:最大)?(?:输出)?"
-    r"(?:上限|限制|长度)",
-    r"(?:応答|回答|出力|返答)\S{0,8}?(?:切り捨て|打ち切|途中で切れ|切り詰め)",
-    r"最大出力トークン\S{0,6}?(?:に達し|を超え)",
-    r"(?:응답|출력|답변)\S{0,3}\s?(?:잘렸|잘림|잘려)",
-    r"최대 출력 토큰\S{0,2}\s?(?:에 도달|을 초과)",
-    r"ответ\w*\b.{0,20}?(?:обрезан|усеч[её]н|оборван)",
-    r"Antwort\b.{0,20}?(?:abgeschnitten|gekürzt)",
-    r"réponse\b.{0,20}?(?:tronquée|coupée)", r"respuesta\b.{0,20}?(?:truncada|cortada)",
-    r"resposta\b.{0,20}?(?:truncada|cortada)", r"risposta\b.{0,20}?(?:troncata|tagliata)",
-    r"antwoord\b.{0,20}?afgekapt", r"(?:respons|jawaban)\b.{0,20}?(?:terpotong|dipotong)",
-    r"(?:câu trả lời|phản hồi)\b.{0,20}?bị cắt", r"yanıt\b.{0,20}?kesildi",
-    r"odpowiedź\b.{0,20}?(?:obcięt|ucięt)", r"(?:اقتطاع|قطع) (?:الرد|الإجابة)",
-)
-AUTH = _rx(
-    r"api ?key\W{0,3}(?:不正确|错误|无效)",
-    r"未授权|鉴权失败|认证失败|身份验证失败|权限不足|拒绝访问",
-    r"(?:密钥|key)\S{0,3}(?:无效|不正确|已过期)|无效的?(?:api ?)?(?:密钥|key)",
-    r"認証(?:に失敗|エラー)|(?:API ?)?キーが(?:無効|正しくありません)|アクセスが拒否",
-    r"인증(?:에)? (?:실패|오류)|(?:유효하지 않은|잘못된) API 키|접근(?:이)? 거부",
-    r"(?:неверный|недействительный|неправильный) (?:API[- ])?ключ|ошибка (?:авторизации"
-    r"|аутентификации)|доступ запрещ[её]н|не авторизован",
-    r"ungültiger (?:API-)?Schlüssel|Authentifizierung (?:fehlgeschlagen|erforderlich)"
-    r"|Zugriff verweigert",
-    r"clé (?:d'API |API )?(?:invalide|incorrecte)|échec de l'authentification|accès refusé",
-    r"clave (?:de )?API (?:no válida|inválida|incorrecta)|error de autenticación|acceso denegado",
-    r"chave (?:de )?API inválida|falha na autenticação|acesso negado",
-    r"chiave API non valida|autenticazione non riuscita|accesso negato",
-    r"ongeldige API-sleutel|toegang geweigerd", r"kunci API tidak valid|akses ditolak",
-    r"khóa API không hợp lệ|truy cập bị từ chối", r"geçersiz API anahtarı|erişim reddedildi",
-    r"nieprawidłowy klucz API|odmowa dostępu", r"مفتاح API غير صالح|فشل(?:ت)? المصادقة",
-)
-CONTENT_FILTER = _rx(
-    r"敏感内容|不安全的?内容|违规内容|审核不通过|涉嫌违规|未通过\S{0,4}?审核|安全审核|内容审核",
-    r"コンテンツ(?:フィルター|ポリシー)|不適切な(?:内容|コンテンツ)|安全(?:性)?フィルター",
-    r"콘텐츠 (?:필터|정책)|부적절한 (?:내용|콘텐츠)|안전 필터",
-    r"фильтр\w* (?:безопасности|контента|содержимого)|модераци\w*",
-    r"Inhaltsfilter|Sicherheitsfilter|Inhaltsrichtlinie",
-    r"filtre (?:de contenu|de sécurité)|modération", r"filtro (?:de contenido|de seguridad)"
-    r"|moderación", r"filtro (?:de conteúdo|de segurança)|moderação",
-    r"filtro (?:dei contenuti|di sicurezza)|moderazione", r"inhoudsfilter|moderatie",
-    r"filter (?:konten|keamanan)|moderasi", r"bộ lọc (?:nội dung|an toàn)|kiểm duyệt",
-    r"içerik filtresi|güvenlik filtresi", r"filtr (?:treści|bezpieczeństwa)|moderacj\w*",
-    r"(?:مرشح|فلتر) (?:المحتوى|الأمان)|سياسة المحتوى",
-)
-OVERLOADED = _rx(
-    r"负载过高|过载|繁忙", r"過負荷|混雑|混み合って", r"과부하|혼잡", r"перегруж\w*",
-    r"überlastet|Überlastung", r"surchargé", r"sobrecargad|sobrecarregad", r"sovraccaric",
-    r"overbelast", r"kelebihan beban", r"quá tải", r"aşırı yük", r"przeciążon",
-    r"(?:حمل|ضغط) زائد",
-)
-# Out of memory (often naming a smaller context size as the cure), timeouts, unavailable.
-SERVER = _rx(
-    r"内存不足|显存不足|服务器(?:内部)?错误|服务(?:暂时)?不可用|网络(?:错误|异常)|连接(?:超时|失败|中断)",
-    r"メモリー?が?不足|サーバー(?:内部)?エラー|内部エラー|タイムアウト|接続(?:エラー|に失敗)",
-    r"메모리\S{0,2} 부족|서버 (?:내부 )?오류|시간 초과|연결 (?:오류|실패)",
-    r"недостаточно (?:видео)?памяти|нехватк\w* (?:видео)?памяти|внутренн\w* ошибк\w*"
-    r"|тайм-?аут|время ожидания|временно недоступ\w*",
-    r"nicht genügend (?:Arbeits|Grafik)?speicher|Speichermangel|interner (?:Server)?fehler"
-    r"|Zeitüberschreitung|nicht verfügbar",
-    r"mémoire insuffisante|erreur (?:interne|du serveur)|délai d'attente|indisponible",
-    r"memoria insuficiente|error interno|tiempo de espera", r"memória insuficiente|erro interno"
-    r"|indisponível", r"memoria insufficiente|errore interno|non disponibile",
-    r"onvoldoende geheugen|interne (?:server)?fout", r"memori tidak cukup|kehabisan memori",
-    r"(?:hết|không đủ) bộ nhớ|bộ nhớ không đủ|lỗi (?:máy chủ )?nội bộ|hết thời gian chờ",
-    r"yetersiz bellek|bellek yetersiz|sunucu hatası|zaman aşımı",
-    r"(?:brak|za mało) pamięci|wewnętrzny błąd|przekroczono (?:limit )?czas",
-    r"نفاد الذاكرة|ذاكرة غير كافية|خطأ داخلي|انتهت مهلة",
-)
-# For the unrecognised-error net: a lookup that failed, a request that names what is malformed
-# in it, or a field (a name, a title) that is too long.
-NOT_FOUND = _whole(
-    r"不存在|找不到|未找到|見つかりません|存在しません|찾을 수 없|존재하지 않",
-    r"не найден|не существует",
-    r"nicht gefunden|existiert nicht|introuvable|n'existe pas|no encontrado|no existe",
-    r"não encontrado|não existe|non trovato|non esiste|niet gevonden|bestaat niet",
-    r"tidak ditemukan|không tìm thấy|bulunamadı|nie znaleziono|nie istnieje|غير موجود",
-)
-MALFORMED = _whole(
-    r"参数(?:错误|无效|不合法)|格式错误|无效的?参数|不合法|(?:名称|名字|标题|描述)(?:过长|太长)",
-    r"パラメータ\S{0,2}(?:無効|不正)|形式が正しくありません|잘못된 (?:매개변수|형식)",
-    r"неверн\w* (?:параметр|формат)|недопустим\w* (?:параметр|значени)",
-    r"ungültige[rs]? (?:Parameter|Wert|Format)|mal formée?|paramètre invalide|mal formad[oa]",
-    r"parámetro (?:no válido|inválido)|parâmetro inválido|malformat[oa]|parametro non valido",
-    r"ongeldige parameter|parameter tidak valid|tham số không hợp lệ|geçersiz parametre",
-    r"nieprawidłowy parametr|معلمة غير صالحة",
+    r"розмір\w*\s(?:файл|запит|зображенн|вкладенн)\w*\b.{0,30}?(?:перевищу|(?:занадто|надто) велик"
+    r"|більше)", r"(?:файл|зображенн|вкладенн)\w*\b.{0,12}?(?:занадто|надто) велик\w*",
+    r"(?:ไฟล์|รูปภาพ|ภาพ).{0,10}?(?:ใหญ่เกินไป|มีขนาดใหญ่เกิน)", r"ขนาด(?:ไฟล์|คำขอ|รูปภาพ).{0,20}?เกิน",
+    r"(?:הקובץ|התמונה|הקבצים|התמונות)\s.{0,10}?גדול\S* מדי",
+    r"גודל (?:הקובץ|הבקשה|התמונה)\S*\s.{0,30}?(?:חורג|עולה על)",
 )
 # The complaint is the room left for the output.
 OUTPUT_RESERVE = _rx(
@@ -414,6 +328,7 @@ OUTPUT_RESERVE = _rx(
     r"출력(?:을 위한|용) (?:공간|토큰)", r"мест\w* для (?:ответа|вывода)",
     r"Platz für die (?:Ausgabe|Antwort)", r"place pour la réponse",
     r"espacio para la (?:respuesta|salida)", r"espaço para a (?:resposta|saída)",
+    r"резерв\w* (?:для )?(?:ответа|вывода)", r"резерв\w* (?:для )?відповіді|місц\w* для відповіді",
 )
 
 # Numbers: (pattern, field names in group order), consulted after the English shapes (which
@@ -448,7 +363,25 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          rf"|compte|contiene|contém|bevat|berisi|içeriyor|zawiera)\s{_N}", ("prompt",)),
         (rf"(?:лимит|ограничени\w*|максимум|\w*limit|Grenze|Kontext(?:länge|fenster|größe)"
          rf"|limite|l[íi]mite|massimo"
-         rf"|m[aá]ximo|limiet|batas|giới hạn|sınır|الحد الأقصى)\s*(?:—|{_C}|составляет|равен"
+         rf"|m[aá]ximo|limiet|batas|giới hạn|sınır|الحد الأقصى|ліміт|обмеженн\w*)"
+         rf"\s*(?:—|{_C}|составляет|становить|равен"
          rf"|von|ist|beträgt|de|est de|es de|è di|é de|di|van|is|là|:)?\s*{_N}", ("limit",)),
+        # "Le prompt (33140 tokens) dépasse la fenêtre de contexte (32768 tokens)"
+        (rf"\({_N}\s?(?:tokens?|токен\w*|トークン|토큰|jetons?|โทเค็น|טוקנים)?\)\s?(?:dépasse|excède"
+         rf"|supera|excede|ultrapassa|sobrepasa|überschreitet|übersteigt|превышает|перевищує|超过|超出"
+         rf"|vượt quá|melebihi|melampaui|przekracza|aşıyor|يتجاوز|เกิน|חורג)[^()]{{0,60}}?\({_N}",
+         ("prompt", "limit")),
+        # a window named, then its figure: "supera la finestra di contesto del modello di 32768
+        # token", "доступно 119808 из окна 128000"
+        (rf"(?:finestra di contesto|ventana de contexto|janela de contexto|fenêtre de contexte"
+         rf"|окн[оае] контекста|вікн[оаі] контексту|Kontextfenster|cửa sổ ngữ cảnh|jendela konteks"
+         rf"|okn[oa] kontekstu|bağlam penceresi|חלון ההקשר|หน้าต่างบริบท)[^\d.;]{{0,30}}?{_N}",
+         ("limit",)),
+        (rf"(?:из|в) окн[аео]\s{_N}", ("limit",)), (rf"(?:з|у) вікн[аоі]\s{_N}", ("limit",)),
+        # "требуется 130500 input-токенов", "~81600 token stimati"; "при резерве ответа 8192"
+        (rf"(?:требуется|нужно|необходимо|потребуется|потрібно|необхідно)\s{_N}[\s-]?(?:input-"
+         rf"|входных\s|вхідних\s)?токен", ("prompt",)),
+        (rf"{_N}\s?tokens? (?:stimati|estimados|estimés|geschätzt)", ("prompt",)),
+        (rf"резерв\w* (?:для )?(?:ответа|вывода|відповіді)\s{_N}", ("output",)),
     )
 )

@@ -156,6 +156,10 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"\b(?:requires|needs|required|needed) (?:about |around |approximately |roughly |~"
          rf"|at least )?{_N} tokens", ("total",)),
         (rf"{_N} tokens (?:were|was|have been|are|is) (?:requested|needed|required)", ("total",)),
+        (rf"(?:required|requested|needed) tokens\W{{1,3}}{_N}", ("total",)),  # "Required Tokens: N"
+        # "prefill 744 tokens exceed n_ctx_per_seq": the prompt, before a verb
+        (rf"(?:prefill|prompt|input)(?: of)? {_N} tokens? (?:exceeds?|exceeded|>|is (?:more|larger"
+         rf"|greater|longer) than)", ("prompt",)),
         # "~214381 tokens (limit 200000)", "9000 tokens (max 8192)"
         (rf"{_N} tokens?\s*\((?:limit|max(?:imum)?|context(?: window)?|window)\W{{0,3}}{_N}\)",
          ("prompt", "limit")),

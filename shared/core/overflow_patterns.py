@@ -60,9 +60,11 @@ class Gated:
         if found is None:
             lowered = _lowered(string)
             for words, pattern in self.gates:
-                if any(word in lowered for word in words):
-                    found = pattern.search(string)
-                    if found is not None:
+                for word in words:  # a plain loop: a generator costs more than most searches
+                    if word in lowered:
+                        found = pattern.search(string)
+                        if found is not None:
+                            return found
                         break
         return found
 
@@ -126,11 +128,17 @@ QUOTA = Gated(_rx(
     r"\boverdue\b", r"accountoverdue", r"\bmonthly[_ ](?:request|token|usage)",
 ),  # a run's token budget ("Exceeded the total_tokens_limit of 300", pydantic-ai)
     (("_tokens_limit",), _rx(r"(?:total|request|response)_tokens_limit\b")),
+    # an agent's allowance of auto-approved requests ("reached the auto-approved limit of 50 API
+    # requests"): reset the count to go on
+    (("approv",), _rx(r"auto-?approv\w*\b.{0,40}?\blimit\b|\blimit\b.{0,40}?auto-?approv")),
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
+# So is a quota that names a wait of seconds or minutes ("Please retry in 39.8s").
 PER_SHORT_WINDOW = _rx(r"(?:per|/) ?(?:min(?:ute)?|sec(?:ond)?)\b", r"_per_(?:minute|second)",
-                       r"rate[_. ]?quota")
+                       r"rate[_. ]?quota",
+                       r"retry (?:in|after) \d+(?:\.\d+)?\s?(?:m?s|secs?|seconds?|m|mins?"
+                       r"|minutes?)\b")
 RATE = Gated(_rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
     r"\b(?:tokens?|requests?) per (?:min|minute|hour|day|second)\b", r"\bper[- ]minute\b",
@@ -242,7 +250,8 @@ OVERFLOW_STRONG = Gated(_rx(
     (("max_", "n_ctx", "session_len"),
      _rx(r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal "
          r"to)? (?:the )?[`'\"]?(?:max_seq_len|max_model_len|max_position_embeddings"
-         r"|max_input_tokens|max_prompt_tokens|max_num_tokens|n_ctx|session_len)\b")),
+         r"|max_input_tokens|max_prompt_tokens|max_num_tokens|n_ctx(?:_per_seq|_seq|_slot)?"
+         r"|session_len)\b")),
     # "too long to fit into the model"; "does not / couldn't / can't / won't / unable to / failed
     # to fit in(to) the context"
     (("fit",), _rx(r"too long to fit (?:into|in) the (?:model|context)",
@@ -255,7 +264,17 @@ OVERFLOW_STRONG = Gated(_rx(
          r"(?:max(?:imum)? |full )?context (?:length|window|size|limit)",
          r"context(?: (?:length|window|size))?(?: limit)? (?:has been |was |is |got )?(?:reached"
          r"|hit|maxed(?: out)?|used up|filled up|exhausted)\b")),
+    # an error code in one word: "ContextTooLong", "context_too_long", "PromptTooLong"
+    (("toolong", "too_long", "toolarge", "too_large"),
+     _rx(r"\b(?:context|prompt)_?too_?(?:long|large)\b")),
 )
+# The provider's own overflow sentence, the window and the request both stated: it outranks the
+# rate-limit or quota words of a retry loop around it ("... your messages resulted in 4452 tokens
+# ... WARNING:root:Hit request rate limit; retrying...").
+WINDOW_STATED = Gated(None, (("context length is", "too long:", "token count"), _rx(
+    r"max(?:imum)? context length is \d[\d,]*\s?tokens\W{1,3}however,? (?:you requested|your "
+    r"(?:messages|request|prompt))", r"prompt is too long: \d+ tokens > \d",
+    r"input token count \(?\d+\)? exceeds the maximum number of tokens allowed")))
 # A server's startup warning that names its context against the model's training context.
 NOT_A_REQUEST = Gated(None, (("n_ctx_train", "training context"),
                              _rx(r"n_ctx_train", r"training context overflow")))
@@ -354,7 +373,7 @@ UNEXPECTED_RESPONSE = Gated(None, (("expected",), _rx(
 # text that names another cause (a model that does not exist) is not an overflow.
 HEDGE = re.compile(r"\b(?:often|usually|typically|sometimes|commonly|generally|possibly|probably"
                    r"|likely|perhaps|may|might|could)\b", re.I)
-OUTPUT_LIMIT = _rx(
+_OUTPUT_LIMIT = _rx(
     r"max_tokens is too large", r"maximum allowed number of output tokens",
     r"supports at most \d+ completion tokens", r"maximum output for this model",
     r"valid range of max_tokens", r"invalid max_tokens value",
@@ -382,7 +401,11 @@ OUTPUT_LIMIT = _rx(
     r"|supported range"
     r"|valid range|out of range|not valid)",
 )
-AUTH = _rx(
+# N output tokens asked against the model's maximum ("requested 200000 output tokens, model
+# maximum 65536").
+OUTPUT_LIMIT = Gated(_OUTPUT_LIMIT, (("output token", "output-token"), _rx(
+    r"requested \d[\d,]* output[- ]tokens\b.{0,40}?\b(?:max(?:imum)?|limit)\b")))
+_AUTH = _rx(
     r"\bunauthori[sz]ed\b", r"\bunauthenticated\b", r"authentication", r"\bnot authori[sz]ed\b",
     r"invalid[_ -]?(?:api[_ -]?)?key", r"incorrect api key", r"api key not valid",
     r"invalid x-api-key", r"permission[_ ]denied", r"\bforbidden\b", r"access ?denied",
@@ -391,19 +414,28 @@ AUTH = _rx(
     r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
     r"you have been blocked",  # a firewall's page
 )
-CONTENT_FILTER = _rx(
+AUTH = Gated(_AUTH, (("key",), _rx(  # a key the client never set ("ANTHROPIC_API_KEY is not set")
+    r"api[_ -]?key\W{0,3}(?:is |was )?(?:not (?:set|configured|provided)|unset|empty)\b")))
+_CONTENT_FILTER = _rx(
     r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
     r"responsibleaipolicyviolation", r"safety system", r"flagged as potentially violating",
     r"usage polic(?:y|ies)", r"blocked by (?:the |our )?(?:safety|guardrail|content)",
     r"prohibited content", r"guardrail intervened", r"inappropriate content",
     r"data[_ ]inspection[_ ]failed", r"content exists risk",
-    r"blocked (?:due to|because of|for) \w*\s?(?:safety|policy|content)",
+    r"blocked (?:due to|because of|for)\W{0,2}(?:\w+\W{1,3})?(?:safety|policy|content)",
 )
+CONTENT_FILTER = Gated(_CONTENT_FILTER, (
+    ("blocked", "feedback", "reason", "injection", "jailbreak"), _rx(
+        # Gemini's verdict on the prompt ("Check the `response.prompt_feedback` to see if the
+        # prompt was blocked", "blockReason: SAFETY"); a prompt injection refused
+        r"prompt_?feedback", r"(?:prompt|message|input|candidate)s? (?:was |is |has been "
+        r"|is being |were |got )blocked\b", r"block_?reason\W{0,5}(?:safety|prohibited|blocklist)",
+        r"prompt injection|jailbreak")))
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
                   r"too busy", r"loading (?:the )?model\b", r"no (?:available |free )?slots?"
                   r" (?:is |are )?(?:available|found|left)",
                   r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
-SERVER = _rx(
+_SERVER = _rx(
     r"internal[_ ]server[_ ]error", r"internal[_ ]error", r"service[_ ]?unavailable",
     r"service (?:is )?(?:temporarily )?unavailable",
     r"bad gateway", r"gateway time-?out", r"timed? ?out\b", r"deadline[_ ]exceeded",
@@ -421,6 +453,8 @@ SERVER = _rx(
     r"web server is (?:returning an unknown error|down)", r"origin (?:is )?unreachable",
     r"(?:iterating over|reading) (?:the |an )?sse stream",
 )
+SERVER = Gated(_SERVER, (("unstable", "not respond"), _rx(
+    r"network (?:is |was )?unstable", r"server (?:is |was )?not responding")))
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
@@ -462,7 +496,8 @@ MODULE_PROVIDERS = (("openai", "openai"), ("anthropic", "anthropic"), ("google",
                      ("mistralai", "mistral"), ("cohere", "cohere"))
 
 STATUS_IN_TEXT = re.compile(
-    r"^\W*(?:error:?\s*)?([1-5]\d\d)\b|(?:error code|status(?:[ _]?code)?|http)\W{0,3}([1-5]\d\d)\b"
+    r"^\W*(?:error:?\s*)?([1-5]\d\d)\b"
+    r"|(?:error code|status(?:[ _]?code)?|http(?: status)?(?: code)?)\W{0,3}([1-5]\d\d)\b"
     r"|error \(([1-5]\d\d)\)",
     re.IGNORECASE,
 )
