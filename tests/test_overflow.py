@@ -1013,11 +1013,14 @@ def test_error_kind_retryable() -> None:
 
 
 # -- properties ------------------------------------------------------------------------------
+def _containers(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                         max_size=4)
+
+
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                max_size=4),
-    max_leaves=20,
+    _containers, max_leaves=20,
 )
 PHRASES = st.sampled_from(["maximum context length is 8192", "429", "rate limit", "quota",
                            "prompt is too long: 9 tokens > 8 maximum", "too many tokens", "{",
