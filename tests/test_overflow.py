@@ -423,6 +423,16 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("b14-korean-greater", "요청에 필요한 토큰이 컨텍스트 크기보다 큽니다", {}),
     ("b14-russian-fit", "Диалог не вмещается в окно контекста: нужно 140000 токенов",
      {"prompt_tokens": 140000}),
+    # batch 15 (written after the patterns)
+    ("b15-embedding-input-cap", ProviderError("Each input must not exceed 8192 tokens; input 3 has "
+     "9120 tokens", 400), {"limit": 8192}),
+    ("b15-chat-length", "This conversation has hit its maximum length. Please open a new chat.",
+     {}),
+    ("b15-session-memory-full", "Session memory is full \u2014 start a fresh thread to keep going.",
+     {}),
+    ("b15-russian-exhausted", "Контекст модели исчерпан: начните новый диалог.", {}),
+    ("b15-window-too-small", "The model's context window is too small for the system prompt and "
+     "tool definitions.", {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -543,6 +553,27 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("b14-spanish-truncated", "La respuesta fue truncada por el límite de longitud",
      K.OUTPUT_LIMIT),
     ("b14-japanese-key-unset", "OPENAI_API_KEY が設定されていません", K.AUTH),
+    # batch 15 (written after the patterns)
+    ("b15-monthly-allowance", "You have used up your monthly allowance of premium requests.",
+     K.QUOTA),
+    ("b15-files-endpoint", ProviderError("Upload failed: the file is too large for the storage "
+     "bucket (max 512 MB)", 400), K.OTHER),
+    ("b15-embedding-count", ProviderError("Batch too big: no more than 2048 inputs may be sent per "
+     "request", 400), K.OTHER),
+    ("b15-kv-alloc", "llama_init_from_model: failed to allocate compute buffer of 12.5 GiB for the "
+     "KV cache", K.SERVER_ERROR),
+    ("b15-cut-by-max-tokens", "The answer was cut short because of the max_output_tokens setting.",
+     K.OUTPUT_LIMIT),
+    ("b15-streaming-required", ProviderError("This model only supports streaming mode; set "
+     "stream=true", 400), K.OTHER),
+    ("b15-thinking-budget", ProviderError("budget_tokens out of range: must be between 1024 and "
+     "32000", 400), K.OTHER),
+    ("b15-tool-name-length", ProviderError("Tool name 'search_the_internal_knowledge_base_v2' is "
+     "too long: names may be at most 64 characters", 400), K.OTHER),
+    ("b15-daily-messages", "You have used the maximum number of messages allowed per day. Come "
+     "back tomorrow.", K.QUOTA),
+    ("b15-tokens-per-day", ProviderError("You've exceeded your tokens-per-day budget; wait until "
+     "tomorrow", 429), K.RATE_LIMIT),
     ("b13-gemini-prompt-feedback", "ValueError: Invalid operation: The `response.text` quick "
      "accessor requires the response to contain a valid `Part`, but none were returned. Check "
      "the `response.prompt_feedback` to see if the prompt was blocked.", K.CONTENT_FILTER),

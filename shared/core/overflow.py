@@ -18,7 +18,8 @@ LiteLLM and OpenRouter) and decides in a fixed order of precedence:
    own overflow code), even under HTTP 500/503 (llama.cpp, LiteLLM fallbacks), unless
    offered as a guess beside another named cause ("this often happens when the context
    is too long ... is not a valid model ID");
-4. request-body size (HTTP 413, "payload too large");
+4. a file over an upload endpoint's own cap ("File is too large.": no kind), then
+   request-body size (HTTP 413, "payload too large");
 5. a parameter conflict or a response of the wrong shape (no kind), output-limit, auth,
    content-filter, overloaded and server errors;
 6. generic overflow wording ("too many tokens", "token limit") only when the
@@ -55,6 +56,7 @@ from enum import StrEnum
 from itertools import combinations, islice
 from typing import Literal, Protocol
 
+from shared.core import overflow_kinds as kinds
 from shared.core import overflow_language_kinds as language_kinds
 from shared.core import overflow_languages as languages
 from shared.core import overflow_numbers as numbers
@@ -167,7 +169,8 @@ class _Families:
 
 
 _NEVER = re.compile(r"(?!)")
-_SECONDARY = ((ErrorKind.PAYLOAD_SIZE, "PAYLOAD"), (ErrorKind.OTHER, "PARAMETER_CONFLICT"),
+_SECONDARY = ((ErrorKind.OTHER, "FILE_UPLOAD"), (ErrorKind.PAYLOAD_SIZE, "PAYLOAD"),
+              (ErrorKind.OTHER, "PARAMETER_CONFLICT"),
               (ErrorKind.OTHER, "UNEXPECTED_RESPONSE"), (ErrorKind.OUTPUT_LIMIT, "OUTPUT_LIMIT"),
               (ErrorKind.AUTH, "AUTH"),
               (ErrorKind.CONTENT_FILTER, "CONTENT_FILTER"), (ErrorKind.OVERLOADED, "OVERLOADED"),
@@ -179,7 +182,7 @@ def _families(scripts: frozenset[str], english: bool = True) -> _Families:
     else), each followed by the parts of its namesake in the other languages written in
     ``scripts``."""
     def get(name: str) -> _Searcher:
-        own = [getattr(patterns, name)] if english else []
+        own = [getattr(patterns, name, None) or getattr(kinds, name)] if english else []
         family: languages.Family = getattr(languages, name, None) \
             or getattr(language_kinds, name, {})
         found = (*own, *(family[script] for script in sorted(scripts) if script in family))

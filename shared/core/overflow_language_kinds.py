@@ -132,6 +132,10 @@ OUTPUT_LIMIT = _rx(
     r"antwoord\b.{0,20}?afgekapt", r"(?:respons|jawaban)\b.{0,20}?(?:terpotong|dipotong)",
     r"(?:câu trả lời|phản hồi)\b.{0,20}?bị cắt", r"yanıt\b.{0,20}?kesildi",
     r"odpowiedź\b.{0,20}?(?:obcięt|ucięt)", r"(?:اقتطاع|قطع) (?:الرد|الإجابة)",
+    # Arabic verbs, short vowels written or not ("اقتُطعت إجابتي عند حد الإخراج"), and the output
+    # limit named ("حد الإخراج")
+    r"(?:اقت|قُ?)[\u064b-\u0652]?ط[\u064b-\u0652]?ع\S*\s(?:\S+\s)?(?:إجاب|الإجاب|الرد|رد|المخرجات"
+    r"|الاستجابة)", r"(?:عند|بلغ\S*|وصل\S* إلى|تجاوز\S*) حد (?:الإخراج|المخرجات)",
     r"(?:超出|超过|达到)了?(?:最大)?(?:回复|回答|输出|生成)(?:长度|token\s?数?)?的?(?:限制|上限)",
     r"(?:การตอบสนอง|คำตอบ|เอาต์พุต).{0,12}?(?:ถูกใช้หมด|หมดแล้ว|ถูกตัด|เกินขีดจำกัด)",
     r"відповід\w*\b.{0,20}?(?:обрізан|урізан|обірван)", r"התשובה\s.{0,20}?(?:נקטעה|קוצרה)",
@@ -199,6 +203,8 @@ SERVER = _rx(
     r"memoria insuficiente|error interno|tiempo de espera", r"memória insuficiente|erro interno"
     r"|indisponível", r"memoria insufficiente|errore interno|non disponibile",
     r"onvoldoende geheugen|interne (?:server)?fout", r"memori tidak cukup|kehabisan memori",
+    r"habis waktu|waktu (?:tunggu )?habis|kehabisan waktu|batas waktu (?:terlampaui|habis)",
+    r"tempo (?:limite |de espera )?esgotado|tempo (?:di attesa )?scaduto",
     r"(?:hết|không đủ) bộ nhớ|bộ nhớ không đủ|lỗi (?:máy chủ )?nội bộ|hết thời gian chờ",
     r"yetersiz bellek|bellek yetersiz|sunucu hatası|zaman aşımı",
     r"(?:brak|za mało) pamięci|wewnętrzny błąd|przekroczono (?:limit )?czas",

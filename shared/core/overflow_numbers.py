@@ -29,6 +29,8 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         # "maximum context length: 130000 > 128000", "too many input tokens: 9000 > 8192":
         # the stated length, then the limit
         (rf"(?:context|prompt|input) (?:length|tokens):? {_N} ?> ?{_N}\b", ("prompt", "limit")),
+        # "... maximum sequence length for this model (131072 > 2048)": the count, then the limit
+        (rf"\({_N} ?> ?{_N}\)", ("prompt", "limit")),
         (rf"max(?:imum)? (?:context|prompt) length:? (?:is |of )?{_N}", ("limit",)),
         (rf"context length (?:is |of )?only {_N}", ("limit",)),
         (rf"you passed {_N} input tokens and requested {_N} output tokens", ("prompt", "output")),
@@ -114,6 +116,16 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"tokens\b[^.]{{0,60}}?cannot exceed {_N}(?: tokens)?\W{{1,4}}(?:received|got|but got"
          rf"|requested) {_N}", ("limit", "total")),
         (rf"current length is {_N} while limit is {_N}", ("total", "limit")),
+        # a rule the input broke, then its count: "cannot exceed 8194 tokens. 8746 tokens given"
+        (rf"(?:cannot|can't|can not|must not|may not|should not) exceed {_N} tokens?\W{{1,4}}{_N}"
+         rf" tokens? (?:were |was )?(?:given|provided|received|supplied|passed|sent|found)",
+         ("limit", "prompt")),
+        (rf"(?:number|count) of (?:input|prompt) tokens\s*[:=]\s*{_N}", ("prompt",)),
+        # one input of several over its cap: "input 3 has 9120 tokens" (3 is its index), the cap
+        # stated as a rule ("must not exceed 8192 tokens")
+        (rf"\b(?:input|text|document|item|chunk|string)\s?(?:#|\[)?\d+\]? (?:has|contains|is) {_N}"
+         rf" tokens", ("prompt",)),
+        (rf"(?:cannot|can't|can not|must not|may not|should not) exceed {_N} tokens", ("limit",)),
         (rf"max(?:imum)? input length is {_N}", ("limit",)),
         (rf"input token limit (?:is|of) {_N}", ("limit",)),
         (rf"max input tokens: {_N}, request input token count: {_N}", ("limit", "prompt")),
@@ -178,8 +190,8 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          rf" (?:input|prompt) tokens\b", ("prompt",)),
         (rf"\b(?:limit|max(?:imum)?)(?: allowed| supported)?(?: is| was|:)\s*{_N}", ("limit",)),
         # a log's field naming the window: "model_context_window_tokens=Some(121600)"
-        (rf"context[ _]?(?:length|window|size|limit)(?:[ _]tokens)?\s*[:=]\s*(?:some\(|optional\[)?"
-         rf"{_N}", ("limit",)),
+        (rf"context[ _]?(?:length|window|size|limit)(?:[ _](?:tokens|size))?\s*[:=]\s*"
+         rf"(?:some\(|optional\[)?{_N}", ("limit",)),
         # Generic shapes, consulted last. "P + O (= T) > L", "P plus max_tokens O cannot
         # exceed ... L": the prompt, the output, the total and the window.
         (rf"{_N}\)?\s*(?:\+|plus)\s*(?:max_tokens|max_new_tokens|max_completion_tokens|output"
@@ -230,6 +242,6 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          ("limit",)),
         # what was asked: "the prompt is 3000 tokens", "Prompt length 40000", "input (33000)"
         (rf"(?:prompt|input|request(?:ed)?(?: input| prompt)?)(?: sequence)?(?: length| size"
-         rf"| token count)?(?: is| of| has| contains(?: at least)?|:)?\s*\(?{_N}", ("prompt",)),
+         rf"| token count)?(?: is| of| has| contains(?: at least)?|:)?\s*\(?~?{_N}", ("prompt",)),
     )
 )

@@ -13,7 +13,9 @@ comparison, "N tokens ... (M tokens)" pairs), not one regex per server string;
 English only: the same families in other languages (Chinese, Japanese, Korean, Russian,
 German, French...) are in ``shared.core.overflow_languages``, consulted only for texts
 that are not ASCII or that nothing here recognised; the shapes in which an overflow states
-its numbers are in ``shared.core.overflow_numbers``.
+its numbers are in ``shared.core.overflow_numbers``; the English verdicts that are not
+overflows and rank below them (output limit, auth, content filter, overloaded, server) in
+``shared.core.overflow_kinds``.
 """
 
 from __future__ import annotations
@@ -131,14 +133,27 @@ QUOTA = Gated(_rx(
     # an agent's allowance of auto-approved requests ("reached the auto-approved limit of 50 API
     # requests"): reset the count to go on
     (("approv",), _rx(r"auto-?approv\w*\b.{0,40}?\blimit\b|\blimit\b.{0,40}?auto-?approv")),
+    # a plan's allowance used up: "hit your session limit", "exceeded your premium request
+    # allowance", "weekly limit reached", "overages", "the maximum number of interactions allowed
+    # in a single day" (not a window, a rate or a length: "your context limit", "your rate limit")
+    (("hit your", "reached your", "exceeded your", "used up your", "exhausted your", "out of your"),
+     _rx(r"(?:hit|reached|exceeded|used up|exhausted|run out of) (?:all (?:of )?)?your "
+         r"(?:(?!context|tokens?\b|length|input|prompt|output|rate|request size)[\w'-]+ ){0,3}?"
+         r"(?:limit|allowance|cap)\b")),
+    (("session", "daily", "week", "month", "-hour", "premium", "overage", "usage cap", "day"),
+     _rx(r"\b(?:session|weekly|daily|monthly|\d+-hour|premium[- ]requests?) (?:usage |request )?"
+         r"(?:limit|allowance|cap)\b", r"\boverages?\b", r"\busage cap\b",
+         r"number of (?:interactions|requests|messages|queries|chats|conversations|prompts"
+         r"|generations|questions)\b.{0,30}?\b(?:in|per|for|each) (?:a |one |the |each )?"
+         r"(?:single )?(?:day|week|month)\b")),
 )
 # A quota counted per minute or second is a rate limit ("Quota exceeded for quota metric
 # 'Generate Content API requests per minute'"): waiting is the fix, not money.
 # So is a quota that names a wait of seconds or minutes ("Please retry in 39.8s").
 PER_SHORT_WINDOW = _rx(r"(?:per|/) ?(?:min(?:ute)?|sec(?:ond)?)\b", r"_per_(?:minute|second)",
                        r"rate[_. ]?quota",
-                       r"retry (?:in|after) \d+(?:\.\d+)?\s?(?:m?s|secs?|seconds?|m|mins?"
-                       r"|minutes?)\b")
+                       r"(?:retry|resets?|renews?|try again) (?:in|after) \d+(?:\.\d+)?\s?"
+                       r"(?:m?s|secs?|seconds?|m|mins?|minutes?)\b")
 RATE = Gated(_rx(
     r"rate[\s_-]?limit", r"too many requests", r"throttl",
     r"\b(?:tokens?|requests?) per (?:min|minute|hour|day|second)\b", r"\bper[- ]minute\b",
@@ -191,7 +206,6 @@ OVERFLOW_STRONG = Gated(_rx(
     r"out of (?:room|space) in the (?:model'?s? )?context",
     r"available context (?:size|length)? ?(?:is )?-\d",  # a negative room left
     r"exceeds? (?:the )?(?:session )?max(?:imum)? (?:token |context |sequence )?length\b",
-    r"(?:message|prompt|input) (?:was|is) too long and could not be processed",
     # "Input length (N tokens) exceeds the maximum allowed length (M tokens)" (SGLang)
     r"(?:input|prompt) length\b.{0,40}?(?:exceeds?|is longer than|is greater than) (?:the )?"
     r"max(?:imum)? (?:allowed |supported )?(?:length|tokens?(?: size| count| limit)?)\b",
@@ -200,8 +214,6 @@ OVERFLOW_STRONG = Gated(_rx(
     r"\bcontext (?:is |was |got |has become )?too (?:long|large)\b",
     r"context(?: window)? (?:is|was) (?:already )?full\b",
     r"max(?:imum)? size\W{0,3}\d[\d,]*\s?tokens\b",  # a size counted in tokens is the window
-    r"(?:text|input|prompt|request)(?: token)? length\b.{0,30}?outside (?:the |of )?"
-    r"(?:allowed |valid )?range",
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
     # llama.cpp / LM Studio: the kept prompt does not fit the loaded context.
@@ -239,13 +251,18 @@ OVERFLOW_STRONG = Gated(_rx(
     r"input (?:tokens? )?(?:length |count |size )?(?:is )?too (?:long|large)\b",
     r"max(?:imum)? length of (?:the )?(?:current )?(?:question|prompt|input|message)s?\b",
     r"but (?:the )?model (?:only )?supports (?:up to )?\d",  # Vertex, any model
-    # a server's total of prompt + output against its session length (LMDeploy)
-    r"(?:total )?sequence length\b.{0,40}?exceeds",
     r"\btype\W{1,4}input_length\b",  # an error type naming the input's length
     # the room left for the output computed negative: the prompt filled the window (vLLM)
     r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
     r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
 ),
+    # branches whose rare word waits in front of them: a length outside its range, a server's
+    # total of prompt + output against its session length (LMDeploy), a prompt not processed
+    (("outside",), _rx(r"(?:text|input|prompt|request)(?: token)? length\b.{0,30}?outside "
+                       r"(?:the |of )?(?:allowed |valid )?range")),
+    (("sequence length",), _rx(r"(?:total )?sequence length\b.{0,40}?exceeds")),
+    (("not be processed",), _rx(r"(?:message|prompt|input) (?:was|is) too long and could not be "
+                                r"processed")),
     # "prompt_tokens (N) must be less than max_seq_len (M)" (SiliconFlow), vLLM-style names
     (("max_", "n_ctx", "session_len"),
      _rx(r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal "
@@ -267,6 +284,29 @@ OVERFLOW_STRONG = Gated(_rx(
     # an error code in one word: "ContextTooLong", "context_too_long", "PromptTooLong"
     (("toolong", "too_long", "toolarge", "too_large"),
      _rx(r"\b(?:context|prompt)_?too_?(?:long|large)\b")),
+    # one input's own token cap, as a rule the request broke ("Single text cannot exceed 8194
+    # tokens. 8746 tokens given."); not the output's or a tool's
+    (("not exceed", "n't exceed", "not be longer", "not be larger", "not be more"),
+     _rx(r"(?<!output )(?<!response )(?<!completion )(?<!tool )(?<!function )"
+         r"\b(?:text|input|document|prompt|sequence|chunk|passage|message|request|conversation"
+         r"|context)s?\W{0,3}(?:cannot|can't|can not|must not|may not|should not|is not allowed to)"
+         r" (?:exceed|be (?:longer|larger|more) than) \d[\d,.]*\s?k? ?tokens\b")),
+    # a chat that reached its length: "This chat has reached the maximum length", "This one's
+    # reached its length limit", "exceeds the length limit for this conversation"
+    (("length limit", "maximum length", "max length"), _rx(
+        r"\b(?:chat|conversation|thread|session|dialog(?:ue)?|history|this one)(?:['\u2019]s| has"
+        r"| have| is)? (?:reached|hit|exceeded|at) (?:its|the|their|a) (?:max(?:imum)? )?length"
+        r"(?: limit)?\b",
+        r"(?:exceeds?|exceeded|over|reached|hit) the (?:max(?:imum)? )?length(?: limit)? (?:for|of)"
+        r" (?:this|the|your|a) (?:chat|conversation|thread|session)",
+        r"\b(?:chat|conversation|thread|session)(?:'s)? length limit\b")),
+    # a chat's memory that is full; a window too small for the prompt
+    (("full",), _rx(r"\b(?:conversation|chat|dialog(?:ue)?|session|thread)(?:'s)? (?:memory|history"
+                    r"|context|buffer) (?:is |was |has become |got )?(?:completely |already |now )?"
+                    r"full\b")),
+    (("too small",), _rx(r"context(?: window| length| size)?\b.{0,30}?too small (?:for|to (?:fit"
+                         r"|hold|contain)) (?:the |your |this |its )?(?:system )?(?:prompt|request"
+                         r"|input|messages?|conversation|history|tools)")),
 )
 # The provider's own overflow sentence, the window and the request both stated: it outranks the
 # rate-limit or quota words of a retry loop around it ("... your messages resulted in 4452 tokens
@@ -359,102 +399,17 @@ MALFORMED = _rx(
     r"must be >= ?[01]\b", r"is too small\b", r"does not match any of the expected",
     r"cache_control", r"does not support (?:this|the) (?:tool_choice|parameter|value|option"
     r"|feature|setting)", r"produced (?:an )?invalid",
+    # a name's own rules, a thinking budget's range, a count of inputs per request
+    r"invalid (?:[\w-]+ )?name\b", r"thinking[_ .]?budget|budget_tokens",
+    r"\b(?:function|tool|field|parameter|property|model|user|file)[_ ]?names?\b.{0,60}?(?:too "
+    r"long|max(?:imum)? length|at most \d|(?:cannot|must not) exceed|longer than)",
+    r"supported values (?:are|is)\b", r"(?:at most|no more than|a maximum of|up to) \d+ "
+    r"(?:requests|inputs|items|texts|strings|documents|chunks|embeddings|elements|entries)\b",
 )
-# Two parameters that may not be combined: a malformed request, whatever they are about.
-PARAMETER_CONFLICT = Gated(None, (("cannot", "mutually"), _rx(
-    r"cannot be (?:set|specified|used) (?:at the same time|together)", r"mutually exclusive",
-    r"cannot both be (?:set|specified)")))
-# A client's check of a response's shape that failed ("expected exactly one compaction output
-# item, got 0"): neither a server fault nor a size, whatever the client prefixes it with.
-UNEXPECTED_RESPONSE = Gated(None, (("expected",), _rx(
-    r"expected (?:exactly |at least |at most )?(?:one|an?|\d+) [\w ]{1,40}?,? (?:but )?(?:got"
-    r"|received|found) \d+")))
 # Overflow wording stated as a guess ("this often happens when the context is too long") in a
 # text that names another cause (a model that does not exist) is not an overflow.
 HEDGE = re.compile(r"\b(?:often|usually|typically|sometimes|commonly|generally|possibly|probably"
                    r"|likely|perhaps|may|might|could)\b", re.I)
-_OUTPUT_LIMIT = _rx(
-    r"max_tokens is too large", r"maximum allowed number of output tokens",
-    r"supports at most \d+ completion tokens", r"maximum output for this model",
-    r"valid range of max_tokens", r"invalid max_tokens value",
-    r"max(?:imum)? tokens you requested exceeds", r"max(?:imum)? tokens value that is lower",
-    # a client's verdict on a reply cut at max_tokens (AI SDK, openai-python's parse())
-    r"(?:finish[_ ])?reason\W{0,3}(?:max_tokens|max_output_tokens|length)\b",
-    r"length limit was reached", r"model output limit was reached",
-    r"lengthfinishreasonerror", r"range of max_tokens", r"exceeded output limit",
-    r"response incomplete\W{0,3}(?:length|max_tokens)",
-    r"(?:response|output|reply|completion) (?:was |is )?(?:truncated|cut off)",
-    r"(?:response|output|reply|completion) remained truncated",
-    r"(?:response|output|reply|answer|completion) (?:hit|reached) the (?:length|token|output) "
-    r"limit",
-    r"(?:reached|hit|exceeded|exceeds) (?:its|the) (?:[\d,.]+k? ?)?(?:max(?:imum)? )?output"
-    r"(?:[ -]?tokens?)? (?:limit|maximum|max|cap)\b",
-    r"for the (?:content )?length reason", r"max_?tokens\W{0,3}(?:is )?invalid\b",
-    r"did not \w+ a final (?:response|output)",  # the Agents SDK (JS), its typo included
-    r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
-    r"before any (?:response|output|content|text) was generated",
-    r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
-    rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
-    rf"|num_predict|max(?:imum)? output tokens){_Q}(?: value)?\b.{{0,80}}(?:too large|too big"
-    r"|above maximum|exceed|greater than|(?:must|should) be (?:less|<|smaller|at most|under"
-    r"|below|lower)|less (?:than )?or equal"
-    r"|supported range"
-    r"|valid range|out of range|not valid)",
-)
-# N output tokens asked against the model's maximum ("requested 200000 output tokens, model
-# maximum 65536").
-OUTPUT_LIMIT = Gated(_OUTPUT_LIMIT, (("output token", "output-token"), _rx(
-    r"requested \d[\d,]* output[- ]tokens\b.{0,40}?\b(?:max(?:imum)?|limit)\b")))
-_AUTH = _rx(
-    r"\bunauthori[sz]ed\b", r"\bunauthenticated\b", r"authentication", r"\bnot authori[sz]ed\b",
-    r"invalid[_ -]?(?:api[_ -]?)?key", r"incorrect api key", r"api key not valid",
-    r"invalid x-api-key", r"permission[_ ]denied", r"\bforbidden\b", r"access ?denied",
-    r"unrecognizedclient", r"security token included in the request is invalid",
-    r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
-    r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
-    r"you have been blocked",  # a firewall's page
-)
-AUTH = Gated(_AUTH, (("key",), _rx(  # a key the client never set ("ANTHROPIC_API_KEY is not set")
-    r"api[_ -]?key\W{0,3}(?:is |was )?(?:not (?:set|configured|provided)|unset|empty)\b")))
-_CONTENT_FILTER = _rx(
-    r"content[_ ]filter", r"content[_ ]management[_ ]polic", r"content[_ ]polic(?:y|ies)",
-    r"responsibleaipolicyviolation", r"safety system", r"flagged as potentially violating",
-    r"usage polic(?:y|ies)", r"blocked by (?:the |our )?(?:safety|guardrail|content)",
-    r"prohibited content", r"guardrail intervened", r"inappropriate content",
-    r"data[_ ]inspection[_ ]failed", r"content exists risk",
-    r"blocked (?:due to|because of|for)\W{0,2}(?:\w+\W{1,3})?(?:safety|policy|content)",
-)
-CONTENT_FILTER = Gated(_CONTENT_FILTER, (
-    ("blocked", "feedback", "reason", "injection", "jailbreak"), _rx(
-        # Gemini's verdict on the prompt ("Check the `response.prompt_feedback` to see if the
-        # prompt was blocked", "blockReason: SAFETY"); a prompt injection refused
-        r"prompt_?feedback", r"(?:prompt|message|input|candidate)s? (?:was |is |has been "
-        r"|is being |were |got )blocked\b", r"block_?reason\W{0,5}(?:safety|prohibited|blocklist)",
-        r"prompt injection|jailbreak")))
-OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",
-                  r"too busy", r"loading (?:the )?model\b", r"no (?:available |free )?slots?"
-                  r" (?:is |are )?(?:available|found|left)",
-                  r"servers? (?:is |are )?busy")  # Ollama: "server busy, please try again"
-_SERVER = _rx(
-    r"internal[_ ]server[_ ]error", r"internal[_ ]error", r"service[_ ]?unavailable",
-    r"service (?:is )?(?:temporarily )?unavailable",
-    r"bad gateway", r"gateway time-?out", r"timed? ?out\b", r"deadline[_ ]exceeded",
-    r"connection (?:refused|reset|aborted|error|closed)", r"apiconnectionerror",
-    r"server disconnected", r"remote ?protocol ?error", r"crashed", r"upstream (?:connect )?error",
-    r"network (?:error|is unreachable)", r"name or service not known",
-    r"temporary failure in name resolution", r"econnrefused|econnreset|etimedout",
-    r"\bserver_error\b", r"server had an error", r"deadline expired",
-    r"error occurred while processing your request", r"out of available cache blocks",
-    r"server[- ]side (?:issue|error)",
-    r"(?:can be|could be) stored in (?:the )?kv cache",  # an engine configured beyond its memory
-    r"available kv cache memory", r"out of memory", r"insufficient memory", r"fatal error",
-    r"engine ?dead", r"enginecore encountered",
-    r"payload is not completed", r"premature close", r"typeerror: terminated",
-    r"web server is (?:returning an unknown error|down)", r"origin (?:is )?unreachable",
-    r"(?:iterating over|reading) (?:the |an )?sse stream",
-)
-SERVER = Gated(_SERVER, (("unstable", "not respond"), _rx(
-    r"network (?:is |was )?unstable", r"server (?:is |was )?not responding")))
 OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
