@@ -26,6 +26,7 @@ from shared.core.overflow import (
     is_tool_pairing_error,
     parse_overflow,
     stated_count,
+    unrecognised,
 )
 
 K = ErrorKind
@@ -433,6 +434,24 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
     ("b15-russian-exhausted", "Контекст модели исчерпан: начните новый диалог.", {}),
     ("b15-window-too-small", "The model's context window is too small for the system prompt and "
      "tool definitions.", {}),
+    # batch 16 (written after the patterns)
+    ("b16-chinese-count-in-parens", "会话的token数（130000）超出了模型上限128000，请清理历史消息",
+     {"prompt_tokens": 130000, "limit": 128000}),
+    ("b16-gateway-context-window", ProviderError("Upstream error: the request exceeded the "
+     "server's context window", 400), {}),
+    ("b16-ran-out-of-space", "This chat has run out of space. Please begin a new conversation or "
+     "raise the context length.", {}),
+    ("b16-persian-too-long", "متن درخواست بیش از حد طولانی است؛ لطفاً گفتگوی جدیدی شروع کنید.", {}),
+    ("b16-thread-exceeds-size", "Your conversation exceeds the maximum length allowed by this "
+     "model (33,410 tokens > 32,768).", {"prompt_tokens": 33410, "limit": 32768}),
+    ("b16-n-keep-commas", "llama_server: n_keep = 140,012 >= n_ctx = 131,072",
+     {"prompt_tokens": 140012, "limit": 131072}),
+    ("b16-failed-due-to-prompt-length", "Generation failed because of the prompt length; trim the "
+     "history and retry.", {}),
+    ("b16-dialogue-too-long", "Your dialogue is too long for this model, the oldest turns were "
+     "dropped.", {}),
+    ("b16-document-bytes", ProviderError("PDF attachment size (31457280 bytes) exceeds the maximum "
+     "allowed size (20971520 bytes)", 400), {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -577,6 +596,18 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("b13-gemini-prompt-feedback", "ValueError: Invalid operation: The `response.text` quick "
      "accessor requires the response to contain a valid `Part`, but none were returned. Check "
      "the `response.prompt_feedback` to see if the prompt was blocked.", K.CONTENT_FILTER),
+    # batch 16 (written after the patterns)
+    ("b16-slack-message-cap", "slack_sdk.errors.SlackApiError: Slack rejected the post: message "
+     "text is too long (msg_too_long)", K.OTHER),
+    ("b16-agent-steps", "AgentExecutor stopped: maximum number of steps reached (25)", K.OTHER),
+    ("b16-user-token-budget", ProviderError("You've used up your monthly token allowance for this "
+     "workspace.", 403), K.QUOTA),
+    ("b16-rerank-batch", ProviderError("documents batch_size 300 exceeds the maximum batch size of "
+     "100", 400), K.OTHER),
+    ("b16-increase-max-tokens", "The reply stopped early; increase max tokens in the settings to "
+     "get longer answers.", K.OUTPUT_LIMIT),
+    ("b16-app-storage", "Chat history is very large (2,300 messages) and may cause the app to "
+     "freeze. Consider archiving it.", K.OTHER),
 ]
 
 
@@ -612,6 +643,22 @@ def test_stated_counts_read_separators_and_suffixes(raw: str, count: int) -> Non
 def test_held_out_near_misses_are_not_overflow(name: str, error: object, kind: ErrorKind) -> None:
     assert classify_error(error) is kind, name
     assert not is_context_overflow(error) and parse_overflow(error) is None
+
+
+@pytest.mark.parametrize("text", [
+    "Discord 400: Invalid Form Body content[BASE_TYPE_MAX_LENGTH]: Must be 2000 or fewer in "
+    "length.", "Telegram server says - Bad Request: message is too long",
+    "Stopped: Maximum iterations exceeded!", "RangeError: Maximum call stack size exceeded",
+    "input batch size 473 > maximum allowed batch size 64",
+    "field 'prompt' length 2845 is greater than the maximum length 2048",
+    "This conversation data is too large. This may cause the application to crash or lag.",
+    "AgentExecutor stopped: maximum number of steps reached (25)",
+])
+def test_limits_that_are_not_the_models_escape_the_net(text: str) -> None:
+    """A chat platform's own message cap, an agent's loop, a call stack, an embedding batch's
+    count, a field's own length, an app's local storage (batch 16): not overflows, and not
+    left to the unrecognised-error net either."""
+    assert not is_context_overflow(text) and not unrecognised(text), classify_error(text)
 
 
 # -- one real shape per provider (from their documented / observed error bodies) --------------

@@ -21,7 +21,8 @@ LiteLLM and OpenRouter) and decides in a fixed order of precedence:
 4. a file over an upload endpoint's own cap ("File is too large.": no kind), then
    request-body size (HTTP 413, "payload too large");
 5. a parameter conflict or a response of the wrong shape (no kind), output-limit, auth,
-   content-filter, overloaded and server errors;
+   content-filter, overloaded and server errors, then a limit that is not the model's (a chat
+   platform's own message cap, an agent's iterations, a call stack: no kind);
 6. generic overflow wording ("too many tokens", "token limit") only when the
    HTTP status does not say otherwise (429, 401/403, 5xx);
 7. the HTTP status alone.
@@ -174,7 +175,7 @@ _SECONDARY = ((ErrorKind.OTHER, "FILE_UPLOAD"), (ErrorKind.PAYLOAD_SIZE, "PAYLOA
               (ErrorKind.OTHER, "UNEXPECTED_RESPONSE"), (ErrorKind.OUTPUT_LIMIT, "OUTPUT_LIMIT"),
               (ErrorKind.AUTH, "AUTH"),
               (ErrorKind.CONTENT_FILTER, "CONTENT_FILTER"), (ErrorKind.OVERLOADED, "OVERLOADED"),
-              (ErrorKind.SERVER_ERROR, "SERVER"))
+              (ErrorKind.SERVER_ERROR, "SERVER"), (ErrorKind.OTHER, "NOT_THE_MODEL"))
 
 
 def _families(scripts: frozenset[str], english: bool = True) -> _Families:

@@ -4,7 +4,8 @@ Moved out of ``shared.core.overflow_patterns`` when that module outgrew ~550 lin
 ``shared.core.overflow`` consults these after the overflow wording and the request-body sizes,
 in the order of its docstring: a file over an upload endpoint's own cap, a parameter conflict or
 a mode the request must use, a response of the wrong shape (the three name no kind), an output
-limit, auth, a content filter, an overloaded server and a server or network fault. Their
+limit, auth, a content filter, an overloaded server, a server or network fault and, last, a
+limit that is not the model's (a chat platform's message cap, an agent's loop: no kind). Their
 namesakes in other languages are in ``shared.core.overflow_language_kinds``.
 """
 
@@ -33,6 +34,27 @@ FILE_UPLOAD = Gated(None, (("file", "upload"), _rx(
 UNEXPECTED_RESPONSE = Gated(None, (("expected",), _rx(
     r"expected (?:exactly |at least |at most )?(?:one|an?|\d+) [\w ]{1,40}?,? (?:but )?(?:got"
     r"|received|found) \d+")))
+# A limit that is not the model's (batch 16): a chat platform's own cap on the message a bot
+# posts ("Telegram server says - Bad Request: message is too long", Discord's
+# "BASE_TYPE_MAX_LENGTH: Must be 2000 or fewer in length"), an agent's loop ("Maximum iterations
+# exceeded"), a program's call stack, an app's warning about what it stores locally ("This
+# conversation data is too large ... may cause the application to crash or lag").
+NOT_THE_MODEL = Gated(None, (("telegram", "discord", "slack", "whatsapp"), _rx(
+    r"\b(?:telegram|discord|slack|whatsapp)\b.{0,60}?\b(?:message|text|content|caption|reply"
+    r"|answer)s?(?: text)? (?:is |was )?too long\b",
+    r"\b(?:message|text|caption)s?(?: is| was)? too long\b.{0,40}?\b(?:for|by) (?:telegram|discord"
+    r"|slack|whatsapp)\b")),
+    (("max_length", "or fewer in length"), _rx(
+        r"base_type_max_length", r"must be \d+ or fewer in length")),
+    (("iteration", "call stack", "recursion", "steps", "loops"), _rx(
+        r"max(?:imum)? (?:number of )?(?:iterations|steps|loops|turns)\b.{0,20}?"
+        r"(?:exceeded|reached)",
+        r"(?:iteration|recursion|step) limit\b.{0,20}?(?:exceeded|reached)",
+        r"max(?:imum)? (?:call stack|recursion depth)\b.{0,20}?(?:exceeded|reached)")),
+    (("crash", "freeze", "local storage"), _rx(
+        r"(?:may|might|could|can|will) (?:cause|make) (?:the )?(?:app(?:lication)?|client|browser"
+        r"|ui|page|device)\b.{0,10}?(?:to )?(?:crash|lag|freeze|slow down)",
+        r"local ?storage\b.{0,40}?(?:full|exceeded|limit)")))
 _OUTPUT_LIMIT = _rx(
     r"max_tokens is too large", r"maximum allowed number of output tokens",
     r"supports at most \d+ completion tokens", r"maximum output for this model",
@@ -54,6 +76,8 @@ _OUTPUT_LIMIT = _rx(
     r"finish_?reason\W{0,5}(?:max_tokens|max_output_tokens|length)\b",
     r"before any (?:response|output|content|text) was generated",
     r"increase (?:the )?\W?(?:max_tokens|max_output_tokens|max_completion_tokens)\b",
+    # "token length('150') exceeded. Increase maximum token to avoid the issue."
+    r"increas\w* (?:the |your )?max(?:imum)? ?tokens?\b(?! (?:context|window|input|prompt))",
     rf"{_Q}(?:max_tokens|max_completion_tokens|max_output_tokens|maxoutputtokens|max_new_tokens"
     rf"|num_predict|max(?:imum)? output tokens){_Q}(?: value)?\b.{{0,80}}(?:too large|too big"
     r"|above maximum|exceed|greater than|(?:must|should) be (?:less|<|smaller|at most|under"
@@ -82,6 +106,7 @@ _AUTH = _rx(
     r"(?:expired|invalid) (?:access |bearer )?token\b(?! count)", r"token (?:has )?expired",
     r"api key (?:expired|invalid|missing|required)", r"(?:provide|missing|no) an? api key",
     r"you have been blocked",  # a firewall's page
+    r"(?:invalid|incorrect|bad|missing|no) (?:api )?credentials\b",  # "... in Authorization header"
 )
 AUTH = Gated(_AUTH, (("key",), _rx(  # a key the client never set ("ANTHROPIC_API_KEY is not set")
     r"api[_ -]?key\W{0,3}(?:is |was )?(?:not (?:set|configured|provided)|unset|empty)\b")))

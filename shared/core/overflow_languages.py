@@ -16,8 +16,8 @@ Each family names a concept, not a sentence: a subject (context, conversation, i
 file size) with a verb (exceed, too long, full, reach) per language, in either order.
 Chinese (traditional read through a map to the simplified forms), Japanese, Korean, Russian,
 Ukrainian, German, French, Italian, Spanish, Portuguese, Dutch, Indonesian, Vietnamese, Turkish,
-Polish, Arabic, Hebrew and Thai are covered. The verdicts that are not overflows (quota, rate,
-auth...) are in ``shared.core.overflow_language_kinds``.
+Polish, Arabic, Persian (batch 16), Hebrew and Thai are covered. The verdicts that are not
+overflows (quota, rate, auth...) are in ``shared.core.overflow_language_kinds``.
 """
 
 # Words of other scripts look like Latin letters to ruff (Cyrillic "о", Turkish "ı"): they are
@@ -146,7 +146,8 @@ OVERFLOW_STRONG = _rx(
     r"超(?:过|出)了?(?:模型|可用)?(?:的)?(?:最大)?(?:上下文|长度|token)", r"超过了?(?:上下文)?窗口",
     r"内容(?:长度)?(?:过长|太长|超长)", r"(?:请求|内容|消息|输入)(?:内容)?(?:过大|太大)",
     r"\b(?:prompt|input|context|tokens?|text)\s*(?:过长|太长|超长)",
-    r"(?:token|词元) ?(?:数量|数|长度)?(?:超过|超出)了?(?:模型|可用)?(?:的)?(?:上限|限制|最大)",
+    r"(?:token|词元)s? ?(?:数量|数|长度)?\s?(?:[(\uff08]\s?[\d,]+\s?[)\uff09])?\s?(?:超过|超出)了?"
+    r"(?:模型|可用)?(?:的)?(?:上限|限制|最大)",
     r"(?:对话|会话|聊天)(?:历史|记录|内容)?(?:已经?)?(?:过长|太长|超长)",
     r"上下文(?:窗口)?(?:已经?)?(?:溢出|已满|满了)",
     r"(?:上下文|窗口)\S{0,6}?(?:仅|只)(?:能|可)?(?:容纳|支持|处理|接受)",
@@ -258,6 +259,12 @@ OVERFLOW_STRONG = _rx(
     r"(?:הקשר|טוקנים|אסימונים)\S*\s.{0,40}?(?:חורג|חורגת|חרג|חרגה|עולה על|עולים על)",
     r"(?:חורג|חורגת|חרג|חרגה|חריגה|עולה על|עולים על)\S*\s?.{0,30}?(?:הקשר|טוקנים|אסימונים)",
     r"(?:השיחה|ההקשר|הפרומפט|הקלט)\s.{0,10}?ארוכ\S* מדי",
+    # Persian (batch 16): the conversation's room used up or full ("فضای مکالمه تمام شد"), a
+    # conversation or input too long, the context or tokens over the limit
+    r"(?:فضای|ظرفیت|حافظه)\s(?:مکالمه|گفتگو|گفت‌وگو|چت|زمینه|متن|context)\S*\s.{0,10}?"
+    r"(?:تمام شد|پر شد|پر است|به پایان رسید)",
+    r"(?:مکالمه|گفتگو|گفت‌وگو|درخواست|ورودی|پیام|متن)\S*\s.{0,20}?(?:بیش از حد|خیلی) طولانی",
+    r"(?:زمینه|توکن|پنجره)\S*\s.{0,30}?(?:از حد|از سقف)\S*\s.{0,20}?(?:بیشتر|فراتر|گذشت|عبور)",
 )
 # Generic wording ("too many tokens"): an overflow unless the HTTP status says otherwise.
 OVERFLOW_WEAK = _rx(
@@ -343,7 +350,10 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
          rf"\s*{_N}", ("limit",)),
         (rf"(?:输入|请求|提示词?|当前)的?\s*(?:长度|token\s?数?量?)\s*(?:为|是|{_C})?\s*{_N}",
          ("prompt",)),
-        (rf"(?:超过|超出|大于)了?\s?(?:最大|上限|限制)?\s?(?:长度|限制|上限|值)?\s*{_N}",
+        # "对话中的tokens数量（5120）超过了最大限制4096"
+        (rf"(?:tokens?|词元)\s?(?:数量|数|长度)?\s?[(\uff08]\s?{_N}\s?[)\uff09]\s?(?:超过|超出|大于)",
+         ("prompt",)),
+        (rf"(?:超过|超出|大于)了?\s?(?:(?:模型|可用)的?)?(?:最大|上限|限制)?\s?(?:长度|限制|上限|值)?\s*{_N}",
          ("limit",)),
         # "입력 토큰 수: 215000 / 제한: 200000"
         (rf"(?:입력|프롬프트|요청)\s?(?:토큰\s?수|토큰|길이)\s*(?:{_C}|는|은|이|가)?\s*{_N}",

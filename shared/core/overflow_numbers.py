@@ -203,6 +203,9 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"max(?:imum)? tokens of {_N} (?:exceeded|reached)", ("limit",)),
         (rf"max(?:imum)? input context length \(?{_N}", ("limit",)),
         (rf"{_N} tokens? ?> ?{_N} (?:limit|max(?:imum)?)\b", ("prompt", "limit")),
+        # "9,120 tokens > 8,192." (a count against the window, no word after it)
+        (rf"{_N} tokens? ?> ?{_N}(?![\d.,]*\s?(?:tokens? )?(?:per|/|tpm|rpm))",
+         ("prompt", "limit")),
         (rf"you requested ~{_N} tokens \({_N} input \+ {_N} output\)",
          ("total", "prompt", "output")),
         # "exceed the 60000 token context window ... (projected 72534 tokens ... a 65536 token

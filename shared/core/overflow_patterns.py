@@ -140,6 +140,12 @@ QUOTA = Gated(_rx(
      _rx(r"(?:hit|reached|exceeded|used up|exhausted|run out of) (?:all (?:of )?)?your "
          r"(?:(?!context|tokens?\b|length|input|prompt|output|rate|request size)[\w'-]+ ){0,3}?"
          r"(?:limit|allowance|cap)\b")),
+    # a user's own token budget or allowance ("You have exceeded your token limit for this
+    # model", bionic-gpt): the account's, said to "you", not the request's window
+    (("you have", "you've", "you\u2019ve"), _rx(
+        r"\byou(?:'ve|\u2019ve| have) (?:exceeded|used up|reached|hit|exhausted|run out of) (?:all "
+        r"(?:of )?)?your (?:daily |weekly |monthly |allotted |allocated )?tokens? "
+        r"(?:limit|allowance|budget|quota|cap)\b")),
     (("session", "daily", "week", "month", "-hour", "premium", "overage", "usage cap", "day"),
      _rx(r"\b(?:session|weekly|daily|monthly|\d+-hour|premium[- ]requests?) (?:usage |request )?"
          r"(?:limit|allowance|cap)\b", r"\boverages?\b", r"\busage cap\b",
@@ -169,8 +175,8 @@ OVERFLOW_STRONG = Gated(_rx(
     r"exceed_context_size", r"max(?:imum)? context (?:length|size|window|limit)",
     r"(?:exceed(?:s|ed|ing)?|surpass(?:es|ed|ing)?|overflow(?:s|ed|ing)?|over|longer than"
     r"|larger than|greater than) (?:the |this |your |its )?"
-    r"(?:model'?s? |llm'?s? |endpoint'?s? |available |loaded |configured )?(?:maximum |max )?"
-    r"context(?: (?:length|window|size|limit))?\b",
+    r"(?:model'?s? |llm'?s? |endpoint'?s? |provider'?s? |server'?s? |available |loaded "
+    r"|configured )?(?:maximum |max )?context(?: (?:length|window|size|limit))?\b",
     r"context (?:length|window|size|limit) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
     r"context overflow", r"exhausted (?:the )?context window", r"prompt (?:is )?too large",
     r"context (?:still )?exceeds (?:the )?model(?:'s)? limits?",
@@ -217,7 +223,7 @@ OVERFLOW_STRONG = Gated(_rx(
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
     # llama.cpp / LM Studio: the kept prompt does not fit the loaded context.
-    r"cannot truncate prompt", r"n_keep\W{0,3}\d*\W{0,3}>=?\s*n_ctx",
+    r"cannot truncate prompt", r"n_keep\W{0,3}[\d,]*\W{0,3}>=?\s*n_ctx",
     # "..., but the configured context size is N tokens" and kin.
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
@@ -293,13 +299,18 @@ OVERFLOW_STRONG = Gated(_rx(
          r" (?:exceed|be (?:longer|larger|more) than) \d[\d,.]*\s?k? ?tokens\b")),
     # a chat that reached its length: "This chat has reached the maximum length", "This one's
     # reached its length limit", "exceeds the length limit for this conversation"
-    (("length limit", "maximum length", "max length"), _rx(
+    # and a thread over the model's maximum size ("This thread surpasses the maximum size allowed
+    # for this model. 9,120 tokens > 8,192", batch 16)
+    (("length limit", "maximum length", "max length", "maximum size", "max size"), _rx(
         r"\b(?:chat|conversation|thread|session|dialog(?:ue)?|history|this one)(?:['\u2019]s| has"
         r"| have| is)? (?:reached|hit|exceeded|at) (?:its|the|their|a) (?:max(?:imum)? )?length"
         r"(?: limit)?\b",
         r"(?:exceeds?|exceeded|over|reached|hit) the (?:max(?:imum)? )?length(?: limit)? (?:for|of)"
         r" (?:this|the|your|a) (?:chat|conversation|thread|session)",
-        r"\b(?:chat|conversation|thread|session)(?:'s)? length limit\b")),
+        r"\b(?:chat|conversation|thread|session)(?:'s)? length limit\b",
+        r"\b(?:thread|conversation|chat|dialog(?:ue)?|history|request|prompt|input|messages?)s? "
+        r"(?:surpass|exceed)(?:es|s|ed)? (?:the )?max(?:imum)? (?:size|length)"
+        r"(?: allowed| permitted| supported)? (?:for|by|of) (?:this|the) model\b")),
     # a chat's memory that is full; a window too small for the prompt
     (("full",), _rx(r"\b(?:conversation|chat|dialog(?:ue)?|session|thread)(?:'s)? (?:memory|history"
                     r"|context|buffer) (?:is |was |has become |got )?(?:completely |already |now )?"
@@ -307,6 +318,15 @@ OVERFLOW_STRONG = Gated(_rx(
     (("too small",), _rx(r"context(?: window| length| size)?\b.{0,30}?too small (?:for|to (?:fit"
                          r"|hold|contain)) (?:the |your |this |its )?(?:system )?(?:prompt|request"
                          r"|input|messages?|conversation|history|tools)")),
+    # batch 16: a conversation that ran out of room ("The conversation ran out of room. Start a
+    # new chat"); a failure put down to the context's size ("empty response after all retries
+    # due to context size"), not to memory
+    (("out of room", "out of space"), _rx(
+        r"\b(?:conversation|chat|dialog(?:ue)?|thread|session|history|context(?: window)?)s? "
+        r"(?:has |have |had |is |was )?(?:ran|run|runs|running) out of (?:room|space)\b")),
+    (("due to", "because of", "caused by"), _rx(
+        r"^(?!.*(?:alloc|memory|v?ram\b)).*?\b(?:due to|because of|caused by) (?:the |a |its |an? "
+        r"(?:too )?(?:large|long|big) )?(?:context|prompt) (?:size|length|window|overflow)\b")),
 )
 # The provider's own overflow sentence, the window and the request both stated: it outranks the
 # rate-limit or quota words of a retry loop around it ("... your messages resulted in 4452 tokens
@@ -345,7 +365,7 @@ PAYLOAD = Gated(_rx(
     # a size in bytes over a limit, however worded ("content size limit (N) exceeded",
     # "request size exceeds limit of N bytes", "body exceeded 1mb limit", "limit on max
     # bytes", "files bytes are too large", "fields that are too large")
-    r"(?:content|request|body|payload|upload|message) size\b.{0,40}?\bexceed",
+    r"(?:content|request|body|payload|upload|message|document|attachment) size\b.{0,40}?\bexceed",
     r"body (?:size )?exceed(?:s|ed) (?:the )?(?:\d+(?:\.\d+)? ?[kmg]i?b )?limit",
     r"limit on (?:the )?max(?:imum)? (?:number of )?bytes", r"bytes (?:are|is) too large",
     r"(?:fields?|parts?|items?|attachments?|files?|definitions?) (?:that |which )?(?:are|is) too "
@@ -370,6 +390,11 @@ PAYLOAD = Gated(_rx(
         # a size in MB that may not be exceeded ("cannot exceed 15.00 MB"); one image over its own
         # cap ("image exceeds 5 MB maximum") is not the request's size (tests/test_overflow.py)
         r"(?:cannot|can't|must not|may not) exceed [\d.]+ ?[kmg]i?b\b")),
+    # an input's dimensions over a limit in pixels ("input size exceed limit 2048x2048,current
+    # input:(2560,1440)"), as the image dimension limits above
+    (("size exceed", "size is over", "size over", "resolution", "dimension"), _rx(
+        r"(?:size|resolution|dimensions?) (?:exceeds?|exceeded|is over|over) (?:the )?"
+        r"(?:max(?:imum)? )?(?:allowed )?(?:limit|maximum|max)?\W{0,3}\d+ ?[x\u00d7*] ?\d+")),
     # a body whose length fails a constraint (Bedrock: "Value at 'body' failed to satisfy
     # constraint: Member must have length less than or equal to 25000000")
     (("value at",), _rx(r"value at '(?:body|payload|request_?body)'[^.]{0,60}?(?:length|size) "
@@ -403,8 +428,14 @@ MALFORMED = _rx(
     r"invalid (?:[\w-]+ )?name\b", r"thinking[_ .]?budget|budget_tokens",
     r"\b(?:function|tool|field|parameter|property|model|user|file)[_ ]?names?\b.{0,60}?(?:too "
     r"long|max(?:imum)? length|at most \d|(?:cannot|must not) exceed|longer than)",
-    r"supported values (?:are|is)\b", r"(?:at most|no more than|a maximum of|up to) \d+ "
-    r"(?:requests|inputs|items|texts|strings|documents|chunks|embeddings|elements|entries)\b",
+    r"supported values (?:are|is)\b",
+    # a named field's own length ("field 'prompt' length 2845 is greater than the maximum length
+    # 2048"), an embedding batch's count ("input batch size 473 > maximum allowed batch size 64")
+    r"\b(?:field|parameter|property|argument)\W{1,3}[\w.]+\W{1,3}(?:length|size)\b",
+    r"\bbatch[_ ]size\b[^.]{0,20}?(?:>|exceeds?|larger than|greater than)\s*(?:the )?"
+    r"(?:max(?:imum)? )?(?:allowed )?(?:batch[_ ]size|\d)",
+    r"(?:at most|no more than|a maximum of|up to) \d+ (?:requests|inputs|items|texts|strings"
+    r"|documents|chunks|embeddings|elements|entries)\b",
 )
 # Overflow wording stated as a guess ("this often happens when the context is too long") in a
 # text that names another cause (a model that does not exist) is not an overflow.
@@ -414,7 +445,7 @@ OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
     r"messages? (?:you \w+ )?(?:is|are|was|were) too long", r"total length of all messages",
-    r"conversation (?:is |has become |became |got )?too (?:long|large)",
+    r"(?:conversation|dialog(?:ue)?) (?:is |has become |became |got )?too (?:long|large)",
     r"\btext (?:is )?too long\b", r"exceed(?:s|ed)? (?:the )?max(?:imum)? tokens? limit",
     r"max(?:imum)? tokens (?:of \d+ )?(?:exceeded|reached)",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
