@@ -452,6 +452,14 @@ HELD_OUT: list[tuple[str, object, dict[str, int]]] = [
      "dropped.", {}),
     ("b16-document-bytes", ProviderError("PDF attachment size (31457280 bytes) exceeds the maximum "
      "allowed size (20971520 bytes)", 400), {}),
+    # batch 17 (written after the patterns)
+    ("b17-chats-too-long", "Error: these chats are too long for the model; start a fresh one.", {}),
+    ("b17-text-fewer-than", ProviderError("Each text must contain fewer than 8,192 tokens.", 400),
+     {"limit": 8192}),
+    ("b17-input-ids-which-exceeds", ProviderError("Prompt length of input_ids is 9001, which "
+     "exceeds max_seq_length 8192", 400), {"prompt_tokens": 9001, "limit": 8192}),
+    ("b17-axios-body-length", "AxiosError: Request body larger than maxBodyLength limit", {}),
+    ("b17-transcript-too-large-to", "The transcript is too large to summarize in one pass.", {}),
 ]
 HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
     ("tgi-max-new-tokens", ProviderError("Input validation error: `max_new_tokens` must be <= "
@@ -608,6 +616,16 @@ HELD_OUT_NEGATIVES: list[tuple[str, object, ErrorKind]] = [
      "get longer answers.", K.OUTPUT_LIMIT),
     ("b16-app-storage", "Chat history is very large (2,300 messages) and may cause the app to "
      "freeze. Consider archiving it.", K.OTHER),
+    # batch 17 (written after the patterns)
+    ("b17-mr-diff-cap", "glab mr diff failed: the diff exceeds the maximum size (1 MB) allowed by "
+     "the API", K.OTHER),
+    ("b17-functions-array", ProviderError("Invalid 'functions': array too long. Expected an array "
+     "with maximum length 128, but got an array with length 140 instead.", 400), K.OTHER),
+    ("b17-tpm-request-too-large", ProviderError("Request too large for gpt-4.1 on tokens per min "
+     "(TPM): Limit 200000, Requested 250000.", 429), K.RATE_LIMIT),
+    ("b17-plan-limit-resets", "You've hit your limit \u00b7 resets 3am (Europe/Berlin)", K.QUOTA),
+    ("b17-extractor-characters", "The PDF contains more than 50,000 characters and cannot be "
+     "extracted.", K.OTHER),
 ]
 
 

@@ -343,12 +343,20 @@ class _Verdict:
     families: _Families = _ENGLISH  # the set that decided: its numbers are read
 
 
+# A quota offered as a guess beside an auth failure, the word just before it (batch 17).
+_GUESS = re.compile(r"\b(?:perhaps|maybe|possibly|probably)\W{1,3}$", re.IGNORECASE)
+
+
 def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, int]:
     if fam.tool_pairing.search(text):
         return ErrorKind.TOOL_PAIRING, 3
     if fam.capacity.search(text):
         return ErrorKind.OVERLOADED, 3
     quota = fam.quota.search(text)
+    # "Perhaps billing is not enabled (or API key is invalid)?" beside a 403's own words
+    if quota and _GUESS.search(text, max(0, quota.start() - 12), quota.start()) \
+            and kinds.AUTH.search(text):
+        return ErrorKind.AUTH, 3
     if quota or fam.rate.search(text):
         if patterns.WINDOW_STATED.search(text):  # a retry loop's log around the overflow
             return ErrorKind.CONTEXT_OVERFLOW, 3

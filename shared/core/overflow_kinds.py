@@ -51,6 +51,9 @@ NOT_THE_MODEL = Gated(None, (("telegram", "discord", "slack", "whatsapp"), _rx(
         r"(?:exceeded|reached)",
         r"(?:iteration|recursion|step) limit\b.{0,20}?(?:exceeded|reached)",
         r"max(?:imum)? (?:call stack|recursion depth)\b.{0,20}?(?:exceeded|reached)")),
+    # a web app's abuse check ("Our systems have detected unusual activity from your system")
+    (("unusual activity", "suspicious activity"), _rx(
+        r"(?:detected|noticed|seen) (?:unusual|suspicious) activity")),
     (("crash", "freeze", "local storage"), _rx(
         r"(?:may|might|could|can|will) (?:cause|make) (?:the )?(?:app(?:lication)?|client|browser"
         r"|ui|page|device)\b.{0,10}?(?:to )?(?:crash|lag|freeze|slow down)",
@@ -119,10 +122,12 @@ _CONTENT_FILTER = _rx(
     r"blocked (?:due to|because of|for)\W{0,2}(?:\w+\W{1,3})?(?:safety|policy|content)",
 )
 CONTENT_FILTER = Gated(_CONTENT_FILTER, (
-    ("blocked", "feedback", "reason", "injection", "jailbreak"), _rx(
+    ("blocked", "feedback", "reason", "injection", "jailbreak", "safety"), _rx(
         # Gemini's verdict on the prompt ("Check the `response.prompt_feedback` to see if the
         # prompt was blocked", "blockReason: SAFETY"); a prompt injection refused
-        r"prompt_?feedback", r"(?:prompt|message|input|candidate)s? (?:was |is |has been "
+        r"prompt_?feedback", r"safety_?ratings", r"(?:by|for|due to|because of) (?:the )?safety "
+        r"reasons?\b", r"\bcontent (?:was |is |has been )?blocked\b",
+        r"(?:prompt|message|input|candidate|response|output|reply)s? (?:was |is |has been "
         r"|is being |were |got )blocked\b", r"block_?reason\W{0,5}(?:safety|prohibited|blocklist)",
         r"prompt injection|jailbreak")))
 OVERLOADED = _rx(r"\boverloaded", r"model ?not ?ready", r"currently loading", r"high demand",

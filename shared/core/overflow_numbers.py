@@ -36,7 +36,15 @@ NUMBERS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
         (rf"you passed {_N} input tokens and requested {_N} output tokens", ("prompt", "output")),
         (rf"max(?:imum)? (?:supported |allowed )?sequence length(?: for this model)? "
          rf"(?:is )?(?:just |only )?\(?{_N}", ("limit",)),
-        (rf"prompt is {_N} tokens long", ("prompt",)),
+        (rf"(?:prompt|text|input|request|messages?|conversation) (?:is|was) {_N} tokens long",
+         ("prompt",)),
+        # "Input length of input_ids is `4498` and exceed max_sequence_length: `4096`"
+        (rf"(?:input|prompt) length(?: of [\w`]+)? is\W{{0,2}}{_N}\W{{0,2}},? (?:and|which|but) "
+         rf"exceeds? (?:the )?[\w ]{{0,30}}?\W{{0,3}}{_N}", ("prompt", "limit")),
+        # a server truncating the prompt to its window ("limit=4096 prompt=10128", Ollama)
+        (rf"truncating (?:the )?input\b.{{0,40}}?\blimit\W{{0,3}}{_N}\W{{1,3}}prompt\W{{0,3}}{_N}",
+         ("limit", "prompt")),
+        (rf"must (?:have|contain|be) (?:less|fewer) than {_N} tokens", ("limit",)),
         # "prompt_tokens (N) must be less than max_seq_len (M)", "max_total_tokens (N) must be
         # less than or equal to max_seq_len (M)"
         (rf"\b\w*tokens\W{{0,3}}\(?{_N}\)? must be less than (?:or equal to )?\w+\W{{0,3}}\(?{_N}",

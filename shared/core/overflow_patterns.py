@@ -180,10 +180,10 @@ OVERFLOW_STRONG = Gated(_rx(
     r"context (?:length|window|size|limit) (?:of only|exceeds|(?:has been |was |is )?exceeded)",
     r"context overflow", r"exhausted (?:the )?context window", r"prompt (?:is )?too large",
     r"context (?:still )?exceeds (?:the )?model(?:'s)? limits?",
-    r"exceeds? (?:the )?model(?:'s)? (?:context )?window", r"range of total length should be",
+    r"exceeds? (?:the )?model(?:'s)? (?:context )?window",
     r"max_tokens`?\W{0,3}\(?-\d",  # a negative room for the output: the prompt took it all
     r"exceed context limit",
-    r"when context the overflows", r"prompt(?: tokens?)? (?:is |are )?too long",
+    r"prompt(?: tokens?)? (?:is |are )?too long",
     r"input (?:length |tokens? )?(?:is )?too long",
     r"(?:number of|too many) (?:allowed |permitted |supported )?input tokens",
     r"input tokens exceed",
@@ -192,7 +192,7 @@ OVERFLOW_STRONG = Gated(_rx(
     r"prompt tokens \(\d+\) exceed", r"prompt token count of \d+ exceeds",
     r"exceeded model token limit", r"too large for model with \d+ maximum",
     r"inputs`? tokens \+ `?max_new_tokens", r"inputs`? must have less than \d+ tokens",
-    r"requested tokens \(\d+\) exceed", r"range of input length should be",
+    r"requested tokens \(\d+\) exceed",
     r"exceed max message tokens", r"reduce the length of the (?:messages|input|prompt)",
     r"size limit exceeded by \d+ tokens", r"tokens in the prompt cannot exceed",
     r"current length is \d+ while limit is", r"maximum (?:allowed )?input length",
@@ -200,8 +200,6 @@ OVERFLOW_STRONG = Gated(_rx(
     r"is too long and exceeds limit of",
     r"prompt has too many tokens",
     r"prompt exceeds (?:the )?max(?:imum)? (?:allowed )?(?:tokens|length)",
-    r"cannot truncate to \d[\d,]*,? required \d",  # Gemini behind a proxy
-    r"context shift is disabled",  # llama.cpp: the reply would outgrow the context
     # the window named as the subject of a failed comparison or an exhaustion
     r"context (?:length|window|size|limit)\b[^.;]{0,40}?\bexceeded",
     r"(?:smaller|less|shorter) than (?:the )?(?:model'?s? )?(?:max(?:imum)? )?(?:context|sequence"
@@ -223,7 +221,7 @@ OVERFLOW_STRONG = Gated(_rx(
     r"string_above_max_length", r"tokens_limit_reached",
     r"string too long\. expected a string with maximum length",
     # llama.cpp / LM Studio: the kept prompt does not fit the loaded context.
-    r"cannot truncate prompt", r"n_keep\W{0,3}[\d,]*\W{0,3}>=?\s*n_ctx",
+    r"n_keep\W{0,3}[\d,]*\W{0,3}>=?\s*n_ctx",
     # "..., but the configured context size is N tokens" and kin.
     r"but the (?:configured |available |loaded |model'?s? )?context (?:size|length|window) is \d",
     r"exceeds? (?:the )?(?:configured |available )?context (?:size|length|window)",
@@ -237,17 +235,13 @@ OVERFLOW_STRONG = Gated(_rx(
     r"exceeds? (?:the )?(?:model'?s? )?[\d,]+[- ]token context (?:window|length|size)",
     r"(?:none|nothing|no messages?) (?:of them )?(?:fit|fits|could fit) (?:in|into|within) "
     r"(?:the )?context",
-    r"token budget (?:was |is |has been )?(?:exceeded|exhausted)",
     r"(?:greater|gather|larger|longer|more) than (?:the )?max(?:imum)? context\b",
     r"prompt[_ ]too[_ ]long",
     r"max(?:imum)? length exceeded", r"exceeds? (?:the )?dimension size",
-    r"no position (?:encodings|embeddings) (?:are )?defined for positions?",
     r"length of (?:the )?prompt\b.{0,40}(?:longer|larger|greater|more) than",
     r"(?:prompt|input) tokens? (?:are |is )?(?:more|greater|larger) than",
     r"(?:input|prompt) length \d+ (?:is )?(?:longer|larger|greater|more) than",
     r"(?:only|can) (?:process|handle|accept) (?:input|prompts?|inputs)\b[\w ]{0,20}? up to \d",
-    r"requires \d+ pages \(only \d+ available\)",  # ExLlamaV2: the cache holds the window
-    r"couldn't assign past_key_value\w* with shape",  # TensorRT-LLM: past the engine's maximum
     r"end of the context window",
     r"context(?: window| length)? (?:has |is )?overflow(?:ed|ing)?\b",
     r"not enough (?:room in the )?context (?:window |length )?(?:is )?(?:available|left|remaining)",
@@ -257,11 +251,24 @@ OVERFLOW_STRONG = Gated(_rx(
     r"input (?:tokens? )?(?:length |count |size )?(?:is )?too (?:long|large)\b",
     r"max(?:imum)? length of (?:the )?(?:current )?(?:question|prompt|input|message)s?\b",
     r"but (?:the )?model (?:only )?supports (?:up to )?\d",  # Vertex, any model
-    r"\btype\W{1,4}input_length\b",  # an error type naming the input's length
     # the room left for the output computed negative: the prompt filled the window (vLLM)
     r"(?:max_tokens|max_new_tokens|max_completion_tokens)\W{0,3} must be "
     r"(?:at least|>=?|greater than(?: or equal to)?) [01]\W{0,3}got -\d",
 ),
+    # rare wordings behind their literal word (batch 17 moved them out of the common alternation):
+    # "range of total / input length should be", LM Studio's "when context the overflows", Gemini
+    # behind a proxy "cannot truncate to N, required M", llama.cpp's "context shift is disabled"
+    # and "cannot truncate prompt", ExLlamaV2's "requires N pages (only M available)" (the cache
+    # holds the window), TensorRT-LLM's "couldn't assign past_key_value ... with shape", an error
+    # type naming the input's length, "no position embeddings defined", a token budget exhausted
+    (("range of", "when context", "truncate", "context shift", "pages", "past_key_value",
+      "input_length", "position", "budget"), _rx(
+        r"range of (?:total|input) length should be", r"when context the overflows",
+        r"cannot truncate to \d[\d,]*,? required \d", r"context shift is disabled",
+        r"cannot truncate prompt", r"requires \d+ pages \(only \d+ available\)",
+        r"couldn't assign past_key_value\w* with shape", r"\btype\W{1,4}input_length\b",
+        r"no position (?:encodings|embeddings) (?:are )?defined for positions?",
+        r"token budget (?:was |is |has been )?(?:exceeded|exhausted)")),
     # branches whose rare word waits in front of them: a length outside its range, a server's
     # total of prompt + output against its session length (LMDeploy), a prompt not processed
     (("outside",), _rx(r"(?:text|input|prompt|request)(?: token)? length\b.{0,30}?outside "
@@ -273,7 +280,8 @@ OVERFLOW_STRONG = Gated(_rx(
     (("max_", "n_ctx", "session_len"),
      _rx(r"(?:less than|<=?|exceeds?|exceeded|greater than|longer than|larger than)(?: or equal "
          r"to)? (?:the )?[`'\"]?(?:max_seq_len|max_model_len|max_position_embeddings"
-         r"|max_input_tokens|max_prompt_tokens|max_num_tokens|n_ctx(?:_per_seq|_seq|_slot)?"
+         r"|max_input_tokens|max_prompt_tokens|max_num_tokens|max_seq(?:uence)?_length"
+         r"|n_ctx(?:_per_seq|_seq|_slot)?"
          r"|session_len)\b")),
     # "too long to fit into the model"; "does not / couldn't / can't / won't / unable to / failed
     # to fit in(to) the context"
@@ -327,6 +335,20 @@ OVERFLOW_STRONG = Gated(_rx(
     (("due to", "because of", "caused by"), _rx(
         r"^(?!.*(?:alloc|memory|v?ram\b)).*?\b(?:due to|because of|caused by) (?:the |a |its |an? "
         r"(?:too )?(?:large|long|big) )?(?:context|prompt) (?:size|length|window|overflow)\b")),
+    # batch 17: what the model was to read, too large for the task ("This test suite to too large
+    # to audit.", "Conversation is too large to process"); not a file, an image, nor llama.cpp's
+    # "input (600 tokens) is too large to process. increase the physical batch size" (its config)
+    (("too large to", "too long to", "too big to"), _rx(
+        r"^(?!.*\bbatch[_ ]size\b).*?(?<!file )(?<!image )(?:\bis|\bare|\bwas|\bwere|\bto|\bbe) "
+        r"too (?:large|long|big) to (?:process|audit|analy[sz]e|review|summari[sz]e|handle"
+        r"|translate|evaluate|read|answer)\b")),
+    # one input's token cap as a rule, singular or plural ("input must have less than 512 tokens.")
+    (("less than", "fewer than"), _rx(
+        r"\b(?:inputs?|texts?|prompts?|documents?|sequences?|chunks?|passages?)`? must "
+        r"(?:have|contain|be) (?:less|fewer) than \d[\d,]* tokens")),
+    # a server that truncates the prompt to its window ("msg=\"truncating input prompt\"
+    # limit=4096 prompt=10128", Ollama): the request did not fit
+    (("truncating",), _rx(r"\btruncating (?:the )?input (?:prompt|messages?)\b")),
 )
 # The provider's own overflow sentence, the window and the request both stated: it outranks the
 # rate-limit or quota words of a retry loop around it ("... your messages resulted in 4452 tokens
@@ -336,8 +358,14 @@ WINDOW_STATED = Gated(None, (("context length is", "too long:", "token count"), 
     r"(?:messages|request|prompt))", r"prompt is too long: \d+ tokens > \d",
     r"input token count \(?\d+\)? exceeds the maximum number of tokens allowed")))
 # A server's startup warning that names its context against the model's training context.
+# A VCS's or CLI's own cap on a diff ("the diff exceeded the maximum number of files (300)",
+# "PullRequest.diff too_large", batch 17): the tool refused before any model saw it.
 NOT_A_REQUEST = Gated(None, (("n_ctx_train", "training context"),
-                             _rx(r"n_ctx_train", r"training context overflow")))
+                             _rx(r"n_ctx_train", r"training context overflow")),
+                      (("diff",), _rx(
+                          r"\bdiff\b.{0,20}?\b(?:exceeded|exceeds|is over) (?:the )?max(?:imum)? "
+                          r"(?:number of )?(?:files|lines|size|bytes)\b",
+                          r"\bdiff\W{0,3}(?:is |was )?too[_ ](?:large|big)\b")))
 # An output parameter over the window on its own ("max_completion_tokens=384000 cannot be greater
 # than max_model_len=135168"): the request's max_tokens is the fault, not its prompt.
 OUTPUT_OVER_WINDOW = re.compile(
@@ -395,6 +423,18 @@ PAYLOAD = Gated(_rx(
     (("size exceed", "size is over", "size over", "resolution", "dimension"), _rx(
         r"(?:size|resolution|dimensions?) (?:exceeds?|exceeded|is over|over) (?:the )?"
         r"(?:max(?:imum)? )?(?:allowed )?(?:limit|maximum|max)?\W{0,3}\d+ ?[x\u00d7*] ?\d+")),
+    # an HTTP client's own cap on the body (axios / follow-redirects
+    # "ERR_FR_MAX_BODY_LENGTH_EXCEEDED", "Request body larger than maxBodyLength limit"); a file
+    # or a document over its maximum size
+    (("body_length", "bodylength", "body length", "file size", "document too", "document_too",
+      "document is too", "document was too"), _rx(
+        r"max[_ ]?body[_ ]?length[_ ]?(?:exceeded|limit)",
+        r"max(?:imum)? (?:allowed )?file size (?:has been |was |is )?(?:exceeded|reached)\b",
+        r"\bdocument[_ ](?:is |was )?too[_ ](?:large|big)\b")),
+    # an image's width or height over its limit in pixels ("exceeds the 10k pixel limit")
+    (("width", "height", "pixel"), _rx(
+        r"(?:width|height)\b.{0,20}?\bexceeds? (?:the )?(?:max(?:imum)? )?(?:allowed )?"
+        r"(?:\d[\d,]*k? ?)?(?:pixels?|px)? ?(?:limit|maximum)\b")),
     # a body whose length fails a constraint (Bedrock: "Value at 'body' failed to satisfy
     # constraint: Member must have length less than or equal to 25000000")
     (("value at",), _rx(r"value at '(?:body|payload|request_?body)'[^.]{0,60}?(?:length|size) "
@@ -429,6 +469,10 @@ MALFORMED = _rx(
     r"\b(?:function|tool|field|parameter|property|model|user|file)[_ ]?names?\b.{0,60}?(?:too "
     r"long|max(?:imum)? length|at most \d|(?:cannot|must not) exceed|longer than)",
     r"supported values (?:are|is)\b",
+    # batch 17: a tool's name over a Bedrock constraint ("toolSpec.name' failed to satisfy
+    # constraint: Member must have length ..."); a text extractor's cap in characters on a file
+    r"(?:tool|function)\w*\.name\W{0,3}failed to satisfy",
+    r"\b(?:document|file|page|pdf)s? (?:contains?|contained|has|had) more than \d[\d,]* characters",
     # a named field's own length ("field 'prompt' length 2845 is greater than the maximum length
     # 2048"), an embedding batch's count ("input batch size 473 > maximum allowed batch size 64")
     r"\b(?:field|parameter|property|argument)\W{1,3}[\w.]+\W{1,3}(?:length|size)\b",
@@ -445,7 +489,8 @@ OVERFLOW_WEAK = _rx(
     r"too many tokens", r"token limit", r"request (?:is )?too large",
     r"too long for (?:this|the) model",
     r"messages? (?:you \w+ )?(?:is|are|was|were) too long", r"total length of all messages",
-    r"(?:conversation|dialog(?:ue)?) (?:is |has become |became |got )?too (?:long|large)",
+    r"(?:conversation|dialog(?:ue)?|chat)s? (?:is |are |has become |have become |became |got )?"
+    r"too (?:long|large)",
     r"\btext (?:is )?too long\b", r"exceed(?:s|ed)? (?:the )?max(?:imum)? tokens? limit",
     r"max(?:imum)? tokens (?:of \d+ )?(?:exceeded|reached)",
     r"max(?:imum)? number of tokens", r"tokens? exceeds? (?:the )?(?:max|limit|allowed)",
