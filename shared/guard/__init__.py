@@ -1,10 +1,11 @@
 """The agent's hot path: a guard that never calls an LLM, in a sync and an async shell.
 
-Both shells run one sans-I/O core (:mod:`shared.core.guard_state`) over an
-incrementally maintained view of each session (:mod:`shared.core.viewcache`):
+What a guard does is written once, as steps (:mod:`shared.guard._flow`), over one
+sans-I/O core (:mod:`shared.core.guard_state`) and an incrementally maintained view of
+each session (:mod:`shared.core.viewcache`); two shells perform the steps' store calls:
 
 - :class:`ContextGuard` (:mod:`shared.guard.sync`): redis-py, blocking;
-- :class:`AsyncContextGuard` (:mod:`shared.guard.aio`): redis.asyncio.
+- :class:`AsyncContextGuard` (:mod:`shared.guard.aio`): redis.asyncio, awaited.
 
 Cost on the hot path: one Redis round trip per ``prepare`` (more only when
 it writes: new figures, cheap decisions, a truncation), and Python work

@@ -1,65 +1,41 @@
-"""The synchronous guard (redis-py): the core's decisions, performed with blocking I/O.
+"""The synchronous guard (redis-py): the guard's flows, each call blocking.
 
-``prepare`` reads what changed in the session since the cached view (one
-atomic script), lets the core (:func:`shared.core.guard_state.plan_view`)
-decide, performs the plan's writes (figures, cheap decisions, a truncation
-through the compare-and-swap, the job) and returns the view. ``record_turn``
-appends and enqueues, coalesced. ``recover`` handles a context-overflow
-error: learn the stated limit, compact hard, return a view for one retry.
-
-Its twin :mod:`shared.guard.aio` is the same code with ``await``; both are
-tested by the same tests.
+What a guard does is written once, as steps (:mod:`shared.guard._flow`):
+``prepare`` reads what changed since the cached view, lets the core
+(:func:`shared.core.guard_state.plan_view`) decide and performs the plan's
+writes; ``record_turn`` appends and enqueues, coalesced; ``recover`` handles a
+context-overflow error. This shell performs each step with a blocking call
+(:meth:`ContextGuard.drive`); its twin :mod:`shared.guard.aio` awaits them. Both
+are tested by the same tests.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from shared.core.config import CompactionPolicy
-from shared.core.errors import StoreUnavailable
-from shared.core.guard_state import Plan, plan_view
 from shared.core.limits import ModelLimits
-from shared.core.messages import Message, check_tool_results, validate_messages
+from shared.core.messages import Message
 from shared.core.prepared import PreparedView
 from shared.core.recall import DEFAULT_LIMIT, RecallHit
-from shared.core.records import AppendResult
 from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
-from shared.core.viewcache import CachedView, decode_view
-from shared.core.wireview import carry
-from shared.enqueue import (
-    Enqueuer,
-    NullEnqueuer,
-    publish_marked,
-    redis_server,
-    request_summary,
-)
-from shared.guard._shell import (
-    GuardShell,
-    check_min_length,
-    check_request,
-    plain_writes,
-    settle_garbage,
-)
+from shared.core.viewcache import CachedView
+from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
+from shared.guard._flow import GuardFlow, Steps
 from shared.store import recall_query
-from shared.store.changes import CHANGED, ChangeFeed
-from shared.store.commands import Command
-from shared.store.keys import validate_session_id
-from shared.store.own_writes import OwnMark, vouch
+from shared.store.changes import ChangeFeed
 from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
-class ContextGuard(GuardShell):
+class ContextGuard(GuardFlow):
     """Synchronous, LLM-free context guard for one tenant's sessions.
 
     ``view_cache``: the views it keeps between calls (default: 256 sessions,
@@ -72,6 +48,9 @@ class ContextGuard(GuardShell):
     (best effort, :meth:`warm_up`). One guard per process is the intended use; it is
     thread-safe.
     """
+
+    store_class = SessionStore
+    own_class = OwnWrites
 
     def __init__(self, store: SessionStore, enqueuer: Enqueuer | None = None, *,
                  policy: CompactionPolicy | None = None,
@@ -98,36 +77,31 @@ class ContextGuard(GuardShell):
         if isinstance(self.own, OwnWrites):
             self.own.warm_up()
 
-    # -- reading -------------------------------------------------------------------
+    # -- the flows (shared.guard._flow), blocking ----------------------------------------
+    def drive(self, steps: Steps[T]) -> T:
+        """Run a flow's steps to their end, each call blocking; a call's exception is
+        thrown into the flow at its step."""
+        reply: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                io = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            try:
+                reply, error = self.perform(io), None
+            except Exception as exc:
+                reply, error = None, exc
+
     def snapshot(self, session_id: str, min_length: int | None = None) -> CachedView:
         """The session's view, read incrementally against the cached one (one round trip,
         none while Redis reports nothing of the session written since the cached read and
         the log is known to be no longer than it: ``min_length``)."""
-        validate_session_id(session_id)  # before it is used as a cache key
-        if not self.behind(session_id, min_length):
-            fresh = self.fresh(session_id)
-            if fresh is not None:
-                return fresh
-            own = self.own_vouched(session_id)
-            if own is not None and isinstance(self.own, OwnWrites):
-                seen = self.own.since(self.session_base(session_id), own[1])
-                if seen != CHANGED:
-                    return self.settled(session_id, own[0], max(seen, own[2]))
-        cached = self.views.get(session_id)
-        mark = self.mark()
-        raw = self.store.read_view(session_id, cached.cursor if cached is not None else None,
-                                   with_counts=True)
-        snap = decode_view(raw, cached, carry)
-        settle_garbage(raw)
-        snap.mark = mark
-        if raw.epoch:
-            self.views.put(session_id, snap)
-        return snap
+        return self.drive(self.snapshot_steps(session_id, min_length))
 
     def load(self, session_id: str) -> CachedView:
         return self.snapshot(session_id)
 
-    # -- prepare -------------------------------------------------------------------
     def prepare(self, session_id: str, system_prompt: str = "",
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
@@ -143,101 +117,9 @@ class ContextGuard(GuardShell):
         that handed this turn over (a job, an HTTP request): the view then holds
         that turn even if Redis's change notice has not reached this process yet.
         """
-        started = time.perf_counter()
-        with self.traced_prepare(session_id, model) as trace:
-            validate_session_id(session_id)  # before it is used as a cache key
-            check_request(system_prompt, tools)
-            check_min_length(min_length)
-            extra, extra_tokens = self.pending(session_id, pending)
-            try:
-                snap = self.snapshot(session_id, min_length)
-            except StoreUnavailable:
-                if fallback_messages is None:
-                    raise
-                return trace.view(self.degraded(session_id, system_prompt, tools, max_tokens,
-                                                model, validate_messages(fallback_messages)
-                                                + extra, started))
-            force = self.policy.recovery_ratio if snap.state.recover_next else None
-            return trace.view(self._build(session_id, snap, system_prompt, tools, max_tokens,
-                                          model, extra, extra_tokens, started, force))
+        return self.drive(self.prepare_steps(session_id, system_prompt, tools, max_tokens,
+                                             model, pending, fallback_messages, min_length))
 
-    def _build(self, session_id: str, snap: CachedView, system_prompt: str,
-               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
-               extra: list[Message], extra_tokens: list[int], started: float,
-               force_ratio: float | None, retry_lost_swap: bool = True) -> PreparedView:
-        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
-                           extra, extra_tokens, force_ratio, scan=snap.scan)
-        base = snap.scan
-        plan, snap = plan_view(snap, req, self.policy, self.counter)
-        self.scanned(session_id, req, plan, base)
-        if snap.epoch:
-            self.views.put(session_id, snap)
-        # a job already queued (the flag in this view) needs no second request
-        wanted, force = self.job_wanted(plan, snap)
-        done = self._perform_own(session_id, plan, snap, wanted, force)
-        won = self._perform(session_id, plan) if done is None else done[0]
-        if not self.performed(plan, won) and retry_lost_swap:
-            # A worker's summary (or an edit) landed since the read: build from it
-            # instead (it may fit without truncating), once.
-            return self._build(session_id, self.snapshot(session_id), system_prompt, tools,
-                               max_tokens, model, extra, extra_tokens, started, force_ratio,
-                               retry_lost_swap=False)
-        self.remember(session_id, plan.sent)
-        if done is not None:
-            enqueued = done[1]
-        else:
-            enqueued = self._enqueue(session_id, force=force) if wanted else False
-        return self.finish(plan, enqueued, started)
-
-    def _perform_own(self, session_id: str, plan: Plan, snap: CachedView, wanted: bool,
-                     force: bool) -> tuple[bool, bool] | None:
-        """The plan's writes and the job's flags, then a read of the view, in one round
-        trip on the own-writes connection (the next call need not read); None when they
-        cannot go that way. Returns (the truncation won, a job was published)."""
-        if not (plan.figures or plan.cheap or plan.truncation is not None
-                or plan.clear_recover_next or wanted) or not isinstance(self.own, OwnWrites) \
-                or not plain_writes(self.store, SessionStore):
-            return None
-        job = self.inline_job(self.enqueuer, self.store.tenant, session_id, snap) \
-            if wanted else None
-        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force,
-                               job)
-        before = self.own_tally(session_id)
-        if built is None or before is None:
-            return None
-        self.touched(session_id)
-        done = self.own.run_many(self.session_base(session_id), built[0])
-        if done is None:
-            return None
-        won, marked, pushed = self.own_written(session_id, snap, built[0], built[1], *done,
-                                               before)
-        return won, marked and (pushed or publish_marked(self.store, self.enqueuer, session_id))
-
-    def _perform(self, session_id: str, plan: Plan) -> bool:
-        """The plan's writes, in order; False when its truncation lost the swap."""
-        if plan.figures or plan.cheap or plan.truncation is not None or plan.clear_recover_next:
-            self.touched(session_id)
-        if plan.figures:
-            self.store.update_state(session_id, **plan.figures)
-        if plan.cheap:
-            self.store.record_cheap(session_id, plan.cheap, plan.version)
-        if plan.truncation is not None:
-            result = self.store.commit_summary(session_id, plan.truncation, plan.version)
-            if not result.ok:
-                log.info("truncation summary for %s lost its swap (%s)", session_id,
-                         result.reason)
-                return False
-        if plan.clear_recover_next:
-            self.store.update_state(session_id, recover_next=0)
-        return True
-
-    def _enqueue(self, session_id: str, *, force: bool = False) -> bool:
-        if force:
-            self.touched(session_id)
-            self.store.update_state(session_id, force_requested=1)
-        return request_summary(self.store, self.enqueuer, session_id)
-
-    # -- after the call --------------------------------------------------------------
     def record_turn(self, session_id: str, messages: Sequence[Message | Mapping[str, Any]],
                     usage: Any = None, *, request_id: str | None = None) -> int:
         """Append the turn's messages and enqueue ``maybe_summarize`` (coalesced).
@@ -250,58 +132,8 @@ class ContextGuard(GuardShell):
         it when Redis did not answer: applied at most once. Once the turn is
         stored, a failure to publish the job is logged, not raised.
         """
-        with self.traced_turn(session_id) as trace:  # the publish carries its context
-            validate_session_id(session_id)
-            encoded = self.encode_turn(session_id, self.store, messages)
-            check_tool_results(encoded.messages)  # an orphan result: InvalidInput naming its index
-            fields, sent = self.turn_usage(session_id, usage)
-            rid = request_id if request_id is not None else secrets.token_hex(12)
+        return self.drive(self.record_turn_steps(session_id, messages, usage, request_id))
 
-            marks: list[OwnMark | None] = []
-
-            def attempt() -> AppendResult:
-                return self.store.append_encoded(
-                    session_id, encoded, request_id=rid, mark_pending=self.policy.proactive,
-                    state_fields=fields, fields_version=sent.version if sent else None,
-                    with_state=cached is not None, job=job,
-                    run=functools.partial(self._run_own, session_id, marks))
-
-            cached = self.views.get(session_id)
-            job = self.inline_job(self.enqueuer, self.store.tenant, session_id,
-                                  self.unflagged(session_id, cached))
-            self.touched(session_id)
-            try:
-                result = attempt()
-            except StoreUnavailable as exc:
-                log.info("session %s: append %s unanswered (%s); retrying once", session_id,
-                         rid, exc)
-                result = attempt()
-            self.appended(session_id, cached, result, marks[-1] if marks else None)
-            if result.marked and not result.published:
-                try:
-                    self.enqueuer.enqueue(self.store.tenant, session_id)
-                except Exception as exc:
-                    with contextlib.suppress(StoreUnavailable):
-                        self.store.clear_pending(session_id)
-                    log.warning("enqueue failed for session %s: %s", session_id, exc)
-            return trace.turn(result.length)
-
-    def _run_own(self, session_id: str, marks: list[OwnMark | None],
-                 cmd: Command[AppendResult]) -> AppendResult:
-        """The append on the own-writes connection when it is free (its mark vouches for
-        the view it extends), else through the store (no mark: the next call reads)."""
-        done = None
-        before = self.own_tally(session_id) if isinstance(self.own, OwnWrites) else None
-        if isinstance(self.own, OwnWrites) and before is not None:
-            done = self.own.run(self.session_base(session_id), cmd.script, cmd.keys, cmd.args)
-        if done is None:
-            marks.append(None)
-            return self.store.execute(cmd)
-        reply, mark = done
-        marks.append(vouch(mark, before, self.own_tally(session_id)))
-        return cmd.parse(reply)
-
-    # -- reactive recovery -----------------------------------------------------------------
     def recover(self, session_id: str, error: object, system_prompt: str = "",
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 max_tokens: int | None = None, model: str = "gpt-4o", *,
@@ -321,26 +153,9 @@ class ContextGuard(GuardShell):
         wording no pattern knows: compacted to the target ratio, nothing learned.
         ``min_length``: as for :meth:`prepare`.
         """
-        check_min_length(min_length)
-        decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
-        if decided is None:
-            return None
-        ratio, recognised = decided
-        with self.traced_recover(session_id, model, error) as trace:
-            if not recognised:
-                trace.current.set_attribute("compaction.unrecognised_error", True)
-            validate_session_id(session_id)
-            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
-            if limit:
-                self.touched(session_id)
-                self.store.update_state(session_id, learned_window=limit, model=model,
-                                        last_overflow_at=time.time())
-            started = time.perf_counter()
-            extra, extra_tokens = self.pending(session_id, pending)
-            snap = self.snapshot(session_id, min_length)
-            return trace.recovered(self._build(session_id, snap, system_prompt, tools,
-                                               max_tokens, model, extra, extra_tokens, started,
-                                               ratio))
+        return self.drive(self.recover_steps(session_id, error, system_prompt, tools,
+                                             max_tokens, model, pending, prepared_tokens,
+                                             min_length))
 
     def call(self, session_id: str, send: Callable[[PreparedView], R], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
@@ -371,9 +186,7 @@ class ContextGuard(GuardShell):
 
     def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""
-        snap = self.snapshot(session_id)
-        return self.stats_from(session_id, self.store.tenant, snap,
-                               self.store.summaries(session_id))
+        return self.drive(self.stats_steps(session_id))
 
 
 __all__ = ["ContextGuard"]

@@ -1,0 +1,337 @@
+"""The guard's calls, written once for both shells as sans-I/O steps.
+
+Every call a guard makes on the store or on its own-writes connection is
+yielded as an :class:`Io`; the shell sends the reply back in (or throws the
+call's exception in, where the flow handles it). :mod:`shared.guard.sync`
+performs each step with a blocking call, :mod:`shared.guard.aio` awaits it:
+that is all that differs between them, as :func:`shared.store.commands.drive`
+and :func:`~shared.store.commands.drive_async` run the store's own steps.
+
+A flow that needs no I/O (a warm ``prepare`` whose view the change feed
+vouches for) runs to its end without yielding.
+
+``prepare`` reads what changed in the session since the cached view (one
+atomic script), lets the core (:func:`shared.core.guard_state.plan_view`)
+decide, performs the plan's writes (figures, cheap decisions, a truncation
+through the compare-and-swap, the job) and returns the view. ``record_turn``
+appends and enqueues, coalesced. ``recover`` handles a context-overflow
+error: learn the stated limit, compact hard, return a view for one retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shared.core.errors import StoreUnavailable
+from shared.core.guard_state import Plan, plan_view
+from shared.core.messages import Message, check_tool_results, validate_messages
+from shared.core.prepared import PreparedView
+from shared.core.records import AppendResult
+from shared.core.viewcache import CachedView, decode_view
+from shared.core.wireview import carry
+from shared.enqueue import Enqueuer
+from shared.guard._shell import (
+    GuardShell,
+    check_min_length,
+    check_request,
+    plain_writes,
+    settle_garbage,
+)
+from shared.store.changes import CHANGED
+from shared.store.commands import Command
+from shared.store.keys import validate_session_id
+from shared.store.own_writes import OwnMark, vouch
+
+log = logging.getLogger("shared.guard")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Io:
+    """One call for the shell to make: ``method`` of the store (or, ``own``, of the
+    own-writes connection) with these arguments."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    own: bool = False
+
+
+Steps = Generator[Io, Any, T]
+
+
+class GuardFlow(GuardShell):
+    """What both guards do, as steps. A shell sets ``store``, ``enqueuer``, the store and
+    own-writes classes it writes through, and runs steps with :meth:`drive`."""
+
+    store: Any
+    enqueuer: Enqueuer
+    store_class: type
+    own_class: type
+
+    def drive(self, steps: Steps[T]) -> Any:
+        """Run ``steps`` to their end (blocking, or as a coroutine to await)."""
+        raise NotImplementedError
+
+    def perform(self, io: Io) -> Any:
+        """The call ``io`` names (its reply, or an awaitable of it)."""
+        target = self.own if io.own else self.store
+        return getattr(target, io.method)(*io.args, **io.kwargs)
+
+    def _own_free(self) -> bool:
+        return isinstance(self.own, self.own_class)
+
+    # -- reading -------------------------------------------------------------------
+    def snapshot_steps(self, session_id: str, min_length: int | None = None,
+                       ) -> Steps[CachedView]:
+        """The session's view, read incrementally against the cached one (one round trip,
+        none while Redis reports nothing of the session written since the cached read and
+        the log is known to be no longer than it: ``min_length``)."""
+        validate_session_id(session_id)  # before it is used as a cache key
+        if not self.behind(session_id, min_length):
+            fresh = self.fresh(session_id)
+            if fresh is not None:
+                return fresh
+        return (yield from self._read_steps(session_id, min_length))
+
+    def _read_steps(self, session_id: str, min_length: int | None) -> Steps[CachedView]:
+        """:meth:`snapshot_steps` where the change feed alone does not vouch for the
+        cached view: the own writes' count may, else a read."""
+        if not self.behind(session_id, min_length):
+            own = self.own_vouched(session_id)
+            if own is not None and self._own_free():
+                seen = yield Io("since", (self.session_base(session_id), own[1]), own=True)
+                if seen != CHANGED:
+                    return self.settled(session_id, own[0], max(seen, own[2]))
+        cached = self.views.get(session_id)
+        mark = self.mark()
+        raw = yield Io("read_view", (session_id, cached.cursor if cached is not None else None),
+                       {"with_counts": True})
+        snap = decode_view(raw, cached, carry)
+        settle_garbage(raw)
+        snap.mark = mark
+        if raw.epoch:
+            self.views.put(session_id, snap)
+        return snap
+
+    # -- prepare -------------------------------------------------------------------
+    def prepare_steps(self, session_id: str, system_prompt: str,
+                      tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                      model: str, pending: Sequence[Message | Mapping[str, Any]],
+                      fallback_messages: Sequence[Message | Mapping[str, Any]] | None,
+                      min_length: int | None) -> Steps[PreparedView]:
+        started = time.perf_counter()
+        with self.traced_prepare(session_id, model) as trace:
+            validate_session_id(session_id)  # before it is used as a cache key
+            check_request(system_prompt, tools)
+            check_min_length(min_length)
+            extra, extra_tokens = self.pending(session_id, pending)
+            try:
+                snap = self.fresh(session_id) if not self.behind(session_id, min_length) \
+                    else None
+                if snap is None:
+                    snap = yield from self._read_steps(session_id, min_length)
+            except StoreUnavailable:
+                if fallback_messages is None:
+                    raise
+                return trace.view(self.degraded(session_id, system_prompt, tools, max_tokens,
+                                                model, validate_messages(fallback_messages)
+                                                + extra, started))
+            force = self.policy.recovery_ratio if snap.state.recover_next else None
+            view = yield from self._build(session_id, snap, system_prompt, tools, max_tokens,
+                                          model, extra, extra_tokens, started, force)
+            return trace.view(view)
+
+    def _build(self, session_id: str, snap: CachedView, system_prompt: str,
+               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
+               extra: list[Message], extra_tokens: list[int], started: float,
+               force_ratio: float | None, retry_lost_swap: bool = True,
+               ) -> Steps[PreparedView]:
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
+                           extra, extra_tokens, force_ratio, scan=snap.scan)
+        base = snap.scan
+        plan, snap = plan_view(snap, req, self.policy, self.counter)
+        self.scanned(session_id, req, plan, base)
+        if snap.epoch:
+            self.views.put(session_id, snap)
+        # a job already queued (the flag in this view) needs no second request
+        wanted, force = self.job_wanted(plan, snap)
+        done: tuple[bool, bool] | None = None
+        won = True
+        if plan.figures or plan.cheap or plan.truncation is not None \
+                or plan.clear_recover_next or wanted:  # (a quiet call writes nothing)
+            done = yield from self._perform_own(session_id, plan, snap, wanted, force)
+            won = (yield from self._perform(session_id, plan)) if done is None else done[0]
+        if not self.performed(plan, won) and retry_lost_swap:
+            # A worker's summary (or an edit) landed since the read: build from it
+            # instead (it may fit without truncating), once.
+            fresh = yield from self.snapshot_steps(session_id)
+            return (yield from self._build(session_id, fresh, system_prompt, tools, max_tokens,
+                                           model, extra, extra_tokens, started, force_ratio,
+                                           retry_lost_swap=False))
+        self.remember(session_id, plan.sent)
+        if done is not None:
+            enqueued = done[1]
+        elif wanted:
+            enqueued = yield from self._enqueue(session_id, force=force)
+        else:
+            enqueued = False
+        return self.finish(plan, enqueued, started)
+
+    def _perform_own(self, session_id: str, plan: Plan, snap: CachedView, wanted: bool,
+                     force: bool) -> Steps[tuple[bool, bool] | None]:
+        """The plan's writes and the job's flags, then a read of the view, in one round
+        trip on the own-writes connection (the next call need not read); None when they
+        cannot go that way. Returns (the truncation won, a job was published)."""
+        if not self._own_free() or not plain_writes(self.store, self.store_class):
+            return None
+        job = self.inline_job(self.enqueuer, self.store.tenant, session_id, snap) \
+            if wanted else None
+        built = self.own_steps(self.store, session_id, plan, snap.cursor, wanted, force,
+                               job)
+        before = self.own_tally(session_id)
+        if built is None or before is None:
+            return None
+        self.touched(session_id)
+        done: tuple[list[Any], OwnMark | None] | None = yield Io(
+            "run_many", (self.session_base(session_id), built[0]), own=True)
+        if done is None:
+            return None
+        won, marked, pushed = self.own_written(session_id, snap, built[0], built[1], done[0],
+                                               done[1], before)
+        published = marked and (pushed or (yield from self._publish(session_id)))
+        return won, published
+
+    def _perform(self, session_id: str, plan: Plan) -> Steps[bool]:
+        """The plan's writes, in order; False when its truncation lost the swap."""
+        if plan.figures or plan.cheap or plan.truncation is not None or plan.clear_recover_next:
+            self.touched(session_id)
+        if plan.figures:
+            yield Io("update_state", (session_id,), plan.figures)
+        if plan.cheap:
+            yield Io("record_cheap", (session_id, plan.cheap, plan.version))
+        if plan.truncation is not None:
+            result = yield Io("commit_summary", (session_id, plan.truncation, plan.version))
+            if not result.ok:
+                log.info("truncation summary for %s lost its swap (%s)", session_id,
+                         result.reason)
+                return False
+        if plan.clear_recover_next:
+            yield Io("update_state", (session_id,), {"recover_next": 0})
+        return True
+
+    def _enqueue(self, session_id: str, *, force: bool = False) -> Steps[bool]:
+        """Ask for a job unless one is pending (``force``: a forced compaction)."""
+        if force:
+            self.touched(session_id)
+            yield Io("update_state", (session_id,), {"force_requested": 1})
+        if not (yield Io("mark_pending", (session_id,))):
+            return False
+        return (yield from self._publish(session_id))
+
+    def _publish(self, session_id: str) -> Steps[bool]:
+        """Publish the job whose pending flag this call set (the enqueuer is synchronous in
+        both shells: a broker publish, ~1 ms); on failure the flag is cleared again, so
+        that the next turn asks again instead of waiting for it to expire."""
+        try:
+            self.enqueuer.enqueue(self.store.tenant, session_id)
+        except Exception as exc:
+            with contextlib.suppress(StoreUnavailable):
+                yield Io("clear_pending", (session_id,))
+            log.warning("enqueue failed for session %s: %s", session_id, exc)
+            return False
+        return True
+
+    # -- after the call --------------------------------------------------------------
+    def record_turn_steps(self, session_id: str,
+                          messages: Sequence[Message | Mapping[str, Any]], usage: Any,
+                          request_id: str | None) -> Steps[int]:
+        with self.traced_turn(session_id) as trace:  # the publish carries its context
+            validate_session_id(session_id)
+            encoded = self.encode_turn(session_id, self.store, messages)
+            check_tool_results(encoded.messages)  # an orphan result: InvalidInput naming its index
+            fields, sent = self.turn_usage(session_id, usage)
+            rid = request_id if request_id is not None else secrets.token_hex(12)
+            marks: list[OwnMark | None] = []
+            cached = self.views.get(session_id)
+            job = self.inline_job(self.enqueuer, self.store.tenant, session_id,
+                                  self.unflagged(session_id, cached))
+            append = Io("append_encoded", (session_id, encoded), {
+                "request_id": rid, "mark_pending": self.policy.proactive,
+                "state_fields": fields, "fields_version": sent.version if sent else None,
+                "with_state": cached is not None, "job": job,
+                "run": self._own_runner(session_id, marks)})
+            self.touched(session_id)
+            try:
+                result: AppendResult = yield append
+            except StoreUnavailable as exc:
+                log.info("session %s: append %s unanswered (%s); retrying once", session_id,
+                         rid, exc)
+                result = yield append
+            self.appended(session_id, cached, result, marks[-1] if marks else None)
+            if result.marked and not result.published:
+                yield from self._publish(session_id)
+            return trace.turn(result.length)
+
+    def _own_runner(self, session_id: str, marks: list[OwnMark | None],
+                    ) -> Callable[[Command[AppendResult]], Any]:
+        """How the store runs the append: :meth:`_run_own`, driven by this shell."""
+        return lambda cmd: self.drive(self._run_own(session_id, marks, cmd))
+
+    def _run_own(self, session_id: str, marks: list[OwnMark | None],
+                 cmd: Command[AppendResult]) -> Steps[AppendResult]:
+        """The append on the own-writes connection when it is free (its mark vouches for
+        the view it extends), else through the store (no mark: the next call reads)."""
+        done = None
+        before = self.own_tally(session_id) if self._own_free() else None
+        if before is not None:
+            done = yield Io("run", (self.session_base(session_id), cmd.script, cmd.keys,
+                                    cmd.args), own=True)
+        if done is None:
+            marks.append(None)
+            executed: AppendResult = yield Io("execute", (cmd,))
+            return executed
+        reply, mark = done
+        marks.append(vouch(mark, before, self.own_tally(session_id)))
+        return cmd.parse(reply)
+
+    # -- reactive recovery -----------------------------------------------------------------
+    def recover_steps(self, session_id: str, error: object, system_prompt: str,
+                      tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                      model: str, pending: Sequence[Message | Mapping[str, Any]],
+                      prepared_tokens: int | None,
+                      min_length: int | None) -> Steps[PreparedView | None]:
+        check_min_length(min_length)
+        decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
+        if decided is None:
+            return None
+        ratio, recognised = decided
+        with self.traced_recover(session_id, model, error) as trace:
+            if not recognised:
+                trace.current.set_attribute("compaction.unrecognised_error", True)
+            validate_session_id(session_id)
+            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
+            if limit:
+                self.touched(session_id)
+                yield Io("update_state", (session_id,), {
+                    "learned_window": limit, "model": model, "last_overflow_at": time.time()})
+            started = time.perf_counter()
+            extra, extra_tokens = self.pending(session_id, pending)
+            snap = yield from self.snapshot_steps(session_id, min_length)
+            view = yield from self._build(session_id, snap, system_prompt, tools, max_tokens,
+                                          model, extra, extra_tokens, started, ratio)
+            return trace.recovered(view)
+
+    def stats_steps(self, session_id: str) -> Steps[dict[str, Any]]:
+        snap = yield from self.snapshot_steps(session_id)
+        summaries = yield Io("summaries", (session_id,))
+        return self.stats_from(session_id, self.store.tenant, snap, summaries)
+
+
+__all__ = ["GuardFlow", "Io", "Steps"]
