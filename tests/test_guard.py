@@ -298,6 +298,26 @@ def test_the_refused_size_can_come_from_the_process_that_prepared_it(
     assert view is not None and view.report.budget.window == 20_000
 
 
+def test_the_callers_refused_size_wins_over_an_old_prepare_of_this_process(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Two processes serve the session: this one prepared its first turn only. The refused
+    request, many turns later, was prepared by the other one; the caller's figure bounds
+    the window, not this process's stale (and much smaller) last prepare."""
+    here = make_guard(store, overrides={"m": 100_000})
+    there = make_guard(store, overrides={"m": 100_000})
+    store.append("s", coding_turn(0))
+    early = here.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    for i in range(1, 12):
+        store.append("s", coding_turn(i))
+    refused = there.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    sent = refused.report.estimated_prompt_tokens
+    assert early.report.estimated_prompt_tokens * 5 < sent
+    quiet = RuntimeError("the request exceeds the available context size, try increasing it")
+    view = here.recover("s", quiet, SYSTEM, max_tokens=1000, model="m", prepared_tokens=sent)
+    assert view is not None and view.report.budget.window == sent
+    assert store.state("s").learned_window == sent
+
+
 def test_limits_seen_follow_the_book(make_guard: Callable[..., Any], store: SessionStore,
                                      ) -> None:
     """The guard keeps the limits it resolved per model; a limit learned or forgotten, or
@@ -366,6 +386,18 @@ def test_stats_reports_regions(guard: ContextGuard) -> None:
     assert stats["length"] == 5 and stats["regions"]["history"] > 0
     assert stats["regions"]["system"] > 0 and 0 < stats["usage_ratio"] < 1
     assert stats["pending_job"] is True
+
+
+def test_stats_cap_the_reserve_as_prepare_does(make_guard: Callable[..., Any],
+                                               store: SessionStore) -> None:
+    """A window learned below the max_tokens the session last asked for (llama.cpp's 4096
+    against an agent's 8192): stats report it as prepare budgets it, not refuse."""
+    guard = make_guard(store, overrides={"m": 100_000})
+    store.append("s", coding_turn(0))
+    guard.prepare("s", SYSTEM, max_tokens=8192, model="m")
+    store.update_state("s", learned_window=4096)
+    stats = guard.stats("s")
+    assert stats["window"] == 4096 and 0 < stats["reserve"] < 4096
 
 
 def test_redis_down_is_typed_and_bounded_with_local_fallback(
@@ -477,17 +509,13 @@ def test_a_truncation_that_loses_its_swap_is_rebuilt_from_the_winner(
             raced.append(store.commit_summary("s", record, snap.state.version).version)
         return snap
 
-    if isinstance(guard, ContextGuard):
-        real_read = guard.snapshot
-        guard.snapshot = lambda sid, *more: worker_commits(  # type: ignore[method-assign]
-            real_read(sid, *more))
-    else:
-        real_aread = guard.inner.snapshot
+    shell = guard if isinstance(guard, ContextGuard) else guard.inner
+    real_steps = shell._read_steps
 
-        async def aread(sid: str, *more: Any) -> Any:
-            return worker_commits(await real_aread(sid, *more))
+    def read_steps(sid: str, *more: Any) -> Any:  # the read of the flow both shells drive
+        return worker_commits((yield from real_steps(sid, *more)))
 
-        guard.inner.snapshot = aread
+    shell._read_steps = read_steps
     view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
                          pending=[{"role": "user", "content": "continue"}])
     assert raced == [1]

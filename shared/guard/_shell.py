@@ -348,16 +348,17 @@ class GuardShell(FreshViews):
 
     def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
                      prepared_tokens: int | None) -> float | None:
-        """How full the refused request was: (its prompt + output reserve) / window, for the
-        request this guard prepared last for the session (or ``prepared_tokens``)."""
+        """How full the refused request was: (its prompt + output reserve) / window, for
+        ``prepared_tokens`` (the refused view's estimate, as the caller knows it), else
+        for the request this guard prepared last for the session."""
         limits = self.model_limits(model)
         with self._lock:
             sent = self._sent.get(session_id)
-        if sent is not None and sent.model == model:
-            estimate, window = sent.estimate, sent.window
-        elif prepared_tokens is not None:
+        if prepared_tokens is not None:
             estimate, window = positive_int(prepared_tokens, "prepared_tokens"), \
                 limits.context_window
+        elif sent is not None and sent.model == model:
+            estimate, window = sent.estimate, sent.window
         else:
             return None
         return (estimate + output_reserve(limits, max_tokens)) / window if window else None
@@ -388,21 +389,23 @@ class GuardShell(FreshViews):
 
     def refused_bound(self, session_id: str, info: OverflowInfo, model: str,
                       prepared_tokens: int | None = None) -> int | None:
-        """The window an overflow that states none implies for the request this guard
-        prepared last for the session (:func:`shared.core.limits.refused_bound`), or, where
-        another process prepared it, for ``prepared_tokens`` (that prepare's
-        ``report.estimated_prompt_tokens``, against the window known here); None without
-        either, or for a body-size refusal (bytes)."""
+        """The window an overflow that states none implies for the refused request
+        (:func:`shared.core.limits.refused_bound`): ``prepared_tokens`` when the caller
+        gives it (the refused view's ``report.estimated_prompt_tokens``, against the window
+        known here), else the request this guard prepared last for the session. The
+        caller's figure wins: where several processes serve a session, this one's last
+        prepare may be turns old, and a stale, smaller prompt would be learned as the
+        window. None without either, or for a body-size refusal (bytes)."""
         if info.kind != "context_overflow":
             return None
+        if prepared_tokens is not None:
+            return refused_bound(prepared_tokens, self.model_limits(model).context_window,
+                                 info.excess)
         with self._lock:
             sent = self._sent.get(session_id)
         if sent is not None and sent.model == model:
             return refused_bound(sent.estimate, sent.window, info.excess)
-        if prepared_tokens is None:
-            return None
-        return refused_bound(prepared_tokens, self.model_limits(model).context_window,
-                             info.excess)
+        return None
 
     @staticmethod
     def performed(plan: Plan, ok: bool) -> bool:
@@ -497,7 +500,8 @@ class GuardShell(FreshViews):
 
         state = snap.state
         limits = self.model_limits(state.model or "gpt-4o", state)
-        reserve = state.max_tokens or output_reserve(limits, None)
+        # capped as prepare caps it: a window learned since below the stored max_tokens
+        reserve = output_reserve(limits, state.max_tokens or None)
         prior = prior_ratio(state.model, self.counter)
         regions, estimated = view_estimate(state, snap.summary, snap.history_tokens, snap.saved,
                                            snap.end, overhead=self.counter.messages([]),
