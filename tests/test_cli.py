@@ -488,6 +488,22 @@ def test_sessions_lists_filters_and_pages_with_scan(
     assert "last activity" in out and "job-" in out
 
 
+def test_sessions_report_the_logs_idle_time_and_leave_it_alone(
+        store: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """The listing shows how long ago the log was last used, and listing is no use: it
+    does not read the log (a read would reset the figure the next listing shows)."""
+    turn = split_turns(1)[0]
+    store.append("quiet-1", turn)
+    log = store.keys("quiet-1").log
+    dumped = store.redis.dump(log)
+    store.redis.delete(log)
+    store.redis.restore(log, 0, dumped, idletime=900)  # last used 15 minutes ago
+    for _ in range(2):
+        rows = cli_json(capsys, "sessions", "--prefix", "quiet")["sessions"]
+        assert [(r["session_id"], r["messages"]) for r in rows] == [("quiet-1", len(turn))]
+        assert rows[0]["idle_seconds"] >= 900
+
+
 # -- bad input ------------------------------------------------------------------------------------
 def test_bad_usage_and_orphan_tool_results_name_the_field(store: SessionStore) -> None:
     from shared.core.errors import InvalidInput

@@ -147,14 +147,16 @@ def _figures(client: Any, key_prefix: str, found: list[tuple[str, str]]) -> list
     pipe = client.pipeline(transaction=False)
     for tenant, session in found:
         keys = SessionKeys.for_session(key_prefix, tenant, session)
-        pipe.llen(keys.log)
+        # the log's idle time is the session's last activity: nothing here reads the log
+        # itself (a read would reset it), its length is that of the totals beside it
+        pipe.object("idletime", keys.log)
+        pipe.llen(keys.cum)
         pipe.lindex(keys.cum, -1)
         pipe.hmget(keys.state, ["watermark", "model"])
-        pipe.object("idletime", keys.log)
     replies = pipe.execute(raise_on_error=False)
     rows = []
     for i, (tenant, session) in enumerate(found):
-        length, total, (watermark, model), idle = replies[4 * i: 4 * i + 4]
+        idle, length, total, (watermark, model) = replies[4 * i: 4 * i + 4]
         rows.append(SessionRow(
             tenant=tenant, session_id=session, messages=_int(length), tokens=_int(total),
             watermark=_int(watermark), model=_text(model),
