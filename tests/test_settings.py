@@ -237,3 +237,21 @@ def test_unrecognised_overflows_are_a_policy_setting(monkeypatch: pytest.MonkeyP
     if raw is not None:
         monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", raw)
     assert Settings().policy().unrecognised_overflow_at == value
+
+
+# -- the unknown-variable warning and the server's own variables ----------------------------
+def test_the_servers_variables_are_no_unknown_setting() -> None:
+    """docs/server.md's COMPACTION_SERVER_TOKENS_FILE (and every ServerConfig field) is used
+    by ``compaction serve``: never "not a setting"; a typo of one is, with the correction."""
+    import io
+
+    from workers.server.config import ServerConfig
+    from workers.settings import unknown_variables, warn_unknown_variables
+
+    server = {f"COMPACTION_SERVER_{name.upper()}": "x" for name in ServerConfig.model_fields}
+    assert "COMPACTION_SERVER_TOKENS_FILE" in server and "COMPACTION_SERVER_PORT" in server
+    assert unknown_variables(server) == []
+    stream = io.StringIO()
+    assert warn_unknown_variables(server, stream) is None and stream.getvalue() == ""
+    assert unknown_variables({"COMPACTION_SERVER_TOKEN_FILE": "x"}) == [
+        ("COMPACTION_SERVER_TOKEN_FILE", "COMPACTION_SERVER_TOKENS_FILE")]

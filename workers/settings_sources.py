@@ -18,12 +18,14 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from shared.core.errors import ConfigError
+from workers.server.config import server_variables
 
 ENV_PREFIX = "COMPACTION_"
 FILE_SUFFIX = "_FILE"
 # Settings that may be read from a file named by COMPACTION_<NAME>_FILE (secrets).
 FILE_SETTINGS = ("redis_url", "broker_url", "redis_password", "summarizer_api_key")
-# COMPACTION_* variables read by tools, not by Settings: no typo warning for them.
+# COMPACTION_* variables read by tools, not by Settings: no typo warning for them. The
+# server's own (COMPACTION_SERVER_*) are not listed: they come from its config model.
 NOT_SETTINGS = frozenset({
     "COMPACTION_TEST_REDIS_URL",  # workers/harness/stack/redis_server.py
     "COMPACTION_REQUIRE_COMPOSE",  # tests/test_deploy.py
@@ -94,8 +96,10 @@ def setting_variables(fields: Mapping[str, Any]) -> frozenset[str]:
 
 def unknown_among(environ: Mapping[str, str],
                   known: frozenset[str]) -> list[tuple[str, str | None]]:
-    """``(variable, closest of ``known`` or None)`` for each ``COMPACTION_*`` name not in
-    ``known`` (the settings' variables)."""
+    """``(variable, closest known name or None)`` for each ``COMPACTION_*`` name that is
+    neither in ``known`` (the settings' variables), nor a server variable
+    (``COMPACTION_SERVER_*``, also offered as corrections), nor in :data:`NOT_SETTINGS`."""
+    known = known | server_variables()
     suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
     found = []
     for key in sorted(environ):

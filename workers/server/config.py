@@ -117,6 +117,12 @@ class TokenBook:
         return found
 
 
+def server_variables() -> frozenset[str]:
+    """Every ``COMPACTION_SERVER_*`` variable the server reads: one per field, derived so
+    that the settings' unknown-variable warning never drifts from this model."""
+    return frozenset(f"{ENV_PREFIX}{name.upper()}" for name in ServerConfig.model_fields)
+
+
 def load_server_config(**overrides: Any) -> ServerConfig:
     """Read ``COMPACTION_SERVER_*``; a bad value raises ConfigError naming the variable."""
     try:
@@ -130,4 +136,5 @@ def load_server_config(**overrides: Any) -> ServerConfig:
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 
-__all__ = ["ENV_PREFIX", "ServerConfig", "TokenBook", "load_server_config", "parse_tokens"]
+__all__ = ["ENV_PREFIX", "ServerConfig", "TokenBook", "load_server_config", "parse_tokens",
+           "server_variables"]
