@@ -474,3 +474,49 @@ def test_the_filter_leaves_input_alone_within_budget(guard: ContextGuard) -> Non
     assert not fitted.truncated and fitted.items == TURN and budget.truncations == 0
     forced = budget.fit(TURN, "sys", [], force_ratio=0.01)
     assert forced.truncated
+
+
+# -- get_items(limit) ------------------------------------------------------------------------
+def test_a_limit_above_the_history_returns_all_of_it_to_a_real_run(guard: ContextGuard) -> None:
+    """SessionSettings(limit=8) on a 5-item history: the model gets all five (not the last
+    three a negative slice start gave)."""
+    from agents.memory import SessionSettings
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+
+    from workers.harness.fakes.openai_server import FakeOpenAIServer
+
+    session = GuardedSession(guard, "limit-run")
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"}
+               for i in range(5)]
+    run(session.add_items(cast(Any, history)))
+    assert run(session.get_items(limit=8)) == history
+    assert run(session.get_items(limit=3)) == history[-3:]
+
+    async def ask() -> list[dict[str, Any]]:
+        with FakeOpenAIServer(window=100_000, responder=lambda req: {"content": "done"},
+                              model="gpt-4o") as server:
+            client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+            agent = Agent(name="a", instructions="SYS", model=OpenAIChatCompletionsModel(
+                model="gpt-4o", openai_client=client))
+            await Runner.run(agent, "what did I say first?", session=session,
+                             run_config=session.run_config(
+                                 session_settings=SessionSettings(limit=8)))
+            return cast(list[dict[str, Any]], server.requests[-1].body["messages"])
+
+    sent = run(ask())
+    assert [m["content"] for m in sent[1:-1]] == [h["content"] for h in history]
+
+
+def test_a_limit_keeps_the_newest_outputs_with_their_calls(guard: ContextGuard) -> None:
+    session = GuardedSession(guard, "limit-pairs", model=MODEL)
+    run(session.add_items(cast(Any, TURN)))
+    # the newest output comes with its call; the older pair no longer fits
+    assert run(session.get_items(limit=3)) == [TURN[4], TURN[6], TURN[7]]
+    assert run(session.get_items(limit=5)) == TURN[3:]
+    for limit in range(len(TURN) + 2):
+        items = run(session.get_items(limit=limit))
+        assert len(items) <= limit
+        calls = {i.get("call_id") for i in items if i.get("type") == "function_call"}
+        assert all(i["call_id"] in calls for i in items
+                   if i.get("type") == "function_call_output")

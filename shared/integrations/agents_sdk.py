@@ -87,12 +87,30 @@ def recall_function_tool(guard: Any, session_id: str) -> FunctionTool:
 
 
 def _last(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` items, less outputs whose call was cut off (a provider
-    refuses an output without its call)."""
-    tail = items[len(items) - limit:] if limit else []
-    calls = {i.get("call_id") for i in tail if i.get("type") == "function_call"}
-    return [i for i in tail if i.get("type") != "function_call_output"
-            or i.get("call_id") in calls]
+    """At most ``limit`` of the newest items, each kept output with its call (a provider
+    refuses an output without its call).
+
+    Taken newest first: an output brings its call along (both count against the
+    limit), so the tail is never extended past ``limit``; taking stops at the first
+    item (or output and call) that no longer fits. An output whose call is not in
+    ``items`` at all is dropped. The items keep their order.
+    """
+    calls = {i.get("call_id"): n for n, i in enumerate(items)
+             if i.get("type") == "function_call"}
+    chosen: set[int] = set()
+    for n in range(len(items) - 1, -1, -1):
+        if n in chosen:
+            continue
+        need = {n}
+        if items[n].get("type") == "function_call_output":
+            call = calls.get(items[n].get("call_id"))
+            if call is None:
+                continue  # an orphan: no call to send with it
+            need.add(call)
+        if len(chosen | need) > limit:
+            break
+        chosen |= need
+    return [items[n] for n in sorted(chosen)]
 
 
 # -- the session -----------------------------------------------------------------------------
