@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shared.core.chunks import Chunks
 from shared.core.config import StoreConfig
-from shared.core.messages import Message
+from shared.core.messages import ImagePart, Message, TextPart, ToolCall
 from shared.core.records import CheapDecision, SummaryRecord
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER
@@ -509,3 +509,27 @@ def test_a_truncating_turn_prepared_call_by_call_equals_a_fresh_prepare(
             b.report.model_dump(exclude={"elapsed_ms"})
         truncated += a.report.truncated
         assert stores[0].state("s") == stores[1].state("s")
+
+
+def test_a_tool_result_holding_an_image_keeps_the_session_usable(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A screenshot returned by a tool (Anthropic's tool_result image, an Agents SDK
+    input_image output): recorded, then prepared by this guard and a new one. The
+    Anthropic view sends the image; the OpenAI view, which every cached view keeps and
+    whose chat format has no place for it, says what it leaves out."""
+    shot = ImagePart(data="iVBORw0KGgo=", media_type="image/png")
+    turn = [Message(role="user", content="take a screenshot"),
+            Message(role="assistant", content="", tool_calls=[ToolCall(id="t1", name="shot")]),
+            Message(role="tool", tool_call_id="t1", content=[TextPart(text="screen:"), shot]),
+            Message(role="assistant", content="I see the screen.")]
+    guard = make_guard(store)
+    guard.prepare("s", "SYS", model="claude-sonnet-4-5", pending=turn[:1])
+    assert guard.record_turn("s", turn) == 4
+    for g in (guard, make_guard(store)):
+        view = g.prepare("s", "SYS", model="claude-sonnet-4-5",
+                         pending=[Message(role="user", content="next")])
+        _, messages = view.anthropic()
+        result = messages[2]["content"][0]
+        assert result["type"] == "tool_result" and result["content"][1]["type"] == "image"
+        tool = view.openai()[3]
+        assert tool["role"] == "tool" and "image/png image not sent" in tool["content"][1]["text"]

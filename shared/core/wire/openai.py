@@ -218,19 +218,40 @@ def _content_out(content: str | list[ContentPart], loc: Loc, media: bool) -> Any
 
 
 def _part_out(part: ContentPart, loc: Loc, media: bool) -> dict[str, Any]:
+    """A content part on the wire. What OpenAI's chat format cannot carry (an image a
+    tool returned, a file known by URL alone) becomes a line of text saying so: a
+    message in the log that every later view must hold cannot be refused here without
+    making the session unusable, and the model is told what it does not see."""
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text}
     if not media:
-        raise loc.error("OpenAI takes images and files only in user messages")
+        return _omitted(part, "OpenAI's chat format takes images and files in user "
+                              "messages only")
     if isinstance(part, ImagePart):
-        image: dict[str, Any] = {"url": part.url or _data_url(part, loc)}
+        url = part.url or _data_url(part)
+        if url is None:
+            return _omitted(part, "its media type is not known")
+        image: dict[str, Any] = {"url": url}
         if part.detail is not None:
             image["detail"] = part.detail
         return {"type": "image_url", "image_url": image}
-    return {"type": "file", "file": _file_out(part, loc)}
+    file = _file_out(part)
+    if file is None:
+        return _omitted(part, "OpenAI takes a file's data or file_id, not a URL")
+    return {"type": "file", "file": file}
 
 
-def _file_out(part: FilePart, loc: Loc) -> dict[str, str]:
+def _omitted(part: ImagePart | FilePart, why: str) -> dict[str, Any]:
+    kind = "image" if isinstance(part, ImagePart) else "file"
+    what = " ".join(x for x in (part.media_type, kind) if x)
+    if isinstance(part, FilePart) and part.filename:
+        what += f" {part.filename}"
+    elif part.url and not part.url.startswith("data:"):
+        what += f" at {part.url}"
+    return {"type": "text", "text": f"[{what} not sent: {why}]"}
+
+
+def _file_out(part: FilePart) -> dict[str, str] | None:
     out: dict[str, str] = {}
     if part.data is not None:
         out["file_data"] = (
@@ -239,13 +260,21 @@ def _file_out(part: FilePart, loc: Loc) -> dict[str, str]:
     if part.file_id is not None:
         out["file_id"] = part.file_id
     if not out:
-        raise (loc / "url").error("OpenAI cannot fetch a file by URL; give its data or a file_id")
+        return None
     if part.filename is not None:
         out["filename"] = part.filename
     return out
 
 
-def _data_url(part: ImagePart, loc: Loc) -> str:
-    if part.media_type is None or part.data is None:
-        raise (loc / "media_type").error("inline image data needs a media type")
-    return data_url(part.media_type, part.data)
+_IMAGE_MAGIC = (("iVBORw0KGgo", "image/png"), ("/9j/", "image/jpeg"), ("R0lGOD", "image/gif"),
+                ("UklGR", "image/webp"))
+
+
+def _data_url(part: ImagePart) -> str | None:
+    """The data URL of an inline image; its media type read from the data's first bytes
+    where it was not given (None when they are not an image's OpenAI takes)."""
+    if part.data is None:
+        return None
+    media_type = part.media_type if part.media_type is not None else next(
+        (kind for magic, kind in _IMAGE_MAGIC if part.data.startswith(magic)), None)
+    return None if media_type is None else data_url(media_type, part.data)
