@@ -144,11 +144,13 @@ def test_a_history_that_does_not_continue_the_session_is_refused(
 def test_a_part_it_cannot_map_is_named_and_nothing_is_written(
         fake_store: SessionStore) -> None:
     agent = build_agent(ContextGuard(fake_store), WindowedModel(), session_id="pai-bad")
-    audio = pm.BinaryContent(data=b"\x00\x01", media_type="audio/wav")
+    generated = pm.FilePart(content=pm.BinaryContent(data=b"\x00\x01", media_type="audio/wav"))
+    history: list[pm.ModelMessage] = [pm.ModelRequest(parts=[pm.UserPromptPart("speak")]),
+                                      pm.ModelResponse(parts=[generated])]
     with pytest.raises(InvalidInput) as info:
-        agent.run_sync(["listen", audio])
+        agent.run_sync("again", message_history=history)
     assert info.value.field is not None
-    assert info.value.field.startswith("messages[0].parts[0].content[1]")
+    assert info.value.field.startswith("messages[1].parts[0]")
     assert fake_store.length("pai-bad") == 0
 
 
@@ -185,3 +187,69 @@ def test_a_new_process_continues_the_session_from_the_store(
     history = converse(build_agent(guard, model, session_id="pai-restart"), 1, 3, history)
     assert len(history) == 16
     assert fake_store.length("pai-restart") == 16
+
+
+# -- multimodal user content -----------------------------------------------------------------
+PNG = b"\x89PNG\r\n\x1a\n0000"
+
+
+def test_multimodal_user_content_is_recorded_and_the_model_gets_the_originals(
+        fake_store: SessionStore) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from shared.core.messages import FilePart, ImagePart
+    from shared.integrations.pydantic_ai import ContextGuardCapability
+
+    seen: list[list[pm.ModelMessage]] = []
+
+    def answer(messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
+        seen.append(messages)
+        return pm.ModelResponse(parts=[pm.TextPart("I see it")])
+
+    image = pm.BinaryContent(data=PNG, media_type="image/png")
+    pdf = pm.BinaryContent(data=b"%PDF-1.4", media_type="application/pdf")
+    audio = pm.BinaryContent(data=b"\x00\x01", media_type="audio/wav")
+    prompt: list[Any] = ["What is in these?", image, pm.CachePoint(), pdf,
+                         pm.ImageUrl(url="https://example.com/a.png"),
+                         pm.DocumentUrl(url="https://example.com/spec.pdf"),
+                         pm.AudioUrl(url="https://example.com/a.mp3"),
+                         pm.VideoUrl(url="https://example.com/v.mp4"), audio,
+                         pm.UploadedFile(file_id="file-1", provider_name="openai")]
+    agent = Agent(FunctionModel(answer, model_name="gpt-4o"),
+                  capabilities=[ContextGuardCapability(ContextGuard(fake_store), recall=False)])
+    result = agent.run_sync(prompt, conversation_id="pai-media")
+    assert result.output == "I see it"
+    sent = seen[-1][-1].parts[-1]
+    assert isinstance(sent, pm.UserPromptPart) and sent.content == prompt  # the originals
+    user = fake_store.messages("pai-media")[0]
+    assert not isinstance(user.content, str)
+    kinds = [type(p).__name__ for p in user.content]
+    assert kinds == ["TextPart", "ImagePart", "FilePart", "ImagePart", "FilePart", "TextPart",
+                     "TextPart", "TextPart", "FilePart"]  # the cache point is a marker
+    first = user.content[1]
+    assert isinstance(first, ImagePart) and first.media_type == "image/png" and first.data
+    assert isinstance(user.content[2], FilePart) and user.content[2].media_type \
+        == "application/pdf"
+    assert "[audio attachment: https://example.com/a.mp3]" in user.text()
+    assert "[video attachment: https://example.com/v.mp4]" in user.text()
+    assert "[audio attachment: audio/wav, 2 bytes" in user.text()
+
+
+def test_a_rebuilt_user_message_keeps_its_images_and_files(fake_store: SessionStore) -> None:
+    from shared.core.messages import FilePart, ImagePart, Message, TextPart
+
+    guard = ContextGuard(fake_store)
+    message = Message(role="user", content=[
+        TextPart(text="look"), ImagePart(data="iVBORw0KGgo=", media_type="image/png"),
+        ImagePart(url="https://example.com/a.png"),
+        FilePart(url="https://example.com/spec.pdf", media_type="application/pdf")])
+    guard.record_turn("pai-rebuild", [message])  # untagged: no original to reuse
+    out = from_view(guard.prepare("pai-rebuild"), [], "", "")
+    part = out[0].parts[0]
+    assert isinstance(part, pm.UserPromptPart) and not isinstance(part.content, str)
+    assert part.content[0] == "look"
+    assert isinstance(part.content[1], pm.BinaryContent)
+    assert part.content[1].media_type == "image/png" and part.content[1].is_image
+    assert part.content[2] == pm.ImageUrl(url="https://example.com/a.png")
+    assert isinstance(part.content[3], pm.DocumentUrl)

@@ -39,10 +39,11 @@ thread (stopgap, :class:`shared.integrations._common.ThreadedAsyncGuard`).
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic_ai import messages as pm
 from pydantic_ai.capabilities import AbstractCapability
@@ -52,7 +53,7 @@ from pydantic_ai.tools import RunContext, Tool
 from pydantic_ai.toolsets import FunctionToolset
 
 from shared.core.errors import InvalidInput
-from shared.core.messages import ImagePart, Message, TextPart, ToolCall
+from shared.core.messages import ContentPart, FilePart, ImagePart, Message, TextPart, ToolCall
 from shared.core.prepared import PreparedView
 from shared.integrations._common import (
     RECALL_DESCRIPTION,
@@ -117,16 +118,12 @@ def _request_part(part: Any, where: str, index: int) -> Message | None:
         if isinstance(part, pm.UserPromptPart):
             if isinstance(part.content, str):
                 return Message(role="user", content=part.content)
-            items: list[TextPart | ImagePart] = []
+            items: list[ContentPart] = []
             for k, item in enumerate(part.content):
-                if isinstance(item, str):
-                    items.append(TextPart(text=item))
-                elif isinstance(item, pm.ImageUrl):
-                    items.append(ImagePart(url=item.url))
-                else:
-                    raise InvalidInput(f"cannot map user content {type(item).__name__}",
-                                       field=f"{where}.content[{k}]", index=index)
-            return Message(role="user", content=list(items))
+                mapped = _user_content(item, f"{where}.content[{k}]", index)
+                if mapped is not None:
+                    items.append(mapped)
+            return Message(role="user", content=items)
         if isinstance(part, pm.ToolReturnPart):
             return Message(role="tool", tool_call_id=part.tool_call_id, name=part.tool_name,
                            content=part.model_response_str())
@@ -143,6 +140,68 @@ def _request_part(part: Any, where: str, index: int) -> Message | None:
         raise InvalidInput(f"cannot map {kind}: {str(exc)[:200]}", field=where,
                            index=index) from None
     raise InvalidInput(f"cannot map a {kind} part", field=where, index=index)
+
+
+def _media_type(item: Any) -> str | None:
+    """A URL's media type, or None where pydantic-ai cannot infer one (no extension)."""
+    try:
+        return cast(str, item.media_type)
+    except ValueError:
+        return None
+
+
+def _user_content(item: Any, where: str, index: int) -> ContentPart | None:
+    """One item of a user prompt as a neutral part; None for a marker (``CachePoint``).
+
+    Images and documents (inline, by URL, uploaded) become image and file parts. The
+    neutral model holds no audio or video: those become a text placeholder naming the
+    media, so the log and the summaries say something was there (the model itself still
+    gets the original part while the message is in the view).
+    """
+    if isinstance(item, str):
+        return TextPart(text=item)
+    if isinstance(item, (pm.TextContent, pm.StructuredContent)):
+        return TextPart(text=item.content)
+    if isinstance(item, pm.CachePoint):
+        return None
+    if isinstance(item, pm.BinaryContent):
+        if item.is_image:
+            return ImagePart(data=item.base64, media_type=item.media_type)
+        if item.is_audio or item.is_video:
+            kind = "audio" if item.is_audio else "video"
+            return TextPart(text=f"[{kind} attachment: {item.media_type}, "
+                                 f"{len(item.data)} bytes, not kept in the history]")
+        return FilePart(data=item.base64, media_type=item.media_type)
+    if isinstance(item, pm.ImageUrl):
+        return ImagePart(url=item.url)
+    if isinstance(item, pm.DocumentUrl):
+        return FilePart(url=item.url, media_type=_media_type(item))
+    if isinstance(item, (pm.AudioUrl, pm.VideoUrl)):
+        kind = "audio" if isinstance(item, pm.AudioUrl) else "video"
+        return TextPart(text=f"[{kind} attachment: {item.url}]")
+    if isinstance(item, pm.UploadedFile):
+        return FilePart(file_id=item.file_id, media_type=item.media_type)
+    raise InvalidInput(f"cannot map user content {type(item).__name__}", field=where,
+                       index=index)
+
+
+def _user_prompt(message: Message) -> Any:
+    """A neutral user message rebuilt as a ``UserPromptPart`` (images and files kept)."""
+    if isinstance(message.content, str):
+        return pm.UserPromptPart(content=message.content)
+    content: list[Any] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            content.append(part.text)
+        elif part.data is not None and part.media_type is not None:
+            content.append(pm.BinaryContent(data=base64.b64decode(part.data),
+                                            media_type=part.media_type))
+        elif part.url is not None:
+            content.append(pm.ImageUrl(url=part.url) if isinstance(part, ImagePart)
+                           else pm.DocumentUrl(url=part.url, media_type=part.media_type))
+        elif isinstance(part, FilePart) and part.file_id is not None:
+            content.append(f"[file attachment: {part.file_id}]")
+    return pm.UserPromptPart(content=content)
 
 
 def _response(message: pm.ModelResponse, where: str) -> Message:
@@ -206,7 +265,7 @@ def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
         elif message.role == "system":
             parts.append(pm.SystemPromptPart(content=message.text()))
         else:
-            parts.append(pm.UserPromptPart(content=message.text()))
+            parts.append(_user_prompt(message))
     if parts:
         last = history[-1] if history else None
         out.append(pm.ModelRequest(parts=parts, instructions=getattr(last, "instructions", None)))
