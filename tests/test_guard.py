@@ -14,6 +14,7 @@ import redis
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import InvalidInput, IrreducibleOverflow, StoreUnavailable
 from shared.core.limits import LimitBook
+from shared.core.messages import Message
 from shared.core.records import AppendResult, SummaryRecord
 from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
@@ -534,3 +535,24 @@ def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None
     for provider in ("openai", "anthropic", "gemini"):
         assert validate_view(view.messages, provider) == []
     assert [m.role for m in view.messages] == ["system", "user", "assistant", "tool", "tool"]
+
+
+def test_a_recovery_that_drops_nothing_adds_no_summary(make_guard: Callable[..., Any],
+                                                       store: SessionStore) -> None:
+    """The provider counted far more than the guard (an overflow on a view that fits a
+    fifth of the window): the retry's view is the same conversation, with no empty
+    "compacted" block telling the model of a compaction that never happened."""
+    guard = make_guard(store)
+    guard.record_turn("s", [Message(role="user", content="What is in /src?"),
+                            Message(role="assistant", content="a.py and b.py.")])
+    pending = [Message(role="user", content="And /lib?")]
+    guard.prepare("s", "You are terse.", max_tokens=500, model="gpt-4o-mini", pending=pending)
+    error = RuntimeError("This model's maximum context length is 128000 tokens. However, your "
+                         "messages resulted in 131000 tokens.")
+    view = guard.recover("s", error, "You are terse.", max_tokens=500, model="gpt-4o-mini",
+                         pending=pending)
+    assert view is not None and view.report.dropped_messages == 0
+    assert [m.role for m in view.messages] == ["system", "user", "assistant", "user"]
+    assert view.messages[0].text() == "You are terse."
+    assert "conversation_summary" not in str(view.openai())
+    assert store.summaries("s") == []

@@ -475,11 +475,15 @@ def _history_budget(report: BudgetReport, regions: Regions, estimated: int, wind
 
 
 def _truncation(snap: CachedView, counter: TokenCounter, dropped: int,
-                note: str) -> tuple[SummaryRecord, SummaryRecord | None]:
+                note: str) -> tuple[SummaryRecord | None, SummaryRecord | None]:
     """The truncation as a summary record, and the record to commit (None: nothing
-    gone from the start, the note rides along unrecorded)."""
+    gone from the start, the note rides along unrecorded). A cut that dropped and clipped
+    nothing (a recovery forced on a view that already fits) leaves the summary as it was:
+    an empty one would tell the model of a compaction that never happened."""
     previous, state = snap.summary, snap.state
     logged = max(0, min(dropped, snap.end - state.watermark))
+    if not logged and not note:
+        return previous, None
     text = (previous.text + "\n\n" if previous else "") + note
     record = SummaryRecord(
         watermark=state.watermark + logged, kind="truncation", text=text,
