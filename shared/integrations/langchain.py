@@ -29,14 +29,24 @@ session of the model call that asked. The result is the matching messages,
 verbatim, with their index; a bad argument comes back as an error
 ``ToolMessage`` the model can correct, never an exception.
 
+The system prompt is ``create_agent(system_prompt=...)`` and the system
+messages at the head of the graph state (``{"role": "system"}``
+input), joined in that order: sent on every call, never recorded, so no
+compaction cuts it. A system message later in the conversation is an
+ordinary log message. Reasoning blocks (``thinking``, ``redacted_thinking``,
+``reasoning``) are recorded as the message's reasoning; untouched messages go
+back as the state's own objects, signatures and all.
+
 The session is the graph's ``thread_id`` (or ``session_id=``, a string or a
-function of the request). Put this middleware last in ``middleware=[...]``:
-it builds the request's messages from the graph state. Messages it cannot
-map raise :class:`InvalidInput` naming ``state.messages[i]`` before anything
-is written. The async hook uses ``shared.guard.AsyncContextGuard`` when it is
-passed one; with the sync guard it runs the guard in a thread (stopgap). The
-message mapping is in :mod:`shared.integrations.langchain_messages`
-(``to_neutral`` and ``from_view`` are importable from here too).
+function of the request): a guarded agent run from a tool of another one
+inherits its thread id, so give it its own ``session_id=``. Put this
+middleware last in ``middleware=[...]``: it builds the request's messages
+from the graph state. Messages it cannot map raise :class:`InvalidInput`
+naming ``state.messages[i]`` before anything is written. The async hook
+uses ``shared.guard.AsyncContextGuard`` when it is passed one; with the sync
+guard it runs the guard in a thread (stopgap). The message mapping is in
+:mod:`shared.integrations.langchain_messages` (``to_neutral`` and
+``from_view`` are importable from here too).
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -72,7 +82,13 @@ from shared.integrations._common import (
     recall_parameters,
     run_with_recovery,
 )
-from shared.integrations.langchain_messages import ID_KEY, from_view, to_neutral
+from shared.integrations.langchain_messages import (
+    ID_KEY,
+    from_view,
+    join_system,
+    leading_system,
+    to_neutral,
+)
 
 SessionFn = Callable[[ModelRequest[Any]], str]
 
@@ -106,6 +122,31 @@ def _thread_of(runtime: Any) -> Any:
         config: Any = getattr(runtime, "config", None) or {}
         thread = config.get("configurable", {}).get("thread_id")
     return thread
+
+
+def _graph_hint(runtime: Any) -> str:
+    """Why a state may not continue its session, as far as the run's config tells."""
+    namespace = getattr(getattr(runtime, "execution_info", None), "checkpoint_ns", None)
+    configurable: dict[str, Any] = {}
+    try:
+        from langgraph.config import get_config
+
+        configurable = get_config().get("configurable", {})
+    except RuntimeError:
+        pass
+    namespace = namespace or configurable.get("checkpoint_ns")
+    if isinstance(namespace, str) and "|" in namespace:
+        return ("this agent runs inside another graph (a tool or node of it) and inherits "
+                "its thread_id: give this agent's ContextGuardMiddleware its own session_id=")
+    # LangGraph's own key for the run's checkpointer: a hint only, so absent means unknown.
+    if "__pregel_checkpointer" in configurable and configurable["__pregel_checkpointer"] is None:
+        return ("the agent has no checkpointer, so each invoke starts a fresh state and "
+                "re-sent history gets new message ids: pass checkpointer= to create_agent "
+                "and send only the new messages")
+    return ("likely causes: no checkpointer while the caller re-sends the history (pass "
+            "checkpointer= and send only new messages); a guarded sub-agent sharing its "
+            "parent's thread_id (give it its own session_id=); another graph or middleware "
+            "using this session or removing messages from the state")
 
 
 def _model_name(model: Any) -> str:
@@ -160,7 +201,13 @@ class ContextGuardMiddleware(AgentMiddleware):
                                "{'thread_id': ...}} or pass session_id=", field="session_id")
         return thread
 
-    def _request(self, request: ModelRequest[Any]) -> Request:
+    @staticmethod
+    def _system(request: ModelRequest[Any], state: Sequence[Any]) -> SystemMessage | None:
+        """The fixed system prompt: ``system_prompt=``, then the state's leading ones."""
+        parts = [request.system_message] if request.system_message is not None else []
+        return join_system([*parts, *state[:leading_system(state)]])
+
+    def _request(self, request: ModelRequest[Any], system: SystemMessage | None) -> Request:
         tools = request.tools or []
         key = tuple(id(t) for t in tools)
         if self._tools is None or self._tools[0] != key:
@@ -172,25 +219,30 @@ class ContextGuardMiddleware(AgentMiddleware):
             self._tools = (key, specs)
         max_tokens = self.max_tokens or request.model_settings.get("max_tokens") \
             or getattr(request.model, "max_tokens", None)
-        return Request(system_prompt=request.system_message.text if request.system_message
-                       else "", tools=self._tools[1] or None,
+        return Request(system_prompt=system.text if system is not None else "",
+                       tools=self._tools[1] or None,
                        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
                        model=self.model or _model_name(request.model))
 
-    def _pending(self, session_id: str, state: list[Any],
-                 cursor: tuple[int, Any]) -> list[Message]:
+    @staticmethod
+    def _pending(session_id: str, state: list[Any], cursor: tuple[int, Any],
+                 runtime: Any = None) -> list[Message]:
+        """The state's messages after the log's (not the leading system ones)."""
         recorded, last_id = cursor
         if recorded > len(state) or (last_id is not None and recorded
                                      and state[recorded - 1].id != last_id):
             raise InvalidInput(
                 f"the graph state ({len(state)} messages) does not continue session "
-                f"{session_id!r} ({recorded} recorded): one session per thread, and no other "
-                "middleware may remove messages from the state", field="state.messages")
-        return to_neutral(state[recorded:], recorded)
+                f"{session_id!r} ({recorded} recorded): {_graph_hint(runtime)}",
+                field="state.messages")
+        start = max(recorded, leading_system(state))
+        return to_neutral(state[start:], start)
 
-    def _send(self, request: ModelRequest[Any], view: PreparedView) -> ModelRequest[Any]:
-        system, messages = from_view(view, request.state["messages"], request.system_message)
-        return request.override(system_message=system, messages=messages)
+    @staticmethod
+    def _send(request: ModelRequest[Any], view: PreparedView,
+              system: SystemMessage | None) -> ModelRequest[Any]:
+        new_system, messages = from_view(view, request.state["messages"], system)
+        return request.override(system_message=new_system, messages=messages)
 
     @staticmethod
     def _reply(response: Any) -> tuple[list[BaseMessage], Any]:
@@ -213,19 +265,21 @@ class ContextGuardMiddleware(AgentMiddleware):
         guard = self.guard
         session_id = self._session(request)
         state = list(request.state["messages"])
-        fixed = self._request(request)
+        system = self._system(request, state)
+        fixed = self._request(request, system)
         cursor = self.cursors.get(session_id)
         try:
             pending = self._pending(session_id, state,
-                                    cursor or load_cursor(guard, session_id, ID_KEY))
+                                    cursor or load_cursor(guard, session_id, ID_KEY),
+                                    request.runtime)
         except InvalidInput:
             if cursor is None:
                 raise
             self.cursors.drop(session_id)  # another process may have written: read again
             pending = self._pending(session_id, state,
-                                    load_cursor(guard, session_id, ID_KEY))
+                                    load_cursor(guard, session_id, ID_KEY), request.runtime)
         response, _view = run_with_recovery(guard, session_id, fixed, pending,
-                                            lambda view: handler(self._send(request, view)))
+                                            lambda view: handler(self._send(request, view, system)))
         result, usage = self._reply(response)
         self._note_recall_calls(session_id, result)
         first = len(state)
@@ -242,20 +296,22 @@ class ContextGuardMiddleware(AgentMiddleware):
         guard = self.async_guard
         session_id = self._session(request)
         state = list(request.state["messages"])
-        fixed = self._request(request)
+        system = self._system(request, state)
+        fixed = self._request(request, system)
         cursor = self.cursors.get(session_id)
         try:
             pending = self._pending(session_id, state,
-                                    cursor or await aload_cursor(guard, session_id, ID_KEY))
+                                    cursor or await aload_cursor(guard, session_id, ID_KEY),
+                                    request.runtime)
         except InvalidInput:
             if cursor is None:
                 raise
             self.cursors.drop(session_id)  # another process may have written: read again
             pending = self._pending(session_id, state,
-                                    await aload_cursor(guard, session_id, ID_KEY))
+                                    await aload_cursor(guard, session_id, ID_KEY), request.runtime)
 
         async def send(view: PreparedView) -> Any:
-            return await handler(self._send(request, view))
+            return await handler(self._send(request, view, system))
 
         response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
         result, usage = self._reply(response)

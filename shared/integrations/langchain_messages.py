@@ -6,6 +6,14 @@ what changes when LangChain's message types do, not when the hooks do. Each
 state message becomes one neutral message tagged with its state index (and
 its LangChain id, ``ID_KEY``); a view message compaction left untouched goes
 back as the state's own object.
+
+Reasoning blocks of an ``AIMessage`` (Anthropic ``thinking`` /
+``redacted_thinking``, LangChain v1 standard ``reasoning``) become
+``Message.reasoning``; Anthropic's signatures and redacted data ride in
+metadata ``anthropic_thinking`` as :mod:`shared.core.wire.anthropic` keeps
+them, so a message compaction rebuilt still carries its signed thinking.
+The state's leading system messages are the system prompt
+(:func:`leading_system`, :func:`join_system`), never log messages.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from langchain_core.messages import (
+    AIMessage,
     AnyMessage,
     BaseMessage,
     SystemMessage,
@@ -25,9 +34,103 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
 from shared.core.wire import from_openai, to_openai
-from shared.integrations._common import origin, tag
+from shared.core.wire._common import join_reasoning, split_reasoning
+from shared.core.wire.anthropic import THINKING_KEY
+from shared.integrations._common import FW_KEY, origin, tag
 
 ID_KEY = "lc_id"
+REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+
+
+def leading_system(state: Sequence[Any]) -> int:
+    """How many messages at the head of the state are system messages (the prompt)."""
+    count = 0
+    while count < len(state) and isinstance(state[count], SystemMessage):
+        count += 1
+    return count
+
+
+def _blocks(message: SystemMessage) -> list[Any]:
+    content = message.content
+    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+def join_system(parts: Sequence[SystemMessage]) -> SystemMessage | None:
+    """One system message from several (``system_prompt=`` first, then the state's leading
+    ones): one is kept as it is (its blocks, ``cache_control``); several are joined with a
+    blank line, each keeping its blocks."""
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    if all(isinstance(p.content, str) for p in parts):
+        return SystemMessage(content="\n\n".join(str(p.content) for p in parts))
+    blocks: list[Any] = []
+    for part in parts:
+        own = _blocks(part)
+        first = own[0] if own else None
+        if blocks and isinstance(first, dict) and first.get("type") == "text":
+            own[0] = {**first, "text": "\n\n" + str(first.get("text", ""))}
+        elif blocks and isinstance(first, str):
+            own[0] = "\n\n" + first
+        blocks.extend(own)
+    return SystemMessage(content=blocks)
+
+
+def _reasoning_text(block: dict[str, Any]) -> str:
+    """A reasoning block's text: v1 ``reasoning``, or the Responses API's ``summary`` list."""
+    if isinstance(block.get("reasoning"), str):
+        return str(block["reasoning"])
+    summary = block.get("summary")
+    if isinstance(summary, list):
+        return "\n\n".join(str(s.get("text", "")) for s in summary
+                            if isinstance(s, dict) and s.get("text"))
+    return ""
+
+
+def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
+    """The message without its reasoning blocks (and v1 ``tool_call`` blocks, which repeat
+    ``tool_calls``), and the neutral fields they become (``reasoning``, metadata)."""
+    content = message.content
+    if not isinstance(content, list):
+        return message, {}
+    kept: list[Any] = []
+    texts: list[str] = []
+    layout: list[dict[str, Any]] = []
+    anthropic = True  # every text-bearing block has an Anthropic form (else no layout)
+    found = False
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_call" and message.tool_calls:
+            found = True
+            continue
+        if not isinstance(block, dict) or kind not in REASONING_BLOCKS:
+            kept.append(block)
+            continue
+        found = True
+        if kind == "redacted_thinking":
+            if isinstance(block.get("data"), str):
+                layout.append({"redacted": block["data"]})
+            continue
+        text = str(block.get("thinking", "")) if kind == "thinking" else _reasoning_text(block)
+        extras = block.get("extras")
+        signature = block.get("signature") if kind == "thinking" else \
+            extras.get("signature") if isinstance(extras, dict) else None
+        if kind != "thinking" and signature is None:
+            anthropic = False
+            if not text:
+                continue
+        texts.append(text)
+        entry: dict[str, Any] = {"chars": len(text)}
+        if isinstance(signature, str):
+            entry["signature"] = signature
+        layout.append(entry)
+    if not found:
+        return message, {}
+    fields: dict[str, Any] = {}
+    if texts:
+        fields["reasoning"] = join_reasoning(texts)
+    if layout and anthropic:
+        fields["metadata"] = {THINKING_KEY: layout}
+    return message.model_copy(update={"content": kept or ""}), fields
 
 
 def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
@@ -39,6 +142,9 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
         if not isinstance(message, BaseMessage):
             raise InvalidInput(f"expected a LangChain message, got {type(message).__name__}",
                                field=where, index=index)
+        fields: dict[str, Any] = {}
+        if isinstance(message, AIMessage):
+            message, fields = _split_reasoning(message)
         try:
             wire = convert_to_openai_messages(message)
         except (ValueError, TypeError, KeyError) as exc:
@@ -52,6 +158,9 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
             raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
                                field=where + inner.removeprefix("messages[0]"),
                                index=index) from None
+        if fields:
+            neutral = neutral.model_copy(update={
+                **fields, "metadata": {**neutral.metadata, **fields.get("metadata", {})}})
         extra = {ID_KEY: message.id} if message.id else {}
         out.append(tag(neutral, index, extra=extra))
     return out
@@ -62,7 +171,8 @@ def from_view(view: PreparedView, state: Sequence[AnyMessage],
     """The view as LangChain messages: untouched ones are the state's own objects."""
     messages = list(view.messages)
     new_system = system
-    if messages and messages[0].role == "system":
+    if messages and messages[0].role == "system" and FW_KEY not in messages[0].metadata:
+        # The guard's system message (prompt + summary); a tagged one is the state's own.
         text = messages.pop(0).text()
         if system is not None and text != system.text and text.startswith(system.text):
             # The summary follows the caller's system prompt: keep its blocks as they were
@@ -81,9 +191,44 @@ def from_view(view: PreparedView, state: Sequence[AnyMessage],
             if original.id is None or original.id == message.metadata.get(ID_KEY):
                 out.append(original)
                 continue
-        out.extend(cast("list[AnyMessage]",
-                        convert_to_messages(to_openai([message], include_reasoning=False))))
+        out.extend(_rebuilt(message))
     return new_system, out
 
 
-__all__ = ["ID_KEY", "from_view", "to_neutral"]
+def _thinking_blocks(message: Message) -> list[dict[str, Any]]:
+    """Anthropic's thinking blocks of a recorded message, signatures intact (none if its
+    reasoning was edited since: a signature covers the text)."""
+    layout = message.metadata.get(THINKING_KEY)
+    if not isinstance(layout, list) or message.role != "assistant":
+        return []
+    entries = [e for e in layout if isinstance(e, dict)]
+    lengths = [e.get("chars") for e in entries if "redacted" not in e]
+    texts = split_reasoning(message.reasoning, [n for n in lengths if isinstance(n, int)]) \
+        if message.reasoning is not None and lengths \
+        and all(isinstance(n, int) for n in lengths) else None
+    blocks: list[dict[str, Any]] = []
+    for entry in entries:
+        if "redacted" in entry:
+            blocks.append({"type": "redacted_thinking", "data": entry["redacted"]})
+        elif texts and "signature" in entry:
+            blocks.append({"type": "thinking", "thinking": texts.pop(0),
+                           "signature": entry["signature"]})
+        elif texts:
+            texts.pop(0)  # unsigned: no provider takes it back
+    return blocks
+
+
+def _rebuilt(message: Message) -> list[AnyMessage]:
+    """A view message compaction changed, as LangChain messages (signed thinking kept)."""
+    built = cast("list[AnyMessage]",
+                 convert_to_messages(to_openai([message], include_reasoning=False)))
+    thinking = _thinking_blocks(message)
+    if thinking and len(built) == 1 and isinstance(built[0], AIMessage):
+        content = built[0].content
+        rest = content if isinstance(content, list) else \
+            [{"type": "text", "text": content}] if content else []
+        built = [built[0].model_copy(update={"content": [*thinking, *rest]})]
+    return built
+
+
+__all__ = ["ID_KEY", "from_view", "join_system", "leading_system", "to_neutral"]
