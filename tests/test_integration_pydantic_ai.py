@@ -253,3 +253,31 @@ def test_a_rebuilt_user_message_keeps_its_images_and_files(fake_store: SessionSt
     assert part.content[1].media_type == "image/png" and part.content[1].is_image
     assert part.content[2] == pm.ImageUrl(url="https://example.com/a.png")
     assert isinstance(part.content[3], pm.DocumentUrl)
+
+
+def test_cancelled_runs_leave_no_request_in_flight(fake_store: SessionStore) -> None:
+    """Runs cancelled mid-request (timed out) reach neither after_model_request nor
+    on_model_request_error: the run's entry goes when the run ends."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from shared.integrations.pydantic_ai import ContextGuardCapability
+
+    async def slow(messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
+        await asyncio.sleep(10)
+        return pm.ModelResponse(parts=[pm.TextPart("late")])
+
+    capability = ContextGuardCapability(ContextGuard(fake_store), recall=False)
+    agent = Agent(FunctionModel(slow, model_name="gpt-4o"), capabilities=[capability])
+
+    async def cancel_many() -> int:
+        largest = 0
+        for i in range(20):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(agent.run("hello", conversation_id=f"pai-cancel-{i}"),
+                                       timeout=0.05)
+            largest = max(largest, len(capability._runs))
+        return largest
+
+    assert asyncio.run(cancel_many()) == 0
+    assert capability._runs == {}

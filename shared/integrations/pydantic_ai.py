@@ -20,7 +20,9 @@ same contract as the LangChain middleware:
 - ``after_model_request``: the pending messages and the response are
   recorded with the response's usage; that enqueues ``maybe_summarize``. A
   response with tool calls is recorded with its results, at the next call
-  (a log never ends in an unanswered tool call).
+  (a log never ends in an unanswered tool call);
+- ``wrap_run``: a run's in-flight request state goes when the run ends, also
+  when it is cancelled or times out mid-request (no other hook sees that).
 
 Recall (on by default, ``recall=False`` to leave it out): the capability's
 toolset holds a ``recall`` tool, run here against the guard's index of what
@@ -45,8 +47,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from pydantic_ai import AgentRunResult
 from pydantic_ai import messages as pm
-from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
 from pydantic_ai.exceptions import RetryModelRequest
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tools import RunContext, Tool
@@ -285,6 +288,11 @@ class _Pending:
 SessionFn = Callable[[RunContext[Any]], str]
 
 
+def _key(ctx: RunContext[Any]) -> str:
+    """The run a hook belongs to (pydantic-ai gives every run an id)."""
+    return ctx.run_id or str(id(ctx))
+
+
 @dataclass
 class ContextGuardCapability(AbstractCapability[Any]):
     """Sends the guard's view to the model, records each turn, recovers from overflow once.
@@ -375,10 +383,21 @@ class ContextGuardCapability(AbstractCapability[Any]):
                            "run's all_messages() as message_history", field="message_history")
 
     # -- the hooks ---------------------------------------------------------------------------
+    async def wrap_run(self, ctx: RunContext[Any], *,
+                       handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """The run's in-flight request is dropped when the run ends by any path: a run
+        cancelled or timed out mid-request reaches neither ``after_model_request`` nor
+        ``on_model_request_error`` (pydantic-ai cancels through this hook)."""
+        try:
+            return await handler()
+        finally:
+            with self._lock:
+                self._runs.pop(_key(ctx), None)
+
     async def prepare_model_request(self, ctx: RunContext[Any],
                                     request_context: ModelRequestContext) -> ModelRequestContext:
         history = list(ctx.messages)
-        key = ctx.run_id or str(id(ctx))
+        key = _key(ctx)
         with self._lock:
             run = self._runs.get(key)
         if run is None or run.retry is None:
@@ -400,16 +419,16 @@ class ContextGuardCapability(AbstractCapability[Any]):
                                      request_context: ModelRequestContext,
                                      error: Exception) -> pm.ModelResponse:
         with self._lock:
-            run = self._runs.get(ctx.run_id or str(id(ctx)))
+            run = self._runs.get(_key(ctx))
         if run is None or run.recovered:
             with self._lock:
-                self._runs.pop(ctx.run_id or str(id(ctx)), None)
+                self._runs.pop(_key(ctx), None)
             raise error
         retry = await self.aguard.recover(run.session_id, error, pending=run.pending,
                                           **run.request.kwargs())
         if retry is None:
             with self._lock:
-                self._runs.pop(ctx.run_id or str(id(ctx)), None)
+                self._runs.pop(_key(ctx), None)
             raise error
         run.retry, run.recovered = retry, True
         raise RetryModelRequest()
@@ -417,7 +436,7 @@ class ContextGuardCapability(AbstractCapability[Any]):
     async def after_model_request(self, ctx: RunContext[Any], *,
                                   request_context: ModelRequestContext,
                                   response: pm.ModelResponse) -> pm.ModelResponse:
-        key = ctx.run_id or str(id(ctx))
+        key = _key(ctx)
         with self._lock:
             run = self._runs.pop(key, None)
         if run is None:
