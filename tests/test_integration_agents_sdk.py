@@ -520,3 +520,16 @@ def test_a_limit_keeps_the_newest_outputs_with_their_calls(guard: ContextGuard) 
         calls = {i.get("call_id") for i in items if i.get("type") == "function_call"}
         assert all(i["call_id"] in calls for i in items
                    if i.get("type") == "function_call_output")
+
+
+def test_an_async_guard_is_refused_at_construction(redis_url: str, key_prefix: str) -> None:
+    """Not a coroutine left unawaited at the first get_items: refused, naming ``guard``."""
+    from shared.guard import AsyncContextGuard
+    from shared.store.aio import AsyncSessionStore, connect_async
+
+    store = AsyncSessionStore(connect_async(redis_url),
+                              StoreConfig(key_prefix=key_prefix))
+    async_guard = AsyncContextGuard(store, watch_changes=False, warm_up=False)
+    with pytest.raises(InvalidInput) as info:
+        GuardedSession(cast(Any, async_guard), "async-guard")
+    assert info.value.field == "guard"

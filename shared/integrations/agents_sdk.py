@@ -28,6 +28,7 @@ their public names are importable from here too.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -120,7 +121,9 @@ class GuardedSession:
     ``instructions`` and ``tools`` (definitions as dicts) let the guard
     count the fixed part of the request when it builds the view; ``model``
     and ``max_tokens`` size the budget. Blocking store calls run in a
-    worker thread, so the event loop never waits on Redis.
+    worker thread, so the event loop never waits on Redis; an
+    ``AsyncContextGuard`` is refused (:class:`InvalidInput` on ``guard``): its
+    store has no history edits for ``pop_item`` and ``clear_session``.
     """
 
     session_settings: Any = None
@@ -131,6 +134,12 @@ class GuardedSession:
         from shared.store.keys import validate_session_id
 
         validate_session_id(session_id)
+        if inspect.iscoroutinefunction(getattr(guard, "prepare", None)):
+            # pop_item and clear_session are history edits the async store does not offer
+            # (truncate_after, delete_session); the blocking guard runs in a worker thread.
+            raise InvalidInput("GuardedSession needs a ContextGuard, not an AsyncContextGuard "
+                               "(its blocking calls already run in a worker thread)",
+                               field="guard")
         self.guard, self.session_id = guard, session_id
         self.model, self.max_tokens = model, max_tokens
         self.instructions, self.tools = instructions, list(tools) if tools else None
