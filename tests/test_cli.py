@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -630,3 +632,101 @@ def test_doctor_warns_when_the_guard_must_read_every_call(
     monkeypatch.setenv("COMPACTION_REDIS_CLUSTER", "true")
     monkeypatch.setenv("COMPACTION_REDIS_URL", "redis://127.0.0.1:6379/0")
     assert "Cluster" in check_tracking(load_settings()).detail
+
+
+# -- one-line errors, closed pipes and capped reserves (audit F7, F8) ----------------------------
+SERVER_TOKENS = json.dumps({"tok-aaaaaaaaaaaaaaaaaaaa": "acme"})
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """Exit status and the stderr of a command that must fail in one line."""
+    try:
+        code, _, err = cli(capsys, *argv)
+    except SystemExit as stopped:  # argparse
+        code, err = int(str(stopped.code)), capsys.readouterr().err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("compaction: error: ") and last.count("error:") == 1, err
+    return code, last
+
+
+def test_serve_without_a_token_or_with_a_bad_port_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("COMPACTION_SERVER_TOKENS", "COMPACTION_SERVER_TOKENS_FILE",
+                 "COMPACTION_SERVER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    code, line = one_line_error(capsys, "serve", "--port", "0")
+    assert code == 2 and "no bearer token configured" in line
+    monkeypatch.setenv("COMPACTION_SERVER_TOKENS", SERVER_TOKENS)
+    code, line = one_line_error(capsys, "serve", "--port", "99999")
+    assert code == 2 and "--port: " in line and "COMPACTION_SERVER_PORT" not in line
+    monkeypatch.setenv("COMPACTION_SERVER_PORT", "99999")  # from the variable: named so
+    code, line = one_line_error(capsys, "serve")
+    assert code == 2 and "COMPACTION_SERVER_PORT: " in line
+
+
+def test_report_to_a_path_it_cannot_write_is_one_line(
+        session: SessionStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for output in (tmp_path / "missing" / "x.html", tmp_path):
+        code, line = one_line_error(capsys, "report", SESSION, "-o", str(output))
+        assert code == 2 and "--output: " in line and str(output) in line
+    code, _, _ = cli(capsys, "report", SESSION, "-o", str(tmp_path / "r.html"))
+    assert code == 0 and (tmp_path / "r.html").read_text().startswith("<!doctype html>")
+
+
+def test_demo_refuses_an_unwritable_report_before_playing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("COMPACTION_BROKER_URL", raising=False)
+    for output in (tmp_path / "missing" / "x.html", tmp_path):
+        code, line = one_line_error(capsys, "demo", "--turns", "3", "--pace", "0", "--json",
+                                    "--worker", "embedded", "--report", str(output))
+        assert code == 2 and "--report: " in line
+    assert capsys.readouterr().out == ""  # no figures: the demo never ran
+
+
+def test_demo_sends_the_reserve_the_guard_capped(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-tokens 20000 in a 16000 window: the guard caps the reserve, and the calls must
+    send that value (output_reserve), not the one the provider refuses every time."""
+    monkeypatch.delenv("COMPACTION_BROKER_URL", raising=False)
+    code = main(["demo", "--turns", "3", "--pace", "0", "--json", "--worker", "embedded",
+                 "--report", "", "--max-tokens", "20000"])
+    captured = capsys.readouterr()
+    figures = json.loads(captured.out)
+    assert code == 0 and figures["failed_calls"] == 0
+    assert figures["max_tokens"] == 16_000 - 1024
+    assert "every call sends max_tokens 14976" in " ".join(captured.err.split())
+
+
+def test_show_says_the_capped_reserve_and_never_empty_parentheses(
+        session: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "show", SESSION, "--max-tokens", "999999", "--chars", "40")
+    text = " ".join(out.split())
+    assert code == 0 and "()" not in text
+    assert "--max-tokens 999999 leaves no input budget" in text and "capped to 14976" in text
+    assert "the next call truncates (" in text
+    assert cli_json(capsys, "show", SESSION, "--max-tokens", "999999")["max_tokens"] == 14976
+
+
+def test_bad_numbers_name_what_is_expected_not_a_function(
+        urls: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["sessions", "--cursor", "abc"], ["sessions", "--limit", "x"],
+                 ["demo", "--turns", "x"], ["demo", "--pace", "x"]):
+        code, line = one_line_error(capsys, *argv)
+        assert code == 2 and "expected a" in line and "_" not in line.split(":")[-2], line
+    code, line = one_line_error(capsys, "sessions", "--cursor", "-1")
+    assert code == 2 and "must be >= 0" in line
+
+
+@pytest.mark.parametrize("argv", [["show", SESSION, "--chars", "0"], ["history", SESSION]])
+def test_a_closed_pipe_ends_quietly(session: SessionStore, argv: list[str]) -> None:
+    """`compaction show S | head -3`: the reader goes away; no error, no traceback, 141
+    (128 + SIGPIPE, like any program the shell runs in a pipe), nothing at exit either."""
+    child = subprocess.Popen([sys.executable, "-m", "workers.cli.main", *argv], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # before the child writes: its first write meets a closed pipe
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=60) == 141, err
+    assert err == ""

@@ -371,3 +371,25 @@ def test_cache_bounds_come_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("COMPACTION_SERVER_CACHE_SESSIONS", "-1")
     with pytest.raises(ValueError, match="COMPACTION_SERVER_CACHE_SESSIONS"):
         load_server_config()
+
+
+def test_start_up_errors_are_configuration_errors_naming_their_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No token is a ConfigError (one line from the CLI, exit 2), not a bare ValueError; a
+    bad value given as an option is named by the option, from the environment by the
+    variable."""
+    from shared.core.errors import ConfigError
+    from workers.server.config import require_tokens
+
+    for name in ("COMPACTION_SERVER_TOKENS", "COMPACTION_SERVER_TOKENS_FILE",
+                 "COMPACTION_SERVER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="no bearer token configured"):
+        create_app(ServerConfig(), SessionStore(redis.Redis()))
+    with pytest.raises(ConfigError, match="no bearer token configured"):
+        require_tokens(load_server_config())
+    with pytest.raises(ConfigError, match=r"invalid configuration: --port: .*65535"):
+        load_server_config(flags={"port": "--port"}, port=99999)
+    monkeypatch.setenv("COMPACTION_SERVER_PORT", "99999")
+    with pytest.raises(ConfigError, match=r"COMPACTION_SERVER_PORT: .*65535"):
+        load_server_config(flags={"port": "--port"})

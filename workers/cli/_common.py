@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,23 @@ def add_session(parser: argparse.ArgumentParser) -> None:
 
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type for a whole number in ``[low, high]``: its errors say what is
+    expected (argparse names a plain function in its own: "invalid _positive value")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            wanted = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {wanted} (got {value})")
+        return value
+
+    return parse
 
 
 # -- store -----------------------------------------------------------------------------
@@ -238,5 +255,6 @@ __all__ = [
     "percentile",
     "render_meter",
     "store_errors",
+    "whole_number",
     "window_source",
 ]

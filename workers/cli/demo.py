@@ -28,14 +28,15 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from shared.core.limits import model_limits, output_reserve
 from shared.core.messages import Message
 from shared.core.turns import turn_starts
 from shared.core.wire import from_openai, to_openai
 from shared.guard import ContextGuard, PreparedView
-from workers.cli._common import Meter, percentile, render_meter, store_errors
+from workers.cli._common import Meter, percentile, render_meter, store_errors, whole_number
 from workers.cli._format import human, pct
 from workers.cli.demo_provider import ProviderSim
-from workers.cli.report import write_report
+from workers.cli.report import check_writable, write_report
 from workers.settings import Settings
 
 if TYPE_CHECKING:  # the harness is imported when the demo runs, not with the CLI
@@ -44,28 +45,24 @@ if TYPE_CHECKING:  # the harness is imported when the demo runs, not with the CL
 IDLE_TIMEOUT = 60.0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
-    return value
-
-
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not 0 <= value <= 10:
         raise argparse.ArgumentTypeError(f"must be between 0 and 10 seconds (got {value})")
     return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--turns", type=_positive_int, default=120,
+    parser.add_argument("--turns", type=whole_number(1), default=120,
                         help="turns of the generated session (default 120)")
     parser.add_argument("--seed", type=int, default=7, help="seed of the generated session")
-    parser.add_argument("--window", type=_positive_int, default=16_000,
+    parser.add_argument("--window", type=whole_number(1), default=16_000,
                         help="context window of the simulated model in tokens (default 16000, "
                              "small enough that compaction fires many times)")
-    parser.add_argument("--max-tokens", type=_positive_int, default=2_000,
+    parser.add_argument("--max-tokens", type=whole_number(1), default=2_000,
                         help="output reserve of every call (default 2000)")
     parser.add_argument("--model", default="gpt-4o", help="model name the guard is told")
     parser.add_argument("--pace", type=_seconds, default=0.03,
@@ -73,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", choices=["auto", "embedded", "deployed"], default="auto",
                         help="auto: deployed workers when COMPACTION_BROKER_URL is set, "
                              "else a Celery worker in this process")
-    parser.add_argument("--concurrency", type=_positive_int, default=4,
+    parser.add_argument("--concurrency", type=whole_number(1), default=4,
                         help="threads of the in-process worker (default 4)")
     parser.add_argument("--session", help="session id (default: demo-<random>)")
     parser.add_argument("--report", default="compaction-report.html", metavar="FILE",
@@ -139,13 +136,17 @@ class Replay:
         self.args = args
         self.session_id = session_id
         self.turns = split_turns(args.turns, args.seed)
-        self.provider = ProviderSim(args.window, args.max_tokens, TOOLS)
+        # What an agent sends: the guard caps a reserve that leaves no input budget, and the
+        # provider would refuse prompt + the larger value (output_reserve).
+        self.max_tokens = output_reserve(
+            model_limits(args.model, overrides={args.model: args.window}), args.max_tokens)
+        self.provider = ProviderSim(args.window, self.max_tokens, TOOLS)
         self.guard = ContextGuard(stack.store, stack.enqueuer, policy=settings.policy(),
                                   overrides={args.model: args.window})
         self.figures = Figures(
             session_id=session_id, turns=len(self.turns),
             messages=sum(len(t) for t in self.turns), window=args.window,
-            max_tokens=args.max_tokens, model=args.model, provider_counter=self.provider.name,
+            max_tokens=self.max_tokens, model=args.model, provider_counter=self.provider.name,
             backends=stack.backends.describe())
         system = {"role": "system", "content": SYSTEM_PROMPT}
         self._full = self.provider.message_cost(system)  # history cost without compaction
@@ -156,8 +157,7 @@ class Replay:
     def _prepare(self, user: Message) -> PreparedView:
         started = time.perf_counter()
         view = self.guard.prepare(self.session_id, self.system_prompt, self.tools,
-                                  self.args.max_tokens,
-                                  self.args.model, pending=[user])
+                                  self.max_tokens, self.args.model, pending=[user])
         self._prepare_ms.append((time.perf_counter() - started) * 1000)
         return view
 
@@ -179,7 +179,7 @@ class Replay:
         if overflowed:  # the provider rejects it: recover and retry once, like an agent
             figures.overflowing_calls_with_compaction += 1
             retry = self.guard.recover(self.session_id, self.provider.overflow_error(sent),
-                                       self.system_prompt, self.tools, self.args.max_tokens,
+                                       self.system_prompt, self.tools, self.max_tokens,
                                        self.args.model, pending=[user])
             if retry is not None:
                 figures.recoveries += 1
@@ -321,6 +321,8 @@ def _play_live(replay: Replay, console: Console) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from workers.harness.stack.demo import choose_backends, open_stack
 
+    if args.report:  # before minutes of replay, not after
+        check_writable(Path(args.report), "--report")
     backends = choose_backends(settings, args.worker)
     session_id = args.session or f"demo-{secrets.token_hex(4)}"
     console = Console(stderr=args.json)
@@ -328,6 +330,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with store_errors(backends.store_url or "fakeredis"), open_stack(
             settings, backends, concurrency=args.concurrency) as stack:
         replay = Replay(stack, settings, args, session_id)
+        if replay.max_tokens != args.max_tokens:
+            console.print(f"[yellow]--max-tokens {args.max_tokens} leaves no input budget in a "
+                          f"{human(args.window)} window: every call sends max_tokens "
+                          f"{replay.max_tokens}[/]")
         if args.json:  # stdout is the JSON; a transient progress bar goes to stderr
             progress = Progress(TextColumn("[bold]replaying turns"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -351,7 +357,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             _play_live(replay, console)
         figures = replay.finish(started)
         report = (write_report(stack.store, session_id, Path(args.report),
-                               trigger_ratio=settings.trigger_ratio) if args.report else None)
+                               trigger_ratio=settings.trigger_ratio, option="--report")
+                  if args.report else None)
     if args.json:
         print(json.dumps({**figures.as_dict(),
                           "report": str(report.resolve()) if report else None}, indent=2))

@@ -8,7 +8,9 @@ that needs one says which, in one line, when it runs.
 Every failure is one line on stderr with one prefix, ``compaction: error:``.
 Exit status: 0 ok, 1 the command failed (Redis down, no such session, a
 failed job), 2 bad usage or input (arguments, ``COMPACTION_*`` settings,
-invalid values, a missing extra), 130 interrupted.
+invalid values, a missing extra), 130 interrupted, 141 the reader of the
+output went away (``compaction show S | head``: quiet, like a program that
+SIGPIPE ends).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -25,6 +28,7 @@ from workers.cli._format import DISTRIBUTION, extra_for, needs_extra
 
 PROG = "compaction"
 PREFIX = f"{PROG}: error: "
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
 COMMANDS = {
     "demo": "Replay a long generated agent session through the guard and workers (embedded).",
@@ -127,6 +131,18 @@ def fail(exc: BaseException | str, code: int) -> int:
     return code
 
 
+def _reader_gone() -> int:
+    """A closed pipe on stdout: point stdout at /dev/null so that nothing raises again
+    (not the interpreter's flush at exit either), and end quietly with 128 + SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a descriptor (tests)
+        pass
+    return BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
@@ -150,6 +166,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(missing, 2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+    except SystemExit as stopped:
+        # rich's Console ends a closed pipe as SystemExit(1) raised while handling it
+        if isinstance(stopped.__context__, BrokenPipeError):
+            return _reader_gone()
+        raise
 
 
 if __name__ == "__main__":

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from shared.core.errors import CompactionError, InvalidInput
 from shared.core.limits import model_limits, output_reserve
 from shared.core.records import SessionState, SummaryRecord
 from shared.core.turns import turn_starts
@@ -370,16 +372,38 @@ def _anchor(state: SessionState) -> str:
             f"{human(anchor.estimated)} estimated")
 
 
+def check_writable(path: Path, option: str = "--output") -> None:
+    """Refuse a path the page cannot be written to, naming ``option``: before the work
+    that fills it (the demo runs for minutes), not after."""
+    if path.is_dir():
+        raise InvalidInput(f"{path} is a directory, not a file", field=option)
+    if not path.parent.is_dir():
+        raise InvalidInput(f"cannot write {path}: no directory {path.parent}", field=option)
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise InvalidInput(f"cannot write {path}: permission denied", field=option)
+
+
 def write_report(store: SessionStore, session_id: str, path: Path, *,
-                 trigger_ratio: float = 0.8) -> Path:
-    """Write the page for ``session_id`` to ``path``; returns the path."""
-    path.write_text(render(collect(store, session_id, trigger_ratio=trigger_ratio)),
-                    encoding="utf-8")
+                 trigger_ratio: float = 0.8, option: str = "--output") -> Path:
+    """Write the page for ``session_id`` to ``path``; returns the path.
+
+    A path that cannot be written is :class:`InvalidInput` naming ``option``
+    (a bad argument); any other write failure (a full disk) a CompactionError.
+    """
+    page = render(collect(store, session_id, trigger_ratio=trigger_ratio))
+    try:
+        path.write_text(page, encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as exc:
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}", field=option) from None
+    except OSError as exc:
+        raise CompactionError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     output: Path = args.output or Path(f"report-{args.session}.html")
+    check_writable(output)
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
         write_report(store, args.session, output, trigger_ratio=settings.trigger_ratio)
@@ -387,4 +411,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-__all__ = ["SessionReport", "add_arguments", "collect", "render", "run", "write_report"]
+__all__ = ["SessionReport", "add_arguments", "check_writable", "collect", "render", "run",
+           "write_report"]

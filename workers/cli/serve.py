@@ -15,6 +15,7 @@ import sys
 from workers.settings import Settings
 
 MISSING = "needs the 'server' extra: pip install 'context-compaction[server]'"
+FLAGS = {"host": "--host", "port": "--port", "workers": "--workers"}  # named in errors
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +35,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except ImportError:
         print(MISSING, file=sys.stderr)
         return 2
-    from workers.server.config import load_server_config
+    from workers.server.config import load_server_config, require_tokens
     from workers.server.main import build_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                    ("workers", args.workers)) if v is not None}
-    config = load_server_config(**overrides)
+    config = load_server_config(flags=FLAGS, **overrides)
+    require_tokens(config)  # before any worker process starts, one line instead of N
     if config.workers > 1:  # each process builds its own app from the environment
         uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
                     port=config.port, workers=config.workers, log_level=args.log_level)

@@ -26,7 +26,7 @@ from rich.table import Table
 from shared.core.errors import InvalidInput
 from shared.store.keys import SessionKeys, validate_session_id, validate_tenant
 from shared.store.sessions import SessionStore
-from workers.cli._common import open_store, store_errors
+from workers.cli._common import open_store, store_errors, whole_number
 from workers.cli._format import clip, human
 from workers.settings import Settings
 
@@ -54,27 +54,13 @@ class Page:
     """Where the next page starts; 0: this was the last page."""
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 10000 (got {value})")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help="only this tenant's sessions (default: every tenant)")
     parser.add_argument("--prefix", default="", metavar="TEXT",
                         help="only sessions whose id starts with TEXT")
-    parser.add_argument("--limit", type=_positive, default=50, metavar="N",
+    parser.add_argument("--limit", type=whole_number(1, 10_000), default=50, metavar="N",
                         help="sessions per page (default 50; a page may hold a few more)")
-    parser.add_argument("--cursor", type=_non_negative, default=0, metavar="C",
+    parser.add_argument("--cursor", type=whole_number(0), default=0, metavar="C",
                         help="where the page starts (printed at the end of the previous page)")
     parser.add_argument("--json", action="store_true",
                         help='print {"sessions": [...], "cursor": C} instead of a table')

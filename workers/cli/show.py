@@ -103,8 +103,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     state_note = _missing_regions(args, view)
     if state_note:
         console.print(f"[grey70]{state_note}[/]")
+    if args.max_tokens is not None and budget.reserve < args.max_tokens:
+        console.print(f"[yellow]--max-tokens {args.max_tokens} leaves no input budget in a "
+                      f"window of {budget.window}: the reserve is capped to {budget.reserve} "
+                      "(the call must send that as max_tokens)[/]")
     if report.truncated:
-        console.print(f"[yellow]over budget: the next call truncates ({report.note})[/]")
+        said = report.note.strip() or (f"{report.dropped_messages} messages dropped"
+                                       if report.dropped_messages else "")
+        note = f" ({escape(said)})" if said else ""
+        console.print(f"[yellow]over budget: the next call truncates{note}[/]")
     for i, message in enumerate(view.messages):
         console.print(Rule(_title(i, message), align="left", style="grey50"))
         console.print(escape(_body(message, args.chars)), highlight=False)

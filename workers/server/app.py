@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.core.config import CompactionPolicy
 from shared.core.errors import (
     CompactionError,
+    ConfigError,
     InvalidInput,
     IrreducibleOverflow,
     SessionNotFound,
@@ -48,7 +49,7 @@ from shared.guard import ContextGuard
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.sessions import SessionStore
 from shared.telemetry import metrics_app
-from workers.server.config import ServerConfig, TokenBook
+from workers.server.config import NO_TOKEN, ServerConfig, TokenBook
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +252,8 @@ def create_app(config: ServerConfig, store: SessionStore, enqueuer: Enqueuer | N
     from workers.server.routes import health, router
 
     book = TokenBook(tokens if tokens is not None else config.token_map())
-    if not len(book):
-        raise ValueError("no bearer token configured (COMPACTION_SERVER_TOKENS_FILE or "
-                         "COMPACTION_SERVER_TOKENS): refusing to serve every tenant openly")
+    if not len(book):  # a configuration error (exit 2 from the CLI), also a ValueError
+        raise ConfigError(NO_TOKEN)
     app = FastAPI(title="context-compaction", version="0.1.0",
                   summary="The context guard over HTTP: prepare views, record turns, recover "
                           "from overflows; Celery workers summarize in the background.")

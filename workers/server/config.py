@@ -24,6 +24,8 @@ from shared.store.keys import validate_tenant
 
 ENV_PREFIX = "COMPACTION_SERVER_"
 MIN_TOKEN_LENGTH = 16
+NO_TOKEN = ("no bearer token configured (COMPACTION_SERVER_TOKENS_FILE or "
+            "COMPACTION_SERVER_TOKENS): refusing to serve every tenant openly")
 
 
 class ServerConfig(BaseSettings):
@@ -123,8 +125,10 @@ def server_variables() -> frozenset[str]:
     return frozenset(f"{ENV_PREFIX}{name.upper()}" for name in ServerConfig.model_fields)
 
 
-def load_server_config(**overrides: Any) -> ServerConfig:
-    """Read ``COMPACTION_SERVER_*``; a bad value raises ConfigError naming the variable."""
+def load_server_config(*, flags: Mapping[str, str] | None = None,
+                       **overrides: Any) -> ServerConfig:
+    """Read ``COMPACTION_SERVER_*``; a bad value raises ConfigError naming the variable, or
+    the command-line option it came from (``flags``: field -> option, e.g. ``--port``)."""
     try:
         return ServerConfig(**overrides)
     except ValidationError as exc:
@@ -132,9 +136,21 @@ def load_server_config(**overrides: Any) -> ServerConfig:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
             message = err["msg"].removeprefix("Value error, ")
-            problems.append(message if not field else f"{ENV_PREFIX}{field.upper()}: {message}")
+            if not field:
+                problems.append(message)
+                continue
+            name = (flags or {}).get(field) if field in overrides else None
+            problems.append(f"{name or ENV_PREFIX + field.upper()}: {message}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 
-__all__ = ["ENV_PREFIX", "ServerConfig", "TokenBook", "load_server_config", "parse_tokens",
-           "server_variables"]
+def require_tokens(config: ServerConfig) -> dict[str, str]:
+    """The token map, or ConfigError when it is empty: a server must not start open."""
+    tokens = config.token_map()
+    if not tokens:
+        raise ConfigError(NO_TOKEN)
+    return tokens
+
+
+__all__ = ["ENV_PREFIX", "NO_TOKEN", "ServerConfig", "TokenBook", "load_server_config",
+           "parse_tokens", "require_tokens", "server_variables"]
