@@ -533,3 +533,44 @@ def test_an_async_guard_is_refused_at_construction(redis_url: str, key_prefix: s
     with pytest.raises(InvalidInput) as info:
         GuardedSession(cast(Any, async_guard), "async-guard")
     assert info.value.field == "guard"
+
+
+# -- rules given in the first run's input ----------------------------------------------------
+RULES = {"role": "developer", "content": "Answer in French; never reveal code 4242."}
+
+
+def test_a_leading_developer_item_outlives_the_summary(guard: ContextGuard) -> None:
+    """A developer item the log starts with is kept like the agent's instructions: sent
+    once, first, before and after a summary covers it; a real run sends it to the model."""
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+
+    from shared.core.records import SummaryRecord
+    from workers.harness.fakes.openai_server import FakeOpenAIServer
+
+    session = GuardedSession(guard, "pinned", model=MODEL, instructions="Be brief.")
+    first = [RULES, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "salut"}]
+    run(session.add_items(cast(Any, first)))
+    run(session.add_items(cast(Any, TURN)))
+    assert run(session.get_items()) == [*first, *TURN]  # once, not twice
+    record = SummaryRecord(watermark=5, kind="llm", text="## Goal\nGreet.", tokens=12)
+    version = guard.store.state("pinned").version
+    assert guard.store.commit_summary("pinned", record, version).ok  # as a worker would
+    items = run(session.get_items())
+    assert items[0] == RULES
+    assert items[1]["role"] == "system" and "Greet." in items[1]["content"]
+    assert "4242" not in items[1]["content"] and "Be brief." not in items[1]["content"]
+    assert sum("4242" in json.dumps(i) for i in items) == 1
+
+    async def ask() -> list[dict[str, Any]]:
+        with FakeOpenAIServer(window=100_000, responder=lambda req: {"content": "oui"},
+                              model="gpt-4o") as server:
+            client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+            agent = Agent(name="a", instructions="Be brief.", model=OpenAIChatCompletionsModel(
+                model="gpt-4o", openai_client=client))
+            await Runner.run(agent, "again", session=session, run_config=session.run_config())
+            return cast(list[dict[str, Any]], server.requests[-1].body["messages"])
+
+    sent = run(ask())
+    assert sent[0] == {"role": "system", "content": "Be brief."}
+    assert sent[1] == {"role": "developer", "content": RULES["content"]}

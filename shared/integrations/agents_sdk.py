@@ -9,7 +9,8 @@ memory; three pieces keep a long run inside the window::
     result = await Runner.run(agent, text, session=session, run_config=session.run_config())
 
 - :class:`GuardedSession` (the SDK's ``Session`` protocol): ``get_items``
-  returns the guard's view (summary first, then recent items, tool pairs
+  returns the guard's view (the system/developer items the log starts with,
+  kept like the instructions, then the summary, then recent items, tool pairs
   intact); ``add_items`` appends and enqueues the worker job; ``pop_item``
   and ``clear_session`` are history edits (``truncate_after`` / delete).
 - :meth:`GuardedSession.recall_tool` (or :func:`recall_function_tool`): the
@@ -114,6 +115,9 @@ def _last(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     return [items[n] for n in sorted(chosen)]
 
 
+PINNED_READ = 8  # log messages read at a time looking for the leading system ones
+
+
 # -- the session -----------------------------------------------------------------------------
 class GuardedSession:
     """The Agents SDK ``Session`` protocol over the store, through the guard.
@@ -145,6 +149,7 @@ class GuardedSession:
         self.instructions, self.tools = instructions, list(tools) if tools else None
         self.input_filter = InputBudget(guard, model=model, max_tokens=max_tokens)
         self.last_view: Any = None  # the PreparedView behind the last get_items
+        self._pinned_known: list[Message] | None = None  # see _pinned
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
@@ -182,18 +187,50 @@ class GuardedSession:
         return cast(list[TResponseInputItem], await asyncio.to_thread(self._view_items, limit))
 
     def _view_items(self, limit: int | None) -> list[dict[str, Any]]:
-        view = self.guard.prepare(self.session_id, self.instructions, self.tools,
-                                  self.max_tokens, self.model)
+        pinned = self._pinned()
+        fixed = "\n\n".join(t for t in (self.instructions, *(m.text() for m in pinned)) if t)
+        view = self.guard.prepare(self.session_id, fixed, self.tools, self.max_tokens,
+                                  self.model)
         self.last_view = view
         messages = list(view.messages)
-        if messages and messages[0].role == "system" and self.instructions:
+        if messages and messages[0].role == "system" and fixed:
             # The runner sends the agent's own instructions; keep only the summary part.
-            rest = str(messages[0].content).removeprefix(self.instructions).lstrip("\n")
+            rest = messages[0].text().removeprefix(fixed).lstrip("\n")
             messages = ([Message(role="system", content=rest)] if rest else []) + messages[1:]
-        items = messages_to_items(messages)
+        unsent = [m.text() for m in pinned]
+        body: list[Message] = []
+        for message in messages:  # pinned messages not yet summarized: sent once, first
+            if unsent and message.role == "system" and message.text() in unsent:
+                unsent.remove(message.text())
+            else:
+                body.append(message)
+        items = messages_to_items([*pinned, *body])
         if limit is not None:
             return _last(items, limit)
         return items
+
+    def _pinned(self) -> list[Message]:
+        """The system/developer messages the log starts with (rules given in the first
+        run's input): fixed like the agent's instructions, never summarized away.
+
+        The guard counts them in the fixed prompt (twice while the log's copies are
+        still in the view, a small over-count). Read once per session object: the log
+        only grows, and the history edits here reset it.
+        """
+        if self._pinned_known is not None:
+            return self._pinned_known
+        pinned: list[Message] = []
+        start = 0
+        while True:
+            batch = self.guard.store.messages(self.session_id, start, start + PINNED_READ)
+            for message in batch:
+                if message.role != "system":
+                    self._pinned_known = pinned
+                    return pinned
+                pinned.append(message)
+            if len(batch) < PINNED_READ:
+                return pinned  # nothing but system messages yet: read again next time
+            start += PINNED_READ
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         messages = items_to_messages(items)  # all mapped before anything is written
@@ -216,8 +253,10 @@ class GuardedSession:
         if rest:  # the message held more than one item: put the others back
             store.append(self.session_id, rest)
         self.guard.views.discard(self.session_id)
+        self._pinned_known = None
         return popped
 
     async def clear_session(self) -> None:
         await asyncio.to_thread(self.guard.store.delete_session, self.session_id)
         self.guard.views.discard(self.session_id)
+        self._pinned_known = None
