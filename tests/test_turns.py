@@ -211,6 +211,21 @@ def test_a_newest_unit_larger_than_the_bound_is_compacted_too() -> None:
     assert cut.compacted == (1, 3)
 
 
+def test_the_bound_does_not_leave_a_question_behind_its_answer() -> None:
+    """Short turns and a bound a turn and a half wide (a small window, a large system
+    prompt): the first boundary that fits falls after a user message. Compacting the
+    question but keeping its answer would show the model an answer to a question it is
+    only told about, so the cut goes on to the next turn; the last turn is split rather
+    than compacted whole."""
+    messages = [m for i in range(10) for m in (user(f"question {i} " * 30),
+                                               bot(f"answer {i} " * 30))]
+    turn = _suffix(messages, 18)
+    cut = find_cut_point(messages, turn + turn // 2, COUNT, max_kept_tokens=turn + turn // 2)
+    assert (cut.index, cut.split_turn, cut.kept_tokens) == (18, False, turn)
+    last = find_cut_point(messages, turn // 2, COUNT, max_kept_tokens=turn // 2 + 5)
+    assert (last.index, last.split_turn) == (19, True)
+
+
 def test_the_bound_never_separates_a_call_from_its_results() -> None:
     messages = [user("go"), call("a", "b"), result("a", "r" * 900), result("b", "r" * 900),
                 bot("done")]
@@ -300,11 +315,17 @@ def test_a_bounded_cut_keeps_at_most_the_bound(messages: list[Message], keep: in
     if loose.kept_tokens <= bound:
         assert cut == loose
         return
-    # compacts more than the loose cut, but no more than it must
+    # compacts more than the loose cut, but no more than it must: the first boundary that
+    # fits, or the next turn's start where that boundary left a short prefix of its turn
     assert cut.index > loose.index
     skipped = [b for b in unit_boundaries(messages) if loose.index <= b < cut.index]
-    assert all(_suffix(messages, b) > bound for b in skipped)
     starts = [cut.head, *turn_starts(messages), len(messages)]  # n ends the last turn
+    fitting = [b for b in skipped if _suffix(messages, b) <= bound]
+    if fitting:
+        first = fitting[0]
+        its_turn = max(s for s in starts if s <= first)
+        assert first - its_turn < SPLIT_TURN_MIN_PREFIX and first not in starts
+        assert cut.index == min(s for s in starts if s > first) < len(messages)
     assert cut.turn_start == max(s for s in starts if s <= cut.index)
     assert cut.split_turn == (cut.index not in starts)
 

@@ -206,8 +206,10 @@ def find_cut_point(
     (a long tool output, a heredoc written in one reply), can keep far more
     than asked, and a compaction that keeps more than its budget leaves the
     session over its window. When the kept part would exceed the bound, the
-    cut moves forward to the first unit boundary whose kept part fits: it
-    may then split a turn whatever the prefix length, and it compacts
+    cut moves forward to the first unit boundary whose kept part fits, and on
+    to the next turn's start where that would leave a prefix of fewer than
+    :data:`SPLIT_TURN_MIN_PREFIX` messages of its turn to compact (but for the
+    last turn, which is split rather than compacted whole); it compacts
     everything (``index == n``) when nothing smaller fits. A tool call and
     its results still stay on one side.
     """
@@ -274,7 +276,10 @@ def _spare_open_unit(messages: Sequence[Message], units: list[Unit], cut: CutPoi
 
 def _cap_kept(messages: Sequence[Message], units: list[Unit], index: int, kept: int,
               limit: int, count: TokenCounter) -> CutPoint:
-    """The first unit boundary after ``index`` whose kept part holds at most ``limit`` tokens."""
+    """The first unit boundary after ``index`` whose kept part holds at most ``limit``
+    tokens; or, where that leaves only a short prefix of its turn to compact (a user
+    message alone, its answer kept: the model would see an answer to a question it is
+    only told about), the next turn's start, unless that turn is the last."""
     n = len(messages)
     head = leading_system_count(messages)
     for unit in units:
@@ -286,8 +291,13 @@ def _cap_kept(messages: Sequence[Message], units: list[Unit], index: int, kept: 
         kept -= sum(count.message(m) for m in messages[unit.start:unit.end])
     else:
         index, kept = n, 0
-    starts = [s for s in [*_turn_starts(messages, units), n] if s <= index]
-    turn_start = starts[-1] if starts else head
+    starts = [*_turn_starts(messages, units), n]
+    turn_start = max((s for s in starts if s <= index), default=head)
+    if index != turn_start and index - turn_start < SPLIT_TURN_MIN_PREFIX:
+        after = min(s for s in starts if s > index)
+        if after < n:
+            kept -= sum(count.message(m) for m in messages[index:after])
+            index = turn_start = after
     return CutPoint(index, turn_start, index != turn_start, head, kept)
 
 
