@@ -33,10 +33,14 @@ bad argument (never an exception that ends the run).
 The session is the run's ``conversation_id`` (kept on ``message_history``
 across runs), or ``session_id=`` (a string or a function of the RunContext).
 System prompt parts and instructions are the fixed system prompt: never
-recorded, always sent. Parts it cannot map raise :class:`InvalidInput` naming
-``messages[i].parts[j]`` before anything is written. pydantic-ai's hooks are
-async: the guard runs as ``AsyncContextGuard`` when given one, else in a
-thread (stopgap, :class:`shared.integrations._common.ThreadedAsyncGuard`).
+recorded, always sent. User images and documents (inline, by URL, uploaded)
+are recorded as image and file parts, audio and video as a text placeholder
+(the neutral model holds neither), cache points not at all; the model gets
+the original parts while they are in the view. Parts it cannot map raise
+:class:`InvalidInput` naming ``messages[i].parts[j]`` before anything is
+written. pydantic-ai's hooks are async: the guard runs as
+``AsyncContextGuard`` when given one, else in a thread (stopgap,
+:class:`shared.integrations._common.ThreadedAsyncGuard`).
 """
 
 from __future__ import annotations
