@@ -22,7 +22,7 @@ from shared.core.turns import turn_starts
 from shared.core.wire import from_openai
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from workers.compactor import MAX_ATTEMPTS, Compactor
+from workers.compactor import FALLBACK_STAGE, MAX_ATTEMPTS, Compactor
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, generate_session
 from workers.harness.fakes.behaviour import Fault
 from workers.harness.fakes.openai_server import FakeOpenAIServer
@@ -140,6 +140,40 @@ def test_bad_llm_reply_is_never_stored(store: SessionStore, demo_turns: list[lis
     assert fallback.status == "compacted" and fallback.summary_kind == "offline"
     upgraded = compactor.run("s")  # an LLM is back: the offline summary is rebuilt
     assert upgraded.status == "compacted" and upgraded.summary_kind == "llm"
+
+
+def test_a_fallback_after_the_llm_failed_on_its_range_is_merged_onto_not_rebuilt(
+        store: SessionStore, demo_turns: list[list[Message]],
+        llm_server: FakeOpenAIServer) -> None:
+    """The model refused this range: rebuilding the fallback every job would send it the
+    same, ever longer range again (from message 0 while no LLM summary exists). It is not
+    rebuilt; a truncation over it is rebuilt from its watermark on, not from message 0."""
+    feed(store, demo_turns[:12])
+    compactor = Compactor(store, llm_engine(llm_server))
+    llm_server.faults.next(Fault.refusal())
+    with pytest.raises(BadSummary):
+        compactor.run("s")
+    fallback = compactor.run("s", use_llm=False, llm_failed=True)
+    assert fallback.summary_kind == "offline" and FALLBACK_STAGE in fallback.stages
+    assert FALLBACK_STAGE in store.summaries("s")[-1].stages
+    sent = len(llm_server.requests)
+    assert compactor.run("s").status == "skipped"  # not due: nothing sent
+    assert len(llm_server.requests) == sent
+    feed(store, demo_turns[12:20])
+    state = store.state("s")
+    truncation = SummaryRecord(watermark=state.watermark + 4, kind="truncation",
+                               text="(truncated)", tokens=5, covers_from=state.watermark,
+                               source_version=state.version)
+    assert store.commit_summary("s", truncation, state.version).ok
+    rebuilt = compactor.run("s")
+    assert rebuilt.status == "compacted" and rebuilt.summary_kind == "llm"
+    prompts = [r.body["messages"][1]["content"] for r in llm_server.requests[sent:]]
+    shown = [int(i) for p in prompts for i in re.findall(r'<message index="(\d+)"', p)]
+    assert min(shown) == fallback.watermark_after  # from the fallback on, not from 0
+    # unreachable, not refused: that fallback is rebuilt once the LLM answers
+    feed(store, demo_turns[20:28])
+    assert compactor.run("s", use_llm=False, manual=True).summary_kind == "offline"
+    assert compactor.run("s").summary_kind == "llm"
 
 
 def test_edit_during_summarization_loses_the_swap(store: SessionStore,

@@ -20,9 +20,15 @@ full-size summary. Snapping back to a turn start can otherwise keep a huge
 recent tool output whole, and the compaction would leave the session over
 its window (the guard then truncates every turn until the next job).
 
-A summary that is not an LLM summary (truncation, offline fallback) is
-rebuilt from the raw log the next time an LLM is available: the range then
-starts at the newest LLM summary, so the better summary replaces it.
+A summary that is not an LLM summary (truncation, offline) is rebuilt from
+the raw log the next time an LLM is available: the range then starts at the
+newest LLM summary, so the better summary replaces it. Not an offline
+summary the fallback wrote after the LLM failed on its range in a way
+retrying cannot fix (marked :data:`FALLBACK_STAGE`): rebuilding it would
+send the same, ever longer range to the same failing model every job (for
+an 18k-token conversation, ~1M summarizer tokens over 60 turns). It is a
+base like an LLM summary instead, and the next due compaction merges onto
+it. A fallback after the LLM was unreachable is rebuilt once it answers.
 
 The guard's emergency truncation commits through the same compare-and-swap,
 and it happens exactly when a job is late, so a job often loses its swap to
@@ -69,6 +75,9 @@ RecallIndexer = Callable[[SessionStore, str, int], None]
 """``(store, session_id, watermark)``, called after a successful commit."""
 MAX_VERSIONS_CHECKED = 50
 """Commits since the read that are inspected before reusing a lost summary."""
+FALLBACK_STAGE = "llm_failed_on_range"
+"""The stage that marks an offline summary written because the LLM failed on its range in
+a way retrying cannot fix (a refusal, a reply without the required sections, a 4xx)."""
 
 
 @dataclass(slots=True)
@@ -180,11 +189,13 @@ class Compactor:
         report = check_budget(window=window, reserve=window - budget, history=estimated,
                               trigger_ratio=self.policy.trigger_ratio,
                               target_ratio=self.policy.target_ratio)
-        # A truncation, or an offline fallback while an LLM is configured, is
-        # replaced by a real summary as soon as possible, due or not.
+        # A truncation, or an offline summary while an LLM is configured, is replaced
+        # by a real summary as soon as possible, due or not (not one written because
+        # the LLM failed on this session: see the module's docstring).
         rebuild = data.summary is not None and (
             data.summary.kind == "truncation"
-            or (data.summary.kind == "offline" and self.engine.is_llm))
+            or (data.summary.kind == "offline" and self.engine.is_llm
+                and FALLBACK_STAGE not in data.summary.stages))
         if not forced and not manual and not rebuild:
             if not self.policy.proactive:
                 return "proactive compaction is switched off"
@@ -219,11 +230,13 @@ class Compactor:
 
     def _rebuild_base(self, session_id: str, watermark: int,
                       carry: SummaryRecord | None = None) -> SummaryRecord | None:
-        """The newest summary worth building on: an LLM one, else offline, else none."""
-        wanted = ("llm",) if self.engine.is_llm else ("llm", "offline")
+        """The newest summary worth building on: an LLM one, else offline (with an LLM, only
+        the fallback's, written after the LLM failed on that range), else none."""
         stored = self.store.summaries(session_id)
         candidates = [s for s in [*stored, *([carry] if carry else [])]
-                      if s.kind in wanted and s.watermark <= watermark]
+                      if s.watermark <= watermark and (
+                          s.kind == "llm" or (s.kind == "offline" and (
+                              not self.engine.is_llm or FALLBACK_STAGE in s.stages)))]
         return max(candidates, key=lambda s: s.watermark) if candidates else None
 
     def _only_truncations(self, session_id: str, since: int, until: int) -> bool:
@@ -253,14 +266,19 @@ class Compactor:
     # -- the job -------------------------------------------------------------------
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
             use_llm: bool = True, deadline: float | None = None,
-            manual: bool = False, lease_token: str | None = None) -> JobOutcome:
+            manual: bool = False, lease_token: str | None = None,
+            llm_failed: bool = False) -> JobOutcome:
         """One compaction; after a lost compare-and-swap, up to :data:`MAX_ATTEMPTS` in all.
 
         ``lease_token``: the session's lease held by the caller; every commit is
         fenced with it (refused once the lease is lost: status ``lease_lost``).
+        ``llm_failed`` (with ``use_llm=False``): the offline fallback after the LLM
+        failed on this range in a way retrying cannot fix; its summary is marked
+        :data:`FALLBACK_STAGE`, merged onto rather than rebuilt.
         """
         started = time.perf_counter()
-        args = (session_id, force, keep_recent, use_llm, deadline, manual, lease_token)
+        args = (session_id, force, keep_recent, use_llm and not llm_failed, deadline, manual,
+                lease_token, llm_failed)
         lost: _Lost | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             outcome, lost = self._attempt(*args, lost=lost)
@@ -272,7 +290,8 @@ class Compactor:
         return outcome
 
     def _attempt(self, session_id: str, force: bool, keep_recent: int | None, use_llm: bool,
-                 deadline: float | None, manual: bool, lease_token: str | None, *,
+                 deadline: float | None, manual: bool, lease_token: str | None,
+                 llm_failed: bool, *,
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         data = self.store.load_view(session_id, with_counts=True)
         state = data.state
@@ -301,7 +320,7 @@ class Compactor:
                 "attempt_over_truncation": carry is not None}))
             outcome.tokens_before = plan.tokens_before
             record, stages = self._summarize(session_id, data, plan, use_llm, deadline,
-                                             counter)
+                                             counter, llm_failed)
             kept = carry is not None and plan.base_summary is carry
             if kept:
                 stages = [*stages, "merged_over_truncation"]
@@ -337,8 +356,8 @@ class Compactor:
         return outcome, None
 
     def _summarize(self, session_id: str, data: ViewData, plan: _Plan, use_llm: bool,
-                   deadline: float | None,
-                   counter: TokenCounter) -> tuple[SummaryRecord, list[str]]:
+                   deadline: float | None, counter: TokenCounter,
+                   llm_failed: bool = False) -> tuple[SummaryRecord, list[str]]:
         state = data.state
         start = plan.base
         if start >= state.watermark:
@@ -358,6 +377,8 @@ class Compactor:
                                       counter=counter if self.engine.counter is self.counter
                                       else None)
         injected = ledger.missing_from(draft.text).render()
+        if llm_failed:
+            draft.stages.insert(0, FALLBACK_STAGE)
         record = SummaryRecord(
             watermark=plan.cut, kind=draft.kind,
             text=draft.text, ledger=injected, ledger_json=ledger.to_json(),
