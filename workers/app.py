@@ -108,10 +108,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         },
         "broker_connection_retry_on_startup": True,
         # Routing: everything on the dedicated queue, so the service can share a broker.
+        # A publisher may pick another queue (CeleryEnqueuer(app, queue=...), a worker
+        # with -Q that queue): a job's follow-up and index jobs go back to the queue it
+        # came from (workers.tasks.reply_route); these routes serve the rest.
         "task_default_queue": QUEUE,
         "task_queues": (Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE),),
-        # The recall index job rides the same queue at the lowest priority: workers take it
-        # only when no compaction is waiting (workers.tasks.index_recall).
+        # The recall index job rides its job's queue at the lowest priority: workers take
+        # it only when no compaction is waiting (workers.tasks.index_recall).
         "task_routes": {RECALL_INDEX_TASK: {"queue": QUEUE, "priority": RECALL_INDEX_PRIORITY},
                         "compaction.*": {"queue": QUEUE}},
         # Time limits: enforced by prefork only. Under threads the job stops starting

@@ -22,6 +22,7 @@ The secret files and the unknown-variable warning are in
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -35,8 +36,9 @@ from pydantic_settings import (
 )
 
 from shared.core.config import CompactionPolicy, StoreConfig
-from shared.core.errors import ConfigError
+from shared.core.errors import ConfigError, InvalidInput
 from shared.core.tokens_exact import build_counter
+from shared.store.keys import validate_tenant
 from workers.settings_sources import (
     ENV_PREFIX,
     FILE_SETTINGS,
@@ -60,6 +62,14 @@ REDELIVERY_MARGIN_SECONDS = 30  # visibility beyond lease + countdown (clock, sc
 # Shown as *** in error messages; URLs are shown with their password redacted.
 SECRET_SETTINGS = frozenset({"redis_password", "summarizer_api_key"})
 URL_SETTINGS = frozenset({"redis_url", "broker_url"})
+# The variables google-genai reads an API key from when it is given none (its
+# get_env_api_key: GOOGLE_API_KEY first, an empty value counts as unset).
+GENAI_KEY_VARIABLES = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
+# The setting each StoreConfig field is made from (store_config), for error messages.
+STORE_FIELD_SETTINGS = {"key_prefix": "key_prefix", "summary_retention": "summary_retention",
+                        "ttl_seconds": "session_ttl_seconds",
+                        "socket_timeout": "redis_socket_timeout",
+                        "connect_timeout": "redis_socket_timeout"}
 
 
 class Settings(BaseSettings):
@@ -83,7 +93,10 @@ class Settings(BaseSettings):
     default.
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # allow_inf_nan=False: ``inf`` is no timeout or ratio (math.ceil(inf) stopped start-up
+    # with a traceback) and ``nan`` compares false with every bound.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
+                                      allow_inf_nan=False)
 
     # connections
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
@@ -206,6 +219,25 @@ class Settings(BaseSettings):
             check_broker_url(part)
         return value
 
+    @field_validator("key_prefix")
+    @classmethod
+    def _key_prefix(cls, value: str) -> str:
+        """StoreConfig's own rule, checked at start-up instead of on the first job."""
+        try:
+            StoreConfig(key_prefix=value)
+        except ValidationError as exc:
+            raise ValueError("; ".join(err["msg"] for err in exc.errors())) from None
+        return value
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        """The store's tenant rule, checked at start-up instead of on the first job."""
+        try:
+            return validate_tenant(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc).removeprefix(f"{exc.field}: ")) from None
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.target_ratio >= self.trigger_ratio:
@@ -227,6 +259,18 @@ class Settings(BaseSettings):
             raise ValueError("COMPACTION_SUMMARIZER_API_KEY (or COMPACTION_SUMMARIZER_BASE_URL "
                              "for a keyless local server) is required when "
                              "COMPACTION_SUMMARIZER=openai")
+        if (self.summarizer == "gemini" and not self.summarizer_api_key
+                and not any(os.environ.get(name) for name in GENAI_KEY_VARIABLES)):
+            # google-genai's API-key mode needs a key even with a base URL
+            raise ValueError("COMPACTION_SUMMARIZER_API_KEY is required when "
+                             "COMPACTION_SUMMARIZER=gemini (or google-genai's own "
+                             f"{' / '.join(GENAI_KEY_VARIABLES)}; none is set)")
+        return self
+
+    @model_validator(mode="after")
+    def _store_config_valid(self) -> Settings:
+        """Build the store's config now: a worker that starts can run its jobs."""
+        self.store_config()
         return self
 
     @field_validator("unrecognised_overflow_at", mode="before")
@@ -281,12 +325,16 @@ class Settings(BaseSettings):
         return "gpt-4o-mini" if self.summarizer == "openai" else "gemini-2.5-flash-lite"
 
     def store_config(self) -> StoreConfig:
-        return StoreConfig(key_prefix=self.key_prefix, summary_retention=self.summary_retention,
-                           lease_ttl_seconds=self.lease_seconds,
-                           request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
-                           ttl_seconds=self.session_ttl_seconds,
-                           socket_timeout=self.redis_socket_timeout,
-                           connect_timeout=self.redis_socket_timeout)
+        """The store's config; ConfigError naming the variables if they make none."""
+        try:
+            return StoreConfig(
+                key_prefix=self.key_prefix, summary_retention=self.summary_retention,
+                lease_ttl_seconds=self.lease_seconds,
+                request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
+                ttl_seconds=self.session_ttl_seconds, socket_timeout=self.redis_socket_timeout,
+                connect_timeout=self.redis_socket_timeout)
+        except ValidationError as exc:
+            raise ConfigError(_store_problems(exc)) from None
 
     def policy(self) -> CompactionPolicy:
         return CompactionPolicy(
@@ -361,6 +409,18 @@ def _shown(field: str, value: object) -> str:
         value = redact_url(value)
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _store_problems(exc: ValidationError) -> str:
+    """StoreConfig's errors on one line, each naming the variable its field comes from."""
+    problems = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        setting = STORE_FIELD_SETTINGS.get(field)
+        where = (f"{ENV_PREFIX}{setting.upper()}={_shown(setting, err.get('input'))}"
+                 if setting else f"store config {field} (derived from the timing settings)")
+        problems.append(f"{where}: {err['msg']}")
+    return " ".join("; ".join(problems).split())
 
 
 def describe(exc: ValidationError) -> str:

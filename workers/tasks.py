@@ -16,6 +16,11 @@ compaction of its session committed while it waited, a failure to publish
 or to index is logged and never fails the compaction, and the next one
 catches up (the index is incremental from its high-water mark).
 
+Queues: a job's follow-up and index jobs go back to the queue the job came
+from (:func:`reply_route`, as Celery's own retries do), so a publisher's
+``CeleryEnqueuer(app, queue=...)`` and a worker started with ``-Q`` that
+queue keep all of a session's jobs there; eager jobs use ``compaction``.
+
 Delivery is at least once (acks_late): every job is idempotent. A
 per-session lease keeps two workers from summarizing one session at once;
 the protocol (busy requests, renewal while working, commits fenced by the
@@ -34,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Task
@@ -82,12 +87,14 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
     retries = task.request.retries or 0
     last_attempt = retries >= (task.max_retries or 0)
     deadline = time.monotonic() + settings.task_soft_time_limit
+    route = reply_route(task.request.delivery_info)
 
     def execute(request: Request, token: str) -> JobOutcome:
         outcome = record_outcome(_compact_once(compactor.run, session_id, request,  # metrics
                                                last_attempt, deadline, token))
         if outcome.status == "compacted" and settings.recall_index == "task":
-            request_index(store, session_id, tenant, eager=bool(task.request.is_eager))
+            request_index(store, session_id, tenant, eager=bool(task.request.is_eager),
+                          route=route)
         return outcome
 
     def follow_up(countdown: float, handoff: int) -> None:
@@ -95,8 +102,8 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
         if handoff:
             kwargs["handoff"] = handoff
         options: dict[str, Any] = {"countdown": countdown} if countdown else {}
-        app.send_task(TASK_MAYBE_SUMMARIZE, args=[session_id], kwargs=kwargs, queue=QUEUE,
-                      **options)
+        options.update(route or {"queue": QUEUE})
+        app.send_task(TASK_MAYBE_SUMMARIZE, args=[session_id], kwargs=kwargs, **options)
 
     def retried(exc: BaseException) -> bool:
         return isinstance(exc, SummarizerUnavailable) and not last_attempt
@@ -146,20 +153,39 @@ def _compact_once(run: Callable[..., JobOutcome], session_id: str, request: Requ
         return fallback
 
 
+def reply_route(delivery_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Publish options sending a job where the job being run came from (empty: the
+    app's routes, the ``compaction`` queue, e.g. for an eager job).
+
+    As Celery's ``Task.retry`` does (``signature_from_request``): a message sent
+    through the anonymous exchange (every publisher here: a direct queue, by
+    name) carries its queue as routing key; another exchange keeps its key.
+    """
+    info = delivery_info or {}
+    exchange, routing_key = info.get("exchange"), info.get("routing_key")
+    if not isinstance(routing_key, str) or not routing_key:
+        return {}
+    if not exchange:
+        return {"queue": routing_key}
+    return {"exchange": exchange, "routing_key": routing_key}
+
+
 def request_index(store: SessionStore, session_id: str, tenant: str, *,
-                  eager: bool = False) -> None:
+                  eager: bool = False, route: Mapping[str, Any] | None = None) -> None:
     """After a commit: publish an index job unless one is queued for the session.
 
     ``eager`` (the task applied in-process, ``compaction compact --wait``):
-    index now, as Celery runs an eager task's follow-ups. Never raises: a
-    range left unindexed is indexed by the next index job.
+    index now, as Celery runs an eager task's follow-ups. ``route``: where it
+    goes (:func:`reply_route`; the lowest priority comes from the app's routes).
+    Never raises: a range left unindexed is indexed by the next index job.
     """
     try:
         if eager:
             index_compacted(store, session_id)
         elif claim_index_job(store, session_id, store.config.pending_ttl_seconds):
             try:  # routed at the lowest priority of the queue (workers.app)
-                index_recall.apply_async(args=[session_id], kwargs={"tenant": tenant})
+                index_recall.apply_async(args=[session_id], kwargs={"tenant": tenant},
+                                         **(route or {}))
             except Exception:
                 release_index_job(store, session_id)
                 raise
@@ -214,7 +240,8 @@ def index_recall(self: Task, session_id: str, tenant: str = "default") -> dict[s
         release_index_job(store, session_id)
         report = index_compacted(store, session_id)
         if report.left:
-            request_index(store, session_id, tenant)
+            request_index(store, session_id, tenant,
+                          route=reply_route(self.request.delivery_info))
     status = "conflict" if report.conflict else "indexed" if report.messages else "skipped"
     return {"session_id": session_id, "status": status, "start": report.start,
             "end": report.end, "messages": report.messages, "left": report.left,
@@ -222,4 +249,4 @@ def index_recall(self: Task, session_id: str, tenant: str = "default") -> dict[s
 
 
 __all__ = ["MAX_RERUN_ROUNDS", "JobFailed", "Request", "compact", "index_recall",
-           "maybe_summarize", "request_index", "run_job"]
+           "maybe_summarize", "reply_route", "request_index", "run_job"]

@@ -165,11 +165,17 @@ class GeminiClient:
             timeout=int(timeout * 1000), base_url=base_url,
             retry_options=types.HttpRetryOptions(attempts=1),
             httpx_client=deadline_http_client(timeout) if whole_call_deadline else None)
-        if vertexai:
-            self.client = genai.Client(vertexai=True, project=project, location=location,
-                                       credentials=credentials, http_options=options)
-        else:
-            self.client = genai.Client(api_key=api_key, http_options=options)
+        try:  # google-genai checks its arguments here (ValueError): a setting is wrong
+            if vertexai:
+                self.client = genai.Client(vertexai=True, project=project, location=location,
+                                           credentials=credentials, http_options=options)
+            else:
+                self.client = genai.Client(api_key=api_key, http_options=options)
+        except ValueError as exc:
+            mode = ("COMPACTION_VERTEX_PROJECT / _LOCATION" if vertexai else
+                    "COMPACTION_SUMMARIZER_API_KEY (or GOOGLE_API_KEY / GEMINI_API_KEY)")
+            raise ConfigError(f"google-genai refused the summarizer's configuration, "
+                              f"check {mode}: {exc}") from exc
 
     def complete(self, messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
         from google.genai import errors
