@@ -108,6 +108,29 @@ def test_rewind(store: SessionStore) -> None:
         store.rewind("s", 5)
 
 
+def test_a_truncation_does_not_replace_a_real_summary_kept_at_its_watermark(
+        store: SessionStore) -> None:
+    """After a rewind, the guard's next truncation may land exactly where a kept summary
+    is: that summary (of the same, unchanged log) is made current again, not overwritten
+    by a lossier truncation note."""
+    for i in range(3):
+        store.append("s", turn(i))
+    store.commit_summary("s", summary(4, text="first"), 0)
+    store.commit_summary("s", summary(8, text="second, by the LLM"), 1)
+    state = store.rewind("s", 4)
+    result = store.commit_summary("s", summary(8, kind="truncation", text="first + dropped"),
+                                  state.version)
+    assert result.ok
+    after = store.state("s")
+    assert (after.watermark, after.summary_kind) == (8, "llm")
+    assert [(r.watermark, r.kind, r.text) for r in store.summaries("s")] == [
+        (4, "llm", "first"), (8, "llm", "second, by the LLM")]
+    assert store.load_view("s").summary.text == "second, by the LLM"
+    # where nothing was kept, the truncation is recorded as usual
+    assert store.commit_summary("s", summary(10, kind="truncation"), after.version).ok
+    assert store.state("s").summary_kind == "truncation"
+
+
 def test_retention_keeps_newest(any_redis: Any, key_prefix: str) -> None:
     s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, summary_retention=2))
     for i in range(4):

@@ -1,7 +1,8 @@
 -- commit_summary.lua: the one compare-and-swap writer of compaction state.
 --
 -- KEYS[1] state      hash   version, watermark, summary_tokens, summary_kind
--- KEYS[2] sums       hash   watermark -> summary record JSON
+-- KEYS[2] sums       hash   watermark -> summary record JSON (a truncation keeps a real
+--                           summary already there, see below)
 -- KEYS[3] sumidx     zset   watermark scored by watermark (ordering, retention)
 -- KEYS[4] log        list   read only: the watermark may not pass its length
 -- KEYS[5] cheap      hash   message index -> cheap-stage decision; entries below
@@ -43,11 +44,25 @@ if w > redis.call('LLEN', KEYS[4]) then
   return {'conflict', 'beyond_log', version, cur_w}
 end
 
-redis.call('HSET', KEYS[2], w, ARGV[3])
+-- A truncation never replaces a real summary kept at its watermark (one a rewind moved
+-- back from: the log it covers is unchanged): the watermark moves to it, and it is
+-- current again.
+local record, tokens, kind = ARGV[3], ARGV[4], ARGV[5]
+if kind == 'truncation' then
+  local kept = redis.call('HGET', KEYS[2], w)
+  if kept then
+    local ok, old = pcall(cjson.decode, kept)
+    if ok and type(old) == 'table' and old.kind ~= 'truncation'
+        and type(old.kind) == 'string' and tonumber(old.tokens) then
+      record, tokens, kind = kept, tostring(old.tokens), old.kind
+    end
+  end
+end
+redis.call('HSET', KEYS[2], w, record)
 redis.call('ZADD', KEYS[3], w, w)
 version = version + 1
 redis.call('HSET', KEYS[1], 'version', version, 'watermark', w,
-  'summary_tokens', ARGV[4], 'summary_kind', ARGV[5])
+  'summary_tokens', tokens, 'summary_kind', kind)
 
 for _, field in ipairs(redis.call('HKEYS', KEYS[5])) do
   if tonumber(field) < w then
