@@ -27,7 +27,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import SummarizerError, SummarizerUnavailable
 from shared.core.records import SummaryRecord
 from shared.store.sessions import SessionStore
-from workers.compactor import Compactor
+from workers.compactor import FALLBACK_STAGE, Compactor
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
 from workers.harness.fakes.openai_server import FakeOpenAIServer
@@ -356,7 +356,7 @@ def test_a_rerun_that_will_be_retried_puts_its_requests_back(
     monkeypatch.setattr(Compactor, "run", run)
     for request in (Request(keep_recent=2000, manual=True), Request(force=True, manual=True)):
         eager_store.mark_dirty("s", request.encode())
-    task = SimpleNamespace(request=SimpleNamespace(retries=0), max_retries=3)
+    task = SimpleNamespace(request=SimpleNamespace(retries=0, delivery_info=None), max_retries=3)
     with pytest.raises(SummarizerUnavailable):
         run_job(task, "s", "default", force=False, keep_recent=None)
     assert not eager_store.redis.exists(eager_store.keys("s").lease)
@@ -423,6 +423,8 @@ def test_only_failures_that_may_pass_later_are_retried(
     assert result["status"] == "compacted" and result["summary_kind"] == "offline"
     assert result["stages"][0] == "fallback_after_llm_failure"
     assert ("last attempt" if retried else "not retryable") in result["reason"]
+    # refused: merged onto, never rebuilt from the log; unreachable: rebuilt once it answers
+    assert (FALLBACK_STAGE in eager_store.summaries("s")[-1].stages) == (not retried)
     assert len(requests) == (settings.max_retries + 1 if retried else 1)
     assert result["attempt"] == (settings.max_retries + 1 if retried else 1)
 

@@ -147,7 +147,9 @@ def _compact_once(run: Callable[..., JobOutcome], session_id: str, request: Requ
         why = "last attempt" if retryable else f"not retryable, {type(exc).__name__}"
         log.warning("summarizer failed for %s, falling back to the offline summarizer "
                     "(%s): %s", session_id, why, exc)
-        fallback = run(session_id, use_llm=False, **args)
+        # refused, not unreachable: the summary is marked, merged onto, not rebuilt
+        # (workers.compactor.FALLBACK_STAGE)
+        fallback = run(session_id, use_llm=False, llm_failed=not retryable, **args)
         fallback.stages.insert(0, "fallback_after_llm_failure")
         fallback.reason = f"summarizer failed ({why}): {exc}"[:500]
         return fallback
