@@ -25,8 +25,8 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, NamedTuple, TypeVar
 
 from shared.core.errors import StoreUnavailable
 from shared.core.guard_state import Plan, plan_view
@@ -52,18 +52,27 @@ log = logging.getLogger("shared.guard")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Io:
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+
+class Io(NamedTuple):
     """One call for the shell to make: ``method`` of the store (or, ``own``, of the
-    own-writes connection) with these arguments."""
+    own-writes connection) with these arguments. (A tuple: a quiet prepare makes one,
+    and a frozen dataclass costs a microsecond to build.)"""
 
     method: str
     args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] = _NO_KWARGS
     own: bool = False
 
 
 Steps = Generator[Io, Any, T]
+
+
+def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
+    """Whether a plan has anything to write (a quiet call writes nothing)."""
+    return bool(plan.figures or plan.cheap or plan.truncation is not None
+                or plan.clear_recover_next or wanted)
 
 
 class GuardFlow(GuardShell):
@@ -144,8 +153,13 @@ class GuardFlow(GuardShell):
                                                 model, validate_messages(fallback_messages)
                                                 + extra, started))
             force = self.policy.recovery_ratio if snap.state.recover_next else None
-            view = yield from self._build(session_id, snap, system_prompt, tools, max_tokens,
-                                          model, extra, extra_tokens, started, force)
+            planned = self._plan(session_id, snap, system_prompt, tools, max_tokens, model,
+                                 extra, extra_tokens, force)
+            if not _writes(*planned):  # a quiet call: no step at all
+                return trace.view(self._quiet(session_id, planned[0], started))
+            view = yield from self._write(session_id, *planned, system_prompt, tools,
+                                          max_tokens, model, extra, extra_tokens, started,
+                                          force)
             return trace.view(view)
 
     def _build(self, session_id: str, snap: CachedView, system_prompt: str,
@@ -153,6 +167,21 @@ class GuardFlow(GuardShell):
                extra: list[Message], extra_tokens: list[int], started: float,
                force_ratio: float | None, retry_lost_swap: bool = True,
                ) -> Steps[PreparedView]:
+        """The view from ``snap``: planned, its writes performed."""
+        planned = self._plan(session_id, snap, system_prompt, tools, max_tokens, model, extra,
+                             extra_tokens, force_ratio)
+        if not _writes(*planned):
+            return self._quiet(session_id, planned[0], started)
+        return (yield from self._write(session_id, *planned, system_prompt, tools, max_tokens,
+                                       model, extra, extra_tokens, started, force_ratio,
+                                       retry_lost_swap))
+
+    def _plan(self, session_id: str, snap: CachedView, system_prompt: str,
+              tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
+              extra: list[Message], extra_tokens: list[int], force_ratio: float | None,
+              ) -> tuple[Plan, CachedView, bool, bool]:
+        """The core's plan for this request, the cached entry it leaves, and whether a job
+        is wanted (and forced)."""
         req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
                            extra, extra_tokens, force_ratio, scan=snap.scan)
         base = snap.scan
@@ -162,12 +191,23 @@ class GuardFlow(GuardShell):
             self.views.put(session_id, snap)
         # a job already queued (the flag in this view) needs no second request
         wanted, force = self.job_wanted(plan, snap)
-        done: tuple[bool, bool] | None = None
-        won = True
-        if plan.figures or plan.cheap or plan.truncation is not None \
-                or plan.clear_recover_next or wanted:  # (a quiet call writes nothing)
-            done = yield from self._perform_own(session_id, plan, snap, wanted, force)
-            won = (yield from self._perform(session_id, plan)) if done is None else done[0]
+        return plan, snap, wanted, force
+
+    def _quiet(self, session_id: str, plan: Plan, started: float) -> PreparedView:
+        """The view of a plan that writes nothing."""
+        self.performed(plan, True)
+        self.remember(session_id, plan.sent)
+        return self.finish(plan, False, started)
+
+    def _write(self, session_id: str, plan: Plan, snap: CachedView, wanted: bool, force: bool,
+               system_prompt: str, tools: Sequence[Mapping[str, Any]] | None,
+               max_tokens: int | None, model: str, extra: list[Message],
+               extra_tokens: list[int], started: float, force_ratio: float | None,
+               retry_lost_swap: bool = True) -> Steps[PreparedView]:
+        """The plan's writes and job performed, then its view; after a lost swap, built
+        once more from what won."""
+        done = yield from self._perform_own(session_id, plan, snap, wanted, force)
+        won = (yield from self._perform(session_id, plan)) if done is None else done[0]
         if not self.performed(plan, won) and retry_lost_swap:
             # A worker's summary (or an edit) landed since the read: build from it
             # instead (it may fit without truncating), once.
