@@ -176,6 +176,29 @@ def test_a_fallback_after_the_llm_failed_on_its_range_is_merged_onto_not_rebuilt
     assert compactor.run("s").summary_kind == "llm"
 
 
+def test_a_turn_is_kept_whole_when_the_room_is_smaller_than_one_turn(
+        store: SessionStore) -> None:
+    """An 8k window, long two-message turns and a job after each: the kept part may hold
+    less than one turn. The newest turn is kept whole (the session stays under its
+    trigger) rather than split after its question, whose answer would then open the view."""
+    guard = ContextGuard(store)
+    compactor = Compactor(store, SummaryEngine(None))
+    splits = compacted = 0
+    for i in range(24):
+        words = " ".join(f"word{i}_{j}" for j in range(150))
+        turn = [Message(role="user", content=f"question {i}: {words}"),
+                Message(role="assistant", content=f"answer {i}: {words}")]
+        guard.prepare("s", "You are helpful.", max_tokens=1000, model="gpt-4",
+                      pending=turn[:1])
+        guard.record_turn("s", turn)
+        outcome = compactor.run("s")
+        if outcome.status == "compacted":
+            compacted += 1
+            splits += store.messages("s", outcome.watermark_after,
+                                     outcome.watermark_after + 1)[0].role != "user"
+    assert compacted >= 10 and splits <= compacted // 4, (compacted, splits)
+
+
 def test_edit_during_summarization_loses_the_swap(store: SessionStore,
                                                   demo_turns: list[list[Message]]) -> None:
     feed(store, demo_turns[:12])

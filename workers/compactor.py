@@ -58,7 +58,7 @@ from shared.core.ledger import Ledger
 from shared.core.limits import LimitBook, model_limits, output_reserve
 from shared.core.records import SessionState, SummaryRecord, ViewData
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.core.turns import find_cut_point
+from shared.core.turns import CutPoint, find_cut_point
 from shared.core.view import apply_cheap, cheap_savings, summary_block, view_estimate
 from shared.store.recall_index import index_compacted  # recall (issue 16)
 from shared.store.sessions import SessionStore
@@ -210,6 +210,14 @@ class Compactor:
         # most what the target leaves: the summary then fits beside the kept part.
         messages = apply_cheap(data.messages(), state.watermark, data.cheap)
         cut = find_cut_point(messages, keep, counter, max_kept_tokens=max(keep, room))
+        if cut.split_turn and cut.index - cut.turn_start < self.policy.split_turn_min_messages:
+            # The bound split the newest turn after its question (less room than a turn):
+            # keep the turn whole when that still leaves the session under its trigger,
+            # rather than show the model an answer whose question it is only told about.
+            whole = sum(counter.message(m) for m in messages[cut.turn_start:])
+            if cut.turn_start > cut.head and fixed + whole < (
+                    self.policy.trigger_ratio * report.input_budget):
+                cut = CutPoint(cut.turn_start, cut.turn_start, False, cut.head, whole)
         if cut.index <= cut.head and not rebuild:
             return "nothing to cut: the recent messages alone are what is kept"
         freed = counter.messages(messages[:cut.index]) - SUMMARY_FRAMING_TOKENS
