@@ -110,6 +110,24 @@ def test_every_guard_decision_is_counted_and_spanned(
     assert attrs["compaction.truncated"] is True
 
 
+def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
+        fake_redis: object, key_prefix: str, spans: InMemorySpanExporter, shell: str) -> None:
+    """An overflow that states the window the guard already uses: nothing is learned (the
+    count was short), and the span still says what the provider stated."""
+    store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})
+    turn = demo_turns(1)[0]
+    guard.prepare("g2", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    error = RuntimeError("This model's maximum context length is 16000 tokens. However, your "
+                         "messages resulted in 16500 tokens.")
+    assert guard.recover("g2", error, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o",
+                         pending=turn[:1]) is not None
+    [recover] = [s for s in spans.get_finished_spans() if s.name == "compaction.recover"]
+    attrs = dict(recover.attributes or {})
+    assert attrs["compaction.stated_limit"] == 16_000
+    assert "compaction.inferred_limit" not in attrs and guard.limits.get("gpt-4o") is None
+
+
 def test_degraded_view_is_counted(metrics: PrometheusMetrics, spans: InMemorySpanExporter,
                                   shell: str) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)  # Redis is down

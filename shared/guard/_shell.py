@@ -377,7 +377,9 @@ class GuardShell(FreshViews):
         if stated is not None:
             limit, attribute = stated, "compaction.stated_limit"
         elif info.limit == window:
-            return None  # the window it knew: the count was short, not the window wrong
+            # the window it knew: the count was short, not the window wrong (nothing learned)
+            trace.current.set_attribute("compaction.stated_limit", window)
+            return None
         else:
             bound = self.refused_bound(session_id, info, model, prepared_tokens)
             if bound is None:
