@@ -185,3 +185,79 @@ def test_prefork_without_the_directory_serves_nothing_and_says_why(
             scrape(port)
     finally:
         worker.stop()
+
+
+def test_queue_depth_counts_the_queues_the_worker_consumes(own_redis_url: str,
+                                                          key_prefix: str) -> None:
+    """A worker started with ``-Q <queue>`` reports that queue's waiting jobs, every
+    priority's list included (the recall index job rides priority 9)."""
+    from celery import Celery
+
+    from workers.metrics import consumed_queues, queue_depth_reader, start_metrics_server
+    from workers.settings import load_settings
+
+    broker = with_db(own_redis_url, 12)
+    queue = "q" + key_prefix
+    app = Celery("depth", broker=broker, set_as_current=False)
+    app.conf.compaction_settings = load_settings(broker_url=broker)  # no metrics port
+    worker = app.WorkController(queues=[queue], pool_cls="solo", without_mingle=True,
+                                without_gossip=True)  # what `celery worker -Q` selects
+    assert consumed_queues(worker) == [queue]
+    publisher = publisher_app(broker)
+    for i in range(3):
+        CeleryEnqueuer(publisher, queue=queue).enqueue("default", f"qd{i}")
+    publisher.send_task(TASK_COMPACT, args=["qd9"], queue=queue, priority=9)
+    client = redis.Redis.from_url(broker)
+    try:
+        read = queue_depth_reader(broker, consumed_queues(worker))
+        assert read is not None and read() == 4.0
+        port = free_port()
+        start_metrics_server(port, multiprocess=False, broker_url=broker,
+                             queues=consumed_queues(worker))
+        assert scrape(port)["compaction_queue_depth"] == [({}, 4.0)]
+    finally:
+        from celery.result import _set_task_join_will_block
+
+        from workers import metrics as worker_metrics
+
+        _set_task_join_will_block(False)  # the pool's setting, as celery.contrib.testing does
+
+        if worker_metrics._server is not None:
+            worker_metrics._server[0].shutdown()
+        set_metrics(None)
+        client.delete(queue, *[f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
+        client.close()
+
+
+def test_the_job_span_names_the_queue_the_job_came_from(redis_url: str, key_prefix: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared.telemetry import tracing
+    from workers.app import app
+    from workers.settings import load_settings
+    from workers.tasks import maybe_summarize
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracing.use_tracer_provider(provider)
+    client = redis.Redis.from_url(redis_url)
+    store = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    store.append("d1", [{"role": "user", "content": "hi"}])
+    monkeypatch.setitem(app.conf, "compaction_settings",
+                        load_settings(redis_url=redis_url, key_prefix=key_prefix))
+    try:
+        maybe_summarize.apply(args=["d1"], routing_key="custom-q", exchange="").get()
+        maybe_summarize.apply(args=["d1"]).get()  # eager, no delivery: the default queue
+        names = [s.attributes.get("messaging.destination.name")
+                 for s in exported.get_finished_spans()
+                 if s.name == "compaction.maybe_summarize" and s.attributes is not None]
+        assert names == ["custom-q", "compaction"]
+    finally:
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
+        store.delete_session("d1")
+        client.close()

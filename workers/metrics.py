@@ -34,7 +34,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
@@ -48,6 +48,9 @@ from shared.telemetry.tracing import context_from, span
 
 log = logging.getLogger("compaction.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Kombu's Redis transport defaults (kombu.transport.redis): one list per priority step.
+REDIS_PRIORITY_SEP = "\x06\x16"
+REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
 T = TypeVar("T")
 _server: Any = None  # (server, thread) of the running endpoint, if any
 
@@ -68,25 +71,52 @@ def _is_prefork(sender: Any) -> bool:
     return getattr(pool, "__module__", "").endswith("prefork")
 
 
-def queue_depth_reader(broker_url: str, queue: str = QUEUE,
-                       key_prefix: str = "") -> Callable[[], float] | None:
-    """A function returning the broker queue's length (Redis brokers), or None."""
+def queue_depth_reader(broker_url: str, queues: Iterable[str] = (QUEUE,),
+                       key_prefix: str = "", *, sep: str = REDIS_PRIORITY_SEP,
+                       priority_steps: Iterable[int] = REDIS_PRIORITY_STEPS,
+                       ) -> Callable[[], float] | None:
+    """A function returning the jobs waiting in ``queues`` (Redis brokers), or None.
+
+    Kombu's Redis transport keeps one list per queue and priority step (a
+    job at priority 0 in ``name``, one at step 9 in ``name<sep>9``: the
+    recall index jobs), so every list of every queue is summed.
+    """
     if not broker_url.startswith(("redis://", "rediss://")) or ";" in broker_url:
         return None
     import redis
 
     client = redis.Redis.from_url(broker_url, socket_timeout=1, socket_connect_timeout=1)
-    key = key_prefix + queue
+    keys = [key_prefix + queue + (f"{sep}{step}" if step else "")
+            for queue in dict.fromkeys(queues) for step in dict.fromkeys(priority_steps)]
 
     def read() -> float:
-        return float(client.llen(key))
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            return float(sum(int(n) for n in pipe.execute()))
 
     return read
 
 
+def consumed_queues(sender: Any) -> list[str]:
+    """The queues a starting worker consumes (``-Q``, else the app's queues)."""
+    app = getattr(sender, "app", None)
+    queues = getattr(getattr(app, "amqp", None), "queues", None)
+    active = getattr(queues, "consume_from", None) if queues is not None else None
+    names = [str(getattr(queue, "name", name)) for name, queue in (active or {}).items()]
+    return names or [QUEUE]
+
+
 def start_metrics_server(port: int, *, multiprocess: bool = False,
-                         broker_url: str | None = None, key_prefix: str = "") -> Any:
-    """Serve /metrics on ``port``; the registry served (None when the port is taken)."""
+                         broker_url: str | None = None, key_prefix: str = "",
+                         queues: Iterable[str] = (QUEUE,),
+                         transport_options: Mapping[str, Any] | None = None) -> Any:
+    """Serve /metrics on ``port``; the registry served (None when the port is taken).
+
+    ``queues``: whose waiting jobs ``compaction_queue_depth`` counts (the
+    worker's own); ``transport_options``: the broker's (key prefix, priority
+    steps and separator of the Redis transport).
+    """
     global _server
     import prometheus_client as prom
 
@@ -106,7 +136,11 @@ def start_metrics_server(port: int, *, multiprocess: bool = False,
         registry = metrics.registry
         add_depth = metrics.queue_depth_source
     if broker_url:
-        reader = queue_depth_reader(broker_url, key_prefix=key_prefix)
+        options = transport_options or {}
+        reader = queue_depth_reader(
+            broker_url, queues, key_prefix,
+            sep=str(options.get("sep", REDIS_PRIORITY_SEP)),
+            priority_steps=options.get("priority_steps", REDIS_PRIORITY_STEPS))
         if reader is not None:
             add_depth(reader)
     try:
@@ -127,17 +161,17 @@ def _start_on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     options = dict(settings_broker_options(sender))
     prefix = str(options.get("global_keyprefix", ""))
+    where = {"broker_url": settings.broker_url, "key_prefix": prefix,
+             "queues": consumed_queues(sender), "transport_options": options}
     if _is_prefork(sender):
         if not os.environ.get(MULTIPROC_ENV):
             log.error("metrics: the prefork pool runs jobs in child processes; set %s to an "
                       "empty directory (prometheus_client multiprocess mode) or use "
                       "--pool threads. No /metrics served.", MULTIPROC_ENV)
             return
-        start_metrics_server(settings.metrics_port, multiprocess=True,
-                             broker_url=settings.broker_url, key_prefix=prefix)
+        start_metrics_server(settings.metrics_port, multiprocess=True, **where)
         return
-    start_metrics_server(settings.metrics_port, broker_url=settings.broker_url,
-                         key_prefix=prefix)
+    start_metrics_server(settings.metrics_port, **where)
 
 
 def settings_broker_options(sender: Any) -> Mapping[str, Any]:
@@ -180,6 +214,14 @@ def _headers(request: Any) -> dict[str, Any]:
     return found
 
 
+def destination(request: Any) -> str:
+    """The queue a job came from: its delivery's routing key (a direct queue's name,
+    as :func:`workers.tasks.reply_route` reads it), else the default queue."""
+    info = getattr(request, "delivery_info", None)
+    key = info.get("routing_key") if isinstance(info, Mapping) else None
+    return key if isinstance(key, str) and key else QUEUE
+
+
 def observed(task: Any, session_id: str, tenant: str,
              run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one job body with its span, bound log ids and metrics (see the module doc)."""
@@ -192,7 +234,8 @@ def observed(task: Any, session_id: str, tenant: str,
         with contextlib.suppress(TypeError, ValueError):
             metrics.worker_lag(seconds=time.time() - float(sent_at))
     attributes = {"messaging.system": "celery", "messaging.operation.type": "process",
-                  "messaging.destination.name": QUEUE, "messaging.message.id": request.id,
+                  "messaging.destination.name": destination(request),
+                  "messaging.message.id": request.id,
                   "compaction.session_id": session_id, "compaction.tenant": tenant,
                   "compaction.attempt": (request.retries or 0) + 1}
     started = time.perf_counter()
@@ -238,5 +281,6 @@ def record_outcome(outcome: T) -> T:
     return outcome
 
 
-__all__ = ["MULTIPROC_ENV", "SENT_AT_HEADER", "observed", "queue_depth_reader",
+__all__ = ["MULTIPROC_ENV", "SENT_AT_HEADER", "consumed_queues", "destination", "observed",
+           "queue_depth_reader",
            "record_outcome", "start_metrics_server"]
