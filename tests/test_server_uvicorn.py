@@ -41,6 +41,10 @@ def test_a_real_uvicorn_process(redis_url: str, real_redis: Any, key_prefix: str
         big = http.post("/v1/sessions/u1/record", content=b"x" * 70_000, headers=AUTH)
         assert big.status_code == 413
         assert http.get("/openapi.json").json()["info"]["title"] == "context-compaction"
+        metrics = http.get("/metrics")  # served at the path itself: no 307 to /metrics/
+        assert metrics.status_code == 200, metrics.headers
+        assert 'compaction_guard_prepare_duration_seconds_count{path="prepare"} 1.0' \
+            in metrics.text
         compact = http.post("/v1/sessions/u1/compact", headers=AUTH)
         assert compact.status_code == 202 and compact.json()["task_id"]
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="acme")

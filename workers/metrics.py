@@ -42,12 +42,11 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from shared.core.errors import SummarizerUnavailable
 from shared.enqueue import QUEUE
 from shared.telemetry.logs import log_context
-from shared.telemetry.metrics import get_metrics, install_prometheus
+from shared.telemetry.metrics import MULTIPROC_ENV, get_metrics, install_prometheus
 from shared.telemetry.propagation import SENT_AT_HEADER
 from shared.telemetry.tracing import context_from, span
 
 log = logging.getLogger("compaction.metrics")
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Kombu's Redis transport defaults (kombu.transport.redis): one list per priority step.
 REDIS_PRIORITY_SEP = "\x06\x16"
 REDIS_PRIORITY_STEPS = (0, 3, 6, 9)

@@ -2,7 +2,8 @@
 
 - :mod:`shared.telemetry.metrics` — the :class:`Metrics` protocol, the
   default :class:`NullMetrics`, :class:`PrometheusMetrics` (``metrics``
-  extra, imported when built), :func:`metrics_app` for an ASGI server;
+  extra, imported when built), :func:`metrics_app` / :class:`MetricsEndpoint` for an
+  ASGI server (the sum of all processes in prometheus_client's multiprocess mode);
 - :mod:`shared.telemetry.tracing` — :func:`span`, trace-context headers for
   the task message; a no-op without the ``otel`` extra;
 - :mod:`shared.telemetry.genai` — a summarizer call's GenAI span and metrics;
@@ -20,6 +21,7 @@ from shared.telemetry.logs import ContextFilter, JsonFormatter, configure_json, 
 from shared.telemetry.metrics import (
     METRIC_NAMES,
     Metrics,
+    MetricsEndpoint,
     NullMetrics,
     PrometheusMetrics,
     get_metrics,
@@ -29,7 +31,8 @@ from shared.telemetry.metrics import (
 )
 from shared.telemetry.tracing import context_from, span, trace_headers
 
-__all__ = ["METRIC_NAMES", "ContextFilter", "JsonFormatter", "Metrics", "NullMetrics",
+__all__ = ["METRIC_NAMES", "ContextFilter", "JsonFormatter", "Metrics", "MetricsEndpoint",
+           "NullMetrics",
            "PrometheusMetrics", "configure_json", "context_from", "get_metrics",
            "install_prometheus", "log_context", "metrics_app", "set_metrics", "span",
            "trace_headers"]

@@ -15,11 +15,13 @@ is in :data:`METRIC_NAMES` (as exposed; a counter's ``_total`` included).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 PREFIX = "compaction_"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Seconds: the guard's prepare is sub-millisecond, a job is seconds to minutes.
 PREPARE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 1.0)
@@ -312,18 +314,64 @@ def install_prometheus(registry: Any = None) -> PrometheusMetrics:
     return metrics
 
 
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` when set: the process is one of several that record
+    into that directory (prometheus_client's multiprocess mode), None otherwise."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def served_registry(registry: Any = None) -> Any:
+    """What a /metrics endpoint of this process should serve.
+
+    The process's :class:`PrometheusMetrics` (installed on ``registry`` if it
+    is not yet). In multiprocess mode (:func:`multiprocess_dir`, ``registry``
+    not given) every process records into the directory, so the endpoint
+    serves a fresh registry whose ``MultiProcessCollector`` sums them all:
+    one process's own registry would show a fraction of the traffic that
+    changes with the process a scrape reaches.
+    """
+    metrics = install_prometheus(registry)
+    if registry is not None or multiprocess_dir() is None:
+        return metrics.registry
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    merged.register(metrics.depth)  # read at scrape time, by the process scraped
+    return merged
+
+
 def metrics_app(registry: Any = None) -> Any:
-    """An ASGI app serving the process's metrics: ``app.mount("/metrics", metrics_app())``.
+    """An ASGI app serving the process's metrics (:func:`served_registry`).
 
     Installs :class:`PrometheusMetrics` (on ``registry``) as the process's
     metrics if it is not already, so the guard and everything else in the
-    process report to what this app serves.
+    process report to what this app serves. Mounted
+    (``app.mount("/metrics", metrics_app())``) Starlette answers ``/metrics``
+    with a redirect to ``/metrics/``; :class:`MetricsEndpoint` serves the
+    exact path.
     """
     from prometheus_client import make_asgi_app
 
-    return make_asgi_app(install_prometheus(registry).registry)
+    return make_asgi_app(served_registry(registry))
 
 
-__all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "PREFIX", "Metrics", "NullMetrics",
-           "PrometheusMetrics", "get_metrics", "install_prometheus", "metrics_app",
-           "metrics_enabled", "set_metrics"]
+class MetricsEndpoint:
+    """:func:`metrics_app` as a route's endpoint: ``Route("/metrics", MetricsEndpoint())``.
+
+    An instance (not a function), so Starlette passes it the raw ASGI call
+    instead of a ``Request``; the route answers the path itself, no redirect.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        self.app = metrics_app(registry)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+__all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "MULTIPROC_ENV", "PREFIX", "Metrics",
+           "MetricsEndpoint", "NullMetrics", "PrometheusMetrics", "get_metrics",
+           "install_prometheus", "metrics_app", "metrics_enabled", "multiprocess_dir",
+           "served_registry", "set_metrics"]

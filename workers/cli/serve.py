@@ -5,12 +5,24 @@ object ``{token: tenant}``, or ``COMPACTION_SERVER_TOKENS`` inline); the
 server refuses to start without one. See docs/server.md.
 fastapi and uvicorn are imported only in :func:`run`, so the CLI works
 without the extra.
+
+With ``--workers N`` (N > 1) every uvicorn process counts its own requests:
+``serve`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh temporary directory
+for its children (prometheus_client's multiprocess mode, read at import in
+each child), so each process's ``/metrics`` serves the sum over all of them,
+and removes the directory on exit. A directory the environment already names
+is used as is (empty it before each start).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 
 from workers.settings import Settings
 
@@ -43,12 +55,35 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     config = load_server_config(flags=FLAGS, **overrides)
     require_tokens(config)  # before any worker process starts, one line instead of N
     if config.workers > 1:  # each process builds its own app from the environment
-        uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
-                    port=config.port, workers=config.workers, log_level=args.log_level)
+        with shared_metrics_dir():
+            uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
+                        port=config.port, workers=config.workers, log_level=args.log_level)
         return 0
     app = build_app(settings, config)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0
 
 
-__all__ = ["MISSING", "add_arguments", "run"]
+@contextlib.contextmanager
+def shared_metrics_dir() -> Iterator[str]:
+    """``PROMETHEUS_MULTIPROC_DIR`` for the worker processes started inside the block.
+
+    The environment's own directory if it names one; otherwise a new
+    temporary directory, set for the children and removed afterwards.
+    """
+    from shared.telemetry.metrics import MULTIPROC_ENV
+
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="compaction-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["MISSING", "add_arguments", "run", "shared_metrics_dir"]

@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.core.config import CompactionPolicy
@@ -48,7 +49,7 @@ from shared.enqueue import Enqueuer, NullEnqueuer
 from shared.guard import ContextGuard
 from shared.store.changes import ChangeFeed, feed_for
 from shared.store.sessions import SessionStore
-from shared.telemetry import metrics_app
+from shared.telemetry import MetricsEndpoint
 from workers.server.config import NO_TOKEN, ServerConfig, TokenBook
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,11 @@ def create_app(config: ServerConfig, store: SessionStore, enqueuer: Enqueuer | N
     app.include_router(health)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     # Prometheus scrapes without a token, like Flower's /metrics; no session ids in labels.
-    app.mount("/metrics", metrics_app())
+    # A route, not a mount: a mount answers /metrics with a redirect to /metrics/. With
+    # several processes (`compaction serve --workers N`) it serves all their sums.
+    metrics = MetricsEndpoint()
+    for path in ("/metrics", "/metrics/"):
+        app.router.routes.append(Route(path, metrics, include_in_schema=False))
     return app
 
 
