@@ -164,3 +164,27 @@ def test_gemini_tool_object_with_declarations_counts_as_offered() -> None:
     assert offers_recall([{"type": "function", "name": "recall", "parameters": {}}])
     assert not offers_recall([{"name": "recall_notes"}, "recall", None])
     assert not offers_recall(None) and not offers_recall([])
+
+
+def test_after_a_truncation_recall_finds_what_the_notice_names(store: SessionStore,
+                                                               shell: str) -> None:
+    """Workers down: the guard truncates far past 64 messages, nothing is indexed, and the
+    notice says every message below the watermark is searchable; recall finds them (it
+    used to scan none of an unindexed range over 64 messages)."""
+    from shared.core.recall_tool import recall_tool
+
+    guard = make(shell, store, overrides={"gpt-4o": 4000})
+    tools = [recall_tool("openai")]
+    for i in range(90):
+        turn_ = [{"role": "user", "content": f"turn {i} MARKER_{i} " + "pad " * 60},
+                 {"role": "assistant", "content": f"ack {i}"}]
+        guard.prepare("s", "sys", tools, 500, "gpt-4o", pending=turn_[:1])
+        guard.record_turn("s", turn_)
+    view = guard.prepare("s", "sys", tools, 500, "gpt-4o",
+                         pending=[{"role": "user", "content": "what was MARKER_3?"}])
+    watermark = view.report.watermark
+    assert watermark > 64 and view.report.summary_kind == "truncation"
+    assert f"Messages 0-{watermark - 1} are searchable." in _system_text(view)
+    assert guard.recall("s", "MARKER_3", limit=1)[0].index == 6
+    newest = (watermark - 1) // 2
+    assert guard.recall("s", f"MARKER_{newest}", limit=1)[0].index == 2 * newest

@@ -12,6 +12,7 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import Message, ToolCall
 from shared.core.recall import (
     MAX_QUERY_CHARS,
+    MAX_QUERY_TERMS,
     NOTICE,
     PASSAGE_CHARS,
     Posting,
@@ -53,6 +54,38 @@ def test_stopwords_and_punctuation_are_not_terms() -> None:
 def test_huge_words_are_indexed_by_parts_only() -> None:
     blob = "a" * 100 + "_tail"
     assert tokenize(blob) == ["tail"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("接続がリセットされました", ["接続がリセットされました", "接続", "続が", "がリ",
+                                "リセ", "セッ", "ット", "トさ", "され", "れま", "まし", "した"]),
+    ("数据库连接失败", ["数据库连接失败", "数据", "据库", "库连", "连接", "接失", "失败"]),
+    ("연결이", ["연결이", "연결", "결이"]),
+    ("表", ["表"]),
+    ("MARKER_3の値", ["marker_3の値", "marker_3", "marker", "3", "の値"]),
+    ("config_ファイル.json", ["config_ファイル.json", "config", "ファ", "ァイ", "イル", "json"]),
+])
+def test_cjk_runs_yield_their_whole_then_character_bigrams(
+        text: str, expected: list[str]) -> None:
+    """Unspaced scripts: the whole run (what an older index holds) and its bigrams, so a
+    word inside a sentence is found; Latin words around it are tokenized as before."""
+    assert tokenize(text) == expected
+    assert set(tokenize("接続")) <= set(tokenize("エラー: 接続がリセットされました"))
+    assert tokenize("café src/app/main.py") == tokenize("café") + tokenize("src/app/main.py")
+
+
+def test_a_long_question_keeps_its_most_specific_terms() -> None:
+    """Over MAX_QUERY_TERMS, identifiers and the longest words are kept (the first 16
+    used to be, dropping the identifier a question names last)."""
+    q = validate_query("earlier we looked into some failing unit tests, an assertion about "
+                       "amounts during checkout went wrong; what was the exact output of "
+                       "test_refund_rounding")
+    assert len(q.terms) == MAX_QUERY_TERMS and "test_refund_rounding" in q.terms
+    assert q.terms.index("test_refund_rounding") > q.terms.index("assertion")  # query order
+    words = " ".join(f"word{chr(97 + i)}xyz" for i in range(20))
+    kept = validate_query(f"{words} ERR_CONN_RESET 10.01 src/app/main.py").terms
+    assert {"err_conn_reset", "10.01", "src/app/main.py"} <= set(kept)
+    assert validate_query("alpha beta gamma").terms == ("alpha", "beta", "gamma")
 
 
 def _idx(role: str, text: str, calls: list[ToolCall] | None = None) -> Message:

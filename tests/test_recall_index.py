@@ -85,11 +85,38 @@ def test_what_the_index_has_not_reached_yet_is_searched_too(
     assert (hit.index, hit.role) == (49, "assistant") and "24.5 seconds" in hit.text
     index_compacted(store, "s")
     assert [[h.index for h in recall(store, "s", q, limit=3)] for q in queries] == before
-    commit(store, "s", 60)  # a backlog larger than a query scans waits for the index
+    commit(store, "s", 60)  # a backlog larger than a query scans: its newest part
     monkeypatch.setattr("shared.store.recall_query.TAIL_SCAN_MESSAGES", 5)
-    assert all(h.index < 50 for h in recall(store, "s", "ERR_STEP_27_FAILED", limit=50))
+    assert recall(store, "s", "ERR_STEP_27_FAILED", limit=1)[0].index == 55  # in 55-59
+    assert 51 not in {h.index for h in recall(store, "s", "ERR_STEP_25_FAILED", limit=50)}
     monkeypatch.undo()
-    assert recall(store, "s", "ERR_STEP_27_FAILED", limit=1)[0].index == 55
+    assert recall(store, "s", "ERR_STEP_25_FAILED", limit=1)[0].index == 51
+
+
+def test_a_backlog_past_the_old_all_or_nothing_bound_is_searched(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard truncation (or an index job not run yet, or indexing off) leaves hundreds
+    of unindexed messages below the watermark; the notice names them all, and recall
+    used to scan none of them past 64. Now it reads them in chunks, newest first."""
+    fill(store, "s", range(150))
+    commit(store, "s", 300)  # nothing indexed
+    assert recall(store, "s", "ERR_STEP_3_FAILED", limit=1)[0].index == 7
+    assert recall(store, "s", "src/mod140/handler_140.py", limit=1)[0].index == 280
+    index_compacted(store, "s", 100)
+    commit(store, "s", 300)  # unchanged: hwm 100, 200 unindexed
+    assert recall(store, "s", "ERR_STEP_3_FAILED", limit=1)[0].index == 7  # the index
+    assert recall(store, "s", "ERR_STEP_120_FAILED", limit=1)[0].index == 241  # the scan
+    # the ranking the scan gives is the one the index gives afterwards
+    queries = ["ERR_STEP_120_FAILED", "handler_77", "timeout 99.5", "step 130"]
+    before = [[h.index for h in recall(store, "s", q, limit=3)] for q in queries]
+    index_compacted(store, "s")
+    assert [[h.index for h in recall(store, "s", q, limit=3)] for q in queries] == before
+    drop_index(store, "s")
+    monkeypatch.setattr("shared.store.recall_query.TAIL_CHUNK", 7)
+    monkeypatch.setattr("shared.store.recall_query.TAIL_SCAN_BYTES", 2000)
+    hits = recall(store, "s", "step", limit=50)
+    assert hits and min(h.index for h in hits) >= 300 - 7 * 30  # bytes: newest chunks only
+    assert recall(store, "s", "ERR_STEP_149_FAILED", limit=1)[0].index == 299
 
 
 @pytest.mark.parametrize("hook", [True, False])
@@ -128,7 +155,14 @@ def test_rewind_narrows_the_default_range(store: SessionStore) -> None:
     index_compacted(store, "s")
     store.rewind("s", 20)
     assert all(h.index < 20 for h in recall(store, "s", "ERR_STEP_15_FAILED", limit=50))
-    assert recall(store, "s", "ERR_STEP_15_FAILED", end=50)[0].index == 31
+    # an explicit end past the watermark is cut to it: messages 20-49 are in the view
+    # again, although the index (and, before the fix, a query with end=50) still had them
+    for end in (50, 60, None):
+        hits = recall(store, "s", "ERR_STEP_15_FAILED step 24 handler_17", end=end, limit=50)
+        assert hits and all(h.index < 20 for h in hits)
+    assert recall(store, "s", "ERR_STEP_15_FAILED", end=50, limit=1)[0].index != 31
+    assert answer_recall_call(store, "s", '{"query": "ERR_STEP_15_FAILED", "end": 40}') \
+        == answer_recall_call(store, "s", '{"query": "ERR_STEP_15_FAILED"}')
 
 
 def test_other_tenants_messages_are_never_returned(any_redis: Any, key_prefix: str) -> None:
@@ -311,3 +345,45 @@ def test_an_indexing_failure_never_fails_the_compaction(
     assert "recall indexing failed" in caplog.text
     monkeypatch.undo()
     assert index_compacted(store, "s").end == outcome.watermark_after  # the next job catches up
+
+
+def test_words_inside_cjk_text_are_found(store: SessionStore,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CJK run is indexed as its whole and its bigrams: a word inside it is found.
+    An index written before bigrams still answers the whole run; a re-index
+    (drop_index, then index_compacted) makes the words inside it searchable."""
+    import shared.core.recall as core
+
+    store.append("s", [
+        {"role": "assistant",
+         "content": '{"error": "接続がリセットされました", "x": "こんにちは世界"}'},
+        {"role": "user", "content": "数据库连接失败\uff0c请检查配置文件"},
+        {"role": "user", "content": "연결이 끊어졌습니다"}])
+    commit(store, "s", 3)
+    assert recall(store, "s", "リセット")[0].index == 0  # the scan, before any index
+    core._word_terms.cache_clear()
+    monkeypatch.setattr(core, "_cjk_terms", lambda word, whole: (whole,))  # the old index
+    index_compacted(store, "s")
+    monkeypatch.undo()
+    core._word_terms.cache_clear()
+    assert [h.index for h in recall(store, "s", "接続がリセットされました")] == [0]
+    assert recall(store, "s", "接続") == []
+    drop_index(store, "s")
+    index_compacted(store, "s")
+    for query, index in [("接続", 0), ("リセット", 0), ("接続がリセットされました", 0),
+                         ("数据库", 1), ("配置文件", 1), ("连接失败", 1), ("연결", 2)]:
+        assert [h.index for h in recall(store, "s", query)][:1] == [index], query
+
+
+def test_an_identifier_at_the_end_of_a_long_question_is_found(store: SessionStore) -> None:
+    store.append("s", [
+        {"role": "user", "content": "Run the unit tests for the payment module"},
+        {"role": "assistant", "content": "FAILED tests/test_payments.py::test_refund_rounding"
+                                         " - expected 10.00, got 10.01"},
+        *[{"role": "user", "content": f"unrelated step {i}: looked into some tests output"}
+          for i in range(20)]])
+    commit(store, "s", 22)
+    index_compacted(store, "s")
+    question = ("earlier we looked into some failing unit tests, an assertion about amounts "
+                "during checkout went wrong; what was the exact output of test_refund_rounding")
+    assert recall(store, "s", question, limit=1)[0].index == 1

@@ -14,6 +14,15 @@ identifier characters (``src/app/main.py``, ``ERR_CONN_RESET``, ``0x1f``,
 (split at ``/ . _ - :`` and at camel-case humps), and for a path its file
 name (``main.py``). A query tokenized the same way therefore scores an
 exact identifier above a message that only shares its parts.
+
+Scripts written without spaces (Chinese, Japanese, and Hangul when run
+together) have no word boundaries to find without a dictionary: a run of
+them yields its whole (as before) and then its character bigrams (a lone
+character: itself), the standard dictionary-free approach of CJK full-text
+search. So ``接続`` finds ``接続がリセットされました``. An index written
+before bigrams holds the whole runs only: a query still matches those
+whole, and finds words inside them once the range is indexed again
+(``drop_index`` then ``index_compacted``).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +53,8 @@ from shared.core.recall_tool import (
 # -- limits ---------------------------------------------------------------------------
 MAX_QUERY_CHARS = 1000
 MAX_QUERY_TERMS = 16
+"""Terms a query keeps (each costs a key read and up to 64 postings); over it, the most
+specific ones (:func:`specific_terms`)."""
 MAX_TOKEN_CHARS = 64
 """Longer words (base64, minified code) are indexed by their parts only."""
 PASSAGE_CHARS = 1200
@@ -59,6 +70,12 @@ _WORD = re.compile(r"\w[\w./\\:@#+~\-]*")
 _TRAILING = ".:/\\#@+~-"
 _SEPARATORS = re.compile(r"[./\\:@#+~\-_]+")
 _HUMPS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+|[^\W_]+")
+_CJK = re.compile(
+    "[\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf"
+    "\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f"
+    "\U00020000-\U0003134f]+")
+"""Han, kana and Hangul: scripts that may run words together without spaces."""
+_MARKED = frozenset("0123456789_./\\:@#+~-")
 _STOPWORDS = frozenset((
     "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "i",
     "if", "in", "is", "it", "its", "me", "my", "of", "on", "or", "our", "so", "that", "the",
@@ -92,10 +109,33 @@ def _subwords(word: str) -> list[str]:
     return out
 
 
+def _cjk_terms(word: str, whole: str) -> tuple[str, ...]:
+    """A word holding CJK characters: its whole, then each CJK run's bigrams (a lone
+    character: itself) and the terms of its other pieces, each distinct term once."""
+    out: list[str] = [whole] if len(whole) <= MAX_TOKEN_CHARS else []
+    at = 0
+    for run in _CJK.finditer(word):
+        pieces: list[str] = []
+        other = word[at:run.start()].strip(_TRAILING + "_")
+        if other:
+            pieces.extend(_word_terms(other))
+        text = run.group().lower()
+        pieces.extend([text] if len(text) == 1 else
+                      [text[i:i + 2] for i in range(len(text) - 1)])
+        out.extend(p for p in pieces if p not in out)
+        at = run.end()
+    rest = word[at:].strip(_TRAILING + "_")
+    if rest:
+        out.extend(p for p in _word_terms(rest) if p not in out)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _word_terms(word: str) -> tuple[str, ...]:
     """The terms of one word (words repeat a lot: each is analyzed once)."""
     whole = word.lower()
+    if not word.isascii() and _CJK.search(word):
+        return _cjk_terms(word, whole)
     out: list[str] = []
     if len(whole) <= MAX_TOKEN_CHARS and whole not in _STOPWORDS:
         out.append(whole)
@@ -117,7 +157,8 @@ def tokenize(text: str) -> list[str]:
     Each word yields its lowercased whole (unless longer than
     :data:`MAX_TOKEN_CHARS`, or a stopword), then its distinct pieces: path
     segments (``main.py``), dotted pieces (``main``, ``py``), parts at
-    ``_`` or ``-`` and camel-case humps.
+    ``_`` or ``-`` and camel-case humps. A run of CJK characters yields its
+    character bigrams after its whole.
     """
     out: list[str] = []
     for word in _WORD.findall(text):
@@ -281,6 +322,23 @@ def _opt_index(value: object, field: str) -> int | None:
     return value
 
 
+def specific_terms(terms: Sequence[str], n: int = MAX_QUERY_TERMS) -> tuple[str, ...]:
+    """The ``n`` most specific of ``terms``, in their order: an identifier, path or
+    number (a digit or ``_ . / \\ : @ # + ~ -``) first, then the longest; ties keep
+    the earlier.
+
+    Models ask in sentences and name the thing they look for last ("what was the
+    output of test_refund_rounding"): keeping the first terms would drop it for
+    the sentence's common words, whose IDF is low anyway.
+    """
+    if len(terms) <= n:
+        return tuple(terms)
+    ranked = sorted(range(len(terms)), key=lambda i: (
+        _MARKED.isdisjoint(terms[i]), -len(terms[i]), i))
+    keep = sorted(ranked[:n])
+    return tuple(terms[i] for i in keep)
+
+
 def validate_query(query: object, *, limit: object = DEFAULT_LIMIT, start: object = None,
                    end: object = None) -> RecallQuery:
     """Check a recall request; :class:`InvalidInput` names the bad field."""
@@ -288,7 +346,7 @@ def validate_query(query: object, *, limit: object = DEFAULT_LIMIT, start: objec
         raise InvalidInput("must be a string", field="query")
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidInput(f"{len(query)} characters; at most {MAX_QUERY_CHARS}", field="query")
-    terms = tuple(dict.fromkeys(tokenize(query)))[:MAX_QUERY_TERMS]
+    terms = specific_terms(tuple(dict.fromkeys(tokenize(query))))
     if not terms:
         raise InvalidInput("has no searchable words (empty, or only stopwords and "
                            "punctuation)", field="query")
@@ -323,6 +381,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
     "MAX_QUERY_CHARS",
+    "MAX_QUERY_TERMS",
     "NOTICE",
     "PASSAGE_CHARS",
     "TOOL_NAME",
@@ -342,6 +401,7 @@ __all__ = [
     "passage_text",
     "recall_tool",
     "render_hits",
+    "specific_terms",
     "split_passages",
     "tokenize",
     "validate_query",

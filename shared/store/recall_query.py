@@ -49,11 +49,24 @@ if TYPE_CHECKING:
     from shared.store.sessions import SessionStore
 
 
-TAIL_SCAN_MESSAGES = 64
-"""The most unindexed messages a query scans itself: about 0.13 ms each on real agent
-transcripts (50: p50 6.5 ms, 100: 13.5 ms; ``scripts/bench_recall.py --lag``), so a
-query stays within recall's 20 ms. That covers a typical compaction's range (a median
-job holds ~50 messages); a larger backlog waits for the index job."""
+TAIL_SCAN_MESSAGES = 2000
+"""The most unindexed messages below the watermark a query reads and scores itself,
+the newest first. What the summary's notice names but the index has not reached (its
+job still queued, a guard truncation, ``COMPACTION_RECALL_INDEX=off``) is searched
+here. Cost, measured on 2,000 unindexed messages of ``transcripts.dev.jsonl`` (1.9 MB,
+no index; 10 probe queries, each its best of 3, on a loaded machine): 26-69 ms a query,
+p50 ~40 ms (500 messages: p50 ~16 ms); the old 64-message bound was ~8 ms. A tool call
+waits that long only while the index job is behind; past the bound the oldest
+unindexed messages wait for it (the newest are what a model most likely asks about)."""
+TAIL_SCAN_BYTES = 4 << 20
+"""...and about this many bytes of them at most (checked after each chunk: crossed by
+one chunk at most), so a backlog of huge tool outputs stops the scan early."""
+TAIL_CHUNK = 250
+"""Messages per read of the unindexed range (newest chunk first)."""
+
+
+_TERMS_PER_CHAR = 1 / 6
+"""Terms per character when none was analyzed (about one word per 6 characters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +99,10 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
     hwm_raw, n_raw, total_raw, watermark, length, has_state, dfs, blobs = raw
     if not length and not int(has_state):
         raise SessionNotFound(f"no session {session_id!r} in tenant {tenant!r}")
-    top = min(int(length), q.end if q.end is not None else _int(watermark))
+    # Only what was summarized away is searched: ``end`` past the watermark (after a
+    # rewind, say) is cut to it, so nothing back in the live view is returned.
+    watermark_at = min(int(length), _int(watermark))
+    top = min(watermark_at, q.end) if q.end is not None else watermark_at
     hi = min(_int(hwm_raw), top)
     lo = q.start or 0
     df = {t: _int(d) for t, d in zip(q.terms, dfs, strict=True) if d}
@@ -94,57 +110,82 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
         term: list(POSTING.iter_unpack(blob[len(blob) % POSTING.size:]))
         for term, blob in zip(q.terms, blobs, strict=True) if blob}
     n_docs, total = _int(n_raw), float(_int(total_raw))
-    # What was summarized away but not indexed yet (a compaction whose index job still
-    # waits) is scanned here, scored with the index as one collection: recall finds
-    # everything the summary's notice names, whatever the index's lag.
-    tail_lo, tail_hi = max(lo, _int(hwm_raw)), min(top, _int(watermark))
+    # What was summarized away but not indexed yet is read here, newest first within
+    # TAIL_SCAN_MESSAGES / TAIL_SCAN_BYTES, analyzed as the indexer does and scored with
+    # the index as one collection.
+    tail_lo, tail_hi = max(lo, _int(hwm_raw)), top
+    chunks: list[tuple[int, list[bytes]]] = []
+    scan_lo, read = tail_hi, 0
+    while (scan_lo > tail_lo and tail_hi - scan_lo < TAIL_SCAN_MESSAGES
+           and read < TAIL_SCAN_BYTES):
+        first = max(tail_lo, scan_lo - TAIL_CHUNK, tail_hi - TAIL_SCAN_MESSAGES)
+        raws = (yield PipelineCall([("lrange", (k.log, first, scan_lo - 1))]))[0]
+        if len(raws) != scan_lo - first:
+            break  # the log was cut under us: its indexes moved
+        chunks.append((first, raws))
+        read += sum(map(len, raws))
+        scan_lo = first
+    tail_postings: dict[str, list[Any]] = {}
     tail: dict[int, tuple[Message, Passage]] = {}
-    if tail_lo < tail_hi and tail_hi - tail_lo <= TAIL_SCAN_MESSAGES:
-        raws = (yield PipelineCall([("lrange", (k.log, tail_lo, tail_hi - 1))]))[0]
-        tail, added, terms = _tail_passages(tail_lo, raws, q.terms, postings,
+    if chunks:
+        tail, added, terms = _tail_passages(chunks, q.terms, tail_postings,
                                             total / n_docs if n_docs else None)
         n_docs += added
         total += terms
-        for term in postings:
-            df[term] = df.get(term, 0) + sum(1 for p in postings[term] if p[0] < 0)
+        for term, found in tail_postings.items():
+            df[term] = df.get(term, 0) + len(found)
     df = {t: d for t, d in df.items() if d}
-    if max(hi, tail_lo if tail else 0) <= lo or not df:
+    if not df or (hi <= lo and not tail):
         return []
     n_docs = max(n_docs, 1)
-    scores = bm25(postings, df, n_docs=n_docs, avg_length=total / n_docs, start=lo,
-                  end=tail_hi if tail else hi)
+    # Indexed postings at or past ``hi`` are a rewind's or an edit's leftovers: the
+    # range they name is the tail's (scanned) or past the watermark (not searched).
+    scores = bm25(postings, df, n_docs=n_docs, avg_length=total / n_docs, start=lo, end=hi)
+    scores.update(bm25(tail_postings, df, n_docs=n_docs, avg_length=total / n_docs,
+                       start=lo, end=tail_hi))
     ranked = best_per_message(scores, MAX_CANDIDATES)
     return (yield from _verified(k, ranked, q.limit, tail))
 
 
-def _tail_passages(start: int, raws: Sequence[bytes], terms: Sequence[str],
+def _tail_passages(chunks: Sequence[tuple[int, Sequence[bytes]]], terms: Sequence[str],
                    postings: dict[str, list[Any]], average: float | None,
                    ) -> tuple[dict[int, tuple[Message, Passage]], int, float]:
-    """Passages of the unindexed messages ``log[start:]``, analyzed as the indexer does,
-    their postings for ``terms`` added to ``postings`` under negative passage ids.
+    """Passages of the unindexed messages (each chunk: its first index, its raw
+    messages), analyzed as the indexer does, their postings for ``terms`` added to
+    ``postings`` under negative passage ids.
 
     Only passages whose lowercased text holds a query term are analyzed (every term is
     a lowercased piece of a word); the others count as passages of ``average`` length
-    (the index's; None: no index yet, every passage is analyzed).
+    (the index's), or without an index of the analyzed ones' terms per character.
     Returns the matching passages by id, and the passages and terms the scan adds."""
     wanted = set(terms)
     passages: dict[int, tuple[Message, Passage]] = {}
     n_passages, n_terms = 0, 0.0
-    for offset, raw in enumerate(raws):
-        message = Message.model_validate_json(raw)
-        for passage in split_passages(start + offset, message):
-            n_passages += 1
-            low = passage.text.lower()
-            if average is not None and not any(term in low for term in wanted):
-                n_terms += average
-                continue
-            analyzed = analyze(passage)
-            n_terms += analyzed.length
-            pid = -n_passages
-            for term in wanted.intersection(analyzed.terms):
-                postings.setdefault(term, []).append(
-                    (pid, passage.index, analyzed.terms[term], analyzed.length))
-                passages[pid] = (message, passage)
+    skipped_chars, analyzed_chars, analyzed_terms = 0, 0, 0
+    for start, raws in chunks:
+        for offset, raw in enumerate(raws):
+            message = Message.model_validate_json(raw)
+            for passage in split_passages(start + offset, message):
+                n_passages += 1
+                low = passage.text.lower()
+                if not any(term in low for term in wanted):
+                    if average is not None:
+                        n_terms += average
+                    else:
+                        skipped_chars += len(low)
+                    continue
+                analyzed = analyze(passage)
+                n_terms += analyzed.length
+                analyzed_chars += len(low)
+                analyzed_terms += analyzed.length
+                pid = -n_passages
+                for term in wanted.intersection(analyzed.terms):
+                    postings.setdefault(term, []).append(
+                        (pid, passage.index, analyzed.terms[term], analyzed.length))
+                    passages[pid] = (message, passage)
+    if skipped_chars:  # no index: estimate the skipped passages' length in terms
+        n_terms += skipped_chars * (analyzed_terms / analyzed_chars if analyzed_chars
+                                    else _TERMS_PER_CHAR)
     return passages, n_passages, n_terms
 
 
@@ -152,9 +193,10 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
            start: int | None = None, end: int | None = None) -> list[RecallHit]:
     """The messages of ``[start, end)`` that best match ``query``, best first.
 
-    ``end`` defaults to the current watermark (what was summarized away);
-    what workers have not indexed yet (up to :data:`TAIL_SCAN_MESSAGES`
-    messages below the watermark) is read and scored here. One passage per
+    Only the compacted range is searched: ``end`` defaults to the current
+    watermark and is cut to it (a rewind puts messages back in the view).
+    What workers have not indexed yet is read and scored here, the newest
+    :data:`TAIL_SCAN_MESSAGES` (:data:`TAIL_SCAN_BYTES`) of it at most. One passage per
     message, at most ``limit``. Raises :class:`InvalidInput` (naming the
     field) for a bad query or range, :class:`SessionNotFound` for a session
     without a log.
@@ -240,5 +282,5 @@ def _verified(k: RecallKeys, ranked: Sequence[tuple[int, float, int]], limit: in
     return hits
 
 
-__all__ = ["TAIL_SCAN_MESSAGES", "PipelineCall", "RecallSteps", "ScriptCall",
+__all__ = ["TAIL_SCAN_BYTES", "TAIL_SCAN_MESSAGES", "PipelineCall", "RecallSteps", "ScriptCall",
            "answer_recall_call", "recall", "recall_async", "recall_steps"]
