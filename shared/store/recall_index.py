@@ -1,9 +1,12 @@
 """The recall index of a session in Redis: built by workers, queried by the guard.
 
-Workers index a range when they compact it (:func:`index_compacted`, called
-after a successful commit, in the same job), incrementally: messages
+Workers index a range after they compact it (:func:`index_compacted`, after a
+successful commit: in its own lowest-priority job by default, or inside the
+compaction job; ``COMPACTION_RECALL_INDEX``), incrementally: messages
 ``[hwm, watermark)`` where ``hwm`` is the indexed high-water mark. The guard
-only queries (:func:`recall`, and :func:`recall_async` over redis.asyncio).
+only queries (:func:`recall`, and :func:`recall_async` over redis.asyncio); a
+query reads and scores the newest unindexed messages below the watermark
+itself (:data:`shared.store.recall_query.TAIL_SCAN_MESSAGES`).
 Every key shares the session's hash tag:
 
 - ``<base>:rx:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
