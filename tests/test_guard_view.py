@@ -19,7 +19,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.truncation import emergency_truncate
 from shared.core.view import ViewCache, apply_cheap, cheap_savings, pairs_intact, scan_pairs
-from shared.core.wire import to_anthropic, to_gemini, to_openai
+from shared.core.wire import from_anthropic, from_gemini, to_anthropic, to_gemini, to_openai
 from shared.core.wireview import history_fold
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
@@ -533,3 +533,34 @@ def test_a_tool_result_holding_an_image_keeps_the_session_usable(
         assert result["type"] == "tool_result" and result["content"][1]["type"] == "image"
         tool = view.openai()[3]
         assert tool["role"] == "tool" and "image/png image not sent" in tool["content"][1]["text"]
+
+
+def test_what_only_anthropic_and_gemini_read_survives_a_recorded_turn(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A Gemini 3 call's thought signature (refused without it), its made-up id (never
+    sent), an Anthropic tool result's is_error: stored with the turn, and in the views
+    this guard and a new one make of it, however those views are built."""
+    gemini = from_gemini([
+        {"role": "user", "parts": [{"text": "q"}]},
+        {"role": "model", "parts": [{"function_call": {"name": "f", "args": {}},
+                                     "thought_signature": "SIGCALL"}]},
+        {"role": "user", "parts": [{"function_response": {"name": "f",
+                                                          "response": {"r": 1}}}]},
+        {"role": "model", "parts": [{"text": "ok"}]}])
+    anthropic = from_anthropic([
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "err", "is_error": True}]},
+        {"role": "assistant", "content": "failed"}])
+    guard = make_guard(store)
+    guard.record_turn("g", gemini)
+    guard.record_turn("a", anthropic)
+    nxt = [Message(role="user", content="next")]
+    for g in (guard, make_guard(store)):
+        _, contents = g.prepare("g", "SYS", model="gemini-3-pro-preview", pending=nxt).gemini()
+        assert contents[1]["parts"][0] == {"function_call": {"name": "f", "args": {}},
+                                           "thought_signature": "SIGCALL"}
+        _, messages = g.prepare("a", "SYS", model="claude-sonnet-4-5", pending=nxt).anthropic()
+        assert messages[2]["content"][0]["is_error"] is True

@@ -38,6 +38,7 @@ from shared.core.messages import Message
 
 WIRE_IDS = "wire_ids"
 SYNTHETIC_KEY = "gemini_synthetic_ids"  # shared.core.wire.gemini.SYNTHETIC_KEY
+SIGNATURES_KEY = "gemini_signatures"  # shared.core.wire.gemini.SIGNATURES_KEY: "call:<id>"
 MAX_ID = 256
 
 
@@ -127,6 +128,10 @@ class Renaming:
                 if synthetic:
                     meta[SYNTHETIC_KEY] = [*synthetic, *(s for s, p in renamed.items()
                                                          if p in synthetic)]
+                signed = meta.get(SIGNATURES_KEY)
+                if isinstance(signed, dict):  # a call's thought signature follows its id
+                    keys = {f"call:{p}": f"call:{s}" for s, p in renamed.items()}
+                    meta[SIGNATURES_KEY] = {keys.get(k, k): v for k, v in signed.items()}
                 message = message.model_copy(update={"tool_calls": new_calls, "metadata": meta})
         elif message.role == "tool" and message.tool_call_id:
             p = message.tool_call_id

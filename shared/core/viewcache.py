@@ -323,11 +323,16 @@ def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
 
 
 def _read_stored(raw: Sequence[bytes], wire: bool,
-                 ) -> tuple[list[Shape], list[dict[str, Any] | None], dict[int, Any]]:
+                 ) -> tuple[list[Shape], list[dict[str, Any] | None],
+                            list[dict[str, Any] | None], dict[int, Any]]:
     """Each stored message of a full read parsed once: its pair-scan shape
     (:func:`stored_shape`); with ``wire``, the OpenAI wire form of the ones that are text
-    with or without tool calls (None for the others), and the others' JSON as plain data
-    for their conversion (:func:`~shared.core.wireview.openai_of_stored`).
+    with or without tool calls (None for the others); the same for the bare ones alone,
+    whose stored JSON holds nothing more (no metadata but the store's ``wire_ids``: what
+    Anthropic's and Gemini's folds may read back from the form, see
+    :class:`~shared.core.wireview.ReadWire`; a Gemini signature, a made-up id or an
+    ``is_error`` mean nothing to OpenAI and everything to them); and the others' JSON as
+    plain data for their conversion (:func:`~shared.core.wireview.openai_of_stored`).
 
     The wire form is made in place, since the data was parsed for this read alone:
     exactly what :func:`~shared.core.wireview.openai_of_stored` makes (keys in the same
@@ -338,6 +343,7 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
     model's), so the parse is not checked for floats (:func:`fastjson.loads_unchecked`)."""
     shapes: list[Shape] = []
     found: list[dict[str, Any] | None] = []
+    bare: list[dict[str, Any] | None] = []
     others: dict[int, Any] = {}
     for i, stored in enumerate(raw):
         data = fastjson.loads_unchecked(stored)
@@ -345,6 +351,7 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
         if type(content) is not str or type(calls) is not list or type(role) is not str:
             shapes.append(stored_shape(data))
             found.append(None)
+            bare.append(None)
             if wire:
                 others[i] = data
             continue
@@ -356,9 +363,11 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
         if not wire or not _openai_ok(data, call_id) or not all(
                 len(c) == 3 and "arguments" in c for c in calls):
             found.append(None)
+            bare.append(None)
             if wire:
                 others[i] = data
             continue
+        meta = data["metadata"]
         if calls:
             data["tool_calls"] = [{"id": c["id"], "type": "function",
                                    "function": {"name": c["name"],
@@ -370,7 +379,8 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
             del data["tool_calls"]
         del data["metadata"]
         found.append(data)
-    return shapes, found, others
+        bare.append(data if not meta or (len(meta) == 1 and "wire_ids" in meta) else None)
+    return shapes, found, bare, others
 
 
 def _openai_of_read(raw: Sequence[bytes], loaded: Mapping[int, Any],
@@ -488,7 +498,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         repaired = cached.repaired if drop == 0 and not changes else None  # applied only grew
     else:
         # the shell keeps wire forms: OpenAI's, from the JSON read
-        shapes_of, made, loaded = _read_stored(new_raw, wire_update is not None)
+        shapes_of, made, bare, loaded = _read_stored(new_raw, wire_update is not None)
         history = _lazy_history(new_raw)
         changes, saved = _apply_stored(new_raw, w, cheap)
         applied = history.replace(changes)
@@ -499,7 +509,7 @@ def decode_view(raw: RawView, cached: CachedView | None,
         if wire_update is not None:
             wire = {"openai": ReadWire.of_read(
                 _openai_of_read(new_raw, loaded, made, changes),
-                [None if i in changes else m for i, m in enumerate(made)])}
+                [None if i in changes else m for i, m in enumerate(bare)])}
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
