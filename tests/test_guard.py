@@ -14,7 +14,7 @@ import redis
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import InvalidInput, IrreducibleOverflow, StoreUnavailable
 from shared.core.limits import LimitBook
-from shared.core.messages import Message
+from shared.core.messages import ImagePart, Message, TextPart
 from shared.core.records import AppendResult, SummaryRecord
 from shared.core.repair import validate_view
 from shared.enqueue import CallbackEnqueuer
@@ -272,8 +272,10 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_refused_request(
     other.prepare("s", SYSTEM, max_tokens=1000, model="n")
     other.recover("s", RuntimeError(error), SYSTEM, max_tokens=1000, model="m")
     assert other.limits.get("m") is None
-    other.prepare("s", SYSTEM, max_tokens=1000, model="m")
-    assert other.recover("s", RuntimeError("413 Request Entity Too Large"), SYSTEM,
+    for i in range(12):
+        store.append("big", coding_turn(i))
+    other.prepare("big", SYSTEM, max_tokens=1000, model="m")
+    assert other.recover("big", RuntimeError("413 Request Entity Too Large"), SYSTEM,
                          max_tokens=1000, model="m") is not None
     assert other.limits.get("m") is None
 
@@ -537,22 +539,65 @@ def test_a_view_that_needs_repair_is_still_repaired(guard: ContextGuard) -> None
     assert [m.role for m in view.messages] == ["system", "user", "assistant", "tool", "tool"]
 
 
-def test_a_recovery_that_drops_nothing_adds_no_summary(make_guard: Callable[..., Any],
-                                                       store: SessionStore) -> None:
-    """The provider counted far more than the guard (an overflow on a view that fits a
-    fifth of the window): the retry's view is the same conversation, with no empty
-    "compacted" block telling the model of a compaction that never happened."""
+def test_a_forced_cut_that_drops_nothing_adds_no_summary(make_guard: Callable[..., Any],
+                                                         store: SessionStore) -> None:
+    """The provider reported far fewer tokens than the guard sent (silent truncation
+    suspected): the next view is forced down, but it fits already. It is the same
+    conversation, with no empty "compacted" block telling the model of a compaction
+    that never happened."""
     guard = make_guard(store)
-    guard.record_turn("s", [Message(role="user", content="What is in /src?"),
-                            Message(role="assistant", content="a.py and b.py.")])
-    pending = [Message(role="user", content="And /lib?")]
-    guard.prepare("s", "You are terse.", max_tokens=500, model="gpt-4o-mini", pending=pending)
-    error = RuntimeError("This model's maximum context length is 128000 tokens. However, your "
-                         "messages resulted in 131000 tokens.")
-    view = guard.recover("s", error, "You are terse.", max_tokens=500, model="gpt-4o-mini",
-                         pending=pending)
-    assert view is not None and view.report.dropped_messages == 0
-    assert [m.role for m in view.messages] == ["system", "user", "assistant", "user"]
+    question = Message(role="user", content=[TextPart(text="what is this?"), ImagePart(
+        data="iVBORw0KGgo=", media_type="image/png")])
+    for _ in range(2):
+        guard.prepare("s", "You are terse.", model="gpt-4o", pending=[question])
+        guard.record_turn("s", [question, Message(role="assistant", content="ok")],
+                          usage={"prompt_tokens": 50})
+    view = guard.prepare("s", "You are terse.", model="gpt-4o",
+                         pending=[Message(role="user", content="third")])
+    assert view.report.recovery and view.report.dropped_messages == 0
+    assert [m.role for m in view.messages] == ["system", "user", "assistant", "user",
+                                               "assistant", "user"]
     assert view.messages[0].text() == "You are terse."
     assert "conversation_summary" not in str(view.openai())
     assert store.summaries("s") == []
+
+
+def test_a_recovery_scales_by_what_the_provider_counted(make_guard: Callable[..., Any],
+                                                        store: SessionStore) -> None:
+    """The provider counted a hundred times the guard's estimate (video or files it
+    decodes, by URI): a fifth of the window by the guard's count would be the refused
+    request again. The retry is scaled by the stated count."""
+    guard = make_guard(store, overrides={"m": 1_000_000})
+    for i in range(12):
+        store.append("s", coding_turn(i))
+    refused = guard.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    sent = refused.report.estimated_prompt_tokens
+    assert sent < 200_000  # a fifth of the window by the guard's count: nothing to drop
+    error = RuntimeError(f"The input token count ({sent * 100}) exceeds the maximum number "
+                         f"of tokens allowed (1000000).")
+    view = guard.recover("s", error, SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and view.report.dropped_messages > 0
+    assert view.report.estimated_prompt_tokens * 100 <= 0.2 * 1_000_000 + 10_000
+
+
+def test_a_recovery_with_nothing_smaller_to_send_returns_none(
+        make_guard: Callable[..., Any], store: SessionStore,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """max_tokens larger than the window is capped (and said so, once); the provider then
+    refuses the uncapped figure the caller sent: the view is as small as it gets, so
+    recover returns None and the caller raises the provider's error, rather than sending
+    the same request again."""
+    guard = make_guard(store, overrides={"tiny": 4000})
+    guard.record_turn("s", [Message(role="user", content="w " * 300),
+                            Message(role="assistant", content="ok")])
+    pending = [Message(role="user", content="q")]
+    with caplog.at_level("WARNING", logger="shared.guard"):
+        for _ in range(2):
+            view = guard.prepare("s", "sys", model="tiny", max_tokens=10_000, pending=pending)
+    assert view.report.budget.reserve < 4000
+    assert sum("send view.report.budget.reserve" in r.message for r in caplog.records) == 1
+    error = RuntimeError("This model's maximum context length is 4000 tokens. However, you "
+                         "requested 10330 tokens (330 in the messages, 10000 in the "
+                         "completion).")
+    assert guard.recover("s", error, "sys", model="tiny", max_tokens=10_000,
+                         pending=pending) is None

@@ -47,6 +47,7 @@ from shared.store.changes import CHANGED
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
 from shared.store.own_writes import OwnMark, vouch
+from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
 T = TypeVar("T")
@@ -362,10 +363,21 @@ class GuardFlow(GuardShell):
                 yield Io("update_state", (session_id,), {
                     "learned_window": limit, "model": model, "last_overflow_at": time.time()})
             started = time.perf_counter()
+            refused = self.refused_estimate(session_id, model, prepared_tokens)
             extra, extra_tokens = self.pending(session_id, pending)
             snap = yield from self.snapshot_steps(session_id, min_length)
             view = yield from self._build(session_id, snap, system_prompt, tools, max_tokens,
                                           model, extra, extra_tokens, started, ratio)
+            report = view.report
+            if refused is not None and report.dropped_messages == 0 and not report.note \
+                    and report.estimated_prompt_tokens >= refused:
+                # Nothing smaller to send (the view holds only what must stay, or the
+                # refusal was of the output reserve): a retry would be refused the same way.
+                trace.current.set_attribute("compaction.no_smaller_view", True)
+                get_metrics().recovery("no_smaller_view")
+                log.warning("session %s: overflow, but no smaller view than the refused "
+                            "one (~%d tokens) can be made; not retried", session_id, refused)
+                return None
             return trace.recovered(view)
 
     def stats_steps(self, session_id: str) -> Steps[dict[str, Any]]:

@@ -114,6 +114,13 @@ def check_min_length(min_length: object) -> int | None:
     return min_length
 
 
+COUNTED_OVER = 1.25
+"""A provider's stated prompt this much above the guard's estimate of it scales the
+recovery down (:meth:`GuardShell.counted_ratio`); less is the estimate's usual error, or
+the output reserve a total may include."""
+MIN_RECOVERY_RATIO = 0.001
+"""The least share of the window a recovery compacts to, however far off the estimate."""
+
 COLLECT_AFTER = 2_000
 """A read that brought at least this many messages collects the young generations of the
 garbage collector at once (:func:`settle_garbage`)."""
@@ -147,6 +154,7 @@ class GuardShell(FreshViews):
         self._overhead = (self.counter, self.counter.messages([]))  # per request
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._sent: dict[str, Sent] = {}
+        self._capped_seen: set[tuple[str, int, int]] = set()
         self.turns = PendingTurns(self.counter, *self.views.pending())
         self.known_ids = self.views.known_ids()
         self._lock = threading.Lock()
@@ -272,6 +280,21 @@ class GuardShell(FreshViews):
         known.update(self.known_ids.of(session_id, ids))
         return known
 
+    def _capped(self, model: str, max_tokens: int, reserve: int, window: int) -> None:
+        """Say once per model and figure that ``max_tokens`` was capped: the provider
+        refuses prompt + the uncapped figure, so the call must send the reserve instead
+        (``view.report.budget.reserve``)."""
+        key = (model, max_tokens, window)
+        with self._lock:
+            if key in self._capped_seen:
+                return
+            if len(self._capped_seen) >= 1024:
+                self._capped_seen.clear()
+            self._capped_seen.add(key)
+        log.warning("max_tokens %d leaves no input budget in %s's window of %d: the guard "
+                    "reserves %d; send view.report.budget.reserve as max_tokens", max_tokens,
+                    model, window, reserve)
+
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""
         self.turns.scanned(session_id, req.extra, plan.extra_scan, base, plan.extra_cut,
@@ -284,9 +307,12 @@ class GuardShell(FreshViews):
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
         so_far = self.turns.known(session_id, scan, extra)
+        reserve = output_reserve(limits, max_tokens)
+        if max_tokens is not None and reserve < max_tokens:
+            self._capped(model, max_tokens, reserve, limits.context_window)
         return Request(
             session_id=session_id, system_prompt=system_prompt, model=model,
-            window=limits.context_window, reserve=output_reserve(limits, max_tokens),
+            window=limits.context_window, reserve=reserve,
             limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
             tool_tokens=tool_tokens, overhead=self._request_overhead(),
             extra=extra, extra_tokens=extra_tokens,
@@ -336,7 +362,8 @@ class GuardShell(FreshViews):
         ``CompactionPolicy.unrecognised_overflow_at``); None for anything else (counted as
         ``not_overflow``)."""
         if is_context_overflow(error):
-            return self.policy.recovery_ratio, True
+            return self.counted_ratio(self.policy.recovery_ratio, session_id, error, model,
+                                      prepared_tokens), True
         threshold = self.policy.unrecognised_overflow_at
         if threshold is not None and unrecognised(error):
             fill = self.refused_fill(session_id, model, max_tokens, prepared_tokens)
@@ -345,6 +372,34 @@ class GuardShell(FreshViews):
                 return self.policy.target_ratio, False
         get_metrics().recovery("not_overflow")
         return None
+
+    def refused_estimate(self, session_id: str, model: str,
+                         prepared_tokens: int | None) -> int | None:
+        """The guard's estimate of the refused request's prompt: ``prepared_tokens`` when
+        the caller gives it, else this process's last prepare for the session."""
+        if prepared_tokens is not None:
+            return positive_int(prepared_tokens, "prepared_tokens")
+        with self._lock:
+            sent = self._sent.get(session_id)
+        return sent.estimate if sent is not None and sent.model == model else None
+
+    def counted_ratio(self, ratio: float, session_id: str, error: object, model: str,
+                      prepared_tokens: int | None) -> float:
+        """``ratio`` of the window, scaled down by how much more the provider counted than
+        the guard estimated, when the error states the refused prompt's size (media the
+        provider counts by what it decodes, a tokenizer the estimate does not know):
+        compacting a fifth of the window by the guard's count could otherwise leave the
+        very request that was refused."""
+        info = parse_overflow(error)
+        if info is None:
+            return ratio
+        stated = info.prompt_tokens
+        if stated is None and info.requested is not None:
+            stated = info.requested - (info.output_tokens or 0)
+        estimate = self.refused_estimate(session_id, model, prepared_tokens)
+        if not stated or not estimate or stated <= estimate * COUNTED_OVER:
+            return ratio
+        return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
 
     def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
                      prepared_tokens: int | None) -> float | None:
