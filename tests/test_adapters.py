@@ -1274,3 +1274,13 @@ def test_empty_messages_and_texts_are_not_sent_where_the_api_refuses_them() -> N
         ],
     )
     assert to_openai(msgs)[1] == {"role": "assistant", "content": " \n"}  # OpenAI takes them
+
+
+def test_an_assistant_turn_of_tool_calls_alone_has_no_content_array_for_openai() -> None:
+    """Anthropic's tool_use-only reply becomes content [] in the neutral message; OpenAI
+    refuses an empty content array, and the docs promise None for calls without text."""
+    messages = from_anthropic([
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [_tool_use("t1")]},
+        {"role": "user", "content": [_result("t1")]}])
+    assert messages[1].content == [] and to_openai(messages)[1]["content"] is None

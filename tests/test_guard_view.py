@@ -564,3 +564,17 @@ def test_what_only_anthropic_and_gemini_read_survives_a_recorded_turn(
                                            "thought_signature": "SIGCALL"}
         _, messages = g.prepare("a", "SYS", model="claude-sonnet-4-5", pending=nxt).anthropic()
         assert messages[2]["content"][0]["is_error"] is True
+
+
+def test_a_stored_turn_of_tool_calls_alone_goes_to_openai_without_content(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    turn = from_anthropic([
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "r"}]},
+        {"role": "assistant", "content": "done"}])
+    make_guard(store).record_turn("s", turn)
+    view = make_guard(store).prepare("s", "SYS", pending=[Message(role="user", content="n")])
+    assert view.openai()[2]["content"] is None and view.openai()[2]["tool_calls"]
