@@ -1029,8 +1029,8 @@ def neutral_for_anthropic(draw: st.DrawFn) -> list[Message]:
         if thoughts:
             layout = [{"chars": len(t), "signature": "c2ln"} for t in thoughts]
             kw.update(reasoning="\n\n".join(thoughts), metadata={"anthropic_thinking": layout})
-        kw["content"] = (
-            draw(st.lists(blank_free, max_size=2))
+        kw["content"] = (  # no text beside calls or thoughts comes back "" (never [])
+            draw(st.just("") | st.lists(blank_free, min_size=1, max_size=2))
             if calls or thoughts
             else draw(nonblank | st.lists(blank_free, min_size=1, max_size=2))
         )
@@ -1283,4 +1283,4 @@ def test_an_assistant_turn_of_tool_calls_alone_has_no_content_array_for_openai()
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": [_tool_use("t1")]},
         {"role": "user", "content": [_result("t1")]}])
-    assert messages[1].content == [] and to_openai(messages)[1]["content"] is None
+    assert messages[1].content == "" and to_openai(messages)[1]["content"] is None

@@ -89,7 +89,7 @@ def openai_of_stored(data: Mapping[str, Any], include_reasoning: bool) -> dict[s
         return None
     role = data["role"]
     content = data.get("content")
-    if content is None or content == []:
+    if content is None:
         content = ""
     calls = data.get("tool_calls")
     out: dict[str, Any] = {"role": role}

@@ -185,7 +185,9 @@ def _assistant_in(blocks: Sequence[Any], loc: Loc) -> Message:
         else:
             expected = "text, image, document, thinking, redacted_thinking or tool_use"
             parts.append(_part_in(block, b_loc, expected))
-    data: dict[str, Any] = {"role": "assistant", "content": parts, "tool_calls": calls}
+    # no text or media (tool_use, thinking alone): "" as from the other formats, not []
+    # (OpenAI refuses an empty content array; to_openai sends None for "" beside calls)
+    data: dict[str, Any] = {"role": "assistant", "content": parts or "", "tool_calls": calls}
     if layout:
         data["reasoning"] = join_reasoning(texts)
         data["metadata"] = {THINKING_KEY: layout}

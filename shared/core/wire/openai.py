@@ -190,10 +190,10 @@ def _inline(value: str, plain_key: str) -> dict[str, str]:
 def _message_out(m: Message, loc: Loc, include_reasoning: bool) -> dict[str, Any]:
     role = "developer" if m.role == "system" and m.metadata.get(ROLE_KEY) == "developer" else m.role
     out: dict[str, Any] = {"role": role}
-    if m.role == "assistant" and m.tool_calls and not m.content:  # "" or [] (Anthropic's
-        out["content"] = None  # tool_use alone): OpenAI refuses an empty content array
+    if m.role == "assistant" and m.tool_calls and m.content == "":
+        out["content"] = None
     else:
-        out["content"] = _content_out(m.content or "", loc / "content", media=m.role == "user")
+        out["content"] = _content_out(m.content, loc / "content", media=m.role == "user")
     if m.name is not None:
         out["name"] = m.name
     if m.tool_calls:
