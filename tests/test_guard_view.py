@@ -578,3 +578,18 @@ def test_a_stored_turn_of_tool_calls_alone_goes_to_openai_without_content(
     make_guard(store).record_turn("s", turn)
     view = make_guard(store).prepare("s", "SYS", pending=[Message(role="user", content="n")])
     assert view.openai()[2]["content"] is None and view.openai()[2]["tool_calls"]
+
+
+def test_the_results_standing_in_for_interrupted_gemini_calls_carry_no_made_up_id(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Gemini sent the calls without ids (the guard made some up, never sent); the
+    placeholder results of the calls that were interrupted go without ids too."""
+    guard = make_guard(store)
+    guard.record_turn("s", from_gemini([
+        {"role": "user", "parts": [{"text": "q1"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "w", "args": {"c": "paris"}}},
+                                    {"functionCall": {"name": "w", "args": {"c": "rome"}}}]}]))
+    _, contents = guard.prepare("s", "sys").gemini()
+    responses = [p["function_response"] for p in contents[2]["parts"]]
+    assert len(responses) == 2 and all("id" not in r for r in responses)
+    assert all("id" not in p["function_call"] for p in contents[1]["parts"])

@@ -37,7 +37,9 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Any
 
+from shared.core.callids import SYNTHETIC_KEY
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message, ToolCall
 from shared.core.turns import leading_system_count
@@ -184,10 +186,12 @@ def repair_tool_pairs_with_report(
             if last_other[where] != j:
                 moved.append(slot.final_id)
             out.append(result)
+        made_up = message.metadata.get(SYNTHETIC_KEY)
         for slot in slots:
             if slot.result is None:
                 missing.append(slot.final_id)
-                out.append(_placeholder(slot))
+                out.append(_placeholder(slot, isinstance(made_up, list)
+                                        and slot.final_id in made_up))
     first = leading_system_count(out)
     inserted = first < len(out) and out[first].role != "user"
     if inserted:
@@ -198,11 +202,14 @@ def repair_tool_pairs_with_report(
     return out, report
 
 
-def _placeholder(slot: _Slot) -> Message:
-    return Message(
-        role="tool", tool_call_id=slot.final_id, name=slot.call.name,
-        content=MISSING_RESULT_TEXT, metadata={"repair": "missing_result"},
-    )
+def _placeholder(slot: _Slot, made_up: bool) -> Message:
+    """The result of a call that has none; ``made_up``: its call's id is one the guard made
+    for Gemini (never sent), so the result goes without one too."""
+    metadata: dict[str, Any] = {"repair": "missing_result"}
+    if made_up:
+        metadata[SYNTHETIC_KEY] = True
+    return Message(role="tool", tool_call_id=slot.final_id, name=slot.call.name,
+                   content=MISSING_RESULT_TEXT, metadata=metadata)
 
 
 def repair_tool_pairs(messages: Sequence[Message]) -> list[Message]:
