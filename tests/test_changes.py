@@ -127,10 +127,14 @@ def test_a_recovery_handed_over_reads_the_turn_too(
         handed_over: tuple[Any, SessionStore]) -> None:
     guard, other = handed_over
     length = other.append("s", [{"role": "user", "content": "three"}])
-    error = {"message": "prompt is too long", "status_code": 400}  # no window to learn
-    stale = guard.recover("s", error, SYSTEM, model="m")
+    # the window the guard knows (nothing learned, nothing written); the refused view was
+    # prepared where the turn was recorded, and its size comes along
+    error = {"message": "This model's maximum context length is 100000 tokens. However, "
+                        "your messages resulted in 120000 tokens.", "status_code": 400}
+    refused = {"prepared_tokens": 50_000}
+    stale = guard.recover("s", error, SYSTEM, model="m", **refused)
     assert stale is not None and stale.messages[-1].content == "two"  # the hazard
-    view = guard.recover("s", error, SYSTEM, model="m", min_length=length)
+    view = guard.recover("s", error, SYSTEM, model="m", min_length=length, **refused)
     assert view is not None and view.messages[-1].content == "three"
     with pytest.raises(InvalidInput):
         guard.recover("s", error, SYSTEM, model="m", min_length=-2)
