@@ -1,0 +1,160 @@
+"""What the guard learns from a provider's context-overflow error, for ``recover``: whether
+it is one (and how hard to compact), the window it states or implies, and how far the
+refused request was from the guard's estimate of it. Mixed into
+:class:`shared.guard._shell.GuardShell`; no store calls here."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from shared.core.config import CompactionPolicy
+from shared.core.guard_state import Sent
+from shared.core.limits import (
+    LimitBook,
+    ModelLimits,
+    output_reserve,
+    refused_bound,
+    stated_limit,
+)
+from shared.core.model_registry import positive_int
+from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow, unrecognised
+from shared.core.records import SessionState
+from shared.telemetry import get_metrics
+
+if TYPE_CHECKING:
+    from shared.guard._tracing import Traced
+
+COUNTED_OVER = 1.25
+"""A provider's stated prompt this much above the guard's estimate of it scales the
+recovery down (:meth:`Recovery.counted_ratio`); less is the estimate's usual error, or
+the output reserve a total may include."""
+MIN_RECOVERY_RATIO = 0.001
+"""The least share of the window a recovery compacts to, however far off the estimate."""
+
+
+class Recovery:
+    """The overflow figures of a guard shell (its policy, limits and last prepares)."""
+
+    policy: CompactionPolicy
+    limits: LimitBook
+    _lock: threading.Lock
+    _sent: dict[str, Sent]
+
+    def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
+        raise NotImplementedError  # GuardShell's
+
+    def overflow_ratio(self, session_id: str, error: object, model: str,
+                       max_tokens: int | None,
+                       prepared_tokens: int | None) -> tuple[float, bool] | None:
+        """The share of the window to compact to after ``error``, and whether the error was
+        recognised: the recovery ratio for a context overflow; the target ratio for an
+        error nothing recognises that refused a request nearly as large as the window (an
+        overflow worded in a way no pattern knows: :func:`shared.core.overflow.unrecognised`,
+        ``CompactionPolicy.unrecognised_overflow_at``); None for anything else (counted as
+        ``not_overflow``)."""
+        if is_context_overflow(error):
+            return self.counted_ratio(self.policy.recovery_ratio, session_id, error, model,
+                                      prepared_tokens), True
+        threshold = self.policy.unrecognised_overflow_at
+        if threshold is not None and unrecognised(error):
+            fill = self.refused_fill(session_id, model, max_tokens, prepared_tokens)
+            if fill is not None and fill >= threshold:
+                get_metrics().recovery("unrecognised_overflow")
+                return self.policy.target_ratio, False
+        get_metrics().recovery("not_overflow")
+        return None
+
+    def refused_estimate(self, session_id: str, model: str,
+                         prepared_tokens: int | None) -> int | None:
+        """The guard's estimate of the refused request's prompt: ``prepared_tokens`` when
+        the caller gives it, else this process's last prepare for the session."""
+        if prepared_tokens is not None:
+            return positive_int(prepared_tokens, "prepared_tokens")
+        with self._lock:
+            sent = self._sent.get(session_id)
+        return sent.estimate if sent is not None and sent.model == model else None
+
+    def counted_ratio(self, ratio: float, session_id: str, error: object, model: str,
+                      prepared_tokens: int | None) -> float:
+        """``ratio`` of the window, scaled down by how much more the provider counted than
+        the guard estimated, when the error states the refused prompt's size (media the
+        provider counts by what it decodes, a tokenizer the estimate does not know):
+        compacting a fifth of the window by the guard's count could otherwise leave the
+        very request that was refused."""
+        info = parse_overflow(error)
+        if info is None:
+            return ratio
+        stated = info.prompt_tokens
+        if stated is None and info.requested is not None:
+            stated = info.requested - (info.output_tokens or 0)
+        estimate = self.refused_estimate(session_id, model, prepared_tokens)
+        if not stated or not estimate or stated <= estimate * COUNTED_OVER:
+            return ratio
+        return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
+
+    def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
+                     prepared_tokens: int | None) -> float | None:
+        """How full the refused request was: (its prompt + output reserve) / window, for
+        ``prepared_tokens`` (the refused view's estimate, as the caller knows it), else
+        for the request this guard prepared last for the session."""
+        limits = self.model_limits(model)
+        with self._lock:
+            sent = self._sent.get(session_id)
+        if prepared_tokens is not None:
+            estimate, window = positive_int(prepared_tokens, "prepared_tokens"), \
+                limits.context_window
+        elif sent is not None and sent.model == model:
+            estimate, window = sent.estimate, sent.window
+        else:
+            return None
+        return (estimate + output_reserve(limits, max_tokens)) / window if window else None
+
+    def learn_overflow(self, session_id: str, error: object, model: str, trace: Traced,
+                       prepared_tokens: int | None = None) -> int | None:
+        """The limit an overflow error states, learned for ``model`` (set on the span); when
+        it states none, the bound the refused request sets (:meth:`refused_bound`)."""
+        if prepared_tokens is not None:
+            positive_int(prepared_tokens, "prepared_tokens")
+        info = parse_overflow(error)
+        if info is None:
+            return None
+        window = self.model_limits(model).context_window
+        stated = stated_limit(info.limit, window)
+        if stated is not None:
+            limit, attribute = stated, "compaction.stated_limit"
+        elif info.limit == window:
+            # the window it knew: the count was short, not the window wrong (nothing learned)
+            trace.current.set_attribute("compaction.stated_limit", window)
+            return None
+        else:
+            bound = self.refused_bound(session_id, info, model, prepared_tokens)
+            if bound is None:
+                return None
+            limit, attribute = bound, "compaction.inferred_limit"
+        self.limits.learn(model, limit)
+        trace.current.set_attribute(attribute, limit)
+        return limit
+
+    def refused_bound(self, session_id: str, info: OverflowInfo, model: str,
+                      prepared_tokens: int | None = None) -> int | None:
+        """The window an overflow that states none implies for the refused request
+        (:func:`shared.core.limits.refused_bound`): ``prepared_tokens`` when the caller
+        gives it (the refused view's ``report.estimated_prompt_tokens``, against the window
+        known here), else the request this guard prepared last for the session. The
+        caller's figure wins: where several processes serve a session, this one's last
+        prepare may be turns old, and a stale, smaller prompt would be learned as the
+        window. None without either, or for a body-size refusal (bytes)."""
+        if info.kind != "context_overflow":
+            return None
+        if prepared_tokens is not None:
+            return refused_bound(prepared_tokens, self.model_limits(model).context_window,
+                                 info.excess)
+        with self._lock:
+            sent = self._sent.get(session_id)
+        if sent is not None and sent.model == model:
+            return refused_bound(sent.estimate, sent.window, info.excess)
+        return None
+
+
+__all__ = ["COUNTED_OVER", "MIN_RECOVERY_RATIO", "Recovery"]
