@@ -128,6 +128,23 @@ def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
     assert "compaction.inferred_limit" not in attrs and guard.limits.get("gpt-4o") is None
 
 
+def test_a_recovery_with_nothing_smaller_is_counted_and_spanned(
+        fake_redis: object, key_prefix: str, metrics: PrometheusMetrics,
+        spans: InMemorySpanExporter, shell: str) -> None:
+    store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
+    guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})
+    turn = demo_turns(1)[0]
+    guard.prepare("g3", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    error = RuntimeError("This model's maximum context length is 16000 tokens.")
+    assert guard.recover("g3", error, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o",
+                         pending=turn[:1]) is None
+    assert value(metrics, "compaction_overflow_recoveries_total",
+                 outcome="no_smaller_view") == 1
+    assert value(metrics, "compaction_overflow_recoveries_total", outcome="recovered") == 0
+    [recover] = [s for s in spans.get_finished_spans() if s.name == "compaction.recover"]
+    assert dict(recover.attributes or {})["compaction.no_smaller_view"] is True
+
+
 def test_degraded_view_is_counted(metrics: PrometheusMetrics, spans: InMemorySpanExporter,
                                   shell: str) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)  # Redis is down
