@@ -304,6 +304,32 @@ def test_a_renamed_turn_is_stored_with_the_ids_its_prepares_sent(
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
+def test_ids_repeated_across_several_turns_are_stored_as_sent(shell_name: str) -> None:
+    """OpenAI-compatible servers that number calls per reply (call_0 every turn): each turn
+    renames its call_0 at prepare, and the append stores the name that was sent, however
+    many earlier turns used call_0 (after two, the guard's record of the newest stored name
+    differs from the view's first, which the turn's own result does not depend on)."""
+    from shared.core.wire import from_openai
+
+    def turn(q: str) -> list[Any]:
+        return [*from_openai([
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0", "type": "function",
+                 "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "r"}])]
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    for i in range(4):
+        pending = turn(f"q{i}")
+        view = guard.prepare("s", SYSTEM, model="m", pending=pending)
+        sent = [c["id"] for m in view.wire("openai") for c in m.get("tool_calls", [])][-1]
+        guard.record_turn("s", [*pending, {"role": "assistant", "content": "done"}])
+        assert [c.id for m in store.messages("s") for c in m.tool_calls][-1] == sent, i
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_turn_renamed_for_a_position_another_append_took_is_renamed_again(
         shell_name: str) -> None:
     """Ids renamed for the log position the turn was prepared at are unique only there:

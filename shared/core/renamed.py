@@ -81,13 +81,31 @@ def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping
     (``known``) is the one it renamed with: the append then renames as usual."""
     if renamed is None or len(renamed.given) > len(messages) \
             or not all(map(operator.is_, renamed.given, messages)) \
-            or renamed.renaming.known != known:
+            or not _same_mapping(renamed.renaming.known, known, messages):
         return None
     renaming = renamed.renaming.copy()
     more = renaming.feed(messages[len(renamed.given):])
     claims = dataclasses.replace(renaming.claims(), at_length=renamed.end)
     return ([*renamed.renamed, *more], claims,
             [*renamed.slots, *({} for _ in more)])
+
+
+def _same_mapping(prepared: Mapping[str, str], known: Mapping[str, str],
+                  messages: Sequence[Message]) -> bool:
+    """Whether the append's id mapping renames ``messages`` as the prepares' did: the same
+    ids known to be taken, and the same stored id for each result whose call is not in
+    the turn. Which stored id an id that the turn calls again maps to does not matter: the
+    turn's own results follow its calls (an id called in two earlier turns maps to the
+    view's first stored one at prepare and the newest one at the append)."""
+    if prepared.keys() != known.keys():
+        return False
+    called: set[str] = set()
+    for m in messages:
+        called.update(c.id for c in m.tool_calls)
+        if m.role == "tool" and m.tool_call_id is not None and m.tool_call_id not in called \
+                and prepared.get(m.tool_call_id) != known.get(m.tool_call_id):
+            return False
+    return True
 
 
 def known_renamed(given: list[Message], snap: CachedView,
