@@ -45,7 +45,10 @@ from shared.core.messages import Message, ToolCall
 from shared.core.turns import leading_system_count
 
 MISSING_RESULT_TEXT = "[tool result missing: the call was interrupted or its result was dropped]"
-CONVERSATION_START_TEXT = "[earlier conversation omitted: it continues from here]"
+CONVERSATION_START_TEXT = "[the conversation opens with the assistant's message that follows]"
+"""The user message put first where the history opens with the assistant (a greeting, a
+blank first message dropped): Anthropic and Gemini need one. Not a claim that anything
+was left out: a view cut from a longer log opens with its summary instead."""
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "gemini")
 
 
