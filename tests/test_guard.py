@@ -16,7 +16,7 @@ from shared.core.errors import InvalidInput, IrreducibleOverflow, StoreUnavailab
 from shared.core.limits import LimitBook
 from shared.core.messages import ImagePart, Message, TextPart
 from shared.core.records import AppendResult, SummaryRecord
-from shared.core.repair import validate_view
+from shared.core.repair import EMPTY_USER_TEXT, validate_view
 from shared.enqueue import CallbackEnqueuer
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, connect
@@ -47,6 +47,28 @@ def test_empty_session_view(guard: ContextGuard) -> None:
     assert [m.role for m in view.messages] == ["system", "user"]
     assert view.report.budget.within_budget and not view.report.truncated
     assert view.report.limits_source == "override"
+
+
+def test_a_blank_newest_user_message_is_kept_for_the_model_to_answer(
+        guard: ContextGuard) -> None:
+    """A user who sends only whitespace still took a turn: without it the view would end
+    with the assistant's message (answered by itself; on Anthropic, continued as a prefill)."""
+    guard.record_turn("s", [{"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": "Hello! What next?"}])
+    for blank in ("", "  \n"):
+        view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",
+                             pending=[{"role": "user", "content": blank}])
+        assert view.openai()[-1] == {"role": "user", "content": EMPTY_USER_TEXT}
+        assert view.anthropic()[1][-1] == {"role": "user", "content": EMPTY_USER_TEXT}
+        assert view.gemini()[1][-1] == {"role": "user", "parts": [{"text": EMPTY_USER_TEXT}]}
+        for provider in ("openai", "anthropic", "gemini"):
+            assert validate_view(view.messages, provider) == []
+    guard.record_turn("s", [{"role": "user", "content": " "},
+                            {"role": "assistant", "content": "Did you mean to send something?"}])
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",
+                         pending=[{"role": "user", "content": "yes"}])
+    assert [m["content"] for m in view.openai()[1:]] == [
+        "hi", "Hello! What next?", EMPTY_USER_TEXT, "Did you mean to send something?", "yes"]
 
 
 def test_record_turn_burst_enqueues_once(guard: ContextGuard, jobs: Recorder) -> None:

@@ -11,6 +11,7 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import ImagePart, Message, TextPart, ToolCall
 from shared.core.repair import (
     CONVERSATION_START_TEXT,
+    EMPTY_USER_TEXT,
     MISSING_RESULT_TEXT,
     PROVIDERS,
     RepairReport,
@@ -137,13 +138,27 @@ def test_a_duplicate_id_inside_one_message_is_renamed_results_in_order() -> None
     assert [m.text() for m in out[2:]] == ["one", "two"]
 
 
-def test_empty_messages_are_dropped_but_media_and_calls_are_not_empty() -> None:
+def test_empty_assistant_messages_are_dropped_but_media_and_calls_are_not_empty() -> None:
     image = Message(role="user", content=[ImagePart(url="https://example.com/a.png")])
-    messages = [user(), bot("  "), image, Message(role="user", content=[TextPart(text="")]),
-                call("a"), result("a", "")]
+    messages = [user(), bot("  "), image, bot(""), call("a"), result("a", "")]
     out, report = repair_tool_pairs_with_report(messages)
     assert shape(out) == ["u", "u", "a(a)", "t(a)"] and out[1] is image
-    assert report.empty_dropped == 2
+    assert report.empty_dropped == 2 and not report.empty_filled
+
+
+def test_an_empty_user_message_is_kept_with_placeholder_text() -> None:
+    """The user did take a turn: dropping it would leave the view ending with the
+    assistant's last message (Anthropic would continue it as a prefill)."""
+    messages = [user(), bot("What next?"), Message(role="user", content=[TextPart(text="")]),
+                bot("Did you mean to send something?"), user(" \n ")]
+    out, report = repair_tool_pairs_with_report(messages)
+    assert shape(out) == ["u", "a", "u", "a", "u"]
+    assert out[2].text() == out[4].text() == EMPTY_USER_TEXT
+    assert report.empty_filled == 2 and "2 empty user messages given placeholder text" in (
+        report.describe())
+    assert repair_tool_pairs(out) == out
+    for provider in PROVIDERS:
+        assert validate_view(out, provider) == []
 
 
 def test_a_leading_non_user_message_gets_a_placeholder_user_before_it() -> None:
@@ -220,10 +235,11 @@ def test_repair_is_idempotent(messages: list[Message]) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(damaged_conversations())
-def test_repair_keeps_every_non_empty_non_tool_message_in_order(messages: list[Message]) -> None:
+def test_repair_keeps_every_user_and_non_empty_message_in_order(messages: list[Message]) -> None:
     def plain(ms: list[Message]) -> list[tuple[str, str]]:
-        return [(m.role, m.text()) for m in ms if m.role != "tool"
-                and (m.tool_calls or m.text().strip() or m.role == "system")
+        return [(m.role, m.text() if m.text().strip() or m.media_count() else EMPTY_USER_TEXT)
+                for m in ms if m.role != "tool"
+                and (m.tool_calls or m.text().strip() or m.role in ("system", "user"))
                 and m.metadata.get("repair") is None]
     assert plain(repair_tool_pairs(messages)) == plain(messages)
 

@@ -17,8 +17,11 @@ What a repaired list guarantees, for OpenAI, Anthropic and Gemini alike:
   turn), as is every result after the first for one call;
 * tool call ids are unique in the whole list (Anthropic requires it): a reused
   id is renamed ``<id>_r<k>`` and its result follows it;
-* user messages, and assistant messages without tool calls, that carry no
-  text and no media are dropped (Anthropic and Gemini reject empty content);
+* assistant messages without tool calls that carry no text and no media are
+  dropped, and user messages without text or media get :data:`EMPTY_USER_TEXT`
+  (Anthropic and Gemini reject empty content; dropping the user's message
+  would leave the model answering its own last message, or, on Anthropic,
+  continuing it as a prefill);
 * the first non-system message is a user message: when it is not, a
   placeholder user message (:data:`CONVERSATION_START_TEXT`) is inserted.
 
@@ -49,6 +52,8 @@ CONVERSATION_START_TEXT = "[the conversation opens with the assistant's message 
 """The user message put first where the history opens with the assistant (a greeting, a
 blank first message dropped): Anthropic and Gemini need one. Not a claim that anything
 was left out: a view cut from a longer log opens with its summary instead."""
+EMPTY_USER_TEXT = "[the user sent an empty message]"
+"""What a user message without text or media says in a view (a turn the user did take)."""
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic", "gemini")
 
 
@@ -63,13 +68,14 @@ class RepairReport:
     renamed_calls: tuple[tuple[str, str], ...] = ()
     empty_dropped: int = 0
     inserted_user: bool = False
+    empty_filled: int = 0
 
     @property
     def changed(self) -> bool:
         return bool(
             self.missing_results or self.orphan_results or self.duplicate_results
             or self.moved_results or self.renamed_calls or self.empty_dropped
-            or self.inserted_user
+            or self.inserted_user or self.empty_filled
         )
 
     def describe(self) -> str:
@@ -80,6 +86,7 @@ class RepairReport:
                   (len(self.moved_results), "result", " moved back to its call"),
                   (len(self.renamed_calls), "reused call id", " renamed"),
                   (self.empty_dropped, "empty message", " dropped"),
+                  (self.empty_filled, "empty user message", " given placeholder text"),
                   (int(self.inserted_user), "placeholder user message", " inserted first")]
         parts = [f"{n} {what}{'s' if n != 1 else ''}{tail}" for n, what, tail in counts if n]
         return ", ".join(parts) or "no change"
@@ -166,12 +173,16 @@ def repair_tool_pairs_with_report(
     out: list[Message] = list(messages[:head])
     missing: list[str] = []
     moved: list[str] = []
-    empty = 0
+    empty = filled = 0
     for j, message in enumerate(body):
         if message.role == "tool":
             continue
         if _is_empty(message):
-            empty += 1
+            if message.role == "user":
+                filled += 1
+                out.append(message.model_copy(update={"content": EMPTY_USER_TEXT}))
+            else:
+                empty += 1
             continue
         slots = slots_at.get(j)
         if slots is None:
@@ -201,7 +212,7 @@ def repair_tool_pairs_with_report(
         out.insert(first, Message(role="user", content=CONVERSATION_START_TEXT,
                                   metadata={"repair": "conversation_start"}))
     report = RepairReport(tuple(missing), tuple(orphans), tuple(duplicates), tuple(moved),
-                          tuple(renamed), empty, inserted)
+                          tuple(renamed), empty, inserted, filled)
     return out, report
 
 
@@ -337,6 +348,7 @@ def validate_view(messages: Sequence[Message], provider: str) -> list[str]:
 
 __all__ = [
     "CONVERSATION_START_TEXT",
+    "EMPTY_USER_TEXT",
     "MISSING_RESULT_TEXT",
     "PROVIDERS",
     "RepairReport",
