@@ -351,6 +351,22 @@ def test_append_with_a_request_id_happens_once(store: SessionStore) -> None:
     assert store.range_tokens("s", 0, 16) == tokens  # running totals not double counted
 
 
+def test_a_request_id_whose_turn_an_edit_removed_appends_again(store: SessionStore,
+                                                                any_redis: Any) -> None:
+    """A client numbering its requests regenerates a turn after an edit under the same id:
+    that is a new turn, not a retry (before, it was answered as a duplicate and lost)."""
+    for i in range(3):
+        store.append("s", turn(i), request_id=f"turn-{i}")
+    store.truncate_after("s", 4)
+    assert store.append("s", turn(7), request_id="turn-1") == 8
+    assert [m.text() for m in store.messages("s")][4] == turn(7)[0]["content"]
+    assert store.append("s", turn(0), request_id="turn-0") == 4  # before the edit: a retry
+    assert store.length("s") == 8
+    k = store.keys("s")
+    assert any_redis.hlen(k.requests) == any_redis.llen(k.request_order) == 2
+    assert 0 < any_redis.ttl(k.requests) <= 3600 or any_redis.ttl(k.requests) == -1
+
+
 def test_request_ids_are_bounded_and_validated(any_redis: Any, key_prefix: str) -> None:
     s = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix), idempotency_keep=2,
                      idempotency_ttl=60)

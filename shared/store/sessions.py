@@ -396,7 +396,7 @@ class SessionStore(LeaseOps):
             raise InvalidInput("must be a non-negative integer", field="index")
         k = self.keys(session_id)
         keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap,
-                commands.ids_key(k)]
+                commands.ids_key(k), k.requests, k.request_order]
         try:
             raw = self._script("truncate_after", "truncate", keys, [index, self._ttl])
         except redis.exceptions.ResponseError as exc:

@@ -96,6 +96,17 @@ for i = 1, #cheap, 2 do
   end
 end
 
+if KEYS[9] then
+  local reqs = redis.call('HGETALL', KEYS[8])
+  for i = 1, #reqs, 2 do
+    local length = tonumber(string.match(reqs[i + 1], '^(%d+):'))
+    if length == nil or length > index then
+      redis.call('HDEL', KEYS[8], reqs[i])
+      redis.call('LREM', KEYS[9], 0, reqs[i])
+    end
+  end
+end
+
 local new_w = 0
 local tokens = 0
 local kind = ''
@@ -113,7 +124,7 @@ redis.call('HDEL', KEYS[3], 'anchor_reported', 'anchor_estimated', 'anchor_end',
 
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
-  for i = 1, #KEYS do
+  for i = 1, math.min(#KEYS, 7) do  -- the request ids keep their own, shorter expiry
     redis.call('EXPIRE', KEYS[i], ttl)
   end
 end
