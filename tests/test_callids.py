@@ -23,6 +23,28 @@ def test_a_known_id_is_renamed_and_its_result_follows() -> None:
     assert claims.calls == (("call_0", stored),) and claims.results == ()
 
 
+def test_one_message_calling_an_id_twice_gets_its_results_in_order() -> None:
+    """Each result answers the first call of its id still waiting in the newest message
+    that calls it (before, both went to the last call: one result lost, one call
+    answered with a placeholder)."""
+    batch = validate_messages([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "t1", "name": "f", "arguments": "{}"},
+            {"id": "t1", "name": "f", "arguments": '{"b": 2}'}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "one"},
+        {"role": "tool", "tool_call_id": "t1", "content": "two"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "t1", "name": "f", "arguments": '{"c": 3}'}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "three"}])
+    out, _ = disambiguate(batch, "ab")
+    first, second = (c.id for c in out[1].tool_calls)
+    third = out[4].tool_calls[0].id
+    assert len({first, second, third}) == 3
+    assert [(m.tool_call_id, m.text()) for m in out if m.role == "tool"] == [
+        (first, "one"), (second, "two"), (third, "three")]
+
+
 def test_known_ids_keep_the_newest_call_of_each_id() -> None:
     ids = KnownIds()
     ids.learn("s", Claims(calls=(("call_0", "call_0"),)))

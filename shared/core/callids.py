@@ -79,12 +79,15 @@ class Renaming:
     of a tool chain grows by a call and its result per model call, and is renamed once
     per message, not once per call (:meth:`copy` before feeding a shared one)."""
 
-    __slots__ = ("calls", "known", "latest", "n", "nonce", "results")
+    __slots__ = ("calls", "known", "latest", "n", "nonce", "results", "waiting")
 
     def __init__(self, nonce: str, known: Mapping[str, str] | None = None) -> None:
         self.nonce = nonce
         self.known: Mapping[str, str] = known or {}
         self.latest: dict[str, str] = {}  # provider id -> stored id, within the batch
+        # provider id -> stored ids of the newest calling message's calls of it not yet
+        # answered, in order: one message calling an id twice gets its results in order
+        self.waiting: dict[str, list[str]] = {}
         self.calls: list[tuple[str, str]] = []
         self.results: list[tuple[str, str]] = []
         self.n = 0
@@ -93,6 +96,7 @@ class Renaming:
         other = Renaming(self.nonce, self.known)
         other.latest, other.calls, other.results = dict(self.latest), list(self.calls), \
             list(self.results)
+        other.waiting = {p: list(q) for p, q in self.waiting.items()}
         other.n = self.n
         return other
 
@@ -110,6 +114,7 @@ class Renaming:
             synthetic = synthetic if isinstance(synthetic, list) else []
             renamed: dict[str, str] = {}
             new_calls = []
+            calling: dict[str, list[str]] = {}
             for call in message.tool_calls:
                 p = call.id
                 if p in synthetic or p in known or p in latest:
@@ -121,7 +126,9 @@ class Renaming:
                     stored = p
                     new_calls.append(call)
                 latest[p] = stored
+                calling.setdefault(p, []).append(stored)
                 self.calls.append((p, stored))
+            self.waiting.update(calling)
             if renamed:
                 meta = dict(message.metadata)
                 meta[WIRE_IDS] = {**meta.get(WIRE_IDS, {}), **renamed}
@@ -135,7 +142,10 @@ class Renaming:
                 message = message.model_copy(update={"tool_calls": new_calls, "metadata": meta})
         elif message.role == "tool" and message.tool_call_id:
             p = message.tool_call_id
-            if p in latest:
+            queue = self.waiting.get(p)
+            if queue:
+                stored = queue.pop(0)
+            elif p in latest:
                 stored = latest[p]
             else:
                 stored = known.get(p, p)
