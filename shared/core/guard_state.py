@@ -30,6 +30,7 @@ from shared.core.calibration import Calibration, model_family, prior_ratio
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
+from shared.core.limits import LimitBook
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, pairs_intact, scan_pairs
 from shared.core.prepared import PreparedView, ViewReport
@@ -46,6 +47,14 @@ from shared.core.wireview import carry, raw_items
 
 TRUNCATION_HEADROOM = 0.95  # emergency truncation fills at most this share of the budget
 SILENT_TRUNCATION_RATIO = 0.5  # a report below this share of the estimate of what was sent
+# A report that grew by under this share of what the request grew by (heuristic tokens)
+# since the last report learned from: no tokenizer is that much denser than the heuristic
+# on the added content (CALIBRATION_PLAUSIBLE starts at 0.25): a ceiling upstream.
+CEILING_SHARE = 0.1
+# ... judged once the request grew by this share of the last learned one, and by at least
+# CEILING_MIN_GROWTH heuristic tokens (until then such a report is not learned from)
+CEILING_GROWTH = 0.1
+CEILING_MIN_GROWTH = 256
 
 
 Counted = dict[int, tuple[Message, int]]  # id -> (message, its tokens by the base counter)
@@ -501,20 +510,30 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
     Like with like: the report is compared with the calibrated heuristic of
     *that* request (what was actually sent, whatever landed since), and the
     fields are applied only at the version it was built at (the append
-    checks). Silent truncation is suspected only when the provider saw more
-    than its window, or far less than the request that was sent. Not the
-    hybrid estimate: it is anchored on the previous report, so a provider
-    that keeps under-reporting would vouch for itself.
+    checks). Silent truncation is suspected when the provider saw more than
+    its window, far less than the request that was sent, or when its count
+    stopped growing while the request kept growing (:func:`_ceiling`: a server
+    that keeps only its last tokens; each such report would otherwise drag the
+    ratio down a little, so a gradually growing session never looked far
+    less). Not the hybrid estimate: it is anchored on the previous report, so
+    a provider that keeps under-reporting would vouch for itself.
     """
     state, window = sent.state, sent.window
     expected = max(math.ceil(sent.heuristic * state.calibration_ratio - 1e-9), 1)
-    if window and (reported > window or (expected > 1000 and
-                                         reported < expected * SILENT_TRUNCATION_RATIO)):
-        return {"silent_truncation_flags": state.silent_truncation_flags + 1,
-                "recover_next": 1}
-    # a report of another tokenizer family than the ratio's starts the ratio afresh
     family = model_family(sent.model)
     same = not family or not state.calibration_family or family == state.calibration_family
+    ceiling = same and _ceiling(reported, sent)
+    if window and (reported > window or ceiling or (expected > 1000 and
+                                                    reported < expected * SILENT_TRUNCATION_RATIO)):
+        fields: dict[str, Any] = {"silent_truncation_flags": state.silent_truncation_flags + 1,
+                                  "recover_next": 1}
+        if ceiling and reported < window and LimitBook.credible(reported):
+            # what the server keeps is its window, as an overflow's bound is learned
+            fields.update(learned_window=reported, model=sent.model or state.model)
+        return fields
+    if ceiling is None:  # not grown, not yet judged: neither a sample nor an anchor
+        return {}
+    # a report of another tokenizer family than the ratio's starts the ratio afresh
     cal = (Calibration(state.calibration_ratio, state.calibration_samples) if same
            else Calibration()).update(reported, sent.heuristic)
     return {"anchor_reported": reported, "anchor_estimated": sent.heuristic,
@@ -523,5 +542,22 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
             "calibration_family": family or state.calibration_family}
 
 
-__all__ = ["SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut",
-           "check", "newest_tokens", "plan_view", "usage_fields"]
+def _ceiling(reported: int, sent: Sent) -> bool | None:
+    """Whether ``reported`` sits at a ceiling: the request grew since the last report
+    learned from (the anchor, any view: whole requests in heuristic tokens) and the report
+    hardly did. True: judged so; False: judged not; None: it did not grow with the request,
+    but the request has not grown enough yet to tell (kept out of the calibration, and the
+    anchor stays, so the growth adds up over the next reports)."""
+    state = sent.state
+    if state.anchor_reported is None or state.anchor_estimated is None:
+        return False
+    grown = sent.heuristic - state.anchor_estimated
+    if grown <= 0 or reported - state.anchor_reported >= grown * CEILING_SHARE:
+        return False
+    return True if grown >= max(CEILING_MIN_GROWTH,
+                                state.anchor_estimated * CEILING_GROWTH) else None
+
+
+__all__ = ["CEILING_GROWTH", "CEILING_MIN_GROWTH", "CEILING_SHARE", "SILENT_TRUNCATION_RATIO",
+           "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut", "check", "newest_tokens",
+           "plan_view", "usage_fields"]
