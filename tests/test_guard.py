@@ -191,8 +191,9 @@ def test_an_overflow_never_raises_the_window(make_guard: Callable[..., Any],
                                              store: SessionStore) -> None:
     """A stated figure above the window the refused request was made for is another number
     of the text (a string's length in characters) or a misparse: believing it would send
-    larger requests after a refusal. The refused request bounds the window instead."""
-    guard = make_guard(store, overrides={"m": 100_000})
+    larger requests after a refusal. The refused request bounds the window instead (for
+    every session of a model whose window was a guess)."""
+    guard = make_guard(store)
     for i in range(12):
         store.append("s", coding_turn(i))
     sent = guard.prepare("s", SYSTEM, max_tokens=1000, model="m").report.estimated_prompt_tokens
@@ -276,8 +277,10 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_refused_request(
         make_guard: Callable[..., Any], store: SessionStore, error: str, excess: int) -> None:
     """A server started with less context than the model has (llama.cpp's default, Ollama's
     num_ctx): the refused request, which the guard made to fit the window it knew, bounds
-    the real one; the retry fits that bound and so do the next calls."""
-    guard = make_guard(store, overrides={"m": 100_000})
+    the real one; the retry fits that bound and so do the next calls. The model's window
+    was a guess (``fallback``), so the bound holds for its other sessions too; where the
+    caller (or the registry) knows the window, it holds for the refused session only."""
+    guard = make_guard(store)
     for i in range(12):
         store.append("s", coding_turn(i))
     refused = guard.prepare("s", SYSTEM, max_tokens=1000, model="m")
@@ -294,6 +297,12 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_refused_request(
     other.prepare("s", SYSTEM, max_tokens=1000, model="n")
     other.recover("s", RuntimeError(error), SYSTEM, max_tokens=1000, model="m")
     assert other.limits.get("m") is None
+    known = make_guard(store, overrides={"m": 100_000})
+    known.prepare("s", SYSTEM, max_tokens=1000, model="m")
+    store.update_state("s", learned_window=0)
+    view = known.recover("s", RuntimeError(error), SYSTEM, max_tokens=1000, model="m")
+    assert view is not None and store.state("s").learned_window == view.report.budget.window
+    assert view.report.budget.window < 100_000 and known.limits.get("m") is None
     for i in range(12):
         store.append("big", coding_turn(i))
     other.prepare("big", SYSTEM, max_tokens=1000, model="m")

@@ -250,7 +250,7 @@ def test_truncation_invariants(messages: list[Message], budget: int, fraction: f
     if tokens(repaired) <= budget:
         assert out.dropped == 0 and not out.truncated
     assert 0 <= out.dropped_prefix <= len(messages)
-    assert bool(out.note) == bool(out.dropped or out.truncated or not out.within_budget)
+    assert bool(out.note) == bool(out.dropped or out.truncated)  # what was lost
 
 
 # -- real and peer data -------------------------------------------------------------------------
@@ -315,3 +315,11 @@ def test_a_truncated_view_is_within_the_budget_it_was_cut_for(
     sent = DEFAULT_COUNTER.messages(view.messages)
     assert report.estimated_prompt_tokens >= math.ceil(sent * max(anchored, calibration)) - 1
     assert report.estimated_prompt_tokens <= report.budget.input_budget
+
+
+def test_a_cut_that_loses_nothing_has_no_note() -> None:
+    """Nothing to drop or clip (system messages are kept whole): the result does not fit,
+    and says so in its figures, but its note, meant for the model, is empty."""
+    out = emergency_truncate([Message(role="system", content="s" * 2_000)], 100, COUNT)
+    assert not out.within_budget and out.tokens_after > 100
+    assert out.dropped == 0 and out.truncated == () and out.note == ""

@@ -20,7 +20,8 @@ overhead and tool definitions excluded: the caller counts those once). The
 leading system messages are never dropped or clipped, and neither are media
 parts or tool-call arguments, so the result fits whenever the system
 messages plus the newest user message clipped down to its marker fit;
-otherwise ``within_budget`` is False and the note says by how much.
+otherwise ``within_budget`` is False and the note (when anything was lost) says by how
+much.
 
 The result's ``note`` is meant for the view (or a truncation summary); it is
 not inserted and not counted here.
@@ -458,7 +459,10 @@ def _plural(n: int, noun: str) -> str:
 
 def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
           over: int, after: int, budget: int) -> str:
-    if not (dropped or clips or over):
+    """What the cut lost, for the model to read; "" when it lost nothing (a view the cut
+    left whole is the same conversation: a note would read as a compaction that never
+    happened; ``within_budget`` and ``tokens_after`` still say it does not fit)."""
+    if not (dropped or clips):
         return ""
     parts = []
     if dropped:

@@ -28,10 +28,10 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
-from shared.core.errors import StoreUnavailable
+from shared.core.errors import IrreducibleOverflow, StoreUnavailable
 from shared.core.guard_state import Plan, plan_view
 from shared.core.messages import Message, check_tool_results, validate_messages
-from shared.core.prepared import PreparedView
+from shared.core.prepared import PreparedView, ViewReport
 from shared.core.records import AppendResult
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
@@ -43,6 +43,7 @@ from shared.guard._shell import (
     plain_writes,
     settle_garbage,
 )
+from shared.guard._tracing import Traced
 from shared.store.changes import CHANGED
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
@@ -74,6 +75,27 @@ def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
     """Whether a plan has anything to write (a quiet call writes nothing)."""
     return bool(plan.figures or plan.cheap or plan.truncation is not None
                 or plan.clear_recover_next or wanted)
+
+
+def _unsendable(report: ViewReport, refused: int | None) -> str:
+    """Why a recovery's view would be refused like the one before it ("" when it would
+    not): it does not fit, or it is no smaller than the refused one (the view holds only
+    what must stay)."""
+    if not report.budget.within_budget:
+        return "the view does not fit"
+    if refused is not None and report.estimated_prompt_tokens >= refused:
+        return "nothing left to drop"
+    return ""
+
+
+def _not_retried(trace: Traced, session_id: str, refused: int | None, why: str) -> None:
+    """No retry after an overflow: no view smaller than the refused one (``refused``
+    tokens, when known) fits, so the same request would be refused again."""
+    trace.current.set_attribute("compaction.no_smaller_view", True)
+    get_metrics().recovery("no_smaller_view")
+    log.warning("session %s: overflow, but no smaller view than the refused one (~%s "
+                "tokens) can be made (%s); not retried", session_id,
+                refused if refused is not None else "?", why)
 
 
 class GuardFlow(GuardShell):
@@ -366,17 +388,16 @@ class GuardFlow(GuardShell):
             refused = self.refused_estimate(session_id, model, prepared_tokens)
             extra, extra_tokens = self.pending(session_id, pending)
             snap = yield from self.snapshot_steps(session_id, min_length)
-            view = yield from self._build(session_id, snap, system_prompt, tools, max_tokens,
-                                          model, extra, extra_tokens, started, ratio)
-            report = view.report
-            if refused is not None and report.dropped_messages == 0 and not report.note \
-                    and report.estimated_prompt_tokens >= refused:
-                # Nothing smaller to send (the view holds only what must stay, or the
-                # refusal was of the output reserve): a retry would be refused the same way.
-                trace.current.set_attribute("compaction.no_smaller_view", True)
-                get_metrics().recovery("no_smaller_view")
-                log.warning("session %s: overflow, but no smaller view than the refused "
-                            "one (~%d tokens) can be made; not retried", session_id, refused)
+            try:
+                view = yield from self._build(session_id, snap, system_prompt, tools,
+                                              max_tokens, model, extra, extra_tokens, started,
+                                              ratio)
+            except IrreducibleOverflow as exc:  # not even the floor fits the window now known
+                _not_retried(trace, session_id, refused, str(exc))
+                return None
+            why = _unsendable(view.report, refused)
+            if why:
+                _not_retried(trace, session_id, refused, why)
                 return None
             return trace.recovered(view)
 

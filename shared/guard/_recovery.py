@@ -17,6 +17,7 @@ from shared.core.limits import (
     refused_bound,
     stated_limit,
 )
+from shared.core.limits import model_limits as unlearned_limits
 from shared.core.model_registry import positive_int
 from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow, unrecognised
 from shared.core.records import SessionState
@@ -38,6 +39,7 @@ class Recovery:
 
     policy: CompactionPolicy
     limits: LimitBook
+    overrides: dict[str, ModelLimits | int]
     _lock: threading.Lock
     _sent: dict[str, Sent]
 
@@ -113,7 +115,9 @@ class Recovery:
     def learn_overflow(self, session_id: str, error: object, model: str, trace: Traced,
                        prepared_tokens: int | None = None) -> int | None:
         """The limit an overflow error states, learned for ``model`` (set on the span); when
-        it states none, the bound the refused request sets (:meth:`refused_bound`)."""
+        it states none, the bound the refused request sets (:meth:`refused_bound`), for the
+        session only (the caller stores it in its state) unless the window is a guess
+        (:meth:`shares_bound`)."""
         if prepared_tokens is not None:
             positive_int(prepared_tokens, "prepared_tokens")
         info = parse_overflow(error)
@@ -132,9 +136,18 @@ class Recovery:
             if bound is None:
                 return None
             limit, attribute = bound, "compaction.inferred_limit"
-        self.limits.learn(model, limit)
+        if stated is not None or self.shares_bound(model):
+            self.limits.learn(model, limit)
         trace.current.set_attribute(attribute, limit)
         return limit
+
+    def shares_bound(self, model: str) -> bool:
+        """Whether a bound inferred from one refused request becomes the window of every
+        session of ``model``: only where the window is a guess (``fallback``, before
+        anything learned). Where the registry, a family default or the caller knows it,
+        the refusal more likely came from an undercount (files, media the provider
+        decodes), which must not shrink the window of every other session on the model."""
+        return unlearned_limits(model, overrides=self.overrides or None).source == "fallback"
 
     def refused_bound(self, session_id: str, info: OverflowInfo, model: str,
                       prepared_tokens: int | None = None) -> int | None:
