@@ -451,3 +451,15 @@ def test_line_breaks_end_numbers_and_commands() -> None:
     facts = [f.text for f in extract_facts([Message(role="user", content=t)
                                             for t in texts]).facts]
     assert sorted(facts) == ["$ 5", "5 USD", "ls -la"]
+
+
+def test_compound_identifiers_and_pre_release_versions_are_recorded_whole() -> None:
+    """A ledger fact is copied verbatim: a prefix of an id names a different ticket."""
+    text = ("order ORD-2024-0001-XZ shipped, see FACT-000-1a2b3c; released v1.2.3-rc.1 "
+            "after 2.0.1-beta.2, ticket PROJ-42.")
+    rendered = extract_facts([Message(role="user", content=text)]).render()
+    for whole in ("ORD-2024-0001-XZ", "FACT-000-1a2b3c", "v1.2.3-rc.1", "2.0.1-beta.2",
+                  "PROJ-42"):
+        assert whole in rendered, (whole, rendered)
+    for cut in ("ORD-2024\n", "FACT-000\n", "v1.2.3\n", "PROJ-42.\n"):
+        assert cut not in rendered + "\n", (cut, rendered)

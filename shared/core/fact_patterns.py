@@ -47,7 +47,9 @@ _NUMBER = re.compile(
     # Whitespace inside a fact is never a line break (a fact is one line).
     r"|[$€£¥][^\S\r\n]?\d[\d,]*(?:\.\d+)?(?:[^\S\r\n]?(?:k|K|M|bn|million|billion)\b)?"
     r"|\b\d[\d,]*(?:\.\d+)?[^\S\r\n]?(?:USD|EUR|GBP|JPY|CHF|CAD|AUD|dollars|euros|pounds)\b"
-    r"|\bv\d+(?:\.\d+){1,3}\b|\b\d+\.\d+\.\d+(?:[-.]?(?:rc|a|b|dev|post)\d*)?\b"
+    # A version with its pre-release tag (v1.2.3-rc.1, 2.0.1-beta.2, 1.2.3rc1), whole.
+    r"|\bv\d+(?:\.\d+){1,3}(?:-[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?\b"
+    r"|\b\d+\.\d+\.\d+(?:-[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*|\.?(?:rc|a|b|dev|post)\d*)?\b"
     r"|\b(?:[Vv]ersion|Python|python) \d+(?:\.\d+)+\b"
     r"|\b(?:localhost|[\w-]+\.[\w.-]+):\d{2,5}\b|\b[Pp]ort:? ?\d{2,5}\b"
     r"|\b(?:HTTP|[Ee]rror|[Ss]tatus(?: code)?|[Ee]xit (?:code|status)|errno|returncode)"
@@ -64,7 +66,10 @@ _STRONG_ID = re.compile(
     r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"  # e-mail address
     r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"  # UUID
     r"|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"  # hash
-    r"|\b(?!(?:UTF|ISO|SHA|MD|AES|GMT|UTC)-)[A-Z][A-Z0-9]{1,9}-\d{1,7}\b|(?<![\w&])#\d{2,}\b"
+    # A ticket id with its further segments (ORD-2024-0001-XZ), whole: a prefix names
+    # another ticket.
+    r"|\b(?!(?:UTF|ISO|SHA|MD|AES|GMT|UTC)-)[A-Z][A-Z0-9]{1,9}-\d{1,7}(?:-[A-Za-z0-9]+)*\b"
+    r"|(?<![\w&])#\d{2,}\b"
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{5,12}\b"  # booking / flight codes
     r"|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_\d{3,}\b)"  # user_name_1234, credit_card_42
 )
