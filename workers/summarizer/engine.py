@@ -3,7 +3,8 @@
 Only the messages since the watermark are sent, with the previous summary
 and an update prompt (never a summary from scratch). When the range is
 larger than the summarizer model's own window, it is split at message
-boundaries and folded chunk by chunk. When the summarizer itself answers
+boundaries and folded chunk by chunk; so is a split turn's prefix (the summary
+of its beginning). When the summarizer itself answers
 that a request overflowed its window (its real window is smaller than
 configured, or its tokenizer counts more than ours), what is left of the
 range is split again into smaller chunks and folding goes on; the window the
@@ -91,6 +92,19 @@ class SummaryDraft:
     stages: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Fold:
+    """What the chunks of one job's folds share: the client, the draft they add to, the
+    facts they carry, the deadline, and the input budget (smaller after an overflow)."""
+
+    client: LLMClient
+    draft: SummaryDraft
+    ledger: Ledger
+    deadline: float | None
+    counter: TokenCounter
+    budget: int
+
+
 class SummaryEngine:
     """Runs the summarization of one range with an LLM client or offline."""
 
@@ -136,54 +150,68 @@ class SummaryEngine:
              start: int, counter: TokenCounter) -> SummaryDraft:
         draft = SummaryDraft(text=previous or "", kind="llm", model=client.model)
         draft.stages.append("incremental_merge" if previous else "fresh_summary")
-        budget = self.max_input_tokens
-        remaining = list(messages)
-        rendered = render_messages(remaining, start=start)  # once; chunks take slices
-        chunks = self._chunks(remaining, rendered, budget, ledger, start)
-        running = previous
-        offset = start
-        calls = refolds = 0
-        while chunks:
-            chunk = chunks[0]
-            self._check_deadline(deadline)
-            request = build_summary_request(chunk, running, ledger=ledger, start=offset,
-                                            max_summary_tokens=self.max_summary_tokens,
-                                            rendered=rendered[:len(chunk)])
-            try:
-                running = self._call(client, request, chunk, running, draft, counter)
-            except SummarizerOverflow as exc:
-                refolds += 1
-                budget = self._smaller_budget(budget, exc, request, refolds)
-                chunks = self._chunks(remaining, rendered, budget, ledger, offset)
-                draft.stages.append(f"summarizer_overflow_refold_{budget}")
-                log.warning("summarizer overflow, the rest of the range goes in requests of "
-                            "%d tokens (%d chunks): %s", budget, len(chunks), exc)
-                continue
-            calls += 1
-            remaining = remaining[len(chunk):]
-            rendered = rendered[len(chunk):]
-            offset += len(chunk)
-            chunks = chunks[1:]
+        fold = _Fold(client, draft, ledger, deadline, counter, self.max_input_tokens)
+        running = self._fold(fold, messages, previous, start, prefix=False)
+        calls = draft.calls
         if calls > 1:
             draft.stages.append(f"folded_{calls}_chunks")
         if prefix:
-            self._check_deadline(deadline)
             # The facts block goes out once per compaction: the merge call above carried
             # it, and the ledger is injected beside the summary whatever either reply
             # keeps. Sending it again cost about 1k tokens on most compactions of agent
             # sessions (the cut usually splits a long turn).
-            request = build_turn_prefix_request(list(prefix), ledger=None if calls else ledger,
-                                                start=offset,
-                                                max_summary_tokens=self.max_summary_tokens // 2)
-            try:
-                part = self._call(client, request, prefix, None, draft, counter)
-            except SummarizerOverflow as exc:
-                raise SummarizerError(f"the split turn's prefix does not fit the summarizer's "
-                                      f"window: {exc}") from exc
-            running = f"{running or ''}\n\n{PREFIX_HEADING}\n{part}".strip()
+            fold.ledger = Ledger() if calls else ledger
+            part = self._fold(fold, prefix, None, start + len(messages), prefix=True)
+            running = f"{running or ''}\n\n{PREFIX_HEADING}\n{part or ''}".strip()
             draft.stages.append("turn_prefix_summary")
+            if draft.calls - calls > 1:
+                draft.stages.append(f"turn_prefix_folded_{draft.calls - calls}_chunks")
         draft.text = running or ""
         return draft
+
+    def _fold(self, fold: _Fold, messages: Sequence[Message], running: str | None,
+              start: int, *, prefix: bool) -> str | None:
+        """``running`` updated with ``messages``, in chunks that fit the window.
+
+        On an overflow the rest is split again smaller (:meth:`_smaller_budget`);
+        the budget learned stays with ``fold`` for the rest of the job. A split
+        turn's prefix (``prefix``) is folded with the turn-prefix prompt, at half
+        the summary's size.
+        """
+        remaining = list(messages)
+        rendered = render_messages(remaining, start=start)  # once; chunks take slices
+        chunks = self._chunks(remaining, rendered, fold.budget, fold.ledger, start)
+        offset = start
+        refolds = 0
+        while chunks:
+            chunk = chunks[0]
+            self._check_deadline(fold.deadline)
+            if prefix:
+                request = build_turn_prefix_request(
+                    chunk, ledger=fold.ledger, start=offset, previous=running,
+                    max_summary_tokens=self.max_summary_tokens // 2,
+                    rendered=rendered[:len(chunk)])
+            else:
+                request = build_summary_request(chunk, running, ledger=fold.ledger,
+                                                start=offset,
+                                                max_summary_tokens=self.max_summary_tokens,
+                                                rendered=rendered[:len(chunk)])
+            try:
+                running = self._call(fold.client, request, chunk, running, fold.draft,
+                                     fold.counter)
+            except SummarizerOverflow as exc:
+                refolds += 1
+                fold.budget = self._smaller_budget(fold.budget, exc, request, refolds)
+                chunks = self._chunks(remaining, rendered, fold.budget, fold.ledger, offset)
+                fold.draft.stages.append(f"summarizer_overflow_refold_{fold.budget}")
+                log.warning("summarizer overflow, the rest of the range goes in requests of "
+                            "%d tokens (%d chunks): %s", fold.budget, len(chunks), exc)
+                continue
+            remaining = remaining[len(chunk):]
+            rendered = rendered[len(chunk):]
+            offset += len(chunk)
+            chunks = chunks[1:]
+        return running
 
     def _chunks(self, messages: list[Message], rendered: list[str], budget: int, ledger: Ledger,
                 start: int) -> list[list[Message]]:
