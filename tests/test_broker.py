@@ -28,7 +28,7 @@ from redis.credentials import CredentialProvider, StreamingCredentialProvider
 
 from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
-from shared.enqueue import QUEUE, TASK_MAYBE_SUMMARIZE
+from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE, publisher_app
 from shared.store.sessions import SessionStore
 from workers.app import _select_worker_transport, celery_config, create_app
 from workers.broker import (
@@ -37,7 +37,12 @@ from workers.broker import (
     Transport,
     worker_transport,
 )
+from workers.harness.demo_session import demo_turns
+from workers.harness.fakes.openai_server import FakeOpenAIServer
+from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.redis_server import start_server
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+from workers.harness.timing import wait_for
 from workers.settings import load_settings
 from workers.urls import with_db
 
@@ -152,6 +157,56 @@ def test_the_stock_channel_builds_a_client_per_call(redis_url: str) -> None:
         assert acquire(stock) is not acquire(stock)
     finally:
         conn.release()
+
+
+def test_a_channel_closed_after_its_connection_was_released_raises_a_connection_error(
+        redis_url: str) -> None:
+    """What Celery does after a broker restart with a job in flight: the channel closes
+    on a connection already released, and restoring its unacked job needs a new pool.
+    kombu read that pool's parameters off ``connection.client`` (None): AttributeError,
+    which Celery does not ignore, so the worker exited."""
+    conn, chan = open_channel(redis_url)
+    chan.qos._delivered["tag"] = None  # a job in flight
+    chan._disconnect_pools()  # the reconnect dropped the pool
+    chan.connection.client = None  # the connection released
+    with pytest.raises(conn.connection_errors, match="released"):
+        chan.close()
+
+
+@pytest.mark.celery
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_worker_survives_a_broker_restart_with_a_job_in_flight(key_prefix: str) -> None:
+    server = start_server()
+    broker_url, store_url = with_db(server.url, 1), server.url
+    store = SessionStore(redis.Redis.from_url(store_url), StoreConfig(key_prefix=key_prefix))
+    for turn in demo_turns(12):
+        store.append("before", turn)
+    with FakeOpenAIServer(responder=SummarizerResponder(), latency=3.0) as llm:
+        env = worker_env(broker_url=broker_url, redis_url=store_url, key_prefix=key_prefix,
+                         summarizer="openai", summarizer_base_url=llm.base_url,
+                         summarizer_api_key="k", summarizer_timeout="20")
+        worker = WorkerProcess("restart" + secrets.token_hex(3), env).start()
+        app = publisher_app(broker_url)
+        try:
+            app.send_task(TASK_COMPACT, args=["before"], queue=QUEUE,
+                          kwargs={"tenant": "default", "force": True, "keep_recent": 2000})
+            assert wait_for(lambda: len(llm.requests) >= 1, 20), worker.log()[-3000:]
+            server.restart()  # mid-job (its data is gone: the server keeps none)
+            time.sleep(2)
+            assert worker.process is not None and worker.process.poll() is None, (
+                worker.log()[-3000:])
+            for turn in demo_turns(12):
+                store.append("after", turn)
+            app.send_task(TASK_COMPACT, args=["after"], queue=QUEUE,
+                          kwargs={"tenant": "default", "force": True, "keep_recent": 2000})
+            assert wait_for(lambda: store.state("after").watermark > 0, 60), (
+                worker.log()[-3000:])
+            assert "Unrecoverable error" not in worker.log()
+        finally:
+            worker.stop()
+            app.close()
+            server.remove()
 
 
 def test_one_client_per_pool_and_a_new_one_after_a_reconnect(channel: Channel) -> None:

@@ -111,6 +111,20 @@ class Channel(kombu_redis.Channel):
                 self._shared = shared
             return shared[1]
 
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        """kombu's parameters for a new pool; a connection error once the connection was
+        released. kombu reads them off ``connection.client``, which is None then: a
+        channel closed after a broker restart (its unacked jobs restored through a new
+        pool, its acks sent through one) raised AttributeError, which Celery does not
+        take for a connection error, and the worker exited instead of reconnecting. The
+        jobs it could not restore stay in the unacked index; the broker's visibility
+        timeout delivers them again."""
+        if self.connection.client is None:
+            raise redis.exceptions.ConnectionError(
+                "the broker connection was released (the broker restarted or went away)")
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
+        return params
+
     def _disconnect_pools(self) -> None:
         """Forget the shared client with the pool it uses (reconnect, close, fork)."""
         self._shared = None
