@@ -6,12 +6,19 @@ import base64
 
 import pytest
 
-from shared.core.messages import ImagePart, Message, TextPart
-from shared.core.tokens import PROVIDERS, estimate_message_tokens, image_tokens
+from shared.core.messages import FilePart, ImagePart, Message, TextPart
+from shared.core.tokens import (
+    PROVIDERS,
+    estimate_message_tokens,
+    estimate_tokens,
+    file_tokens,
+    image_tokens,
+)
 from shared.core.tokens_media import (
     anthropic_image_tokens,
     gemini_image_tokens,
     openai_image_tokens,
+    pdf_pages,
 )
 from tests.images_support import jpeg, png
 
@@ -85,3 +92,67 @@ def test_a_message_counts_its_images_by_size() -> None:
     with_small = Message(role="user", content=[TextPart(text="What is this?"), small])
     with_big = Message(role="user", content=[TextPart(text="What is this?"), screenshot()])
     assert estimate_message_tokens(with_big) - estimate_message_tokens(with_small) == 1105 - 255
+
+
+# -- files: a PDF by its pages, a text file by its text ----------------------------------------
+def pdf(pages: int, padding: int = 0) -> bytes:
+    """A PDF of ``pages`` page objects under one /Pages root (``padding`` bytes of content
+    stream per page, so page objects fall anywhere in a long file)."""
+    kids = " ".join(f"{i + 3} 0 R" for i in range(pages))
+    out = [b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n",
+           f"2 0 obj\n<< /Type /Pages /Kids [{kids}] /Count {pages} >>\nendobj\n".encode()]
+    for i in range(pages):
+        sep = "" if i % 2 else " "  # both spellings: /Type /Page and /Type/Page
+        out.append(f"{i + 3} 0 obj\n<</Type{sep}/Page/Parent 2 0 R/MediaBox[0 0 612 792]>>\n"
+                   f"stream\n".encode() + b"x" * padding + b"\nendstream\nendobj\n")
+    return b"".join(out) + b"trailer\n<< /Root 1 0 R >>\n%%EOF\n"
+
+
+def pdf_part(pages: int, padding: int = 0, media_type: str | None = "application/pdf") -> FilePart:
+    return FilePart(data=base64.b64encode(pdf(pages, padding)).decode(), media_type=media_type,
+                    filename="report.pdf")
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini", "generic"])
+def test_an_inline_pdf_costs_its_pages(provider: str) -> None:
+    per_page = PROVIDERS[provider].file_page_tokens
+    assert file_tokens(pdf_part(1), provider) == per_page
+    assert file_tokens(pdf_part(40), provider) == 40 * per_page  # the /Pages root not a page
+    # no media type stated: the bytes say PDF
+    assert file_tokens(pdf_part(7, media_type=None), provider) == 7 * per_page
+
+
+def test_page_objects_are_found_across_the_chunks_a_long_pdf_is_read_in() -> None:
+    part = pdf_part(300, padding=20_011)  # ~6 MB: page objects straddle every boundary
+    assert len(part.data or "") > 4 * (1 << 20)
+    assert pdf_pages(part) == 300
+    wrapped = part.model_copy(update={"data": "\n".join(
+        (part.data or "")[i:i + 76] for i in range(0, len(part.data or ""), 76))})
+    assert pdf_pages(wrapped) == 300  # MIME-wrapped base64
+
+
+def test_an_inline_text_file_costs_its_text() -> None:
+    text = "def handler(event):\n    return process(event['body'])\n" * 2_000
+    part = FilePart(data=base64.b64encode(text.encode()).decode(), media_type="text/plain")
+    for provider in ("openai", "anthropic", "gemini"):
+        assert file_tokens(part, provider) == pytest.approx(estimate_tokens(text, provider),
+                                                            rel=0.01)
+    small = FilePart(data=base64.b64encode(b"a short note").decode(), media_type="text/plain")
+    assert file_tokens(small) < 20
+
+
+def test_a_file_without_its_bytes_or_pages_stays_flat() -> None:
+    for part in (FilePart(file_id="file-123", filename="report.pdf"),
+                 FilePart(url="https://example.com/report.pdf"),
+                 FilePart(data=base64.b64encode(b"%PDF-1.4 \x00\x01 no page objects").decode(),
+                          media_type="application/pdf")):  # compressed object streams
+        for provider, profile in PROVIDERS.items():
+            assert file_tokens(part, provider) == profile.file_tokens
+
+
+def test_a_message_with_pdfs_is_estimated_by_their_pages() -> None:
+    message = Message(role="user", content=[TextPart(text="compare these"),
+                                            *(pdf_part(30) for _ in range(3))])
+    text_only = Message(role="user", content="compare these")
+    extra = estimate_message_tokens(message) - estimate_message_tokens(text_only)
+    assert extra == 90 * PROVIDERS["openai"].file_page_tokens

@@ -107,7 +107,7 @@ from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message
 from shared.core.tokens_classes import _CHUNK as _CHUNK  # tests slice with a smaller one
 from shared.core.tokens_classes import _CONTEXT, _SIGN_HEAD, _count_chunk, may_hold_signs
-from shared.core.tokens_media import image_cost
+from shared.core.tokens_media import file_text, image_cost, pdf_pages
 from shared.core.tokens_profiles import (
     DEFAULT_SAFETY_MARGIN,
     MESSAGE_OVERHEAD,
@@ -196,9 +196,25 @@ def image_tokens(part: ImagePart, provider: str = "openai") -> int:
     return image_cost(part, provider_profile(provider))
 
 
-def file_tokens(part: FilePart, provider: str = "openai") -> int:
-    """Flat figure for one attached file (see ``PROVIDERS``)."""
-    return provider_profile(provider).file_tokens
+def file_tokens(
+    part: FilePart, provider: str = "openai", *, safety_margin: float = DEFAULT_SAFETY_MARGIN
+) -> int:
+    """One attached file: an inline PDF by its pages, an inline text file by its text
+    (safety margin included), else the profile's flat figure (see ``PROVIDERS``)."""
+    content, fixed = _file_cost(part, provider_profile(provider))
+    return fixed + (_tokens(content, _check_margin(safety_margin)) if content else 0)
+
+
+def _file_cost(part: FilePart, profile: ProviderProfile) -> tuple[float, int]:
+    """(text tokens before margin, fixed tokens) of one file: a flat 3,000 was 35k for
+    nine PDFs a provider counted at 225k, and a retry sized by it was refused again."""
+    pages = pdf_pages(part)
+    if pages is not None:
+        return 0.0, pages * profile.file_page_tokens
+    text = file_text(part)
+    if text is not None:
+        return _raw_text(text[0], profile) * text[1], 0
+    return 0.0, profile.file_tokens
 
 
 def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, int]:
@@ -220,7 +236,8 @@ def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, i
             if isinstance(part, ImagePart):
                 fixed += image_cost(part, profile)
             elif isinstance(part, FilePart):
-                fixed += profile.file_tokens
+                text, flat = _file_cost(part, profile)
+                content, fixed = content + text, fixed + flat
     return content, fixed
 
 

@@ -13,16 +13,25 @@ not known where content is counted, so Gemini's cost is the larger of the two. W
 size is unknown (a remote URL, an unreadable header) the profile's flat figure stands,
 which for OpenAI is the 1024x1024 image's.
 
+A file sent inline is costed by its content: a PDF by its pages (each page object,
+``/Type /Page``, found in the decoded bytes; providers charge per page, text and page
+image), a text file by its text. Both read at most a bounded share of the file (the rest
+is scaled from it), a megabyte of base64 at a time. A file by URL or id, or a PDF whose
+page objects sit in compressed object streams, keeps the profile's flat figure.
+
 Per-model rules the provider profile cannot see (GPT-4o mini's and GPT-4.1 mini's
 larger multipliers, ``detail="original"``) are left to calibration from usage reports.
 """
 
 from __future__ import annotations
 
+import binascii
+import functools
 import math
+import re
 
 from shared.core.images import image_size
-from shared.core.messages import ImagePart
+from shared.core.messages import FilePart, ImagePart
 from shared.core.tokens_profiles import ProviderProfile
 
 _OPENAI_BASE, _OPENAI_TILE = 85, 170
@@ -73,5 +82,92 @@ def image_cost(part: ImagePart, profile: ProviderProfile) -> int:
                gemini_image_tokens(*size))
 
 
-__all__ = ["anthropic_image_tokens", "gemini_image_tokens", "image_cost",
-           "openai_image_tokens"]
+FILE_SCAN_LIMIT = 64 << 20
+"""Base64 characters of a PDF read for its pages at most (48 MB of file, past every
+provider's PDF limit); a larger one is scaled from what was read."""
+TEXT_SCAN_LIMIT = 1 << 20
+"""Base64 characters of a text file decoded and estimated at most; the rest is scaled."""
+_SCAN_CHUNK = 1 << 20  # base64 characters decoded at a time (a multiple of 4)
+_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z0-9#])")  # a page, not the /Pages tree
+_TAIL = 64  # decoded bytes carried into the next chunk: a page marker split by a boundary
+_PDF_MAGIC = "JVBERi0"  # "%PDF-" in base64
+_WHITESPACE = str.maketrans("", "", " \t\r\n")
+_TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml",
+               "application/yaml", "application/javascript", "application/x-python")
+
+
+def _file_payload(part: FilePart) -> str | None:
+    """The base64 text of an inline file, or None (a URL, a file id)."""
+    if part.data:
+        text = part.data
+    elif part.url and part.url[:5].lower() == "data:":
+        header, sep, text = part.url.partition(",")
+        if not sep or not header.lower().endswith(";base64"):
+            return None
+    else:
+        return None
+    if "\n" in text[:4096] or " " in text[:4096]:  # MIME-wrapped lines break the quartets
+        text = text.translate(_WHITESPACE)
+    return text
+
+
+def _media_type(part: FilePart) -> str:
+    if part.media_type:
+        return part.media_type.lower()
+    if part.url and part.url[:5].lower() == "data:":
+        return part.url[5:].partition(";")[0].partition(",")[0].lower()
+    return ""
+
+
+def pdf_pages(part: FilePart) -> int | None:
+    """Pages of an inline PDF (its page objects), or None: not inline, not a PDF, or no
+    page object readable (compressed object streams)."""
+    kind = _media_type(part)
+    if kind and kind != "application/pdf":
+        return None
+    text = _file_payload(part)
+    if not text or not text.startswith(_PDF_MAGIC):
+        return None
+    return _pages(text)
+
+
+@functools.lru_cache(maxsize=16)
+def _pages(text: str) -> int | None:
+    """Page objects in the PDF ``text`` encodes, decoded a chunk at a time: a match that
+    ends in the bytes carried over was counted with the chunk before, one that runs to
+    the end of a chunk (its next byte unseen) is counted with the next."""
+    scanned = min(len(text) // 4 * 4, FILE_SCAN_LIMIT)
+    pages, tail = 0, b""
+    for at in range(0, scanned, _SCAN_CHUNK):
+        try:
+            raw = binascii.a2b_base64(text[at:min(at + _SCAN_CHUNK, scanned)])
+        except (binascii.Error, ValueError):
+            break
+        buf, last = tail + raw, at + _SCAN_CHUNK >= scanned
+        pages += sum(1 for m in _PAGE.finditer(buf)
+                     if m.end() >= len(tail) and (last or m.end() < len(buf)))
+        tail = buf[-_TAIL:]
+    if not pages or not scanned:
+        return None
+    return math.ceil(pages * len(text) / scanned) if scanned < len(text) else pages
+
+
+def file_text(part: FilePart) -> tuple[str, float] | None:
+    """The text of an inline text file (at most :data:`TEXT_SCAN_LIMIT` of it decoded) and
+    how many times that the whole is; None for anything else."""
+    kind = _media_type(part)
+    if not (kind.startswith("text/") or kind in _TEXT_TYPES):
+        return None
+    text = _file_payload(part)
+    if not text:
+        return None
+    read = min(len(text) // 4 * 4, TEXT_SCAN_LIMIT)
+    try:
+        decoded = binascii.a2b_base64(text[:read]).decode("utf-8", errors="replace")
+    except (binascii.Error, ValueError):
+        return None
+    return decoded, (len(text) / read if read else 1.0)
+
+
+__all__ = ["FILE_SCAN_LIMIT", "TEXT_SCAN_LIMIT", "anthropic_image_tokens", "file_text",
+           "gemini_image_tokens", "image_cost", "openai_image_tokens", "pdf_pages"]

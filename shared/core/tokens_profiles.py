@@ -50,8 +50,10 @@ class ProviderProfile:
 
     ``image_rule`` costs an inline image by its pixel size the provider's way
     (:mod:`shared.core.tokens_media`); ``image_tokens`` is the figure when the size is
-    unknown (a remote URL) or the rule is ``flat``. ``file_tokens`` is flat per file:
-    the message model does not know page counts.
+    unknown (a remote URL) or the rule is ``flat``. An inline PDF costs
+    ``file_page_tokens`` per page it holds, an inline text file its text
+    (:mod:`shared.core.tokens_media`); ``file_tokens`` is the flat figure for a file
+    given by URL or id, or one whose pages cannot be read.
     """
 
     factor: float
@@ -60,25 +62,31 @@ class ProviderProfile:
     low_detail_image_tokens: int
     file_tokens: int
     image_rule: ImageRule = "flat"
+    file_page_tokens: int = 3_000
 
 
 PROVIDERS: Mapping[str, ProviderProfile] = {
     # Images: a 1024x1024 image at high detail is 85 + 4 tiles x 170 = 765 tokens
     # (OpenAI vision pricing for gpt-4o); low detail is a flat 85.
-    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000, "openai"),
+    # PDF pages: the page's text and an image of it (a letter page at high detail is
+    # 765), ~1,500 a page.
+    "openai": ProviderProfile(1.0, 1.0, 765, 85, 3_000, "openai", file_page_tokens=1_500),
     # Images: width x height / 750 with images scaled to <= 1.15 megapixels,
     # i.e. at most ~1,600 tokens (Anthropic vision docs).
-    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000, "anthropic"),
+    # PDF pages: 1,500-3,000 tokens of text plus the page image (Anthropic PDF docs).
+    "anthropic": ProviderProfile(1.30, 1.0, 1_600, 1_600, 3_000, "anthropic",
+                                 file_page_tokens=3_000),
     # Images: 1,120 tokens at media_resolution high, the Gemini 3 default, or Gemini
     # 2.x's 258 per 768x768 tile where that is more (1,548 for a 1920x1080 screenshot).
-    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000, "gemini"),
+    # PDF pages: 560 at Gemini 3's default media resolution for documents, 258 on 2.x.
+    "gemini": ProviderProfile(1.18, 1.0, 1_120, 280, 3_000, "gemini", file_page_tokens=560),
     # Unknown tokenizer: the largest figure of the three for media.
-    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000, "largest"),
+    "generic": ProviderProfile(1.25, 2.0, 1_600, 1_600, 3_000, "largest",
+                               file_page_tokens=3_000),
 }
-"""Files (PDF, documents) are a flat 3,000 tokens everywhere: Anthropic
-documents 1,500-3,000 tokens of text per PDF page plus the page image,
-Gemini 3 560 per page; a long document exceeds it and should be counted by
-whoever knows its pages."""
+"""A file whose content cannot be read (by URL or id, a PDF whose page objects are
+compressed) is a flat 3,000 tokens everywhere: a page or two. An inline PDF is costed
+by its pages, an inline text file by its text."""
 
 
 def provider_profile(provider: str) -> ProviderProfile:
