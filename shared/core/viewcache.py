@@ -32,6 +32,7 @@ from shared.core.boundedlru import BoundedLRU
 from shared.core.callids import KnownIds
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Lazy
+from shared.core.errors import StoreError
 from shared.core.messages import Message
 from shared.core.pairs import (
     PAIRS_START,
@@ -410,6 +411,37 @@ def _lazy_history(raw: Sequence[bytes]) -> Chunks[Message]:
 
 def decode_view(raw: RawView, cached: CachedView | None,
                 wire_update: Any = None, decoded: Sequence[Message] | None = None) -> CachedView:
+    """:func:`_decode_view`; a :class:`StoreError` naming the log position of a stored
+    entry that is not a message's JSON (edited by hand, written by another program),
+    where the parse's own error (``JSONDecodeError``, ``AttributeError``) named neither
+    the session's problem nor which entry to repair."""
+    try:
+        return _decode_view(raw, cached, wire_update, decoded)
+    except (ValueError, AttributeError, TypeError, KeyError):
+        for i, entry in enumerate(raw.messages):
+            problem = _not_a_message(entry)
+            if problem:
+                raise StoreError(
+                    f"log entry #{raw.start + i} of this session is not a stored message "
+                    f"({problem}); repair it, or drop it and what follows with "
+                    "truncate_after") from None
+        raise
+
+
+def _not_a_message(entry: Any) -> str:
+    """Why ``entry`` cannot be a stored message's JSON ("" when it can)."""
+    try:
+        data = fastjson.loads_unchecked(entry)
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    if type(data) is not dict or type(data.get("role")) is not str:
+        return "not a JSON object with a role"
+    return ""
+
+
+def _decode_view(raw: RawView, cached: CachedView | None,
+                 wire_update: Any = None, decoded: Sequence[Message] | None = None,
+                 ) -> CachedView:
     """The session's next cached view from a read and the entry it was made against.
 
     Decodes only what ``cached`` does not hold. ``wire_update(old_wire,
