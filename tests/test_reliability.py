@@ -14,6 +14,7 @@ Whole file: about two minutes.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -451,6 +452,31 @@ def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStor
     assert result["attempt"] == 1  # not retried through Celery
     assert engine.max_input_tokens < 9_000  # learned from the error text
     assert second["summary_kind"] == "llm" and set(later) == {200}  # no overflow any more
+
+
+def test_a_retry_after_a_transient_failure_mid_fold_goes_on_from_the_chunks_folded(
+        eager_store: SessionStore) -> None:
+    """A 503 on the third chunk: Celery retries, and the retry does not start over."""
+    from workers.tasks import _settings, compact
+
+    with FakeOpenAIServer(responder=SummarizerResponder()) as server:
+        client = OpenAIClient("summ-9k", api_key="k", base_url=server.base_url, timeout=5,
+                              context_window=9_000)
+        set_runtime(Runtime(settings=_settings(), store=eager_store,
+                            engine=SummaryEngine(client, max_summary_tokens=800)))
+        server.faults.at(2, Fault.unavailable())
+        result = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+        sent = [r for r in server.requests if r.path.endswith("/chat/completions")]
+    first_two = {int(i) for r in sent[:2] for i in re.findall(
+        r'<message index="(\d+)"', r.body["messages"][1]["content"])}
+    after = {int(i) for r in sent[3:] for i in re.findall(
+        r'<message index="(\d+)"', r.body["messages"][1]["content"])}
+    assert result["status"] == "compacted" and result["summary_kind"] == "llm", result
+    assert result["attempt"] == 2 and [r.status for r in sent].count(503) == 1
+    assert after and not first_two & after  # nothing folded before the 503 was sent again
+    summaries = eager_store.summaries("s")
+    assert summaries[0].watermark == max(first_two) + 1 and summaries[-1].covers_from == \
+        summaries[0].watermark
 
 
 def test_an_overflow_that_smaller_chunks_cannot_fix_falls_back() -> None:

@@ -5,15 +5,25 @@ folded chunk by chunk, and a fold interrupted midway keeps what it folded."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from shared.core.errors import SummarizerUnavailable
 from shared.core.ledger import Ledger
 from shared.core.messages import Message, ToolCall
+from shared.core.wire import from_openai
+from shared.store.sessions import SessionStore
+from tests.test_compactor import feed, turns_of
+from workers.compactor import Compactor
+from workers.harness.demo_session import generate_session
+from workers.harness.fakes.behaviour import Fault
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
-from workers.summarizer.engine import PREFIX_HEADING, SummaryEngine
+from workers.summarizer.engine import PREFIX_HEADING, Completion, SummaryEngine
 from workers.summarizer.providers import OpenAIClient
 
 WINDOW = 12_000
@@ -59,3 +69,57 @@ def test_a_split_turns_prefix_larger_than_the_window_is_folded_chunk_by_chunk(
     assert "turn_prefix_summary" in draft.stages
     assert set(statuses) == {200}, statuses  # nothing sent past the window
     assert len(statuses) >= 3  # the body, then the prefix in several requests
+
+
+def backlog_compactor(store: SessionStore, server: FakeOpenAIServer) -> Compactor:
+    """A session of 30 demo turns and a compactor whose summarizer reads ~7k tokens at once."""
+    turns = turns_of(from_openai(generate_session(30))[1:])
+    feed(store, turns)
+    client = OpenAIClient("summ-6k", api_key="k", base_url=server.base_url, timeout=5,
+                          context_window=9_000)
+    return Compactor(store, SummaryEngine(client, max_summary_tokens=800))
+
+
+def shown(server: FakeOpenAIServer, since: int = 0) -> list[int]:
+    prompts = [r.body["messages"][1]["content"] for r in server.requests[since:]
+               if r.path.endswith("/chat/completions") and r.status == 200]
+    return [int(i) for p in prompts for i in re.findall(r'<message index="(\d+)"', p)]
+
+
+def test_a_fold_cut_by_an_unavailable_summarizer_keeps_the_chunks_it_folded(
+        store: SessionStore, server: FakeOpenAIServer) -> None:
+    compactor = backlog_compactor(store, server)
+    server.faults.at(2, Fault.unavailable())  # chunks 1 and 2 fold, the third fails
+    with pytest.raises(SummarizerUnavailable):
+        compactor.run("s", force=True, keep_recent=500)
+    checkpoint = store.summaries("s")[-1]
+    assert checkpoint.kind == "llm" and checkpoint.covers_from == 0
+    assert 0 < checkpoint.watermark == max(shown(server)) + 1  # what the two chunks covered
+    assert store.state("s").watermark == checkpoint.watermark
+    sent = len(server.requests)
+    again = compactor.run("s", force=True, keep_recent=500)  # the retry goes on from there
+    assert again.status == "compacted" and again.summary_kind == "llm", again.reason
+    assert min(shown(server, sent)) == checkpoint.watermark
+    assert "<previous_summary>" in server.requests[sent].body["messages"][1]["content"]
+
+
+def test_a_fold_past_its_deadline_keeps_the_chunks_it_folded(
+        store: SessionStore, server: FakeOpenAIServer) -> None:
+    compactor = backlog_compactor(store, server)
+    engine = compactor.engine
+    calls = 0
+    complete = engine.client.complete  # type: ignore[union-attr]
+
+    def slow(messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the deadline passes during the second call
+            time.sleep(0.5)
+        return complete(messages, max_output_tokens)
+
+    engine.client.complete = slow  # type: ignore[union-attr, method-assign]
+    with pytest.raises(SummarizerUnavailable, match="deadline"):
+        compactor.run("s", force=True, keep_recent=500, deadline=time.monotonic() + 0.3)
+    checkpoint = store.summaries("s")[-1]
+    assert calls == 2 and checkpoint.kind == "llm"
+    assert checkpoint.watermark == max(shown(server)) + 1

@@ -30,6 +30,12 @@ an 18k-token conversation, ~1M summarizer tokens over 60 turns). It is a
 base like an LLM summary instead, and the next due compaction merges onto
 it. A fallback after the LLM was unreachable is rebuilt once it answers.
 
+A fold of many chunks that stops midway (a deadline, a summarizer that
+fails on a later chunk) keeps its progress: the summary of the chunks folded
+so far is committed (watermark at the end of the last one, a boundary between
+tool units) before the error is raised, so the retry, or the offline fallback,
+goes on from there instead of sending the whole range again.
+
 The guard's emergency truncation commits through the same compare-and-swap,
 and it happens exactly when a job is late, so a job often loses its swap to
 one. Throwing the real summary away would leave the lossy truncation in
@@ -53,6 +59,7 @@ from typing import Any, Literal
 from shared.core.budget import check_budget
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
+from shared.core.errors import SummarizerError
 from shared.core.facts import extract_facts
 from shared.core.ledger import Ledger
 from shared.core.limits import LimitBook, model_limits, output_reserve
@@ -303,6 +310,7 @@ class Compactor:
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         data = self.store.load_view(session_id, with_counts=True)
         state = data.state
+        interrupted: SummarizerError | None = None  # the fold stopped; its part is committed
         counter = job_counter(self.counter)  # counts each message of this read once
         self._seed_counts(data, counter)
         outcome = JobOutcome(session_id=session_id, status="skipped",
@@ -327,8 +335,8 @@ class Compactor:
                 "base": plan.base, "tokens_before": plan.tokens_before, "forced": plan.forced,
                 "attempt_over_truncation": carry is not None}))
             outcome.tokens_before = plan.tokens_before
-            record, stages = self._summarize(session_id, data, plan, use_llm, deadline,
-                                             counter, llm_failed)
+            record, stages, interrupted = self._summarize(session_id, data, plan, use_llm,
+                                                          deadline, counter, llm_failed)
             kept = carry is not None and plan.base_summary is carry
             if kept:
                 stages = [*stages, "merged_over_truncation"]
@@ -340,16 +348,20 @@ class Compactor:
             outcome.reason = ("commit refused: this job's lease expired or passed to another "
                               "job (fenced); the holder now runs the session")
             return outcome, None
+        if not result.ok and interrupted is not None:
+            raise interrupted
         if not result.ok:
             current = self.store.state(session_id)
             outcome.status = "covered" if current.watermark >= record.watermark else "conflict"
             outcome.reason = f"compare-and-swap lost ({result.reason})"
             reusable = self._only_truncations(session_id, state.version, current.version)
             return outcome, _Lost(record, state.version, reusable)
-        if state.force_requested:
-            self.store.update_state(session_id, force_requested=0)
         if self.recall_indexer is not None:  # recall (issue 16)
             _index_for_recall(self.recall_indexer, self.store, session_id, record.watermark)
+        if interrupted is not None:  # the retry, or the fallback, goes on from the commit
+            raise interrupted
+        if state.force_requested:
+            self.store.update_state(session_id, force_requested=0)
         after = _view_after(data, record, result.version, counter)
         outcome.status = "compacted"
         outcome.over_truncation = kept
@@ -365,7 +377,11 @@ class Compactor:
 
     def _summarize(self, session_id: str, data: ViewData, plan: _Plan, use_llm: bool,
                    deadline: float | None, counter: TokenCounter,
-                   llm_failed: bool = False) -> tuple[SummaryRecord, list[str]]:
+                   llm_failed: bool = False
+                   ) -> tuple[SummaryRecord, list[str], SummarizerError | None]:
+        """The record to commit, its stages, and what interrupted the fold if it stopped
+        midway: the record then covers the chunks folded before (raises when those end
+        at or before the watermark: committing them would move it back)."""
         state = data.state
         start = plan.base
         if start >= state.watermark:
@@ -384,17 +400,25 @@ class Compactor:
                                       start=start,
                                       counter=counter if self.engine.counter is self.counter
                                       else None)
+        cut = plan.cut
+        if draft.interrupted is not None and draft.covered is not None:
+            cut = start + draft.covered
+            if cut <= state.watermark:
+                raise draft.interrupted
+            ledger = previous_ledger.merge(extract_facts(messages[:draft.covered],
+                                                         start=start)).capped(
+                self.policy.max_ledger_chars)
         injected = ledger.missing_from(draft.text).render()
         if llm_failed:
             draft.stages.insert(0, FALLBACK_STAGE)
         record = SummaryRecord(
-            watermark=plan.cut, kind=draft.kind,
+            watermark=cut, kind=draft.kind,
             text=draft.text, ledger=injected, ledger_json=ledger.to_json(),
             tokens=0, covers_from=start, source_version=state.version, model=draft.model,
             input_tokens=draft.input_tokens, output_tokens=draft.output_tokens,
             stages=draft.stages)
         tokens = self.counter.text(summary_block(record)) + SUMMARY_FRAMING_TOKENS
-        return record.model_copy(update={"tokens": tokens}), draft.stages
+        return record.model_copy(update={"tokens": tokens}), draft.stages, draft.interrupted
 
 
 def _index_for_recall(indexer: RecallIndexer, store: SessionStore, session_id: str,

@@ -31,7 +31,9 @@ error, 429, 5xx: ``SummarizerUnavailable``) is retried, with exponential
 backoff and jitter (Celery autoretry); the last attempt falls back to the
 offline summarizer so the session still makes progress. A failure that
 would repeat (HTTP 400, 401, an empty reply, a refusal, a summary cut off at
-its token cap) falls back at once.
+its token cap) falls back at once. A failure after some chunks of a long
+range were folded commits those first (:mod:`workers.compactor`): the retry
+or the fallback starts where they ended.
 """
 
 from __future__ import annotations

@@ -90,6 +90,11 @@ class SummaryDraft:
     output_tokens: int = 0
     calls: int = 0
     stages: list[str] = field(default_factory=list)
+    covered: int | None = None
+    """When the fold was interrupted: how many of the range's messages ``text`` covers."""
+    interrupted: SummarizerError | None = None
+    """What interrupted the fold after some chunks were folded (the caller commits what
+    they cover, then raises it: a retry goes on from there instead of from the start)."""
 
 
 @dataclass(slots=True)
@@ -103,6 +108,9 @@ class _Fold:
     deadline: float | None
     counter: TokenCounter
     budget: int
+    folded: list[tuple[int, str]] = field(default_factory=list)
+    """(messages of the range covered, summary) after each chunk of the range's body: a
+    chunk ends between tool units, where a split turn's watermark may be too."""
 
 
 class SummaryEngine:
@@ -151,6 +159,21 @@ class SummaryEngine:
         draft = SummaryDraft(text=previous or "", kind="llm", model=client.model)
         draft.stages.append("incremental_merge" if previous else "fresh_summary")
         fold = _Fold(client, draft, ledger, deadline, counter, self.max_input_tokens)
+        try:
+            return self._fold_range(fold, messages, previous, prefix, start)
+        except SummarizerError as exc:
+            if not fold.folded:
+                raise
+            covered, text = fold.folded[-1]
+            log.warning("summarization interrupted after %d of %d messages; what was folded "
+                        "is kept: %s", covered, len(messages) + len(prefix), exc)
+            draft.text, draft.covered, draft.interrupted = text, covered, exc
+            draft.stages.append(f"interrupted_after_{draft.calls}_calls")
+            return draft
+
+    def _fold_range(self, fold: _Fold, messages: Sequence[Message], previous: str | None,
+                    prefix: Sequence[Message], start: int) -> SummaryDraft:
+        draft = fold.draft
         running = self._fold(fold, messages, previous, start, prefix=False)
         calls = draft.calls
         if calls > 1:
@@ -160,7 +183,7 @@ class SummaryEngine:
             # it, and the ledger is injected beside the summary whatever either reply
             # keeps. Sending it again cost about 1k tokens on most compactions of agent
             # sessions (the cut usually splits a long turn).
-            fold.ledger = Ledger() if calls else ledger
+            fold.ledger = Ledger() if calls else fold.ledger
             part = self._fold(fold, prefix, None, start + len(messages), prefix=True)
             running = f"{running or ''}\n\n{PREFIX_HEADING}\n{part or ''}".strip()
             draft.stages.append("turn_prefix_summary")
@@ -211,6 +234,8 @@ class SummaryEngine:
             rendered = rendered[len(chunk):]
             offset += len(chunk)
             chunks = chunks[1:]
+            if not prefix and running:
+                fold.folded.append((offset - start, running))
         return running
 
     def _chunks(self, messages: list[Message], rendered: list[str], budget: int, ledger: Ledger,
