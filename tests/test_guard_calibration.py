@@ -63,3 +63,18 @@ def test_a_growing_session_within_the_window_is_not_flagged(guard: Any) -> None:
     state = guard.store.state("g")
     assert state.silent_truncation_flags == 0 and state.learned_window == 0
     assert abs(state.calibration_ratio - 0.7) < 0.05
+
+
+def test_erratic_reports_that_fall_behind_teach_no_window(guard: Any) -> None:
+    """Counts that drop while the request grows (a caller passing only the uncached part
+    of Anthropic's usage) are suspected, but are no steady ceiling: no window is learned
+    from them."""
+    shares = iter([1.0, 1.0, 1.0, 0.5, 0.9, 0.3, 0.7, 0.4] * 3)
+    for i in range(20):
+        user = _question(i)
+        view = guard.prepare("e", SYSTEM, max_tokens=500, model=MODEL, pending=[user])
+        real = DEFAULT_COUNTER.messages(list(view.messages))
+        reply = {"role": "assistant", "content": f"Answer {i}: " + "the lock file moved. " * 20}
+        guard.record_turn("e", [user, reply], usage={"prompt_tokens": int(real * next(shares))})
+    state = guard.store.state("e")
+    assert state.silent_truncation_flags >= 1 and state.learned_window == 0

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core.budget import BudgetReport, check_budget, ensure_reducible
-from shared.core.calibration import Calibration, model_family, prior_ratio
+from shared.core.calibration import (
+    CALIBRATION_PLAUSIBLE,
+    Calibration,
+    model_family,
+    prior_ratio,
+)
 from shared.core.cheap import CheapScan
 from shared.core.chunks import Chunks, Peeked, concat
 from shared.core.config import CompactionPolicy
@@ -55,6 +60,10 @@ CEILING_SHARE = 0.1
 # CEILING_MIN_GROWTH heuristic tokens (until then such a report is not learned from)
 CEILING_GROWTH = 0.1
 CEILING_MIN_GROWTH = 256
+# ... and learned as the window when it held within this share of the last learned report
+# (a server keeping its last tokens reports the same figure; a caller's erratic figures,
+# such as Anthropic's input tokens without the cached ones, are flagged, not learned)
+CEILING_STEADY = 0.02
 
 
 Counted = dict[int, tuple[Message, int]]  # id -> (message, its tokens by the base counter)
@@ -527,9 +536,12 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
                                                     reported < expected * SILENT_TRUNCATION_RATIO)):
         fields: dict[str, Any] = {"silent_truncation_flags": state.silent_truncation_flags + 1,
                                   "recover_next": 1}
-        if ceiling and reported < window and LimitBook.credible(reported):
+        kept = max(reported, state.anchor_reported or 0)
+        if ceiling and kept < window and LimitBook.credible(kept) \
+                and kept - min(reported, state.anchor_reported or 0) <= kept * CEILING_STEADY:
+            # a steady ceiling (not a caller's erratic figures, such as cache-less counts):
             # what the server keeps is its window, as an overflow's bound is learned
-            fields.update(learned_window=reported, model=sent.model or state.model)
+            fields.update(learned_window=kept, model=sent.model or state.model)
         return fields
     if ceiling is None:  # not grown, not yet judged: neither a sample nor an anchor
         return {}
@@ -549,7 +561,9 @@ def _ceiling(reported: int, sent: Sent) -> bool | None:
     but the request has not grown enough yet to tell (kept out of the calibration, and the
     anchor stays, so the growth adds up over the next reports)."""
     state = sent.state
-    if state.anchor_reported is None or state.anchor_estimated is None:
+    low, high = CALIBRATION_PLAUSIBLE  # an anchor no tokenizer explains proves nothing
+    if state.anchor_reported is None or not state.anchor_estimated \
+            or not low <= state.anchor_reported / state.anchor_estimated <= high:
         return False
     grown = sent.heuristic - state.anchor_estimated
     if grown <= 0 or reported - state.anchor_reported >= grown * CEILING_SHARE:
@@ -558,6 +572,6 @@ def _ceiling(reported: int, sent: Sent) -> bool | None:
                                 state.anchor_estimated * CEILING_GROWTH) else None
 
 
-__all__ = ["CEILING_GROWTH", "CEILING_MIN_GROWTH", "CEILING_SHARE", "SILENT_TRUNCATION_RATIO",
-           "TRUNCATION_HEADROOM", "Plan", "Request", "Sent", "TurnCut", "check", "newest_tokens",
-           "plan_view", "usage_fields"]
+__all__ = ["CEILING_GROWTH", "CEILING_MIN_GROWTH", "CEILING_SHARE", "CEILING_STEADY",
+           "SILENT_TRUNCATION_RATIO", "TRUNCATION_HEADROOM", "Plan", "Request", "Sent",
+           "TurnCut", "check", "newest_tokens", "plan_view", "usage_fields"]
