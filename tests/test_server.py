@@ -124,6 +124,19 @@ def test_record_accepts_anthropic_and_is_idempotent(client: TestClient) -> None:
     assert first.json()["length"] == again.json()["length"] == 2
 
 
+def test_a_request_id_reused_for_another_turn_is_422_naming_it(client: TestClient,
+                                                                store: SessionStore) -> None:
+    assert record(client, "s2b", TURN, request_id="req-1").json()["length"] == 4
+    other = [{"role": "user", "content": "another question"},
+             {"role": "assistant", "content": "another answer"}]
+    response = record(client, "s2b", other, request_id="req-1")
+    assert response.status_code == 422, response.text
+    assert error(response)["code"] == "invalid_input"
+    assert error(response)["field"] == "request_id"
+    assert "different turn" in error(response)["message"]
+    assert store.length("s2b") == 4
+
+
 # -- auth and tenants -------------------------------------------------------------------------
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope-not-a-token-at-all"},
                                      {"Authorization": f"Basic {ALPHA}"},

@@ -638,3 +638,48 @@ def test_a_renamed_message_keeps_the_count_of_the_message_given(store: SessionSt
     batch = commands.encode((), store.config, known, known={"old": "old"}, validated=given)
     assert all(u is not m for u, m in zip(batch.unique, given, strict=True))  # renamed
     assert [t for _, t in batch] == [1000, 1001]
+
+
+# -- a request id reused for another turn ----------------------------------------------------------
+def test_a_request_id_reused_for_a_different_turn_is_refused(store: SessionStore) -> None:
+    """A retry is the same turn: one with other messages under the same id is a client
+    bug (a deterministic id reused), refused naming the field, not silently dropped."""
+    assert store.append("s", turn(0), request_id="req-1") == 4
+    with pytest.raises(InvalidInput, match=r"request_id.*different turn") as caught:
+        store.append("s", turn(1), request_id="req-1")
+    assert caught.value.field == "request_id"
+    assert store.length("s") == 4
+    assert store.append("s", turn(0), request_id="req-1") == 4  # the same turn: a retry
+
+
+def test_a_retry_of_a_turn_whose_call_ids_were_renamed_is_still_a_duplicate(
+        store: SessionStore) -> None:
+    """The digest is of the turn as given: a retry renames its ids differently (they are
+    in the session now), and is still the same turn."""
+    store.append("s", turn(0))
+    assert store.append("s", turn(0), request_id="again") == 8  # c0 renamed
+    assert store.append("s", turn(0), request_id="again") == 8
+    assert store.length("s") == 8
+
+
+def test_a_request_record_without_a_digest_still_counts_as_a_duplicate(
+        store: SessionStore) -> None:
+    """Records written before digests were kept ("length:before:marked") stay retries."""
+    assert store.append("s", turn(0), request_id="old") == 4
+    k = store.keys("s")
+    seen = store.redis.hget(k.requests, "old")
+    store.redis.hset(k.requests, "old", b":".join(seen.split(b":")[:3]))
+    assert store.append("s", turn(1), request_id="old") == 4
+    assert store.length("s") == 4
+
+
+def test_the_guard_refuses_a_request_id_reused_for_another_turn(guard: Any) -> None:
+    """Through the guard's own append (both shells, its own-writes connection or not): the
+    turn is refused, and the guard's next view holds the first turn alone."""
+    assert guard.record_turn("g", turn(0), request_id="req-1") == 4
+    with pytest.raises(InvalidInput, match="different turn"):
+        guard.record_turn("g", turn(1), request_id="req-1")
+    assert guard.record_turn("g", turn(0), request_id="req-1") == 4
+    view = guard.prepare("g", model="gpt-4o")
+    assert [m.content for m in view.messages][-1] == "answer 0"
+    assert guard.store.length("g") == 4

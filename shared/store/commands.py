@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import secrets
 from collections.abc import (
@@ -156,8 +157,9 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
     if fields and opts.fields_version is None:
         raise InvalidInput("state fields need the version they were computed for",
                            field="fields_version")
+    request = "" if opts.request_id is None else f"{opts.request_id} {batch_digest(encoded)}"
     args: list[Any] = [config.max_messages_per_session, config.ttl_seconds or 0,
-                       secrets.token_hex(8), opts.request_id or "", idempotency_keep,
+                       secrets.token_hex(8), request, idempotency_keep,
                        idempotency_ttl, config.pending_ttl_seconds if opts.mark_pending else 0,
                        1 if opts.with_state else 0,
                        "" if opts.fields_version is None else opts.fields_version, len(fields)]
@@ -179,6 +181,35 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
         args.extend((opts.job.db, opts.job.store_db, opts.job.message))
     return Command("append", keys, args, functools.partial(parse_append, batch=encoded),
                    "append")
+
+
+def batch_digest(encoded: Sequence[tuple[str | bytes, int]]) -> str:
+    """What a request id's record keeps of its batch, so that a reuse of the id for
+    another turn is told from a retry. Of the messages as given: a retry renames its
+    call ids otherwise (they are in the session by then), and is still the same turn."""
+    rows: Iterable[str | bytes] = (raw for raw, _ in encoded)
+    if isinstance(encoded, EncodedBatch) and len(encoded.messages) == len(encoded.unique) \
+            == len(encoded):
+        rows = (raw if unique is given else given.to_json_bytes()
+                for given, unique, (raw, _) in zip(encoded.messages, encoded.unique, encoded,
+                                                   strict=True))
+    digest = hashlib.blake2b(digest_size=16)
+    for raw in rows:
+        data = raw.encode() if isinstance(raw, str) else raw
+        digest.update(b"%d:" % len(data))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def request_conflict(error: Exception) -> InvalidInput | None:
+    """The typed error for a ``REQUEST_CONFLICT`` reply (the id's first append had other
+    messages), else None."""
+    text = str(error)
+    if not text.startswith("REQUEST_CONFLICT"):
+        return None
+    return InvalidInput("was used for a different turn (its first append made the log "
+                        f"{text.split()[-1]} messages long); a retry must send the same "
+                        "messages, a new turn needs a new request id", field="request_id")
 
 
 def parse_append(result: Any, batch: Sequence[tuple[str | bytes, int]] = ()) -> AppendResult:
@@ -205,7 +236,12 @@ def id_conflict(error: Exception) -> dict[str, str] | None:
 def renamed_after(error: Exception, encoded: Sequence[tuple[str | bytes, int]], config: StoreConfig,
                   counter: TokenCounter) -> EncodedBatch | None:
     """The batch renamed against the session's id mapping an ``ID_CONFLICT`` reply
-    carried; None when ``error`` is another error."""
+    carried; None when ``error`` is another error. A request id reused for another
+    turn raises :class:`InvalidInput` (:func:`request_conflict`): both stores send every
+    error reply of the append here first."""
+    conflict = request_conflict(error)
+    if conflict is not None:
+        raise conflict from None
     known = id_conflict(error)
     if known is None or not isinstance(encoded, EncodedBatch):
         return None
@@ -402,6 +438,7 @@ __all__ = [
     "DeferredView",
     "EncodedBatch",
     "append_command",
+    "batch_digest",
     "bulk_batch",
     "cheap_command",
     "commit_command",
@@ -415,6 +452,7 @@ __all__ = [
     "parse_commit",
     "parse_view",
     "renamed_after",
+    "request_conflict",
     "state_fields",
     "view_command",
     "view_steps",

@@ -4,7 +4,8 @@
 -- KEYS[1] log        list   message JSON, append-only
 -- KEYS[2] cum        list   running token totals parallel to log (cum[i] = tokens of 0..i)
 -- KEYS[3] state      hash   version, watermark, epoch, ... (created here)
--- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked" of its append
+-- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked:digest" of its append
+--                           (a record without the digest, from before it was kept, matches any batch)
 -- KEYS[5] reqorder   list   request ids, newest first (bounds reqs)
 -- KEYS[6] pending    string the coalescing flag of the summary job
 -- KEYS[7..9] other data keys of the session, only for the TTL refresh
@@ -19,7 +20,8 @@
 -- ARGV[3] epoch: a random token kept only if the session has none yet. A
 --         deleted (or expired) session that comes back gets a new epoch, so
 --         readers that cache its view (keyed by epoch and version) notice.
--- ARGV[4] request id ('' = none)
+-- ARGV[4] request id ('' = none), with its batch's digest after a space: a retry must
+--         carry the same batch (shared.store.commands.batch_digest)
 -- ARGV[5] request ids kept per session
 -- ARGV[6] ttl of the request ids, seconds
 -- ARGV[7] pending flag ttl in seconds (0 = do not set the flag)
@@ -45,7 +47,8 @@
 -- marked = 1: this append set the pending flag, so its caller publishes the job;
 -- marked = 2: it set the flag and pushed the job it carried (KEYS[11]).
 -- (A retry does not set the fields again: the first attempt did, or they were stale.)
--- Error reply "SESSION_FULL <current length>" when the limit would be passed.
+-- Error reply "SESSION_FULL <current length>" when the limit would be passed, and
+-- "REQUEST_CONFLICT <length>" when the request id was used for another batch.
 
 local function state_reply()
   if ARGV[8] == '1' then
@@ -54,11 +57,14 @@ local function state_reply()
   return false
 end
 
-local request_id = ARGV[4]
+local request_id, digest = string.match(ARGV[4], '^(%S*) ?(%S*)$')
 if request_id ~= '' then
   local seen = redis.call('HGET', KEYS[4], request_id)
   if seen then
-    local length, before, marked = string.match(seen, '^(%d+):(%d+):(%d+)$')
+    local length, before, marked, was = string.match(seen, '^(%d+):(%d+):(%d+):?(%x*)$')
+    if was ~= '' and digest ~= '' and was ~= digest then
+      return redis.error_reply('REQUEST_CONFLICT ' .. length)
+    end
     local cur = redis.call('HMGET', KEYS[3], 'watermark', 'version')
     return {tonumber(length), tonumber(cur[1]) or 0, tonumber(cur[2]) or 0,
             tonumber(before), 1, tonumber(marked), state_reply()}
@@ -169,7 +175,8 @@ if pending_ttl > 0 and redis.call('SET', KEYS[6], '1', 'NX', 'EX', pending_ttl) 
 end
 
 if request_id ~= '' then
-  redis.call('HSET', KEYS[4], request_id, (len + n) .. ':' .. before .. ':' .. marked)
+  redis.call('HSET', KEYS[4], request_id, (len + n) .. ':' .. before .. ':' .. marked .. ':'
+             .. digest)
   redis.call('LPUSH', KEYS[5], request_id)
   local keep = tonumber(ARGV[5])
   while redis.call('LLEN', KEYS[5]) > keep do
