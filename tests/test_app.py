@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 import workers.app as app_module
 from shared.core.errors import ConfigError, InvalidInput, SummarizerUnavailable
 from workers.app import SUMMARIZER_SDKS, app, celery_config, preload_summarizer_sdk
+from workers.harness.stack.worker_process import WorkerProcess, worker_env
 from workers.settings import Settings, load_settings
 from workers.summarizer.providers import client_from_settings
 
@@ -255,3 +257,31 @@ def test_every_thread_can_acknowledge_at_once(redis_url: str) -> None:
     assert _acks_at_once(redis_url, None) == []
     # Control: kombu's default pool of 10 connections fails such a burst.
     assert "MaxConnectionsError" in _acks_at_once(redis_url, 10)
+
+
+def test_a_worker_without_its_summarizer_sdk_does_not_start(tmp_path: Any,
+                                                             redis_url: str) -> None:
+    """A real ``celery worker``: exit status 2 and one line, never "ready" (worker_init's
+    receivers run inside Celery's Signal.send, which swallows their exceptions)."""
+    broken = tmp_path / "openai"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise ImportError("simulated")\n')
+    base = redis_url.rsplit("/", 1)[0]
+    env = worker_env(broker_url=f"{base}/13", redis_url=f"{base}/13", key_prefix="tnosdk",
+                     summarizer="openai", summarizer_api_key="k")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    worker = WorkerProcess("nosdk", env).launch()
+    try:
+        assert worker.process is not None
+        status = worker.process.wait(timeout=30)
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert status == 2, log
+    assert " ready." not in log
+    assert "Traceback" not in log
+    # (running as root, Celery warns first: that warning is not ours)
+    assert log.strip().splitlines()[-1] == (
+        "configuration error: COMPACTION_SUMMARIZER=openai needs the 'openai' extra: "
+        "pip install 'context-compaction[openai]' (simulated)"), log
+    assert log.count("configuration error") == 1

@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import typing
 from typing import Any
 
 from celery import Celery
@@ -178,8 +179,13 @@ def _app_for_startup() -> Celery:
     try:
         return create_app()
     except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        _stop_on(exc)
+
+
+def _stop_on(exc: ConfigError) -> typing.NoReturn:
+    """One line on stderr, exit status 2 (SystemExit: Celery's signals swallow Exception)."""
+    print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
 
 
 app = _app_for_startup()
@@ -201,9 +207,17 @@ def _select_worker_transport(sender: Any = None, conf: Any = None, **_: Any) -> 
 
 @worker_init.connect
 def _preload_on_worker_start(sender: Any = None, **_: Any) -> None:
-    """Before the pool starts (and forks): see :func:`preload_summarizer_sdk`."""
+    """Before the pool starts (and forks): see :func:`preload_summarizer_sdk`.
+
+    Celery's ``Signal.send`` logs and swallows a receiver's exception, so a
+    ConfigError raised here let the worker print "ready" and fail every job;
+    SystemExit is not an Exception and stops the start.
+    """
     settings: Settings = app.conf.compaction_settings
-    module = preload_summarizer_sdk(settings)
+    try:
+        module = preload_summarizer_sdk(settings)
+    except ConfigError as exc:
+        _stop_on(exc)
     if module:
         log.info("summarizer SDK %s imported before the pool starts", module)
 
