@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from shared.core.errors import SummarizerError, SummarizerUnavailable
+from shared.core.errors import BadSummary, SummarizerError, SummarizerUnavailable
 from workers.harness.fakes import FakeOpenAIServer, Fault
 from workers.summarizer.engine import SummarizerOverflow
 from workers.summarizer.providers import SDK_RETRIES, OpenAIClient
@@ -74,3 +74,45 @@ def test_an_overflow_is_read_from_the_error() -> None:
         with pytest.raises(SummarizerOverflow) as caught:
             client.complete(REQUEST, 300)
     assert caught.value.limit == 20
+
+
+SUMMARY_TEXT = "## Goal\nwork on the project\n## Constraints\nnone\n## Progress"
+
+
+@pytest.mark.parametrize("finish", ["content_filter", "tool_calls", "length"])
+def test_a_reply_that_did_not_end_normally_is_a_bad_summary(finish: str) -> None:
+    """Cut off by a content filter (or anything but a normal stop): partial, never stored."""
+    reply = {"role": "assistant", "content": SUMMARY_TEXT, "finish_reason": finish}
+    with FakeOpenAIServer(responder=[reply]) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        with pytest.raises(BadSummary, match=finish if finish != "length" else "cut off"):
+            client.complete(REQUEST, 300)
+
+
+@pytest.mark.parametrize("finish", ["SAFETY", "RECITATION", "MAX_TOKENS"])
+def test_a_gemini_reply_stopped_for_safety_or_recitation_is_a_bad_summary(
+        finish: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.harness.fakes import gemini_server
+    from workers.summarizer.providers import GeminiClient
+
+    monkeypatch.setitem(gemini_server.FINISH, finish.lower(), finish)
+    reply = {"role": "assistant", "content": SUMMARY_TEXT, "finish_reason": finish.lower()}
+    with gemini_server.FakeGeminiServer(responder=[reply]) as server:
+        client = GeminiClient("gemini-2.5-flash-lite", vertexai=False, api_key="k",
+                              base_url=server.base_url, timeout=5)
+        with pytest.raises(BadSummary):
+            client.complete(REQUEST, 300)
+
+
+def test_a_normal_stop_is_accepted_by_both_clients() -> None:
+    from workers.harness.fakes.gemini_server import FakeGeminiServer
+    from workers.summarizer.providers import GeminiClient
+
+    reply = {"role": "assistant", "content": SUMMARY_TEXT, "finish_reason": "stop"}
+    with FakeOpenAIServer(responder=[reply]) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        assert client.complete(REQUEST, 300).text == SUMMARY_TEXT
+    with FakeGeminiServer(responder=[reply]) as gserver:
+        gclient = GeminiClient("gemini-2.5-flash-lite", vertexai=False, api_key="k",
+                               base_url=gserver.base_url, timeout=5)
+        assert gclient.complete(REQUEST, 300).text == SUMMARY_TEXT

@@ -121,3 +121,33 @@ def test_structured_summaries_pass_whatever_they_mention(a: str, b: str, c: str)
 @given(_NOISE)
 def test_clean_never_grows(text: str) -> None:
     assert len(clean_summary(text)) <= len(text)
+
+
+FULL = "\n".join(f"## {name}\n- point about {name.lower()}" for name in (
+    "Goal", "Constraints", "Progress", "Key decisions", "Next steps", "Critical context",
+    "Read files", "Modified files"))
+STUB = "## Goal\nwork on the project\n## Constraints\nnone\n## Progress"
+
+
+def test_an_update_that_loses_most_sections_of_the_previous_summary_is_rejected() -> None:
+    with pytest.raises(BadSummary, match="sections"):
+        check_summary(STUB, input_tokens=5000, previous=FULL)
+    assert check_summary(STUB, input_tokens=5000) == STUB  # a first summary: nothing to lose
+    kept = FULL.replace("## Read files\n- point about read files\n", "")
+    assert check_summary(kept, input_tokens=5000, previous=FULL) == kept  # one dropped: fine
+
+
+def test_an_engine_update_answered_with_a_stub_is_not_stored() -> None:
+    """Through the real openai client: the stub never replaces the previous summary."""
+    from shared.core.ledger import Ledger
+    from shared.core.messages import Message
+    from workers.harness.fakes import FakeOpenAIServer
+    from workers.summarizer.engine import SummaryEngine
+    from workers.summarizer.providers import OpenAIClient
+
+    reply = {"role": "assistant", "content": STUB, "finish_reason": "stop"}
+    with FakeOpenAIServer(responder=[reply]) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        messages = [Message(role="user", content="step " + "word " * 300)]
+        with pytest.raises(BadSummary):
+            SummaryEngine(client).summarize(messages, FULL, Ledger())

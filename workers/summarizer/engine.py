@@ -286,7 +286,8 @@ class SummaryEngine:
         draft.output_tokens += completion.output_tokens
         input_tokens = counter.messages(list(chunk)) + (
             counter.text(previous) if previous else 0)
-        return check_summary(completion.text, input_tokens=input_tokens, counter=counter)
+        return check_summary(completion.text, input_tokens=input_tokens, counter=counter,
+                             previous=previous)
 
     @staticmethod
     def _check_deadline(deadline: float | None) -> None:

@@ -43,6 +43,10 @@ from shared.core.overflow import parse_overflow
 from workers.summarizer.deadline import deadline_http_client
 from workers.summarizer.engine import Completion, LLMClient, SummarizerOverflow
 
+NORMAL_STOPS = frozenset({"stop", "eos", "eos_token", "end_turn", "stop_sequence", None})
+"""OpenAI-compatible finish reasons of a reply that ended by itself (``None``: a server
+that does not say); any other (``content_filter``, ``tool_calls``, ...) leaves a partial
+reply, never stored as a summary."""
 SDK_RETRIES = 0
 
 
@@ -126,6 +130,9 @@ class OpenAIClient:
         choice = choices[0]
         if choice.finish_reason == "length":
             raise BadSummary(f"{self.name}: summary cut off at max_tokens")
+        if choice.finish_reason not in NORMAL_STOPS:
+            raise BadSummary(f"{self.name}: the reply ended with finish_reason "
+                             f"{choice.finish_reason!r}, not a normal stop (partial)")
         usage = response.usage
         return Completion(text=choice.message.content or "",
                           input_tokens=usage.prompt_tokens if usage else 0,
@@ -199,6 +206,9 @@ class GeminiClient:
         finish = str(candidates[0].finish_reason or "") if candidates else ""
         if finish.endswith("MAX_TOKENS"):
             raise BadSummary(f"{self.name}: summary cut off at max_output_tokens")
+        if finish and not finish.endswith("STOP"):  # SAFETY, RECITATION, ... with partial text
+            raise BadSummary(f"{self.name}: the reply ended with finishReason {finish}, "
+                             "not STOP (partial)")
         usage = response.usage_metadata
         return Completion(text=response.text or "",
                           input_tokens=(usage.prompt_token_count or 0) if usage else 0,

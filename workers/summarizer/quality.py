@@ -6,6 +6,9 @@ an empty reply, a refusal, a provider error page that came back with HTTP
 agent's memory. The check is conservative: error, refusal and chat-reply
 detection apply only to replies with fewer than two recognised section
 headings, so a real summary that quotes an error or an apology still passes.
+An update that keeps fewer than half of the previous summary's sections is
+rejected too: it stopped early or ignored the format, and would replace a
+full summary with a stub.
 Cleaning removes wrappers models add around an otherwise good answer
 (reasoning blocks, a code fence, ``<summary>`` tags, a "Here is the summary:"
 preamble).
@@ -85,11 +88,21 @@ def _json_error(text: str) -> bool:
         {"error", "errors", "detail", "error_code"} & set(data) or {"code", "message"} <= set(data))
 
 
-def check_summary(text: str, *, input_tokens: int, counter: TokenCounter | None = None) -> str:
+def _required_sections(text: str) -> set[str]:
+    """The summary sections (:data:`SUMMARY_SECTIONS`) ``text`` has headings for."""
+    names = {name.lower() for name in SUMMARY_SECTIONS}
+    return {m.group(1).lower() for m in _HEADING.finditer(text)} & names
+
+
+def check_summary(text: str, *, input_tokens: int, counter: TokenCounter | None = None,
+                  previous: str | None = None) -> str:
     """The cleaned summary, or :class:`BadSummary` saying why it must not be stored.
 
     ``input_tokens`` is the size of what was summarized (previous summary plus
     new messages); a summary that is longer than that compressed nothing.
+    ``previous``: the summary this one updates; a reply that keeps fewer than
+    half of its sections stopped early or ignored the format, and storing it
+    would lose the rest of the previous summary.
     """
     if not isinstance(text, str):
         raise InvalidInput(f"expected a string, got {type(text).__name__}", field="text")
@@ -117,6 +130,12 @@ def check_summary(text: str, *, input_tokens: int, counter: TokenCounter | None 
     if sections == 0:
         raise BadSummary("none of the required sections (Goal, Constraints, Progress, ...): "
                          f"{_excerpt(cleaned)}")
+    if previous:
+        before = _required_sections(previous)
+        kept = _required_sections(cleaned) & before
+        if len(before) >= 2 and 2 * len(kept) < len(before):
+            raise BadSummary(f"the update keeps {len(kept)} of the {len(before)} sections of "
+                             f"the previous summary: {_excerpt(cleaned)}")
     tokens = counter.text(cleaned)
     if tokens > input_tokens:
         raise BadSummary(f"summary of {tokens} tokens is longer than its input of "
