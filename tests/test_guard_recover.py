@@ -79,3 +79,80 @@ def test_a_forced_view_that_loses_nothing_says_nothing_was_compacted(
     assert [m.role for m in view.messages] == ["system", "user"]
     assert view.messages[0].text() == "sys"
     assert store.summaries("s") == []
+
+
+def history(store: SessionStore, session_id: str, turns: int, chars: int) -> None:
+    for i in range(turns):
+        store.append(session_id, [Message(role="user", content=f"step {i} " + "x " * chars),
+                                  Message(role="assistant", content=f"done {i} " + "y " * chars)])
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": "Does a thing, described at length. " * 30,
+    "parameters": {"type": "object", "properties": {"p": {"type": "string"}}}}}
+    for i in range(20)]
+
+
+def test_max_tokens_above_the_output_cap_is_capped_and_truncates_nothing(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """gpt-4o answers at most 16,384 tokens: a max_tokens of 118,000 (refused by the
+    provider anyway) reserves that cap, and the conversation is not truncated for it,
+    on this call or the next."""
+    guard = make_guard(store)
+    history(store, "s", 40, 600)
+    asked = guard.prepare("s", "sys", max_tokens=118_000, model="gpt-4o",
+                          pending=[Message(role="user", content="next")]).report
+    assert asked.budget.reserve == 16_384 and not asked.truncated
+    after = guard.prepare("s", "sys", max_tokens=2000, model="gpt-4o",
+                          pending=[Message(role="user", content="next")])
+    assert len(after.messages) == 1 + 80 + 1 and not after.report.truncated
+    assert store.state("s").summary_kind == ""
+
+
+def test_max_tokens_that_leaves_no_room_reserves_less_for_this_call_only(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A model whose output cap is a guess, asked for more than its window: the reserve
+    leaves room for the system prompt, the tools and the newest message (no
+    IrreducibleOverflow for tools a 1,024-token input budget could not hold), and the
+    truncation that reserve forces is this call's: the session's state keeps its whole
+    conversation for the next call."""
+    guard = make_guard(store)
+    history(store, "s", 10, 600)
+    user = [Message(role="user", content="next")]
+    view = guard.prepare("s", "sys", tools=TOOLS, max_tokens=200_000, model="my-llama-32k",
+                         pending=user)
+    budget = view.report.budget
+    assert budget.within_budget and budget.tools > 1024
+    assert budget.reserve <= 32_000 - budget.tools - budget.system
+    assert store.state("s").summary_kind == "" and store.summaries("s") == []
+    after = guard.prepare("s", "sys", tools=TOOLS, max_tokens=1000, model="my-llama-32k",
+                          pending=user)
+    assert len(after.messages) == 1 + 20 + 1 and not after.report.truncated
+
+
+VLLM = ("'max_tokens' or 'max_completion_tokens' is too large: {out}. This model's maximum "
+        "context length is {window} tokens and your request has {prompt} input tokens "
+        "({out} > {window} - {prompt}).")
+
+
+def test_an_output_reserve_overflow_is_recovered_by_a_lower_reserve(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """The prompt fits the server's window, prompt + max_tokens does not, and the error
+    says both: the retry is the same conversation with a reserve that fits, by the
+    provider's count and the guard's, not an IrreducibleOverflow."""
+    guard = make_guard(store)
+    history(store, "s", 3, 200)
+    user = [Message(role="user", content="summarise " + "word " * 1500)]
+    refused = guard.prepare("s", "sys", max_tokens=2000, model="qwen-local", pending=user)
+    sent = refused.report.estimated_prompt_tokens
+    prompt = sent - 50  # the provider counts a little less than the guard
+    error = sdk_error(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                            "message": VLLM.format(out=2000, window=4096, prompt=prompt)})
+    view = guard.recover("s", error, "sys", max_tokens=2000, model="qwen-local",
+                         pending=user)
+    assert view is not None and view.report.budget.window == 4096
+    assert view.report.budget.within_budget
+    assert view.report.budget.reserve + prompt <= 4096
+    assert view.report.budget.reserve + view.report.estimated_prompt_tokens <= 4096
+    assert view.report.budget.reserve >= 4096 - max(prompt, sent) - 1  # all that fits
+    assert view.report.dropped_messages == 0 and len(view.messages) == len(refused.messages)

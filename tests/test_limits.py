@@ -183,6 +183,27 @@ def test_output_reserve_defaults_requested_and_capped() -> None:
         output_reserve(limits, min_input_tokens=0)
 
 
+def test_the_reserve_stops_at_a_known_output_cap_and_leaves_room_for_the_fixed_part() -> None:
+    """A provider refuses max_tokens above the model's output cap anyway: the reserve is
+    that cap where the registry (or the caller) states it, not where it is a guess. And
+    it leaves the window room for what every request must carry (system prompt, tools,
+    the newest message), not only for ``min_input_tokens``."""
+    gpt = model_limits("gpt-4o")
+    assert output_reserve(gpt, 118_000) == 16_384
+    guessed = model_limits("my-llama-32k")
+    assert guessed.source == "fallback"
+    assert output_reserve(guessed, 200_000) == 32_000 - 1024  # 4,000 is a guess, not a cap
+    assert output_reserve(guessed, 200_000, fixed_tokens=6_000) == 32_000 - 6_000 - 1024
+    assert output_reserve(guessed, 2_000, fixed_tokens=6_000) == 2_000
+    assert output_reserve(guessed, 200_000, fixed_tokens=31_000) == 32_000 - 31_000
+    assert output_reserve(guessed, 200_000, fixed_tokens=40_000) == 32_000 - 1024  # no room
+    caller = model_limits("acme", overrides={"acme": ModelLimits("acme", 50_000, 5_000,
+                                                                 "override", "")})
+    assert output_reserve(caller, 20_000) == 5_000
+    assert output_reserve(model_limits("gpt-4o", learned={"gpt-4o": 60_000}), 30_000) \
+        == 16_384  # a learned window keeps the registry's output cap
+
+
 @given(window=st.integers(1, 3_000_000), out=st.integers(1, 3_000_000),
        max_tokens=st.none() | st.integers(1, 5_000_000), floor=st.integers(1, 100_000))
 def test_output_reserve_always_leaves_an_input_budget(window: int, out: int,

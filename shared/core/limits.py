@@ -43,6 +43,7 @@ from shared.core.model_registry import (
 __all__ = [
     "FALLBACK_CONTEXT_WINDOW",
     "FALLBACK_MAX_OUTPUT",
+    "MIN_INPUT_TOKENS",
     "PROVIDER_DEFAULTS",
     "LimitBook",
     "LimitSource",
@@ -65,6 +66,7 @@ _SOURCES = ("learned", "override", "registry", "provider_default", "fallback")
 
 FALLBACK_CONTEXT_WINDOW = 128_000  # what peers converged on for an unknown model
 FALLBACK_MAX_OUTPUT = 4_096  # the most common default completion cap of OpenAI-compatible servers
+MIN_INPUT_TOKENS = 1024  # the least input budget a reserve leaves (output_reserve)
 
 # Family defaults, matched on the canonical name (dots become dashes) as ``name == prefix`` or
 # ``name.startswith(prefix + "-")``, longest prefix first. Values are (window, max output):
@@ -92,13 +94,16 @@ PROVIDER_DEFAULTS: dict[str, tuple[int, int]] = {
 
 @dataclass(frozen=True, slots=True)
 class ModelLimits:
-    """A model's context window and output cap, with ``source`` and a human ``detail``."""
+    """A model's context window and output cap, with ``source`` and a human ``detail``.
+    ``output_known``: the output cap is one the provider enforces (the registry's or the
+    caller's figure), not an assumption (a family's smallest, a fallback)."""
 
     model: str
     context_window: int
     max_output_tokens: int
     source: LimitSource
     detail: str
+    output_known: bool = False
 
     def __post_init__(self) -> None:
         positive_int(self.context_window, "context_window")
@@ -160,7 +165,8 @@ def _base(model: str, registry: Registry) -> ModelLimits:
             # litellm often copies the window into max_output_tokens: no usable output cap.
             out = min(family[1][1] if family else FALLBACK_MAX_OUTPUT, max(1, window // 2))
             detail += f"; no usable output cap in the registry, {out} assumed"
-        return ModelLimits(model, window, out, "registry", detail)
+            return ModelLimits(model, window, out, "registry", detail)
+        return ModelLimits(model, window, out, "registry", detail, output_known=True)
     named = window_in_name(model)
     if named is not None:  # the name is more specific than its family's default
         return ModelLimits(model, named, min(FALLBACK_MAX_OUTPUT, named // 4), "fallback",
@@ -214,7 +220,7 @@ def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | Non
                                   f"for {key!r}")
     key, value = _find(overrides, model, canonical=True)
     if isinstance(value, ModelLimits):
-        return replace(value, model=model, source="override",
+        return replace(value, model=model, source="override", output_known=True,
                        detail=f"override: caller's limits for {key!r}")
     if value is not None:
         window = positive_int(value, f"overrides[{key!r}]")
@@ -226,21 +232,30 @@ def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | Non
 
 
 def output_reserve(limits: ModelLimits, max_tokens: int | None = None, *,
-                   min_input_tokens: int = 1024) -> int:
+                   min_input_tokens: int = MIN_INPUT_TOKENS, fixed_tokens: int = 0) -> int:
     """Tokens to set aside for the answer: ``max_tokens`` if given, else the model's max output.
 
-    Capped so that the input budget ``window - reserve`` never drops below
-    ``min(min_input_tokens, window // 2)`` (and at least 1): a reserve that
-    leaves no room for the prompt would make every request impossible. When
-    the cap bites, the caller must also send the returned value as
-    ``max_tokens``: the provider would reject prompt + the larger value.
+    Capped at the model's output cap where it is known (``output_known``): the provider
+    refuses a larger ``max_tokens`` anyway. Capped too so that the input budget
+    ``window - reserve`` never drops below ``min(min_input_tokens, window // 2)`` (and at
+    least 1) on top of ``fixed_tokens`` (what every request of the caller carries:
+    system prompt, tools, the newest message), as far as the window holds them: a
+    reserve that leaves no room for the prompt would make every request impossible.
+    When a cap bites, the caller must also send the returned value as ``max_tokens``:
+    the provider would reject prompt + the larger value.
     """
     if max_tokens is not None:
         positive_int(max_tokens, "max_tokens")
     positive_int(min_input_tokens, "min_input_tokens")
     window = limits.context_window
     wanted = limits.max_output_tokens if max_tokens is None else max_tokens
+    if limits.output_known:
+        wanted = min(wanted, limits.max_output_tokens)
     floor = max(1, min(min_input_tokens, window // 2))
+    if fixed_tokens + floor < window:  # the fixed part and as much again as any request
+        floor += fixed_tokens
+    elif floor < fixed_tokens < window:
+        floor = fixed_tokens
     return max(0, min(wanted, window - floor))
 
 

@@ -25,6 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
@@ -79,8 +80,9 @@ def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
 
 def _unsendable(report: ViewReport, refused: int | None) -> str:
     """Why a recovery's view would be refused like the one before it ("" when it would
-    not): it does not fit, or it is no smaller than the refused one (the view holds only
-    what must stay)."""
+    not): it does not fit, or it is no smaller than the refused one (``refused`` tokens;
+    None where the retry lowers the reserve instead: the view holds only what must
+    stay)."""
     if not report.budget.within_budget:
         return "the view does not fit"
     if refused is not None and report.estimated_prompt_tokens >= refused:
@@ -188,27 +190,31 @@ class GuardFlow(GuardShell):
     def _build(self, session_id: str, snap: CachedView, system_prompt: str,
                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                extra: list[Message], extra_tokens: list[int], started: float,
-               force_ratio: float | None, retry_lost_swap: bool = True,
-               ) -> Steps[PreparedView]:
-        """The view from ``snap``: planned, its writes performed."""
+               force_ratio: float | None, retry_lost_swap: bool = True, *,
+               exact: bool = False) -> Steps[PreparedView]:
+        """The view from ``snap``: planned, its writes performed (``exact``: ``max_tokens``
+        was made to fit this view, :meth:`request`)."""
         planned = self._plan(session_id, snap, system_prompt, tools, max_tokens, model, extra,
-                             extra_tokens, force_ratio)
+                             extra_tokens, force_ratio, exact=exact)
         if not _writes(*planned):
             return self._quiet(session_id, planned[0], started)
         return (yield from self._write(session_id, *planned, system_prompt, tools, max_tokens,
                                        model, extra, extra_tokens, started, force_ratio,
-                                       retry_lost_swap))
+                                       retry_lost_swap, exact=exact))
 
     def _plan(self, session_id: str, snap: CachedView, system_prompt: str,
               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
               extra: list[Message], extra_tokens: list[int], force_ratio: float | None,
-              ) -> tuple[Plan, CachedView, bool, bool]:
+              *, exact: bool = False) -> tuple[Plan, CachedView, bool, bool]:
         """The core's plan for this request, the cached entry it leaves, and whether a job
         is wanted (and forced)."""
-        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
-                           extra, extra_tokens, force_ratio, scan=snap.scan)
+        state = snap.state
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, state,
+                           extra, extra_tokens, force_ratio, scan=snap.scan, exact=exact)
         base = snap.scan
         plan, snap = plan_view(snap, req, self.policy, self.counter)
+        if plan.truncation is not None and self.squeezed(req, max_tokens, state):
+            plan = replace(plan, truncation=None, force=False)  # this call's, not stored
         self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
@@ -226,7 +232,7 @@ class GuardFlow(GuardShell):
                system_prompt: str, tools: Sequence[Mapping[str, Any]] | None,
                max_tokens: int | None, model: str, extra: list[Message],
                extra_tokens: list[int], started: float, force_ratio: float | None,
-               retry_lost_swap: bool = True) -> Steps[PreparedView]:
+               retry_lost_swap: bool = True, *, exact: bool = False) -> Steps[PreparedView]:
         """The plan's writes and job performed, then its view; after a lost swap, built
         once more from what won."""
         done = yield from self._perform_own(session_id, plan, snap, wanted, force)
@@ -237,7 +243,7 @@ class GuardFlow(GuardShell):
             fresh = yield from self.snapshot_steps(session_id)
             return (yield from self._build(session_id, fresh, system_prompt, tools, max_tokens,
                                            model, extra, extra_tokens, started, force_ratio,
-                                           retry_lost_swap=False))
+                                           retry_lost_swap=False, exact=exact))
         self.remember(session_id, plan.sent)
         if done is not None:
             enqueued = done[1]
@@ -374,7 +380,8 @@ class GuardFlow(GuardShell):
         decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
         if decided is None:
             return None
-        ratio, recognised = decided
+        ratio: float | None = decided[0]
+        recognised = decided[1]
         with self.traced_recover(session_id, model, error) as trace:
             if not recognised:
                 trace.current.set_attribute("compaction.unrecognised_error", True)
@@ -386,16 +393,19 @@ class GuardFlow(GuardShell):
                     "learned_window": limit, "model": model, "last_overflow_at": time.time()})
             started = time.perf_counter()
             refused = self.refused_estimate(session_id, model, prepared_tokens)
+            room = self.answer_room(error, max_tokens, refused)
+            if room is not None:  # the prompt fitted: the same view, a reserve that fits
+                max_tokens, ratio = room, None
             extra, extra_tokens = self.pending(session_id, pending)
             snap = yield from self.snapshot_steps(session_id, min_length)
             try:
                 view = yield from self._build(session_id, snap, system_prompt, tools,
                                               max_tokens, model, extra, extra_tokens, started,
-                                              ratio)
+                                              ratio, exact=room is not None)
             except IrreducibleOverflow as exc:  # not even the floor fits the window now known
                 _not_retried(trace, session_id, refused, str(exc))
                 return None
-            why = _unsendable(view.report, refused)
+            why = _unsendable(view.report, refused if room is None else None)
             if why:
                 _not_retried(trace, session_id, refused, why)
                 return None

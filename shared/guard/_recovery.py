@@ -32,6 +32,10 @@ recovery down (:meth:`Recovery.counted_ratio`); less is the estimate's usual err
 the output reserve a total may include."""
 MIN_RECOVERY_RATIO = 0.001
 """The least share of the window a recovery compacts to, however far off the estimate."""
+MIN_ANSWER_SHARE = 0.5
+"""The least share of the answer asked for that a retry of an output-reserve overflow keeps
+by lowering the reserve (:meth:`Recovery.answer_room`); with less room, the history is
+compacted to make room for the answer instead."""
 
 
 class Recovery:
@@ -94,6 +98,23 @@ class Recovery:
         if not stated or not estimate or stated <= estimate * COUNTED_OVER:
             return ratio
         return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
+
+    def answer_room(self, error: object, max_tokens: int | None,
+                    refused: int | None) -> int | None:
+        """The ``max_tokens`` a retry of an output-reserve overflow sends: what the window
+        the error states leaves after the refused prompt (the provider's count of it, or
+        the guard's estimate ``refused`` where that is larger, so that the view fits by
+        both). None when the error is no such overflow, does not state both figures, or
+        leaves less than :data:`MIN_ANSWER_SHARE` of the answer asked for."""
+        info = parse_overflow(error)
+        if info is None or info.kind != "output_reserve_overflow" or not info.limit \
+                or not info.prompt_tokens:
+            return None
+        asked = info.output_tokens or max_tokens
+        room = info.limit - max(info.prompt_tokens, refused or 0)
+        if not asked or room < asked * MIN_ANSWER_SHARE:
+            return None
+        return min(room, asked)
 
     def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
                      prepared_tokens: int | None) -> float | None:
@@ -170,4 +191,4 @@ class Recovery:
         return None
 
 
-__all__ = ["COUNTED_OVER", "MIN_RECOVERY_RATIO", "Recovery"]
+__all__ = ["COUNTED_OVER", "MIN_ANSWER_SHARE", "MIN_RECOVERY_RATIO", "Recovery"]

@@ -34,6 +34,7 @@ from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
 from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
 from shared.core.limits import (
+    MIN_INPUT_TOKENS,
     LimitBook,
     ModelLimits,
     model_limits,
@@ -270,10 +271,12 @@ class GuardShell(FreshViews, Recovery):
         known.update(self.known_ids.of(session_id, ids))
         return known
 
-    def _capped(self, model: str, max_tokens: int, reserve: int, window: int) -> None:
+    def _capped(self, limits: ModelLimits, max_tokens: int, reserve: int) -> None:
         """Say once per model and figure that ``max_tokens`` was capped: the provider
-        refuses prompt + the uncapped figure, so the call must send the reserve instead
+        refuses the uncapped figure (above the model's output cap, or with the prompt over
+        the window), so the call must send the reserve instead
         (``view.report.budget.reserve``)."""
+        model, window = limits.model, limits.context_window
         key = (model, max_tokens, window)
         with self._lock:
             if key in self._capped_seen:
@@ -281,9 +284,23 @@ class GuardShell(FreshViews, Recovery):
             if len(self._capped_seen) >= 1024:
                 self._capped_seen.clear()
             self._capped_seen.add(key)
-        log.warning("max_tokens %d leaves no input budget in %s's window of %d: the guard "
-                    "reserves %d; send view.report.budget.reserve as max_tokens", max_tokens,
-                    model, window, reserve)
+        why = (f"is above {model}'s output cap of {limits.max_output_tokens}"
+               if limits.output_known and reserve == limits.max_output_tokens
+               else f"leaves no input budget in {model}'s window of {window}")
+        log.warning("max_tokens %d %s: the guard reserves %d; send view.report.budget.reserve "
+                    "as max_tokens", max_tokens, why, reserve)
+
+    def squeezed(self, req: Request, max_tokens: int | None, state: SessionState) -> bool:
+        """Whether the window left no room for the answer the model could give
+        (``max_tokens``, or the model's known output cap below it): the reserve was
+        lowered to fit the request's fixed part, and a truncation it forces is this
+        call's alone, not the session's (the next call, asking less, needs none)."""
+        if max_tokens is None:
+            return False
+        limits = self.model_limits(req.model, state)
+        possible = (min(max_tokens, limits.max_output_tokens) if limits.output_known
+                    else max_tokens)
+        return req.reserve < possible
 
     def scanned(self, session_id: str, req: Request, plan: Plan, base: PairScan) -> None:
         """Keep the pending turn's pair scan and truncation input for the turn's next call."""
@@ -293,18 +310,25 @@ class GuardShell(FreshViews, Recovery):
     def request(self, session_id: str, system_prompt: str,
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                 state: SessionState | None, extra: list[Message], extra_tokens: list[int],
-                force_ratio: float | None, *, scan: PairScan | None = None) -> Request:
+                force_ratio: float | None, *, scan: PairScan | None = None,
+                exact: bool = False) -> Request:
+        """The core's request. ``exact``: ``max_tokens`` was made to fit this very view (an
+        output-reserve overflow's retry), so the reserve leaves the input no more room than
+        its fixed part, not :func:`output_reserve`'s minimum input budget on top."""
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
         so_far = self.turns.known(session_id, scan, extra)
-        reserve = output_reserve(limits, max_tokens)
+        system_tokens, overhead = self._system_tokens(system_prompt), self._request_overhead()
+        fixed = system_tokens + tool_tokens + overhead + newest_tokens(extra, extra_tokens)
+        reserve = output_reserve(limits, max_tokens, fixed_tokens=fixed,
+                                 min_input_tokens=1 if exact else MIN_INPUT_TOKENS)
         if max_tokens is not None and reserve < max_tokens:
-            self._capped(model, max_tokens, reserve, limits.context_window)
+            self._capped(limits, max_tokens, reserve)
         return Request(
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=reserve,
-            limits_source=limits.source, system_tokens=self._system_tokens(system_prompt),
-            tool_tokens=tool_tokens, overhead=self._request_overhead(),
+            limits_source=limits.source, system_tokens=system_tokens,
+            tool_tokens=tool_tokens, overhead=overhead,
             extra=extra, extra_tokens=extra_tokens,
             extra_wire=so_far.wire, extra_scan=so_far.scan, extra_cut=so_far.cut,
             extra_renamed=so_far.renamed, counted=so_far.counted,
