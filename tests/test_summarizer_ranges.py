@@ -123,3 +123,19 @@ def test_a_fold_past_its_deadline_keeps_the_chunks_it_folded(
     checkpoint = store.summaries("s")[-1]
     assert calls == 2 and checkpoint.kind == "llm"
     assert checkpoint.watermark == max(shown(server)) + 1
+
+
+def test_an_overflow_that_states_no_window_never_resends_the_same_request(
+        server: FakeOpenAIServer) -> None:
+    """The first refold halves the request that failed, not the budget it was under."""
+    body = '{"error": {"message": "prompt is too long", "code": "context_length_exceeded"}}'
+    server.faults.at(0, Fault.http_error(400, body))
+    client = OpenAIClient("summ-128k", api_key="k", base_url=server.base_url, timeout=5,
+                          context_window=128_000)
+    draft = SummaryEngine(client, max_summary_tokens=1000).summarize(
+        long_turn(6), None, Ledger())
+    sent = [r for r in server.requests if r.path.endswith("/chat/completions")]
+    sizes = [len(r.body["messages"][1]["content"]) for r in sent]
+    assert [r.status for r in sent][:2] == [400, 200] and draft.kind == "llm"
+    assert sizes[1] < sizes[0] * 0.75, sizes
+    assert any(s.startswith("summarizer_overflow_refold_") for s in draft.stages)

@@ -258,15 +258,16 @@ class SummaryEngine:
 
         With the window stated: the room it leaves beside the reply, scaled by
         how much more the provider counted than we did, with a safety margin;
-        this becomes the engine's budget for later jobs too. Without: half.
+        this becomes the engine's budget for later jobs too. Without: half of
+        the request that failed (half the budget can still hold it whole).
         Always at most three quarters of the budget that overflowed.
         """
         if refolds > MAX_REFOLDS:
             raise SummarizerError(f"still overflowing after {MAX_REFOLDS} smaller splits: "
                                   f"{exc}") from exc
-        smaller = budget // 2
+        ours = request_tokens(request, self.counter)
+        smaller = min(budget, ours) // 2
         if exc.limit is not None:
-            ours = request_tokens(request, self.counter)
             ratio = max(1.0, exc.requested / ours) if exc.requested and ours else 1.0
             room = exc.limit - self.max_summary_tokens
             smaller = int(room / ratio * OVERFLOW_SAFETY)
