@@ -382,3 +382,17 @@ def test_a_request_that_fits_by_bytes_fits_any_byte_level_tokenizer(
     for encoding in ("o200k_base", "cl100k_base"):
         exact = TiktokenCounter(encoding, TOKENIZERS).messages(messages)
         assert exact + reserve <= bound, encoding
+
+
+def test_a_tool_result_that_is_only_an_image_is_not_called_empty() -> None:
+    from shared.core.messages import ImagePart
+
+    messages = [Message(role="assistant", content="",
+                        tool_calls=[ToolCall(id="c1", name="screenshot", arguments="{}")]),
+                Message(role="tool", tool_call_id="c1",
+                        content=[ImagePart(url="https://example.com/shot.png")]),
+                Message(role="tool", tool_call_id="c1", content="")]
+    image, empty = render_messages(messages)[1:]
+    assert "[1 image/file attachment(s) omitted]" in image
+    assert "(empty result)" not in image
+    assert "(empty result)" in empty

@@ -98,7 +98,7 @@ def _render_message(m: Message, index: int, tool_names: dict[str, str], *,
     text = m.text()
     if text.strip():
         parts.append(escape_wrappers(_clip(text, limit)))
-    elif m.role == "tool":
+    elif m.role == "tool" and not m.media_count():  # an image alone is a result
         parts.append("(empty result)")
     if m.media_count():
         parts.append(f"[{m.media_count()} image/file attachment(s) omitted]")
