@@ -8,11 +8,13 @@ instead of blocking on it. Both shells are tested by the same tests
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from shared.core.config import CompactionPolicy
+from shared.core.errors import InvalidInput
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
@@ -30,6 +32,27 @@ from shared.store.own_writes_aio import AsyncOwnWrites
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+def async_store(store: AsyncSessionStore) -> AsyncSessionStore:
+    """``store``, refused if it is a blocking one (a SessionStore or its tenant handle):
+    the flows would await its replies and fail at the first call, far from the cause."""
+    read = getattr(store, "read_view", None)
+    if read is not None and not inspect.iscoroutinefunction(read):
+        raise InvalidInput("is a blocking store (SessionStore): give it to ContextGuard, "
+                           "or give AsyncContextGuard an AsyncSessionStore", field="store")
+    return store
+
+
+async def sent(result: Awaitable[R]) -> R:
+    """``send``'s result, awaited. ``send`` may be a plain function returning an
+    awaitable (a lambda over an async client), so a blocking one is told only by its
+    result: refused naming it, not with a TypeError about the reply's type."""
+    if not inspect.isawaitable(result):
+        raise InvalidInput(f"returned {type(result).__name__}, not an awaitable: a blocking "
+                           "send needs ContextGuard, AsyncContextGuard.call awaits what send "
+                           "returns", field="send")
+    return await result
 
 
 class AsyncContextGuard(GuardFlow):
@@ -55,6 +78,7 @@ class AsyncContextGuard(GuardFlow):
                  counter: TokenCounter | None = None,
                  view_cache: ViewCache | None = None,
                  watch_changes: bool | ChangeFeed = True, warm_up: bool = True) -> None:
+        store = async_store(store)
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
@@ -135,13 +159,16 @@ class AsyncContextGuard(GuardFlow):
         view = await self.prepare(session_id, system_prompt, tools, max_tokens, model,
                                   pending=pending)
         try:
-            return await send(view), view
+            reply = send(view)
+            if inspect.isawaitable(reply):
+                return await reply, view
         except Exception as exc:
             retry = await self.recover(session_id, exc, system_prompt, tools, max_tokens, model,
                                  pending=pending)
             if retry is None:
                 raise
-        return await send(retry), retry
+            return await sent(send(retry)), retry
+        return await sent(reply), view  # refused outside the try: not taken for an overflow
 
     # -- recall ------------------------------------------------------------------------
     async def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,

@@ -11,11 +11,13 @@ are tested by the same tests.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from shared.core.config import CompactionPolicy
+from shared.core.errors import InvalidInput
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
@@ -33,6 +35,27 @@ from shared.store.sessions import SessionStore
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+def sync_store(store: SessionStore) -> SessionStore:
+    """``store``, refused if it is an asyncio one: its calls would hand the flows
+    coroutines where they expect replies, failing at the first call, far from the cause."""
+    if inspect.iscoroutinefunction(getattr(store, "read_view", None)):
+        raise InvalidInput("is an asyncio store (AsyncSessionStore): give it to "
+                           "AsyncContextGuard, or give ContextGuard a SessionStore",
+                           field="store")
+    return store
+
+
+def sent(result: R) -> R:
+    """``send``'s result, refused if it is awaitable (nothing ran: a coroutine is closed)."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise InvalidInput("returned an awaitable: an async send needs AsyncContextGuard "
+                           "(ContextGuard.call calls send and uses its result as it is)",
+                           field="send")
+    return result
 
 
 class ContextGuard(GuardFlow):
@@ -58,6 +81,7 @@ class ContextGuard(GuardFlow):
                  counter: TokenCounter | None = None,
                  view_cache: ViewCache | None = None,
                  watch_changes: bool | ChangeFeed = True, warm_up: bool = True) -> None:
+        store = sync_store(store)
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
@@ -161,16 +185,21 @@ class ContextGuard(GuardFlow):
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
              max_tokens: int | None = None, model: str = "gpt-4o",
              pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
-        """prepare -> send -> on overflow recover and send once more."""
+        """prepare -> send -> on overflow recover and send once more. ``send`` is a
+        plain function (a coroutine function is refused before anything is prepared)."""
+        if inspect.iscoroutinefunction(send):
+            raise InvalidInput("is a coroutine function: use AsyncContextGuard.call, or a "
+                               "plain function here", field="send")
         view = self.prepare(session_id, system_prompt, tools, max_tokens, model, pending=pending)
         try:
-            return send(view), view
+            reply = send(view)
         except Exception as exc:
             retry = self.recover(session_id, exc, system_prompt, tools, max_tokens, model,
                                  pending=pending)
             if retry is None:
                 raise
-        return send(retry), retry
+            return sent(send(retry)), retry
+        return sent(reply), view  # checked outside the try: no refusal is taken for an overflow
 
     # -- recall ------------------------------------------------------------------------
     def recall(self, session_id: str, query: str, *, limit: int = DEFAULT_LIMIT,
