@@ -430,6 +430,23 @@ def test_only_failures_that_may_pass_later_are_retried(
     assert result["attempt"] == (settings.max_retries + 1 if retried else 1)
 
 
+def test_the_end_log_line_of_a_fallback_says_why_the_llm_failed(
+        eager_store: SessionStore, caplog: pytest.LogCaptureFixture) -> None:
+    from workers.tasks import _settings, compact
+
+    with FakeOpenAIServer() as server:
+        server.faults.always(BAD_REQUEST)
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        set_runtime(Runtime(settings=_settings(), store=eager_store, engine=SummaryEngine(client)))
+        with caplog.at_level("INFO", logger="compaction.job"):
+            result = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+    ends = [json.loads(r.getMessage().split(" ", 1)[1]) for r in caplog.records
+            if r.getMessage().startswith("compaction.end ")]
+    assert result["summary_kind"] == "offline" and len(ends) == 1
+    assert ends[0]["reason"] == result["reason"] and "summarizer failed" in ends[0]["reason"]
+    assert ends[0]["stages"][0] == "fallback_after_llm_failure" == result["stages"][0]
+
+
 def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStore) -> None:
     """The summarizer's real window is smaller than configured: refold, no retry, no fallback."""
     from workers.tasks import _settings, compact

@@ -282,14 +282,17 @@ class Compactor:
     def run(self, session_id: str, *, force: bool = False, keep_recent: int | None = None,
             use_llm: bool = True, deadline: float | None = None,
             manual: bool = False, lease_token: str | None = None,
-            llm_failed: bool = False) -> JobOutcome:
+            llm_failed: bool = False, fallback_reason: str | None = None) -> JobOutcome:
         """One compaction; after a lost compare-and-swap, up to :data:`MAX_ATTEMPTS` in all.
 
         ``lease_token``: the session's lease held by the caller; every commit is
         fenced with it (refused once the lease is lost: status ``lease_lost``).
         ``llm_failed`` (with ``use_llm=False``): the offline fallback after the LLM
         failed on this range in a way retrying cannot fix; its summary is marked
-        :data:`FALLBACK_STAGE`, merged onto rather than rebuilt.
+        :data:`FALLBACK_STAGE`, merged onto rather than rebuilt. ``fallback_reason``
+        (the offline fallback after any LLM failure): why the LLM failed; it is the
+        outcome's reason and ``fallback_after_llm_failure`` its first stage, in the
+        ``compaction.end`` log line too.
         """
         started = time.perf_counter()
         args = (session_id, force, keep_recent, use_llm and not llm_failed, deadline, manual,
@@ -301,6 +304,9 @@ class Compactor:
             if lost is None or (outcome.status == "covered" and not lost.reusable):
                 break
         outcome.latency_ms = round((time.perf_counter() - started) * 1000, 2)
+        if fallback_reason is not None:
+            outcome.stages.insert(0, "fallback_after_llm_failure")
+            outcome.reason = fallback_reason[:500]
         log.info("compaction.end %s", json.dumps(outcome.as_dict(), sort_keys=True))
         return outcome
 

@@ -151,10 +151,8 @@ def _compact_once(run: Callable[..., JobOutcome], session_id: str, request: Requ
                     "(%s): %s", session_id, why, exc)
         # refused, not unreachable: the summary is marked, merged onto, not rebuilt
         # (workers.compactor.FALLBACK_STAGE)
-        fallback = run(session_id, use_llm=False, llm_failed=not retryable, **args)
-        fallback.stages.insert(0, "fallback_after_llm_failure")
-        fallback.reason = f"summarizer failed ({why}): {exc}"[:500]
-        return fallback
+        return run(session_id, use_llm=False, llm_failed=not retryable,
+                   fallback_reason=f"summarizer failed ({why}): {exc}", **args)
 
 
 def reply_route(delivery_info: Mapping[str, Any] | None) -> dict[str, Any]:
