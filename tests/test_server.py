@@ -215,6 +215,22 @@ def test_malformed_bodies_name_what_was_wrong(client: TestClient, store: Session
     assert store.length("s3") == 0  # nothing half-written
 
 
+@pytest.mark.parametrize(("body", "reason"), [
+    (b'{"messages":[{"role":"user","content":"\xff\xfe"}]}', "can't decode byte 0xff"),
+    (b"[" * 50_000, "recursion"),  # under the 64 kB limit of this app
+])
+def test_a_body_that_cannot_be_decoded_is_invalid_json_with_the_reason(
+        client: TestClient, store: SessionStore, body: bytes, reason: str) -> None:
+    """Invalid UTF-8 or nesting too deep for the parser: not JSON either (400 invalid_json,
+    as documented), with what the parser said, not a generic bad_request."""
+    response = client.post("/v1/sessions/s3/record", content=body,
+                           headers={**A, "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert error(response)["code"] == "invalid_json"
+    assert reason in error(response)["message"]
+    assert store.length("s3") == 0
+
+
 # -- recover, stats, compact, history ------------------------------------------------------------
 def test_recover_gives_a_compacted_view_only_for_overflows(client: TestClient) -> None:
     for i in range(30):

@@ -199,6 +199,16 @@ def _field(loc: Sequence[Any]) -> str | None:
     return out or None
 
 
+def body_parse_error(exc: StarletteHTTPException) -> str | None:
+    """What the parser said, for the 400 FastAPI raises from a body it could not decode
+    (invalid UTF-8, nesting past the recursion limit): a body that is not JSON, like a
+    syntax error (which FastAPI reports as a validation error instead). None otherwise."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or not isinstance(cause, ValueError | RecursionError):
+        return None
+    return str(cause)[:200]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError) -> JSONResponse:
@@ -230,6 +240,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = body_parse_error(exc)
+        if reason is not None:
+            return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
         code = HTTP_CODES.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 
