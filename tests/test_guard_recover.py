@@ -5,13 +5,15 @@ not shrink the window of other sessions."""
 from __future__ import annotations
 
 import base64
+import json
+import os
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 
-from shared.core.messages import FilePart, Message, TextPart
+from shared.core.messages import FilePart, ImagePart, Message, TextPart
 from shared.store.sessions import SessionStore
 
 HAIKU = "claude-3-5-haiku-20241022"  # a registry window of 200,000
@@ -156,3 +158,40 @@ def test_an_output_reserve_overflow_is_recovered_by_a_lower_reserve(
     assert view.report.budget.reserve + view.report.estimated_prompt_tokens <= 4096
     assert view.report.budget.reserve >= 4096 - max(prompt, sent) - 1  # all that fits
     assert view.report.dropped_messages == 0 and len(view.messages) == len(refused.messages)
+
+
+REQUEST_TOO_LARGE = {"type": "error", "error": {
+    "type": "request_too_large", "message": "Request exceeds the maximum allowed number of bytes."}}
+
+
+def photo_turn(i: int) -> Message:
+    data = base64.b64encode(bytes([i]) * 16 + os.urandom(1_000_000)).decode()
+    return Message(role="user", content=[TextPart(text=f"look at image {i}"),
+                                         ImagePart(data=data, media_type="image/png")])
+
+
+def wire_bytes(view: Any) -> int:
+    return len(json.dumps(view.openai()))
+
+
+def test_a_body_size_refusal_drops_the_oldest_media_until_the_body_fits(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Four inline images in the log and a fifth in the new turn: ~7 MB of base64 that is
+    a few thousand tokens. The provider refuses the body's bytes (HTTP 413, no figure);
+    a share of the window in tokens drops nothing, so the retry is sized by the refused
+    body's bytes: the oldest images go, the newest turn stays, and the body shrinks by
+    the recovery share."""
+    guard = make_guard(store)
+    for i in range(4):
+        store.append("s", [photo_turn(i), Message(role="assistant", content=f"seen {i}")])
+    user = [photo_turn(4)]
+    refused = guard.prepare("s", "sys", max_tokens=500, model="gpt-4o", pending=user)
+    sent = wire_bytes(refused)
+    assert sent > 6_000_000 and refused.report.estimated_prompt_tokens < 20_000
+    view = guard.recover("s", sdk_error(413, REQUEST_TOO_LARGE), "sys", max_tokens=500,
+                         model="gpt-4o", pending=user)
+    assert view is not None and view.report.dropped_messages > 0
+    assert wire_bytes(view) <= 0.5 * sent
+    assert view.openai()[-1] == refused.openai()[-1]  # the newest turn, image and all
+    later = guard.prepare("s", "sys", max_tokens=500, model="gpt-4o", pending=user)
+    assert wire_bytes(later) <= 0.5 * sent  # the cut is the session's from now on

@@ -33,10 +33,11 @@ Decisions documented here because callers depend on them:
   overflow: ``is_context_overflow`` is true and ``OverflowInfo.kind`` says
   ``output_reserve_overflow`` so the guard can lower the reserve or compact.
 - *Payload size* (HTTP 413, body bytes over a proxy's or provider's cap) is
-  reported as ``ErrorKind.PAYLOAD_SIZE`` and counts as an overflow: forced
-  compaction drops old bulky tool outputs and media, which is the only
-  automatic way to shrink the body; its byte limits never reach the token
-  ``LimitBook`` (``OverflowInfo.limit`` stays None).
+  reported as ``ErrorKind.PAYLOAD_SIZE`` and counts as an overflow: the guard's
+  recovery sizes its cut by the body's bytes, not tokens (older turns go, with their
+  media and bulky tool outputs), which is the only automatic way to shrink the body;
+  its byte limits never reach the token ``LimitBook`` (``OverflowInfo.limit`` stays
+  None).
 
 Other languages than English (``shared.core.overflow_languages``) are read in the same
 order: for a text with letters beyond ASCII, each English family is followed by its

@@ -398,6 +398,9 @@ class GuardFlow(GuardShell):
                 max_tokens, ratio = room, None
             extra, extra_tokens = self.pending(session_id, pending)
             snap = yield from self.snapshot_steps(session_id, min_length)
+            if ratio is not None:
+                ratio = self._payload_ratio(session_id, error, snap, system_prompt, tools,
+                                            max_tokens, model, extra, extra_tokens, ratio)
             try:
                 view = yield from self._build(session_id, snap, system_prompt, tools,
                                               max_tokens, model, extra, extra_tokens, started,
@@ -410,6 +413,19 @@ class GuardFlow(GuardShell):
                 _not_retried(trace, session_id, refused, why)
                 return None
             return trace.recovered(view)
+
+    def _payload_ratio(self, session_id: str, error: object, snap: CachedView,
+                       system_prompt: str, tools: Sequence[Mapping[str, Any]] | None,
+                       max_tokens: int | None, model: str, extra: list[Message],
+                       extra_tokens: list[int], ratio: float) -> float:
+        """``ratio``, or for a refusal of the body's bytes the share of the window that
+        keeps ``ratio`` of the view's bytes (:meth:`payload_ratio`)."""
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
+                           extra, extra_tokens, None, scan=snap.scan)
+        found = self.payload_ratio(error, [*snap.applied, *extra],
+                                   req.system_tokens + req.tool_tokens + req.overhead,
+                                   req.window, ratio)
+        return ratio if found is None else found
 
     def stats_steps(self, session_id: str) -> Steps[dict[str, Any]]:
         snap = yield from self.snapshot_steps(session_id)

@@ -6,6 +6,7 @@ refused request was from the guard's estimate of it. Mixed into
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shared.core.config import CompactionPolicy
@@ -18,9 +19,11 @@ from shared.core.limits import (
     stated_limit,
 )
 from shared.core.limits import model_limits as unlearned_limits
+from shared.core.messages import Message
 from shared.core.model_registry import positive_int
 from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow, unrecognised
 from shared.core.records import SessionState
+from shared.core.tokens import TokenCounter
 from shared.telemetry import get_metrics
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ class Recovery:
     policy: CompactionPolicy
     limits: LimitBook
     overrides: dict[str, ModelLimits | int]
+    counter: TokenCounter
     _lock: threading.Lock
     _sent: dict[str, Sent]
 
@@ -115,6 +119,28 @@ class Recovery:
         if not asked or room < asked * MIN_ANSWER_SHARE:
             return None
         return min(room, asked)
+
+    def payload_ratio(self, error: object, history: Sequence[Message], fixed: int,
+                      window: int, share: float) -> float | None:
+        """The share of the window to compact to after a refusal of the body's bytes (HTTP
+        413, "payload size exceeds"): a share of the window in tokens misses them (a few
+        inline images are megabytes and a few thousand tokens), so the newest messages
+        are kept while they hold at most ``share`` of the refused body's bytes (``history``
+        as sent), and the window's share is what they and the ``fixed`` part of the
+        request take. The cut drops older turns, with their media and bulky outputs, never
+        the newest turn. None for any other error."""
+        info = parse_overflow(error)
+        if info is None or info.kind != "payload_size" or not history:
+            return None
+        sizes = [len(m.model_dump_json()) for m in history]
+        room, kept = share * sum(sizes), 0
+        for size in reversed(sizes):
+            if size > room:
+                break
+            room -= size
+            kept += 1
+        tokens = sum(self.counter.message(m) for m in history[len(history) - kept:])
+        return max((fixed + tokens) / window, MIN_RECOVERY_RATIO)
 
     def refused_fill(self, session_id: str, model: str, max_tokens: int | None,
                      prepared_tokens: int | None) -> float | None:
