@@ -51,7 +51,6 @@ from celery.signals import celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.core.errors import ConfigError
-from shared.enqueue import QUEUE
 from workers.broker import worker_transport
 from workers.settings import (
     RECALL_INDEX_PRIORITY,
@@ -108,16 +107,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "max_connections": settings.broker_max_connections,
         },
         "broker_connection_retry_on_startup": True,
-        # Routing: everything on the dedicated queue, so the service can share a broker.
+        # Routing: everything on the dedicated queue (COMPACTION_QUEUE, "compaction"), so
+        # the service can share a broker.
         # A publisher may pick another queue (CeleryEnqueuer(app, queue=...), a worker
         # with -Q that queue): a job's follow-up and index jobs go back to the queue it
         # came from (workers.tasks.reply_route); these routes serve the rest.
-        "task_default_queue": QUEUE,
-        "task_queues": (Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE),),
+        "task_default_queue": settings.queue,
+        "task_queues": (Queue(settings.queue, Exchange(settings.queue),
+                              routing_key=settings.queue),),
         # The recall index job rides its job's queue at the lowest priority: workers take
         # it only when no compaction is waiting (workers.tasks.index_recall).
-        "task_routes": {RECALL_INDEX_TASK: {"queue": QUEUE, "priority": RECALL_INDEX_PRIORITY},
-                        "compaction.*": {"queue": QUEUE}},
+        "task_routes": {RECALL_INDEX_TASK: {"queue": settings.queue,
+                                            "priority": RECALL_INDEX_PRIORITY},
+                        "compaction.*": {"queue": settings.queue}},
         # Time limits: enforced by prefork only. Under threads the job stops starting
         # LLM calls after the soft limit and each call has its client timeout (see the
         # module docstring); Settings.longest_job_seconds covers both pools.

@@ -38,6 +38,7 @@ from pydantic_settings import (
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import ConfigError, InvalidInput
 from shared.core.tokens_exact import build_counter
+from shared.enqueue import QUEUE
 from shared.store.keys import validate_tenant
 from workers.settings_sources import (
     ENV_PREFIX,
@@ -159,6 +160,9 @@ class Settings(BaseSettings):
     # worker (time limits, lease, retries and redelivery: see "Timing" below)
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
+    queue: str = Field(default=QUEUE, min_length=1, description="Celery queue the CLI, "
+                       "compaction serve and doctor publish to and check; workers take it "
+                       "with -Q")
     broker_max_connections: int = Field(
         default=128, gt=0, description="connections per broker channel pool: every pool "
         "thread may acknowledge at the same moment (kombu's default is 10)")

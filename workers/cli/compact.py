@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import CompactionError, InvalidInput
-from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
+from shared.enqueue import TASK_COMPACT, publisher_app
 from workers.cli._common import (
     add_json,
     add_session,
@@ -79,10 +79,12 @@ def _working(what: str) -> Iterator[None]:
 
 
 def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
-    """Publish the task by name (as the agent side does); returns the task id."""
+    """Publish the task by name (as the agent side does) on ``COMPACTION_QUEUE``; returns
+    the task id."""
     app = publisher_app(settings.broker_url, timeout=2.0)
     try:
-        result = app.send_task(TASK_COMPACT, args=[session_id], kwargs=kwargs, queue=QUEUE)
+        result = app.send_task(TASK_COMPACT, args=[session_id], kwargs=kwargs,
+                               queue=settings.queue)
     except Exception as exc:  # kombu's OperationalError and transport errors
         raise CompactionError(f"cannot reach the broker at {redact_url(settings.broker_url)}: "
                               f"{exc}") from None

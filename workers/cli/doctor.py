@@ -5,8 +5,8 @@ by ``--timeout``: the Redis store (reachable, version, latency, eviction
 policy), whether a warm guard can skip its reads there (client tracking), the
 broker (reachable, ``maxmemory-policy``: anything but
 ``noeviction`` may silently drop queued jobs), the queue length, the
-workers (Celery ``control.ping``, and whether they consume the
-``compaction`` queue), and the summarizer (a ``models.list()`` for
+workers (Celery ``control.ping``, and whether they consume the queue,
+``COMPACTION_QUEUE``), and the summarizer (a ``models.list()`` for
 OpenAI-compatible servers, a ``countTokens`` call for Vertex / Gemini, a
 note for the offline summarizer). Exit status 0 only if nothing FAILs.
 
@@ -175,8 +175,8 @@ def check_broker(settings: Settings, timeout: float) -> list[Check]:
     if broker.verdict == "FAIL":
         return [broker, Check("queue", "FAIL", "broker unreachable"),
                 Check("workers", "FAIL", "broker unreachable")]
-    queue = _guarded("queue", lambda: _queue_length(url, timeout))
-    workers = _guarded("workers", lambda: check_workers(url, timeout))
+    queue = _guarded("queue", lambda: _queue_length(url, settings.queue, timeout))
+    workers = _guarded("workers", lambda: check_workers(url, timeout, settings.queue))
     return [broker, queue, workers]
 
 
@@ -216,37 +216,37 @@ def _broker_kombu(url: str, timeout: float) -> Check:
         return Check("broker", "OK", f"{redact_url(url)}: reachable ({conn.transport_cls})")
 
 
-def _queue_length(url: str, timeout: float) -> Check:
+def _queue_length(url: str, queue: str, timeout: float) -> Check:
     if _is_redis(url):
         client = _redis_client(url, timeout)
         try:
-            names = [QUEUE] + [f"{QUEUE}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+            names = [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
             length = sum(int(client.llen(n)) for n in names)
         finally:
             client.close()
     else:
         with _kombu_connection(url, timeout) as conn:
-            declared = conn.default_channel.queue_declare(QUEUE, passive=True)
+            declared = conn.default_channel.queue_declare(queue, passive=True)
             length = int(declared.message_count)
-    return Check("queue", "OK", f"{length} job(s) waiting in {QUEUE!r}")
+    return Check("queue", "OK", f"{length} job(s) waiting in {queue!r}")
 
 
-def check_workers(url: str, timeout: float) -> Check:
+def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
     app = publisher_app(url, timeout=timeout)
     try:
         replies = app.control.ping(timeout=timeout) or []
         names = sorted(name for reply in replies for name in reply)
         if not names:
             return Check("workers", "FAIL", f"no worker answered within {timeout:g} s "
-                                            f"(start: celery -A workers.app worker -Q {QUEUE})")
+                                            f"(start: celery -A workers.app worker -Q {queue})")
         queues = app.control.inspect(destination=names, timeout=timeout,
                                      limit=len(names)).active_queues() or {}
     finally:
         app.close()
-    idle = [n for n in names if QUEUE not in {q.get("name") for q in queues.get(n, [])}]
+    idle = [n for n in names if queue not in {q.get("name") for q in queues.get(n, [])}]
     detail = f"{len(names)} online: {', '.join(names)}"
     if idle:
-        return Check("workers", "WARN", f"{detail}; not consuming {QUEUE!r}: {', '.join(idle)}")
+        return Check("workers", "WARN", f"{detail}; not consuming {queue!r}: {', '.join(idle)}")
     return Check("workers", "OK", detail)
 
 

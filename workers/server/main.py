@@ -4,7 +4,8 @@
 processes) and ``compaction serve`` (one) build the same app: the store of
 ``COMPACTION_REDIS_URL`` with the configured token counter, the Celery
 publisher of ``COMPACTION_BROKER_URL`` for ``maybe_summarize`` and
-``compaction.compact``, the guard policy of ``COMPACTION_*``.
+``compaction.compact`` (on ``COMPACTION_QUEUE``), the guard policy of
+``COMPACTION_*``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from workers.server.config import ServerConfig, load_server_config
 from workers.settings import Settings, load_settings
 
 
-def compact_publisher(app: Any) -> CompactPublisher:
-    """Publishes ``compaction.compact`` by name on the compaction queue; the task id back."""
+def compact_publisher(app: Any, queue: str = QUEUE) -> CompactPublisher:
+    """Publishes ``compaction.compact`` by name on ``queue``; the task id back."""
 
     def publish(tenant: str, session_id: str, keep_recent: int | None, force: bool) -> str:
         kwargs = {"keep_recent": keep_recent, "force": force, "tenant": tenant}
-        result = app.send_task(TASK_COMPACT, args=[session_id], kwargs=kwargs, queue=QUEUE)
+        result = app.send_task(TASK_COMPACT, args=[session_id], kwargs=kwargs, queue=queue)
         return str(result.id)
 
     return publish
@@ -35,8 +36,9 @@ def build_app(settings: Settings, config: ServerConfig) -> FastAPI:
 
     store = open_store(settings)
     publisher = publisher_app(settings.broker_url, timeout=2.0)
-    return create_app(config, store, CeleryEnqueuer(publisher), policy=settings.policy(),
-                      compact=compact_publisher(publisher))
+    return create_app(config, store, CeleryEnqueuer(publisher, queue=settings.queue),
+                      policy=settings.policy(),
+                      compact=compact_publisher(publisher, settings.queue))
 
 
 def app_from_env() -> FastAPI:
