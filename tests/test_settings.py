@@ -255,3 +255,15 @@ def test_the_servers_variables_are_no_unknown_setting() -> None:
     assert warn_unknown_variables(server, stream) is None and stream.getvalue() == ""
     assert unknown_variables({"COMPACTION_SERVER_TOKEN_FILE": "x"}) == [
         ("COMPACTION_SERVER_TOKEN_FILE", "COMPACTION_SERVER_TOKENS_FILE")]
+
+
+def test_an_empty_unrecognised_overflow_threshold_is_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty is a configuration error, as for every other number: only ``none`` / ``off``
+    turn the net off (an empty value used to switch it off without a word)."""
+    monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", "")
+    with pytest.raises(ConfigError, match="COMPACTION_UNRECOGNISED_OVERFLOW_AT=''"):
+        load_settings()
+    for word in ("none", "off", "never", " Off "):
+        monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", word)
+        assert load_settings().unrecognised_overflow_at is None

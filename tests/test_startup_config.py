@@ -234,3 +234,25 @@ def test_every_setting_and_file_variant_is_known() -> None:
     known = known_variables()
     assert {f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields} <= known
     assert "COMPACTION_REDIS_PASSWORD_FILE" in known
+
+
+# -- timing -----------------------------------------------------------------------------------
+def test_a_visibility_timeout_below_the_longest_job_is_one_warning(own_redis_url: str) -> None:
+    """A real worker: jobs outliving the visibility timeout are delivered twice (duplicated
+    work), so the start says so in one line, and still starts (tests kill workers with a
+    timeout of a few seconds on purpose)."""
+    from workers.harness.stack.worker_process import WorkerProcess, worker_env
+
+    env = worker_env(broker_url=own_redis_url, redis_url=own_redis_url, key_prefix="tvis",
+                     broker_visibility_timeout="5")
+    worker = WorkerProcess("vis", env, concurrency=1).start()
+    worker.stop()
+    warnings = [line for line in worker.log().splitlines() if "VISIBILITY_TIMEOUT" in line]
+    assert warnings == [
+        "warning: COMPACTION_BROKER_VISIBILITY_TIMEOUT=5 is below the longest job (180 s): "
+        "a job still running after 5 s is delivered again and runs twice (unset, it is "
+        "derived: 258 s)"], worker.log()
+    env.pop("COMPACTION_BROKER_VISIBILITY_TIMEOUT")
+    worker = WorkerProcess("vis2", env, concurrency=1).start()
+    worker.stop()
+    assert "VISIBILITY_TIMEOUT" not in worker.log()

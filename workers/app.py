@@ -207,6 +207,14 @@ def _select_worker_transport(sender: Any = None, conf: Any = None, **_: Any) -> 
         conf.broker_transport = worker_transport(conf.broker_url)
 
 
+@celeryd_init.connect
+def _warn_on_timing(**_: Any) -> None:
+    """A starting worker says so when its visibility timeout is below the longest job."""
+    warning = app.conf.compaction_settings.visibility_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
 @worker_init.connect
 def _preload_on_worker_start(sender: Any = None, **_: Any) -> None:
     """Before the pool starts (and forks): see :func:`preload_summarizer_sdk`.

@@ -280,8 +280,9 @@ class Settings(BaseSettings):
     @field_validator("unrecognised_overflow_at", mode="before")
     @classmethod
     def _never(cls, value: object) -> object:
-        """``none`` / ``off`` (or empty) turn the net off."""
-        if isinstance(value, str) and value.strip().lower() in ("", "none", "off", "never"):
+        """``none`` / ``off`` / ``never`` turn the net off; empty is an error, as for every
+        other number (a blank left in a template must not switch a feature off)."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "off", "never"):
             return None
         return value
 
@@ -394,6 +395,18 @@ class Settings(BaseSettings):
             return self.broker_visibility_timeout
         return (self.longest_job_seconds + LEASE_MARGIN_SECONDS + self.longest_retry_countdown
                 + self.broker_restore_sweep_seconds + REDELIVERY_MARGIN_SECONDS)
+
+    def visibility_warning(self) -> str | None:
+        """One line when an explicit visibility timeout is below the longest job: a job
+        still running then is delivered again (the lease keeps it harmless, the work is
+        done twice). Not an error: tests that kill workers set a few seconds on purpose."""
+        given = self.broker_visibility_timeout
+        if given is None or given >= self.longest_job_seconds:
+            return None
+        derived = self.model_copy(update={"broker_visibility_timeout": None}).visibility_timeout
+        return (f"warning: {ENV_PREFIX}BROKER_VISIBILITY_TIMEOUT={given} is below the longest "
+                f"job ({self.longest_job_seconds} s): a job still running after {given} s is "
+                f"delivered again and runs twice (unset, it is derived: {derived} s)")
 
     @property
     def lease_seconds(self) -> int:
