@@ -55,11 +55,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
-from langchain_core.tools import BaseTool, StructuredTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from langgraph.prebuilt.tool_node import ToolCallRequest
+try:
+    from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+    from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+except ModuleNotFoundError as exc:  # tests/test_install.py runs this without the extra
+    raise ModuleNotFoundError("shared.integrations.langchain needs the 'langchain' extra: "
+                              "pip install 'context-compaction[langchain]'",
+                              name=exc.name) from exc
 
 from shared.core.errors import CompactionError, InvalidInput
 from shared.core.messages import Message

@@ -51,13 +51,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pydantic_ai import AgentRunResult
-from pydantic_ai import messages as pm
-from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
-from pydantic_ai.exceptions import RetryModelRequest
-from pydantic_ai.models import ModelRequestContext
-from pydantic_ai.tools import RunContext, Tool
-from pydantic_ai.toolsets import FunctionToolset
+try:
+    from pydantic_ai import AgentRunResult
+    from pydantic_ai import messages as pm
+    from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
+    from pydantic_ai.exceptions import RetryModelRequest
+    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.tools import RunContext, Tool
+    from pydantic_ai.toolsets import FunctionToolset
+except ModuleNotFoundError as exc:  # tests/test_install.py runs this without the extra
+    raise ModuleNotFoundError("shared.integrations.pydantic_ai needs the 'pydantic-ai' extra: "
+                              "pip install 'context-compaction[pydantic-ai]'",
+                              name=exc.name) from exc
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import ContentPart, FilePart, ImagePart, Message, TextPart, ToolCall

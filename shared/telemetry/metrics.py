@@ -124,6 +124,13 @@ class NullMetrics:
         return None
 
 
+def extra_missing(exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error for prometheus_client missing: names the extra that installs it (the
+    missing module stays named, as an import error's)."""
+    return ModuleNotFoundError("Prometheus metrics need the 'metrics' extra: "
+                               "pip install 'context-compaction[metrics]'", name=exc.name)
+
+
 class PrometheusMetrics:
     """:class:`Metrics` on prometheus_client, registered on ``registry``.
 
@@ -135,9 +142,8 @@ class PrometheusMetrics:
     def __init__(self, registry: Any = None) -> None:
         try:
             import prometheus_client as prom
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError("Prometheus metrics need the 'metrics' extra: "
-                              "pip install 'context-compaction[metrics]'") from exc
+        except ModuleNotFoundError as exc:
+            raise extra_missing(exc) from exc
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         reg = self.registry
         p = PREFIX
@@ -352,8 +358,10 @@ def metrics_app(registry: Any = None) -> Any:
     with a redirect to ``/metrics/``; :class:`MetricsEndpoint` serves the
     exact path.
     """
-    from prometheus_client import make_asgi_app
-
+    try:
+        from prometheus_client import make_asgi_app
+    except ModuleNotFoundError as exc:
+        raise extra_missing(exc) from exc
     return make_asgi_app(served_registry(registry))
 
 
