@@ -203,3 +203,31 @@ def test_real_sessions_compress_and_fold() -> None:
             previous = summarize(body[lo:lo + step], previous, 1 + lo, summarizer)
             assert len(previous) <= 6000
         assert previous is not None and section(previous, "Goal") == section(whole, "Goal")
+
+
+def _path_heavy(turns: int) -> list[Message]:
+    """Turns that read and write deep JSON files: dense in tokens per character."""
+    out: list[Message] = []
+    for t in range(turns):
+        path = f"/srv/app/{t}/cfg_{t:03d}/a.b/{t}_x-{t}/settings.json"
+        out.append(Message(role="user", content=f"update {path} key k{t}={{\"v\":[{t},{t}]}}"))
+        out.append(Message(role="assistant", content="", tool_calls=[ToolCall(
+            id=f"w{t}", name="write_file", arguments=json.dumps({"path": path,
+                                                                 "content": "{}"}))]))
+        out.append(Message(role="tool", tool_call_id=f"w{t}", content=f"wrote {path}"))
+    return out
+
+
+def test_the_offline_summary_stays_within_the_summary_token_cap() -> None:
+    """COMPACTION_MAX_SUMMARY_TOKENS is a token cap: 4 characters a token overshoots it on
+    paths and JSON, where a token is closer to 2 characters."""
+    from shared.core.ledger import Ledger
+    from workers.summarizer.engine import SummaryEngine
+
+    messages = _path_heavy(120)
+    ledger = Ledger().merge(extract_facts(messages))
+    for cap in (300, 800, 2000):
+        draft = SummaryEngine(None, max_summary_tokens=cap).summarize(messages, None, ledger)
+        assert draft.kind == "offline"
+        assert DEFAULT_COUNTER.text(draft.text) <= cap, (cap, DEFAULT_COUNTER.text(draft.text))
+        assert "## Goal" in draft.text

@@ -151,3 +151,31 @@ def test_an_engine_update_answered_with_a_stub_is_not_stored() -> None:
         messages = [Message(role="user", content="step " + "word " * 300)]
         with pytest.raises(BadSummary):
             SummaryEngine(client).summarize(messages, FULL, Ledger())
+
+
+def test_a_reply_well_over_the_summary_token_cap_is_rejected() -> None:
+    """The plan reserves max_summary_tokens for the summary: a reply three times that
+    leaves the session over its target after compacting."""
+    big = FULL + "\n" + "\n".join(f"- finding {i}: /srv/app/{i}/cfg.json" for i in range(300))
+    with pytest.raises(BadSummary, match="cap"):
+        check_summary(big, input_tokens=100_000, max_tokens=1000)
+    assert check_summary(FULL, input_tokens=100_000, max_tokens=1000) == FULL
+
+
+def test_an_engine_reply_well_over_the_cap_is_not_stored() -> None:
+    """Through the real openai client: the provider counts the reply under its max_tokens
+    (finish_reason stop), our count is three times the cap the plan reserved."""
+    from shared.core.ledger import Ledger
+    from shared.core.messages import Message
+    from workers.harness.fakes import FakeOpenAIServer
+    from workers.summarizer.engine import SummaryEngine
+    from workers.summarizer.providers import OpenAIClient
+
+    big = FULL + "\n" + "\n".join(f"- finding {i}: /srv/app/{i}/cfg.json" for i in range(300))
+    reply = {"role": "assistant", "content": big, "finish_reason": "stop",
+             "completion_tokens": 990}
+    with FakeOpenAIServer(responder=[reply]) as server:
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        messages = [Message(role="user", content="step " + "word " * 20_000)]
+        with pytest.raises(BadSummary, match="cap"):
+            SummaryEngine(client, max_summary_tokens=1000).summarize(messages, None, Ledger())

@@ -124,7 +124,9 @@ class SummaryEngine:
         self.max_summary_tokens = max_summary_tokens
         window = client.context_window if client is not None else 128_000
         self.max_input_tokens = max_input_tokens or max(4096, window - max_summary_tokens - 1024)
-        self.offline = offline or OfflineSummarizer(max_chars=max_summary_tokens * 4)
+        self.offline = offline or OfflineSummarizer(max_chars=max_summary_tokens * 4,
+                                                    max_tokens=max_summary_tokens,
+                                                    counter=self.counter)
 
     @property
     def is_llm(self) -> bool:
@@ -288,7 +290,7 @@ class SummaryEngine:
         input_tokens = counter.messages(list(chunk)) + (
             counter.text(previous) if previous else 0)
         return check_summary(completion.text, input_tokens=input_tokens, counter=counter,
-                             previous=previous)
+                             previous=previous, max_tokens=self.max_summary_tokens)
 
     @staticmethod
     def _check_deadline(deadline: float | None) -> None:

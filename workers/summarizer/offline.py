@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from shared.core.errors import InvalidInput
 from shared.core.ledger import Ledger
 from shared.core.messages import Message, validate_message
+from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 
 SECTIONS = ("Goal", "Constraints", "Done", "In progress", "Key decisions", "Next steps",
             "Critical context", "Read files", "Modified files")
@@ -103,6 +104,10 @@ class OfflineSummarizer:
     goal_chars: int = 600
     item_chars: int = 240
     ledger_chars: int = 2500
+    max_tokens: int | None = None
+    """A cap in tokens as ``counter`` counts them, on top of ``max_chars`` (a character
+    cap alone overshoots on paths and JSON, at about two characters a token)."""
+    counter: TokenCounter | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_chars", "max_requests", "max_commands", "max_errors", "max_decisions",
@@ -112,6 +117,9 @@ class OfflineSummarizer:
                 raise InvalidInput("must be a positive integer", field=name)
         if self.max_chars < 200:
             raise InvalidInput("must be at least 200 characters", field="max_chars")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(
+                self.max_tokens, int) or self.max_tokens < 1):
+            raise InvalidInput("must be a positive integer", field="max_tokens")
 
     def summarize(self, messages: Sequence[Message], previous: str | None, ledger: Ledger, *,
                   start: int = 0) -> str:
@@ -122,7 +130,16 @@ class OfflineSummarizer:
         merged = _merge(old, fresh)
         # Requests already answered are history, not next steps: keep the latest few.
         merged["Next steps"] = merged["Next steps"][-(self.max_requests + 2):]
-        return self._bounded(merged)
+        text = self._bounded(merged, self.max_chars)
+        if self.max_tokens is None:
+            return text
+        counter = self.counter or DEFAULT_COUNTER
+        # Trim again to the characters the token cap allows at this text's own density;
+        # each pass is shorter by at least 5%, so this ends (at 200 characters at worst).
+        while (tokens := counter.text(text)) > self.max_tokens and len(text) > 200:
+            text = self._bounded(merged, max(200, int(len(text) * self.max_tokens / tokens
+                                                      * 0.95)))
+        return text
 
     # -- extraction --------------------------------------------------------
     def _sections(self, msgs: list[Message], ledger: Ledger, start: int,
@@ -180,16 +197,16 @@ class OfflineSummarizer:
         return out
 
     # -- size --------------------------------------------------------------
-    def _bounded(self, sections: dict[str, list[str]]) -> str:
+    def _bounded(self, sections: dict[str, list[str]], max_chars: int) -> str:
         sections = {k: list(v) for k, v in sections.items()}
         text = _render(sections)
-        while len(text) > self.max_chars:
+        while len(text) > max_chars:
             order = [k for k in sections if k not in _TRIM_LAST and sections[k]] or [
                 k for k in _TRIM_LAST[::-1] if sections[k]]
             if not order:
                 break
             bulkiest = max(order, key=lambda k: sum(len(x) + 1 for x in sections[k]))
-            excess = len(text) - self.max_chars
+            excess = len(text) - max_chars
             last_long_item = len(sections[bulkiest]) == 1 and \
                 len(sections[bulkiest][0]) > excess + 40
             item = sections[bulkiest][0]
@@ -199,7 +216,7 @@ class OfflineSummarizer:
             else:
                 sections[bulkiest].pop(0)  # oldest first
             text = _render(sections)
-        return text if len(text) <= self.max_chars else text[: self.max_chars - 1] + "…"
+        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
 def _render(sections: dict[str, list[str]]) -> str:

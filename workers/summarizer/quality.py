@@ -94,15 +94,22 @@ def _required_sections(text: str) -> set[str]:
     return {m.group(1).lower() for m in _HEADING.finditer(text)} & names
 
 
+MAX_TOKENS_OVERSHOOT = 1.5
+"""How far past its token cap a reply may go (our count is an estimate, the model's
+own tokenizer set its length) before it is rejected."""
+
+
 def check_summary(text: str, *, input_tokens: int, counter: TokenCounter | None = None,
-                  previous: str | None = None) -> str:
+                  previous: str | None = None, max_tokens: int | None = None) -> str:
     """The cleaned summary, or :class:`BadSummary` saying why it must not be stored.
 
     ``input_tokens`` is the size of what was summarized (previous summary plus
     new messages); a summary that is longer than that compressed nothing.
     ``previous``: the summary this one updates; a reply that keeps fewer than
     half of its sections stopped early or ignored the format, and storing it
-    would lose the rest of the previous summary.
+    would lose the rest of the previous summary. ``max_tokens``: the summary's
+    cap (what the compaction plan reserves for it); a reply well past it
+    (:data:`MAX_TOKENS_OVERSHOOT`) is rejected.
     """
     if not isinstance(text, str):
         raise InvalidInput(f"expected a string, got {type(text).__name__}", field="text")
@@ -137,6 +144,9 @@ def check_summary(text: str, *, input_tokens: int, counter: TokenCounter | None 
             raise BadSummary(f"the update keeps {len(kept)} of the {len(before)} sections of "
                              f"the previous summary: {_excerpt(cleaned)}")
     tokens = counter.text(cleaned)
+    if max_tokens is not None and tokens > max_tokens * MAX_TOKENS_OVERSHOOT:
+        raise BadSummary(f"summary of {tokens} tokens, well over its cap of {max_tokens} "
+                         "tokens")
     if tokens > input_tokens:
         raise BadSummary(f"summary of {tokens} tokens is longer than its input of "
                          f"{input_tokens} tokens")
@@ -148,4 +158,4 @@ def _excerpt(text: str, limit: int = 80) -> str:
     return repr(flat if len(flat) <= limit else flat[:limit] + "...")
 
 
-__all__ = ["check_summary", "clean_summary", "section_count"]
+__all__ = ["MAX_TOKENS_OVERSHOOT", "check_summary", "clean_summary", "section_count"]
