@@ -116,7 +116,9 @@ def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
     count was short), and the span still says what the provider stated."""
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
     guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})
-    turn = demo_turns(1)[0]
+    *earlier, turn = demo_turns(4)
+    for done in earlier:  # something to drop: a view no smaller is not retried
+        guard.record_turn("g2", done)
     guard.prepare("g2", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
     error = RuntimeError("This model's maximum context length is 16000 tokens. However, your "
                          "messages resulted in 16500 tokens.")
