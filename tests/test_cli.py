@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -195,6 +196,24 @@ def test_compact_wait_history_and_rewind(session: SessionStore,
     assert code == 2 and "no kept summary at watermark" in err and "Traceback" not in err
     code, out, _ = cli(capsys, "rewind", SESSION, "0")
     assert code == 0 and "no summary is current" in out
+
+
+def test_compact_wait_with_a_failing_summarizer_is_one_line(
+        session: SessionStore, tmp_path: Path) -> None:
+    """The real command: the job's failure is one ``compaction: error:`` line, not Celery's
+    "raised unexpected" traceback (celery.app.trace logs it during the inline run)."""
+    broken = tmp_path / "openai"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise ImportError("simulated")\n')
+    env = {**os.environ, "COMPACTION_SUMMARIZER": "openai", "COMPACTION_SUMMARIZER_API_KEY": "k",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "workers.cli.main", "compact", SESSION,
+                           "--wait", "--force"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "compaction: error: COMPACTION_SUMMARIZER=openai needs the 'openai' extra: "
+        "pip install 'context-compaction[openai]'"], done.stderr
 
 
 def test_unknown_session_is_a_clean_error(urls: tuple[str, str],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,9 @@ from workers.cli._common import (
 from workers.cli._format import human
 from workers.settings import Settings
 from workers.urls import redact_url
+
+# Celery logs a failed task with its traceback ("raised unexpected") before apply() returns
+TRACE_LOGGER = "celery.app.trace"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,9 +74,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 @contextlib.contextmanager
 def _working(what: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while an inline job runs (transient)."""
+    """A spinner with the elapsed time on stderr while an inline job runs (transient; on a
+    terminal only: elsewhere rich leaves an empty line before the error or the outcome)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True)
+                        console=console, transient=True)
     with progress:
         progress.add_task(what, total=None)
         yield
@@ -98,7 +107,7 @@ def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> d
     from workers.harness.stack.in_process import worker_app_with
     from workers.tasks import compact
 
-    with store_errors(settings.redis_url), worker_app_with(settings):
+    with store_errors(settings.redis_url), worker_app_with(settings), _silenced(TRACE_LOGGER):
         result = compact.apply(args=[session_id], kwargs=kwargs)
     if not result.successful():
         error = result.result
@@ -107,6 +116,17 @@ def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> d
         raise CompactionError(f"the compaction job failed: {type(error).__name__}: {error}")
     outcome: dict[str, Any] = result.result
     return outcome
+
+
+@contextlib.contextmanager
+def _silenced(name: str) -> Iterator[None]:
+    """Mute a logger for the block: the failure is raised here as one line."""
+    logger = logging.getLogger(name)
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
 
 
 def describe(outcome: dict[str, Any]) -> str:
