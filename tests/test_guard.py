@@ -12,7 +12,12 @@ import pytest
 import redis
 
 from shared.core.config import CompactionPolicy, StoreConfig
-from shared.core.errors import InvalidInput, IrreducibleOverflow, StoreUnavailable
+from shared.core.errors import (
+    InvalidInput,
+    IrreducibleOverflow,
+    SessionNotFound,
+    StoreUnavailable,
+)
 from shared.core.limits import LimitBook
 from shared.core.messages import ImagePart, Message, TextPart
 from shared.core.records import AppendResult, SummaryRecord
@@ -420,6 +425,15 @@ def test_stats_reports_regions(guard: ContextGuard) -> None:
     assert stats["length"] == 5 and stats["regions"]["history"] > 0
     assert stats["regions"]["system"] > 0 and 0 < stats["usage_ratio"] < 1
     assert stats["pending_job"] is True
+
+
+def test_stats_of_a_session_never_recorded_is_session_not_found(guard: ContextGuard) -> None:
+    """Before: the defaults (model '', a 128k window) read as a real session's figures."""
+    with pytest.raises(SessionNotFound, match="no session 'nobody'"):
+        guard.stats("nobody")
+    guard.prepare("nobody", SYSTEM, max_tokens=500, model="small-model")  # records nothing
+    with pytest.raises(SessionNotFound):
+        guard.stats("nobody")
 
 
 def test_stats_cap_the_reserve_as_prepare_does(make_guard: Callable[..., Any],

@@ -29,7 +29,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
-from shared.core.errors import IrreducibleOverflow, StoreUnavailable
+from shared.core.errors import IrreducibleOverflow, SessionNotFound, StoreUnavailable
 from shared.core.guard_state import Plan, plan_view
 from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.prepared import PreparedView, ViewReport
@@ -428,8 +428,12 @@ class GuardFlow(GuardShell):
         return ratio if found is None else found
 
     def stats_steps(self, session_id: str) -> Steps[dict[str, Any]]:
+        """The meter; :class:`SessionNotFound` for a session with neither messages nor
+        summaries (its figures would be the defaults, read as a real session's)."""
         snap = yield from self.snapshot_steps(session_id)
         summaries = yield Io("summaries", (session_id,))
+        if snap.end == 0 and not summaries:
+            raise SessionNotFound(f"no session {session_id!r} in tenant {self.store.tenant!r}")
         return self.stats_from(session_id, self.store.tenant, snap, summaries)
 
 
