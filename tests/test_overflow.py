@@ -1156,3 +1156,53 @@ def test_billing_texts_are_quota_errors_not_overflows(text: str) -> None:
     error = ProviderError(text, 400)
     assert classify_error(error) is K.QUOTA
     assert not is_context_overflow(error)
+
+
+# A parameter's own size limit (its subject is the parameter, not the prompt or context): the
+# audit's three texts, then others of the same shape written after the fix.
+PARAMETER_LIMITS = [
+    "logit_bias: too many tokens in logit_bias (max 300)",
+    "stop sequence exceeds maximum length of 32 tokens",
+    "Function description exceeds maximum length of 1024 characters",
+    "Invalid request: tools[2].function.description exceeds the maximum length of 1024 "
+    "characters",
+    "Too many tokens in stop sequences (max 64).",
+    "The tool description is longer than the maximum length of 1024 characters",
+    "metadata value exceeds maximum length of 512 characters",
+    "json_schema exceeds the maximum length of 100000 characters",
+]
+
+
+@pytest.mark.parametrize("text", PARAMETER_LIMITS)
+def test_a_parameters_own_size_limit_is_not_an_overflow(text: str) -> None:
+    """Compacting the conversation cannot shorten a stop sequence or a tool's description:
+    not an overflow, whatever its unit, and not left to the unrecognised-error net either."""
+    for error in (text, ProviderError(text, 400)):
+        assert classify_error(error) is K.OTHER, error
+        assert parse_overflow(error) is None and not unrecognised(error)
+
+
+@pytest.mark.parametrize(("text", "numbers"), [
+    ("Prompt length (9000) exceeds the model max length (8192)",
+     {"limit": 8192, "prompt_tokens": 9000}),
+    ("Input length 9000 exceeds the context max length 8192", {"limit": 8192}),
+    ("prompt length of 9000 tokens exceeds the model's maximum length of 8192 tokens",
+     {"limit": 8192, "prompt_tokens": 9000}),
+])
+def test_a_prompt_over_the_models_max_length_is_an_overflow(text: str,
+                                                            numbers: dict[str, int]) -> None:
+    """The prompt or input is the subject: the window, however its owner is placed ("the model
+    max length", "the model's maximum length")."""
+    info = parse_overflow(ProviderError(text, 400))
+    assert info is not None and info.kind == "context_overflow"
+    for field, value in numbers.items():
+        assert getattr(info, field) == value, (field, info)
+
+
+@pytest.mark.parametrize("text", [
+    "Too many tokens in the prompt (max 4096).",
+    "messages exceed maximum length of 4096 tokens",
+    "Input exceeds maximum length of 8192 tokens",
+])
+def test_the_conversations_own_limit_stays_an_overflow(text: str) -> None:
+    assert is_context_overflow(ProviderError(text, 400)), text

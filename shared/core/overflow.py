@@ -371,6 +371,8 @@ def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, i
     strong = fam.strong.search(text)
     if strong and _guessed(text, strong):
         return ErrorKind.OTHER, 2
+    if strong and _parameters_own(text, strong):
+        return ErrorKind.OTHER, 3
     if strong and not (
         "string" in strong.group(0).lower() and patterns.NON_MESSAGE_PARAM.search(text)
     ):
@@ -380,6 +382,8 @@ def _decide(text: str, status: int | None, fam: _Families) -> tuple[ErrorKind, i
             return kind, 2 if kind in (ErrorKind.OVERLOADED, ErrorKind.SERVER_ERROR) else 3
     by_status = _kind_of_status(status)
     weak = fam.weak.search(text)
+    if weak and _parameters_own(text, weak):
+        return ErrorKind.OTHER, 3
     if weak and by_status is None:
         return ErrorKind.CONTEXT_OVERFLOW, 2
     if weak and by_status is ErrorKind.PAYLOAD_SIZE:  # 413: tokens named -> window, else bytes
@@ -395,6 +399,17 @@ def _guessed(text: str, found: re.Match[str]) -> bool:
     by a text that names another cause: a model that does not exist."""
     return patterns.HEDGE.search(text, max(0, found.start() - 60), found.start()) is not None \
         and patterns.NOT_FOUND.search(text) is not None
+
+
+def _parameters_own(text: str, found: re.Match[str]) -> bool:
+    """Overflow wording whose subject is a request parameter with a size limit of its own (a
+    stop sequence, a tool's description, ``logit_bias``): that parameter is too long, not the
+    prompt, and compacting the conversation cannot shorten it."""
+    for own in patterns.PARAMETER_OWN_LIMIT.finditer(text, max(0, found.start() - 80),
+                                                     found.end() + 40):
+        if own.start() < found.end() and found.start() < own.end():
+            return True
+    return False
 
 
 def _decide_any_language(text: str, status: int | None) -> tuple[ErrorKind, int, _Families, str]:
@@ -479,7 +494,8 @@ def unrecognised(error: object) -> bool:
     even one that names no kind: a parameter conflict, a response of the wrong shape, a
     server's startup warning, overflow wording offered as a guess; no telling HTTP status),
     and it is neither a lookup failure (an unknown model or route,
-    404) nor a request that names what is malformed in it (a parameter, a value, a type):
+    404) nor a request that names what is malformed in it (a parameter, a value, a type,
+    a parameter over its own size limit):
     what a provider's overflow looks like when no pattern knows its wording. The guard
     takes such an error for an overflow only when the refused request was nearly as large
     as the window (``CompactionPolicy.unrecognised_overflow_at``)."""
@@ -491,6 +507,7 @@ def unrecognised(error: object) -> bool:
         and verdict.status not in (404, 405, 409) \
         and not patterns.NOT_FOUND.search(verdict.text) \
         and not patterns.NON_MESSAGE_PARAM.search(verdict.text) \
+        and not patterns.PARAMETER_OWN_LIMIT.search(verdict.text) \
         and not patterns.MALFORMED.search(verdict.text) \
         and not language_kinds.NOT_FOUND.search(verdict.text) \
         and not language_kinds.MALFORMED.search(verdict.text)

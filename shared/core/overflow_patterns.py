@@ -211,8 +211,10 @@ OVERFLOW_STRONG = Gated(_rx(
     r"available context (?:size|length)? ?(?:is )?-\d",  # a negative room left
     r"exceeds? (?:the )?(?:session )?max(?:imum)? (?:token |context |sequence )?length\b",
     # "Input length (N tokens) exceeds the maximum allowed length (M tokens)" (SGLang)
+    # the max length's owner before it too ("exceeds the model max length (8192)")
     r"(?:input|prompt) length\b.{0,40}?(?:exceeds?|is longer than|is greater than) (?:the )?"
-    r"max(?:imum)? (?:allowed |supported )?(?:length|tokens?(?: size| count| limit)?)\b",
+    r"(?:(?:model|context|llm|server)(?:'s)? )?max(?:imum)? (?:allowed |supported )?"
+    r"(?:length|tokens?(?: size| count| limit)?)\b",
     r"model'?s? max(?:imum)? length (?:is )?exceeded",  # Moonshot
     r"max(?:imum)? (?:supported |allowed )?sequence length",  # SambaNova, transformers
     r"\bcontext (?:is |was |got |has become )?too (?:long|large)\b",
@@ -374,6 +376,21 @@ OUTPUT_OVER_WINDOW = re.compile(
 # The complaint is the room left for the output (the prompt alone may fit).
 OUTPUT_RESERVE = _rx(r"tokens? (?:remaining|left|available) for (?:the )?(?:output|completion"
                      r"|response)", r"room for (?:the )?(?:output|completion|response)")
+# A request parameter with a size limit of its own as the subject of overflow wording ("stop
+# sequence exceeds maximum length of 32 tokens", "logit_bias: too many tokens in logit_bias",
+# "tools[2].function.description exceeds ..."): what is too long is that parameter, which no
+# compaction of the conversation shortens. Consulted only where it overlaps the overflow wording
+# found (shared.core.overflow._parameters_own), so a parameter named elsewhere changes nothing.
+_PARAMETER = (r"(?:logit[_ ]bias|stop[_ ](?:sequences?|words?|strings?)|[`'\"]stop[`'\"]"
+              r"|(?:functions?|tools?)(?:\[\d+\])?(?:\.function)?[._ ](?:description|name"
+              r"|parameters|schema)s?"
+              r"|(?:json|response|output|input|tool)?[_ ]?schema|response[_ ]format|metadata)")
+_TOO_LONG = (r"(?:exceed(?:s|ed)?|(?:is|are|was|were) (?:too long|longer|larger|greater)"
+             r"|too (?:long|many|large))")
+PARAMETER_OWN_LIMIT = _rx(
+    rf"\b{_PARAMETER}{_Q}\W{{0,3}}(?:[^\W\d]\w*\W{{1,2}}){{0,2}}?{_TOO_LONG}",
+    rf"too many tokens (?:in|for) (?:the )?{_Q}{_PARAMETER}",
+)
 # An over-long *parameter* (OpenAI "Invalid 'user': string too long") is not the conversation.
 # The conversation is a path that starts at the messages and ends at their content:
 # 'messages[3].content' and 'input[12].output' are, 'input[206].id' (an item's id),
