@@ -447,6 +447,47 @@ def test_the_end_log_line_of_a_fallback_says_why_the_llm_failed(
     assert ends[0]["stages"][0] == "fallback_after_llm_failure" == result["stages"][0]
 
 
+def test_rebuilding_an_offline_summary_backs_off_while_the_summarizer_stays_down(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each job of a session whose summarizer is down tried the rebuild again, due or
+    not, and paid every retry for it; now the next try waits longer after each failure."""
+    import workers.compactor as compactor_mod
+    from workers.tasks import _settings, compact, maybe_summarize
+
+    now = [time.time()]
+    monkeypatch.setattr(compactor_mod, "_now", lambda: now[0], raising=False)
+    with FakeOpenAIServer(responder=SummarizerResponder()) as server:
+        server.faults.always(Fault.unavailable())
+        client = OpenAIClient("gpt-4o-mini", api_key="k", base_url=server.base_url, timeout=5)
+        set_runtime(Runtime(settings=_settings(), store=eager_store, engine=SummaryEngine(client)))
+
+        def calls() -> int:
+            return len([r for r in server.requests if r.path.endswith("/chat/completions")])
+
+        first = compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get()
+        assert first["summary_kind"] == "offline"
+        sent = calls()
+        again = maybe_summarize.apply(args=["s"]).get()  # one failure: the next job tries
+        assert again["summary_kind"] == "offline" and calls() > sent
+        sent = calls()
+        now[0] = eager_store.summaries("s")[-1].created_at
+        assert compactor_mod.UNAVAILABLE_STAGE + "2" in eager_store.summaries("s")[-1].stages
+        skipped = maybe_summarize.apply(args=["s"]).get()  # two in a row: not due, it waits
+        assert skipped["status"] == "skipped" and calls() == sent, skipped
+        now[0] += compactor_mod.REBUILD_BACKOFF_SECONDS + 1
+        third = maybe_summarize.apply(args=["s"]).get()  # the first wait is over: one try
+        assert third["summary_kind"] == "offline" and calls() > sent
+        sent = calls()
+        now[0] = eager_store.summaries("s")[-1].created_at
+        now[0] += compactor_mod.REBUILD_BACKOFF_SECONDS + 1  # the second wait is twice that
+        assert maybe_summarize.apply(args=["s"]).get()["status"] == "skipped"
+        assert calls() == sent
+        server.faults.always(None)
+        now[0] += compactor_mod.REBUILD_BACKOFF_SECONDS * 2
+        rebuilt = maybe_summarize.apply(args=["s"]).get()
+    assert rebuilt["summary_kind"] == "llm", rebuilt
+
+
 def test_a_summarizer_overflow_splits_the_range_smaller(eager_store: SessionStore) -> None:
     """The summarizer's real window is smaller than configured: refold, no retry, no fallback."""
     from workers.tasks import _settings, compact

@@ -28,7 +28,11 @@ retrying cannot fix (marked :data:`FALLBACK_STAGE`): rebuilding it would
 send the same, ever longer range to the same failing model every job (for
 an 18k-token conversation, ~1M summarizer tokens over 60 turns). It is a
 base like an LLM summary instead, and the next due compaction merges onto
-it. A fallback after the LLM was unreachable is rebuilt once it answers.
+it. A fallback after the LLM was unreachable is rebuilt once it answers; it
+counts the fallbacks in a row (:data:`UNAVAILABLE_STAGE`), and after two the
+rebuild is tried before a compaction is due only after a wait that doubles
+with each failure (a summarizer that stays down cost every job all its
+retries, however small the session).
 
 A fold of many chunks that stops midway (a deadline, a summarizer that
 fails on a later chunk) keeps its progress: the summary of the chunks folded
@@ -82,6 +86,13 @@ RecallIndexer = Callable[[SessionStore, str, int], None]
 """``(store, session_id, watermark)``, called after a successful commit."""
 MAX_VERSIONS_CHECKED = 50
 """Commits since the read that are inspected before reusing a lost summary."""
+UNAVAILABLE_STAGE = "llm_unavailable_x"
+"""Marks an offline summary written because the LLM could not be reached (retries spent),
+with the number of such fallbacks in a row: ``llm_unavailable_x3``."""
+REBUILD_BACKOFF_SECONDS = 60.0
+"""The wait before rebuilding such a summary when not due, after two failures in a row;
+it doubles with each further one, up to :data:`REBUILD_BACKOFF_MAX_SECONDS`."""
+REBUILD_BACKOFF_MAX_SECONDS = 3600.0
 FALLBACK_STAGE = "llm_failed_on_range"
 """The stage that marks an offline summary written because the LLM failed on its range in
 a way retrying cannot fix (a refusal, a reply without the required sections, a 4xx)."""
@@ -203,12 +214,18 @@ class Compactor:
             data.summary.kind == "truncation"
             or (data.summary.kind == "offline" and self.engine.is_llm
                 and FALLBACK_STAGE not in data.summary.stages))
-        if not forced and not manual and not rebuild:
+        # After the LLM was unreachable, the next try waits (longer after each failure)
+        # unless a compaction is due anyway: each try costs the job all its retries.
+        waiting = rebuild and data.summary is not None and not _rebuild_due(data.summary)
+        if not forced and not manual and (not rebuild or waiting):
             if not self.policy.proactive:
                 return "proactive compaction is switched off"
             if not report.should_compact and since < self.policy.message_threshold:
                 return (f"below trigger: {report.usage_ratio:.0%} of the input budget, "
-                        f"{since} messages since the watermark")
+                        f"{since} messages since the watermark"
+                        + ("; the rebuild of the offline summary waits after "
+                           f"{_unavailable_count(data.summary)} failed tries"
+                           if waiting and data.summary is not None else ""))
         fixed = state.system_tokens + state.tool_tokens + self.policy.max_summary_tokens
         room = max(0, report.target_tokens - fixed)
         keep = max(0, keep_recent if keep_recent is not None else min(
@@ -417,6 +434,9 @@ class Compactor:
         injected = ledger.missing_from(draft.text).render()
         if llm_failed:
             draft.stages.insert(0, FALLBACK_STAGE)
+        elif not use_llm and self.engine.is_llm:  # the fallback after retries were spent
+            failed = _unavailable_count(data.summary) if data.summary is not None else 0
+            draft.stages.insert(0, f"{UNAVAILABLE_STAGE}{failed + 1}")
         record = SummaryRecord(
             watermark=cut, kind=draft.kind,
             text=draft.text, ledger=injected, ledger_json=ledger.to_json(),
@@ -425,6 +445,27 @@ class Compactor:
             stages=draft.stages)
         tokens = self.counter.text(summary_block(record)) + SUMMARY_FRAMING_TOKENS
         return record.model_copy(update={"tokens": tokens}), draft.stages, draft.interrupted
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _unavailable_count(summary: SummaryRecord) -> int:
+    """Offline fallbacks in a row after the LLM was unreachable, ending with ``summary``."""
+    for stage in summary.stages:
+        if stage.startswith(UNAVAILABLE_STAGE) and stage[len(UNAVAILABLE_STAGE):].isdigit():
+            return int(stage[len(UNAVAILABLE_STAGE):])
+    return 0
+
+
+def _rebuild_due(summary: SummaryRecord) -> bool:
+    """Whether a rebuild of ``summary`` may be tried before a compaction is due."""
+    failed = _unavailable_count(summary)
+    if failed < 2:  # one failure may have been a blip: the next job tries at once
+        return True
+    wait = min(REBUILD_BACKOFF_MAX_SECONDS, REBUILD_BACKOFF_SECONDS * 2 ** (failed - 2))
+    return bool(_now() - summary.created_at >= wait)
 
 
 def _index_for_recall(indexer: RecallIndexer, store: SessionStore, session_id: str,
@@ -458,4 +499,5 @@ def _view_after(data: ViewData, record: SummaryRecord, version: int,
         "cheap": {i: d for i, d in data.cheap.items() if i >= record.watermark}})
 
 
-__all__ = ["Compactor", "JobOutcome", "RecallIndexer", "index_inline"]
+__all__ = ["REBUILD_BACKOFF_MAX_SECONDS", "REBUILD_BACKOFF_SECONDS", "UNAVAILABLE_STAGE",
+           "Compactor", "JobOutcome", "RecallIndexer", "index_inline"]
