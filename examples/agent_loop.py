@@ -86,7 +86,7 @@ class Agent:
             view = self.guard.prepare(session_id, *args, pending=from_openai(turn))
             try:
                 reply = self._call(view)
-            except openai.BadRequestError as exc:
+            except openai.APIStatusError as exc:  # overflows come as 400, 413, 422, 500
                 retry = self.guard.recover(session_id, exc, *args, pending=from_openai(turn))
                 if retry is None:  # not a context overflow: a real error
                     raise
