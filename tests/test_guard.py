@@ -427,6 +427,18 @@ def test_stats_reports_regions(guard: ContextGuard) -> None:
     assert stats["pending_job"] is True
 
 
+def test_a_call_naming_no_model_is_budgeted_for_the_default_with_one_warning(
+        guard: ContextGuard, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="shared.guard"):
+        for _ in range(3):
+            view = guard.prepare("s", SYSTEM, max_tokens=500,
+                                 pending=[{"role": "user", "content": "hi"}])
+        assert view.report.budget.window == 128_000
+        guard.prepare("s", SYSTEM, max_tokens=500, model="small-model")
+    warned = [r.getMessage() for r in caplog.records if "no model given" in r.getMessage()]
+    assert len(warned) == 1 and "gpt-4o" in warned[0]
+
+
 def test_stats_of_a_session_never_recorded_is_session_not_found(guard: ContextGuard) -> None:
     """Before: the defaults (model '', a 128k window) read as a real session's figures."""
     with pytest.raises(SessionNotFound, match="no session 'nobody'"):

@@ -157,10 +157,11 @@ class GuardFlow(GuardShell):
     # -- prepare -------------------------------------------------------------------
     def prepare_steps(self, session_id: str, system_prompt: str,
                       tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
-                      model: str, pending: Sequence[Message | Mapping[str, Any]],
+                      model: str | None, pending: Sequence[Message | Mapping[str, Any]],
                       fallback_messages: Sequence[Message | Mapping[str, Any]] | None,
                       min_length: int | None) -> Steps[PreparedView]:
         started = time.perf_counter()
+        model = self.given_model(model)
         with self.traced_prepare(session_id, model) as trace:
             validate_session_id(session_id)  # before it is used as a cache key
             check_request(system_prompt, tools)
@@ -373,10 +374,11 @@ class GuardFlow(GuardShell):
     # -- reactive recovery -----------------------------------------------------------------
     def recover_steps(self, session_id: str, error: object, system_prompt: str,
                       tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
-                      model: str, pending: Sequence[Message | Mapping[str, Any]],
+                      model: str | None, pending: Sequence[Message | Mapping[str, Any]],
                       prepared_tokens: int | None,
                       min_length: int | None) -> Steps[PreparedView | None]:
         check_min_length(min_length)
+        model = self.given_model(model)
         decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
         if decided is None:
             return None

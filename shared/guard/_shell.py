@@ -64,6 +64,8 @@ from shared.store.own_writes_sync import OwnWrites
 from shared.telemetry import get_metrics
 
 log = logging.getLogger("shared.guard")
+DEFAULT_MODEL = "gpt-4o"
+"""What a call that names no model is budgeted for (with a warning)."""
 
 
 WRITES = ("update_state", "record_cheap", "commit_summary", "mark_pending", "clear_pending")
@@ -154,7 +156,20 @@ class GuardShell(FreshViews, Recovery):
         self._own_shared = False
         self._base = ""
         self.server: tuple[Any, ...] | None = None  # the store's Redis: redis_server()
-        self.model_limits("gpt-4o")  # loads the limits registry now, not in the first prepare
+        self._default_model_warned = False
+        self.model_limits(DEFAULT_MODEL)  # loads the limits registry now, not in the first prepare
+
+    def given_model(self, model: str | None) -> str:
+        """``model``, or :data:`DEFAULT_MODEL` with one warning per guard: a caller that
+        forgets ``model=`` on an 8k model would be budgeted a 128k window in silence
+        (a misspelt name already warns, as an unknown model)."""
+        if model is not None:
+            return model
+        if not self._default_model_warned:
+            self._default_model_warned = True
+            log.warning("no model given: budgeting for %s's window; pass model= (the model "
+                        "the view is sent to) so the budget is its own", DEFAULT_MODEL)
+        return DEFAULT_MODEL
 
     # -- fixed figures ---------------------------------------------------------------
     def _cached(self, key: str, compute: Callable[[], int]) -> int:
@@ -458,7 +473,7 @@ class GuardShell(FreshViews, Recovery):
         from shared.core.view import view_estimate
 
         state = snap.state
-        limits = self.model_limits(state.model or "gpt-4o", state)
+        limits = self.model_limits(state.model or DEFAULT_MODEL, state)
         # capped as prepare caps it: a window learned since below the stored max_tokens
         reserve = output_reserve(limits, state.max_tokens or None)
         prior = prior_ratio(state.model, self.counter)

@@ -124,7 +124,7 @@ class AsyncContextGuard(GuardFlow):
 
     async def prepare(self, session_id: str, system_prompt: str = "",
                       tools: Sequence[Mapping[str, Any]] | None = None,
-                      max_tokens: int | None = None, model: str = "gpt-4o", *,
+                      max_tokens: int | None = None, model: str | None = None, *,
                       pending: Sequence[Message | Mapping[str, Any]] = (),
                       fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
                       min_length: int | None = None) -> PreparedView:
@@ -142,7 +142,7 @@ class AsyncContextGuard(GuardFlow):
 
     async def recover(self, session_id: str, error: object, system_prompt: str = "",
                       tools: Sequence[Mapping[str, Any]] | None = None,
-                      max_tokens: int | None = None, model: str = "gpt-4o", *,
+                      max_tokens: int | None = None, model: str | None = None, *,
                       pending: Sequence[Message | Mapping[str, Any]] = (),
                       prepared_tokens: int | None = None,
                       min_length: int | None = None) -> PreparedView | None:
@@ -153,7 +153,7 @@ class AsyncContextGuard(GuardFlow):
 
     async def call(self, session_id: str, send: Callable[[PreparedView], Awaitable[R]], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
-             max_tokens: int | None = None, model: str = "gpt-4o",
+             max_tokens: int | None = None, model: str | None = None,
              pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
         """prepare -> send -> on overflow recover and send once more."""
         view = await self.prepare(session_id, system_prompt, tools, max_tokens, model,

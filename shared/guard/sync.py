@@ -128,7 +128,7 @@ class ContextGuard(GuardFlow):
 
     def prepare(self, session_id: str, system_prompt: str = "",
                 tools: Sequence[Mapping[str, Any]] | None = None,
-                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                max_tokens: int | None = None, model: str | None = None, *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
                 fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
                 min_length: int | None = None) -> PreparedView:
@@ -160,7 +160,7 @@ class ContextGuard(GuardFlow):
 
     def recover(self, session_id: str, error: object, system_prompt: str = "",
                 tools: Sequence[Mapping[str, Any]] | None = None,
-                max_tokens: int | None = None, model: str = "gpt-4o", *,
+                max_tokens: int | None = None, model: str | None = None, *,
                 pending: Sequence[Message | Mapping[str, Any]] = (),
                 prepared_tokens: int | None = None,
                 min_length: int | None = None) -> PreparedView | None:
@@ -183,7 +183,7 @@ class ContextGuard(GuardFlow):
 
     def call(self, session_id: str, send: Callable[[PreparedView], R], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
-             max_tokens: int | None = None, model: str = "gpt-4o",
+             max_tokens: int | None = None, model: str | None = None,
              pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
         """prepare -> send -> on overflow recover and send once more. ``send`` is a
         plain function (a coroutine function is refused before anything is prepared)."""
