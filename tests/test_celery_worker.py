@@ -266,3 +266,49 @@ def test_a_summarizer_slower_than_the_lease_keeps_one_job_per_session(
     assert "lease_lost" not in logs
     kinds = [s.kind for s in store.summaries("s3")]
     assert kinds and set(kinds) == {"llm"} and store.state("s3").version == len(kinds)
+
+
+def test_a_slow_summarizer_past_the_deadline_makes_progress_across_retries(
+        urls: tuple[str, str], key_prefix: str, store_client: redis.Redis) -> None:
+    """A real worker with a 4 s soft limit and a summarizer taking 1.2 s a chunk, on a
+    backlog of many chunks: each attempt commits the chunks it folded before its deadline,
+    the retry goes on from there, and no message is summarized twice by the LLM (every
+    attempt used to start over at message 0 and end offline)."""
+    import re
+
+    from tests.test_lease import Tracking
+
+    broker, store_url = urls
+    store = SessionStore(store_client, StoreConfig(key_prefix=key_prefix))
+    for turn in demo_turns(30):
+        store.append("s5", turn)
+    tracking = Tracking(delay=1.2)
+    with FakeOpenAIServer(responder=tracking) as llm:
+        env = worker_env(broker_url=broker, redis_url=store_url, key_prefix=key_prefix,
+                         summarizer="openai", summarizer_base_url=llm.base_url,
+                         summarizer_api_key="k", summarizer_timeout="10",
+                         summarizer_max_input_tokens="6000", max_summary_tokens="800",
+                         max_retries="5", retry_backoff_max="1",
+                         task_time_limit="30", task_soft_time_limit="4")
+        worker = WorkerProcess("slow-fold", env).start()
+        try:
+            publisher_app(broker).send_task(TASK_COMPACT, args=["s5"],
+                                            kwargs={"keep_recent": 2000}, queue="compaction")
+            assert wait_for(lambda: any(s.kind == "llm" and s.covers_from > 0
+                                        for s in store.summaries("s5")), 60), \
+                worker.log()[-3000:]
+            assert wait_for(lambda: not store.is_pending("s5") and not store_client.exists(
+                store.keys("s5").lease), 60)
+            log = worker.log()
+        finally:
+            worker.stop()
+        done = [r for r in llm.requests if r.path.endswith("/chat/completions")
+                and r.status == 200]
+    assert "past its deadline" in log
+    shown = [set(map(int, re.findall(r'<message index="(\d+)"',
+                                     r.body["messages"][1]["content"]))) for r in done]
+    assert len(shown) >= 4
+    assert all(not a & b for i, a in enumerate(shown) for b in shown[i + 1:]), \
+        "a message was sent to the summarizer twice"
+    llm_summaries = [s for s in store.summaries("s5") if s.kind == "llm"]
+    assert all(b.covers_from == a.watermark for a, b in itertools.pairwise(llm_summaries))
