@@ -137,14 +137,35 @@ VLLM = ("'max_tokens' or 'max_completion_tokens' is too large: {out}. This model
         "({out} > {window} - {prompt}).")
 
 
-def test_an_output_reserve_overflow_is_recovered_by_a_lower_reserve(
+def test_an_output_reserve_overflow_compacts_the_history_to_keep_the_answer(
         make_guard: Callable[..., Any], store: SessionStore) -> None:
-    """The prompt fits the server's window, prompt + max_tokens does not, and the error
-    says both: the retry is the same conversation with a reserve that fits, by the
-    provider's count and the guard's, not an IrreducibleOverflow."""
+    """prompt + max_tokens over the window, with history to drop: the retry keeps the
+    max_tokens the caller sends (the README's loops send their own), the history makes room."""
     guard = make_guard(store)
-    history(store, "s", 3, 200)
-    user = [Message(role="user", content="summarise " + "word " * 1500)]
+    history(store, "s", 6, 200)
+    user = [Message(role="user", content="summarise " + "word " * 1200)]
+    refused = guard.prepare("s", "sys", max_tokens=2000, model="qwen-local", pending=user)
+    sent = refused.report.estimated_prompt_tokens
+    error = sdk_error(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                            "message": VLLM.format(out=2000, window=4096, prompt=sent - 50)})
+    view = guard.recover("s", error, "sys", max_tokens=2000, model="qwen-local",
+                         pending=user)
+    assert view is not None and view.report.budget.window == 4096
+    assert view.report.budget.within_budget and view.report.dropped_messages > 0
+    assert view.report.estimated_prompt_tokens + view.report.budget.reserve <= 4096
+    assert view.report.estimated_prompt_tokens + 2000 <= 4096  # what the caller sends fits
+    assert view.messages[-1].text() == user[0].text()  # the newest message whole
+
+
+def test_an_output_reserve_overflow_with_nothing_to_drop_lowers_the_reserve(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """The prompt fits the server's window, prompt + max_tokens does not, nothing but the
+    newest message is left, and the error says both: the retry is the same conversation
+    with a reserve that fits, by the provider's count and the guard's, not an
+    IrreducibleOverflow."""
+    guard = make_guard(store)
+    history(store, "s", 1, 20)  # a turn too small to make room by dropping it
+    user = [Message(role="user", content="summarise " + "word " * 2500)]
     refused = guard.prepare("s", "sys", max_tokens=2000, model="qwen-local", pending=user)
     sent = refused.report.estimated_prompt_tokens
     prompt = sent - 50  # the provider counts a little less than the guard
@@ -157,7 +178,8 @@ def test_an_output_reserve_overflow_is_recovered_by_a_lower_reserve(
     assert view.report.budget.reserve + prompt <= 4096
     assert view.report.budget.reserve + view.report.estimated_prompt_tokens <= 4096
     assert view.report.budget.reserve >= 4096 - max(prompt, sent) - 1  # all that fits
-    assert view.report.dropped_messages == 0 and len(view.messages) == len(refused.messages)
+    assert view.report.budget.reserve >= 1000  # at least half the answer asked for
+    assert view.messages[-1].text() == user[0].text()  # not clipped
 
 
 REQUEST_TOO_LARGE = {"type": "error", "error": {

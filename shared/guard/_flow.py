@@ -90,6 +90,13 @@ def _unsendable(report: ViewReport, refused: int | None) -> str:
     return ""
 
 
+def _user_kept(view: Sequence[Message], pending: Sequence[Message]) -> bool:
+    """Whether the newest user message of ``pending`` is in ``view`` as given (a cut may
+    clip it down to its marker when nothing else is left to drop)."""
+    newest = next((m for m in reversed(pending) if m.role == "user"), None)
+    return newest is None or any(m == newest for m in view[-len(pending):])
+
+
 def _not_retried(trace: Traced, session_id: str, refused: int | None, why: str) -> None:
     """No retry after an overflow: no view smaller than the refused one (``refused``
     tokens, when known) fits, so the same request would be refused again."""
@@ -382,7 +389,7 @@ class GuardFlow(GuardShell):
         decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
         if decided is None:
             return None
-        ratio: float | None = decided[0]
+        ratio = decided[0]
         recognised = decided[1]
         with self.traced_recover(session_id, model, error) as trace:
             if not recognised:
@@ -395,22 +402,28 @@ class GuardFlow(GuardShell):
                     "learned_window": limit, "model": model, "last_overflow_at": time.time()})
             started = time.perf_counter()
             refused = self.refused_estimate(session_id, model, prepared_tokens)
-            room = self.answer_room(error, max_tokens, refused)
-            if room is not None:  # the prompt fitted: the same view, a reserve that fits
-                max_tokens, ratio = room, None
             extra, extra_tokens = self.pending(session_id, pending)
             snap = yield from self.snapshot_steps(session_id, min_length)
-            if ratio is not None:
-                ratio = self._payload_ratio(session_id, error, snap, system_prompt, tools,
-                                            max_tokens, model, extra, extra_tokens, ratio)
+            ratio = self._payload_ratio(session_id, error, snap, system_prompt, tools,
+                                        max_tokens, model, extra, extra_tokens, ratio)
             try:
                 view = yield from self._build(session_id, snap, system_prompt, tools,
                                               max_tokens, model, extra, extra_tokens, started,
-                                              ratio, exact=room is not None)
+                                              ratio)
+                why = _unsendable(view.report, refused)
             except IrreducibleOverflow as exc:  # not even the floor fits the window now known
-                _not_retried(trace, session_id, refused, str(exc))
-                return None
-            why = _unsendable(view.report, refused if room is None else None)
+                why = str(exc)
+            clipped = not why and not _user_kept(view.messages, extra)
+            room = self.answer_room(error, max_tokens, refused) if why or clipped else None
+            if room is not None:
+                # The prompt alone fitted, and compacting it makes no room for the answer
+                # without clipping the user's newest message: the same view with a reserve
+                # that fits (sent as view.report.budget.reserve). Only then: callers that
+                # send their own max_tokens (the README's loops) retry a compacted view.
+                view = yield from self._build(session_id, snap, system_prompt, tools, room,
+                                              model, extra, extra_tokens, started, None,
+                                              exact=True)
+                why = _unsendable(view.report, None)
             if why:
                 _not_retried(trace, session_id, refused, why)
                 return None

@@ -41,6 +41,11 @@ by lowering the reserve (:meth:`Recovery.answer_room`); with less room, the hist
 compacted to make room for the answer instead."""
 
 
+ANSWER_HEADROOM = 0.9
+"""The share of what the answer leaves of the window that an output-reserve overflow's
+retry fills (counts differ: the guard's estimate against the provider's tokenizer)."""
+
+
 class Recovery:
     """The overflow figures of a guard shell (its policy, limits and last prepares)."""
 
@@ -64,8 +69,8 @@ class Recovery:
         ``CompactionPolicy.unrecognised_overflow_at``); None for anything else (counted as
         ``not_overflow``)."""
         if is_context_overflow(error):
-            return self.counted_ratio(self.policy.recovery_ratio, session_id, error, model,
-                                      prepared_tokens), True
+            share = self.answer_share(error, max_tokens) or self.policy.recovery_ratio
+            return self.counted_ratio(share, session_id, error, model, prepared_tokens), True
         threshold = self.policy.unrecognised_overflow_at
         if threshold is not None and unrecognised(error):
             fill = self.refused_fill(session_id, model, max_tokens, prepared_tokens)
@@ -102,6 +107,21 @@ class Recovery:
         if not stated or not estimate or stated <= estimate * COUNTED_OVER:
             return ratio
         return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
+
+    def answer_share(self, error: object, max_tokens: int | None) -> float | None:
+        """The share of the window to compact to after an output-reserve overflow that
+        states the window: what the answer asked for leaves of it (with
+        :data:`ANSWER_HEADROOM`), not the recovery ratio's fifth, which would clip the
+        newest messages to make room the answer does not need. None for any other error,
+        and where the answer leaves less than the recovery ratio would."""
+        info = parse_overflow(error)
+        if info is None or info.kind != "output_reserve_overflow" or not info.limit:
+            return None
+        asked = info.output_tokens or max_tokens
+        if not asked:
+            return None
+        share = (info.limit - asked) / info.limit * ANSWER_HEADROOM
+        return share if share > self.policy.recovery_ratio else None
 
     def answer_room(self, error: object, max_tokens: int | None,
                     refused: int | None) -> int | None:
