@@ -678,10 +678,10 @@ def test_serve_without_a_token_or_with_a_bad_port_is_one_line(
     assert code == 2 and "no bearer token configured" in line
     monkeypatch.setenv("COMPACTION_SERVER_TOKENS", SERVER_TOKENS)
     code, line = one_line_error(capsys, "serve", "--port", "99999")
-    assert code == 2 and "--port: " in line and "COMPACTION_SERVER_PORT" not in line
+    assert code == 2 and "--port=99999: " in line and "COMPACTION_SERVER_PORT" not in line
     monkeypatch.setenv("COMPACTION_SERVER_PORT", "99999")  # from the variable: named so
     code, line = one_line_error(capsys, "serve")
-    assert code == 2 and "COMPACTION_SERVER_PORT: " in line
+    assert code == 2 and "COMPACTION_SERVER_PORT='99999': " in line
 
 
 def test_report_to_a_path_it_cannot_write_is_one_line(

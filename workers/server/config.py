@@ -125,6 +125,14 @@ def server_variables() -> frozenset[str]:
     return frozenset(f"{ENV_PREFIX}{name.upper()}" for name in ServerConfig.model_fields)
 
 
+def _shown(field: str, value: object) -> str:
+    """A rejected value as a log line may show it: the tokens redacted, long ones clipped."""
+    if field == "tokens":
+        return "'***'"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def load_server_config(*, flags: Mapping[str, str] | None = None,
                        **overrides: Any) -> ServerConfig:
     """Read ``COMPACTION_SERVER_*``; a bad value raises ConfigError naming the variable, or
@@ -140,7 +148,8 @@ def load_server_config(*, flags: Mapping[str, str] | None = None,
                 problems.append(message)
                 continue
             name = (flags or {}).get(field) if field in overrides else None
-            problems.append(f"{name or ENV_PREFIX + field.upper()}: {message}")
+            problems.append(f"{name or ENV_PREFIX + field.upper()}="
+                            f"{_shown(field, err.get('input'))}: {message}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 
