@@ -139,3 +139,14 @@ def test_an_overflow_that_states_no_window_never_resends_the_same_request(
     assert [r.status for r in sent][:2] == [400, 200] and draft.kind == "llm"
     assert sizes[1] < sizes[0] * 0.75, sizes
     assert any(s.startswith("summarizer_overflow_refold_") for s in draft.stages)
+
+
+def test_only_a_caller_that_commits_partial_folds_gets_one(server: FakeOpenAIServer) -> None:
+    messages = long_turn(40)
+    server.faults.at(1, Fault.unavailable())
+    with pytest.raises(SummarizerUnavailable):
+        engine_for(server).summarize(messages, None, Ledger())
+    server.faults.at(len(server.requests) + 1, Fault.unavailable())  # the second chunk
+    draft = engine_for(server).summarize(messages, None, Ledger(), keep_partial=True)
+    assert isinstance(draft.interrupted, SummarizerUnavailable) and draft.calls == 1
+    assert draft.covered is not None and 0 < draft.covered < len(messages)

@@ -420,7 +420,7 @@ class Compactor:
             self.policy.max_ledger_chars)
         draft = self.engine.summarize(body, base.text if base else None, ledger,
                                       prefix=prefix, use_llm=use_llm, deadline=deadline,
-                                      start=start,
+                                      start=start, keep_partial=True,
                                       counter=counter if self.engine.counter is self.counter
                                       else None)
         cut = plan.cut

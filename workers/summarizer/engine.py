@@ -135,19 +135,22 @@ class SummaryEngine:
     def summarize(self, messages: Sequence[Message], previous: str | None, ledger: Ledger, *,
                   prefix: Sequence[Message] = (), use_llm: bool = True,
                   deadline: float | None = None, start: int = 0,
-                  counter: TokenCounter | None = None) -> SummaryDraft:
+                  counter: TokenCounter | None = None,
+                  keep_partial: bool = False) -> SummaryDraft:
         """Summary of ``previous`` + ``messages`` (+ a split turn's ``prefix``).
 
         ``start`` is the log index of ``messages[0]`` (the transcript shows
         absolute message numbers, which the ledger uses too). ``counter``:
         the job's own counter (:func:`workers.summarizer.counting.job_counter`
         over this engine's), so messages the job already counted are not
-        estimated again; by default a fresh one.
+        estimated again; by default a fresh one. ``keep_partial``: a failure after
+        some chunks were folded returns the draft of those (``covered``,
+        ``interrupted`` set) for the caller to commit, instead of raising.
         """
         if self.client is None or not use_llm:
             return self._offline(messages, previous, ledger, prefix, start)
         return self._llm(self.client, messages, previous, ledger, prefix, deadline, start,
-                         counter or job_counter(self.counter))
+                         counter or job_counter(self.counter), keep_partial)
 
     def _offline(self, messages: Sequence[Message], previous: str | None, ledger: Ledger,
                  prefix: Sequence[Message], start: int) -> SummaryDraft:
@@ -157,14 +160,14 @@ class SummaryEngine:
 
     def _llm(self, client: LLMClient, messages: Sequence[Message], previous: str | None,
              ledger: Ledger, prefix: Sequence[Message], deadline: float | None,
-             start: int, counter: TokenCounter) -> SummaryDraft:
+             start: int, counter: TokenCounter, keep_partial: bool = False) -> SummaryDraft:
         draft = SummaryDraft(text=previous or "", kind="llm", model=client.model)
         draft.stages.append("incremental_merge" if previous else "fresh_summary")
         fold = _Fold(client, draft, ledger, deadline, counter, self.max_input_tokens)
         try:
             return self._fold_range(fold, messages, previous, prefix, start)
         except SummarizerError as exc:
-            if not fold.folded:
+            if not fold.folded or not keep_partial:
                 raise
             covered, text = fold.folded[-1]
             log.warning("summarization interrupted after %d of %d messages; what was folded "
