@@ -150,3 +150,19 @@ def test_only_a_caller_that_commits_partial_folds_gets_one(server: FakeOpenAISer
     draft = engine_for(server).summarize(messages, None, Ledger(), keep_partial=True)
     assert isinstance(draft.interrupted, SummarizerUnavailable) and draft.calls == 1
     assert draft.covered is not None and 0 < draft.covered < len(messages)
+
+
+def test_the_request_size_that_passed_after_an_unstated_overflow_is_kept_for_later_jobs(
+        server: FakeOpenAIServer) -> None:
+    body = '{"error": {"message": "prompt is too long", "code": "context_length_exceeded"}}'
+    server.faults.at(0, Fault.http_error(400, body))
+    client = OpenAIClient("summ-128k", api_key="k", base_url=server.base_url, timeout=5,
+                          context_window=128_000)
+    engine = SummaryEngine(client, max_summary_tokens=1000)
+    engine.summarize(long_turn(6), None, Ledger())
+    first = len(server.requests)
+    biggest = max(len(r.body["messages"][1]["content"]) for r in server.requests[1:])
+    engine.summarize(long_turn(6, start=1), None, Ledger())  # a later job, same worker
+    later = server.requests[first:]
+    assert all(r.status == 200 for r in later)
+    assert max(len(r.body["messages"][1]["content"]) for r in later) <= biggest * 1.1

@@ -8,7 +8,8 @@ of its beginning). When the summarizer itself answers
 that a request overflowed its window (its real window is smaller than
 configured, or its tokenizer counts more than ours), what is left of the
 range is split again into smaller chunks and folding goes on; the window the
-error states is kept for later jobs. Every reply passes the quality check
+error states (or, when it states none, the size that then passed) is kept
+for later jobs. Every reply passes the quality check
 before it can become a summary; failures raise (the Celery task retries a
 ``SummarizerUnavailable`` with backoff and falls back to the offline
 summarizer for anything else, or on the last attempt).
@@ -202,7 +203,8 @@ class SummaryEngine:
         """``running`` updated with ``messages``, in chunks that fit the window.
 
         On an overflow the rest is split again smaller (:meth:`_smaller_budget`);
-        the budget learned stays with ``fold`` for the rest of the job. A split
+        the budget learned stays with ``fold`` for the rest of the job, and once
+        a request of that size passed, with the engine for later jobs. A split
         turn's prefix (``prefix``) is folded with the turn-prefix prompt, at half
         the summary's size.
         """
@@ -235,6 +237,8 @@ class SummaryEngine:
                 log.warning("summarizer overflow, the rest of the range goes in requests of "
                             "%d tokens (%d chunks): %s", fold.budget, len(chunks), exc)
                 continue
+            if refolds and fold.budget < self.max_input_tokens:
+                self.max_input_tokens = fold.budget  # passed after an overflow: later jobs too
             remaining = remaining[len(chunk):]
             rendered = rendered[len(chunk):]
             offset += len(chunk)
