@@ -532,10 +532,14 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
     family = model_family(sent.model)
     same = not family or not state.calibration_family or family == state.calibration_family
     ceiling = same and _ceiling(reported, sent)
+    if ceiling and not state.ceiling_seen:
+        # Once is not proof: an estimate can overshoot one request (content the heuristic
+        # overcounts); the next report, on a request that kept growing, confirms it.
+        return {"ceiling_seen": 1}
     if window and (reported > window or ceiling or (expected > 1000 and
                                                     reported < expected * SILENT_TRUNCATION_RATIO)):
         fields: dict[str, Any] = {"silent_truncation_flags": state.silent_truncation_flags + 1,
-                                  "recover_next": 1}
+                                  "recover_next": 1, "ceiling_seen": 0}
         kept = max(reported, state.anchor_reported or 0)
         if ceiling and kept < window and LimitBook.credible(kept) \
                 and kept - min(reported, state.anchor_reported or 0) <= kept * CEILING_STEADY:
@@ -545,13 +549,14 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
         return fields
     if ceiling is None:  # not grown, not yet judged: neither a sample nor an anchor
         return {}
+    reset = {"ceiling_seen": 0} if state.ceiling_seen else {}
     # a report of another tokenizer family than the ratio's starts the ratio afresh
     cal = (Calibration(state.calibration_ratio, state.calibration_samples) if same
            else Calibration()).update(reported, sent.heuristic)
     return {"anchor_reported": reported, "anchor_estimated": sent.heuristic,
             "anchor_end": sent.end, "anchor_version": sent.version,
             "calibration_ratio": cal.ratio, "calibration_samples": cal.samples,
-            "calibration_family": family or state.calibration_family}
+            "calibration_family": family or state.calibration_family, **reset}
 
 
 def _ceiling(reported: int, sent: Sent) -> bool | None:

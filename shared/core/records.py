@@ -89,6 +89,8 @@ class SessionState(BaseModel):
     anchor_version: int | None = None
     last_overflow_at: float | None = None
     silent_truncation_flags: int = 0
+    ceiling_seen: int = Field(default=0, description="1: the last report sat at a ceiling "
+                              "(silent truncation is flagged when the next one does too)")
     recover_next: int = Field(default=0, description="1: next prepare compacts to recovery ratio")
     force_requested: int = Field(default=0, description="1: next job compacts even below trigger")
     requests_failed: int = Field(default=0, description="compaction requests given up on")
