@@ -76,6 +76,34 @@ def test_a_blank_newest_user_message_is_kept_for_the_model_to_answer(
         "hi", "Hello! What next?", EMPTY_USER_TEXT, "Did you mean to send something?", "yes"]
 
 
+def test_a_pending_result_of_a_recorded_call_whose_id_was_renamed_reaches_the_view(
+        guard: ContextGuard) -> None:
+    """Positional ids repeat across turns, so the append renames a call; an agent that
+    records the call before its result (a framework recording each message) then passes
+    the result with the provider's id. It used to be dropped as an orphan, the call
+    answered "[tool result missing ...]": the model never saw the tool's output."""
+    def call(text: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": text, "tool_calls": [
+            {"id": "call_1", "name": "bash", "arguments": '{"command": "ls"}'}]}
+
+    guard.record_turn("s", [{"role": "user", "content": "list"}, call("first"),
+                            {"role": "tool", "tool_call_id": "call_1", "content": "a.py"},
+                            {"role": "assistant", "content": "a.py"}])
+    guard.record_turn("s", [{"role": "user", "content": "again"}, call("second")])
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "a.py b.py"}
+    for _ in range(2):  # the turn's first call, and the next one of the chain
+        view = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model",
+                             pending=[result])
+        wire = view.openai()
+        assert wire[-1]["content"] == "a.py b.py"
+        assert wire[-1]["tool_call_id"] == wire[-2]["tool_calls"][0]["id"]
+        assert not any("tool result missing" in str(m.get("content")) for m in wire)
+    guard.record_turn("s", [result, {"role": "assistant", "content": "two files"}])
+    wire = guard.prepare("s", SYSTEM, max_tokens=500, model="small-model").openai()
+    assert [m.get("content") for m in wire[-3:]] == ["second", "a.py b.py", "two files"]
+    assert not any("tool result missing" in str(m.get("content")) for m in wire)
+
+
 def test_record_turn_burst_enqueues_once(guard: ContextGuard, jobs: Recorder) -> None:
     for i in range(100):
         guard.record_turn("s", coding_turn(i, 100))

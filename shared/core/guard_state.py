@@ -269,8 +269,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     renamed = known_renamed(given, snap, req.extra_renamed)
     pending_scan = renamed.scan if renamed is not None else _scan_pending(given, snap,
                                                                           req.extra_scan)
-    if renamed is None and not pending_scan.ok and any(m.tool_calls for m in given):
-        renamed = renamed_turn(given, snap, None, req.extra_wire)  # new, unique ids scan ok
+    if renamed is None and not pending_scan.ok and any(
+            m.tool_calls or m.role == "tool" for m in given):
+        # new, unique ids scan ok; results of the stored view's renamed calls follow them
+        renamed = renamed_turn(given, snap, None, req.extra_wire)
     extra = given if renamed is None else list(renamed.renamed)
     extra_tokens = list(req.extra_tokens)
     extra_wire = (renamed.slots if renamed is not None else

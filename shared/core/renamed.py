@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.core.callids import Claims, Renaming, position_nonce
+from shared.core.callids import Claims, Renaming, position_nonce, wire_id
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.viewcache import CachedView
@@ -57,7 +57,7 @@ def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | No
         renaming, renamed, scan = known.renaming.copy(), known.renamed, known.scan
         slots = known.slots
     else:
-        renaming, renamed, scan, slots = Renaming(nonce, {}), (), snap.scan, ()
+        renaming, renamed, scan, slots = Renaming(nonce, open_calls(snap)), (), snap.scan, ()
     more = given[k:]
     # ids the stored view used: renamed as the store's mapping will have them renamed
     renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
@@ -70,6 +70,21 @@ def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | No
             if isinstance(slots, Slots) else {})  # the next wire() extends what it made
     return RenamedTurn(snap.scan, snap.end, nonce, tuple(given), (*renamed, *fresh), renaming,
                        scan_pairs(fresh, scan), Slots([*slots, *added], made))
+
+
+def open_calls(snap: CachedView) -> dict[str, str]:
+    """Provider id -> stored id of the stored view's calls still waiting for results,
+    where the append renamed them (an id the session had used): a pending result names
+    its call by the provider's id, which the renamed call no longer carries, and would
+    be dropped as an orphan while its call got a "result missing" placeholder."""
+    waiting = snap.scan.open_calls
+    if not waiting:
+        return {}
+    last = next((m for m in reversed(snap.applied[-64:]) if m.tool_calls), None)
+    if last is None:
+        return {}
+    return {wire_id(last, c.id): c.id for c in last.tool_calls
+            if c.id in waiting and wire_id(last, c.id) != c.id}
 
 
 def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping[str, str],
@@ -119,4 +134,4 @@ def known_renamed(given: list[Message], snap: CachedView,
     return renamed_turn(given, snap, known)
 
 
-__all__ = ["RenamedTurn", "adopted", "known_renamed", "renamed_turn"]
+__all__ = ["RenamedTurn", "adopted", "known_renamed", "open_calls", "renamed_turn"]
