@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.core.config import CompactionPolicy
-from shared.core.errors import BadSummary, SummarizerUnavailable
+from shared.core.errors import BadSummary, StoreUnavailable, SummarizerUnavailable
 from shared.core.ledger import Ledger
 from shared.core.messages import Message, ToolCall
 from shared.core.records import SummaryRecord
@@ -427,3 +427,36 @@ def test_reported_view_after_equals_a_fresh_read(store: SessionStore,
         assert outcome.tokens_after == compactor._estimate(fresh)[0]
         assert outcome.messages_after == fresh.length - fresh.state.watermark
         assert outcome.watermark_after == fresh.state.watermark
+
+
+def test_a_commit_redis_did_not_answer_is_sent_again_not_thrown_away(
+        store: SessionStore, demo_turns: list[list[Message]], llm_server: FakeOpenAIServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pause of Redis (a fork for BGSAVE, a failover) at the commit: the summary the LLM
+    already wrote is committed when Redis answers again, not summarized a second time."""
+    import workers.compactor as compactor_module
+
+    feed(store, demo_turns[:12])
+    for t in demo_turns[:12]:  # a twin session: what summarizing it takes
+        store.append("twin", t)
+    store.update_state("twin", **{k: getattr(store.state("s"), k)
+                                  for k in ("model", "window", "system_tokens", "tool_tokens",
+                                            "max_tokens")})
+    clean = Compactor(store, llm_engine(llm_server)).run("twin", force=True, manual=True)
+    calls = len(llm_server.requests)
+    assert clean.status == "compacted" and calls >= 1
+    monkeypatch.setattr(compactor_module, "COMMIT_RETRY_DELAYS", (0.01, 0.01, 0.01))
+    real, failures = store.commit_summary, [2]
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreUnavailable("redis unavailable during commit_summary: Timeout")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "commit_summary", paused)
+    outcome = Compactor(store, llm_engine(llm_server), policy=CompactionPolicy()).run(
+        "s", force=True, manual=True)
+    assert outcome.status == "compacted" and outcome.summary_kind == "llm"
+    assert len(llm_server.requests) == 2 * calls and failures == [0]
+    assert store.state("s").watermark == outcome.watermark_after > 0

@@ -63,11 +63,11 @@ from typing import Any, Literal
 from shared.core.budget import check_budget
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
-from shared.core.errors import SummarizerError
+from shared.core.errors import StoreUnavailable, SummarizerError
 from shared.core.facts import extract_facts
 from shared.core.ledger import Ledger
 from shared.core.limits import LimitBook, model_limits, output_reserve
-from shared.core.records import SessionState, SummaryRecord, ViewData
+from shared.core.records import CommitResult, SessionState, SummaryRecord, ViewData
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import CutPoint, find_cut_point
 from shared.core.view import apply_cheap, cheap_savings, summary_block, view_estimate
@@ -77,6 +77,24 @@ from workers.summarizer.counting import JobCounter, job_counter
 from workers.summarizer.engine import SummaryEngine
 
 log = logging.getLogger("compaction.job")
+COMMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
+"""Waits before the commit is sent again when Redis did not answer: a pause that long
+(a fork for BGSAVE or an AOF rewrite, a failover) would otherwise throw away a summary
+already paid for; past them the job fails and is delivered again."""
+
+
+def _commit_retried(commit: Callable[[], CommitResult], session_id: str) -> CommitResult:
+    """``commit()``, sent again while Redis does not answer. Safe to repeat: it is a
+    compare-and-swap on the version, so an attempt that did land makes the next one lose
+    its swap (the job then reports the range covered)."""
+    for delay in COMMIT_RETRY_DELAYS:
+        try:
+            return commit()
+        except StoreUnavailable as exc:
+            log.warning("commit of %s: redis did not answer (%s); again in %.2f s",
+                        session_id, exc, delay)
+            time.sleep(delay)
+    return commit()
 Status = Literal["skipped", "compacted", "covered", "conflict", "lease_lost"]
 SUMMARY_FRAMING_TOKENS = 40
 MAX_ATTEMPTS = 3
@@ -363,9 +381,11 @@ class Compactor:
             kept = carry is not None and plan.base_summary is carry
             if kept:
                 stages = [*stages, "merged_over_truncation"]
-        result = (self.store.commit_summary(session_id, record, state.version)
-                  if lease_token is None else
-                  self.store.commit_under_lease(session_id, record, state.version, lease_token))
+        result = _commit_retried(
+            lambda: (self.store.commit_summary(session_id, record, state.version)
+                     if lease_token is None else
+                     self.store.commit_under_lease(session_id, record, state.version,
+                                                   lease_token)), session_id)
         if not result.ok and result.reason == "lease":
             outcome.status = "lease_lost"
             outcome.reason = ("commit refused: this job's lease expired or passed to another "
