@@ -460,3 +460,15 @@ def test_a_commit_redis_did_not_answer_is_sent_again_not_thrown_away(
     assert outcome.status == "compacted" and outcome.summary_kind == "llm"
     assert len(llm_server.requests) == 2 * calls and failures == [0]
     assert store.state("s").watermark == outcome.watermark_after > 0
+
+
+def test_a_job_for_a_session_it_cannot_find_says_which_keys_it_read(
+        store: SessionStore, caplog: pytest.LogCaptureFixture) -> None:
+    """Workers on another key prefix, tenant or db than the agent find nothing: said, with
+    what to check (it read as an empty session 'below trigger', forever)."""
+    with caplog.at_level("WARNING", logger="compaction.job"):
+        outcome = Compactor(store, SummaryEngine(None)).run("elsewhere")
+    assert outcome.status == "skipped"
+    assert "no session 'elsewhere' under key prefix" in outcome.reason
+    assert "COMPACTION_KEY_PREFIX" in outcome.reason
+    assert any("no session 'elsewhere'" in r.getMessage() for r in caplog.records)

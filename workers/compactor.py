@@ -83,6 +83,18 @@ COMMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 already paid for; past them the job fails and is delivered again."""
 
 
+def _not_found(store: SessionStore, session_id: str) -> str:
+    """Why a job finds no session: usually the workers read other keys than the agent
+    writes (another key prefix, tenant or database), which looked like an empty session
+    "below trigger" and compacted nothing, ever."""
+    pool = getattr(store.redis, "connection_pool", None)  # none on a cluster client
+    db = getattr(pool, "connection_kwargs", {}).get("db", 0)
+    return (f"no session {session_id!r} under key prefix {store.config.key_prefix!r}, tenant "
+            f"{store.tenant!r}, Redis db {db}: the agent and the workers "
+            "must share COMPACTION_REDIS_URL, COMPACTION_KEY_PREFIX and COMPACTION_TENANT "
+            "(or the session was deleted or expired)")
+
+
 def _commit_retried(commit: Callable[[], CommitResult], session_id: str) -> CommitResult:
     """``commit()``, sent again while Redis does not answer. Safe to repeat: it is a
     compare-and-swap on the version, so an attempt that did land makes the next one lose
@@ -357,6 +369,10 @@ class Compactor:
         outcome = JobOutcome(session_id=session_id, status="skipped",
                              messages_before=data.length - state.watermark,
                              watermark_before=state.watermark)
+        if data.length == 0 and state.version == 0 and data.summary is None:
+            outcome.reason = _not_found(self.store, session_id)
+            log.warning("compaction job for %s: %s", session_id, outcome.reason)
+            return outcome, None
         # Checked against this read: the swap below expects exactly this version.
         carry = (lost.record if lost is not None
                  and self._only_truncations(session_id, lost.version, state.version) else None)
