@@ -5,6 +5,7 @@ not shrink the window of other sessions."""
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -12,7 +13,9 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
+from shared.core.errors import StoreUnavailable
 from shared.core.messages import FilePart, ImagePart, Message, TextPart
 from shared.store.sessions import SessionStore
 
@@ -217,3 +220,42 @@ def test_a_body_size_refusal_drops_the_oldest_media_until_the_body_fits(
     assert view.openai()[-1] == refused.openai()[-1]  # the newest turn, image and all
     later = guard.prepare("s", "sys", max_tokens=500, model="gpt-4o", pending=user)
     assert wire_bytes(later) <= 0.5 * sent  # the cut is the session's from now on
+
+
+def test_a_window_learned_while_its_write_failed_is_written_by_the_next_recovery(
+        make_guard: Callable[..., Any], store: SessionStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window is learned in the process, then written to the session's state for the
+    workers and other processes. When that write failed (Redis down, the call cancelled),
+    the next overflow stating the same window found it known and wrote nothing: the
+    session stayed at the default window everywhere else."""
+    guard = make_guard(store)
+    history(store, "s", 6, 200)
+    target = getattr(guard, "astore", None) or guard.store
+    real, fails = target.update_state, [1]
+
+    def failing() -> None:
+        if fails[0]:
+            fails[0] -= 1
+            raise StoreUnavailable("redis unavailable during update_state: Timeout")
+
+    if inspect.iscoroutinefunction(real):
+        async def flaky(*args: Any, **kwargs: Any) -> Any:
+            failing()
+            return await real(*args, **kwargs)
+    else:
+        def flaky(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            failing()
+            return real(*args, **kwargs)
+
+    user = [Message(role="user", content="next step")]
+    error = ("This model's maximum context length is 3000 tokens. However, your messages "
+             "resulted in 3500 tokens. Please reduce the length of the messages.")
+    guard.prepare("s", "sys", max_tokens=200, model="qwen-local", pending=user)
+    monkeypatch.setattr(target, "update_state", flaky)
+    with pytest.raises(StoreUnavailable):
+        guard.recover("s", error, "sys", max_tokens=200, model="qwen-local", pending=user)
+    assert store.state("s").learned_window == 0
+    assert guard.recover("s", error, "sys", max_tokens=200, model="qwen-local",
+                         pending=user) is not None
+    assert store.state("s").learned_window == 3000

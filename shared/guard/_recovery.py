@@ -190,14 +190,18 @@ class Recovery:
         info = parse_overflow(error)
         if info is None:
             return None
-        window = self.model_limits(model).context_window
+        known = self.model_limits(model)
+        window = known.context_window
         stated = stated_limit(info.limit, window)
         if stated is not None:
             limit, attribute = stated, "compaction.stated_limit"
         elif info.limit == window:
             # the window it knew: the count was short, not the window wrong (nothing learned)
             trace.current.set_attribute("compaction.stated_limit", window)
-            return None
+            # ... though a window this process learned is written to the session again: the
+            # write that followed the learning may have failed (Redis down, the call
+            # cancelled), and other processes and the workers only know it from there
+            return window if known.source == "learned" else None
         else:
             bound = self.refused_bound(session_id, info, model, prepared_tokens)
             if bound is None:
