@@ -431,6 +431,32 @@ def test_constraints_equal_reference(prose: str) -> None:
     assert patterns._constraints(prose) == _ref_constraints(prose)
 
 
+def _constraint_texts(text: str) -> list[str]:
+    return [f.text for f in extract_facts([Message(role="user", content=text)]).facts
+            if f.kind == "constraint"]
+
+
+def test_a_prohibition_after_a_clause_break_is_a_constraint() -> None:
+    # After ";", ",", ":" or a dash, "do not"/"don't" opens an imperative clause, as after
+    # "but": the user's "do not touch tests/" must reach the ledger.
+    for text in ("Fix the failing test in app.py; do not touch tests/.",
+                 "Fix the failing test in app.py, don't touch tests/.",
+                 "Fix the failing test in app.py: do NOT touch tests/.",
+                 "Fix the failing test in app.py - don't touch tests/.",
+                 "Fix the failing test in app.py \u2014 do not touch tests/.",
+                 "Fix the failing test in app.py; never touch tests/.",
+                 "Fix the failing test in app.py; you must not touch tests/."):
+        assert _constraint_texts(text) == [text], text
+
+
+def test_chat_after_a_clause_break_is_not_a_constraint() -> None:
+    for text in ("Sorry, I don't have my card with me.", "Yes, I do not know the number.",
+                 "Thanks, don't worry about it.", "Okay; don't mind the typo.",
+                 "The test passed: it does not fail anymore.",
+                 "Hmm, they don't have a reservation."):
+        assert _constraint_texts(text) == [], text
+
+
 _LINE_BREAKY = st.lists(st.sampled_from(
     [*list("$€5 \t\n\r\x0b\x0c\x1c\x85\u2028`lsgit-USD%k./_:@#aZ0"), "```bash\n", "http://"]),
     max_size=60).map("".join)
