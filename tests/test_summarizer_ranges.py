@@ -15,7 +15,9 @@ import pytest
 from shared.core.errors import SummarizerUnavailable
 from shared.core.ledger import Ledger
 from shared.core.messages import Message, ToolCall
+from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.wire import from_openai
+from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from tests.test_compactor import feed, turns_of
 from workers.compactor import Compactor
@@ -166,3 +168,61 @@ def test_the_request_size_that_passed_after_an_unstated_overflow_is_kept_for_lat
     later = server.requests[first:]
     assert all(r.status == 200 for r in later)
     assert max(len(r.body["messages"][1]["content"]) for r in later) <= biggest * 1.1
+
+
+def steps_of(turn: list[Message], first: int, count: int) -> list[Message]:
+    """Steps ``first``..``first + count - 1`` of a :func:`long_turn` (4 messages each)."""
+    return turn[1 + 4 * first: 1 + 4 * (first + count)]
+
+
+def test_a_turn_compacted_job_after_job_keeps_one_current_turn_section(
+        server: FakeOpenAIServer) -> None:
+    """Each job's range lies inside the same turn: the turn's summary is updated, not
+    stacked, and the whole summary stays within the cap."""
+    engine = engine_for(server)
+    turn = long_turn(48)
+    previous = engine.summarize([], None, Ledger(), prefix=turn[:1 + 4 * 6]).text
+    for job in range(1, 8):
+        sent = len(server.requests)
+        previous = engine.summarize([], previous, Ledger(), prefix=steps_of(turn, 6 * job, 6),
+                                    start=1 + 4 * 6 * job).text
+        prompt = server.requests[sent].body["messages"][1]["content"]
+        assert "<previous_summary>" in prompt  # the turn's summary so far, updated
+        assert previous.count(PREFIX_HEADING) == 1, (job, previous)
+        assert engine.counter.text(previous) <= engine.max_summary_tokens, job
+
+
+def test_a_summary_with_turn_sections_stacked_earlier_is_merged_into_one(
+        server: FakeOpenAIServer) -> None:
+    engine = engine_for(server)
+    earlier = "## Goal\n- audit the project\n## Progress\n- listed modules"
+    stacked = (f"{earlier}\n\n{PREFIX_HEADING}\n### Turn request\n- audit\n\n"
+               f"{PREFIX_HEADING}\n### Attempted\n- read src/mod0_0.py")
+    text = engine.summarize([], stacked, Ledger(), prefix=steps_of(long_turn(8), 2, 6),
+                            start=9).text
+    prompt = server.requests[-1].body["messages"][1]["content"]
+    assert "read src/mod0_0.py" in prompt and "- audit\n" in prompt  # both parts, one update
+    assert "listed modules" not in prompt  # the earlier turns' summary is kept as it was
+    room = engine.max_summary_tokens - engine.counter.text(f"{earlier}\n\n{PREFIX_HEADING}\n")
+    assert f"at most about {room} tokens" in prompt  # what the rest leaves of the cap
+    assert text.startswith(earlier) and text.count(PREFIX_HEADING) == 1
+
+
+def test_one_long_turn_compacted_by_the_compactor_keeps_one_bounded_summary(
+        store: SessionStore, server: FakeOpenAIServer) -> None:
+    """A coding agent's single turn (one question, then only tool calls), a job after
+    every few steps: each job's range lies inside the turn, whose summary is updated."""
+    guard = ContextGuard(store, overrides={"gpt-4o": 8_000})
+    compactor = Compactor(store, engine_for(server))
+    turn = long_turn(60)
+    guard.prepare("s", "You are a coding agent.", max_tokens=1000, model="gpt-4o",
+                  pending=turn[:1])
+    guard.record_turn("s", turn[:1])
+    jobs = 0
+    for step in range(60):
+        guard.record_turn("s", steps_of(turn, step, 1))
+        jobs += compactor.run("s").status == "compacted"
+    text = store.summaries("s")[-1].text
+    assert jobs >= 4, jobs
+    assert text.count(PREFIX_HEADING) == 1, text
+    assert DEFAULT_COUNTER.text(text) <= 1000

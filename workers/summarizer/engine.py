@@ -4,7 +4,9 @@ Only the messages since the watermark are sent, with the previous summary
 and an update prompt (never a summary from scratch). When the range is
 larger than the summarizer model's own window, it is split at message
 boundaries and folded chunk by chunk; so is a split turn's prefix (the summary
-of its beginning). When the summarizer itself answers
+of its beginning, under its own heading: a job whose range lies inside that same
+turn updates it, within what the rest of the summary leaves of the cap). When
+the summarizer itself answers
 that a request overflowed its window (its real window is smaller than
 configured, or its tokenizer counts more than ours), what is left of the
 range is split again into smaller chunks and folding goes on; the window the
@@ -18,6 +20,7 @@ summarizer for anything else, or on the last attempt).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,8 +44,25 @@ from workers.summarizer.quality import check_summary
 
 log = logging.getLogger("compaction.summarizer")
 PREFIX_HEADING = "## Current turn so far"
+_PREFIX_LINE = re.compile(rf"^{re.escape(PREFIX_HEADING)}[ \t]*$\n?", re.M)
 MAX_REFOLDS = 4  # smaller chunks tried after the summarizer said a request overflowed
 OVERFLOW_SAFETY = 0.9  # of the room the stated window leaves, after our count's error
+
+
+def split_turn_part(summary: str | None) -> tuple[str | None, str | None]:
+    """``summary`` without its "Current turn so far" part, and that part (None without one).
+
+    A job whose range lies inside that turn updates the part instead of adding another
+    (one long turn stacked a part per job, past the summary's cap). Parts stacked before
+    are joined, so the update merges them into one.
+    """
+    if not summary:
+        return summary, None
+    pieces = _PREFIX_LINE.split(summary)
+    if len(pieces) == 1:
+        return summary, None
+    parts = [p.strip() for p in pieces[1:] if p.strip()]
+    return pieces[0].strip() or None, "\n\n".join(parts) or None
 
 
 class SummarizerOverflow(SummarizerError):
@@ -109,6 +129,8 @@ class _Fold:
     deadline: float | None
     counter: TokenCounter
     budget: int
+    part_tokens: int = 0
+    """The size asked of a split turn's summary (:meth:`SummaryEngine._part_tokens`)."""
     folded: list[tuple[int, str]] = field(default_factory=list)
     """(messages of the range covered, summary) after each chunk of the range's body: a
     chunk ends between tool units, where a split turn's watermark may be too."""
@@ -190,13 +212,23 @@ class SummaryEngine:
             # keeps. Sending it again cost about 1k tokens on most compactions of agent
             # sessions (the cut usually splits a long turn).
             fold.ledger = Ledger() if calls else fold.ledger
-            part = self._fold(fold, prefix, None, start + len(messages), prefix=True)
+            turn: str | None = None
+            if not messages:  # the whole range is inside the turn the summary ends in
+                running, turn = split_turn_part(running)
+            fold.part_tokens = self._part_tokens(running)
+            part = self._fold(fold, prefix, turn, start + len(messages), prefix=True)
             running = f"{running or ''}\n\n{PREFIX_HEADING}\n{part or ''}".strip()
-            draft.stages.append("turn_prefix_summary")
+            draft.stages.append("turn_prefix_update" if turn else "turn_prefix_summary")
             if draft.calls - calls > 1:
                 draft.stages.append(f"turn_prefix_folded_{draft.calls - calls}_chunks")
         draft.text = running or ""
         return draft
+
+    def _part_tokens(self, running: str | None) -> int:
+        """The size asked of a turn's summary: what the summary of the turns before it
+        leaves of the cap, and at least a quarter of the cap."""
+        used = self.counter.text(f"{running}\n\n{PREFIX_HEADING}\n") if running else 0
+        return max(self.max_summary_tokens // 4, self.max_summary_tokens - used)
 
     def _fold(self, fold: _Fold, messages: Sequence[Message], running: str | None,
               start: int, *, prefix: bool) -> str | None:
@@ -205,8 +237,8 @@ class SummaryEngine:
         On an overflow the rest is split again smaller (:meth:`_smaller_budget`);
         the budget learned stays with ``fold`` for the rest of the job, and once
         a request of that size passed, with the engine for later jobs. A split
-        turn's prefix (``prefix``) is folded with the turn-prefix prompt, at half
-        the summary's size.
+        turn's prefix (``prefix``) is folded with the turn-prefix prompt, at the
+        size the rest of the summary leaves (``fold.part_tokens``).
         """
         remaining = list(messages)
         rendered = render_messages(remaining, start=start)  # once; chunks take slices
@@ -216,19 +248,18 @@ class SummaryEngine:
         while chunks:
             chunk = chunks[0]
             self._check_deadline(fold.deadline)
+            cap = fold.part_tokens if prefix else self.max_summary_tokens
             if prefix:
                 request = build_turn_prefix_request(
                     chunk, ledger=fold.ledger, start=offset, previous=running,
-                    max_summary_tokens=self.max_summary_tokens // 2,
-                    rendered=rendered[:len(chunk)])
+                    max_summary_tokens=cap, rendered=rendered[:len(chunk)])
             else:
                 request = build_summary_request(chunk, running, ledger=fold.ledger,
-                                                start=offset,
-                                                max_summary_tokens=self.max_summary_tokens,
+                                                start=offset, max_summary_tokens=cap,
                                                 rendered=rendered[:len(chunk)])
             try:
                 running = self._call(fold.client, request, chunk, running, fold.draft,
-                                     fold.counter)
+                                     fold.counter, cap)
             except SummarizerOverflow as exc:
                 refolds += 1
                 fold.budget = self._smaller_budget(fold.budget, exc, request, refolds)
@@ -286,7 +317,9 @@ class SummaryEngine:
 
     def _call(self, client: LLMClient, request: list[dict[str, Any]],
               chunk: Sequence[Message], previous: str | None, draft: SummaryDraft,
-              counter: TokenCounter) -> str:
+              counter: TokenCounter, cap: int) -> str:
+        """The checked reply to ``request``; ``cap``: the size the request asked for (a
+        turn's summary is asked for less than the whole summary's cap)."""
         # GenAI span + summarizer metrics (shared.telemetry.genai)
         with model_call(client.name, client.model, self.max_summary_tokens) as call:
             completion = client.complete(request, self.max_summary_tokens)
@@ -297,7 +330,7 @@ class SummaryEngine:
         input_tokens = counter.messages(list(chunk)) + (
             counter.text(previous) if previous else 0)
         return check_summary(completion.text, input_tokens=input_tokens, counter=counter,
-                             previous=previous, max_tokens=self.max_summary_tokens)
+                             previous=previous, max_tokens=cap)
 
     @staticmethod
     def _check_deadline(deadline: float | None) -> None:
@@ -307,4 +340,4 @@ class SummaryEngine:
 
 
 __all__ = ["MAX_REFOLDS", "PREFIX_HEADING", "Completion", "LLMClient", "SummarizerOverflow",
-           "SummaryDraft", "SummaryEngine"]
+           "SummaryDraft", "SummaryEngine", "split_turn_part"]
