@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import shared.core.cheap as cheap_module
 from shared.core.cheap import CheapScan, plan_cheap_stages
 from shared.core.config import CompactionPolicy, StoreConfig
-from shared.core.fileops import file_ops
+from shared.core.fileops import read_scope
 from shared.core.messages import Message
 from shared.core.records import CheapDecision
 from shared.core.turns import turn_starts
@@ -50,28 +50,26 @@ def reference_plan(messages: Sequence[Message], offset: int,
             except ValueError:
                 calls[tc.id] = (tc.name, {})
 
-    def read_path(name: str, args: Any) -> str | None:
-        ops = file_ops(name, args)
-        return ops[0][0] if len(ops) == 1 and ops[0][1] == "read" else None
-
-    latest: dict[str, int] = {}
-    for i, m in enumerate(messages):
-        if m.role == "tool" and m.tool_call_id in calls:
-            path = read_path(*calls[m.tool_call_id])
-            if path is not None:
-                latest[path] = i
+    reads = {i: read_scope(*calls[m.tool_call_id]) for i, m in enumerate(messages)
+             if m.role == "tool" and m.tool_call_id in calls}
     plan = []
     for i, m in enumerate(messages[:protect]):
         if m.role != "tool" or offset + i in existing or m.tool_call_id not in calls:
             continue
-        name, args = calls[m.tool_call_id]
+        name = calls[m.tool_call_id][0]
         tokens = COUNTER.message(m)
-        path = read_path(name, args)
-        later = latest.get(path, i) if path is not None else i
+        read = reads[i]
+        # the newest later read that holds all it held: a whole read, or the same read
+        later = max((j for j, r in reads.items() if j > i and read is not None and r
+                     in (read, (read[0], ""))), default=i)
         stage: Literal["clear_tool_output", "dedupe_read"]
-        if path is not None and later > i:
-            text = (f"[earlier read of {path} omitted: the file was read again at "
-                    f"message #{offset + later}, which has the current content]")
+        if read is not None and later > i:
+            if reads[later] == (read[0], ""):
+                text = (f"[earlier read of {read[0]} omitted: the file was read again at "
+                        f"message #{offset + later}, which has the current content]")
+            else:
+                text = (f"[earlier read of {read[0]} omitted: the same read was run again "
+                        f"at message #{offset + later}, which has its current output]")
             stage, refers = "dedupe_read", offset + later
         elif tokens > policy.clear_tool_outputs_over_tokens:
             text = (f"[tool output cleared to save context: {name} returned "
@@ -141,7 +139,7 @@ def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: 
     read: list[str] = []
     real = cheap_module._read_path
 
-    def counting(name: str, arguments: str) -> str | None:
+    def counting(name: str, arguments: str) -> tuple[str, str] | None:
         read.append(arguments)
         return real(name, arguments)
 
@@ -195,3 +193,106 @@ def test_a_cold_view_is_planned_from_its_stored_json_without_decoding_a_chunk(
     assert not any(isinstance(c, Lazy) and c.decoded for c in history.chunks)
     if messages:
         assert Peeked(history)[-1] == messages[-1] and Peeked(history)[0] == messages[0]
+
+
+_READS = ("cat src/app.py", "cat -n src/app.py", "sed -n 1,40p src/app.py",
+          "sed -n '1909,2000p' src/app.py", "grep GENERATING src/app.py",
+          "nl -ba src/app.py | grep -C 20 alias", "head -n 5 src/app.py", "wc -l src/app.py",
+          "cd src && sed -n 1,40p app.py", "cat src/other.py", "grep -n x src/other.py",
+          "sed -i s/a/b/ src/app.py", "python src/app.py")
+
+
+def _shell_turn(i: int, command: str, output: str) -> list[Message]:
+    arguments = json.dumps({"command": command})
+    return [Message(role="user", content=f"step {i}"),
+            Message(role="assistant", content="", tool_calls=[
+                {"id": f"c{i}", "name": "bash", "arguments": arguments}]),
+            Message(role="tool", tool_call_id=f"c{i}", content=output)]
+
+
+def _outputs(commands: list[str]) -> list[Message]:
+    """A turn per command; every output differs and is long enough to be worth a pointer."""
+    return [m for i, c in enumerate(commands)
+            for m in _shell_turn(i, c, f"output {i} of {c}\n" + "line of code\n" * (40 + i))]
+
+
+def _pointer_targets(plan: Sequence[CheapDecision], commands: list[str]) -> list[tuple[str, str]]:
+    return [(commands[d.index // 3], commands[(d.refers_to or 0) // 3])
+            for d in plan if d.stage == "dedupe_read"]
+
+
+def test_a_read_is_never_replaced_by_a_pointer_to_a_partial_read_of_another_kind() -> None:
+    """Session 0012 of the real transcripts: whole reads, ranges and greps of one file, then
+    an empty grep of it; every earlier read pointed at the empty grep."""
+    commands = ["cat src/app.py", "sed -n '1909,2000p' src/app.py",
+                "nl -ba src/app.py | grep -C 20 alias", "sed -n 1,40p src/app.py",
+                "head -n 5 src/app.py", "wc -l src/app.py", "grep GENERATING src/app.py",
+                "echo a", "echo b"]
+    plan = plan_cheap_stages(_outputs(commands), 0, {}, policy=_policy(2, 10**9),
+                             counter=COUNTER)
+    assert _pointer_targets(plan, commands) == []
+
+
+def test_a_read_points_at_a_later_whole_read_or_at_the_same_read_again() -> None:
+    commands = ["sed -n 1,40p src/app.py", "grep GENERATING src/app.py", "cat src/app.py",
+                "sed -n '1909,2000p' src/app.py", "grep -n x src/other.py",
+                "cd src && sed -n 1909,2000p ./app.py", "grep -n x src/other.py",
+                "cat -n src/app.py", "echo a", "echo b"]
+    plan = plan_cheap_stages(_outputs(commands), 0, {}, policy=_policy(2, 10**9),
+                             counter=COUNTER)
+    assert _pointer_targets(plan, commands) == [
+        ("sed -n 1,40p src/app.py", "cat -n src/app.py"),
+        ("grep GENERATING src/app.py", "cat -n src/app.py"),
+        ("cat src/app.py", "cat -n src/app.py"),
+        ("sed -n '1909,2000p' src/app.py", "cat -n src/app.py"),
+        ("grep -n x src/other.py", "grep -n x src/other.py"),
+        ("cd src && sed -n 1909,2000p ./app.py", "cat -n src/app.py")]
+    by_index = {d.index: d.placeholder for d in plan}
+    assert "the file was read again at message #23" in by_index[2]
+    assert by_index[14] == ("[earlier read of src/other.py omitted: the same read was run "
+                            "again at message #20, which has its current output]")
+
+
+@st.composite
+def _read_sessions(draw: st.DrawFn) -> list[Message]:
+    """Turns of whole and partial reads of two files, edits and runs among them."""
+    return _outputs(draw(st.lists(st.sampled_from(_READS), max_size=24)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_read_sessions(), _cuts, st.integers(0, 3), st.sampled_from([5, 60, 400]))
+def test_slices_decide_as_the_reference_on_whole_and_partial_reads(
+        messages: list[Message], cuts: list[int], keep: int, threshold: int) -> None:
+    _in_slices(messages, [c for c in cuts if c <= len(messages)], 0,
+               _policy(keep, threshold), reference=True)
+    calls = {c.id: c for m in messages for c in m.tool_calls}
+    for d in plan_cheap_stages(messages, 0, {}, policy=_policy(keep, threshold)):
+        if d.stage == "dedupe_read":
+            earlier, later = (json.loads(calls[messages[j].tool_call_id or ""].arguments)
+                              for j in (d.index, d.refers_to or 0))
+            assert later["command"].startswith("cat ") or later == earlier \
+                or later["command"].replace("cd src && ", "").replace(" app.py", " src/app.py") \
+                == earlier["command"].replace("cd src && ", "").replace(" app.py", " src/app.py")
+
+
+def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing() -> None:
+    """Through the real guard (fakeredis): the view sent keeps an old range read of a file
+    whose later read is an empty grep, and still points an old whole read at a newer one."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    code = "\n".join(f"    def method_{n}(self): return {n}" for n in range(120))
+    commands = ["cat src/app.py", "cat src/app.py", "sed -n '1909,2000p' src/app.py",
+                "grep GENERATING src/app.py"] + [f"echo {n}" for n in range(6)]
+    outputs = [code, code, code[:2000], "<returncode>1</returncode><output></output>"]
+    for i, command in enumerate(commands):
+        store.append("s", [m.model_dump(exclude_none=True) for m in _shell_turn(
+            i, command, outputs[i] if i < len(outputs) else "ok")])
+    policy = CompactionPolicy(clear_keep_recent_turns=2, clear_tool_outputs_over_tokens=10**9)
+    tokens = store.range_tokens("s", 0, store.length("s"))
+    guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert view.report.cheap_applied
+    results = [m.text() for m in view.messages if m.role == "tool"]
+    assert results[0].startswith("[earlier read of src/app.py omitted: the file was read "
+                                 "again at message #5,")
+    assert results[1] == code
+    assert results[2] == code[:2000], "the range read must stay: no later read holds it"

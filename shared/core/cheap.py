@@ -2,8 +2,10 @@
 
 Two stages, both on tool results older than the newest few turns:
 
-- ``dedupe_read``: a file read again later keeps only its latest read; the
-  earlier results become a one-line pointer to the later one.
+- ``dedupe_read``: a read of a file that a later read holds entirely (a
+  later whole-file read, or the same read again: the same range, the same
+  grep) becomes a one-line pointer to the later one. A partial read never
+  stands for a different read.
 - ``clear_tool_output``: a bulky tool result is replaced by a placeholder
   that says what was cleared (tool, size) and how to get it back.
 
@@ -31,22 +33,22 @@ from typing import Literal
 
 from shared.core import fastjson
 from shared.core.config import CompactionPolicy
-from shared.core.fileops import file_ops
+from shared.core.fileops import read_scope
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, decode_messages
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 
+Read = tuple[str, str]
+"""(path, scope) of a call that only reads one file: see :func:`read_scope`."""
 
-def _read_path(name: str, arguments: str) -> str | None:
-    """The single file a call only reads, else None."""
+
+def _read_path(name: str, arguments: str) -> Read | None:
+    """The single file a call only reads and what of it, else None."""
     try:
         args: object = json.loads(arguments)
     except ValueError:
         args = {}
-    ops = file_ops(name, args)
-    if len(ops) == 1 and ops[0][1] == "read":
-        return ops[0][0]
-    return None
+    return read_scope(name, args)
 
 
 Fields = tuple[str, str | None, list[tuple[str, str, str]]]
@@ -97,10 +99,10 @@ def _stored_fields(raw: bytes) -> Fields | None:
 
 @dataclass(frozen=True, slots=True)
 class _Result:
-    """A tool result not decided yet: its call's tool and file, its tokens."""
+    """A tool result not decided yet: its call's tool, file and scope, its tokens."""
 
     name: str
-    path: str | None
+    read: Read | None
     tokens: int
 
 
@@ -119,9 +121,10 @@ class CheapScan:
     keep_turns: int
     threshold: int
     end: int = -1
-    calls: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
+    calls: dict[str, tuple[str, Read | None, int]] = field(default_factory=dict)
     starts: list[int] = field(default_factory=list)  # turn starts, log indexes
-    latest_read: dict[str, int] = field(default_factory=dict)  # file -> its newest read
+    latest_read: dict[Read, int] = field(default_factory=dict)  # (file, scope) -> newest
+    open_reads: dict[str, dict[int, str]] = field(default_factory=dict)  # not superseded
     undecided: dict[int, _Result] = field(default_factory=dict)
     big: list[int] = field(default_factory=list)  # heap: results over the threshold
     superseded: list[int] = field(default_factory=list)  # heap: reads read again later
@@ -155,25 +158,40 @@ class CheapScan:
             elif role == "user":
                 self.starts.append(i)
             elif role == "tool" and call_id in self.calls:
-                name, path, at = self.calls[call_id]
+                name, read, at = self.calls[call_id]
                 # everything between the call and its result is one unit: no turn starts
                 del self.starts[bisect.bisect_right(self.starts, at):]
                 if tokens is not None:
                     count = tokens[k]
                 else:
                     count = counter.message(m if m is not None else _decoded(item))
-                self._result(i, name, path, count)
+                self._result(i, name, read, count)
         self.end += len(messages)
 
-    def _result(self, i: int, name: str, path: str | None, tokens: int) -> None:
-        self.undecided[i] = _Result(name, path, tokens)
+    def _result(self, i: int, name: str, read: Read | None, tokens: int) -> None:
+        self.undecided[i] = _Result(name, read, tokens)
         if tokens > self.threshold:
             heapq.heappush(self.big, i)
-        if path is not None:
-            previous = self.latest_read.get(path)
-            if previous is not None and previous in self.undecided:
-                heapq.heappush(self.superseded, previous)
-            self.latest_read[path] = i
+        if read is not None:
+            path, scope = read
+            open_reads = self.open_reads.setdefault(path, {})
+            if scope:  # a partial read holds only the same read's output
+                previous = self.latest_read.get(read)
+                gone = [] if previous is None or open_reads.pop(previous, None) is None \
+                    else [previous]
+            else:  # a whole read holds every earlier read of its file
+                gone, open_reads = list(open_reads), {}
+                self.open_reads[path] = open_reads
+            for j in gone:
+                if j in self.undecided:
+                    heapq.heappush(self.superseded, j)
+            open_reads[i] = scope
+            self.latest_read[read] = i
+
+    def _later_read(self, i: int, read: Read) -> int:
+        """The newest read that holds all read ``i`` held (``i`` itself when none)."""
+        same = self.latest_read.get(read, i)
+        return max(same, self.latest_read.get((read[0], ""), i))
 
     def protected_from(self) -> int:
         """The first log index of the newest ``keep_turns`` turns (``end``: none kept)."""
@@ -198,18 +216,23 @@ class CheapScan:
                 decision = self._decision(i, history[i - self.start], result, counter)
                 if decision is not None:
                     plan.append(decision)
-                elif result.path is not None and self.latest_read[result.path] == i:
+                elif result.read is not None and self._later_read(i, result.read) == i:
                     self.undecided[i] = result  # a later read of its file may drop it yet
         plan.sort(key=lambda d: d.index)
         return plan
 
     def _decision(self, i: int, m: Message, result: _Result,
                   counter: TokenCounter) -> CheapDecision | None:
-        path = result.path
-        later = self.latest_read.get(path, i) if path is not None else i
-        if path is not None and later > i:
-            text = (f"[earlier read of {path} omitted: the file was read again at "
-                    f"message #{later}, which has the current content]")
+        read = result.read
+        later = self._later_read(i, read) if read is not None else i
+        if read is not None and later > i:
+            path = read[0]
+            if self.latest_read.get((path, "")) == later:
+                text = (f"[earlier read of {path} omitted: the file was read again at "
+                        f"message #{later}, which has the current content]")
+            else:
+                text = (f"[earlier read of {path} omitted: the same read was run again at "
+                        f"message #{later}, which has its current output]")
             stage: Literal["clear_tool_output", "dedupe_read"] = "dedupe_read"
             refers: int | None = later
         elif result.tokens > self.threshold:

@@ -11,6 +11,7 @@ and modified across cycles) and by the cheap stages (superseded reads).
 from __future__ import annotations
 
 import functools
+import json
 import posixpath
 import re
 import shlex
@@ -44,6 +45,8 @@ _PATCH_TARGET = re.compile(
     r"^(?:\*\*\* (?:Add|Update|Delete) File: |\*\*\* Move to: |\+\+\+ (?:b/)?)(\S.*?)\s*$", re.M
 )
 _EDITOR_READ = {"view", "read", "show", "cat", "open"}
+_WHOLE_READERS = {"cat", "nl", "bat", "less", "more", "view"}  # print every line of a file
+_READ_NOTES = {"command", "explanation", "description", "reason"}  # say nothing of the range
 # Compiled once: the ledger parses every shell command of every job's range.
 _WORDS_AND_OPS = re.compile(r"[;&|<>()]+|[^\s;&|<>()]+")
 _ASSIGNMENT = re.compile(r"^\w+=")
@@ -193,9 +196,14 @@ def _norm(path: str, cwd: str) -> str:
 
 
 def _shell_file_ops(command: str) -> list[tuple[str, str]]:
+    return _file_ops_of(list(_simple_commands(command)))
+
+
+def _file_ops_of(commands: list[tuple[list[str], list[tuple[str, str]]]]
+                 ) -> list[tuple[str, str]]:
     ops: list[tuple[str, str]] = []
     cwd = ""
-    for argv, redirs in _simple_commands(command):
+    for argv, redirs in commands:
         for op, target in redirs:
             if ">" in op and not op.endswith("&") and _plain_path(target):
                 ops.append((_norm(target, cwd), "modified"))
@@ -257,6 +265,45 @@ def file_ops(name: str, args: Any) -> list[tuple[str, str]]:
     return [(_norm(p.strip(), ""), status) for p in paths if _plain_path(p.strip())]
 
 
+def read_scope(name: str, args: Any) -> tuple[str, str] | None:
+    """(path, scope) of a call that only reads one file, else None. The scope is ``""``
+    when the call returns the whole file (``cat``, a read tool without a range), else
+    the call itself with the path normalized: a read is superseded only by a later read
+    that holds at least what it held, a whole read or the same read again."""
+    command = shell_command(name, args)
+    if command is not None:
+        return _shell_read_scope(command)
+    ops = file_ops(name, args)
+    if len(ops) != 1 or ops[0][1] != "read" or not isinstance(args, dict):
+        return None
+    path = ops[0][0]
+    rest = {str(k): v for k, v in args.items()
+            if str(k).lower() not in _READ_NOTES and v not in (None, "", [], {})
+            and not (str(k).lower() in _PATH_KEYS
+                     or (isinstance(v, str) and _norm(v.strip(), "") == path))}
+    return path, json.dumps([name, rest], sort_keys=True, default=str) if rest else ""
+
+
+def _shell_read_scope(command: str) -> tuple[str, str] | None:
+    commands = list(_simple_commands(command))
+    ops = _file_ops_of(commands)
+    if len(ops) != 1 or ops[0][1] != "read":
+        return None
+    path, cwd = ops[0][0], ""
+    steps: list[list[str]] = []
+    for argv, redirs in commands:
+        prog, rest = _program(argv)
+        if prog == "cd":
+            words = [a for a in rest if not a.startswith("-")]
+            cwd = _norm(words[0], cwd) if words and _plain_path(words[0]) else ""
+            continue
+        steps.append([prog, *("" if _norm(a, cwd) == path else a for a in rest)])
+        steps[-1] += [f"{op}{'' if _norm(t, cwd) == path else t}" for op, t in redirs]
+    whole = (len(steps) == 1 and steps[0][0] in _WHOLE_READERS
+             and all(a.startswith(("-", "<")) or a == "" for a in steps[0][1:]))
+    return path, "" if whole else json.dumps(steps)
+
+
 @functools.lru_cache(maxsize=1024)
 def _writes(name: str) -> bool:
     """Whether a tool's name says it writes (``write_file``, ``applyPatch``); names repeat."""
@@ -277,6 +324,7 @@ __all__ = [
     "file_ops",
     "is_program",
     "looks_like_path",
+    "read_scope",
     "runs_something",
     "shell_command",
     "strip_heredocs",
