@@ -12,13 +12,17 @@ budget:
    with all its results) from the oldest side, keeping the newest unit;
 4. clip the largest remaining message: its text keeps head and tail around a
    marker saying how many characters were removed (:data:`CLIP_MARKER`);
-5. drop the newest unit too and clip again, leaving the user message alone.
+5. replace the media of the kept tool results and assistant messages, oldest first, with
+   a line of text saying what is not sent (:data:`MEDIA_OMITTED`): a step of screenshots
+   that does not fit keeps its calls and their texts, where dropping it made the model
+   call again and meet the same cut;
+6. drop the newest unit too and clip again, leaving the user message alone.
 
 Budget: ``budget_tokens`` bounds the per-message token counts of the returned
 list (``counter.message`` summed, leading system messages included, request
 overhead and tool definitions excluded: the caller counts those once). The
-leading system messages are never dropped or clipped, and neither are media
-parts or tool-call arguments, so the result fits whenever the system
+leading system messages are never dropped or clipped, and neither are tool-call
+arguments nor the media of user messages, so the result fits whenever the system
 messages plus the newest user message clipped down to its marker fit;
 otherwise ``within_budget`` is False and the note (when anything was lost) says by how
 much.
@@ -40,13 +44,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.core.errors import InvalidInput
-from shared.core.messages import Message, TextPart
+from shared.core.messages import FilePart, ImagePart, Message, TextPart
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.repair import RepairReport, repair_tool_pairs_with_report
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import Unit, leading_system_count, tool_units
+from shared.core.wire._common import omitted_text
 
 CLIP_MARKER = "[... {removed} characters removed by emergency truncation ...]"
+MEDIA_OMITTED = "emergency truncation removed it to fit the context window"
 PATH_KEYS: tuple[str, ...] = ("path", "file_path", "filepath", "filename", "paths", "files")
 COMMAND_KEYS: tuple[str, ...] = ("command", "cmd")
 MAX_NOTE_FILES = 20
@@ -69,7 +75,8 @@ class TruncationResult:
     ``repair``); ``dropped_prefix`` is how many input messages right after the
     leading system messages are all gone (a watermark may advance by this much;
     units dropped inside the last turn are not part of it). ``truncated`` holds
-    indexes into ``messages`` of clipped messages. ``tokens_before`` counts the
+    indexes into ``messages`` of clipped messages (text clipped or media replaced:
+    ``media_removed`` counts the media parts replaced). ``tokens_before`` counts the
     repaired input, ``tokens_after`` the result, both as ``budget_tokens`` does.
     """
 
@@ -86,6 +93,7 @@ class TruncationResult:
     within_budget: bool
     repair: RepairReport
     note: str
+    media_removed: int = 0
 
     @property
     def changed(self) -> bool:
@@ -336,6 +344,8 @@ class TruncationInput:
         view.drop_units(keep_newest=True)
         view.clip()
         if view.over():
+            view.omit_media()
+        if view.over():
             view.drop_units(keep_newest=False)
             view.clip()
         return view.result(budget_tokens)
@@ -355,6 +365,7 @@ class _Cut:
         self.begin, self.gap, self.resume = 0, self.n, self.n
         self.used = src.cum[-1]
         self.clipped: dict[int, tuple[Message, int, int]] = {}  # i -> clipped, removed, size
+        self.media: dict[int, int] = {}  # i -> media parts replaced by a line of text
 
     def over(self) -> bool:
         return self.used > self.room
@@ -426,6 +437,39 @@ class _Cut:
                 self.used -= before - size
                 self.clipped[i] = (clipped, removed, size)
 
+    def omit_media(self) -> None:
+        """Replace the media of kept tool results and assistant messages, oldest first,
+        while over budget (the user's own media stay): each message is counted once with
+        all of its media replaced, and part by part only where that would be more than
+        enough."""
+        body = self.src.body
+        for i in self.kept():
+            if not self.over():
+                return
+            if body[i].role == "user":
+                continue
+            current = self.clipped[i][0] if i in self.clipped else body[i]
+            media = _media_at(current)
+            if not media:
+                continue
+            before = self.size(i)
+            take = len(media)
+            whole = _omit(current, media)
+            size = self.count.message(whole)
+            if self.used - before + size <= self.room:
+                for take in range(1, len(media)):
+                    size = self.count.message(_omit(current, media[:take]))
+                    if self.used - before + size <= self.room:
+                        break
+                else:
+                    take = len(media)
+                    size = self.count.message(whole)
+            omitted = whole if take == len(media) else _omit(current, media[:take])
+            removed = self.clipped[i][1] if i in self.clipped else 0
+            self.clipped[i] = (omitted, removed, size)
+            self.used += size - before
+            self.media[i] = take
+
     def result(self, budget: int) -> TruncationResult:
         src, kept = self.src, self.kept()
         body, head = src.body, src.head
@@ -438,6 +482,8 @@ class _Cut:
                                        for i in kept)]
         clipped_at = tuple(head + k for k, i in enumerate(kept) if i in self.clipped)
         removed = sum(self.clipped[i][1] for i in kept if i in self.clipped)
+        clips = sum(1 for i in kept if i in self.clipped and self.clipped[i][1])
+        media = sum(self.media.get(i, 0) for i in kept)
         kept_origins = [src.origin[id(body[i])] for i in kept if id(body[i]) in src.origin]
         prefix = ((min(kept_origins) if kept_origins else len(src.messages))
                   - leading_system_count(src.messages))
@@ -448,21 +494,41 @@ class _Cut:
             chars_removed=removed, tokens_before=src.fixed + src.cum[-1],
             tokens_after=after, budget_tokens=budget, within_budget=after <= budget,
             repair=src.repair,
-            note=_note(by_role, files, len(clipped_at), removed, max(0, after - budget),
+            note=_note(by_role, files, clips, removed, media, max(0, after - budget),
                        after, budget),
+            media_removed=media,
         )
+
+
+def _media_at(message: Message) -> list[int]:
+    """Indexes of ``message``'s image and file parts."""
+    if isinstance(message.content, str):
+        return []
+    return [j for j, p in enumerate(message.content) if isinstance(p, ImagePart | FilePart)]
+
+
+def _omit(message: Message, at: Sequence[int]) -> Message:
+    """``message`` with the media parts at ``at`` replaced by a line saying they are not sent
+    (the wording the OpenAI view uses for media it cannot carry)."""
+    assert isinstance(message.content, list)  # _media_at found parts
+    content = list(message.content)
+    for j in at:
+        part = content[j]
+        assert isinstance(part, ImagePart | FilePart)
+        content[j] = TextPart(text=omitted_text(part, MEDIA_OMITTED))
+    return message.model_copy(update={"content": content})
 
 
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
+def _note(dropped: Counter[str], files: list[str], clips: int, removed: int, media: int,
           over: int, after: int, budget: int) -> str:
     """What the cut lost, for the model to read; "" when it lost nothing (a view the cut
     left whole is the same conversation: a note would read as a compaction that never
     happened; ``within_budget`` and ``tokens_after`` still say it does not fit)."""
-    if not (dropped or clips):
+    if not (dropped or clips or media):
         return ""
     parts = []
     if dropped:
@@ -474,6 +540,8 @@ def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
         parts.append("files touched: " + ", ".join(files[:MAX_NOTE_FILES]) + more)
     if clips:
         parts.append(f"{_plural(clips, 'message')} clipped ({removed} characters removed)")
+    if media:
+        parts.append(f"{_plural(media, 'media part')} of tool steps replaced by a note")
     if over:
         parts.append(f"still over budget: {after} > {budget} tokens")
     return "[context truncated: " + "; ".join(parts) + "]"
@@ -496,6 +564,7 @@ def emergency_truncate(
 __all__ = [
     "CLIP_MARKER",
     "COMMAND_KEYS",
+    "MEDIA_OMITTED",
     "PATH_KEYS",
     "TruncationInput",
     "TruncationResult",

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from shared.core import fastjson
 from shared.core.errors import InvalidInput
-from shared.core.messages import Message, validate_message
+from shared.core.messages import FilePart, ImagePart, Message, validate_message
 
 #: Metadata keys every adapter agrees on (provider-specific keys carry a prefix).
 IS_ERROR = "is_error"
@@ -163,6 +163,18 @@ def json_arguments(value: Any, loc: Loc) -> str:
         except ValueError as exc:
             raise loc.error(f"not valid JSON ({exc})") from None
     return value
+
+
+def omitted_text(part: ImagePart | FilePart, why: str) -> str:
+    """The line of text that stands where an image or file is not sent: the model is told
+    what it does not see (its media type, name or address) and why."""
+    kind = "image" if isinstance(part, ImagePart) else "file"
+    what = " ".join(x for x in (part.media_type, kind) if x)
+    if isinstance(part, FilePart) and part.filename:
+        what += f" {part.filename}"
+    elif part.url and not part.url.startswith("data:"):
+        what += f" at {part.url}"
+    return f"[{what} not sent: {why}]"
 
 
 def arguments_object(arguments: str, loc: Loc) -> dict[str, Any]:
