@@ -146,6 +146,13 @@ def is_reply_error(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError)
 
 
+def is_pong(reply: Any) -> bool:
+    """A ``PING``'s answer. Anything else (None: redis.asyncio's read gave up waiting, the
+    ``PONG`` still to come) leaves the connection a reply behind: it is dropped, never
+    read on, or the next script would take that ``PONG`` as its reply."""
+    return reply in (b"PONG", "PONG")
+
+
 @functools.cache
 @functools.cache
 def lua_source(name: str) -> str:
@@ -205,6 +212,7 @@ def own_writes_for(client: Any, probe_key: str) -> OwnWrites | AsyncOwnWrites | 
     return OwnWrites(kwargs, connection_class=name, probe_key=probe_key)
 
 
-__all__ = ["TRACKING", "OwnMark", "OwnState", "is_async_client", "is_reply_error", "lua_source",
+__all__ = ["TRACKING", "OwnMark", "OwnState", "is_async_client", "is_pong", "is_reply_error",
+           "lua_source",
            "own_writes_for",
            "probe_steps", "probe_verdict", "script_sha", "vouch"]

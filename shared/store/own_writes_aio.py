@@ -18,6 +18,7 @@ from shared.store.own_writes import (
     TRACKING,
     OwnMark,
     OwnState,
+    is_pong,
     is_reply_error,
     lua_source,
     probe_steps,
@@ -158,9 +159,10 @@ class AsyncOwnWrites:
             return False
         try:
             await self._drain()
-            if self.state.needs_ping():
+            if self.state.needs_ping():  # briefly: a slow answer only costs the shortcut
                 await self._conn.send_command("PING")
-                await self._conn.read_response(timeout=IO_TIMEOUT)
+                if not is_pong(await self._conn.read_response(timeout=IO_TIMEOUT)):
+                    raise TimeoutError(f"no PONG within {IO_TIMEOUT} s")
                 self.state.answered()
         except Exception as exc:
             await self._fail(exc)
