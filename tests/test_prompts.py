@@ -17,7 +17,7 @@ from shared.core.errors import InvalidInput, LimitExceeded
 from shared.core.facts import extract_facts
 from shared.core.messages import Message, ToolCall
 from shared.core.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD
-from workers.summarizer.chunking import chunk_for_window, fits_by_bytes
+from workers.summarizer.chunking import chunk_for_window, clip_to_fit, fits_by_bytes
 from workers.summarizer.prompts import (
     SUMMARY_SECTIONS,
     SYSTEM_PROMPT,
@@ -242,6 +242,39 @@ def test_chunks_fit_and_keep_units(messages: list[Message], limit: int, previous
     except LimitExceeded:
         return  # a single unit larger than the window: reported, never split
     _check_chunks(messages, chunks, limit, previous)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tool_conversations(), st.integers(2500, 6000), st.sampled_from([0, 1500]))
+def test_units_too_large_for_a_request_are_clipped_until_the_range_splits(
+        messages: list[Message], limit: int, previous: int) -> None:
+    rendered = render_messages(messages)
+    texts, clipped = clip_to_fit(messages, rendered, limit, previous_summary_tokens=previous)
+    chunks = chunk_for_window(messages, limit, previous_summary_tokens=previous,
+                              rendered=texts)  # never LimitExceeded now
+    assert [m for c in chunks for m in c] == messages
+    at = 0
+    for chunk in chunks:
+        request = build_summary_request(chunk, "x" if previous else None, start=at,
+                                        max_summary_tokens=2000,
+                                        rendered=texts[at:at + len(chunk)])
+        assert request_tokens(request) + previous <= limit
+        at += len(chunk)
+    changed = [i for i, (a, b) in enumerate(zip(rendered, texts, strict=True)) if a != b]
+    assert bool(changed) == bool(clipped)
+    for i in changed:  # clipped harder, head and tail kept
+        assert "characters clipped ...]" in texts[i] and len(texts[i]) < len(rendered[i])
+        assert texts[i].startswith(rendered[i].split("\n")[0])
+        assert texts[i].endswith(rendered[i][-20:])
+
+
+def test_a_unit_no_clip_can_fit_is_still_reported() -> None:
+    calls = [ToolCall(id=f"c{k}", name="bash", arguments={"command": f"echo {k}"})
+             for k in range(300)]
+    messages = [Message(role="assistant", tool_calls=calls),
+                *(Message(role="tool", tool_call_id=c.id, content="ok") for c in calls)]
+    with pytest.raises(LimitExceeded, match=r"messages 0\.\.300"):
+        clip_to_fit(messages, render_messages(messages), 4000)
 
 
 class LowballCounter:

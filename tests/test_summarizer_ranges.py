@@ -226,3 +226,29 @@ def test_one_long_turn_compacted_by_the_compactor_keeps_one_bounded_summary(
     assert jobs >= 4, jobs
     assert text.count(PREFIX_HEADING) == 1, text
     assert DEFAULT_COUNTER.text(text) <= 1000
+
+
+def test_a_message_too_large_for_any_request_is_clipped_not_sent_offline() -> None:
+    """An 8k summarizer, a pasted log and a parallel read whose results fill a request
+    each: they are clipped harder, head and tail, and the range is still summarized."""
+    log_lines = "\n".join(f"2024-05-21 10:{i % 60:02d} worker-{i} retry {i} failed: "
+                          "connection reset by peer" for i in range(400))
+    pasted = f"FIRST-LINE BUG-4711\n{log_lines}\nLAST-LINE exit 137"
+    calls = [ToolCall(id=f"r{k}", name="read_file", arguments=json.dumps({"path": f"m{k}.py"}))
+             for k in range(4)]
+    messages = [Message(role="user", content=f"Why does the job die? Log:\n{pasted}"),
+                Message(role="assistant", content="Reading the workers.", tool_calls=calls),
+                *(Message(role="tool", tool_call_id=c.id, content="x = compute()  # step\n" * 400)
+                  for c in calls),
+                Message(role="assistant", content="It is killed by the OOM killer.")]
+    with FakeOpenAIServer(window=8_000, responder=SummarizerResponder()) as fake:
+        client = OpenAIClient("summ-8k", api_key="k", base_url=fake.base_url, timeout=5,
+                              context_window=8_000)
+        draft = SummaryEngine(client, max_summary_tokens=2000).summarize(messages, None,
+                                                                         Ledger())
+        prompts = [r.body["messages"][1]["content"] for r in fake.requests]
+        assert completions(fake) == [200] * len(prompts) and draft.kind == "llm"
+    shown = "\n".join(prompts)
+    assert "FIRST-LINE BUG-4711" in shown and "LAST-LINE exit 137" in shown
+    assert "characters clipped" in shown and "OOM killer" in shown
+    assert "clipped_oversized_units" in draft.stages

@@ -10,6 +10,8 @@ from shared.core.messages import Message
 from shared.core.tokens import DEFAULT_COUNTER, MESSAGE_OVERHEAD, REQUEST_OVERHEAD, TokenCounter
 from shared.core.turns import leading_system_count, tool_units
 from workers.summarizer.prompts import (
+    DEFAULT_MESSAGE_CHARS,
+    DEFAULT_TOOL_CHARS,
     _check_rendered,
     _validated,
     build_summary_request,
@@ -78,12 +80,8 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
     if fits_by_bytes(whole, max_input_tokens, previous_summary_tokens) or (
             request_tokens(whole, counter) + previous_summary_tokens <= max_input_tokens):
         return [msgs]
-    fixed = cost(0, 0)
-    if fixed >= max_input_tokens:
-        raise InvalidInput(f"{max_input_tokens} tokens leave no room beside the {fixed}-token "
-                           "prompt", field="max_input_tokens")
-    head = leading_system_count(msgs)
-    spans = [(i, i + 1) for i in range(head)] + [(u.start, u.end) for u in tool_units(msgs)]
+    fixed = _fixed_cost(cost(0, 0), max_input_tokens)
+    spans = _spans(msgs)
     groups: list[list[tuple[int, int]]] = []
     used = fixed
     for lo, hi in spans:
@@ -111,4 +109,72 @@ def chunk_for_window(messages: Sequence[Message], max_input_tokens: int,
     return chunks
 
 
-__all__ = ["chunk_for_window", "fits_by_bytes"]
+def _fixed_cost(fixed: int, max_input_tokens: int) -> int:
+    if fixed >= max_input_tokens:
+        raise InvalidInput(f"{max_input_tokens} tokens leave no room beside the {fixed}-token "
+                           "prompt", field="max_input_tokens")
+    return fixed
+
+
+def _spans(msgs: Sequence[Message]) -> list[tuple[int, int]]:
+    """What a chunk never splits: each leading system message, each tool unit."""
+    head = leading_system_count(msgs)
+    return [(i, i + 1) for i in range(head)] + [(u.start, u.end) for u in tool_units(msgs)]
+
+
+MIN_CLIP_CHARS = 200
+"""The least of a text a harder clip keeps (head and tail), so the summarizer still sees
+what it was."""
+
+
+def clip_to_fit(messages: Sequence[Message], rendered: Sequence[str], max_input_tokens: int,
+                counter: TokenCounter | None = None, *, previous_summary_tokens: int = 0,
+                ledger: Ledger | None = None, max_summary_tokens: int = 2000,
+                start: int = 0) -> tuple[list[str], int]:
+    """``rendered`` with each unit too large for any request rendered again, clipped
+    harder until it fits one, and how many units were clipped.
+
+    A pasted log or a parallel read can exceed a request even after the default
+    clips; failing the range for it sent the whole job to the offline summarizer.
+    Each text of such a unit keeps its head and tail (:func:`render_messages`'s clip,
+    at a lower limit). A unit that does not fit even at :data:`MIN_CLIP_CHARS` per text
+    (hundreds of calls in one message) raises :class:`LimitExceeded` naming it.
+    """
+    counter = counter or DEFAULT_COUNTER
+    msgs = _validated(messages)
+    _check_rendered(msgs, rendered)
+    texts = list(rendered)
+    empty = build_summary_request([], "x" if previous_summary_tokens else None, ledger=ledger,
+                                  max_summary_tokens=max_summary_tokens, rendered=[])
+    fixed = _fixed_cost(request_tokens(empty, counter) + previous_summary_tokens,
+                        max_input_tokens)
+    room = max_input_tokens - fixed - 1
+    clipped = 0
+    for lo, hi in _spans(msgs):
+        size = counter.text("\n".join(texts[lo:hi]))
+        if size > room:
+            texts[lo:hi] = _clipped_unit(msgs[lo:hi], start + lo, size, room, counter)
+            clipped += 1
+    return texts, clipped
+
+
+def _clipped_unit(unit: Sequence[Message], start: int, size: int, room: int,
+                  counter: TokenCounter) -> list[str]:
+    """``unit`` rendered with clip limits lowered until it fits ``room`` tokens."""
+    limit = min(DEFAULT_MESSAGE_CHARS, max(
+        [len(m.text()) for m in unit] + [len(tc.arguments) for m in unit for tc in m.tool_calls]))
+    while True:
+        limit = max(MIN_CLIP_CHARS, int(limit * min(0.9, max(0.1, room / size))))
+        texts = render_messages(unit, start=start, max_message_chars=limit,
+                                max_tool_chars=min(limit, DEFAULT_TOOL_CHARS))
+        size = counter.text("\n".join(texts))
+        if size <= room:
+            return texts
+        if limit == MIN_CLIP_CHARS:
+            raise LimitExceeded(f"messages {start}..{start + len(unit) - 1} need {size} "
+                                f"tokens clipped to {limit} characters a text, more than "
+                                f"the {room} a request leaves", field=f"messages[{start}]",
+                                index=start)
+
+
+__all__ = ["MIN_CLIP_CHARS", "chunk_for_window", "clip_to_fit", "fits_by_bytes"]

@@ -26,12 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.core.errors import InvalidInput, SummarizerError, SummarizerUnavailable
+from shared.core.errors import (
+    InvalidInput,
+    LimitExceeded,
+    SummarizerError,
+    SummarizerUnavailable,
+)
 from shared.core.ledger import Ledger
 from shared.core.messages import Message
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.telemetry.genai import model_call
-from workers.summarizer.chunking import chunk_for_window
+from workers.summarizer.chunking import chunk_for_window, clip_to_fit
 from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
 from workers.summarizer.prompts import (
@@ -242,7 +247,7 @@ class SummaryEngine:
         """
         remaining = list(messages)
         rendered = render_messages(remaining, start=start)  # once; chunks take slices
-        chunks = self._chunks(remaining, rendered, fold.budget, fold.ledger, start)
+        chunks, rendered = self._chunks(fold, remaining, rendered, start)
         offset = start
         refolds = 0
         while chunks:
@@ -263,7 +268,7 @@ class SummaryEngine:
             except SummarizerOverflow as exc:
                 refolds += 1
                 fold.budget = self._smaller_budget(fold.budget, exc, request, refolds)
-                chunks = self._chunks(remaining, rendered, fold.budget, fold.ledger, offset)
+                chunks, rendered = self._chunks(fold, remaining, rendered, offset)
                 fold.draft.stages.append(f"summarizer_overflow_refold_{fold.budget}")
                 log.warning("summarizer overflow, the rest of the range goes in requests of "
                             "%d tokens (%d chunks): %s", fold.budget, len(chunks), exc)
@@ -278,18 +283,34 @@ class SummaryEngine:
                 fold.folded.append((offset - start, running))
         return running
 
-    def _chunks(self, messages: list[Message], rendered: list[str], budget: int, ledger: Ledger,
-                start: int) -> list[list[Message]]:
+    def _chunks(self, fold: _Fold, messages: list[Message], rendered: list[str],
+                start: int) -> tuple[list[list[Message]], list[str]]:
         """Chunks whose whole request (prompt, previous summary at its cap, ledger,
-        transcript) fits ``budget``; a range that cannot be split that finely is a
-        summarizer failure (the offline fallback takes it), not bad input."""
-        try:
-            return chunk_for_window(messages, budget, self.counter,
+        transcript) fits ``fold.budget``, and the messages rendered for them: a unit too
+        large for any request is clipped harder (:func:`clip_to_fit`). A range that cannot
+        be split that finely is a summarizer failure (the offline fallback takes it), not
+        bad input."""
+        def chunk(texts: list[str]) -> list[list[Message]]:
+            return chunk_for_window(messages, fold.budget, self.counter,
                                     previous_summary_tokens=self.max_summary_tokens,
-                                    ledger=ledger, max_summary_tokens=self.max_summary_tokens,
-                                    start=start, rendered=rendered)
+                                    ledger=fold.ledger, start=start, rendered=texts,
+                                    max_summary_tokens=self.max_summary_tokens)
+
+        try:
+            try:
+                return chunk(rendered), rendered
+            except LimitExceeded:
+                rendered, clipped = clip_to_fit(
+                    messages, rendered, fold.budget, self.counter,
+                    previous_summary_tokens=self.max_summary_tokens, ledger=fold.ledger,
+                    max_summary_tokens=self.max_summary_tokens, start=start)
+                if "clipped_oversized_units" not in fold.draft.stages:
+                    fold.draft.stages.append("clipped_oversized_units")
+                log.warning("%d units too large for a request of %d tokens were clipped",
+                            clipped, fold.budget)
+                return chunk(rendered), rendered
         except InvalidInput as exc:
-            raise SummarizerError(f"the range cannot be split into requests of {budget} "
+            raise SummarizerError(f"the range cannot be split into requests of {fold.budget} "
                                   f"tokens: {exc}") from exc
 
     def _smaller_budget(self, budget: int, exc: SummarizerOverflow,
