@@ -47,16 +47,32 @@ from shared.store.sessions import (
 log = logging.getLogger("shared.store")
 
 
-def connect_async(url: str, config: StoreConfig | None = None) -> redis.asyncio.Redis:
-    """An asyncio client with the same bounded timeouts and no silent retries."""
+MAX_CONNECTIONS = 100
+"""connect_async's default pool size: calls beyond it wait for a connection."""
+
+
+def connect_async(url: str, config: StoreConfig | None = None, *,
+                  max_connections: int = MAX_CONNECTIONS,
+                  pool_timeout: float | None = None) -> redis.asyncio.Redis:
+    """An asyncio client with the same bounded timeouts and no silent retries.
+
+    Its pool holds at most ``max_connections``; a call beyond them waits for one to be
+    released (redis-py's default pool failed it at once: an async server with more calls
+    in flight lost them). The wait is bounded: ``pool_timeout`` seconds, by default the
+    store's connect and socket timeouts (what the call holding a connection may take),
+    then StoreUnavailable."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    _check_positive("max_connections", max_connections)
     cfg = config or StoreConfig()
-    return redis.asyncio.Redis.from_url(
-        url, socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
+    wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=wait,
+        socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 0), health_check_interval=30,
         driver_info=driver_info())
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 class AsyncSessionStore:
@@ -218,4 +234,4 @@ def _check_positive(name: str, value: object) -> None:
         raise InvalidInput("must be a positive integer", field=name)
 
 
-__all__ = ["AsyncSessionStore", "connect_async"]
+__all__ = ["MAX_CONNECTIONS", "AsyncSessionStore", "connect_async"]
