@@ -489,3 +489,13 @@ def test_compound_identifiers_and_pre_release_versions_are_recorded_whole() -> N
         assert whole in rendered, (whole, rendered)
     for cut in ("ORD-2024\n", "FACT-000\n", "v1.2.3\n", "PROJ-42.\n"):
         assert cut not in rendered + "\n", (cut, rendered)
+
+
+def test_a_curly_apostrophe_is_read_as_the_straight_one() -> None:
+    """Phones and word processors type ’: "don’t touch tests/" was no constraint at all."""
+    for text in ("Fix app.py; don’t touch tests/.", "Please don’t use numpy.",
+                 "I don’t want any new dependencies.", "You mustn’t push to main."):
+        rendered = extract_facts([Message(role="user", content=text)]).render()
+        assert f"- {text}" in rendered, text
+    assert "Constraints" not in extract_facts(
+        [Message(role="user", content="Thanks, don’t worry about it.")]).render()
