@@ -492,10 +492,12 @@ def test_compound_identifiers_and_pre_release_versions_are_recorded_whole() -> N
 
 
 def test_a_curly_apostrophe_is_read_as_the_straight_one() -> None:
-    """Phones and word processors type ’: "don’t touch tests/" was no constraint at all."""
-    for text in ("Fix app.py; don’t touch tests/.", "Please don’t use numpy.",
-                 "I don’t want any new dependencies.", "You mustn’t push to main."):
+    """Phones and word processors type U+2019: "don't touch tests/" typed so was no
+    constraint at all."""
+    curly = "\u2019"
+    for text in (f"Fix app.py; don{curly}t touch tests/.", f"Please don{curly}t use numpy.",
+                 f"I don{curly}t want any new dependencies.", f"You mustn{curly}t push to main."):
         rendered = extract_facts([Message(role="user", content=text)]).render()
         assert f"- {text}" in rendered, text
     assert "Constraints" not in extract_facts(
-        [Message(role="user", content="Thanks, don’t worry about it.")]).render()
+        [Message(role="user", content=f"Thanks, don{curly}t worry about it.")]).render()

@@ -104,13 +104,16 @@ _BULLET = re.compile(r"^\s*(?:[-*•>]|\d+[.)])\s+")
 # chat ("I don't have my ID", "I'll make sure to...", "the only thing") that they count
 # only in an imperative position; system-like instructions count at the sentence start.
 # A clause break (";", ",", ":", a dash) opens an imperative position for "do not" too
-# ("Fix app.py; do not touch tests/"), except for the chat formulas "don['\u2019]t worry/mind".
+# ("Fix app.py; do not touch tests/"), except for the chat formulas "don't worry/mind".
+# An apostrophe is either the straight one or the curly one phones and word processors type.
 _CONSTRAINT = re.compile(
-    r"\b(?:must|mustn['\u2019]t|never|always|ensure|without|required?|mandatory|forbidden|not allowed|"
-    r"avoid|should not|shouldn['\u2019]t|no more than|at most|at least|from now on|going forward|"
+    r"\b(?:must|mustn['\u2019]t|never|always|ensure|without|required?|mandatory|forbidden|"
+    r"not allowed|avoid|should not|shouldn['\u2019]t|no more than|at most|at least|from now on|"
+    r"going forward|"
     r"remember to|keep in mind|I (?:do not|don['\u2019]t) want)\b"
     r"|\bprefer(?:red|ably)?\b"
-    r"|(?:^|\b(?:please|you|and|but|so|just)\s+)(?:do not|don['\u2019]t|make sure|only|keep|use|stick to)\b"
+    r"|(?:^|\b(?:please|you|and|but|so|just)\s+)"
+    r"(?:do not|don['\u2019]t|make sure|only|keep|use|stick to)\b"
     r"|(?:[;,:]|\s[-\u2013\u2014]+)\s*(?:do not|don['\u2019]t)\b(?!\s+(?:worry|mind)\b)"
     r"|(?<!the )(?<!not )(?<!I )(?<!I'll )\bonly\b(?! if\b)"
     r"|^(?:You are|Act as|Respond in|Answer in|Reply in|Write in|Use only)\b",
