@@ -16,6 +16,12 @@ with one ``tool_result`` per call. How the formats map:
   length, and the data of ``redacted_thinking`` blocks, so they go back out
   unchanged. Reasoning without a signature (another provider's, or edited
   since) cannot be sent: the API verifies signatures. It is left out;
+- an assistant's blocks in another order than the canonical one (interleaved
+  thinking: thinking, tool_use, thinking, tool_use) keep it in metadata
+  ``anthropic_order`` (one letter a block: ``r`` thinking, ``p`` text or media,
+  ``c`` tool_use), since the API wants the latest turn's thinking back in
+  sequence; going out, blocks the message no longer holds are skipped and any
+  extra follow in the canonical order;
 - ``tool_use.input`` becomes JSON arguments (``json.dumps``, non-ASCII
   kept); going out, arguments must parse to a JSON object;
 - the API refuses blank (empty or whitespace-only) text blocks and
@@ -66,6 +72,7 @@ from shared.core.wire._common import (
 )
 
 THINKING_KEY = "anthropic_thinking"
+ORDER_KEY = "anthropic_order"  # an assistant's block order, where not canonical
 MEMO_KEY = "anthropic-turn"  # a message's own turn, in a memo slot (see fold_turns)
 _HINTS = ("cache_control", "citations")
 System = str | list[dict[str, Any]] | None
@@ -158,10 +165,12 @@ def _assistant_in(blocks: Sequence[Any], loc: Loc) -> Message:
     layout: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    order: list[str] = []
     for j, raw in enumerate(blocks):
         b_loc = loc / "content" / j
         block = as_mapping(raw, b_loc)
         kind = block.get("type")
+        order.append(_ORDER_LETTER.get(kind, "p"))
         if kind == "thinking":
             check_keys(block, ("type", "thinking", "signature", *_HINTS), b_loc)
             texts.append(req_str(block, "thinking", b_loc))
@@ -188,10 +197,18 @@ def _assistant_in(blocks: Sequence[Any], loc: Loc) -> Message:
     # no text or media (tool_use, thinking alone): "" as from the other formats, not []
     # (OpenAI refuses an empty content array; to_openai sends None for "" beside calls)
     data: dict[str, Any] = {"role": "assistant", "content": parts or "", "tool_calls": calls}
+    metadata: dict[str, Any] = {}
     if layout:
         data["reasoning"] = join_reasoning(texts)
-        data["metadata"] = {THINKING_KEY: layout}
+        metadata[THINKING_KEY] = layout
+    if order != sorted(order, key="rpc".index):
+        metadata[ORDER_KEY] = "".join(order)
+    if metadata:
+        data["metadata"] = metadata
     return build(data, loc)
+
+
+_ORDER_LETTER: dict[Any, str] = {"thinking": "r", "redacted_thinking": "r", "tool_use": "c"}
 
 
 def _result_in(block: Mapping[str, Any], loc: Loc) -> Message:
@@ -294,13 +311,19 @@ class Turn:
 def turn_of(m: Message, loc: Loc) -> Turn | None:
     """The wire turn of one message alone; None when the API would refuse it (blank)."""
     role = "assistant" if m.role == "assistant" else "user"
-    blocks = _reasoning_out(m) if role == "assistant" else []
+    reasoning = _reasoning_out(m) if role == "assistant" else []
+    parts: list[dict[str, Any] | None]
     if isinstance(m.content, str):
-        plain = m.content if not blocks and not m.tool_calls and m.role != "tool" else None
-        blocks += [{"type": "text", "text": m.content}] if m.content.strip() else []
+        plain = m.content if not reasoning and not m.tool_calls and m.role != "tool" else None
+        parts = [{"type": "text", "text": m.content} if m.content.strip() else None]
     else:
         plain = None
-        blocks += [_part_out(p, loc / "content" / j) for j, p in enumerate(m.content) if _sent(p)]
+        parts = [_part_out(p, loc / "content" / j) if _sent(p) else None
+                 for j, p in enumerate(m.content)]
+    order = m.metadata.get(ORDER_KEY) if role == "assistant" else None
+    if isinstance(order, str):
+        return _ordered_turn(m, loc, order, reasoning, parts)
+    blocks = reasoning + [b for b in parts if b is not None]
     if not blocks and not m.tool_calls and m.role != "tool":
         return None  # the API refuses blank messages; dropping one merges its neighbours
     if m.role == "tool":
@@ -317,6 +340,24 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
         calls.append((c.id, c_loc / "id"))
     return Turn(role, plain, [], blocks, [], calls)
+
+
+def _ordered_turn(m: Message, loc: Loc, order: str, reasoning: list[dict[str, Any]],
+                  parts: list[dict[str, Any] | None]) -> Turn | None:
+    """An assistant's turn with its blocks in their recorded ``order`` (:data:`ORDER_KEY`);
+    blocks the message no longer holds are skipped, extra ones follow canonically."""
+    calls: list[dict[str, Any]] = []
+    ids: list[tuple[str, Loc]] = []
+    for j, c in enumerate(m.tool_calls):
+        c_loc = loc / "tool_calls" / j
+        args = arguments_object(c.arguments, c_loc / "arguments")
+        calls.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
+        ids.append((c.id, c_loc / "id"))
+    queues = {"r": iter(reasoning), "p": iter(parts), "c": iter(calls)}
+    placed = [next(queues[k], None) for k in order if k in queues]
+    placed += [*queues["r"], *queues["p"], *queues["c"]]
+    blocks = [b for b in placed if b is not None]
+    return Turn("assistant", None, [], blocks, [], ids) if blocks else None
 
 
 Piece = tuple[str, str | None, list[dict[str, Any]], list[dict[str, Any]], tuple[str, ...],
@@ -341,7 +382,7 @@ def piece_of_stored(data: Any, index: int) -> Piece | None:
     role_in, content = data.get("role"), data.get("content", "")
     calls, meta = data.get("tool_calls", []), data.get("metadata", {})
     if type(role_in) is not str or type(content) is not str or type(calls) is not list \
-            or type(meta) is not dict or THINKING_KEY in meta \
+            or type(meta) is not dict or THINKING_KEY in meta or ORDER_KEY in meta \
             or (calls and role_in != "assistant"):
         return None
     if role_in == "tool":
