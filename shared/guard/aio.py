@@ -8,8 +8,10 @@ instead of blocking on it. Both shells are tested by the same tests
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -65,8 +67,12 @@ class AsyncContextGuard(GuardFlow):
     (client tracking, :mod:`shared.store.changes`; a connection of its own, used
     where the server supports it; a :class:`~shared.store.changes.ChangeFeed` to share
     one between guards, e.g. one per tenant). ``warm_up``: connect the change feed at
-    construction (:meth:`warm_up` connects the rest). One guard per process is the
-    intended use; it is thread-safe.
+    construction (:meth:`warm_up` connects the rest).
+
+    A guard serves one event loop, the first that awaits it: its store's client and
+    connections belong to that loop. A call from another loop (another thread's, a later
+    ``asyncio.run``) raises :class:`~shared.core.errors.InvalidInput` before doing
+    anything: make one guard per loop (a thread of its own: :class:`ContextGuard`).
     """
 
     store_class = AsyncSessionStore
@@ -79,6 +85,8 @@ class AsyncContextGuard(GuardFlow):
                  view_cache: ViewCache | None = None,
                  watch_changes: bool | ChangeFeed = True, warm_up: bool = True) -> None:
         store = async_store(store)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
@@ -92,6 +100,7 @@ class AsyncContextGuard(GuardFlow):
         """Connect now, best effort (the store's connection, its scripts, the change feed):
         the first ``prepare`` then pays only for its read. The constructor connects only
         the feed: the store's connection belongs to the event loop that awaits this."""
+        self._on_its_loop()
         warm = getattr(self.store, "warm_up", None)
         if warm is not None:
             await warm()
@@ -103,6 +112,7 @@ class AsyncContextGuard(GuardFlow):
     async def drive(self, steps: Steps[T]) -> T:
         """Run a flow's steps to their end, each call awaited; a call's exception is
         thrown into the flow at its step."""
+        self._on_its_loop()
         reply: Any = None
         error: Exception | None = None
         while True:
@@ -178,8 +188,25 @@ class AsyncContextGuard(GuardFlow):
         The sync guard's query over redis.asyncio: the same sans-I/O steps
         (:func:`shared.store.recall_query.recall_steps`), each reply awaited.
         """
+        self._on_its_loop()
         return await recall_query.recall_async(self.store, session_id, query, limit=limit,
                                                start=start, end=end)
+
+    def _on_its_loop(self) -> None:
+        if asyncio.get_running_loop() is not self._loop:
+            self._adopt_loop()
+
+    def _adopt_loop(self) -> None:
+        """The first loop to await the guard becomes its loop; another one is refused (its
+        calls failed at random with redis.asyncio's RuntimeErrors, some turns unrecorded)."""
+        loop = asyncio.get_running_loop()
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = loop
+            elif self._loop is not loop:
+                raise InvalidInput("an AsyncContextGuard serves one event loop, the first "
+                                   "that awaited it: make one guard per loop",
+                                   field="event loop")
 
     async def aclose(self) -> None:
         """Close the guard's own connections (the change feed and the own-writes one) on
