@@ -16,7 +16,7 @@ import pytest
 
 from shared.core.config import StoreConfig
 from shared.core.messages import Message
-from shared.core.wire import from_anthropic, to_anthropic
+from shared.core.wire import from_anthropic, from_openai, to_anthropic
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 
@@ -77,3 +77,46 @@ def test_the_guard_sends_interleaved_thinking_in_its_order(shell_name: str) -> N
     recorded = from_anthropic([{"role": "user", "content": "go"}, INTERLEAVED, RESULTS])
     view = guard_view(shell_name, recorded)
     assert view.anthropic()[1][1] == INTERLEAVED
+
+
+# -- ids ---------------------------------------------------------------------
+
+
+def kimi_turn(suffix: str = "") -> list[dict[str, Any]]:
+    """A turn from an OpenAI-compatible server that ids calls ``functions.NAME:IDX``."""
+    return [{"role": "user", "content": "go" + suffix},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "functions.read_file:0", "type": "function",
+                 "function": {"name": "read_file", "arguments": '{"path": "/a"}'}},
+                {"id": "functions_read_file_0", "type": "function",
+                 "function": {"name": "read_file", "arguments": '{"path": "/b"}'}}]},
+            {"role": "tool", "tool_call_id": "functions.read_file:0", "content": "A"},
+            {"role": "tool", "tool_call_id": "functions_read_file_0", "content": "B"},
+            {"role": "assistant", "content": "done"}]
+
+
+def ids_of(wire: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    blocks = [b for m in wire if isinstance(m["content"], list) for b in m["content"]]
+    return ([b["id"] for b in blocks if b["type"] == "tool_use"],
+            [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"])
+
+
+def test_ids_outside_the_pattern_are_mapped_and_results_follow() -> None:
+    _, wire = to_anthropic(from_openai(kimi_turn()))
+    calls, results = ids_of(wire)
+    assert all(ID.match(i) for i in calls + results)
+    assert calls == results and len(set(calls)) == 2
+    assert calls[1] == "functions_read_file_0"  # a valid id stays as it is
+    assert to_anthropic(from_openai(kimi_turn()))[1] == wire  # the same every time
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_the_guard_view_has_only_valid_unique_ids(shell_name: str) -> None:
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="t"))
+    guard = make(shell_name, store)
+    guard.record_turn("s", from_openai(kimi_turn()))
+    guard.record_turn("s", from_openai(kimi_turn(" again")))  # the same ids: renamed
+    _, wire = guard.prepare("s", "sys", model=MODEL, max_tokens=100).anthropic()
+    calls, results = ids_of(wire)
+    assert len(calls) == 4 and len(set(calls)) == 4 and calls == results
+    assert all(ID.match(i) for i in calls)

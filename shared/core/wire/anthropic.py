@@ -22,6 +22,10 @@ with one ``tool_result`` per call. How the formats map:
   ``c`` tool_use), since the API wants the latest turn's thinking back in
   sequence; going out, blocks the message no longer holds are skipped and any
   extra follow in the canonical order;
+- a call id outside the API's pattern ``^[a-zA-Z0-9_-]+$`` (``functions.read:0``
+  from OpenAI-compatible servers) goes out with each other character as ``_`` and
+  ``-`` plus 8 hex digits of its hash (:func:`wire_id`): the same every time, so
+  the result carries its call's id, and distinct ids stay distinct;
 - ``tool_use.input`` becomes JSON arguments (``json.dumps``, non-ASCII
   kept); going out, arguments must parse to a JSON object;
 - the API refuses blank (empty or whitespace-only) text blocks and
@@ -45,6 +49,8 @@ message, or a call without a result in the next message, raises
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,6 +314,23 @@ class Turn:
                     self.result_ids + other.result_ids, self.call_ids + other.call_ids)
 
 
+_ID = re.compile(r"[a-zA-Z0-9_-]+")
+_NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _mapped_id(call_id: str) -> str:
+    digest = hashlib.blake2s(call_id.encode("utf-8"), digest_size=4).hexdigest()
+    return f"{_NOT_ID.sub('_', call_id)}-{digest}"
+
+
+def wire_id(call_id: str) -> str:
+    """``call_id`` as the API takes it (``^[a-zA-Z0-9_-]+$``): unchanged when it matches,
+    else its other characters as ``_`` and a hash of the whole, so two ids that differ
+    only there stay two (the same id maps the same way in every view)."""
+    return call_id if _ID.fullmatch(call_id) else _mapped_id(call_id)
+
+
 def turn_of(m: Message, loc: Loc) -> Turn | None:
     """The wire turn of one message alone; None when the API would refuse it (blank)."""
     role = "assistant" if m.role == "assistant" else "user"
@@ -328,17 +351,19 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         return None  # the API refuses blank messages; dropping one merges its neighbours
     if m.role == "tool":
         assert m.tool_call_id is not None  # guaranteed by Message
-        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id}
+        rid = wire_id(m.tool_call_id)
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": rid}
         result["content"] = m.content if isinstance(m.content, str) else blocks
         if m.metadata.get(IS_ERROR):
             result["is_error"] = True
-        return Turn(role, plain, [result], [], [(m.tool_call_id, loc / "tool_call_id")])
+        return Turn(role, plain, [result], [], [(rid, loc / "tool_call_id")])
     calls: list[tuple[str, Loc]] = []
     for j, c in enumerate(m.tool_calls):
         c_loc = loc / "tool_calls" / j
         args = arguments_object(c.arguments, c_loc / "arguments")
-        blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
-        calls.append((c.id, c_loc / "id"))
+        cid = wire_id(c.id)
+        blocks.append({"type": "tool_use", "id": cid, "name": c.name, "input": args})
+        calls.append((cid, c_loc / "id"))
     return Turn(role, plain, [], blocks, [], calls)
 
 
@@ -351,8 +376,9 @@ def _ordered_turn(m: Message, loc: Loc, order: str, reasoning: list[dict[str, An
     for j, c in enumerate(m.tool_calls):
         c_loc = loc / "tool_calls" / j
         args = arguments_object(c.arguments, c_loc / "arguments")
-        calls.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
-        ids.append((c.id, c_loc / "id"))
+        cid = wire_id(c.id)
+        calls.append({"type": "tool_use", "id": cid, "name": c.name, "input": args})
+        ids.append((cid, c_loc / "id"))
     queues = {"r": iter(reasoning), "p": iter(parts), "c": iter(calls)}
     placed = [next(queues[k], None) for k in order if k in queues]
     placed += [*queues["r"], *queues["p"], *queues["c"]]
@@ -389,6 +415,7 @@ def piece_of_stored(data: Any, index: int) -> Piece | None:
         call_id = data.get("tool_call_id")
         if type(call_id) is not str or calls:
             return None
+        call_id = wire_id(call_id)
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id,
                                   "content": content}
         if meta.get(IS_ERROR):
@@ -404,6 +431,7 @@ def piece_of_stored(data: Any, index: int) -> Piece | None:
         if found is None:
             return None
         call_id, name, args = found
+        call_id = wire_id(call_id)
         blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
         ids.append(call_id)
     return role, None, [], blocks, (), tuple(ids)
