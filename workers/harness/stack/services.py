@@ -12,6 +12,11 @@ Three ways to get it, in this order (the report says which one ran):
    store, Celery's in-memory transport carries the jobs and one worker runs
    in a thread of this process. Same tasks and compactor, less isolation.
 
+Every job goes through ``settings.queue`` (``COMPACTION_QUEUE``): the workers
+consume it, the guard and the warm-up publish to it, the drain counts it. On a
+shared broker a queue of the replay's own keeps production's workers off its
+jobs, and its workers (a fake summarizer) off production's.
+
 Workers are real ``celery worker`` processes (threads pool), so the replay
 exercises what production runs: the broker round trip, the lease, the
 compare-and-swap racing the agent's turns. Their outcomes are read back
@@ -61,6 +66,7 @@ class Services:
     workers: list[WorkerProcess] = field(default_factory=list)
     broker_client: Any = None
     capture: JobCapture | None = None
+    queue: str = QUEUE
 
     def job_outcomes(self) -> list[dict[str, Any]]:
         """Every job outcome the workers logged so far."""
@@ -73,7 +79,7 @@ class Services:
         if self.broker_client is None:
             return 0
         with contextlib.suppress(redis.exceptions.RedisError):
-            return int(self.broker_client.llen(QUEUE))
+            return int(self.broker_client.llen(self.queue))
         return 0
 
     def worker_logs(self) -> dict[str, str]:
@@ -89,7 +95,7 @@ def _settings_from_env(settings: Settings, overrides: Mapping[str, str]) -> Sett
     return Settings.model_validate(data)
 
 
-def _warm_up(publisher: Any, workers: list[WorkerProcess], concurrency: int,
+def _warm_up(publisher: Any, workers: list[WorkerProcess], concurrency: int, queue: str,
              timeout: float = 60.0) -> bool:
     """Run a no-op job in every worker process before the replay starts.
 
@@ -99,7 +105,7 @@ def _warm_up(publisher: Any, workers: list[WorkerProcess], concurrency: int,
     """
     for _ in range(len(workers) * concurrency * 2):
         publisher.send_task(TASK_MAYBE_SUMMARIZE, args=[WARMUP_SESSION],
-                            kwargs={"tenant": WARMUP_TENANT}, queue=QUEUE, ignore_result=True)
+                            kwargs={"tenant": WARMUP_TENANT}, queue=queue, ignore_result=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(JOB_MARKER in w.log() for w in workers):
@@ -113,8 +119,10 @@ def _warm_up(publisher: Any, workers: list[WorkerProcess], concurrency: int,
 def _processes(mode: Mode, description: str, redis_url: str, broker_url: str,
                settings: Settings, base_env: Mapping[str, str], overrides: Mapping[str, str],
                workers: int, concurrency: int) -> Iterator[Services]:
+    worker_settings = _settings_from_env(settings, overrides)
+    queue = worker_settings.queue  # the workers' app routes follow-ups to it too
     env = {**base_env, **worker_env(redis_url=redis_url, broker_url=broker_url,
-                                    key_prefix=settings.key_prefix), **overrides}
+                                    key_prefix=settings.key_prefix, queue=queue), **overrides}
     store_client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
     broker_client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
     try:
@@ -127,15 +135,16 @@ def _processes(mode: Mode, description: str, redis_url: str, broker_url: str,
     try:
         for i in range(workers):
             try:
-                started.append(WorkerProcess(f"replay{i}-{tag}", env, concurrency).start())
+                started.append(WorkerProcess(f"replay{i}-{tag}", env, concurrency,
+                                             queue=queue).start())
             except RuntimeError as exc:
                 raise ConfigError(str(exc)) from None
         publisher = publisher_app(broker_url, timeout=2.0)
-        _warm_up(publisher, started, concurrency)
+        _warm_up(publisher, started, concurrency, queue)
         yield Services(mode=mode, description=description, store_client=store_client,
-                       enqueuer=CeleryEnqueuer(publisher),
-                       worker_settings=_settings_from_env(settings, overrides),
-                       workers=started, broker_client=broker_client)
+                       enqueuer=CeleryEnqueuer(publisher, queue=queue),
+                       worker_settings=worker_settings, workers=started,
+                       broker_client=broker_client, queue=queue)
     finally:
         for worker in started:
             worker.stop()
@@ -165,8 +174,8 @@ def _in_process(settings: Settings, overrides: Mapping[str, str],
             description="in-process: fakeredis store, in-memory broker, one "
                         "worker thread pool (no redis-server binary found)",
             store_client=fakeredis.FakeRedis(server=server),
-            enqueuer=CeleryEnqueuer(app), worker_settings=worker_settings,
-            capture=capture)
+            enqueuer=CeleryEnqueuer(app, queue=worker_settings.queue),
+            worker_settings=worker_settings, capture=capture, queue=worker_settings.queue)
 
 
 @contextlib.contextmanager

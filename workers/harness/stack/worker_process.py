@@ -31,7 +31,9 @@ JOB_MARKER = "compaction.end "
 class WorkerProcess:
     """``celery -A <app> worker`` in its own process group, logging to a file.
 
-    ``env`` is laid over this process's environment.
+    ``env`` is laid over this process's environment; ``queue`` is the one it
+    consumes (``settings.queue``): on a shared broker, another queue is another
+    deployment's jobs.
     """
 
     name: str
@@ -40,13 +42,14 @@ class WorkerProcess:
     pool: str = "threads"
     app: str = "workers.app"
     loglevel: str = "INFO"
+    queue: str = QUEUE
     log_path: Path = field(
         default_factory=lambda: Path(tempfile.mkstemp(prefix="cmp-worker-", suffix=".log")[1]))
     process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", self.pool,
-                "-c", str(self.concurrency), "-Q", QUEUE, "-n", f"{self.name}@%h",
+                "-c", str(self.concurrency), "-Q", self.queue, "-n", f"{self.name}@%h",
                 "--without-mingle", "--without-gossip", "-l", self.loglevel]
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
@@ -116,14 +119,14 @@ def worker_env(*, broker_url: str, redis_url: str, key_prefix: str,
     return env
 
 
-def purge_queue(broker_url: str) -> None:
+def purge_queue(broker_url: str, queue: str = QUEUE) -> None:
     """Drop leftover jobs (and kombu's unacked bookkeeping) of earlier runs."""
     import redis
 
     client = redis.Redis.from_url(broker_url)
     # kombu keeps a priority's jobs in a list of its own (the recall index job's: 9)
-    priorities = [f"{QUEUE}\x06\x16{p}" for p in (3, 6, 9)]
-    client.delete(QUEUE, *priorities, "unacked", "unacked_index", "unacked_mutex")
+    priorities = [f"{queue}\x06\x16{p}" for p in (3, 6, 9)]
+    client.delete(queue, *priorities, "unacked", "unacked_index", "unacked_mutex")
     client.close()
 
 
