@@ -15,6 +15,7 @@ import fakeredis
 import pytest
 
 from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.wire import from_anthropic, from_openai, to_anthropic
 from shared.store.sessions import SessionStore
@@ -120,3 +121,43 @@ def test_the_guard_view_has_only_valid_unique_ids(shell_name: str) -> None:
     calls, results = ids_of(wire)
     assert len(calls) == 4 and len(set(calls)) == 4 and calls == results
     assert all(ID.match(i) for i in calls)
+
+
+# -- arguments -------------------------------------------------------------------
+
+
+def paying(arguments: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "pay"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "pay", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+@pytest.mark.parametrize("arguments", ['{"big": 1e400}', '{"x": -1e999}', '{"n": NaN}',
+                                       '{"n": [Infinity]}', '{"n": {"m": -Infinity}}'])
+def test_numbers_beyond_a_float_are_refused_at_the_field(arguments: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        from_openai(paying(arguments))
+    assert caught.value.field == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_anthropic_input_with_a_non_finite_number_is_refused_at_the_field() -> None:
+    wire = [{"role": "user", "content": "pay"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "c1", "name": "pay", "input": {"x": float("inf")}}]}]
+    with pytest.raises(InvalidInput) as caught:
+        from_anthropic(wire)
+    assert caught.value.field == "messages[1].content[0].input"
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_exact_argument_text_still_goes_out_as_it_came(shell_name: str) -> None:
+    arguments = '{"account": 123456789012345678901234567890, "ratio": 1.10, "tiny": 1e-300}'
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="t"))
+    guard = make(shell_name, store)
+    guard.record_turn("s", from_openai(paying(arguments)))
+    view = guard.prepare("s", "sys", model=MODEL, max_tokens=100)
+    assert view.openai()[2]["tool_calls"][0]["function"]["arguments"] == arguments
+    (call,) = [b for b in view.anthropic()[1][1]["content"] if b["type"] == "tool_use"]
+    assert call["input"]["account"] == 123456789012345678901234567890

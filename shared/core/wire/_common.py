@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -153,16 +154,45 @@ def encode_text(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
+class _NonFinite(ValueError):
+    """A number no float holds (``1e400``) or ``NaN``/``Infinity``, which JSON lacks."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(f"the number {text} is beyond what a float holds")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(f"{name} is not JSON")
+
+
 def json_arguments(value: Any, loc: Loc) -> str:
-    """OpenAI-style arguments: a string that parses as JSON, kept byte for byte."""
+    """OpenAI-style arguments: a string that parses as JSON, kept byte for byte. A number
+    beyond a float is refused: the formats that take arguments as an object would send
+    it as ``Infinity``, which no API parses."""
     if not isinstance(value, str):
         raise loc.error(f"expected a JSON string, got {_kind(value)}")
     if value.strip():
         try:
-            json.loads(value)
+            json.loads(value, parse_float=_finite_float, parse_constant=_no_constant)
+        except _NonFinite as exc:
+            raise loc.error(f"{exc}: no provider takes it") from None
         except ValueError as exc:
             raise loc.error(f"not valid JSON ({exc})") from None
     return value
+
+
+def finite_json(value: Mapping[str, Any], loc: Loc) -> str:
+    """An object's JSON as :func:`canonical_json` writes it; a non-finite number (which it
+    would write as ``Infinity``, no JSON) is refused at ``loc``."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise loc.error("holds a number beyond what a float holds (NaN or Infinity): "
+                        "no provider takes it") from None
 
 
 def omitted_text(part: ImagePart | FilePart, why: str) -> str:

@@ -27,7 +27,8 @@ with one ``tool_result`` per call. How the formats map:
   ``-`` plus 8 hex digits of its hash (:func:`wire_id`): the same every time, so
   the result carries its call's id, and distinct ids stay distinct;
 - ``tool_use.input`` becomes JSON arguments (``json.dumps``, non-ASCII
-  kept); going out, arguments must parse to a JSON object;
+  kept; a NaN or infinite number, which JSON lacks, is refused); going out,
+  arguments must parse to a JSON object;
 - the API refuses blank (empty or whitespace-only) text blocks and
   messages, so both are left out (a dropped message lets its neighbours
   merge), as :func:`shared.core.repair.repair_tool_pairs` does;
@@ -68,6 +69,7 @@ from shared.core.wire._common import (
     check_keys,
     decode_text,
     encode_text,
+    finite_json,
     join_reasoning,
     neutral,
     opt_bool,
@@ -194,7 +196,7 @@ def _assistant_in(blocks: Sequence[Any], loc: Loc) -> Message:
                 {
                     "id": req_str(block, "id", b_loc, nonempty=True),
                     "name": req_str(block, "name", b_loc, nonempty=True),
-                    "arguments": dict(args),
+                    "arguments": finite_json(args, b_loc / "input"),
                 }
             )
         else:
