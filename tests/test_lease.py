@@ -350,3 +350,56 @@ def test_a_renewal_that_fails_is_tried_again_soon() -> None:
         time.sleep(1.5)
     assert len(calls) == 2 and renewal.renewals == 1 and not renewal.lost.is_set()
     assert 0.25 <= calls[1] - calls[0] <= 0.6  # 0.3 s later (a third would be 1 s)
+
+
+# ------------------------------------------------------------------ busy jobs' follow-ups
+
+@pytest.fixture
+def busy_store(real_redis: redis.Redis, key_prefix: str) -> Iterator[SessionStore]:
+    from workers.tasks import _settings
+
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    _fill(store)
+    set_runtime(Runtime(settings=_settings(), store=store, engine=SummaryEngine(None)))
+    yield store
+    set_runtime(None)
+
+
+def test_busy_jobs_share_one_follow_up_and_a_dead_holders_requests_still_run(
+        busy_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every busy job sent a follow-up of its own (the soak audit: 172 delayed jobs for
+    one session); one per session is enough, as long as a watcher that still finds the
+    lease held watches again and the last one runs what the dead holder never took."""
+    from workers.tasks import compact, maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+    assert busy_store.acquire_lease("s", ttl_seconds=30)  # then killed with -9: runs nothing
+    results = [maybe_summarize.apply(args=["s"]).get() for _ in range(5)]
+    results.append(compact.apply(args=["s"], kwargs={"keep_recent": 2000}).get())
+    assert {r["status"] for r in results} == {"busy"}
+    (watcher,) = sent
+    assert 1 < watcher["countdown"] <= 31 and watcher["kwargs"]["handoff"] == 1
+    # it comes while the lease still runs (the holder renewed it before dying): watch again
+    again = maybe_summarize.apply(args=watcher["args"], kwargs=watcher["kwargs"]).get()
+    assert again["status"] == "busy" and len(sent) == 2
+    assert sent[1]["kwargs"]["handoff"] == 2
+    assert maybe_summarize.apply(args=["s"]).get()["status"] == "busy" and len(sent) == 2
+    busy_store.redis.delete(busy_store.keys("s").lease)  # the dead holder's lease expires
+    done = maybe_summarize.apply(args=sent[1]["args"], kwargs=sent[1]["kwargs"]).get()
+    assert "compacted" in done["reruns"], done  # the /compact left with the dead holder
+    assert busy_store.state("s").watermark > 0
+    assert not busy_store.requests_waiting("s")
+    assert maybe_summarize.apply(args=["s"]).get()["status"] != "busy" and len(sent) == 2
+
+
+def test_a_busy_job_does_not_rely_on_a_follow_up_that_watches_no_further(
+        busy_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.tasks import maybe_summarize
+
+    sent = _capture_sends(monkeypatch)
+    assert busy_store.acquire_lease("s", ttl_seconds=30)
+    chain = maybe_summarize.apply(args=["s"], kwargs={"handoff": MAX_HANDOFFS - 1}).get()
+    assert chain["status"] == "busy" and [s["kwargs"]["handoff"] for s in sent] == [MAX_HANDOFFS]
+    for _ in range(3):  # the last of a chain: a fresh request gets a watcher of its own, once
+        assert maybe_summarize.apply(args=["s"]).get()["status"] == "busy"
+    assert [s["kwargs"]["handoff"] for s in sent] == [MAX_HANDOFFS, 1]

@@ -14,6 +14,10 @@ Keys (all under the session's hash tag, see :mod:`shared.store.keys`):
 ``taken``: what the holder took from ``dirty`` and is running, kept until its
     next look: a holder that dies hands them on (the next ``acquire`` moves
     them back to ``dirty``).
+``watch``: "a busy job's follow-up is scheduled" (see Failures), expiring when
+    it is due; the follow-up deletes it as it starts. ``more`` when that one can
+    schedule another, ``last`` when it is the last of its chain (a fresh busy
+    job then schedules one of its own).
 
 The holder's loop (:class:`LeaseHolder`): run its own request, then
 ``finish`` (one script): requests waiting? take them, extend the lease, run
@@ -41,7 +45,10 @@ failed, in the session's state (``requests_failed``, ``last_request_failure``:
 ``guard.stats()``, ``compaction stats``) and the task's result: never unseen.
 A busy job also sends a follow-up for when the holder's lease would expire:
 a holder killed with ``-9`` runs nothing, and its redelivered job may still
-find the lease held; the follow-up takes the requests over.
+find the lease held; the follow-up takes the requests over. One such follow-up
+per session is enough (``watch``): a busy job leaves its request in ``dirty``
+first, so the follow-up already scheduled, which starts later, finds it; a
+follow-up that finds the lease held again schedules the next.
 """
 
 from __future__ import annotations
@@ -107,6 +114,29 @@ class LeaseOps:
         ttl_ms = int((ttl_seconds or self.config.lease_ttl_seconds) * 1000)
         return self._script(what, "lease", [k.lease, k.dirty, k.taken, k.pending],
                             [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
+
+    def _watch_key(self, session_id: str) -> str:
+        return self.keys(session_id).lease.removesuffix(":lease") + ":watch"
+
+    def mark_watched(self, session_id: str, seconds: float, last: bool) -> bool:
+        """Note a busy job's follow-up, due in ``seconds`` (``last``: it watches no further);
+        False: one is scheduled already that can carry this job's request."""
+        key, ms = self._watch_key(session_id), max(int(seconds * 1000), 1)
+        value = "last" if last else "more"
+
+        def mark() -> bool:
+            if self.redis.set(key, value, nx=True, px=ms):
+                return True
+            if last:
+                return False
+            return self.redis.set(key, value, px=ms, get=True) not in (b"more", "more")
+
+        return bool(self._run("mark_watched", mark))
+
+    def clear_watched(self, session_id: str) -> None:
+        """A follow-up starts (or was not sent): the next busy job schedules its own."""
+        key = self._watch_key(session_id)
+        self._run("clear_watched", lambda: self.redis.delete(key))
 
     def acquire_lease(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
         """An owner token if the lease was free; a dead owner's taken requests go back."""
@@ -248,6 +278,8 @@ class LeaseHolder(Generic[O]):
         self._until = time.monotonic() + self.time_limit
         self.ttl_seconds = min(self.ttl_seconds, HOLD_TTL_SECONDS)
         own: Request | None = request
+        if self.handoff:  # a follow-up: requests left from now on need one of their own
+            self.store.clear_watched(self.session_id)
         token = self.store.claim(self.session_id, self.ttl_seconds)  # clears pending too
         if token is None:
             self.store.mark_dirty(self.session_id, request.encode())
@@ -266,13 +298,19 @@ class LeaseHolder(Generic[O]):
 
     def _watch_holder(self) -> None:
         """A live holder runs the request before it ends; a killed one (-9) runs nothing,
-        so a follow-up job comes once its lease would have expired and takes over."""
+        so a follow-up job comes once its lease would have expired and takes over: one
+        per session, since it finds every request left before it starts."""
         if self.handoff >= MAX_HANDOFFS:
             return
         countdown = self.store.lease_remaining(self.session_id) + 1.0
+        last = self.handoff + 1 >= MAX_HANDOFFS
+        if not self.store.mark_watched(self.session_id, countdown, last):
+            return  # a follow-up is due, and it starts after this request was left
         try:
             self.follow_up(countdown, self.handoff + 1)
         except Exception as exc:  # the next turn's job finds the request in the flag
+            with suppress(StoreUnavailable):
+                self.store.clear_watched(self.session_id)
             log.warning("busy %s: follow-up job not sent: %s", self.session_id, exc)
 
     @contextmanager
