@@ -17,6 +17,11 @@ they are appended, and every later stage pairs by it for free.
   and needs no knowledge of the session.
 - A result is paired with the newest call of its id: in the same batch if
   there, else the session's mapping (``known``).
+- A Gemini result whose id was made up (the adapter's marker) is paired by function
+  name, never by that positional id: with the newest unanswered call of its name in
+  the batch, else the session's (``known`` under :func:`name_key`; the k-th call of a
+  name in the newest message calling it), in order. A synthetic call is claimed under
+  its name key, not its positional id, which another turn's made-up ids repeat.
 
 The store checks the batch's assumptions atomically (``claims``): a call
 id kept as is must be new to the session, a result's stored id must be
@@ -69,6 +74,13 @@ def position_nonce(length: int) -> str:
     return f"p{length}_"
 
 
+def name_key(name: str, k: int) -> str:
+    """The session mapping's key of the ``k``-th call of function ``name`` in the newest
+    message calling it with made-up ids (Gemini's): what an unmatched Gemini result
+    answers. Kept apart from positional ids (``gemini-<n>-<n>``) by the letters."""
+    return f"gemini-fn{k}-{name}"
+
+
 def _fresh(provider: str, nonce: str, n: int) -> str:
     tail = f"-r{nonce}{n}"
     return provider[: MAX_ID - len(tail)] + tail
@@ -79,7 +91,8 @@ class Renaming:
     of a tool chain grows by a call and its result per model call, and is renamed once
     per message, not once per call (:meth:`copy` before feeding a shared one)."""
 
-    __slots__ = ("calls", "known", "latest", "n", "nonce", "results", "waiting")
+    __slots__ = ("calls", "known", "latest", "n", "named", "nonce", "results", "taken",
+                 "waiting")
 
     def __init__(self, nonce: str, known: Mapping[str, str] | None = None) -> None:
         self.nonce = nonce
@@ -91,13 +104,18 @@ class Renaming:
         self.calls: list[tuple[str, str]] = []
         self.results: list[tuple[str, str]] = []
         self.n = 0
+        # function name -> (provider id, stored id) of the newest calling message's calls
+        # of it not yet answered, in order: where a made-up Gemini result goes first
+        self.named: dict[str, list[tuple[str, str]]] = {}
+        self.taken: dict[str, int] = {}  # function name -> name keys this batch answered
 
     def copy(self) -> Renaming:
         other = Renaming(self.nonce, self.known)
         other.latest, other.calls, other.results = dict(self.latest), list(self.calls), \
             list(self.results)
         other.waiting = {p: list(q) for p, q in self.waiting.items()}
-        other.n = self.n
+        other.named = {f: list(q) for f, q in self.named.items()}
+        other.n, other.taken = self.n, dict(self.taken)
         return other
 
     def claims(self) -> Claims:
@@ -115,6 +133,7 @@ class Renaming:
             renamed: dict[str, str] = {}
             new_calls = []
             calling: dict[str, list[str]] = {}
+            named: dict[str, list[tuple[str, str]]] = {}
             for call in message.tool_calls:
                 p = call.id
                 if p in synthetic or p in known or p in latest:
@@ -127,8 +146,13 @@ class Renaming:
                     new_calls.append(call)
                 latest[p] = stored
                 calling.setdefault(p, []).append(stored)
-                self.calls.append((p, stored))
+                same = named.setdefault(call.name, [])
+                # a made-up id is claimed by name (results find it so), not by position
+                self.calls.append((name_key(call.name, len(same)) if p in synthetic else p,
+                                   stored))
+                same.append((p, stored))
             self.waiting.update(calling)
+            self.named.update(named)
             if renamed:
                 meta = dict(message.metadata)
                 meta[WIRE_IDS] = {**meta.get(WIRE_IDS, {}), **renamed}
@@ -143,8 +167,11 @@ class Renaming:
         elif message.role == "tool" and message.tool_call_id:
             p = message.tool_call_id
             queue = self.waiting.get(p)
-            if queue:
+            if message.name and message.metadata.get(SYNTHETIC_KEY) is True:
+                stored = self._by_name(message.name)
+            elif queue:
                 stored = queue.pop(0)
+                self._answered(message.name, stored)
             elif p in latest:
                 stored = latest[p]
             else:
@@ -155,6 +182,33 @@ class Renaming:
                 meta[WIRE_IDS] = {stored: p}
                 message = message.model_copy(update={"tool_call_id": stored, "metadata": meta})
         return message
+
+    def _by_name(self, name: str) -> str:
+        """The stored id a made-up Gemini result of function ``name`` answers: the newest
+        unanswered call of that name in the batch, else the session's (``known``), in
+        order: the first name key the session maps that this batch has not answered."""
+        queue = self.named.get(name)
+        if queue:
+            p, stored = queue.pop(0)
+            waiting = self.waiting.get(p)
+            if waiting and stored in waiting:
+                waiting.remove(stored)
+            return stored
+        k = self.taken.get(name, 0)
+        while name_key(name, k) not in self.known and any(
+                name_key(name, j) in self.known for j in range(k + 1, k + 16)):
+            k += 1  # an earlier call of the name was answered before this batch
+        key = name_key(name, k)
+        self.taken[name] = k + 1
+        stored = self.known.get(key, key)
+        self.results.append((key, stored))
+        return stored
+
+    def _answered(self, name: str | None, stored: str) -> None:
+        """Take an answered call out of its name's queue (a made-up result not to get it)."""
+        queue = self.named.get(name or "")
+        if queue:
+            self.named[name or ""] = [e for e in queue if e[1] != stored]
 
 
 def disambiguate(messages: Sequence[Message], nonce: str,
@@ -243,5 +297,5 @@ class KnownIds:
             self._maps.pop(self._key(session_id), None)
 
 
-__all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "position_nonce",
-           "wire_id"]
+__all__ = ["WIRE_IDS", "Claims", "KnownIds", "Renaming", "disambiguate", "name_key",
+           "position_nonce", "wire_id"]

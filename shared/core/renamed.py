@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.core.callids import Claims, Renaming, position_nonce, wire_id
+from shared.core.callids import SYNTHETIC_KEY, Claims, Renaming, name_key, position_nonce, wire_id
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.viewcache import CachedView
@@ -61,7 +61,8 @@ def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | No
     more = given[k:]
     # ids the stored view used: renamed as the store's mapping will have them renamed
     renaming.known = {**renaming.known, **{c.id: c.id for m in more for c in m.tool_calls
-                                           if snap.scan.taken(c.id)}}
+                                           if snap.scan.taken(c.id)},
+                      **(open_named(snap) if made_up_results(more) else {})}
     fresh = renaming.feed(more)
     wire = given_wire if len(given_wire) == len(given) else ()
     added = [wire[k + j] if wire and new is old else {}
@@ -85,6 +86,48 @@ def open_calls(snap: CachedView) -> dict[str, str]:
         return {}
     return {wire_id(last, c.id): c.id for c in last.tool_calls
             if c.id in waiting and wire_id(last, c.id) != c.id}
+
+
+def made_up_results(messages: Sequence[Message]) -> bool:
+    """Whether a result of ``messages`` carries an id the Gemini adapter made up (it is
+    paired by function name, :func:`open_named`)."""
+    return any(m.role == "tool" and m.metadata.get(SYNTHETIC_KEY) is True for m in messages)
+
+
+def made_up_keys(messages: Sequence[Message]) -> set[str]:
+    """The name keys the made-up results of ``messages`` may be claimed under, when
+    nothing says which calls are answered: the k-th result of a name, the k-th call."""
+    counts: dict[str, int] = {}
+    for m in messages:
+        if m.role == "tool" and m.name and m.metadata.get(SYNTHETIC_KEY) is True:
+            counts[m.name] = counts.get(m.name, 0) + 1
+    return {name_key(name, k) for name, n in counts.items() for k in range(n)}
+
+
+def open_named(snap: CachedView) -> dict[str, str]:
+    """Name key (:func:`~shared.core.callids.name_key`) -> stored id of the stored view's
+    unanswered calls with made-up ids, in the newest message calling each name (within
+    the last 64): a Gemini result sent or recorded after its call names only the
+    function, and answers the first of these (a view broken elsewhere has no open calls
+    in its pair scan, so the messages are read here)."""
+    answered: set[str] = set()
+    seen: set[str] = set()
+    out: dict[str, str] = {}
+    for m in reversed(snap.applied[-64:]):
+        if m.role == "tool" and m.tool_call_id:
+            answered.add(m.tool_call_id)
+            continue
+        synthetic = m.metadata.get(SYNTHETIC_KEY) if m.tool_calls else None
+        if not isinstance(synthetic, list):
+            continue
+        counts: dict[str, int] = {}
+        for c in m.tool_calls:
+            if c.id in synthetic:
+                k = counts[c.name] = counts.get(c.name, -1) + 1
+                if c.name not in seen and c.id not in answered:
+                    out[name_key(c.name, k)] = c.id
+        seen.update(counts)
+    return out
 
 
 def adopted(renamed: RenamedTurn | None, messages: list[Message], known: Mapping[str, str],
@@ -134,4 +177,6 @@ def known_renamed(given: list[Message], snap: CachedView,
     return renamed_turn(given, snap, known)
 
 
-__all__ = ["RenamedTurn", "adopted", "known_renamed", "open_calls", "renamed_turn"]
+__all__ = ["RenamedTurn", "adopted", "known_renamed", "made_up_keys", "made_up_results",
+           "open_calls",
+           "open_named", "renamed_turn"]

@@ -45,7 +45,7 @@ from shared.core.pairs import PairScan
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import offers_recall
 from shared.core.records import RawView, SessionState, SummaryRecord
-from shared.core.renamed import adopted
+from shared.core.renamed import adopted, made_up_keys, made_up_results, open_named
 from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
@@ -283,6 +283,11 @@ class GuardShell(FreshViews, Recovery):
             return {}
         cached = self.views.get(session_id)
         known = ({p: p for p in ids if cached.scan.taken(p)} if cached is not None else {})
+        if made_up_results(batch):  # Gemini results paired by name: the view knows which
+            if cached is not None:  # calls are unanswered; else this process's appends
+                known.update(open_named(cached))
+            else:
+                ids.update(made_up_keys(batch))
         known.update(self.known_ids.of(session_id, ids))
         return known
 
