@@ -149,3 +149,30 @@ def test_a_later_turns_made_up_ids_never_pair_with_an_earlier_turns_calls(
     guard.record_turn("s", from_gemini([_responses(("list_dir", "D2"))]))
     view = guard.prepare("s", "sys", model=M)
     assert _pairs(view) == [("read_file", "R1"), ("list_dir", "D2")]
+
+
+SIG = base64.b64encode(b"SIG").decode()
+
+
+def test_a_signature_on_an_empty_text_part_is_sent_back(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Streamed Gemini 3 turns end with ``{"text": "", "thoughtSignature": ...}``; the
+    signature is to be returned as received (the part was dropped with its signature)."""
+    guard = make_guard(store)
+    trailing = {"role": "model", "parts": [{"text": "Hello"}, {"text": " there"},
+                                           {"text": "", "thoughtSignature": SIG}]}
+    alone = {"role": "model", "parts": [{"text": "", "thoughtSignature": SIG},
+                                        {"functionCall": {"name": "f", "args": {}}}]}
+    guard.record_turn("s", from_gemini([_user("hi"), trailing, _user("more"), alone,
+                                        _responses(("f", "x"))]))
+    for view in (guard.prepare("s", "sys", model=M), make_guard(store).prepare("s", "sys",
+                                                                               model=M)):
+        _, contents = view.gemini()
+        assert contents == to_gemini(view.messages)[1]
+        assert contents[1] == {"role": "model", "parts": [
+            {"text": "Hello"}, {"text": " there"}, {"text": "", "thought_signature": SIG}]}
+        assert contents[3]["parts"][0] == {"text": "", "thought_signature": SIG}
+    only = from_gemini([_user("hi"), {"role": "model", "parts": [
+        {"text": "", "thoughtSignature": SIG}]}])
+    assert to_gemini(only)[1][1] == {"role": "model", "parts": [{"text": "",
+                                                                 "thought_signature": SIG}]}

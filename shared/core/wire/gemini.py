@@ -15,7 +15,8 @@ and function responses in user contents of their own. How the formats map:
 - a content holding exactly one text part is a string; several parts, or
   any media, a list. The API refuses empty text parts and contents without
   parts, so empty texts (and reasoning) are left out, and so are messages
-  left with nothing to send;
+  left with nothing to send; an empty text part that carries a thought
+  signature (streamed turns end with one) goes back as received;
 - calls without an ``id`` get a deterministic one (``gemini-<content>-<part>``)
   and a response without one is matched to the oldest unanswered call of
   its name; metadata ``gemini_synthetic_ids`` remembers which ids were made
@@ -351,16 +352,23 @@ def _model_out(m: Message, loc: Loc) -> list[dict[str, Any]]:
 
 
 def _parts_out(m: Message, loc: Loc, media: bool = True) -> list[dict[str, Any]]:
-    """Text and media parts, without empty texts (the API refuses an empty text part)."""
+    """Text and media parts, without empty texts (the API refuses an empty text part)
+    except one that carries a thought signature (streamed turns end so; it goes back as
+    received)."""
     parts = [TextPart(text=m.content)] if isinstance(m.content, str) else m.content
     out = []
     for j, p in enumerate(parts):
-        if isinstance(p, TextPart) and not p.text:
+        if isinstance(p, TextPart) and not p.text and not _has_signature(m, f"content:{j}"):
             continue
         if not media and not isinstance(p, TextPart):
             raise (loc / "content" / j).error("the system instruction takes text only")
         out.append(_signed(_part_out(p, loc / "content" / j), m, f"content:{j}"))
     return out
+
+
+def _has_signature(m: Message, key: str) -> bool:
+    signatures = m.metadata.get(SIGNATURES_KEY)
+    return isinstance(signatures, dict) and isinstance(signatures.get(key), str)
 
 
 def _part_out(part: ContentPart, loc: Loc) -> dict[str, Any]:
@@ -413,7 +421,9 @@ def kept_of_stored(data: Any, index: int, name: str | None) -> Kept | None:
         if meta.get(SYNTHETIC_KEY) is not True:
             fr["id"] = call_id
         return name, _signed_stored({"function_response": fr}, signatures, "response")
-    parts = [_signed_stored({"text": content}, signatures, "content:0")] if content else []
+    signed = isinstance(signatures, dict) and isinstance(signatures.get("content:0"), str)
+    parts = ([_signed_stored({"text": content}, signatures, "content:0")]
+             if content or signed else [])
     synthetic = meta.get(SYNTHETIC_KEY)
     for j, c in enumerate(calls):
         found = stored_call(c, index, j)
