@@ -176,3 +176,18 @@ def test_a_signature_on_an_empty_text_part_is_sent_back(
         {"text": "", "thoughtSignature": SIG}]}])
     assert to_gemini(only)[1][1] == {"role": "model", "parts": [{"text": "",
                                                                  "thought_signature": SIG}]}
+
+
+def test_responses_split_over_two_turns_answer_the_calls_still_open(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Two parallel calls of one name answered one record at a time: the second response
+    answers the call still open (the view says which), not the first call again."""
+    guard = make_guard(store)
+    guard.record_turn("s", from_gemini([_user("go"), _calls("read_file", "read_file")]))
+    guard.prepare("s", "sys", model=M)
+    guard.record_turn("s", from_gemini([_responses(("read_file", "first"))]))
+    guard.record_turn("s", from_gemini([_responses(("read_file", "second"))]))
+    view = guard.prepare("s", "sys", model=M)
+    calls = [c for m in view.messages for c in m.tool_calls]
+    results = {m.tool_call_id: m.text() for m in view.messages if m.role == "tool"}
+    assert [results[c.id] for c in calls] == ["first", "second"]

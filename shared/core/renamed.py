@@ -89,9 +89,15 @@ def open_calls(snap: CachedView) -> dict[str, str]:
 
 
 def made_up_results(messages: Sequence[Message]) -> bool:
-    """Whether a result of ``messages`` carries an id the Gemini adapter made up (it is
-    paired by function name, :func:`open_named`)."""
-    return any(m.role == "tool" and m.metadata.get(SYNTHETIC_KEY) is True for m in messages)
+    """Whether a result of ``messages`` carries an id the Gemini adapter made up and
+    answers no call of ``messages``: it is paired by function name with a stored call
+    (:func:`open_named`); a whole Gemini turn (calls and results) needs no look."""
+    made_up = [m for m in messages if m.role == "tool" and m.metadata.get(SYNTHETIC_KEY) is True]
+    if not made_up:
+        return False
+    called = {c.name for m in messages for c in m.tool_calls}
+    return any(m.name not in called for m in made_up) or len(made_up) > sum(
+        len(m.tool_calls) for m in messages)
 
 
 def made_up_keys(messages: Sequence[Message]) -> set[str]:
