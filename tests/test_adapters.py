@@ -674,7 +674,7 @@ nonempty = st.text(min_size=1, max_size=12)
 nonblank = nonempty.filter(str.strip)  # Anthropic refuses whitespace-only text
 names = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
 b64s = st.binary(min_size=1, max_size=9).map(b64)
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts
 json_values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
