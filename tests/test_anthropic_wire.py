@@ -161,3 +161,70 @@ def test_exact_argument_text_still_goes_out_as_it_came(shell_name: str) -> None:
     assert view.openai()[2]["tool_calls"][0]["function"]["arguments"] == arguments
     (call,) = [b for b in view.anthropic()[1][1]["content"] if b["type"] == "tool_use"]
     assert call["input"]["account"] == 123456789012345678901234567890
+
+
+# -- blank pieces ------------------------------------------------------------------
+
+
+def run_results(content: Any, is_error: bool) -> list[dict[str, Any]]:
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": "toolu_a",
+                              "content": content}
+    if is_error:
+        result["is_error"] = True
+    return [{"role": "user", "content": "run it"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "bash", "input": {}}]},
+            {"role": "user", "content": [result]}]
+
+
+def result_text(result: dict[str, Any]) -> str:
+    content = result["content"]
+    return content if isinstance(content, str) else "".join(b["text"] for b in content)
+
+
+@pytest.mark.parametrize("content", ["", " ", "\n", [], [{"type": "text", "text": " "}]])
+def test_an_error_result_is_never_empty(content: Any) -> None:
+    _, wire = to_anthropic(from_anthropic(run_results(content, is_error=True)))
+    (result,) = wire[2]["content"]
+    assert result["is_error"] is True and result_text(result).strip()
+
+
+@pytest.mark.parametrize("content", ["\n", "  ", [{"type": "text", "text": "\n"}]])
+def test_a_blank_result_gets_a_placeholder(content: Any) -> None:
+    _, wire = to_anthropic(from_anthropic(run_results(content, is_error=False)))
+    (result,) = wire[2]["content"]
+    assert result_text(result).strip()
+
+
+@pytest.mark.parametrize("content", ["", []])
+def test_an_empty_result_without_an_error_stays_empty(content: Any) -> None:
+    wire = run_results(content, is_error=False)
+    assert to_anthropic(from_anthropic(wire))[1] == wire
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_the_guard_sends_no_blank_result(shell_name: str) -> None:
+    recorded = from_openai([
+        {"role": "user", "content": "run"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "\n"},
+        {"role": "assistant", "content": "done"}])
+    view = guard_view(shell_name, recorded)
+    (result,) = view.anthropic()[1][2]["content"]
+    assert result_text(result).strip()
+
+
+@pytest.mark.parametrize("system", ["   ", "\n"])
+def test_a_blank_system_prompt_is_not_sent(system: str) -> None:
+    assert to_anthropic([Message(role="system", content=system),
+                         Message(role="user", content="hi")])[0] is None
+    assert to_anthropic([Message(role="system", content=[{"type": "text", "text": system}]),
+                         Message(role="user", content="hi")])[0] == []
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_the_guard_sends_no_blank_system_prompt(shell_name: str) -> None:
+    view = guard_view(shell_name, [], system="   ",
+                      pending=[Message(role="user", content="hi")])
+    assert view.anthropic()[0] is None

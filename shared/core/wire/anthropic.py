@@ -31,7 +31,9 @@ with one ``tool_result`` per call. How the formats map:
   arguments must parse to a JSON object;
 - the API refuses blank (empty or whitespace-only) text blocks and
   messages, so both are left out (a dropped message lets its neighbours
-  merge), as :func:`shared.core.repair.repair_tool_pairs` does;
+  merge), as :func:`shared.core.repair.repair_tool_pairs` does; a
+  whitespace-only system prompt is not sent; a tool result that is blank, or empty with
+  ``is_error`` (which the API refuses), says so in :data:`BLANK_RESULT_TEXT`;
 - only leading system messages can become ``system`` (a string for one
   message with string content, else text blocks); a later system message
   goes out as user text. ``name`` on messages has no Anthropic form and is
@@ -82,6 +84,7 @@ from shared.core.wire._common import (
 THINKING_KEY = "anthropic_thinking"
 ORDER_KEY = "anthropic_order"  # an assistant's block order, where not canonical
 MEMO_KEY = "anthropic-turn"  # a message's own turn, in a memo slot (see fold_turns)
+BLANK_RESULT_TEXT = "[the tool returned no output]"
 _HINTS = ("cache_control", "citations")
 System = str | list[dict[str, Any]] | None
 
@@ -355,7 +358,7 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         assert m.tool_call_id is not None  # guaranteed by Message
         rid = wire_id(m.tool_call_id)
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": rid}
-        result["content"] = m.content if isinstance(m.content, str) else blocks
+        result["content"] = _result_content(m.content, blocks, bool(m.metadata.get(IS_ERROR)))
         if m.metadata.get(IS_ERROR):
             result["is_error"] = True
         return Turn(role, plain, [result], [], [(rid, loc / "tool_call_id")])
@@ -367,6 +370,18 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         blocks.append({"type": "tool_use", "id": cid, "name": c.name, "input": args})
         calls.append((cid, c_loc / "id"))
     return Turn(role, plain, [], blocks, [], calls)
+
+
+def _result_content(content: str | list[ContentPart], blocks: list[dict[str, Any]],
+                    is_error: bool) -> str | list[dict[str, Any]]:
+    """A tool result's content: a string as it is, parts as ``blocks`` (those sent); one
+    that is blank, or empty on an error (which the API refuses), says it is empty."""
+    if isinstance(content, str):
+        kept = bool(content.strip()) or not (content or is_error)
+        return content if kept else BLANK_RESULT_TEXT
+    if blocks or not (content or is_error):
+        return blocks
+    return [{"type": "text", "text": BLANK_RESULT_TEXT}]
 
 
 def _ordered_turn(m: Message, loc: Loc, order: str, reasoning: list[dict[str, Any]],
@@ -419,7 +434,8 @@ def piece_of_stored(data: Any, index: int) -> Piece | None:
             return None
         call_id = wire_id(call_id)
         result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id,
-                                  "content": content}
+                                  "content": _result_content(content, [],
+                                                             bool(meta.get(IS_ERROR)))}
         if meta.get(IS_ERROR):
             result["is_error"] = True
         return "user", None, [result], [], (call_id,), ()
@@ -515,7 +531,8 @@ def system_out(items: Sequence[Message]) -> System:
     if not items:
         return None
     if len(items) == 1 and isinstance(items[0].content, str):
-        return items[0].content
+        text = items[0].content  # "" goes back as it came; blank text is refused
+        return text if text.strip() or not text else None
     blocks: list[dict[str, Any]] = []
     for i, m in enumerate(items):
         parts = [TextPart(text=m.content)] if isinstance(m.content, str) else m.content
