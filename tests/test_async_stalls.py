@@ -8,6 +8,7 @@ connection with an unread ``PONG``: the next script would read it as its reply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -125,6 +126,91 @@ def test_a_call_cancelled_mid_reply_leaves_the_connection_unused(server: RedisSe
         assert [m.content for m in view.messages[1:]] == \
             [m.content for m in await store.messages("s")]
         await other.aclose()
+        await guard.aclose()
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_change_feed_never_blocks_the_event_loop(server: RedisServer) -> None:
+    """Redis stopped for 1.5 s while 10 tasks keep calling: the change feed's PING and its
+    reconnection attempts happen off the event loop, which keeps running (they blocked it
+    up to 250 ms an attempt)."""
+    assert server.process is not None
+    pid = server.process.pid
+
+    async def main() -> None:
+        config = StoreConfig(key_prefix="stall", socket_timeout=0.3, connect_timeout=0.3)
+        store = AsyncSessionStore(connect_async(server.url, config), config)
+        guard = AsyncContextGuard(store)
+        await guard.warm_up()
+        for i in range(10):
+            await guard.record_turn(f"s{i}", turn(i))
+            await guard.prepare(f"s{i}", "sys", model="gpt-4o")
+        assert guard.feed is not None
+        stop = asyncio.Event()
+        lags: list[float] = []
+
+        async def ticker() -> None:
+            loop = asyncio.get_running_loop()
+            while not stop.is_set():
+                began = loop.time()
+                await asyncio.sleep(0.005)
+                lags.append(loop.time() - began - 0.005)
+
+        async def caller(i: int) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(StoreUnavailable):
+                    await guard.prepare(f"s{i}", "sys", model="gpt-4o")
+                await asyncio.sleep(0.01)
+
+        tasks = [asyncio.create_task(ticker()), *(asyncio.create_task(caller(i))
+                                                  for i in range(10))]
+        await asyncio.sleep(0.1)
+        guard.feed._verified = 0.0  # the feed's next check must PING
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert max(lags) < 0.1, sorted(lags)[-5:]
+        for _ in range(100):  # the feed reconnects (off the loop, after its backoff)
+            await guard.prepare("s0", "sys", model="gpt-4o")
+            if guard.feed.mark() is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert guard.feed.mark() is not None
+        await guard.aclose()
+        await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_wait_for_cuts_a_prepare_off_while_redis_is_stopped(server: RedisServer) -> None:
+    """``asyncio.wait_for(guard.prepare(...), 0.1)`` with Redis stopped and the change feed
+    due for a PING: nothing blocks the loop past the deadline (the feed's PING blocked it
+    250 ms)."""
+    assert server.process is not None
+    pid = server.process.pid
+
+    async def main() -> None:
+        guard, store = await warm(server)
+        assert guard.feed is not None
+        guard.feed._verified = 0.0
+        os.kill(pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        try:
+            began = loop.time()
+            with contextlib.suppress(TimeoutError, StoreUnavailable):
+                await asyncio.wait_for(guard.prepare("s", "sys", model="gpt-4o",
+                                                     pending=turn(5)), 0.1)
+            blocked_until = loop.time() - began
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert blocked_until < 0.3, blocked_until
         await guard.aclose()
         await store.aclose()
 

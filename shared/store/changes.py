@@ -41,6 +41,15 @@ Why it stays correct:
 - A ``FLUSHDB`` (a push with no keys), a reconnection or a fork starts a new
   epoch: marks from before it are worthless (a forked child opens its own
   connection; the parent's is left alone).
+- On an event loop's thread (the async guard) a check does no blocking I/O: it
+  drains what arrived (one poll, no wait) and vouches only within
+  :data:`VERIFY_SECONDS` of the last ``PONG``; the ``PING`` (from half that age
+  on while the feed is in use, so it stays vouched for across a model call) and
+  the reconnection run on a thread of the feed's own. A check that needs one
+  waits for it at most :data:`WAIT_SECONDS` (Redis answering: it is done), and
+  while that thread is slow (Redis is not answering) no check waits: the guard
+  reads (a blocking connection there blocked the whole loop up to
+  :data:`IO_TIMEOUT` an attempt).
 
 Where tracking is not available (fakeredis, Redis Cluster, Redis before 6, a
 custom connection class) the feed reports itself unavailable and the guard
@@ -49,6 +58,7 @@ reads on every call, as before.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -185,16 +195,23 @@ class ChangeFeed:
         self._verified = 0.0
         self._failures = 0
         self._retry_at = 0.0
+        self._wanted = threading.Event()  # the feed's thread is asked to connect or PING
+        self._checked = threading.Event()  # the feed's thread made a check
+        self._worker: threading.Thread | None = None
+        self._used = 0.0  # the last check on an event loop
+        self._slow = False  # the feed's thread took longer than WAIT_SECONDS: not waited for
         self.closed = False
         _FEEDS.add(self)
 
     # -- what the guard calls -------------------------------------------------------------
     def mark(self) -> tuple[int, int] | None:
         """The point a read starts from (None: the feed cannot vouch for anything now)."""
-        with self._lock:
-            if not self._ready():
-                return None
+        if not self._vouching():
+            return None
+        try:
             return self._seen.epoch, self._seen.seq
+        finally:
+            self._lock.release()
 
     def unchanged(self, base: str, mark: tuple[int, int] | None) -> bool:
         """True when no key of session ``base`` was written since ``mark`` was taken (but
@@ -204,22 +221,24 @@ class ChangeFeed:
     def since(self, base: str, mark: tuple[int, int] | None) -> int:
         """What session ``base`` saw since ``mark`` was taken: :data:`NOTHING`,
         :data:`FLAG` or :data:`CHANGED` (also whenever the feed cannot vouch)."""
-        if mark is None:
+        if mark is None or not self._vouching():
             return CHANGED
-        with self._lock:
-            if not self._ready():
-                return CHANGED
+        try:
             return self._seen.since(base, *mark)
+        finally:
+            self._lock.release()
 
     def tally(self, base: str) -> tuple[int, int, int] | None:
         """(epoch, sequence number, pushes that named session ``base``) now, the
         connection drained first; None when the feed cannot vouch for anything now.
         Around a write of its own, one more push names the session: that write's (with
         any other client's writes to it in the same pass of Redis's event loop)."""
-        with self._lock:
-            if not self._ready():
-                return None
+        if not self._vouching():
+            return None
+        try:
             return self._seen.epoch, self._seen.seq, self._seen.pushes.get(base, 0)
+        finally:
+            self._lock.release()
 
     def shared_own_writes(self) -> Any:
         """One own-writes connection (:class:`shared.store.own_writes.OwnWrites`) for the
@@ -238,12 +257,94 @@ class ChangeFeed:
             self.closed = True
             self._drop()
             own, self._own = self._own, None
+            self._wanted.set()  # the feed's thread, if any, ends
         if own is not None:
             own.close()
 
     # -- the connection ----------------------------------------------------------------------
-    def _ready(self) -> bool:
-        """Connected, drained and verified recently (under the lock)."""
+    def _vouching(self) -> bool:
+        """The lock taken and the feed ready (then the caller releases the lock). On an
+        event loop's thread, never waiting long: a PING or reconnection (on the feed's
+        thread) that takes more than :data:`WAIT_SECONDS`, and the caller reads; while it
+        goes on, the checks do not wait at all."""
+        if asyncio._get_running_loop() is None:
+            self._lock.acquire()
+            if self._ready():
+                return True
+            self._lock.release()
+            return False
+        if not self._lock.acquire(blocking=False) and not self._take_now():
+            return False
+        ready = self._ready_now()
+        if ready is None:  # the feed's thread connects or PINGs: wait for it, briefly
+            self._lock.release()
+            self._checked.clear()
+            self._in_background()
+            if not self._checked.wait(WAIT_SECONDS):
+                self._slow = True
+                return False
+            if not self._take_now():
+                return False
+            ready = self._ready_now()
+        if ready:
+            return True
+        self._lock.release()
+        return False
+
+    def _take_now(self) -> bool:
+        """The lock, on an event loop: waited for at most WAIT_SECONDS (the feed's thread
+        may hold it for a PING), not at all while that thread is slow (Redis is)."""
+        if self._lock.acquire(blocking=False):
+            return True
+        if not self._slow and self._lock.acquire(timeout=WAIT_SECONDS):
+            return True
+        self._slow = True
+        return False
+
+    def _ready_now(self) -> bool | None:
+        """:meth:`_ready` without blocking (under the lock); None: not before the feed's
+        thread connects or PINGs. Vouched for only within VERIFY_SECONDS of the last PONG,
+        as between two PINGs; the thread PINGs from half that age on while the feed is in
+        use, so a guard between two turns of a model finds it verified."""
+        if self.closed:
+            return False
+        now = self._used = time.monotonic()
+        if self._conn is None:
+            return None if now >= self._retry_at else False
+        age = now - self._verified
+        if age > VERIFY_SECONDS:
+            return None
+        if age > VERIFY_SECONDS / 2:
+            self._in_background()
+        try:
+            assert self._pushes is not None
+            self._pushes.drain()  # one poll, no wait
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def _in_background(self) -> None:
+        """Wake the feed's thread (started on first need; it ends with the feed, or when
+        the feed was not used on an event loop for :data:`KEEP_SECONDS`)."""
+        self._wanted.set()
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=_verify, args=(weakref.ref(self),
+                                                                  self._wanted),
+                                            name="change-feed", daemon=True)
+            self._worker.start()
+
+    def _next_check(self) -> float | None:
+        """Seconds until the feed's thread checks the feed again (None: not in use)."""
+        now = time.monotonic()
+        if self.closed or now - self._used > KEEP_SECONDS:
+            return None
+        due = self._retry_at if self._conn is None else self._verified + VERIFY_SECONDS / 2
+        return max(0.0, due - now)
+
+    def _ready(self, verify_after: float | None = None) -> bool:
+        """Connected, drained and verified recently (under the lock; ``verify_after``:
+        the age of the last PONG that calls for a PING, by default VERIFY_SECONDS)."""
         if self.closed:
             return False
         now = time.monotonic()
@@ -252,7 +353,8 @@ class ChangeFeed:
         try:
             assert self._pushes is not None
             self._pushes.drain()
-            if now - self._verified > VERIFY_SECONDS:
+            if now - self._verified > (VERIFY_SECONDS if verify_after is None
+                                       else verify_after):
                 self._conn.send_command("PING")
                 self._conn.read_response()  # pushes before the PONG are handled first
                 self._verified = time.monotonic()
@@ -295,8 +397,12 @@ class ChangeFeed:
         self._drop()
 
     def _forked(self) -> None:
-        """In a forked child: the parent's connection and lock are not this process's."""
+        """In a forked child: the parent's connection, lock and thread are not this
+        process's."""
         self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._checked = threading.Event()
+        self._worker = None
         self._conn = None  # the parent's socket: neither read nor closed here
         self._pushes = None
         self._seen.forget()
@@ -314,6 +420,33 @@ class ChangeFeed:
 
 
 _FEEDS: weakref.WeakSet[ChangeFeed] = weakref.WeakSet()
+KEEP_SECONDS = 30.0
+"""How long the feed's thread keeps the feed verified after its last check on a loop."""
+WAIT_SECONDS = 0.005
+"""How long a check on an event loop waits for the feed's thread to connect or PING."""
+
+
+def _verify(ref: weakref.ref[ChangeFeed], wanted: threading.Event) -> None:
+    """The feed's thread: the blocking part of the checks made on an event loop (a PING,
+    a reconnection), when asked and then every VERIFY_SECONDS / 2 while the feed is in
+    use. It holds the feed only while checking: a feed dropped is closed at once."""
+    while True:
+        feed = ref()
+        if feed is None or feed._wanted is not wanted:  # dropped, or forked
+            return
+        delay = feed._next_check()
+        del feed
+        if not wanted.wait(KEEP_SECONDS if delay is None else delay) and delay is None:
+            return
+        wanted.clear()
+        feed = ref()
+        if feed is None or feed.closed or feed._wanted is not wanted:
+            return
+        with feed._lock:
+            feed._ready(VERIFY_SECONDS / 2)
+            feed._slow = False
+            feed._checked.set()
+        del feed
 
 
 def _after_fork() -> None:
