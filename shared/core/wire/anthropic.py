@@ -362,14 +362,21 @@ def turn_of(m: Message, loc: Loc) -> Turn | None:
         if m.metadata.get(IS_ERROR):
             result["is_error"] = True
         return Turn(role, plain, [result], [], [(rid, loc / "tool_call_id")])
-    calls: list[tuple[str, Loc]] = []
+    uses, calls = _calls_out(m, loc)
+    return Turn(role, plain, [], blocks + uses, [], calls)
+
+
+def _calls_out(m: Message, loc: Loc) -> tuple[list[dict[str, Any]], list[tuple[str, Loc]]]:
+    """The ``tool_use`` blocks of ``m``'s calls and their ids (with error paths)."""
+    blocks: list[dict[str, Any]] = []
+    ids: list[tuple[str, Loc]] = []
     for j, c in enumerate(m.tool_calls):
         c_loc = loc / "tool_calls" / j
         args = arguments_object(c.arguments, c_loc / "arguments")
         cid = wire_id(c.id)
         blocks.append({"type": "tool_use", "id": cid, "name": c.name, "input": args})
-        calls.append((cid, c_loc / "id"))
-    return Turn(role, plain, [], blocks, [], calls)
+        ids.append((cid, c_loc / "id"))
+    return blocks, ids
 
 
 def _result_content(content: str | list[ContentPart], blocks: list[dict[str, Any]],
@@ -388,14 +395,7 @@ def _ordered_turn(m: Message, loc: Loc, order: str, reasoning: list[dict[str, An
                   parts: list[dict[str, Any] | None]) -> Turn | None:
     """An assistant's turn with its blocks in their recorded ``order`` (:data:`ORDER_KEY`);
     blocks the message no longer holds are skipped, extra ones follow canonically."""
-    calls: list[dict[str, Any]] = []
-    ids: list[tuple[str, Loc]] = []
-    for j, c in enumerate(m.tool_calls):
-        c_loc = loc / "tool_calls" / j
-        args = arguments_object(c.arguments, c_loc / "arguments")
-        cid = wire_id(c.id)
-        calls.append({"type": "tool_use", "id": cid, "name": c.name, "input": args})
-        ids.append((cid, c_loc / "id"))
+    calls, ids = _calls_out(m, loc)
     queues = {"r": iter(reasoning), "p": iter(parts), "c": iter(calls)}
     placed = [next(queues[k], None) for k in order if k in queues]
     placed += [*queues["r"], *queues["p"], *queues["c"]]
