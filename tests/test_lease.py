@@ -20,7 +20,7 @@ import redis
 from shared.core.config import StoreConfig
 from shared.core.errors import StoreUnavailable
 from shared.core.records import SummaryRecord
-from shared.enqueue import TASK_MAYBE_SUMMARIZE
+from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE, publisher_app
 from shared.guard import ContextGuard
 from shared.store.lease import HOLD_TTL_SECONDS, MAX_HANDOFFS, Renewal, Request
 from shared.store.sessions import SessionStore
@@ -29,9 +29,11 @@ from workers.compactor import Compactor
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
+from workers.harness.stack.worker_process import WorkerProcess, worker_env
 from workers.runtime import Runtime, set_runtime
 from workers.summarizer.engine import SummaryEngine
 from workers.summarizer.providers import OpenAIClient
+from workers.urls import with_db
 
 
 def _record(watermark: int) -> SummaryRecord:
@@ -403,3 +405,36 @@ def test_a_busy_job_does_not_rely_on_a_follow_up_that_watches_no_further(
     for _ in range(3):  # the last of a chain: a fresh request gets a watcher of its own, once
         assert maybe_summarize.apply(args=["s"]).get()["status"] == "busy"
     assert [s["kwargs"]["handoff"] for s in sent] == [MAX_HANDOFFS, 1]
+
+
+@pytest.mark.celery
+@pytest.mark.slow
+def test_a_worker_keeps_one_delayed_follow_up_per_busy_session(own_redis_url: str,
+                                                               key_prefix: str) -> None:
+    """A real worker: the delayed follow-ups sit in its memory and the broker's unacked
+    set (21 of them for 21 busy jobs before); one runs what the dead holder never took."""
+    store_url, broker_url = with_db(own_redis_url, 13), with_db(own_redis_url, 14)
+    store = SessionStore(redis.Redis.from_url(store_url), StoreConfig(key_prefix=key_prefix))
+    broker = redis.Redis.from_url(broker_url)
+    _fill(store)
+    worker = WorkerProcess("busy", worker_env(broker_url=broker_url, redis_url=store_url,
+                                              key_prefix=key_prefix, summarizer="offline"))
+    worker.start()
+    try:
+        assert store.acquire_lease("s", ttl_seconds=4)  # a holder killed with -9
+        publisher = publisher_app(broker_url, timeout=2.0)
+        for _ in range(10):
+            publisher.send_task(TASK_MAYBE_SUMMARIZE, args=["s"], queue=QUEUE)
+        publisher.send_task(TASK_COMPACT, args=["s"], kwargs={"keep_recent": 2000}, queue=QUEUE)
+        deadline = time.monotonic() + 20
+        while worker.log().count("'status': 'busy'") < 11 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert worker.log().count("'status': 'busy'") == 11, worker.log()[-2000:]
+        assert broker.hlen("unacked") == 1  # the one delayed follow-up
+        while store.requests_waiting("s") and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+        assert not store.requests_waiting("s") and store.state("s").watermark > 0
+    finally:
+        worker.stop()
+        broker.flushdb()
+        store.redis.flushdb()
