@@ -22,6 +22,7 @@ from shared.core.wire import (
     to_gemini,
     to_openai,
 )
+from shared.core.wire.anthropic import BLANK_RESULT_TEXT
 
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts.dev.jsonl"
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -672,9 +673,11 @@ def test_anthropic_text_documents_of_any_text_type_go_back_as_text() -> None:
 texts = st.text(max_size=12)
 nonempty = st.text(min_size=1, max_size=12)
 nonblank = nonempty.filter(str.strip)  # Anthropic refuses whitespace-only text
+sendable = st.just("") | nonblank  # what goes to Anthropic as it is (blank text does not)
 names = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)
 b64s = st.binary(min_size=1, max_size=9).map(b64)
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts
+finite = st.floats(allow_nan=False, allow_infinity=False)  # what JSON arguments can hold
+scalars = st.none() | st.booleans() | st.integers() | finite | texts
 json_values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
@@ -802,19 +805,18 @@ anthropic_text = st.builds(lambda t: {"type": "text", "text": t}, nonblank)
 @st.composite
 def anthropic_conversations(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
     ids, out = Ids(), []
-    system = draw(st.none() | texts | st.lists(anthropic_text, max_size=2))
+    system = draw(st.none() | sendable | st.lists(anthropic_text, max_size=2))
     pending: list[str] = []
     for k in range(draw(st.integers(0, 6))):
         if k % 2 == 0:  # user
-            results = [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": cid,
-                    "content": draw(texts | st.lists(anthropic_text | anthropic_media, max_size=2)),
-                    **({"is_error": True} if draw(st.booleans()) else {}),
-                }
-                for cid in pending
-            ]
+            results = []
+            for cid in pending:  # blank results, and empty error ones, are not sent as they are
+                error = draw(st.booleans())
+                blocks = st.lists(anthropic_text | anthropic_media, min_size=int(error),
+                                  max_size=2)
+                results.append({"type": "tool_result", "tool_use_id": cid,
+                                "content": draw((nonblank if error else sendable) | blocks),
+                                **({"is_error": True} if error else {})})
             extra = draw(
                 st.lists(anthropic_text | anthropic_media, min_size=0 if results else 1, max_size=3)
             )
@@ -1013,7 +1015,8 @@ def neutral_for_anthropic(draw: st.DrawFn) -> list[Message]:
     )
     parts = st.lists(blank_free | media, min_size=1, max_size=3)
     if draw(st.booleans()):
-        out.append(Message(role="system", content=draw(texts | st.lists(blank_free, max_size=2))))
+        out.append(Message(role="system", content=draw(sendable | st.lists(blank_free,
+                                                                            max_size=2))))
     out.append(Message(role="user", content=draw(nonblank | parts)))
     for _ in range(draw(st.integers(0, 3))):
         thoughts = draw(st.lists(texts, max_size=2))
@@ -1036,12 +1039,13 @@ def neutral_for_anthropic(draw: st.DrawFn) -> list[Message]:
         )
         out.append(Message(**kw))
         for c in calls:
+            error = draw(st.booleans())
             out.append(
                 Message(
                     role="tool",
                     tool_call_id=c.id,
-                    content=draw(texts | parts),
-                    metadata=draw(st.sampled_from([{}, {"is_error": True}])),
+                    content=draw((nonblank if error else sendable) | parts),
+                    metadata={"is_error": True} if error else {},
                 )
             )
         if not calls or draw(st.booleans()):
@@ -1208,6 +1212,16 @@ def assert_valid_anthropic(wire: list[dict[str, Any]]) -> None:
         assert results == calls or (m["role"] == "assistant" and not results), (calls, results)
 
 
+def _result_text(message: Message) -> str:
+    """A result's text, a blank one (or an error's empty one) as the placeholder Anthropic
+    is sent instead (it refuses blank and empty-error results)."""
+    text = message.text()
+    if text == BLANK_RESULT_TEXT or (not text.strip() and (
+            text or message.metadata.get("is_error"))):
+        return ""
+    return text
+
+
 def texts_and_calls(messages: list[Message]) -> tuple[list[str], list[str], list[str]]:
     """Every non-empty text piece (merging regroups pieces, never edits them), calls, results."""
     pieces = [
@@ -1221,7 +1235,7 @@ def texts_and_calls(messages: list[Message]) -> tuple[list[str], list[str], list
         )
         if piece.strip()  # blank text is not sent to Anthropic
     ]
-    results = [f"{m.tool_call_id}={m.text()}" for m in messages if m.role == "tool"]
+    results = [f"{m.tool_call_id}={_result_text(m)}" for m in messages if m.role == "tool"]
     return sorted(pieces), [c.id for m in messages for c in m.tool_calls], sorted(results)
 
 
