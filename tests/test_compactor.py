@@ -468,7 +468,9 @@ def test_a_job_for_a_session_it_cannot_find_says_which_keys_it_read(
     what to check (it read as an empty session 'below trigger', forever)."""
     with caplog.at_level("WARNING", logger="compaction.job"):
         outcome = Compactor(store, SummaryEngine(None)).run("elsewhere")
-    assert outcome.status == "skipped"
+        in_tenant = Compactor(store.for_tenant("t2"), SummaryEngine(None)).run("elsewhere")
+    assert outcome.status == in_tenant.status == "skipped"
+    assert "tenant 't2'" in in_tenant.reason  # a tenant's handle holds no raw client
     assert "no session 'elsewhere' under key prefix" in outcome.reason
     assert "COMPACTION_KEY_PREFIX" in outcome.reason
     assert any("no session 'elsewhere'" in r.getMessage() for r in caplog.records)

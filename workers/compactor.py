@@ -87,7 +87,8 @@ def _not_found(store: SessionStore, session_id: str) -> str:
     """Why a job finds no session: usually the workers read other keys than the agent
     writes (another key prefix, tenant or database), which looked like an empty session
     "below trigger" and compacted nothing, ever."""
-    pool = getattr(store.redis, "connection_pool", None)  # none on a cluster client
+    client = getattr(store, "redis", None)  # a tenant's handle holds no raw client
+    pool = getattr(client, "connection_pool", None)  # nor does a cluster client
     db = getattr(pool, "connection_kwargs", {}).get("db", 0)
     return (f"no session {session_id!r} under key prefix {store.config.key_prefix!r}, tenant "
             f"{store.tenant!r}, Redis db {db}: the agent and the workers "

@@ -74,6 +74,7 @@ class SessionKeys:
     lease: str
     dirty: str
     taken: str
+    watch: str
 
     @classmethod
     def for_session(cls, prefix: str, tenant: str, session_id: str) -> SessionKeys:
@@ -95,6 +96,7 @@ class SessionKeys:
             lease=f"{base}:lease",
             dirty=f"{base}:dirty",
             taken=f"{base}:taken",
+            watch=f"{base}:watch",
         )
 
     def view_keys(self) -> list[str]:
@@ -109,7 +111,7 @@ class SessionKeys:
     def all_keys(self) -> list[str]:
         """Every key of the session: data, recent append request ids, flags, lease."""
         return [*self.data_keys(), self.requests, self.request_order, self.pending,
-                self.lease, self.dirty, self.taken]
+                self.lease, self.dirty, self.taken, self.watch]
 
 
 VIEW_KEY_NAMES = frozenset(("state", "log", "cum", "sums", "cheap", "pending"))

@@ -116,7 +116,7 @@ class LeaseOps:
                             [token, mode, ttl_ms, self.config.request_ttl_seconds * 1000])
 
     def _watch_key(self, session_id: str) -> str:
-        return self.keys(session_id).lease.removesuffix(":lease") + ":watch"
+        return self.keys(session_id).watch
 
     def mark_watched(self, session_id: str, seconds: float, last: bool) -> bool:
         """Note a busy job's follow-up, due in ``seconds`` (``last``: it watches no further);
