@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import secrets
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,17 @@ def redis_url() -> Iterator[str]:
     yield url
     if isinstance(server, RedisServer):
         server.stop()
+
+
+@pytest.fixture
+def pausable_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may stop (SIGSTOP) and resume; resumed
+    and removed after."""
+    own = start_server()
+    yield own
+    assert own.process is not None
+    os.kill(own.process.pid, signal.SIGCONT)
+    own.remove()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,18 +16,14 @@ from shared import AsyncContextGuard
 from shared.core.config import StoreConfig
 from shared.core.errors import StoreUnavailable
 from shared.store.aio import AsyncSessionStore, connect_async
-from workers.harness.stack.redis_server import RedisServer, start_server
+from workers.harness.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    own = start_server()
-    yield own
-    assert own.process is not None
-    os.kill(own.process.pid, signal.SIGCONT)
-    own.remove()
+def server(pausable_redis: RedisServer) -> RedisServer:
+    return pausable_redis  # stopped (SIGSTOP) and resumed by the tests
 
 
 def turn(i: int) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,19 +20,14 @@ from shared.core.config import StoreConfig
 from shared.core.errors import StoreUnavailable
 from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.own_writes_aio import AsyncOwnWrites
-from workers.harness.stack.redis_server import RedisServer, start_server
+from workers.harness.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A redis-server of this test's own: it is stopped and resumed."""
-    own = start_server()
-    yield own
-    assert own.process is not None
-    os.kill(own.process.pid, signal.SIGCONT)
-    own.remove()
+def server(pausable_redis: RedisServer) -> RedisServer:
+    return pausable_redis  # stopped (SIGSTOP) and resumed by the tests
 
 
 def turn(i: int) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import binascii
 import struct
 
-from shared.core.messages import ImagePart
+from shared.core.messages import FilePart, ImagePart
 
 _MAX_SIDE = 1 << 16
 _MAX_SEGMENTS = 64  # a JPEG's metadata segments before its frame: a handful in practice
@@ -45,8 +45,9 @@ class _Base64Bytes:
         return raw[start : start + size]
 
 
-def _payload(part: ImagePart) -> str | None:
-    """The base64 text of an inline image, or None (a remote URL, another encoding)."""
+def inline_payload(part: ImagePart | FilePart) -> str | None:
+    """The base64 text of an inline image or file, or None (a remote URL, a file id,
+    another encoding)."""
     if part.data:
         text = part.data
     elif part.url and part.url[:5].lower() == "data:":
@@ -93,7 +94,7 @@ def _jpeg(data: _Base64Bytes) -> tuple[int, int] | None:
 
 def image_size(part: ImagePart) -> tuple[int, int] | None:
     """(width, height) in pixels of an inline PNG, JPEG, GIF or WebP image, else None."""
-    text = _payload(part)
+    text = inline_payload(part)
     if not text:
         return None
     data = _Base64Bytes(text)

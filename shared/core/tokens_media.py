@@ -30,7 +30,7 @@ import functools
 import math
 import re
 
-from shared.core.images import image_size
+from shared.core.images import image_size, inline_payload
 from shared.core.messages import FilePart, ImagePart
 from shared.core.tokens_profiles import ProviderProfile
 
@@ -91,24 +91,8 @@ _SCAN_CHUNK = 1 << 20  # base64 characters decoded at a time (a multiple of 4)
 _PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z0-9#])")  # a page, not the /Pages tree
 _TAIL = 64  # decoded bytes carried into the next chunk: a page marker split by a boundary
 _PDF_MAGIC = "JVBERi0"  # "%PDF-" in base64
-_WHITESPACE = str.maketrans("", "", " \t\r\n")
 _TEXT_TYPES = ("application/json", "application/xml", "application/x-yaml",
                "application/yaml", "application/javascript", "application/x-python")
-
-
-def _file_payload(part: FilePart) -> str | None:
-    """The base64 text of an inline file, or None (a URL, a file id)."""
-    if part.data:
-        text = part.data
-    elif part.url and part.url[:5].lower() == "data:":
-        header, sep, text = part.url.partition(",")
-        if not sep or not header.lower().endswith(";base64"):
-            return None
-    else:
-        return None
-    if "\n" in text[:4096] or " " in text[:4096]:  # MIME-wrapped lines break the quartets
-        text = text.translate(_WHITESPACE)
-    return text
 
 
 def _media_type(part: FilePart) -> str:
@@ -125,7 +109,7 @@ def pdf_pages(part: FilePart) -> int | None:
     kind = _media_type(part)
     if kind and kind != "application/pdf":
         return None
-    text = _file_payload(part)
+    text = inline_payload(part)
     if not text or not text.startswith(_PDF_MAGIC):
         return None
     return _pages(text)
@@ -158,7 +142,7 @@ def file_text(part: FilePart) -> tuple[str, float] | None:
     kind = _media_type(part)
     if not (kind.startswith("text/") or kind in _TEXT_TYPES):
         return None
-    text = _file_payload(part)
+    text = inline_payload(part)
     if not text:
         return None
     read = min(len(text) // 4 * 4, TEXT_SCAN_LIMIT)

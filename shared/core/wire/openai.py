@@ -47,6 +47,7 @@ from shared.core.wire._common import (
     data_url,
     json_arguments,
     neutral,
+    omitted_text,
     opt_str,
     req_str,
     split_data_url,
@@ -242,13 +243,7 @@ def _part_out(part: ContentPart, loc: Loc, media: bool) -> dict[str, Any]:
 
 
 def _omitted(part: ImagePart | FilePart, why: str) -> dict[str, Any]:
-    kind = "image" if isinstance(part, ImagePart) else "file"
-    what = " ".join(x for x in (part.media_type, kind) if x)
-    if isinstance(part, FilePart) and part.filename:
-        what += f" {part.filename}"
-    elif part.url and not part.url.startswith("data:"):
-        what += f" at {part.url}"
-    return {"type": "text", "text": f"[{what} not sent: {why}]"}
+    return {"type": "text", "text": omitted_text(part, why)}
 
 
 def _file_out(part: FilePart) -> dict[str, str] | None:
