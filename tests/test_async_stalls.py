@@ -170,7 +170,9 @@ def test_the_change_feed_never_blocks_the_event_loop(server: RedisServer) -> Non
         await asyncio.sleep(0.3)
         stop.set()
         await asyncio.gather(*tasks)
-        assert max(lags) < 0.1, sorted(lags)[-5:]
+        # Blocking, each reconnection attempt held the loop ~250 ms (two to three in the
+        # stall); one long lag alone is the host's scheduling on a loaded 2-core machine.
+        assert sum(lag > 0.1 for lag in lags) <= 1, sorted(lags)[-5:]
         for _ in range(100):  # the feed reconnects (off the loop, after its backoff)
             await guard.prepare("s0", "sys", model="gpt-4o")
             if guard.feed.mark() is not None:
