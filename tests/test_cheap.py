@@ -59,9 +59,14 @@ def reference_plan(messages: Sequence[Message], offset: int,
         name = calls[m.tool_call_id][0]
         tokens = COUNTER.message(m)
         read = reads[i]
-        # the newest later read that holds all it held: a whole read, or the same read
-        later = max((j for j, r in reads.items() if j > i and read is not None and r
-                     in (read, (read[0], ""))), default=i)
+        # the newest later read that holds all it held: the newest whole read, or the
+        # newest same read, unless it holds far less (a failed read)
+        later = i
+        if read is not None:
+            for kind in (read, (read[0], "")):
+                j = max((j for j, r in reads.items() if j > i and r == kind), default=i)
+                if j > later and 2 * COUNTER.message(messages[j]) >= tokens:
+                    later = j
         stage: Literal["clear_tool_output", "dedupe_read"]
         if read is not None and later > i:
             if reads[later] == (read[0], ""):
@@ -251,6 +256,21 @@ def test_a_read_points_at_a_later_whole_read_or_at_the_same_read_again() -> None
     assert "the file was read again at message #23" in by_index[2]
     assert by_index[14] == ("[earlier read of src/other.py omitted: the same read was run "
                             "again at message #20, which has its current output]")
+
+
+def test_a_failed_read_again_stands_for_nothing() -> None:
+    """A whole read of a file, then the same file read again and failing ("No such file",
+    "permission denied"): the first read kept its content, not a pointer to the failure."""
+    commands = ["cat src/app.py", "cat src/app.py", "echo a", "echo b"]
+    messages = _outputs(commands)
+    messages[5] = messages[5].model_copy(
+        update={"content": "cat: src/app.py: No such file or directory"})
+    plan = plan_cheap_stages(messages, 0, {}, policy=_policy(2, 10**9), counter=COUNTER)
+    assert _pointer_targets(plan, commands) == []
+    messages += _outputs(["cat src/app.py", "echo c", "echo d"])  # read whole again
+    plan = plan_cheap_stages(messages, 0, {}, policy=_policy(2, 10**9), counter=COUNTER)
+    assert ("cat src/app.py", "cat src/app.py") in _pointer_targets(
+        plan, [*commands, "cat src/app.py", "echo c", "echo d"])
 
 
 @st.composite

@@ -128,6 +128,7 @@ class CheapScan:
     undecided: dict[int, _Result] = field(default_factory=dict)
     big: list[int] = field(default_factory=list)  # heap: results over the threshold
     superseded: list[int] = field(default_factory=list)  # heap: reads read again later
+    read_tokens: dict[int, int] = field(default_factory=dict)  # a read's result's tokens
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -174,24 +175,34 @@ class CheapScan:
             heapq.heappush(self.big, i)
         if read is not None:
             path, scope = read
+            self.read_tokens[i] = tokens
             open_reads = self.open_reads.setdefault(path, {})
             if scope:  # a partial read holds only the same read's output
                 previous = self.latest_read.get(read)
-                gone = [] if previous is None or open_reads.pop(previous, None) is None \
-                    else [previous]
+                gone = [] if previous is None or previous not in open_reads else [previous]
             else:  # a whole read holds every earlier read of its file
-                gone, open_reads = list(open_reads), {}
-                self.open_reads[path] = open_reads
+                gone = list(open_reads)
             for j in gone:
-                if j in self.undecided:
-                    heapq.heappush(self.superseded, j)
+                if self._holds(i, j):
+                    del open_reads[j]
+                    if j in self.undecided:
+                        heapq.heappush(self.superseded, j)
             open_reads[i] = scope
             self.latest_read[read] = i
 
+    def _holds(self, later: int, i: int) -> bool:
+        """Whether read ``later``'s result can stand for read ``i``'s: not a failed or empty
+        read of the file ("No such file", "permission denied"), which holds far less."""
+        return self.read_tokens.get(later, 0) * 2 >= self.read_tokens.get(i, 0)
+
     def _later_read(self, i: int, read: Read) -> int:
-        """The newest read that holds all read ``i`` held (``i`` itself when none)."""
-        same = self.latest_read.get(read, i)
-        return max(same, self.latest_read.get((read[0], ""), i))
+        """The newest read that holds all read ``i`` held (``i`` itself when none): the
+        newest same read or whole read of its file, unless it holds far less."""
+        found = i
+        for j in (self.latest_read.get(read, i), self.latest_read.get((read[0], ""), i)):
+            if j > found and self._holds(j, i):
+                found = j
+        return found
 
     def protected_from(self) -> int:
         """The first log index of the newest ``keep_turns`` turns (``end``: none kept)."""
