@@ -178,8 +178,7 @@ class CheapScan:
             self.read_tokens[i] = tokens
             open_reads = self.open_reads.setdefault(path, {})
             if scope:  # a partial read holds only the same read's output
-                previous = self.latest_read.get(read)
-                gone = [] if previous is None or previous not in open_reads else [previous]
+                gone = [j for j, seen in open_reads.items() if seen == scope]
             else:  # a whole read holds every earlier read of its file
                 gone = list(open_reads)
             for j in gone:
