@@ -114,3 +114,23 @@ def test_the_servers_publishers_use_the_configured_queue(urls: tuple[str, str],
         assert broker.llen(CUSTOM) == 1 and broker.llen(QUEUE) == 0
     finally:
         broker.close()
+
+
+def test_a_worker_that_leaves_out_the_configured_queue_says_so(urls: tuple[str, str],
+                                                               key_prefix: str) -> None:
+    """COMPACTION_QUEUE changed, the worker started with -Q compaction (the Procfile's and
+    the image's command): one warning line at start, naming both."""
+    store_url, broker_url = urls
+    env = {**worker_env(broker_url=broker_url, redis_url=store_url, key_prefix=key_prefix),
+           "COMPACTION_QUEUE": CUSTOM}
+    worker = WorkerProcess("leftout", env, concurrency=1).start()
+    try:
+        log = worker.log()
+    finally:
+        worker.stop()
+    assert f"warning: COMPACTION_QUEUE is {CUSTOM!r} but this worker consumes compaction" in log
+    matching = WorkerProcess("matching", env, concurrency=1, queue=CUSTOM).start()
+    try:
+        assert "COMPACTION_QUEUE is" not in matching.log()
+    finally:
+        matching.stop()

@@ -47,7 +47,7 @@ import typing
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_init
+from celery.signals import celeryd_after_setup, celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.core.errors import ConfigError
@@ -213,6 +213,20 @@ def _warn_on_timing(**_: Any) -> None:
     warning = app.conf.compaction_settings.visibility_warning()
     if warning:
         print(warning, file=sys.stderr, flush=True)
+
+
+@celeryd_after_setup.connect
+def _warn_on_queue(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """A worker started with ``-Q`` queues that leave out ``COMPACTION_QUEUE`` says so:
+    the guard, the CLI and the server publish there, and its jobs would never run (a
+    Procfile or image command that names ``compaction`` with the setting changed)."""
+    queue: str = app.conf.compaction_settings.queue
+    queues = getattr(getattr(getattr(instance, "app", None), "amqp", None), "queues", None)
+    consumed = set(getattr(queues, "consume_from", None) or queues or ())
+    if consumed and queue not in consumed:
+        print(f"warning: COMPACTION_QUEUE is {queue!r} but this worker consumes "
+              f"{', '.join(sorted(consumed))}: the jobs published to {queue!r} do not run "
+              f"here (start it with -Q {queue})", file=sys.stderr, flush=True)
 
 
 @worker_init.connect
