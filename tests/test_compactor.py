@@ -471,6 +471,7 @@ def test_a_job_for_a_session_it_cannot_find_says_which_keys_it_read(
         in_tenant = Compactor(store.for_tenant("t2"), SummaryEngine(None)).run("elsewhere")
     assert outcome.status == in_tenant.status == "skipped"
     assert "tenant 't2'" in in_tenant.reason  # a tenant's handle holds no raw client
+    assert "Redis db" not in in_tenant.reason  # so its db is not guessed
     assert "no session 'elsewhere' under key prefix" in outcome.reason
     assert "COMPACTION_KEY_PREFIX" in outcome.reason
     assert any("no session 'elsewhere'" in r.getMessage() for r in caplog.records)

@@ -89,9 +89,10 @@ def _not_found(store: SessionStore, session_id: str) -> str:
     "below trigger" and compacted nothing, ever."""
     client = getattr(store, "redis", None)  # a tenant's handle holds no raw client
     pool = getattr(client, "connection_pool", None)  # nor does a cluster client
-    db = getattr(pool, "connection_kwargs", {}).get("db", 0)
+    db = getattr(pool, "connection_kwargs", {}).get("db")
+    where = f", Redis db {db}" if db is not None else ""  # unknown: not guessed
     return (f"no session {session_id!r} under key prefix {store.config.key_prefix!r}, tenant "
-            f"{store.tenant!r}, Redis db {db}: the agent and the workers "
+            f"{store.tenant!r}{where}: the agent and the workers "
             "must share COMPACTION_REDIS_URL, COMPACTION_KEY_PREFIX and COMPACTION_TENANT "
             "(or the session was deleted or expired)")
 
