@@ -474,6 +474,13 @@ def test_rebuilding_an_offline_summary_backs_off_while_the_summarizer_stays_down
         assert compactor_mod.UNAVAILABLE_STAGE + "2" in eager_store.summaries("s")[-1].stages
         skipped = maybe_summarize.apply(args=["s"]).get()  # two in a row: not due, it waits
         assert skipped["status"] == "skipped" and calls() == sent, skipped
+        state = eager_store.state("s")  # the guard truncates over it meanwhile
+        truncation = SummaryRecord(watermark=state.watermark + 2, kind="truncation",
+                                   text="(truncated)", tokens=5, covers_from=state.watermark,
+                                   source_version=state.version)
+        assert eager_store.commit_summary("s", truncation, state.version).ok
+        over = maybe_summarize.apply(args=["s"]).get()  # the count is the offline one's
+        assert over["status"] == "skipped" and calls() == sent, over
         now[0] += compactor_mod.REBUILD_BACKOFF_SECONDS + 1
         third = maybe_summarize.apply(args=["s"]).get()  # the first wait is over: one try
         assert third["summary_kind"] == "offline" and calls() > sent

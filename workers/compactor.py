@@ -248,7 +248,9 @@ class Compactor:
                 and FALLBACK_STAGE not in data.summary.stages))
         # After the LLM was unreachable, the next try waits (longer after each failure)
         # unless a compaction is due anyway: each try costs the job all its retries.
-        waiting = rebuild and data.summary is not None and not _rebuild_due(data.summary)
+        backoff = (self._backoff_record(session_id, data.summary)
+                   if rebuild and data.summary is not None else None)
+        waiting = backoff is not None and not _rebuild_due(backoff)
         if not forced and not manual and (not rebuild or waiting):
             if not self.policy.proactive:
                 return "proactive compaction is switched off"
@@ -256,8 +258,8 @@ class Compactor:
                 return (f"below trigger: {report.usage_ratio:.0%} of the input budget, "
                         f"{since} messages since the watermark"
                         + ("; the rebuild of the offline summary waits after "
-                           f"{_unavailable_count(data.summary)} failed tries"
-                           if waiting and data.summary is not None else ""))
+                           f"{_unavailable_count(backoff)} failed tries"
+                           if waiting and backoff is not None else ""))
         fixed = state.system_tokens + state.tool_tokens + self.policy.max_summary_tokens
         room = max(0, report.target_tokens - fixed)
         keep = max(0, keep_recent if keep_recent is not None else min(
@@ -291,6 +293,16 @@ class Compactor:
         prefix = (state.watermark + cut.turn_start) if cut.split_turn and long_prefix else None
         return _Plan(base=base, base_summary=base_summary, cut=state.watermark + cut.index,
                      prefix_start=prefix, tokens_before=estimated, forced=forced)
+
+    def _backoff_record(self, session_id: str, summary: SummaryRecord) -> SummaryRecord:
+        """The summary whose failed tries the rebuild's backoff counts: ``summary``, or
+        under a guard's truncations the newest other one (a busy agent truncating during
+        an LLM outage restarted the count, and every job spent its retries again)."""
+        if summary.kind != "truncation":
+            return summary
+        beneath = [s for s in self.store.summaries(session_id) if s.kind != "truncation"
+                   and s.watermark <= summary.watermark]
+        return max(beneath, key=lambda s: s.watermark) if beneath else summary
 
     def _rebuild_base(self, session_id: str, watermark: int,
                       carry: SummaryRecord | None = None) -> SummaryRecord | None:
@@ -473,7 +485,8 @@ class Compactor:
         if llm_failed:
             draft.stages.insert(0, FALLBACK_STAGE)
         elif not use_llm and self.engine.is_llm:  # the fallback after retries were spent
-            failed = _unavailable_count(data.summary) if data.summary is not None else 0
+            failed = (_unavailable_count(self._backoff_record(session_id, data.summary))
+                      if data.summary is not None else 0)
             draft.stages.insert(0, f"{UNAVAILABLE_STAGE}{failed + 1}")
         record = SummaryRecord(
             watermark=cut, kind=draft.kind,
