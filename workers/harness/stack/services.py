@@ -96,13 +96,26 @@ def _settings_from_env(settings: Settings, overrides: Mapping[str, str]) -> Sett
 
 
 def _warm_up(publisher: Any, workers: list[WorkerProcess], concurrency: int, queue: str,
-             timeout: float = 60.0) -> bool:
+             store: Any = None, timeout: float = 60.0) -> bool:
     """Run a no-op job in every worker process before the replay starts.
 
     A worker builds its runtime (Redis client, summarizer SDK client) on its
     first job, which takes a second or two; unwarmed, that start-up would
-    count as worker lag of the first sessions.
+    count as worker lag of the first sessions. ``store`` (the warm-up tenant's):
+    the job's session is recorded first and deleted after, so that no job reports
+    a session it cannot find (which means misconfigured workers).
     """
+    if store is not None:
+        store.append(WARMUP_SESSION, [{"role": "user", "content": "warm-up"}])
+    try:
+        return _warm_up_jobs(publisher, workers, concurrency, queue, timeout)
+    finally:
+        if store is not None:
+            store.delete_session(WARMUP_SESSION)
+
+
+def _warm_up_jobs(publisher: Any, workers: list[WorkerProcess], concurrency: int, queue: str,
+                  timeout: float) -> bool:
     for _ in range(len(workers) * concurrency * 2):
         publisher.send_task(TASK_MAYBE_SUMMARIZE, args=[WARMUP_SESSION],
                             kwargs={"tenant": WARMUP_TENANT}, queue=queue, ignore_result=True)
@@ -140,7 +153,11 @@ def _processes(mode: Mode, description: str, redis_url: str, broker_url: str,
             except RuntimeError as exc:
                 raise ConfigError(str(exc)) from None
         publisher = publisher_app(broker_url, timeout=2.0)
-        _warm_up(publisher, started, concurrency, queue)
+        from shared.store.sessions import SessionStore
+
+        _warm_up(publisher, started, concurrency, queue,
+                 SessionStore(store_client, worker_settings.store_config(),
+                              tenant=WARMUP_TENANT))
         yield Services(mode=mode, description=description, store_client=store_client,
                        enqueuer=CeleryEnqueuer(publisher, queue=queue),
                        worker_settings=worker_settings, workers=started,
