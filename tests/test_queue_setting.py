@@ -18,6 +18,7 @@ from shared.core.config import StoreConfig
 from shared.enqueue import QUEUE
 from shared.store.sessions import SessionStore
 from workers.cli.demo import split_turns
+from workers.cli.doctor import check_workers
 from workers.cli.main import main
 from workers.harness.stack.worker_process import WorkerProcess, worker_env
 from workers.settings import load_settings
@@ -126,8 +127,11 @@ def test_a_worker_that_leaves_out_the_configured_queue_says_so(urls: tuple[str, 
     worker = WorkerProcess("leftout", env, concurrency=1).start()
     try:
         log = worker.log()
+        # doctor: no worker consuming the queue the jobs go to is a failure, not a warning
+        found = check_workers(broker_url, 3.0, CUSTOM)
     finally:
         worker.stop()
+    assert found.verdict == "FAIL" and f"not consuming {CUSTOM!r}" in found.detail
     assert f"warning: COMPACTION_QUEUE is {CUSTOM!r} but this worker consumes compaction" in log
     matching = WorkerProcess("matching", env, concurrency=1, queue=CUSTOM).start()
     try:

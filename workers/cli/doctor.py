@@ -245,8 +245,10 @@ def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
         app.close()
     idle = [n for n in names if queue not in {q.get("name") for q in queues.get(n, [])}]
     detail = f"{len(names)} online: {', '.join(names)}"
-    if idle:
-        return Check("workers", "WARN", f"{detail}; not consuming {queue!r}: {', '.join(idle)}")
+    if idle:  # none consuming it: no job published there ever runs
+        verdict = "FAIL" if len(idle) == len(names) else "WARN"
+        return Check("workers", verdict, f"{detail}; not consuming {queue!r}: "
+                                         f"{', '.join(idle)}")
     return Check("workers", "OK", detail)
 
 
