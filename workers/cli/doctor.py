@@ -246,9 +246,9 @@ def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
     idle = [n for n in names if queue not in {q.get("name") for q in queues.get(n, [])}]
     detail = f"{len(names)} online: {', '.join(names)}"
     if idle:  # none consuming it: no job published there ever runs
-        verdict = "FAIL" if len(idle) == len(names) else "WARN"
-        return Check("workers", verdict, f"{detail}; not consuming {queue!r}: "
-                                         f"{', '.join(idle)}")
+        said = f"{detail}; not consuming {queue!r}: {', '.join(idle)}"
+        return Check("workers", "FAIL", said) if len(idle) == len(names) else \
+            Check("workers", "WARN", said)
     return Check("workers", "OK", detail)
 
 
