@@ -104,6 +104,23 @@ def test_a_pending_result_of_a_recorded_call_whose_id_was_renamed_reaches_the_vi
     assert not any("tool result missing" in str(m.get("content")) for m in wire)
 
 
+def test_a_session_truncated_every_turn_still_calibrates(guard: ContextGuard) -> None:
+    """No worker yet, every prepare truncates: its usage report describes the view sent at
+    the version the truncation made. It was dropped as stale (the version moved), so such
+    a session never calibrated and an estimate short of the provider's count overflowed
+    on every turn."""
+    truncated = 0
+    for i in range(6):
+        turn = coding_turn(i, 12_000)
+        view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
+                             pending=turn[:1])
+        truncated += view.report.truncated
+        reported = int(view.report.estimated_prompt_tokens * 1.1)  # the provider counts more
+        guard.record_turn("s", turn, usage={"prompt_tokens": reported})
+    state = guard.store.state("s")
+    assert truncated >= 3 and state.calibration_samples >= 5, (truncated, state)
+
+
 def test_record_turn_burst_enqueues_once(guard: ContextGuard, jobs: Recorder) -> None:
     for i in range(100):
         guard.record_turn("s", coding_turn(i, 100))

@@ -21,6 +21,7 @@ error: learn the stated limit, compact hard, return a view for one retry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -91,6 +92,14 @@ def _unsendable(report: ViewReport, refused: int | None) -> str:
         # guard's: a notice of the cut may outweigh a few small messages in its estimate
         return "nothing left to drop"
     return ""
+
+
+def _sent_at(plan: Plan, version: int | None) -> None:
+    """The request was sent at the version its own truncation made: the usage report of
+    it is learned from (the append checks the version), where it was dropped on every turn
+    the guard truncated, and a session truncated turn after turn never calibrated."""
+    if version is not None:
+        plan.sent = dataclasses.replace(plan.sent, version=version)
 
 
 def _user_kept(view: Sequence[Message], pending: Sequence[Message]) -> bool:
@@ -283,8 +292,9 @@ class GuardFlow(GuardShell):
             "run_many", (self.session_base(session_id), built[0]), own=True)
         if done is None:
             return None
-        won, marked, pushed = self.own_written(session_id, snap, built[0], built[1], done[0],
-                                               done[1], before)
+        won, marked, pushed, version = self.own_written(session_id, snap, built[0], built[1],
+                                                        done[0], done[1], before)
+        _sent_at(plan, version)
         published = marked and (pushed or (yield from self._publish(session_id)))
         return won, published
 
@@ -302,6 +312,7 @@ class GuardFlow(GuardShell):
                 log.info("truncation summary for %s lost its swap (%s)", session_id,
                          result.reason)
                 return False
+            _sent_at(plan, result.version)
         if plan.clear_recover_next:
             yield Io("update_state", (session_id,), {"recover_next": 0})
         return True

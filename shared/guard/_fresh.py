@@ -177,9 +177,11 @@ class FreshViews:
 
     def own_written(self, session_id: str, snap: CachedView, steps: list[Any],
                     at: dict[str, int], replies: list[Any], mark: OwnMark | None,
-                    before: tuple[int, int, int] | None) -> tuple[bool, bool, bool]:
+                    before: tuple[int, int, int] | None,
+                    ) -> tuple[bool, bool, bool, int | None]:
         """Read the replies of :meth:`own_steps`: (the truncation won its swap, this call
-        set the pending flag, it pushed the job too). The view read after the writes
+        set the pending flag, it pushed the job too, the version its commit made). The
+        view read after the writes
         becomes the cached view, vouched for like an own append
         (:func:`shared.store.own_writes.vouch`)."""
         for reply in replies:
@@ -189,13 +191,15 @@ class FreshViews:
         if "cheap" in at and isinstance(raw, RawView) and not raw.cheap_included \
                 and replies[at["cheap"]] != len(steps[at["cheap"]].args[2:]) // 2:
             raw = None  # not all of ours landed: the decisions read as ours were not
-        won = True
+        won, version = True, None
         if "commit" in at:
             result = commands.parse_commit(replies[at["commit"]])
             if not result.ok:
                 log.info("truncation summary for %s lost its swap (%s)", session_id,
                          result.reason)
                 won = False
+            else:
+                version = result.version
         flag = replies[at["pending"]] if "pending" in at else None
         marked = flag not in (None, False, 0)  # SET's OK, or pending.lua's 1 or 2
         if isinstance(raw, RawView):  # a large range (deferred) is left to the next read
@@ -203,7 +207,7 @@ class FreshViews:
             fresh.mark = vouch(mark, before, self.own_tally(session_id))
             if raw.epoch:
                 self.views.put(session_id, fresh)
-        return won, marked, flag == 2
+        return won, marked, flag == 2, version
 
     def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
         """The change feed's tally for the session, around an own append."""
