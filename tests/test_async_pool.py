@@ -36,7 +36,10 @@ async def gathered(calls: list[Any]) -> list[Any]:
 
 def test_more_concurrent_calls_than_the_default_pool_all_succeed(server: RedisServer) -> None:
     async def main() -> None:
-        store = AsyncSessionStore(connect_async(server.url), StoreConfig(key_prefix="pool"))
+        # generous timeouts: the test is about the pool's size, and closing 250 calls'
+        # connections on a loaded CI host took longer than the default 0.5 s
+        config = StoreConfig(key_prefix="pool", socket_timeout=5.0, connect_timeout=5.0)
+        store = AsyncSessionStore(connect_async(server.url, config), config)
         guard = AsyncContextGuard(store)
         await guard.warm_up()
         got = await gathered([guard.record_turn(f"s{i}", turn(i)) for i in range(250)])
