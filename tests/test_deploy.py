@@ -419,7 +419,7 @@ def test_worker_command(services: dict[str, Any]) -> None:
     assert argv[:4] == ["celery", "-A", "workers.app", "worker"]
     assert _option(argv, "--pool", "-P") == "threads"
     assert _option(argv, "--concurrency", "-c") == "32"
-    assert _option(argv, "-Q", "--queues") == "compaction"
+    assert _option(argv, "-Q", "--queues") is None  # COMPACTION_QUEUE, the app's default
     assert _option(argv, "--loglevel", "-l") == "INFO"
     assert "-E" in argv or "--task-events" in argv  # task events for Flower
 
@@ -448,7 +448,7 @@ def test_the_documented_worker_commands_are_one_command(services: dict[str, Any]
     }
     shapes = {where: _worker_shape(argv) for where, argv in commands.items()}
     expected = {"app": "workers.app", "pool": "threads", "concurrency": "32",
-                "queues": "compaction", "loglevel": "INFO", "events": "yes",
+                "queues": None, "loglevel": "INFO", "events": "yes",
                 "subcommand": "worker"}
     for where, shape in shapes.items():
         assert shape == expected, (where, commands[where])
@@ -527,7 +527,7 @@ def test_procfile_has_worker_and_flower() -> None:
     assert _option(worker, "--loglevel", "-l") == "INFO" and "-E" in worker
     assert _option(worker, "--pool", "-P") == "threads"
     assert not any(arg.startswith("REMAP_SIGTERM") for arg in worker)
-    assert _option(worker, "--queues", "-Q") == "compaction"
+    assert _option(worker, "--queues", "-Q") is None
     flower = entries["flower"].split()
     assert flower[:3] == ["python", "-m", "workers.flower_entry"]
     assert not any("basic" in arg for arg in flower)

@@ -1,8 +1,9 @@
 """COMPACTION_QUEUE: every publisher the CLI, the server and doctor build uses it.
 
-Workers started with ``-Q`` on another queue than ``compaction`` must get the
-jobs of ``compaction compact``, of ``compaction serve`` and doctor's check
-of them; a real worker process consumes the custom queue here.
+Workers on another queue than ``compaction`` must get the jobs of ``compaction
+compact``, of ``compaction serve`` and doctor's check of them; a real worker
+process, started as the Procfile starts it (no ``-Q``), consumes the custom
+queue here.
 """
 
 from __future__ import annotations
@@ -26,15 +27,6 @@ from workers.urls import with_db
 
 CUSTOM = "tq_custom"
 SESSION = "q-1"
-
-
-class CustomQueueWorker(WorkerProcess):
-    """A real ``celery worker`` consuming only the custom queue."""
-
-    def command(self) -> list[str]:
-        argv = super().command()
-        argv[argv.index("-Q") + 1] = CUSTOM
-        return argv
 
 
 @pytest.fixture
@@ -78,12 +70,15 @@ def test_compact_and_doctor_use_the_configured_queue(
         capsys.readouterr()
         assert broker.llen(CUSTOM) == 1 and broker.llen(QUEUE) == 0
         env = worker_env(broker_url=broker_url, redis_url=store_url, key_prefix=key_prefix)
-        worker = CustomQueueWorker("custom", env, concurrency=2).start()
+        # the documented command: no -Q, the queue is COMPACTION_QUEUE from the environment
+        worker = WorkerProcess("custom", {**env, "COMPACTION_QUEUE": CUSTOM}, concurrency=2,
+                               queue=None).start()
         try:
             deadline = time.monotonic() + 60
             while not store.summaries(SESSION) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert store.summaries(SESSION), worker.log()[-3000:]
+            assert "COMPACTION_QUEUE is" not in worker.log()
             assert main(["doctor", "--timeout", "2", "--json"]) in (0, 1)
             checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
         finally:

@@ -33,7 +33,8 @@ class WorkerProcess:
 
     ``env`` is laid over this process's environment; ``queue`` is the one it
     consumes (``settings.queue``): on a shared broker, another queue is another
-    deployment's jobs.
+    deployment's jobs. ``None`` starts it as the Procfile does, without ``-Q``
+    (it consumes ``COMPACTION_QUEUE`` from ``env``).
     """
 
     name: str
@@ -42,14 +43,15 @@ class WorkerProcess:
     pool: str = "threads"
     app: str = "workers.app"
     loglevel: str = "INFO"
-    queue: str = QUEUE
+    queue: str | None = QUEUE
     log_path: Path = field(
         default_factory=lambda: Path(tempfile.mkstemp(prefix="cmp-worker-", suffix=".log")[1]))
     process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
+        queues = ["-Q", self.queue] if self.queue is not None else []
         return [sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", self.pool,
-                "-c", str(self.concurrency), "-Q", self.queue, "-n", f"{self.name}@%h",
+                "-c", str(self.concurrency), *queues, "-n", f"{self.name}@%h",
                 "--without-mingle", "--without-gossip", "-l", self.loglevel]
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
