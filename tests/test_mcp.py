@@ -132,8 +132,11 @@ def test_mcp_over_streamable_http(redis_url: str, real_redis: Any, key_prefix: s
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     root = str(Path(__file__).resolve().parents[1])
+    token = "tok-default-0123456789abcdef"
     env = {**os.environ, "PYTHONPATH": root, "COMPACTION_REDIS_URL": redis_url,
-           "COMPACTION_KEY_PREFIX": key_prefix}
+           "COMPACTION_KEY_PREFIX": key_prefix,
+           "COMPACTION_SERVER_TOKENS": json.dumps({token: "default"})}
+    env.pop("COMPACTION_SERVER_TOKENS_FILE", None)
     server = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp", "--transport", "http",
                                "--port", str(port)], cwd=root, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -148,8 +151,14 @@ def test_mcp_over_streamable_http(redis_url: str, real_redis: Any, key_prefix: s
                 assert time.monotonic() < deadline, "the MCP HTTP server did not start"
                 time.sleep(0.2)
 
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
         async def main() -> Any:
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            auth = {"Authorization": f"Bearer {token}"}  # the HTTP transport needs a token
+            async with httpx2.AsyncClient(headers=auth, timeout=30) as http, \
+                    Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp",
+                                                  http_client=http)) as client:
                 await client.call_tool("compact", {"session_id": "s1", "keep_recent": 300})
                 return await client.call_tool("recall", {"session_id": "s1",
                                                          "query": "ERR_STEP_7_FAILED"})

@@ -11,15 +11,23 @@ Three tools, for any MCP client (an agent, an IDE, an operator's assistant):
   compaction, run inline (the real task: lease, compare-and-swap) or queued
   for the workers.
 
-The server is bound to one tenant (``--tenant`` or ``COMPACTION_TENANT``):
-a client names sessions, never tenants. Needs the ``mcp`` extra
-(``pip install 'context-compaction[mcp]'``, the SDK's ``MCPServer``, which
-mcp 2 renamed from ``FastMCP``).
+A client names sessions, never tenants. Over stdio (a local client starts
+this process; no authentication) the server is bound to one tenant
+(``--tenant`` or ``COMPACTION_TENANT``). Over streamable HTTP every request
+needs ``Authorization: Bearer <token>`` from the same token map as
+``compaction serve`` (``COMPACTION_SERVER_TOKENS_FILE`` or
+``COMPACTION_SERVER_TOKENS``, ``{token: tenant}``, compared in constant
+time): the token names the tenant of that request, ``--tenant`` restricts
+the server to that tenant's tokens, and the server refuses to start without
+a token (an open port would hand out sessions verbatim). Needs the ``mcp``
+extra (``pip install 'context-compaction[mcp]'``, the SDK's ``MCPServer``,
+which mcp 2 renamed from ``FastMCP``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
@@ -32,6 +40,13 @@ from workers.settings import Settings
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
+    from starlette.types import ASGIApp
+
+    from workers.server.config import TokenBook
+
+NO_MCP_TOKEN = ("compaction mcp --transport http: no bearer token configured "
+                "(COMPACTION_SERVER_TOKENS_FILE or COMPACTION_SERVER_TOKENS, {token: tenant}): "
+                "refusing to serve sessions openly (stdio needs none)")
 
 INSTRUCTIONS = (
     "Context compaction for long agent sessions. `recall` brings back, verbatim, earlier "
@@ -73,17 +88,37 @@ def compact_tool(store: SessionStore, settings: Settings, session_id: str,
             "task_id": publish(settings, session_id, kwargs)}
 
 
-def build_server(store: SessionStore, settings: Settings) -> MCPServer:
-    """An MCP server whose tools act on ``store``'s tenant."""
+def build_server(store: SessionStore, settings: Settings, *,
+                 tenant_from_request: bool = False) -> MCPServer:
+    """An MCP server whose tools act on ``store``'s tenant; with ``tenant_from_request``
+    (the HTTP transport, behind :func:`http_app`) on the tenant the request's bearer
+    token named, and a request without one is refused."""
     try:
         import anyio
-        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver import Context, MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
         raise ConfigError("`compaction mcp` needs the mcp extra: "
                           "pip install 'context-compaction[mcp]'") from None
+    from workers.server.bearer import TENANT_STATE
 
     server = MCPServer("context-compaction", instructions=INSTRUCTIONS)
+
+    def store_of(ctx: Any) -> SessionStore:
+        if not tenant_from_request:
+            return store
+        request = ctx.request_context.request
+        state = getattr(request, "scope", {}).get("state") or {}
+        tenant = state.get(TENANT_STATE)
+        if not isinstance(tenant, str):  # BearerAuth sets it; never serve a default tenant
+            raise ToolError("unauthorized: no bearer token on this request")
+        return store.for_tenant(tenant)
+
+    def with_context(fn: Callable[..., Any]) -> Callable[..., Any]:
+        # The SDK injects the request's Context into the parameter annotated with it (found
+        # with get_type_hints, which cannot see this function's local import).
+        fn.__annotations__["ctx"] = Context
+        return fn
 
     async def in_thread(fn: Any, *args: Any) -> dict[str, Any]:
         """Run a blocking tool off the event loop; our errors reach the model as text
@@ -103,45 +138,97 @@ def build_server(store: SessionStore, settings: Settings) -> MCPServer:
         "them back verbatim. Use exact words: file paths, identifiers, error codes, numbers, "
         f"commands. limit: 1-{MAX_LIMIT}; start/end: a range of message indexes (end "
         "defaults to the watermark)."))
-    async def recall(session_id: str, query: str, limit: int = DEFAULT_LIMIT,
+    @with_context
+    async def recall(ctx: Any, session_id: str, query: str, limit: int = DEFAULT_LIMIT,
                      start: int | None = None, end: int | None = None) -> dict[str, Any]:
-        return await in_thread(recall_tool, store, session_id, query, limit, start, end)
+        return await in_thread(recall_tool, store_of(ctx), session_id, query, limit, start,
+                               end)
 
     @server.tool(description=(
         "The context meter of a session: tokens by region, usage ratio of the input budget, "
         "watermark, summaries, pending job, and the recall index (messages indexed)."))
-    async def context_stats(session_id: str) -> dict[str, Any]:
-        return await in_thread(stats_tool, store, settings, session_id)
+    @with_context
+    async def context_stats(ctx: Any, session_id: str) -> dict[str, Any]:
+        return await in_thread(stats_tool, store_of(ctx), settings, session_id)
 
     @server.tool(description=(
         "Compact a session now (a manual /compact). wait=true runs the job here and returns "
         "its outcome; wait=false queues it for the workers. keep_recent: tokens of recent "
         "history kept verbatim; force: compact even when it frees little."))
-    async def compact(session_id: str, keep_recent: int | None = None, force: bool = False,
-                      wait: bool = True) -> dict[str, Any]:
-        return await in_thread(compact_tool, store, settings, session_id, keep_recent, force,
-                               wait)
+    @with_context
+    async def compact(ctx: Any, session_id: str, keep_recent: int | None = None,
+                      force: bool = False, wait: bool = True) -> dict[str, Any]:
+        return await in_thread(compact_tool, store_of(ctx), settings, session_id, keep_recent,
+                               force, wait)
 
     return server
 
 
+def http_tokens(tenant: str | None = None) -> TokenBook:
+    """The bearer tokens of the HTTP transport: ``compaction serve``'s token map
+    (``COMPACTION_SERVER_TOKENS_FILE`` / ``COMPACTION_SERVER_TOKENS``), only ``tenant``'s
+    tokens when one is named; ConfigError (one line, naming the setting) when none."""
+    from workers.server.config import TokenBook, load_token_config
+
+    try:
+        config = load_token_config()
+    except ConfigError as exc:
+        raise ConfigError(f"compaction mcp --transport http: {exc}") from None
+    tokens = config.token_map()
+    if not tokens:
+        raise ConfigError(NO_MCP_TOKEN)
+    if tenant is not None:
+        tokens = {t: name for t, name in tokens.items() if name == tenant}
+        if not tokens:
+            raise ConfigError(f"compaction mcp --transport http --tenant {tenant}: no token "
+                              "of that tenant in COMPACTION_SERVER_TOKENS_FILE / "
+                              "COMPACTION_SERVER_TOKENS")
+    return TokenBook(tokens)
+
+
+def http_app(server: MCPServer, tokens: TokenBook, host: str = "127.0.0.1") -> ASGIApp:
+    """The streamable HTTP app (``/mcp``) behind bearer authentication: 401 with
+    ``WWW-Authenticate: Bearer`` before the MCP app sees a request without a known
+    token. ``server`` must be built with ``tenant_from_request=True``."""
+    from workers.server.bearer import BearerAuth
+
+    app: ASGIApp = BearerAuth(server.streamable_http_app(host=host), tokens)
+    return app
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                        help="stdio (default; for a client that starts this process) or "
-                             "streamable HTTP")
+                        help="stdio (default; for a client that starts this process, no "
+                             "authentication) or streamable HTTP at /mcp (every request needs "
+                             "a bearer token, see below)")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind")
     parser.add_argument("--port", type=int, default=8765, help="HTTP: port")
-    parser.add_argument("--tenant", help="tenant served (default: COMPACTION_TENANT)")
+    parser.add_argument("--tenant", help="stdio: tenant served (default: COMPACTION_TENANT); "
+                                         "HTTP: accept only this tenant's tokens")
+    parser.epilog = (
+        "HTTP transport: clients send 'Authorization: Bearer <token>'; the tokens are "
+        "compaction serve's, a JSON object {token: tenant} in COMPACTION_SERVER_TOKENS_FILE "
+        "(or inline in COMPACTION_SERVER_TOKENS), and a token names the tenant of its "
+        "requests. Without a token the HTTP transport refuses to start; a request without "
+        "a known one gets 401.")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.transport == "http":
+        tokens = http_tokens(args.tenant)  # before anything connects: refuse to start open
+        import anyio
+        import uvicorn
+
+        with store_errors(settings.redis_url):
+            store = open_store(settings, args.tenant)
+        server = build_server(store, settings, tenant_from_request=True)
+        config = uvicorn.Config(http_app(server, tokens, args.host), host=args.host,
+                                port=args.port, log_level=server.settings.log_level.lower())
+        anyio.run(uvicorn.Server(config).serve)
+        return 0
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
-    server = build_server(store, settings)
-    if args.transport == "http":
-        server.run("streamable-http", host=args.host, port=args.port)
-    else:
-        server.run("stdio")
+    build_server(store, settings).run("stdio")
     return 0
 
 
@@ -154,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv), load_settings())
 
 
-__all__ = ["add_arguments", "build_server", "compact_tool", "main", "recall_tool", "run",
-           "stats_tool"]
+__all__ = ["NO_MCP_TOKEN", "add_arguments", "build_server", "compact_tool", "http_app",
+           "http_tokens", "main", "recall_tool", "run", "stats_tool"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

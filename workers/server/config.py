@@ -14,7 +14,7 @@ import hmac
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,34 +28,17 @@ NO_TOKEN = ("no bearer token configured (COMPACTION_SERVER_TOKENS_FILE or "
             "COMPACTION_SERVER_TOKENS): refusing to serve every tenant openly")
 
 
-class ServerConfig(BaseSettings):
-    """Every knob of ``compaction serve``; each is ``COMPACTION_SERVER_<NAME>``."""
+class TokenConfig(BaseSettings):
+    """The bearer tokens alone (``COMPACTION_SERVER_TOKENS_FILE`` / ``_TOKENS``): what
+    ``compaction mcp --transport http`` reads, without the server's other knobs."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
     tokens: SecretStr | None = Field(default=None, description="JSON {token: tenant}")
     tokens_file: Path | None = Field(default=None, description="file holding that JSON")
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024,
-                                description="larger request bodies get 413, unread")
-    workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
-    cache_sessions: int = Field(
-        default=1024, ge=0,
-        description="sessions whose views a worker process keeps decoded, every tenant's "
-                    "together (0: none, every prepare reads)")
-    cache_messages: int = Field(
-        default=200_000, ge=0,
-        description="messages those views hold in all (~2.6 kB each with the OpenAI wire "
-                    "form): the bound on a process's cache memory")
-    cache_pending_tokens: int = Field(
-        default=10_000_000, ge=0,
-        description="tokens of the turns in progress a process remembers between their "
-                    "prepares, every tenant's together (3-15 bytes a token; a turn over "
-                    "it is validated and counted again at each call)")
 
     @model_validator(mode="after")
-    def _tokens_readable(self) -> ServerConfig:
+    def _tokens_readable(self) -> TokenConfig:
         self.token_map()  # fail at start-up, naming the variable
         return self
 
@@ -73,6 +56,32 @@ class ServerConfig(BaseSettings):
         else:
             return {}
         return parse_tokens(raw, name)
+
+
+C = TypeVar("C", bound=TokenConfig)
+
+
+class ServerConfig(TokenConfig):
+    """Every knob of ``compaction serve``; each is ``COMPACTION_SERVER_<NAME>``."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024,
+                                description="larger request bodies get 413, unread")
+    workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    cache_sessions: int = Field(
+        default=1024, ge=0,
+        description="sessions whose views a worker process keeps decoded, every tenant's "
+                    "together (0: none, every prepare reads)")
+    cache_messages: int = Field(
+        default=200_000, ge=0,
+        description="messages those views hold in all (~2.6 kB each with the OpenAI wire "
+                    "form): the bound on a process's cache memory")
+    cache_pending_tokens: int = Field(
+        default=10_000_000, ge=0,
+        description="tokens of the turns in progress a process remembers between their "
+                    "prepares, every tenant's together (3-15 bytes a token; a turn over "
+                    "it is validated and counted again at each call)")
 
 
 def parse_tokens(raw: str, name: str) -> dict[str, str]:
@@ -137,8 +146,17 @@ def load_server_config(*, flags: Mapping[str, str] | None = None,
                        **overrides: Any) -> ServerConfig:
     """Read ``COMPACTION_SERVER_*``; a bad value raises ConfigError naming the variable, or
     the command-line option it came from (``flags``: field -> option, e.g. ``--port``)."""
+    return _load(ServerConfig, flags, overrides)
+
+
+def load_token_config(**overrides: Any) -> TokenConfig:
+    """Read only the token settings (ConfigError naming the variable when bad)."""
+    return _load(TokenConfig, None, overrides)
+
+
+def _load(cls: type[C], flags: Mapping[str, str] | None, overrides: Mapping[str, Any]) -> C:
     try:
-        return ServerConfig(**overrides)
+        return cls(**overrides)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -161,5 +179,6 @@ def require_tokens(config: ServerConfig) -> dict[str, str]:
     return tokens
 
 
-__all__ = ["ENV_PREFIX", "NO_TOKEN", "ServerConfig", "TokenBook", "load_server_config",
-           "parse_tokens", "require_tokens", "server_variables"]
+__all__ = ["ENV_PREFIX", "NO_TOKEN", "ServerConfig", "TokenBook", "TokenConfig",
+           "load_server_config", "load_token_config", "parse_tokens", "require_tokens",
+           "server_variables"]
