@@ -164,10 +164,13 @@ class AsyncContextGuard(GuardFlow):
     async def call(self, session_id: str, send: Callable[[PreparedView], Awaitable[R]], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
              max_tokens: int | None = None, model: str | None = None,
-             pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
-        """prepare -> send -> on overflow recover and send once more."""
+             pending: Sequence[Message | Mapping[str, Any]] = (),
+             fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
+             ) -> tuple[R, PreparedView]:
+        """prepare -> send -> on overflow recover and send once more. ``fallback_messages``:
+        as for :meth:`prepare` (a degraded view when Redis is down)."""
         view = await self.prepare(session_id, system_prompt, tools, max_tokens, model,
-                                  pending=pending)
+                                  pending=pending, fallback_messages=fallback_messages)
         try:
             reply = send(view)
             if inspect.isawaitable(reply):

@@ -184,13 +184,17 @@ class ContextGuard(GuardFlow):
     def call(self, session_id: str, send: Callable[[PreparedView], R], *,
              system_prompt: str = "", tools: Sequence[Mapping[str, Any]] | None = None,
              max_tokens: int | None = None, model: str | None = None,
-             pending: Sequence[Message | Mapping[str, Any]] = ()) -> tuple[R, PreparedView]:
+             pending: Sequence[Message | Mapping[str, Any]] = (),
+             fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
+             ) -> tuple[R, PreparedView]:
         """prepare -> send -> on overflow recover and send once more. ``send`` is a
-        plain function (a coroutine function is refused before anything is prepared)."""
+        plain function (a coroutine function is refused before anything is prepared).
+        ``fallback_messages``: as for :meth:`prepare` (a degraded view when Redis is down)."""
         if inspect.iscoroutinefunction(send):
             raise InvalidInput("is a coroutine function: use AsyncContextGuard.call, or a "
                                "plain function here", field="send")
-        view = self.prepare(session_id, system_prompt, tools, max_tokens, model, pending=pending)
+        view = self.prepare(session_id, system_prompt, tools, max_tokens, model, pending=pending,
+                            fallback_messages=fallback_messages)
         try:
             reply = send(view)
         except Exception as exc:

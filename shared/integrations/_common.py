@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
-from shared.core.errors import CompactionError, InvalidInput, SessionNotFound
+from shared.core.errors import CompactionError, InvalidInput, SessionNotFound, StoreUnavailable
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
 from shared.core.recall import RecallQuery, parse_tool_arguments
@@ -50,6 +51,7 @@ from shared.core.records import ViewData
 FW_KEY = "fw"
 FP_KEY = "fp"
 R = TypeVar("R")
+log = logging.getLogger("shared.integrations")
 
 
 def fingerprint(message: Message) -> str:
@@ -154,11 +156,51 @@ async def aload_cursor(guard: Any, session_id: str, key: str) -> tuple[int, Any]
     return cursor_from_view(data, key, last)
 
 
+class Deferred(Sequence[Message]):
+    """Messages built on first use: the framework's history before ``pending``, which the
+    guard reads only when Redis is down (``prepare(fallback_messages=...)``: a locally
+    truncated view, ``path="degraded"``), so a call with Redis up never maps it."""
+
+    def __init__(self, build: Callable[[], Sequence[Message]]) -> None:
+        self._build: Callable[[], Sequence[Message]] | None = build
+        self._items: list[Message] = []
+
+    def _all(self) -> list[Message]:
+        if self._build is not None:
+            self._items, self._build = list(self._build()), None
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self._all())
+
+
+def record_failed(session_id: str, error: StoreUnavailable, count: int) -> None:
+    """A turn the adapter could not record (Redis down): logged, not raised. The model's
+    answer is returned; the next call works out what is unrecorded from the log (the
+    adapter dropped its cursor) and records it then."""
+    log.warning("session %s: the turn's %d messages were not recorded (%s); the answer is "
+                "returned, and the next call records them once Redis answers",
+                session_id, count, error)
+
+
 def run_with_recovery(guard: Any, session_id: str, request: Request,
                       pending: Sequence[Message],
-                      send: Callable[[PreparedView], R]) -> tuple[R, PreparedView]:
-    """prepare -> send -> on a context overflow: recover and send once more (the sync guard)."""
+                      send: Callable[[PreparedView], R], *,
+                      fallback: Sequence[Message] | None = None) -> tuple[R, PreparedView]:
+    """prepare -> send -> on a context overflow: recover and send once more (the sync guard).
+    ``fallback``: the history before ``pending``, for a degraded view when Redis is down."""
     result: tuple[R, PreparedView] = guard.call(session_id, send, pending=pending,
+                                                fallback_messages=fallback,
                                                 **request.kwargs())
     return result
 
@@ -169,7 +211,9 @@ class AsyncGuard(Protocol):
     async def prepare(self, session_id: str, system_prompt: str = "",
                       tools: Sequence[Mapping[str, Any]] | None = None,
                       max_tokens: int | None = None, model: str = "gpt-4o", *,
-                      pending: Sequence[Message | Mapping[str, Any]] = ()) -> PreparedView: ...
+                      pending: Sequence[Message | Mapping[str, Any]] = (),
+                      fallback_messages: Sequence[Message | Mapping[str, Any]] | None = None,
+                      ) -> PreparedView: ...
 
     async def record_turn(self, session_id: str,
                           messages: Sequence[Message | Mapping[str, Any]],
@@ -231,10 +275,13 @@ def as_async_guard(guard: Any) -> AsyncGuard:
 
 async def arun_with_recovery(guard: AsyncGuard, session_id: str, request: Request,
                              pending: Sequence[Message],
-                             send: Callable[[PreparedView], Awaitable[R]],
+                             send: Callable[[PreparedView], Awaitable[R]], *,
+                             fallback: Sequence[Message] | None = None,
                              ) -> tuple[R, PreparedView]:
-    """prepare -> send -> on a context overflow: recover and send once more (async)."""
-    view = await guard.prepare(session_id, pending=pending, **request.kwargs())
+    """prepare -> send -> on a context overflow: recover and send once more (async).
+    ``fallback``: the history before ``pending``, for a degraded view when Redis is down."""
+    view = await guard.prepare(session_id, pending=pending, fallback_messages=fallback,
+                               **request.kwargs())
     try:
         return await send(view), view
     except Exception as exc:
@@ -321,6 +368,7 @@ __all__ = [
     "RECALL_NAME",
     "AsyncGuard",
     "Cursors",
+    "Deferred",
     "RecallAnswer",
     "Request",
     "ThreadedAsyncGuard",
@@ -335,5 +383,6 @@ __all__ = [
     "origin",
     "recall_failure",
     "recall_parameters",
+    "record_failed",
     "run_with_recovery",
 ]

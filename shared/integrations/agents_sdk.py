@@ -44,7 +44,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               "pip install 'context-compaction[openai-agents]'",
                               name=exc.name) from exc
 
-from shared.core.errors import InvalidInput
+from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.messages import Message
 from shared.guard import ContextGuard
 from shared.integrations._common import (
@@ -234,8 +234,20 @@ class GuardedSession:
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         messages = items_to_messages(items)  # all mapped before anything is written
-        if messages:
+        if not messages:
+            return
+        try:
             await asyncio.to_thread(self.guard.record_turn, self.session_id, messages)
+        except StoreUnavailable as exc:
+            # The runner calls this after the model answered too: say what is lost. The run
+            # stops here; the session can't know what the runner would have kept.
+            roles = sorted({m.role for m in messages})
+            raise StoreUnavailable(
+                f"session {self.session_id!r}: {len(messages)} items of this run "
+                f"({', '.join(roles)}) could not be saved, so they are not in the session's "
+                f"history and the run stopped; a model answer among them was received (and "
+                f"billed) but is lost with the run: run the turn again once Redis answers "
+                f"({exc})") from exc
 
     async def pop_item(self) -> TResponseInputItem | None:
         return cast(TResponseInputItem | None, await asyncio.to_thread(self._pop))

@@ -66,15 +66,17 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               "pip install 'context-compaction[langchain]'",
                               name=exc.name) from exc
 
-from shared.core.errors import CompactionError, InvalidInput
+from shared.core.errors import CompactionError, InvalidInput, StoreUnavailable
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
 from shared.guard import ContextGuard
 from shared.integrations._common import (
+    FW_KEY,
     RECALL_DESCRIPTION,
     RECALL_NAME,
     AsyncGuard,
     Cursors,
+    Deferred,
     RecallAnswer,
     Request,
     aanswer_recall,
@@ -85,6 +87,7 @@ from shared.integrations._common import (
     load_cursor,
     recall_failure,
     recall_parameters,
+    record_failed,
     run_with_recovery,
 )
 from shared.integrations.langchain_messages import (
@@ -263,6 +266,33 @@ class ContextGuardMiddleware(AgentMiddleware):
         return list(result), usage
 
     # -- the hooks -------------------------------------------------------------------
+    @staticmethod
+    def _unknown(state: list[Any]) -> list[Message]:
+        """Redis is down and the log's cursor unknown: the whole state (after the system
+        prompt) goes to the degraded view as this call's messages; nothing is recorded."""
+        start = leading_system(state)
+        return to_neutral(state[start:], start)
+
+    @staticmethod
+    def _fallback(state: list[Any], pending: Sequence[Message]) -> Deferred:
+        """The state before ``pending``, mapped only if Redis is down (the degraded view)."""
+        first = min([int(m.metadata[FW_KEY][0]) for m in pending[:1]] or [len(state)])
+        start = leading_system(state)
+        return Deferred(lambda: to_neutral(state[start:first], start))
+
+    def _record(self, session_id: str, state: list[Any], first: int, known: bool,
+                pending: list[Message], result: list[BaseMessage],
+                usage: Any) -> tuple[list[Message], list[BaseMessage], Any, bool]:
+        """What to record of this turn; False when nothing may be (cursor unknown)."""
+        reply = to_neutral(result, first)
+        if any(m.tool_calls for m in reply):  # recorded with its results, next call
+            reply, usage, result = [], None, []
+        if not known:
+            record_failed(session_id, StoreUnavailable("the log could not be read"),
+                          len(pending) + len(reply))
+            self.cursors.drop(session_id)
+        return [*pending, *reply], result, usage, known
+
     def wrap_model_call(self, request: ModelRequest[Any],
                         handler: Callable[[ModelRequest[Any]], Any]) -> Any:
         if self.guard is None:
@@ -273,27 +303,38 @@ class ContextGuardMiddleware(AgentMiddleware):
         system = self._system(request, state)
         fixed = self._request(request, system)
         cursor = self.cursors.get(session_id)
+        known = True
         try:
-            pending = self._pending(session_id, state,
-                                    cursor or load_cursor(guard, session_id, ID_KEY),
-                                    request.runtime)
-        except InvalidInput:
-            if cursor is None:
-                raise
-            self.cursors.drop(session_id)  # another process may have written: read again
-            pending = self._pending(session_id, state,
-                                    load_cursor(guard, session_id, ID_KEY), request.runtime)
-        response, _view = run_with_recovery(guard, session_id, fixed, pending,
-                                            lambda view: handler(self._send(request, view, system)))
+            try:
+                pending = self._pending(session_id, state,
+                                        cursor or load_cursor(guard, session_id, ID_KEY),
+                                        request.runtime)
+            except InvalidInput:
+                if cursor is None:
+                    raise
+                self.cursors.drop(session_id)  # another process may have written: read again
+                pending = self._pending(session_id, state,
+                                        load_cursor(guard, session_id, ID_KEY), request.runtime)
+        except StoreUnavailable:
+            pending, known = self._unknown(state), False
+        response, _view = run_with_recovery(
+            guard, session_id, fixed, pending,
+            lambda view: handler(self._send(request, view, system)),
+            fallback=self._fallback(state, pending))
         result, usage = self._reply(response)
         self._note_recall_calls(session_id, result)
         first = len(state)
-        reply = to_neutral(result, first)
-        if any(m.tool_calls for m in reply):  # recorded with its results, next call
-            reply, usage, result = [], None, []
-        if pending or reply:
-            guard.record_turn(session_id, [*pending, *reply], usage=usage)
-        self._advance(session_id, state, first, result)
+        turn, result, usage, record = self._record(session_id, state, first, known, pending,
+                                                   result, usage)
+        if record and turn:
+            try:
+                guard.record_turn(session_id, turn, usage=usage)
+            except StoreUnavailable as exc:
+                record_failed(session_id, exc, len(turn))
+                self.cursors.drop(session_id)  # the next call reads what the log holds
+                return response
+        if record:
+            self._advance(session_id, state, first, result)
         return response
 
     async def awrap_model_call(self, request: ModelRequest[Any],
@@ -304,30 +345,41 @@ class ContextGuardMiddleware(AgentMiddleware):
         system = self._system(request, state)
         fixed = self._request(request, system)
         cursor = self.cursors.get(session_id)
+        known = True
         try:
-            pending = self._pending(session_id, state,
-                                    cursor or await aload_cursor(guard, session_id, ID_KEY),
-                                    request.runtime)
-        except InvalidInput:
-            if cursor is None:
-                raise
-            self.cursors.drop(session_id)  # another process may have written: read again
-            pending = self._pending(session_id, state,
-                                    await aload_cursor(guard, session_id, ID_KEY), request.runtime)
+            try:
+                pending = self._pending(session_id, state,
+                                        cursor or await aload_cursor(guard, session_id, ID_KEY),
+                                        request.runtime)
+            except InvalidInput:
+                if cursor is None:
+                    raise
+                self.cursors.drop(session_id)  # another process may have written: read again
+                pending = self._pending(session_id, state,
+                                        await aload_cursor(guard, session_id, ID_KEY),
+                                        request.runtime)
+        except StoreUnavailable:
+            pending, known = self._unknown(state), False
 
         async def send(view: PreparedView) -> Any:
             return await handler(self._send(request, view, system))
 
-        response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send)
+        response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send,
+                                                   fallback=self._fallback(state, pending))
         result, usage = self._reply(response)
         self._note_recall_calls(session_id, result)
         first = len(state)
-        reply = to_neutral(result, first)
-        if any(m.tool_calls for m in reply):  # recorded with its results, next call
-            reply, usage, result = [], None, []
-        if pending or reply:
-            await guard.record_turn(session_id, [*pending, *reply], usage=usage)
-        self._advance(session_id, state, first, result)
+        turn, result, usage, record = self._record(session_id, state, first, known, pending,
+                                                   result, usage)
+        if record and turn:
+            try:
+                await guard.record_turn(session_id, turn, usage=usage)
+            except StoreUnavailable as exc:
+                record_failed(session_id, exc, len(turn))
+                self.cursors.drop(session_id)  # the next call reads what the log holds
+                return response
+        if record:
+            self._advance(session_id, state, first, result)
         return response
 
     # -- recall ------------------------------------------------------------------------

@@ -64,7 +64,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               "pip install 'context-compaction[pydantic-ai]'",
                               name=exc.name) from exc
 
-from shared.core.errors import InvalidInput
+from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.messages import ContentPart, FilePart, ImagePart, Message, TextPart, ToolCall
 from shared.core.prepared import PreparedView
 from shared.integrations._common import (
@@ -72,6 +72,7 @@ from shared.integrations._common import (
     RECALL_NAME,
     AsyncGuard,
     Cursors,
+    Deferred,
     Request,
     aanswer_recall,
     aload_cursor,
@@ -79,6 +80,7 @@ from shared.integrations._common import (
     origin,
     recall_failure,
     recall_parameters,
+    record_failed,
     tag,
 )
 
@@ -292,6 +294,7 @@ class _Pending:
     system_parts: str
     retry: PreparedView | None = None
     recovered: bool = False
+    known: bool = True  # False: Redis was down and the log's cursor unknown (not recorded)
 
 
 SessionFn = Callable[[RunContext[Any]], str]
@@ -375,7 +378,9 @@ class ContextGuardCapability(AbstractCapability[Any]):
                        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
                        model=self.model or rc.model.model_name or "unknown")
 
-    async def _pending(self, session_id: str, history: list[Any]) -> list[Message]:
+    async def _pending(self, session_id: str, history: list[Any],
+                       ) -> tuple[int, list[Message]]:
+        """(history messages in the log, the rest as pending messages)."""
         cached = self.cursors.get(session_id)
         recorded = 0
         for attempt in (0, 1):
@@ -384,7 +389,7 @@ class ContextGuardCapability(AbstractCapability[Any]):
             recorded, stamp = cursor
             if recorded <= len(history) and (
                     not recorded or stamp is None or _stamp(history[recorded - 1]) == stamp):
-                return to_neutral(history, recorded)
+                return recorded, to_neutral(history, recorded)
             if cached is None:
                 break
         raise InvalidInput(f"the message history ({len(history)} messages) does not continue "
@@ -413,9 +418,16 @@ class ContextGuardCapability(AbstractCapability[Any]):
             session_id = self._session(ctx)
             system = system_text(history)
             fixed = self._request(request_context, system)
-            pending = await self._pending(session_id, history)
-            view = await self.aguard.prepare(session_id, pending=pending, **fixed.kwargs())
-            run = _Pending(session_id, fixed, pending, system)
+            known = True
+            try:
+                recorded, pending = await self._pending(session_id, history)
+            except StoreUnavailable:  # Redis down: all of it to the degraded view, unrecorded
+                recorded, pending, known = 0, to_neutral(history), False
+            # the history before pending, mapped only if Redis is down: a degraded view
+            fallback = Deferred(lambda: to_neutral(history[:recorded]))
+            view = await self.aguard.prepare(session_id, pending=pending,
+                                             fallback_messages=fallback, **fixed.kwargs())
+            run = _Pending(session_id, fixed, pending, system, known=known)
             with self._lock:
                 self._runs[key] = run
         else:
@@ -452,17 +464,28 @@ class ContextGuardCapability(AbstractCapability[Any]):
             return response
         index = len(ctx.messages)
         reply = to_neutral([*ctx.messages, response], index)
+        usage = {"prompt_tokens": response.usage.input_tokens} \
+            if response.usage and response.usage.input_tokens else None
+        cursor = (index + 1, _stamp(response))
         if any(m.tool_calls for m in reply):
             # Tool calls wait for their results: a log never ends in an unanswered call, so
             # a worker's cut cannot strand the result. Recorded with them next call.
-            if run.pending:
-                await self.aguard.record_turn(run.session_id, run.pending)
-                self.cursors.put(run.session_id, index, _stamp(ctx.messages[-1]))
+            reply, usage, cursor = [], None, (index, _stamp(ctx.messages[-1]))
+        turn = [*run.pending, *reply]
+        if not turn:
             return response
-        usage = {"prompt_tokens": response.usage.input_tokens} \
-            if response.usage and response.usage.input_tokens else None
-        await self.aguard.record_turn(run.session_id, [*run.pending, *reply], usage=usage)
-        self.cursors.put(run.session_id, index + 1, _stamp(response))
+        if not run.known:
+            record_failed(run.session_id, StoreUnavailable("the log could not be read"),
+                          len(turn))
+            self.cursors.drop(run.session_id)
+            return response
+        try:
+            await self.aguard.record_turn(run.session_id, turn, usage=usage)
+        except StoreUnavailable as exc:  # the answer is returned; the next call records it
+            record_failed(run.session_id, exc, len(turn))
+            self.cursors.drop(run.session_id)
+            return response
+        self.cursors.put(run.session_id, *cursor)
         return response
 
 
