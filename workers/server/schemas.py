@@ -18,7 +18,10 @@ Format = Literal["openai", "anthropic", "gemini", "neutral"]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields and lax types are 422 naming the field (strict: a
+    string is not an integer, ``"true"`` is not a boolean, ``1.5`` is not an integer)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RequestFigures(_Body):
