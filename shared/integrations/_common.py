@@ -205,6 +205,63 @@ def run_with_recovery(guard: Any, session_id: str, request: Request,
     return result
 
 
+# -- history edits: a framework history that no longer continues the log ------------------
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where a framework history leaves the session log.
+
+    ``at``: the log index of the first message the history does not hold (the ``n`` of
+    ``store.truncate_after(session_id, n)``); ``kept``: how many history messages the
+    log up to there covers; ``prefix``: the history is that much of the log followed only
+    by messages the log does not hold (the user dropped or edited the last turn(s)), so
+    dropping the log from ``at`` on makes the history continue it.
+    """
+
+    at: int
+    kept: int
+    prefix: bool
+
+
+def divergence(log: Sequence[Message], length: int,
+               same: Callable[[int, Message], bool]) -> Divergence:
+    """Where ``log`` stops matching a framework history of ``length`` messages (``same(i,
+    message)``: the log message is the history's message ``i``, as recorded)."""
+    def held(message: Message) -> int | None:
+        where = message.metadata.get(FW_KEY)
+        if not isinstance(where, list) or len(where) != 2:
+            return None
+        i = int(where[0])
+        return i if 0 <= i < length and same(i, message) else None
+
+    at, kept = len(log), 0
+    for n, message in enumerate(log):
+        i = held(message)
+        if i is None or i < kept - 1:
+            at = n
+            break
+        kept = i + 1
+    prefix = 0 < at < len(log) and all(
+        (i := held(m)) is None or i < kept for m in log[at:])
+    return Divergence(at, kept, prefix)
+
+
+def read_log(guard: Any, session_id: str) -> list[Message]:
+    """The session's whole log (an error path's read: history edits)."""
+    store = guard.store
+    messages: list[Message] = store.messages(session_id, 0, store.length(session_id))
+    return messages
+
+
+def edit_hint(session_id: str, found: Divergence, option: str) -> str:
+    """How to make the session log follow a history that was edited (regenerate, edit)."""
+    if not found.prefix:
+        return ""
+    return (f"if the last turn(s) were dropped or edited on purpose (regenerate, edit), "
+            f"drop them from the log too: store.truncate_after({session_id!r}, {found.at}) "
+            f"(a ContextGuard's guard.store; a history edit of the shared log), or pass "
+            f"{option} to do that edit here")
+
+
 class AsyncGuard(Protocol):
     """The async guard's interface: ContextGuard's methods, ``async def`` (AsyncContextGuard)."""
 
@@ -369,6 +426,7 @@ __all__ = [
     "AsyncGuard",
     "Cursors",
     "Deferred",
+    "Divergence",
     "RecallAnswer",
     "Request",
     "ThreadedAsyncGuard",
@@ -378,9 +436,12 @@ __all__ = [
     "arun_with_recovery",
     "as_async_guard",
     "cursor_from_view",
+    "divergence",
+    "edit_hint",
     "fingerprint",
     "load_cursor",
     "origin",
+    "read_log",
     "recall_failure",
     "recall_parameters",
     "record_failed",

@@ -51,6 +51,7 @@ guard it runs the guard in a thread (stopgap). The message mapping is in
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -77,14 +78,19 @@ from shared.integrations._common import (
     AsyncGuard,
     Cursors,
     Deferred,
+    Divergence,
     RecallAnswer,
     Request,
+    ThreadedAsyncGuard,
     aanswer_recall,
     aload_cursor,
     answer_recall,
     arun_with_recovery,
     as_async_guard,
+    divergence,
+    edit_hint,
     load_cursor,
+    read_log,
     recall_failure,
     recall_parameters,
     record_failed,
@@ -173,13 +179,26 @@ class ContextGuardMiddleware(AgentMiddleware):
     chat model's ``model_name``/``model``); ``max_tokens``: the output reserve
     (default: the request's or the chat model's ``max_tokens``). ``recall``:
     give the model the ``recall`` tool, run here against the guard (default on).
+    ``rewind``: when the state holds the first messages of the session log and then
+    only messages the log does not (the last turns were removed, e.g. with
+    ``RemoveMessage``, to regenerate or edit them), drop the rest of the log
+    (``store.truncate_after``, a history edit) and continue; off by default, since it
+    rewrites a log another agent sharing the session may still be writing. Off, that
+    case raises :class:`InvalidInput` naming the ``truncate_after`` call.
     """
 
     def __init__(self, guard: Any, *, session_id: str | SessionFn | None = None,
                  model: str | None = None, max_tokens: int | None = None,
-                 async_guard: AsyncGuard | None = None, recall: bool = True) -> None:
+                 async_guard: AsyncGuard | None = None, recall: bool = True,
+                 rewind: bool = False) -> None:
         super().__init__()
         is_async = not isinstance(guard, ContextGuard)
+        if rewind and is_async and async_guard is None \
+                and not isinstance(as_async_guard(guard), ThreadedAsyncGuard):
+            raise InvalidInput("rewind=True edits the log through a ContextGuard's store: "
+                               "pass a ContextGuard (an AsyncContextGuard's store has no "
+                               "history edits)", field="rewind")
+        self.rewind = rewind
         self.guard: ContextGuard | None = None if is_async else guard
         self.async_guard: AsyncGuard = async_guard or as_async_guard(guard)
         self.session_id = session_id
@@ -266,6 +285,69 @@ class ContextGuardMiddleware(AgentMiddleware):
         return list(result), usage
 
     # -- the hooks -------------------------------------------------------------------
+    # -- the state against the log -------------------------------------------------------
+    def _continued(self, guard: ContextGuard, session_id: str, state: list[Any],
+                   runtime: Any) -> list[Message]:
+        """The state's messages not in the log yet (the cached cursor, else a read)."""
+        cursor = self.cursors.get(session_id)
+        if cursor is not None:
+            try:
+                return self._pending(session_id, state, cursor, runtime)
+            except InvalidInput:
+                self.cursors.drop(session_id)  # another process may have written: read again
+        cursor = load_cursor(guard, session_id, ID_KEY)
+        try:
+            return self._pending(session_id, state, cursor, runtime)
+        except InvalidInput as exc:
+            found = self._divergence(session_id, state, read_log(guard, session_id), exc)
+        guard.store.truncate_after(session_id, found.at)  # rewind=True: the edit, here
+        guard.views.discard(session_id)
+        return self._pending(session_id, state, load_cursor(guard, session_id, ID_KEY), runtime)
+
+    async def _acontinued(self, guard: AsyncGuard, session_id: str, state: list[Any],
+                          runtime: Any) -> list[Message]:
+        """:meth:`_continued` through the async guard."""
+        cursor = self.cursors.get(session_id)
+        if cursor is not None:
+            try:
+                return self._pending(session_id, state, cursor, runtime)
+            except InvalidInput:
+                self.cursors.drop(session_id)
+        cursor = await aload_cursor(guard, session_id, ID_KEY)
+        try:
+            return self._pending(session_id, state, cursor, runtime)
+        except InvalidInput as exc:
+            sync = getattr(guard, "guard", None)  # the ThreadedAsyncGuard's own
+            if sync is None:  # an AsyncContextGuard (no rewind): the refusal, explained
+                store: Any = guard.store  # type: ignore[attr-defined]
+                log = await store.messages(session_id, 0, await store.length(session_id))
+                self._divergence(session_id, state, log, exc)
+                raise
+            found = self._divergence(session_id, state,
+                                     await asyncio.to_thread(read_log, sync, session_id), exc)
+        await asyncio.to_thread(sync.store.truncate_after, session_id, found.at)
+        sync.views.discard(session_id)
+        return self._pending(session_id, state, await aload_cursor(guard, session_id, ID_KEY),
+                             runtime)
+
+    def _divergence(self, session_id: str, state: list[Any], log: list[Message],
+                    error: InvalidInput) -> Divergence:
+        """Where the state leaves the log, when ``rewind`` may drop the rest; else the
+        refusal, naming the edit that makes the state continue the log, when one does."""
+        found = divergence(log, len(state), lambda i, m: state[i].id is not None
+                           and state[i].id == m.metadata.get(ID_KEY))
+        if found.prefix and self.rewind:
+            return found
+        if not found.prefix:
+            raise error
+        raise InvalidInput(
+            f"the graph state ({len(state)} messages) does not continue session "
+            f"{session_id!r}: it holds the log's first {found.at} messages, then messages "
+            f"the log does not ({len(log) - found.at} recorded ones are gone from the state, "
+            f"e.g. by RemoveMessage): "
+            + edit_hint(session_id, found, "ContextGuardMiddleware(..., rewind=True)"),
+            field="state.messages") from None
+
     @staticmethod
     def _unknown(state: list[Any]) -> list[Message]:
         """Redis is down and the log's cursor unknown: the whole state (after the system
@@ -302,19 +384,9 @@ class ContextGuardMiddleware(AgentMiddleware):
         state = list(request.state["messages"])
         system = self._system(request, state)
         fixed = self._request(request, system)
-        cursor = self.cursors.get(session_id)
         known = True
         try:
-            try:
-                pending = self._pending(session_id, state,
-                                        cursor or load_cursor(guard, session_id, ID_KEY),
-                                        request.runtime)
-            except InvalidInput:
-                if cursor is None:
-                    raise
-                self.cursors.drop(session_id)  # another process may have written: read again
-                pending = self._pending(session_id, state,
-                                        load_cursor(guard, session_id, ID_KEY), request.runtime)
+            pending = self._continued(guard, session_id, state, request.runtime)
         except StoreUnavailable:
             pending, known = self._unknown(state), False
         response, _view = run_with_recovery(
@@ -344,20 +416,9 @@ class ContextGuardMiddleware(AgentMiddleware):
         state = list(request.state["messages"])
         system = self._system(request, state)
         fixed = self._request(request, system)
-        cursor = self.cursors.get(session_id)
         known = True
         try:
-            try:
-                pending = self._pending(session_id, state,
-                                        cursor or await aload_cursor(guard, session_id, ID_KEY),
-                                        request.runtime)
-            except InvalidInput:
-                if cursor is None:
-                    raise
-                self.cursors.drop(session_id)  # another process may have written: read again
-                pending = self._pending(session_id, state,
-                                        await aload_cursor(guard, session_id, ID_KEY),
-                                        request.runtime)
+            pending = await self._acontinued(guard, session_id, state, request.runtime)
         except StoreUnavailable:
             pending, known = self._unknown(state), False
 

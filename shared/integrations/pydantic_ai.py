@@ -45,6 +45,7 @@ written. pydantic-ai's hooks are async: the guard runs as
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import threading
 from collections.abc import Callable, Sequence
@@ -74,10 +75,14 @@ from shared.integrations._common import (
     Cursors,
     Deferred,
     Request,
+    ThreadedAsyncGuard,
     aanswer_recall,
     aload_cursor,
     as_async_guard,
+    divergence,
+    edit_hint,
     origin,
+    read_log,
     recall_failure,
     recall_parameters,
     record_failed,
@@ -313,7 +318,13 @@ class ContextGuardCapability(AbstractCapability[Any]):
     the name the guard looks limits up by (default: the model's
     ``model_name``); ``max_tokens``: the output reserve (default: the run's
     ``max_tokens`` setting). ``recall``: give the model the ``recall`` tool,
-    run here against the guard (default on).
+    run here against the guard (default on). ``rewind``: when ``message_history``
+    holds the first messages of the session log and then only messages the log does
+    not (a regenerate or an edit: ``all_messages()[:-2]`` plus a new prompt), drop the
+    rest of the log (``store.truncate_after``, a history edit) and continue; off by
+    default, since it rewrites a log another agent sharing the session may still be
+    writing. Off, that case raises :class:`InvalidInput` naming the ``truncate_after``
+    call.
     """
 
     guard: Any
@@ -321,6 +332,7 @@ class ContextGuardCapability(AbstractCapability[Any]):
     model: str | None = None
     max_tokens: int | None = None
     recall: bool = True
+    rewind: bool = False
     cursors: Cursors = field(default_factory=Cursors)
     _async: AsyncGuard | None = field(default=None, repr=False)
     _runs: dict[str, _Pending] = field(default_factory=dict, repr=False)
@@ -328,6 +340,10 @@ class ContextGuardCapability(AbstractCapability[Any]):
 
     def __post_init__(self) -> None:
         self._async = as_async_guard(self.guard)
+        if self.rewind and not isinstance(self._async, ThreadedAsyncGuard):
+            raise InvalidInput("rewind=True edits the log through a ContextGuard's store: "
+                               "pass a ContextGuard (an AsyncContextGuard's store has no "
+                               "history edits)", field="rewind")
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -392,9 +408,32 @@ class ContextGuardCapability(AbstractCapability[Any]):
                 return recorded, to_neutral(history, recorded)
             if cached is None:
                 break
-        raise InvalidInput(f"the message history ({len(history)} messages) does not continue "
-                           f"session {session_id!r} ({recorded} recorded): pass the previous "
-                           "run's all_messages() as message_history", field="message_history")
+        error = InvalidInput(f"the message history ({len(history)} messages) does not "
+                             f"continue session {session_id!r} ({recorded} recorded): pass the "
+                             "previous run's all_messages() as message_history",
+                             field="message_history")
+        sync = getattr(self.aguard, "guard", None)  # the ThreadedAsyncGuard's ContextGuard
+        if sync is not None:
+            log = await asyncio.to_thread(read_log, sync, session_id)
+        else:  # an AsyncContextGuard (no rewind: its store has no history edits)
+            store: Any = self.aguard.store  # type: ignore[attr-defined]
+            log = await store.messages(session_id, 0, await store.length(session_id))
+        found = divergence(log, len(history),
+                           lambda i, m: _stamp(history[i]) == m.metadata.get(STAMP_KEY))
+        if not found.prefix:
+            raise error
+        if not self.rewind or sync is None:
+            raise InvalidInput(
+                f"the message history ({len(history)} messages) does not continue session "
+                f"{session_id!r}: it holds the log's first {found.at} messages, then messages "
+                f"the log does not ({len(log) - found.at} recorded ones are not in it): "
+                + edit_hint(session_id, found, "ContextGuardCapability(..., rewind=True)"),
+                field="message_history")
+        await asyncio.to_thread(sync.store.truncate_after, session_id, found.at)
+        sync.views.discard(session_id)
+        self.cursors.drop(session_id)
+        recorded, _ = await aload_cursor(self.aguard, session_id, STAMP_KEY)
+        return recorded, to_neutral(history, recorded)
 
     # -- the hooks ---------------------------------------------------------------------------
     async def wrap_run(self, ctx: RunContext[Any], *,
