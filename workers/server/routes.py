@@ -28,7 +28,9 @@ from workers.server.schemas import (
     CompactRequest,
     ErrorOut,
     Format,
+    HealthOut,
     HistoryOut,
+    OverflowErrorOut,
     PreparedOut,
     PrepareRequest,
     RecallOut,
@@ -37,19 +39,37 @@ from workers.server.schemas import (
     RecordRequest,
     RecoverOut,
     RecoverRequest,
+    StatsOut,
     SummaryOut,
 )
 
 bearer = HTTPBearer(auto_error=False, description="a token from the server's token map; "
                                                   "it names the tenant")
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut, "description": text} for code, text in {
-        401: "missing or unknown bearer token", 404: "no such session",
-        409: "irreducible overflow: the fixed part alone exceeds the window",
-        413: "body over the configured limit", 422: "invalid input (field named)",
-        503: "Redis or the broker unavailable"}.items()}
+ERROR_TEXT = {
+    400: "invalid_json: the body is not JSON (syntax, invalid UTF-8, nesting too deep)",
+    401: "unauthorized: missing or unknown bearer token",
+    404: "session_not_found: no such session in the token's tenant",
+    409: "irreducible_overflow: the fixed part (system + tools + reserve + newest message) "
+         "alone exceeds the window",
+    413: "payload_too_large: body over the configured limit",
+    422: "invalid_input / limit_exceeded (field named)",
+    500: "internal_error: unexpected, logged on the server",
+    503: "store_unavailable (Redis) or broker_unavailable (compact)",
+}
 
-router = APIRouter(prefix="/v1", responses=ERRORS)
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error responses an operation can give, each with its body's model."""
+    return {code: {"model": OverflowErrorOut if code == 409 else ErrorOut,
+                   "description": ERROR_TEXT[code]} for code in codes}
+
+
+#: every /v1 operation: token, session id, Redis, the unexpected
+COMMON = (401, 422, 500, 503)
+#: an operation with a JSON body
+BODY = (400, 413)
+
+router = APIRouter(prefix="/v1")
 
 
 def _state(request: Request) -> ServerState:
@@ -116,8 +136,7 @@ def view_out(view: PreparedView, fmt: Format) -> PreparedOut:
         system, messages = to_gemini(view.messages)
     else:
         messages = [m.model_dump(mode="json", exclude_none=True) for m in view.messages]
-    report = view.report.model_dump(mode="json")
-    return PreparedOut(format=fmt, messages=messages, system=system, report=report)
+    return PreparedOut(format=fmt, messages=messages, system=system, report=view.report)
 
 
 def fast(model: BaseModel, status: int = 200) -> Response:
@@ -128,6 +147,7 @@ def fast(model: BaseModel, status: int = 200) -> Response:
 
 # -- endpoints -----------------------------------------------------------------------------
 @router.post("/sessions/{session_id}/prepare", response_model=PreparedOut,
+             responses=errors(*BODY, 409, *COMMON),
              summary="The view to send now (summary + recent messages within the budget)")
 def prepare(request: Request, tenant: Tenant, session_id: SessionId,
             body: PrepareRequest) -> Response:
@@ -139,6 +159,7 @@ def prepare(request: Request, tenant: Tenant, session_id: SessionId,
 
 
 @router.post("/sessions/{session_id}/record", response_model=RecordOut,
+             responses=errors(*BODY, *COMMON),
              summary="Append a turn and enqueue background summarization (coalesced)")
 def record(request: Request, tenant: Tenant, session_id: SessionId,
            body: RecordRequest) -> RecordOut:
@@ -149,6 +170,7 @@ def record(request: Request, tenant: Tenant, session_id: SessionId,
 
 
 @router.post("/sessions/{session_id}/recover", response_model=RecoverOut,
+             responses=errors(*BODY, *COMMON),  # no view that fits: recovered false
              summary="After a provider error: a harder-compacted view for one retry")
 def recover(request: Request, tenant: Tenant, session_id: SessionId,
             body: RecoverRequest) -> Response:
@@ -167,6 +189,7 @@ def recover(request: Request, tenant: Tenant, session_id: SessionId,
 
 
 @router.post("/sessions/{session_id}/recall", response_model=RecallOut,
+             responses=errors(*BODY, 404, *COMMON),
              summary="Recall: the earlier messages compaction summarized away that match, "
                      "verbatim, with their index")
 def recall(request: Request, tenant: Tenant, session_id: SessionId,
@@ -177,13 +200,16 @@ def recall(request: Request, tenant: Tenant, session_id: SessionId,
     return fast(RecallOut(session_id=session_id, hits=hits, text=render_hits(hits)))
 
 
-@router.get("/sessions/{session_id}/stats", summary="Tokens by region, usage, summaries")
-def stats(request: Request, tenant: Tenant, session_id: SessionId) -> dict[str, Any]:
+@router.get("/sessions/{session_id}/stats", response_model=StatsOut,
+            responses=errors(404, *COMMON), summary="Tokens by region, usage, summaries")
+def stats(request: Request, tenant: Tenant, session_id: SessionId) -> StatsOut:
     guard = _guard(request, tenant, session_id)
-    return guard.stats(session_id)  # SessionNotFound (404) for a session never recorded
+    # SessionNotFound (404) for a session never recorded
+    return StatsOut.model_validate(guard.stats(session_id))
 
 
 @router.post("/sessions/{session_id}/compact", response_model=CompactOut, status_code=202,
+             responses=errors(*BODY, 404, *COMMON),
              summary="Enqueue a manual compaction (/compact)")
 def compact(request: Request, tenant: Tenant, session_id: SessionId,
             body: CompactRequest | None = None) -> CompactOut:
@@ -201,7 +227,7 @@ def compact(request: Request, tenant: Tenant, session_id: SessionId,
 
 
 @router.get("/sessions/{session_id}/history", response_model=HistoryOut,
-            summary="The session's summaries, by watermark")
+            responses=errors(404, *COMMON), summary="The session's summaries, by watermark")
 def history(request: Request, tenant: Tenant, session_id: SessionId) -> HistoryOut:
     guard = _guard(request, tenant, session_id)
     store = guard.store
@@ -217,13 +243,14 @@ def history(request: Request, tenant: Tenant, session_id: SessionId) -> HistoryO
 health = APIRouter()
 
 
-@health.get("/healthz", summary="Liveness and Redis reachability (no authentication)")
-def healthz(request: Request) -> dict[str, str]:
+@health.get("/healthz", response_model=HealthOut, responses=errors(503),
+            summary="Liveness and Redis reachability (no authentication)")
+def healthz(request: Request) -> HealthOut:
     try:
         _state(request).store.redis.ping()
     except Exception as exc:
         raise ApiError(503, "store_unavailable", f"Redis did not answer: {exc}") from None
-    return {"status": "ok"}
+    return HealthOut(status="ok")
 
 
 __all__ = ["health", "messages_in", "router", "tenant_of", "view_out"]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.core.prepared import ViewReport
 from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, RecallHit
 
 Format = Literal["openai", "anthropic", "gemini", "neutral"]
@@ -91,7 +92,8 @@ class PreparedOut(BaseModel):
     messages: list[Any] = Field(description="the view in `format` (system first for openai)")
     system: Any = Field(default=None,
                         description="anthropic `system` / gemini `system_instruction`")
-    report: dict[str, Any]
+    report: ViewReport = Field(description="what the guard decided: tokens by region "
+                                           "(`budget`), `estimated_prompt_tokens`, truncation")
 
 
 class RecoverOut(BaseModel):
@@ -131,14 +133,72 @@ class HistoryOut(BaseModel):
     summaries: list[SummaryOut]
 
 
+class RegionsOut(BaseModel):
+    system: int
+    summary: int
+    tools: int
+    history: int
+
+
+class StatsSummaryOut(BaseModel):
+    watermark: int
+    kind: str
+    tokens: int
+    created_at: float | None = None
+
+
+class StatsOut(BaseModel):
+    """The context meter (``ContextGuard.stats``)."""
+
+    session_id: str
+    tenant: str
+    length: int = Field(description="messages in the session's log")
+    watermark: int = Field(description="messages [0, watermark) are covered by the summary")
+    version: int
+    model: str = Field(description="the model of the last prepare (empty before one)")
+    window: int
+    limits_source: str = Field(description="learned, override, registry, provider_default "
+                                           "or fallback")
+    reserve: int = Field(description="output reserve (max_tokens, capped)")
+    regions: RegionsOut
+    estimated_prompt_tokens: int
+    usage_ratio: float
+    should_compact: bool
+    within_budget: bool
+    summary_kind: str
+    cheap_decisions: int
+    summaries: list[StatsSummaryOut]
+    pending_job: bool
+    calibration_ratio: float
+    calibration_samples: int
+    silent_truncation_flags: int
+    requests_failed: int
+    last_request_failure: str | None = None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
 class ErrorBody(BaseModel):
     code: str = Field(description="snake_case name of the error (invalid_input, ...)")
     message: str
-    field: str | None = None
+    field: str | None = Field(default=None, description="the input at fault, when one is")
 
 
 class ErrorOut(BaseModel):
     error: ErrorBody
+
+
+class OverflowErrorBody(ErrorBody):
+    """``irreducible_overflow``: the fixed part alone exceeds the window."""
+
+    fixed_tokens: int = Field(description="system + tools + reserve + newest message")
+    window: int
+
+
+class OverflowErrorOut(BaseModel):
+    error: OverflowErrorBody
 
 
 __all__ = [
@@ -147,7 +207,10 @@ __all__ = [
     "ErrorBody",
     "ErrorOut",
     "Format",
+    "HealthOut",
     "HistoryOut",
+    "OverflowErrorBody",
+    "OverflowErrorOut",
     "PrepareRequest",
     "PreparedOut",
     "RecallOut",
@@ -156,5 +219,8 @@ __all__ = [
     "RecordRequest",
     "RecoverOut",
     "RecoverRequest",
+    "RegionsOut",
+    "StatsOut",
+    "StatsSummaryOut",
     "SummaryOut",
 ]
