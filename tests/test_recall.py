@@ -139,8 +139,32 @@ def _rank(messages: list[str], query: str, limit: int = 5) -> list[int]:
     q = validate_query(query)
     n = max(pid, 1)
     scores = bm25({t: postings[t] for t in q.terms if t in postings}, df, n_docs=n,
-                  avg_length=total / n)
+                  avg_length=total / n, required=q.required)
     return [index for _, _, index in best_per_message(scores)][:limit]
+
+
+def test_one_character_terms_make_no_hit_alone() -> None:
+    """Audit F7: an identifier absent from the session came back as ``ok 9``, matched on
+    the one-digit parts of ``cust_7Hq2LmP9``. One character scores but is no hit alone
+    when the query names something longer; a query of just a number works as before."""
+    texts = ["ok 7", "ok 9", "step 9 of the plan", "opened ABC-12 for the login bug",
+             "listening on 8080", "fixed #42 in the parser", "deploy id_9 done"]
+    for absent in ("cust_7Hq2LmP9", "ticket 9", "ZZZ-9", "v7.9", "ticket 9 x"):
+        assert _rank(texts, absent) == [], absent
+    assert _rank(texts, "ABC-9") == [3]  # its meaningful part, ABC, still matches
+    assert set(_rank(texts, "9")) == {1, 2, 6}  # a number alone: whole and in parts
+    assert set(_rank(texts, "#9")) == {1, 2, 6}
+    assert _rank(texts, "port 8080") == [4]
+    assert _rank(texts, "issue 42") == [5]
+    assert _rank(texts, "step 9")[0] == 2  # the one character still ranks
+    assert validate_query("cust_7Hq2LmP9").required == ("cust_7hq2lmp9", "cust", "hq2", "lm")
+    assert validate_query("port 8080").required == ()  # nothing weak: no filter
+
+
+def test_a_long_question_drops_one_character_terms_first() -> None:
+    words = " ".join(f"word{chr(97 + i)}xyz" for i in range(15))
+    kept = validate_query(f"{words} 7 ERR_CONN_RESET").terms
+    assert "7" not in kept and "err_conn_reset" in kept and "wordoxyz" in kept
 
 
 _FILLER = st.lists(st.sampled_from(

@@ -387,3 +387,21 @@ def test_an_identifier_at_the_end_of_a_long_question_is_found(store: SessionStor
     question = ("earlier we looked into some failing unit tests, an assertion about amounts "
                 "during checkout went wrong; what was the exact output of test_refund_rounding")
     assert recall(store, "s", question, limit=1)[0].index == 1
+
+
+def test_an_absent_identifier_finds_nothing_through_its_one_digit_parts(
+        store: SessionStore) -> None:
+    """Audit F7: after the message holding ``cust_7Hq2LmP9`` was cut, recalling it (or
+    ``ticket 9``, ``ABC-9``) returned ``ok 9`` and ``ok 7``, matched on one digit. One
+    character makes no hit alone; a number asked for alone is still found."""
+    store.append("s", [{"role": "assistant", "content": f"ok {i}"} for i in range(50)])
+    store.append("s", [{"role": "user", "content": "listening on 8080, see issue 42"}])
+    commit(store, "s", 51)
+    scanned = {q: recall(store, "s", q) for q in ("cust_7Hq2LmP9", "ticket 9", "ABC-9")}
+    index_compacted(store, "s")
+    for query, hits in scanned.items():  # the unindexed scan, then the index
+        assert hits == [] and recall(store, "s", query) == [], query
+    assert [h.index for h in recall(store, "s", "9")] == [9]
+    assert [h.index for h in recall(store, "s", "port 8080")] == [50]
+    assert {h.index for h in recall(store, "s", "ticket 42")} == {42, 50}  # two digits: alone
+

@@ -15,6 +15,16 @@ identifier characters (``src/app/main.py``, ``ERR_CONN_RESET``, ``0x1f``,
 name (``main.py``). A query tokenized the same way therefore scores an
 exact identifier above a message that only shares its parts.
 
+A term of one ASCII character (the ``7`` and ``9`` of ``cust_7Hq2LmP9``, the
+``2`` of ``v1.2.3``, a lone ``9`` or ``x``) is *weak*: one of 36 values, in
+nearly every session, so it carries no identity of its own. It is still indexed
+and scored (a query of just ``9`` finds ``ABC-9`` and ``step 9`` as before, and
+it ranks a passage that also holds the query's other words), but it never makes
+a hit on its own when the query has a longer term (:attr:`RecallQuery.required`):
+``ticket 9`` or ``ABC-9`` absent from the session return nothing, not ``ok 9``.
+Terms of two characters or more (``42``, ``8080``, ``hq2``, ``cust``) match on
+their own: ports, line and issue numbers are what agents search for.
+
 Scripts written without spaces (Chinese, Japanese, and Hangul when run
 together) have no word boundaries to find without a dictionary: a run of
 them yields its whole (as before) and then its character bigrams (a lone
@@ -33,7 +43,7 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +92,12 @@ _STOPWORDS = frozenset((
     "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were",
     "what", "when", "which", "will", "with", "you", "your",
 ))
+
+
+def weak_term(term: str) -> bool:
+    """A term of one ASCII letter or digit: scored, but never a hit on its own when
+    the query holds a longer term (see the module's docstring)."""
+    return len(term) == 1 and term.isascii()
 
 
 def _keep_part(part: str) -> bool:
@@ -258,11 +274,14 @@ def idf(n_docs: int, df: int) -> float:
 
 def bm25(postings: Mapping[str, Iterable[Posting]], df: Mapping[str, int], *, n_docs: int,
          avg_length: float, start: int = 0, end: int | None = None,
-         k1: float = K1, b: float = B) -> dict[int, tuple[float, int]]:
+         k1: float = K1, b: float = B,
+         required: Collection[str] = ()) -> dict[int, tuple[float, int]]:
     """``{pid: (score, message index)}`` of the passages in ``[start, end)``.
 
     ``postings`` may hold only part of a very common term's postings (the
-    store reads the newest ones): its ``df`` still comes from ``df``.
+    store reads the newest ones): its ``df`` still comes from ``df``. With
+    ``required`` (:attr:`RecallQuery.required`), only passages holding one of
+    those terms are returned; the others still add to their score.
     """
     sums: dict[int, float] = {}
     where: dict[int, int] = {}
@@ -277,6 +296,10 @@ def bm25(postings: Mapping[str, Iterable[Posting]], df: Mapping[str, int], *, n_
             if start <= index < hi:
                 sums[pid] = get(pid, 0.0) + weight * tf / (tf + norm0 + norm1 * length)
                 where[pid] = index
+    if required:
+        held = {pid for term in required for pid, index, _, _ in postings.get(term, ())
+                if start <= index < hi}
+        return {pid: (score, where[pid]) for pid, score in sums.items() if pid in held}
     return {pid: (score, where[pid]) for pid, score in sums.items()}
 
 
@@ -312,6 +335,9 @@ class RecallQuery:
     limit: int
     start: int | None
     end: int | None
+    required: tuple[str, ...] = ()
+    """A hit holds one of these: the terms that are not weak (:func:`weak_term`) when
+    the query has weak ones too; empty (any term makes a hit) otherwise."""
 
 
 def _opt_index(value: object, field: str) -> int | None:
@@ -325,7 +351,7 @@ def _opt_index(value: object, field: str) -> int | None:
 def specific_terms(terms: Sequence[str], n: int = MAX_QUERY_TERMS) -> tuple[str, ...]:
     """The ``n`` most specific of ``terms``, in their order: an identifier, path or
     number (a digit or ``_ . / \\ : @ # + ~ -``) first, then the longest; ties keep
-    the earlier.
+    the earlier. A weak term (one character: :func:`weak_term`) comes last.
 
     Models ask in sentences and name the thing they look for last ("what was the
     output of test_refund_rounding"): keeping the first terms would drop it for
@@ -334,7 +360,7 @@ def specific_terms(terms: Sequence[str], n: int = MAX_QUERY_TERMS) -> tuple[str,
     if len(terms) <= n:
         return tuple(terms)
     ranked = sorted(range(len(terms)), key=lambda i: (
-        _MARKED.isdisjoint(terms[i]), -len(terms[i]), i))
+        weak_term(terms[i]), _MARKED.isdisjoint(terms[i]), -len(terms[i]), i))
     keep = sorted(ranked[:n])
     return tuple(terms[i] for i in keep)
 
@@ -355,7 +381,9 @@ def validate_query(query: object, *, limit: object = DEFAULT_LIMIT, start: objec
     lo, hi = _opt_index(start, "start"), _opt_index(end, "end")
     if lo is not None and hi is not None and hi <= lo:
         raise InvalidInput(f"must be greater than start ({lo}), got {hi}", field="end")
-    return RecallQuery(query, terms, limit, lo, hi)
+    strong = tuple(t for t in terms if not weak_term(t))
+    return RecallQuery(query, terms, limit, lo, hi,
+                       strong if strong and len(strong) < len(terms) else ())
 
 
 def parse_tool_arguments(arguments: str | Mapping[str, Any]) -> RecallQuery:
@@ -405,4 +433,5 @@ __all__ = [
     "split_passages",
     "tokenize",
     "validate_query",
+    "weak_term",
 ]

@@ -24,8 +24,8 @@ overhead and tool definitions excluded: the caller counts those once). The
 leading system messages are never dropped or clipped, and neither are tool-call
 arguments nor the media of user messages, so the result fits whenever the system
 messages plus the newest user message clipped down to its marker fit;
-otherwise ``within_budget`` is False and the note (when anything was lost) says by how
-much.
+otherwise ``within_budget`` is False and ``tokens_after`` says by how much (not the note:
+it is read by the model, to which the cut's internal budget means nothing).
 
 The result's ``note`` is meant for the view (or a truncation summary); it is
 not inserted and not counted here.
@@ -494,8 +494,7 @@ class _Cut:
             chars_removed=removed, tokens_before=src.fixed + src.cum[-1],
             tokens_after=after, budget_tokens=budget, within_budget=after <= budget,
             repair=src.repair,
-            note=_note(by_role, files, clips, removed, media, max(0, after - budget),
-                       after, budget),
+            note=_note(by_role, files, clips, removed, media),
             media_removed=media,
         )
 
@@ -523,11 +522,14 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _note(dropped: Counter[str], files: list[str], clips: int, removed: int, media: int,
-          over: int, after: int, budget: int) -> str:
+def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
+          media: int) -> str:
     """What the cut lost, for the model to read; "" when it lost nothing (a view the cut
     left whole is the same conversation: a note would read as a compaction that never
-    happened; ``within_budget`` and ``tokens_after`` still say it does not fit)."""
+    happened). Whether the result fits is the caller's (``within_budget``,
+    ``tokens_after``), never the note's: the cut's budget is an internal figure (a
+    recovery's can be scaled down to a few tokens), and a note saying "still over budget:
+    8 > 1 tokens" was sent to the model in the summary block."""
     if not (dropped or clips or media):
         return ""
     parts = []
@@ -542,8 +544,6 @@ def _note(dropped: Counter[str], files: list[str], clips: int, removed: int, med
         parts.append(f"{_plural(clips, 'message')} clipped ({removed} characters removed)")
     if media:
         parts.append(f"{_plural(media, 'media part')} of tool steps replaced by a note")
-    if over:
-        parts.append(f"still over budget: {after} > {budget} tokens")
     return "[context truncated: " + "; ".join(parts) + "]"
 
 

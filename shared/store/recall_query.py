@@ -140,9 +140,11 @@ def recall_steps(k: RecallKeys, q: RecallQuery, *, session_id: str,
     n_docs = max(n_docs, 1)
     # Indexed postings at or past ``hi`` are a rewind's or an edit's leftovers: the
     # range they name is the tail's (scanned) or past the watermark (not searched).
-    scores = bm25(postings, df, n_docs=n_docs, avg_length=total / n_docs, start=lo, end=hi)
+    # A weak term (one character) scores, but makes no hit alone (RecallQuery.required).
+    scores = bm25(postings, df, n_docs=n_docs, avg_length=total / n_docs, start=lo, end=hi,
+                  required=q.required)
     scores.update(bm25(tail_postings, df, n_docs=n_docs, avg_length=total / n_docs,
-                       start=lo, end=tail_hi))
+                       start=lo, end=tail_hi, required=q.required))
     ranked = best_per_message(scores, MAX_CANDIDATES)
     return (yield from _verified(k, ranked, q.limit, tail))
 
