@@ -206,7 +206,11 @@ def test_recover_learns_limit_and_compacts_to_a_fifth(make_guard: Callable[..., 
     assert view is not None and view.report.recovery and view.report.truncated
     assert view.report.budget.window == 16000
     assert view.report.estimated_prompt_tokens <= 0.2 * 16000 + 200
-    assert guard.model_limits("m").context_window == 16000
+    # learned for the session (its state, which every process reads), not for every
+    # session of a model whose window the caller configured
+    assert store.state("s").learned_window == 16000
+    assert guard.model_limits("m", store.state("s")).context_window == 16000
+    assert guard.model_limits("m").context_window == 100_000
     rate = openai.RateLimitError("slow down", response=httpx.Response(
         429, request=request, json={"error": {"message": "Rate limit reached",
                                               "type": "requests", "code": "rate_limit_exceeded"}}),
@@ -440,7 +444,8 @@ def test_call_wrapper_recovers_once_against_a_real_sdk(make_guard: Callable[...,
         statuses = [r.status for r in server.requests]
     assert statuses == [400, 200]
     assert view.report.recovery and response.choices[0].message.content is not None
-    assert guard.model_limits("gpt-4o").context_window == 6000
+    assert guard.model_limits("gpt-4o", store.state("s")).context_window == 6000
+    assert guard.model_limits("gpt-4o").context_window == 128_000  # the session's alone
 
 
 def test_cheap_stages_keep_the_prefix_stable(make_guard: Callable[..., Any],
@@ -464,8 +469,11 @@ def test_cheap_stages_keep_the_prefix_stable(make_guard: Callable[..., Any],
 
 
 def test_stats_reports_regions(guard: ContextGuard) -> None:
-    guard.prepare("s", SYSTEM, max_tokens=500, model="small-model")
-    guard.record_turn("s", coding_turn(0, 200))
+    turn = coding_turn(0, 200)
+    # the first turn's prepare writes the request's figures (a probe of a session with
+    # nothing stored and nothing pending writes none)
+    guard.prepare("s", SYSTEM, max_tokens=500, model="small-model", pending=turn[:1])
+    guard.record_turn("s", turn)
     stats = guard.stats("s")
     assert stats["length"] == 5 and stats["regions"]["history"] > 0
     assert stats["regions"]["system"] > 0 and 0 < stats["usage_ratio"] < 1

@@ -282,7 +282,12 @@ def refused_bound(estimate: int, window: int, excess: int | None = None) -> int 
 
 
 class LimitBook:
-    """Limits learned from overflow errors, per model string; the store persists it.
+    """Limits learned from overflow errors, per model string, in this process's memory
+    only: nothing persists it, and other processes (guards, workers) never see it. The
+    guard learns into it only where the model's window is a guess (``fallback``); a limit
+    one session's error teaches below a window the registry, a family default or the
+    caller knows is that session's alone, stored in its state (``learned_window``), which
+    every process and the workers read.
 
     ``learn`` keeps the smallest credible limit a provider stated: providers
     state the window they enforce, and a second, larger figure for the same

@@ -81,15 +81,18 @@ def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
 
 def _unsendable(report: ViewReport, refused: int | None) -> str:
     """Why a recovery's view would be refused like the one before it ("" when it would
-    not): it does not fit, or it is no smaller than the refused one (``refused`` tokens;
-    None where the retry lowers the reserve instead: the view holds only what must
-    stay)."""
+    not): it does not fit, it is larger than the refused one (``refused`` tokens; None
+    where the retry lowers the reserve instead: the view holds only what must stay), or
+    no smaller and nothing in it was cut."""
     if not report.budget.within_budget:
         return "the view does not fit"
-    if refused is not None and report.estimated_prompt_tokens >= refused \
-            and not report.dropped_messages and not report.note:
-        # a view that lost something is smaller in the provider's count, whatever the
-        # guard's: a notice of the cut may outweigh a few small messages in its estimate
+    if refused is None or report.estimated_prompt_tokens < refused:
+        return ""
+    if report.estimated_prompt_tokens > refused:
+        # the notice of the cut outweighs what it dropped (a short session whose one
+        # report set a steep calibration): the provider counts the notice too
+        return "the compacted view is larger than the refused one"
+    if not report.dropped_messages and not report.note:
         return "nothing left to drop"
     return ""
 
@@ -238,6 +241,14 @@ class GuardFlow(GuardShell):
         self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
+        if snap.end == 0 and snap.summary is None and not extra:
+            # Nothing stored and no turn pending (a probe of a session never recorded): its
+            # figures would make a state hash of a session that does not exist (listed by
+            # `compaction sessions`, unknown to `stats`, never expiring without a TTL), and
+            # a job would find nothing to do. A first turn's prepare still writes them:
+            # the worker that turn's record enqueues budgets with them.
+            plan.figures = None
+            return plan, snap, False, False
         # a job already queued (the flag in this view) needs no second request
         wanted, force = self.job_wanted(plan, snap)
         return plan, snap, wanted, force
@@ -409,15 +420,23 @@ class GuardFlow(GuardShell):
             if not recognised:
                 trace.current.set_attribute("compaction.unrecognised_error", True)
             validate_session_id(session_id)
-            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens)
+            snap = yield from self.snapshot_steps(session_id, min_length)
+            # learned against the window the session knows (a limit it learned before
+            # included: an overflow never raises it), and stored in its state, which every
+            # process and the workers read
+            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens,
+                                        snap.state)
             if limit:
                 self.touched(session_id)
                 yield Io("update_state", (session_id,), {
                     "learned_window": limit, "model": model, "last_overflow_at": time.time()})
+                snap = yield from self.snapshot_steps(session_id, min_length)
             started = time.perf_counter()
             refused = self.refused_estimate(session_id, model, prepared_tokens)
+            if recognised:
+                ratio = self.refused_ratio(
+                    ratio, error, self.model_limits(model, snap.state).context_window, refused)
             extra, extra_tokens = self.pending(session_id, pending)
-            snap = yield from self.snapshot_steps(session_id, min_length)
             ratio = self._payload_ratio(session_id, error, snap, system_prompt, tools,
                                         max_tokens, model, extra, extra_tokens, ratio)
             try:

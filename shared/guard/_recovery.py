@@ -108,6 +108,25 @@ class Recovery:
             return ratio
         return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
 
+    def refused_ratio(self, ratio: float, error: object, window: int,
+                      refused: int | None) -> float:
+        """``ratio`` of ``window``, or less: for a context overflow (not an output-reserve
+        or body-size one), no more than the recovery ratio of the refused request
+        (``refused``, the guard's estimate of it) where that was smaller than the window.
+        The provider refused it, so the window it has (or its count of the request) is
+        not the one the guard knows: a fifth of ``window`` can be more than the whole
+        refused request, and compacting to it dropped nothing (no retry) wherever the
+        window the guard knew was larger than the request: a window another session's
+        error taught, one the error restates ("maximum context length is 128000 tokens"),
+        an overshoot larger than the estimate (Ollama's "exceeded ... by N tokens")."""
+        if not refused or not window or refused >= window:
+            return ratio
+        info = parse_overflow(error)
+        if info is None or info.kind != "context_overflow":
+            return ratio
+        return min(ratio, max(self.policy.recovery_ratio * refused / window,
+                              MIN_RECOVERY_RATIO))
+
     def answer_share(self, error: object, max_tokens: int | None) -> float | None:
         """The share of the window to compact to after an output-reserve overflow that
         states the window: what the answer asked for leaves of it (with
@@ -180,17 +199,23 @@ class Recovery:
         return (estimate + output_reserve(limits, max_tokens)) / window if window else None
 
     def learn_overflow(self, session_id: str, error: object, model: str, trace: Traced,
-                       prepared_tokens: int | None = None) -> int | None:
-        """The limit an overflow error states, learned for ``model`` (set on the span); when
-        it states none, the bound the refused request sets (:meth:`refused_bound`), for the
-        session only (the caller stores it in its state) unless the window is a guess
-        (:meth:`shares_bound`)."""
+                       prepared_tokens: int | None = None,
+                       state: SessionState | None = None) -> int | None:
+        """The limit an overflow error states (set on the span), or when it states none the
+        bound the refused request sets (:meth:`refused_bound`), below the window the
+        session ``state`` knows: returned for the caller to store in the session's state,
+        which every process and the workers read. Learned for every session of ``model``
+        in this process (:attr:`limits`) only where the window is a guess
+        (:meth:`shares_bound`): where the registry, a family default or the caller knows
+        it, one misconfigured endpoint (a llama.cpp server started with a 2k context) must
+        not shrink the window of the model's other sessions, and only in the processes
+        that happened to see its error."""
         if prepared_tokens is not None:
             positive_int(prepared_tokens, "prepared_tokens")
         info = parse_overflow(error)
         if info is None:
             return None
-        known = self.model_limits(model)
+        known = self.model_limits(model, state)
         window = known.context_window
         stated = stated_limit(info.limit, window)
         if stated is not None:
@@ -203,37 +228,41 @@ class Recovery:
             # cancelled), and other processes and the workers only know it from there
             return window if known.source == "learned" else None
         else:
-            bound = self.refused_bound(session_id, info, model, prepared_tokens)
+            bound = self.refused_bound(session_id, info, model, prepared_tokens, state)
             if bound is None:
                 return None
             limit, attribute = bound, "compaction.inferred_limit"
-        if stated is not None or self.shares_bound(model):
+        if self.shares_bound(model):
             self.limits.learn(model, limit)
         trace.current.set_attribute(attribute, limit)
         return limit
 
     def shares_bound(self, model: str) -> bool:
-        """Whether a bound inferred from one refused request becomes the window of every
-        session of ``model``: only where the window is a guess (``fallback``, before
-        anything learned). Where the registry, a family default or the caller knows it,
-        the refusal more likely came from an undercount (files, media the provider
-        decodes), which must not shrink the window of every other session on the model."""
+        """Whether a limit learned from one refused request (stated or inferred) becomes
+        the window of every session of ``model`` in this process: only where the window is
+        a guess (``fallback``, before anything learned). Where the registry, a family
+        default or the caller knows it, the refusal more likely came from an undercount
+        (files, media the provider decodes) or one endpoint serving the model with less
+        context than it has, which must not shrink the window of every other session on
+        the model."""
         return unlearned_limits(model, overrides=self.overrides or None).source == "fallback"
 
     def refused_bound(self, session_id: str, info: OverflowInfo, model: str,
-                      prepared_tokens: int | None = None) -> int | None:
+                      prepared_tokens: int | None = None,
+                      state: SessionState | None = None) -> int | None:
         """The window an overflow that states none implies for the refused request
         (:func:`shared.core.limits.refused_bound`): ``prepared_tokens`` when the caller
         gives it (the refused view's ``report.estimated_prompt_tokens``, against the window
-        known here), else the request this guard prepared last for the session. The
+        known here for the session ``state``), else the request this guard prepared last
+        for the session. The
         caller's figure wins: where several processes serve a session, this one's last
         prepare may be turns old, and a stale, smaller prompt would be learned as the
         window. None without either, or for a body-size refusal (bytes)."""
         if info.kind != "context_overflow":
             return None
         if prepared_tokens is not None:
-            return refused_bound(prepared_tokens, self.model_limits(model).context_window,
-                                 info.excess)
+            return refused_bound(prepared_tokens,
+                                 self.model_limits(model, state).context_window, info.excess)
         with self._lock:
             sent = self._sent.get(session_id)
         if sent is not None and sent.model == model:

@@ -1,0 +1,165 @@
+"""``recover`` and ``prepare`` against the HTTP shell audit's findings, at the library level
+(both guard shells, fakeredis and a real Redis): a limit one session's error states stays
+that session's (in its state, read by every process) where the model's window is known; a
+recognised overflow of a request that had history to drop is retried, whatever other
+sessions taught the guard; a retry is never larger than the refused request; a prepare of
+a session never recorded writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shared.core.messages import Message
+from shared.store.sessions import SessionStore
+
+MODEL = "gpt-4o"  # a registry window of 128,000
+SYSTEM = "You are a support agent."
+LLAMA_CPP = "Requested tokens (2285) exceed context window of 2048"
+VLLM_RESERVE = ("This model's maximum context length is 65536 tokens. However, you requested "
+                "64000 output tokens and your prompt contains at least 1537 input tokens, for "
+                "a total of at least 65537 tokens. Please reduce the length of the input "
+                "prompt or the number of requested output tokens. (parameter=input_tokens, "
+                "value=1537)")
+ZAI = "model_context_window_exceeded"  # states no numbers
+
+
+def record(store: SessionStore, guard: Any, session_id: str, turns: int = 1,
+           words: int = 5) -> None:
+    for i in range(turns):
+        guard.record_turn(session_id, [
+            Message(role="user", content=f"question {i} " + "detail " * words),
+            Message(role="assistant", content=f"answer {i} " + "detail " * words)])
+
+
+def window(guard: Any, session_id: str) -> tuple[int, str]:
+    report = guard.prepare(session_id, SYSTEM, max_tokens=100, model=MODEL).report
+    return report.budget.window, report.limits_source
+
+
+def test_a_stated_limit_below_a_known_window_is_the_sessions_alone_in_every_process(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F2: a llama.cpp server with a 2k context refuses one session's request: that session
+    gets the 2048 window (stored in its state), in this process and in a new one alike;
+    the model's other sessions, recorded or new, keep the registry's 128000."""
+    guard = make_guard(store)
+    record(store, guard, "other")
+    record(store, guard, "victim")
+    assert window(guard, "other") == (128_000, "registry")
+    view = guard.recover("victim", LLAMA_CPP, SYSTEM, max_tokens=100, model=MODEL)
+    assert view is not None and view.report.budget.window == 2048
+    assert store.state("victim").learned_window == 2048
+    assert guard.limits.get(MODEL) is None
+    assert window(guard, "other") == (128_000, "registry")
+    assert window(guard, "brand-new") == (128_000, "registry")
+    assert window(guard, "victim") == (2048, "learned")
+    restarted = make_guard(store)  # another process (or this one after a restart)
+    assert window(restarted, "victim") == (2048, "learned")
+    assert window(restarted, "other") == (128_000, "registry")
+
+
+def test_a_later_larger_stated_limit_does_not_raise_the_sessions_window(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F2: with the limit kept in the session's state alone, an error stating a larger one
+    (another endpoint behind the same model name) is measured against the session's
+    window, not the registry's: an overflow never raises the window."""
+    guard = make_guard(store)
+    record(store, guard, "s")
+    assert guard.recover("s", LLAMA_CPP, SYSTEM, max_tokens=100, model=MODEL) is not None
+    guard.recover("s", "Requested tokens (5000) exceed context window of 4096", SYSTEM,
+                  max_tokens=100, model=MODEL)
+    assert store.state("s").learned_window == 2048
+    assert window(guard, "s") == (2048, "learned")
+
+
+def test_a_guessed_window_is_still_corrected_for_every_session(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F2's other half: where the window is a guess (an unknown model's fallback), the
+    stated limit is shared with the model's other sessions in this process, as before."""
+    guard = make_guard(store)
+    record(store, guard, "a")
+    record(store, guard, "b")
+    model = "my-local-model"
+    assert guard.recover("a", LLAMA_CPP, SYSTEM, max_tokens=100, model=model) is not None
+    assert guard.limits.get(model) == 2048
+    report = guard.prepare("b", SYSTEM, max_tokens=100, model=model).report
+    assert report.budget.window == 2048
+
+
+def long_session(store: SessionStore, guard: Any, session_id: str) -> int:
+    """A session of ~10k tokens; the estimate of its next request's view."""
+    record(store, guard, session_id, turns=40, words=120)
+    pending = [Message(role="user", content="and now?")]
+    return int(guard.prepare(session_id, SYSTEM, max_tokens=1000, model=MODEL,
+                             pending=pending).report.estimated_prompt_tokens)
+
+
+def test_a_numberless_overflow_is_retried_after_other_sessions_taught_a_window(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F3: another session's vLLM output-reserve error states 65536, and this process's
+    book holds it (an older guard learned it for every session; an integration, a caller's
+    book still may). A z.ai overflow stating no numbers on a ~10k-token view compacted to
+    a fifth of 65536 (13107 tokens), more than the whole refused view: nothing dropped,
+    not retried. It is compacted to a fifth of the refused request and retried."""
+    guard = make_guard(store)
+    record(store, guard, "reserve")
+    guard.recover("reserve", VLLM_RESERVE, SYSTEM, max_tokens=64_000, model=MODEL)
+    guard.limits.learn(MODEL, 65_536)
+    refused = long_session(store, guard, "s")
+    assert 8_000 < refused < 0.2 * 65_536
+    pending = [Message(role="user", content="and now?")]
+    view = guard.recover("s", ZAI, SYSTEM, max_tokens=1000, model=MODEL, pending=pending,
+                         prepared_tokens=refused)
+    assert view is not None and view.report.recovery and view.report.dropped_messages
+    assert view.report.estimated_prompt_tokens < refused / 2
+
+
+def test_an_overflow_restating_the_known_window_is_retried_smaller(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F3: "maximum context length is 128000 tokens" on a ~10k-token view (the provider
+    counted far more than the guard): nothing learned (it is the window the guard knows),
+    and the view is compacted below the refused one and retried, not given up on."""
+    guard = make_guard(store)
+    refused = long_session(store, guard, "s")
+    pending = [Message(role="user", content="and now?")]
+    view = guard.recover("s", "This model's maximum context length is 128000 tokens",
+                         SYSTEM, max_tokens=1000, model=MODEL, pending=pending,
+                         prepared_tokens=refused)
+    assert view is not None and view.report.budget.window == 128_000
+    assert view.report.estimated_prompt_tokens < refused / 2
+
+
+def test_a_retry_is_never_larger_than_the_refused_request(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F4, docs/server.md's flow: one turn recorded with the provider's 812 prompt tokens
+    (a steep calibration), a view of ~831 tokens refused as 131000. The cut's notice
+    outweighs the one turn it drops: a retry of 1891 tokens was returned. None now (the
+    "no smaller view" path)."""
+    guard = make_guard(store)
+    fig: dict[str, Any] = {"system_prompt": "You are terse.", "model": "gpt-4o-2024-11-20",
+                           "max_tokens": 500}
+    first = [{"role": "user", "content": "What is in /src?"}]
+    guard.prepare("d", pending=first, **fig)
+    guard.record_turn("d", [*first, {"role": "assistant", "content": "a.py and b.py."}],
+                      usage={"prompt_tokens": 812, "completion_tokens": 9})
+    pending = [{"role": "user", "content": "And /lib?"}]
+    refused = guard.prepare("d", pending=pending, **fig).report.estimated_prompt_tokens
+    view = guard.recover("d", "This model's maximum context length is 128000 tokens. "
+                         "However, your messages resulted in 131000 tokens.",
+                         pending=pending, **fig)
+    assert view is None or view.report.estimated_prompt_tokens < refused
+
+
+def test_a_prepare_of_a_session_never_recorded_writes_nothing(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F6: the figures of a session with no messages (and no turn pending) made a state
+    hash of a session that does not exist (listed, never expiring); nothing is written."""
+    guard = make_guard(store)
+    view = guard.prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
+    assert view.report.estimated_prompt_tokens > 0
+    assert list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*")) == []
+    guard.record_turn("ghost", [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "hello"}])
+    guard.prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
+    state = store.state("ghost")
+    assert state.model == MODEL and state.max_tokens == 100 and state.window == 128_000
