@@ -109,3 +109,25 @@ def test_pydantic_ai_refusal_names_the_log_edit_and_rewind_makes_it(
     users = [m.text() for m in guard.store.messages("pai-edits") if m.role == "user"]
     assert users == ["one", "two, rephrased"]
     assert len(second) == len(third)
+
+
+def test_langchain_audio_is_logged_as_a_note_and_sent_as_it_is(guard: ContextGuard) -> None:
+    """An audio block (LangChain v1 and OpenAI's input_audio) is logged as a text note, as
+    pydantic-ai's capability does; the model gets the state's original message, and the
+    thread keeps working (it used to raise on every later turn: the state held it)."""
+    agent, model = lc(guard)
+    audio = HumanMessage(content=[
+        {"type": "text", "text": "what is said here?"},
+        {"type": "audio", "base64": "UklGRiQAAABXQVZF", "mime_type": "audio/wav"},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}])
+    out = agent.invoke({"messages": [audio]}, CFG)
+    sent = model.requests[-1][-1]
+    assert sent.id == out["messages"][0].id  # the state's own message went out, audio in it
+    assert [(b["type"], b.get("base64")) for b in sent.content] == [
+        ("text", None), ("audio", "UklGRiQAAABXQVZF"), ("audio", "AAAA")]
+    agent.invoke({"messages": [HumanMessage("and now?")]}, CFG)
+    logged = guard.store.messages("edits")
+    assert logged[0].text().startswith("what is said here?")
+    assert "[audio attachment: audio/wav, 12 bytes, not kept in the history]" in logged[0].text()
+    assert "[audio attachment: mp3, 3 bytes, not kept in the history]" in logged[0].text()
+    assert [m.text() for m in logged[1:]] == ["re: what is said here?", "and now?", "re: and now?"]

@@ -133,6 +133,36 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
     return message.model_copy(update={"content": kept or ""}), fields
 
 
+MEDIA_BLOCKS = frozenset({"audio", "input_audio", "video"})
+
+
+def _media_placeholder(block: dict[str, Any]) -> dict[str, Any]:
+    """A text block standing for an audio or video block (the neutral model holds neither)."""
+    kind = "video" if block.get("type") == "video" else "audio"
+    nested = block.get("input_audio")
+    inner: dict[str, Any] = nested if isinstance(nested, dict) else block
+    what = inner.get("mime_type") or inner.get("format") or ""
+    source = block.get("url") or block.get("file_id")
+    data = inner.get("base64") or inner.get("data")
+    size = f"{len(data) * 3 // 4} bytes, " if isinstance(data, str) else ""
+    detail = ", ".join(str(x) for x in (what, source) if x)
+    return {"type": "text", "text": f"[{kind} attachment: {detail + ', ' if detail else ''}"
+                                    f"{size}not kept in the history]"}
+
+
+def _without_media(message: BaseMessage) -> BaseMessage:
+    """``message`` with its audio and video blocks as text placeholders: logged and summarized
+    as a note, while the model gets the state's original message as long as it is in the
+    view (as pydantic-ai's capability does)."""
+    content = message.content
+    if not isinstance(content, list) or not any(
+            isinstance(b, dict) and b.get("type") in MEDIA_BLOCKS for b in content):
+        return message
+    return message.model_copy(update={"content": [
+        _media_placeholder(b) if isinstance(b, dict) and b.get("type") in MEDIA_BLOCKS else b
+        for b in content]})
+
+
 def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
     """LangChain messages as tagged neutral ones; InvalidInput names ``state.messages[i]``."""
     out: list[Message] = []
@@ -146,7 +176,7 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
         if isinstance(message, AIMessage):
             message, fields = _split_reasoning(message)
         try:
-            wire = convert_to_openai_messages(message)
+            wire = convert_to_openai_messages(_without_media(message))
         except (ValueError, TypeError, KeyError) as exc:
             raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}",
                                field=where, index=index) from None
