@@ -22,7 +22,7 @@ from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer, NullEnqueuer
 from shared.store.sessions import SessionStore, connect
 from shared.telemetry import tracing
-from shared.telemetry.metrics import PrometheusMetrics, set_metrics
+from shared.telemetry.metrics import METRIC_ROLES, PrometheusMetrics, set_metrics
 from shared.telemetry.propagation import publish_headers
 from tests.guard_shells import SHELLS, make
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
@@ -99,6 +99,12 @@ def test_every_guard_decision_is_counted_and_spanned(
     assert value(metrics, "compaction_overflow_recoveries_total", outcome="recovered") == 1
     assert value(metrics, "compaction_overflow_recoveries_total", outcome="not_overflow") == 1
     assert value(metrics, "compaction_silent_truncation_suspected_total") == 1
+    # what a guard exports is what METRIC_ROLES says a guard records (the check that the
+    # dashboard's metrics are scraped relies on it: tests/test_observability_targets.py)
+    exported = {f.name for f in metrics.registry.collect() if f.samples}
+    assert exported and all(
+        "guard" in METRIC_ROLES[n if n in METRIC_ROLES else n + "_total"] for n in exported), \
+        exported
 
     names = [s.name for s in spans.get_finished_spans()]
     assert names.count("compaction.prepare") == prepared

@@ -21,7 +21,7 @@ from shared.core.config import StoreConfig
 from shared.enqueue import TASK_COMPACT, CeleryEnqueuer, publisher_app
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
-from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metrics
+from shared.telemetry.metrics import METRIC_NAMES, METRIC_ROLES, PrometheusMetrics, set_metrics
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
@@ -127,11 +127,18 @@ def _check(samples: dict[str, list[tuple[dict[str, str], float]]], store: Sessio
     assert total(samples, "compaction_worker_lag_seconds_count") == jobs
     assert 0 <= total(samples, "compaction_worker_lag_seconds_sum") < 60 * jobs
     assert samples["compaction_queue_depth"] == [({}, 0.0)]
-    # Every name is declared with its type and help, whether it has samples yet or not.
+    # Every name a worker records is declared with its type and help, whether it has
+    # samples yet or not; no series of a metric only the guard records (a flat 0 that
+    # nobody measures: tests/test_observability_targets.py).
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     for name in METRIC_NAMES:
-        assert f"# HELP {name}" in text or f"# HELP {name.removesuffix('_total')}" in text, name
+        if "worker" in METRIC_ROLES[name]:
+            assert f"# HELP {name}" in text or f"# HELP {name.removesuffix('_total')}" in text, \
+                name
+    guard_only = [n for n in METRIC_NAMES if "worker" not in METRIC_ROLES[n]]
+    assert [s for s in samples if any(s.startswith(n.removesuffix("_total"))
+                                      for n in guard_only)] == []
 
 
 def test_prefork_children_report_through_the_multiprocess_directory(

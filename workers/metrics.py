@@ -131,7 +131,7 @@ def start_metrics_server(port: int, *, multiprocess: bool = False,
         registry.register(depth)
         add_depth: Callable[[Callable[[], float]], None] = depth.add
     else:
-        metrics = install_prometheus()
+        metrics = install_prometheus(role="worker")
         registry = metrics.registry
         add_depth = metrics.queue_depth_source
     if broker_url:
@@ -184,7 +184,7 @@ def _child_metrics(**_: Any) -> None:
         from workers.app import app
 
         if app.conf.compaction_settings.metrics_port is not None:
-            install_prometheus()
+            install_prometheus(role="worker")
 
 
 def _child_exit(pid: int | None = None, **_: Any) -> None:

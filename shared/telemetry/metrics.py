@@ -53,6 +53,21 @@ METRIC_NAMES = (
     "compaction_lease_contention_total",
 )
 
+# The processes that record each metric: ``guard`` (an agent process, ``compaction serve``)
+# or ``worker``. A process built for one role does not export the other role's series
+# before it records one (tests/test_observability_targets.py checks that every metric a dashboard
+# panel queries is exported by a service docker/prometheus.yml scrapes).
+ROLES = ("guard", "worker")
+GUARD_ONLY = frozenset({
+    "compaction_guard_prepare_duration_seconds", "compaction_guard_view_tokens_total",
+    "compaction_guard_log_tokens_total", "compaction_guard_saved_tokens_total",
+    "compaction_overflow_recoveries_total", "compaction_silent_truncation_suspected_total"})
+BOTH = frozenset({"compaction_compactions_total"})
+METRIC_ROLES: dict[str, frozenset[str]] = {
+    name: frozenset({"guard"}) if name in GUARD_ONLY
+    else frozenset(ROLES) if name in BOTH else frozenset({"worker"})
+    for name in METRIC_NAMES}
+
 
 class Metrics(Protocol):
     """Every measurement the project takes; one method per decision."""
@@ -137,13 +152,26 @@ class PrometheusMetrics:
     ``registry``: the caller's ``CollectorRegistry`` (default: a new one, so
     two instances never collide; pass ``prometheus_client.REGISTRY`` to
     join the process's default one). Thread-safe, as prometheus_client is.
+
+    ``role``: what the process is (:data:`ROLES`), ``guard`` by default (an
+    agent process, ``compaction serve``); the workers build theirs with
+    ``worker``. A labelled metric has no series until something is recorded;
+    an unlabelled one would be exported as 0 from its creation, so those of
+    the other role (the guard's silent-truncation counter, the workers' lag
+    histograms) are created on their first record only: a worker does not
+    show a flat "0 silent truncations" that nobody measures.
     """
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(self, registry: Any = None, *, role: str = "guard") -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         try:
             import prometheus_client as prom
         except ModuleNotFoundError as exc:
             raise extra_missing(exc) from exc
+        self.role = role
+        self._prom = prom
+        self._lazy_lock = threading.Lock()
         self.registry = registry if registry is not None else prom.CollectorRegistry()
         reg = self.registry
         p = PREFIX
@@ -165,9 +193,7 @@ class PrometheusMetrics:
         self.recoveries = prom.Counter(
             p + "overflow_recoveries", "recover() calls after a provider error, by outcome.",
             ["outcome"], registry=reg)
-        self.silent = prom.Counter(
-            p + "silent_truncation_suspected", "Usage reports far below what was sent "
-            "(or above the window): silent truncation upstream.", registry=reg)
+        self._silent: Any = None
         self.jobs = prom.Counter(p + "jobs", "Celery jobs by task and outcome.",
                                  ["task", "outcome"], registry=reg)
         self.job_seconds = prom.Histogram(
@@ -187,17 +213,43 @@ class PrometheusMetrics:
         self.errors = prom.Counter(p + "summarizer_errors", "Failed summarizer calls by "
                                    "provider and error type.", ["provider", "error"],
                                    registry=reg)
-        self.lag_messages = prom.Histogram(
-            p + "worker_lag_messages", "Messages since the watermark when a job starts.",
-            buckets=LAG_MESSAGES_BUCKETS, registry=reg)
-        self.lag_seconds = prom.Histogram(
-            p + "worker_lag_seconds", "Seconds from enqueue to the job's start (jobs whose "
-            "publisher sent its time).", buckets=LAG_SECONDS_BUCKETS, registry=reg)
+        self._lag: Any = None
         self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
                                   "lease taken.", ["result"], registry=reg)
         self._prepare_children: dict[str, tuple[Any, Any, Any, Any]] = {}
         self.depth = QueueDepthCollector()
         reg.register(self.depth)
+        if role == "guard":
+            self.silent_counter()
+        else:
+            self.lag_histograms()
+
+    def silent_counter(self) -> Any:
+        """``compaction_silent_truncation_suspected_total``, created on first use."""
+        if self._silent is None:
+            with self._lazy_lock:
+                if self._silent is None:
+                    self._silent = self._prom.Counter(
+                        PREFIX + "silent_truncation_suspected", "Usage reports far below "
+                        "what was sent (or above the window): silent truncation upstream.",
+                        registry=self.registry)
+        return self._silent
+
+    def lag_histograms(self) -> tuple[Any, Any]:
+        """``compaction_worker_lag_messages`` and ``_seconds``, created on first use."""
+        if self._lag is None:
+            with self._lazy_lock:
+                if self._lag is None:
+                    prom, reg = self._prom, self.registry
+                    self._lag = (
+                        prom.Histogram(PREFIX + "worker_lag_messages", "Messages since the "
+                                       "watermark when a job starts.",
+                                       buckets=LAG_MESSAGES_BUCKETS, registry=reg),
+                        prom.Histogram(PREFIX + "worker_lag_seconds", "Seconds from enqueue "
+                                       "to the job's start (jobs whose publisher sent its "
+                                       "time).", buckets=LAG_SECONDS_BUCKETS, registry=reg))
+        lag: tuple[Any, Any] = self._lag
+        return lag
 
     def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
                      path: str = "prepare") -> None:
@@ -220,17 +272,18 @@ class PrometheusMetrics:
         self.recoveries.labels(outcome).inc()
 
     def silent_truncation(self) -> None:
-        self.silent.inc()
+        self.silent_counter().inc()
 
     def job_done(self, task: str, status: str, seconds: float) -> None:
         self.jobs.labels(task, status).inc()
         self.job_seconds.labels(task).observe(seconds)
 
     def worker_lag(self, *, messages: int | None = None, seconds: float | None = None) -> None:
+        lag_messages, lag_seconds = self.lag_histograms()
         if messages is not None:
-            self.lag_messages.observe(max(0, messages))
+            lag_messages.observe(max(0, messages))
         if seconds is not None:
-            self.lag_seconds.observe(max(0.0, seconds))
+            lag_seconds.observe(max(0.0, seconds))
 
     def summarizer_call(self, provider: str, model: str, seconds: float, *,
                         input_tokens: int = 0, output_tokens: int = 0,
@@ -310,12 +363,13 @@ def metrics_enabled() -> bool:
     return not isinstance(_current, NullMetrics)
 
 
-def install_prometheus(registry: Any = None) -> PrometheusMetrics:
-    """The process's :class:`PrometheusMetrics`, built on ``registry`` the first time."""
+def install_prometheus(registry: Any = None, *, role: str = "guard") -> PrometheusMetrics:
+    """The process's :class:`PrometheusMetrics`, built on ``registry`` (for ``role``) the
+    first time."""
     current = _current
     if isinstance(current, PrometheusMetrics) and registry in (None, current.registry):
         return current
-    metrics = PrometheusMetrics(registry)
+    metrics = PrometheusMetrics(registry, role=role)
     set_metrics(metrics)
     return metrics
 
@@ -379,7 +433,8 @@ class MetricsEndpoint:
         await self.app(scope, receive, send)
 
 
-__all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "MULTIPROC_ENV", "PREFIX", "Metrics",
+__all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "METRIC_ROLES", "MULTIPROC_ENV", "PREFIX",
+           "ROLES", "Metrics",
            "MetricsEndpoint", "NullMetrics", "PrometheusMetrics", "get_metrics",
            "install_prometheus", "metrics_app", "metrics_enabled", "multiprocess_dir",
            "served_registry", "set_metrics"]
