@@ -8,7 +8,11 @@ broker (reachable, ``maxmemory-policy``: anything but
 workers (Celery ``control.ping``, and whether they consume the queue,
 ``COMPACTION_QUEUE``), and the summarizer (a ``models.list()`` for
 OpenAI-compatible servers, a ``countTokens`` call for Vertex / Gemini, a
-note for the offline summarizer). Exit status 0 only if nothing FAILs.
+note for the offline summarizer). A server that does not serve
+``GET /models`` (404, 405, 501: some gateways restrict it) is a WARN, not a
+FAIL: the workers only call chat completions, and checking those would cost a
+billed call; a rejected key (401, 403) or an unreachable host stays a FAIL.
+Exit status 0 only if nothing FAILs.
 
 A check never raises: whatever goes wrong becomes its FAIL line.
 """
@@ -253,6 +257,10 @@ def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
 
 
 # -- summarizer ------------------------------------------------------------------------------
+MODEL_LIST_UNSUPPORTED = frozenset({404, 405, 501})
+"""Statuses of a GET /models the server does not serve: WARN (cannot verify), not FAIL."""
+
+
 def check_summarizer(settings: Settings, timeout: float) -> Check:
     kind = settings.summarizer
     if kind == "offline":
@@ -275,6 +283,15 @@ def _openai(settings: Settings, timeout: float) -> Check:
     except openai.AuthenticationError as exc:
         return Check("summarizer", "FAIL", f"openai at {where}: API key rejected ({exc.message})")
     except openai.APIStatusError as exc:
+        if exc.status_code in MODEL_LIST_UNSUPPORTED:
+            # Gateways (LiteLLM, vLLM behind a proxy...) may not serve GET /models while
+            # chat completions work; a completion to check it would be billed.
+            return Check("summarizer", "WARN", f"openai at {where}: cannot verify the model "
+                                               f"list: GET /models answered HTTP "
+                                               f"{exc.status_code} ({exc.message}); chat "
+                                               "completions not checked (a call is billed); "
+                                               "check COMPACTION_SUMMARIZER_BASE_URL if this "
+                                               "server should list models")
         return Check("summarizer", "FAIL", f"openai at {where}: HTTP {exc.status_code}: "
                                            f"{exc.message}")
     except openai.APIConnectionError as exc:
