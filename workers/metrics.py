@@ -2,7 +2,13 @@
 
 ``COMPACTION_METRICS_PORT=9808`` makes each worker process serve Prometheus
 metrics on that port (the ``metrics`` extra), started from Celery's
-``worker_init`` signal, so a worker that does not set it imports nothing.
+``celeryd_after_setup`` signal (``worker_init`` for a bare ``WorkController``,
+which sends no ``celeryd_after_setup``), so a worker that does not set it
+imports nothing. ``celeryd_after_setup`` comes after Celery has set up logging
+(and after ``-Q``, before the pool forks): the "serving" line and the error of a
+taken port are in the worker's log format (``COMPACTION_LOG_FORMAT=json``
+included); at ``worker_init`` they went to Python's last-resort handler, a bare
+line (or, the INFO one, nowhere).
 
 Several workers:
 
@@ -37,7 +43,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    celeryd_after_setup,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 
 from shared.core.errors import SummarizerUnavailable
 from shared.enqueue import QUEUE
@@ -142,6 +153,10 @@ def start_metrics_server(port: int, *, multiprocess: bool = False,
             priority_steps=options.get("priority_steps", REDIS_PRIORITY_STEPS))
         if reader is not None:
             add_depth(reader)
+        else:
+            log.warning("metrics: compaction_queue_depth is read from a single Redis broker "
+                        "only; COMPACTION_BROKER_URL is %s, so this worker exports no queue "
+                        "depth", _broker_kind(broker_url))
     try:
         _server = prom.start_http_server(port, registry=registry)
     except OSError as exc:
@@ -154,7 +169,28 @@ def start_metrics_server(port: int, *, multiprocess: bool = False,
     return registry
 
 
+def _broker_kind(broker_url: str) -> str:
+    """What a broker URL is, without its host or credentials (for a log line)."""
+    if ";" in broker_url:
+        return "a failover list"
+    scheme = broker_url.split("://", 1)[0] if "://" in broker_url else "?"
+    return f"a {scheme}:// URL"
+
+
 def _start_on_worker_init(sender: Any = None, **_: Any) -> None:
+    """A bare ``WorkController`` sends no ``celeryd_after_setup``: start here for it."""
+    from celery.apps.worker import Worker
+
+    if not isinstance(sender, Worker):
+        _start(sender)
+
+
+def _start_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """``celery worker`` (``celery.apps.worker.Worker``): logging is set up by now."""
+    _start(instance)
+
+
+def _start(sender: Any) -> None:
     settings = _settings(sender)
     if settings.metrics_port is None:
         return
@@ -196,6 +232,7 @@ def _child_exit(pid: int | None = None, **_: Any) -> None:
 
 # Celery's signals are untyped: connected by call, not as decorators (mypy --strict).
 worker_init.connect(_start_on_worker_init, weak=False)
+celeryd_after_setup.connect(_start_after_setup, weak=False)
 worker_process_init.connect(_child_metrics, weak=False)
 worker_process_shutdown.connect(_child_exit, weak=False)
 
