@@ -227,7 +227,10 @@ class CheapScan:
                 if decision is not None:
                     plan.append(decision)
                 elif result.read is not None and self._later_read(i, result.read) == i:
-                    self.undecided[i] = result  # a later read of its file may drop it yet
+                    # a later read of its file may drop it yet: open again, since the read
+                    # that superseded it is no longer the newest (a failed read came after)
+                    self.undecided[i] = result
+                    self.open_reads.setdefault(result.read[0], {})[i] = result.read[1]
         plan.sort(key=lambda d: d.index)
         return plan
 
