@@ -25,7 +25,7 @@ from shared.core.cheap import CheapScan, plan_cheap_stages
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.fileops import read_scope
 from shared.core.messages import Message
-from shared.core.records import CheapDecision
+from shared.core.records import CheapDecision, stored_decision
 from shared.core.turns import turn_starts
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
@@ -316,3 +316,48 @@ def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing() -> None:
                                  "again at message #5,")
     assert results[1] == code
     assert results[2] == code[:2000], "the range read must stay: no later read holds it"
+
+
+def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way() -> None:
+    """Decisions stored before reads were checked for holding what they replace (no
+    ``rule``: 1) pointed whole and range reads at an empty grep. A guard of today shows
+    such a read whole; where today's rule decides the same message otherwise, its decision
+    replaces the stored one (so every reader, workers included, agrees); a clearing of
+    rule 1 stays (that rule did not change)."""
+    client = fakeredis.FakeRedis()
+    store = SessionStore(client, StoreConfig(key_prefix="c"))
+    code = "\n".join(f"    def method_{n}(self): return {n}" for n in range(120))
+    commands = ["cat src/app.py", "cat src/app.py", "sed -n '1909,2000p' src/app.py",
+                "grep GENERATING src/app.py"] + [f"echo {n}" for n in range(6)]
+    outputs = [code, code, code[:2000], "<returncode>1</returncode><output></output>"]
+    for i, command in enumerate(commands):
+        store.append("s", [m.model_dump(exclude_none=True) for m in _shell_turn(
+            i, command, outputs[i] if i < len(outputs) else "ok")])
+    key = store.keys("s").cheap
+    old = {2: 11, 8: 11}  # the first whole read and the range read, both at the empty grep
+    for index, later in old.items():
+        client.hset(key, str(index), json.dumps({
+            "index": index, "stage": "dedupe_read", "saved_tokens": 100,
+            "refers_to": later, "placeholder": f"[earlier read of src/app.py omitted: the "
+                                               f"file was read again at message #{later}]"}))
+    cleared = CheapDecision(index=14, stage="clear_tool_output", placeholder="[cleared]",
+                            saved_tokens=1).model_dump_json(exclude={"rule"})
+    client.hset(key, "14", cleared)  # rule 1 as well, by omission
+    assert not store.load_view("s").cheap.keys() & old.keys()  # workers apply neither
+    assert 14 in store.load_view("s").cheap
+    policy = CompactionPolicy(clear_keep_recent_turns=2, clear_tool_outputs_over_tokens=10**9)
+    tokens = store.range_tokens("s", 0, store.length("s"))
+    guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
+    results = [m.text() for m in view.messages if m.role == "tool"]
+    assert results[0].startswith("[earlier read of src/app.py omitted: the file was read "
+                                 "again at message #5,")  # today's decision, not the grep
+    assert results[2] == code[:2000], "the range read is shown whole"
+    assert results[4] == "[cleared]"
+    stored = {int(i): stored_decision(v) for i, v in client.hgetall(key).items()}
+    assert stored[2].rule == 2 and stored[2].refers_to == 5
+    assert stored[8].rule == 1 and not stored[8].current  # nothing replaced it; not applied
+    assert stored[14].rule == 1 and stored[14].current
+    fresh = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    again = fresh.prepare("s", SYSTEM, max_tokens=500, model="m")
+    assert [m.text() for m in again.messages if m.role == "tool"] == results

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -39,6 +39,11 @@ class SummaryRecord(BaseModel):
         return f"{self.text}\n\n{self.ledger}".strip() if self.ledger else self.text
 
 
+DEDUPE_RULE = 2
+"""The rule of ``dedupe_read`` decisions planned now: a later read stands for an earlier
+one only when it holds all the earlier held (:func:`shared.core.fileops.read_scope`)."""
+
+
 class CheapDecision(BaseModel):
     """A cheap-stage replacement of one message's content, decided once and kept."""
 
@@ -51,6 +56,42 @@ class CheapDecision(BaseModel):
     refers_to: int | None = Field(
         default=None, ge=0, description="log index the placeholder points at (dedupe_read: "
                                         "the later read); an edit that removes it drops this")
+    rule: int = Field(
+        default=DEDUPE_RULE, ge=1,
+        description="the planning rule that made it (stored JSON without it: 1, see "
+                    ":func:`stored_decision`); see :attr:`current`")
+
+    @property
+    def current(self) -> bool:
+        """Whether the view applies it. A ``dedupe_read`` of rule 1 may point a whole read
+        at a far smaller or failed later one (any grep, range or empty read of the file
+        counted as a read of it): such decisions, stored by older versions, are not
+        applied (the message is shown whole) and may be replaced (``cheap.lua``)."""
+        return self.stage != "dedupe_read" or self.rule >= DEDUPE_RULE
+
+
+def stored_decision(raw: str | bytes) -> CheapDecision:
+    """A decision from its stored JSON; one stored without ``rule`` (by a version before
+    it existed) is of rule 1."""
+    decision = CheapDecision.model_validate_json(raw)
+    if "rule" not in decision.model_fields_set:
+        return decision.model_copy(update={"rule": 1})
+    return decision
+
+
+def current_decisions(raw: Mapping[int, str | bytes],
+                      known: Mapping[int, CheapDecision] | None = None,
+                      known_raw: Mapping[int, Any] | None = None) -> dict[int, CheapDecision]:
+    """The stored decisions a view applies (:attr:`CheapDecision.current`), each decoded
+    once: one ``known`` holds under the same stored JSON (``known_raw``) is reused."""
+    out: dict[int, CheapDecision] = {}
+    for i, v in raw.items():
+        found = known.get(i) if known is not None and known_raw is not None \
+            and known_raw.get(i) == v else None
+        decision = found if found is not None else stored_decision(v)
+        if decision.current:
+            out[i] = decision
+    return out
 
 
 class UsageAnchor(BaseModel):
@@ -292,6 +333,7 @@ def decode_messages(raw: bytes | str) -> list[Message]:
 
 
 __all__ = [
+    "DEDUPE_RULE",
     "AppendResult",
     "CheapDecision",
     "CommitResult",
@@ -303,5 +345,7 @@ __all__ = [
     "UsageAnchor",
     "ViewCursor",
     "ViewData",
+    "current_decisions",
     "decode_messages",
+    "stored_decision",
 ]

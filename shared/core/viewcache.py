@@ -43,7 +43,14 @@ from shared.core.pairs import (
     shape,
     stored_shape,
 )
-from shared.core.records import CheapDecision, RawView, SessionState, SummaryRecord, ViewCursor
+from shared.core.records import (
+    CheapDecision,
+    RawView,
+    SessionState,
+    SummaryRecord,
+    ViewCursor,
+    current_decisions,
+)
 from shared.core.repaired import RepairedView
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import ReadWire, convert, decode_stored, load_stored
@@ -461,11 +468,9 @@ def _decode_view(raw: RawView, cached: CachedView | None,
     w = state.watermark
     cheap_gen = raw.state_raw.get("cheap_gen", "")
     if raw.cheap_included or cached is None:
-        known = cached.cheap_raw if cached is not None else {}
-        cheap: Mapping[int, CheapDecision] = {
-            i: (cached.cheap[i] if cached is not None and known.get(i) == v
-                else CheapDecision.model_validate_json(v))
-            for i, v in raw.cheap_raw.items()}
+        cheap: Mapping[int, CheapDecision] = current_decisions(
+            raw.cheap_raw, cached.cheap if cached is not None else None,
+            cached.cheap_raw if cached is not None else None)
         cheap_raw: Mapping[int, Any] = raw.cheap_raw
     else:
         cheap, cheap_raw = cached.cheap, cached.cheap_raw

@@ -45,6 +45,7 @@ from shared.core.records import (
     SummaryRecord,
     ViewCursor,
     ViewData,
+    current_decisions,
 )
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
@@ -355,7 +356,7 @@ class SessionStore(LeaseOps):
             length=raw.length,
             summary=(SummaryRecord.model_validate_json(raw.summary_json)
                      if raw.summary_json else None),
-            cheap={i: CheapDecision.model_validate_json(v) for i, v in raw.cheap_raw.items()},
+            cheap=current_decisions(raw.cheap_raw),
             pending=raw.pending,
             epoch=raw.epoch,
             history_counts=raw.message_counts() if with_counts else None,

@@ -1,6 +1,9 @@
 -- cheap.lua: record cheap-stage decisions, first writer wins per message.
 -- A decision, once made, never changes, so the view's prefix stays stable
--- (provider prompt caches keep hitting) until compaction moves the watermark.
+-- (provider prompt caches keep hitting) until compaction moves the watermark;
+-- except a dedupe_read decision of rule 1 (stored before the rule field
+-- existed), which views no longer apply (CheapDecision.current): a new
+-- decision for its message replaces it.
 -- Decisions point at message indexes of the view the guard read: when the
 -- session's version moved since (a history edit, a rewind, a summary), those
 -- indexes may hold other messages now, so nothing is written.
@@ -21,8 +24,16 @@ if ARGV[2] ~= '' then
   end
 end
 local added = 0
+local function stale(decision)
+  return string.find(decision, '"stage"%s*:%s*"dedupe_read"') ~= nil
+    and string.find(decision, '"rule"%s*:') == nil
+end
 for i = 3, #ARGV, 2 do
-  added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+  local old = redis.call('HGET', KEYS[1], ARGV[i])
+  if not old or stale(old) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    added = added + 1
+  end
 end
 if added > 0 then
   redis.call('HINCRBY', KEYS[2], 'cheap_gen', 1)
