@@ -341,17 +341,18 @@ class SummaryEngine:
               counter: TokenCounter, cap: int) -> str:
         """The checked reply to ``request``; ``cap``: the size the request asked for (a
         turn's summary is asked for less than the whole summary's cap)."""
-        # GenAI span + summarizer metrics (shared.telemetry.genai)
+        # GenAI span + summarizer metrics (shared.telemetry.genai); the quality check runs
+        # inside it, so a rejected reply is a failed call (error.type bad_summary).
         with model_call(client.name, client.model, self.max_summary_tokens) as call:
             completion = client.complete(request, self.max_summary_tokens)
             call.done(completion.input_tokens, completion.output_tokens, completion.model)
-        draft.calls += 1
-        draft.input_tokens += completion.input_tokens
-        draft.output_tokens += completion.output_tokens
-        input_tokens = counter.messages(list(chunk)) + (
-            counter.text(previous) if previous else 0)
-        return check_summary(completion.text, input_tokens=input_tokens, counter=counter,
-                             previous=previous, max_tokens=cap)
+            draft.calls += 1
+            draft.input_tokens += completion.input_tokens
+            draft.output_tokens += completion.output_tokens
+            input_tokens = counter.messages(list(chunk)) + (
+                counter.text(previous) if previous else 0)
+            return check_summary(completion.text, input_tokens=input_tokens, counter=counter,
+                                 previous=previous, max_tokens=cap)
 
     @staticmethod
     def _check_deadline(deadline: float | None) -> None:

@@ -29,6 +29,14 @@ retrying would do:
 - ``SummarizerError`` for the rest (400, 401, 403, 404...): the request or
   the configuration is wrong, and the same call would fail the same way,
   so the job falls back to the offline summarizer at once.
+
+Each error is tagged (:mod:`workers.summarizer.failures`) with its bounded
+class (``rate_limited``, ``server_error``, ``timeout``, ...), the HTTP status
+and the wait the provider asked for (``retry-after-ms`` / ``Retry-After``
+headers; a Google ``RetryInfo`` ``retryDelay``), which the task honours
+before its retry. The SDKs' own retries are off (``max_retries=0``,
+``HttpRetryOptions(attempts=1)``): one summarizer call is one HTTP request,
+and only Celery retries.
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ from shared.core.limits import model_limits
 from shared.core.overflow import parse_overflow
 from workers.summarizer.deadline import deadline_http_client
 from workers.summarizer.engine import Completion, LLMClient, SummarizerOverflow
+from workers.summarizer.failures import (
+    status_class,
+    tag,
+    wait_from_headers,
+    wait_from_retry_info,
+)
 
 NORMAL_STOPS = frozenset({"stop", "eos", "eos_token", "end_turn", "stop_sequence", None})
 """OpenAI-compatible finish reasons of a reply that ended by itself (``None``: a server
@@ -55,16 +69,32 @@ def _transient_status(status: int | None) -> bool:
 
 
 def status_error(name: str, status: int | None, message: str,
-                 error: BaseException) -> SummarizerError:
-    """The project's error for an HTTP error answer of the summarizer (see the module doc)."""
+                 error: BaseException, *, retry_after: float | None = None) -> SummarizerError:
+    """The project's error for an HTTP error answer of the summarizer (see the module doc),
+    tagged with its class, ``status`` and the wait the provider asked (``retry_after``)."""
     text = f"{name}: HTTP {status}: {message}"
     overflow = parse_overflow(error)
     if overflow is not None:
-        return SummarizerOverflow(text, limit=overflow.limit,
-                                  requested=overflow.prompt_tokens or overflow.requested)
+        return tag(SummarizerOverflow(text, limit=overflow.limit,
+                                      requested=overflow.prompt_tokens or overflow.requested),
+                   "context_overflow", status=status)
     if _transient_status(status):
-        return SummarizerUnavailable(text)
-    return SummarizerError(text)
+        if retry_after is not None:
+            text += f" (asked to retry after {retry_after:g} s)"
+        return tag(SummarizerUnavailable(text), status_class(status), status=status,
+                   retry_after=retry_after)
+    return tag(SummarizerError(text), status_class(status), status=status)
+
+
+def _finish_class(finish: str) -> str:
+    """The error class of a reply that did not end normally."""
+    upper = finish.upper()
+    if upper.endswith(("LENGTH", "MAX_TOKENS")):
+        return "truncated"
+    if any(word in upper for word in ("FILTER", "SAFETY", "RECITATION", "BLOCKLIST",
+                                      "PROHIBITED", "SPII")):
+        return "content_filter"
+    return "bad_summary"
 
 
 def _openai_httpx() -> ModuleType:
@@ -118,21 +148,29 @@ class OpenAIClient:
             # error classes and parsed ChatCompletion (tests/test_adapters.py).
             response = self.client.post("/chat/completions", body=body,
                                         cast_to=self._completion_type)
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except openai.APITimeoutError as exc:  # before its base class, APIConnectionError
+            raise tag(SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}"),
+                      "timeout") from exc
+        except openai.APIConnectionError as exc:
+            raise tag(SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}"),
+                      "connection") from exc
         except openai.APIStatusError as exc:
-            raise status_error(self.name, exc.status_code, exc.message, exc) from exc
+            raise status_error(self.name, exc.status_code, exc.message, exc,
+                               retry_after=wait_from_headers(exc.response.headers)) from exc
         except (openai.OpenAIError, ValueError) as exc:  # garbage bodies (JSONDecodeError)
-            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise tag(SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}"),
+                      "bad_response") from exc
         choices = getattr(response, "choices", None)
         if not choices:
-            raise SummarizerUnavailable(f"{self.name}: reply without choices")
+            raise tag(SummarizerUnavailable(f"{self.name}: reply without choices"),
+                      "bad_response")
         choice = choices[0]
         if choice.finish_reason == "length":
-            raise BadSummary(f"{self.name}: summary cut off at max_tokens")
+            raise tag(BadSummary(f"{self.name}: summary cut off at max_tokens"), "truncated")
         if choice.finish_reason not in NORMAL_STOPS:
-            raise BadSummary(f"{self.name}: the reply ended with finish_reason "
-                             f"{choice.finish_reason!r}, not a normal stop (partial)")
+            raise tag(BadSummary(f"{self.name}: the reply ended with finish_reason "
+                                 f"{choice.finish_reason!r}, not a normal stop (partial)"),
+                      _finish_class(str(choice.finish_reason)))
         usage = response.usage
         return Completion(text=choice.message.content or "",
                           input_tokens=usage.prompt_tokens if usage else 0,
@@ -199,21 +237,38 @@ class GeminiClient:
             response = self.client.models.generate_content(
                 model=self.model, contents=contents, config=config)
         except errors.APIError as exc:
-            raise status_error(self.name, exc.code, str(exc.message), exc) from exc
+            wait = wait_from_retry_info(exc.details)
+            if wait is None:
+                wait = wait_from_headers(getattr(exc.response, "headers", None))
+            raise status_error(self.name, exc.code, str(exc.message), exc,
+                               retry_after=wait) from exc
         except Exception as exc:  # httpx timeouts, connection errors, bad bodies
-            raise SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise tag(SummarizerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}"),
+                      _transport_class(exc)) from exc
         candidates = response.candidates or []
         finish = str(candidates[0].finish_reason or "") if candidates else ""
         if finish.endswith("MAX_TOKENS"):
-            raise BadSummary(f"{self.name}: summary cut off at max_output_tokens")
+            raise tag(BadSummary(f"{self.name}: summary cut off at max_output_tokens"),
+                      "truncated")
         if finish and not finish.endswith("STOP"):  # SAFETY, RECITATION, ... with partial text
-            raise BadSummary(f"{self.name}: the reply ended with finishReason {finish}, "
-                             "not STOP (partial)")
+            raise tag(BadSummary(f"{self.name}: the reply ended with finishReason {finish}, "
+                                 "not STOP (partial)"), _finish_class(finish))
         usage = response.usage_metadata
         return Completion(text=response.text or "",
                           input_tokens=(usage.prompt_token_count or 0) if usage else 0,
                           output_tokens=(usage.candidates_token_count or 0) if usage else 0,
                           model=self.model)
+
+
+def _transport_class(exc: BaseException) -> str:
+    """The class of a failure below HTTP (google-genai lets httpx's exceptions through)."""
+    import httpx
+
+    if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (httpx.TransportError, ConnectionError)):
+        return "connection"
+    return "bad_response"
 
 
 def client_from_settings(settings: Any) -> LLMClient | None:
