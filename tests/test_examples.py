@@ -31,7 +31,15 @@ from typing import Any
 import pytest
 import redis
 
-from shared import CeleryEnqueuer, ContextGuard, SessionStore, connect, from_openai, publisher_app
+from shared import (
+    CeleryEnqueuer,
+    ContextGuard,
+    SessionStore,
+    StoreUnavailable,
+    connect,
+    from_openai,
+    publisher_app,
+)
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.stack.worker_process import purge_queue
 from workers.urls import with_db
@@ -196,7 +204,8 @@ def test_python_fragments(block: Block, urls: tuple[str, str], key_prefix: str,
             "openai": openai, "from_openai": from_openai, "ContextGuard": ContextGuard,
             "SessionStore": SessionStore, "connect": connect, "CeleryEnqueuer": CeleryEnqueuer,
             "publisher_app": publisher_app, "REDIS_URL": urls[0], "BROKER_URL": urls[1],
-            "client": client, "sid": sid, "text": "What is in README.md?",
+            "client": client, "sid": sid, "text": "What is in README.md?", "unrecorded": [],
+            "StoreUnavailable": StoreUnavailable,
             "SYSTEM": agent_loop.SYSTEM, "TOOLS": agent_loop.TOOLS, "MODEL": "gpt-4o",
             "guard": ContextGuard(store, overrides={"gpt-4o": 32_000}),
             "run_tool": lambda call: agent_loop.run_tool(
@@ -210,5 +219,39 @@ def test_python_fragments(block: Block, urls: tuple[str, str], key_prefix: str,
             if tool_loop:
                 assert 400 in statuses, "the small window made one call overflow"
                 assert store.length(sid) == 4
+        finally:
+            store.delete_session(sid)
+
+
+def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
+                                                 key_prefix: str) -> None:
+    """The README's loop with Redis down for one turn: the model still answers (a view of
+    the turn alone), the turn is kept, and the next turn, Redis back, records it first."""
+    (block,) = [b for b in blocks() if b.kind == "fragment" and "unrecorded" in b.code]
+    sid = f"{key_prefix}-outage"
+    store = SessionStore(connect(urls[0]))
+    with socket.socket() as sock:  # a port nothing listens on: Redis is down
+        sock.bind(("127.0.0.1", 0))
+        down = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    unrecorded: list[Any] = []
+    with FakeOpenAIServer(window=128_000) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+        try:
+            for redis_url, text in ((down, "first, Redis down"), (urls[0], "second")):
+                exec(compile(block.code, block.name, "exec"), {
+                    "openai": openai, "from_openai": from_openai, "ContextGuard": ContextGuard,
+                    "SessionStore": SessionStore, "connect": connect,
+                    "CeleryEnqueuer": CeleryEnqueuer, "publisher_app": publisher_app,
+                    "StoreUnavailable": StoreUnavailable, "REDIS_URL": redis_url,
+                    "BROKER_URL": urls[1], "client": client, "sid": sid, "text": text,
+                    "SYSTEM": "You are terse.", "TOOLS": [], "MODEL": "gpt-4o",
+                    "unrecorded": unrecorded})
+                if redis_url == down:
+                    assert len(unrecorded) == 1 and store.length(sid) == 0
+            assert [r.status for r in server.requests] == [200, 200]
+            assert unrecorded == []
+            assert [m.text() for m in store.messages(sid) if m.role == "user"] == [
+                "first, Redis down", "second"]
+            assert store.length(sid) == 4
         finally:
             store.delete_session(sid)
