@@ -29,7 +29,14 @@ lease token, hand-over after a failure) is :mod:`shared.store.lease`.
 Retries: only a summarizer that may answer later (timeout, connection
 error, 429, 5xx: ``SummarizerUnavailable``) is retried, with exponential
 backoff and jitter (Celery autoretry); the last attempt falls back to the
-offline summarizer so the session still makes progress. A failure that
+offline summarizer so the session still makes progress. When the provider
+said how long to wait (``Retry-After`` / ``retry-after-ms`` on a 429 or 503,
+Google's ``RetryInfo``), the countdown is at least that wait, with Celery's
+jittered backoff on top so that sessions told the same wait do not come back
+at the same second (:func:`retry_countdown`); a wait longer than a retry may
+take (:func:`longest_wait`: ``COMPACTION_RETRY_BACKOFF_MAX``, and the room the
+visibility timeout leaves beside the lease) falls back to the offline summarizer
+at once, as the last attempt does, saying so. A failure that
 would repeat (HTTP 400, 401, an empty reply, a refusal, a summary cut off at
 its token cap) falls back at once. A failure after some chunks of a long
 range were folded commits those first (:mod:`workers.compactor`): the retry
@@ -45,6 +52,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Task
+from celery.utils.time import get_exponential_backoff_interval
 
 from shared.core.errors import StoreUnavailable, SummarizerError, SummarizerUnavailable
 from shared.enqueue import QUEUE, TASK_COMPACT, TASK_MAYBE_SUMMARIZE
@@ -57,6 +65,7 @@ from workers.compactor import JobOutcome
 from workers.metrics import observed, record_outcome
 from workers.runtime import get_runtime
 from workers.settings import RECALL_INDEX_TASK, RETRY_BACKOFF_FACTOR, Settings
+from workers.summarizer.failures import retry_after_of
 
 log = logging.getLogger("compaction.tasks")
 
@@ -64,6 +73,42 @@ log = logging.getLogger("compaction.tasks")
 def _settings() -> Settings:
     settings: Settings = app.conf.compaction_settings
     return settings
+
+
+def longest_wait(settings: Settings) -> float:
+    """The longest countdown a retry may take: ``COMPACTION_RETRY_BACKOFF_MAX``, and less
+    than the visibility timeout leaves beside the lease (a retry's message stays
+    unacknowledged for its countdown and then its run: any longer and Redis delivers it
+    again while it waits)."""
+    return float(max(0, min(settings.retry_backoff_max,
+                            settings.visibility_timeout - settings.lease_seconds)))
+
+
+def retry_countdown(retries: int, retry_after: float | None, settings: Settings) -> float:
+    """Seconds before retry number ``retries + 1``: Celery's exponential backoff with full
+    jitter (what ``autoretry_for`` computes), or, when the provider asked for a wait,
+    that wait plus the jittered backoff, capped at :func:`longest_wait`."""
+    backoff = float(get_exponential_backoff_interval(
+        factor=RETRY_BACKOFF_FACTOR, retries=retries, maximum=settings.retry_backoff_max,
+        full_jitter=True))
+    if retry_after is None:
+        return backoff
+    return max(retry_after, min(longest_wait(settings), retry_after + backoff))
+
+
+def _retrying(task: Task, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``; a summarizer failure whose provider asked for a wait is retried after it
+    (``task.retry``: Celery's retry, counted against ``max_retries``); any other
+    ``SummarizerUnavailable`` goes to the task's ``autoretry_for`` backoff."""
+    try:
+        return run()
+    except SummarizerUnavailable as exc:
+        wait = retry_after_of(exc)
+        if wait is None:
+            raise
+        countdown = retry_countdown(task.request.retries or 0, wait, _settings())
+        log.info("retrying in %.1f s: the summarizer asked to wait %.1f s", countdown, wait)
+        raise task.retry(exc=exc, countdown=countdown) from exc
 
 
 class JobFailed(Exception):
@@ -93,7 +138,8 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
 
     def execute(request: Request, token: str) -> JobOutcome:
         outcome = record_outcome(_compact_once(compactor.run, session_id, request,  # metrics
-                                               last_attempt, deadline, token))
+                                               last_attempt, deadline, token,
+                                               longest_wait(settings)))
         if outcome.status == "compacted" and settings.recall_index == "task":
             request_index(store, session_id, tenant, eager=bool(task.request.is_eager),
                           route=route)
@@ -134,19 +180,26 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
 
 
 def _compact_once(run: Callable[..., JobOutcome], session_id: str, request: Request,
-                  last_attempt: bool, deadline: float, token: str) -> JobOutcome:
-    """One request: LLM summary, or the offline summarizer when retrying cannot help;
-    the commit is fenced with the lease ``token``."""
+                  last_attempt: bool, deadline: float, token: str,
+                  longest: float = float("inf")) -> JobOutcome:
+    """One request: LLM summary, or the offline summarizer when retrying cannot help (not
+    retryable, the last attempt, or a wait asked by the provider longer than ``longest``,
+    the longest countdown a retry may take); the commit is fenced with the lease ``token``."""
     args: dict[str, Any] = {"force": request.force, "keep_recent": request.keep_recent,
                             "manual": request.manual, "lease_token": token}
     try:
         return run(session_id, deadline=deadline, **args)
     except SummarizerError as exc:
         retryable = isinstance(exc, SummarizerUnavailable)
-        if retryable and not last_attempt:
+        wait = retry_after_of(exc) if retryable else None
+        too_long = wait is not None and wait > longest
+        if retryable and not last_attempt and not too_long:
             log.warning("summarizer failed for %s, will retry: %s", session_id, exc)
             raise
-        why = "last attempt" if retryable else f"not retryable, {type(exc).__name__}"
+        why = ("last attempt" if retryable and not too_long else
+               f"the provider asks to wait {wait:g} s, longer than a retry may wait "
+               f"({longest:g} s: COMPACTION_RETRY_BACKOFF_MAX, visibility timeout)"
+               if too_long else f"not retryable, {type(exc).__name__}")
         log.warning("summarizer failed for %s, falling back to the offline summarizer "
                     "(%s): %s", session_id, why, exc)
         # refused, not unreachable: the summary is marked, merged onto, not rebuilt
@@ -210,18 +263,18 @@ def maybe_summarize(self: Task, session_id: str, tenant: str = "default",
                     handoff: int = 0) -> dict[str, Any]:
     """Compact the session if the budget formula says it is due (``handoff``: the
     follow-up jobs in a row after failed ones, see :mod:`shared.store.lease`)."""
-    return observed(self, session_id, tenant,  # span, log ids, metrics (workers.metrics)
-                    lambda: run_job(self, session_id, tenant, force=False, keep_recent=None,
-                                    handoff=handoff))
+    return _retrying(self, lambda: observed(  # span, log ids, metrics (workers.metrics)
+        self, session_id, tenant, lambda: run_job(self, session_id, tenant, force=False,
+                                                  keep_recent=None, handoff=handoff)))
 
 
 @app.task(name=TASK_COMPACT, bind=True, **_RETRY)
 def compact(self: Task, session_id: str, keep_recent: int | None = None, force: bool = False,
             tenant: str = "default") -> dict[str, Any]:
     """Manual /compact: runs below the trigger; ``force`` also when it frees little."""
-    return observed(self, session_id, tenant,  # span, log ids, metrics (workers.metrics)
-                    lambda: run_job(self, session_id, tenant, force=force,
-                                    keep_recent=keep_recent, manual=True))
+    return _retrying(self, lambda: observed(  # span, log ids, metrics (workers.metrics)
+        self, session_id, tenant, lambda: run_job(self, session_id, tenant, force=force,
+                                                  keep_recent=keep_recent, manual=True)))
 
 
 @app.task(name=RECALL_INDEX_TASK, bind=True, autoretry_for=(StoreUnavailable,),
@@ -251,4 +304,5 @@ def index_recall(self: Task, session_id: str, tenant: str = "default") -> dict[s
 
 
 __all__ = ["MAX_RERUN_ROUNDS", "JobFailed", "Request", "compact", "index_recall",
-           "maybe_summarize", "reply_route", "request_index", "run_job"]
+           "longest_wait", "maybe_summarize", "reply_route", "request_index", "retry_countdown",
+           "run_job"]
