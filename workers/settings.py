@@ -69,6 +69,7 @@ GENAI_KEY_VARIABLES = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
 # The setting each StoreConfig field is made from (store_config), for error messages.
 STORE_FIELD_SETTINGS = {"key_prefix": "key_prefix", "summary_retention": "summary_retention",
                         "ttl_seconds": "session_ttl_seconds",
+                        "pending_ttl_seconds": "pending_ttl_seconds",
                         "socket_timeout": "redis_socket_timeout",
                         "connect_timeout": "redis_socket_timeout"}
 
@@ -115,6 +116,10 @@ class Settings(BaseSettings):
         "(COMPACTION_REDIS_PASSWORD_FILE: from a Docker secret)")
     redis_socket_timeout: float = Field(default=0.5, gt=0)
     session_ttl_seconds: int | None = Field(default=None, gt=0)
+    pending_ttl_seconds: int = Field(
+        default=600, gt=0, description="a queued job's pending flag expires after this: a "
+        "job message lost on the way (a purge, a broker that lost its lists) holds the "
+        "session's next job back at most this long")
     summary_retention: int = Field(default=50, ge=1)
 
     # policy
@@ -222,6 +227,19 @@ class Settings(BaseSettings):
         for part in value.split(";"):
             check_broker_url(part)
         return value
+
+    @field_validator("summarizer_base_url")
+    @classmethod
+    def _summarizer_base_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host, checked at start-up: anything else failed every job
+        as an unreachable summarizer, each retried before its offline fallback."""
+        if value is None or not value.strip():
+            return None
+        parsed = urlsplit(value.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL with a host "
+                             "(e.g. http://127.0.0.1:8000/v1)")
+        return value.strip()
 
     @field_validator("key_prefix")
     @classmethod
@@ -334,7 +352,7 @@ class Settings(BaseSettings):
         try:
             return StoreConfig(
                 key_prefix=self.key_prefix, summary_retention=self.summary_retention,
-                lease_ttl_seconds=self.lease_seconds,
+                lease_ttl_seconds=self.lease_seconds, pending_ttl_seconds=self.pending_ttl_seconds,
                 request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
                 ttl_seconds=self.session_ttl_seconds, socket_timeout=self.redis_socket_timeout,
                 connect_timeout=self.redis_socket_timeout)
