@@ -6,9 +6,12 @@
    are built deterministically from the compacted range: the fact ledger's
    paths, identifiers, numbers, commands and URLs (``extract_facts``) plus error
    lines of tool results, each kept only if it occurs verbatim in at most 3
-   messages (the targets). A probe is answered by recall@k when a target is in
-   the top k; by the view alone when the text is verbatim in the current summary
-   block (summary plus ledger). Fidelity is reported after 1, 5 and 20
+   messages (the targets: in a message's text, its tool calls' raw JSON arguments,
+   or a string value of them: the ledger reads the decoded values, so a command
+   holding a ``\\n`` is verbatim in a call that wrote it into a file too). A
+   probe is answered by recall@k when a target is in the top k; by the view
+   alone when the text is verbatim in the current summary block (summary plus
+   ledger). Fidelity is reported after 1, 5 and 20
    compactions, over the probes of the range compacted so far.
 2. Scale. Sessions of N messages (dev messages cycled, each copy tagged) are
    indexed through ``index_compacted``; query latency p50/p99 over probe texts,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import re
 import secrets
 import statistics
@@ -75,6 +79,22 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 # -- probes ----------------------------------------------------------------------------
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
+
+
+def verbatim_texts(message: Message) -> list[str]:
+    """Where a probe counts as verbatim in ``message``: its index text (the raw JSON of
+    its tool calls' arguments) and every string value of those arguments, decoded."""
+    out = [index_text(message)]
+    for call in message.tool_calls:  # always a JSON object (ToolCall validates it)
+        out += _strings(json.loads(call.arguments))
+    return out
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     kind: str
@@ -85,6 +105,7 @@ class Probe:
 def build_probes(messages: Sequence[Message], end: int) -> list[Probe]:
     """Deterministic probes of messages ``[0, end)``: distinctive facts and error lines."""
     texts = [index_text(m) for m in messages[:end]]
+    verbatim = [verbatim_texts(m) for m in messages[:end]]
     candidates: list[tuple[str, str]] = []
     ledger = extract_facts(messages[:end])
     candidates += [(f.kind, f.text) for f in ledger.facts if f.kind in KINDS]
@@ -100,7 +121,8 @@ def build_probes(messages: Sequence[Message], end: int) -> list[Probe]:
             validate_query(text)
         except InvalidInput:
             continue  # nothing searchable (a bare symbol): not a recall question
-        targets = frozenset(i for i, t in enumerate(texts) if text in t)
+        targets = frozenset(i for i, texts_i in enumerate(verbatim)
+                            if any(text in t for t in texts_i))
         if 0 < len(targets) <= MAX_TARGETS:
             probes[text] = Probe(kind, text, targets)
     return list(probes.values())

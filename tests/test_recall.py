@@ -25,6 +25,7 @@ from shared.core.recall import (
     parse_tool_arguments,
     recall_tool,
     render_hits,
+    search_text,
     split_passages,
     tokenize,
     validate_query,
@@ -97,6 +98,33 @@ def test_tool_calls_are_indexed_with_their_arguments() -> None:
                                                    arguments='{"cmd": "pytest -x tests/a.py"}')])
     assert "tests/a.py" in tokenize(index_text(m))
     assert "bash" in index_text(m)
+
+
+def test_tool_call_arguments_are_tokenized_with_their_json_escapes_decoded() -> None:
+    """Audit F8: ``__init__.py\nsed`` (JSON-escaped) was one term and ``nsed`` a part,
+    so ``sed`` after an escaped newline was not found as itself. The hit text stays the
+    raw ``name arguments``; the message's own text is not decoded (a Windows path)."""
+    command = ("sed -n 1p sphinx/ext/autodoc/__init__.py\nsed -i s/x/y/ a.txt\n"
+               'cd tmp && cat tmp/directive.log\ncd .. "quoted" C:\\new\\t.txt')
+    call = ToolCall(id="c1", name="bash",  # json.dumps escapes non-ASCII too
+                    arguments=json.dumps({"command": command, "note": "接続 ok"}))
+    assert "\\u63a5" in call.arguments and "\\n" in call.arguments
+    m = _idx("assistant", "see C:\\new\\table.txt", [call])
+    [passage] = split_passages(0, m)
+    assert passage.text == index_text(m) and passage.calls_at == len(m.text()) + 1
+    terms = tokenize(search_text(passage))
+    assert {"sed", "cd", "sphinx/ext/autodoc/__init__.py", "tmp/directive.log", "quoted",
+            "c:\\new\\t.txt", "接続"} <= set(terms)
+    assert "c:\\new\\table.txt" in terms  # the content: no JSON, nothing decoded
+    assert not [t for t in terms if t.endswith(("\\nsed", "\\ncd", "\\n"))
+                or t in ("nsed", "ncd", "u63a5")]
+    assert set(analyze(passage).terms) == set(terms)
+    # a passage that starts inside the arguments decodes all of its text
+    parts = split_passages(0, m, max_chars=40)
+    later = [p for p in parts if p.start > len(m.text())]
+    assert later and all(p.calls_at == 0 for p in later)
+    assert all(p.calls_at is None for p in parts if p.end <= len(m.text()) + 1)
+    assert "cd" in {t for p in later for t in tokenize(search_text(p))}
 
 
 @given(st.text(min_size=0, max_size=20_000), st.integers(min_value=16, max_value=3000),

@@ -405,3 +405,26 @@ def test_an_absent_identifier_finds_nothing_through_its_one_digit_parts(
     assert [h.index for h in recall(store, "s", "port 8080")] == [50]
     assert {h.index for h in recall(store, "s", "ticket 42")} == {42, 50}  # two digits: alone
 
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_commands_after_an_escaped_newline_in_tool_arguments_are_found(
+        store: SessionStore, indexed: bool) -> None:
+    """Audit F8: tool-call arguments were tokenized as JSON text, so ``cd`` after ``\\n``
+    was part of ``tmp/directive.log\\ncd`` and ``nsed``. They are decoded first, by the
+    indexer and by a query's scan of the unindexed range alike; the hit shows the raw
+    call."""
+    import json
+
+    command = "cat tmp/directive.log\ncd build && sed -n 2p __init__.py\n echo 接続"
+    store.append("s", [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "name": "bash", "arguments": json.dumps({"command": command})}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        *[{"role": "user", "content": f"unrelated step {i}"} for i in range(10)]])
+    commit(store, "s", 12)
+    if indexed:
+        index_compacted(store, "s")
+    for query in ("cd", "sed", "tmp/directive.log", "接続", "cd build"):
+        hits = recall(store, "s", query)
+        assert [h.index for h in hits] == [0], query
+        assert '\\ncd build' in hits[0].text and "\\u63a5" in hits[0].text  # raw, as stored

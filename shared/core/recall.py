@@ -25,6 +25,12 @@ a hit on its own when the query has a longer term (:attr:`RecallQuery.required`)
 Terms of two characters or more (``42``, ``8080``, ``hq2``, ``cust``) match on
 their own: ports, line and issue numbers are what agents search for.
 
+Tool-call arguments are JSON text: their escapes (``\\n``, ``\\"``, ``\\\\``,
+``\\uXXXX``) are decoded before tokenizing (:func:`search_text`), so a command
+after an escaped newline is found as itself and no term holds a ``\\n``. The
+text a hit shows stays the raw ``name arguments`` (:func:`index_text`): offsets
+into it are what the index stores.
+
 Scripts written without spaces (Chinese, Japanese, and Hangul when run
 together) have no word boundaries to find without a dictionary: a run of
 them yields its whole (as before) and then its character bigrams (a lone
@@ -194,14 +200,54 @@ class Passage:
     start: int
     end: int
     text: str
+    calls_at: int | None = None
+    """Where in ``text`` the message's tool calls (``name arguments``) begin, if the
+    passage holds any: :func:`search_text` decodes their JSON escapes."""
 
 
 def index_text(message: Message) -> str:
     """The text recall indexes for a message: its content, then each tool call as
-    ``name arguments`` (so commands and paths in arguments are found too)."""
+    ``name arguments`` (so commands and paths in arguments are found too). Hits show
+    it as is; its tool calls are tokenized decoded (:func:`search_text`)."""
     text = message.text()
     calls = [f"{tc.name} {tc.arguments}" for tc in message.tool_calls]
     return "\n".join([text, *calls]) if calls else text
+
+
+def _calls_start(message: Message) -> int | None:
+    """The offset in :func:`index_text` where the tool calls begin (None: no call)."""
+    return len(message.text()) + 1 if message.tool_calls else None
+
+
+_JSON_ESCAPE = re.compile(
+    r"\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|u([0-9a-fA-F]{4})|([\"\\/bfnrt]))")
+_SIMPLE_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    high, low, code, simple = match.groups()
+    if simple is not None:
+        return _SIMPLE_ESCAPES.get(simple, simple)
+    if high is not None:
+        return chr(0x10000 + ((int(high, 16) - 0xD800) << 10) + int(low, 16) - 0xDC00)
+    char = chr(int(code, 16))
+    return " " if 0xD800 <= ord(char) <= 0xDFFF else char  # a lone surrogate: a gap
+
+
+def decode_json_escapes(text: str) -> str:
+    """``text`` (JSON text, or a slice of it) with its string escapes decoded; what is
+    not an escape is kept, so a slice cut inside one loses nothing else."""
+    return _JSON_ESCAPE.sub(_unescape, text) if "\\" in text else text
+
+
+def search_text(passage: Passage) -> str:
+    """The text a passage is tokenized from: its text, the tool calls' JSON escapes
+    decoded (``\\n`` is a line break, not part of the word before it)."""
+    at = passage.calls_at
+    if at is None:
+        return passage.text
+    return passage.text[:at] + decode_json_escapes(passage.text[at:])
 
 
 def _cuts(text: str, limit: int) -> list[tuple[int, int]]:
@@ -230,7 +276,10 @@ def split_passages(index: int, message: Message, *,
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 16:
         raise InvalidInput("must be an integer >= 16", field="max_chars")
     text = index_text(message)
-    return [Passage(index, message.role, a, b, text[a:b]) for a, b in _cuts(text, max_chars)]
+    calls = _calls_start(message)
+    return [Passage(index, message.role, a, b, text[a:b],
+                    None if calls is None or calls >= b else max(0, calls - a))
+            for a, b in _cuts(text, max_chars)]
 
 
 def passage_text(message: Message, start: int, end: int) -> str:
@@ -255,7 +304,7 @@ class IndexedPassage:
 
 
 def analyze(passage: Passage) -> IndexedPassage:
-    terms = tokenize(passage.text)
+    terms = tokenize(search_text(passage))
     counts = Counter(terms)
     return IndexedPassage(passage, {t: min(c, MAX_FIELD) for t, c in counts.items()},
                           min(len(terms), MAX_FIELD))
@@ -422,6 +471,7 @@ __all__ = [
     "best_per_message",
     "bm25",
     "checksum",
+    "decode_json_escapes",
     "idf",
     "index_text",
     "notice",
@@ -429,6 +479,7 @@ __all__ = [
     "passage_text",
     "recall_tool",
     "render_hits",
+    "search_text",
     "specific_terms",
     "split_passages",
     "tokenize",

@@ -27,6 +27,7 @@ from shared.core.recall import (
     parse_tool_arguments,
     passage_text,
     render_hits,
+    search_text,
     split_passages,
     validate_query,
 )
@@ -156,7 +157,8 @@ def _tail_passages(chunks: Sequence[tuple[int, Sequence[bytes]]], terms: Sequenc
     messages), analyzed as the indexer does, their postings for ``terms`` added to
     ``postings`` under negative passage ids.
 
-    Only passages whose lowercased text holds a query term are analyzed (every term is
+    Only passages whose lowercased text (:func:`search_text`: tool calls' JSON escapes
+    decoded, as the indexer reads it) holds a query term are analyzed (every term is
     a lowercased piece of a word); the others count as passages of ``average`` length
     (the index's), or without an index of the analyzed ones' terms per character.
     Returns the matching passages by id, and the passages and terms the scan adds."""
@@ -169,7 +171,7 @@ def _tail_passages(chunks: Sequence[tuple[int, Sequence[bytes]]], terms: Sequenc
             message = Message.model_validate_json(raw)
             for passage in split_passages(start + offset, message):
                 n_passages += 1
-                low = passage.text.lower()
+                low = search_text(passage).lower()
                 if not any(term in low for term in wanted):
                     if average is not None:
                         n_terms += average
