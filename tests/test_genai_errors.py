@@ -105,6 +105,8 @@ def test_a_rejected_summary_is_counted_with_the_usage_it_was_billed(
     assert int(attributes["gen_ai.usage.input_tokens"]) > 0  # the reply came, and was billed
     assert _sample(metrics, "compaction_summarizer_errors_total", provider="openai",
                    error="bad_summary") == 1.0
+    assert _sample(metrics, "compaction_summarizer_input_tokens_total", provider="openai",
+                   model="gpt-4o-mini") == int(attributes["gen_ai.usage.input_tokens"])
 
 
 def test_a_good_summary_is_a_successful_call(exporter: InMemorySpanExporter,

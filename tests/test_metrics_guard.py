@@ -185,3 +185,27 @@ def test_the_published_job_carries_the_record_turn_trace(
                                                      producer.context.span_id)
     assert producer.kind == SpanKind.PRODUCER
     assert dict(producer.attributes or {})["compaction.log_length"] == len(turn)
+
+
+def test_jobs_asked_for_are_counted_published_or_failed(
+        fake_redis: object, key_prefix: str, metrics: PrometheusMetrics, shell: str) -> None:
+    """A broker the guard cannot reach showed nowhere but in a log line: compaction
+    stopped, the queue read empty, and only truncations were counted."""
+    store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
+    turn = demo_turns(1)[0]
+    published: list[str] = []
+    ok = make(shell, store, CallbackEnqueuer(lambda _tenant, sid: published.append(sid)),
+              overrides={"gpt-4o": 16_000})
+    ok.prepare("e1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    ok.record_turn("e1", turn)
+    assert published == ["e1"]
+    assert value(metrics, "compaction_enqueue_total", outcome="published") == 1
+
+    def unreachable(_tenant: str, _sid: str) -> None:
+        raise ConnectionError("broker unreachable")
+
+    down = make(shell, store, CallbackEnqueuer(unreachable), overrides={"gpt-4o": 16_000})
+    down.prepare("e2", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    down.record_turn("e2", turn)
+    assert value(metrics, "compaction_enqueue_total", outcome="failed") == 1
+    assert not store.is_pending("e2")  # cleared: the next turn asks again

@@ -306,6 +306,8 @@ class GuardFlow(GuardShell):
         won, marked, pushed, version = self.own_written(session_id, snap, built[0], built[1],
                                                         done[0], done[1], before)
         _sent_at(plan, version)
+        if marked and pushed:
+            get_metrics().enqueue("published")  # pushed by the write's own script
         published = marked and (pushed or (yield from self._publish(session_id)))
         return won, published
 
@@ -347,7 +349,9 @@ class GuardFlow(GuardShell):
             with contextlib.suppress(StoreUnavailable):
                 yield Io("clear_pending", (session_id,))
             log.warning("enqueue failed for session %s: %s", session_id, exc)
+            get_metrics().enqueue("failed")
             return False
+        get_metrics().enqueue("published")
         return True
 
     # -- after the call --------------------------------------------------------------
@@ -379,6 +383,8 @@ class GuardFlow(GuardShell):
             self.appended(session_id, cached, result, marks[-1] if marks else None)
             if result.marked and not result.published:
                 yield from self._publish(session_id)
+            elif result.marked:
+                get_metrics().enqueue("published")  # pushed by the append's own script
             return trace.turn(result.length)
 
     def _own_runner(self, session_id: str, marks: list[OwnMark | None],

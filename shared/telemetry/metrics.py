@@ -51,6 +51,7 @@ METRIC_NAMES = (
     "compaction_worker_lag_seconds",
     "compaction_queue_depth",
     "compaction_lease_contention_total",
+    "compaction_enqueue_total",
 )
 
 # The processes that record each metric: ``guard`` (an agent process, ``compaction serve``)
@@ -61,7 +62,8 @@ ROLES = ("guard", "worker")
 GUARD_ONLY = frozenset({
     "compaction_guard_prepare_duration_seconds", "compaction_guard_view_tokens_total",
     "compaction_guard_log_tokens_total", "compaction_guard_saved_tokens_total",
-    "compaction_overflow_recoveries_total", "compaction_silent_truncation_suspected_total"})
+    "compaction_overflow_recoveries_total", "compaction_silent_truncation_suspected_total",
+    "compaction_enqueue_total"})
 BOTH = frozenset({"compaction_compactions_total"})
 METRIC_ROLES: dict[str, frozenset[str]] = {
     name: frozenset({"guard"}) if name in GUARD_ONLY
@@ -83,6 +85,10 @@ class Metrics(Protocol):
     def recovery(self, outcome: str) -> None:
         """``recover()`` after a provider error: ``recovered``, ``not_overflow`` or
         ``unrecognised_overflow`` (taken for one by the refused request's size)."""
+
+    def enqueue(self, outcome: str) -> None:
+        """A job the guard asked for: ``published``, or ``failed`` (the broker refused or
+        was unreachable; the session compacts only by truncation until one gets through)."""
 
     def silent_truncation(self) -> None:
         """The provider reported far fewer prompt tokens than were sent."""
@@ -117,6 +123,9 @@ class NullMetrics:
 
     def recovery(self, outcome: str) -> None:
         return None
+
+    def enqueue(self, outcome: str) -> None:
+        pass
 
     def silent_truncation(self) -> None:
         return None
@@ -216,6 +225,8 @@ class PrometheusMetrics:
         self._lag: Any = None
         self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
                                   "lease taken.", ["result"], registry=reg)
+        self.enqueues = prom.Counter(p + "enqueue", "Jobs the guard asked for, by outcome "
+                                     "(published, failed).", ["outcome"], registry=reg)
         self._prepare_children: dict[str, tuple[Any, Any, Any, Any]] = {}
         self.depth = QueueDepthCollector()
         reg.register(self.depth)
@@ -271,6 +282,9 @@ class PrometheusMetrics:
     def recovery(self, outcome: str) -> None:
         self.recoveries.labels(outcome).inc()
 
+    def enqueue(self, outcome: str) -> None:
+        self.enqueues.labels(outcome).inc()
+
     def silent_truncation(self) -> None:
         self.silent_counter().inc()
 
@@ -290,9 +304,8 @@ class PrometheusMetrics:
                         error: str | None = None) -> None:
         self.calls.labels(provider, model).inc()
         self.call_seconds.labels(provider).observe(seconds)
-        if error is not None:
+        if error is not None:  # a rejected reply was billed all the same: its tokens count
             self.errors.labels(provider, error).inc()
-            return
         self.tokens_in.labels(provider, model).inc(max(0, input_tokens))
         self.tokens_out.labels(provider, model).inc(max(0, output_tokens))
 
