@@ -86,6 +86,25 @@ def test_a_guessed_window_is_still_corrected_for_every_session(
     assert report.budget.window == 2048
 
 
+def test_a_sessions_own_smaller_window_beats_the_processes_learned_one(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A guessed window the process learned from one session's error (4096) does not raise
+    another session's own smaller one, which its endpoint stated (2048, in its state: set
+    by another process, or before the process learned its figure)."""
+    model = "my-local-model"
+    guard = make_guard(store)
+    record(store, guard, "small")
+    record(store, guard, "other")
+    assert guard.recover("small", LLAMA_CPP, SYSTEM, max_tokens=100, model=model) is not None
+    assert store.state("small").learned_window == 2048
+    elsewhere = make_guard(store)  # another process: its book learns 4096 from "other"
+    assert elsewhere.recover("other", "Requested tokens (5000) exceed context window of 4096",
+                             SYSTEM, max_tokens=100, model=model) is not None
+    assert elsewhere.limits.get(model) == 4096
+    report = elsewhere.prepare("small", SYSTEM, max_tokens=100, model=model).report
+    assert report.budget.window == 2048
+
+
 def long_session(store: SessionStore, guard: Any, session_id: str) -> int:
     """A session of ~10k tokens; the estimate of its next request's view."""
     record(store, guard, session_id, turns=40, words=120)

@@ -236,10 +236,13 @@ class GuardShell(FreshViews, Recovery):
     @staticmethod
     def _learned(book: LimitBook, model: str, stated: int) -> dict[str, int]:
         """The limits learned in this process, and the one the session's state holds for
-        its model (``stated``, 0: none)."""
+        its model (``stated``, 0: none): the smaller of the two, since the session's own
+        bound comes from a request its endpoint refused (another process, or the book's
+        figure from another session's error, may know a larger one)."""
         learned = book.as_mapping()
         if stated:
-            learned.setdefault(model, stated)
+            known = learned.get(model)
+            learned[model] = stated if known is None else min(known, stated)
         return learned
 
     # -- the pending turn (shared.guard._pending) ------------------------------------------
