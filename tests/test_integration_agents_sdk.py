@@ -187,8 +187,10 @@ def test_an_overflow_the_filter_missed_is_recovered_once(guard: ContextGuard) ->
     model = WindowModel(WINDOW, steps=12)
     wrapped = run_believing_4x(guard, model, "wrong-window")
     assert model.overflows == 1 and wrapped.recoveries == 1  # learned once, then filtered
-    assert guard.limits.as_mapping().get(MODEL) == WINDOW
+    assert wrapped.budget.learned_window == WINDOW
     assert guard.store.state("wrong-window").learned_window == WINDOW
+    # the override knows the window: one session's refusal does not shrink every session's
+    assert MODEL not in guard.limits.as_mapping()
 
 
 class QuietWindowModel(WindowModel):
@@ -215,8 +217,10 @@ def test_an_overflow_that_states_no_window_is_bounded_by_the_input_let_through(
     model = QuietWindowModel(WINDOW, steps=12)
     wrapped = run_believing_4x(guard, model, "quiet-window")
     assert 1 <= model.overflows == wrapped.recoveries <= 3
-    learned = guard.limits.as_mapping()[MODEL]
-    assert learned < WINDOW * 4 and guard.store.state("quiet-window").learned_window == learned
+    learned = wrapped.budget.learned_window
+    assert learned and learned < WINDOW * 4
+    assert guard.store.state("quiet-window").learned_window == learned
+    assert MODEL not in guard.limits.as_mapping()  # this session's, not the process's
 
 
 def test_streamed_runs_recover_too(guard: ContextGuard) -> None:
@@ -342,10 +346,13 @@ def test_a_second_overflow_reaches_the_caller(guard: ContextGuard) -> None:
 
     model = AlwaysOver(WINDOW, steps=0)
     session = GuardedSession(guard, "hopeless", model=MODEL)
+    run(session.add_items(cast(Any, [{"role": "user" if i % 2 == 0 else "assistant",
+                                        "content": f"turn {i} " + "word " * 100}
+                                       for i in range(8)])))
     wrapped = session.wrap(model)
     agent = Agent(name="a", instructions="x", model=wrapped)
     with pytest.raises(openai.BadRequestError):
-        run(Runner.run(agent, "hi", session=session))
+        run(Runner.run(agent, "hi", session=session, run_config=session.run_config()))
     assert model.overflows == 2 and wrapped.recoveries == 1
 
 

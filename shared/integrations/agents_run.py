@@ -7,14 +7,19 @@ of a run, not on the stored history:
   runs before every model call: when instructions + tools + input + the
   output reserve would not fit the window, it truncates the input as the
   guard does (oldest turns first, no LLM, tool pairs kept whole).
-- :class:`GuardedModel` wraps any SDK ``Model``: a context-overflow error
-  (detected across providers) teaches the guard the stated limit, the
-  input is compacted to a fifth of the window and the call is retried once.
+- :class:`GuardedModel` wraps any SDK ``Model``: after a context-overflow error
+  (detected across providers) the guard's recovery rules (``ContextGuard.recover``'s)
+  decide what is learned and how hard the input is compacted, and the call is
+  retried once; each response's reported input tokens calibrate the filter and,
+  with a session, the guard's view.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -31,19 +36,26 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 
 from shared.core.budget import BudgetReport, check_budget
 from shared.core.calibration import Calibration, prior_ratio
-from shared.core.limits import output_reserve, refused_bound, stated_limit
+from shared.core.errors import StoreUnavailable
+from shared.core.limits import output_reserve
 from shared.core.messages import Message
-from shared.core.overflow import is_context_overflow, parse_overflow, unrecognised
+from shared.core.records import SessionState
 from shared.core.repair import repair_tool_pairs
 from shared.core.truncation import emergency_truncate
 from shared.core.turns import leading_system_count
 from shared.guard import ContextGuard
 from shared.integrations.agents_items import items_to_messages, messages_to_items
+from shared.telemetry import get_metrics
 
 if TYPE_CHECKING:
     from shared.integrations.agents_sdk import GuardedSession
 
+log = logging.getLogger("shared.integrations.agents_sdk")
 HEADROOM = 0.95  # truncation fills at most this share of the input budget
+MARGIN = 0.05
+"""The share of an estimate's unreported part (what no usage report counted: the heuristic
+times the ratio) kept free below the input budget: an input whose estimate fits only
+without it is trimmed (an overflow's recovery costs far more than a trim)."""
 
 __all__ = ["Fitted", "GuardedModel", "InputBudget", "tool_schemas"]
 
@@ -73,16 +85,46 @@ class Fitted:
     note: str
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """An input counted: its messages, their heuristic tokens and keys, the request's
+    other tokens (instructions and framing; tools) and its calibrated estimate."""
+
+    messages: list[Message]
+    tokens: list[int]
+    keys: list[str]
+    outside: int
+    tool_tokens: int
+    estimate: int
+    unreported: int  # the part of the estimate no report counted
+
+    @property
+    def heuristic(self) -> int:
+        return self.outside + self.tool_tokens + sum(self.tokens)
+
+
+@dataclass(frozen=True)
+class _Anchor:
+    """The provider's count of the input last let through (``reported``), with what it
+    held: the messages by key (heuristic tokens of each) and its other tokens."""
+
+    reported: int
+    fixed: int
+    messages: Mapping[str, list[int]]
+
+
 class InputBudget:
     """The guard's budget applied to the input the runner is about to send.
 
     Use as ``RunConfig(call_model_input_filter=budget)``. Within budget the
     input goes out untouched; over it, the oldest turns are dropped (then
     units, then long contents clipped) without an LLM, leading system
-    messages (the session's summary) kept, tool pairs repaired. Counts are
-    corrected by the ratio of reported to estimated input tokens, learned
-    from each response's usage when the model is wrapped in
-    :class:`GuardedModel` (``session.wrap(model)``).
+    messages (the session's summary) kept, tool pairs repaired. When the model
+    is wrapped in :class:`GuardedModel` (``session.wrap(model)``), each response's
+    reported input tokens count: the estimate is hybrid, as the guard's is (the
+    provider's count of the input last let through, plus the heuristic, corrected
+    by the learned ratio of reported to estimated tokens, for what was added since),
+    and the ratio is learned from every report.
     """
 
     def __init__(self, guard: ContextGuard, *, model: str = "gpt-4o",
@@ -94,12 +136,35 @@ class InputBudget:
         # discovered by an overflow.
         self.calibration = Calibration()
         self.sent = 0  # the heuristic tokens of the input last let through
+        self.estimate = 0  # its calibrated (hybrid) estimate
+        self.truncated = False  # whether the input last let through was cut by this filter
+        # A window smaller than the one known for the model, which an overflow of this
+        # session stated or implied (where the window is known, it is this session's alone:
+        # ContextGuard.learn_overflow); GuardedSession also sets it from the session's state.
+        self.learned_window: int | None = None
+        self._sent: _Measured | None = None
+        self._anchor: _Anchor | None = None
+
+    def limits(self) -> Any:
+        """The model's limits, with the window this session learned (if smaller)."""
+        state = (SessionState(learned_window=self.learned_window, model=self.model)
+                 if self.learned_window else None)
+        return self.guard.model_limits(self.model, state)
 
     def calibrate(self, usage: Any) -> None:
-        """Fold in a response's usage (``input_tokens``) for the input last let through."""
-        reported = getattr(usage, "input_tokens", None)
-        if isinstance(reported, int) and not isinstance(reported, bool) and self.sent:
-            self.calibration = self.calibration.update(reported, self.sent)
+        """Fold in a response's usage (``input_tokens``) for the input last let through:
+        it updates the ratio and anchors the next estimates."""
+        reported = getattr(usage, "input_tokens", usage)
+        if not isinstance(reported, int) or isinstance(reported, bool) or reported <= 0:
+            return
+        sent = self._sent
+        if sent is None or not self.sent:
+            return
+        self.calibration = self.calibration.update(reported, self.sent)
+        held: dict[str, list[int]] = {}
+        for key, tokens in zip(sent.keys, sent.tokens, strict=True):
+            held.setdefault(key, []).append(tokens)
+        self._anchor = _Anchor(reported, sent.outside + sent.tool_tokens, held)
 
     def ratio(self) -> float:
         """The learned ratio, or the model's prior until a response reported usage."""
@@ -107,49 +172,125 @@ class InputBudget:
             return self.calibration.ratio
         return prior_ratio(self.model, self.guard.counter)
 
-    def fit(self, items: Sequence[Any], instructions: str | None, tools: Sequence[Any], *,
-            force_ratio: float | None = None) -> Fitted:
-        """Fit ``items`` into the budget (or into ``force_ratio`` of the window), counting
-        with the heuristic corrected by what responses reported (:meth:`calibrate`)."""
+    def _anchored(self, fixed: int, keys: Sequence[str], tokens: Sequence[int],
+                  ratio: float) -> tuple[int, int] | None:
+        """The hybrid estimate of an input: the provider's count of the input last let
+        through, plus the calibrated heuristic of the messages added since, minus that of
+        the ones gone, with the part of it no report counted (None without a report)."""
+        anchor = self._anchor
+        if anchor is None:
+            return None
+        held = {key: list(found) for key, found in anchor.messages.items()}
+        added = max(0, fixed - anchor.fixed)
+        removed = max(0, anchor.fixed - fixed)
+        for key, count in zip(keys, tokens, strict=True):
+            found = held.get(key)
+            if found:
+                found.pop()
+            else:
+                added += count
+        removed += sum(sum(found) for found in held.values())
+        grown = math.ceil(added * ratio - 1e-9)
+        estimate = anchor.reported + grown - int(removed * ratio)
+        if removed:
+            # Messages gone (a truncation, the guard's compaction between runs): the ratio
+            # of what left is not known, so the estimate is never below the ratio's alone.
+            plain = math.ceil((fixed + sum(tokens)) * ratio - 1e-9)
+            if plain >= estimate:
+                return plain, plain
+        return max(estimate, 1), grown
+
+    def _measure(self, items: Sequence[Any], instructions: str | None,
+                 tools: Sequence[Any]) -> _Measured:
         counter = self.guard.counter
         messages = items_to_messages(items, prefix="input")
-        head = leading_system_count(messages)
         # the request's own tokens besides its messages: instructions, tools, framing
         outside = (counter.message(Message(role="system", content=instructions))
                    if instructions else 0) + counter.messages([])
         schemas = tool_schemas(tools)
         tool_tokens = counter.tools(schemas) if schemas else 0
-        lead = sum(counter.message(m) for m in messages[:head])
-        history = sum(counter.message(m) for m in messages[head:])
-        limits = self.guard.model_limits(self.model)
-        reserve = output_reserve(limits, self.max_tokens)
-        newest = counter.message(messages[-1]) if messages and messages[-1].role == "user" else 0
+        return self._measured(messages, outside, tool_tokens)
+
+    def _measured(self, messages: list[Message], outside: int,
+                  tool_tokens: int) -> _Measured:
+        counter = self.guard.counter
+        tokens = [counter.message(m) for m in messages]
+        keys = [m.model_dump_json() for m in messages]
         ratio = self.ratio()
+        plain = math.ceil((outside + tool_tokens + sum(tokens)) * ratio - 1e-9)
+        anchored = self._anchored(outside + tool_tokens, keys, tokens, ratio)
+        estimate, unreported = (plain, plain) if anchored is None else anchored
+        return _Measured(messages, tokens, keys, outside, tool_tokens, estimate, unreported)
+
+    def estimate_of(self, items: Sequence[Any], instructions: str | None,
+                    tools: Sequence[Any]) -> int:
+        """The calibrated (hybrid) estimate of the request's input tokens."""
+        return self._measure(items, instructions, tools).estimate
+
+    def sent_history(self) -> tuple[int, int] | None:
+        """How many messages the input last let through held after its leading system
+        ones, and their heuristic tokens (None before any)."""
+        sent = self._sent
+        if sent is None:
+            return None
+        head = leading_system_count(sent.messages)
+        return len(sent.messages) - head, sum(sent.tokens[head:])
+
+    def _let_through(self, measured: _Measured, truncated: bool) -> None:
+        self._sent, self.sent = measured, measured.heuristic
+        self.estimate, self.truncated = measured.estimate, truncated
+
+    def fit(self, items: Sequence[Any], instructions: str | None, tools: Sequence[Any], *,
+            force_ratio: float | None = None) -> Fitted:
+        """Fit ``items`` into the budget (or into ``force_ratio`` of the window), counting
+        with the hybrid estimate (:meth:`calibrate`)."""
+        measured = self._measure(items, instructions, tools)
+        messages, outside, tool_tokens = measured.messages, measured.outside, measured.tool_tokens
+        head = leading_system_count(messages)
+        limits = self.limits()
+        reserve = output_reserve(limits, self.max_tokens)
+        # the estimate spread over the regions by their heuristic shares
+        ratio = measured.estimate / measured.heuristic if measured.heuristic else self.ratio()
 
         def calibrated(tokens: int) -> int:
             return math.ceil(tokens * ratio - 1e-9)
+        lead = sum(measured.tokens[:head])
+        history = sum(measured.tokens[head:])
+        newest = measured.tokens[-1] if messages and messages[-1].role == "user" else 0
         report = check_budget(window=limits.context_window, reserve=reserve,
                               system=calibrated(outside + lead), tools=calibrated(tool_tokens),
                               history=calibrated(history), newest=calibrated(newest),
                               trigger_ratio=self.guard.policy.trigger_ratio,
                               target_ratio=self.guard.policy.target_ratio)
-        if report.within_budget and force_ratio is None:
-            self.sent = outside + tool_tokens + lead + history
+        margin = math.ceil(measured.unreported * MARGIN)
+        if report.within_budget and force_ratio is None \
+                and measured.estimate + margin <= report.input_budget:
+            self._let_through(measured, False)
             return Fitted(list(items), report, False, 0, "")
         room = int(report.input_budget * HEADROOM)
         if force_ratio is not None:
             room = min(room, int(limits.context_window * force_ratio))
         # heuristic units for the messages (the leading system ones are kept whole)
         budget = max(1, int(room / ratio) - outside - tool_tokens)
-        result = emergency_truncate(messages, budget, counter,
+        result = emergency_truncate(messages, budget, self.guard.counter,
                                     drop_fraction=self.guard.policy.emergency_drop_fraction)
         kept = repair_tool_pairs(result.messages)
         if result.note and result.dropped:
             at = leading_system_count(kept)
             kept.insert(at, Message(role="system", content=result.note))
         self.truncations += 1
-        self.sent = outside + tool_tokens + sum(counter.message(m) for m in kept)
+        self._let_through(self._measured(kept, outside, tool_tokens), True)
         return Fitted(messages_to_items(kept), report, True, result.dropped, result.note)
+
+    def payload_share(self, error: object, items: Sequence[Any], instructions: str | None,
+                      tools: Sequence[Any], ratio: float) -> float:
+        """``ratio``, or for a refusal of the body's bytes the share of the window that
+        keeps ``ratio`` of the input's bytes (``ContextGuard.payload_ratio``)."""
+        measured = self._measure(items, instructions, tools)
+        found = self.guard.payload_ratio(error, measured.messages,
+                                         measured.outside + measured.tool_tokens,
+                                         self.limits().context_window, ratio)
+        return ratio if found is None else found
 
     def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         fitted = self.fit(data.model_data.input, data.model_data.instructions,
@@ -168,16 +309,34 @@ def _tools_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
     return list(tools or [])
 
 
+def _input_tokens(usage: Any) -> int | None:
+    """The input tokens a response's usage reports (the SDK's ``Usage`` or the Responses
+    API's ``ResponseUsage``), or None."""
+    reported = getattr(usage, "input_tokens", None)
+    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+        return reported
+    return None
+
+
 class GuardedModel(Model):
     """An SDK ``Model`` that survives one context overflow per call.
 
-    On an overflow error the stated limit is learned (the budget filter
-    uses it from then on; when the error states none, the input the filter let
-    through bounds it: :func:`~shared.core.limits.refused_bound`), the input
-    is compacted to the policy's recovery ratio of the window and the call is
-    retried once; a second failure, or any other error, reaches the caller
-    unchanged (an error nothing recognises is taken for an overflow when the refused
-    input was nearly as large as the window: ``CompactionPolicy.unrecognised_overflow_at``).
+    On an overflow error the guard's own recovery rules decide
+    (:meth:`ContextGuard.recover`'s, applied to the runner's input instead of the
+    session's view): the limit the error states is learned (when it states none, the
+    input the filter let through bounds it: :func:`~shared.core.limits.refused_bound`;
+    below a window the registry or the caller knows, for this session only: its state,
+    not the process's :class:`~shared.core.limits.LimitBook`), the input is compacted to
+    the policy's recovery ratio of the smaller of the window and the refused input (less
+    when the error's count of the refused input is far above the estimate), and the call
+    is retried once, unless the compacted input would be no smaller than the refused one
+    (then the error reaches the caller: the same request would be refused again). A
+    second failure, or any other error, reaches the caller unchanged (an error nothing
+    recognises is taken for an overflow when the refused input was nearly as large as
+    the window: ``CompactionPolicy.unrecognised_overflow_at``).
+
+    Each response's reported input tokens calibrate the budget filter and, with a
+    session, reach the guard with the turn (``GuardedSession.add_items``).
     """
 
     def __init__(self, inner: Model, budget: InputBudget, *,
@@ -185,51 +344,88 @@ class GuardedModel(Model):
         self.inner, self.budget, self.session = inner, budget, session
         self.recoveries = 0
 
-    def _recover(self, error: Exception, system_instructions: str | None,
-                 input: str | list[TResponseInputItem], tools: Sequence[Any]) -> list[Any]:
-        guard = self.budget.guard
-        limits = guard.model_limits(self.budget.model)
-        window = limits.context_window
-        ratio = guard.policy.recovery_ratio
-        if not is_context_overflow(error):
-            # an error nothing recognises, refusing input nearly as large as the window: an
-            # overflow in a wording no pattern knows (the guard's rule, ContextGuard.recover)
-            near = guard.policy.unrecognised_overflow_at
-            sent = math.ceil(self.budget.sent * self.budget.ratio()) \
-                + output_reserve(limits, self.budget.max_tokens)
-            if near is None or not self.budget.sent or not unrecognised(error) \
-                    or sent < near * window:
+    async def _recover(self, error: Exception, system_instructions: str | None,
+                       input: str | list[TResponseInputItem],
+                       tools: Sequence[Any]) -> list[Any]:
+        budget, guard, model = self.budget, self.budget.guard, self.budget.model
+        session_id = self.session.session_id if self.session is not None else ""
+        items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
+        refused = budget.estimate_of(items, system_instructions, tools)
+        decided = guard.overflow_ratio(session_id, error, model, budget.max_tokens, refused)
+        if decided is None:
+            raise error
+        ratio, recognised = decided
+        with guard.traced_recover(session_id, model, error) as trace:
+            if not recognised:
+                trace.current.set_attribute("compaction.unrecognised_error", True)
+            state = await self._state(session_id)
+            limit = guard.learn_overflow(session_id, error, model, trace, refused, state)
+            if limit:
+                if limit < budget.limits().context_window:
+                    budget.learned_window = limit
+                if self.session is not None:
+                    await asyncio.to_thread(guard.store.update_state, session_id,
+                                            learned_window=limit, model=model,
+                                            last_overflow_at=time.time())
+            window = budget.limits().context_window
+            if recognised:
+                ratio = guard.refused_ratio(ratio, error, window, refused)
+            ratio = budget.payload_share(error, items, system_instructions, tools, ratio)
+            fitted = budget.fit(items, system_instructions, tools, force_ratio=ratio)
+            if budget.estimate > refused or (budget.estimate == refused and not fitted.dropped):
+                budget.truncated = True  # what was let through is not what went out
+                trace.current.set_attribute("compaction.no_smaller_view", True)
+                get_metrics().recovery("no_smaller_view")
+                log.warning("session %s: overflow, but no smaller input than the refused one "
+                            "(~%d tokens) can be made; not retried", session_id or "-",
+                            refused)
                 raise error
-            ratio = guard.policy.target_ratio
-        info = parse_overflow(error)
-        limit = stated_limit(info.limit, window) if info is not None else None
-        if limit is None and info is not None and info.kind == "context_overflow" \
-                and info.limit != window and self.budget.sent:
-            # the input this filter let through bounds the window (unless the error states the
-            # window it knew: then the count was short, not the window wrong)
-            limit = refused_bound(math.ceil(self.budget.sent * self.budget.ratio()), window,
-                                  info.excess)
-        if limit:
-            guard.limits.learn(self.budget.model, limit)
-            if self.session is not None:
-                guard.store.update_state(self.session.session_id, learned_window=limit,
-                                         model=self.budget.model)
-        items = [{"role": "user", "content": input}] if isinstance(input, str) else input
-        self.recoveries += 1
-        return self.budget.fit(items, system_instructions, tools, force_ratio=ratio).items
+            get_metrics().recovery("recovered")
+            self.recoveries += 1
+            return fitted.items
+
+    async def _state(self, session_id: str) -> SessionState | None:
+        """The session's state (the window it learned) with this filter's learned window
+        where that is smaller; None without a session or its state."""
+        budget = self.budget
+        state: SessionState | None = None
+        if self.session is not None:
+            try:
+                state = await asyncio.to_thread(budget.guard.store.state, session_id)
+            except StoreUnavailable:
+                state = None
+        learned = budget.learned_window
+        if learned and (state is None or state.model != budget.model
+                        or not state.learned_window or learned < state.learned_window):
+            state = (state or SessionState()).model_copy(
+                update={"learned_window": learned, "model": budget.model})
+        return state
+
+    def _responded(self, usage: Any, recovered: bool) -> None:
+        """A response's usage: the filter's calibration and anchor, and (for a request the
+        runner's input went out unchanged in, as the session's view extended by the run)
+        the guard's, through the session's next ``add_items``."""
+        reported = _input_tokens(usage)
+        if reported is None:
+            return
+        self.budget.calibrate(reported)
+        if self.session is not None:
+            self.session.responded(reported, faithful=not recovered and not self.budget.truncated)
 
     async def get_response(self, system_instructions: str | None,
                            input: str | list[TResponseInputItem], *args: Any,
                            **kwargs: Any) -> ModelResponse:
+        recovered = False
         try:
             response = await self.inner.get_response(system_instructions, input, *args,
                                                      **kwargs)
         except Exception as exc:
             tools = _tools_arg(args, kwargs)
-            retry = self._recover(exc, system_instructions, input, tools)
+            retry = await self._recover(exc, system_instructions, input, tools)
+            recovered = True
             response = await self.inner.get_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs)
-        self.budget.calibrate(response.usage)
+        self._responded(response.usage, recovered)
         return response
 
     async def stream_response(self, system_instructions: str | None,
@@ -240,23 +436,24 @@ class GuardedModel(Model):
             async for event in self.inner.stream_response(system_instructions, input,
                                                           *args, **kwargs):
                 started = True
-                self._usage_of(event)
+                self._usage_of(event, False)
                 yield event
             return
         except Exception as exc:
             if started:  # events already reached the caller: no silent retry
                 raise
             tools = _tools_arg(args, kwargs)
-            retry = self._recover(exc, system_instructions, input, tools)
+            retry = await self._recover(exc, system_instructions, input, tools)
         async for event in self.inner.stream_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs):
-            self._usage_of(event)
+            self._usage_of(event, True)
             yield event
 
-    def _usage_of(self, event: Any) -> None:
+    def _usage_of(self, event: Any, recovered: bool) -> None:
         """The usage a stream reports in its ``response.completed`` event."""
         if getattr(event, "type", None) == "response.completed":
-            self.budget.calibrate(getattr(getattr(event, "response", None), "usage", None))
+            self._responded(getattr(getattr(event, "response", None), "usage", None),
+                            recovered)
 
     def get_retry_advice(self, request: Any) -> Any:
         return self.inner.get_retry_advice(request)

@@ -46,6 +46,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.messages import Message
+from shared.core.turns import leading_system_count
 from shared.guard import ContextGuard
 from shared.integrations._common import (
     RECALL_DESCRIPTION,
@@ -150,6 +151,10 @@ class GuardedSession:
         self.input_filter = InputBudget(guard, model=model, max_tokens=max_tokens)
         self.last_view: Any = None  # the PreparedView behind the last get_items
         self._pinned_known: list[Message] | None = None  # see _pinned
+        # the input tokens the last response reported, for the items the runner adds next
+        # (None when its request was not the view extended by the run: see responded)
+        self._reported: int | None = None
+        self._whole = False  # whether the last get_items returned the whole view
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
@@ -186,11 +191,24 @@ class GuardedSession:
             raise InvalidInput("must be a non-negative integer or None", field="limit")
         return cast(list[TResponseInputItem], await asyncio.to_thread(self._view_items, limit))
 
+    def _fixed(self, pinned: Sequence[Message]) -> str:
+        """The fixed prompt the guard counts: the instructions and the pinned messages."""
+        return "\n\n".join(t for t in (self.instructions, *(m.text() for m in pinned)) if t)
+
+    def _prepare(self, pinned: Sequence[Message]) -> Any:
+        view = self.guard.prepare(self.session_id, self._fixed(pinned), self.tools,
+                                  self.max_tokens, self.model)
+        report = view.report
+        if report.limits_source == "learned" \
+                and report.budget.window < self.input_filter.limits().context_window:
+            self.input_filter.learned_window = report.budget.window  # the session's state's
+        return view
+
     def _view_items(self, limit: int | None) -> list[dict[str, Any]]:
+        self._reported = None  # a new run: no response is pending
         pinned = self._pinned()
-        fixed = "\n\n".join(t for t in (self.instructions, *(m.text() for m in pinned)) if t)
-        view = self.guard.prepare(self.session_id, fixed, self.tools, self.max_tokens,
-                                  self.model)
+        fixed = self._fixed(pinned)
+        view = self._prepare(pinned)
         self.last_view = view
         messages = list(view.messages)
         if messages and messages[0].role == "system" and fixed:
@@ -206,7 +224,10 @@ class GuardedSession:
                 body.append(message)
         items = messages_to_items([*pinned, *body])
         if limit is not None:
-            return _last(items, limit)
+            limited = _last(items, limit)
+            self._whole = limited == items
+            return limited
+        self._whole = True
         return items
 
     def _pinned(self) -> list[Message]:
@@ -236,8 +257,9 @@ class GuardedSession:
         messages = items_to_messages(items)  # all mapped before anything is written
         if not messages:
             return
+        reported, self._reported = self._reported, None
         try:
-            await asyncio.to_thread(self.guard.record_turn, self.session_id, messages)
+            await asyncio.to_thread(self._record, messages, reported)
         except StoreUnavailable as exc:
             # The runner calls this after the model answered too: say what is lost. The run
             # stops here; the session can't know what the runner would have kept.
@@ -248,6 +270,30 @@ class GuardedSession:
                 f"history and the run stopped; a model answer among them was received (and "
                 f"billed) but is lost with the run: run the turn again once Redis answers "
                 f"({exc})") from exc
+
+    def responded(self, reported: int, *, faithful: bool) -> None:
+        """The input tokens a response of this session's run reported (called by
+        :class:`GuardedModel`). ``faithful``: its request was the runner's input as it was
+        (neither trimmed by the budget filter nor compacted by a recovery); then, when the
+        run started from the whole view, that request was the guard's view extended by
+        what the run added (all of it recorded by now), and the report is recorded with
+        the items that follow (the response's): it calibrates the guard and anchors its
+        estimate, as ``record_turn``'s ``usage`` does."""
+        self._reported = reported if faithful and self._whole else None
+
+    def _record(self, messages: list[Message], reported: int | None) -> None:
+        usage: int | None = None
+        if reported is not None and self.last_view is not None:
+            # the view as the guard renders it now is the request the report counted (the
+            # one the run started from, extended by the items recorded since), unless a
+            # compaction or an edit changed it: then the report describes no view of it
+            view = self._prepare(self._pinned())
+            history = view.messages[leading_system_count(view.messages):]
+            counted = len(history), sum(self.guard.counter.message(m) for m in history)
+            if view.report.version == self.last_view.report.version \
+                    and counted == self.input_filter.sent_history():
+                usage = reported
+        self.guard.record_turn(self.session_id, messages, usage)
 
     async def pop_item(self) -> TResponseInputItem | None:
         return cast(TResponseInputItem | None, await asyncio.to_thread(self._pop))
