@@ -148,13 +148,9 @@ def test_an_overflow_restating_the_known_window_is_retried_smaller(
     assert view.report.estimated_prompt_tokens < refused / 2
 
 
-def test_a_retry_is_never_larger_than_the_refused_request(
-        make_guard: Callable[..., Any], store: SessionStore) -> None:
-    """F4, docs/server.md's flow: one turn recorded with the provider's 812 prompt tokens
-    (a steep calibration), a view of ~831 tokens refused as 131000. The cut's notice
-    outweighs the one turn it drops: a retry of 1891 tokens was returned. None now (the
-    "no smaller view" path)."""
-    guard = make_guard(store)
+def _docs_flow(guard: Any) -> tuple[dict[str, Any], list[dict[str, str]], int]:
+    """docs/server.md's flow: one turn recorded with the provider's 812 prompt tokens (a
+    steep calibration), then the next turn's view (~831 tokens)."""
     fig: dict[str, Any] = {"system_prompt": "You are terse.", "model": "gpt-4o-2024-11-20",
                            "max_tokens": 500}
     first = [{"role": "user", "content": "What is in /src?"}]
@@ -163,10 +159,32 @@ def test_a_retry_is_never_larger_than_the_refused_request(
                       usage={"prompt_tokens": 812, "completion_tokens": 9})
     pending = [{"role": "user", "content": "And /lib?"}]
     refused = guard.prepare("d", pending=pending, **fig).report.estimated_prompt_tokens
+    return fig, pending, refused
+
+
+def test_a_retry_is_never_larger_than_the_refused_request(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """F4: the cut's notice outweighs the one short turn it drops, by the guard's own
+    count; the error states nothing that says the guard's count is off: a retry of ~1.9k
+    tokens against a refused ~830 was returned. None now (the "no smaller view" path)."""
+    guard = make_guard(store)
+    fig, pending, refused = _docs_flow(guard)
+    view = guard.recover("d", "context_length_exceeded", pending=pending, **fig)
+    assert view is None or view.report.estimated_prompt_tokens < refused
+
+
+def test_a_provider_counting_far_more_gets_the_history_dropped(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """The same flow refused as 131000 tokens: the provider counts ~130k the guard never
+    saw, so the guard's estimates (the notice against the dropped turn) do not measure the
+    retry; the view that dropped the history is sent (docs/server.md shows it)."""
+    guard = make_guard(store)
+    fig, pending, _ = _docs_flow(guard)
     view = guard.recover("d", "This model's maximum context length is 128000 tokens. "
                          "However, your messages resulted in 131000 tokens.",
                          pending=pending, **fig)
-    assert view is None or view.report.estimated_prompt_tokens < refused
+    assert view is not None and view.report.dropped_messages == 2
+    assert [m.text() for m in view.messages[1:]] == ["And /lib?"]
 
 
 def test_a_prepare_of_a_session_never_recorded_writes_nothing(

@@ -38,6 +38,7 @@ from shared.core.records import AppendResult
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer
+from shared.guard._recovery import counted_far_over
 from shared.guard._shell import (
     GuardShell,
     check_min_length,
@@ -79,20 +80,23 @@ def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
                 or plan.clear_recover_next or wanted)
 
 
-def _unsendable(report: ViewReport, refused: int | None) -> str:
+def _unsendable(report: ViewReport, refused: int | None, unseen: bool = False) -> str:
     """Why a recovery's view would be refused like the one before it ("" when it would
     not): it does not fit, it is larger than the refused one (``refused`` tokens; None
     where the retry lowers the reserve instead: the view holds only what must stay), or
-    no smaller and nothing in it was cut."""
+    no smaller and nothing in it was cut. ``unseen``: the provider counted the refused
+    prompt far above the guard's estimate (:func:`counted_far_over`), so the estimates
+    do not measure what it counts, and a view that dropped messages is sent."""
     if not report.budget.within_budget:
         return "the view does not fit"
     if refused is None or report.estimated_prompt_tokens < refused:
         return ""
-    if report.estimated_prompt_tokens > refused:
+    cut = bool(report.dropped_messages or report.note)
+    if report.estimated_prompt_tokens > refused and not (unseen and cut):
         # the notice of the cut outweighs what it dropped (a short session whose one
         # report set a steep calibration): the provider counts the notice too
         return "the compacted view is larger than the refused one"
-    if not report.dropped_messages and not report.note:
+    if not cut:
         return "nothing left to drop"
     return ""
 
@@ -449,7 +453,7 @@ class GuardFlow(GuardShell):
                 view = yield from self._build(session_id, snap, system_prompt, tools,
                                               max_tokens, model, extra, extra_tokens, started,
                                               ratio)
-                why = _unsendable(view.report, refused)
+                why = _unsendable(view.report, refused, counted_far_over(error, refused))
             except IrreducibleOverflow as exc:  # not even the floor fits the window now known
                 why = str(exc)
             clipped = not why and not _user_kept(view.messages, extra)

@@ -46,6 +46,30 @@ ANSWER_HEADROOM = 0.9
 retry fills (counts differ: the guard's estimate against the provider's tokenizer)."""
 
 
+def _stated_prompt(error: object) -> int | None:
+    """The refused prompt's size an overflow error states (None where it states none)."""
+    info = parse_overflow(error)
+    if info is None:
+        return None
+    stated = info.prompt_tokens
+    if stated is None and info.requested is not None:
+        stated = info.requested - (info.output_tokens or 0)
+    return stated or None
+
+
+def counted_over(stated: int | None, estimate: int | None) -> bool:
+    """Whether the provider counted the refused prompt (``stated``) far above the guard's
+    ``estimate`` of it: media it decodes, a tokenizer the estimate does not know, content
+    the guard never saw. The guard's estimates then do not measure what the provider
+    counts."""
+    return bool(stated and estimate and stated > estimate * COUNTED_OVER)
+
+
+def counted_far_over(error: object, estimate: int | None) -> bool:
+    """:func:`counted_over` for the prompt size ``error`` states."""
+    return counted_over(_stated_prompt(error), estimate)
+
+
 class Recovery:
     """The overflow figures of a guard shell (its policy, limits and last prepares)."""
 
@@ -97,15 +121,11 @@ class Recovery:
         provider counts by what it decodes, a tokenizer the estimate does not know):
         compacting a fifth of the window by the guard's count could otherwise leave the
         very request that was refused."""
-        info = parse_overflow(error)
-        if info is None:
-            return ratio
-        stated = info.prompt_tokens
-        if stated is None and info.requested is not None:
-            stated = info.requested - (info.output_tokens or 0)
         estimate = self.refused_estimate(session_id, model, prepared_tokens)
-        if not stated or not estimate or stated <= estimate * COUNTED_OVER:
+        stated = _stated_prompt(error)
+        if not counted_over(stated, estimate):
             return ratio
+        assert stated is not None and estimate is not None
         return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
 
     def refused_ratio(self, ratio: float, error: object, window: int,
