@@ -200,3 +200,19 @@ def test_a_prepare_of_a_session_never_recorded_writes_nothing(
     guard.prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
     state = store.state("ghost")
     assert state.model == MODEL and state.max_tokens == 100 and state.window == 128_000
+
+
+def test_the_record_after_a_probe_writes_the_figures_it_kept_back(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """QA of F6: a probe of the empty session, then turns recorded with no prepare between
+    (history imported, a client that prepares once): the worker those records reach must
+    budget with the probe's window (8k, by the model's name), not a default of 128k."""
+    guard = make_guard(store)
+    model = "qa-model-8k"
+    guard.prepare("probe", SYSTEM, max_tokens=500, model=model)
+    assert store.redis.exists(store.keys("probe").state) == 0
+    guard.record_turn("probe", [{"role": "user", "content": "q1 " + "tok " * 1500},
+                                {"role": "assistant", "content": "a1"}])
+    state = store.state("probe")
+    assert (state.model, state.window, state.max_tokens) == (model, 8000, 500)
+    assert state.system_tokens > 0

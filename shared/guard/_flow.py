@@ -249,8 +249,10 @@ class GuardFlow(GuardShell):
             # Nothing stored and no turn pending (a probe of a session never recorded): its
             # figures would make a state hash of a session that does not exist (listed by
             # `compaction sessions`, unknown to `stats`, never expiring without a TTL), and
-            # a job would find nothing to do. A first turn's prepare still writes them:
-            # the worker that turn's record enqueues budgets with them.
+            # a job would find nothing to do. The record that stores the first messages
+            # writes them (the worker its job reaches budgets with them); a first turn's
+            # prepare (its turn pending) writes them itself.
+            plan.sent = replace(plan.sent, figures=plan.figures)
             plan.figures = None
             return plan, snap, False, False
         # a job already queued (the flag in this view) needs no second request
