@@ -122,3 +122,23 @@ def test_a_non_numeric_content_length_is_counted_not_trusted() -> None:
     assert sent[0]["status"] == 413 and read is None
     sent, read = _asgi(1024, [(b"content-length", b"2000")], b"x" * 2000)
     assert sent[0]["status"] == 413 and read is None
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("path", "body"), [
+    ("prepare", {"max_tokens": 2000.0}),
+    ("prepare", {"max_tokens": 2e3, "min_length": 2.0}),
+    ("recover", {"error": "context_length_exceeded", "status": 400.0,
+                 "prepared_tokens": 812.0}),
+    ("recall", {"query": "src", "limit": 5.0, "start": 0.0}),
+    ("compact", {"keep_recent": 100.0}),
+])
+def test_a_whole_number_written_as_a_float_is_that_integer(
+        client: TestClient, path: str, body: dict[str, Any]) -> None:
+    """Python's json.dumps writes a figure computed in floats as ``2000.0``: it was
+    accepted before the bodies were strict, and is an integer by JSON Schema's own
+    definition (the server's OpenAPI declares these fields integers)."""
+    assert client.post("/v1/sessions/s1/record", json={"messages": [USER, REPLY]},
+                       headers=AUTH).status_code == 200
+    response = client.post(f"/v1/sessions/s1/{path}", json=body, headers=AUTH)
+    assert response.status_code < 300, response.text

@@ -8,9 +8,9 @@ they are converted with ``shared.core.wire``, which names the bad field
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from shared.core.prepared import ViewReport
 from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, RecallHit
@@ -18,9 +18,23 @@ from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, Recall
 Format = Literal["openai", "anthropic", "gemini", "neutral"]
 
 
+def _whole(value: Any) -> Any:
+    """A float with no fractional part as the integer it is: ``2000.0`` is what Python's
+    ``json.dumps`` writes for a figure computed in floats (a string or ``1.5`` stays
+    refused by the strict check that follows)."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+"""An integer of a request body: strict, but ``2000.0`` is 2000."""
+
+
 class _Body(BaseModel):
     """A request body: unknown fields and lax types are 422 naming the field (strict: a
-    string is not an integer, ``"true"`` is not a boolean, ``1.5`` is not an integer)."""
+    string is not an integer, ``"true"`` is not a boolean, ``1.5`` is not an integer;
+    ``2000.0`` is, :data:`Whole`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -31,12 +45,12 @@ class RequestFigures(_Body):
     system_prompt: str = Field(default="", description="the agent's system prompt")
     tools: list[dict[str, Any]] | None = Field(default=None,
                                                description="tool definitions (counted)")
-    max_tokens: int | None = Field(default=None, ge=1, description="output reserve")
+    max_tokens: Whole | None = Field(default=None, ge=1, description="output reserve")
     model: str = Field(default="gpt-4o", min_length=1, max_length=200)
     pending: list[Any] = Field(default_factory=list,
                                description="this turn's messages not yet recorded")
     format: Format = "openai"
-    min_length: int | None = Field(
+    min_length: Whole | None = Field(
         default=None, ge=0,
         description="`length` of the last record of this session (RecordOut): the view holds "
                     "that turn even when another server process recorded it a moment ago")
@@ -49,9 +63,9 @@ class PrepareRequest(RequestFigures):
 class RecoverRequest(RequestFigures):
     error: str | dict[str, Any] = Field(
         description="the provider's error: its message, or its JSON body")
-    status: int | None = Field(default=None, ge=100, le=599,
+    status: Whole | None = Field(default=None, ge=100, le=599,
                                description="the HTTP status of the failed call")
-    prepared_tokens: int | None = Field(
+    prepared_tokens: Whole | None = Field(
         default=None, ge=1,
         description="report.estimated_prompt_tokens of the prepared view the provider refused: "
                     "when the error states no window, it bounds the real one, and an error "
@@ -69,7 +83,7 @@ class RecordRequest(_Body):
 
 
 class CompactRequest(_Body):
-    keep_recent: int | None = Field(default=None, ge=0,
+    keep_recent: Whole | None = Field(default=None, ge=0,
                                     description="tokens of recent history kept verbatim")
     force: bool = False
 
@@ -79,10 +93,10 @@ class RecallRequest(_Body):
 
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS,
                        description="exact words: file paths, identifiers, error codes, numbers")
-    limit: int = Field(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT,
+    limit: Whole = Field(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT,
                        description="passages to return, best first")
-    start: int | None = Field(default=None, ge=0, description="first message index searched")
-    end: int | None = Field(default=None, ge=0, description=(
+    start: Whole | None = Field(default=None, ge=0, description="first message index searched")
+    end: Whole | None = Field(default=None, ge=0, description=(
         "search messages before this index (default: the watermark, i.e. what was "
         "summarized away)"))
 
