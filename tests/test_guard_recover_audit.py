@@ -216,3 +216,31 @@ def test_the_record_after_a_probe_writes_the_figures_it_kept_back(
     state = store.state("probe")
     assert (state.model, state.window, state.max_tokens) == (model, 8000, 500)
     assert state.system_tokens > 0
+
+
+def test_a_learned_window_stays_with_the_model_it_was_learned_for(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """QA: the state keeps one ``model``, which every prepare rewrites: a gpt-4o session
+    that learned 8192 and went on with claude got 8192 for claude from its second prepare
+    on (and the worker budgeted claude's summaries with it), and lost it on returning to
+    gpt-4o. The window now belongs to the model it was learned for."""
+    from workers.compactor import Compactor
+    from workers.summarizer.engine import SummaryEngine
+
+    guard = make_guard(store)
+    record(store, guard, "switch")
+    assert guard.recover("switch", "Requested tokens (9285) exceed context window of 8192",
+                         SYSTEM, max_tokens=100, model=MODEL) is not None
+    claude = "claude-sonnet-4-5"
+
+    def window_of(model: str) -> int:
+        view = guard.prepare("switch", SYSTEM, max_tokens=100, model=model,
+                             pending=[Message(role="user", content="next")])
+        return int(view.report.budget.window)
+
+    assert window_of(MODEL) == 8192
+    assert [window_of(claude) for _ in range(3)] == [200_000] * 3
+    assert Compactor(store, SummaryEngine(None))._window(store.state("switch"))[0] == 200_000
+    assert window_of(MODEL) == 8192
+    assert make_guard(store).prepare("switch", SYSTEM, max_tokens=100,
+                                     model=MODEL).report.budget.window == 8192

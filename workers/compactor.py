@@ -201,7 +201,8 @@ class Compactor:
 
     # -- decision ------------------------------------------------------------------
     def _window(self, state: SessionState) -> tuple[int, int]:
-        learned = state.learned_window if LimitBook.credible(state.learned_window) else 0
+        learned = state.learned_for(state.model)
+        learned = learned if LimitBook.credible(learned) else 0
         limits = model_limits(state.model or "gpt-4o",
                               learned={state.model: learned} if learned and state.model else None)
         window = learned or state.window or limits.context_window

@@ -550,7 +550,8 @@ def usage_fields(reported: int, sent: Sent) -> dict[str, Any]:
                 and kept - min(reported, state.anchor_reported or 0) <= kept * CEILING_STEADY:
             # a steady ceiling (not a caller's erratic figures, such as cache-less counts):
             # what the server keeps is its window, as an overflow's bound is learned
-            fields.update(learned_window=kept, model=sent.model or state.model)
+            fields.update(learned_window=kept, model=sent.model or state.model,
+                          learned_model=sent.model or state.model)
         return fields
     if ceiling is None:  # not grown, not yet judged: neither a sample nor an anchor
         return {}

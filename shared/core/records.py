@@ -120,6 +120,9 @@ class SessionState(BaseModel):
     model: str = ""
     window: int = 0
     learned_window: int = 0
+    learned_model: str = Field(default="", description="the model ``learned_window`` was "
+                               "learned for (empty in states written before this field: "
+                               "``model``); see :meth:`learned_for`")
     calibration_ratio: float = 1.0
     calibration_samples: int = 0
     calibration_family: str = Field(default="", description="the tokenizer family the ratio "
@@ -149,6 +152,12 @@ class SessionState(BaseModel):
         assert self.anchor_end is not None and self.anchor_version is not None
         return UsageAnchor(reported=self.anchor_reported, estimated=self.anchor_estimated,
                            end=self.anchor_end, version=self.anchor_version)
+
+    def learned_for(self, model: str) -> int:
+        """The window the session learned for ``model`` (0: none): a limit one endpoint
+        stated belongs to the model it was learned for, not to the session's next one."""
+        owner = self.learned_model or self.model
+        return self.learned_window if self.learned_window and owner == model else 0
 
 
 class CommitResult(BaseModel):

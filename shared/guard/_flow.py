@@ -441,7 +441,8 @@ class GuardFlow(GuardShell):
             if limit:
                 self.touched(session_id)
                 yield Io("update_state", (session_id,), {
-                    "learned_window": limit, "model": model, "last_overflow_at": time.time()})
+                    "learned_window": limit, "learned_model": model, "model": model,
+                    "last_overflow_at": time.time()})
                 snap = yield from self.snapshot_steps(session_id, min_length)
             started = time.perf_counter()
             refused = self.refused_estimate(session_id, model, prepared_tokens)

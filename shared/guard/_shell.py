@@ -217,8 +217,7 @@ class GuardShell(FreshViews, Recovery):
         return tokens, offers
 
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
-        stated = (state.learned_window if state is not None and state.learned_window
-                  and state.model == model else 0)
+        stated = state.learned_for(model) if state is not None else 0
         if not isinstance(model, str):  # model_limits names the bad field
             return model_limits(model, overrides=self.overrides or None,
                                 learned=self._learned(self.limits, model, stated) or None)

@@ -147,7 +147,8 @@ class InputBudget:
 
     def limits(self) -> Any:
         """The model's limits, with the window this session learned (if smaller)."""
-        state = (SessionState(learned_window=self.learned_window, model=self.model)
+        state = (SessionState(learned_window=self.learned_window, learned_model=self.model,
+                              model=self.model)
                  if self.learned_window else None)
         return self.guard.model_limits(self.model, state)
 
@@ -365,8 +366,8 @@ class GuardedModel(Model):
                     budget.learned_window = limit
                 if self.session is not None:
                     await asyncio.to_thread(guard.store.update_state, session_id,
-                                            learned_window=limit, model=model,
-                                            last_overflow_at=time.time())
+                                            learned_window=limit, learned_model=model,
+                                            model=model, last_overflow_at=time.time())
             window = budget.limits().context_window
             if recognised:
                 ratio = guard.refused_ratio(ratio, error, window, refused)
@@ -395,10 +396,11 @@ class GuardedModel(Model):
             except StoreUnavailable:
                 state = None
         learned = budget.learned_window
-        if learned and (state is None or state.model != budget.model
-                        or not state.learned_window or learned < state.learned_window):
-            state = (state or SessionState()).model_copy(
-                update={"learned_window": learned, "model": budget.model})
+        own = state.learned_for(budget.model) if state is not None else 0
+        if learned and (state is None or not own or learned < own):
+            state = (state or SessionState()).model_copy(update={
+                "learned_window": learned, "learned_model": budget.model,
+                "model": budget.model})
         return state
 
     def _responded(self, usage: Any, recovered: bool) -> None:

@@ -109,8 +109,8 @@ def collect(store: SessionStore, session_id: str, *, trigger_ratio: float = 0.8)
         cum = [int(v) for v in store.redis.lrange(keys.cum, 0, -1)]
     records = sorted(store.summaries(session_id), key=lambda r: (r.source_version, r.watermark))
     model = state.model or "gpt-4o"
-    limits = model_limits(model, learned={model: state.learned_window}
-                          if state.learned_window else None)
+    learned = state.learned_for(model)
+    limits = model_limits(model, learned={model: learned} if learned else None)
     window = state.window or limits.context_window
     reserve = state.max_tokens or output_reserve(limits, None)
     report = SessionReport(session_id=session_id, tenant=store.tenant, model=model,
@@ -360,7 +360,9 @@ def _gaps(r: SessionReport) -> str:
 def _recoveries(state: SessionState) -> str:
     if state.last_overflow_at is None:
         return "none"
-    learned = f", learned window {human(state.learned_window)}" if state.learned_window else ""
+    owner = state.learned_model or state.model
+    learned = (f", learned window {human(state.learned_window)} ({owner})"
+               if state.learned_window else "")
     return f"last overflow {_when(state.last_overflow_at)}{learned}"
 
 
