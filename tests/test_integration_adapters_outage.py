@@ -35,6 +35,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from examples.langchain_agent import WindowedChatModel
 from examples.pydantic_ai_agent import WindowedModel, build_agent
 from shared.core.config import StoreConfig
+from shared.core.errors import StoreUnavailable
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.integrations.langchain import ContextGuardMiddleware
 from shared.store.aio import AsyncSessionStore, connect_async
@@ -229,3 +230,49 @@ def test_agents_sdk_says_what_is_lost_when_redis_dies_during_the_model_call(
     text = str(caught.value)
     assert "'sdk-outage'" in text and "assistant" in text and "not in the session" in text
     assert "run the turn again" in text and "redis unavailable" in text
+
+
+def failing_once(guard: ContextGuard) -> None:
+    """The adapter's read of the log fails once (a dropped connection, a socket timeout on
+    that one read), and Redis answers again at once."""
+    real, armed = guard.load, [True]
+
+    def load(session_id: str, *args: Any, **kwargs: Any) -> Any:
+        if armed:
+            armed.clear()
+            raise StoreUnavailable("redis unavailable during view/read: Timeout reading")
+        return real(session_id, *args, **kwargs)
+    guard.load = load  # type: ignore[method-assign]
+
+
+@pytest.mark.redis
+def test_a_flapping_redis_never_sends_the_history_twice(own_redis: RedisServer) -> None:
+    """QA: with the log's cursor unread, the whole framework history went to prepare as
+    this call's messages, and a prepare that reached Redis added the log to them: every
+    earlier message twice in one request. The call now goes out on the degraded view."""
+    model = WindowedChatModel(window=100_000, requests=[], counts=[], reply=answer("ok"))
+    guard = guard_on(own_redis)
+    middleware = ContextGuardMiddleware(guard, max_tokens=256)
+    agent = create_agent(model, [], system_prompt="You answer briefly.",
+                         middleware=[middleware], checkpointer=InMemorySaver())
+    for text in ("one", "two"):
+        agent.invoke({"messages": [HumanMessage(text)]}, CFG)
+    middleware.cursors.drop("lc-outage")  # another replica serves the thread, say
+    failing_once(guard)
+    out = agent.invoke({"messages": [HumanMessage("three")]}, CFG)
+    sent = [m.text for m in model.requests[-1] if m.type == "human"]
+    assert sent == ["one", "two", "three"]
+    agent.invoke({"messages": [HumanMessage("four")]}, CFG)
+    assert [m.text() for m in log_of(own_redis, "lc-outage")][:len(out["messages"])] == [
+        m.text for m in out["messages"]]
+
+    pai = WindowedModel(window=100_000)
+    first = build_agent(guard_on(own_redis), pai, session_id="pai-flap")
+    history = first.run_sync("one").all_messages()
+    history = first.run_sync("two", message_history=history).all_messages()
+    replica = guard_on(own_redis)  # another process: no cursor for the conversation yet
+    failing_once(replica)
+    build_agent(replica, pai, session_id="pai-flap").run_sync("three", message_history=history)
+    asked = [p.content for m in pai.requests[-2] for p in m.parts
+             if isinstance(p, pm.UserPromptPart)]
+    assert asked == ["one", "two", "three"]

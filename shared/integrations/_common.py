@@ -30,9 +30,10 @@ import hashlib
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from shared.core.errors import CompactionError, InvalidInput, SessionNotFound, StoreUnavailable
 from shared.core.messages import Message
@@ -193,6 +194,18 @@ def record_failed(session_id: str, error: StoreUnavailable, count: int) -> None:
                 session_id, count, error)
 
 
+def degraded_view(guard: Any, session_id: str, request: Request,
+                  history: Sequence[Message]) -> PreparedView:
+    """The guard's degraded view of ``history`` alone, Redis not asked: where the adapter
+    could not read the log's cursor, the whole framework history is this call's messages,
+    and a prepare that reached Redis after all (a flapping connection) would add the log
+    to them, sending the history twice in one request."""
+    target = guard.guard if isinstance(guard, ThreadedAsyncGuard) else guard
+    return cast(PreparedView, target.degraded(
+        session_id, request.system_prompt, request.tools, request.max_tokens,
+        target.given_model(request.model), list(history), time.perf_counter()))
+
+
 def run_with_recovery(guard: Any, session_id: str, request: Request,
                       pending: Sequence[Message],
                       send: Callable[[PreparedView], R], *,
@@ -289,12 +302,10 @@ class AsyncGuard(Protocol):
 
 
 class ThreadedAsyncGuard:
-    """STOPGAP until ``shared.guard.AsyncContextGuard`` exists: the sync guard in a thread.
-
-    Each call runs the synchronous guard through ``asyncio.to_thread``, so the
-    event loop never blocks on Redis. Replace with AsyncContextGuard (same
-    method names) when it lands; :func:`as_async_guard` picks it up by itself.
-    """
+    """A sync guard where an async one is needed: each call runs it through
+    ``asyncio.to_thread``, so the event loop never blocks on Redis. An
+    ``AsyncContextGuard`` (same method names) needs no threads;
+    :func:`as_async_guard` wraps only a sync guard."""
 
     def __init__(self, guard: Any) -> None:
         self.guard = guard
@@ -436,6 +447,7 @@ __all__ = [
     "arun_with_recovery",
     "as_async_guard",
     "cursor_from_view",
+    "degraded_view",
     "divergence",
     "edit_hint",
     "fingerprint",

@@ -87,6 +87,7 @@ from shared.integrations._common import (
     answer_recall,
     arun_with_recovery,
     as_async_guard,
+    degraded_view,
     divergence,
     edit_hint,
     load_cursor,
@@ -389,10 +390,14 @@ class ContextGuardMiddleware(AgentMiddleware):
             pending = self._continued(guard, session_id, state, request.runtime)
         except StoreUnavailable:
             pending, known = self._unknown(state), False
-        response, _view = run_with_recovery(
-            guard, session_id, fixed, pending,
-            lambda view: handler(self._send(request, view, system)),
-            fallback=self._fallback(state, pending))
+        if known:
+            response, _view = run_with_recovery(
+                guard, session_id, fixed, pending,
+                lambda view: handler(self._send(request, view, system)),
+                fallback=self._fallback(state, pending))
+        else:  # the whole state is this call's: a prepare must not add the log to it
+            response = handler(self._send(request, degraded_view(guard, session_id, fixed,
+                                                                 pending), system))
         result, usage = self._reply(response)
         self._note_recall_calls(session_id, result)
         first = len(state)
@@ -425,8 +430,11 @@ class ContextGuardMiddleware(AgentMiddleware):
         async def send(view: PreparedView) -> Any:
             return await handler(self._send(request, view, system))
 
-        response, _view = await arun_with_recovery(guard, session_id, fixed, pending, send,
-                                                   fallback=self._fallback(state, pending))
+        if known:
+            response, _view = await arun_with_recovery(
+                guard, session_id, fixed, pending, send, fallback=self._fallback(state, pending))
+        else:  # the whole state is this call's: a prepare must not add the log to it
+            response = await send(degraded_view(guard, session_id, fixed, pending))
         result, usage = self._reply(response)
         self._note_recall_calls(session_id, result)
         first = len(state)

@@ -79,6 +79,7 @@ from shared.integrations._common import (
     aanswer_recall,
     aload_cursor,
     as_async_guard,
+    degraded_view,
     divergence,
     edit_hint,
     origin,
@@ -462,10 +463,13 @@ class ContextGuardCapability(AbstractCapability[Any]):
                 recorded, pending = await self._pending(session_id, history)
             except StoreUnavailable:  # Redis down: all of it to the degraded view, unrecorded
                 recorded, pending, known = 0, to_neutral(history), False
-            # the history before pending, mapped only if Redis is down: a degraded view
-            fallback = Deferred(lambda: to_neutral(history[:recorded]))
-            view = await self.aguard.prepare(session_id, pending=pending,
-                                             fallback_messages=fallback, **fixed.kwargs())
+            if known:
+                # the history before pending, mapped only if Redis is down: a degraded view
+                fallback = Deferred(lambda: to_neutral(history[:recorded]))
+                view = await self.aguard.prepare(session_id, pending=pending,
+                                                 fallback_messages=fallback, **fixed.kwargs())
+            else:  # the whole history is this call's: a prepare must not add the log to it
+                view = degraded_view(self.aguard, session_id, fixed, pending)
             run = _Pending(session_id, fixed, pending, system, known=known)
             with self._lock:
                 self._runs[key] = run
