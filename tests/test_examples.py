@@ -225,8 +225,9 @@ def test_python_fragments(block: Block, urls: tuple[str, str], key_prefix: str,
 
 def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
                                                  key_prefix: str) -> None:
-    """The README's loop with Redis down for one turn: the model still answers (a view of
-    the turn alone), the turn is kept, and the next turn, Redis back, records it first."""
+    """The README's loop with Redis down for two turns: the model still answers (a view of
+    the turn alone), the turns are kept, and the next turn, Redis back, records them all,
+    in order, before its own."""
     (block,) = [b for b in blocks() if b.kind == "fragment" and "unrecorded" in b.code]
     sid = f"{key_prefix}-outage"
     store = SessionStore(connect(urls[0]))
@@ -237,7 +238,8 @@ def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
     with FakeOpenAIServer(window=128_000) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
         try:
-            for redis_url, text in ((down, "first, Redis down"), (urls[0], "second")):
+            for redis_url, text in ((down, "first, Redis down"), (down, "second, still down"),
+                                    (urls[0], "third")):
                 exec(compile(block.code, block.name, "exec"), {
                     "openai": openai, "from_openai": from_openai, "ContextGuard": ContextGuard,
                     "SessionStore": SessionStore, "connect": connect,
@@ -247,11 +249,11 @@ def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
                     "SYSTEM": "You are terse.", "TOOLS": [], "MODEL": "gpt-4o",
                     "unrecorded": unrecorded})
                 if redis_url == down:
-                    assert len(unrecorded) == 1 and store.length(sid) == 0
-            assert [r.status for r in server.requests] == [200, 200]
+                    assert store.length(sid) == 0
+            assert [r.status for r in server.requests] == [200, 200, 200]
             assert unrecorded == []
             assert [m.text() for m in store.messages(sid) if m.role == "user"] == [
-                "first, Redis down", "second"]
-            assert store.length(sid) == 4
+                "first, Redis down", "second, still down", "third"]
+            assert store.length(sid) == 6
         finally:
             store.delete_session(sid)

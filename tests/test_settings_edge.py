@@ -48,7 +48,8 @@ def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, value: 
         load_settings()
 
 
-@pytest.mark.parametrize("value", ["not-a-url", "ftp://host/v1", "http://", "127.0.0.1:8000"])
+@pytest.mark.parametrize("value", ["not-a-url", "ftp://host/v1", "http://", "127.0.0.1:8000",
+                                   "http://127.0.0.1:99999/v1"])
 def test_a_summarizer_base_url_that_is_no_url_stops_start_up(monkeypatch: pytest.MonkeyPatch,
                                                              value: str) -> None:
     """It was accepted, then every job failed as an unreachable summarizer."""

@@ -236,6 +236,10 @@ class Settings(BaseSettings):
         if value is None or not value.strip():
             return None
         parsed = urlsplit(value.strip())
+        try:
+            parsed.port  # noqa: B018 (raises on a port out of range)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"{value!r} is not an http(s) URL with a host "
                              "(e.g. http://127.0.0.1:8000/v1)")
