@@ -184,6 +184,7 @@ def test_a_message_it_cannot_map_is_named_and_nothing_is_written(
         agent.invoke({"messages": [question(0), bad]}, config("lc-bad"))
     assert info.value.field is not None and info.value.field.startswith("state.messages[1]")
     assert "ChatMessage" in str(info.value)
+    assert "RemoveMessage" in str(info.value)  # the checkpoint keeps it: the way out
     assert fake_store.length("lc-bad") == 0
 
 

@@ -163,6 +163,14 @@ def _without_media(message: BaseMessage) -> BaseMessage:
         for b in content]})
 
 
+def _way_out(message: BaseMessage) -> str:
+    """How a thread gets past a message nothing maps: the graph's checkpoint kept it, so
+    every later call of the thread meets it again."""
+    remove = f"RemoveMessage(id={message.id!r})" if message.id else "RemoveMessage"
+    return (f" (the thread's state keeps this message, and every later call meets it: "
+            f"remove it with {remove}, or start a new thread)")
+
+
 def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
     """LangChain messages as tagged neutral ones; InvalidInput names ``state.messages[i]``."""
     out: list[Message] = []
@@ -178,14 +186,15 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
         try:
             wire = convert_to_openai_messages(_without_media(message))
         except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}",
-                               field=where, index=index) from None
+            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}"
+                               f"{_way_out(message)}", field=where, index=index) from None
         try:
             (neutral,) = from_openai([wire])
         except InvalidInput as exc:
             inner = exc.field or ""
             reason = str(exc).removeprefix(f"{inner}: ")
-            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}",
+            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}"
+                               f"{_way_out(message)}",
                                field=where + inner.removeprefix("messages[0]"),
                                index=index) from None
         if fields:
