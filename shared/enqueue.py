@@ -58,8 +58,9 @@ class CeleryEnqueuer:
     (its options would apply), through ``send_task``.
     ``lean=False`` always uses ``send_task``.
 
-    ``queue``: start the workers with ``-Q`` that queue; they send a job's
-    follow-up and recall index jobs back to the queue it came from.
+    ``queue``: the workers' ``COMPACTION_QUEUE`` (the queue they consume without
+    ``-Q``); they send a job's follow-up and recall index jobs back to the queue
+    it came from.
 
     Safe to share between threads. A failed publish raises
     ``kombu.exceptions.OperationalError`` on either path.

@@ -66,7 +66,7 @@ NOT_RUN = {
     'hits = guard.recall(sid, "src/app/main.py ERR_CONN_RESET", limit=5)  # [RecallHit(index, '
     'role, text, score)]':
         "needs a compacted session; tests/test_recall_index.py runs the same calls",
-    "celery -A workers.app worker -Q compaction --pool threads -c 8 &":
+    "celery -A workers.app worker --pool threads -c 8 &   # consumes COMPACTION_QUEUE":
         "starts deployed workers and runs an open-ended agent ('...')",
 }
 

@@ -133,3 +133,16 @@ def test_a_worker_that_leaves_out_the_configured_queue_says_so(urls: tuple[str, 
         assert "COMPACTION_QUEUE is" not in matching.log()
     finally:
         matching.stop()
+
+
+def test_the_demo_publishes_to_the_configured_queue(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's guard published to ``compaction`` whatever COMPACTION_QUEUE said: its
+    own worker (and deployed ones) consume the configured queue, and compacted nothing."""
+    monkeypatch.setenv("COMPACTION_QUEUE", CUSTOM)
+    for name in ("COMPACTION_REDIS_URL", "COMPACTION_BROKER_URL", "COMPACTION_SUMMARIZER"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["demo", "--turns", "40", "--pace", "0", "--json",
+                 "--worker", "embedded"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["compactions"] > 0, report

@@ -166,8 +166,8 @@ class Settings(BaseSettings):
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
     queue: str = Field(default=QUEUE, min_length=1, description="Celery queue the CLI, "
-                       "compaction serve and doctor publish to and check; workers take it "
-                       "with -Q")
+                       "compaction serve and doctor publish to and check; the workers "
+                       "consume it (no -Q needed)")
     broker_max_connections: int = Field(
         default=128, gt=0, description="connections per broker channel pool: every pool "
         "thread may acknowledge at the same moment (kombu's default is 10)")

@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not tell the guard the window: it learns it from the first "
                              "overflow error")
     parser.add_argument("--tokenizer", metavar="PATH",
-                        help="o200k_base.tiktoken (default: ../shared/data/tokenizers, then the "
-                             "tiktoken cache)")
+                        help="o200k_base.tiktoken (default: a tokenizers directory beside "
+                             "the checkout's data, then the tiktoken cache)")
     parser.add_argument("--redis-server", metavar="PATH",
                         help="redis-server binary for the embedded Redis (default: on PATH)")
     parser.add_argument("--in-process", action="store_true",

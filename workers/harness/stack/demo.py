@@ -244,7 +244,8 @@ def open_stack(settings: Settings, backends: Backends, *,
     client = _store_client(backends, settings)
     store = SessionStore(client, settings.store_config(), tenant=settings.tenant)
     publisher = publisher_app(backends.broker_url)
-    stack = Stack(backends=backends, store=store, enqueuer=CeleryEnqueuer(publisher))
+    stack = Stack(backends=backends, store=store,
+                  enqueuer=CeleryEnqueuer(publisher, queue=settings.queue))
     try:
         if backends.worker == "deployed":
             _check_deployed_workers(publisher, backends)
@@ -265,7 +266,7 @@ def _check_deployed_workers(publisher: Any, backends: Backends) -> None:
     if not replies:
         raise CompactionError(
             f"no Celery worker answered on {redact_url(backends.broker_url)} within 2 s: start "
-            "one (celery -A workers.app worker -Q compaction --pool threads) or run the demo "
+            "one (celery -A workers.app worker --pool threads) or run the demo "
             "with --worker embedded")
 
 

@@ -92,8 +92,10 @@ def worker_thread(settings: Settings, store: SessionStore, *, broker_url: str,
         for signal, handler in handlers:
             signal.connect(handler, weak=False)
         try:
+            # the configured queue, named: the app's queues were fixed at its first use,
+            # which may predate this process's COMPACTION_QUEUE (an earlier stack)
             with start_worker(app, pool="threads", concurrency=concurrency, loglevel="ERROR",
-                              perform_ping_check=False,
+                              perform_ping_check=False, queues=[settings.queue],
                               shutdown_timeout=shutdown_timeout) as worker:
                 try:
                     yield app
