@@ -225,35 +225,34 @@ def test_python_fragments(block: Block, urls: tuple[str, str], key_prefix: str,
 
 def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
                                                  key_prefix: str) -> None:
-    """The README's loop with Redis down for two turns: the model still answers (a view of
+    """The README's loop, one guard for every turn, with Redis down for two turns (a
+    restart without persistence: it comes back empty): the model still answers (a view of
     the turn alone), the turns are kept, and the next turn, Redis back, records them all,
     in order, before its own."""
+    from workers.harness.stack.redis_server import start_server
+
     (block,) = [b for b in blocks() if b.kind == "fragment" and "unrecorded" in b.code]
     sid = f"{key_prefix}-outage"
-    store = SessionStore(connect(urls[0]))
-    with socket.socket() as sock:  # a port nothing listens on: Redis is down
-        sock.bind(("127.0.0.1", 0))
-        down = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    redis_server = start_server()
+    store = SessionStore(connect(redis_server.url))
+    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(urls[1])))
     unrecorded: list[Any] = []
-    with FakeOpenAIServer(window=128_000) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
-        try:
-            for redis_url, text in ((down, "first, Redis down"), (down, "second, still down"),
-                                    (urls[0], "third")):
+    try:
+        with FakeOpenAIServer(window=128_000) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            redis_server.stop()
+            for text in ("first, Redis down", "second, still down", "third"):
+                if text == "third":
+                    redis_server.start()
                 exec(compile(block.code, block.name, "exec"), {
-                    "openai": openai, "from_openai": from_openai, "ContextGuard": ContextGuard,
-                    "SessionStore": SessionStore, "connect": connect,
-                    "CeleryEnqueuer": CeleryEnqueuer, "publisher_app": publisher_app,
-                    "StoreUnavailable": StoreUnavailable, "REDIS_URL": redis_url,
-                    "BROKER_URL": urls[1], "client": client, "sid": sid, "text": text,
-                    "SYSTEM": "You are terse.", "TOOLS": [], "MODEL": "gpt-4o",
-                    "unrecorded": unrecorded})
-                if redis_url == down:
-                    assert store.length(sid) == 0
+                    "openai": openai, "from_openai": from_openai,
+                    "StoreUnavailable": StoreUnavailable, "guard": guard, "client": client,
+                    "sid": sid, "text": text, "SYSTEM": "You are terse.", "TOOLS": [],
+                    "MODEL": "gpt-4o", "unrecorded": unrecorded})
             assert [r.status for r in server.requests] == [200, 200, 200]
-            assert unrecorded == []
-            assert [m.text() for m in store.messages(sid) if m.role == "user"] == [
-                "first, Redis down", "second, still down", "third"]
-            assert store.length(sid) == 6
-        finally:
-            store.delete_session(sid)
+        assert unrecorded == []
+        assert [m.text() for m in store.messages(sid) if m.role == "user"] == [
+            "first, Redis down", "second, still down", "third"]
+        assert store.length(sid) == 6
+    finally:
+        redis_server.remove()
