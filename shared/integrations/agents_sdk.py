@@ -264,12 +264,13 @@ class GuardedSession:
             # The runner calls this after the model answered too: say what is lost. The run
             # stops here; the session can't know what the runner would have kept.
             roles = sorted({m.role for m in messages})
+            answered = ("; the model's answer among them was received (and billed) but is "
+                        "lost with the run" if "assistant" in roles else "")
             raise StoreUnavailable(
                 f"session {self.session_id!r}: {len(messages)} items of this run "
                 f"({', '.join(roles)}) could not be saved, so they are not in the session's "
-                f"history and the run stopped; a model answer among them was received (and "
-                f"billed) but is lost with the run: run the turn again once Redis answers "
-                f"({exc})") from exc
+                f"history and the run stopped{answered}: run the turn again once Redis "
+                f"answers ({exc})") from exc
 
     def responded(self, reported: int, *, faithful: bool) -> None:
         """The input tokens a response of this session's run reported (called by

@@ -201,8 +201,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stdio (default; for a client that starts this process, no "
                              "authentication) or streamable HTTP at /mcp (every request needs "
                              "a bearer token, see below)")
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind")
-    parser.add_argument("--port", type=int, default=8765, help="HTTP: port")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="HTTP: address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
     parser.add_argument("--tenant", help="stdio: tenant served (default: COMPACTION_TENANT); "
                                          "HTTP: accept only this tenant's tokens")
     parser.epilog = (
