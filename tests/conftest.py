@@ -183,3 +183,22 @@ def cluster62() -> Iterator[LocalCluster]:
     started = start_cluster(binary)
     yield started
     started.stop()
+
+
+@pytest.fixture
+def exporter() -> Iterator[Any]:
+    """The tracing facade on an in-memory OpenTelemetry exporter (the otel extra), for
+    the test's spans; the facade goes back to no tracer after it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared.telemetry import tracing
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracing.use_tracer_provider(provider)
+    yield exported
+    tracing.use_tracer_provider(None)
+    provider.shutdown()

@@ -12,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from shared.core.errors import BadSummary, SummarizerError
 from shared.core.ledger import Ledger
 from shared.core.messages import Message
-from shared.telemetry import tracing
 from shared.telemetry.genai import ERROR_CLASSES, error_class, model_call
 from shared.telemetry.metrics import PrometheusMetrics, set_metrics
 from workers.harness.fakes.behaviour import Fault
@@ -33,15 +30,6 @@ MESSAGES = [Message(role="user", content="please fix the failing test in src/app
             Message(role="assistant", content="I changed the assertion and ran pytest " * 20)]
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    tracing.use_tracer_provider(provider)
-    yield exported
-    tracing.use_tracer_provider(None)
-    provider.shutdown()
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -21,7 +19,6 @@ import shared.guard
 from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer, NullEnqueuer
 from shared.store.sessions import SessionStore, connect
-from shared.telemetry import tracing
 from shared.telemetry.metrics import METRIC_ROLES, PrometheusMetrics, set_metrics
 from shared.telemetry.propagation import publish_headers
 from tests.guard_shells import SHELLS, make
@@ -44,14 +41,6 @@ def metrics() -> Iterator[PrometheusMetrics]:
     set_metrics(None)
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    tracing.use_tracer_provider(provider)
-    yield exported
-    tracing.use_tracer_provider(None)
 
 
 @pytest.fixture(params=SHELLS)
@@ -65,7 +54,7 @@ def value(m: PrometheusMetrics, name: str, **labels: str) -> float:
 
 def test_every_guard_decision_is_counted_and_spanned(
         fake_redis: object, key_prefix: str, metrics: PrometheusMetrics,
-        spans: InMemorySpanExporter, shell: str) -> None:
+        exporter: InMemorySpanExporter, shell: str) -> None:
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
     guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})  # no worker
     turns = demo_turns(40)
@@ -106,18 +95,18 @@ def test_every_guard_decision_is_counted_and_spanned(
         "guard" in METRIC_ROLES[n if n in METRIC_ROLES else n + "_total"] for n in exported), \
         exported
 
-    names = [s.name for s in spans.get_finished_spans()]
+    names = [s.name for s in exporter.get_finished_spans()]
     assert names.count("compaction.prepare") == prepared
     assert names.count("compaction.record_turn") == len(turns)
     assert names.count("compaction.recover") == 1
-    [recover] = [s for s in spans.get_finished_spans() if s.name == "compaction.recover"]
+    [recover] = [s for s in exporter.get_finished_spans() if s.name == "compaction.recover"]
     attrs = dict(recover.attributes or {})
     assert attrs["compaction.stated_limit"] == 12_000 and attrs["compaction.recovery"] is True
     assert attrs["compaction.truncated"] is True
 
 
 def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
-        fake_redis: object, key_prefix: str, spans: InMemorySpanExporter, shell: str) -> None:
+        fake_redis: object, key_prefix: str, exporter: InMemorySpanExporter, shell: str) -> None:
     """An overflow that states the window the guard already uses: nothing is learned (the
     count was short), and the span still says what the provider stated."""
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
@@ -130,7 +119,7 @@ def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
                          "messages resulted in 16500 tokens.")
     assert guard.recover("g2", error, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o",
                          pending=turn[:1]) is not None
-    [recover] = [s for s in spans.get_finished_spans() if s.name == "compaction.recover"]
+    [recover] = [s for s in exporter.get_finished_spans() if s.name == "compaction.recover"]
     attrs = dict(recover.attributes or {})
     assert attrs["compaction.stated_limit"] == 16_000
     assert "compaction.inferred_limit" not in attrs and guard.limits.get("gpt-4o") is None
@@ -138,7 +127,7 @@ def test_a_stated_window_the_guard_knew_is_on_the_recover_span(
 
 def test_a_recovery_with_nothing_smaller_is_counted_and_spanned(
         fake_redis: object, key_prefix: str, metrics: PrometheusMetrics,
-        spans: InMemorySpanExporter, shell: str) -> None:
+        exporter: InMemorySpanExporter, shell: str) -> None:
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
     guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})
     turn = demo_turns(1)[0]
@@ -149,11 +138,11 @@ def test_a_recovery_with_nothing_smaller_is_counted_and_spanned(
     assert value(metrics, "compaction_overflow_recoveries_total",
                  outcome="no_smaller_view") == 1
     assert value(metrics, "compaction_overflow_recoveries_total", outcome="recovered") == 0
-    [recover] = [s for s in spans.get_finished_spans() if s.name == "compaction.recover"]
+    [recover] = [s for s in exporter.get_finished_spans() if s.name == "compaction.recover"]
     assert dict(recover.attributes or {})["compaction.no_smaller_view"] is True
 
 
-def test_degraded_view_is_counted(metrics: PrometheusMetrics, spans: InMemorySpanExporter,
+def test_degraded_view_is_counted(metrics: PrometheusMetrics, exporter: InMemorySpanExporter,
                                   shell: str) -> None:
     cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)  # Redis is down
     guard = make(shell, SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
@@ -164,12 +153,12 @@ def test_degraded_view_is_counted(metrics: PrometheusMetrics, spans: InMemorySpa
     assert value(metrics, "compaction_guard_prepare_duration_seconds_count",
                  path="degraded") == 1
     assert value(metrics, "compaction_guard_view_tokens_total", path="degraded") > 0
-    [prepare] = [s for s in spans.get_finished_spans() if s.name == "compaction.prepare"]
+    [prepare] = [s for s in exporter.get_finished_spans() if s.name == "compaction.prepare"]
     assert dict(prepare.attributes or {})["compaction.degraded"] is True
 
 
 def test_the_published_job_carries_the_record_turn_trace(
-        fake_redis: object, key_prefix: str, spans: InMemorySpanExporter, shell: str) -> None:
+        fake_redis: object, key_prefix: str, exporter: InMemorySpanExporter, shell: str) -> None:
     """The publish runs inside record_turn's producer span: its headers name that span."""
     published: list[dict[str, Any]] = []
     store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
@@ -179,7 +168,7 @@ def test_the_published_job_carries_the_record_turn_trace(
     guard.prepare("p1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
     assert guard.record_turn("p1", turn) == len(turn)
     [headers] = published  # the append marked the session pending: one job
-    [producer] = [s for s in spans.get_finished_spans() if s.name == "compaction.record_turn"]
+    [producer] = [s for s in exporter.get_finished_spans() if s.name == "compaction.record_turn"]
     _, trace_id, span_id, _ = headers["traceparent"].split("-")
     assert (int(trace_id, 16), int(span_id, 16)) == (producer.context.trace_id,
                                                      producer.context.span_id)

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 import redis
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -34,17 +32,6 @@ from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.settings import load_settings
 from workers.tasks import maybe_summarize
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    tracing.use_tracer_provider(provider)
-    yield exported
-    tracing.use_tracer_provider(None)
-    provider.shutdown()
 
 
 @pytest.fixture
