@@ -295,17 +295,18 @@ def test_slices_decide_as_the_reference_on_whole_and_partial_reads(
                 == earlier["command"].replace("cd src && ", "").replace(" app.py", " src/app.py")
 
 
+def _reads_then_an_empty_grep(store: SessionStore) -> str:
+    """Session "s": a file read whole twice, a range of it, an empty grep of it, then six
+    turns of other work (message #2, #5, #8, #11 the reads' results). Returns the file."""
+    code = _reads_then_an_empty_grep(store)
+    return code
+
+
 def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing() -> None:
     """Through the real guard (fakeredis): the view sent keeps an old range read of a file
     whose later read is an empty grep, and still points an old whole read at a newer one."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
-    code = "\n".join(f"    def method_{n}(self): return {n}" for n in range(120))
-    commands = ["cat src/app.py", "cat src/app.py", "sed -n '1909,2000p' src/app.py",
-                "grep GENERATING src/app.py"] + [f"echo {n}" for n in range(6)]
-    outputs = [code, code, code[:2000], "<returncode>1</returncode><output></output>"]
-    for i, command in enumerate(commands):
-        store.append("s", [m.model_dump(exclude_none=True) for m in _shell_turn(
-            i, command, outputs[i] if i < len(outputs) else "ok")])
+    code = _reads_then_an_empty_grep(store)
     policy = CompactionPolicy(clear_keep_recent_turns=2, clear_tool_outputs_over_tokens=10**9)
     tokens = store.range_tokens("s", 0, store.length("s"))
     guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
@@ -326,13 +327,7 @@ def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way() -> None:
     rule 1 stays (that rule did not change)."""
     client = fakeredis.FakeRedis()
     store = SessionStore(client, StoreConfig(key_prefix="c"))
-    code = "\n".join(f"    def method_{n}(self): return {n}" for n in range(120))
-    commands = ["cat src/app.py", "cat src/app.py", "sed -n '1909,2000p' src/app.py",
-                "grep GENERATING src/app.py"] + [f"echo {n}" for n in range(6)]
-    outputs = [code, code, code[:2000], "<returncode>1</returncode><output></output>"]
-    for i, command in enumerate(commands):
-        store.append("s", [m.model_dump(exclude_none=True) for m in _shell_turn(
-            i, command, outputs[i] if i < len(outputs) else "ok")])
+    code = _reads_then_an_empty_grep(store)
     key = store.keys("s").cheap
     old = {2: 11, 8: 11}  # the first whole read and the range read, both at the empty grep
     for index, later in old.items():
