@@ -298,7 +298,13 @@ def test_slices_decide_as_the_reference_on_whole_and_partial_reads(
 def _reads_then_an_empty_grep(store: SessionStore) -> str:
     """Session "s": a file read whole twice, a range of it, an empty grep of it, then six
     turns of other work (message #2, #5, #8, #11 the reads' results). Returns the file."""
-    code = _reads_then_an_empty_grep(store)
+    code = "\n".join(f"    def method_{n}(self): return {n}" for n in range(120))
+    commands = ["cat src/app.py", "cat src/app.py", "sed -n '1909,2000p' src/app.py",
+                "grep GENERATING src/app.py"] + [f"echo {n}" for n in range(6)]
+    outputs = [code, code, code[:2000], "<returncode>1</returncode><output></output>"]
+    for i, command in enumerate(commands):
+        store.append("s", [m.model_dump(exclude_none=True) for m in _shell_turn(
+            i, command, outputs[i] if i < len(outputs) else "ok")])
     return code
 
 
