@@ -16,6 +16,7 @@ from mcp import Client
 from shared.core.config import StoreConfig
 from shared.store.recall_index import drop_index
 from shared.store.sessions import SessionStore
+from tests.mcp_support import mcp_http_server
 from workers.cli.mcp import build_server
 from workers.settings import Settings
 
@@ -119,54 +120,25 @@ def test_mcp_over_stdio_in_a_subprocess(redis_url: str, real_redis: Any,
 @pytest.mark.slow
 def test_mcp_over_streamable_http(redis_url: str, real_redis: Any, key_prefix: str) -> None:
     """``--transport http``: a real HTTP server process, the SDK's client by URL."""
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
 
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
     store.append("s1", _messages())
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    root = str(Path(__file__).resolve().parents[1])
     token = "tok-default-0123456789abcdef"
-    env = {**os.environ, "PYTHONPATH": root, "COMPACTION_REDIS_URL": redis_url,
-           "COMPACTION_KEY_PREFIX": key_prefix,
-           "COMPACTION_SERVER_TOKENS": json.dumps({token: "default"})}
-    env.pop("COMPACTION_SERVER_TOKENS_FILE", None)
-    server = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp", "--transport", "http",
-                               "--port", str(port)], cwd=root, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def main(url: str) -> Any:
+        auth = {"Authorization": f"Bearer {token}"}  # the HTTP transport needs a token
+        async with httpx2.AsyncClient(headers=auth, timeout=30) as http, \
+                Client(streamable_http_client(url, http_client=http)) as client:
+            await client.call_tool("compact", {"session_id": "s1", "keep_recent": 300})
+            return await client.call_tool("recall", {"session_id": "s1",
+                                                     "query": "ERR_STEP_7_FAILED"})
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-                time.sleep(0.2)
-
-        import httpx2
-        from mcp.client.streamable_http import streamable_http_client
-
-        async def main() -> Any:
-            auth = {"Authorization": f"Bearer {token}"}  # the HTTP transport needs a token
-            async with httpx2.AsyncClient(headers=auth, timeout=30) as http, \
-                    Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp",
-                                                  http_client=http)) as client:
-                await client.call_tool("compact", {"session_id": "s1", "keep_recent": 300})
-                return await client.call_tool("recall", {"session_id": "s1",
-                                                         "query": "ERR_STEP_7_FAILED"})
-
-        result = anyio.run(main)
+        with mcp_http_server(redis_url, key_prefix, {token: "default"}) as url:
+            result = anyio.run(main, url)
         assert not result.is_error, result.content
         assert result.structured_content["hits"][0]["index"] == 15
     finally:
-        server.terminate()
-        server.wait(timeout=10)
         drop_index(store, "s1")

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from shared.core.config import StoreConfig
 from shared.core.errors import ConfigError
 from shared.store.sessions import SessionStore
+from tests.mcp_support import mcp_http_server
 from workers.cli import main as cli
 from workers.cli.mcp import http_tokens
 from workers.server.bearer import bearer_token
@@ -94,39 +91,11 @@ def _messages() -> list[dict[str, Any]]:
         {"role": "assistant", "content": f"saw ERR_STEP_{i}_FAILED at line {i}"})]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def mcp_http(redis_url: str, key_prefix: str) -> Iterator[str]:
     """``python -m workers.cli.mcp --transport http`` with two tenants' tokens; its URL."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_SERVER_")}
-    env.update({"PYTHONPATH": ROOT, "COMPACTION_REDIS_URL": redis_url,
-                "COMPACTION_KEY_PREFIX": key_prefix, "COMPACTION_SERVER_TOKENS": TOKENS})
-    server = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp", "--transport", "http",
-                               "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        if server.stderr is not None:
-            server.stderr.close()
+    with mcp_http_server(redis_url, key_prefix, json.loads(TOKENS)) as url:
+        yield url
 
 
 def _call(url: str, token: str | None, name: str, args: dict[str, Any]) -> Any:
