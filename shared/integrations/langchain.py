@@ -287,15 +287,25 @@ class ContextGuardMiddleware(AgentMiddleware):
 
     # -- the hooks -------------------------------------------------------------------
     # -- the state against the log -------------------------------------------------------
+    def _cached_pending(self, session_id: str, state: list[Any],
+                        runtime: Any) -> list[Message] | None:
+        """The state's messages after the cached cursor; None when there is none, or when
+        the log moved past it (another process may have written: read again)."""
+        cursor = self.cursors.get(session_id)
+        if cursor is None:
+            return None
+        try:
+            return self._pending(session_id, state, cursor, runtime)
+        except InvalidInput:
+            self.cursors.drop(session_id)
+            return None
+
     def _continued(self, guard: ContextGuard, session_id: str, state: list[Any],
                    runtime: Any) -> list[Message]:
         """The state's messages not in the log yet (the cached cursor, else a read)."""
-        cursor = self.cursors.get(session_id)
-        if cursor is not None:
-            try:
-                return self._pending(session_id, state, cursor, runtime)
-            except InvalidInput:
-                self.cursors.drop(session_id)  # another process may have written: read again
+        cached = self._cached_pending(session_id, state, runtime)
+        if cached is not None:
+            return cached
         cursor = load_cursor(guard, session_id, ID_KEY)
         try:
             return self._pending(session_id, state, cursor, runtime)
@@ -308,12 +318,9 @@ class ContextGuardMiddleware(AgentMiddleware):
     async def _acontinued(self, guard: AsyncGuard, session_id: str, state: list[Any],
                           runtime: Any) -> list[Message]:
         """:meth:`_continued` through the async guard."""
-        cursor = self.cursors.get(session_id)
-        if cursor is not None:
-            try:
-                return self._pending(session_id, state, cursor, runtime)
-            except InvalidInput:
-                self.cursors.drop(session_id)
+        cached = self._cached_pending(session_id, state, runtime)
+        if cached is not None:
+            return cached
         cursor = await aload_cursor(guard, session_id, ID_KEY)
         try:
             return self._pending(session_id, state, cursor, runtime)
