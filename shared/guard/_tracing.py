@@ -8,28 +8,31 @@ from typing import Any
 from shared.core.prepared import PreparedView
 from shared.telemetry import get_metrics, span
 from shared.telemetry.hooks import view_attributes
+from shared.telemetry.tracing import NO_SPAN, configured
 
 
 class Traced:
     """A span around one guard call (a no-op one without an OpenTelemetry SDK).
 
     A context manager over :func:`shared.telemetry.span` (entered directly: no
-    second generator on the hot path); ``current`` is the span inside it.
+    second generator on the hot path), and none at all while no SDK is configured;
+    ``current`` is the span inside it.
     """
 
     __slots__ = ("_cm", "current")
 
     def __init__(self, name: str, attributes: Mapping[str, Any],
                  kind: str = "internal") -> None:
-        self._cm = span(name, attributes, kind=kind)
-        self.current: Any = None
+        self._cm = span(name, attributes, kind=kind) if configured() else None
+        self.current: Any = NO_SPAN
 
     def __enter__(self) -> Traced:
-        self.current = self._cm.__enter__()
+        if self._cm is not None:
+            self.current = self._cm.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
-        return self._cm.__exit__(*exc)
+        return self._cm.__exit__(*exc) if self._cm is not None else None
 
     def view(self, view: PreparedView) -> PreparedView:
         """``view``, its report's figures set on the span (skipped when nothing records)."""

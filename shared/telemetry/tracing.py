@@ -95,6 +95,13 @@ def _tracer(trace: Any) -> Any:
     return found[1]
 
 
+def configured() -> bool:
+    """Whether spans would record now (an SDK provider is set): a caller on the hot path
+    skips building the span's context manager when not."""
+    trace = _trace()
+    return trace is not None and _tracer(trace) is not None
+
+
 @contextlib.contextmanager
 def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = "internal",
          parent: Any = None) -> Iterator[Any]:
@@ -149,5 +156,6 @@ def current_ids() -> tuple[str, str] | None:
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
-__all__ = ["NO_SPAN", "TRACER_NAME", "available", "context_from", "current_ids", "span",
+__all__ = ["NO_SPAN", "TRACER_NAME", "available", "configured", "context_from", "current_ids",
+           "span",
            "trace_headers", "use_tracer_provider"]

@@ -64,6 +64,8 @@ def _kind(value: Any) -> str:
 
 def as_sequence(value: Any, name: str) -> Sequence[Any]:
     """The top-level list of messages or contents (a str or dict is refused)."""
+    if type(value) is list or type(value) is tuple:  # the common case, without ABC checks
+        return value
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
         raise InvalidInput(f"expected a list, got {_kind(value)}", field=name)
     return value
