@@ -187,35 +187,22 @@ def test_a_provider_counting_far_more_gets_the_history_dropped(
     assert [m.text() for m in view.messages[1:]] == ["And /lib?"]
 
 
-def test_a_prepare_of_a_session_never_recorded_writes_nothing(
+def test_a_prepare_of_a_session_never_recorded_is_no_session_to_list(
         make_guard: Callable[..., Any], store: SessionStore) -> None:
-    """F6: the figures of a session with no messages (and no turn pending) made a state
-    hash of a session that does not exist (listed, never expiring); nothing is written."""
-    guard = make_guard(store)
-    view = guard.prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
-    assert view.report.estimated_prompt_tokens > 0
-    assert list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*")) == []
-    guard.record_turn("ghost", [{"role": "user", "content": "hi"},
-                                {"role": "assistant", "content": "hello"}])
-    guard.prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
-    state = store.state("ghost")
-    assert state.model == MODEL and state.max_tokens == 100 and state.window == 128_000
+    """F6: a prepare of a session never recorded writes its request figures (the worker a
+    record in another process starts budgets with them), and the session is none to
+    ``compaction sessions`` as to ``stats`` until a turn is recorded."""
+    from workers.cli.sessions import list_page
 
-
-def test_the_record_after_a_probe_writes_the_figures_it_kept_back(
-        make_guard: Callable[..., Any], store: SessionStore) -> None:
-    """QA of F6: a probe of the empty session, then turns recorded with no prepare between
-    (history imported, a client that prepares once): the worker those records reach must
-    budget with the probe's window (8k, by the model's name), not a default of 128k."""
     guard = make_guard(store)
-    model = "qa-model-8k"
-    guard.prepare("probe", SYSTEM, max_tokens=500, model=model)
-    assert store.redis.exists(store.keys("probe").state) == 0
-    guard.record_turn("probe", [{"role": "user", "content": "q1 " + "tok " * 1500},
+    guard.prepare("ghost", SYSTEM, max_tokens=100, model="qa-model-8k")
+    assert [r.session_id for r in list_page(store).sessions] == []
+    other = make_guard(store)  # another process records the first turn
+    other.record_turn("ghost", [{"role": "user", "content": "q1 " + "tok " * 1500},
                                 {"role": "assistant", "content": "a1"}])
-    state = store.state("probe")
-    assert (state.model, state.window, state.max_tokens) == (model, 8000, 500)
-    assert state.system_tokens > 0
+    state = store.state("ghost")
+    assert (state.model, state.window, state.max_tokens) == ("qa-model-8k", 8000, 100)
+    assert [r.session_id for r in list_page(store).sessions] == ["ghost"]
 
 
 def test_a_learned_window_stays_with_the_model_it_was_learned_for(

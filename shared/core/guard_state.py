@@ -153,9 +153,6 @@ class Sent:
     version: int  # the session version it was built at
     state: SessionState
     model: str = ""  # the model it was prepared for
-    # the request figures a prepare of an empty session kept back (nothing stored to
-    # describe yet): the record that stores its first messages writes them
-    figures: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)

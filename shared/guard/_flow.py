@@ -245,16 +245,6 @@ class GuardFlow(GuardShell):
         self.scanned(session_id, req, plan, base)
         if snap.epoch:
             self.views.put(session_id, snap)
-        if snap.end == 0 and snap.summary is None and not extra:
-            # Nothing stored and no turn pending (a probe of a session never recorded): its
-            # figures would make a state hash of a session that does not exist (listed by
-            # `compaction sessions`, unknown to `stats`, never expiring without a TTL), and
-            # a job would find nothing to do. The record that stores the first messages
-            # writes them (the worker its job reaches budgets with them); a first turn's
-            # prepare (its turn pending) writes them itself.
-            plan.sent = replace(plan.sent, figures=plan.figures)
-            plan.figures = None
-            return plan, snap, False, False
         # a job already queued (the flag in this view) needs no second request
         wanted, force = self.job_wanted(plan, snap)
         return plan, snap, wanted, force

@@ -363,10 +363,6 @@ class GuardShell(FreshViews, Recovery):
             if len(self._sent) > max(PENDING_TURNS, self.views.max_sessions):
                 self._sent.pop(next(iter(self._sent)))
 
-    def peek_sent(self, session_id: str) -> Sent | None:
-        with self._lock:
-            return self._sent.get(session_id)
-
     def take_sent(self, session_id: str, reported: bool) -> Sent | None:
         """The last request prepared, when a usage report describes it (else kept)."""
         with self._lock:
@@ -432,13 +428,8 @@ class GuardShell(FreshViews, Recovery):
         reported = reported_prompt_tokens(usage)
         sent = self.take_sent(session_id, reported is not None)
         if sent is None or not reported:
-            kept = sent if sent is not None else self.peek_sent(session_id)
-            if kept is not None and kept.figures:  # withheld by a prepare of the empty session
-                return dict(kept.figures), kept
             return None, sent
         fields = usage_fields(reported, sent)
-        if sent.figures:
-            fields = {**sent.figures, **fields}
         if "silent_truncation_flags" in fields:
             log.warning("session %s: reported %d prompt tokens for ~%d sent (window %d): "
                         "silent truncation suspected", session_id, reported, sent.estimate,

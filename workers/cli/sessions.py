@@ -143,6 +143,10 @@ def _figures(client: Any, key_prefix: str, found: list[tuple[str, str]]) -> list
     rows = []
     for i, (tenant, session) in enumerate(found):
         idle, length, total, (watermark, model) = replies[4 * i: 4 * i + 4]
+        if not _int(length) and not _int(watermark):
+            # a state without a log (a guard's prepare of a session never recorded wrote
+            # its request figures): no session to `stats` either
+            continue
         rows.append(SessionRow(
             tenant=tenant, session_id=session, messages=_int(length), tokens=_int(total),
             watermark=_int(watermark), model=_text(model),
