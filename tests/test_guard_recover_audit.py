@@ -231,3 +231,19 @@ def test_a_learned_window_stays_with_the_model_it_was_learned_for(
     assert window_of(MODEL) == 8192
     assert make_guard(store).prepare("switch", SYSTEM, max_tokens=100,
                                      model=MODEL).report.budget.window == 8192
+
+
+def test_a_window_learned_before_the_upgrade_stays_with_its_model(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """QA: a state written before ``learned_model`` existed names the model only in
+    ``model``, which the first prepare for another model rewrote: that model then got the
+    learned window. The window is pinned to the state's model first."""
+    record(store, make_guard(store), "old")
+    store.update_state("old", learned_window=8192, model=MODEL)  # as the old code left it
+    guard = make_guard(store)
+    claude = "claude-sonnet-4-5"
+    windows = [guard.prepare("old", SYSTEM, max_tokens=100, model=model,
+                             pending=[Message(role="user", content="next")]
+                             ).report.budget.window for model in (MODEL, claude, claude, MODEL)]
+    assert windows == [8192, 200_000, 200_000, 8192]
+    assert store.state("old").learned_model == MODEL

@@ -202,7 +202,13 @@ def _figures(state: SessionState, req: Request) -> dict[str, Any] | None:
                "max_tokens": req.reserve, "model": req.model, "window": req.window}
     current = {"system_tokens": state.system_tokens, "tool_tokens": state.tool_tokens,
                "max_tokens": state.max_tokens, "model": state.model, "window": state.window}
-    return figures if figures != current else None
+    if figures == current:
+        return None
+    if state.learned_window and not state.learned_model and state.model != req.model:
+        # a window learned before ``learned_model`` was stored belongs to the model the
+        # state names: named, before that field moves on to another model
+        figures["learned_model"] = state.model
+    return figures
 
 
 def _cheap(snap: CachedView, policy: CompactionPolicy,
