@@ -18,7 +18,8 @@ from shared.store.sessions import SessionStore
 from workers.compactor import Compactor, index_inline
 from workers.settings import Settings
 from workers.store_client import store_client
-from workers.summarizer.engine import SummaryEngine
+from workers.summarizer.cooldown import ProviderCooldown, cooldown_key
+from workers.summarizer.engine import LLMClient, SummaryEngine
 from workers.summarizer.providers import client_from_settings
 
 MAX_CACHED_TENANTS = 1024
@@ -57,13 +58,30 @@ def token_counter(settings: Settings) -> TokenCounter:
                          encoding_dir=settings.tiktoken_dir)
 
 
-def build_runtime(settings: Settings) -> Runtime:
-    config = settings.store_config()
-    store = SessionStore(store_client(settings), config, tenant=settings.tenant,
-                         counter=token_counter(settings))
-    engine = SummaryEngine(client_from_settings(settings), counter=store.counter,
+def provider_cooldown(settings: Settings, store: SessionStore,
+                      client: LLMClient | None) -> ProviderCooldown | None:
+    """The cooldown of the configured summarizer, over the store's client and under its key
+    prefix (None for the offline summarizer, or with ``COMPACTION_SUMMARIZER_COOLDOWN`` off)."""
+    if client is None or not settings.summarizer_cooldown:
+        return None
+    endpoint = settings.summarizer_base_url or ""
+    if settings.summarizer == "vertex":
+        endpoint += f"|{settings.vertex_project}|{settings.vertex_location}"
+    key = cooldown_key(store.config.key_prefix, settings.summarizer, client.model, endpoint)
+    return ProviderCooldown(store.redis, key, client.name)
+
+
+def build_runtime(settings: Settings, store: SessionStore | None = None) -> Runtime:
+    """The worker's objects; ``store``: one of the caller's (the in-process harness), else
+    one on ``COMPACTION_REDIS_URL``."""
+    if store is None:
+        store = SessionStore(store_client(settings), settings.store_config(),
+                             tenant=settings.tenant, counter=token_counter(settings))
+    client = client_from_settings(settings)
+    engine = SummaryEngine(client, counter=store.counter,
                            max_summary_tokens=settings.max_summary_tokens,
-                           max_input_tokens=settings.summarizer_max_input_tokens)
+                           max_input_tokens=settings.summarizer_max_input_tokens,
+                           cooldown=provider_cooldown(settings, store, client))
     return Runtime(settings=settings, store=store, engine=engine)
 
 
@@ -86,4 +104,5 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
-__all__ = ["Runtime", "build_runtime", "get_runtime", "set_runtime", "token_counter"]
+__all__ = ["Runtime", "build_runtime", "get_runtime", "provider_cooldown", "set_runtime",
+           "token_counter"]

@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     summarizer_api_key: SecretStr | None = None
     summarizer_timeout: float = Field(default=60.0, gt=0, description="per LLM call, seconds")
     summarizer_max_input_tokens: int | None = Field(default=None, gt=0)
+    summarizer_cooldown: bool = Field(
+        default=True, description="a wait the provider states holds every worker's calls "
+        "(workers.summarizer.cooldown); false: only the job told waits")
     vertex_project: str | None = None
     vertex_location: str = "us-central1"
 

@@ -36,7 +36,10 @@ jittered backoff on top so that sessions told the same wait do not come back
 at the same second (:func:`retry_countdown`); a wait longer than a retry may
 take (:func:`longest_wait`: ``COMPACTION_RETRY_BACKOFF_MAX``, and the room the
 visibility timeout leaves beside the lease) falls back to the offline summarizer
-at once, as the last attempt does, saying so. A failure that
+at once, as the last attempt does, saying so. A stated wait holds every worker,
+not only the job told (:mod:`workers.summarizer.cooldown`): it is recorded in
+Redis for the provider, and a job that finds the provider cooling down makes
+no call and takes the same path with the wait left. A failure that
 would repeat (HTTP 400, 401, an empty reply, a refusal, a summary cut off at
 its token cap) falls back at once. A failure after some chunks of a long
 range were folded commits those first (:mod:`workers.compactor`): the retry
@@ -65,7 +68,8 @@ from workers.compactor import JobOutcome
 from workers.metrics import observed, record_outcome
 from workers.runtime import get_runtime
 from workers.settings import RECALL_INDEX_TASK, RETRY_BACKOFF_FACTOR, Settings
-from workers.summarizer.failures import retry_after_of
+from workers.summarizer.cooldown import COOLDOWN_CLASS
+from workers.summarizer.failures import failure_of, retry_after_of
 
 log = logging.getLogger("compaction.tasks")
 
@@ -107,7 +111,10 @@ def _retrying(task: Task, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if wait is None:
             raise
         countdown = retry_countdown(task.request.retries or 0, wait, _settings())
-        log.info("retrying in %.1f s: the summarizer asked to wait %.1f s", countdown, wait)
+        failure = failure_of(exc)
+        why = ("the provider cools down" if failure and failure.error_class == COOLDOWN_CLASS
+               else "the summarizer asked to wait")
+        log.info("retrying in %.1f s: %s %.1f s", countdown, why, wait)
         raise task.retry(exc=exc, countdown=countdown) from exc
 
 

@@ -46,6 +46,7 @@ ERROR_CLASSES = frozenset({
     "content_filter",    # the reply was stopped by a safety or content filter
     "truncated",         # the reply was cut off at its token cap
     "bad_summary",       # the reply failed the quality check (empty, refusal, error text...)
+    "cooldown",          # not called: the provider told another call to wait (no HTTP request)
     "other",             # a tag outside this set
 })
 """The values of ``error.type`` on a summarizer span and of the errors counter's label for

@@ -104,6 +104,11 @@ class Metrics(Protocol):
                         error: str | None = None) -> None:
         """One summarizer model call, with its reported usage or the error's type."""
 
+    def summarizer_skipped(self, provider: str, reason: str) -> None:
+        """A summarizer call not made (``cooldown``: the provider told another call of
+        the fleet to wait, :mod:`workers.summarizer.cooldown`): counted with the
+        errors, not with the calls."""
+
     def lease_contention(self, result: str) -> None:
         """A job found the session's lease taken (``busy``: its request was handed over)."""
 
@@ -139,6 +144,9 @@ class NullMetrics:
     def summarizer_call(self, provider: str, model: str, seconds: float, *,
                         input_tokens: int = 0, output_tokens: int = 0,
                         error: str | None = None) -> None:
+        return None
+
+    def summarizer_skipped(self, provider: str, reason: str) -> None:
         return None
 
     def lease_contention(self, result: str) -> None:
@@ -308,6 +316,9 @@ class PrometheusMetrics:
             self.errors.labels(provider, error).inc()
         self.tokens_in.labels(provider, model).inc(max(0, input_tokens))
         self.tokens_out.labels(provider, model).inc(max(0, output_tokens))
+
+    def summarizer_skipped(self, provider: str, reason: str) -> None:
+        self.errors.labels(provider, reason).inc()
 
     def lease_contention(self, result: str) -> None:
         self.lease.labels(result).inc()

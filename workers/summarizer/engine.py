@@ -37,6 +37,7 @@ from shared.core.messages import Message
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.telemetry.genai import model_call
 from workers.summarizer.chunking import chunk_for_window, clip_to_fit
+from workers.summarizer.cooldown import ProviderCooldown
 from workers.summarizer.counting import job_counter
 from workers.summarizer.offline import OfflineSummarizer
 from workers.summarizer.prompts import (
@@ -146,8 +147,12 @@ class SummaryEngine:
 
     def __init__(self, client: LLMClient | None, *, counter: TokenCounter | None = None,
                  max_summary_tokens: int = 2000, max_input_tokens: int | None = None,
-                 offline: OfflineSummarizer | None = None) -> None:
+                 offline: OfflineSummarizer | None = None,
+                 cooldown: ProviderCooldown | None = None) -> None:
         self.client = client
+        self.cooldown = cooldown
+        """The provider's cooldown shared by the workers (:mod:`workers.summarizer.cooldown`):
+        checked before each call, set by a call that failed with a stated wait."""
         self.counter = counter or DEFAULT_COUNTER
         self.max_summary_tokens = max_summary_tokens
         window = client.context_window if client is not None else 128_000
@@ -341,10 +346,17 @@ class SummaryEngine:
               counter: TokenCounter, cap: int) -> str:
         """The checked reply to ``request``; ``cap``: the size the request asked for (a
         turn's summary is asked for less than the whole summary's cap)."""
+        if self.cooldown is not None:
+            self.cooldown.before_call()  # not called while the provider cools down
         # GenAI span + summarizer metrics (shared.telemetry.genai); the quality check runs
         # inside it, so a rejected reply is a failed call (error.type bad_summary).
         with model_call(client.name, client.model, self.max_summary_tokens) as call:
-            completion = client.complete(request, self.max_summary_tokens)
+            try:
+                completion = client.complete(request, self.max_summary_tokens)
+            except SummarizerUnavailable as exc:
+                if self.cooldown is not None:
+                    self.cooldown.after_failure(exc)  # a stated wait holds every worker
+                raise
             call.done(completion.input_tokens, completion.output_tokens, completion.model)
             draft.calls += 1
             draft.input_tokens += completion.input_tokens

@@ -140,7 +140,11 @@ def run_failures(env: Env, *, max_retries: int = 1,
     with ObservedLLM(faults=faults) as llm:
         worker = start_workers("fail", env.workers(
             summarizer="openai", summarizer_base_url=llm.base_url, summarizer_api_key="k",
-            summarizer_timeout="1", max_retries=str(max_retries), retry_backoff_max="1"),
+            summarizer_timeout="1", max_retries=str(max_retries), retry_backoff_max="1",
+            # One fake provider fails each session its own way: a stated wait told to the
+            # rate-limited sessions must not hold the others' calls, as it would on a real
+            # provider (the shared cooldown: tests/test_provider_cooldown.py).
+            summarizer_cooldown="false"),
             1, concurrency=len(FAILURE_CASES) + 1)[0]
         publisher = publisher_app(env.broker_url)
         try:

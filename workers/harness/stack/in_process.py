@@ -10,7 +10,6 @@ threads-pool worker consumes the broker (usually Celery's ``memory://``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -86,7 +85,7 @@ def worker_thread(settings: Settings, store: SessionStore, *, broker_url: str,
             # Nothing to wait for on stop: jobs are idempotent and callers waited already.
             "worker_soft_shutdown_timeout": 0.0, "worker_send_task_events": False,
             "task_send_sent_event": False}
-    runtime: Runtime = dataclasses.replace(build_runtime(settings), store=store)
+    runtime: Runtime = build_runtime(settings, store)  # the cooldown on it too
     with worker_app_with(settings, **conf) as app:
         set_runtime(runtime)
         for signal, handler in handlers:
