@@ -250,6 +250,11 @@ def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
                     "sid": sid, "text": text, "SYSTEM": "You are terse.", "TOOLS": [],
                     "MODEL": "gpt-4o", "unrecorded": unrecorded})
             assert [r.status for r in server.requests] == [200, 200, 200]
+            asked = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
+                     for r in server.requests]
+        # Redis down: the turn once, alone; back: the missed turns in the view, in order
+        assert asked[:2] == [["first, Redis down"], ["second, still down"]]
+        assert asked[2] == ["first, Redis down", "second, still down", "third"]
         assert unrecorded == []
         assert [m.text() for m in store.messages(sid) if m.role == "user"] == [
             "first, Redis down", "second, still down", "third"]
