@@ -36,24 +36,13 @@ import logging
 from typing import Any
 
 from shared.core.errors import StoreUnavailable, SummarizerUnavailable
+from shared.store.own_writes import lua_source
 from shared.store.sessions import redis_errors
 from shared.telemetry.metrics import get_metrics
 from workers.summarizer.failures import failure_of, tag
 
 log = logging.getLogger("compaction.summarizer")
 COOLDOWN_CLASS = "cooldown"
-
-# KEYS[1] the cooldown key; ARGV[1] the wait in ms (> 0); ARGV[2] the value stored.
-# Returns the cooldown left afterwards, in ms: the new wait, or the longer one kept.
-_EXTEND = """
-local left = redis.call('PTTL', KEYS[1])
-local wait = tonumber(ARGV[1])
-if left >= wait then
-  return left
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', wait)
-return wait
-"""
 
 
 def cooldown_key(prefix: str, provider: str, model: str, endpoint: str) -> str:
@@ -74,7 +63,7 @@ class ProviderCooldown:
         self.client = client
         self.key = key
         self.provider = provider
-        self._extend = client.register_script(_EXTEND)
+        self._extend = client.register_script(lua_source("cooldown"))
 
     def remaining(self) -> float:
         """Seconds the provider still cools down (0: none). StoreUnavailable when Redis
