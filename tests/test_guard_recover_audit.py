@@ -247,3 +247,38 @@ def test_a_window_learned_before_the_upgrade_stays_with_its_model(
                              ).report.budget.window for model in (MODEL, claude, claude, MODEL)]
     assert windows == [8192, 200_000, 200_000, 8192]
     assert store.state("old").learned_model == MODEL
+
+
+def test_a_prepare_of_a_session_never_recorded_expires_with_the_sessions_ttl(
+        make_guard: Callable[..., Any], any_redis: Any, key_prefix: str) -> None:
+    """QA: the figures such a prepare writes made a state hash with no expiry even where
+    the store has a session TTL: every id prepared and never recorded stayed forever."""
+    from shared.core.config import StoreConfig
+
+    store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=60))
+    make_guard(store).prepare("ghost", SYSTEM, max_tokens=100, model=MODEL)
+    assert 0 < any_redis.ttl(store.keys("ghost").state) <= 60
+    store.update_state("ghost", model="gpt-4o-mini")
+    assert 0 < any_redis.ttl(store.keys("ghost").state) <= 60
+
+
+def test_sessions_pages_are_not_ended_by_states_without_a_log(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """QA: states without a log counted toward a page's limit and were dropped after, so
+    pages came back empty with a cursor to the next one."""
+    from workers.cli.sessions import list_page
+
+    guard = make_guard(store)
+    for i in range(60):
+        guard.prepare(f"ghost-{i:02d}", SYSTEM, max_tokens=100, model=MODEL)
+    record(store, guard, "real")
+    cursor, seen, pages = 0, [], 0
+    while True:
+        page = list_page(store, limit=5, cursor=cursor)
+        pages += 1
+        assert page.sessions or page.cursor == 0, "an empty page that goes on"
+        seen += [r.session_id for r in page.sessions]
+        cursor = page.cursor
+        if cursor == 0:
+            break
+    assert seen == ["real"]

@@ -156,6 +156,8 @@ class FreshViews:
         if plan.figures:
             fields = commands.state_fields(plan.figures)
             steps.append(("HSET", k.state, *itertools.chain.from_iterable(fields.items())))
+            if config.ttl_seconds:  # the session's TTL refreshed, as every write does
+                steps.append(("EXPIRE", k.state, config.ttl_seconds))
         if plan.cheap:
             at["cheap"] = len(steps)
             steps.append(commands.cheap_command(k, config, plan.cheap, plan.version))

@@ -190,10 +190,20 @@ class AsyncSessionStore:
         return SessionState.from_hash({commands._s(a): commands._s(b) for a, b in raw.items()})
 
     async def update_state(self, session_id: str, **fields: Any) -> None:
+        """See :meth:`shared.store.sessions.SessionStore.update_state`."""
         clean = commands.state_fields(fields)
-        if clean:
-            await self._call("update_state",
-                             self.redis.hset(self.keys(session_id).state, mapping=clean))
+        if not clean:
+            return
+        key, ttl = self.keys(session_id).state, self.config.ttl_seconds
+
+        async def write() -> Any:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(key, mapping=clean)
+            if ttl:
+                pipe.expire(key, ttl)
+            return await pipe.execute()
+
+        await self._call("update_state", write())
 
     async def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
                     expected_version: int | None = None) -> int:

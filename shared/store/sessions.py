@@ -307,11 +307,22 @@ class SessionStore(LeaseOps):
         return SessionState.from_hash({_s(a): _s(b) for a, b in raw.items()})
 
     def update_state(self, session_id: str, **fields: Any) -> None:
-        """Figures that are not compaction state (request figures, calibration, anchor)."""
+        """Figures that are not compaction state (request figures, calibration, anchor); the
+        session's TTL, where one is set, is refreshed with them (a prepare of a session
+        never recorded writes its figures: they must not outlive the TTL)."""
         clean = commands.state_fields(fields)
-        if clean:
-            self._run("update_state",
-                      lambda: self.redis.hset(self.keys(session_id).state, mapping=clean))
+        if not clean:
+            return
+        key, ttl = self.keys(session_id).state, self.config.ttl_seconds
+
+        def write() -> Any:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(key, mapping=clean)
+            if ttl:
+                pipe.expire(key, ttl)
+            return pipe.execute()
+
+        self._run("update_state", write)
 
     def read_view(self, session_id: str, since: ViewCursor | None = None, *,
                   with_counts: bool = False) -> RawView:

@@ -93,19 +93,22 @@ def list_page(store: SessionStore, *, tenant: str | None = None, prefix: str = "
     key_prefix = store.config.key_prefix
     pattern = scan_pattern(key_prefix, tenant, prefix)
     client = store.redis
-    found: list[tuple[str, str]] = []
+    rows: list[SessionRow] = []
     count = max(20, min(SCAN_COUNT_MAX, limit * SCAN_KEYS_PER_ROW))
     while True:
         cursor, keys = scan_step(client, cursor, pattern, count)
+        found = []
         for raw in keys:
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             parsed = _parse_state_key(key, key_prefix)
             if parsed is not None:
                 found.append(parsed)
-        if cursor == 0 or len(found) >= limit:
+        # counted once read: a state without a log is no session, and must not end a page
+        rows.extend(_figures(client, key_prefix, found))
+        if cursor == 0 or len(rows) >= limit:
             break
-    found.sort()
-    return Page([*_figures(client, key_prefix, found)], int(cursor))
+    rows.sort(key=lambda r: (r.tenant, r.session_id))
+    return Page(rows, int(cursor))
 
 
 def scan_step(client: Any, cursor: int, pattern: str, count: int) -> tuple[int, list[Any]]:
