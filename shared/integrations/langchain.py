@@ -405,20 +405,15 @@ class ContextGuardMiddleware(AgentMiddleware):
         else:  # the whole state is this call's: a prepare must not add the log to it
             response = handler(self._send(request, degraded_view(guard, session_id, fixed,
                                                                  pending), system))
-        result, usage = self._reply(response)
-        self._note_recall_calls(session_id, result)
-        first = len(state)
-        turn, result, usage, record = self._record(session_id, state, first, known, pending,
-                                                   result, usage)
+        turn, result, usage, record = self._answered(session_id, state, known, pending,
+                                                     response)
         if record and turn:
             try:
                 guard.record_turn(session_id, turn, usage=usage)
             except StoreUnavailable as exc:
-                record_failed(session_id, exc, len(turn))
-                self.cursors.drop(session_id)  # the next call reads what the log holds
-                return response
+                return self._unrecorded(session_id, exc, turn, response)
         if record:
-            self._advance(session_id, state, first, result)
+            self._advance(session_id, state, len(state), result)
         return response
 
     async def awrap_model_call(self, request: ModelRequest[Any],
@@ -442,20 +437,31 @@ class ContextGuardMiddleware(AgentMiddleware):
                 guard, session_id, fixed, pending, send, fallback=self._fallback(state, pending))
         else:  # the whole state is this call's: a prepare must not add the log to it
             response = await send(degraded_view(guard, session_id, fixed, pending))
-        result, usage = self._reply(response)
-        self._note_recall_calls(session_id, result)
-        first = len(state)
-        turn, result, usage, record = self._record(session_id, state, first, known, pending,
-                                                   result, usage)
+        turn, result, usage, record = self._answered(session_id, state, known, pending,
+                                                     response)
         if record and turn:
             try:
                 await guard.record_turn(session_id, turn, usage=usage)
             except StoreUnavailable as exc:
-                record_failed(session_id, exc, len(turn))
-                self.cursors.drop(session_id)  # the next call reads what the log holds
-                return response
+                return self._unrecorded(session_id, exc, turn, response)
         if record:
-            self._advance(session_id, state, first, result)
+            self._advance(session_id, state, len(state), result)
+        return response
+
+    def _answered(self, session_id: str, state: list[Any], known: bool,
+                  pending: list[Message], response: Any,
+                  ) -> tuple[list[Message], list[BaseMessage], Any, bool]:
+        """The model answered: what to record of the turn (:meth:`_record`)."""
+        result, usage = self._reply(response)
+        self._note_recall_calls(session_id, result)
+        return self._record(session_id, state, len(state), known, pending, result, usage)
+
+    def _unrecorded(self, session_id: str, exc: StoreUnavailable, turn: list[Message],
+                    response: Any) -> Any:
+        """Redis failed to store the turn: logged, and the answer returned all the same
+        (the next call reads what the log holds and records the rest)."""
+        record_failed(session_id, exc, len(turn))
+        self.cursors.drop(session_id)
         return response
 
     # -- recall ------------------------------------------------------------------------
