@@ -428,3 +428,29 @@ def test_commands_after_an_escaped_newline_in_tool_arguments_are_found(
         hits = recall(store, "s", query)
         assert [h.index for h in hits] == [0], query
         assert '\\ncd build' in hits[0].text and "\\u63a5" in hits[0].text  # raw, as stored
+
+
+def test_an_index_from_an_older_analyzer_is_rebuilt(store: SessionStore) -> None:
+    """Terms an older analyzer wrote (no ``analyzer`` field: version 1) are not appended to:
+    the next indexing call writes the whole index again with today's terms."""
+    from shared.store.recall_index import recall_keys
+
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    assert not index_compacted(store, "s").rebuilt
+    k = recall_keys(store, "s")
+    client = store.redis
+    assert client.hget(k.meta, "analyzer") == b"2"
+    assert not index_compacted(store, "s").rebuilt  # current: kept
+    # as an older version left it: no field, and a term today's analyzer never makes
+    client.hdel(k.meta, "analyzer")
+    client.append(k.terms, b"nsed\n")
+    client.set(k.term("nsed"), b"")
+    fill(store, "s", range(10, 12))
+    commit(store, "s", 24)
+    report = index_compacted(store, "s")
+    assert report.rebuilt and (report.start, report.end) == (0, 24)
+    assert client.hget(k.meta, "analyzer") == b"2"
+    assert not client.exists(k.term("nsed"))
+    assert b"nsed" not in (client.get(k.terms) or b"")
+    assert recall(store, "s", "handler_11", limit=1)[0].index == 22

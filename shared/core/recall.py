@@ -37,8 +37,11 @@ them yields its whole (as before) and then its character bigrams (a lone
 character: itself), the standard dictionary-free approach of CJK full-text
 search. So ``接続`` finds ``接続がリセットされました``. An index written
 before bigrams holds the whole runs only: a query still matches those
-whole, and finds words inside them once the range is indexed again
-(``drop_index`` then ``index_compacted``).
+whole, and finds words inside them once the range is indexed again.
+
+An index records the :data:`ANALYZER_VERSION` that wrote it; the worker's next
+indexing call rebuilds one written by an older analyzer (bigrams, decoded
+arguments), so no index keeps terms a query can no longer produce.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ from shared.core.recall_tool import (
 )
 
 # -- limits ---------------------------------------------------------------------------
+ANALYZER_VERSION = 2
+"""Raise when tokenization changes which terms a message yields: indexes written by an
+older analyzer (version 1: before the field existed) are rebuilt, not appended to."""
 MAX_QUERY_CHARS = 1000
 MAX_QUERY_TERMS = 16
 """Terms a query keeps (each costs a key read and up to 64 postings); over it, the most

@@ -10,7 +10,8 @@ itself (:data:`shared.store.recall_query.TAIL_SCAN_MESSAGES`).
 Every key shares the session's hash tag:
 
 - ``<base>:rx:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
-  ``gen`` (the log generation it describes: a history edit bumps the state's);
+  ``gen`` (the log generation it describes: a history edit bumps the state's),
+  ``analyzer`` (:data:`~shared.core.recall.ANALYZER_VERSION` of the terms; absent: 1);
 - ``<base>:rx:terms`` string: every term of the index, each followed by a newline
   (appended by the batch that creates the term's key); an index written before it
   has a ``<base>:rx:df`` hash (term -> passages holding it) instead, read only to
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.core.messages import Message
 from shared.core.recall import (
+    ANALYZER_VERSION,
     analyze,
     checksum,
     split_passages,
@@ -73,6 +75,7 @@ MAX_MESSAGES_PER_CALL = 20_000
 """Messages one index call reads at most (the next job goes on from there)."""
 STALE_REBUILD = 1000
 """Forgotten passages tolerated before a rebuild, at least (else: as many as live ones)."""
+_ANALYZER = str(ANALYZER_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +185,12 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         # Term keys outlive the rest of an index by design (see _refresh_ttl): a new
         # index must not append to an expired one's postings.
         leftover = meta.get("hwm") is None and has_terms
-        if unreconciled or littered or leftover:
+        # Terms an older analyzer wrote are ones a query no longer produces (and miss
+        # ones it does): the whole index is written again.
+        outdated = meta.get("hwm") is not None and meta.get("analyzer", "1") != _ANALYZER
+        if unreconciled or littered or leftover or outdated:
             drop_index(store, session_id)
-            meta, report.rebuilt = {}, unreconciled or littered
+            meta, report.rebuilt = {}, unreconciled or littered or outdated
         hwm = _int(meta.get("hwm"))
         budget = MAX_MESSAGES_PER_CALL if max_messages is None else max_messages
         wanted = min(length, _int(state[1]) if end is None else end)
@@ -212,6 +218,10 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             hwm += len(raw)
             report.end = hwm
         report.left = 0 if report.conflict else max(0, wanted - report.end)
+        if report.messages and not expected_at_start:
+            # a new index (a crash before this write leaves one taken for outdated, and
+            # rebuilt by the next call: only work lost)
+            _client(store).hset(k.meta, "analyzer", _ANALYZER)
         ttl = store.config.ttl_seconds
         if report.messages and ttl:
             if not expected_at_start:  # a new index: this call created every term key
