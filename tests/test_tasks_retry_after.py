@@ -100,10 +100,36 @@ def test_the_countdown_is_the_stated_wait_plus_jitter_within_the_bound() -> None
     for retries in range(4):
         for _ in range(50):
             assert 10 <= retry_countdown(retries, 10, settings) <= longest
-            assert retry_countdown(retries, longest, settings) == longest
             assert 0 <= retry_countdown(retries, None, settings) <= min(2 << retries, 30)
     # a retry's message waits unacknowledged for its countdown, then its run: the bound
     # leaves that inside the visibility timeout
     tight = Settings(broker_visibility_timeout=240, retry_backoff_max=600)
     assert longest_wait(tight) == tight.visibility_timeout - tight.lease_seconds
     assert longest_wait(Settings(retry_backoff_max=12)) == 12
+
+
+@pytest.mark.parametrize("stated", [30, 60])
+def test_sessions_told_to_wait_the_cap_or_more_do_not_come_back_together(stated: int) -> None:
+    """QA: with a stated wait at or above the cap every countdown was the cap itself, so
+    the sessions a burst of 429s told to wait came back at the same instant, no jitter.
+    They now spread over the backoff's jitter span just below the cap (one that comes back
+    before the provider's wait ends meets the cooldown and waits out the rest)."""
+    settings = _settings()
+    longest = longest_wait(settings)
+    assert longest == 30  # the defaults: COMPACTION_RETRY_BACKOFF_MAX=30
+    for retries in range(settings.max_retries):
+        spread = min(2 << retries, longest)
+        seen = [retry_countdown(retries, stated, settings) for _ in range(200)]
+        assert all(longest - spread <= c <= longest for c in seen), (retries, seen)
+        assert len(set(seen)) > 100, (retries, sorted(seen)[:10])
+
+
+def test_a_wait_just_under_the_cap_is_honoured_without_piling_up_at_the_cap() -> None:
+    """Never sooner than a wait under the cap, and the jitter on top is not clamped onto
+    the cap (25 s + up to 8 s put three in eight countdowns at exactly 30 s)."""
+    settings = _settings()
+    longest = longest_wait(settings)
+    for stated in (25, 29, 29.5):
+        seen = [retry_countdown(2, stated, settings) for _ in range(400)]
+        assert all(stated <= c <= longest for c in seen), seen
+        assert seen.count(longest) < 10 and len(set(seen)) > 200, sorted(seen)[-20:]

@@ -33,10 +33,12 @@ offline summarizer so the session still makes progress. When the provider
 said how long to wait (``Retry-After`` / ``retry-after-ms`` on a 429 or 503,
 Google's ``RetryInfo``), the countdown is at least that wait, with Celery's
 jittered backoff on top so that sessions told the same wait do not come back
-at the same second (:func:`retry_countdown`); a wait longer than a retry may
-take (:func:`longest_wait`: ``COMPACTION_RETRY_BACKOFF_MAX``, and the room the
-visibility timeout leaves beside the lease) falls back to the offline summarizer
-at once, as the last attempt does, saying so. A stated wait holds every worker,
+at the same second (:func:`retry_countdown`; a wait exactly as long as a retry
+may take spreads just below that bound, the cooldown holding the early ones); a
+wait longer than a retry may take (:func:`longest_wait`:
+``COMPACTION_RETRY_BACKOFF_MAX``, and the room the visibility timeout leaves
+beside the lease) falls back to the offline summarizer at once, as the last
+attempt does, saying so. A stated wait holds every worker,
 not only the job told (:mod:`workers.summarizer.cooldown`): it is recorded in
 Redis for the provider, and a job that finds the provider cooling down makes
 no call and takes the same path with the wait left. A failure that
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -90,14 +93,29 @@ def longest_wait(settings: Settings) -> float:
 
 def retry_countdown(retries: int, retry_after: float | None, settings: Settings) -> float:
     """Seconds before retry number ``retries + 1``: Celery's exponential backoff with full
-    jitter (what ``autoretry_for`` computes), or, when the provider asked for a wait,
-    that wait plus the jittered backoff, capped at :func:`longest_wait`."""
-    backoff = float(get_exponential_backoff_interval(
-        factor=RETRY_BACKOFF_FACTOR, retries=retries, maximum=settings.retry_backoff_max,
-        full_jitter=True))
+    jitter (what ``autoretry_for`` computes), or, when the provider asked for a wait, a
+    uniform draw over the backoff's span (``2 << retries`` s, capped) above that wait,
+    cut at :func:`longest_wait`.
+
+    Never sooner than a wait under the bound, never later than the bound, and never one
+    value for everyone: a wait at or above the bound (``Retry-After: 30`` with the 30 s
+    default) leaves no room above it, so its countdowns spread over the span just below
+    the bound instead of all being the bound itself (sessions a burst of 429s told to
+    wait came back at the same instant). One that comes back before the provider's wait
+    ends meets the shared cooldown (:mod:`workers.summarizer.cooldown`), makes no call
+    and is retried after the rest of the wait.
+    """
     if retry_after is None:
-        return backoff
-    return max(retry_after, min(longest_wait(settings), retry_after + backoff))
+        return float(get_exponential_backoff_interval(
+            factor=RETRY_BACKOFF_FACTOR, retries=retries, maximum=settings.retry_backoff_max,
+            full_jitter=True))
+    longest = longest_wait(settings)
+    spread = float(min(settings.retry_backoff_max,
+                       RETRY_BACKOFF_FACTOR * 2 ** min(max(retries, 0), 32), longest))
+    wait = max(0.0, retry_after)
+    if wait < longest:
+        return random.uniform(wait, min(longest, wait + spread))
+    return random.uniform(longest - spread, longest)
 
 
 def _retrying(task: Task, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
