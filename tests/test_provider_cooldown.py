@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from celery.exceptions import Retry
+from pydantic import SecretStr
 
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
@@ -24,6 +25,7 @@ from shared.telemetry.metrics import PrometheusMetrics, set_metrics
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
 from workers.harness.fakes.gemini_server import FakeGeminiServer
+from workers.harness.fakes.http_base import Exchange
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
 from workers.runtime import Runtime, build_runtime, provider_cooldown, set_runtime
@@ -176,3 +178,99 @@ def test_a_redis_that_does_not_answer_lets_the_call_go(caplog: pytest.LogCapture
     with caplog.at_level("WARNING", logger="compaction.summarizer"):
         cooldown.before_call()  # no raise: called as without a cooldown
     assert any("not checked" in r.getMessage() for r in caplog.records)
+
+
+class _OneKeyRateLimited(FakeOpenAIServer):
+    """One endpoint (api.openai.com, say) serving two tenants' API keys: only ``limited``
+    has spent its rate limit (429 with Retry-After); the keys each request carried are
+    kept in order (the request log redacts them)."""
+
+    def __init__(self, limited: str) -> None:
+        super().__init__(responder=SummarizerResponder())
+        self.limited = limited
+        self.keys: list[str] = []
+
+    def planned_fault(self, index: int, exchange: Exchange) -> Fault | None:
+        key = exchange.headers.get("authorization", "").removeprefix("Bearer ")
+        self.keys.append(key)
+        return Fault.rate_limit(5) if key == self.limited else None
+
+
+def _tenant(store: SessionStore, base_url: str, api_key: str) -> Runtime:
+    """A worker deployment of its own (settings, openai client, cooldown) on the shared
+    Redis and key prefix, as two tenants' worker pools would be."""
+    settings = _settings().model_copy(update={
+        "summarizer": "openai", "summarizer_model": "gpt-4o-mini",
+        "summarizer_base_url": base_url, "summarizer_api_key": SecretStr(api_key)})
+    engine = build_runtime(settings, store).engine
+    return Runtime(settings=_settings(), store=store, engine=engine)
+
+
+def test_one_api_keys_wait_does_not_hold_back_another_keys_jobs(
+        store: SessionStore, countdowns: list[float]) -> None:
+    """QA: the cooldown was keyed by endpoint only, so a 429 told to one tenant's key paused
+    every tenant's summaries on the same endpoint (api.openai.com) for the wait."""
+    with _OneKeyRateLimited("sk-tenant-a") as server:
+        tenant_a = _tenant(store, server.base_url, "sk-tenant-a")
+        tenant_b = _tenant(store, server.base_url, "sk-tenant-b")
+        assert tenant_a.engine.cooldown is not None and tenant_b.engine.cooldown is not None
+
+        set_runtime(tenant_a)
+        _job("a")  # told to wait 5 s
+        assert server.keys == ["sk-tenant-a"] and len(countdowns) == 1
+        assert 4 < tenant_a.engine.cooldown.remaining() <= 5
+
+        set_runtime(tenant_b)
+        result = _job("b").get()  # at once: the other key is under its limit
+        assert len(countdowns) == 1, f"the other key's job was delayed: {countdowns}"
+        assert result["summary_kind"] == "llm", result
+        assert server.keys[1:] and set(server.keys[1:]) == {"sk-tenant-b"}
+        assert tenant_b.engine.cooldown.remaining() == 0
+
+        set_runtime(tenant_a)
+        calls = len(server.keys)
+        _job("a", retries=1)  # the key told to wait still waits, on every worker
+        assert len(server.keys) == calls and len(countdowns) == 2
+
+
+def test_the_key_fingerprints_the_credential_and_never_holds_it(
+        store: SessionStore, key_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per endpoint and credential: a keyless endpoint keeps the key it always had (a
+    running deployment's cooldown carries over), a key is only fingerprinted, Gemini's
+    key may come from google-genai's own variables, Vertex AI cools down per project and
+    location (its quota's unit, whoever's credentials call it)."""
+    base = _settings().model_copy(update={
+        "summarizer": "openai", "summarizer_model": "gpt-4o-mini",
+        "summarizer_base_url": "http://127.0.0.1:8000/v1"})
+    client = OpenAIClient("gpt-4o-mini", api_key="x", base_url="http://127.0.0.1:8000/v1")
+
+    def key(**update: Any) -> str:
+        cooldown = provider_cooldown(base.model_copy(update=update), store, client)
+        assert cooldown is not None
+        return cooldown.key
+
+    keyless = key()
+    assert keyless == cooldown_key(key_prefix, "openai", "gpt-4o-mini",
+                                   "http://127.0.0.1:8000/v1")  # as before
+    secret = "sk-proj-0123456789abcdefSECRET"
+    one, other = key(summarizer_api_key=SecretStr(secret)), key(
+        summarizer_api_key=SecretStr("sk-proj-other"))
+    assert len({keyless, one, other}) == 3
+    assert one.startswith(keyless + ":") and secret not in one and "SECRET" not in one
+    assert key(summarizer_api_key=SecretStr(secret)) == one  # stable across workers
+
+    for variable in ("GOOGLE_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    gemini = {"summarizer": "gemini", "summarizer_base_url": None}
+    assert key(**gemini, summarizer_api_key=SecretStr(secret)) != key(
+        **gemini, summarizer_api_key=SecretStr("AIza-other"))
+    monkeypatch.setenv("GEMINI_API_KEY", secret)  # google-genai's own variable
+    from_env = key(**gemini)
+    assert from_env == key(**gemini, summarizer_api_key=SecretStr(secret))
+    monkeypatch.setenv("GOOGLE_API_KEY", "AIza-first")  # google-genai prefers this one
+    assert key(**gemini) == key(**gemini, summarizer_api_key=SecretStr("AIza-first"))
+
+    vertex = {"summarizer": "vertex", "vertex_project": "p1", "summarizer_base_url": None}
+    assert key(**vertex) == key(**vertex, summarizer_api_key=SecretStr(secret))
+    assert key(**vertex) != key(**{**vertex, "vertex_project": "p2"})
+    assert key(**vertex) != key(**vertex, vertex_location="europe-west4")

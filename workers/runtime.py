@@ -9,6 +9,7 @@ the summary engine, so every count a worker makes comes from one object.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.tokens_exact import build_counter
 from shared.store.sessions import SessionStore
 from workers.compactor import Compactor, index_inline
-from workers.settings import Settings
+from workers.settings import GENAI_KEY_VARIABLES, Settings
 from workers.store_client import store_client
 from workers.summarizer.cooldown import ProviderCooldown, cooldown_key
 from workers.summarizer.engine import LLMClient, SummaryEngine
@@ -67,8 +68,25 @@ def provider_cooldown(settings: Settings, store: SessionStore,
     endpoint = settings.summarizer_base_url or ""
     if settings.summarizer == "vertex":
         endpoint += f"|{settings.vertex_project}|{settings.vertex_location}"
-    key = cooldown_key(store.config.key_prefix, settings.summarizer, client.model, endpoint)
+    key = cooldown_key(store.config.key_prefix, settings.summarizer, client.model, endpoint,
+                       summarizer_credential(settings))
     return ProviderCooldown(store.redis, key, client.name)
+
+
+def summarizer_credential(settings: Settings) -> str | None:
+    """The API key the summarizer calls with, whose rate limit a stated wait is (None:
+    keyless, or Vertex AI, whose quota is the project's): ``COMPACTION_SUMMARIZER_API_KEY``,
+    or for Gemini google-genai's own variables, read in its order. Only fingerprinted."""
+    if settings.summarizer == "vertex":
+        return None
+    if settings.summarizer_api_key is not None:
+        key = settings.summarizer_api_key.get_secret_value()
+        if key:
+            return key
+    if settings.summarizer == "gemini":
+        return next((os.environ[name] for name in GENAI_KEY_VARIABLES
+                     if os.environ.get(name)), None)
+    return None
 
 
 def build_runtime(settings: Settings, store: SessionStore | None = None) -> Runtime:
@@ -105,4 +123,4 @@ def set_runtime(runtime: Runtime | None) -> None:
 
 
 __all__ = ["Runtime", "build_runtime", "get_runtime", "provider_cooldown", "set_runtime",
-           "token_counter"]
+           "summarizer_credential", "token_counter"]

@@ -20,13 +20,20 @@ requests).
   ``compaction_summarizer_errors_total{error="cooldown"}`` (not as a call) and logged once
   by the job that met it.
 
-The key is per provider, model and endpoint (base URL; Vertex AI's project and location),
-under the store's key prefix: ``{prefix}:cooldown:{provider}:{model}:{digest}``. It names
-no session or tenant (the workers share one API key, whose limit it is) and holds no
-secret: the endpoint is hashed, the value is the wait stated. ``DEL`` ends a cooldown by
-hand. Redis is reached through the worker's store client; a Redis that does not answer here
-is logged and the call goes ahead as it would have without the cooldown (the job's own
-reads and commit report the outage).
+The key is per provider, model, endpoint (base URL; Vertex AI's project and location) and
+API key, under the store's key prefix: ``{prefix}:cooldown:{provider}:{model}:{digest}``,
+then ``:{fingerprint}`` when the summarizer calls with a key. A rate limit is the key's
+(its account's): two tenants' worker pools calling one endpoint with their own keys cool
+down apart, where one tenant's 429 used to pause the other's summaries; a keyless endpoint
+(a local server) keeps the key it always had. Vertex AI has no key: its quota is the
+project's, per location, whichever credentials call it. The key holds no secret and names
+no session: the endpoint is hashed, the API key only fingerprinted (:func:`fingerprint`,
+one-way), the value is the wait stated. An older version's key of a keyed summarizer
+(no fingerprint) is no longer read: it holds that version's workers and expires with its
+wait, nothing to migrate. ``DEL`` ends a cooldown by hand. Redis is reached through the
+worker's store client; a Redis that does not answer here is logged and the call goes
+ahead as it would have without the cooldown (the job's own reads and commit report the
+outage).
 """
 
 from __future__ import annotations
@@ -45,15 +52,24 @@ log = logging.getLogger("compaction.summarizer")
 COOLDOWN_CLASS = "cooldown"
 
 
-def cooldown_key(prefix: str, provider: str, model: str, endpoint: str) -> str:
+def fingerprint(credential: str) -> str:
+    """A short one-way fingerprint of an API key: tells two keys' cooldowns apart, never
+    gives the key back (tagged, so it matches no other system's hash of the key)."""
+    return hashlib.sha256(b"compaction-cooldown\0" + credential.encode()).hexdigest()[:16]
+
+
+def cooldown_key(prefix: str, provider: str, model: str, endpoint: str,
+                 credential: str | None = None) -> str:
     """The cooldown key of ``provider``'s ``model`` at ``endpoint`` (hashed: a base URL may
-    carry credentials or an internal host name)."""
+    carry credentials or an internal host name) called with the API key ``credential``
+    (fingerprinted; None or empty: a keyless endpoint, the key without a fingerprint)."""
     digest = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
-    return f"{prefix}:cooldown:{provider}:{model}:{digest}"
+    key = f"{prefix}:cooldown:{provider}:{model}:{digest}"
+    return f"{key}:{fingerprint(credential)}" if credential else key
 
 
 class ProviderCooldown:
-    """The cooldown of one summarizer (provider, model, endpoint), in Redis.
+    """The cooldown of one summarizer (provider, model, endpoint, API key), in Redis.
 
     Built once per worker process (:func:`workers.runtime.build_runtime`) over the store's
     client; thread-safe as the client is.
@@ -113,4 +129,4 @@ class ProviderCooldown:
                  self.key, left, failure.retry_after)
 
 
-__all__ = ["COOLDOWN_CLASS", "ProviderCooldown", "cooldown_key"]
+__all__ = ["COOLDOWN_CLASS", "ProviderCooldown", "cooldown_key", "fingerprint"]

@@ -2,7 +2,11 @@
 -- the provider stated to one call holds every worker until it ends
 -- (workers/summarizer/cooldown.py).
 --
--- KEYS[1] cooldown   string the provider's cooldown (no session, no secret)
+-- KEYS[1] cooldown   string the provider's cooldown, one per provider, model,
+--                           endpoint and API key:
+--                           {prefix}:cooldown:{provider}:{model}:{endpoint digest}
+--                           then :{key fingerprint} when called with an API key
+--                           (no session, no secret: hashed, fingerprinted)
 -- ARGV[1] the wait in milliseconds (> 0)
 -- ARGV[2] the value stored (the wait stated, for whoever reads the key)
 --
