@@ -34,7 +34,7 @@ from shared.core.errors import IrreducibleOverflow, SessionNotFound, StoreUnavai
 from shared.core.guard_state import Plan, plan_view
 from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.prepared import PreparedView, ViewReport
-from shared.core.records import AppendResult
+from shared.core.records import AppendResult, RawView
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer
@@ -60,15 +60,25 @@ T = TypeVar("T")
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 
 
+DECODE_OFF_LOOP_BYTES = 256 * 1024
+"""A read whose messages hold more JSON than this is decoded as a step of its own (an
+``Io`` marked ``local``), which the async shell runs on a worker thread: decoding costs
+~5-10 ns a byte (a cold 10k-message read, 11.7 MB, held the event loop 50-130 ms, every
+other request of the server waiting), a thread hop ~0.1 ms. Smaller reads (a turn's few
+messages) are decoded in line: a warm prepare never hops."""
+
+
 class Io(NamedTuple):
     """One call for the shell to make: ``method`` of the store (or, ``own``, of the
-    own-writes connection) with these arguments. (A tuple: a quiet prepare makes one,
-    and a frozen dataclass costs a microsecond to build.)"""
+    own-writes connection; ``local``, of the guard itself: CPU work, no I/O, that the
+    async shell makes off its event loop) with these arguments. (A tuple: a quiet
+    prepare makes one, and a frozen dataclass costs a microsecond to build.)"""
 
     method: str
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = _NO_KWARGS
     own: bool = False
+    local: bool = False
 
 
 Steps = Generator[Io, Any, T]
@@ -99,6 +109,16 @@ def _unsendable(report: ViewReport, refused: int | None, unseen: bool = False) -
     if not cut:
         return "nothing left to drop"
     return ""
+
+
+def _decoding(cached: CachedView | None) -> CachedView | None:
+    """The entry a decode off the event loop extends: a shallow copy, its wire forms' dict
+    copied too (a request on the loop may add a format to the cached entry's meanwhile,
+    :func:`shared.core.wireview.history_wire`; its planning sets ``cheap_scan`` and
+    ``repaired``). The rest is shared, never changed in place."""
+    if cached is None:
+        return None
+    return dataclasses.replace(cached, wire=dict(cached.wire))
 
 
 def _sent_at(plan: Plan, version: int | None) -> None:
@@ -141,8 +161,15 @@ class GuardFlow(GuardShell):
 
     def perform(self, io: Io) -> Any:
         """The call ``io`` names (its reply, or an awaitable of it)."""
-        target = self.own if io.own else self.store
+        target = self if io.local else self.own if io.own else self.store
         return getattr(target, io.method)(*io.args, **io.kwargs)
+
+    @staticmethod
+    def decoded(raw: RawView, cached: CachedView | None) -> CachedView:
+        """A large read decoded (a ``local`` step: the async shell's worker thread runs
+        it). It touches only its arguments, which nothing else changes meanwhile: the
+        read is this call's, the entry a copy (:func:`_decoding`)."""
+        return decode_view(raw, cached, carry)
 
     def _own_free(self) -> bool:
         return isinstance(self.own, self.own_class)
@@ -173,7 +200,11 @@ class GuardFlow(GuardShell):
         mark = self.mark()
         raw = yield Io("read_view", (session_id, cached.cursor if cached is not None else None),
                        {"with_counts": True})
-        snap = decode_view(raw, cached, carry)
+        snap: CachedView
+        if sum(map(len, raw.messages)) > DECODE_OFF_LOOP_BYTES:  # <1% of what it decides on
+            snap = yield Io("decoded", (raw, _decoding(cached)), local=True)
+        else:
+            snap = decode_view(raw, cached, carry)
         settle_garbage(raw)
         snap.mark = mark
         if raw.epoch:
@@ -488,4 +519,4 @@ class GuardFlow(GuardShell):
         return self.stats_from(session_id, self.store.tenant, snap, summaries)
 
 
-__all__ = ["GuardFlow", "Io", "Steps"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "GuardFlow", "Io", "Steps"]

@@ -25,7 +25,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._flow import GuardFlow, Steps
+from shared.guard._flow import GuardFlow, Io, Steps
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
@@ -124,6 +124,14 @@ class AsyncContextGuard(GuardFlow):
                 reply, error = await self.perform(io), None
             except Exception as exc:
                 reply, error = None, exc
+
+    def perform(self, io: Io) -> Any:
+        """The call ``io`` names, as an awaitable; a ``local`` one (a large read's decode,
+        tens of milliseconds) on the loop's default executor, so that the loop serves
+        other requests meanwhile."""
+        if io.local:
+            return asyncio.to_thread(getattr(self, io.method), *io.args, **io.kwargs)
+        return super().perform(io)
 
     async def snapshot(self, session_id: str, min_length: int | None = None) -> CachedView:
         """See :meth:`shared.guard.sync.ContextGuard.snapshot`."""
