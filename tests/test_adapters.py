@@ -888,7 +888,13 @@ def gemini_conversations(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
         st.none() | st.lists(gemini_text, min_size=1, max_size=2).map(lambda p: {"parts": p})
     )
     for _ in range(draw(st.integers(0, 5))):
-        if draw(st.booleans()):
+        # canonical contents alternate (a user content after function responses aside)
+        user = draw(st.booleans())
+        if out and out[-1]["role"] == "model":
+            user = True
+        elif out and "function_response" not in out[-1]["parts"][0]:
+            user = False
+        if user:
             out.append(
                 {
                     "role": "user",

@@ -5,7 +5,9 @@ keys (camelCase, as in the REST API, is accepted and comes out snake_case,
 what ``google.genai.types`` takes), base64 text for bytes (raw ``bytes``
 are accepted and come out encoded), ``role`` always present, a model
 content ordered thought parts, then text and media, then function calls,
-and function responses in user contents of their own. How the formats map:
+function responses in user contents of their own, and contents that
+alternate between user and model (but for user text after function
+responses). How the formats map:
 
 - ``thought: true`` text parts join into ``Message.reasoning`` (blank-line
   separated; metadata ``gemini_thought_lengths`` splits them back when there
@@ -27,7 +29,11 @@ and function responses in user contents of their own. How the formats map:
   back as that object. Media of a result travel in
   ``function_response.parts``. A tool message's ``name`` is the function
   name; going out a missing one is looked up from its call;
-- consecutive tool messages merge into one user content; leading system
+- consecutive tool messages merge into one user content, and other
+  neighbours of one role into one content (parts in order): the API wants
+  multi-turn contents to alternate. Function responses share a content with
+  nothing else (Gemini 3 refuses text after them in one content), so tool
+  results then user text stay two user contents; leading system
   messages become ``system_instruction`` (a later one goes out as a user
   content); a plain-string ``system_instruction`` comes out as
   ``{"parts": [...]}``, a content without ``role`` is a user content;
@@ -130,29 +136,27 @@ def system_instruction(items: Sequence[Message]) -> dict[str, Any] | None:
 
 
 def fold_contents(items: Sequence[Message], offset: int, names: MutableMapping[str, str],
-                  memo: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The contents of consecutive messages (none of them a leading system message): one
-    per message, a run of tool results as one user content. ``names``: function name of
-    each call id seen before ``items``, updated with their calls; ``offset``: index of
-    ``items[0]`` in error paths; ``memo``: a dict per message keeping its content or
-    result part (with the function name it used), made once across a turn's prepares."""
-    contents: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
+                  memo: Sequence[dict[str, Any]] | None = None,
+                  starts: list[int] | None = None) -> list[dict[str, Any]]:
+    """The contents of consecutive messages (none of them a leading system message), joined
+    as :class:`Contents` joins them: a run of tool results is one user content, other
+    neighbours of one role one content. ``names``: function name of each call id seen
+    before ``items``, updated with their calls; ``offset``: index of ``items[0]`` in error
+    paths; ``memo``: a dict per message keeping its content or result part (with the
+    function name it used), made once across a turn's prepares; ``starts``: filled with
+    the index in ``items`` of the message each content starts at."""
+    out = Contents(starts)
     for i, m in enumerate(items):
         slot = memo[i] if memo is not None else None
         kept = slot.get(MEMO_KEY) if slot is not None else None
         if m.role == "tool":
-            if results is None:
-                results = []
-                contents.append({"role": "user", "parts": results})
             name = m.name or names.get(m.tool_call_id or "")
             if kept is None or kept[0] != name:
                 kept = (name, _result_out(m, Loc.item("messages", offset + i), names))
                 if slot is not None:
                     slot[MEMO_KEY] = kept
-            results.append(kept[1])
+            out.response(kept[1], i)
             continue
-        results = None
         if m.tool_calls:
             names.update((c.id, c.name) for c in m.tool_calls)
         if kept is None:  # (its error path made only here: a memo holds most turns)
@@ -163,8 +167,78 @@ def fold_contents(items: Sequence[Message], offset: int, names: MutableMapping[s
             if slot is not None:
                 slot[MEMO_KEY] = kept
         if kept[1] is not None:  # the API refuses a content without parts
-            contents.append(kept[1])
-    return contents
+            out.add(kept[1], i)
+    return out.items
+
+
+def _responses(content: Mapping[str, Any]) -> bool:
+    """A content of function responses (a tool-result content holds nothing else)."""
+    parts = content["parts"]
+    return bool(parts) and "function_response" in parts[0]
+
+
+def joins(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether ``after`` goes out in the content ``before`` (see :class:`Contents`)."""
+    return before["role"] == after["role"] and _responses(before) == _responses(after)
+
+
+def joined(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """A new content: the parts of ``before`` then those of ``after`` (both left as they
+    are: a memo's or an earlier view's)."""
+    return {"role": before["role"], "parts": [*before["parts"], *after["parts"]]}
+
+
+def join_all(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
+             ) -> list[dict[str, Any]]:
+    """``[*before, *after]`` with the two joined where they meet (a new list; the contents
+    of both, each joined already, left as they are)."""
+    if before and after and joins(before[-1], after[0]):
+        return [*before[:-1], joined(before[-1], after[0]), *after[1:]]
+    return [*before, *after]
+
+
+class Contents:
+    """Contents as they are made, each joined to the one before where the API wants one
+    content: multi-turn contents alternate between user and model, the function responses
+    to a model content's calls all in the one user content after it. A content of
+    function responses is joined to no other kind of part, though: Gemini 3 refuses a
+    user content with text after its function responses (on Vertex AI at least), where
+    two user contents in a row, responses then text, pass. The last content is copied
+    before it grows (copy on write: it may be a memo's, in an earlier view too)."""
+
+    __slots__ = ("_mine", "items", "starts")
+
+    def __init__(self, starts: list[int] | None = None) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.starts = starts
+        self._mine = False  # the last content was made here (its parts list may grow)
+
+    def add(self, content: dict[str, Any], at: int) -> None:
+        """``content`` (a message's, at index ``at``) after the others."""
+        items = self.items
+        if items and joins(items[-1], content):
+            if not self._mine:
+                items[-1], self._mine = joined(items[-1], content), True
+            else:
+                items[-1]["parts"].extend(content["parts"])
+            return
+        items.append(content)
+        self._mine = False
+        if self.starts is not None:
+            self.starts.append(at)
+
+    def response(self, part: dict[str, Any], at: int) -> None:
+        """A function response part (a tool message's, at index ``at``) after the others."""
+        items = self.items
+        if items and items[-1]["role"] == "user" and _responses(items[-1]):
+            if not self._mine:
+                items[-1], self._mine = {"role": "user", "parts": [*items[-1]["parts"]]}, True
+            items[-1]["parts"].append(part)
+            return
+        items.append({"role": "user", "parts": [part]})
+        self._mine = True
+        if self.starts is not None:
+            self.starts.append(at)
 
 
 # -- in --------------------------------------------------------------------

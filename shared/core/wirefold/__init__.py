@@ -2,13 +2,17 @@
 
 OpenAI's format is one wire message per message (:mod:`shared.core.wireview`).
 Anthropic's joins neighbours of one role into one message (tool results into
-the user message after the calls), Gemini's a run of tool results into one
-content: a message's wire form can depend on the messages after it, but only
-within its group, the run of messages that join. A history is kept as the
-wire forms of its groups, finished, except the last group, whose messages
-are kept instead and joined again with what follows (the next append, or a
-prepare's pending messages); for Anthropic the first group too, which the
-view's head (system prompt, a summary leading as a user message) may join.
+the user message after the calls), Gemini's too into one content (function
+responses apart from other parts): a message's wire form can depend on the
+messages after it, but only within its group, the run of messages that join.
+A history is kept as the wire forms of its groups, finished, except the last
+group, whose messages are kept instead and joined again with what follows
+(the next append, or a prepare's pending messages); for Anthropic the first
+group too, which the view's head (system prompt, a summary leading as a user
+message) may join. Gemini's fold keeps its groups as contents instead: the
+head's last content, or the end's first, joined to a finished one where they
+meet is a new content in a copy of its chunk (the fold's, and the contents an
+earlier view holds, are never changed).
 
 Per prepare the work is the head, the first group and the pending messages a
 turn's last call had not seen (the end of the view is kept in the newest pending

@@ -14,7 +14,15 @@ from shared.core.chunks import Chunks
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.wire.gemini import MEMO_KEY as GEMINI_MEMO_KEY
-from shared.core.wire.gemini import fold_contents, kept_of_stored, system_instruction
+from shared.core.wire.gemini import (
+    Contents,
+    fold_contents,
+    join_all,
+    joined,
+    joins,
+    kept_of_stored,
+    system_instruction,
+)
 from shared.core.wirefold._base import (
     GEMINI_END,
     End,
@@ -97,10 +105,9 @@ class GeminiFold:
             while cut > 0 and stored(cut - 1)[0] == "tool":
                 cut -= 1
         opens = decode((raw[0],))[0]
-        contents: list[dict[str, Any]] = []
         starts: list[int] = []
+        contents = Contents(starts)
         names: dict[str, str] = {}  # as fold_contents names the results (from scratch)
-        results: list[dict[str, Any]] | None = None  # parts of the open tool-result content
         calls = 0
         for i in range(cut):
             role, data, m = stored(i)
@@ -126,18 +133,12 @@ class GeminiFold:
                 names.update((c["id"], c["name"]) for c in found)
                 made = len(found)
             if role == "tool":
-                if results is None:
-                    results = []
-                    contents.append({"role": "user", "parts": results})
-                    starts.append(i)
-                results.append(kept[1])  # type: ignore[arg-type]  # a result's part, never None
+                contents.response(kept[1], i)  # type: ignore[arg-type]  # a result's part
                 continue
-            results = None
             calls += made
             if kept[1] is not None:  # the API refuses a content without parts
-                contents.append(kept[1])
-                starts.append(i)
-        return GeminiFold(Chunks.of(contents), (names,) if names else (),
+                contents.add(kept[1], i)
+        return GeminiFold(Chunks.of(contents.items), (names,) if names else (),
                           tuple(decode(tuple(raw[cut:]))), True, len(raw), opens,
                           blank_memo(len(raw) - cut), Chunks.of(starts), len(names) == calls)
 
@@ -153,9 +154,10 @@ class GeminiFold:
         items, memo = (*self.tail, *new), (*self.tail_memo, *fresh)
         cut = _last_group([m.role for m in items])
         layer: dict[str, str] = {}
+        starts: list[int] = []
         try:  # (a first fold has no earlier names: a plain dict, not a ChainMap, is faster)
             made = fold_contents(items[:cut], 0, ChainMap(layer, *self.names) if self.names
-                                 else layer, memo[:cut])
+                                 else layer, memo[:cut], starts)
         except InvalidInput:
             return GeminiFold(ok=False, size=size, opens_with=opens)
         known = ChainMap(*self.names)
@@ -164,10 +166,14 @@ class GeminiFold:
         names = (layer, *self.names) if layer else self.names
         if len(names) > NAME_LAYERS:
             names = (dict(ChainMap(*names)),)
-        starts = _content_starts(items[:cut], memo[:cut], self.size - len(self.tail))
-        spans = (self.spans.extend(starts) if self.spans is not None
-                 and len(starts) == len(made) else None)
-        return GeminiFold(self.done.extend(made), names, items[cut:], True, size, opens,
+        done = self.done
+        if done and made and joins(done[-1], made[0]):  # the last content grows: a new one
+            done = done.replace({len(done) - 1: joined(done[-1], made[0])})
+            made, starts = made[1:], starts[1:]
+        base = self.size - len(self.tail)
+        spans = (self.spans.extend([base + s for s in starts]) if self.spans is not None
+                 else None)
+        return GeminiFold(done.extend(made), names, items[cut:], True, size, opens,
                           memo[cut:], spans, unique)
 
     def drop(self, n: int, history: Sequence[Message]) -> GeminiFold | None:
@@ -182,10 +188,21 @@ class GeminiFold:
         if n >= t or not self.spans:
             return GeminiFold.of(history)
         g = bisect.bisect_right(self.spans, n) - 1  # the content the cut falls in
+        rest: dict[str, Any] | None = None  # what is left of it
         if g >= 0 and self.spans[g] < n:
             if history and history[0].role == "tool":  # inside a run of results: split
                 return None
-            g += 1  # that content is gone whole
+            end = self.spans[g + 1] if g + 1 < len(self.spans) else t
+            try:  # the messages of a joined content left after the cut, joined again
+                found = fold_contents(history[:end - n], 0, {}, None)
+            except InvalidInput:
+                return None
+            if len(found) > 1:
+                return None
+            if found:
+                rest = found[0]
+            else:
+                g += 1  # that content is gone whole
         keep = max(g, 0)
         names: dict[str, str] = {}
         calls = 0
@@ -194,9 +211,12 @@ class GeminiFold:
                 return None  # a kept result named from a call the cut took
             names.update((c.id, c.name) for c in m.tool_calls)
             calls += len(m.tool_calls)
-        return GeminiFold(self.done.drop(keep), (names,) if names else (), self.tail, True,
+        done, spans = self.done.drop(keep), [max(s - n, 0) for s in self.spans[keep:]]
+        if rest is not None:
+            done = done.replace({0: rest})
+        return GeminiFold(done, (names,) if names else (), self.tail, True,
                           self.size - n, history[0] if history else None, self.tail_memo,
-                          Chunks.of([s - n for s in self.spans[keep:]]), len(names) == calls)
+                          Chunks.of(spans), len(names) == calls)
 
     def replace(self, history: Sequence[Message],
                 changes: Mapping[int, Message]) -> GeminiFold | None:
@@ -235,19 +255,6 @@ class GeminiFold:
                                    opens_with=history[0] if history else None)
 
 
-def _content_starts(items: Sequence[Message], memo: Memo, base: int) -> list[int]:
-    """Where each content :func:`fold_contents` made of ``items`` starts (``base`` +
-    index): a run of tool results is one, a message without parts none (its memo says)."""
-    starts: list[int] = []
-    for i, m in enumerate(items):
-        if m.role == "tool":
-            if i == 0 or items[i - 1].role != "tool":
-                starts.append(base + i)
-        elif memo[i].get(GEMINI_MEMO_KEY, (None, None))[1] is not None:
-            starts.append(base + i)
-    return starts
-
-
 def _gemini_end(fold: GeminiFold, pending: Sequence[Message],
                 memo: Memo) -> list[dict[str, Any]]:
     """The contents of ``fold.tail + pending`` (raises InvalidInput as
@@ -263,11 +270,11 @@ def _gemini_end(fold: GeminiFold, pending: Sequence[Message],
         done, names = known.parts, dict(known.names)
     cut = _last_group([m.role for m in items])
     made = fold_contents(items[:cut], 0, ChainMap(names, *fold.names), memos[:cut])
-    end = End(fold.tail, tuple(pending), (*done, *made), tail=items[cut:],
+    end = End(fold.tail, tuple(pending), tuple(join_all(done, made)), tail=items[cut:],
                tail_memo=memos[cut:], names=names)
     last = fold_contents(end.tail, 0, ChainMap({}, names, *fold.names), end.tail_memo)
     keep_end(memo, pending, known, GEMINI_END, end)
-    return [*end.parts, *last]
+    return join_all(end.parts, last)
 
 
 def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Message],
@@ -292,7 +299,28 @@ def gemini_view(head: Sequence[Message], fold: GeminiFold, pending: Sequence[Mes
     except InvalidInput:
         return None
     system = head_system(head_memo, lead, "gemini:system", lambda: system_instruction(head[:lead]))
-    return system, around(left, fold.done, right, shared)
+    return system, _joined_around(left, fold.done, right, shared)
+
+
+def _joined_around(left: list[dict[str, Any]], done: Chunks[dict[str, Any]],
+                   right: list[dict[str, Any]], shared: bool) -> Sequence[dict[str, Any]]:
+    """:func:`around`, the contents joined where the head's, the finished and the end's
+    meet (a summary leading as a user message, then the history's first user message; the
+    end's first message of the finished last content's role): the finished contents that
+    grow are new ones in a copy of their chunk, the fold's left as it is."""
+    if not done:
+        return around(join_all(left, right), done, [], shared)
+    changes: dict[int, dict[str, Any]] = {}
+    if left and joins(left[-1], done[0]):
+        changes[0] = joined(left[-1], done[0])
+        left = left[:-1]
+    if right:
+        at = len(done) - 1
+        last = changes.get(at) or done[at]
+        if joins(last, right[0]):
+            changes[at] = joined(last, right[0])
+            right = right[1:]
+    return around(left, done.replace(changes) if changes else done, right, shared)
 
 
 __all__ = ["NAME_LAYERS", "GeminiFold", "gemini_view"]
