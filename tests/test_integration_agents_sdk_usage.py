@@ -199,3 +199,28 @@ def test_each_response_calibrates_the_guards_view(guard: ContextGuard) -> None:
     sent = json_count([{"role": "system", "content": "You are a coder."},
                        *[{"content": json.dumps(i)} for i in items]])
     assert reported < estimate < sent * 1.2
+
+
+def test_an_output_reserve_overflow_is_retried_with_a_lower_max_tokens(
+        guard: ContextGuard) -> None:
+    """The prompt alone fits the 3000-token endpoint, prompt + max_tokens does not: as the
+    guard's ``recover`` does, the retry sends the question whole with the max_tokens the
+    window leaves it (compacting to make room would clip the question itself)."""
+    session = GuardedSession(guard, "reserve", model=MODEL, max_tokens=1500)
+    question = "Summarize this log: " + "event ok " * 800  # ~1.7k tokens, the turn's only item
+    with FakeOpenAIServer(window=3000, responder=lambda req: {"content": "done"}) as server:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        model = session.wrap(OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+        agent = Agent(name="a", instructions="Be brief.", model=model,
+                      model_settings=ModelSettings(max_tokens=1500))
+        result = asyncio.run(Runner.run(agent, question, session=session,
+                                        run_config=session.run_config()))
+        refused, retried = server.requests
+    assert result.final_output == "done"
+    assert (refused.status, retried.status) == (400, 200)
+    assert refused.prompt_tokens <= 3000 < refused.prompt_tokens + 1500  # the reserve's
+    assert retried.body["messages"][-1]["content"] == question  # whole, not clipped
+    lowered = retried.body.get("max_tokens") or retried.body.get("max_completion_tokens")
+    assert 750 <= lowered < 1500
+    assert retried.prompt_tokens + lowered <= 3000
+    assert model.recoveries == 1

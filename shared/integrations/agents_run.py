@@ -21,11 +21,12 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 try:
     from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
+    from agents.model_settings import ModelSettings
     from agents.models.interface import Model
     from agents.run_config import CallModelData, ModelInputData
     from agents.tool import FunctionTool
@@ -283,6 +284,12 @@ class InputBudget:
         self._let_through(self._measured(kept, outside, tool_tokens), True)
         return Fitted(messages_to_items(kept), report, True, result.dropped, result.note)
 
+    def resent(self, items: Sequence[Any], instructions: str | None, tools: Sequence[Any],
+               truncated: bool) -> None:
+        """``items`` go out again as they were (a retry that lowers ``max_tokens``
+        instead): what was let through, cut by this filter before or not (``truncated``)."""
+        self._let_through(self._measure(items, instructions, tools), truncated)
+
     def payload_share(self, error: object, items: Sequence[Any], instructions: str | None,
                       tools: Sequence[Any], ratio: float) -> float:
         """``ratio``, or for a refusal of the body's bytes the share of the window that
@@ -310,6 +317,36 @@ def _tools_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
     return list(tools or [])
 
 
+def _max_tokens(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+    """``model_settings.max_tokens`` of a ``get_response`` / ``stream_response`` call (the
+    argument right after ``input``), however it was passed."""
+    settings = args[0] if args else kwargs.get("model_settings")
+    value = getattr(settings, "max_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _with_max_tokens(args: tuple[Any, ...], kwargs: dict[str, Any], max_tokens: int | None,
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with ``model_settings.max_tokens`` set to ``max_tokens``
+    (unchanged for None)."""
+    if max_tokens is None:
+        return args, kwargs
+    settings = args[0] if args else kwargs.get("model_settings")
+    lowered = replace(settings if settings is not None else ModelSettings(),
+                      max_tokens=max_tokens)
+    if args:
+        return (lowered, *args[1:]), kwargs
+    return args, {**kwargs, "model_settings": lowered}
+
+
+def _user_kept(items: Sequence[Any], kept: Sequence[Any]) -> bool:
+    """Whether the newest user message of ``items`` is in ``kept`` as it was (a cut may
+    clip it when nothing older is left to drop)."""
+    messages = items_to_messages(items, prefix="input")
+    newest = next((m for m in reversed(messages) if m.role == "user"), None)
+    return newest is None or newest in items_to_messages(kept, prefix="input")
+
+
 def _input_tokens(usage: Any) -> int | None:
     """The input tokens a response's usage reports (the SDK's ``Usage`` or the Responses
     API's ``ResponseUsage``), or None."""
@@ -334,7 +371,10 @@ class GuardedModel(Model):
     (then the error reaches the caller: the same request would be refused again). A
     second failure, or any other error, reaches the caller unchanged (an error nothing
     recognises is taken for an overflow when the refused input was nearly as large as
-    the window: ``CompactionPolicy.unrecognised_overflow_at``).
+    the window: ``CompactionPolicy.unrecognised_overflow_at``). After an output-reserve
+    overflow (the prompt alone fitted) whose compaction would clip the user's newest
+    message, or make nothing smaller, the same input is retried with the ``max_tokens``
+    the stated window leaves it (:meth:`ContextGuard.answer_room`, as ``recover`` does).
 
     Each response's reported input tokens calibrate the budget filter and, with a
     session, reach the guard with the turn (``GuardedSession.add_items``).
@@ -346,13 +386,17 @@ class GuardedModel(Model):
         self.recoveries = 0
 
     async def _recover(self, error: Exception, system_instructions: str | None,
-                       input: str | list[TResponseInputItem],
-                       tools: Sequence[Any]) -> list[Any]:
+                       input: str | list[TResponseInputItem], tools: Sequence[Any],
+                       asked: int | None) -> tuple[list[Any], int | None]:
+        """The input to retry with and, after an output-reserve overflow, the lower
+        ``max_tokens`` to send it with (None: the request's own). ``asked``: the
+        ``max_tokens`` the refused request sent."""
         budget, guard, model = self.budget, self.budget.guard, self.budget.model
         session_id = self.session.session_id if self.session is not None else ""
         items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
         refused = budget.estimate_of(items, system_instructions, tools)
-        decided = guard.overflow_ratio(session_id, error, model, budget.max_tokens, refused)
+        asked = asked or budget.max_tokens
+        decided = guard.overflow_ratio(session_id, error, model, asked, refused)
         if decided is None:
             raise error
         ratio, recognised = decided
@@ -372,8 +416,21 @@ class GuardedModel(Model):
             if recognised:
                 ratio = guard.refused_ratio(ratio, error, window, refused)
             ratio = budget.payload_share(error, items, system_instructions, tools, ratio)
+            truncated = budget.truncated
             fitted = budget.fit(items, system_instructions, tools, force_ratio=ratio)
-            if budget.estimate > refused or (budget.estimate == refused and not fitted.dropped):
+            smaller = not (budget.estimate > refused
+                           or (budget.estimate == refused and not fitted.dropped))
+            room = (guard.answer_room(error, asked, refused)
+                    if not smaller or not _user_kept(items, fitted.items) else None)
+            if room is not None:
+                # As the guard's recover: the prompt alone fitted, and compacting it makes
+                # no room for the answer without clipping the user's newest message, so the
+                # same input goes out with the max_tokens the window leaves it.
+                budget.resent(items, system_instructions, tools, truncated)
+                get_metrics().recovery("recovered")
+                self.recoveries += 1
+                return items, room
+            if not smaller:
                 budget.truncated = True  # what was let through is not what went out
                 trace.current.set_attribute("compaction.no_smaller_view", True)
                 get_metrics().recovery("no_smaller_view")
@@ -383,7 +440,7 @@ class GuardedModel(Model):
                 raise error
             get_metrics().recovery("recovered")
             self.recoveries += 1
-            return fitted.items
+            return fitted.items, None
 
     async def _state(self, session_id: str) -> SessionState | None:
         """The session's state (the window it learned) with this filter's learned window
@@ -422,9 +479,10 @@ class GuardedModel(Model):
             response = await self.inner.get_response(system_instructions, input, *args,
                                                      **kwargs)
         except Exception as exc:
-            tools = _tools_arg(args, kwargs)
-            retry = await self._recover(exc, system_instructions, input, tools)
+            retry, room = await self._recover(exc, system_instructions, input,
+                                              _tools_arg(args, kwargs), _max_tokens(args, kwargs))
             recovered = True
+            args, kwargs = _with_max_tokens(args, kwargs, room)
             response = await self.inner.get_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs)
         self._responded(response.usage, recovered)
@@ -444,8 +502,9 @@ class GuardedModel(Model):
         except Exception as exc:
             if started:  # events already reached the caller: no silent retry
                 raise
-            tools = _tools_arg(args, kwargs)
-            retry = await self._recover(exc, system_instructions, input, tools)
+            retry, room = await self._recover(exc, system_instructions, input,
+                                              _tools_arg(args, kwargs), _max_tokens(args, kwargs))
+            args, kwargs = _with_max_tokens(args, kwargs, room)
         async for event in self.inner.stream_response(
                 system_instructions, cast(list[TResponseInputItem], retry), *args, **kwargs):
             self._usage_of(event, True)
