@@ -12,6 +12,8 @@ examples' windowed test models; the guard is the real one, with the client
 - Redis is down between turns: the call goes out on the guard's degraded
   view of the framework's own history (``prepare(fallback_messages=...)``)
   instead of failing, and recording resumes when Redis is back.
+
+The Agents SDK session's outages: tests/test_integration_agents_sdk_outage.py.
 """
 
 from __future__ import annotations
@@ -185,51 +187,6 @@ def test_pydantic_ai_runs_on_the_degraded_view_while_redis_is_down(
     logged = log_of(own_redis, "pai-outage")
     assert [m.role for m in logged].count("user") == 3
     assert logged[-1].text() == history[-1].parts[0].content
-
-
-class KillingModel:
-    """An Agents SDK model that answers once; Redis dies while it does."""
-
-    def __init__(self, server: RedisServer) -> None:
-        self.server = server
-
-    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
-        from agents.items import ModelResponse
-        from agents.usage import Usage
-        from openai.types.responses import ResponseOutputMessage, ResponseOutputText
-
-        self.server.stop()
-        text = ResponseOutputText(type="output_text", text="the answer", annotations=[])
-        message = ResponseOutputMessage(id="msg_1", type="message", role="assistant",
-                                        status="completed", content=[text])
-        return ModelResponse(output=[message], usage=Usage(requests=1, input_tokens=10,
-                                                           output_tokens=2, total_tokens=12),
-                             response_id=None)
-
-
-@pytest.mark.redis
-def test_agents_sdk_says_what_is_lost_when_redis_dies_during_the_model_call(
-        own_redis: RedisServer) -> None:
-    pytest.importorskip("agents")
-    from agents import Agent, Runner, set_tracing_disabled
-    from agents.models.interface import Model
-
-    from shared.core.errors import StoreUnavailable
-    from shared.integrations.agents_sdk import GuardedSession
-
-    set_tracing_disabled(True)
-
-    class Killing(KillingModel, Model):  # type: ignore[misc]
-        async def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError
-
-    session = GuardedSession(guard_on(own_redis), "sdk-outage")
-    agent = Agent(name="a", instructions="Answer.", model=session.wrap(Killing(own_redis)))
-    with pytest.raises(StoreUnavailable) as caught:
-        asyncio.run(Runner.run(agent, "hi", session=session, run_config=session.run_config()))
-    text = str(caught.value)
-    assert "'sdk-outage'" in text and "assistant" in text and "not in the session" in text
-    assert "run the turn again" in text and "redis unavailable" in text
 
 
 def failing_once(guard: ContextGuard) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -409,9 +408,7 @@ class GuardedModel(Model):
                 if limit < budget.limits().context_window:
                     budget.learned_window = limit
                 if self.session is not None:
-                    await asyncio.to_thread(guard.store.update_state, session_id,
-                                            learned_window=limit, learned_model=model,
-                                            model=model, last_overflow_at=time.time())
+                    await self.session.learned(limit, model)
             window = budget.limits().context_window
             if recognised:
                 ratio = guard.refused_ratio(ratio, error, window, refused)

@@ -13,6 +13,11 @@ memory; three pieces keep a long run inside the window::
   kept like the instructions, then the summary, then recent items, tool pairs
   intact); ``add_items`` appends and enqueues the worker job; ``pop_item``
   and ``clear_session`` are history edits (``truncate_after`` / delete).
+  While Redis is down a run goes on: ``get_items`` serves the guard's
+  degraded view of what this process last saw plus what its runs added
+  (:mod:`shared.integrations.agents_local`), and items ``add_items`` could not
+  save are logged and saved, in order and once, before the session's next
+  read or write that Redis answers.
 - :meth:`GuardedSession.recall_tool` (or :func:`recall_function_tool`): the
   ``recall`` tool as a ``FunctionTool`` bound to the session; the runner
   runs it like any tool, against the guard's index of what compaction
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -51,11 +58,15 @@ from shared.guard import ContextGuard
 from shared.integrations._common import (
     RECALL_DESCRIPTION,
     RECALL_NAME,
+    Deferred,
+    Request,
     aanswer_recall,
     as_async_guard,
+    degraded_view,
     recall_parameters,
 )
 from shared.integrations.agents_items import items_to_messages, messages_to_items
+from shared.integrations.agents_local import KEEP, LocalHistory
 from shared.integrations.agents_run import GuardedModel, InputBudget, tool_schemas
 
 __all__ = [
@@ -66,6 +77,7 @@ __all__ = [
     "messages_to_items",
     "recall_function_tool",
 ]
+log = logging.getLogger("shared.integrations.agents_sdk")
 
 
 def recall_function_tool(guard: Any, session_id: str) -> FunctionTool:
@@ -129,13 +141,16 @@ class GuardedSession:
     worker thread, so the event loop never waits on Redis; an
     ``AsyncContextGuard`` is refused (:class:`InvalidInput` on ``guard``): its
     store has no history edits for ``pop_item`` and ``clear_session``.
+    ``keep``: the messages kept in-process for a Redis outage (the last view read
+    and what runs added since, newest kept; as many unsaved ones at most). The edits
+    need Redis; reads and saves do not stop a run while it is down.
     """
 
     session_settings: Any = None
 
     def __init__(self, guard: ContextGuard, session_id: str, *, model: str = "gpt-4o",
                  max_tokens: int | None = None, instructions: str = "",
-                 tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+                 tools: Sequence[Mapping[str, Any]] | None = None, keep: int = KEEP) -> None:
         from shared.store.keys import validate_session_id
 
         validate_session_id(session_id)
@@ -155,6 +170,7 @@ class GuardedSession:
         # (None when its request was not the view extended by the run: see responded)
         self._reported: int | None = None
         self._whole = False  # whether the last get_items returned the whole view
+        self.local = LocalHistory(session_id, keep)  # for a Redis outage
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
@@ -195,9 +211,10 @@ class GuardedSession:
         """The fixed prompt the guard counts: the instructions and the pinned messages."""
         return "\n\n".join(t for t in (self.instructions, *(m.text() for m in pinned)) if t)
 
-    def _prepare(self, pinned: Sequence[Message]) -> Any:
+    def _prepare(self, pinned: Sequence[Message],
+                 fallback: Sequence[Message] | None = None) -> Any:
         view = self.guard.prepare(self.session_id, self._fixed(pinned), self.tools,
-                                  self.max_tokens, self.model)
+                                  self.max_tokens, self.model, fallback_messages=fallback)
         report = view.report
         if report.limits_source == "learned" \
                 and report.budget.window < self.input_filter.limits().context_window:
@@ -206,10 +223,35 @@ class GuardedSession:
 
     def _view_items(self, limit: int | None) -> list[dict[str, Any]]:
         self._reported = None  # a new run: no response is pending
-        pinned = self._pinned()
-        fixed = self._fixed(pinned)
-        view = self._prepare(pinned)
+        local = self.local
+        try:
+            local.flush(self._append)  # what Redis missed first: the view holds it
+            pinned = self._pinned()
+            # Redis gone after this read: a view of the local copy (built only then)
+            view = self._prepare(pinned, Deferred(local.messages))
+        except StoreUnavailable as exc:
+            log.warning("session %s: Redis is down (%s); the run starts from this "
+                        "process's copy of the session (degraded view)", self.session_id, exc)
+            pinned = list(local.pinned)
+            view = degraded_view(self.guard, self.session_id,
+                                 Request(self._fixed(pinned), self.tools, self.max_tokens,
+                                         self.model), local.messages())
         self.last_view = view
+        items, body = self._items(view, pinned)
+        if not view.report.degraded:
+            local.seen(pinned, body)
+        if limit is not None:
+            limited = _last(items, limit)
+            self._whole = limited == items and not view.report.degraded
+            return limited
+        self._whole = not view.report.degraded  # a degraded run's usage describes no view
+        return items
+
+    def _items(self, view: Any, pinned: list[Message]) -> tuple[list[dict[str, Any]],
+                                                               list[Message]]:
+        """The view as the runner's items (the pinned messages first, the agent's own
+        instructions left out), and its messages after the pinned ones."""
+        fixed = self._fixed(pinned)
         messages = list(view.messages)
         if messages and messages[0].role == "system" and fixed:
             # The runner sends the agent's own instructions; keep only the summary part.
@@ -222,13 +264,7 @@ class GuardedSession:
                 unsent.remove(message.text())
             else:
                 body.append(message)
-        items = messages_to_items([*pinned, *body])
-        if limit is not None:
-            limited = _last(items, limit)
-            self._whole = limited == items
-            return limited
-        self._whole = True
-        return items
+        return messages_to_items([*pinned, *body]), body
 
     def _pinned(self) -> list[Message]:
         """The system/developer messages the log starts with (rules given in the first
@@ -258,19 +294,16 @@ class GuardedSession:
         if not messages:
             return
         reported, self._reported = self._reported, None
-        try:
-            await asyncio.to_thread(self._record, messages, reported)
-        except StoreUnavailable as exc:
-            # The runner calls this after the model answered too: say what is lost. The run
-            # stops here; the session can't know what the runner would have kept.
-            roles = sorted({m.role for m in messages})
-            answered = ("; the model's answer among them was received (and billed) but is "
-                        "lost with the run" if "assistant" in roles else "")
-            raise StoreUnavailable(
-                f"session {self.session_id!r}: {len(messages)} items of this run "
-                f"({', '.join(roles)}) could not be saved, so they are not in the session's "
-                f"history and the run stopped{answered}: run the turn again once Redis "
-                f"answers ({exc})") from exc
+        await asyncio.to_thread(self._record, messages, reported)
+
+    async def flush(self) -> int:
+        """Save now the messages Redis missed (they are saved anyway before the session's
+        next read or write that Redis answers): how many; :class:`StoreUnavailable` while
+        Redis is still down (nothing is lost: they stay for the next attempt)."""
+        return await asyncio.to_thread(self.local.flush, self._append)
+
+    def _append(self, messages: list[Message], request_id: str) -> None:
+        self.guard.record_turn(self.session_id, messages, request_id=request_id)
 
     def responded(self, reported: int, *, faithful: bool) -> None:
         """The input tokens a response of this session's run reported (called by
@@ -283,6 +316,25 @@ class GuardedSession:
         self._reported = reported if faithful and self._whole else None
 
     def _record(self, messages: list[Message], reported: int | None) -> None:
+        """Append ``messages`` after any Redis missed, with ``reported`` as their usage
+        where it describes the view; while Redis is down they wait (logged, not raised:
+        the runner would end the run, the model's answer lost with it)."""
+        self.local.added(messages)
+
+        def append(batch: list[Message], request_id: str) -> None:
+            usage = self._usage(reported) if batch is messages else None
+            self.guard.record_turn(self.session_id, batch, usage, request_id=request_id)
+
+        if not self.local.record(messages, append):
+            roles = ", ".join(sorted({m.role for m in messages}))
+            log.warning("session %s: %d messages of this run (%s) were not saved: Redis "
+                        "did not answer; the run goes on, and they are saved before the "
+                        "session's next read or write that Redis answers (%d waiting)",
+                        self.session_id, len(messages), roles, self.local.unsaved)
+
+    def _usage(self, reported: int | None) -> int | None:
+        """``reported``, when the view as the guard renders it now is the request it
+        counted."""
         usage: int | None = None
         if reported is not None and self.last_view is not None:
             # the view as the guard renders it now is the request the report counted (the
@@ -294,13 +346,14 @@ class GuardedSession:
             if view.report.version == self.last_view.report.version \
                     and counted == self.input_filter.sent_history():
                 usage = reported
-        self.guard.record_turn(self.session_id, messages, usage)
+        return usage
 
     async def pop_item(self) -> TResponseInputItem | None:
         return cast(TResponseInputItem | None, await asyncio.to_thread(self._pop))
 
     def _pop(self) -> dict[str, Any] | None:
         store = self.guard.store
+        self.local.flush(self._append)  # the last item may be one Redis missed
         length = store.length(self.session_id)
         if length == 0:
             return None
@@ -313,9 +366,23 @@ class GuardedSession:
             store.append(self.session_id, rest)
         self.guard.views.discard(self.session_id)
         self._pinned_known = None
+        self.local.popped(last, rest)
         return popped
 
     async def clear_session(self) -> None:
         await asyncio.to_thread(self.guard.store.delete_session, self.session_id)
         self.guard.views.discard(self.session_id)
         self._pinned_known = None
+        self.local.cleared()
+
+    async def learned(self, limit: int, model: str) -> None:
+        """A window an overflow of this session's run implied or stated, for the session's
+        state (every process and the workers read it); while Redis is down, logged: the
+        run's filter knows it, and the next overflow states it again."""
+        try:
+            await asyncio.to_thread(self.guard.store.update_state, self.session_id,
+                                    learned_window=limit, learned_model=model, model=model,
+                                    last_overflow_at=time.time())
+        except StoreUnavailable as exc:
+            log.warning("session %s: the window learned from an overflow (%d tokens) was "
+                        "not saved in the session's state (%s)", self.session_id, limit, exc)
