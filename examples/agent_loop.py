@@ -7,6 +7,12 @@ is made with the ``openai`` SDK, a context-overflow error goes through
 provider's usage (which calibrates the guard's token estimate). Two small
 tools (read a file, list a directory) make it a real tool-calling loop.
 
+A Redis outage does not stop it (as the README's loop): ``prepare`` builds a
+view of the turns held in memory instead of raising (``fallback_messages``),
+and a turn Redis missed is kept with its request id and recorded, in order,
+before the next turn's first call (an append that landed although its reply
+was lost is not stored twice).
+
     python examples/agent_loop.py --base-url http://127.0.0.1:8001/v1 --model gpt-4o \\
         --api-key test --prompt "List the examples directory" --prompt "Read README.md"
 
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +36,11 @@ import openai
 from shared import (
     CeleryEnqueuer,
     ContextGuard,
+    Message,
     NullEnqueuer,
     PreparedView,
     SessionStore,
+    StoreUnavailable,
     connect,
     from_openai,
     publisher_app,
@@ -72,18 +81,47 @@ class Agent:
                  max_tokens: int, root: Path) -> None:
         self.guard, self.client, self.model = guard, client, model
         self.max_tokens, self.root = max_tokens, root
+        # turns Redis missed, oldest first, each with the request id it was first sent with
+        self.unrecorded: list[tuple[str, list[Message]]] = []
 
     def _call(self, view: PreparedView) -> Any:
         return self.client.chat.completions.create(
             model=self.model, messages=view.openai(),  # type: ignore[arg-type]
             tools=TOOLS, max_tokens=self.max_tokens)  # type: ignore[arg-type]
 
+    def _record_missed(self, session_id: str) -> None:
+        """Record the turns Redis missed, oldest first, while it answers: the next view
+        holds them. A request id is stored at most once."""
+        while self.unrecorded:
+            request_id, messages = self.unrecorded[0]
+            try:
+                self.guard.record_turn(session_id, messages, request_id=request_id)
+            except StoreUnavailable:
+                return  # still down
+            self.unrecorded.pop(0)
+
+    def _record(self, session_id: str, messages: list[Message], usage: Any) -> None:
+        """Record the finished turn after the missed ones; while Redis is down, keep it."""
+        request_id = uuid.uuid4().hex
+        try:
+            if self.unrecorded:  # in order: after the turns still waiting
+                raise StoreUnavailable("earlier turns are not recorded yet")
+            self.guard.record_turn(session_id, messages, usage=usage, request_id=request_id)
+        except StoreUnavailable as exc:  # the answer stands; recorded at a later turn
+            self.unrecorded.append((request_id, messages))
+            print(f"[guard] turn not recorded ({exc}); {len(self.unrecorded)} waiting",
+                  file=sys.stderr)
+
     # -- the loop: prepare -> call -> (recover -> retry) -> tools ... -> record_turn --------
     def turn(self, session_id: str, text: str) -> str:
+        self._record_missed(session_id)
         turn: list[dict[str, Any]] = [{"role": "user", "content": text}]
         args = (SYSTEM, TOOLS, self.max_tokens, self.model)
+        # Redis down: a view of the turns held here (unrecorded) and this one, not an error
+        held = [m for _, messages in self.unrecorded for m in messages]
         for _ in range(MAX_TOOL_ROUNDS):
-            view = self.guard.prepare(session_id, *args, pending=from_openai(turn))
+            view = self.guard.prepare(session_id, *args, pending=from_openai(turn),
+                                      fallback_messages=held)
             try:
                 reply = self._call(view)
             except openai.APIStatusError as exc:  # overflows come as 400, 413, 422, 500
@@ -104,7 +142,7 @@ class Agent:
                 turn.append({"role": "tool", "tool_call_id": call.id, "content": output})
         else:
             turn.append({"role": "assistant", "content": "(stopped: too many tool rounds)"})
-        self.guard.record_turn(session_id, from_openai(turn), usage=reply.usage)
+        self._record(session_id, from_openai(turn), reply.usage)
         return str(turn[-1].get("content") or "")
 
 

@@ -401,6 +401,40 @@ def test_agent_loop_example_calls_tools_and_recovers_from_an_overflow(
         agent_store.delete_session(session_id)
 
 
+@pytest.mark.redis
+def test_agent_loop_example_rides_out_a_redis_outage(tmp_path: Path) -> None:
+    """As the README's loop: while Redis is down the turns are answered (a view of the
+    turns the agent holds unrecorded, then the new one), and once Redis is back (a restart
+    without persistence: empty) they are recorded, in order and once, before the first
+    turn it answers, whose view holds them."""
+    import openai
+
+    from shared.store.sessions import connect
+    from workers.harness.stack.redis_server import start_server
+
+    own = start_server()
+    try:
+        store = SessionStore(connect(own.url))
+        with FakeOpenAIServer(window=128_000) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            agent = load_example().Agent(ContextGuard(store), client, "gpt-4o", 300, tmp_path)
+            own.stop()
+            texts = ["first, Redis down", "second, still down", "third"]
+            for text in texts[:2]:
+                assert agent.turn("outage", text)
+            assert len(agent.unrecorded) == 2
+            own.start()
+            assert agent.turn("outage", texts[2])
+            asked = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
+                     for r in server.requests]
+        assert asked == [texts[:1], texts[:2], texts]
+        assert agent.unrecorded == []
+        assert [m.text() for m in store.messages("outage") if m.role == "user"] == texts
+        assert store.length("outage") == 6
+    finally:
+        own.remove()
+
+
 # -- a CLI like the well-made ones ------------------------------------------------------------
 def widest(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
