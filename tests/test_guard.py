@@ -231,11 +231,16 @@ def test_a_window_stated_in_thousands_is_learned_and_a_misparse_never_is(
     assert view is not None and view.report.budget.window == 32_000
     assert store.state("s").learned_window == 32_000
     store.update_state("s", learned_window=0)
-    guard = make_guard(store, overrides={"m": 100_000})  # it prepared no request to bound by
+    refused = make_guard(store, overrides={"m": 100_000}).prepare(
+        "s", SYSTEM, max_tokens=1000, model="m").report
+    guard = make_guard(store, overrides={"m": 100_000})  # another process recovers
+    assert refused.budget.window == 100_000
     view = guard.recover("s", RuntimeError("maximum context length is 1.048.576 tokens"),
                          SYSTEM, max_tokens=1000, model="m")
-    assert view is not None and view.report.budget.window == 100_000  # compacted, unlearned
-    assert store.state("s").learned_window == 0 and guard.limits.get("m") is None
+    # the refused request bounds the window (as an error stating none), not the misparse
+    assert view is not None and view.report.budget.window == refused.estimated_prompt_tokens
+    assert store.state("s").learned_window == refused.estimated_prompt_tokens
+    assert guard.limits.get("m") is None
     store.update_state("s", learned_window=1, model="m")  # written before the check
     assert guard.prepare("s", SYSTEM, max_tokens=1000, model="m").report.budget.window \
         == 100_000

@@ -3,7 +3,9 @@
 that session's (in its state, read by every process) where the model's window is known; a
 recognised overflow of a request that had history to drop is retried, whatever other
 sessions taught the guard; a retry is never larger than the refused request; a prepare of
-a session never recorded writes nothing."""
+a session never recorded writes nothing. (Sessions are sized to the windows their errors
+state: a request the guard counts far below the provider, with nothing to drop, is not
+retried.)"""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def test_a_stated_limit_below_a_known_window_is_the_sessions_alone_in_every_proc
     the model's other sessions, recorded or new, keep the registry's 128000."""
     guard = make_guard(store)
     record(store, guard, "other")
-    record(store, guard, "victim")
+    record(store, guard, "victim", turns=10, words=100)  # ~2.1k tokens
     assert window(guard, "other") == (128_000, "registry")
     view = guard.recover("victim", LLAMA_CPP, SYSTEM, max_tokens=100, model=MODEL)
     assert view is not None and view.report.budget.window == 2048
@@ -64,7 +66,7 @@ def test_a_later_larger_stated_limit_does_not_raise_the_sessions_window(
     (another endpoint behind the same model name) is measured against the session's
     window, not the registry's: an overflow never raises the window."""
     guard = make_guard(store)
-    record(store, guard, "s")
+    record(store, guard, "s", turns=10, words=100)
     assert guard.recover("s", LLAMA_CPP, SYSTEM, max_tokens=100, model=MODEL) is not None
     guard.recover("s", "Requested tokens (5000) exceed context window of 4096", SYSTEM,
                   max_tokens=100, model=MODEL)
@@ -77,7 +79,7 @@ def test_a_guessed_window_is_still_corrected_for_every_session(
     """F2's other half: where the window is a guess (an unknown model's fallback), the
     stated limit is shared with the model's other sessions in this process, as before."""
     guard = make_guard(store)
-    record(store, guard, "a")
+    record(store, guard, "a", turns=10, words=100)
     record(store, guard, "b")
     model = "my-local-model"
     assert guard.recover("a", LLAMA_CPP, SYSTEM, max_tokens=100, model=model) is not None
@@ -93,8 +95,8 @@ def test_a_sessions_own_smaller_window_beats_the_processes_learned_one(
     by another process, or before the process learned its figure)."""
     model = "my-local-model"
     guard = make_guard(store)
-    record(store, guard, "small")
-    record(store, guard, "other")
+    record(store, guard, "small", turns=10, words=100)
+    record(store, guard, "other", turns=24, words=100)  # ~4.9k
     assert guard.recover("small", LLAMA_CPP, SYSTEM, max_tokens=100, model=model) is not None
     assert store.state("small").learned_window == 2048
     elsewhere = make_guard(store)  # another process: its book learns 4096 from "other"
@@ -173,18 +175,20 @@ def test_a_retry_is_never_larger_than_the_refused_request(
     assert view is None or view.report.estimated_prompt_tokens < refused
 
 
-def test_a_provider_counting_far_more_gets_the_history_dropped(
+def test_a_provider_counting_far_more_than_plain_text_explains_is_not_retried(
         make_guard: Callable[..., Any], store: SessionStore) -> None:
     """The same flow refused as 131000 tokens: the provider counts ~130k the guard never
-    saw, so the guard's estimates (the notice against the dropped turn) do not measure the
-    retry; the view that dropped the history is sent (docs/server.md shows it)."""
+    saw. The view that drops the first turn was sent as the estimates "do not measure the
+    retry"; but what it drops is plain text, which they do measure, so the ~130k are still
+    in it and it was refused again. Not retried now, nothing written
+    (tests/test_guard_recover_sendable.py: the same where a tool's output is dropped)."""
     guard = make_guard(store)
     fig, pending, _ = _docs_flow(guard)
     view = guard.recover("d", "This model's maximum context length is 128000 tokens. "
                          "However, your messages resulted in 131000 tokens.",
                          pending=pending, **fig)
-    assert view is not None and view.report.dropped_messages == 2
-    assert [m.text() for m in view.messages[1:]] == ["And /lib?"]
+    assert view is None
+    assert store.summaries("d") == [] and store.state("d").watermark == 0
 
 
 def test_a_prepare_of_a_session_never_recorded_is_no_session_to_list(
@@ -215,7 +219,7 @@ def test_a_learned_window_stays_with_the_model_it_was_learned_for(
     from workers.summarizer.engine import SummaryEngine
 
     guard = make_guard(store)
-    record(store, guard, "switch")
+    record(store, guard, "switch", turns=40, words=110)  # ~9k
     assert guard.recover("switch", "Requested tokens (9285) exceed context window of 8192",
                          SYSTEM, max_tokens=100, model=MODEL) is not None
     claude = "claude-sonnet-4-5"

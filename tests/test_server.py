@@ -252,7 +252,9 @@ def test_recover_gives_a_compacted_view_only_for_overflows(client: TestClient) -
 def test_a_numberless_overflow_recovered_by_another_process_uses_the_prepared_size(
         client: TestClient, store: SessionStore) -> None:
     """Two server processes (two apps on one store): the one that recovers did not make the
-    prepare, so the client passes the refused view's estimate; the error states no window."""
+    prepare; the error states no window. Without ``prepared_tokens`` it plans the view the
+    prepare made of the same session and arguments (it writes none); with it, the
+    client's figure."""
     for i in range(30):
         record(client, "other", [{"role": "user", "content": f"step {i} " + "word " * 200},
                                  {"role": "assistant", "content": "ok " * 50}])
@@ -263,7 +265,8 @@ def test_a_numberless_overflow_recovered_by_another_process_uses_the_prepared_si
              "status": 400, "model": "gpt-4o"}
     with TestClient(create_app(ServerConfig(), store, tokens=TOKENS)) as second:
         before = second.post("/v1/sessions/other/recover", json=quiet, headers=A).json()
-        assert before["view"]["report"]["budget"]["window"] == 128_000  # nothing to bound by
+        assert before["view"]["report"]["budget"]["window"] == prepared  # the same bound
+        store.update_state("other", learned_window=0)  # as if the bound was never learned
         bad = second.post("/v1/sessions/other/recover", json={**quiet, "prepared_tokens": 0},
                           headers=A)
         assert bad.status_code == 422 and error(bad)["field"] == "prepared_tokens"

@@ -85,10 +85,10 @@ def test_the_curl_example_in_the_docs(redis_url: str, real_redis: object, key_pr
     done = run_docs_script(script, redis_url, key_prefix, tmp_path)
     recorded, recovered, stats = documents(done.stdout)
     assert recorded == {"session_id": "demo-1", "length": 2}
-    # the provider counted far more than the guard: the retry holds the new question alone
-    assert recovered["recovered"] is True
-    assert [m["content"] for m in recovered["view"]["messages"][1:]] == ["And /lib?"]
-    assert stats["length"] == 2 and stats["tenant"] == "docs"
+    # the provider counted ~130k tokens the guard never saw, and all a retry could drop is
+    # one plain turn: none is sent, and the session keeps its history
+    assert recovered == {"recovered": False, "view": None}
+    assert stats["length"] == 2 and stats["tenant"] == "docs" and stats["watermark"] == 0
     view = json.loads((tmp_path / "view.json").read_text())
     assert view["messages"][-1] == {"role": "user", "content": "What is in /src?"}
 

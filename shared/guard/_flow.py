@@ -30,15 +30,18 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
+from shared.core.chunks import concat
 from shared.core.errors import IrreducibleOverflow, SessionNotFound, StoreUnavailable
 from shared.core.guard_state import Plan, plan_view
 from shared.core.messages import Message, check_tool_results, validate_messages
+from shared.core.model_registry import positive_int
+from shared.core.overflow import is_context_overflow
 from shared.core.prepared import PreparedView, ViewReport
 from shared.core.records import AppendResult, RawView
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer
-from shared.guard._recovery import counted_far_over
+from shared.guard._recovery import counted_far_over, estimate_unsure
 from shared.guard._shell import (
     GuardShell,
     check_min_length,
@@ -82,6 +85,7 @@ class Io(NamedTuple):
 
 
 Steps = Generator[Io, Any, T]
+Accept = Callable[[PreparedView, CachedView], str]
 
 
 def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
@@ -90,19 +94,21 @@ def _writes(plan: Plan, snap: CachedView, wanted: bool, force: bool) -> bool:
                 or plan.clear_recover_next or wanted)
 
 
-def _unsendable(report: ViewReport, refused: int | None, unseen: bool = False) -> str:
+def _unsendable(report: ViewReport, refused: int | None,
+                unseen: Callable[[], bool] = lambda: False) -> str:
     """Why a recovery's view would be refused like the one before it ("" when it would
     not): it does not fit, it is larger than the refused one (``refused`` tokens; None
     where the retry lowers the reserve instead: the view holds only what must stay), or
-    no smaller and nothing in it was cut. ``unseen``: the provider counted the refused
-    prompt far above the guard's estimate (:func:`counted_far_over`), so the estimates
-    do not measure what it counts, and a view that dropped messages is sent."""
+    no smaller and nothing in it was cut. ``unseen`` (asked only then): whether the
+    provider's count of the refused prompt is no measure of this one, so that a view
+    that dropped messages is sent although the guard counts it no smaller
+    (:meth:`GuardFlow._miscounted`)."""
     if not report.budget.within_budget:
         return "the view does not fit"
     if refused is None or report.estimated_prompt_tokens < refused:
         return ""
     cut = bool(report.dropped_messages or report.note)
-    if report.estimated_prompt_tokens > refused and not (unseen and cut):
+    if report.estimated_prompt_tokens > refused and not (cut and unseen()):
         # the notice of the cut outweighs what it dropped (a short session whose one
         # report set a steep calibration): the provider counts the notice too
         return "the compacted view is larger than the refused one"
@@ -119,6 +125,11 @@ def _decoding(cached: CachedView | None) -> CachedView | None:
     if cached is None:
         return None
     return dataclasses.replace(cached, wire=dict(cached.wire))
+
+
+class _NotSent(Exception):
+    """A recovery's view that would be refused again (the reason): raised before any of
+    its plan's writes, so that a recovery that gives up leaves the session as it was."""
 
 
 def _sent_at(plan: Plan, version: int | None) -> None:
@@ -249,16 +260,24 @@ class GuardFlow(GuardShell):
                tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                extra: list[Message], extra_tokens: list[int], started: float,
                force_ratio: float | None, retry_lost_swap: bool = True, *,
-               exact: bool = False) -> Steps[PreparedView]:
+               exact: bool = False, accept: Accept | None = None) -> Steps[PreparedView]:
         """The view from ``snap``: planned, its writes performed (``exact``: ``max_tokens``
-        was made to fit this view, :meth:`request`)."""
+        was made to fit this view, :meth:`request`). ``accept``: why the view planned from
+        ``snap`` would not be sent ("" when it would), asked before any write;
+        :class:`_NotSent` when it would not, nothing written."""
         planned = self._plan(session_id, snap, system_prompt, tools, max_tokens, model, extra,
                              extra_tokens, force_ratio, exact=exact)
+        if accept is not None:
+            why = accept(planned[0].view, snap)
+            if why:
+                if planned[0].cheap:  # the cached entry holds decisions never stored
+                    self.views.discard(session_id)
+                raise _NotSent(why)
         if not _writes(*planned):
             return self._quiet(session_id, planned[0], started)
         return (yield from self._write(session_id, *planned, system_prompt, tools, max_tokens,
                                        model, extra, extra_tokens, started, force_ratio,
-                                       retry_lost_swap, exact=exact))
+                                       retry_lost_swap, exact=exact, accept=accept))
 
     def _plan(self, session_id: str, snap: CachedView, system_prompt: str,
               tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
@@ -290,9 +309,10 @@ class GuardFlow(GuardShell):
                system_prompt: str, tools: Sequence[Mapping[str, Any]] | None,
                max_tokens: int | None, model: str, extra: list[Message],
                extra_tokens: list[int], started: float, force_ratio: float | None,
-               retry_lost_swap: bool = True, *, exact: bool = False) -> Steps[PreparedView]:
+               retry_lost_swap: bool = True, *, exact: bool = False,
+               accept: Accept | None = None) -> Steps[PreparedView]:
         """The plan's writes and job performed, then its view; after a lost swap, built
-        once more from what won."""
+        once more from what won (and judged by ``accept`` again)."""
         done = yield from self._perform_own(session_id, plan, snap, wanted, force)
         won = (yield from self._perform(session_id, plan)) if done is None else done[0]
         if not self.performed(plan, won) and retry_lost_swap:
@@ -301,7 +321,7 @@ class GuardFlow(GuardShell):
             fresh = yield from self.snapshot_steps(session_id)
             return (yield from self._build(session_id, fresh, system_prompt, tools, max_tokens,
                                            model, extra, extra_tokens, started, force_ratio,
-                                           retry_lost_swap=False, exact=exact))
+                                           retry_lost_swap=False, exact=exact, accept=accept))
         self.remember(session_id, plan.sent)
         if done is not None:
             enqueued = done[1]
@@ -444,21 +464,34 @@ class GuardFlow(GuardShell):
                       min_length: int | None) -> Steps[PreparedView | None]:
         check_min_length(min_length)
         model = self.given_model(model)
-        decided = self.overflow_ratio(session_id, error, model, max_tokens, prepared_tokens)
-        if decided is None:
-            return None
-        ratio = decided[0]
-        recognised = decided[1]
+        recognised = is_context_overflow(error)
+        ratio = 0.0
+        if not recognised:  # an overflow in wording no pattern knows, or none
+            decided = self.overflow_ratio(session_id, error, model, max_tokens,
+                                          prepared_tokens)
+            if decided is None:
+                return None
+            ratio = decided[0]
+        elif prepared_tokens is not None:
+            positive_int(prepared_tokens, "prepared_tokens")
         with self.traced_recover(session_id, model, error) as trace:
             if not recognised:
                 trace.current.set_attribute("compaction.unrecognised_error", True)
             validate_session_id(session_id)
             snap = yield from self.snapshot_steps(session_id, min_length)
+            extra, extra_tokens = self.pending(session_id, pending)
+            # the refused request's size, in whichever process prepared it: measured
+            # against the window it was prepared for, before anything is learned
+            refused = self._refused(session_id, snap, system_prompt, tools, max_tokens, model,
+                                    extra, extra_tokens, prepared_tokens)
+            if recognised:
+                decided = self.overflow_ratio(session_id, error, model, max_tokens, refused)
+                assert decided is not None  # a context overflow always has one
+                ratio = decided[0]
             # learned against the window the session knows (a limit it learned before
             # included: an overflow never raises it), and stored in its state, which every
-            # process and the workers read
-            limit = self.learn_overflow(session_id, error, model, trace, prepared_tokens,
-                                        snap.state)
+            # process and the workers read: kept whether or not a view is sent
+            limit = self.learn_overflow(session_id, error, model, trace, refused, snap.state)
             if limit:
                 self.touched(session_id)
                 yield Io("update_state", (session_id,), {
@@ -466,35 +499,107 @@ class GuardFlow(GuardShell):
                     "last_overflow_at": time.time()})
                 snap = yield from self.snapshot_steps(session_id, min_length)
             started = time.perf_counter()
-            refused = self.refused_estimate(session_id, model, prepared_tokens)
             if recognised:
                 ratio = self.refused_ratio(
                     ratio, error, self.model_limits(model, snap.state).context_window, refused)
-            extra, extra_tokens = self.pending(session_id, pending)
             ratio = self._payload_ratio(session_id, error, snap, system_prompt, tools,
                                         max_tokens, model, extra, extra_tokens, ratio)
+            room = self.answer_room(error, max_tokens, refused)
+            over = counted_far_over(error, refused)
+
+            def sendable(view: PreparedView, base: CachedView) -> str:
+                why = _unsendable(view.report, refused,
+                                  lambda: over and self._miscounted(base, extra, view))
+                if not why and room is not None and not _user_kept(view.messages, extra):
+                    why = "the newest user message was clipped"
+                return why
+
+            # Each view is judged before its plan writes anything: a truncation committed
+            # for a view that is not sent would cost the session its history for nothing.
+            view: PreparedView | None = None
             try:
                 view = yield from self._build(session_id, snap, system_prompt, tools,
                                               max_tokens, model, extra, extra_tokens, started,
-                                              ratio)
-                why = _unsendable(view.report, refused, counted_far_over(error, refused))
+                                              ratio, accept=sendable)
+                why = ""
+            except _NotSent as exc:
+                why = str(exc)
             except IrreducibleOverflow as exc:  # not even the floor fits the window now known
                 why = str(exc)
-            clipped = not why and not _user_kept(view.messages, extra)
-            room = self.answer_room(error, max_tokens, refused) if why or clipped else None
-            if room is not None:
+            if why and room is not None:
                 # The prompt alone fitted, and compacting it makes no room for the answer
                 # without clipping the user's newest message: the same view with a reserve
                 # that fits (sent as view.report.budget.reserve). Only then: callers that
                 # send their own max_tokens (the README's loops) retry a compacted view.
-                view = yield from self._build(session_id, snap, system_prompt, tools, room,
-                                              model, extra, extra_tokens, started, None,
-                                              exact=True)
-                why = _unsendable(view.report, None)
-            if why:
+                try:
+                    view = yield from self._build(
+                        session_id, snap, system_prompt, tools, room, model, extra,
+                        extra_tokens, started, None, exact=True,
+                        accept=lambda v, _: _unsendable(v.report, None))
+                    why = ""
+                except _NotSent as exc:
+                    why = str(exc)
+            if why or view is None:
                 _not_retried(trace, session_id, refused, why)
                 return None
             return trace.recovered(view)
+
+    def _refused(self, session_id: str, snap: CachedView, system_prompt: str,
+                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                 model: str, extra: list[Message], extra_tokens: list[int],
+                 prepared_tokens: int | None) -> int | None:
+        """The guard's estimate of the refused request's prompt: ``prepared_tokens`` when
+        the caller gives it; else this process's prepare of the same turn (same model, same
+        log and pending length); else the view a prepare of ``snap`` with these arguments
+        makes, planned here and written nowhere (:meth:`_as_prepared`).
+
+        Planned rather than stored: the prepare that made the refused view (in this process
+        or another, an HTTP server's) read the same session with the same arguments, and
+        recording its size for other processes would cost a write on every quiet prepare,
+        the hot path. A summary that landed in between makes the planned view smaller than
+        the refused one: the retry must then be smaller than that, which errs toward not
+        retrying, never toward sending the refused request again."""
+        if prepared_tokens is not None:
+            return positive_int(prepared_tokens, "prepared_tokens")
+        with self._lock:
+            sent = self._sent.get(session_id)
+        if sent is not None and sent.model == model and sent.end == snap.end + len(extra):
+            return sent.estimate
+        return self._as_prepared(session_id, snap, system_prompt, tools, max_tokens, model,
+                                 extra, extra_tokens)
+
+    def _as_prepared(self, session_id: str, snap: CachedView, system_prompt: str,
+                     tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                     model: str, extra: list[Message], extra_tokens: list[int]) -> int | None:
+        """The estimate of the view :meth:`prepare_steps` makes of ``snap`` (None where it
+        would raise): planned on a copy of the entry, cached nowhere, written nowhere."""
+        force = self.policy.recovery_ratio if snap.state.recover_next else None
+        req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
+                           extra, extra_tokens, force, scan=snap.scan)
+        try:
+            plan, _ = plan_view(replace(snap), req, self.policy, self.counter)
+        except IrreducibleOverflow:
+            return None
+        return plan.view.report.estimated_prompt_tokens
+
+    @staticmethod
+    def _miscounted(snap: CachedView, extra: Sequence[Message], view: PreparedView) -> bool:
+        """Whether what ``view`` cut from the stored view and the pending turn could hold
+        what the provider counted beyond the guard's estimate (:func:`counted_far_over`):
+        a message it dropped or changed whose estimate is unsure
+        (:func:`shared.guard._recovery.estimate_unsure`).
+
+        The rule, and not "smaller than the refused size scaled by the provider's
+        over-count": that scale assumes the provider counts every token alike, and then
+        a view the guard counts no smaller than the refused one is no smaller to the
+        provider either: the exception would never apply. What makes a larger estimate
+        worth a retry is that the excess lay in what was cut, and only content whose
+        count the estimate cannot vouch for can hide it; dropped plain text is measured
+        (to the estimate's usual error), so the excess is still in the retry and it would
+        be refused again."""
+        kept = {id(m) for m in view.messages}
+        return any(id(m) not in kept and estimate_unsure(m)
+                   for m in concat(snap.applied, extra))
 
     def _payload_ratio(self, session_id: str, error: object, snap: CachedView,
                        system_prompt: str, tools: Sequence[Mapping[str, Any]] | None,

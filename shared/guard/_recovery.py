@@ -70,6 +70,23 @@ def counted_far_over(error: object, estimate: int | None) -> bool:
     return counted_over(_stated_prompt(error), estimate)
 
 
+def estimate_unsure(message: Message) -> bool:
+    """Whether the guard's estimate of ``message`` may be far from a provider's count: a
+    tool's output or a tool call (JSON, rendered by each provider its own way), media or
+    a file (counted by what the provider decodes: pages, tiles, frames), or text that is
+    JSON. Plain prose the estimate measures to its usual error (:data:`COUNTED_OVER`)."""
+    if message.role == "tool" or message.tool_calls:
+        return True
+    if not isinstance(message.content, str):
+        return any(part.type != "text" or _json_like(part.text)
+                   for part in message.content)
+    return _json_like(message.content)
+
+
+def _json_like(text: str) -> bool:
+    return text.lstrip()[:1] in ("{", "[")
+
+
 class Recovery:
     """The overflow figures of a guard shell (its policy, limits and last prepares)."""
 
@@ -290,4 +307,5 @@ class Recovery:
         return None
 
 
-__all__ = ["COUNTED_OVER", "MIN_ANSWER_SHARE", "MIN_RECOVERY_RATIO", "Recovery"]
+__all__ = ["COUNTED_OVER", "MIN_ANSWER_SHARE", "MIN_RECOVERY_RATIO", "Recovery",
+           "estimate_unsure"]

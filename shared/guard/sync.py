@@ -168,13 +168,16 @@ class ContextGuard(GuardFlow):
 
         The stated limit is learned (or, when the error states none, the bound the
         refused request sets: :meth:`refused_bound`; ``prepared_tokens``, the refused
-        view's ``report.estimated_prompt_tokens``, stands in for it where another process
-        prepared that view); the view is compacted to a
+        view's ``report.estimated_prompt_tokens``, when given; else this process's prepare
+        of the turn, or the view a prepare of the session with these arguments makes,
+        planned here where another process prepared it); the view is compacted to a
         fifth of the window with force, without an LLM, and a worker is asked to replace
         the truncation with a real summary. Runs even with proactive
         compaction switched off. An error nothing recognises that refused a request at
         least ``policy.unrecognised_overflow_at`` full is taken for an overflow in a
         wording no pattern knows: compacted to the target ratio, nothing learned.
+        A view that would be refused again (no smaller than the refused one) is not
+        returned, and nothing of its plan is written: the session keeps its history.
         ``min_length``: as for :meth:`prepare`.
         """
         return self.drive(self.recover_steps(session_id, error, system_prompt, tools,

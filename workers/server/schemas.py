@@ -70,7 +70,8 @@ class RecoverRequest(RequestFigures):
         description="report.estimated_prompt_tokens of the prepared view the provider refused: "
                     "when the error states no window, it bounds the real one, and an error "
                     "nothing recognises counts as an overflow when it was nearly the window "
-                    "(needed where another server process made that prepare)")
+                    "(where another server process made that prepare, this one plans the same "
+                    "view for a recognised overflow; an unrecognised error needs this figure)")
 
 
 class RecordRequest(_Body):
