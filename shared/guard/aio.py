@@ -25,7 +25,8 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._flow import GuardFlow, Io, Steps
+from shared.guard._flow import Io, Steps
+from shared.guard._recover_flow import RecoveringFlow
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.changes import ChangeFeed
@@ -57,7 +58,7 @@ async def sent(result: Awaitable[R]) -> R:
     return await result
 
 
-class AsyncContextGuard(GuardFlow):
+class AsyncContextGuard(RecoveringFlow):
     """Asynchronous, LLM-free context guard for one tenant's sessions (asyncio).
 
     ``view_cache``: the views it keeps between calls (default: 256 sessions,

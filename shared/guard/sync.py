@@ -26,7 +26,8 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._flow import GuardFlow, Steps
+from shared.guard._flow import Steps
+from shared.guard._recover_flow import RecoveringFlow
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
 from shared.store.own_writes_sync import OwnWrites
@@ -58,7 +59,7 @@ def sent(result: R) -> R:
     return result
 
 
-class ContextGuard(GuardFlow):
+class ContextGuard(RecoveringFlow):
     """Synchronous, LLM-free context guard for one tenant's sessions.
 
     ``view_cache``: the views it keeps between calls (default: 256 sessions,
