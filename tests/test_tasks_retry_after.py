@@ -108,20 +108,16 @@ def test_the_countdown_is_the_stated_wait_plus_jitter_within_the_bound() -> None
     assert longest_wait(Settings(retry_backoff_max=12)) == 12
 
 
-@pytest.mark.parametrize("stated", [30, 60])
-def test_sessions_told_to_wait_the_cap_or_more_do_not_come_back_together(stated: int) -> None:
-    """QA: with a stated wait at or above the cap every countdown was the cap itself, so
-    the sessions a burst of 429s told to wait came back at the same instant, no jitter.
-    They now spread over the backoff's jitter span just below the cap (one that comes back
-    before the provider's wait ends meets the cooldown and waits out the rest)."""
-    settings = _settings()
+def test_a_wait_as_long_as_the_cap_is_never_cut_short() -> None:
+    """QA: a spread below the cap for a stated wait equal to it brought every retry back
+    before the provider's wait ended: it met the cooldown, made no call and spent a
+    retry (the last one fell back to the offline summary; from the fifth retry the
+    countdown could be ~0 s). The cap itself, as long as the wait."""
+    settings = Settings(max_retries=6)
     longest = longest_wait(settings)
     assert longest == 30  # the defaults: COMPACTION_RETRY_BACKOFF_MAX=30
     for retries in range(settings.max_retries):
-        spread = min(2 << retries, longest)
-        seen = [retry_countdown(retries, stated, settings) for _ in range(200)]
-        assert all(longest - spread <= c <= longest for c in seen), (retries, seen)
-        assert len(set(seen)) > 100, (retries, sorted(seen)[:10])
+        assert {retry_countdown(retries, 30, settings) for _ in range(50)} == {longest}
 
 
 def test_a_wait_just_under_the_cap_is_honoured_without_piling_up_at_the_cap() -> None:

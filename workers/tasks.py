@@ -34,7 +34,7 @@ said how long to wait (``Retry-After`` / ``retry-after-ms`` on a 429 or 503,
 Google's ``RetryInfo``), the countdown is at least that wait, with Celery's
 jittered backoff on top so that sessions told the same wait do not come back
 at the same second (:func:`retry_countdown`; a wait exactly as long as a retry
-may take spreads just below that bound, the cooldown holding the early ones); a
+may take is that bound); a
 wait longer than a retry may take (:func:`longest_wait`:
 ``COMPACTION_RETRY_BACKOFF_MAX``, and the room the visibility timeout leaves
 beside the lease) falls back to the offline summarizer at once, as the last
@@ -97,13 +97,11 @@ def retry_countdown(retries: int, retry_after: float | None, settings: Settings)
     uniform draw over the backoff's span (``2 << retries`` s, capped) above that wait,
     cut at :func:`longest_wait`.
 
-    Never sooner than a wait under the bound, never later than the bound, and never one
-    value for everyone: a wait at or above the bound (``Retry-After: 30`` with the 30 s
-    default) leaves no room above it, so its countdowns spread over the span just below
-    the bound instead of all being the bound itself (sessions a burst of 429s told to
-    wait came back at the same instant). One that comes back before the provider's wait
-    ends meets the shared cooldown (:mod:`workers.summarizer.cooldown`), makes no call
-    and is retried after the rest of the wait.
+    Never sooner than the stated wait, never later than the bound: the jitter above a
+    wait is drawn within the room the bound leaves (not clamped onto the bound, where
+    sessions told the same wait came back together). A wait as long as the bound leaves
+    no room: the bound itself. Coming back earlier, spread below it, would meet the
+    shared cooldown, make no call and spend a retry (the last one: the offline summary).
     """
     if retry_after is None:
         return float(get_exponential_backoff_interval(
@@ -115,7 +113,7 @@ def retry_countdown(retries: int, retry_after: float | None, settings: Settings)
     wait = max(0.0, retry_after)
     if wait < longest:
         return random.uniform(wait, min(longest, wait + spread))
-    return random.uniform(longest - spread, longest)
+    return longest
 
 
 def _retrying(task: Task, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
