@@ -454,3 +454,48 @@ def test_an_index_from_an_older_analyzer_is_rebuilt(store: SessionStore) -> None
     assert not client.exists(k.term("nsed"))
     assert b"nsed" not in (client.get(k.terms) or b"")
     assert recall(store, "s", "handler_11", limit=1)[0].index == 22
+
+
+def test_a_new_index_cut_short_is_continued_not_taken_for_an_old_one(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """QA: the analyzer version was written at the end of the call creating the index, so
+    a call that died after its first batch (a time limit), or a second job meanwhile,
+    took the new index for an old one and rebuilt it from 0."""
+    for a in range(0, 600, 100):  # 1200 messages: three batches of 500
+        fill(store, "s", range(a, a + 100))
+    commit(store, "s", 1200)
+    real = recall_index_module._add_batch
+    calls = {"n": 0}
+
+    def dies_after_one_batch(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("soft time limit")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recall_index_module, "_add_batch", dies_after_one_batch)
+    with pytest.raises(RuntimeError):
+        index_compacted(store, "s")
+    monkeypatch.setattr(recall_index_module, "_add_batch", real)
+    report = index_compacted(store, "s")
+    assert not report.rebuilt and (report.start, report.end) == (500, 1200)
+
+
+def test_a_second_job_continues_a_new_index_being_built(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    for a in range(0, 600, 100):
+        fill(store, "s", range(a, a + 100))
+    commit(store, "s", 1200)
+    real = recall_index_module._add_batch
+    seen: dict[str, Any] = {}
+
+    def with_a_second_job(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        if "second" not in seen:
+            seen["second"] = None
+            seen["second"] = index_compacted(store, "s", max_messages=500)
+        return out
+
+    monkeypatch.setattr(recall_index_module, "_add_batch", with_a_second_job)
+    index_compacted(store, "s")
+    assert not seen["second"].rebuilt and seen["second"].start == 500

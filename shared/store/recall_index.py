@@ -201,6 +201,11 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         next_pid = (_int(meta["next_pid"]) if meta.get("next_pid") is not None
                     else secrets.randbelow(1 << 30))
         expected_pid = expected_at_start = meta.get("next_pid") or ""
+        if not expected_at_start and target > hwm:
+            # a new index is marked before its first batch: a call that dies after it, or
+            # a second job meanwhile, continues it instead of taking it for an old one
+            # (the batch sets the TTL; one that never runs leaves a field the next drops)
+            _client(store).hset(k.meta, "analyzer", _ANALYZER)
         while hwm < target:
             stop = min(target, hwm + BATCH_MESSAGES)
             raw = _client(store).lrange(k.log, hwm, stop - 1)
@@ -218,10 +223,6 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             hwm += len(raw)
             report.end = hwm
         report.left = 0 if report.conflict else max(0, wanted - report.end)
-        if report.messages and not expected_at_start:
-            # a new index (a crash before this write leaves one taken for outdated, and
-            # rebuilt by the next call: only work lost)
-            _client(store).hset(k.meta, "analyzer", _ANALYZER)
         ttl = store.config.ttl_seconds
         if report.messages and ttl:
             if not expected_at_start:  # a new index: this call created every term key
