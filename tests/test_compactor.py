@@ -73,7 +73,7 @@ def test_a_window_no_model_can_have_is_not_taken_from_the_state(
     """A learned window an older guard stored from a misparse (a "128k" read as 128) would
     make every session due and cut it to nothing: the worker ignores it, as the guard does."""
     feed(store, demo_turns[:2])
-    store.update_state("s", learned_window=128, model="gpt-4o")
+    store.update_state("s", learned_window=128, model="gpt-4o", learned_model="gpt-4o")
     outcome = Compactor(store, SummaryEngine(None)).run("s")
     assert outcome.status == "skipped" and "below trigger" in outcome.reason
     store.update_state("s", learned_window=1_000)  # credible: used

@@ -513,7 +513,7 @@ def test_stats_cap_the_reserve_as_prepare_does(make_guard: Callable[..., Any],
     guard = make_guard(store, overrides={"m": 100_000})
     store.append("s", coding_turn(0))
     guard.prepare("s", SYSTEM, max_tokens=8192, model="m")
-    store.update_state("s", learned_window=4096)
+    store.update_state("s", learned_window=4096, learned_model="m")
     stats = guard.stats("s")
     assert stats["window"] == 4096 and 0 < stats["reserve"] < 4096
 

@@ -243,14 +243,88 @@ def test_a_window_learned_before_the_upgrade_stays_with_its_model(
     ``model``, which the first prepare for another model rewrote: that model then got the
     learned window. The window is pinned to the state's model first."""
     record(store, make_guard(store), "old")
-    store.update_state("old", learned_window=8192, model=MODEL)  # as the old code left it
+    # as the old code left it (a window plausible for gpt-4o's 128,000: audit F1's rule)
+    store.update_state("old", learned_window=48_000, model=MODEL)
     guard = make_guard(store)
     claude = "claude-sonnet-4-5"
     windows = [guard.prepare("old", SYSTEM, max_tokens=100, model=model,
                              pending=[Message(role="user", content="next")]
                              ).report.budget.window for model in (MODEL, claude, claude, MODEL)]
-    assert windows == [8192, 200_000, 200_000, 8192]
+    assert windows == [48_000, 200_000, 200_000, 48_000]
     assert store.state("old").learned_model == MODEL
+
+
+# The state hash as b6a157e and 95c2620 leave it (audit F1's repro, scenario L3): an old
+# guard learned 16,000 for gpt-4o (24,000 override), then served the session's first
+# gpt-4.1 call, rewriting ``model`` and ``window`` and keeping the unowned window.
+OLD_STATE = {"model": "gpt-4.1", "window": "1047576", "learned_window": "16000",
+             "max_tokens": "2000", "system_tokens": "40", "tool_tokens": "120",
+             "last_overflow_at": "1700000000.0"}
+OVERRIDES = {"gpt-4o": 24_000}
+
+
+def _budget(guard: Any, session_id: str, model: str) -> tuple[int, str]:
+    report = guard.prepare(session_id, SYSTEM, max_tokens=2000, model=model,
+                           pending=[Message(role="user", content="next")]).report
+    return report.budget.window, report.limits_source
+
+
+def test_a_window_an_old_guard_carried_over_a_model_switch_is_not_the_new_models(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Audit F1: the old version's state names gpt-4.1 next to gpt-4o's unowned 16,000; the
+    new guard and worker budgeted gpt-4.1 at 16,000 (65x too small) and the guard pinned
+    it to gpt-4.1 for good. Implausible for gpt-4.1, it is ignored by both and dropped
+    when the session moves on (gpt-4o overflows once more to learn it with its owner)."""
+    from workers.compactor import Compactor
+    from workers.summarizer.engine import SummaryEngine
+
+    record(store, make_guard(store), "l3")
+    store.redis.hset(store.keys("l3").state, mapping=OLD_STATE)
+    worker = Compactor(store, SummaryEngine(None))
+    assert worker._window(store.state("l3"))[0] == 1_047_576
+    guard = make_guard(store, overrides=OVERRIDES)
+    assert _budget(guard, "l3", "gpt-4.1") == (1_047_576, "registry")
+    assert worker._window(store.state("l3"))[0] == 1_047_576
+    assert _budget(guard, "l3", "gpt-4o") == (24_000, "override")
+    state = store.state("l3")
+    assert (state.learned_window, state.learned_model) == (0, "")  # dropped, not pinned
+    assert _budget(make_guard(store, overrides=OVERRIDES), "l3", "gpt-4.1") \
+        == (1_047_576, "registry")
+
+
+def test_an_old_guards_second_call_after_the_switch_is_undone_by_the_new_guard(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Audit F1, later in the deploy window: an old guard's next gpt-4.1 call took the
+    16,000 for gpt-4.1 and stored it as ``window``. The new guard budgets gpt-4.1 at its
+    registry window and rewrites ``window``, and the worker follows it."""
+    from workers.compactor import Compactor
+    from workers.summarizer.engine import SummaryEngine
+
+    record(store, make_guard(store), "l3b")
+    store.redis.hset(store.keys("l3b").state, mapping={**OLD_STATE, "window": "16000"})
+    assert _budget(make_guard(store, overrides=OVERRIDES), "l3b", "gpt-4.1") \
+        == (1_047_576, "registry")
+    assert Compactor(store, SummaryEngine(None))._window(store.state("l3b"))[0] == 1_047_576
+
+
+def test_an_old_window_plausible_for_its_model_is_kept_and_pinned_to_it(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Audit F1's rule keeps what the old version got right: 16,000 for gpt-4o (24,000
+    override) stays gpt-4o's in the guard and the worker, and is pinned to it when the
+    session moves on to gpt-4.1."""
+    from workers.compactor import Compactor
+    from workers.summarizer.engine import SummaryEngine
+
+    record(store, make_guard(store), "l0")
+    store.redis.hset(store.keys("l0").state,
+                     mapping={**OLD_STATE, "model": "gpt-4o", "window": "16000"})
+    assert Compactor(store, SummaryEngine(None))._window(store.state("l0"))[0] == 16_000
+    guard = make_guard(store, overrides=OVERRIDES)
+    assert _budget(guard, "l0", "gpt-4o") == (16_000, "learned")
+    assert _budget(guard, "l0", "gpt-4.1") == (1_047_576, "registry")
+    state = store.state("l0")
+    assert (state.learned_window, state.learned_model) == (16_000, "gpt-4o")
+    assert _budget(guard, "l0", "gpt-4o") == (16_000, "learned")
 
 
 def test_a_prepare_of_a_session_never_recorded_expires_with_the_sessions_ttl(

@@ -20,11 +20,14 @@ from shared.core.limits import (
     Registry,
     canonical_model_name,
     default_registry,
+    known_window,
     model_limits,
     output_reserve,
+    plausible_unowned,
     stated_limit,
     window_in_name,
 )
+from shared.core.records import SessionState
 
 ROOT = Path(__file__).resolve().parents[1]
 _SPEC = importlib.util.spec_from_file_location("gen_model_limits",
@@ -314,3 +317,50 @@ def test_a_known_model_s_name_is_not_read_for_a_size() -> None:
 def test_a_stated_limit_is_learned_only_below_the_window(limit: int | None, window: int,
                                                           learned: int | None) -> None:
     assert stated_limit(limit, window) == learned
+
+
+def test_an_unowned_learned_window_is_plausible_only_near_a_known_window() -> None:
+    """Audit F1: a window stored without its owner is another model's where it is below
+    a quarter of the model's known window; anything goes where the window is a guess."""
+    assert plausible_unowned(16_000, None)
+    assert plausible_unowned(16_000, 24_000) and plausible_unowned(32_000, 128_000)
+    assert not plausible_unowned(31_999, 128_000)
+    assert not plausible_unowned(16_000, 1_047_576)
+    assert known_window(model_limits("gpt-4.1")) == 1_047_576
+    assert known_window(model_limits("gpt-4o", overrides={"gpt-4o": 24_000})) == 24_000
+    assert known_window(model_limits("claude-future-9")) == 200_000  # a family default
+    assert known_window(model_limits("my-local-llama")) is None  # a guess
+
+
+def test_learned_for_keeps_an_owned_window_and_judges_an_unowned_one() -> None:
+    """Audit F1: an owned window is its owner's whatever the known window (which is not
+    even looked up); an unowned one is the state's model's only where plausible for it."""
+    def never() -> int | None:
+        raise AssertionError("looked up for an owned window")
+
+    owned = SessionState(model="gpt-4.1", learned_window=16_000, learned_model="gpt-4o")
+    assert owned.learned_for("gpt-4o", never) == 16_000
+    assert owned.learned_for("gpt-4.1", never) == 0
+    unowned = SessionState(model="gpt-4.1", window=1_047_576, learned_window=16_000)
+    assert unowned.unowned_learned() and not owned.unowned_learned()
+    assert unowned.learned_for("gpt-4.1", lambda: 1_047_576) == 0
+    assert unowned.learned_for("gpt-4.1", lambda: None) == 16_000
+    assert unowned.learned_for("gpt-4.1", lambda: 60_000) == 16_000
+    assert unowned.learned_for("gpt-4o", lambda: None) == 0  # not the state's model
+    assert SessionState(model="gpt-4.1").learned_for("gpt-4.1", never) == 0
+
+
+def test_a_worker_judges_an_unowned_window_against_the_window_the_guard_used() -> None:
+    """Audit F1: without the guard's overrides, the state's ``window`` (what the last guard
+    budgeted the model with) stands for the known window, else the registry's: the
+    worker takes what the guard took."""
+    assert SessionState(model="gpt-4.1", window=1_047_576,
+                        learned_window=16_000).stored_learned() == 0
+    assert SessionState(model="gpt-4.1", learned_window=16_000).stored_learned() == 0
+    assert SessionState(model="gpt-4o", window=16_000,  # the guard took it (24k override)
+                        learned_window=16_000).stored_learned() == 16_000
+    assert SessionState(model="my-local-llama", window=128_000,
+                        learned_window=4_096).stored_learned() == 0
+    assert SessionState(model="my-local-llama", learned_window=4_096).stored_learned() == 4_096
+    assert SessionState(model="gpt-4.1", window=1_047_576, learned_window=16_000,
+                        learned_model="gpt-4.1").stored_learned() == 16_000  # owned

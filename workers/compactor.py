@@ -201,7 +201,7 @@ class Compactor:
 
     # -- decision ------------------------------------------------------------------
     def _window(self, state: SessionState) -> tuple[int, int]:
-        learned = state.learned_for(state.model)
+        learned = state.stored_learned()
         learned = learned if LimitBook.credible(learned) else 0
         limits = model_limits(state.model or "gpt-4o",
                               learned={state.model: learned} if learned and state.model else None)

@@ -138,6 +138,10 @@ class Request:
     # the pending turn as an earlier call of the turn renamed it (repeated call ids)
     extra_renamed: RenamedTurn | None = None
     counted: Counted | None = None  # what the session's last truncation build counted
+    # the state's learned window with no recorded owner is plausible for the state's
+    # model (SessionState.learned_for, judged by the shell): when the session moves on
+    # to another model it is pinned to that one, else dropped
+    unowned_kept: bool = True
     force_ratio: float | None = None
     recall: bool = False  # the request offers the ``recall`` tool: the summary says so
 
@@ -204,10 +208,13 @@ def _figures(state: SessionState, req: Request) -> dict[str, Any] | None:
                "max_tokens": state.max_tokens, "model": state.model, "window": state.window}
     if figures == current:
         return None
-    if state.learned_window and not state.learned_model and state.model != req.model:
+    if state.unowned_learned() and state.model != req.model:
         # a window learned before ``learned_model`` was stored belongs to the model the
-        # state names: named, before that field moves on to another model
-        figures["learned_model"] = state.model
+        # state names: named, before that field moves on to another model; dropped where
+        # it cannot be that model's (another model's limit an older guard carried over a
+        # switch: left unowned, it would pass to the next model)
+        figures.update({"learned_model": state.model} if req.unowned_kept
+                       else {"learned_window": 0})
     return figures
 
 

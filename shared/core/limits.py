@@ -52,8 +52,10 @@ __all__ = [
     "RegistryEntry",
     "canonical_model_name",
     "default_registry",
+    "known_window",
     "model_limits",
     "output_reserve",
+    "plausible_unowned",
     "refused_bound",
     "stated_limit",
     "window_in_name",
@@ -229,6 +231,36 @@ def model_limits(model: str, *, overrides: Mapping[str, ModelLimits | int] | Non
     if base.source == "fallback":
         _warn_fallback(base)
     return base
+
+
+def known_window(limits: ModelLimits) -> int | None:
+    """``limits``' window where something knows it (the caller's override, the registry, a
+    family default), None where it is a guess (``fallback``): what a learned window with
+    no recorded owner is judged against (:func:`plausible_unowned`). ``limits`` must be
+    looked up without learned limits."""
+    return None if limits.source == "fallback" else limits.context_window
+
+
+# An unowned learned window below a quarter of the model's known window is taken for
+# another model's (see plausible_unowned).
+UNOWNED_MIN_SHARE = 0.25
+
+
+def plausible_unowned(learned: int, known: int | None) -> bool:
+    """Whether a learned window whose model was not recorded (``learned_window`` stored
+    before ``learned_model`` existed) can be the limit of the model the state names,
+    whose window is ``known`` (None: a guess).
+
+    Those states name the session's *last* model, not the one the limit was learned
+    for: an older guard rewrote ``model`` on a switch and kept the window, so a 16k limit
+    learned for gpt-4o may sit next to gpt-4.1 (1M). Such a window is taken only where
+    nothing knows the model's window, or where it is at least a quarter of the known
+    one: an endpoint serving a model with somewhat less context than the table or the
+    caller says is common (a deployment's cap, a proxy's reserve), one with 4x less
+    is far more likely another model's limit. Refusing a real one costs one overflow,
+    which learns it again with its owner; taking a wrong one would budget the session
+    at a fraction of its window for good (an overflow never raises a learned window)."""
+    return known is None or learned >= known * UNOWNED_MIN_SHARE
 
 
 def output_reserve(limits: ModelLimits, max_tokens: int | None = None, *,

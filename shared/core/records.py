@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from shared.core.limits import known_window, model_limits, plausible_unowned
 from shared.core.messages import Message
 
 SummaryKind = Literal["llm", "offline", "truncation"]
@@ -153,11 +154,41 @@ class SessionState(BaseModel):
         return UsageAnchor(reported=self.anchor_reported, estimated=self.anchor_estimated,
                            end=self.anchor_end, version=self.anchor_version)
 
-    def learned_for(self, model: str) -> int:
+    def learned_for(self, model: str, known: Callable[[], int | None]) -> int:
         """The window the session learned for ``model`` (0: none): a limit one endpoint
-        stated belongs to the model it was learned for, not to the session's next one."""
-        owner = self.learned_model or self.model
-        return self.learned_window if self.learned_window and owner == model else 0
+        stated belongs to the model it was learned for, not to the session's next one.
+
+        One stored without its owner (``learned_model`` empty: an older version wrote it)
+        is taken for ``model`` only when the state names ``model`` and the window is
+        plausible for it (:func:`shared.core.limits.plausible_unowned`) against
+        ``known()``, the model's window as the caller knows it without learned limits
+        (None: a guess); called only for such a window."""
+        if not self.learned_window:
+            return 0
+        if self.learned_model:
+            return self.learned_window if self.learned_model == model else 0
+        if self.model != model:
+            return 0
+        return self.learned_window if plausible_unowned(self.learned_window, known()) else 0
+
+    def unowned_learned(self) -> bool:
+        """Whether the state holds a learned window with no recorded owner (written by a
+        version before ``learned_model``)."""
+        return bool(self.learned_window) and not self.learned_model
+
+    def stored_learned(self) -> int:
+        """:meth:`learned_for` the state's own ``model`` as a process without the guard's
+        overrides (a worker, the CLI) judges it: against ``window``, the window the last
+        guard budgeted that model with (it reflects the caller's override, or the learned
+        window itself where a guard took it), else the registry's."""
+        return self.learned_for(self.model, self._known_here)
+
+    def _known_here(self) -> int | None:
+        if self.window:
+            return self.window
+        if not self.model.strip():
+            return None
+        return known_window(model_limits(self.model))
 
 
 class CommitResult(BaseModel):

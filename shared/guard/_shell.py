@@ -37,6 +37,7 @@ from shared.core.limits import (
     MIN_INPUT_TOKENS,
     LimitBook,
     ModelLimits,
+    known_window,
     model_limits,
     output_reserve,
 )
@@ -146,6 +147,7 @@ class GuardShell(FreshViews, Recovery):
         self._system_seen: tuple[str, int] | None = None
         self._overhead = (self.counter, self.counter.messages([]))  # per request
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
+        self._known_seen: dict[str, int | None] = {}
         self._sent: dict[str, Sent] = {}
         self._capped_seen: set[tuple[str, int, int]] = set()
         self.turns = PendingTurns(self.counter, *self.views.pending())
@@ -216,8 +218,22 @@ class GuardShell(FreshViews, Recovery):
         self._tools_seen = (copy.deepcopy(list(tools)), tokens, offers)
         return tokens, offers
 
+    def known_window(self, model: str) -> int | None:
+        """``model``'s window as this guard knows it without learned limits (its override,
+        the registry, a family default; None: a guess): what a learned window stored with
+        no owner is judged against (:meth:`SessionState.learned_for`)."""
+        if not model.strip():
+            return None
+        if model not in self._known_seen:
+            if len(self._known_seen) > 256:
+                self._known_seen.clear()
+            self._known_seen[model] = known_window(
+                model_limits(model, overrides=self.overrides or None))
+        return self._known_seen[model]
+
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
-        stated = state.learned_for(model) if state is not None else 0
+        stated = (state.learned_for(model, lambda: self.known_window(model))
+                  if state is not None else 0)
         if not isinstance(model, str):  # model_limits names the bad field
             return model_limits(model, overrides=self.overrides or None,
                                 learned=self._learned(self.limits, model, stated) or None)
@@ -346,6 +362,7 @@ class GuardShell(FreshViews, Recovery):
                                  min_input_tokens=1 if exact else MIN_INPUT_TOKENS)
         if max_tokens is not None and reserve < max_tokens:
             self._capped(limits, max_tokens, reserve)
+        moved = state is not None and state.unowned_learned() and state.model != model
         return Request(
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=reserve,
@@ -355,7 +372,9 @@ class GuardShell(FreshViews, Recovery):
             extra_wire=so_far.wire, extra_scan=so_far.scan, extra_cut=so_far.cut,
             extra_renamed=so_far.renamed, counted=so_far.counted,
             force_ratio=force_ratio,
-            recall=self.policy.recall_notice and offers)
+            recall=self.policy.recall_notice and offers,
+            unowned_kept=not moved or bool(state and state.learned_for(
+                state.model, lambda: self.known_window(state.model))))
 
     def remember(self, session_id: str, sent: Sent) -> None:
         with self._lock:

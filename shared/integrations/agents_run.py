@@ -450,7 +450,8 @@ class GuardedModel(Model):
             except StoreUnavailable:
                 state = None
         learned = budget.learned_window
-        own = state.learned_for(budget.model) if state is not None else 0
+        own = (state.learned_for(budget.model, lambda: budget.guard.known_window(budget.model))
+               if state is not None else 0)
         if learned and (state is None or not own or learned < own):
             state = (state or SessionState()).model_copy(update={
                 "learned_window": learned, "learned_model": budget.model,

@@ -112,7 +112,7 @@ def guard_for(store: SessionStore, settings: Settings, data: ViewData,
     state = data.state
     overrides: dict[str, int] = {}
     if state.model and state.window and (model is None or model == state.model):
-        window = state.learned_for(state.model)
+        window = state.stored_learned()
         learned = {state.model: window} if window else None
         own = model_limits(state.model, learned=learned)
         if own.context_window != state.window:  # the agent's guard had an override

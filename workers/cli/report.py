@@ -109,7 +109,7 @@ def collect(store: SessionStore, session_id: str, *, trigger_ratio: float = 0.8)
         cum = [int(v) for v in store.redis.lrange(keys.cum, 0, -1)]
     records = sorted(store.summaries(session_id), key=lambda r: (r.source_version, r.watermark))
     model = state.model or "gpt-4o"
-    learned = state.learned_for(model)
+    learned = state.stored_learned() if model == state.model else 0
     limits = model_limits(model, learned={model: learned} if learned else None)
     window = state.window or limits.context_window
     reserve = state.max_tokens or output_reserve(limits, None)
