@@ -268,7 +268,9 @@ class Monitor:
     """Every command the Redis server executes (MONITOR), captured in a thread."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        # no read timeout: under load the watched work can be silent for seconds, and a
+        # timed-out MONITOR read ended the capture (the test then saw nothing)
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.commands: list[str] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
