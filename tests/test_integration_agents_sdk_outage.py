@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,3 +152,179 @@ def test_items_whose_reply_was_lost_are_not_saved_twice(own_redis: RedisServer) 
         assert proxy.dropped_bytes > 0
     logged = guard_on(own_redis).store.messages(SID, 0, 100)
     assert [m.text() for m in logged] == ["one", "answer one", "two"]
+
+
+# -- one copy per session in a process; a log Redis lost; the bound on unsaved items ---------
+def answers(server: RedisServer, dies: dict[str, bool]) -> Any:
+    """The fake's replies: "answer X" to X; Redis dies while the model answers a text in
+    ``dies`` (True: its data saved first, False: lost, as a restart without persistence)."""
+    def reply(request: dict[str, Any]) -> dict[str, Any]:
+        text = request["messages"][-1]["content"]
+        if text in dies:
+            (down if dies[text] else lose)(server)
+        return {"role": "assistant", "content": f"answer {text}"}
+    return reply
+
+
+def lose(server: RedisServer) -> None:
+    """Redis dies and comes back (on ``start``) with nothing: no dump to load."""
+    server.stop()
+    for name in os.listdir(server.directory):
+        os.remove(os.path.join(server.directory, name))
+
+
+def texts_of(server: RedisServer, session_id: str = SID) -> list[str]:
+    return [m.text() for m in guard_on(server).store.messages(session_id, 0, 100)]
+
+
+def agent_on(client: AsyncOpenAI, session: GuardedSession) -> Agent[Any]:
+    return Agent(name="a", instructions="Be brief.",
+                 model=session.wrap(OpenAIChatCompletionsModel(model=MODEL,
+                                                               openai_client=client)))
+
+
+async def run_in(client: AsyncOpenAI, session: GuardedSession, text: Any) -> Any:
+    return (await Runner.run(agent_on(client, session), text, session=session,
+                             run_config=session.run_config())).final_output
+
+
+@pytest.mark.redis
+def test_a_session_object_per_request_shares_the_process_copy(own_redis: RedisServer) -> None:
+    """As apps build SDK sessions: a new GuardedSession per request. While Redis is down a
+    request's run sees the turns before it (not nothing), and once Redis is back what the
+    earlier objects could not save is saved, in order, before the next request's turn."""
+    guard = guard_on(own_redis)
+
+    async def main(server: FakeOpenAIServer) -> None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+
+        def request() -> GuardedSession:
+            return GuardedSession(guard, SID, model=MODEL, max_tokens=500)
+
+        assert await run_in(client, request(), "one") == "answer one"
+        assert await run_in(client, request(), "two") == "answer two"  # Redis died
+        assert await run_in(client, request(), "three") == "answer three"  # still down
+        assert said(server.requests[2]) == ["one", "answer one", "two", "answer two", "three"]
+        own_redis.start()
+        assert await run_in(client, request(), "four") == "answer four"
+        assert said(server.requests[3])[:-1] == ["one", "answer one", "two", "answer two",
+                                                 "three", "answer three"]
+        await client.close()
+
+    with FakeOpenAIServer(window=128_000, responder=answers(own_redis, {"two": True})) as server:
+        asyncio.run(main(server))
+    assert texts_of(own_redis) == ["one", "answer one", "two", "answer two", "three",
+                                   "answer three", "four", "answer four"]
+
+
+@pytest.mark.redis
+def test_a_missed_turn_saved_after_another_process_saved_a_newer_one_is_reported(
+        own_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Two processes (two guards) of one session: the turn one of them missed reaches the log
+    after the turn the other saved once Redis was back. Nothing orders them across
+    processes; the turn is kept, and the misplacement is an ERROR naming the session."""
+    first, second = guard_on(own_redis), guard_on(own_redis)
+
+    async def main(server: FakeOpenAIServer) -> None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        here = GuardedSession(first, SID, model=MODEL, max_tokens=500)
+        there = GuardedSession(second, SID, model=MODEL, max_tokens=500)
+        assert await run_in(client, here, "one") == "answer one"
+        assert await run_in(client, here, "two") == "answer two"  # Redis died: missed
+        own_redis.start()
+        assert await run_in(client, there, "three") == "answer three"
+        with caplog.at_level(logging.ERROR, "shared.integrations"):
+            assert await run_in(client, here, "four") == "answer four"
+        await client.close()
+
+    with FakeOpenAIServer(window=128_000, responder=answers(own_redis, {"two": True})) as server:
+        asyncio.run(main(server))
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(SID in e and "out of order" in e for e in errors), errors
+    # "two" was saved before Redis died; its answer was missed
+    assert texts_of(own_redis) == ["one", "answer one", "two", "three", "answer three",
+                                   "answer two", "four", "answer four"]
+
+
+@pytest.mark.redis
+def test_a_log_redis_lost_is_re_seeded_from_the_process_copy(
+        own_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis restarts without persistence twice: between two runs (found by the read), and
+    while the model answers (found by the save of what it missed). Each time the session
+    is re-seeded from the process's copy, its pinned rule first, with an ERROR, and the
+    model keeps the whole conversation."""
+    guard = guard_on(own_redis)
+    rule = {"role": "system", "content": "Answer in French."}
+
+    async def main(server: FakeOpenAIServer) -> None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        session = GuardedSession(guard, SID, model=MODEL, max_tokens=500)
+        assert await run_in(client, session, [rule, {"role": "user", "content": "one"}])
+        lose(own_redis)
+        own_redis.start()  # empty
+        with caplog.at_level(logging.ERROR, "shared.integrations"):
+            assert await run_in(client, session, "two") == "answer two"
+            assert said(server.requests[1]) == ["one", "answer one", "two"]
+            assert await run_in(client, session, "three") == "answer three"  # Redis lost
+            own_redis.start()  # empty again
+            assert await run_in(client, session, "four") == "answer four"
+        assert said(server.requests[3]) == ["one", "answer one", "two", "answer two", "three",
+                                            "answer three", "four"]
+        assert server.requests[3].body["messages"][1]["content"] == "Answer in French."
+        await client.close()
+
+    with FakeOpenAIServer(window=128_000,
+                          responder=answers(own_redis, {"three": False})) as server:
+        asyncio.run(main(server))
+    assert sum("re-seeded" in r.getMessage() and SID in r.getMessage()
+               for r in caplog.records if r.levelno == logging.ERROR) == 2
+    assert texts_of(own_redis) == ["Answer in French.", "one", "answer one", "two",
+                                   "answer two", "three", "answer three", "four",
+                                   "answer four"]
+
+
+@pytest.mark.redis
+def test_the_bound_on_unsaved_items_never_saves_a_result_without_its_call(
+        own_redis: RedisServer) -> None:
+    """Beyond ``keep`` the oldest missed batch goes; a tool result it answered goes with it
+    (a later batch), so the log never holds an orphan result."""
+    guard = guard_on(own_redis)
+    session = GuardedSession(guard, SID, model=MODEL, keep=3)
+
+    async def main() -> None:
+        await session.add_items([{"role": "user", "content": "start"}])
+        down(own_redis)
+        await session.add_items([{"role": "user", "content": "read a.py"},
+                                 {"type": "function_call", "call_id": "c1",
+                                  "name": "read_file", "arguments": "{}"}])
+        await session.add_items([{"type": "function_call_output", "call_id": "c1",
+                                  "output": "x=1"}])
+        await session.add_items([{"role": "assistant", "content": "done"}])
+        own_redis.start()
+        await session.get_items()
+
+    asyncio.run(main())
+    logged = guard.store.messages(SID, 0, 100)
+    assert not [m for m in logged if m.role == "tool"]
+    assert [m.text() for m in logged] == ["start", "done"]
+
+
+@pytest.mark.redis
+def test_a_session_deleted_by_another_process_is_not_re_seeded(own_redis: RedisServer) -> None:
+    """Another process deletes the session (Redis stays up): the copy here is forgotten,
+    not written back; Redis's uptime tells the deletion from a restart."""
+    guard = guard_on(own_redis)
+
+    async def main(server: FakeOpenAIServer) -> None:
+        client = AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        session = GuardedSession(guard, SID, model=MODEL, max_tokens=500)
+        await asyncio.sleep(1.1)  # Redis up a second before the run: its uptime can tell
+        assert await run_in(client, session, "one") == "answer one"
+        guard_on(own_redis).store.delete_session(SID)
+        assert await run_in(client, session, "two") == "answer two"
+        assert said(server.requests[1]) == ["two"]
+        await client.close()
+
+    with FakeOpenAIServer(window=128_000, responder=answers(own_redis, {})) as server:
+        asyncio.run(main(server))
+    assert texts_of(own_redis) == ["two", "answer two"]

@@ -15,9 +15,11 @@ memory; three pieces keep a long run inside the window::
   and ``clear_session`` are history edits (``truncate_after`` / delete).
   While Redis is down a run goes on: ``get_items`` serves the guard's
   degraded view of what this process last saw plus what its runs added
-  (:mod:`shared.integrations.agents_local`), and items ``add_items`` could not
-  save are logged and saved, in order and once, before the session's next
-  read or write that Redis answers.
+  (:mod:`shared.integrations.agents_local`: one copy per guard, tenant and
+  session id in the process, shared by every session object of that id), and
+  items ``add_items`` could not save are logged and saved, in order and once,
+  before the session's next read or write that Redis answers. A log Redis
+  lost (back empty) is re-seeded from that copy.
 - :meth:`GuardedSession.recall_tool` (or :func:`recall_function_tool`): the
   ``recall`` tool as a ``FunctionTool`` bound to the session; the runner
   runs it like any tool, against the guard's index of what compaction
@@ -66,7 +68,7 @@ from shared.integrations._common import (
     recall_parameters,
 )
 from shared.integrations.agents_items import items_to_messages, messages_to_items
-from shared.integrations.agents_local import KEEP, LocalHistory
+from shared.integrations.agents_local import KEEP, LocalHistory, copy_of
 from shared.integrations.agents_run import GuardedModel, InputBudget, tool_schemas
 
 __all__ = [
@@ -142,8 +144,9 @@ class GuardedSession:
     ``AsyncContextGuard`` is refused (:class:`InvalidInput` on ``guard``): its
     store has no history edits for ``pop_item`` and ``clear_session``.
     ``keep``: the messages kept in-process for a Redis outage (the last view read
-    and what runs added since, newest kept; as many unsaved ones at most). The edits
-    need Redis; reads and saves do not stop a run while it is down.
+    and what runs added since, newest kept; as many unsaved ones at most), in one copy
+    per session shared by the session objects of the guard (the first one's ``keep``
+    applies). The edits need Redis; reads and saves do not stop a run while it is down.
     """
 
     session_settings: Any = None
@@ -170,7 +173,14 @@ class GuardedSession:
         # (None when its request was not the view extended by the run: see responded)
         self._reported: int | None = None
         self._whole = False  # whether the last get_items returned the whole view
-        self.local = LocalHistory(session_id, keep)  # for a Redis outage
+        self._keep = keep  # for the session's copy, when this object makes it (local)
+
+    @property
+    def local(self) -> LocalHistory:
+        """The process's copy of the session for a Redis outage (the guard's, shared)."""
+        store = self.guard.store
+        return copy_of(self.guard, store.tenant, self.session_id, self._keep,
+                       store.config.ttl_seconds or 0)
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
@@ -224,28 +234,41 @@ class GuardedSession:
     def _view_items(self, limit: int | None) -> list[dict[str, Any]]:
         self._reported = None  # a new run: no response is pending
         local = self.local
-        try:
-            local.flush(self._append)  # what Redis missed first: the view holds it
-            pinned = self._pinned()
-            # Redis gone after this read: a view of the local copy (built only then)
-            view = self._prepare(pinned, Deferred(local.messages))
-        except StoreUnavailable as exc:
-            log.warning("session %s: Redis is down (%s); the run starts from this "
-                        "process's copy of the session (degraded view)", self.session_id, exc)
-            pinned = list(local.pinned)
-            view = degraded_view(self.guard, self.session_id,
-                                 Request(self._fixed(pinned), self.tools, self.max_tokens,
-                                         self.model), local.messages())
+        with local.lock:  # another session object of this id reads or saves after this
+            try:
+                view, pinned, items = self._read(local)
+            except StoreUnavailable as exc:
+                log.warning("session %s: Redis is down (%s); the run starts from this "
+                            "process's copy of the session (degraded view)",
+                            self.session_id, exc)
+                pinned = list(local.pinned)
+                view = degraded_view(self.guard, self.session_id,
+                                     Request(self._fixed(pinned), self.tools, self.max_tokens,
+                                             self.model), local.messages())
+                items = self._items(view, pinned)[0]
         self.last_view = view
-        items, body = self._items(view, pinned)
-        if not view.report.degraded:
-            local.seen(pinned, body)
         if limit is not None:
             limited = _last(items, limit)
             self._whole = limited == items and not view.report.degraded
             return limited
         self._whole = not view.report.degraded  # a degraded run's usage describes no view
         return items
+
+    def _read(self, local: LocalHistory) -> tuple[Any, list[Message], list[dict[str, Any]]]:
+        """The view from Redis (what it missed saved first: the view holds it), its pinned
+        messages and items; a log Redis lost is re-seeded from ``local`` and read again."""
+        for _ in range(2):
+            local.flush(self._append, self._length, self._restarted)
+            pinned = self._pinned()
+            # Redis gone after this read: a view of the local copy (built only then)
+            view = self._prepare(pinned, Deferred(local.messages))
+            items, body = self._items(view, pinned)
+            report = view.report
+            if report.degraded or not local.seen(pinned, body, report.length, report.version,
+                                                 self._restarted):
+                break
+            self._pinned_known = None  # the re-seed writes the pinned messages again
+        return view, pinned, items
 
     def _items(self, view: Any, pinned: list[Message]) -> tuple[list[dict[str, Any]],
                                                                list[Message]]:
@@ -300,10 +323,26 @@ class GuardedSession:
         """Save now the messages Redis missed (they are saved anyway before the session's
         next read or write that Redis answers): how many; :class:`StoreUnavailable` while
         Redis is still down (nothing is lost: they stay for the next attempt)."""
-        return await asyncio.to_thread(self.local.flush, self._append)
+        return await asyncio.to_thread(self.local.flush, self._append, self._length,
+                                       self._restarted)
 
-    def _append(self, messages: list[Message], request_id: str) -> None:
-        self.guard.record_turn(self.session_id, messages, request_id=request_id)
+    def _append(self, messages: list[Message], request_id: str) -> int:
+        return self.guard.record_turn(self.session_id, messages, request_id=request_id)
+
+    def _length(self) -> int:
+        return int(self.guard.store.length(self.session_id))
+
+    def _restarted(self, seconds: float) -> bool:
+        """Whether Redis restarted within the last ``seconds`` (its uptime; asked only for
+        a log found empty that this process knew holding messages). True when it cannot
+        tell (a tenant's handle has no raw client; INFO refused to an ACL user): a log
+        Redis lost is re-seeded, a deleted one too (logged as an ERROR either way)."""
+        client = getattr(self.guard.store, "redis", None)
+        try:
+            uptime = client.info("server")["uptime_in_seconds"] if client is not None else None
+        except Exception:  # only a hint: any failure means "cannot tell"
+            uptime = None
+        return not isinstance(uptime, int) or uptime < seconds
 
     def responded(self, reported: int, *, faithful: bool) -> None:
         """The input tokens a response of this session's run reported (called by
@@ -319,18 +358,19 @@ class GuardedSession:
         """Append ``messages`` after any Redis missed, with ``reported`` as their usage
         where it describes the view; while Redis is down they wait (logged, not raised:
         the runner would end the run, the model's answer lost with it)."""
-        self.local.added(messages)
+        local = self.local
 
-        def append(batch: list[Message], request_id: str) -> None:
+        def append(batch: list[Message], request_id: str) -> int:
             usage = self._usage(reported) if batch is messages else None
-            self.guard.record_turn(self.session_id, batch, usage, request_id=request_id)
+            return self.guard.record_turn(self.session_id, batch, usage,
+                                          request_id=request_id)
 
-        if not self.local.record(messages, append):
+        if not local.record(messages, append, self._length, self._restarted):
             roles = ", ".join(sorted({m.role for m in messages}))
             log.warning("session %s: %d messages of this run (%s) were not saved: Redis "
                         "did not answer; the run goes on, and they are saved before the "
                         "session's next read or write that Redis answers (%d waiting)",
-                        self.session_id, len(messages), roles, self.local.unsaved)
+                        self.session_id, len(messages), roles, local.unsaved)
 
     def _usage(self, reported: int | None) -> int | None:
         """``reported``, when the view as the guard renders it now is the request it
@@ -352,28 +392,35 @@ class GuardedSession:
         return cast(TResponseInputItem | None, await asyncio.to_thread(self._pop))
 
     def _pop(self) -> dict[str, Any] | None:
-        store = self.guard.store
-        self.local.flush(self._append)  # the last item may be one Redis missed
-        length = store.length(self.session_id)
-        if length == 0:
-            return None
-        last = store.messages(self.session_id, length - 1, length)[0]
-        items = messages_to_items([last])
-        popped = items.pop()
-        rest = items_to_messages(items)  # mapped before the log is touched
-        store.truncate_after(self.session_id, length - 1)
-        if rest:  # the message held more than one item: put the others back
-            store.append(self.session_id, rest)
-        self.guard.views.discard(self.session_id)
-        self._pinned_known = None
-        self.local.popped(last, rest)
+        store, local = self.guard.store, self.local
+        with local.lock:
+            # the last item may be one Redis missed
+            local.flush(self._append, self._length, self._restarted)
+            length = store.length(self.session_id)
+            if length == 0:
+                return None
+            last = store.messages(self.session_id, length - 1, length)[0]
+            items = messages_to_items([last])
+            popped = items.pop()
+            rest = items_to_messages(items)  # mapped before the log is touched
+            edit = store.truncate_after(self.session_id, length - 1)
+            after = store.append(self.session_id, rest) if rest else edit.length
+            # (the message held more than one item: the others are put back)
+            self.guard.views.discard(self.session_id)
+            self._pinned_known = None
+            local.popped(last, rest, after, edit.version)
         return popped
 
     async def clear_session(self) -> None:
-        await asyncio.to_thread(self.guard.store.delete_session, self.session_id)
-        self.guard.views.discard(self.session_id)
-        self._pinned_known = None
-        self.local.cleared()
+        await asyncio.to_thread(self._clear)
+
+    def _clear(self) -> None:
+        local = self.local
+        with local.lock:
+            self.guard.store.delete_session(self.session_id)
+            self.guard.views.discard(self.session_id)
+            self._pinned_known = None
+            local.cleared()
 
     async def learned(self, limit: int, model: str) -> None:
         """A window an overflow of this session's run implied or stated, for the session's
