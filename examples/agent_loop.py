@@ -8,10 +8,11 @@ provider's usage (which calibrates the guard's token estimate). Two small
 tools (read a file, list a directory) make it a real tool-calling loop.
 
 A Redis outage does not stop it (as the README's loop): ``prepare`` builds a
-view of the turns held in memory instead of raising (``fallback_messages``),
-and a turn Redis missed is kept with its request id and recorded, in order,
-before the next turn's first call (an append that landed although its reply
-was lost is not stored twice).
+view of the history held in memory instead of raising (``fallback_messages``:
+the last view's history, then the turns since), and a turn Redis missed is
+kept with its request id and recorded, in order, before the next turn's first
+call (an append that landed although its reply was lost is not stored twice);
+at the end the loop records what is still waiting, or says which turns are lost.
 
     python examples/agent_loop.py --base-url http://127.0.0.1:8001/v1 --model gpt-4o \\
         --api-key test --prompt "List the examples directory" --prompt "Read README.md"
@@ -83,6 +84,9 @@ class Agent:
         self.max_tokens, self.root = max_tokens, root
         # turns Redis missed, oldest first, each with the request id it was first sent with
         self.unrecorded: list[tuple[str, list[Message]]] = []
+        # the session as last seen, for a view while Redis is down: the last view's history
+        # (its summary first) and the turns recorded since
+        self.history: list[Message] = []
 
     def _call(self, view: PreparedView) -> Any:
         return self.client.chat.completions.create(
@@ -99,6 +103,28 @@ class Agent:
             except StoreUnavailable:
                 return  # still down
             self.unrecorded.pop(0)
+            self.history.extend(messages)
+
+    def _seen(self, view: PreparedView, pending: list[Message]) -> None:
+        """Hold the history of a view Redis answered (without the system prompt and the
+        turn so far): what a view is built from while Redis is down."""
+        messages = list(view.messages)
+        if view.report.degraded or messages[len(messages) - len(pending):] != pending:
+            return
+        history = messages[:len(messages) - len(pending)]
+        if history and history[0].role == "system":  # the system prompt, then any summary
+            summary = history[0].text().removeprefix(SYSTEM).lstrip("\n")
+            history[:1] = [Message(role="system", content=summary)] if summary else []
+        self.history = history
+
+    def finish(self, session_id: str) -> int:
+        """At the loop's end: record the turns Redis missed if it answers now; how many
+        are still unrecorded (lost when the process exits: said on stderr)."""
+        self._record_missed(session_id)
+        if self.unrecorded:
+            print(f"[guard] Redis is still down: {len(self.unrecorded)} turns of session "
+                  f"{session_id!r} were not recorded and are lost", file=sys.stderr)
+        return len(self.unrecorded)
 
     def _record(self, session_id: str, messages: list[Message], usage: Any) -> None:
         """Record the finished turn after the missed ones; while Redis is down, keep it."""
@@ -111,17 +137,22 @@ class Agent:
             self.unrecorded.append((request_id, messages))
             print(f"[guard] turn not recorded ({exc}); {len(self.unrecorded)} waiting",
                   file=sys.stderr)
+            return
+        self.history.extend(messages)
 
     # -- the loop: prepare -> call -> (recover -> retry) -> tools ... -> record_turn --------
     def turn(self, session_id: str, text: str) -> str:
         self._record_missed(session_id)
         turn: list[dict[str, Any]] = [{"role": "user", "content": text}]
         args = (SYSTEM, TOOLS, self.max_tokens, self.model)
-        # Redis down: a view of the turns held here (unrecorded) and this one, not an error
-        held = [m for _, messages in self.unrecorded for m in messages]
+        # Redis down: a view of the history held here and this turn, not an error
+        held = [*self.history, *(m for _, messages in self.unrecorded for m in messages)]
         for _ in range(MAX_TOOL_ROUNDS):
-            view = self.guard.prepare(session_id, *args, pending=from_openai(turn),
+            pending = from_openai(turn)
+            view = self.guard.prepare(session_id, *args, pending=pending,
                                       fallback_messages=held)
+            if len(turn) == 1:  # the turn's first call: the view holds the history
+                self._seen(view, pending)
             try:
                 reply = self._call(view)
             except openai.APIStatusError as exc:  # overflows come as 400, 413, 422, 500
@@ -182,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                            timeout=120)
     agent = Agent(build_guard(args), client, args.model, args.max_tokens, args.root.resolve())
     prompts = args.prompt or (line.strip() for line in sys.stdin if line.strip())
-    for text in prompts:
-        print(f"> {text}\n{agent.turn(args.session, text)}\n", flush=True)
+    try:
+        for text in prompts:
+            print(f"> {text}\n{agent.turn(args.session, text)}\n", flush=True)
+    finally:
+        agent.finish(args.session)
     return 0
 
 

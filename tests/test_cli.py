@@ -435,6 +435,41 @@ def test_agent_loop_example_rides_out_a_redis_outage(tmp_path: Path) -> None:
         own.remove()
 
 
+@pytest.mark.redis
+def test_agent_loop_example_keeps_the_recorded_history_through_an_outage_and_flushes_at_exit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A turn recorded before Redis stops stays in the outage view (not only the turns
+    Redis missed), and at the loop's end a turn still unrecorded is said to be lost, or
+    recorded when Redis answers again."""
+    import openai
+    import redis
+
+    from shared.store.sessions import connect
+    from workers.harness.stack.redis_server import start_server
+
+    own = start_server()
+    try:
+        store = SessionStore(connect(own.url))
+        with FakeOpenAIServer(window=128_000) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            agent = load_example().Agent(ContextGuard(store), client, "gpt-4o", 300, tmp_path)
+            assert agent.turn("outage", "my name is Ada")
+            redis.Redis.from_url(own.url).save()
+            own.stop()
+            assert agent.turn("outage", "what is my name?")
+            asked = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
+                     for r in server.requests]
+            assert asked[1] == ["my name is Ada", "what is my name?"]
+            assert agent.finish("outage") == 1
+            assert "1 turns of session 'outage' were not recorded" in capsys.readouterr().err
+            own.start()
+            assert agent.finish("outage") == 0
+        assert [m.text() for m in store.messages("outage") if m.role == "user"] == [
+            "my name is Ada", "what is my name?"]
+    finally:
+        own.remove()
+
+
 # -- a CLI like the well-made ones ------------------------------------------------------------
 def widest(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
