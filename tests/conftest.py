@@ -63,6 +63,14 @@ def pausable_redis() -> Iterator[RedisServer]:
     own.remove()
 
 
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to stop and start (outages), removed after."""
+    server = start_server()
+    yield server
+    server.remove()
+
+
 @pytest.fixture(scope="module")
 def own_redis_url() -> Iterator[str]:
     """A redis-server of this module's own (db 0 in the URL). Tests that run real Celery

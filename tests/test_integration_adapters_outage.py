@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -41,22 +41,15 @@ from shared.core.errors import StoreUnavailable
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.integrations.langchain import ContextGuardMiddleware
 from shared.store.aio import AsyncSessionStore, connect_async
-from shared.store.sessions import SessionStore, connect
-from workers.harness.stack.redis_server import RedisServer, start_server
+from tests.outage_support import guard_on as guard_with_prefix
+from workers.harness.stack.redis_server import RedisServer
 
 PREFIX = "outage"
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = start_server()
-    yield server
-    server.remove()
-
 
 def guard_on(server: RedisServer) -> ContextGuard:
-    return ContextGuard(SessionStore(connect(server.url), StoreConfig(key_prefix=PREFIX)),
-                        warm_up=False, watch_changes=False)
+    return guard_with_prefix(server, PREFIX)
 
 
 def log_of(server: RedisServer, session: str) -> list[Any]:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,19 +29,14 @@ from shared.core.config import StoreConfig
 from shared.guard import ContextGuard
 from shared.integrations.agents_sdk import GuardedSession
 from shared.store.sessions import SessionStore, connect
+from tests.outage_support import guard_on as guard_with_prefix
 from workers.harness.fakes.openai_server import FakeOpenAIServer
-from workers.harness.stack.redis_server import RedisServer, ReplyDroppingProxy, start_server
+from workers.harness.stack.redis_server import RedisServer, ReplyDroppingProxy
 
 set_tracing_disabled(True)
 MODEL = "gpt-4o"
 SID = "sdk-outage"
 
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = start_server()
-    yield server
-    server.remove()
 
 
 def down(server: RedisServer) -> None:
@@ -54,8 +48,7 @@ def down(server: RedisServer) -> None:
 
 
 def guard_on(server: RedisServer) -> ContextGuard:
-    return ContextGuard(SessionStore(connect(server.url), StoreConfig(key_prefix="sdkout")),
-                        warm_up=False, watch_changes=False)
+    return guard_with_prefix(server, "sdkout")
 
 
 @function_tool
