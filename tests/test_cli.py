@@ -8,6 +8,7 @@ an agent would leave them; compactions are made by the real task
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -401,12 +402,10 @@ def test_agent_loop_example_calls_tools_and_recovers_from_an_overflow(
         agent_store.delete_session(session_id)
 
 
-@pytest.mark.redis
-def test_agent_loop_example_rides_out_a_redis_outage(tmp_path: Path) -> None:
-    """As the README's loop: while Redis is down the turns are answered (a view of the
-    turns the agent holds unrecorded, then the new one), and once Redis is back (a restart
-    without persistence: empty) they are recorded, in order and once, before the first
-    turn it answers, whose view holds them."""
+@contextlib.contextmanager
+def example_agent(tmp_path: Path) -> Iterator[tuple[Any, SessionStore, Any, Any]]:
+    """examples/agent_loop.py's agent on a redis-server of its own (to stop and start)
+    and the fake OpenAI server: (agent, store, fake server, redis-server)."""
     import openai
 
     from shared.store.sessions import connect
@@ -417,22 +416,35 @@ def test_agent_loop_example_rides_out_a_redis_outage(tmp_path: Path) -> None:
         store = SessionStore(connect(own.url))
         with FakeOpenAIServer(window=128_000) as server:
             client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
-            agent = load_example().Agent(ContextGuard(store), client, "gpt-4o", 300, tmp_path)
-            own.stop()
-            texts = ["first, Redis down", "second, still down", "third"]
-            for text in texts[:2]:
-                assert agent.turn("outage", text)
-            assert len(agent.unrecorded) == 2
-            own.start()
-            assert agent.turn("outage", texts[2])
-            asked = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
-                     for r in server.requests]
-        assert asked == [texts[:1], texts[:2], texts]
+            yield (load_example().Agent(ContextGuard(store), client, "gpt-4o", 300, tmp_path),
+                   store, server, own)
+    finally:
+        own.remove()
+
+
+def users_asked(server: Any) -> list[list[str]]:
+    return [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
+            for r in server.requests]
+
+
+@pytest.mark.redis
+def test_agent_loop_example_rides_out_a_redis_outage(tmp_path: Path) -> None:
+    """As the README's loop: while Redis is down the turns are answered (a view of the
+    turns the agent holds unrecorded, then the new one), and once Redis is back (a restart
+    without persistence: empty) they are recorded, in order and once, before the first
+    turn it answers, whose view holds them."""
+    with example_agent(tmp_path) as (agent, store, server, own):
+        own.stop()
+        texts = ["first, Redis down", "second, still down", "third"]
+        for text in texts[:2]:
+            assert agent.turn("outage", text)
+        assert len(agent.unrecorded) == 2
+        own.start()
+        assert agent.turn("outage", texts[2])
+        assert users_asked(server) == [texts[:1], texts[:2], texts]
         assert agent.unrecorded == []
         assert [m.text() for m in store.messages("outage") if m.role == "user"] == texts
         assert store.length("outage") == 6
-    finally:
-        own.remove()
 
 
 @pytest.mark.redis
@@ -441,33 +453,20 @@ def test_agent_loop_example_keeps_the_recorded_history_through_an_outage_and_flu
     """A turn recorded before Redis stops stays in the outage view (not only the turns
     Redis missed), and at the loop's end a turn still unrecorded is said to be lost, or
     recorded when Redis answers again."""
-    import openai
     import redis
 
-    from shared.store.sessions import connect
-    from workers.harness.stack.redis_server import start_server
-
-    own = start_server()
-    try:
-        store = SessionStore(connect(own.url))
-        with FakeOpenAIServer(window=128_000) as server:
-            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
-            agent = load_example().Agent(ContextGuard(store), client, "gpt-4o", 300, tmp_path)
-            assert agent.turn("outage", "my name is Ada")
-            redis.Redis.from_url(own.url).save()
-            own.stop()
-            assert agent.turn("outage", "what is my name?")
-            asked = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
-                     for r in server.requests]
-            assert asked[1] == ["my name is Ada", "what is my name?"]
-            assert agent.finish("outage") == 1
-            assert "1 turns of session 'outage' were not recorded" in capsys.readouterr().err
-            own.start()
-            assert agent.finish("outage") == 0
+    with example_agent(tmp_path) as (agent, store, server, own):
+        assert agent.turn("outage", "my name is Ada")
+        redis.Redis.from_url(own.url).save()
+        own.stop()
+        assert agent.turn("outage", "what is my name?")
+        assert users_asked(server)[1] == ["my name is Ada", "what is my name?"]
+        assert agent.finish("outage") == 1
+        assert "1 turns of session 'outage' were not recorded" in capsys.readouterr().err
+        own.start()
+        assert agent.finish("outage") == 0
         assert [m.text() for m in store.messages("outage") if m.role == "user"] == [
             "my name is Ada", "what is my name?"]
-    finally:
-        own.remove()
 
 
 # -- a CLI like the well-made ones ------------------------------------------------------------
