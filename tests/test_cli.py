@@ -453,8 +453,6 @@ def test_agent_loop_example_keeps_the_recorded_history_through_an_outage_and_flu
     """A turn recorded before Redis stops stays in the outage view (not only the turns
     Redis missed), and at the loop's end a turn still unrecorded is said to be lost, or
     recorded when Redis answers again."""
-    import redis
-
     with example_agent(tmp_path) as (agent, store, server, own):
         assert agent.turn("outage", "my name is Ada")
         redis.Redis.from_url(own.url).save()
