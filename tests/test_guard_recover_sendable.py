@@ -144,3 +144,22 @@ def test_another_process_gives_up_where_nothing_can_be_dropped(
     assert recovering.recover("big", error, "sys", max_tokens=4000, model=haiku,
                               pending=user) is None
     assert store.summaries("big") == []
+
+
+@pytest.mark.parametrize(("estimate", "cut", "unsure", "sent"), [
+    (999, False, False, True),  # smaller: sent
+    (1000, True, False, False),  # QA: as large, a plain turn cut: refused again (was sent)
+    (1000, True, True, True),  # as large, but what it cut may hold the provider's excess
+    (1001, True, False, False),
+    (1000, False, True, False),  # nothing cut: the same request
+])
+def test_a_retry_no_smaller_than_the_refused_one_is_sent_only_for_an_unsure_cut(
+        estimate: int, cut: bool, unsure: bool, sent: bool) -> None:
+    from types import SimpleNamespace
+
+    from shared.guard._recover_flow import _unsendable
+
+    report = SimpleNamespace(budget=SimpleNamespace(within_budget=True),
+                             estimated_prompt_tokens=estimate,
+                             dropped_messages=2 if cut else 0, note="")
+    assert (_unsendable(report, 1000, lambda: unsure) == "") is sent  # type: ignore[arg-type]

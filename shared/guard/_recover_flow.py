@@ -36,24 +36,22 @@ log = logging.getLogger("shared.guard")
 def _unsendable(report: ViewReport, refused: int | None,
                 unseen: Callable[[], bool] = lambda: False) -> str:
     """Why a recovery's view would be refused like the one before it ("" when it would
-    not): it does not fit, it is larger than the refused one (``refused`` tokens; None
-    where the retry lowers the reserve instead: the view holds only what must stay), or
-    no smaller and nothing in it was cut. ``unseen`` (asked only then): whether the
-    provider's count of the refused prompt is no measure of this one, so that a view
-    that dropped messages is sent although the guard counts it no smaller
-    (:meth:`RecoveringFlow._miscounted`)."""
+    not): it does not fit, or it is no smaller than the refused one (``refused`` tokens;
+    None where the retry lowers the reserve instead: the view holds only what must
+    stay). ``unseen`` (asked only then): whether the provider's count of the refused
+    prompt is no measure of this one, so that a view that dropped messages is sent
+    although the guard counts it no smaller (:meth:`RecoveringFlow._miscounted`)."""
     if not report.budget.within_budget:
         return "the view does not fit"
     if refused is None or report.estimated_prompt_tokens < refused:
         return ""
-    cut = bool(report.dropped_messages or report.note)
-    if report.estimated_prompt_tokens > refused and not (cut and unseen()):
-        # the notice of the cut outweighs what it dropped (a short session whose one
-        # report set a steep calibration): the provider counts the notice too
-        return "the compacted view is larger than the refused one"
-    if not cut:
+    if not (report.dropped_messages or report.note):
         return "nothing left to drop"
-    return ""
+    if unseen():
+        return ""
+    # as large as the refused one by the guard's count, and what it cut is counted well
+    # (or the notice of the cut outweighs what it dropped: the provider counts it too)
+    return "the compacted view is no smaller than the refused one"
 
 
 def _user_kept(view: Sequence[Message], pending: Sequence[Message]) -> bool:
