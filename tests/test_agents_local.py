@@ -1,10 +1,11 @@
-"""The in-process copy of an Agents SDK session for a Redis outage: bounded, in order, one
-per session in a process, re-seeding a log Redis lost."""
+"""The in-process copy of an Agents SDK session for a Redis outage: bounded (messages and
+tokens), in order, one per session in a process, never writing back a log Redis lost."""
 
 from __future__ import annotations
 
 import gc
 import logging
+import time
 
 import pytest
 
@@ -42,7 +43,8 @@ class Log:
 def test_the_copy_keeps_its_summary_and_the_newest_messages() -> None:
     local, log = LocalHistory("s", keep=4), Log()
     summary = Message(role="system", content="summary")
-    local.seen([], [summary, user(0), user(1)], 2, 0)
+    log.messages += [user(0), user(1)]
+    local.seen([], [summary, user(0), user(1)], 2, 0, 3)
     for n in (2, 3, 4):
         assert local.record([user(n)], log.append, log.length)
     assert [m.text() for m in local.messages()] == ["summary", "m2", "m3", "m4"]
@@ -95,34 +97,50 @@ def test_a_dropped_batch_takes_the_results_of_its_calls_along() -> None:
 
 def test_a_trimmed_copy_keeps_no_result_without_its_call() -> None:
     local, log = LocalHistory("s", keep=3), Log()
-    local.seen([], [user(0), call("c1"), result("c1"), user(1)], 4, 0)
+    log.messages += [user(0), call("c1"), result("c1"), user(1)]
+    local.seen([], [user(0), call("c1"), result("c1"), user(1)], 4, 0, 4)
     assert local.record([user(2)], log.append, log.length)
     assert [m.role for m in local.messages()] == ["user", "user"]
 
 
-def test_an_empty_log_is_re_seeded_with_the_summary_after_the_pinned_messages(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_an_empty_log_is_logged_and_never_re_seeded(caplog: pytest.LogCaptureFixture) -> None:
     local, log = LocalHistory("s"), Log()
     rule = Message(role="system", content="rule")
-    summary = Message(role="user", content="SUMMARY", metadata={"compaction": "summary"})
-    local.seen([rule], [summary, user(5), user(6)], 9, 2)
-    assert local.seen([], [], 0, 0)  # Redis came back empty: the copy is kept
-    assert "re-seeded" in caplog.text and local.messages()[0].text() == "SUMMARY"
-    assert local.flush(log.append, log.length) == 0  # the copy is not a new message
-    assert [(m.role, m.text()) for m in log.messages] == [
-        ("system", "rule"), ("system", "SUMMARY"), ("user", "m5"), ("user", "m6")]
-    assert local.length == 4
+    local.seen([rule], [user(5), user(6)], 9, 2, 3)
+    with caplog.at_level(logging.ERROR):
+        assert local.seen([], [], 0, 0, 0)  # Redis came back empty (or deleted elsewhere)
+    assert [r.getMessage()[:50] for r in caplog.records] == [
+        "Redis lost 9 messages of session s: history before"]
+    assert "without persistence" in caplog.text
+    assert local.messages() == [] and local.pinned == []
+    assert local.record([user(7)], log.append, log.length)  # the run's new items only
+    assert [m.text() for m in log.messages] == ["m7"]
+    assert len(caplog.records) == 1
+
+
+def test_a_save_that_finds_the_log_emptied_drops_the_copy_and_logs_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    local, log = LocalHistory("s"), Log()
+    for n in range(3):
+        assert local.record([user(n)], log.append, log.length)
+    log.messages.clear()  # Redis restarted empty while the model answered
+    with caplog.at_level(logging.ERROR):
+        assert local.record([user(3)], log.append, log.length)
+        assert local.record([user(4)], log.append, log.length)
+    assert len(caplog.records) == 1 and "Redis lost 3 messages of session s" in caplog.text
+    assert [m.text() for m in local.messages()] == ["m3", "m4"]
+    assert [m.text() for m in log.messages] == ["m3", "m4"]
 
 
 def test_a_shorter_log_after_an_edit_elsewhere_is_taken_and_data_loss_is_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     local = LocalHistory("s")
-    local.seen([], [user(0), user(1), user(2)], 3, 1)
+    local.seen([], [user(0), user(1), user(2)], 3, 1, 3)
     with caplog.at_level(logging.ERROR):
-        assert not local.seen([], [user(0), user(1)], 2, 2)  # popped elsewhere: version 2
+        assert not local.seen([], [user(0), user(1)], 2, 2, 2)  # popped elsewhere: version 2
         assert not caplog.records
-        assert not local.seen([], [user(0)], 1, 2)  # an older snapshot: same version
-    assert "holds 1 messages, this process knew 2" in caplog.text
+        assert local.seen([], [user(0)], 1, 2, 1)  # an older snapshot: same version
+    assert "Redis lost 1 messages of session s" in caplog.text
     assert [m.text() for m in local.messages()] == ["m0"]
 
 
@@ -164,15 +182,93 @@ def test_a_copy_idle_for_longer_than_the_session_ttl_is_not_used() -> None:
 
     guard = Guard()
     idle = copy_of(guard, "t", "a", ttl=60)
-    idle.touched -= 61  # Redis expired the session by now: no re-seed from this copy
+    idle.touched -= 61  # Redis expired the session by now: the copy is stale
     assert copy_of(guard, "t", "a", ttl=60) is not idle
 
 
-def test_a_log_deleted_while_redis_stayed_up_is_not_re_seeded() -> None:
+def test_a_deleted_log_is_not_written_back() -> None:
     local, log = LocalHistory("s"), Log()
-    local.seen([], [user(0), user(1)], 2, 0)
-    assert not local.seen([], [], 0, 0, restarted=lambda seconds: False)
+    local.seen([], [user(0), user(1)], 2, 0, 2)
+    assert local.seen([], [], 0, 0, 0)
     assert local.messages() == [] and local.length == 0
     local.record([user(2)], down, log.length)  # the new log's first turn, missed
-    local.flush(log.append, log.length, lambda seconds: False)
+    local.flush(log.append, log.length)
     assert [m.text() for m in log.messages] == ["m2"]
+
+
+def test_a_copy_that_never_knew_the_log_reports_no_misplacement(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A fresh process saves during an outage: once Redis is back its batch follows the
+    log, which it never read; nothing was saved meanwhile that it knew of."""
+    local, log = LocalHistory("s"), Log()
+    log.append([user(0), user(1)], "earlier")
+    assert not local.record([user(2)], down, log.length)
+    with caplog.at_level(logging.ERROR):
+        assert local.flush(log.append, log.length) == 1
+    assert not caplog.records
+    assert [m.text() for m in log.messages] == ["m0", "m1", "m2"]
+
+
+class ForgetfulLog(Log):
+    """A log that forgets request ids (the store's ``idempotency_ttl`` passed)."""
+
+    def append(self, batch: list[Message], request_id: str) -> int:
+        self.messages.extend(batch)
+        return len(self.messages)
+
+    def read(self, start: int, end: int) -> list[Message]:
+        return self.messages[start:end]
+
+
+def test_a_landed_batch_older_than_the_request_id_ttl_is_not_saved_twice(
+        caplog: pytest.LogCaptureFixture) -> None:
+    local, log = LocalHistory("s", ids_ttl=0.05), ForgetfulLog()
+    assert local.record([user(0)], log.append, log.length, log.read)
+
+    def landed(batch: list[Message], request_id: str) -> int:
+        log.append(batch, request_id)  # applied; the reply is lost
+        raise StoreUnavailable("timeout")
+
+    assert not local.record([user(1)], landed, log.length, log.read)
+    with caplog.at_level(logging.WARNING):
+        assert local.flush(log.append, log.length, log.read) == 1  # young: sent again
+    assert [m.text() for m in log.messages] == ["m0", "m1", "m1"]  # (ForgetfulLog)
+    del log.messages[-1]
+    caplog.clear()
+    assert not local.record([user(2)], landed, log.length, log.read)
+    time.sleep(0.06)  # older than the store remembers its id
+    with caplog.at_level(logging.WARNING):
+        assert local.record([user(3)], log.append, log.length, log.read)
+    assert [m.text() for m in log.messages] == ["m0", "m1", "m2", "m3"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "in the log already" in caplog.text
+
+
+def test_the_copy_is_bounded_by_tokens() -> None:
+    local, log = LocalHistory("s", limit=1000, count=lambda m: len(m.text())), Log()
+    big = [Message(role="user", content="x" * 300) for _ in range(10)]
+    for message in big:
+        assert local.record([message], log.append, log.length)
+    assert local.tokens <= 1000 and len(local.messages()) <= 3
+    for message in big:  # Redis down: unsaved ones too, the newest batch kept whole
+        local.record([message], down, log.length)
+    assert local.tokens <= 1000 + 300
+
+
+def test_a_guard_s_copies_are_bounded_by_tokens_unsaved_kept_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Guard:
+        pass
+
+    monkeypatch.setattr(agents_local, "TOKENS", 1000)
+    guard, log = Guard(), Log()
+
+    def copy(name: str) -> LocalHistory:
+        return copy_of(guard, "t", name, count=lambda m: len(m.text()))
+
+    copy("a").record([Message(role="user", content="x" * 400)], down, log.length)
+    for name in "bcde":
+        copy(name).record([Message(role="user", content="y" * 400)], log.append, log.length)
+    copies = agents_local._COPIES[guard]
+    assert sum(c.tokens for c in copies._copies.values()) <= 1000 + 400
+    assert ("t", "a") in copies._copies  # unsaved: kept while others can go

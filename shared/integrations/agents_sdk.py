@@ -19,7 +19,8 @@ memory; three pieces keep a long run inside the window::
   session id in the process, shared by every session object of that id), and
   items ``add_items`` could not save are logged and saved, in order and once,
   before the session's next read or write that Redis answers. A log Redis
-  lost (back empty) is re-seeded from that copy.
+  lost (back empty after a restart without persistence) is not re-seeded:
+  the loss is logged as an ERROR and the copy's old history dropped.
 - :meth:`GuardedSession.recall_tool` (or :func:`recall_function_tool`): the
   ``recall`` tool as a ``FunctionTool`` bound to the session; the runner
   runs it like any tool, against the guard's index of what compaction
@@ -68,7 +69,7 @@ from shared.integrations._common import (
     recall_parameters,
 )
 from shared.integrations.agents_items import items_to_messages, messages_to_items
-from shared.integrations.agents_local import KEEP, LocalHistory, copy_of
+from shared.integrations.agents_local import IDS_TTL, KEEP, LocalHistory, copy_of
 from shared.integrations.agents_run import GuardedModel, InputBudget, tool_schemas
 
 __all__ = [
@@ -144,9 +145,10 @@ class GuardedSession:
     ``AsyncContextGuard`` is refused (:class:`InvalidInput` on ``guard``): its
     store has no history edits for ``pop_item`` and ``clear_session``.
     ``keep``: the messages kept in-process for a Redis outage (the last view read
-    and what runs added since, newest kept; as many unsaved ones at most), in one copy
-    per session shared by the session objects of the guard (the first one's ``keep``
-    applies). The edits need Redis; reads and saves do not stop a run while it is down.
+    and what runs added since, newest kept; as many unsaved ones at most), also bounded
+    to the model's window in tokens, in one copy per session shared by the session
+    objects of the guard (the first one's bounds apply). The edits need Redis; reads and
+    saves do not stop a run while it is down.
     """
 
     session_settings: Any = None
@@ -174,13 +176,18 @@ class GuardedSession:
         self._reported: int | None = None
         self._whole = False  # whether the last get_items returned the whole view
         self._keep = keep  # for the session's copy, when this object makes it (local)
+        self._window: int | None = None  # the model's window, the copy's bound in tokens
 
     @property
     def local(self) -> LocalHistory:
         """The process's copy of the session for a Redis outage (the guard's, shared)."""
         store = self.guard.store
+        if self._window is None:
+            self._window = self.guard.model_limits(self.model).context_window
         return copy_of(self.guard, store.tenant, self.session_id, self._keep,
-                       store.config.ttl_seconds or 0)
+                       store.config.ttl_seconds or 0, limit=self._window,
+                       count=self.guard.counter.message,
+                       ids_ttl=getattr(store, "idempotency_ttl", IDS_TTL))
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
@@ -256,18 +263,20 @@ class GuardedSession:
 
     def _read(self, local: LocalHistory) -> tuple[Any, list[Message], list[dict[str, Any]]]:
         """The view from Redis (what it missed saved first: the view holds it), its pinned
-        messages and items; a log Redis lost is re-seeded from ``local`` and read again."""
+        messages and items; after a log found shorter than ``local`` knew (logged there),
+        read again: the pinned messages this object knew may be gone too."""
         for _ in range(2):
-            local.flush(self._append, self._length, self._restarted)
+            local.flush(self._append, self._length, self._messages)
             pinned = self._pinned()
             # Redis gone after this read: a view of the local copy (built only then)
             view = self._prepare(pinned, Deferred(local.messages))
             items, body = self._items(view, pinned)
             report = view.report
             if report.degraded or not local.seen(pinned, body, report.length, report.version,
-                                                 self._restarted):
+                                                 report.estimated_prompt_tokens) \
+                    or not self._pinned_known:
                 break
-            self._pinned_known = None  # the re-seed writes the pinned messages again
+            self._pinned_known = None
         return view, pinned, items
 
     def _items(self, view: Any, pinned: list[Message]) -> tuple[list[dict[str, Any]],
@@ -324,7 +333,7 @@ class GuardedSession:
         next read or write that Redis answers): how many; :class:`StoreUnavailable` while
         Redis is still down (nothing is lost: they stay for the next attempt)."""
         return await asyncio.to_thread(self.local.flush, self._append, self._length,
-                                       self._restarted)
+                                       self._messages)
 
     def _append(self, messages: list[Message], request_id: str) -> int:
         return self.guard.record_turn(self.session_id, messages, request_id=request_id)
@@ -332,17 +341,8 @@ class GuardedSession:
     def _length(self) -> int:
         return int(self.guard.store.length(self.session_id))
 
-    def _restarted(self, seconds: float) -> bool:
-        """Whether Redis restarted within the last ``seconds`` (its uptime; asked only for
-        a log found empty that this process knew holding messages). True when it cannot
-        tell (a tenant's handle has no raw client; INFO refused to an ACL user): a log
-        Redis lost is re-seeded, a deleted one too (logged as an ERROR either way)."""
-        client = getattr(self.guard.store, "redis", None)
-        try:
-            uptime = client.info("server")["uptime_in_seconds"] if client is not None else None
-        except Exception:  # only a hint: any failure means "cannot tell"
-            uptime = None
-        return not isinstance(uptime, int) or uptime < seconds
+    def _messages(self, start: int, end: int) -> list[Message]:
+        return list(self.guard.store.messages(self.session_id, start, end))
 
     def responded(self, reported: int, *, faithful: bool) -> None:
         """The input tokens a response of this session's run reported (called by
@@ -365,7 +365,7 @@ class GuardedSession:
             return self.guard.record_turn(self.session_id, batch, usage,
                                           request_id=request_id)
 
-        if not local.record(messages, append, self._length, self._restarted):
+        if not local.record(messages, append, self._length, self._messages):
             roles = ", ".join(sorted({m.role for m in messages}))
             log.warning("session %s: %d messages of this run (%s) were not saved: Redis "
                         "did not answer; the run goes on, and they are saved before the "
@@ -395,7 +395,7 @@ class GuardedSession:
         store, local = self.guard.store, self.local
         with local.lock:
             # the last item may be one Redis missed
-            local.flush(self._append, self._length, self._restarted)
+            local.flush(self._append, self._length, self._messages)
             length = store.length(self.session_id)
             if length == 0:
                 return None
