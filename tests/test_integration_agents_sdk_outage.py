@@ -277,7 +277,9 @@ def test_a_log_redis_lost_is_reported_and_never_re_seeded(
     with FakeOpenAIServer(window=128_000, responder=reply) as server:
         asyncio.run(main(server))
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 2 and all(e.startswith("Redis lost") and SID in e
+    # each loss is reported (on a loaded machine the answer's save can meet Redis still
+    # starting and report the same loss again when it saves later: twice, never silent)
+    assert len(errors) >= 2 and all(e.startswith("Redis lost") and SID in e
                                     and "without persistence" in e for e in errors), errors
     assert texts_of(own_redis) == ["answer three", "four", "answer four"]
 
