@@ -276,7 +276,9 @@ def test_a_log_redis_lost_is_reported_and_never_re_seeded(
 
     with FakeOpenAIServer(window=128_000, responder=reply) as server:
         asyncio.run(main(server))
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # the adapter's own (an earlier test's threads may log errors of their own meanwhile)
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name.startswith("shared.integrations")]
     # each loss is reported (on a loaded machine the answer's save can meet Redis still
     # starting and report the same loss again when it saves later: twice, never silent)
     assert len(errors) >= 2 and all(e.startswith("Redis lost") and SID in e
@@ -366,7 +368,8 @@ def test_a_lost_reply_saved_after_the_request_id_ttl_is_not_stored_twice(
 
         asyncio.run(main())
     assert texts_of(own_redis) == ["one", "answer one"]
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.ERROR and r.name.startswith("shared.integrations")]
 
 
 @pytest.mark.redis
@@ -390,7 +393,8 @@ def test_a_process_that_never_read_the_session_reports_nothing_out_of_order(
         asyncio.run(main(server))
     assert texts_of(own_redis) == ["one", "answer one", "two", "answer two", "three",
                                    "answer three"]
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.ERROR and r.name.startswith("shared.integrations")]
 
 
 @pytest.mark.redis
