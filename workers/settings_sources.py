@@ -29,6 +29,7 @@ FILE_SETTINGS = ("redis_url", "broker_url", "redis_password", "summarizer_api_ke
 NOT_SETTINGS = frozenset({
     "COMPACTION_TEST_REDIS_URL",  # workers/harness/stack/redis_server.py
     "COMPACTION_REQUIRE_COMPOSE",  # tests/test_deploy.py
+    "COMPACTION_REPORT_SCREENSHOT",  # tests/test_report.py (regenerates docs/report.png)
     "COMPACTION_IMAGE",  # docker/docker-compose.yml (image tag)
     "COMPACTION_SECRETS_DIR",  # docker/docker-compose.yml (secret files)
 })

@@ -1,0 +1,95 @@
+"""The user documentation names only what exists: settings, files, keys, images' contents.
+
+A reader copies names out of the docs (a ``COMPACTION_*`` variable into a deployment, a
+path to open, a key pattern to delete); a renamed setting or a moved module leaves the
+docs pointing at nothing, and a misspelt variable is only warned about at start-up.
+Benchmark pages (BENCHMARKS.md, docs/benchmarks/) are history and not checked here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from shared.store.commands import ids_key
+from shared.store.keys import SessionKeys
+from tests.test_deploy import _lock_tool
+from workers.server.config import server_variables
+from workers.settings import NOT_SETTINGS, known_variables
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / name for name in (
+    "README.md", "Procfile", "docs/ARCHITECTURE.md", "docs/server.md",
+    "docs/observability.md", "docs/upgrading.md", "docs/CONTRIBUTING.md",
+    "docker/README.md", "docker/docker-compose.yml", "docker/docker-compose.metrics.yml",
+    "docker/Dockerfile", "examples/README.md")] + sorted((ROOT / "examples").glob("*.py"))
+# `COMPACTION_X` or `COMPACTION_X` / `_Y` / `_Z` (a row of the README's settings table)
+VARIABLE = re.compile(r"(COMPACTION_[A-Z0-9_]*[A-Z0-9])((?:`? / `?_[A-Z0-9_]*[A-Z0-9])*)")
+PATH = re.compile(r"(?<![\w/.{-])((?:shared|workers|tests|scripts|docs|docker|examples)"
+                  r"/[\w./*-]*[\w*])(?![\w<]|:\d)(?:::(\w+))?")
+
+
+def _names(text: str, known: frozenset[str]) -> list[str]:
+    """Every variable the text names; a ``/ _SUFFIX`` replaces a tail of the name before it
+    (``COMPACTION_TASK_SOFT_TIME_LIMIT / _TIME_LIMIT``: ``COMPACTION_TASK_TIME_LIMIT``)."""
+    out = []
+    for match in VARIABLE.finditer(text):
+        full = match.group(1)
+        out.append(full)
+        parts = full.split("_")
+        for suffix in re.findall(r"_[A-Z0-9_]*[A-Z0-9]", match.group(2)):
+            heads = ["_".join(parts[:k]) + suffix for k in range(1, len(parts))]
+            out.append(next((h for h in heads if h in known), heads[-1]))
+    return out
+
+
+def test_every_compaction_variable_the_docs_name_is_read() -> None:
+    known = known_variables() | server_variables() | NOT_SETTINGS
+    unknown = {f"{doc.relative_to(ROOT)}: {name}" for doc in DOCS
+               for name in _names(doc.read_text(), known) if name not in known}
+    assert not unknown, sorted(unknown)
+
+
+def test_a_misspelt_variable_in_a_doc_is_caught() -> None:
+    """The check above can fail: a typo and a suffix naming no setting are both found."""
+    known = known_variables()
+    text = "`COMPACTION_TRIGER_RATIO`; `COMPACTION_MAX_RETRIES` / `_RETRY_BACKOFF_MAXIMUM`"
+    assert [n for n in _names(text, known) if n not in known] == [
+        "COMPACTION_TRIGER_RATIO", "COMPACTION_MAX_RETRY_BACKOFF_MAXIMUM"]
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = []
+    for doc in DOCS:
+        for match in PATH.finditer(doc.read_text()):
+            path, test = match.group(1), match.group(2)
+            found = list(ROOT.glob(path)) if "*" in path else [ROOT / path]
+            if not all(p.exists() for p in found) or not found:
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+            elif test and f"def {test}(" not in (ROOT / path).read_text():
+                missing.append(f"{doc.relative_to(ROOT)}: {path}::{test}")
+    assert not missing, missing
+
+
+def test_the_architecture_names_every_key_of_a_session() -> None:
+    """docs/ARCHITECTURE.md's key list is what an operator deletes or inspects by hand."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = re.search(r"`\{prefix\}:\{tenant:session\}:([\w|]+)`", text)
+    assert listed, "ARCHITECTURE.md lists no session keys"
+    keys = SessionKeys.for_session("cmp", "t", "s")
+    actual = {key.rsplit(":", 1)[1] for key in [*keys.all_keys(), ids_key(keys)]}
+    assert set(listed.group(1).split("|")) == actual
+    assert "`{prefix}:{tenant:session}:rx:*`" in text  # the recall index
+
+
+def test_the_docker_readme_describes_the_image_and_the_services() -> None:
+    readme = (ROOT / "docker" / "README.md").read_text()
+    extras = ",".join(_lock_tool().DEFAULT_EXTRAS)
+    assert f"`[{extras}]`" in readme  # what requirements.lock pins
+    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.yml").read_text())
+    row = next(line for line in readme.splitlines() if line.startswith("| `docker-compose.yml`"))
+    named = {"redis": "Redis", "worker": "worker", "flower": "Flower", "server": "`server`"}
+    assert set(compose["services"]) == set(named)
+    assert all(word in row for word in named.values()), row
