@@ -241,8 +241,9 @@ def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
         replies = app.control.ping(timeout=timeout) or []
         names = sorted(name for reply in replies for name in reply)
         if not names:
-            return Check("workers", "FAIL", f"no worker answered within {timeout:g} s "
-                                            f"(start: celery -A workers.app worker -Q {queue})")
+            return Check("workers", "FAIL",
+                         f"no worker answered within {timeout:g} s (start one as the Procfile "
+                         f"does: celery -A workers.app worker --pool threads -Q {queue})")
         queues = app.control.inspect(destination=names, timeout=timeout,
                                      limit=len(names)).active_queues() or {}
     finally:
