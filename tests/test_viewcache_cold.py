@@ -36,6 +36,10 @@ ODD = [
     Message(role="system", content="dev", metadata={"openai_role": "developer"}),
     Message(role="assistant", content="no", metadata={"openai_refusal": "r", "k": 1}),
     Message(role="assistant", content="", metadata={"usage": {"x": 1}}),
+    Message(role="assistant", content="go", tool_calls=[{"id": "c4", "name": "ls"}],
+            metadata={"usage": {"prompt_tokens": 9}, "wire_ids": {"c4": "call_4"}}),
+    Message(role="tool", content="err", tool_call_id="c4",
+            metadata={"usage": {"x": 1}, "is_error": True}),
     Message(role="assistant", content=""),
     # numbers where orjson and json could differ: dropped with the metadata of a message
     # made in place; kept exact for one converted from its data
@@ -84,6 +88,28 @@ def test_odd_messages_convert_as_to_openai_does() -> None:
 @given(messages=any_conversations())
 def test_any_conversation_converts_and_scans_as_before(messages: list[Message]) -> None:
     check(messages)
+
+
+def test_a_fold_reads_plain_messages_from_the_wire_forms(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Assistant messages with a response's ``usage`` (as OpenAI-format logs keep them) are
+    plain to every format: the first Anthropic or Gemini fold of a cold read does not
+    parse their stored JSON again (a 10k-message view: ~10 ms)."""
+    from shared.core import wireview
+
+    messages: list[Message] = [Message(role="user", content="start")]
+    for k in range(20):
+        messages += [Message(role="assistant", content="", tool_calls=[
+                         {"id": f"c{k}", "name": "ls", "arguments": {"k": k}}],
+                             metadata={"usage": {"prompt_tokens": k}}),
+                     Message(role="tool", content=f"out {k}", tool_call_id=f"c{k}")]
+    parsed: list[bytes] = []
+    real = wireview._loads
+    monkeypatch.setattr(wireview, "_loads", lambda raw: parsed.append(raw) or real(raw))
+    snap = decode_view(full_read(messages), None, carry)
+    for fmt in ("anthropic", "gemini"):
+        assert history_fold(dict(snap.wire), fmt, snap.applied) == fold_of(fmt, messages)
+    assert parsed == []
 
 
 def test_the_first_message_is_a_chunk_of_its_own() -> None:

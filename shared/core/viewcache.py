@@ -53,6 +53,7 @@ from shared.core.records import (
 )
 from shared.core.repaired import RepairedView
 from shared.core.tokens import TokenCounter
+from shared.core.wire._common import USAGE
 from shared.core.wireview import ReadWire, convert, decode_stored, load_stored
 
 BYTES_PER_MESSAGE = 2_800
@@ -316,6 +317,9 @@ def _scan_start(summary: SummaryRecord | None) -> PairScan:
 
 
 _TALK = ("user", "assistant")
+_UNSENT = frozenset({"wire_ids", USAGE})
+"""Metadata no wire format sends or reads: the store's ``wire_ids`` and the response's
+``usage`` that OpenAI-format logs keep on assistant messages (:mod:`shared.core.wire.openai`)."""
 
 
 def _openai_ok(data: dict[str, Any], call_id: Any) -> bool:
@@ -336,8 +340,8 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
     """Each stored message of a full read parsed once: its pair-scan shape
     (:func:`stored_shape`); with ``wire``, the OpenAI wire form of the ones that are text
     with or without tool calls (None for the others); the same for the bare ones alone,
-    whose stored JSON holds nothing more (no metadata but the store's ``wire_ids``: what
-    Anthropic's and Gemini's folds may read back from the form, see
+    whose stored JSON holds nothing more to any format (no metadata but :data:`_UNSENT`:
+    what Anthropic's and Gemini's folds may read back from the form, see
     :class:`~shared.core.wireview.ReadWire`; a Gemini signature, a made-up id or an
     ``is_error`` mean nothing to OpenAI and everything to them); and the others' JSON as
     plain data for their conversion (:func:`~shared.core.wireview.openai_of_stored`).
@@ -387,7 +391,7 @@ def _read_stored(raw: Sequence[bytes], wire: bool,
             del data["tool_calls"]
         del data["metadata"]
         found.append(data)
-        bare.append(data if not meta or (len(meta) == 1 and "wire_ids" in meta) else None)
+        bare.append(data if not meta or meta.keys() <= _UNSENT else None)
     return shapes, found, bare, others
 
 

@@ -52,8 +52,8 @@ class ReadWire(Chunks[dict[str, Any]]):
 
 def stored_of_openai(wire: Mapping[str, Any]) -> dict[str, Any]:
     """A plain stored message's JSON as plain data, back from the OpenAI wire form made of
-    it in place (see :class:`ReadWire`; the store's ``wire_ids`` left out: no fold reads
-    them)."""
+    it in place (see :class:`ReadWire`; the store's ``wire_ids`` and a response's ``usage``
+    left out: no fold reads them)."""
     calls = wire.get("tool_calls") or ()
     data: dict[str, Any] = {
         "role": wire["role"], "content": wire["content"] or "",
