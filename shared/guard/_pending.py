@@ -37,6 +37,20 @@ def _kept(item: Any) -> Any:
     return copy.deepcopy(item)
 
 
+def sendable(items: list[Message], offset: int) -> list[Message]:
+    """``items`` (pending messages from ``pending[offset]`` on), each refused, named, when it
+    cannot be written as JSON (a lone surrogate, absurd nesting), as the store refuses it:
+    else the view holding it is what fails, in the provider's SDK or the HTTP server's
+    answer, and the turn's record is refused later."""
+    for i, message in enumerate(items):
+        try:
+            message.to_json_bytes()
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInput(f"cannot be sent as JSON: {str(exc)[:200]}",
+                               field=f"pending[{offset + i}]", index=offset + i) from None
+    return items
+
+
 class _Turn:
     """One session's turn so far, as parallel lists (each call extends them at C speed: a
     long chain's calls do not walk the whole turn in Python), scan and cut."""
@@ -105,7 +119,7 @@ class PendingTurns:
         what an earlier prepare of the same turn already did (compared by value), the
         messages' wire forms included (:meth:`wire`)."""
         if not isinstance(raw, (list, tuple)):
-            items = validate_messages(raw, prefix="pending")
+            items = sendable(validate_messages(raw, prefix="pending"), 0)
             return items, [self.counter.message(m) for m in items]
         if not raw:
             return [], []
@@ -126,6 +140,7 @@ class PendingTurns:
                 raise
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
+        sendable(fresh, reuse)
         assert reuse == 0 or found is not None
         turn = found if found is not None else _Turn()  # kept (as most recent) by _sized
         keep = found is not None and reuse == len(given)
