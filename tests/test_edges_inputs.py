@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 from shared.core.errors import InvalidInput
+from shared.core.messages import Message, validate_message
+from shared.core.wire import from_anthropic, from_gemini, from_openai
 from shared.store.sessions import SessionStore
 
 
@@ -80,6 +82,76 @@ def test_a_pending_message_no_json_holds_is_refused_by_field(
     assert json.dumps(view.openai()).encode("utf-8")  # the guard still works
 
 
+# -- tool-call arguments no provider reads ------------------------------------------------------
+class Unwritable:
+    pass
+
+
+@pytest.mark.parametrize("arguments", [
+    {"x": float("nan")}, {"x": float("inf")}, '{"x": NaN}', '{"x": -Infinity}', '{"x": 1e999}',
+    {"x": Unwritable()}, nested(5000), "[" * 5000 + "]" * 5000,
+], ids=["dict-nan", "dict-inf", "str-nan", "str-infinity", "str-1e999", "dict-object",
+        "dict-deep", "str-deep"])
+def test_arguments_no_provider_reads_are_refused_and_nothing_is_written(
+        guard: Any, store: SessionStore, arguments: Any) -> None:
+    guard.record_turn("s", [{"role": "user", "content": "hi"}])
+    before = keys_and_values(store)
+    field = "messages[1].tool_calls.0.arguments"
+    refused(lambda: guard.record_turn("s", call_turn(arguments)), field)
+    refused(lambda: guard.prepare("s", model="gpt-4o", pending=call_turn(arguments)),
+            field.replace("messages", "pending"))
+    assert keys_and_values(store) == before
+
+
+def test_finite_arguments_are_kept_byte_for_byte_and_sendable_to_every_provider(
+        guard: Any) -> None:
+    text = '{"x": 1.5e300, "y": -0.0, "z": 12345678901234567890123}'
+    guard.record_turn("s", call_turn(text))
+    view = guard.prepare("s", model="gpt-4o")
+    assert view.openai()[1]["tool_calls"][0]["function"]["arguments"] == text
+    json.dumps(view.anthropic(), allow_nan=False)  # what httpx writes: no NaN, no Infinity
+    json.dumps(view.gemini(), allow_nan=False, default=str)
+
+
+def test_arguments_stored_before_the_check_are_still_read() -> None:
+    stored = ('{"role":"assistant","tool_calls":[{"id":"c","name":"f",'
+              '"arguments":"{\\"x\\": NaN}"}]}')
+    assert Message.from_json(stored).tool_calls[0].arguments == '{"x": NaN}'
+    with pytest.raises(InvalidInput):  # ...but a caller's message is checked
+        validate_message(json.loads(stored))
+
+
+# -- the wire converters ----------------------------------------------------------------------
+@pytest.mark.parametrize(("convert", "messages", "field"), [
+    (from_openai, [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function",
+         "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}],
+     "messages[0].tool_calls[0].function.arguments"),
+    (from_anthropic, [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": nested(5000)}]}],
+     "messages[0].content[0].input"),
+    (from_anthropic, [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {"x": Unwritable()}}]}],
+     "messages[0].content[0].input"),
+    (from_gemini, [{"role": "user", "parts": [
+        {"function_response": {"name": "f", "response": nested(5000)}}]}],
+     "contents[0].parts[0].function_response.response"),
+    (from_gemini, [{"role": "user", "parts": [
+        {"function_response": {"name": "f", "response": {"x": float("nan")}}}]}],
+     "contents[0].parts[0].function_response.response"),
+], ids=["openai-deep-arguments", "anthropic-deep-input", "anthropic-object-input",
+        "gemini-deep-response", "gemini-nan-response"])
+def test_converters_name_what_no_json_holds(convert: Callable[[Any], Any], messages: Any,
+                                            field: str) -> None:
+    refused(lambda: convert(messages), field)
+
+
+def test_gemini_deep_call_arguments_are_invalid_input() -> None:
+    with pytest.raises(InvalidInput):
+        from_gemini([{"role": "model", "parts": [
+            {"function_call": {"name": "f", "args": nested(5000)}}]}])
+
+
 # -- the HTTP server --------------------------------------------------------------------------
 @pytest.fixture
 def client(store: SessionStore) -> Iterator[Any]:
@@ -99,7 +171,14 @@ AUTH = {"Authorization": "Bearer edges-token-0123456789", "Content-Type": "appli
 
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("prepare", b'{"pending": [{"role": "user", "content": "\\ud800"}]}', "pending[0]"),
-], ids=["prepare-surrogate"])
+    ("record", b'{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": '
+               b'"c", "type": "function", "function": {"name": "f", "arguments": "'
+               + b"[" * 5000 + b"]" * 5000 + b'"}}]}]}',
+     "messages[0].tool_calls[0].function.arguments"),
+    ("record", b'{"format": "neutral", "messages": [{"role": "assistant", "tool_calls": [{"id": '
+               b'"c", "name": "f", "arguments": "{\\"x\\": NaN}"}]}]}',
+     "messages[0].tool_calls.0.arguments"),
+], ids=["prepare-surrogate", "record-deep-arguments", "record-nan-arguments"])
 def test_the_server_answers_422_naming_the_field_and_writes_nothing(
         client: Any, store: SessionStore, path: str, body: bytes, field: str) -> None:
     assert client.post("/v1/sessions/s/record", headers=AUTH,

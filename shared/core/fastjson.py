@@ -12,6 +12,7 @@ messages and arguments).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -54,6 +55,28 @@ def is_object(text: str | bytes) -> bool:
         return isinstance(json.loads(text), dict)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is beyond what a float holds: no provider takes it")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: no provider takes it")
+
+
+def is_finite_object(text: str | bytes) -> bool:
+    """:func:`is_object`, raising ValueError for ``NaN``, ``Infinity`` or a number beyond a
+    double too (``json`` reads them, no provider's API does). orjson refuses each of them,
+    so only text it refuses is read again, by ``json`` with those checks."""
+    try:
+        return type(orjson.loads(text)) is dict
+    except orjson.JSONDecodeError:
+        return isinstance(json.loads(text, parse_float=_finite_float,
+                                      parse_constant=_no_constant), dict)
+
+
 def loads_unchecked(raw: str | bytes) -> Any:
     """orjson's parse of ``raw`` (json's where orjson refuses it), for a caller that reads
     no number of it (a stored message's role, ids and text): a number may differ from
@@ -80,4 +103,4 @@ def loads_message(raw: str | bytes) -> Any:
     return json.loads(raw) if _has_float(value) else value
 
 
-__all__ = ["is_object", "loads", "loads_message", "loads_unchecked"]
+__all__ = ["is_finite_object", "is_object", "loads", "loads_message", "loads_unchecked"]

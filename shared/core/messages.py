@@ -12,13 +12,24 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shared.core import fastjson
 from shared.core.errors import InvalidInput
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+INPUT: dict[str, Any] = {"input": True}
+"""Validation context of a caller's message (:func:`validate_message`): its tool calls'
+arguments are checked for numbers no provider reads (``NaN``, ``Infinity``, ``1e999``)."""
 
 
 class _Frozen(BaseModel):
@@ -75,13 +86,22 @@ class ToolCall(_Frozen):
 
     @field_validator("arguments", mode="before")
     @classmethod
-    def _arguments_are_json(cls, value: Any) -> Any:
+    def _arguments_are_json(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, Mapping):
-            return json.dumps(value, ensure_ascii=False)
+            try:  # NaN and Infinity are refused: json would write them, no API reads them
+                return json.dumps(value, ensure_ascii=False, allow_nan=False)
+            except RecursionError:
+                raise ValueError("arguments are nested too deeply") from None
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"arguments cannot be written as JSON: {exc}") from None
         if isinstance(value, str):
             text = value.strip() or "{}"
+            # a caller's arguments must be JSON a provider reads; a stored message is read
+            # back as it was stored (one written before this check may hold NaN)
+            given = isinstance(info.context, dict) and info.context.get("input") is True
+            check = fastjson.is_finite_object if given else fastjson.is_object
             try:
-                is_object = fastjson.is_object(text)
+                is_object = check(text)
             except ValueError as exc:
                 raise ValueError(f"arguments are not valid JSON: {exc}") from None
             except RecursionError:
@@ -199,7 +219,7 @@ def validate_message(data: Any, index: int = 0, prefix: str = "messages") -> Mes
         raise InvalidInput(f"expected an object, got {type(data).__name__}",
                            field=f"{prefix}[{index}]", index=index)
     try:
-        return Message.model_validate(data)
+        return Message.model_validate(data, context=INPUT)
     except ValidationError as exc:
         converter = _wire_format(data)
         hint = (f" (a provider's wire format: convert the list with shared.{converter}() "

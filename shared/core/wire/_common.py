@@ -184,6 +184,8 @@ def json_arguments(value: Any, loc: Loc) -> str:
             raise loc.error(f"{exc}: no provider takes it") from None
         except ValueError as exc:
             raise loc.error(f"not valid JSON ({exc})") from None
+        except RecursionError:
+            raise loc.error("nested too deeply") from None
     return value
 
 
@@ -192,6 +194,10 @@ def finite_json(value: Mapping[str, Any], loc: Loc) -> str:
     would write as ``Infinity``, no JSON) is refused at ``loc``."""
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise loc.error("nested too deeply") from None
+    except TypeError as exc:
+        raise loc.error(f"not JSON: {exc}") from None
     except ValueError:
         raise loc.error("holds a number beyond what a float holds (NaN or Infinity): "
                         "no provider takes it") from None

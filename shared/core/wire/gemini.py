@@ -65,9 +65,9 @@ from shared.core.wire._common import (
     as_sequence,
     b64_text,
     build,
-    canonical_json,
     check_keys,
     content_dicts,
+    finite_json,
     join_reasoning,
     neutral,
     opt_bool,
@@ -357,7 +357,7 @@ def _result_in(
     if list(response) == ["error"] and isinstance(response["error"], str):
         text, metadata[IS_ERROR] = response["error"], True
     if not isinstance(text, str):
-        text, metadata[RESPONSE_KEY] = canonical_json(response), "json"
+        text, metadata[RESPONSE_KEY] = finite_json(response, r_loc / "response"), "json"
     media = []
     for k, raw in enumerate(as_list(fr.get("parts") or [], r_loc / "parts")):
         m_part, m_loc = _snake(raw, r_loc / "parts" / k), r_loc / "parts" / k
