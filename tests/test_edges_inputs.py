@@ -152,6 +152,27 @@ def test_gemini_deep_call_arguments_are_invalid_input() -> None:
             {"function_call": {"name": "f", "args": nested(5000)}}]}])
 
 
+# -- model names ------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["\ud800", "gpt-4o\x00", "gpt-4o\n", "m" * 10_000],
+                         ids=["surrogate", "nul", "newline", "10k"])
+def test_a_model_name_no_provider_uses_is_refused_by_field(
+        guard: Any, store: SessionStore, model: str) -> None:
+    guard.record_turn("s", [{"role": "user", "content": "hi"}])
+    before = keys_and_values(store)
+    refused(lambda: guard.prepare("s", "sys", model=model), "model")
+    refused(lambda: guard.recover("s", "maximum context length is 4000 tokens", "sys",
+                                  model=model), "model")
+    assert keys_and_values(store) == before
+    assert guard.prepare("s", "sys", model="gpt-4o").report.length == 1
+
+
+def test_long_real_model_names_are_taken(guard: Any) -> None:
+    arn = ("arn:aws:bedrock:us-east-1:123456789012:inference-profile/"
+           "us.anthropic.claude-3-5-sonnet-20241022-v2:0")
+    guard.record_turn("s", [{"role": "user", "content": "hi"}])
+    assert guard.prepare("s", model=arn).report.model == arn
+
+
 # -- the HTTP server --------------------------------------------------------------------------
 @pytest.fixture
 def client(store: SessionStore) -> Iterator[Any]:

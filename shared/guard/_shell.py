@@ -23,6 +23,7 @@ import gc
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -105,6 +106,23 @@ def check_request(system_prompt: object, tools: object) -> None:
             raise InvalidInput("expected an object", field=f"tools[{i}]")
 
 
+MAX_MODEL_CHARS = 256
+"""The longest model name taken (a Bedrock ARN or a Vertex resource path is ~100)."""
+_MODEL_OK = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]+")
+
+
+def check_model(model: str) -> str:
+    """``model`` as given, refused naming the field when it is a string no provider names
+    a model with (control characters, a lone surrogate, over :data:`MAX_MODEL_CHARS`): it
+    is stored in the session's state and logged; a lone surrogate failed the state's write
+    as if Redis were down. Other types are left to :func:`model_limits`, which names them."""
+    if isinstance(model, str) and (len(model) > MAX_MODEL_CHARS
+                                   or not _MODEL_OK.fullmatch(model)) and model:
+        raise InvalidInput(f"expected a model name of at most {MAX_MODEL_CHARS} printable "
+                           f"characters, got {model!r:.80}", field="model")
+    return model
+
+
 def check_min_length(min_length: object) -> int | None:
     """``prepare``'s ``min_length``: a log length, or None."""
     if min_length is None:
@@ -166,7 +184,7 @@ class GuardShell(FreshViews, Recovery):
         forgets ``model=`` on an 8k model would be budgeted a 128k window in silence
         (a misspelt name already warns, as an unknown model)."""
         if model is not None:
-            return model
+            return check_model(model)
         if not self._default_model_warned:
             self._default_model_warned = True
             log.warning("no model given: budgeting for %s's window; pass model= (the model "
