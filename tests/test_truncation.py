@@ -94,6 +94,23 @@ def test_drop_fraction_sets_the_step() -> None:
     assert len(out.messages) == 10  # 8 -> drop 2 -> 120 > 100 -> drop 1 -> 100
 
 
+def test_one_message_object_in_every_turn_does_not_hide_the_dropped_prefix() -> None:
+    """An agent that sends one message object each turn (a constant "continue"): the
+    dropped prefix is where the kept messages start, not that object's first place (which
+    said 0: the guard could not record the cut and truncated the whole view again on every
+    call), built fresh or extended."""
+    again = user("continue.")
+    messages = [m for k in range(8) for m in (again, bot(f"a{k}".ljust(9, ".")))]
+    out = emergency_truncate(messages, 100, COUNT)
+    assert out.dropped == out.dropped_prefix == 8
+    assert out.messages == messages[8:]
+    from shared.core.truncation import TruncationInput
+    extended = TruncationInput.build(messages[:4], COUNT).extend(
+        messages[4:], [COUNT.message(m) for m in messages[4:]])
+    assert extended is not None
+    assert extended.cut(100, COUNT).dropped_prefix == 8
+
+
 def test_leading_system_messages_are_never_dropped() -> None:
     messages = [Message(role="system", content="rules"), *turns(4)]
     out = emergency_truncate(messages, 50, COUNT)
@@ -317,6 +334,25 @@ def test_a_truncated_view_is_within_the_budget_it_was_cut_for(
     sent = DEFAULT_COUNTER.messages(view.messages)
     assert report.estimated_prompt_tokens >= math.ceil(sent * max(anchored, calibration)) - 1
     assert report.estimated_prompt_tokens <= report.budget.input_budget
+
+
+def test_a_guard_records_the_cut_of_a_view_whose_turns_share_a_message_object() -> None:
+    """The view is over the window and no summary comes (workers behind): the first call
+    truncates and records the cut (the watermark moves), the next calls of the chain need
+    no cut, though the agent sends the same user message object every turn (the guard's
+    cached view holds the objects it was given)."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    again = user("Continue with the next step.")
+    guard = ContextGuard(store, overrides={"wide": 128_000, "narrow": 8000})
+    for k in range(80):  # each turn as an agent runs it: prepared, then recorded
+        guard.prepare("s", "be brief", max_tokens=1000, model="wide", pending=[again])
+        guard.record_turn("s", [again, bot(f"did {k}: " + "because " * 120)])
+    views = [guard.prepare("s", "be brief", max_tokens=1000, model="narrow",
+                           pending=[again, *chain])
+             for chain in ([], [read("c1", "a.py")], [read("c1", "a.py"), result("c1")])]
+    assert views[0].report.truncated and views[0].report.watermark > 0
+    assert store.state("s").watermark == views[0].report.watermark
+    assert not views[1].report.truncated and not views[2].report.truncated
 
 
 def test_a_cut_that_loses_nothing_has_no_note() -> None:

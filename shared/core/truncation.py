@@ -227,7 +227,10 @@ class TruncationInput:
     units: list[Unit]  # tool units of the body, oldest first
     unit_starts: list[int]
     starts: list[int]  # turn starts of the body
-    origin: dict[int, int]  # id of an input message -> its first index
+    # id of an input message -> its first index, where repair made ``repaired`` (intact,
+    # ``repaired is messages``: a body message's place is its origin, and an agent that
+    # sends one message object in several turns does not confuse it)
+    origin: dict[int, int]
     scan: PairScan  # of the input from the start: intact means ``repaired is messages``
     memo: dict[int, tuple[dict[str, int], list[str]]] = field(default_factory=dict)
     # gap -> (resume, roles, files) of body[gap:resume], the units a cut last dropped inside
@@ -253,8 +256,9 @@ class TruncationInput:
         sizes = [count.message(m) for m in body]
         units, starts = _units_and_starts(body)
         origin: dict[int, int] = {}
-        for index, message in enumerate(messages):
-            origin.setdefault(id(message), index)
+        if repaired is not messages:  # intact, a body message's place says where it came from
+            for index, message in enumerate(messages):
+                origin.setdefault(id(message), index)
         return cls(messages, repaired, repair, head, sum(count.message(m) for m in repaired[:head]),
                    sizes, list(itertools.accumulate(sizes, initial=0)), units,
                    [u.start for u in units], starts, origin, scan)
@@ -271,15 +275,12 @@ class TruncationInput:
             return None
         n = len(self.sizes)
         units, starts = _units_and_starts(new, n)
-        origin = dict(self.origin)
-        for index, message in enumerate(new, len(self.messages)):
-            origin.setdefault(id(message), index)
         messages = [*self.messages, *new]
         cum = self.cum + list(itertools.accumulate(sizes, initial=self.cum[-1]))[1:]
         return TruncationInput(messages, messages, self.repair, self.head, self.fixed,
                                [*self.sizes, *sizes], cum, [*self.units, *units],
                                [*self.unit_starts, *(u.start for u in units)],
-                               [*self.starts, *starts], origin, scan,
+                               [*self.starts, *starts], {}, scan,
                                dict(self.memo), dict(self.inside))
 
     def drop(self, count: int) -> TruncationInput | None:
@@ -301,13 +302,10 @@ class TruncationInput:
             return None
         base = self.cum[count]
         units = [Unit(u.start - count, u.end - count) for u in self.units[at:]]
-        origin: dict[int, int] = {}
-        for index, message in enumerate(messages):
-            origin.setdefault(id(message), index)
         return TruncationInput(messages, messages, RepairReport(), 0, 0, self.sizes[count:],
                                [c - base for c in self.cum[count:]], units,
                                [u.start for u in units],
-                               [s - count for s in self.starts if s >= count], origin, scan)
+                               [s - count for s in self.starts if s >= count], {}, scan)
 
     def lost_before(self, begin: int) -> tuple[dict[str, int], list[str]]:
         """Roles and files of ``body[:begin]`` (kept: a turn's calls often cut there again)."""
@@ -484,9 +482,12 @@ class _Cut:
         removed = sum(self.clipped[i][1] for i in kept if i in self.clipped)
         clips = sum(1 for i in kept if i in self.clipped and self.clipped[i][1])
         media = sum(self.media.get(i, 0) for i in kept)
-        kept_origins = [src.origin[id(body[i])] for i in kept if id(body[i]) in src.origin]
-        prefix = ((min(kept_origins) if kept_origins else len(src.messages))
-                  - leading_system_count(src.messages))
+        if src.repaired is src.messages:
+            prefix = kept[0] if kept else len(src.messages) - head
+        else:  # the first kept input message (a repeated object: its first place, no later)
+            kept_origins = [src.origin[id(body[i])] for i in kept if id(body[i]) in src.origin]
+            prefix = ((min(kept_origins) if kept_origins else len(src.messages))
+                      - leading_system_count(src.messages))
         after = src.fixed + self.used
         return TruncationResult(
             messages=out, dropped=self.n - len(kept), dropped_prefix=max(0, prefix),
