@@ -13,6 +13,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from shared.core.tokens import TokenCounter
 from shared.core.tokens_exact import build_counter
 from shared.store.sessions import SessionStore
@@ -99,7 +101,9 @@ def build_runtime(settings: Settings, store: SessionStore | None = None) -> Runt
     engine = SummaryEngine(client, counter=store.counter,
                            max_summary_tokens=settings.max_summary_tokens,
                            max_input_tokens=settings.summarizer_max_input_tokens,
-                           cooldown=provider_cooldown(settings, store, client))
+                           cooldown=provider_cooldown(settings, store, client),
+                           # prefork raises it into the call running at the soft time limit
+                           interruptions=(SoftTimeLimitExceeded,))
     return Runtime(settings=settings, store=store, engine=engine)
 
 

@@ -148,8 +148,13 @@ class SummaryEngine:
     def __init__(self, client: LLMClient | None, *, counter: TokenCounter | None = None,
                  max_summary_tokens: int = 2000, max_input_tokens: int | None = None,
                  offline: OfflineSummarizer | None = None,
-                 cooldown: ProviderCooldown | None = None) -> None:
+                 cooldown: ProviderCooldown | None = None,
+                 interruptions: tuple[type[BaseException], ...] = ()) -> None:
         self.client = client
+        self.interruptions = interruptions
+        """Exceptions a time limit raises into a call (Celery's ``SoftTimeLimitExceeded`` under
+        prefork, wired in :mod:`workers.runtime`): taken as the deadline passing, so the chunks
+        folded so far are kept and the job is retried or falls back, as after a timeout."""
         self.cooldown = cooldown
         """The provider's cooldown shared by the workers (:mod:`workers.summarizer.cooldown`):
         checked before each call, set by a call that failed with a stated wait."""
@@ -357,6 +362,9 @@ class SummaryEngine:
                 if self.cooldown is not None:
                     self.cooldown.after_failure(exc)  # a stated wait holds every worker
                 raise
+            except self.interruptions as exc:
+                raise SummarizerUnavailable(f"the job's time limit interrupted the summarizer "
+                                            f"call ({type(exc).__name__})") from exc
             call.done(completion.input_tokens, completion.output_tokens, completion.model)
             draft.calls += 1
             draft.input_tokens += completion.input_tokens
