@@ -438,3 +438,30 @@ def test_a_worker_keeps_one_delayed_follow_up_per_busy_session(own_redis_url: st
         worker.stop()
         broker.flushdb()
         store.redis.flushdb()
+
+
+def test_a_job_stopped_while_the_broker_is_away_leaves_the_requests_waiting(
+        eager_store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery cancels a running prefork job when the broker connection drops (SystemExit in
+    the job) and no follow-up can be sent then: a /compact left for the holder used to be
+    recorded failed and dropped; it stays in the flag for the job's redelivery, which runs
+    it (measured: a broker restart beside a live store under a prefork worker)."""
+    from workers import tasks
+
+    eager_store.mark_dirty("s", Request(keep_recent=2000, manual=True).encode())
+
+    def stopped(self: Compactor, session_id: str, **kwargs: Any) -> Any:
+        raise SystemExit(-15)
+
+    def send_task(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(Compactor, "run", stopped)
+    monkeypatch.setattr(app, "send_task", send_task)
+    with pytest.raises(SystemExit):
+        tasks.maybe_summarize.apply(args=["s"])
+    assert eager_store.state("s").requests_failed == 0
+    assert eager_store.requests_waiting("s")
+    monkeypatch.undo()
+    redelivered = tasks.maybe_summarize.apply(args=["s"]).get()
+    assert redelivered["reruns"] == ["compacted"] and eager_store.state("s").watermark > 0

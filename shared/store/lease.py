@@ -40,8 +40,10 @@ even when its version still matches; its request goes back to the flag.
 Failures. A retried job comes back and finds the flag. One that fails for
 good (``StoreUnavailable``, a bug) puts back what it took and hands waiting
 requests to a follow-up job (after the lease's TTL if it could not release),
-at most :data:`MAX_HANDOFFS` times in a row; then they leave the flag as
-failed, in the session's state (``requests_failed``, ``last_request_failure``:
+at most :data:`MAX_HANDOFFS` times in a row (a job stopped by its process,
+``SystemExit``, gives nothing up: what it cannot hand over stays in the flag for
+its redelivery); then they leave the flag as failed, in the session's state
+(``requests_failed``, ``last_request_failure``:
 ``guard.stats()``, ``compaction stats``) and the task's result: never unseen.
 A busy job also sends a follow-up for when the holder's lease would expire:
 a holder killed with ``-9`` runs nothing, and its redelivered job may still
@@ -394,22 +396,32 @@ class LeaseHolder(Generic[O]):
         """A failure that is not retried: requests that may wait go to a follow-up job
         (after the lease's TTL if it may still be held), or are recorded failed."""
         error = f"{type(exc).__name__}: {exc}"[:300]
+        # SystemExit, KeyboardInterrupt: the process is stopped, not the requests failing
+        # (Celery cancels a prefork job when the broker connection drops, so the follow-up
+        # cannot be sent either): they stay in the flag for the job's redelivery.
+        stopped = not isinstance(exc, Exception)
         waiting = True  # unless a look says otherwise (Redis may be what failed)
         with suppress(StoreUnavailable):
             waiting = self.store.requests_waiting(self.session_id)
         self.failure = {"error": error, "requests_waiting": waiting}
-        if waiting and self.handoff >= MAX_HANDOFFS:
+        if waiting and self.handoff >= MAX_HANDOFFS and not stopped:
             self._give_up(f"{error} ({self.handoff} follow-up jobs failed too)")
         elif waiting:
             countdown = 0.0 if released else self.ttl_seconds
-            if self._send_follow_up(countdown, self.handoff + 1, error):
+            if self._send_follow_up(countdown, self.handoff + 1, error, give_up=not stopped):
                 self.failure.update(handed_to_follow_up=True, countdown=countdown)
 
-    def _send_follow_up(self, countdown: float, handoff: int, why: str) -> bool:
+    def _send_follow_up(self, countdown: float, handoff: int, why: str,
+                        give_up: bool = True) -> bool:
         try:
             self.follow_up(countdown, handoff)
         except Exception as exc:  # the broker is away too: recorded, not hidden
-            self._give_up(f"{why}; follow-up job not sent: {type(exc).__name__}: {exc}")
+            reason = f"{why}; follow-up job not sent: {type(exc).__name__}: {exc}"
+            if give_up:
+                self._give_up(reason)
+            else:
+                log.warning("%s for %s: left in the flag for the next job", reason,
+                            self.session_id)
             return False
         log.warning("%s for %s: follow-up job sent (in %.0f s)", why, self.session_id, countdown)
         return True
