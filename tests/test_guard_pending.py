@@ -8,8 +8,8 @@ import fakeredis
 import pytest
 
 from shared.core.config import StoreConfig
-from shared.core.errors import InvalidInput
-from shared.core.messages import validate_messages
+from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.messages import Message, validate_messages
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.viewcache import ViewCache
 from shared.store.sessions import SessionStore
@@ -42,7 +42,7 @@ def _stored_counts(store: SessionStore) -> list[int]:
 
 @pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
-        shell_name: str) -> None:
+        shell_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     counter = CountingCounter()
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"), counter=counter)
     guard = make(shell_name, store, overrides={"m": 1_000_000})
@@ -50,8 +50,14 @@ def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
     for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
         guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
     before = counter.messages_counted
+    encoded: list[Message] = []
+    to_json_bytes = Message.to_json_bytes
+    monkeypatch.setattr(Message, "to_json_bytes",
+                        lambda self: encoded.append(self) or to_json_bytes(self))
     guard.record_turn("s", turn)
+    monkeypatch.undo()
     assert counter.messages_counted - before == 1  # only the last message was new
+    assert [m.content for m in encoded] == [turn[-1]["content"]]  # and encoded: the prepares'
 
     plain = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
     plain.append("s", turn)
@@ -60,6 +66,20 @@ def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
         [m.to_json() for m in plain.messages("s")]
     assert _stored_counts(store) == [DEFAULT_COUNTER.message(m)
                                      for m in validate_messages(turn)]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_prepared_message_over_the_size_limit_is_refused_when_recorded(
+        shell_name: str) -> None:
+    """The prepares' stored JSON is re-used by the record, and its size still checked."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p",
+                                                            max_message_bytes=2_000))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    turn = [{"role": "user", "content": "x" * 3_000}, {"role": "assistant", "content": "ok"}]
+    guard.prepare("s", SYSTEM, model="m", pending=turn[:1])
+    with pytest.raises(LimitExceeded, match="the limit is 2000 bytes") as raised:
+        guard.record_turn("s", turn)
+    assert raised.value.field == "messages[0]" and store.length("s") == 0
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)

@@ -37,30 +37,33 @@ def _kept(item: Any) -> Any:
     return copy.deepcopy(item)
 
 
-def sendable(items: list[Message], offset: int) -> list[Message]:
-    """``items`` (pending messages from ``pending[offset]`` on), each refused, named, when it
-    cannot be written as JSON (a lone surrogate, absurd nesting), as the store refuses it:
-    else the view holding it is what fails, in the provider's SDK or the HTTP server's
-    answer, and the turn's record is refused later."""
+def encoded(items: list[Message], offset: int) -> list[bytes]:
+    """The stored JSON of ``items`` (pending messages from ``pending[offset]`` on), each
+    refused, named, when it cannot be written as JSON (a lone surrogate, absurd nesting),
+    as the store refuses it: else the view holding it is what fails, in the provider's SDK
+    or the HTTP server's answer, and the turn's record is refused later. Kept with the
+    turn: recording it does not encode those messages again."""
+    out: list[bytes] = []
     for i, message in enumerate(items):
         try:
-            message.to_json_bytes()
+            out.append(message.to_json_bytes())
         except (ValueError, RecursionError) as exc:
             raise InvalidInput(f"cannot be sent as JSON: {str(exc)[:200]}",
                                field=f"pending[{offset + i}]", index=offset + i) from None
-    return items
+    return out
 
 
 class _Turn:
     """One session's turn so far, as parallel lists (each call extends them at C speed: a
     long chain's calls do not walk the whole turn in Python), scan and cut."""
 
-    __slots__ = ("cut", "extra", "given", "renamed", "scan", "slots", "tokens")
+    __slots__ = ("cut", "extra", "given", "raw", "renamed", "scan", "slots", "tokens")
 
     def __init__(self) -> None:
         self.given: list[Any] = []  # each message as given (a mapping: a copy of it)
         self.extra: list[Message] = []  # the messages :meth:`rows` last returned, validated
         self.tokens: list[int] = []  # their counts
+        self.raw: list[bytes] = []  # their stored JSON
         self.slots = Slots()  # their wire-form slots, index for index
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
@@ -119,7 +122,8 @@ class PendingTurns:
         what an earlier prepare of the same turn already did (compared by value), the
         messages' wire forms included (:meth:`wire`)."""
         if not isinstance(raw, (list, tuple)):
-            items = sendable(validate_messages(raw, prefix="pending"), 0)
+            items = validate_messages(raw, prefix="pending")
+            encoded(items, 0)
             return items, [self.counter.message(m) for m in items]
         if not raw:
             return [], []
@@ -140,7 +144,7 @@ class PendingTurns:
                 raise
             validate_messages(raw, prefix="pending")  # the error, named by its place in raw
             raise
-        sendable(fresh, reuse)
+        fresh_raw = encoded(fresh, reuse)
         assert reuse == 0 or found is not None
         turn = found if found is not None else _Turn()  # kept (as most recent) by _sized
         keep = found is not None and reuse == len(given)
@@ -153,6 +157,7 @@ class PendingTurns:
         turn.given = kept(base.given) + [_kept(item) for item in raw[reuse:]]
         turn.extra = extra = kept(base.extra) + fresh
         turn.tokens = tokens = kept(base.tokens) + [self.counter.message(m) for m in fresh]
+        turn.raw = kept(base.raw) + fresh_raw
         turn.slots = (base.slots if isinstance(base.slots, Slots) else Slots(base.slots)
                       ).continued(reuse, len(fresh))
         self._sized(session_id, turn)
@@ -193,26 +198,27 @@ class PendingTurns:
             turn.cut = cut
 
     def recorded(self, session_id: str, messages: Sequence[Any],
-                 ) -> tuple[list[Message], dict[int, int], list[dict[str, Any]],
+                 ) -> tuple[list[Message], dict[int, tuple[bytes, int]], list[dict[str, Any]],
                             RenamedTurn | None]:
         """For the turn being recorded: its first messages as the pending turn validated
-        them (the same given, compared as :meth:`rows` does), their token counts by
-        message object, their wire-form slots and the turn's renaming, so that recording
-        the turn does not validate, count, rename or convert them again."""
+        them (the same given, compared as :meth:`rows` does), their stored JSON and token
+        counts by message object, their wire-form slots and the turn's renaming, so that
+        recording the turn does not validate, encode, count, rename or convert them again."""
         turn = self._get(session_id)
         if turn is None or not isinstance(messages, (list, tuple)):
             return [], {}, [], None
         known: list[Message] = []
-        counts: dict[int, int] = {}
+        rows: dict[int, tuple[bytes, int]] = {}
         slots: list[dict[str, Any]] = []
-        for old, message, tokens, slot, item in zip(turn.given, turn.extra, turn.tokens,
-                                                    turn.slots, messages, strict=False):
+        for old, message, tokens, raw, slot, item in zip(
+                turn.given, turn.extra, turn.tokens, turn.raw, turn.slots, messages,
+                strict=False):
             if old is not item and old != item:
                 break
             known.append(message)
-            counts[id(message)] = tokens
+            rows[id(message)] = (raw, tokens)
             slots.append(slot)
-        return known, counts, slots, turn.renamed
+        return known, rows, slots, turn.renamed
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""

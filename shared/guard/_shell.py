@@ -19,6 +19,7 @@ view, the overflow check and the usage report (:meth:`~GuardShell.turn_usage`).
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import hashlib
 import json
@@ -111,13 +112,19 @@ MAX_MODEL_CHARS = 256
 _MODEL_OK = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]+")
 
 
+@functools.lru_cache(maxsize=256)
+def _printable(model: str) -> bool:
+    return _MODEL_OK.fullmatch(model) is not None
+
+
 def check_model(model: str) -> str:
     """``model`` as given, refused naming the field when it is a string no provider names
     a model with (control characters, a lone surrogate, over :data:`MAX_MODEL_CHARS`): it
     is stored in the session's state and logged; a lone surrogate failed the state's write
-    as if Redis were down. Other types are left to :func:`model_limits`, which names them."""
-    if isinstance(model, str) and (len(model) > MAX_MODEL_CHARS
-                                   or not _MODEL_OK.fullmatch(model)) and model:
+    as if Redis were down. Other types are left to :func:`model_limits`, which names them.
+    (Checked once per name: every prepare names its model.)"""
+    if isinstance(model, str) and model and (len(model) > MAX_MODEL_CHARS
+                                             or not _printable(model)):
         raise InvalidInput(f"expected a model name of at most {MAX_MODEL_CHARS} printable "
                            f"characters, got {model!r:.80}", field="model")
     return model
@@ -289,18 +296,19 @@ class GuardShell(FreshViews, Recovery):
         """The turn encoded for its append (:meth:`SessionStore.encode`), re-using what the
         pending turn's prepares validated and counted (when the store counts with the
         guard's counter): recording a long tool chain does not count it all again."""
-        known, counts, slots, renamed = (self.turns.recorded(session_id, messages)
-                                         if store.counter is self.counter
-                                         else ([], {}, [], None))
+        known, rows, slots, renamed = (self.turns.recorded(session_id, messages)
+                                       if store.counter is self.counter
+                                       else ([], {}, [], None))
         validated = (known + [validate_message(item, i) for i, item in
                               enumerate(messages[len(known):], start=len(known))]
                      if known else validate_messages(messages))
         ids = self.stored_ids(session_id, validated)
         # the ids the turn's prepares sent, when the append would rename it the same way
         adopt = adopted(renamed, validated, ids) if known else None
+        counts = {key: row[1] for key, row in rows.items()}
         batch = commands.encode(messages, store.config,
                                 KnownCounts(self.counter, counts) if known else store.counter,
-                                validated=validated, known=ids,
+                                validated=validated, known=ids, reuse=rows,
                                 renamed=adopt[:2] if adopt is not None else None)
         if adopt is not None:
             batch.slots, batch.slots_for = adopt[2], batch.unique

@@ -105,8 +105,9 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
     """Validate, make call ids unique (:mod:`shared.core.callids`), encode, count.
 
     ``reuse``: rows already made for some of the messages (by object id), e.g. by an
-    earlier attempt whose ids collided: only the messages renamed since are encoded
-    and counted again. ``renamed``: the messages with unique ids and their claims,
+    earlier attempt whose ids collided (only the messages renamed since are encoded
+    and counted again) or by the prepares of the turn being recorded (their size is
+    checked all the same). ``renamed``: the messages with unique ids and their claims,
     made already (a pending turn's renaming, :func:`shared.core.renamed.adopted`)."""
     items = validated if validated is not None else validate_messages(messages)
     if len(items) > config.max_messages_per_call:
@@ -119,13 +120,13 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
     for i, message in enumerate(unique):
         found = reuse.get(id(message)) if reuse else None
         if found is not None:
-            rows.append(found)
-            continue
-        try:
-            raw = message.to_json_bytes()
-        except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
-            raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
-                               field=f"messages[{i}]", index=i) from None
+            raw = found[0]
+        else:
+            try:
+                raw = message.to_json_bytes()
+            except (ValueError, RecursionError) as exc:  # lone surrogates, absurd nesting
+                raise InvalidInput(f"cannot be stored as JSON: {str(exc)[:200]}",
+                                   field=f"messages[{i}]", index=i) from None
         size = len(raw)
         if size > config.max_message_bytes:
             raise LimitExceeded(
@@ -133,7 +134,7 @@ def encode(messages: Iterable[Any], config: StoreConfig, counter: TokenCounter, 
                 field=f"messages[{i}]", index=i)
         # counted as given: a renamed copy differs in its ids alone, and the provider is
         # sent the given ids (wire_ids); the caller may know the given message's count
-        rows.append((raw, counter.message(items[i])))
+        rows.append(found if found is not None else (raw, counter.message(items[i])))
     return EncodedBatch.build(rows, items, claims, unique)
 
 
