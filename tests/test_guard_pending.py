@@ -69,6 +69,21 @@ def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_pending_message_changed_in_place_is_stored_as_recorded(shell_name: str) -> None:
+    """A Message is frozen, but its metadata dict is not: an agent that annotates its
+    message after the call has the annotation stored (its JSON is made anew; a message
+    given as a mapping is compared by value and its prepare's JSON re-used)."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store, overrides={"m": 1_000_000})
+    first = Message(role="user", content="go", metadata={"trace": "a"})
+    turn = [first, {"role": "assistant", "content": "ok", "metadata": {"trace": "c"}}]
+    guard.prepare("s", SYSTEM, model="m", pending=turn)
+    first.metadata["trace"] = "b"
+    guard.record_turn("s", [*turn, {"role": "user", "content": "thanks"}])
+    assert [m.metadata for m in store.messages("s")] == [{"trace": "b"}, {"trace": "c"}, {}]
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_prepared_message_over_the_size_limit_is_refused_when_recorded(
         shell_name: str) -> None:
     """The prepares' stored JSON is re-used by the record, and its size still checked."""

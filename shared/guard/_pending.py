@@ -198,16 +198,20 @@ class PendingTurns:
             turn.cut = cut
 
     def recorded(self, session_id: str, messages: Sequence[Any],
-                 ) -> tuple[list[Message], dict[int, tuple[bytes, int]], list[dict[str, Any]],
-                            RenamedTurn | None]:
+                 ) -> tuple[list[Message], dict[int, int], dict[int, tuple[bytes, int]],
+                            list[dict[str, Any]], RenamedTurn | None]:
         """For the turn being recorded: its first messages as the pending turn validated
-        them (the same given, compared as :meth:`rows` does), their stored JSON and token
-        counts by message object, their wire-form slots and the turn's renaming, so that
-        recording the turn does not validate, encode, count, rename or convert them again."""
+        them (the same given, compared as :meth:`rows` does), their token counts and stored
+        JSON by message object, their wire-form slots and the turn's renaming, so that
+        recording the turn does not validate, count, encode, rename or convert them again.
+        Stored JSON only of the messages given as mappings (compared by value): a
+        :class:`Message` given again is the same object, but its metadata dict or content
+        list may have been changed in place since, so its JSON is made anew."""
         turn = self._get(session_id)
         if turn is None or not isinstance(messages, (list, tuple)):
-            return [], {}, [], None
+            return [], {}, {}, [], None
         known: list[Message] = []
+        counts: dict[int, int] = {}
         rows: dict[int, tuple[bytes, int]] = {}
         slots: list[dict[str, Any]] = []
         for old, message, tokens, raw, slot, item in zip(
@@ -216,9 +220,11 @@ class PendingTurns:
             if old is not item and old != item:
                 break
             known.append(message)
-            rows[id(message)] = (raw, tokens)
+            counts[id(message)] = tokens
+            if old is not item:
+                rows[id(message)] = (raw, tokens)
             slots.append(slot)
-        return known, rows, slots, turn.renamed
+        return known, counts, rows, slots, turn.renamed
 
     def forget(self, session_id: str) -> None:
         """The turn was recorded: the next call starts a new one."""

@@ -296,16 +296,15 @@ class GuardShell(FreshViews, Recovery):
         """The turn encoded for its append (:meth:`SessionStore.encode`), re-using what the
         pending turn's prepares validated and counted (when the store counts with the
         guard's counter): recording a long tool chain does not count it all again."""
-        known, rows, slots, renamed = (self.turns.recorded(session_id, messages)
-                                       if store.counter is self.counter
-                                       else ([], {}, [], None))
+        known, counts, rows, slots, renamed = (self.turns.recorded(session_id, messages)
+                                               if store.counter is self.counter
+                                               else ([], {}, {}, [], None))
         validated = (known + [validate_message(item, i) for i, item in
                               enumerate(messages[len(known):], start=len(known))]
                      if known else validate_messages(messages))
         ids = self.stored_ids(session_id, validated)
         # the ids the turn's prepares sent, when the append would rename it the same way
         adopt = adopted(renamed, validated, ids) if known else None
-        counts = {key: row[1] for key, row in rows.items()}
         batch = commands.encode(messages, store.config,
                                 KnownCounts(self.counter, counts) if known else store.counter,
                                 validated=validated, known=ids, reuse=rows,
