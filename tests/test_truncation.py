@@ -355,6 +355,24 @@ def test_a_guard_records_the_cut_of_a_view_whose_turns_share_a_message_object() 
     assert not views[1].report.truncated and not views[2].report.truncated
 
 
+def test_a_stored_system_message_the_cut_keeps_is_not_put_behind_the_watermark() -> None:
+    """The log after the watermark opens with a system message the agent recorded: the cut
+    keeps it (never dropped) and drops what follows, which is no prefix of the log: the
+    watermark stays (it moved to a position inside the dropped run: the system message left
+    every later view and a dropped message came back)."""
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
+    guard = ContextGuard(store, overrides={"wide": 1_000_000, "narrow": 3000})
+    rules = Message(role="system", content="STORED RULES: answer in French")
+    guard.record_turn("s", [rules, user("u0"), bot("a0 " + "x " * 400)])
+    for k in range(1, 12):
+        guard.record_turn("s", [user(f"u{k}"), bot(f"a{k} " + "x " * 400)])
+    view = guard.prepare("s", "be brief", max_tokens=500, model="narrow", pending=[user("next")])
+    assert view.report.truncated and rules in list(view.messages)
+    assert store.state("s").watermark == 0
+    wide = guard.prepare("s", "be brief", max_tokens=500, model="wide", pending=[user("next")])
+    assert list(wide.messages)[1:-1] == store.messages("s")
+
+
 def test_a_cut_that_loses_nothing_has_no_note() -> None:
     """Nothing to drop or clip (system messages are kept whole): the result does not fit,
     and says so in its figures, but its note, meant for the model, is empty."""

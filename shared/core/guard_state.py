@@ -327,7 +327,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         result = cut.source.cut(budget, counter, drop_fraction=policy.emergency_drop_fraction)
         history, dropped, note, truncated = result.messages, result.dropped, result.note, True
         dropped_prefix = result.dropped_prefix
-        summary, truncation = _truncation(snap, counter, result.dropped_prefix, note)
+        # stored system messages the cut kept at its head stand before what it dropped:
+        # the watermark cannot pass them (those messages would leave every later view)
+        summary, truncation = _truncation(snap, counter,
+                                          0 if cut.source.head else result.dropped_prefix, note)
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
         # the kept messages' tokens, as the cut counted them (clipped ones included)
