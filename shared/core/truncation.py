@@ -227,9 +227,10 @@ class TruncationInput:
     units: list[Unit]  # tool units of the body, oldest first
     unit_starts: list[int]
     starts: list[int]  # turn starts of the body
-    # id of an input message -> its first index, where repair made ``repaired`` (intact,
-    # ``repaired is messages``: a body message's place is its origin, and an agent that
-    # sends one message object in several turns does not confuse it)
+    # id of an input message -> its first index after the leading system messages, where
+    # repair made ``repaired`` (intact, ``repaired is messages``: a body message's place
+    # is its origin, and an agent that sends one message object every turn does not
+    # confuse it)
     origin: dict[int, int]
     scan: PairScan  # of the input from the start: intact means ``repaired is messages``
     memo: dict[int, tuple[dict[str, int], list[str]]] = field(default_factory=dict)
@@ -257,7 +258,8 @@ class TruncationInput:
         units, starts = _units_and_starts(body)
         origin: dict[int, int] = {}
         if repaired is not messages:  # intact, a body message's place says where it came from
-            for index, message in enumerate(messages):
+            start = leading_system_count(messages)
+            for index, message in enumerate(messages[start:], start):
                 origin.setdefault(id(message), index)
         return cls(messages, repaired, repair, head, sum(count.message(m) for m in repaired[:head]),
                    sizes, list(itertools.accumulate(sizes, initial=0)), units,
@@ -484,10 +486,20 @@ class _Cut:
         media = sum(self.media.get(i, 0) for i in kept)
         if src.repaired is src.messages:
             prefix = kept[0] if kept else len(src.messages) - head
-        else:  # the first kept input message (a repeated object: its first place, no later)
-            kept_origins = [src.origin[id(body[i])] for i in kept if id(body[i]) in src.origin]
-            prefix = ((min(kept_origins) if kept_origins else len(src.messages))
-                      - leading_system_count(src.messages))
+        else:  # a lower bound of the first input place shown after the input's leading
+            # system messages (the head's too: repair may move a system message there; a
+            # repeated object: its first place there). One repair made (a filled text, a
+            # renamed call, an inserted result) stands for nothing or for an input message
+            # after those shown before it, where repair kept the order (no result moved)
+            start = leading_system_count(src.messages)
+            ordered = not src.repair.moved_results
+            places: list[int] = []
+            for m in (*src.repaired[start:head], *(body[i] for i in kept)):
+                place = src.origin.get(id(m))
+                if place is None:
+                    place = max(start, places[-1] + 1) if places and ordered else start
+                places.append(max(place, places[-1]) if places and ordered else place)
+            prefix = min(places, default=len(src.messages)) - start
         after = src.fixed + self.used
         return TruncationResult(
             messages=out, dropped=self.n - len(kept), dropped_prefix=max(0, prefix),
