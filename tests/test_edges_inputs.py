@@ -121,6 +121,32 @@ def test_arguments_stored_before_the_check_are_still_read() -> None:
         validate_message(json.loads(stored))
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_view_of_arguments_stored_before_the_check_can_be_sent(number: str) -> None:
+    """An older version stored them: every format's view of the session is still JSON an
+    API takes (a non-finite number goes out as null where arguments are an object), from
+    the cold read's stored JSON and from the messages alike."""
+    import fakeredis
+
+    from shared.core.config import StoreConfig
+    from shared.core.wire import to_anthropic, to_gemini
+    from shared.guard import ContextGuard
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="legacy"))
+    arguments = '{"x": %s, "y": 2.5, "z": 12345678901234567890123}'
+    store.append("s", call_turn(arguments % "1"))
+    stored = json.loads(store.redis.lindex(store.keys("s").log, 1))
+    stored["tool_calls"][0]["arguments"] = arguments % number  # as an older version wrote it
+    store.redis.lset(store.keys("s").log, 1, json.dumps(stored))
+    guard = ContextGuard(store, overrides={"m": 100_000})
+    view = guard.prepare("s", "sys", model="m", pending=[{"role": "user", "content": "next"}])
+    history = list(view.messages)
+    for messages in (view.anthropic()[1], view.gemini()[1], to_anthropic(history)[1],
+                     to_gemini(history)[1]):
+        sent = json.dumps(messages, allow_nan=False)
+        assert '"x": null, "y": 2.5, "z": 12345678901234567890123' in sent
+
+
 # -- the wire converters ----------------------------------------------------------------------
 @pytest.mark.parametrize(("convert", "messages", "field"), [
     (from_openai, [{"role": "assistant", "content": None, "tool_calls": [

@@ -103,4 +103,28 @@ def loads_message(raw: str | bytes) -> Any:
     return json.loads(raw) if _has_float(value) else value
 
 
-__all__ = ["is_finite_object", "is_object", "loads", "loads_message", "loads_unchecked"]
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _none(_: str) -> None:
+    return None
+
+
+def loads_sendable(text: str | bytes) -> Any:
+    """:func:`loads`, with ``NaN``, ``Infinity`` and numbers beyond a double read as None:
+    no API takes them, and stored tool-call arguments may hold them (written before
+    callers' arguments were checked for them); an Anthropic or Gemini view of such a
+    message is then still sendable."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text, parse_float=_finite_or_none, parse_constant=_none)
+    if not _has_float(value):
+        return value
+    return json.loads(text, parse_float=_finite_or_none, parse_constant=_none)
+
+
+__all__ = ["is_finite_object", "is_object", "loads", "loads_message", "loads_sendable",
+           "loads_unchecked"]

@@ -216,8 +216,9 @@ def omitted_text(part: ImagePart | FilePart, why: str) -> str:
 
 
 def arguments_object(arguments: str, loc: Loc) -> dict[str, Any]:
-    """Arguments as the JSON object Anthropic and Gemini require."""
-    value = fastjson.loads(arguments)
+    """Arguments as the JSON object Anthropic and Gemini require (a non-finite number
+    stored before they were refused: None, :func:`~shared.core.fastjson.loads_sendable`)."""
+    value = fastjson.loads_sendable(arguments)
     if not isinstance(value, dict):
         raise loc.error(f"this provider needs a JSON object as arguments, got {_kind(value)}")
     return value
@@ -235,7 +236,7 @@ def stored_call(call: Any, index: int, j: int) -> tuple[str, str, dict[str, Any]
     call_id, name, arguments = call["id"], call["name"], call["arguments"]
     if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
         return None
-    args = fastjson.loads(arguments)
+    args = fastjson.loads_sendable(arguments)
     if type(args) is not dict:
         arguments_object(arguments, Loc(f"messages[{index}].tool_calls[{j}].arguments", index))
     return call_id, name, args
