@@ -55,26 +55,35 @@ def is_object(text: str | bytes) -> bool:
         return isinstance(json.loads(text), dict)
 
 
+class NonFinite(ValueError):
+    """``NaN``, ``Infinity`` or a number beyond a double: ``json`` reads them, no
+    provider's API does."""
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"the number {text} is beyond what a float holds: no provider takes it")
+        raise NonFinite(f"the number {text} is beyond what a float holds: no provider takes it")
     return value
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON: no provider takes it")
+    raise NonFinite(f"{name} is not JSON: no provider takes it")
+
+
+def loads_finite(text: str | bytes) -> Any:
+    """``json.loads(text)``, raising :class:`NonFinite` where a provider could not read it."""
+    return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
 
 
 def is_finite_object(text: str | bytes) -> bool:
-    """:func:`is_object`, raising ValueError for ``NaN``, ``Infinity`` or a number beyond a
-    double too (``json`` reads them, no provider's API does). orjson refuses each of them,
-    so only text it refuses is read again, by ``json`` with those checks."""
+    """:func:`is_object`, raising :class:`NonFinite` for ``NaN``, ``Infinity`` or a number
+    beyond a double too. orjson refuses each of them, so only text it refuses is read
+    again, by ``json`` with those checks."""
     try:
         return type(orjson.loads(text)) is dict
     except orjson.JSONDecodeError:
-        return isinstance(json.loads(text, parse_float=_finite_float,
-                                      parse_constant=_no_constant), dict)
+        return isinstance(loads_finite(text), dict)
 
 
 def loads_unchecked(raw: str | bytes) -> Any:
@@ -126,5 +135,5 @@ def loads_sendable(text: str | bytes) -> Any:
     return json.loads(text, parse_float=_finite_or_none, parse_constant=_none)
 
 
-__all__ = ["is_finite_object", "is_object", "loads", "loads_message", "loads_sendable",
-           "loads_unchecked"]
+__all__ = ["NonFinite", "is_finite_object", "is_object", "loads", "loads_finite",
+           "loads_message", "loads_sendable", "loads_unchecked"]

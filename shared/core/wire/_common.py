@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -156,21 +155,6 @@ def encode_text(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-class _NonFinite(ValueError):
-    """A number no float holds (``1e400``) or ``NaN``/``Infinity``, which JSON lacks."""
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NonFinite(f"the number {text} is beyond what a float holds")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise _NonFinite(f"{name} is not JSON")
-
-
 def json_arguments(value: Any, loc: Loc) -> str:
     """OpenAI-style arguments: a string that parses as JSON, kept byte for byte. A number
     beyond a float is refused: the formats that take arguments as an object would send
@@ -179,9 +163,9 @@ def json_arguments(value: Any, loc: Loc) -> str:
         raise loc.error(f"expected a JSON string, got {_kind(value)}")
     if value.strip():
         try:
-            json.loads(value, parse_float=_finite_float, parse_constant=_no_constant)
-        except _NonFinite as exc:
-            raise loc.error(f"{exc}: no provider takes it") from None
+            fastjson.loads_finite(value)
+        except fastjson.NonFinite as exc:
+            raise loc.error(str(exc)) from None
         except ValueError as exc:
             raise loc.error(f"not valid JSON ({exc})") from None
         except RecursionError:
