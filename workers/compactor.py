@@ -152,6 +152,9 @@ class JobOutcome:
     over_truncation: bool = False
     """The summary replaced a guard truncation that had won the compare-and-swap."""
     latency_ms: float = 0.0
+    lost_swaps: list[str] = field(default_factory=list)
+    """Each compare-and-swap this job lost, in order (``covered`` or ``conflict``), those a
+    later attempt made up for included: ``compaction_compactions_total`` counts each."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -360,9 +363,12 @@ class Compactor:
         args = (session_id, force, keep_recent, use_llm and not llm_failed, deadline, manual,
                 lease_token, llm_failed)
         lost: _Lost | None = None
+        lost_swaps: list[str] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
             outcome, lost = self._attempt(*args, lost=lost)
-            outcome.attempts = attempt
+            if lost is not None:
+                lost_swaps.append(outcome.status)
+            outcome.attempts, outcome.lost_swaps = attempt, lost_swaps
             if lost is None or (outcome.status == "covered" and not lost.reusable):
                 break
         outcome.latency_ms = round((time.perf_counter() - started) * 1000, 2)

@@ -307,13 +307,21 @@ def _record_result(result: Mapping[str, Any], current: Any) -> None:
 def record_outcome(outcome: T) -> T:
     """Count one compaction a job ran (its own request, or one it took over), by kind.
 
-    ``compacted`` carries the summary's kind (``llm``, ``offline``); a lost
-    compare-and-swap (``covered``, ``conflict``) has no summary, so its kind
-    is ``summary``. Skips are not compactions (they are in ``compaction_jobs_total``).
+    ``compacted`` carries the summary's kind (``llm``, ``offline``); every
+    compare-and-swap it lost (``covered``, ``conflict``: the outcome's
+    ``lost_swaps``, those a later attempt made up for included) has no
+    summary, so its kind is ``summary``. Skips are not compactions (they are
+    in ``compaction_jobs_total``).
     """
+    metrics = get_metrics()
     status = getattr(outcome, "status", "")
-    if status in ("compacted", "covered", "conflict"):
-        get_metrics().compaction(getattr(outcome, "summary_kind", "") or "summary", status)
+    lost = getattr(outcome, "lost_swaps", None)
+    if lost is None:  # an outcome without the list: its own status is its one lost swap
+        lost = [status] if status in ("covered", "conflict") else []
+    for swap in lost:
+        metrics.compaction("summary", swap)
+    if status == "compacted":
+        metrics.compaction(getattr(outcome, "summary_kind", "") or "summary", status)
     return outcome
 
 
