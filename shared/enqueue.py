@@ -30,6 +30,7 @@ from redis.retry import Retry
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import InlineJob
+from shared.publish_log import publish_failures
 from shared.telemetry.propagation import publish_headers
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
@@ -381,8 +382,9 @@ def publish_marked(store: Any, enqueuer: Enqueuer, session_id: str) -> bool:
     except Exception as exc:
         with contextlib.suppress(StoreUnavailable):
             store.clear_pending(session_id)
-        log.warning("enqueue failed for session %s: %s", session_id, exc)
+        publish_failures.failed(session_id, exc)  # the first of an outage, then 1/min
         return False
+    publish_failures.published()
     return True
 
 

@@ -45,6 +45,7 @@ from shared.guard._shell import (
     plain_writes,
     settle_garbage,
 )
+from shared.publish_log import publish_failures
 from shared.store.changes import CHANGED
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
@@ -102,6 +103,12 @@ def _decoding(cached: CachedView | None) -> CachedView | None:
 class NotSent(Exception):
     """A recovery's view that would be refused again (the reason): raised before any of
     its plan's writes, so that a recovery that gives up leaves the session as it was."""
+
+
+def _published() -> None:
+    """A job got to the broker: counted, and the end of a publish outage if one was on."""
+    get_metrics().enqueue("published")
+    publish_failures.published()
 
 
 def _sent_at(plan: Plan, version: int | None) -> None:
@@ -309,7 +316,7 @@ class GuardFlow(GuardShell):
                                                         done[0], done[1], before)
         _sent_at(plan, version)
         if marked and pushed:
-            get_metrics().enqueue("published")  # pushed by the write's own script
+            _published()  # pushed by the write's own script
         published = marked and (pushed or (yield from self._publish(session_id)))
         return won, published
 
@@ -350,10 +357,10 @@ class GuardFlow(GuardShell):
         except Exception as exc:
             with contextlib.suppress(StoreUnavailable):
                 yield Io("clear_pending", (session_id,))
-            log.warning("enqueue failed for session %s: %s", session_id, exc)
+            publish_failures.failed(session_id, exc)  # the first of an outage, then 1/min
             get_metrics().enqueue("failed")
             return False
-        get_metrics().enqueue("published")
+        _published()
         return True
 
     # -- after the call --------------------------------------------------------------
@@ -386,7 +393,7 @@ class GuardFlow(GuardShell):
             if result.marked and not result.published:
                 yield from self._publish(session_id)
             elif result.marked:
-                get_metrics().enqueue("published")  # pushed by the append's own script
+                _published()  # pushed by the append's own script
             return trace.turn(result.length)
 
     def _own_runner(self, session_id: str, marks: list[OwnMark | None],
