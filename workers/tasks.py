@@ -311,7 +311,7 @@ def index_recall(self: Task, session_id: str, tenant: str = "default") -> dict[s
     autoretry); a job whose call stopped at its bound asks for the next one.
     """
     # Logged with the job's ids; not in the compaction metrics (jobs, lag, queue depth:
-    # they describe compactions, and the queue depth gauge reads priority 0 only).
+    # they describe compactions; the queue depth gauge counts its waiting jobs, though).
     with log_context(session_id=session_id, tenant=tenant, job_id=self.request.id,
                      task="index_recall"):
         store = get_runtime(_settings()).compactor(tenant).store
