@@ -30,8 +30,8 @@ from redis.retry import Retry
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import InlineJob
-from shared.publish_log import publish_failures
 from shared.telemetry.propagation import publish_headers
+from shared.telemetry.publish_log import publish_failures
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
 TASK_COMPACT = "compaction.compact"

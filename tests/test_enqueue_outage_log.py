@@ -17,9 +17,9 @@ import redis
 
 from shared.core.config import StoreConfig
 from shared.enqueue import CeleryEnqueuer, publisher_app
-from shared.publish_log import publish_failures
 from shared.store.sessions import SessionStore
 from shared.telemetry.metrics import PrometheusMetrics, set_metrics
+from shared.telemetry.publish_log import publish_failures
 from tests.guard_shells import SHELLS, make
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.redis_server import RedisServer, free_port, redis_binary

@@ -45,12 +45,12 @@ from shared.guard._shell import (
     plain_writes,
     settle_garbage,
 )
-from shared.publish_log import publish_failures
 from shared.store.changes import CHANGED
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
 from shared.store.own_writes import OwnMark, vouch
 from shared.telemetry import get_metrics
+from shared.telemetry.publish_log import publish_failures
 
 log = logging.getLogger("shared.guard")
 T = TypeVar("T")
