@@ -40,6 +40,19 @@ def _async_shells_closed() -> Iterator[None]:
     close_all()
 
 
+@pytest.fixture(autouse=True)
+def _process_metrics_restored() -> Iterator[None]:
+    """A test that installs the process's metrics (a server app's start, a worker's set-up)
+    leaves them as it found them: while metrics are on, every task message carries its
+    publish time, and the tests that compare two publishes byte for byte then differ."""
+    from shared.telemetry.metrics import get_metrics, set_metrics
+
+    before = get_metrics()
+    yield
+    if get_metrics() is not before:
+        set_metrics(before)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """URL of a real Redis (the machine's, or one started for this run)."""
