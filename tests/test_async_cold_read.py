@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,8 +67,16 @@ def seeded(real_redis: redis.Redis, key_prefix: str, data_dir: Path,
 
 @pytest.mark.redis
 def test_a_cold_prepare_of_a_large_session_leaves_the_loop_running(
-        redis_url: str, seeded: tuple[StoreConfig, int]) -> None:
+        redis_url: str, seeded: tuple[StoreConfig, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
     config, count = seeded
+    threads: list[int] = []
+
+    def decode_where(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return decode_view(*args)
+
+    monkeypatch.setattr(_flow, "decode_view", decode_where)
 
     async def main() -> tuple[float, float, int]:
         store = AsyncSessionStore(connect_async(redis_url, config), config)
@@ -97,7 +106,9 @@ def test_a_cold_prepare_of_a_large_session_leaves_the_loop_running(
 
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0.02)
+        threads.clear()
         view = await guard.prepare("big", "sys", model=MODEL)
+        assert threads and threading.get_ident() not in threads  # decoded on another thread
         await asyncio.sleep(0.02)
         stop.set()
         await task
@@ -111,9 +122,10 @@ def test_a_cold_prepare_of_a_large_session_leaves_the_loop_running(
     finally:
         gc.unfreeze()
     assert size > _flow.DECODE_OFF_LOOP_BYTES
-    # the loop kept ticking (a worker thread's decode hands the GIL back every 5 ms);
-    # on the loop thread, the longest gap was the whole decode
-    assert stall < decode / 2, \
+    # the loop kept ticking (a worker thread's decode hands the GIL back every 5 ms); on
+    # the loop thread, the longest gap was the whole decode. Loose: the rest of a cold
+    # prepare (the read's parse, the plan) runs on the loop, and CI shares two cores
+    assert stall < decode, \
         f"the loop stalled {stall * 1e3:.1f} ms (decode alone: {decode * 1e3:.1f} ms)"
 
 
