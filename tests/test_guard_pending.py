@@ -12,6 +12,7 @@ from shared.core.errors import InvalidInput, LimitExceeded
 from shared.core.messages import Message, validate_messages
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.viewcache import ViewCache
+from shared.guard._pending import _plain_ascii
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.test_guard import SYSTEM, coding_turn
@@ -47,6 +48,8 @@ def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"), counter=counter)
     guard = make(shell_name, store, overrides={"m": 1_000_000})
     turn = _chain()
+    turn[1] = {**turn[1], "metadata": {"trace": "t1"}}  # JSON made at prepare: metadata
+    turn[2] = {**turn[2], "content": turn[2]["content"] + " (café)"}  # and non-ASCII text
     for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
         guard.prepare("s", SYSTEM, model="m", pending=turn[:i])
     before = counter.messages_counted
@@ -57,7 +60,13 @@ def test_a_recorded_chain_is_counted_once_and_stored_as_a_plain_append(
     guard.record_turn("s", turn)
     monkeypatch.undo()
     assert counter.messages_counted - before == 1  # only the last message was new
-    assert [m.content for m in encoded] == [turn[-1]["content"]]  # and encoded: the prepares'
+    # encoded now: the last message, and those whose JSON cannot fail (ASCII text, no
+    # metadata), which the prepares did not make; the others' JSON is the prepares'
+    made = [m for m in validate_messages(turn[:-1]) if not _plain_ascii(m)]
+    assert [m.model_dump() for m in made] == [validate_messages(turn[1:3])[k].model_dump()
+                                              for k in (0, 1)]
+    assert not any(m.model_dump() in [x.model_dump() for x in made] for m in encoded)
+    assert len(encoded) == len(turn) - 2 and encoded[-1].content == turn[-1]["content"]
 
     plain = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
     plain.append("s", turn)

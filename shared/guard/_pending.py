@@ -37,14 +37,29 @@ def _kept(item: Any) -> Any:
     return copy.deepcopy(item)
 
 
-def encoded(items: list[Message], offset: int) -> list[bytes]:
+def _plain_ascii(m: Message) -> bool:
+    """Whether ``m``'s JSON cannot fail: text and ids all ASCII (no lone surrogate), no
+    metadata (no nesting to exhaust the stack), no content parts."""
+    return (type(m.content) is str and m.content.isascii() and not m.metadata
+            and (m.reasoning is None or m.reasoning.isascii())
+            and (m.name is None or m.name.isascii())
+            and (m.tool_call_id is None or m.tool_call_id.isascii())
+            and all(c.id.isascii() and c.name.isascii() and c.arguments.isascii()
+                    for c in m.tool_calls))
+
+
+def encoded(items: list[Message], offset: int) -> list[bytes | None]:
     """The stored JSON of ``items`` (pending messages from ``pending[offset]`` on), each
     refused, named, when it cannot be written as JSON (a lone surrogate, absurd nesting),
     as the store refuses it: else the view holding it is what fails, in the provider's SDK
     or the HTTP server's answer, and the turn's record is refused later. Kept with the
-    turn: recording it does not encode those messages again."""
-    out: list[bytes] = []
+    turn: recording it does not encode those messages again. None for a message whose
+    JSON cannot fail (:func:`_plain_ascii`, most tool output): not made until recorded."""
+    out: list[bytes | None] = []
     for i, message in enumerate(items):
+        if _plain_ascii(message):
+            out.append(None)
+            continue
         try:
             out.append(message.to_json_bytes())
         except (ValueError, RecursionError) as exc:
@@ -63,7 +78,7 @@ class _Turn:
         self.given: list[Any] = []  # each message as given (a mapping: a copy of it)
         self.extra: list[Message] = []  # the messages :meth:`rows` last returned, validated
         self.tokens: list[int] = []  # their counts
-        self.raw: list[bytes] = []  # their stored JSON
+        self.raw: list[bytes | None] = []  # their stored JSON, where made
         self.slots = Slots()  # their wire-form slots, index for index
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
@@ -221,7 +236,7 @@ class PendingTurns:
                 break
             known.append(message)
             counts[id(message)] = tokens
-            if old is not item:
+            if old is not item and raw is not None:
                 rows[id(message)] = (raw, tokens)
             slots.append(slot)
         return known, counts, rows, slots, turn.renamed
