@@ -11,11 +11,14 @@ quiet call costs, not a new truncation of the whole view each.
 
 ``--same-user``: the agent sends one user message object every turn (a constant
 "continue"), as agents that build their prompt once do; the default builds one per
-turn. Reported per phase (the log within the window; beyond it): per call p50 / p99,
-and the calls that truncated.
+turn. ``--system-first``: the log opens with a system message the agent recorded and no
+summary has landed (the cut keeps that message ahead of what it drops, so it cannot be
+recorded as a watermark move: every call beyond the window cuts again). Reported per
+phase (the log within the window; beyond it): per call p50 / p99, and the calls that
+truncated.
 
     PYTHONPATH=scripts:. .venv/bin/python scripts/bench_guard_behind.py [--same-user]
-        [--window 1000000] [--turns 170] [--chain 27]
+        [--system-first] [--window 1000000] [--turns 170] [--chain 27]
 """
 
 from __future__ import annotations
@@ -56,12 +59,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=170)
     parser.add_argument("--chain", type=int, default=27)
     parser.add_argument("--same-user", action="store_true")
+    parser.add_argument("--system-first", action="store_true")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     args = parser.parse_args()
     env = Env(args.redis_url)
     store = env.store()
     sid = "behind"
-    seed(store, sid, [m for t in all_turns()[:40] for m in t], summary_at=0.5)
+    history = [m for t in all_turns()[:40] for m in t]
+    if args.system_first:
+        seed(store, sid, [Message(role="system", content="Project rules: be terse."), *history])
+    else:
+        seed(store, sid, history, summary_at=0.5)
     guard = ContextGuard(store, NullEnqueuer(), overrides={MODEL: args.window})
     chain = chain_turn(args.chain)
     user = chain[0] if args.same_user else None
@@ -79,7 +87,8 @@ def main() -> None:
                                      model=MODEL)
                 view.wire("openai")
                 took = (time.perf_counter() - started) * 1000
-                if view.report.summary_kind == "truncation" and started_beyond is None:
+                if started_beyond is None and (view.report.truncated
+                                               or view.report.summary_kind == "truncation"):
                     started_beyond = k
                 (beyond if started_beyond is not None else within).append(took)
                 truncated += view.report.truncated
