@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.core.messages import ImagePart, Message, TextPart
+from shared.core.pairs import pairs_intact
+from shared.core.repair import repair_tool_pairs
 from shared.core.truncation import TruncationInput
 from shared.core.turns import leading_system_count
 from tests.strategies import CharCounter, any_conversations
@@ -100,3 +102,14 @@ def test_an_extended_or_dropped_cut_skips_only_what_it_dropped(
     rest = TruncationInput.build(messages, counter).drop(d)
     if rest is not None:
         _check(rest, messages[d:], budget, counter, fraction)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(conversations(), st.integers(0, 4000), st.sampled_from([0.3, 0.5, 1.0]),
+       st.sampled_from(COUNTERS))
+def test_a_cut_of_an_input_that_needs_no_repair_keeps_its_pairs(
+        messages: list[Message], budget: int, fraction: float, counter: CharCounter) -> None:
+    """The guard does not scan such a cut's pairs again (every call of a turn it cuts)."""
+    source = TruncationInput.build(repair_tool_pairs(messages), counter)
+    if source.repaired is source.messages:
+        assert pairs_intact(source.cut(budget, counter, drop_fraction=fraction).messages)

@@ -339,7 +339,10 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 
-    intact = (pairs_intact(history) if truncated
+    # a cut of an input that needed no repair keeps whole units: its pairs hold (a property
+    # test holds it), without a walk of what it kept on every call of a turn it cuts
+    intact = ((cut is not None and cut.source.repaired is cut.source.messages)
+              or pairs_intact(history) if truncated
               else pending_scan.intact if renamed is None else renamed.scan.intact)
     incremental = not truncated and intact
     repaired: RepairedView | None = None
