@@ -19,6 +19,7 @@ from shared.core.view import ViewCache
 from shared.enqueue import CallbackEnqueuer, CeleryEnqueuer, publisher_app
 from shared.store.changes import ChangeFeed, feed_for, session_base
 from shared.store.own_writes import OwnState
+from shared.store.recall_index import index_compacted
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 
@@ -212,6 +213,39 @@ def test_only_writes_to_keys_the_view_is_read_from_count(real_store: SessionStor
         seen.clear()
         guard.prepare("s", SYSTEM, model="m")  # the read's own figures write: read again
         seen.clear()
+
+
+def test_the_recall_index_is_not_pushed_to_the_feed(real_store: SessionStore,
+                                                   real_redis: redis.Redis,
+                                                   shell: str) -> None:
+    """An index batch writes a key per term (hundreds): outside the prefix the feed
+    watches, none of them is pushed to any guard of the tenant."""
+    real_store.append("s", [{"role": "user", "content": f"word{i} " * 3}
+                            for i in range(50)])
+    assert real_store.commit_summary("s", SummaryRecord(watermark=50, kind="truncation",
+                                                        text="t", tokens=1), 0).ok
+    guard = make(shell, real_store, overrides={"m": 100_000})
+    guard.prepare("s", SYSTEM, model="m")
+    guard.prepare("s", SYSTEM, model="m")
+    seen = reads(guard)
+    feed = guard.feed
+    before = feed._seen.seq
+    pushed: list[bytes] = []
+
+    def spy(push: list[Any]) -> None:
+        pushed.extend(push[1] or [])
+        feed._seen.invalidated(push)
+
+    feed._conn._parser.set_invalidation_push_handler(spy)
+    report = index_compacted(real_store, "s")
+    assert report.messages == 50 and report.terms >= 50
+    real_redis.set(real_store.keys("s").lease, "w", px=5000)  # a push after the batch's
+    deadline = time.monotonic() + 2
+    while not pushed and time.monotonic() < deadline:  # the push travels apart from replies
+        guard.prepare("s", SYSTEM, model="m")
+        time.sleep(0.01)
+    assert seen == [] and feed._seen.seq == before
+    assert pushed and not [k for k in pushed if b":rx:" in k]
 
 
 def test_a_claimed_job_costs_no_read_and_the_next_one_is_requested(

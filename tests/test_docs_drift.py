@@ -81,7 +81,7 @@ def test_the_architecture_names_every_key_of_a_session() -> None:
     keys = SessionKeys.for_session("cmp", "t", "s")
     actual = {key.rsplit(":", 1)[1] for key in [*keys.all_keys(), ids_key(keys)]}
     assert set(listed.group(1).split("|")) == actual
-    assert "`{prefix}:{tenant:session}:rx:*`" in text  # the recall index
+    assert "`{prefix}:rx:{tenant:session}:*`" in text  # the recall index
 
 
 def test_the_docker_readme_describes_the_image_and_the_services() -> None:

@@ -207,17 +207,17 @@ def test_drop_and_ttl(any_redis: Any, key_prefix: str,
     fill(store, "s", range(10))
     commit(store, "s", 20)
     index_compacted(store, "s")
-    index_keys = [k for k in any_redis.scan_iter(match=f"{key_prefix}:*:rx:*")]
-    terms = [k for k in index_keys if b":rx:t:" in k or k.endswith(b":rx:terms")]
+    index_keys = [k for k in any_redis.scan_iter(match=f"{key_prefix}:rx:*")]
+    terms = [k for k in index_keys if b"}:t:" in k or k.endswith(b"}:terms")]
     assert len(terms) > 10 and all(500 < any_redis.ttl(k) <= 1000 for k in terms)
     assert all(0 < any_redis.ttl(k) <= 500 for k in set(index_keys) - set(terms))
-    early = next(k for k in index_keys if k.endswith(b":rx:t:handler_1.py"))
+    early = next(k for k in index_keys if k.endswith(b"}:t:handler_1.py"))
     any_redis.expire(early, 600)  # as if set a while ago
     store.append("s", turn(11))
     commit(store, "s", 22)
     index_compacted(store, "s")  # touches other terms only: no full refresh yet
     assert 500 < any_redis.ttl(early) <= 600
-    meta = next(k for k in index_keys if k.endswith(b":rx:meta"))
+    meta = next(k for k in index_keys if k.endswith(b"}:meta"))
     assert any_redis.ttl(early) >= any_redis.ttl(meta)
     clock = time.time() + 251  # past ttl / 2 since the last full refresh
     monkeypatch.setattr(recall_index_module.time, "time", lambda: clock)
@@ -227,7 +227,7 @@ def test_drop_and_ttl(any_redis: Any, key_prefix: str,
     assert any_redis.ttl(early) > 900  # every term key refreshed
     monkeypatch.undo()
     drop_index(store, "s")
-    assert not list(any_redis.scan_iter(match=f"{key_prefix}:*:rx:*"))
+    assert not list(any_redis.scan_iter(match=f"{key_prefix}:*rx:*"))
 
 
 def test_a_new_index_drops_the_term_keys_an_expired_one_left(store: SessionStore) -> None:
@@ -243,6 +243,41 @@ def test_a_new_index_drops_the_term_keys_an_expired_one_left(store: SessionStore
     assert index_stats(store, "s")["terms_total"] > 0
     assert {t: store.redis.strlen(k.term(t)) for t in first} == first  # no leftovers
     assert recall(store, "s", "handler_3", limit=1)[0].index == 6
+
+
+def _legacy_index(store: SessionStore, sid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index as a version before 2026-11-28 wrote it: under the session's own keys."""
+    with monkeypatch.context() as patch:
+        patch.setattr(recall_index_module, "recall_keys", recall_index_module.legacy_recall_keys)
+        index_compacted(store, sid)
+
+
+def test_an_index_an_older_version_wrote_is_dropped_and_built_again(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index moved out of the session's keys (which a guard's change feed watches);
+    the old one is dropped when the session's new index starts, and rebuilt from 0."""
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    _legacy_index(store, "s", monkeypatch)
+    legacy = recall_index_module.legacy_recall_keys(store, "s")
+    assert legacy.meta.startswith(store.keys("s").state.removesuffix("state"))
+    assert store.redis.exists(legacy.meta, legacy.term("handler_3")) == 2
+    report = index_compacted(store, "s")
+    assert (report.start, report.end, report.rebuilt) == (0, 20, True)
+    assert not list(store.redis.scan_iter(match=legacy.meta.removesuffix("meta") + "*"))
+    assert recall(store, "s", "handler_3", limit=1)[0].index == 6
+    assert not index_compacted(store, "s").rebuilt  # once
+
+
+def test_dropping_an_index_drops_an_older_version_s_too(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    _legacy_index(store, "s", monkeypatch)
+    legacy = recall_index_module.legacy_recall_keys(store, "s")
+    store.delete_session("s")
+    assert not list(store.redis.scan_iter(match=legacy.meta.removesuffix("meta") + "*"))
+    assert not list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*"))
 
 
 def test_the_worker_indexes_what_it_compacts(store: SessionStore) -> None:

@@ -20,6 +20,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import SummaryRecord
 from shared.guard import ContextGuard
+from shared.store.recall_index import index_compacted, index_stats
 from shared.store.sessions import SessionStore
 from shared.store.tenancy import (
     TenantStore,
@@ -28,6 +29,7 @@ from shared.store.tenancy import (
     delete_tenant_user,
     tenant_acl_rules,
     tenant_key_pattern,
+    tenant_recall_pattern,
 )
 from workers.compactor import Compactor
 from workers.harness.stack.redis_server import (
@@ -129,6 +131,12 @@ def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
     outcome = Compactor(acme, SummaryEngine(None)).run("s1", force=True, keep_recent=1,
                                                        manual=True, lease_token=token)
     assert outcome.status == "compacted"
+    # the recall index lives outside the session's keys (tst:rx:{acme:s1}:...): the
+    # tenant's user indexes and queries it
+    index_compacted(acme, "s1")
+    assert index_stats(acme, "s1")["indexed_until"] == outcome.watermark_after
+    assert admin.exists("tst:rx:{acme:s1}:meta")
+    assert guard.recall("s1", "acme turn")
     assert acme.finish_lease("s1", token) == ("dirty", ["{}"])
     assert acme.finish_lease("s1", token)[0] == "released"
     assert acme.commit_summary("s1", SummaryRecord(
@@ -155,6 +163,8 @@ def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
                                       "-1)", 1, "tst:{acme:s1}:log")):
         with pytest.raises(redis.exceptions.ResponseError):
             attempt()
+    with pytest.raises(redis.exceptions.ResponseError):  # nor another tenant's index
+        conn.hgetall("tst:rx:{globex:s1}:meta")
     assert sorted(admin.keys("tst:{globex:*")) == before
     assert "globex secret plan 0" in str(admin.lrange("tst:{globex:s1}:log", 0, -1)[0])
 
@@ -167,7 +177,7 @@ def test_a_wrong_password_or_a_deleted_user_gets_no_connection(
     assert connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG).length("s1") == 0
     create_tenant_user(admin, "acme", PASSWORD, "tst")  # recreated: rules reset, not added
     (user,) = [str(u) for u in admin.acl_list() if "tst-tenant-acme" in str(u)]
-    assert user.count("~") == 1 and "~tst:{acme:*}*" in user
+    assert user.count("~") == 2 and "~tst:{acme:*}*" in user and "~tst:rx:{acme:*}*" in user
     assert delete_tenant_user(admin, "acme", "tst")
     with pytest.raises(StoreUnavailable, match="invalid username-password"):
         connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG).length("s1")
@@ -175,6 +185,7 @@ def test_a_wrong_password_or_a_deleted_user_gets_no_connection(
 
 def test_acl_rules_are_built_from_validated_names() -> None:
     assert tenant_key_pattern("acme", "cmp") == "cmp:{acme:*}*"
+    assert tenant_recall_pattern("acme", "cmp") == "cmp:rx:{acme:*}*"
     rules = tenant_acl_rules("acme", PASSWORD)
     assert PASSWORD not in " ".join(rules)  # sent as its SHA-256
     assert "resetchannels" in rules and "-@dangerous" in rules and "-scan" in rules

@@ -24,6 +24,7 @@ from shared.core.wireview import carry
 from shared.store import commands
 from shared.store.changes import CHANGED, FLAG, NOTHING, ChangeFeed, feed_for
 from shared.store.commands import EncodedBatch
+from shared.store.keys import watched_prefix
 from shared.store.own_writes import OwnMark, is_async_client, own_writes_for, vouch
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.own_writes_sync import OwnWrites
@@ -60,7 +61,7 @@ class FreshViews:
     def watch(self, client: Any, prefix: str, tenant: str, enabled: bool | ChangeFeed) -> None:
         """Set up the change feed for ``tenant``'s sessions (None where unavailable), or
         use the one given (several guards may share a feed whose prefix covers theirs)."""
-        self._base = f"{prefix}:{{{tenant}:"
+        self._base = watched_prefix(prefix, tenant)
         if isinstance(enabled, ChangeFeed):
             if not self._base.startswith(enabled.prefix):
                 raise InvalidInput(f"the feed watches {enabled.prefix!r}, not this guard's "

@@ -23,7 +23,11 @@ Why it stays correct:
   recorded (a job, an HTTP request) passes ``prepare(min_length=)``, the length that
   append returned, and reads when its view is shorter.
 - Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
-  worker's lease, request ids and recall index leave a cached view as it was.
+  worker's lease and request ids leave a cached view as it was. The recall index
+  is not under the watched prefix at all (:func:`shared.store.keys.recall_base`):
+  the hundreds of term keys an index batch writes are pushed to no guard. A feed
+  shared by several tenants' guards watches ``<prefix>:{`` for the same reason,
+  not ``<prefix>:``.
   A write to the job flag alone (a worker claiming the job, the flag's expiry)
   is told apart (:data:`FLAG`): the view holds, whether a job is queued is
   unknown, and a request sets the flag only if absent, so the guard takes it

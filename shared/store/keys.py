@@ -75,6 +75,11 @@ class SessionKeys:
     dirty: str
     taken: str
     watch: str
+    recall: str
+    """Where the session's recall index keys start (:mod:`shared.store.recall_index`):
+    ``<prefix>:rx:{<tenant>:<id>}``, the session's hash tag kept but outside the key
+    prefix a guard's change feed watches (:func:`watched_prefix`), so that the
+    hundreds of term keys an index batch writes are pushed to no guard."""
 
     @classmethod
     def for_session(cls, prefix: str, tenant: str, session_id: str) -> SessionKeys:
@@ -97,6 +102,7 @@ class SessionKeys:
             dirty=f"{base}:dirty",
             taken=f"{base}:taken",
             watch=f"{base}:watch",
+            recall=recall_base(prefix, tenant, session_id),
         )
 
     def view_keys(self) -> list[str]:
@@ -118,6 +124,18 @@ VIEW_KEY_NAMES = frozenset(("state", "log", "cum", "sums", "cheap", "pending"))
 """The last part of each of :meth:`SessionKeys.view_keys` (``<prefix>:{<tenant>:<id>}:<name>``)."""
 
 
+def recall_base(prefix: str, tenant: str, session_id: str) -> str:
+    """The start of every recall index key of a session (tenant and id validated by the
+    caller): the session's hash tag after ``<prefix>:rx:``."""
+    return f"{prefix}:rx:{{{tenant}:{session_id}}}"
+
+
+def watched_prefix(prefix: str, tenant: str) -> str:
+    """The start every key a guard's view is read from shares, for a whole tenant (a
+    change feed's ``BCAST`` prefix): the recall index is not under it."""
+    return f"{prefix}:{{{tenant}:"
+
+
 def session_pattern(prefix: str, tenant: str) -> str:
     """SCAN pattern matching the state keys of one tenant's sessions."""
     validate_tenant(tenant)
@@ -127,8 +145,10 @@ def session_pattern(prefix: str, tenant: str) -> str:
 __all__ = [
     "DEFAULT_TENANT",
     "SessionKeys",
+    "recall_base",
     "session_pattern",
     "validate_request_id",
     "validate_session_id",
     "validate_tenant",
+    "watched_prefix",
 ]

@@ -7,18 +7,22 @@ compaction job; ``COMPACTION_RECALL_INDEX``), incrementally: messages
 only queries (:func:`recall`, and :func:`recall_async` over redis.asyncio); a
 query reads and scores the newest unindexed messages below the watermark
 itself (:data:`shared.store.recall_query.TAIL_SCAN_MESSAGES`).
-Every key shares the session's hash tag:
+Every key starts with ``<prefix>:rx:{<tenant>:<session>}`` (``<rx>`` below): the
+session's hash tag, but outside the prefix a guard's change feed watches, so that
+an index batch's writes are pushed to no guard (an index written before 2026-11-28
+lived under the session's own keys, ``<prefix>:{<tenant>:<session>}:rx:*``: dropped
+when the session's new index starts, :func:`index_compacted`):
 
-- ``<base>:rx:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
+- ``<rx>:meta`` hash: ``hwm``, ``next_pid``, ``n_docs``, ``total_len``,
   ``gen`` (the log generation it describes: a history edit bumps the state's),
   ``analyzer`` (:data:`~shared.core.recall.ANALYZER_VERSION` of the terms; absent: 1);
-- ``<base>:rx:terms`` string: every term of the index, each followed by a newline
+- ``<rx>:terms`` string: every term of the index, each followed by a newline
   (appended by the batch that creates the term's key); an index written before it
-  has a ``<base>:rx:df`` hash (term -> passages holding it) instead, read only to
+  has a ``<rx>:df`` hash (term -> passages holding it) instead, read only to
   expire and drop it;
-- ``<base>:rx:doc`` hash: passage id -> ``index:start:end:crc:length``;
-- ``<base>:rx:mp`` list: first passage id of each indexed message;
-- ``<base>:rx:t:<term>`` strings: packed postings, 12 bytes each
+- ``<rx>:doc`` hash: passage id -> ``index:start:end:crc:length``;
+- ``<rx>:mp`` list: first passage id of each indexed message;
+- ``<rx>:t:<term>`` strings: packed postings, 12 bytes each
   (passage id, message index: u32; term frequency, passage length: u16),
   appended, so the newest postings are the string's tail; a term's passage
   count (BM25's df) is the string's length over 12.
@@ -99,11 +103,22 @@ class RecallKeys:
 def recall_keys(store: SessionStore | AsyncSessionStore, session_id: str) -> RecallKeys:
     """The index keys of a session (validated ids, the store's tenant, its hash tag)."""
     k = store.keys(session_id)
-    base = k.state.removesuffix(":state")
-    return RecallKeys(meta=f"{base}:rx:meta", df=f"{base}:rx:df", terms=f"{base}:rx:terms",
-                      queued=f"{base}:rx:queued",
-                      doc=f"{base}:rx:doc", mp=f"{base}:rx:mp", state=k.state, log=k.log,
-                      term_prefix=f"{base}:rx:t:")
+    return _keys_at(k.recall + ":", k.state, k.log)
+
+
+def legacy_recall_keys(store: SessionStore | AsyncSessionStore,
+                       session_id: str) -> RecallKeys:
+    """Where an index written before 2026-11-28 lives: under the session's own keys,
+    which every guard's change feed watches (each term write was pushed to every guard
+    of the tenant). Read only to drop it."""
+    k = store.keys(session_id)
+    return _keys_at(k.state.removesuffix("state") + "rx:", k.state, k.log)
+
+
+def _keys_at(start: str, state: str, log: str) -> RecallKeys:
+    return RecallKeys(meta=f"{start}meta", df=f"{start}df", terms=f"{start}terms",
+                      queued=f"{start}queued", doc=f"{start}doc", mp=f"{start}mp",
+                      state=state, log=log, term_prefix=f"{start}t:")
 
 
 _SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
@@ -191,6 +206,10 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         if unreconciled or littered or leftover or outdated:
             drop_index(store, session_id)
             meta, report.rebuilt = {}, unreconciled or littered or outdated
+        elif meta.get("hwm") is None and _client(store).exists(legacy_recall_keys(
+                store, session_id).meta):
+            _drop(store, legacy_recall_keys(store, session_id))  # the session's old index
+            report.rebuilt = True
         hwm = _int(meta.get("hwm"))
         budget = MAX_MESSAGES_PER_CALL if max_messages is None else max_messages
         wanted = min(length, _int(state[1]) if end is None else end)
@@ -324,17 +343,24 @@ def forget_after(store: SessionStore, session_id: str, index: int) -> int:
 
 
 def drop_index(store: SessionStore, session_id: str) -> None:
-    """Delete a session's whole index (also call it from ``delete_session``)."""
-    k = recall_keys(store, session_id)
+    """Delete a session's whole index (also call it from ``delete_session``), and an
+    index an older version wrote for it (:func:`legacy_recall_keys`)."""
     with redis_errors("recall drop"):
-        # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
-        keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
-                k.queued]
-        for i in range(0, len(keys), 1000):
-            pipe = _client(store).pipeline(transaction=False)
-            for key in keys[i:i + 1000]:
-                pipe.delete(key)
-            pipe.execute()
+        _drop(store, recall_keys(store, session_id))
+        legacy = legacy_recall_keys(store, session_id)
+        if _client(store).exists(legacy.meta, legacy.terms, legacy.df):
+            _drop(store, legacy)
+
+
+def _drop(store: SessionStore, k: RecallKeys) -> None:
+    # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
+    keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
+            k.queued]
+    for i in range(0, len(keys), 1000):
+        pipe = _client(store).pipeline(transaction=False)
+        for key in keys[i:i + 1000]:
+            pipe.delete(key)
+        pipe.execute()
 
 
 def claim_index_job(store: SessionStore, session_id: str, ttl_seconds: int) -> bool:
@@ -370,4 +396,5 @@ def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
 
 
 __all__ = ["IndexReport", "RecallKeys", "claim_index_job", "drop_index", "forget_after",
-           "index_compacted", "index_stats", "recall_keys", "release_index_job"]
+           "index_compacted", "index_stats", "legacy_recall_keys", "recall_keys",
+           "release_index_job"]

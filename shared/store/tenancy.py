@@ -8,7 +8,8 @@ Two layers, because the first alone is only a convention in Python:
    has no ``redis``/``client`` attribute and cannot be re-scoped to another
    tenant.
 2. A Redis ACL user per tenant (:func:`create_tenant_user`), allowed only
-   the keys under the tenant's hash tags (``~{prefix}:{tenant:*}*``), no
+   the keys under the tenant's hash tags (``~{prefix}:{tenant:*}*``, and
+   ``~{prefix}:rx:{tenant:*}*`` for the recall index), no
    pub/sub channels, only data, transaction and script commands (no
    ``KEYS``/``SCAN``/``RANDOMKEY``, nothing ``@dangerous``: no ``FLUSHALL``,
    ``CONFIG``, ``ACL``, ``SCRIPT FLUSH``...). Redis checks the key patterns for
@@ -105,13 +106,19 @@ def tenant_key_pattern(tenant: str, prefix: str = "cmp") -> str:
     return f"{prefix}:{{{validate_tenant(tenant)}:*}}*"
 
 
+def tenant_recall_pattern(tenant: str, prefix: str = "cmp") -> str:
+    """Every recall index key of the tenant's sessions (:mod:`shared.store.recall_index`:
+    the session's hash tag after ``<prefix>:rx:``)."""
+    return f"{prefix}:rx:{{{validate_tenant(tenant)}:*}}*"
+
+
 def tenant_acl_rules(tenant: str, password: str, prefix: str = "cmp") -> list[str]:
     """The ``ACL SETUSER`` rules of a tenant's user (the password given as its SHA-256)."""
     if not isinstance(password, str) or len(password) < 16:
         raise InvalidInput("must be a string of at least 16 characters", field="password")
     digest = hashlib.sha256(password.encode()).hexdigest()
     return ["reset", "on", f"#{digest}", f"~{tenant_key_pattern(tenant, prefix)}",
-            "resetchannels", *_COMMANDS]
+            f"~{tenant_recall_pattern(tenant, prefix)}", "resetchannels", *_COMMANDS]
 
 
 def create_tenant_user(admin: Any, tenant: str, password: str, prefix: str = "cmp") -> str:
@@ -141,4 +148,5 @@ def connect_tenant(url: str, tenant: str, password: str, config: StoreConfig | N
 
 
 __all__ = ["TenantStore", "connect_tenant", "create_tenant_user", "delete_tenant_user",
-           "tenant_acl_rules", "tenant_key_pattern", "tenant_username"]
+           "tenant_acl_rules", "tenant_key_pattern", "tenant_recall_pattern",
+           "tenant_username"]

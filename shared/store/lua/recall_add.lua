@@ -58,7 +58,7 @@ end
 at = at + 2 * d + 1
 
 local blob, pos = ARGV[at], 1
--- '<base>:rx:t:<term>' is 2 characters shorter than '<base>:rx:meta' before the term
+-- '<rx>:t:<term>' is 2 characters shorter than '<rx>:meta' before the term
 local cut = string.len(KEYS[1]) - 1
 local created, j = {}, 6
 for count in string.gmatch(ARGV[at + 1], '%d+') do
