@@ -534,3 +534,132 @@ def test_a_second_job_continues_a_new_index_being_built(
     monkeypatch.setattr(recall_index_module, "_add_batch", with_a_second_job)
     index_compacted(store, "s")
     assert not seen["second"].rebuilt and seen["second"].start == 500
+
+
+# -- the bound on one index call (issue: a 500-message call held Redis 20-140 ms) --------
+def _spy_add_calls(monkeypatch: pytest.MonkeyPatch,
+                   between: Any = None) -> list[int]:
+    """The term keys of every recall_add call (``between``: run after each call)."""
+    seen: list[int] = []
+    real = recall_index_module._script
+
+    def spied(store: SessionStore, name: str) -> Any:
+        script = real(store, name)
+        if name != "recall_add":
+            return script
+
+        def call(*, keys: list[str], args: list[Any]) -> Any:
+            seen.append(len(keys) - 5)
+            out = script(keys=keys, args=args)
+            if between is not None:
+                between(len(seen))
+            return out
+        return call
+
+    monkeypatch.setattr(recall_index_module, "_script", spied)
+    return seen
+
+
+def _postings_of(store: SessionStore, sid: str, term: str) -> list[tuple[int, ...]]:
+    raw = store.redis.get(recall_index_module.recall_keys(store, sid).term(term)) or b""
+    size = recall_index_module.POSTING.size
+    return [recall_index_module.POSTING.unpack(raw[i:i + size])
+            for i in range(0, len(raw), size)]
+
+
+def _docs(store: SessionStore, sid: str) -> dict[int, str]:
+    raw = store.redis.hgetall(recall_index_module.recall_keys(store, sid).doc)
+    return {int(a): b.decode() for a, b in raw.items()}
+
+
+def test_an_index_call_never_holds_more_than_the_term_bound(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 messages of 30 words each, 25 of them their own: every call holds at most
+    BATCH_TERMS term keys, and every message is indexed, each term once per passage."""
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 64)
+    common = " ".join(f"shared{j}" for j in range(5))
+    store.append("s", [{"role": "user", "content": common + " " +
+                        " ".join(f"u{i}x{j}" for j in range(25))} for i in range(40)])
+    commit(store, "s", 40)
+    calls = _spy_add_calls(monkeypatch)
+    report = index_compacted(store, "s")
+    assert (report.end, report.messages, report.passages) == (40, 40, 40)
+    assert calls and max(calls) <= 64 and len(calls) >= 40 * 25 // 64
+    assert sum(calls) == report.terms
+    docs = _docs(store, "s")
+    assert len(docs) == 40 and index_stats(store, "s")["passages"] == 40
+    for i in (0, 17, 39):
+        assert [p[1] for p in _postings_of(store, "s", f"u{i}x24")] == [i]
+    assert [p[1] for p in _postings_of(store, "s", "shared3")] == list(range(40))
+    assert all(p[0] in docs for p in _postings_of(store, "s", "shared3"))
+    assert recall(store, "s", "u17x3", limit=1)[0].index == 17
+
+
+def test_a_message_with_more_terms_than_the_bound_is_indexed_in_parts(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 16)
+    big = " ".join(f"big{j}" for j in range(100))  # 100 terms, one passage: 7 parts
+    store.append("s", [{"role": "user", "content": "before alpha"},
+                       {"role": "user", "content": big},
+                       {"role": "user", "content": "after omega"}])
+    commit(store, "s", 3)
+    calls = _spy_add_calls(monkeypatch)
+    report = index_compacted(store, "s")
+    assert (report.end, report.passages, report.conflict) == (3, 3, "")
+    assert max(calls) <= 16 and len(calls) >= 7
+    docs = _docs(store, "s")
+    assert len(docs) == 3
+    for j in (0, 50, 99):
+        (posting,) = _postings_of(store, "s", f"big{j}")
+        assert posting[1] == 1 and posting[0] in docs
+    assert recall(store, "s", "big77", limit=1)[0].index == 1
+    assert recall(store, "s", "omega", limit=1)[0].index == 2
+
+
+def test_a_second_indexer_between_parts_wins_and_nothing_is_counted_twice(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part is a compare-and-swap: an indexer that runs between two parts of a
+    message takes it whole under new ids; the first one stops at its next part. The
+    postings the first left have no doc, so a query never counts them."""
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 16)
+    store.append("s", [{"role": "user", "content": " ".join(f"big{j}" for j in range(60))}])
+    commit(store, "s", 1)
+    second: list[Any] = []
+
+    def run_second(n: int) -> None:
+        if n == 1:
+            second.append(index_compacted(store, "s"))
+
+    _spy_add_calls(monkeypatch, run_second)
+    first = index_compacted(store, "s")
+    assert first.conflict == "hwm" and first.messages == 0
+    assert second[0].end == 1 and not second[0].conflict
+    docs = _docs(store, "s")
+    assert len(docs) == 1 and index_stats(store, "s")["passages"] == 1
+    live = [p for p in _postings_of(store, "s", "big0") if p[0] in docs]
+    assert len(live) == 1
+    assert [h.index for h in recall(store, "s", "big0 big59", limit=5)] == [0]
+
+
+def test_an_indexer_dying_between_parts_is_taken_over(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 16)
+    store.append("s", [{"role": "user", "content": " ".join(f"big{j}" for j in range(60))},
+                       {"role": "user", "content": "tail words"}])
+    commit(store, "s", 2)
+
+    def dies(n: int) -> None:
+        if n == 2:
+            raise RuntimeError("soft time limit")
+
+    _spy_add_calls(monkeypatch, dies)
+    with pytest.raises(RuntimeError):
+        index_compacted(store, "s")
+    monkeypatch.undo()
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 16)
+    report = index_compacted(store, "s")
+    assert (report.start, report.end, report.rebuilt) == (0, 2, False)
+    docs = _docs(store, "s")
+    assert len(docs) == 2
+    assert len([p for p in _postings_of(store, "s", "big3") if p[0] in docs]) == 1
+    assert [h.index for h in recall(store, "s", "big3", limit=5)] == [0]

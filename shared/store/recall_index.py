@@ -73,7 +73,15 @@ QUERY_POSTINGS = 2048
 TERM_POSTINGS = 64
 """Postings read per term at least, whatever the budget (the newest)."""
 BATCH_MESSAGES = 500
-"""Messages per index script call: bounds how long one call holds Redis."""
+"""Messages read and analyzed at a time; each script call holds fewer (:data:`BATCH_TERMS`)."""
+BATCH_TERMS = 64
+"""Term keys one index script call appends to at most. Its time inside Redis grows with
+them (~5 us each: 500 messages of real turns, 1.4-3k terms, held Redis 20-80 ms, every
+guard waiting behind it), so a batch goes in runs of whole messages holding at most
+this many terms (p50 ~0.4 ms, p99 < 1 ms a call, scripts/bench_redis_blocking.py), each
+one compare-and-swap that moves the high-water mark; a message with more terms goes
+alone, in parts. More calls cost more Redis time in all (a common term is appended once
+a run, not once a batch): the bound is on the stall, not the total."""
 MAX_CANDIDATES = 64
 MAX_MESSAGES_PER_CALL = 20_000
 """Messages one index call reads at most (the next job goes on from there)."""
@@ -231,16 +239,15 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             if not raw:
                 break  # the log was cut under us
             added = _add_batch(store, k, raw, hwm, gen, next_pid, expected_pid)
-            if isinstance(added, str):
-                report.conflict = added
-                break
-            report.messages += len(raw)
-            report.passages += added[0]
-            report.terms += added[1]
-            next_pid += added[0]
-            expected_pid = str(next_pid)
-            hwm += len(raw)
+            report.messages += added.messages
+            report.passages += added.passages
+            report.terms += added.terms
+            next_pid, expected_pid = added.next_pid, added.expected
+            hwm += added.messages
             report.end = hwm
+            if added.conflict:
+                report.conflict = added.conflict
+                break
         report.left = 0 if report.conflict else max(0, wanted - report.end)
         ttl = store.config.ttl_seconds
         if report.messages and ttl:
@@ -296,39 +303,151 @@ def _read_heads(store: SessionStore,
             bool(listed or counted))
 
 
-def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int, gen: str,
-               next_pid: int, expected_pid: str) -> tuple[int, int] | str:
-    """One script call: the batch's docs, and every term's postings in one blob (the
-    term keys are declared; their counts say where each term's postings end)."""
-    firsts: list[int] = []
-    docs: list[Any] = []
-    postings: dict[str, list[bytes]] = defaultdict(list)
-    pid, total = next_pid, 0
-    pack = POSTING.pack
+@dataclass(frozen=True, slots=True)
+class _Analyzed:
+    """One message, analyzed: per passage its doc value (without its id), its length
+    and its terms (term -> frequency); ``distinct``: the terms of all its passages."""
+
+    index: int
+    docs: list[str]
+    lengths: list[int]
+    terms: list[dict[str, int]]
+    distinct: frozenset[str]
+
+
+def _analyze_all(raw: list[bytes], first: int) -> list[_Analyzed]:
+    out = []
     for offset, item in enumerate(raw):
         index = first + offset
-        firsts.append(pid)
         crc = checksum(item)
-        message = Message.model_validate_json(item)
-        for passage in split_passages(index, message):
+        docs, lengths, terms = [], [], []
+        for passage in split_passages(index, Message.model_validate_json(item)):
             analyzed = analyze(passage)
-            docs.extend((pid, f"{index}:{passage.start}:{passage.end}:{crc}:{analyzed.length}"))
-            total += analyzed.length
-            length = analyzed.length
-            for term, tf in analyzed.terms.items():
-                postings[term].append(pack(pid, index, tf, length))
+            docs.append(f"{index}:{passage.start}:{passage.end}:{crc}:{analyzed.length}")
+            lengths.append(analyzed.length)
+            terms.append(dict(analyzed.terms))
+        out.append(_Analyzed(index, docs, lengths, terms,
+                             frozenset(t for passage in terms for t in passage)))
+    return out
+
+
+def _runs(messages: list[_Analyzed], cap: int) -> list[list[_Analyzed]]:
+    """Consecutive messages in runs holding at most ``cap`` distinct terms (a message
+    with more is a run of its own, sent in parts)."""
+    runs: list[list[_Analyzed]] = []
+    run: list[_Analyzed] = []
+    seen: set[str] = set()
+    for message in messages:
+        if run and len(seen) + len(message.distinct - seen) > cap:
+            runs.append(run)
+            run, seen = [], set()
+        run.append(message)
+        seen |= message.distinct
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _postings(messages: list[_Analyzed], base: int,
+              only: frozenset[str] | None = None) -> dict[str, list[bytes]]:
+    """Packed postings per term of ``messages`` whose passages are ids ``base, base+1,
+    ...`` (only the terms in ``only``, when given)."""
+    out: dict[str, list[bytes]] = defaultdict(list)
+    pack, pid = POSTING.pack, base
+    for message in messages:
+        for length, terms in zip(message.lengths, message.terms, strict=True):
+            for term, tf in terms.items():
+                if only is None or term in only:
+                    out[term].append(pack(pid, message.index, tf, length))
             pid += 1
+    return out
+
+
+@dataclass(slots=True)
+class _Added:
+    """What the calls for one batch wrote, and where the index stands after them."""
+
+    first: int
+    """The log position of the batch's first message."""
+    next_pid: int
+    expected: str
+    messages: int = 0
+    passages: int = 0
+    terms: int = 0
+    conflict: str = ""
+
+
+def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int, gen: str,
+               next_pid: int, expected_pid: str) -> _Added:
+    """Messages ``raw`` (log positions from ``first``) in as many script calls as
+    :data:`BATCH_TERMS` takes; stops at the first conflict (another indexer, an edit)."""
+    added = _Added(first, next_pid, expected_pid)
+    for run in _runs(_analyze_all(raw, first), BATCH_TERMS):
+        if len(run) == 1 and len(run[0].distinct) > BATCH_TERMS:
+            _add_in_parts(store, k, run[0], gen, added)
+        else:
+            _call(store, k, gen, added, run, _postings(run, added.next_pid), final=True)
+        if added.conflict:
+            break
+    return added
+
+
+def _add_in_parts(store: SessionStore, k: RecallKeys, message: _Analyzed, gen: str,
+                  added: _Added) -> None:
+    """A message with more terms than one call may hold: its postings in parts of
+    :data:`BATCH_TERMS` terms, its docs with the last. Its passage ids are fixed by the
+    first part, which reserves them (``next_pid`` moves past them); every part moves
+    ``next_pid`` on, so each is a compare-and-swap a second indexer loses. One that dies
+    between parts leaves postings whose passages have no doc: queries skip them, and
+    the next indexer takes the message again under new ids."""
+    terms = sorted(message.distinct)
+    groups = [frozenset(terms[i:i + BATCH_TERMS]) for i in range(0, len(terms), BATCH_TERMS)]
+    base = added.next_pid
+    reserved = base + len(message.lengths)
+    for n, group in enumerate(groups[:-1]):
+        postings = _postings([message], base, group)
+        _call(store, k, gen, added, [], postings, final=False,
+              new_pid=reserved if n == 0 else added.next_pid + 1)
+        if added.conflict:
+            return
+    _call(store, k, gen, added, [message], _postings([message], base, groups[-1]),
+          final=True, base=base, new_pid=added.next_pid + 1 if len(groups) > 1 else None)
+
+
+def _call(store: SessionStore, k: RecallKeys, gen: str, added: _Added, run: list[_Analyzed],
+          postings: dict[str, list[bytes]], *, final: bool, base: int | None = None,
+          new_pid: int | None = None) -> None:
+    """One ``recall_add.lua`` call: postings, and with ``final`` the docs of ``run``
+    (passage ids from ``base``, default ``next_pid``), moving the high-water mark past
+    it. ``new_pid``: ``next_pid`` after the call (default: past the run's passages)."""
+    hwm = added.first + added.messages
+    pid = added.next_pid if base is None else base
+    firsts: list[int] = []
+    docs: list[Any] = []
+    total = 0
+    for message in run if final else []:
+        firsts.append(pid)
+        for doc, length in zip(message.docs, message.lengths, strict=True):
+            docs.extend((pid, doc))
+            total += length
+            pid += 1
+    passages = len(docs) // 2
+    after = new_pid if new_pid is not None else pid
     ttl = store.config.ttl_seconds or 0
     keys = [k.meta, k.terms, k.doc, k.mp, k.state, *map(k.term, postings)]
     blob = b"".join(b"".join(p) for p in postings.values())
     counts = " ".join(str(len(p)) for p in postings.values())
-    args: list[Any] = [first, first + len(raw), gen, POSTING.size, expected_pid, pid,
-                       pid - next_pid, total, ttl, 2 * ttl, len(firsts), *firsts,
-                       len(docs) // 2, *docs, blob, counts]
+    args: list[Any] = [hwm, hwm + len(firsts), gen, POSTING.size, added.expected, after,
+                       passages, total, ttl, 2 * ttl, len(firsts), *firsts, passages, *docs,
+                       blob, counts]
     result = _script(store, "recall_add")(keys=keys, args=args)
     if _s(result[0]) != "ok":
-        return _s(result[1])
-    return pid - next_pid, len(postings)
+        added.conflict = _s(result[1])
+        return
+    added.messages += len(firsts)
+    added.passages += passages
+    added.terms += len(postings)
+    added.next_pid, added.expected = after, str(after)
 
 
 def forget_after(store: SessionStore, session_id: str, index: int) -> int:
