@@ -50,6 +50,7 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch
+from shared.store.edits import EarlierCalls, id_fixes, read_log_at
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.lease import LeaseOps
 
@@ -67,6 +68,7 @@ _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
+EDIT_ATTEMPTS = 8  # an edit reads the log again when an append landed meanwhile
 
 
 @functools.cache
@@ -407,16 +409,36 @@ class SessionStore(LeaseOps):
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise InvalidInput("must be a non-negative integer", field="index")
         k = self.keys(session_id)
-        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap,
-                commands.ids_key(k), k.requests, k.request_order]
-        try:
-            raw = self._script("truncate_after", "truncate", keys, [index, self._ttl])
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith("INDEX_OUT_OF_RANGE"):
-                length = str(exc).split()[-1]
-                raise InvalidInput(f"{index} is past the end of the log ({length} messages)",
-                                   field="index") from None
-            raise
+        ids = commands.ids_key(k)
+        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap, ids,
+                k.requests, k.request_order]
+        earlier = EarlierCalls()
+
+        def attempt() -> Any:
+            # The id map's fixes are read outside the script, in bounded reads; the
+            # script refuses them if the log moved since (an append, another edit).
+            log = read_log_at(self.redis, k.state, k.log)
+            fixes = ([] if index > log.length
+                     else id_fixes(self.redis, k.log, ids, log, index, earlier))
+            args: list[Any] = [index, self._ttl, log.epoch, log.gen, log.length, len(fixes)]
+            for fix in fixes:
+                args.extend(fix)
+            return self._scripts["truncate"](keys=keys, args=args)
+
+        for _ in range(EDIT_ATTEMPTS):
+            try:
+                raw = self._run("truncate_after", attempt)
+                break
+            except redis.exceptions.ResponseError as exc:
+                if str(exc).startswith("INDEX_OUT_OF_RANGE"):
+                    length = str(exc).split()[-1]
+                    raise InvalidInput(f"{index} is past the end of the log ({length} "
+                                       "messages)", field="index") from None
+                if not str(exc).startswith("LOG_MOVED"):
+                    raise
+        else:
+            raise StoreUnavailable(f"truncate_after on {session_id!r}: the log kept changing "
+                                   f"while the edit read it ({EDIT_ATTEMPTS} attempts)")
         version, watermark, new_length = (int(x) for x in raw)
         # Recall answers from the log itself and checks each hit's checksum, so this
         # only frees index space early; nothing past the edit is returned either way.

@@ -1,0 +1,133 @@
+"""A history edit's id-map fixes, read outside its script (shared/store/edits.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shared.store.edits as edits_module
+import shared.store.sessions as sessions_module
+from shared.core.config import StoreConfig
+from shared.core.errors import StoreUnavailable
+from shared.store.commands import ids_key
+from shared.store.edits import stored_calls
+from shared.store.sessions import SessionStore
+
+
+def call_turn(text: str, call_ids: list[str]) -> list[dict[str, Any]]:
+    calls = [{"id": c, "name": "ls", "arguments": "{}"} for c in call_ids]
+    return [{"role": "user", "content": text},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": c, "content": "a.py"} for c in call_ids)]
+
+
+def id_map(store: SessionStore, sid: str) -> dict[str, str]:
+    raw = store.redis.hgetall(ids_key(store.keys(sid)))
+    return {a.decode(): b.decode() for a, b in raw.items()}
+
+
+def expected_map(store: SessionStore, sid: str) -> dict[str, str]:
+    """Every provider id in the log -> the stored id of its newest call."""
+    out: dict[str, str] = {}
+    for raw in store.redis.lrange(store.keys(sid).log, 0, -1):
+        for provider, stored in stored_calls(raw):
+            out[provider] = stored
+    return out
+
+
+def test_stored_calls_reads_provider_ids_through_wire_ids() -> None:
+    raw = (b'{"role":"assistant","tool_calls":[{"id":"c1-rx1","name":"ls"},{"id":"c2"},'
+           b'{"name":"no id"}],"metadata":{"wire_ids":{"c1-rx1":"c1"}}}')
+    assert stored_calls(raw) == [("c1", "c1-rx1"), ("c2", "c2")]
+    assert stored_calls(raw, only=b"c9") == []
+    assert stored_calls(b'{"role":"user","content":"tool_calls"}') == []
+    assert stored_calls(b'{"tool_calls": oops') == []
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turns=st.lists(st.lists(st.sampled_from(["c0", "c1", "c2", "call_x"]), min_size=1,
+                               max_size=3, unique=True), min_size=1, max_size=8),
+       cut=st.floats(0, 1), second=st.floats(0, 1))
+def test_edits_keep_the_map_on_each_providers_newest_call(
+        monkeypatch: pytest.MonkeyPatch, turns: list[list[str]], cut: float,
+        second: float) -> None:
+    """Whatever was appended and cut (ids repeating across turns, reads in chunks of 3),
+    the map sends each provider id in the log to its newest call, and holds no other."""
+    monkeypatch.setattr(edits_module, "READ_CHUNK", 3)
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="e"))
+    for n, ids in enumerate(turns):
+        store.append("s", call_turn(f"turn {n}", ids))
+    for fraction in (cut, second):
+        store.truncate_after("s", int(store.length("s") * fraction))
+        assert id_map(store, "s") == expected_map(store, "s")
+    store.append("s", call_turn("again", ["c0"]))
+    assert id_map(store, "s") == expected_map(store, "s")
+
+
+def test_fixes_read_before_an_append_are_refused_and_read_again(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append between the edit's reads and its script: the script refuses fixes made
+    for the shorter log (LOG_MOVED), the edit reads again and removes the new call too."""
+    store.append("s", call_turn("first", ["c1"]))
+    store.append("s", call_turn("second", ["c1"]))
+    real = sessions_module.id_fixes
+    calls = {"n": 0}
+
+    def with_an_append(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            store.append("s", call_turn("late", ["c1", "c7"]))
+        return out
+
+    monkeypatch.setattr(sessions_module, "id_fixes", with_an_append)
+    edit = store.truncate_after("s", 3)
+    assert calls["n"] == 2 and edit.length == 3
+    assert id_map(store, "s") == {"c1": "c1"} == expected_map(store, "s")
+
+
+def test_a_log_that_never_stops_moving_fails_the_edit_typed(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.append("s", call_turn("first", ["c1"]))
+    real = sessions_module.id_fixes
+
+    def always_an_append(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        store.append("s", [{"role": "user", "content": "more"}])
+        return out
+
+    monkeypatch.setattr(sessions_module, "id_fixes", always_an_append)
+    with pytest.raises(StoreUnavailable, match="kept changing"):
+        store.truncate_after("s", 1)
+    assert store.length("s") == 3 + sessions_module.EDIT_ATTEMPTS  # nothing was cut
+
+
+def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log before the edit is read newest first, only as far as the removed call's
+    earlier holder; no read takes more than READ_CHUNK messages."""
+    monkeypatch.setattr(edits_module, "READ_CHUNK", 4)
+    store.append("s", call_turn("old", ["c1"]))
+    store.append("s", [{"role": "user", "content": f"filler {i}"} for i in range(40)])
+    store.append("s", call_turn("mid", ["c1"]))
+    store.append("s", call_turn("new", ["c1"]))
+    ranges: list[tuple[int, int]] = []
+    real = store.redis.lrange
+
+    def spy(key: Any, start: int, end: int) -> Any:
+        ranges.append((start, end))
+        return real(key, start, end)
+
+    monkeypatch.setattr(store.redis, "lrange", spy)
+    length = store.length("s")
+    store.truncate_after("s", length - 3)
+    assert ranges and all(end - start + 1 <= 4 for start, end in ranges)
+    assert min(start for start, _ in ranges) >= 40  # stopped at the "mid" turn's call
+    monkeypatch.undo()
+    assert id_map(store, "s") == expected_map(store, "s")
+    assert id_map(store, "s")["c1"] != "c1"  # the "mid" call, renamed at its append
