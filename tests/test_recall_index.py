@@ -663,3 +663,61 @@ def test_an_indexer_dying_between_parts_is_taken_over(
     assert len(docs) == 2
     assert len([p for p in _postings_of(store, "s", "big3") if p[0] in docs]) == 1
     assert [h.index for h in recall(store, "s", "big3", limit=5)] == [0]
+
+
+# -- an edit's cut, in bounded calls (one call forgot ~5k passages: 57 ms) ---------------
+def _meta(store: SessionStore, sid: str) -> dict[str, str]:
+    raw = store.redis.hgetall(recall_index_module.recall_keys(store, sid).meta)
+    return {a.decode(): b.decode() for a, b in raw.items()}
+
+
+@pytest.mark.parametrize("per_call", [1, 7, 512])
+def test_an_edits_cut_in_bounded_calls_forgets_what_one_call_did(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch, per_call: int) -> None:
+    fill(store, "s", range(30))
+    commit(store, "s", 60)
+    index_compacted(store, "s")
+    before = _meta(store, "s")
+    calls: list[list[Any]] = []
+    real = recall_index_module._script
+
+    def spied(st: SessionStore, name: str) -> Any:
+        script = real(st, name)
+        if name != "recall_cut":
+            return script
+
+        def call(*, keys: list[str], args: list[Any]) -> Any:
+            calls.append(args)
+            return script(keys=keys, args=args)
+        return call
+
+    monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", per_call)
+    monkeypatch.setattr(recall_index_module, "_script", spied)
+    store.truncate_after("s", 25)
+    assert len(calls) == -(-35 // per_call) and all(a[1] == per_call for a in calls)
+    meta = _meta(store, "s")
+    assert (meta["hwm"], meta["n_docs"], meta["stale"]) == ("25", "25", "35")
+    assert int(meta["total_len"]) < int(before["total_len"])
+    assert "cut_at" not in meta and "cut_hi" not in meta
+    docs = _docs(store, "s")
+    assert sorted(int(d.split(":")[0]) for d in docs.values()) == list(range(25))
+    assert store.redis.llen(recall_index_module.recall_keys(store, "s").mp) == 25
+
+
+def test_an_edit_before_a_cut_is_done_goes_on_from_it(store: SessionStore) -> None:
+    """A cut left half done (its caller died) holds the index's old gen: the next cut,
+    at a later index, still forgets from the earlier one."""
+    fill(store, "s", range(30))
+    commit(store, "s", 60)
+    index_compacted(store, "s")
+    k = recall_index_module.recall_keys(store, "s")
+    cut = recall_index_module._script(store, "recall_cut")
+    store.redis.hincrby(k.state, "gen", 1)  # the edit at 20 (its log cut left out here)
+    removed, hwm, done = cut(keys=[k.meta, k.doc, k.mp, k.state], args=[20, 15])
+    assert (removed, hwm, done) == (15, 60, 0) and _meta(store, "s")["cut_at"] == "20"
+    assert forget_after(store, "s", 40) == 25  # the rest of messages 20-59
+    meta = _meta(store, "s")
+    assert (meta["hwm"], meta["n_docs"], meta["stale"]) == ("20", "20", "40")
+    assert meta["gen"] == store.redis.hget(k.state, "gen").decode()
+    report = index_compacted(store, "s")
+    assert not report.rebuilt and (report.start, report.end) == (20, 60)
