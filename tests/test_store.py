@@ -683,3 +683,31 @@ def test_the_guard_refuses_a_request_id_reused_for_another_turn(guard: Any) -> N
     view = guard.prepare("g", model="gpt-4o")
     assert [m.content for m in view.messages][-1] == "answer 0"
     assert guard.store.length("g") == 4
+
+
+def test_deleting_a_session_frees_its_keys_off_the_main_thread(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UNLINK, never DEL: a DEL of a long log frees every message before Redis answers
+    anyone else (~4 ms at 10k messages); the keys are gone at once all the same."""
+    from shared.store.recall_index import index_compacted, recall_keys
+
+    store.append("s", [{"role": "user", "content": f"step {i} of the plan"} for i in range(30)])
+    record = SummaryRecord(watermark=20, kind="offline", text="summary", tokens=5)
+    assert store.commit_summary("s", record, 0).ok
+    assert index_compacted(store, "s").end == 20
+
+    def no_del(*_: Any, **__: Any) -> Any:
+        raise AssertionError("DEL of a session key")
+
+    monkeypatch.setattr(store.redis, "delete", no_del)
+    real_pipeline = store.redis.pipeline
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        pipe.delete = no_del
+        return pipe
+
+    monkeypatch.setattr(store.redis, "pipeline", pipeline)
+    store.delete_session("s")
+    assert store.length("s") == 0 and store.redis.exists(recall_keys(store, "s").doc) == 0
+    assert not list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*"))

@@ -481,12 +481,14 @@ def drop_index(store: SessionStore, session_id: str) -> None:
 
 def _drop(store: SessionStore, k: RecallKeys) -> None:
     # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
+    # UNLINK: the docs hash and the message map of a long session are freed off the
+    # main thread.
     keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
             k.queued]
     for i in range(0, len(keys), 1000):
         pipe = _client(store).pipeline(transaction=False)
         for key in keys[i:i + 1000]:
-            pipe.delete(key)
+            pipe.unlink(key)
         pipe.execute()
 
 

@@ -472,11 +472,13 @@ class SessionStore(LeaseOps):
                                                     expected_version))
 
     def delete_session(self, session_id: str) -> None:
-        """Remove every key of a session (explicit user request only)."""
+        """Remove every key of a session (explicit user request only). UNLINK: the keys
+        are gone at once, their memory freed off Redis's main thread (a DEL of a long
+        log frees every message before Redis answers anyone: ~4 ms at 10k)."""
         from shared.store.recall_index import drop_index  # recall_index imports this module
         k = self.keys(session_id)
         keys = [*k.all_keys(), commands.ids_key(k)]
-        self._run("delete", lambda: self.redis.delete(*keys))
+        self._run("delete", lambda: self.redis.unlink(*keys))
         drop_index(self, session_id)
 
 
