@@ -131,3 +131,16 @@ def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore,
     monkeypatch.undo()
     assert id_map(store, "s") == expected_map(store, "s")
     assert id_map(store, "s")["c1"] != "c1"  # the "mid" call, renamed at its append
+
+
+def test_an_edit_removing_hundreds_of_mapped_calls_fixes_each(store: SessionStore) -> None:
+    """More fixes than the script applies at once (200): every one lands."""
+    ids = [f"c{i}" for i in range(450)]
+    store.append("s", call_turn("old", ids[:300]))
+    store.append("s", call_turn("old too", ids[300:]))
+    length = store.length("s")
+    store.append("s", call_turn("repeat", ids[::2]))  # renamed: the map moves to them
+    store.append("s", call_turn("new", [f"n{i}" for i in range(250)]))
+    assert id_map(store, "s")["c0"] != "c0"
+    store.truncate_after("s", length)
+    assert id_map(store, "s") == expected_map(store, "s") == {c: c for c in ids}

@@ -43,15 +43,33 @@ if (cur[1] or '') ~= ARGV[3] or (cur[2] or '0') ~= ARGV[4] or len ~= tonumber(AR
   return redis.error_reply('LOG_MOVED ' .. len)
 end
 
+-- A fix applies only where the map still points at the removed call; 200 at a time, in
+-- one HMGET, one HSET and one HDEL (a call from Lua costs ~5 us: two a fix made an edit
+-- that removed ~1.5k mapped calls hold Redis 25 ms).
 local f = tonumber(ARGV[6]) or 0
-for i = 0, f - 1 do
-  local provider, stored, previous = ARGV[7 + 3 * i], ARGV[8 + 3 * i], ARGV[9 + 3 * i]
-  if redis.call('HGET', KEYS[7], provider) == stored then
-    if previous ~= '' then
-      redis.call('HSET', KEYS[7], provider, previous)
-    else
-      redis.call('HDEL', KEYS[7], provider)
+for from = 0, f - 1, 200 do
+  local to = math.min(f, from + 200) - 1
+  local providers = {}
+  for i = from, to do
+    providers[#providers + 1] = ARGV[7 + 3 * i]
+  end
+  local current = redis.call('HMGET', KEYS[7], unpack(providers))
+  local set, drop = {}, {}
+  for i = from, to do
+    if current[i - from + 1] == ARGV[8 + 3 * i] then
+      if ARGV[9 + 3 * i] ~= '' then
+        set[#set + 1] = ARGV[7 + 3 * i]
+        set[#set + 1] = ARGV[9 + 3 * i]
+      else
+        drop[#drop + 1] = ARGV[7 + 3 * i]
+      end
     end
+  end
+  if #set > 0 then
+    redis.call('HSET', KEYS[7], unpack(set))
+  end
+  if #drop > 0 then
+    redis.call('HDEL', KEYS[7], unpack(drop))
   end
 end
 
