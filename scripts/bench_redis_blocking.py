@@ -79,6 +79,7 @@ class Slowlog:
         self.names = _script_names()
         self.figures: dict[str, list[int]] = defaultdict(list)
         self.lost: list[str] = []
+        self.slowest: dict[str, tuple[int, str]] = {}
 
     def start(self) -> None:
         self.client.slowlog_reset()
@@ -97,7 +98,10 @@ class Slowlog:
                 continue
             if name in {"EVALSHA", "EVAL"} and len(words) > 1:
                 name = self.names.get(words[1].decode(), "script?" + words[1][:8].decode())
-            self.figures[f"{phase}|{name}"].append(int(entry["duration"]))
+            key, took = f"{phase}|{name}", int(entry["duration"])
+            self.figures[key].append(took)
+            if took > self.slowest.get(key, (0, ""))[0]:
+                self.slowest[key] = (took, entry["command"][:100].decode(errors="replace"))
         self.client.slowlog_reset()
 
 
@@ -187,6 +191,7 @@ def child(url: str, sizes: list[int], appends: int, audit: bool) -> dict[str, An
         env.cleanup()
     out["figures"] = dict(slow.figures)
     out["lost_phases"] = slow.lost
+    out["slowest"] = slow.slowest
     return out
 
 
@@ -221,6 +226,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--audit", action="store_true")
     p.add_argument("--json", default="")
+    p.add_argument("--slowest", action="store_true",
+                   help="print the slowest call (over 1 ms) of each phase and script")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -249,6 +256,9 @@ def main() -> None:
                     print(f"warning: {name}: SLOWLOG overflowed in {data['lost_phases']}")
                 for key, values in data["figures"].items():
                     pooled[name][key].extend(values)
+                for key, (took, command) in data["slowest"].items():
+                    if took > 1000 and args.slowest:
+                        print(f"slowest {name} {key}: {took / 1000:.3f} ms {command}")
     finally:
         admin.slowlog_reset()
         for key, value in saved.items():
