@@ -277,3 +277,67 @@ def test_bulk_reads_on_a_cluster(cluster: LocalCluster, key_prefix: str) -> None
     assert asyncio.run(run()) == [in_script(store, sid) for sid in sids]
     got, kinds = read(store, "sync", sids[0], meddle=lambda st, sid: st.truncate_after(sid, 9))
     assert kinds == ["script", "batch", "script"] and len(got.messages) == 9
+
+
+# -- a range past BULK_CHUNK: one LRANGE per chunk, each its own round trip ------------
+def test_a_long_read_goes_in_chunks_and_equals_the_in_script_read(
+        store: SessionStore, shell: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One LRANGE of a whole large view held Redis 18-22 ms (5.3k messages): past
+    BULK_CHUNK the plain reads go a chunk a step, the proof after the last."""
+    monkeypatch.setattr(commands, "BULK_CHUNK", 60)
+    seed(store, "s", 100)  # 400 messages: 7 chunks
+    lranges: list[int] = []
+    real = store._send
+
+    def spy(step: commands.Step) -> Any:
+        if isinstance(step, commands.Batch):
+            lranges.extend(c[3] - c[2] + 1 for c in step.calls if c[0] == "LRANGE")
+        return real(step)
+
+    monkeypatch.setattr(store, "_send", spy)
+    for with_counts in (True, False):
+        lranges.clear()
+        got, kinds = read(store, shell, "s", with_counts=with_counts)
+        assert kinds == ["script"] + ["batch"] * 8
+        assert got == in_script(store, "s", with_counts=with_counts)
+        assert len(got.messages) == 400
+        if shell == "sync":
+            assert lranges and max(lranges) <= 61  # totals: one more (the one before start)
+
+
+@pytest.mark.parametrize("edit", ["append", "truncate", "truncate_and_refill", "delete",
+                                  "replaced"])
+def test_an_edit_between_chunks_is_never_a_mixed_view(
+        store: SessionStore, shell: str, edit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer after the first chunk: an append is not read (append-only); an edit, a
+    deletion or a replaced log sends the read back to the script, whole."""
+    monkeypatch.setattr(commands, "BULK_CHUNK", 60)
+    seed(store, "s", 100)
+    before = in_script(store, "s")
+    steps = commands.view_steps(store.keys("s"), None, with_counts=True)
+    reply = store._send(next(steps))
+    sent = 0
+    try:
+        while True:
+            step = steps.send(reply)
+            sent += 1
+            if sent == 2:  # the first chunk is read: a writer now
+                if edit == "append":
+                    seed(store, "s", 3, start=100)
+                elif edit.startswith("truncate"):
+                    store.truncate_after("s", 200)
+                    if edit == "truncate_and_refill":
+                        seed(store, "s", 50, start=500)
+                elif edit == "delete":
+                    store.delete_session("s")
+                else:
+                    store.redis.lset(store.keys("s").cum, -1, 1)
+            reply = store._send(step)
+    except StopIteration as done:
+        got = done.value
+    if edit == "append":
+        assert got == before and store.length("s") == 412
+    else:
+        assert got == in_script(store, "s")
+        if edit != "replaced":
+            assert got.messages == store.redis.lrange(store.keys("s").log, 0, -1)
