@@ -82,9 +82,10 @@ this many terms (p50 ~0.4 ms, p99 < 1 ms a call, scripts/bench_redis_blocking.py
 one compare-and-swap that moves the high-water mark; a message with more terms goes
 alone, in parts. More calls cost more Redis time in all (a common term is appended once
 a run, not once a batch): the bound is on the stall, not the total."""
-CUT_PASSAGES = 128
+CUT_PASSAGES = 64
 """Passage ids one call of an edit's cut looks at, at most (one HMGET and one HDEL of
-them, ~4 us an id from Lua: ~0.5 ms; 256 took 1.4 ms a call at 10k messages)."""
+them, ~4-8 us an id from Lua: 128 took 1.0 ms p50 a call at 100k messages, 256 1.4 ms
+at 10k)."""
 MAX_CANDIDATES = 64
 MAX_MESSAGES_PER_CALL = 20_000
 """Messages one index call reads at most (the next job goes on from there)."""
