@@ -17,7 +17,7 @@ from shared.core.errors import InvalidInput
 from shared.core.records import SummaryRecord
 from shared.core.view import ViewCache
 from shared.enqueue import CallbackEnqueuer, CeleryEnqueuer, publisher_app
-from shared.store.changes import CHANGED, NOTHING, ChangeFeed, feed_for, session_base
+from shared.store.changes import ChangeFeed, feed_for, session_base
 from shared.store.own_writes import OwnState
 from shared.store.recall_index import index_compacted
 from shared.store.sessions import SessionStore
@@ -396,97 +396,6 @@ def test_what_a_push_tells() -> None:
     before = own.seen.seq
     own.seen.invalidated([b"invalidate", [b"p:{t:a}:pending"]])
     assert own.mark_after("p:{t:a}", before) is None  # a racing flag write: no vouching
-
-
-def test_the_feed_is_told_only_of_the_sessions_its_guard_read(
-        real_store: SessionStore, real_redis: redis.Redis, redis_url: str, shell: str) -> None:
-    """Each session the guard reads registers its prefix: writes to sessions other
-    processes serve are not pushed to it (it once watched its whole tenant). A session
-    read for the first time is registered before the read, and seen from then on."""
-    writer = SessionStore(redis.Redis.from_url(redis_url), real_store.config)
-    writer.append("mine", [{"role": "user", "content": "hello"}])
-    guard = make(shell, real_store, overrides={"m": 100_000})
-    guard.prepare("mine", SYSTEM, model="m")
-    guard.prepare("mine", SYSTEM, model="m")
-    feed: ChangeFeed = guard.feed
-    pushed: list[bytes] = []
-
-    def spy(push: list[Any]) -> None:
-        pushed.extend(push[1] or [])
-        feed._seen.invalidated(push)
-
-    feed._conn._parser.set_invalidation_push_handler(spy)
-    for k in range(20):  # another process's sessions
-        writer.append(f"other{k}", [{"role": "user", "content": f"turn {k}"}])
-    writer.append("mine", [{"role": "assistant", "content": "noted"}])
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline and not pushed:
-        view = guard.prepare("mine", SYSTEM, model="m")
-        time.sleep(0.01)
-    assert pushed and all(b"{" + real_store.tenant.encode() + b":mine}" in k for k in pushed)
-    assert [m.content for m in guard.prepare("mine", SYSTEM, model="m").messages[-2:]] == \
-        ["hello", "noted"]
-    seen = reads(guard)
-    view = guard.prepare("other3", SYSTEM, model="m")  # read once, registered first
-    assert view.messages[-1].content == "turn 3" and seen == ["other3"]
-    writer.append("other3", [{"role": "assistant", "content": "seen"}])
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline and view.messages[-1].content != "seen":
-        view = guard.prepare("other3", SYSTEM, model="m")
-        time.sleep(0.01)
-    assert view.messages[-1].content == "seen"
-
-
-def test_a_session_is_vouched_for_only_from_its_registration(
-        real_store: SessionStore, real_redis: redis.Redis) -> None:
-    feed = feed_for(real_redis, f"{real_store.config.key_prefix}:{{")
-    assert feed is not None
-    base = session_base(real_store.keys("s").state)
-    try:
-        before = feed.mark()  # connected, no session registered
-        assert before is not None
-        real_store.append("s", [{"role": "user", "content": "not pushed"}])
-        assert feed.tally(base) is None  # its writes are not counted yet
-        mark = feed.mark(base)
-        assert mark is not None
-        assert feed.since(base, before) == CHANGED  # a write before the registration
-        assert feed.since(base, mark) == NOTHING
-        real_store.append("s", [{"role": "user", "content": "pushed"}])
-        deadline = time.monotonic() + 2
-        while feed.since(base, mark) == NOTHING and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert feed.since(base, mark) == CHANGED
-    finally:
-        feed.close()
-
-
-def test_past_its_bound_the_feed_starts_afresh(real_store: SessionStore, redis_url: str,
-                                                shell: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Redis keeps a prefix per session read; past MAX_SESSIONS tracking starts again (a
-    new epoch): every cached view is read once more, none is taken as unchanged."""
-    monkeypatch.setattr(changes_module, "MAX_SESSIONS", 3)
-    writer = SessionStore(redis.Redis.from_url(redis_url), real_store.config)
-    guard = make(shell, real_store, overrides={"m": 100_000})
-    for k in range(5):
-        writer.append(f"s{k}", [{"role": "user", "content": f"s{k}"}])
-        guard.prepare(f"s{k}", SYSTEM, model="m")
-        guard.prepare(f"s{k}", SYSTEM, model="m")
-    feed: ChangeFeed = guard.feed
-    assert len(feed._prefixes) <= 3
-    with feed._lock:
-        feed._conn.send_command("CLIENT", "TRACKINGINFO")
-        info = feed._conn.read_response()
-    assert len(info[b"prefixes"]) == len(feed._prefixes)
-    for k in range(5):  # the first sessions' prefixes were dropped: read, not vouched
-        writer.append(f"s{k}", [{"role": "assistant", "content": f"new {k}"}])
-    for k in range(5):
-        deadline = time.monotonic() + 2
-        view = guard.prepare(f"s{k}", SYSTEM, model="m")
-        while view.messages[-1].content != f"new {k}" and time.monotonic() < deadline:
-            time.sleep(0.01)
-            view = guard.prepare(f"s{k}", SYSTEM, model="m")
-        assert view.messages[-1].content == f"new {k}"
 
 
 def test_flush_starts_a_new_epoch(real_store: SessionStore, real_redis: redis.Redis,

@@ -170,7 +170,7 @@ class GuardFlow(GuardShell):
                 if seen != CHANGED:
                     return self.settled(session_id, own[0], max(seen, own[2]))
         cached = self.views.get(session_id)
-        mark = self.mark(session_id)
+        mark = self.mark()
         raw = yield Io("read_view", (session_id, cached.cursor if cached is not None else None),
                        {"with_counts": True})
         snap: CachedView

@@ -216,13 +216,8 @@ class FreshViews:
         """The change feed's tally for the session, around an own append."""
         return self.feed.tally(self.session_base(session_id)) if self.feed is not None else None
 
-    def mark(self, session_id: str | None = None) -> Any:
-        """Where a read of ``session_id`` starts (its prefix registered with the feed
-        first); without one, the feed connected and verified (a warm-up)."""
-        if self.feed is None:
-            return None
-        return self.feed.mark(self.session_base(session_id) if session_id is not None
-                              else None)
+    def mark(self) -> Any:
+        return self.feed.mark() if self.feed is not None else None
 
     def touched(self, session_id: str) -> None:
         """This guard wrote to the session: its next call reads (not waiting for the push)."""

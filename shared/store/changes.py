@@ -2,16 +2,12 @@
 
 Between two calls of one turn (a tool chain), nothing in the session usually
 changes, yet each ``prepare`` paid a round trip to find that out. Redis's
-client-side caching support can tell instead: a connection in ``CLIENT
-TRACKING ON BCAST`` mode receives an invalidation push (RESP3) naming every key
-written, by anyone, under the prefixes it registered. :class:`ChangeFeed` keeps
-that connection, registers the prefix of each session the guard reads
-(``<prefix>:{<tenant>:<session>}:``, one round trip the first time a process reads
-the session) and records, per session, the sequence number of its last change; the
-guard skips its read while nothing of the session changed since the read its
-cached view came from. Per session, not per tenant: a process is told of the
-sessions it serves, not of every session of its tenant that other processes serve
-(it once registered the tenant's whole prefix, and parsed every push of them).
+client-side caching support can tell instead: a connection with ``CLIENT
+TRACKING ON BCAST PREFIX <tenant's key prefix>`` receives an invalidation
+push (RESP3) naming every key of those sessions that is written, by anyone.
+:class:`ChangeFeed` keeps that connection and records, per session, the
+sequence number of its last change; the guard skips its read while nothing
+of the session changed since the read its cached view came from.
 
 Why it stays correct:
 
@@ -46,10 +42,6 @@ Why it stays correct:
   that much staleness, and a broken one turns the feed off (every prepare
   reads) until it reconnects, with backoff.
 - The guard's own writes drop its mark at once (they do not wait for the push).
-- A session is vouched for only from its registration on, which counts as a change
-  of it (a mark taken before cannot vouch for it). The registered prefixes are
-  bounded (:data:`MAX_SESSIONS`): past that, tracking is switched off and on again,
-  a new epoch, and each session registers again at its next read.
 - A ``FLUSHDB`` (a push with no keys), a reconnection or a fork starts a new
   epoch: marks from before it are worthless (a forked child opens its own
   connection; the parent's is left alone).
@@ -141,7 +133,7 @@ class _Seen:
     feed: a guard dropped is a feed dropped, and its socket closed, at once.
     """
 
-    __slots__ = ("changed", "epoch", "flagged", "pushes", "registered", "seq")
+    __slots__ = ("changed", "epoch", "flagged", "pushes", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
@@ -149,7 +141,6 @@ class _Seen:
         self.changed: dict[str, int] = {}
         self.flagged: dict[str, int] = {}  # per session, its last push of the job flag alone
         self.pushes: dict[str, int] = {}  # per session, how many pushes named it
-        self.registered: set[str] = set()  # sessions whose writes are pushed (this epoch)
 
     def forget(self) -> None:
         """Changes may have been missed: marks taken before now are worthless."""
@@ -157,14 +148,6 @@ class _Seen:
         self.changed.clear()
         self.flagged.clear()
         self.pushes.clear()
-        self.registered.clear()
-
-    def register(self, base: str) -> None:
-        """Session ``base``'s writes are pushed from now on: counted as a change of it, so
-        that no mark taken before vouches for what was written before."""
-        self.seq += 1
-        self.changed[base] = self.seq
-        self.registered.add(base)
 
     def since(self, base: str, epoch: int, seq: int) -> int:
         """What session ``base`` saw after (epoch, seq): :data:`NOTHING`, :data:`FLAG` (its
@@ -190,18 +173,16 @@ class _Seen:
         for base, flag_only in bases.items():
             (self.flagged if flag_only else self.changed)[base] = self.seq
             self.pushes[base] = self.pushes.get(base, 0) + 1
-        if len(self.changed) + len(self.flagged) > 4 * MAX_SESSIONS:  # forgetting is safe
+        if len(self.changed) + len(self.flagged) > 100_000:  # bounded: forgetting is safe
             self.forget()
 
 
 class ChangeFeed:
-    """Invalidation pushes for the sessions a guard reads, and the marks it compares.
+    """Invalidation pushes for one tenant's sessions, and the marks the guard compares.
 
-    ``mark(base)`` before a read of session ``base`` (its prefix registered first);
-    later, ``unchanged(base, mark)`` is True only if the feed is healthy, in the same
-    epoch, and no key of ``base`` was written since. ``prefix``: the sessions it may
-    serve (one tenant's ``<prefix>:{<tenant>:``, or every tenant's ``<prefix>:{``).
-    Thread-safe; one feed serves every session of its guards.
+    ``mark()`` before a read; later, ``unchanged(base, mark)`` is True only if
+    the feed is healthy, in the same epoch, and no key of ``base`` was
+    written since. Thread-safe; one feed serves every session of its guard.
     """
 
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
@@ -215,8 +196,6 @@ class ChangeFeed:
         self._conn: Any = None
         self._pushes: Pushes | None = None
         self._seen = _Seen()
-        self._prefixes: set[str] = set()  # the sessions registered on the connection
-        self._queued: set[str] = set()  # sessions the feed's thread is asked to register
         self._verified = 0.0
         self._failures = 0
         self._retry_at = 0.0
@@ -229,66 +208,14 @@ class ChangeFeed:
         _FEEDS.add(self)
 
     # -- what the guard calls -------------------------------------------------------------
-    def mark(self, base: str | None = None) -> tuple[int, int] | None:
-        """The point a read of session ``base`` starts from, its prefix registered first
-        (None: the feed cannot vouch for it now). Without ``base``: the connection made
-        and verified (a warm-up), no session vouched for."""
+    def mark(self) -> tuple[int, int] | None:
+        """The point a read starts from (None: the feed cannot vouch for anything now)."""
         if not self._vouching():
             return None
-        if base is not None and base not in self._seen.registered \
-                and asyncio._get_running_loop() is not None:
-            self._lock.release()
-            return self._mark_registered_by_thread(base)
         try:
-            if base is not None and base not in self._seen.registered \
-                    and not self._register(base):
-                return None
             return self._seen.epoch, self._seen.seq
         finally:
             self._lock.release()
-
-    def _mark_registered_by_thread(self, base: str) -> tuple[int, int] | None:
-        """:meth:`mark` on an event loop for a session not registered yet: the feed's thread
-        registers it (a round trip), waited for at most :data:`WAIT_SECONDS`; None when it
-        takes longer (this read is not vouched for, the next one is)."""
-        if not self._take_now():
-            return None
-        self._queued.add(base)
-        self._lock.release()
-        self._checked.clear()
-        self._in_background()
-        if not self._checked.wait(WAIT_SECONDS):
-            self._slow = True
-            return None
-        if not self._take_now():
-            return None
-        try:
-            return (self._seen.epoch, self._seen.seq) if base in self._seen.registered \
-                else None
-        finally:
-            self._lock.release()
-
-    def _register(self, base: str) -> bool:
-        """``CLIENT TRACKING ON BCAST PREFIX <base>:`` (under the lock): a session's writes
-        pushed from now on; past :data:`MAX_SESSIONS` sessions, tracking starts afresh."""
-        if self._conn is None:
-            return False
-        try:
-            if base not in self._prefixes:
-                if len(self._prefixes) >= MAX_SESSIONS:
-                    self._conn.send_command("CLIENT", "TRACKING", "OFF")
-                    self._conn.read_response()
-                    self._prefixes.clear()
-                    self._seen.forget()  # marks vouched by the prefixes dropped
-                self._conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX",
-                                        base + ":")
-                self._conn.read_response()  # pushes before the reply are handled first
-                self._prefixes.add(base)
-        except Exception as exc:
-            self._fail(exc)
-            return False
-        self._seen.register(base)
-        return True
 
     def unchanged(self, base: str, mark: tuple[int, int] | None) -> bool:
         """True when no key of session ``base`` was written since ``mark`` was taken (but
@@ -301,8 +228,6 @@ class ChangeFeed:
         if mark is None or not self._vouching():
             return CHANGED
         try:
-            if base not in self._seen.registered:  # its writes are not pushed here
-                return CHANGED
             return self._seen.since(base, *mark)
         finally:
             self._lock.release()
@@ -315,8 +240,6 @@ class ChangeFeed:
         if not self._vouching():
             return None
         try:
-            if base not in self._seen.registered:
-                return None  # its writes are not pushed: nothing to count
             return self._seen.epoch, self._seen.seq, self._seen.pushes.get(base, 0)
         finally:
             self._lock.release()
@@ -456,11 +379,12 @@ class ChangeFeed:
             conn = cls(**given, protocol=3)
             conn.connect()
             conn._parser.set_invalidation_push_handler(self._seen.invalidated)
+            conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", self.prefix)
+            conn.read_response()
         except Exception as exc:
             self._fail(exc)
             return False
         self._conn = conn
-        self._prefixes.clear()  # tracking starts with the first session registered
         self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._seen.forget()  # changes before now were not seen: older marks are worthless
         self._verified = time.monotonic()
@@ -485,15 +409,12 @@ class ChangeFeed:
         self._worker = None
         self._conn = None  # the parent's socket: neither read nor closed here
         self._pushes = None
-        self._prefixes = set()
-        self._queued = set()
         self._seen.forget()
         self._retry_at = 0.0
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._pushes = None
-        self._prefixes.clear()
         self._seen.forget()
         if conn is not None:
             try:
@@ -503,9 +424,6 @@ class ChangeFeed:
 
 
 _FEEDS: weakref.WeakSet[ChangeFeed] = weakref.WeakSet()
-MAX_SESSIONS = 20_000
-"""Sessions a feed registers at most before it starts afresh (a new epoch: each session
-registers again at its next read). Redis keeps their prefixes for the connection."""
 KEEP_SECONDS = 30.0
 """How long the feed's thread keeps the feed verified after its last check on a loop."""
 WAIT_SECONDS = 0.005
@@ -529,11 +447,7 @@ def _verify(ref: weakref.ref[ChangeFeed], wanted: threading.Event) -> None:
         if feed is None or feed.closed or feed._wanted is not wanted:
             return
         with feed._lock:
-            if feed._ready(VERIFY_SECONDS / 2):
-                queued, feed._queued = feed._queued, set()
-                for base in queued:
-                    if not feed._register(base):
-                        break
+            feed._ready(VERIFY_SECONDS / 2)
             feed._slow = False
             feed._checked.set()
         del feed
@@ -574,5 +488,5 @@ def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
     return ChangeFeed(found[0], prefix, connection_class=found[1])
 
 
-__all__ = ["IO_TIMEOUT", "MAX_SESSIONS", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed",
-           "feed_for", "feed_kwargs", "session_base", "tracking_pool"]
+__all__ = ["IO_TIMEOUT", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for",
+           "feed_kwargs", "session_base", "tracking_pool"]

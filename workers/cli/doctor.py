@@ -148,9 +148,7 @@ def check_tracking(settings: Settings) -> Check:
     feed = feed_for(client, f"{settings.key_prefix}:{{{settings.tenant}:")
     own = own_writes_for(client, f"{settings.key_prefix}:")
     try:
-        # a session's prefix registered, as a guard's first read of it does
-        feed_ok = feed is not None and feed.mark(
-            f"{settings.key_prefix}:{{{settings.tenant}:doctor-probe}}") is not None
+        feed_ok = feed is not None and feed.mark() is not None
         own_ok = own is not None and bool(own.warm_up())
         probe = own.state.usable if own is not None else None
     finally:
