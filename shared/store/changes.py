@@ -22,6 +22,11 @@ Why it stays correct:
   from the first call after its push; a process handed a turn that another one
   recorded (a job, an HTTP request) passes ``prepare(min_length=)``, the length that
   append returned, and reads when its view is shorter.
+- One prefix per tenant, not one per session read (which would push a process only
+  its own sessions' writes): Redis scans every registered prefix on each pass of its
+  event loop and checks every write against them, so the server's cost would grow with
+  the sessions served (2,000 prefixes added ~370 µs to every command of every client,
+  2026-11-28); one tenant-wide prefix is one entry however many processes share it.
 - Only writes to keys a view is read from count (:data:`VIEW_KEY_NAMES`): a
   worker's lease and request ids leave a cached view as it was. The recall index
   is not under the watched prefix at all (:func:`shared.store.keys.recall_base`):
