@@ -165,6 +165,13 @@ def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
             attempt()
     with pytest.raises(redis.exceptions.ResponseError):  # nor another tenant's index
         conn.hgetall("tst:rx:{globex:s1}:meta")
+    tracking = redis.Redis.from_url(acl_server.url, username="tst-tenant-acme",
+                                    password=PASSWORD, protocol=3)
+    if server_version(acl_server.binary)[:2] >= (7, 0):  # nor the names of its keys
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            tracking.execute_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX",
+                                     "tst:{globex:")
+    tracking.close()
     assert sorted(admin.keys("tst:{globex:*")) == before
     assert "globex secret plan 0" in str(admin.lrange("tst:{globex:s1}:log", 0, -1)[0])
 

@@ -40,6 +40,11 @@ from shared.store.sessions import SessionStore
 _COMMANDS = ("-@all", "+@read", "+@write", "+@transaction", "+@connection", "-@dangerous",
              "-scan", "-randomkey", "-keys", "+select", "+evalsha", "+eval",
              "+script|load", "+script|exists")
+# Client tracking pushes the names of keys written under any prefix the client asks for,
+# whatever its key patterns (Redis 7 does not check them): another tenant's session ids.
+# A tenant handle has no change feed (it hides its client), so nothing of ours needs it.
+# Redis 6.2 knows no subcommand removal: there the user is made without this rule.
+_NO_TRACKING = "-client|tracking"
 HIDDEN = frozenset({"redis", "client", "for_tenant"})
 # The store's attributes a tenant handle forwards besides its public methods.
 _ATTRIBUTES = frozenset({"tenant", "config", "counter", "idempotency_keep", "idempotency_ttl"})
@@ -118,7 +123,8 @@ def tenant_acl_rules(tenant: str, password: str, prefix: str = "cmp") -> list[st
         raise InvalidInput("must be a string of at least 16 characters", field="password")
     digest = hashlib.sha256(password.encode()).hexdigest()
     return ["reset", "on", f"#{digest}", f"~{tenant_key_pattern(tenant, prefix)}",
-            f"~{tenant_recall_pattern(tenant, prefix)}", "resetchannels", *_COMMANDS]
+            f"~{tenant_recall_pattern(tenant, prefix)}", "resetchannels", *_COMMANDS,
+            _NO_TRACKING]
 
 
 def create_tenant_user(admin: Any, tenant: str, password: str, prefix: str = "cmp") -> str:
@@ -128,7 +134,14 @@ def create_tenant_user(admin: Any, tenant: str, password: str, prefix: str = "cm
     ``aclfile``, or the rules in the config management that writes it).
     """
     name = tenant_username(tenant, prefix)
-    admin.execute_command("ACL", "SETUSER", name, *tenant_acl_rules(tenant, password, prefix))
+    rules = tenant_acl_rules(tenant, password, prefix)
+    try:
+        admin.execute_command("ACL", "SETUSER", name, *rules)
+    except redis.exceptions.ResponseError as exc:
+        if _NO_TRACKING not in str(exc):
+            raise
+        # Redis 6.2: no subcommand removal (a user there may still track key names)
+        admin.execute_command("ACL", "SETUSER", name, *(r for r in rules if r != _NO_TRACKING))
     return name
 
 
