@@ -5,9 +5,11 @@ tenant, each its own ``--sessions`` sessions, turn after turn (a real turn of th
 transcripts, one ``prepare`` per model call, then ``record_turn``); a worker process
 compacts whatever is pending, as Celery would, and indexes the compacted range for
 recall. Each process reports the keys its feed was pushed, how many of them named its
-own sessions, and the CPU its feed's push handler took. A feed that watched the
-tenant's whole prefix was pushed every process's writes (and the recall index's term
-keys); one per session read only its own.
+own sessions, and the CPU its feed's push handler took. A feed watches its tenant's
+whole prefix (one entry in Redis however many processes share it; a prefix per session
+would cost Redis a scan of all of them per pass of its event loop), so it is pushed
+every process's writes to the keys views are read from; since 2026-11-28 not the recall
+index's term keys, which moved out from under that prefix (hundreds per index batch).
 
     PYTHONPATH=scripts:. .venv/bin/python scripts/bench_feed_scope.py [--processes 4]
         [--sessions 4] [--turns 30]
