@@ -309,6 +309,49 @@ def test_items_the_caller_holds_decoded_are_kept_not_decoded_again() -> None:
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
+@pytest.mark.parametrize("watermark", [1, 2])
+def test_a_summary_leads_a_history_that_opens_with_an_interrupted_call(
+        shell_name: str, watermark: int) -> None:
+    """A summary cut that leaves the history opening with an assistant's call whose result
+    never came (a process killed while the tool ran) leads as the user message, as it does
+    for a history that needs no repair. The repair put its "the conversation opens with the
+    assistant's message that follows" first instead, and the summary went into the system
+    message: the model was told the conversation starts where a summary says it did not
+    (found by tests/test_guard_stateful.py)."""
+    from shared.core.repair import CONVERSATION_START_TEXT, validate_view
+
+    def call(cid: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": "",
+                "tool_calls": [{"id": cid, "name": "run", "arguments": "{}"}]}
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    # watermark 1: the stored part is repaired once and kept (two calls, then a turn);
+    # watermark 2: only the open call is stored, repaired with the pending turn
+    store.append("s", [{"role": "user", "content": "build it"}, call("c1"), call("c2"),
+                       *([{"role": "user", "content": "and?"},
+                          {"role": "assistant", "content": "it was cut off"}]
+                         if watermark == 1 else [])])
+    assert store.commit_summary("s", SummaryRecord(watermark=watermark, kind="offline",
+                                                   text="the user asked for a build",
+                                                   tokens=6), store.state("s").version).ok
+    warm = make(shell_name, store, overrides={"m": 1_000_000})
+    cold = make(shell_name, store, overrides={"m": 1_000_000}, view_cache=ViewCache(0, 0))
+    for guard in (warm, warm, cold):
+        view = guard.prepare("s", SYSTEM, model="m", pending=[{"role": "user", "content": "go"}])
+        messages = list(view.messages)
+        assert [m.role for m in messages[:3]] == ["system", "user", "assistant"]
+        assert messages[0].text() == SYSTEM
+        assert messages[1].metadata == {"compaction": "summary"}
+        assert "the user asked for a build" in messages[1].text()
+        assert not any(m.text() == CONVERSATION_START_TEXT for m in messages)
+        for provider in ("openai", "anthropic", "gemini"):
+            assert validate_view(messages, provider) == []
+        assert view.openai() == to_openai(messages, include_reasoning=False)
+        assert view.anthropic() == to_anthropic(messages)
+        assert view.gemini() == to_gemini(messages)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_cut_inside_a_turn_needs_no_repair_per_prepare(shell_name: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A summary cut inside a long turn leaves the history starting at an assistant

@@ -61,9 +61,9 @@ def _counting(monkeypatch: Any) -> list[int]:
     sizes: list[int] = []
     real = repair_module.repair_tool_pairs_with_report
 
-    def counted(messages: Any) -> Any:
+    def counted(messages: Any, **kw: Any) -> Any:
         sizes.append(len(messages))
-        return real(messages)
+        return real(messages, **kw)
 
     monkeypatch.setattr(repair_module, "repair_tool_pairs_with_report", counted)
     return sizes

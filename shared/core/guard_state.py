@@ -348,12 +348,16 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     repaired: RepairedView | None = None
     tail: list[Message] | None = None
     if not intact and not truncated:  # the stored view's repair is kept: only the rest
-        repaired = snap.repaired = repaired_view(snap.repaired, snap.applied)
+        # a summary before the history leads as its user message (assemble): repair puts
+        # no "the conversation opens here" message first then
+        repaired = snap.repaired = repaired_view(snap.repaired, snap.applied,
+                                                 opened=summary is not None)
         tail = repaired.continued(snap.applied, extra)
     if tail is not None and repaired is not None:
         history = concat(repaired.messages, tail)
     elif not intact:
-        history = repair_tool_pairs(history if truncated else concat(snap.applied, extra))
+        history = repair_tool_pairs(history if truncated else concat(snap.applied, extra),
+                                    opened=summary is not None)
     messages: Sequence[Message]
     head: Sequence[Message] = ()
     head_wire: dict[str, Any] | None = None

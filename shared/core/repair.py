@@ -158,9 +158,13 @@ def _assign(body: Sequence[Message]) -> _Assignment:
 
 
 def repair_tool_pairs_with_report(
-    messages: Sequence[Message],
+    messages: Sequence[Message], *, opened: bool = False,
 ) -> tuple[list[Message], RepairReport]:
-    """Repair a view (see the module docstring) and say what changed."""
+    """Repair a view (see the module docstring) and say what changed.
+
+    ``opened``: the view opens with something the caller puts before these messages (a
+    summary, which then leads as the user message): no placeholder user message is
+    inserted, which would tell the model the conversation starts here."""
     head = leading_system_count(messages)
     body = list(messages[head:])
     slots_at, orphans, duplicates, renamed = _assign(body)
@@ -207,7 +211,7 @@ def repair_tool_pairs_with_report(
                 out.append(_placeholder(slot, isinstance(made_up, list)
                                         and slot.final_id in made_up))
     first = leading_system_count(out)
-    inserted = first < len(out) and out[first].role != "user"
+    inserted = not opened and first < len(out) and out[first].role != "user"
     if inserted:
         out.insert(first, Message(role="user", content=CONVERSATION_START_TEXT,
                                   metadata={"repair": "conversation_start"}))
@@ -226,9 +230,9 @@ def _placeholder(slot: _Slot, made_up: bool) -> Message:
                    content=MISSING_RESULT_TEXT, metadata=metadata)
 
 
-def repair_tool_pairs(messages: Sequence[Message]) -> list[Message]:
+def repair_tool_pairs(messages: Sequence[Message], *, opened: bool = False) -> list[Message]:
     """The repaired view alone; see :func:`repair_tool_pairs_with_report`."""
-    return repair_tool_pairs_with_report(messages)[0]
+    return repair_tool_pairs_with_report(messages, opened=opened)[0]
 
 
 _ANCHOR = Message(role="user", content="-")  # stands for the repaired prefix's start

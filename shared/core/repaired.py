@@ -36,13 +36,14 @@ class RepairedView:
     messages: Chunks[Message]
     taken: set[str]
     wire: dict[str, Any]
+    opened: bool = False  # a summary opens the view (repair_tool_pairs's ``opened``)
 
     @classmethod
-    def of(cls, applied: Sequence[Message]) -> RepairedView:
+    def of(cls, applied: Sequence[Message], opened: bool = False) -> RepairedView:
         k = open_unit_start(applied)
         body = list(applied[:k])
-        fixed = repair_tool_pairs(body)
-        return cls(k, Chunks.of(fixed), call_ids(body) | call_ids(fixed), {})
+        fixed = repair_tool_pairs(body, opened=opened)
+        return cls(k, Chunks.of(fixed), call_ids(body) | call_ids(fixed), {}, opened)
 
     @property
     def begun(self) -> bool:
@@ -64,7 +65,7 @@ class RepairedView:
         self.taken.update(call_ids(more))
         self.taken.update(call_ids(tail))
         wire = carry(self.wire, 0, {}, tail) if self.wire else {}
-        return RepairedView(k, self.messages.extend(tail), self.taken, wire)
+        return RepairedView(k, self.messages.extend(tail), self.taken, wire, self.opened)
 
     def continued(self, applied: Sequence[Message],
                   extra: Sequence[Message]) -> list[Message] | None:
@@ -74,14 +75,15 @@ class RepairedView:
         return repair_continued([*applied[self.covers:], *extra], self.taken)
 
 
-def repaired_view(known: RepairedView | None, applied: Sequence[Message]) -> RepairedView:
-    """``known`` extended over ``applied``, or made afresh (no view yet, or new messages
-    that reach back into it)."""
-    if known is not None and known.covers <= len(applied):
+def repaired_view(known: RepairedView | None, applied: Sequence[Message],
+                  opened: bool = False) -> RepairedView:
+    """``known`` extended over ``applied``, or made afresh (no view yet, new messages
+    that reach back into it, or a summary now opening the view or no longer)."""
+    if known is not None and known.covers <= len(applied) and known.opened == opened:
         grown = known.extended(applied)
         if grown is not None:
             return grown
-    return RepairedView.of(applied)
+    return RepairedView.of(applied, opened)
 
 
 __all__ = ["RepairedView", "repaired_view"]
