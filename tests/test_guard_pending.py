@@ -451,7 +451,7 @@ def test_a_turn_over_the_pending_bound_is_not_kept_and_its_views_are_the_same(
 @pytest.mark.parametrize("shell_name", SHELLS)
 def test_the_guards_of_one_cache_share_its_bound_on_remembered_turns(shell_name: str) -> None:
     """A server's tenants: each tenant's turns its own, one bound between them."""
-    turn = _chain()[:3]
+    turn = _chain()[:4]  # whole pairs: nothing repaired (a placeholder result is counted too)
     cache = ViewCache(pending_turns=1)
     counters = {name: CountingCounter() for name in ("alpha", "beta")}
     guards = {name: make(shell_name, SessionStore(fakeredis.FakeRedis(), StoreConfig(
@@ -465,8 +465,8 @@ def test_the_guards_of_one_cache_share_its_bound_on_remembered_turns(shell_name:
 
     for name in guards:
         counted(name, [])  # the system prompt, counted once
-    assert counted("alpha", turn[:2]) == 2
-    assert counted("alpha", turn) == 1  # only its new message
-    assert counted("beta", turn) == 3  # the same session id, another tenant's turn
-    assert counted("alpha", turn) == 3  # pushed out by beta's: all three again
+    assert counted("alpha", turn[:1]) == 1
+    assert counted("alpha", turn) == 3  # only its new messages
+    assert counted("beta", turn) == 4  # the same session id, another tenant's turn
+    assert counted("alpha", turn) == 4  # pushed out by beta's: all four again
     assert len(cache.pending()[0]) == 1

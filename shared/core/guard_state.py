@@ -43,7 +43,7 @@ from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.renamed import RenamedTurn, known_renamed, renamed_turn
 from shared.core.repair import repair_tool_pairs
-from shared.core.repaired import RepairedView, repaired_view
+from shared.core.repaired import RepairedView, repair_added, repaired_view
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
 from shared.core.view import Regions, assemble, summary_block, summary_region, view_estimate
@@ -295,10 +295,16 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     notice, notice_tokens = _notice(snap.summary, req, counter)
     prior, family = prior_ratio(req.model, counter), model_family(req.model)
 
+    # a view whose pairs need repair sends the repair's placeholder results too: repaired
+    # before the budget is checked, so that it counts them
+    needs_repair = not (pending_scan.intact if renamed is None else renamed.scan.intact)
+    mended = _mended(snap, extra, counter) if needs_repair else None
+
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
+        added = mended[3] if mended is not None else 0
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
-                                     tools=req.tool_tokens, extra=sum(extra_tokens),
+                                     tools=req.tool_tokens, extra=sum(extra_tokens) + added,
                                      notice=notice_tokens, prior=prior, family=family)
         return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
 
@@ -308,6 +314,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     if proactive and report.should_compact:
         decisions, snap = _cheap(snap, policy, counter)
         if decisions:
+            if needs_repair:  # placeholders changed the stored messages: repaired again
+                mended = _mended(snap, extra, counter)
             regions, estimated, report = estimate(snap.saved)
         enqueue = True
 
@@ -342,22 +350,18 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     # a cut of an input that needed no repair keeps whole units: its pairs hold (a property
     # test holds it), without a walk of what it kept on every call of a turn it cuts
     intact = ((cut is not None and cut.source.repaired is cut.source.messages)
-              or pairs_intact(history) if truncated
-              else pending_scan.intact if renamed is None else renamed.scan.intact)
+              or pairs_intact(history) if truncated else not needs_repair)
     incremental = not truncated and intact
     repaired: RepairedView | None = None
     tail: list[Message] | None = None
-    if not intact and not truncated:  # the stored view's repair is kept: only the rest
-        # a summary before the history leads as its user message (assemble): repair puts
-        # no "the conversation opens here" message first then
-        repaired = snap.repaired = repaired_view(snap.repaired, snap.applied,
-                                                 opened=summary is not None)
-        tail = repaired.continued(snap.applied, extra)
+    if mended is not None and not truncated:  # the stored view's repair kept: only the rest
+        repaired, tail, whole, _ = mended
+        if whole is not None:
+            history = whole
     if tail is not None and repaired is not None:
         history = concat(repaired.messages, tail)
-    elif not intact:
-        history = repair_tool_pairs(history if truncated else concat(snap.applied, extra),
-                                    opened=summary is not None)
+    elif not intact and truncated:
+        history = repair_tool_pairs(history, opened=summary is not None)
     messages: Sequence[Message]
     head: Sequence[Message] = ()
     head_wire: dict[str, Any] | None = None
@@ -404,6 +408,24 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                             + sum(extra_tokens)),
                 extra_scan=pending_scan if renamed is None and pending_scan.ok else None,
                 extra_cut=cut, extra_renamed=renamed), snap
+
+
+def _mended(snap: CachedView, extra: list[Message], counter: TokenCounter,
+            ) -> tuple[RepairedView, list[Message] | None, list[Message] | None, int]:
+    """The repair of ``applied + extra``: the stored view's kept repair and its
+    continuation (or, where it cannot continue, the whole repaired), and the tokens the
+    repair added. A summary before the history leads as its user message (assemble):
+    repair puts no "the conversation opens here" message first then."""
+    opened = snap.summary is not None
+    repaired = snap.repaired = repaired_view(snap.repaired, snap.applied, opened=opened,
+                                             counter=counter)
+    tail = repaired.continued(snap.applied, extra)
+    if tail is not None:
+        rest = [*snap.applied[repaired.covers:], *extra]
+        return repaired, tail, None, repaired.added + repair_added(rest, tail, counter)
+    given = list(concat(snap.applied, extra))
+    whole = repair_tool_pairs(given, opened=opened)
+    return repaired, None, whole, repair_added(given, whole, counter)
 
 
 def _cut_input(known: TurnCut | None, snap: CachedView, extra: list[Message],

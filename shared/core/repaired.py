@@ -19,6 +19,7 @@ from typing import Any
 from shared.core.chunks import Chunks
 from shared.core.messages import Message
 from shared.core.repair import call_ids, open_unit_start, repair_continued, repair_tool_pairs
+from shared.core.tokens import TokenCounter
 from shared.core.turns import leading_system_count
 from shared.core.wireview import carry
 
@@ -37,20 +38,24 @@ class RepairedView:
     taken: set[str]
     wire: dict[str, Any]
     opened: bool = False  # a summary opens the view (repair_tool_pairs's ``opened``)
+    added: int = 0  # tokens the repair added (placeholder results), less those it removed
 
     @classmethod
-    def of(cls, applied: Sequence[Message], opened: bool = False) -> RepairedView:
+    def of(cls, applied: Sequence[Message], opened: bool = False,
+           counter: TokenCounter | None = None) -> RepairedView:
         k = open_unit_start(applied)
         body = list(applied[:k])
         fixed = repair_tool_pairs(body, opened=opened)
-        return cls(k, Chunks.of(fixed), call_ids(body) | call_ids(fixed), {}, opened)
+        return cls(k, Chunks.of(fixed), call_ids(body) | call_ids(fixed), {}, opened,
+                   repair_added(body, fixed, counter))
 
     @property
     def begun(self) -> bool:
         """Whether it holds a non-system message (else what follows may not continue it)."""
         return leading_system_count(self.messages) < len(self.messages)
 
-    def extended(self, applied: Sequence[Message]) -> RepairedView | None:
+    def extended(self, applied: Sequence[Message],
+                 counter: TokenCounter | None = None) -> RepairedView | None:
         """This view over more of ``applied`` (whose first ``covers`` messages it was made
         from), to its last closed unit; None when the new messages reach back into it."""
         k = open_unit_start(applied, self.covers)
@@ -65,7 +70,8 @@ class RepairedView:
         self.taken.update(call_ids(more))
         self.taken.update(call_ids(tail))
         wire = carry(self.wire, 0, {}, tail) if self.wire else {}
-        return RepairedView(k, self.messages.extend(tail), self.taken, wire, self.opened)
+        return RepairedView(k, self.messages.extend(tail), self.taken, wire, self.opened,
+                            self.added + repair_added(more, tail, counter))
 
     def continued(self, applied: Sequence[Message],
                   extra: Sequence[Message]) -> list[Message] | None:
@@ -75,15 +81,29 @@ class RepairedView:
         return repair_continued([*applied[self.covers:], *extra], self.taken)
 
 
+def repair_added(before: Sequence[Message], after: Sequence[Message],
+                 counter: TokenCounter | None) -> int:
+    """Tokens ``after`` (a repair of ``before``) holds that ``before`` did not: the
+    placeholder results it made, less the messages it dropped (compared by object: a
+    repair keeps the messages it does not change). The view sends them: the budget
+    counts them (0 without a counter)."""
+    if counter is None:
+        return 0
+    kept = {id(m) for m in before}
+    out = {id(m) for m in after}
+    return (sum(counter.message(m) for m in after if id(m) not in kept)
+            - sum(counter.message(m) for m in before if id(m) not in out))
+
+
 def repaired_view(known: RepairedView | None, applied: Sequence[Message],
-                  opened: bool = False) -> RepairedView:
+                  opened: bool = False, counter: TokenCounter | None = None) -> RepairedView:
     """``known`` extended over ``applied``, or made afresh (no view yet, new messages
     that reach back into it, or a summary now opening the view or no longer)."""
     if known is not None and known.covers <= len(applied) and known.opened == opened:
-        grown = known.extended(applied)
+        grown = known.extended(applied, counter)
         if grown is not None:
             return grown
-    return RepairedView.of(applied, opened)
+    return RepairedView.of(applied, opened, counter)
 
 
-__all__ = ["RepairedView", "repaired_view"]
+__all__ = ["RepairedView", "repair_added", "repaired_view"]
