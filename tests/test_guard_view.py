@@ -352,6 +352,39 @@ def test_a_summary_leads_a_history_that_opens_with_an_interrupted_call(
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_summary_leads_a_truncated_view_that_opens_past_an_interrupted_call(
+        shell_name: str) -> None:
+    """The same when an emergency cut keeps the head of a history that needed repair: the
+    cut repaired it before it knew a note (a summary) would open the view, and its
+    "the conversation opens with ..." message went first, the summary into the system
+    message. Its tokens leave the estimate with it."""
+    from shared.core.repair import CONVERSATION_START_TEXT, validate_view
+
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
+    store.append("s", [{"role": "user", "content": "build it"},
+                       {"role": "assistant", "content": "",
+                        "tool_calls": [{"id": "c1", "name": "run", "arguments": "{}"}]}])
+    assert store.commit_summary("s", SummaryRecord(watermark=1, kind="offline",
+                                                   text="the user asked for a build",
+                                                   tokens=6), store.state("s").version).ok
+    guard = make(shell_name, store, overrides={"m": 6000})
+    # one turn with no user message: the cut keeps its opening and clips the answer
+    view = guard.prepare("s", SYSTEM, model="m", max_tokens=1000,
+                         pending=[{"role": "assistant", "content": "word " * 8000}])
+    messages = list(view.messages)
+    assert view.report.truncated and view.report.budget.within_budget
+    assert [m.role for m in messages] == ["system", "user", "assistant"]
+    assert messages[0].text() == SYSTEM and messages[1].metadata == {"compaction": "summary"}
+    assert "the user asked for a build" in messages[1].text()
+    assert not any(m.text() == CONVERSATION_START_TEXT for m in messages)
+    assert view.report.budget.history == DEFAULT_COUNTER.message(messages[2])
+    for provider in ("openai", "anthropic", "gemini"):
+        assert validate_view(messages, provider) == []
+    assert view.openai() == to_openai(messages, include_reasoning=False)
+    assert view.anthropic() == to_anthropic(messages)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
 def test_a_cut_inside_a_turn_needs_no_repair_per_prepare(shell_name: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A summary cut inside a long turn leaves the history starting at an assistant

@@ -42,7 +42,7 @@ from shared.core.prepared import PreparedView, ViewReport
 from shared.core.recall_tool import notice as recall_notice
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
 from shared.core.renamed import RenamedTurn, known_renamed, renamed_turn
-from shared.core.repair import repair_tool_pairs
+from shared.core.repair import repair_tool_pairs, without_conversation_start
 from shared.core.repaired import RepairedView, repair_added, repaired_view
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
@@ -342,8 +342,12 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         notice, notice_tokens = _notice(summary, req, counter)
         enqueue = True
         # the kept messages' tokens, as the cut counted them (clipped ones included)
+        kept_tokens = result.tokens_after
+        if summary is not None:  # it leads as the user message, not repair's opening one
+            history, opening = without_conversation_start(history)
+            kept_tokens -= counter.message(opening) if opening is not None else 0
         regions = Regions(regions.system, summary_region(summary, notice_tokens), regions.tools,
-                          result.tokens_after, regions.overhead)
+                          kept_tokens, regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 

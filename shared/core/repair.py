@@ -220,6 +220,19 @@ def repair_tool_pairs_with_report(
     return out, report
 
 
+def without_conversation_start(messages: Sequence[Message]) -> tuple[list[Message], Message | None]:
+    """``messages`` without the user message repair put first (:data:`CONVERSATION_START_TEXT`),
+    and that message (None: there was none). For a view a summary opens after all (an
+    emergency cut was repaired before it knew it would leave a note): the summary leads as
+    the user message, which the inserted one would push into the system message."""
+    first = leading_system_count(messages)
+    lead = messages[first] if first < len(messages) else None
+    if lead is not None and lead.role == "user" and lead.text() == CONVERSATION_START_TEXT \
+            and lead.metadata.get("repair") == "conversation_start":
+        return [*messages[:first], *messages[first + 1:]], messages[first]
+    return list(messages), None
+
+
 def _placeholder(slot: _Slot, made_up: bool) -> Message:
     """The result of a call that has none; ``made_up``: its call's id is one the guard made
     for Gemini (never sent), so the result goes without one too."""
@@ -362,4 +375,5 @@ __all__ = [
     "repair_tool_pairs",
     "repair_tool_pairs_with_report",
     "validate_view",
+    "without_conversation_start",
 ]
