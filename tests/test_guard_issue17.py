@@ -109,8 +109,8 @@ def test_usage_is_compared_with_the_estimate_of_what_was_sent() -> None:
     """Like with like: the report is held to the calibrated heuristic of the request
     that was sent (a provider that counts a dense script as few tokens has taught the
     calibration so), not to the estimate anchored on the previous report."""
-    from shared.core.guard_state import Sent, usage_fields
     from shared.core.records import SessionState
+    from shared.core.usage_learning import Sent, usage_fields
 
     state = SessionState(version=3, calibration_ratio=0.5, calibration_samples=4)
     sent = Sent(heuristic=12_000, estimate=5_400, end=40, window=128_000, version=3,

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shared.core.config import CompactionPolicy
-from shared.core.guard_state import Sent
 from shared.core.limits import (
     LimitBook,
     ModelLimits,
@@ -24,6 +23,7 @@ from shared.core.model_registry import positive_int
 from shared.core.overflow import OverflowInfo, is_context_overflow, parse_overflow, unrecognised
 from shared.core.records import SessionState
 from shared.core.tokens import TokenCounter
+from shared.core.usage_learning import Sent
 from shared.telemetry import get_metrics
 
 if TYPE_CHECKING:

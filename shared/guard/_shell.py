@@ -34,7 +34,7 @@ from shared.core.budget import ensure_reducible
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
-from shared.core.guard_state import Plan, Request, Sent, check, newest_tokens, usage_fields
+from shared.core.guard_state import Plan, Request, check, newest_tokens
 from shared.core.limits import (
     MIN_INPUT_TOKENS,
     LimitBook,
@@ -53,6 +53,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
+from shared.core.usage_learning import Sent, usage_fields
 from shared.core.view import Regions, ViewCache, assemble
 from shared.core.viewcache import PENDING_TURNS, CachedView, KnownCounts
 from shared.guard._fresh import FreshViews
