@@ -595,6 +595,81 @@ def test_an_index_call_never_holds_more_than_the_term_bound(
     assert recall(store, "s", "u17x3", limit=1)[0].index == 17
 
 
+def _spy_add_keys(monkeypatch: pytest.MonkeyPatch,
+                  between: Any = None) -> list[tuple[list[str], int]]:
+    """Every recall_add call's term keys and the docs it wrote (``between``: run after
+    each call, with the calls so far)."""
+    seen: list[tuple[list[str], int]] = []
+    real = recall_index_module._script
+
+    def spied(store: SessionStore, name: str) -> Any:
+        script = real(store, name)
+        if name != "recall_add":
+            return script
+
+        def call(*, keys: list[str], args: list[Any]) -> Any:
+            m = int(args[10])
+            seen.append(([str(key) for key in keys[5:]], int(args[11 + m])))
+            out = script(keys=keys, args=args)
+            if between is not None:
+                between(seen)
+            return out
+        return call
+
+    monkeypatch.setattr(recall_index_module, "_script", spied)
+    return seen
+
+
+def test_a_batch_appends_each_term_once_then_writes_its_docs_in_bounded_runs(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A term every message holds goes in one call of the batch, not one a message (the
+    calls were bounded by grouping messages: a common term was appended 40 times); the
+    docs follow in runs of whole messages of at most BATCH_DOCS passages, and the
+    passage ids stay dense (an edit's cut walks them)."""
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 64)
+    monkeypatch.setattr(recall_index_module, "BATCH_DOCS", 8)
+    common = " ".join(f"shared{j}" for j in range(5))
+    store.append("s", [{"role": "user", "content": common + " " +
+                        " ".join(f"u{i}x{j}" for j in range(25))} for i in range(40)])
+    commit(store, "s", 40)
+    calls = _spy_add_keys(monkeypatch)
+    report = index_compacted(store, "s")
+    assert (report.end, report.messages, report.passages, report.conflict) == (40, 40, 40, "")
+    postings_calls = [keys for keys, docs in calls if keys]
+    assert all(docs == 0 for keys, docs in calls if keys)  # postings first, docs after
+    assert [docs for keys, docs in calls if not keys] == [8] * 5
+    assert len(postings_calls) == -(-(40 * 25 + 5) // 64)
+    term = recall_index_module.recall_keys(store, "s").term("shared3")
+    assert sum(keys.count(term) for keys in postings_calls) == 1
+    docs = _docs(store, "s")
+    assert max(docs) - min(docs) == 39  # dense: no id spent on a call
+    assert [p[1] for p in _postings_of(store, "s", "shared3")] == list(range(40))
+    assert recall(store, "s", "u17x3", limit=1)[0].index == 17
+
+
+def test_a_query_between_a_batchs_postings_and_its_docs_answers_as_after(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query that runs between a batch's postings and its docs finds the batch's
+    messages once each: through the scan of what is summarized but not indexed yet, not
+    also through postings whose passages have no doc."""
+    fill(store, "s", range(4))
+    commit(store, "s", 8)
+    index_compacted(store, "s")
+    fill(store, "s", range(4, 8), extra=" zebracorn")
+    commit(store, "s", 16)
+    found: list[list[int]] = []
+
+    def query(seen: list[tuple[list[str], int]]) -> None:
+        if seen[-1][1] == 0:  # a postings call
+            found.append([h.index for h in recall(store, "s", "zebracorn", limit=10)])
+
+    _spy_add_keys(monkeypatch, query)
+    report = index_compacted(store, "s")
+    after = [h.index for h in recall(store, "s", "zebracorn", limit=10)]
+    assert report.end == 16 and sorted(after) == [8, 10, 12, 14]
+    assert found and all(sorted(hits) == sorted(after) for hits in found)
+
+
 def test_a_message_with_more_terms_than_the_bound_is_indexed_in_parts(
         store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 16)

@@ -76,12 +76,13 @@ BATCH_MESSAGES = 500
 """Messages read and analyzed at a time; each script call holds fewer (:data:`BATCH_TERMS`)."""
 BATCH_TERMS = 64
 """Term keys one index script call appends to at most. Its time inside Redis grows with
-them (~5 us each: 500 messages of real turns, 1.4-3k terms, held Redis 20-80 ms, every
-guard waiting behind it), so a batch goes in runs of whole messages holding at most
-this many terms (p50 ~0.4 ms, p99 < 1 ms a call, scripts/bench_redis_blocking.py), each
-one compare-and-swap that moves the high-water mark; a message with more terms goes
-alone, in parts. More calls cost more Redis time in all (a common term is appended once
-a run, not once a batch): the bound is on the stall, not the total."""
+them (~5 us each: 500 messages of real turns, 1.4-3k terms, held Redis 20-80 ms in one
+call, every guard waiting behind it), so a batch's postings go in calls of this many
+terms (p50 ~0.4 ms, p99 < 1 ms a call, scripts/bench_redis_blocking.py), each term once
+a batch, then its docs (:func:`_add_batch`)."""
+BATCH_DOCS = 128
+"""Passages whose docs one index script call writes, about (whole messages: one with more
+goes alone); with their messages' entries in the message map, ~2 us a passage."""
 CUT_PASSAGES = 64
 """Passage ids one call of an edit's cut looks at, at most (one HMGET and one HDEL of
 them, ~4-8 us an id from Lua: 128 took 1.0 ms p50 a call at 100k messages, 256 1.4 ms
@@ -335,23 +336,6 @@ def _analyze_all(raw: list[bytes], first: int) -> list[_Analyzed]:
     return out
 
 
-def _runs(messages: list[_Analyzed], cap: int) -> list[list[_Analyzed]]:
-    """Consecutive messages in runs holding at most ``cap`` distinct terms (a message
-    with more is a run of its own, sent in parts)."""
-    runs: list[list[_Analyzed]] = []
-    run: list[_Analyzed] = []
-    seen: set[str] = set()
-    for message in messages:
-        if run and len(seen) + len(message.distinct - seen) > cap:
-            runs.append(run)
-            run, seen = [], set()
-        run.append(message)
-        seen |= message.distinct
-    if run:
-        runs.append(run)
-    return runs
-
-
 def _postings(messages: list[_Analyzed], base: int,
               only: frozenset[str] | None = None) -> dict[str, list[bytes]]:
     """Packed postings per term of ``messages`` whose passages are ids ``base, base+1,
@@ -383,39 +367,56 @@ class _Added:
 
 def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int, gen: str,
                next_pid: int, expected_pid: str) -> _Added:
-    """Messages ``raw`` (log positions from ``first``) in as many script calls as
-    :data:`BATCH_TERMS` takes; stops at the first conflict (another indexer, an edit)."""
+    """Messages ``raw`` (log positions from ``first``) in bounded script calls: first
+    their postings, each term of the batch in one call (at most :data:`BATCH_TERMS` term
+    keys a call), then their docs in runs of whole messages (about :data:`BATCH_DOCS`
+    passages a call), each moving the high-water mark past its messages.
+
+    Every call is a compare-and-swap on the high-water mark, ``next_pid`` and the log
+    generation. The first reserves the batch's passage ids (``next_pid`` moves past
+    them), so a second indexer that read the index before it loses its own first call,
+    and one that read it after reserves ids past these and wins: this one loses its next
+    call (the first conflict stops it). Ids stay dense, as an edit's cut walks them.
+    Postings go before their docs: a query skips a posting whose passage has no
+    doc, so an indexer that dies between calls leaves postings nothing finds, and the
+    next indexer takes those messages again under new ids. A term's postings of the
+    batch go in one APPEND, as before the calls were bounded: a common term costs one
+    append a batch, not one a message."""
     added = _Added(first, next_pid, expected_pid)
-    for run in _runs(_analyze_all(raw, first), BATCH_TERMS):
-        if len(run) == 1 and len(run[0].distinct) > BATCH_TERMS:
-            _add_in_parts(store, k, run[0], gen, added)
-        else:
-            _call(store, k, gen, added, run, _postings(run, added.next_pid), final=True)
+    analyzed = _analyze_all(raw, first)
+    base = added.next_pid
+    reserved = base + sum(len(m.lengths) for m in analyzed)
+    postings = _postings(analyzed, base)
+    terms = list(postings)
+    for at in range(0, len(terms), BATCH_TERMS):
+        _call(store, k, gen, added, [], {t: postings[t] for t in terms[at:at + BATCH_TERMS]},
+              final=False, new_pid=reserved)
+        if added.conflict:
+            return added
+    pid = base
+    for run in _doc_runs(analyzed, BATCH_DOCS):
+        _call(store, k, gen, added, run, {}, final=True, base=pid, new_pid=reserved)
         if added.conflict:
             break
+        pid += sum(len(m.lengths) for m in run)
     return added
 
 
-def _add_in_parts(store: SessionStore, k: RecallKeys, message: _Analyzed, gen: str,
-                  added: _Added) -> None:
-    """A message with more terms than one call may hold: its postings in parts of
-    :data:`BATCH_TERMS` terms, its docs with the last. Its passage ids are fixed by the
-    first part, which reserves them (``next_pid`` moves past them); every part moves
-    ``next_pid`` on, so each is a compare-and-swap a second indexer loses. One that dies
-    between parts leaves postings whose passages have no doc: queries skip them, and
-    the next indexer takes the message again under new ids."""
-    terms = sorted(message.distinct)
-    groups = [frozenset(terms[i:i + BATCH_TERMS]) for i in range(0, len(terms), BATCH_TERMS)]
-    base = added.next_pid
-    reserved = base + len(message.lengths)
-    for n, group in enumerate(groups[:-1]):
-        postings = _postings([message], base, group)
-        _call(store, k, gen, added, [], postings, final=False,
-              new_pid=reserved if n == 0 else added.next_pid + 1)
-        if added.conflict:
-            return
-    _call(store, k, gen, added, [message], _postings([message], base, groups[-1]),
-          final=True, base=base, new_pid=added.next_pid + 1 if len(groups) > 1 else None)
+def _doc_runs(messages: list[_Analyzed], cap: int) -> list[list[_Analyzed]]:
+    """Consecutive messages in runs of at most ``cap`` passages (a message with more is
+    a run of its own)."""
+    runs: list[list[_Analyzed]] = []
+    run: list[_Analyzed] = []
+    held = 0
+    for message in messages:
+        if run and held + len(message.lengths) > cap:
+            runs.append(run)
+            run, held = [], 0
+        run.append(message)
+        held += len(message.lengths)
+    if run:
+        runs.append(run)
+    return runs
 
 
 def _call(store: SessionStore, k: RecallKeys, gen: str, added: _Added, run: list[_Analyzed],
