@@ -64,7 +64,7 @@ def test_nothing_past_an_edit_is_recalled(store: SessionStore, shell: str, hook:
     guard = make(shell, store)
     assert guard.recall("s", "handler_22", limit=1)[0].index == 44
     if not hook:  # the index still holds the old messages 20-49: checksums hide them
-        monkeypatch.setattr(recall_index_module, "forget_after", lambda *_: 0)
+        monkeypatch.setattr(recall_index_module, "forget_after", lambda *_, **__: 0)
     store.truncate_after("s", 20)
     monkeypatch.undo()
     store.append("s", [m for i in range(12, 32) for m in turn(i, "EDITED")])

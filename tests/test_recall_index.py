@@ -127,7 +127,7 @@ def test_nothing_past_an_edit_is_returned(store: SessionStore, hook: bool,
     commit(store, "s", 50)
     index_compacted(store, "s")
     if not hook:
-        monkeypatch.setattr(recall_index_module, "forget_after", lambda *_: 0)
+        monkeypatch.setattr(recall_index_module, "forget_after", lambda *_, **__: 0)
     store.truncate_after("s", 20)
     monkeypatch.undo()
     if hook:
@@ -796,3 +796,73 @@ def test_an_edit_before_a_cut_is_done_goes_on_from_it(store: SessionStore) -> No
     assert meta["gen"] == store.redis.hget(k.state, "gen").decode()
     report = index_compacted(store, "s")
     assert not report.rebuilt and (report.start, report.end) == (20, 60)
+
+
+@pytest.mark.parametrize("second", ["dies_before_its_cut", "cuts_meanwhile"])
+def test_a_cut_claims_its_own_edits_generation_not_a_later_ones(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch, second: str) -> None:
+    """QA: edit A's cut, done after edit B (at an earlier index) had bumped the log's
+    generation, marked the index with B's: when B's caller died before its own cut, the
+    index claimed a log it did not describe (hwm 40 over 10 messages), so the indexer
+    never rebuilt it and messages appended at 10-39 were never found."""
+    fill(store, "s", range(30))
+    commit(store, "s", 60)
+    index_compacted(store, "s")
+    monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", 4)
+    real = recall_index_module._script
+    calls = {"n": 0}
+
+    def b_edits_after_as_first_cut_call(st: SessionStore, name: str) -> Any:
+        script = real(st, name)
+        if name != "recall_cut":
+            return script
+
+        def call(*, keys: list[str], args: list[Any]) -> Any:
+            out = script(keys=keys, args=args)
+            calls["n"] += 1
+            if calls["n"] == 1:
+                if second == "cuts_meanwhile":
+                    store.truncate_after("s", 10)
+                    return out
+                with monkeypatch.context() as m:
+                    m.setattr(recall_index_module, "forget_after", _dies)
+                    with pytest.raises(RuntimeError):
+                        store.truncate_after("s", 10)
+            return out
+        return call
+
+    monkeypatch.setattr(recall_index_module, "_script", b_edits_after_as_first_cut_call)
+    store.truncate_after("s", 40)  # A
+    monkeypatch.setattr(recall_index_module, "_script", real)
+    assert store.length("s") == 10
+    store.append("s", [{"role": "user", "content": f"fresh NEWTOKEN_{i}"} for i in range(30)])
+    commit(store, "s", 40)
+    index_compacted(store, "s")
+    assert [h.index for h in recall(store, "s", "NEWTOKEN_5", limit=1)] == [15]
+    assert index_stats(store, "s")["indexed_until"] == 40
+    docs = _docs(store, "s")
+    assert sorted(int(d.split(":")[0]) for d in docs.values()) == list(range(40))
+
+
+def _dies(*_: Any, **__: Any) -> int:
+    raise RuntimeError("the worker died after its edit, before its cut")
+
+
+def test_a_cut_after_the_index_was_built_again_forgets_nothing(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edit's cut that comes after the index was rebuilt for the edited log (its
+    caller was slow, the indexer was not): the index already describes it."""
+    fill(store, "s", range(30))
+    commit(store, "s", 60)
+    index_compacted(store, "s")
+    k = recall_index_module.recall_keys(store, "s")
+    with monkeypatch.context() as m:
+        m.setattr(recall_index_module, "forget_after", lambda *_, **__: 0)
+        store.truncate_after("s", 10)
+    fill(store, "s", range(100, 115))  # messages 10-39
+    commit(store, "s", 40)
+    assert index_compacted(store, "s").rebuilt
+    before = _docs(store, "s")
+    assert forget_after(store, "s", 10) == 0  # it forgot messages 10-39 of the new log
+    assert forget_after(store, "s", 10, gen=int(store.redis.hget(k.state, "gen"))) == 0
+    assert _docs(store, "s") == before and _meta(store, "s")["hwm"] == "40"

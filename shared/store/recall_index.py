@@ -455,9 +455,12 @@ def _call(store: SessionStore, k: RecallKeys, gen: str, added: _Added, run: list
     added.next_pid, added.expected = after, str(after)
 
 
-def forget_after(store: SessionStore, session_id: str, index: int) -> int:
+def forget_after(store: SessionStore, session_id: str, index: int,
+                 gen: int | None = None) -> int:
     """The edit hook: forget indexed passages of messages ``>= index``; call it right
-    after :meth:`SessionStore.truncate_after` (same session, same index).
+    after :meth:`SessionStore.truncate_after` (same session, same index), with ``gen``
+    the log generation that edit created (default: the session's now, which a later
+    edit may have moved: the index is then left for the indexer to rebuild).
     Returns the passages forgotten. In calls of :data:`CUT_PASSAGES` passage ids each
     (``recall_cut.lua``): an edit far back in a long session forgets thousands."""
     k = recall_keys(store, session_id)
@@ -465,7 +468,8 @@ def forget_after(store: SessionStore, session_id: str, index: int) -> int:
     with redis_errors("recall forget"):
         while True:
             count, _, done = _script(store, "recall_cut")(
-                keys=[k.meta, k.doc, k.mp, k.state], args=[index, CUT_PASSAGES])
+                keys=[k.meta, k.doc, k.mp, k.state],
+                args=[index, CUT_PASSAGES, "" if gen is None else gen])
             removed += int(count)
             if int(done):
                 return removed

@@ -439,11 +439,11 @@ class SessionStore(LeaseOps):
         else:
             raise StoreUnavailable(f"truncate_after on {session_id!r}: the log kept changing "
                                    f"while the edit read it ({EDIT_ATTEMPTS} attempts)")
-        version, watermark, new_length = (int(x) for x in raw)
+        version, watermark, new_length, gen = (int(x) for x in raw)
         # Recall answers from the log itself and checks each hit's checksum, so this
         # only frees index space early; nothing past the edit is returned either way.
         from shared.store.recall_index import forget_after  # recall_index imports this module
-        forget_after(self, session_id, index)
+        forget_after(self, session_id, index, gen=gen)
         return HistoryEdit(version=version, watermark=watermark, length=new_length)
 
     def rewind(self, session_id: str, watermark: int) -> SessionState:

@@ -28,7 +28,7 @@
 --         only for the log they were read from: append-only while epoch and generation
 --         hold, and of that length.
 --
--- Returns {new_version, new_watermark, new_length}, the error reply
+-- Returns {new_version, new_watermark, new_length, new_gen}, the error reply
 -- "INDEX_OUT_OF_RANGE <length>", or "LOG_MOVED <length>" when the log is no longer the
 -- one the caller read (nothing is written; it reads again).
 
@@ -123,7 +123,7 @@ if #best > 0 then
   kind = record['kind'] or ''
 end
 local version = redis.call('HINCRBY', KEYS[3], 'version', 1)
-redis.call('HINCRBY', KEYS[3], 'gen', 1)  -- the log changed: cached copies of it are stale
+local gen = redis.call('HINCRBY', KEYS[3], 'gen', 1)  -- the log changed: cached copies are stale
 redis.call('HSET', KEYS[3], 'watermark', new_w, 'summary_tokens', tokens, 'summary_kind', kind)
 redis.call('HDEL', KEYS[3], 'anchor_reported', 'anchor_estimated', 'anchor_end', 'anchor_version')
 
@@ -133,4 +133,4 @@ if ttl > 0 then
     redis.call('EXPIRE', KEYS[i], ttl)
   end
 end
-return {version, new_w, index}
+return {version, new_w, index, gen}
