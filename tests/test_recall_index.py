@@ -866,3 +866,26 @@ def test_a_cut_after_the_index_was_built_again_forgets_nothing(
     assert forget_after(store, "s", 10) == 0  # it forgot messages 10-39 of the new log
     assert forget_after(store, "s", 10, gen=int(store.redis.hget(k.state, "gen"))) == 0
     assert _docs(store, "s") == before and _meta(store, "s")["hwm"] == "40"
+
+
+@pytest.mark.parametrize("last", [{"role": "user", "content": "?"},
+                                  {"role": "tool", "tool_call_id": "c1", "content": ""}],
+                         ids=["a-passage-of-no-terms", "no-passage"])
+def test_an_edit_removing_nothing_a_query_counts_succeeds_on_redis(
+        real_store: SessionStore, last: dict[str, Any]) -> None:
+    """QA: recall_cut.lua sent HINCRBY ... -0 when a call forgot no passage or only
+    passages of no terms ("?", an empty tool result), which the real server refuses
+    ("value is not an integer"; fakeredis takes it): the edit raised a raw ResponseError
+    after its log cut."""
+    store = real_store
+    store.append("s", [{"role": "user", "content": "look it up"},
+                       {"role": "assistant", "content": "",
+                        "tool_calls": [{"id": "c1", "name": "lookup", "arguments": "{}"}]},
+                       last])
+    commit(store, "s", 3)
+    index_compacted(store, "s")
+    before = index_stats(store, "s")
+    assert store.truncate_after("s", 2).length == 2
+    meta = _meta(store, "s")
+    assert (meta["hwm"], meta["gen"]) == ("2", "1")
+    assert index_stats(store, "s")["terms_total"] == before["terms_total"]

@@ -76,9 +76,15 @@ if index < hwm then
       redis.call('HSET', KEYS[1], 'cut_at', index, 'cut_hi', lo)
     end
   end
-  redis.call('HINCRBY', KEYS[1], 'n_docs', -removed)
-  redis.call('HINCRBY', KEYS[1], 'stale', removed)
-  redis.call('HINCRBY', KEYS[1], 'total_len', -total)
+  -- never an increment of -0 (a call that forgot no passage, or only passages of no
+  -- terms: "?", "..."): Lua sends it as '-0', which the server refuses as no integer
+  if removed > 0 then
+    redis.call('HINCRBY', KEYS[1], 'n_docs', -removed)
+    redis.call('HINCRBY', KEYS[1], 'stale', removed)
+  end
+  if total > 0 then
+    redis.call('HINCRBY', KEYS[1], 'total_len', -total)
+  end
   if not done then
     return {removed, hwm, 0}
   end
