@@ -341,3 +341,76 @@ def test_an_edit_between_chunks_is_never_a_mixed_view(
         assert got == in_script(store, "s")
         if edit != "replaced":
             assert got.messages == store.redis.lrange(store.keys("s").log, 0, -1)
+
+
+@pytest.mark.parametrize("writer", ["append", "commit", "truncate", "truncate_and_refill",
+                                    "delete", "recreate"])
+def test_a_writer_between_any_two_chunks_on_either_shell(
+        store: SessionStore, shell: str, writer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked read as the stores send it (redis-py and redis.asyncio), with a writer
+    landing before each chunk in turn (the first, a middle one, the proof): the view is the
+    script's moment's (an append or a compaction commit changes no log entry it read) or
+    the in-script read after the writer, never a mix."""
+    monkeypatch.setattr(commands, "BULK_CHUNK", 90)
+    seed(store, "s", 100)  # 400 messages: 5 chunks, then the proof
+    for at in (1, 3, 6):
+        before = in_script(store, "s")
+
+        def meddle(st: SessionStore, sid: str, at: int = at, before: RawView = before) -> None:
+            if writer == "append":
+                seed(st, sid, 2, start=900)
+            elif writer == "commit":
+                record = SummaryRecord(watermark=st.length(sid) - 8, kind="llm", text="t",
+                                       tokens=2)
+                assert st.commit_summary(sid, record, st.state(sid).version).ok
+            elif writer.startswith("truncate"):
+                st.truncate_after(sid, 380 - 10 * at)
+                if writer == "truncate_and_refill":  # the same length and total again
+                    st.redis.rpush(st.keys(sid).log, *before.messages[380 - 10 * at:])
+                    st.redis.rpush(st.keys(sid).cum, *before.totals[380 - 10 * at:])
+            else:
+                st.delete_session(sid)
+                if writer == "recreate":
+                    seed(st, sid, 100, start=300)
+
+        got, kinds = _read_meddling_at(store, shell, at, meddle)
+        assert kinds[:2] == ["script", "batch"] and kinds.count("batch") == 6
+        if writer in ("append", "commit"):
+            assert kinds[-1] == "batch" and got == before
+        else:
+            assert kinds[-1] == "script" and got == in_script(store, "s")
+            assert got.messages == store.redis.lrange(store.keys("s").log, 0, -1)
+        store.delete_session("s")
+        seed(store, "s", 100)
+
+
+def _read_meddling_at(store: SessionStore, shell: str, at: int,
+                      meddle: Meddle) -> tuple[RawView, list[str]]:
+    """:func:`read`, ``meddle`` running just before the ``at``-th plain read (1: the
+    first chunk; past the chunks: the proof)."""
+    kinds: list[str] = []
+
+    def before(step: commands.Step) -> None:
+        kinds.append("script" if isinstance(step, commands.Command) else "batch")
+        if kinds[-1] == "batch" and kinds.count("batch") == at:
+            meddle(store, "s")
+
+    steps = commands.view_steps(store.keys("s"), None, True)
+    if shell == "sync":
+        def send(step: commands.Step) -> Any:
+            before(step)
+            return store._send(step)
+        return commands.drive(steps, send), kinds
+
+    async def run() -> RawView:
+        astore = AsyncSessionStore(async_client(store.redis), store.config)
+
+        async def asend(step: commands.Step) -> Any:
+            before(step)
+            return await astore._send(step)
+        try:
+            return await commands.drive_async(steps, asend)
+        finally:
+            await astore.aclose()
+
+    return asyncio.run(run()), kinds
