@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import shared.store.edits as edits_module
 import shared.store.sessions as sessions_module
 from shared.core.config import StoreConfig
-from shared.core.errors import StoreUnavailable
+from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.store.commands import ids_key
 from shared.store.edits import stored_calls
 from shared.store.sessions import SessionStore
@@ -144,3 +144,39 @@ def test_an_edit_removing_hundreds_of_mapped_calls_fixes_each(store: SessionStor
     assert id_map(store, "s")["c0"] != "c0"
     store.truncate_after("s", length)
     assert id_map(store, "s") == expected_map(store, "s") == {c: c for c in ids}
+
+
+@pytest.mark.parametrize("other", ["later", "earlier", "same"])
+def test_an_edit_racing_another_applies_each_fix_once(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch, other: str) -> None:
+    """Another edit between this edit's reads and its script (not an append: the length may
+    come back the same): refused on the generation (LOG_MOVED), read again against the
+    edited log, or out of range when that log is now shorter; the map is the log's."""
+    for n in range(6):
+        store.append("s", call_turn(f"turn {n}", ["c1", f"u{n}"]))  # 4 messages a turn
+    real = sessions_module.id_fixes
+    calls = {"n": 0}
+    at = {"later": 20, "earlier": 8, "same": 12}[other]
+
+    def with_another_edit(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            monkeypatch.setattr(sessions_module, "id_fixes", real)
+            store.truncate_after("s", at)
+            if other == "same":  # back to the length this edit read, other calls
+                store.append("s", call_turn("other", ["c1", "x1", "x2"]) * 2
+                             + [{"role": "user", "content": "end"}] * 2)
+                assert store.length("s") == 24
+            monkeypatch.setattr(sessions_module, "id_fixes", with_another_edit)
+        return out
+
+    monkeypatch.setattr(sessions_module, "id_fixes", with_another_edit)
+    if other == "earlier":
+        with pytest.raises(InvalidInput):
+            store.truncate_after("s", 12)
+        assert calls["n"] == 1 and store.length("s") == 8
+    else:
+        assert store.truncate_after("s", 12).length == 12
+        assert calls["n"] == 2
+    assert id_map(store, "s") == expected_map(store, "s")
