@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.store.recall_index import drop_index, forget_after, index_compacted
+import shared.store.recall_index as recall_index_module
+from shared.store import commands
+from shared.store.recall_index import drop_index, forget_after, index_compacted, index_stats
 from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from tests.test_recall_index import commit, fill
@@ -33,10 +35,40 @@ def exercise(store: SessionStore) -> None:
         store.delete_session(sid)
 
 
+def bounded_calls(store: SessionStore) -> None:
+    """The bounded calls (recall_index.BATCH_TERMS, CUT_PASSAGES and commands.BULK_CHUNK
+    lowered by the caller): a message indexed in parts, a cut in many calls, a chunked
+    view read, an edit to 0 (UNLINK in truncate.lua and recall_cut.lua): one slot each."""
+    for n in range(3):
+        sid = f"b{n}"
+        store.append(sid, [{"role": "user", "content": " ".join(f"w{j}" for j in range(40))}])
+        fill(store, sid, range(20), f"SESSION_{n}_MARK")
+        assert len(store.read_view(sid).messages) == 41  # 6 chunks of 8
+        commit(store, sid, 41)
+        assert index_compacted(store, sid).end == 41
+        assert recall(store, sid, "w33", limit=1)[0].index == 0
+        store.truncate_after(sid, 20)
+        assert index_stats(store, sid)["indexed_until"] == 20
+        store.truncate_after(sid, 0)
+        assert index_stats(store, sid)["indexed_until"] == 0 and store.length(sid) == 0
+        store.delete_session(sid)
+
+
+@pytest.fixture
+def bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 8)
+    monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", 3)
+    monkeypatch.setattr(commands, "BULK_MESSAGES", 2)
+    monkeypatch.setattr(commands, "BULK_CHUNK", 8)
+
+
 def test_recall_on_a_three_master_cluster(cluster: LocalCluster,
-                                          key_prefix: str) -> None:
+                                          key_prefix: str, bounds: None) -> None:
     exercise(cluster_store(cluster, key_prefix))
+    bounded_calls(cluster_store(cluster, key_prefix))
 
 
-def test_recall_on_a_redis_62_cluster(cluster62: LocalCluster, key_prefix: str) -> None:
+def test_recall_on_a_redis_62_cluster(cluster62: LocalCluster, key_prefix: str,
+                                      bounds: None) -> None:
     exercise(cluster_store(cluster62, key_prefix))
+    bounded_calls(cluster_store(cluster62, key_prefix))

@@ -5,7 +5,8 @@
 --
 -- KEYS[1] log      list
 -- KEYS[2] cum      list   trimmed in step with log
--- KEYS[3] state    hash   version, gen (log generation), watermark, summary_*, anchor_*
+-- KEYS[3] state    hash   version, gen (log generation), watermark, summary_*, anchor_*;
+--                         epoch read (ARGV[3])
 -- KEYS[4] sums     hash   summaries past the index are deleted (they cover gone messages)
 -- KEYS[5] sumidx   zset
 -- KEYS[6] cheap    hash   decisions at or past the index are deleted, and so are
