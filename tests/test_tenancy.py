@@ -201,3 +201,32 @@ def test_acl_rules_are_built_from_validated_names() -> None:
             tenant_acl_rules(tenant, PASSWORD)
     with pytest.raises(InvalidInput):
         tenant_acl_rules("acme", "short")
+
+
+def test_a_tenant_user_runs_the_bounded_calls(acl_server: RedisServer, admin: redis.Redis,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What bounds one Redis call, as the tenant's user: an index in parts, an edit's cut in
+    calls, a view read in chunks, an edit to 0 and a deletion (UNLINK, in scripts and not)."""
+    import shared.store.recall_index as recall_index_module
+    from shared.store import commands
+
+    monkeypatch.setattr(recall_index_module, "BATCH_TERMS", 8)
+    monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", 3)
+    monkeypatch.setattr(commands, "BULK_MESSAGES", 2)
+    monkeypatch.setattr(commands, "BULK_CHUNK", 8)
+    create_tenant_user(admin, "acme", PASSWORD, "tst")
+    acme = connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG)
+    acme.append("s1", [{"role": "user", "content": " ".join(f"w{j}" for j in range(40))}])
+    for n in range(12):
+        acme.append("s1", _turn("acme", n))
+    assert len(acme.read_view("s1").messages) == 25  # 4 chunks
+    acme.commit_summary("s1", SummaryRecord(watermark=25, kind="truncation", text="t",
+                                            tokens=1), acme.state("s1").version)
+    assert index_compacted(acme, "s1").end == 25
+    acme.truncate_after("s1", 9)
+    assert index_stats(acme, "s1")["indexed_until"] == 9
+    acme.truncate_after("s1", 0)
+    assert index_stats(acme, "s1")["indexed_until"] == 0
+    acme.append("s1", _turn("acme", 99))
+    acme.delete_session("s1")
+    assert admin.keys("tst:*{acme:*") == []
