@@ -2,7 +2,8 @@
 -- only if nobody else moved the index or edited the log since the caller read them.
 --
 -- KEYS[1] rx:meta  hash   hwm (messages [0, hwm) are indexed), next_pid, n_docs,
---                         total_len, gen (the log generation the index describes)
+--                         total_len, gen (the log generation the index describes),
+--                         n_terms (term keys created)
 -- KEYS[2] rx:terms string the index's terms, each followed by a newline (appended)
 -- KEYS[3] rx:doc   hash   passage id -> "index:start:end:crc:length"
 -- KEYS[4] rx:mp    list   first passage id of each indexed message (parallel to log)

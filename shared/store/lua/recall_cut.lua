@@ -6,14 +6,15 @@
 -- Postings of forgotten passages stay in the term strings; their passage ids are
 -- never reused and their docs are gone, so queries skip them.
 --
--- KEYS[1] rx:meta  hash   hwm, n_docs, total_len, stale (passages forgotten so far:
---                         the indexer rebuilds when they outnumber the live ones),
+-- KEYS[1] rx:meta  hash   hwm, next_pid (read), n_docs, total_len, stale (passages
+--                         forgotten so far: the indexer rebuilds when they outnumber
+--                         the live ones),
 --                         gen (the edit's once the cut is done, see below), and
 --                         while a cut is under way cut_at (its index) and cut_hi
 --                         (passage ids from it up are forgotten already)
 -- KEYS[2] rx:doc   hash   docs of passages of messages >= index are deleted
 -- KEYS[3] rx:mp    list   trimmed to the first `index` messages (at the last call)
--- KEYS[4] state    hash   read only: 'gen'
+-- KEYS[4] state    hash   read only: 'gen' (when ARGV[3] is not given)
 -- ARGV[1] index
 -- ARGV[2] passage ids looked at per call, at most
 -- ARGV[3] the log generation the edit created (truncate.lua's reply; '' or absent: the
