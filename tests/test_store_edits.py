@@ -180,3 +180,28 @@ def test_an_edit_racing_another_applies_each_fix_once(
         assert store.truncate_after("s", 12).length == 12
         assert calls["n"] == 2
     assert id_map(store, "s") == expected_map(store, "s")
+
+
+def test_an_edit_under_steady_appends_reads_only_what_was_appended(
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append after every third read of the log (an agent appending while a long edit
+    reads): each attempt read the whole removed range again (10 reads here), saw the log
+    move and failed the edit after EDIT_ATTEMPTS (an edit at 0 of 10k messages, ~90 ms of
+    reads, failed under an append every 50 ms). A retry reads only the appended messages."""
+    monkeypatch.setattr(edits_module, "READ_CHUNK", 4)
+    store.append("s", call_turn("old", ["c1"]))
+    for n in range(12):
+        store.append("s", call_turn(f"turn {n}", ["c1", f"u{n}"]))
+    real = store.redis.lrange
+    reads = {"n": 0}
+
+    def spy(key: Any, start: int, end: int) -> Any:
+        reads["n"] += 1
+        if reads["n"] % 3 == 0:
+            store.append("s", call_turn("late", ["c1", "late"]))
+        return real(key, start, end)
+
+    monkeypatch.setattr(store.redis, "lrange", spy)
+    assert store.truncate_after("s", 3).length == 3
+    monkeypatch.undo()
+    assert id_map(store, "s") == expected_map(store, "s") == {"c1": "c1"}

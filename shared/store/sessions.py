@@ -50,7 +50,7 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch
-from shared.store.edits import EarlierCalls, id_fixes, read_log_at
+from shared.store.edits import EarlierCalls, RemovedCalls, id_fixes, read_log_at
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.lease import LeaseOps
 
@@ -412,14 +412,14 @@ class SessionStore(LeaseOps):
         ids = commands.ids_key(k)
         keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap, ids,
                 k.requests, k.request_order]
-        earlier = EarlierCalls()
+        earlier, removed = EarlierCalls(), RemovedCalls()
 
         def attempt() -> Any:
             # The id map's fixes are read outside the script, in bounded reads; the
             # script refuses them if the log moved since (an append, another edit).
             log = read_log_at(self.redis, k.state, k.log)
             fixes = ([] if index > log.length
-                     else id_fixes(self.redis, k.log, ids, log, index, earlier))
+                     else id_fixes(self.redis, k.log, ids, log, index, earlier, removed))
             args: list[Any] = [index, self._ttl, log.epoch, log.gen, log.length, len(fixes)]
             for fix in fixes:
                 args.extend(fix)
