@@ -44,6 +44,7 @@ def _message(rnd: random.Random, n: int) -> tuple[dict[str, Any], str | None]:
 
 def _life(store: SessionStore, rnd: random.Random, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recall_index_module, "BATCH_TERMS", rnd.choice([4, 8, 64]))
+    monkeypatch.setattr(recall_index_module, "BATCH_DOCS", rnd.choice([1, 3, 128]))
     monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", rnd.choice([1, 3, 64]))
     monkeypatch.setattr(recall_index_module, "BATCH_MESSAGES", rnd.choice([3, 500]))
     real = recall_index_module._script
