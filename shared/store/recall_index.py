@@ -379,7 +379,8 @@ def _add_batch(store: SessionStore, k: RecallKeys, raw: list[bytes], first: int,
     call (the first conflict stops it). Ids stay dense, as an edit's cut walks them.
     Postings go before their docs: a query skips a posting whose passage has no
     doc, so an indexer that dies between calls leaves postings nothing finds, and the
-    next indexer takes those messages again under new ids. A term's postings of the
+    next indexer takes those messages again under new ids (the orphans still count in
+    their terms' document frequency until the index is rebuilt). A term's postings of the
     batch go in one APPEND, as before the calls were bounded: a common term costs one
     append a batch, not one a message."""
     added = _Added(first, next_pid, expected_pid)
