@@ -31,14 +31,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shared.core.config import StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
+from shared.core.recall import index_text
 from shared.core.repair import MISSING_RESULT_TEXT, validate_view
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.truncation import CLIP_MARKER
 from shared.core.wire import to_anthropic, to_gemini, to_openai
 from shared.enqueue import NullEnqueuer
+from shared.store import commands, edits
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from workers.compactor import Compactor
@@ -56,6 +58,15 @@ SERVED = {"small-m": 5_000, "large-m": 40_000}
 OVERRIDES = {name: window for name, (window, _) in MODELS.items()}
 MARK = re.compile(r"\[#(\d+)\]")
 OUTPUT_LINES = (1, 3, 40, 150)  # a tool output's size: ~10 .. ~2,900 tokens
+HUGE_LINES = (400, 1_500)  # ~7,700 / ~29,000 tokens: over small-m's whole window
+# the store's read sizes, lowered in some examples so that short sessions take the paths
+# of long ones: a view read deferred to plain reads, in chunks (a cold start of a view
+# over 512 messages), an edit's reads of the log in chunks
+# the cheap stages as a session with many bulky turns meets them: with the defaults (the
+# newest 3 turns kept whole) small-m's window is truncated before they ever apply
+EAGER = CompactionPolicy(clear_keep_recent_turns=1, clear_tool_outputs_over_tokens=200)
+SMALL_READS = {(commands, "BULK_MESSAGES"): 4, (commands, "BULK_CHUNK"): 3,
+               (edits, "READ_CHUNK"): 2}
 
 
 def output(serial: int, lines: int) -> str:
@@ -66,14 +77,16 @@ def output(serial: int, lines: int) -> str:
 class World:
     """One shell's guard, store and worker on a fake Redis of its own."""
 
-    def __init__(self, shell: str) -> None:
+    def __init__(self, shell: str, policy: CompactionPolicy) -> None:
         self.shell = shell
+        self.policy = policy
         self.store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="sm"))
         self.guard = self.new_guard()
-        self.compactor = Compactor(self.store, SummaryEngine(None))
+        self.compactor = Compactor(self.store, SummaryEngine(None), policy=policy)
 
     def new_guard(self) -> Any:
-        return make(self.shell, self.store, NullEnqueuer(), overrides=OVERRIDES)
+        return make(self.shell, self.store, NullEnqueuer(), overrides=OVERRIDES,
+                    policy=self.policy)
 
 
 def marker(message: Message) -> int | None:
@@ -171,11 +184,11 @@ def repair_tokens(view: PreparedView) -> int:
                if m.metadata.get("repair") in ("missing_result", "conversation_start"))
 
 
-def reported(view: PreparedView) -> int:
+def reported(view: PreparedView, ratio: float) -> int:
     """The usage the provider reports for ``view``: its count, the repair's placeholder
     results included (the guard counts them: the ratio learned from it stays the
-    heuristic's)."""
-    return fresh_tokens(view)
+    tokenizer's), by a tokenizer ``ratio`` times as dense as the heuristic."""
+    return round(ratio * fresh_tokens(view))
 
 
 def canonical(view: PreparedView) -> list[dict[str, Any]]:
@@ -200,9 +213,16 @@ def canonical(view: PreparedView) -> list[dict[str, Any]]:
 class SessionMachine(RuleBasedStateMachine):
     """The session's log and pending turn, modelled; both guards checked against them."""
 
-    @initialize(system_first=st.booleans())
-    def start(self, system_first: bool) -> None:
-        self.worlds = [World(shell) for shell in SHELLS]
+    @initialize(system_first=st.booleans(), small_reads=st.booleans(), eager=st.booleans(),
+                ratio=st.sampled_from([1.0, 1.0, 1.15]))
+    def start(self, system_first: bool, small_reads: bool, eager: bool, ratio: float) -> None:
+        self.ratio = ratio  # the provider's tokenizer against the heuristic: calibration
+        self.saved = {(module, name): getattr(module, name) for module, name in SMALL_READS}
+        if small_reads:
+            for (module, name), value in SMALL_READS.items():
+                setattr(module, name, value)
+        policy = EAGER if eager else CompactionPolicy()
+        self.worlds = [World(shell, policy) for shell in SHELLS]
         self.serial = 0
         self.turn = 0
         self.log: list[dict[str, Any]] = []  # what was recorded, in order
@@ -213,6 +233,10 @@ class SessionMachine(RuleBasedStateMachine):
         if system_first:  # an agent that records its own system message first
             self.record([self.msg("system", "Project rules: run the tests before done.")])
 
+    def teardown(self) -> None:
+        for (module, name), value in getattr(self, "saved", {}).items():
+            setattr(module, name, value)
+
     # -- the model's messages ---------------------------------------------------------------
     def msg(self, role: str, text: str = "", **extra: Any) -> dict[str, Any]:
         self.serial += 1
@@ -221,7 +245,7 @@ class SessionMachine(RuleBasedStateMachine):
     def record(self, messages: list[dict[str, Any]]) -> None:
         for i, world in enumerate(self.worlds):
             last = self.last[i]
-            usage = None if last is None else {"prompt_tokens": reported(last)}
+            usage = None if last is None else {"prompt_tokens": reported(last, self.ratio)}
             world.guard.record_turn(SID, messages, usage=usage)
         self.log += messages
         self.last = [None for _ in self.worlds]
@@ -313,7 +337,7 @@ class SessionMachine(RuleBasedStateMachine):
         """The provider refuses the last prepared request: over the window it serves."""
         return bool(self.pending) and all(
             v is not None and v.report.model == self.model
-            and fresh_tokens(v) + v.report.budget.reserve > SERVED[self.model]
+            and reported(v, self.ratio) + v.report.budget.reserve > SERVED[self.model]
             for v in self.last)
 
     @precondition(refused)
@@ -326,7 +350,7 @@ class SessionMachine(RuleBasedStateMachine):
             last = self.last[i]
             assert last is not None
             reserve = last.report.budget.reserve
-            sent = fresh_tokens(last)
+            sent = reported(last, self.ratio)
             error = (f"This model's maximum context length is {SERVED[self.model]} tokens. "
                      f"However, you requested {sent + reserve} tokens ({sent} in the "
                      f"messages, {reserve} in the completion). Please reduce the length of "
@@ -371,6 +395,75 @@ class SessionMachine(RuleBasedStateMachine):
     def switch_model(self) -> None:
         self.model = "large-m" if self.model == "small-m" else "small-m"
 
+    @precondition(lambda self: bool(self.pending))
+    @rule(lines=st.sampled_from(HUGE_LINES), ids=st.sampled_from(["repeating", "unique"]))
+    def huge_tool_output(self, lines: int, ids: str) -> None:
+        """One call whose output alone is over the small window (a log dumped, a file read
+        whole): placeholders and the emergency truncation have to make it fit."""
+        self.tool_step([lines], ids, reverse=False)
+
+    @precondition(lambda self: not self.pending and bool(self.log))
+    @rule(back=st.integers(0, 12), percent=st.integers(0, 100), deep=st.booleans())
+    def edit_history(self, back: int, percent: int, deep: bool) -> None:
+        """The user edits history: everything from ``index`` on is dropped (a message
+        edited, a turn regenerated: the frameworks' ``rewind=True``), by the store's
+        ``truncate_after``; every guard's next view must be of the shorter log."""
+        index = len(self.log) * percent // 100 if deep else max(0, len(self.log) - back)
+        event(f"edit: {'all' if index == 0 else 'some' if index < len(self.log) else 'none'}"
+              f" dropped, below the watermark: {index < self.watermarks[0]}")
+        for i, world in enumerate(self.worlds):
+            edit = world.store.truncate_after(SID, index)
+            assert edit.length == index
+            assert edit.watermark <= index
+            self.watermarks[i] = edit.watermark  # it falls back with the summary
+        del self.log[index:]
+
+    @precondition(lambda self: not self.pending and bool(self.log))
+    @rule(pick=st.integers(0, 1_000))
+    def rewind(self, pick: int) -> None:
+        """An earlier kept summary made current (``compaction rewind``; 0: none)."""
+        kept = [[0, *(r.watermark for r in w.store.summaries(SID))] for w in self.worlds]
+        assert all(k == kept[0] for k in kept), kept
+        target = kept[0][pick % len(kept[0])]
+        for i, world in enumerate(self.worlds):
+            assert world.store.rewind(SID, target).watermark == target
+            self.watermarks[i] = target
+        event(f"rewind: to {'none' if target == 0 else 'a summary'}")
+
+    @precondition(lambda self: not self.pending)
+    @rule()
+    def delete_session(self) -> None:
+        """The session deleted (an explicit user request), then its id used again: the
+        guards' cached views, the id map and the recall index must not outlive it."""
+        for world in self.worlds:
+            world.store.delete_session(SID)
+        self.log = []
+        self.watermarks = [0 for _ in self.worlds]
+
+    @precondition(lambda self: bool(self.log))
+    @rule(pick=st.integers(0, 1_000_000), known=st.booleans())
+    def recall_search(self, pick: int, known: bool) -> None:
+        """Recall of a tool output by its identifier (``f_<serial>``): each compacted one
+        is found, nothing comes back that is not the log's message at that index (one
+        removed by an edit, or past the watermark), and both guards answer alike."""
+        watermark = self.worlds[0].store.state(SID).watermark
+        below = sorted({int(found.group(1)) for m in self.log[:watermark]
+                        if m["role"] == "tool"
+                        and (found := re.search(r"def f_(\d+)\(", m["content"]))})
+        serial = below[pick % len(below)] if known and below else pick % self.serial + 1
+        expected = {i for i, m in enumerate(self.log[:watermark]) if m["role"] == "tool"
+                    and f"def f_{serial}(" in m["content"]}
+        answers = []
+        for world in self.worlds:
+            hits = world.guard.recall(SID, f"f_{serial}", limit=10)
+            answers.append([(h.index, h.role, h.text, h.score) for h in hits])
+            for h in hits:
+                assert h.index < watermark, (h.index, watermark)
+                assert h.text in index_text(Message(**self.log[h.index])), h
+            assert expected <= {h.index for h in hits}, (serial, expected, hits)
+        assert all(a == answers[0] for a in answers)
+        event(f"recall: {len(expected)} expected")
+
     # -- invariants ---------------------------------------------------------------------------
     @invariant()
     def log_is_stored_as_recorded(self) -> None:
@@ -409,10 +502,12 @@ class SessionMachine(RuleBasedStateMachine):
         assert (instruction, contents) == to_gemini(messages)
         for provider in ("openai", "anthropic", "gemini"):
             assert validate_view(messages, provider) == [], provider
-        # the budget: a view said to fit does
+        # the budget: a view said to fit does, counted as the provider counts once a
+        # report taught the guard the tokenizer's ratio (before, as the heuristic does)
         budget = report.budget
-        sent = fresh_tokens(view)  # the provider's count: it reported this all along
-        counted = sent
+        counted = fresh_tokens(view)
+        if world.store.state(SID).calibration_samples:
+            counted = reported(view, self.ratio)
         if budget.within_budget:
             assert report.estimated_prompt_tokens + budget.reserve <= budget.window
             assert counted + budget.reserve <= budget.window, (counted, budget.window)
