@@ -47,6 +47,7 @@ from workers.compactor import Compactor
 from workers.summarizer.engine import SummaryEngine
 
 SID = "s"
+OTHER = "o"  # a second session of the same tenant, its turns interleaved with SID's
 SYSTEM = "You are a careful coding agent. Use the tools to inspect and fix the repository."
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": f"{name}: does what its name says.",
@@ -226,6 +227,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.serial = 0
         self.turn = 0
         self.log: list[dict[str, Any]] = []  # what was recorded, in order
+        self.other: list[dict[str, Any]] = []  # what was recorded in OTHER
         self.pending: list[dict[str, Any]] = []  # the current turn, not recorded yet
         self.model = "small-m"
         self.last: list[PreparedView | None] = [None for _ in self.worlds]
@@ -242,11 +244,18 @@ class SessionMachine(RuleBasedStateMachine):
         self.serial += 1
         return {"role": role, "content": f"[#{self.serial}] {text}".rstrip(), **extra}
 
-    def record(self, messages: list[dict[str, Any]]) -> None:
+    def record(self, messages: list[dict[str, Any]], retried: bool = False) -> None:
+        """``retried``: the append's reply was lost and the agent sends it again, with
+        the same request id: stored once."""
+        request_id = f"turn-{self.serial}" if retried else None
         for i, world in enumerate(self.worlds):
             last = self.last[i]
             usage = None if last is None else {"prompt_tokens": reported(last, self.ratio)}
-            world.guard.record_turn(SID, messages, usage=usage)
+            length = world.guard.record_turn(SID, messages, usage=usage, request_id=request_id)
+            assert length == len(self.log) + len(messages)
+            if retried:
+                assert world.guard.record_turn(SID, messages, usage=usage,
+                                               request_id=request_id) == length
         self.log += messages
         self.last = [None for _ in self.worlds]
 
@@ -313,8 +322,8 @@ class SessionMachine(RuleBasedStateMachine):
         self.prepare_all()
 
     @precondition(lambda self: bool(self.pending))
-    @rule(interrupted=st.booleans())
-    def finish_turn(self, interrupted: bool) -> None:
+    @rule(interrupted=st.booleans(), retried=st.booleans())
+    def finish_turn(self, interrupted: bool, retried: bool = False) -> None:
         """The turn is recorded: the assistant's answer, or a call cut off before its
         result (the process died while the tool ran)."""
         if interrupted:
@@ -323,7 +332,7 @@ class SessionMachine(RuleBasedStateMachine):
         else:
             last = self.msg("assistant", f"Done with turn {self.turn}.")
         turn, self.pending = [*self.pending, last], []
-        self.record(turn)
+        self.record(turn, retried)
 
     @rule(force=st.booleans())
     def compact(self, force: bool) -> None:
@@ -464,6 +473,48 @@ class SessionMachine(RuleBasedStateMachine):
         assert all(a == answers[0] for a in answers)
         event(f"recall: {len(expected)} expected")
 
+    @rule(lines=st.sampled_from(OUTPUT_LINES), interrupted=st.booleans())
+    def other_session(self, lines: int, interrupted: bool) -> None:
+        """A turn of another session in between (the same guards, the same provider ids):
+        its view holds its own messages only, and nothing of it reaches SID's."""
+        call = {"id": "call_0", "name": "bash", "arguments": '{"arg": "ls"}'}
+        turn = [self.msg("user", "other: look around"),
+                self.msg("assistant", "", tool_calls=[call])]
+        if not interrupted:
+            turn += [self.msg("tool", output(self.serial, lines), tool_call_id="call_0"),
+                     self.msg("assistant", "Looked.")]
+        pending = [self.msg("user", "other: next?")]  # not recorded
+        views = []
+        for world in self.worlds:
+            world.guard.record_turn(OTHER, turn)
+            views.append(world.guard.prepare(OTHER, SYSTEM, TOOLS, MODELS[self.model][1],
+                                             self.model, pending=pending))
+        self.other += turn
+        known = {marker(Message(**m)) for m in [*self.other, *pending]}
+        for view in views:
+            wire = list(view.wire("openai"))
+            assert openai_pairs(wire) == [], openai_pairs(wire)
+            markers = {marker(m) for m in view.messages} - {None}
+            assert markers <= known, markers - known
+            assert marker(Message(**pending[0])) in markers
+        self.same(views)
+
+    @precondition(lambda self: bool(self.log))
+    @rule()
+    def stats(self) -> None:
+        """``guard.stats``: the log's length, the store's watermark and kept summaries,
+        alike in both shells (a dashboard's and ``compaction stats``'s figures)."""
+        figures = []
+        for world in self.worlds:
+            got = world.guard.stats(SID)
+            state = world.store.state(SID)
+            assert got["length"] == len(self.log)
+            assert got["watermark"] == state.watermark
+            assert [s["watermark"] for s in got["summaries"]] == \
+                [r.watermark for r in world.store.summaries(SID)]
+            figures.append({k: v for k, v in got.items() if k != "summaries"})
+        assert all(f == figures[0] for f in figures), figures
+
     # -- invariants ---------------------------------------------------------------------------
     @invariant()
     def log_is_stored_as_recorded(self) -> None:
@@ -476,6 +527,8 @@ class SessionMachine(RuleBasedStateMachine):
             assert state.watermark >= self.watermarks[i], "the watermark moved back"
             assert state.watermark <= len(self.log)
             self.watermarks[i] = state.watermark
+            other = world.store.messages(OTHER) if self.other else []
+            assert [marker(m) for m in other] == [marker(Message(**m)) for m in self.other]
 
     # -- the checks of one view ---------------------------------------------------------------
     def same(self, views: Sequence[PreparedView]) -> None:
@@ -508,6 +561,7 @@ class SessionMachine(RuleBasedStateMachine):
         counted = fresh_tokens(view)
         if world.store.state(SID).calibration_samples:
             counted = reported(view, self.ratio)
+            event(f"calibrated: ratio {self.ratio}")
         if budget.within_budget:
             assert report.estimated_prompt_tokens + budget.reserve <= budget.window
             assert counted + budget.reserve <= budget.window, (counted, budget.window)
