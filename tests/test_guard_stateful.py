@@ -373,9 +373,18 @@ class SessionMachine(RuleBasedStateMachine):
                   f"{'stated' if states else 'unstated'}")
             if view is not None:
                 self.check_view(world, view)
-                assert view.report.estimated_prompt_tokens < last.report.estimated_prompt_tokens
-                if states:
-                    assert view.report.budget.window <= SERVED[self.model]
+                # smaller than the refused request: its prompt, or (the error stated the
+                # prompt's size, and compacting would clip the user's newest message) the
+                # same prompt with the answer's room lowered to fit
+                new, old = view.report, last.report
+                assert new.estimated_prompt_tokens + new.budget.reserve < \
+                    old.estimated_prompt_tokens + reserve
+                if new.budget.reserve >= reserve or not states:
+                    assert new.estimated_prompt_tokens < old.estimated_prompt_tokens
+                if states:  # the window stated is learned, and the retry is not refused
+                    assert new.budget.window <= SERVED[self.model]
+                    assert reported(view, self.ratio) + new.budget.reserve \
+                        <= SERVED[self.model], (reported(view, self.ratio), new.budget)
                 self.last[i] = view
         if all(v is not None for v in views):
             self.same([v for v in views if v is not None])
