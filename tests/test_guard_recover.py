@@ -160,6 +160,43 @@ def test_an_output_reserve_overflow_compacts_the_history_to_keep_the_answer(
     assert view.messages[-1].text() == user[0].text()  # the newest message whole
 
 
+def tool_turn(lines: tuple[int, ...]) -> list[Message]:
+    """A user's request and one assistant step calling a tool per entry of ``lines``,
+    with their results of that many lines each, not recorded yet."""
+    calls = [{"id": f"c{i}", "name": "bash", "arguments": '{"arg": "make"}'}
+             for i in range(len(lines))]
+    return [Message(role="user", content="fix it"),
+            Message(role="assistant", content="Checking.", tool_calls=calls),
+            *(Message(role="tool", tool_call_id=f"c{i}", content="".join(
+                f"line {k}: def f(x): return x + {k}  # output\n" for k in range(n)))
+              for i, n in enumerate(lines))]
+
+
+@pytest.mark.parametrize("over", [1.0, 1.1, 1.15, 1.2, 1.24])
+def test_an_output_reserve_overflow_counted_over_the_estimate_fits_by_that_count(
+        make_guard: Callable[..., Any], store: SessionStore, over: float) -> None:
+    """The provider's tokenizer counts the refused prompt up to 25% above the guard's
+    estimate (a model family the guard has no prior for, before any usage report), and
+    states it: the retry must fit by that count, not only by the guard's. Filling what
+    the answer leaves to ANSWER_HEADROOM (0.9) by the guard's count, an over-count below
+    COUNTED_OVER (1.25) taken for the estimate's usual error, sent a retry the provider
+    refused again: at 1.15, 3,836 tokens by the guard, 4,408 by the provider, + 800 over
+    5,000 (found by the stateful test)."""
+    guard = make_guard(store)
+    turn = tool_turn((40, 150))
+    refused = guard.prepare("s", "sys", max_tokens=800, model="qwen-local", pending=turn)
+    sent = refused.report.estimated_prompt_tokens
+    prompt = round(sent * over)
+    window = min(prompt + 700, 6000)  # the prompt fits, prompt + max_tokens does not
+    error = sdk_error(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                            "message": VLLM.format(out=800, window=window, prompt=prompt)})
+    view = guard.recover("s", error, "sys", max_tokens=800, model="qwen-local", pending=turn)
+    assert view is not None and view.report.budget.window == window
+    counted = view.report.estimated_prompt_tokens * prompt / sent  # the provider's count
+    assert counted + view.report.budget.reserve <= window, (counted, view.report.budget)
+    assert view.messages[-4].text() == "fix it"  # the user's request whole
+
+
 def test_an_output_reserve_overflow_with_nothing_to_drop_lowers_the_reserve(
         make_guard: Callable[..., Any], store: SessionStore) -> None:
     """The prompt fits the server's window, prompt + max_tokens does not, nothing but the

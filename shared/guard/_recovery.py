@@ -57,12 +57,12 @@ def _stated_prompt(error: object) -> int | None:
     return stated or None
 
 
-def counted_over(stated: int | None, estimate: int | None) -> bool:
-    """Whether the provider counted the refused prompt (``stated``) far above the guard's
-    ``estimate`` of it: media it decodes, a tokenizer the estimate does not know, content
-    the guard never saw. The guard's estimates then do not measure what the provider
-    counts."""
-    return bool(stated and estimate and stated > estimate * COUNTED_OVER)
+def counted_over(stated: int | None, estimate: int | None, over: float = COUNTED_OVER) -> bool:
+    """Whether the provider counted the refused prompt (``stated``) far (``over`` times)
+    above the guard's ``estimate`` of it: media it decodes, a tokenizer the estimate does
+    not know, content the guard never saw. The guard's estimates then do not measure what
+    the provider counts."""
+    return bool(stated and estimate and stated > estimate * over)
 
 
 def counted_far_over(error: object, estimate: int | None) -> bool:
@@ -110,8 +110,15 @@ class Recovery:
         ``CompactionPolicy.unrecognised_overflow_at``); None for anything else (counted as
         ``not_overflow``)."""
         if is_context_overflow(error):
-            share = self.answer_share(error, max_tokens) or self.policy.recovery_ratio
-            return self.counted_ratio(share, session_id, error, model, prepared_tokens), True
+            share = self.answer_share(error, max_tokens)
+            if share is not None:
+                # what the answer leaves, filled to ANSWER_HEADROOM: that close to the
+                # edge, any over-count stated is scaled out (the retry of a 10% over-count
+                # left unscaled was refused again), not only a far one
+                return self.counted_ratio(share, session_id, error, model, prepared_tokens,
+                                          over=1.0), True
+            return self.counted_ratio(self.policy.recovery_ratio, session_id, error, model,
+                                      prepared_tokens), True
         threshold = self.policy.unrecognised_overflow_at
         if threshold is not None and unrecognised(error):
             fill = self.refused_fill(session_id, model, max_tokens, prepared_tokens)
@@ -132,15 +139,15 @@ class Recovery:
         return sent.estimate if sent is not None and sent.model == model else None
 
     def counted_ratio(self, ratio: float, session_id: str, error: object, model: str,
-                      prepared_tokens: int | None) -> float:
+                      prepared_tokens: int | None, over: float = COUNTED_OVER) -> float:
         """``ratio`` of the window, scaled down by how much more the provider counted than
         the guard estimated, when the error states the refused prompt's size (media the
-        provider counts by what it decodes, a tokenizer the estimate does not know):
-        compacting a fifth of the window by the guard's count could otherwise leave the
-        very request that was refused."""
+        provider counts by what it decodes, a tokenizer the estimate does not know) and
+        that is more than ``over`` times the estimate: compacting a fifth of the window by
+        the guard's count could otherwise leave the very request that was refused."""
         estimate = self.refused_estimate(session_id, model, prepared_tokens)
         stated = _stated_prompt(error)
-        if not counted_over(stated, estimate):
+        if not counted_over(stated, estimate, over):
             return ratio
         assert stated is not None and estimate is not None
         return max(ratio * estimate / stated, MIN_RECOVERY_RATIO)
