@@ -6,10 +6,15 @@ every turn, as Gemini's positional ones and ``call_0`` numbering do; a call inte
 before its result), a tool chain prepared call by call with the turn so far pending,
 the worker's offline compaction, a provider's overflow error and the recovery, a cold
 guard (a new process, or a dropped cache), the model switched between a small and a
-large window. Two worlds run the same steps: the sync guard and the async guard, each
-on a store of its own. After every prepare the view is checked against the model of
-the log (:func:`check_view`): what the provider would accept, what the report promises,
-and that nothing recorded is lost.
+large window; and what users do between turns: history edits (``truncate_after``), a
+rewind to a kept summary, the session deleted and its id reused, recall of a compacted
+output, a second session interleaved, ``stats``, a retried append, a tool output over
+the whole window. Drawn per example: the store's read sizes lowered (chunked view and
+edit reads on short sessions), eager cheap stages, a provider tokenizer denser than the
+heuristic (usage reports calibrate it). Two worlds run the same steps: the sync guard
+and the async guard, each on a store of its own. After every prepare the view is checked
+against the model of the log (:func:`check_view`): what the provider would accept, what
+the report promises, and that nothing recorded is lost.
 """
 
 from __future__ import annotations
@@ -630,7 +635,8 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 SessionMachine.TestCase.settings = settings(
-    # ~22 s here; STATEFUL_EXAMPLES / STEPS / RANDOM=1 for a longer, randomised search
+    # ~10 s here; STATEFUL_EXAMPLES / STEPS / RANDOM=1 for a longer, randomised search
+    # (with --timeout=0: a long run outlives pytest-timeout's 300 s)
     max_examples=int(os.environ.get("STATEFUL_EXAMPLES", 60)),
     stateful_step_count=int(os.environ.get("STATEFUL_STEPS", 30)), deadline=None,
     derandomize=not os.environ.get("STATEFUL_RANDOM"),
