@@ -635,7 +635,7 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 SessionMachine.TestCase.settings = settings(
-    # ~10 s here; STATEFUL_EXAMPLES / STEPS / RANDOM=1 for a longer, randomised search
+    # ~15 s here; STATEFUL_EXAMPLES / STEPS / RANDOM=1 for a longer, randomised search
     # (with --timeout=0: a long run outlives pytest-timeout's 300 s)
     max_examples=int(os.environ.get("STATEFUL_EXAMPLES", 60)),
     stateful_step_count=int(os.environ.get("STATEFUL_STEPS", 30)), deadline=None,
