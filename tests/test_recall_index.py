@@ -537,10 +537,11 @@ def test_a_second_job_continues_a_new_index_being_built(
 
 
 # -- the bound on one index call (issue: a 500-message call held Redis 20-140 ms) --------
-def _spy_add_calls(monkeypatch: pytest.MonkeyPatch,
-                   between: Any = None) -> list[int]:
-    """The term keys of every recall_add call (``between``: run after each call)."""
-    seen: list[int] = []
+def _spy_add_keys(monkeypatch: pytest.MonkeyPatch,
+                  between: Any = None) -> list[tuple[list[str], int]]:
+    """Every recall_add call's term keys and the docs it wrote (``between``: run after
+    each call, with the calls so far)."""
+    seen: list[tuple[list[str], int]] = []
     real = recall_index_module._script
 
     def spied(store: SessionStore, name: str) -> Any:
@@ -549,10 +550,11 @@ def _spy_add_calls(monkeypatch: pytest.MonkeyPatch,
             return script
 
         def call(*, keys: list[str], args: list[Any]) -> Any:
-            seen.append(len(keys) - 5)
+            m = int(args[10])
+            seen.append(([str(key) for key in keys[5:]], int(args[11 + m])))
             out = script(keys=keys, args=args)
             if between is not None:
-                between(len(seen))
+                between(seen)
             return out
         return call
 
@@ -581,8 +583,9 @@ def test_an_index_call_never_holds_more_than_the_term_bound(
     store.append("s", [{"role": "user", "content": common + " " +
                         " ".join(f"u{i}x{j}" for j in range(25))} for i in range(40)])
     commit(store, "s", 40)
-    calls = _spy_add_calls(monkeypatch)
+    seen = _spy_add_keys(monkeypatch)
     report = index_compacted(store, "s")
+    calls = [len(keys) for keys, _ in seen]
     assert (report.end, report.messages, report.passages) == (40, 40, 40)
     assert calls and max(calls) <= 64 and len(calls) >= 40 * 25 // 64
     assert sum(calls) == report.terms
@@ -593,31 +596,6 @@ def test_an_index_call_never_holds_more_than_the_term_bound(
     assert [p[1] for p in _postings_of(store, "s", "shared3")] == list(range(40))
     assert all(p[0] in docs for p in _postings_of(store, "s", "shared3"))
     assert recall(store, "s", "u17x3", limit=1)[0].index == 17
-
-
-def _spy_add_keys(monkeypatch: pytest.MonkeyPatch,
-                  between: Any = None) -> list[tuple[list[str], int]]:
-    """Every recall_add call's term keys and the docs it wrote (``between``: run after
-    each call, with the calls so far)."""
-    seen: list[tuple[list[str], int]] = []
-    real = recall_index_module._script
-
-    def spied(store: SessionStore, name: str) -> Any:
-        script = real(store, name)
-        if name != "recall_add":
-            return script
-
-        def call(*, keys: list[str], args: list[Any]) -> Any:
-            m = int(args[10])
-            seen.append(([str(key) for key in keys[5:]], int(args[11 + m])))
-            out = script(keys=keys, args=args)
-            if between is not None:
-                between(seen)
-            return out
-        return call
-
-    monkeypatch.setattr(recall_index_module, "_script", spied)
-    return seen
 
 
 def test_a_batch_appends_each_term_once_then_writes_its_docs_in_bounded_runs(
@@ -678,8 +656,9 @@ def test_a_message_with_more_terms_than_the_bound_is_indexed_in_parts(
                        {"role": "user", "content": big},
                        {"role": "user", "content": "after omega"}])
     commit(store, "s", 3)
-    calls = _spy_add_calls(monkeypatch)
+    seen = _spy_add_keys(monkeypatch)
     report = index_compacted(store, "s")
+    calls = [len(keys) for keys, _ in seen]
     assert (report.end, report.passages, report.conflict) == (3, 3, "")
     assert max(calls) <= 16 and len(calls) >= 7
     docs = _docs(store, "s")
@@ -701,11 +680,11 @@ def test_a_second_indexer_between_parts_wins_and_nothing_is_counted_twice(
     commit(store, "s", 1)
     second: list[Any] = []
 
-    def run_second(n: int) -> None:
-        if n == 1:
+    def run_second(seen: list[tuple[list[str], int]]) -> None:
+        if len(seen) == 1:
             second.append(index_compacted(store, "s"))
 
-    _spy_add_calls(monkeypatch, run_second)
+    _spy_add_keys(monkeypatch, run_second)
     first = index_compacted(store, "s")
     assert first.conflict == "hwm" and first.messages == 0
     assert second[0].end == 1 and not second[0].conflict
@@ -723,11 +702,11 @@ def test_an_indexer_dying_between_parts_is_taken_over(
                        {"role": "user", "content": "tail words"}])
     commit(store, "s", 2)
 
-    def dies(n: int) -> None:
-        if n == 2:
+    def dies(seen: list[tuple[list[str], int]]) -> None:
+        if len(seen) == 2:
             raise RuntimeError("soft time limit")
 
-    _spy_add_calls(monkeypatch, dies)
+    _spy_add_keys(monkeypatch, dies)
     with pytest.raises(RuntimeError):
         index_compacted(store, "s")
     monkeypatch.undo()

@@ -57,14 +57,16 @@ def in_script(store: SessionStore, sid: str, since: ViewCursor | None = None,
 
 
 def read(store: SessionStore, shell: str, sid: str, since: ViewCursor | None = None,
-         with_counts: bool = True, meddle: Meddle | None = None) -> tuple[RawView, list[str]]:
+         with_counts: bool = True, meddle: Meddle | None = None,
+         at: int = 1) -> tuple[RawView, list[str]]:
     """A read with the default limits on one shell; the kinds of the steps it sent.
-    ``meddle`` runs once, just before the plain reads (a writer between the two steps)."""
+    ``meddle`` runs once, just before the ``at``-th plain read (1: the first chunk, a
+    writer between the script and the plain reads; past the chunks: the proof)."""
     kinds: list[str] = []
 
     def before(step: commands.Step) -> None:
         kinds.append("script" if isinstance(step, commands.Command) else "batch")
-        if meddle is not None and kinds[-1] == "batch" and kinds.count("batch") == 1:
+        if meddle is not None and kinds[-1] == "batch" and kinds.count("batch") == at:
             meddle(store, sid)
 
     steps = commands.view_steps(store.keys(sid), since, with_counts)
@@ -373,7 +375,7 @@ def test_a_writer_between_any_two_chunks_on_either_shell(
                 if writer == "recreate":
                     seed(st, sid, 100, start=300)
 
-        got, kinds = _read_meddling_at(store, shell, at, meddle)
+        got, kinds = read(store, shell, "s", meddle=meddle, at=at)
         assert kinds[:2] == ["script", "batch"] and kinds.count("batch") == 6
         if writer in ("append", "commit"):
             assert kinds[-1] == "batch" and got == before
@@ -382,35 +384,3 @@ def test_a_writer_between_any_two_chunks_on_either_shell(
             assert got.messages == store.redis.lrange(store.keys("s").log, 0, -1)
         store.delete_session("s")
         seed(store, "s", 100)
-
-
-def _read_meddling_at(store: SessionStore, shell: str, at: int,
-                      meddle: Meddle) -> tuple[RawView, list[str]]:
-    """:func:`read`, ``meddle`` running just before the ``at``-th plain read (1: the
-    first chunk; past the chunks: the proof)."""
-    kinds: list[str] = []
-
-    def before(step: commands.Step) -> None:
-        kinds.append("script" if isinstance(step, commands.Command) else "batch")
-        if kinds[-1] == "batch" and kinds.count("batch") == at:
-            meddle(store, "s")
-
-    steps = commands.view_steps(store.keys("s"), None, True)
-    if shell == "sync":
-        def send(step: commands.Step) -> Any:
-            before(step)
-            return store._send(step)
-        return commands.drive(steps, send), kinds
-
-    async def run() -> RawView:
-        astore = AsyncSessionStore(async_client(store.redis), store.config)
-
-        async def asend(step: commands.Step) -> Any:
-            before(step)
-            return await astore._send(step)
-        try:
-            return await commands.drive_async(steps, asend)
-        finally:
-            await astore.aclose()
-
-    return asyncio.run(run()), kinds
