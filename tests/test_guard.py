@@ -535,6 +535,38 @@ def test_redis_down_is_typed_and_bounded_with_local_fallback(
     assert validate_view(view.messages, "openai") == []
 
 
+def test_cheap_decisions_whose_write_failed_are_planned_again(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A prepare whose cheap-stage write did not reach Redis (a timeout; in the async
+    shell, a cancellation: tests/test_async_cancel.py) kept the decisions in its cached
+    view: the next prepare showed them, planned nothing new and wrote nothing, and
+    Redis (workers, other guards) never got them."""
+    guard = make_guard(store, overrides={"m": 8_000},
+                       policy=CompactionPolicy(clear_keep_recent_turns=1))
+    for i in range(4):
+        turn = coding_turn(i, 3000)
+        guard.prepare("s", SYSTEM, model="m", pending=turn[:1])
+        guard.record_turn("s", turn)
+    inner = getattr(guard, "inner", guard)  # the async shell's guard
+    perform, failed = inner.perform, []
+
+    def failing(io: Any) -> Any:
+        if io.method in ("run_many", "record_cheap") and not failed:
+            failed.append(io.method)
+            raise StoreUnavailable("redis unavailable during record_cheap: timed out")
+        return perform(io)
+
+    inner.perform = failing
+    new = coding_turn(9, 3000)
+    with pytest.raises(StoreUnavailable):
+        guard.prepare("s", SYSTEM, model="m", pending=new[:1])
+    assert failed
+    view = guard.prepare("s", SYSTEM, model="m", pending=new[:1])
+    stored = sorted(store.load_view("s").cheap)
+    assert sorted(guard.snapshot("s").cheap) == stored
+    assert view.report.cheap_applied == len(stored) == 3
+
+
 def test_silent_truncation_is_flagged(guard: ContextGuard) -> None:
     for i in range(3):
         guard.store.append("s", coding_turn(i))
@@ -573,6 +605,28 @@ def test_record_turn_retries_a_lost_append_without_duplicating(any_redis: Any,
     assert guard.record_turn("s", coding_turn(1, 100), request_id="turn-1") == 10
     assert guard.record_turn("s", coding_turn(1, 100), request_id="turn-1") == 10
     assert store.length("s") == 10
+
+
+def test_a_turn_retried_after_an_unanswered_append_is_stored_once(any_redis: Any,
+                                                                  key_prefix: str) -> None:
+    """Both attempts applied, neither answered: record_turn raises; the agent's retry of
+    the same messages, without a request id of its own, re-uses the unanswered one (it
+    was stored twice). Another turn is a new append."""
+    store = LostReply(any_redis, StoreConfig(key_prefix=key_prefix))
+    store.lose = 2
+    guard = ContextGuard(store)
+    with pytest.raises(StoreUnavailable):
+        guard.record_turn("s", coding_turn(0, 100))
+    assert store.length("s") == 5
+    assert guard.record_turn("s", coding_turn(0, 100)) == 5
+    assert guard.record_turn("s", coding_turn(0, 100)) == 10  # answered: a new turn
+    store.lose = 2
+    with pytest.raises(StoreUnavailable):
+        guard.record_turn("s", coding_turn(1, 100))
+    assert guard.record_turn("s", coding_turn(2, 100)) == 20  # not the unanswered one
+    assert guard.record_turn("s", coding_turn(1, 100)) == 25  # that one is forgotten now
+    assert [m.text() for m in store.messages("s") if m.role == "user"] == [
+        coding_turn(i)[0]["content"] for i in (0, 0, 1, 2, 1)]
 
 
 def test_record_turn_through_a_proxy_that_loses_the_reply(make_guard: Callable[..., Any],

@@ -100,6 +100,18 @@ def _decoding(cached: CachedView | None) -> CachedView | None:
     return dataclasses.replace(cached, wire=dict(cached.wire))
 
 
+def abandon(steps: Steps[Any], exc: BaseException) -> None:
+    """A flow whose call was cancelled (``asyncio.wait_for``, ``task.cancel()``) or
+    interrupted (KeyboardInterrupt): ``exc`` thrown into it at its step, so that its
+    cleanups (a cached view of writes that may not have been made, an unanswered append's
+    request id) run now, before the caller's next call. Left suspended, the flow ran them
+    when the garbage collector got to it: after that next call, which then used the
+    cached view Redis never got. The caller raises ``exc``."""
+    with contextlib.suppress(BaseException):  # exc itself, as a rule
+        steps.throw(exc)
+    steps.close()
+
+
 class NotSent(Exception):
     """A recovery's view that would be refused again (the reason): raised before any of
     its plan's writes, so that a recovery that gives up leaves the session as it was."""
@@ -275,8 +287,13 @@ class GuardFlow(GuardShell):
                accept: Accept | None = None) -> Steps[PreparedView]:
         """The plan's writes and job performed, then its view; after a lost swap, built
         once more from what won (and judged by ``accept`` again)."""
-        done = yield from self._perform_own(session_id, plan, snap, wanted, force)
-        won = (yield from self._perform(session_id, plan)) if done is None else done[0]
+        try:
+            done = yield from self._perform_own(session_id, plan, snap, wanted, force)
+            won = (yield from self._perform(session_id, plan)) if done is None else done[0]
+        except BaseException:  # failed, cancelled: the writes may not have reached Redis
+            if plan.cheap:  # the cached entry holds them, and would never plan them again
+                self.views.discard(session_id)
+            raise
         if not self.performed(plan, won) and retry_lost_swap:
             # A worker's summary (or an edit) landed since the read: build from it
             # instead (it may fit without truncating), once.
@@ -372,7 +389,8 @@ class GuardFlow(GuardShell):
             encoded = self.encode_turn(session_id, self.store, messages)
             check_tool_results(encoded.messages)  # an orphan result: InvalidInput naming its index
             fields, sent = self.turn_usage(session_id, usage)
-            rid = request_id if request_id is not None else secrets.token_hex(12)
+            rid = request_id if request_id is not None else \
+                self.unanswered_id(session_id, encoded.messages) or secrets.token_hex(12)
             marks: list[OwnMark | None] = []
             cached = self.views.get(session_id)
             job = self.inline_job(self.enqueuer, self.store.tenant, session_id,
@@ -384,11 +402,17 @@ class GuardFlow(GuardShell):
                 "run": self._own_runner(session_id, marks)})
             self.touched(session_id)
             try:
-                result: AppendResult = yield append
-            except StoreUnavailable as exc:
-                log.info("session %s: append %s unanswered (%s); retrying once", session_id,
-                         rid, exc)
-                result = yield append
+                try:
+                    result: AppendResult = yield append
+                except StoreUnavailable as exc:
+                    log.info("session %s: append %s unanswered (%s); retrying once",
+                             session_id, rid, exc)
+                    result = yield append
+            except BaseException:  # failed or cancelled, perhaps applied: a retry of the
+                if request_id is None:  # same messages re-uses the id (stored at most once)
+                    self.unanswered(session_id, encoded.messages, rid)
+                raise
+            self.unanswered(session_id, None, "")
             self.appended(session_id, cached, result, marks[-1] if marks else None)
             if result.marked and not result.published:
                 yield from self._publish(session_id)
@@ -428,4 +452,4 @@ class GuardFlow(GuardShell):
         return self.stats_from(session_id, self.store.tenant, snap, summaries)
 
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "GuardFlow", "Io", "NotSent", "Steps"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "GuardFlow", "Io", "NotSent", "Steps", "abandon"]

@@ -175,6 +175,7 @@ class GuardShell(FreshViews, Recovery):
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._known_seen: dict[str, int | None] = {}
         self._sent: dict[str, Sent] = {}
+        self._unanswered: dict[str, tuple[list[Message], str]] = {}
         self._capped_seen: set[tuple[str, int, int]] = set()
         self.turns = PendingTurns(self.counter, *self.views.pending())
         self.known_ids = self.views.known_ids()
@@ -407,6 +408,28 @@ class GuardShell(FreshViews, Recovery):
             self._sent[session_id] = sent
             if len(self._sent) > max(PENDING_TURNS, self.views.max_sessions):
                 self._sent.pop(next(iter(self._sent)))
+
+    def unanswered(self, session_id: str, messages: list[Message] | None, rid: str) -> None:
+        """Keep the request id of a turn's append that raised or was cancelled (its
+        script may have run), or forget the session's (``messages`` None: answered)."""
+        if messages is None and session_id not in self._unanswered:
+            return  # the common case, without the lock
+        with self._lock:
+            if messages is None:
+                self._unanswered.pop(session_id, None)
+                return
+            self._unanswered[session_id] = (messages, rid)
+            if len(self._unanswered) > max(PENDING_TURNS, self.views.max_sessions):
+                self._unanswered.pop(next(iter(self._unanswered)))
+
+    def unanswered_id(self, session_id: str, messages: list[Message]) -> str | None:
+        """The request id of the session's unanswered append when ``messages`` are its
+        messages: the agent retries the turn (``asyncio.wait_for`` timed the call out, a
+        framework cancelled its run, Redis did not answer) without a request id of its
+        own, and the append script stores it at most once instead of twice."""
+        with self._lock:
+            kept = self._unanswered.get(session_id)
+        return kept[1] if kept is not None and kept[0] == messages else None
 
     def take_sent(self, session_id: str, reported: bool) -> Sent | None:
         """The last request prepared, when a usage report describes it (else kept)."""

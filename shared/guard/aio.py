@@ -25,7 +25,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._flow import Io, Steps
+from shared.guard._flow import Io, Steps, abandon
 from shared.guard._recover_flow import RecoveringFlow
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
@@ -125,6 +125,9 @@ class AsyncContextGuard(RecoveringFlow):
                 reply, error = await self.perform(io), None
             except Exception as exc:
                 reply, error = None, exc
+            except BaseException as exc:  # cancelled, interrupted: the flow cleans up now
+                abandon(steps, exc)
+                raise
 
     def perform(self, io: Io) -> Any:
         """The call ``io`` names, as an awaitable; a ``local`` one (a large read's decode,

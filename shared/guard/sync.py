@@ -26,7 +26,7 @@ from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
 from shared.enqueue import Enqueuer, NullEnqueuer, redis_server
-from shared.guard._flow import Steps
+from shared.guard._flow import Steps, abandon
 from shared.guard._recover_flow import RecoveringFlow
 from shared.store import recall_query
 from shared.store.changes import ChangeFeed
@@ -117,6 +117,9 @@ class ContextGuard(RecoveringFlow):
                 reply, error = self.perform(io), None
             except Exception as exc:
                 reply, error = None, exc
+            except BaseException as exc:  # cancelled, interrupted: the flow cleans up now
+                abandon(steps, exc)
+                raise
 
     def snapshot(self, session_id: str, min_length: int | None = None) -> CachedView:
         """The session's view, read incrementally against the cached one (one round trip,

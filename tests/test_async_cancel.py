@@ -1,0 +1,183 @@
+"""The async guard when the agent's task is cancelled in the middle of a call.
+
+Agents cancel all the time (``asyncio.wait_for(guard.prepare(...), 0.01)``, a
+framework cancelling a run, an ``asyncio.timeout`` block). Each test here cancels a
+call at every socket step it takes (the command not yet sent, then each reply not yet
+read: a gate on redis.asyncio's connection), then uses the same guard on the same loop
+again: its views must be a fresh guard's, a retried turn recorded exactly once, and
+no connection may answer a command with the previous command's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.connection
+
+from shared import AsyncContextGuard
+from shared.core.config import CompactionPolicy, StoreConfig
+from shared.store.aio import AsyncSessionStore, connect_async
+from shared.store.sessions import SessionStore
+from tests.test_guard import SYSTEM, coding_turn
+
+pytestmark = pytest.mark.redis
+
+WINDOW = {"m": 8_000}
+POLICY = CompactionPolicy(clear_keep_recent_turns=1)  # each turn's prepare adds a decision
+
+
+class Gate:
+    """Holds the ``at``-th socket send or read of the calls made while armed (the
+    command reached Redis for a read: its reply is unread), until the task is cancelled."""
+
+    def __init__(self) -> None:
+        self.armed, self.seen, self.at, self.held = False, 0, -1, ""
+
+    async def passing(self, what: str) -> None:
+        if not self.armed:
+            return
+        self.seen += 1
+        if self.seen - 1 == self.at:
+            self.held = what
+            await asyncio.Event().wait()
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    held = Gate()
+    conn = redis.asyncio.connection.AbstractConnection
+    read, send = conn.read_response, conn.send_packed_command
+
+    async def gated_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await held.passing("read")
+        return await read(self, *args, **kwargs)
+
+    async def gated_send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await held.passing("send")
+        return await send(self, *args, **kwargs)
+
+    monkeypatch.setattr(conn, "read_response", gated_read)
+    monkeypatch.setattr(conn, "send_packed_command", gated_send)
+    yield held
+
+
+async def cancelled_at(gate: Gate, at: int, call: Callable[[], Any]) -> str:
+    """Run ``call()`` with its ``at``-th socket step held, cancel it there; what was
+    held ("": the call finished without reaching that step)."""
+    gate.armed, gate.seen, gate.at, gate.held = True, 0, at, ""
+    task = asyncio.ensure_future(call())
+    for _ in range(500):
+        await asyncio.sleep(0.001)
+        if task.done() or gate.held:
+            break
+    gate.armed = False
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return gate.held
+
+
+def views_equal(a: Any, b: Any) -> bool:
+    return [m.model_dump() for m in a.messages] == [m.model_dump() for m in b.messages]
+
+
+async def cached(guard: AsyncContextGuard, session_id: str) -> tuple[Any, ...]:
+    snap = await guard.snapshot(session_id)
+    return snap.start, snap.end, sorted(snap.cheap), snap.state.version
+
+
+async def sent(view: Any) -> int:
+    return len(view.messages)
+
+
+def the_call(guard: AsyncContextGuard, what: str, sid: str, new: list[dict[str, Any]],
+             rid: str | None) -> Callable[[], Any]:
+    """The call under test, to make again for the agent's retry."""
+    if what == "record_turn":
+        return functools.partial(guard.record_turn, sid, new, request_id=rid)
+    if what == "call":
+        return functools.partial(guard.call, sid, sent, system_prompt=SYSTEM, model="m",
+                                 pending=new[:1])
+    return functools.partial(guard.prepare, sid, SYSTEM, model="m", pending=new[:1])
+
+
+def run_cancelled(redis_url: str, key_prefix: str, gate: Gate, what: str,
+                  request_id: bool = True) -> list[str]:
+    """Cancel ``what`` at each of its socket steps in turn (one session per step), on
+    one guard; after each, the call again, checked. Returns the steps held."""
+    config = StoreConfig(key_prefix=key_prefix)
+    sync = SessionStore(redis.Redis.from_url(redis_url), config)
+
+    async def main() -> list[str]:
+        store = AsyncSessionStore(connect_async(redis_url), config)
+        guard = AsyncContextGuard(store, overrides=WINDOW, policy=POLICY)
+        await guard.warm_up()
+        held: list[str] = []
+        for at in range(40):
+            sid = f"s{at}"
+            for i in range(4):
+                turn = coding_turn(i, 3000)
+                await guard.prepare(sid, SYSTEM, model="m", pending=turn[:1])
+                await guard.record_turn(sid, turn)
+            new = coding_turn(9, 3000)
+            if what == "record_turn":
+                await guard.prepare(sid, SYSTEM, model="m", pending=new[:1])
+            call = the_call(guard, what, sid, new, f"r{at}" if request_id else None)
+            step = await cancelled_at(gate, at, call)
+            if not step:
+                break
+            held.append(step)
+            again = await call()  # the agent's retry
+            fresh = AsyncContextGuard(AsyncSessionStore(connect_async(redis_url), config),
+                                      overrides=WINDOW, policy=POLICY)
+            # nothing cached that Redis does not hold (read before the fresh guard writes)
+            assert await cached(guard, sid) == await cached(fresh, sid), (at, step)
+            if what == "record_turn":
+                assert again == 25, (at, step)
+                users = [m.content for m in sync.messages(sid) if m.role == "user"]
+                assert users == [coding_turn(i)[0]["content"] for i in (0, 1, 2, 3, 9)]
+                pending: list[Any] = []
+            else:
+                pending = new[:1]
+            view = await guard.prepare(sid, SYSTEM, model="m", pending=pending)
+            assert views_equal(view, await fresh.prepare(sid, SYSTEM, model="m",
+                                                         pending=pending)), (at, step)
+            assert (await guard.record_turn(sid, coding_turn(10, 100))) == sync.length(sid)
+            await fresh.aclose()
+            await fresh.store.aclose()
+        await guard.aclose()
+        await store.aclose()
+        return held
+
+    try:
+        return asyncio.run(main())
+    finally:
+        for key in sync.redis.scan_iter(match=f"{key_prefix}:*"):
+            sync.redis.delete(key)
+        sync.redis.close()
+
+
+@pytest.mark.parametrize("what", ["prepare", "call"])
+def test_a_prepare_cancelled_at_any_step_leaves_the_guard_as_a_fresh_one(
+        redis_url: str, key_prefix: str, gate: Gate, what: str) -> None:
+    """Cancelled before its writes reached Redis, a prepare that planned cheap-stage
+    decisions kept them in the cached view: Redis never got them (the next prepare of
+    the view planned nothing new), a fresh guard's read did not show them."""
+    held = run_cancelled(redis_url, key_prefix, gate, what)
+    assert held[:1] == ["send"] and "read" in held  # the writes' send and their replies
+
+
+@pytest.mark.parametrize("request_id", [True, False], ids=["request_id", "no_request_id"])
+def test_a_turn_cancelled_at_any_step_and_retried_is_recorded_once(
+        redis_url: str, key_prefix: str, gate: Gate, request_id: bool) -> None:
+    """Cancelled after its script reached Redis, before the reply was read: the turn is
+    in the log, and the agent's retry of the same messages records it once, with or
+    without a request id (the guard re-uses the unanswered append's own)."""
+    held = run_cancelled(redis_url, key_prefix, gate, "record_turn", request_id)
+    assert held[:2] == ["send", "read"]
