@@ -100,7 +100,8 @@ def the_call(guard: AsyncContextGuard, what: str, sid: str, new: list[dict[str, 
              rid: str | None) -> Callable[[], Any]:
     """The call under test, to make again for the agent's retry."""
     if what == "record_turn":
-        return functools.partial(guard.record_turn, sid, new, request_id=rid)
+        return functools.partial(guard.record_turn, sid, new, {"prompt_tokens": 1500},
+                                 request_id=rid)
     if what == "call":
         return functools.partial(guard.call, sid, sent, system_prompt=SYSTEM, model="m",
                                  pending=new[:1])
@@ -142,6 +143,7 @@ def run_cancelled(redis_url: str, key_prefix: str, gate: Gate, what: str,
                 assert again == 25, (at, step)
                 users = [m.content for m in sync.messages(sid) if m.role == "user"]
                 assert users == [coding_turn(i)[0]["content"] for i in (0, 1, 2, 3, 9)]
+                assert sync.state(sid).calibration_samples == 1, (at, step)  # its usage
                 pending: list[Any] = []
             else:
                 pending = new[:1]
@@ -178,6 +180,7 @@ def test_a_turn_cancelled_at_any_step_and_retried_is_recorded_once(
         redis_url: str, key_prefix: str, gate: Gate, request_id: bool) -> None:
     """Cancelled after its script reached Redis, before the reply was read: the turn is
     in the log, and the agent's retry of the same messages records it once, with or
-    without a request id (the guard re-uses the unanswered append's own)."""
+    without a request id (the guard re-uses the unanswered append's own); cancelled
+    before, the retry's usage report is still learned from."""
     held = run_cancelled(redis_url, key_prefix, gate, "record_turn", request_id)
     assert held[:2] == ["send", "read"]

@@ -121,6 +121,29 @@ def test_a_session_truncated_every_turn_still_calibrates(guard: ContextGuard) ->
     assert truncated >= 3 and state.calibration_samples >= 5, (truncated, state)
 
 
+def test_a_turn_retried_after_a_failed_append_still_calibrates(guard: Any) -> None:
+    """The append failed (Redis did not answer; in the async shell, the task was
+    cancelled: tests/test_async_cancel.py): the request its usage describes was
+    forgotten all the same, so the agent's retry with the same usage taught nothing."""
+    turn = coding_turn(0, 2000)
+    view = guard.prepare("s", SYSTEM, model="small-model", pending=turn[:1])
+    usage = {"prompt_tokens": int(view.report.estimated_prompt_tokens * 1.1)}
+    inner = getattr(guard, "inner", guard)  # the async shell's guard
+    perform, failures = inner.perform, [1, 1]
+
+    def failing(io: Any) -> Any:
+        if io.method == "append_encoded" and failures:
+            failures.pop()
+            raise StoreUnavailable("redis unavailable during append: connection refused")
+        return perform(io)
+
+    inner.perform = failing
+    with pytest.raises(StoreUnavailable):
+        guard.record_turn("s", turn, usage=usage)
+    assert guard.record_turn("s", turn, usage=usage) == 5
+    assert guard.store.state("s").calibration_samples == 1
+
+
 def test_record_turn_burst_enqueues_once(guard: ContextGuard, jobs: Recorder) -> None:
     for i in range(100):
         guard.record_turn("s", coding_turn(i, 100))

@@ -411,6 +411,7 @@ class GuardFlow(GuardShell):
             except BaseException:  # failed or cancelled, perhaps applied: a retry of the
                 if request_id is None:  # same messages re-uses the id (stored at most once)
                     self.unanswered(session_id, encoded.messages, rid)
+                self.unsent(session_id, sent)  # and its usage report is learned from
                 raise
             self.unanswered(session_id, None, "")
             self.appended(session_id, cached, result, marks[-1] if marks else None)

@@ -409,6 +409,14 @@ class GuardShell(FreshViews, Recovery):
             if len(self._sent) > max(PENDING_TURNS, self.views.max_sessions):
                 self._sent.pop(next(iter(self._sent)))
 
+    def unsent(self, session_id: str, sent: Sent | None) -> None:
+        """``sent`` kept again: the append of the turn its usage report described failed
+        (or was cancelled), and the retry's report describes it too; unless a prepare
+        remembered another since."""
+        if sent is not None:
+            with self._lock:
+                self._sent.setdefault(session_id, sent)
+
     def unanswered(self, session_id: str, messages: list[Message] | None, rid: str) -> None:
         """Keep the request id of a turn's append that raised or was cancelled (its
         script may have run), or forget the session's (``messages`` None: answered)."""
