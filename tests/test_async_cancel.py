@@ -50,9 +50,13 @@ class Gate:
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """The gate on every redis.asyncio connection: before a send, and inside
+    ``read_response`` (where a real cancellation lands: redis-py closes the connection
+    there; held before it, a pool connection went back with its reply unread, which no
+    real cancellation does)."""
     held = Gate()
     conn = redis.asyncio.connection.AbstractConnection
-    read, send = conn.read_response, conn.send_packed_command
+    read, send = conn._read_response_from_parser, conn.send_packed_command
 
     async def gated_read(self: Any, *args: Any, **kwargs: Any) -> Any:
         await held.passing("read")
@@ -62,7 +66,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
         await held.passing("send")
         return await send(self, *args, **kwargs)
 
-    monkeypatch.setattr(conn, "read_response", gated_read)
+    monkeypatch.setattr(conn, "_read_response_from_parser", gated_read)
     monkeypatch.setattr(conn, "send_packed_command", gated_send)
     yield held
 
