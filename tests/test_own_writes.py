@@ -430,6 +430,45 @@ def test_threads_sharing_a_guard_never_see_a_stale_view(real_store: SessionStore
     assert all(n > 5 for n in done.values())
 
 
+def test_eight_threads_on_one_session_record_each_turn_once(real_store: SessionStore) -> None:
+    """Eight threads on one guard and one session, no request ids, every prepare writing
+    (cheap-stage decisions, truncations racing each other's swaps, the own connection
+    busy most of the time): every turn stored once, each thread's next view holds its
+    own turn, and the cached view is what a read gives."""
+    from shared.core.config import CompactionPolicy
+    from shared.core.repair import validate_view
+    from shared.guard import ContextGuard
+    from tests.test_guard import coding_turn
+
+    guard = ContextGuard(real_store, overrides={"m": 8_000},
+                         policy=CompactionPolicy(clear_keep_recent_turns=1))
+    errors: list[BaseException] = []
+
+    def agent(t: int) -> None:
+        recorded = 0
+        try:
+            for i in range(6):
+                turn = coding_turn(100 * t + i, 3000)
+                view = guard.prepare("s", SYSTEM, pending=turn[:1], **M)
+                assert view.report.length >= recorded, (t, i)
+                assert validate_view(list(view.messages), "openai") == [], (t, i)
+                recorded = guard.record_turn("s", turn)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    agents = [threading.Thread(target=agent, args=(t,)) for t in range(8)]
+    for a in agents:
+        a.start()
+    for a in agents:
+        a.join(60)
+    assert not errors, errors
+    users = sorted(str(m.content) for m in real_store.messages("s") if m.role == "user")
+    assert users == sorted(coding_turn(100 * t + i)[0]["content"]
+                           for t in range(8) for i in range(6))
+    guard.prepare("s", SYSTEM, **M)
+    assert_cached_is_fresh(guard, real_store)
+
+
 def assert_cached_is_fresh(guard: Any, store: SessionStore) -> None:
     """The guard's cached view is what a read of the store gives now, wire form included."""
     from shared.core.view import apply_cheap, cheap_savings
