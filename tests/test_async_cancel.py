@@ -188,3 +188,51 @@ def test_a_turn_cancelled_at_any_step_and_retried_is_recorded_once(
     before, the retry's usage report is still learned from."""
     held = run_cancelled(redis_url, key_prefix, gate, "record_turn", request_id)
     assert held[:2] == ["send", "read"]
+
+
+@pytest.mark.parametrize("what", ["prepare", "record_turn"])
+def test_a_cancellation_requested_in_flight_is_never_ignored(
+        redis_url: str, key_prefix: str, what: str) -> None:
+    """Python 3.11's ``asyncio.wait_for``, which redis-py sends each command through,
+    returns the inner result when the cancellation lands as the send completes: the
+    request was lost (the call went on and returned, ``task.cancelling()`` left at 1;
+    an ``asyncio.timeout`` block overran, a framework's cancelled run kept going), at 6
+    of 12 loop iterations of a cold prepare. The guard raises it itself after the step."""
+    config = StoreConfig(key_prefix=key_prefix)
+    sync = SessionStore(redis.Redis.from_url(redis_url), config)
+
+    async def main() -> list[int]:
+        store = AsyncSessionStore(connect_async(redis_url), config)
+        guard = AsyncContextGuard(store, overrides={"m": 400_000})
+        await guard.warm_up()
+        ignored = []
+        for n in range(20):
+            sid = f"s{n}"
+            sync.append(sid, coding_turn(0, 100))
+            call = (guard.prepare(sid, SYSTEM, model="m") if what == "prepare"
+                    else guard.record_turn(sid, coding_turn(1, 100)))
+            task = asyncio.ensure_future(call)
+            for _ in range(n):
+                await asyncio.sleep(0)
+            if task.done():
+                break
+            task.cancel()
+            try:
+                await task
+                ignored.append(n)
+            except asyncio.CancelledError:
+                pass
+            assert (await guard.record_turn(sid, coding_turn(1, 100))) == 10  # once
+            view = await guard.prepare(sid, SYSTEM, model="m")
+            assert [m.content for m in view.messages if m.role == "user"] == [
+                coding_turn(i)[0]["content"] for i in (0, 1)]
+        await guard.aclose()
+        await store.aclose()
+        return ignored
+
+    try:
+        assert asyncio.run(main()) == []
+    finally:
+        for key in sync.redis.scan_iter(match=f"{key_prefix}:*"):
+            sync.redis.delete(key)
+        sync.redis.close()

@@ -58,6 +58,16 @@ async def sent(result: Awaitable[R]) -> R:
     return await result
 
 
+def swallowed() -> asyncio.CancelledError:
+    """The cancellation a step's library swallowed: Python 3.11's ``asyncio.wait_for``
+    (redis-py sends every command through it) returns the inner result when the
+    cancellation lands as the send completes (CPython gh-86296, fixed in 3.12), so the
+    request was lost: the call went on and returned, an ``asyncio.timeout`` block
+    overran, a framework's cancelled run kept going (6 of 12 loop iterations of a cold
+    prepare). The task's ``cancelling()`` count still shows the request."""
+    return asyncio.CancelledError("cancelled during a step that did not raise it")
+
+
 class AsyncContextGuard(RecoveringFlow):
     """Asynchronous, LLM-free context guard for one tenant's sessions (asyncio).
 
@@ -112,8 +122,11 @@ class AsyncContextGuard(RecoveringFlow):
     # -- the flows (shared.guard._flow), awaited ------------------------------------------
     async def drive(self, steps: Steps[T]) -> T:
         """Run a flow's steps to their end, each call awaited; a call's exception is
-        thrown into the flow at its step."""
+        thrown into the flow at its step. A cancellation of the task that a library
+        swallowed during a step is raised after it (:func:`swallowed`)."""
         self._on_its_loop()
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
         reply: Any = None
         error: Exception | None = None
         while True:
@@ -128,6 +141,10 @@ class AsyncContextGuard(RecoveringFlow):
             except BaseException as exc:  # cancelled, interrupted: the flow cleans up now
                 abandon(steps, exc)
                 raise
+            if task is not None and task.cancelling() > cancelling:
+                lost = swallowed()
+                abandon(steps, lost)
+                raise lost
 
     def perform(self, io: Io) -> Any:
         """The call ``io`` names, as an awaitable; a ``local`` one (a large read's decode,
