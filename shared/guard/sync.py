@@ -157,8 +157,11 @@ class ContextGuard(RecoveringFlow):
         anchors the hybrid estimate and updates the calibration (written by
         the append itself, only if no compaction or edit changed the view
         since). The append carries a request id and is retried once with
-        it when Redis did not answer: applied at most once. Once the turn is
-        stored, a failure to publish the job is logged, not raised.
+        it when Redis did not answer: applied at most once. A call that raised
+        (or, in the async guard, was cancelled) leaves its id to the session's
+        next call with the same messages: the agent's retry without a request id
+        of its own is stored once too. Once the turn is stored, a failure to
+        publish the job is logged, not raised.
         """
         return self.drive(self.record_turn_steps(session_id, messages, usage, request_id))
 
