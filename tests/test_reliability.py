@@ -28,6 +28,7 @@ from shared.core.config import StoreConfig
 from shared.core.errors import SummarizerError, SummarizerUnavailable
 from shared.core.records import SummaryRecord
 from shared.store.sessions import SessionStore
+from workers.app import restore_lock_seconds
 from workers.compactor import FALLBACK_STAGE, Compactor
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
@@ -46,6 +47,7 @@ from workers.harness.reliability.races import (
 )
 from workers.harness.reliability.restart import run_restart
 from workers.runtime import Runtime, set_runtime
+from workers.settings import load_settings
 from workers.summarizer.engine import MAX_REFOLDS, SummaryEngine
 from workers.summarizer.providers import OpenAIClient
 from workers.urls import with_db
@@ -146,6 +148,20 @@ def test_kill9_during_summarization_every_job_completes_once(env: Env) -> None:
     assert result.killed_before_commit == 4
     assert result.redelivered == 4, "a killed job must come back through the broker"
     assert result.llm_requests > result.commits  # the killed calls were made, then redone
+
+
+@pytest.mark.celery
+def test_a_worker_killed_while_sweeping_delays_no_redelivery_for_long(env: Env) -> None:
+    """A worker killed while it held the restore sweep's lock (a kill -9 lands inside the
+    sweep now and then: CI saw it) leaves the lock to its expiry, and no worker sweeps
+    until then: kombu's 300 s held every dead worker's job that long. The lock now
+    stands two sweeps at most, and the killed jobs come back within the test's wait."""
+    result = run_kill9(env, trials=1, sessions_per_trial=2, llm_seconds=1.0, visibility=5,
+                       kill_delays=[0.3], killed_sweeping=True)
+    assert result.violations == []
+    assert result.jobs == 2 and result.commits == 2 and result.redelivered == 2
+    assert result.recovery_seconds[0] < 5 + restore_lock_seconds(
+        load_settings(broker_restore_sweep_seconds=1)) + 10
 
 
 def test_redis_restart_and_freeze_lose_no_acknowledged_append() -> None:

@@ -70,6 +70,11 @@ SUMMARIZER_SDKS: dict[str, tuple[str, str] | None] = {
 }
 
 
+def restore_lock_seconds(settings: Settings) -> int:
+    """How long the restore sweep's lock may stand when its holder died: two sweeps."""
+    return max(5, 2 * settings.broker_restore_sweep_seconds)
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration for a settings object (pure; used by tests too)."""
     return {
@@ -97,6 +102,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # is one bounded ZRANGEBYSCORE on the unacked index.
             "unacked_restore_interval": settings.broker_restore_sweep_seconds,
             "unacked_restore_throttle": 1,
+            # The sweep holds a Redis lock while it runs (milliseconds). kombu lets the
+            # lock of a worker killed mid-sweep stand for 5 minutes, and no worker
+            # sweeps meanwhile: every dead worker's job then waited that much longer.
+            # Any expiry is safe: each restore is its own transaction on the message.
+            "unacked_mutex_expire": restore_lock_seconds(settings),
             "socket_timeout": 5,
             "socket_connect_timeout": 5,
             # Under the threads pool every slot acknowledges its own job (acks_late),
@@ -249,4 +259,5 @@ def _preload_on_worker_start(sender: Any = None, **_: Any) -> None:
 # Observability (docs/observability.md): /metrics on COMPACTION_METRICS_PORT, JSON logs.
 from workers import logging_setup, metrics  # noqa: E402, F401  (Celery signal receivers)
 
-__all__ = ["SUMMARIZER_SDKS", "app", "celery_config", "create_app", "preload_summarizer_sdk"]
+__all__ = ["SUMMARIZER_SDKS", "app", "celery_config", "create_app", "preload_summarizer_sdk",
+           "restore_lock_seconds"]

@@ -10,14 +10,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import redis
+
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from shared.store.sessions import SessionStore
+from workers.app import celery_config
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.behaviour import Fault
 from workers.harness.reliability.common import Env, ObservedLLM, integrity, marked, start_workers
 from workers.harness.stack.worker_process import WorkerProcess
 from workers.harness.timing import wait_for
 from workers.settings import load_settings
+
+RESTORE_LOCK = "unacked_mutex"
+"""kombu's lock on the restore sweep (the broker's key; no global key prefix here)."""
 
 
 @dataclass
@@ -35,7 +41,7 @@ class Kill9Result:
 
 def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds: float = 1.0,
               visibility: int | None = 5, kill_delays: Sequence[float] | None = None,
-              seed: int = 1,
+              seed: int = 1, killed_sweeping: bool = False,
               progress: Callable[[str], None] = lambda _: None) -> Kill9Result:
     """SIGKILL the worker while its jobs wait on the LLM; a new worker must finish them.
 
@@ -48,6 +54,8 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
     the broker's visibility timeout. ``visibility=None`` runs the workers with
     the default timing settings (visibility timeout, time limits, restore
     sweep), to measure how long a killed job waits in production.
+    ``killed_sweeping``: each killed worker dies holding the restore sweep's lock
+    (as one killed while it swept: the lock stands until it expires).
     """
     rng = random.Random(seed)
     result = Kill9Result()
@@ -64,6 +72,11 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
         defaults = load_settings(summarizer_timeout=30)
         redelivery = visibility if visibility is not None else (
             defaults.visibility_timeout + defaults.broker_restore_sweep_seconds)
+        # as long as the workers' config lets a dead sweeper's lock stand (kombu: 300 s)
+        swept = load_settings(summarizer_timeout=30, **({} if visibility is None else {
+            "broker_restore_sweep_seconds": 1}))
+        lock_ms = 1000 * int(celery_config(swept)["broker_transport_options"].get(
+            "unacked_mutex_expire", 300))
         worker = start_workers("kill", wenv, 1, concurrency=4)[0]
         logs: list[WorkerProcess] = [worker]
         try:
@@ -88,6 +101,9 @@ def run_kill9(env: Env, *, trials: int, sessions_per_trial: int = 2, llm_seconds
                 time.sleep(delay)
                 worker.kill9()
                 killed_at = time.monotonic()
+                if killed_sweeping:
+                    with redis.Redis.from_url(env.broker_url, socket_timeout=5) as broker:
+                        broker.set(RESTORE_LOCK, "a-killed-sweeper", px=lock_ms)
                 for sid in sids:
                     if store.state(sid).version:
                         result.killed_after_commit += 1
