@@ -190,7 +190,7 @@ def test_a_turn_cancelled_at_any_step_and_retried_is_recorded_once(
     assert held[:2] == ["send", "read"]
 
 
-@pytest.mark.parametrize("what", ["prepare", "record_turn"])
+@pytest.mark.parametrize("what", ["prepare", "record_turn", "recall"])
 def test_a_cancellation_requested_in_flight_is_never_ignored(
         redis_url: str, key_prefix: str, what: str) -> None:
     """Python 3.11's ``asyncio.wait_for``, which redis-py sends each command through,
@@ -210,6 +210,7 @@ def test_a_cancellation_requested_in_flight_is_never_ignored(
             sid = f"s{n}"
             sync.append(sid, coding_turn(0, 100))
             call = (guard.prepare(sid, SYSTEM, model="m") if what == "prepare"
+                    else guard.recall(sid, "failing test output") if what == "recall"
                     else guard.record_turn(sid, coding_turn(1, 100)))
             task = asyncio.ensure_future(call)
             for _ in range(n):

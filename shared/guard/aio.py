@@ -68,6 +68,20 @@ def swallowed() -> asyncio.CancelledError:
     return asyncio.CancelledError("cancelled during a step that did not raise it")
 
 
+def cancel_mark() -> tuple[asyncio.Task[Any] | None, int]:
+    """The running task and its pending cancellation requests, before awaiting a library."""
+    task = asyncio.current_task()
+    return task, task.cancelling() if task is not None else 0
+
+
+def raise_swallowed(mark: tuple[asyncio.Task[Any] | None, int]) -> None:
+    """Raise the cancellation requested since ``mark`` that an awaited library swallowed
+    (:func:`swallowed`)."""
+    task, before = mark
+    if task is not None and task.cancelling() > before:
+        raise swallowed()
+
+
 class AsyncContextGuard(RecoveringFlow):
     """Asynchronous, LLM-free context guard for one tenant's sessions (asyncio).
 
@@ -112,12 +126,15 @@ class AsyncContextGuard(RecoveringFlow):
         the first ``prepare`` then pays only for its read. The constructor connects only
         the feed: the store's connection belongs to the event loop that awaits this."""
         self._on_its_loop()
+        mark = cancel_mark()
         warm = getattr(self.store, "warm_up", None)
         if warm is not None:
             await warm()
+            raise_swallowed(mark)
         self.mark()
         if isinstance(self.own, AsyncOwnWrites):
             await self.own.warm_up()
+            raise_swallowed(mark)
 
     # -- the flows (shared.guard._flow), awaited ------------------------------------------
     async def drive(self, steps: Steps[T]) -> T:
@@ -125,8 +142,7 @@ class AsyncContextGuard(RecoveringFlow):
         thrown into the flow at its step. A cancellation of the task that a library
         swallowed during a step is raised after it (:func:`swallowed`)."""
         self._on_its_loop()
-        task = asyncio.current_task()
-        cancelling = task.cancelling() if task is not None else 0
+        mark = cancel_mark()
         reply: Any = None
         error: Exception | None = None
         while True:
@@ -141,10 +157,11 @@ class AsyncContextGuard(RecoveringFlow):
             except BaseException as exc:  # cancelled, interrupted: the flow cleans up now
                 abandon(steps, exc)
                 raise
-            if task is not None and task.cancelling() > cancelling:
-                lost = swallowed()
+            try:
+                raise_swallowed(mark)
+            except asyncio.CancelledError as lost:
                 abandon(steps, lost)
-                raise lost
+                raise
 
     def perform(self, io: Io) -> Any:
         """The call ``io`` names, as an awaitable; a ``local`` one (a large read's decode,
@@ -221,8 +238,11 @@ class AsyncContextGuard(RecoveringFlow):
         (:func:`shared.store.recall_query.recall_steps`), each reply awaited.
         """
         self._on_its_loop()
-        return await recall_query.recall_async(self.store, session_id, query, limit=limit,
+        mark = cancel_mark()
+        hits = await recall_query.recall_async(self.store, session_id, query, limit=limit,
                                                start=start, end=end)
+        raise_swallowed(mark)  # Python 3.11 (:func:`swallowed`)
+        return hits
 
     def _on_its_loop(self) -> None:
         if asyncio.get_running_loop() is not self._loop:
