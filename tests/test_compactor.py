@@ -103,6 +103,25 @@ def test_offline_compaction_cuts_on_a_turn_boundary(store: SessionStore,
     assert Compactor(store, SummaryEngine(None)).run("s").status == "skipped"
 
 
+def test_a_summary_records_the_tokens_of_what_the_guard_injects(
+        store: SessionStore, demo_turns: list[list[Message]]) -> None:
+    """A committed summary's tokens are those of the block the guard injects (its framing
+    and ledger included), as the guard's own truncation records count them: 40 more were
+    added for a framing the block already holds, so every view with a worker's summary was
+    estimated 40 tokens over its recount, and the provider's reports taught the calibration
+    ratio that gap as the tokenizer's."""
+    from shared.core.view import summary_block
+
+    guard = feed(store, demo_turns[:12])
+    assert Compactor(store, SummaryEngine(None)).run("s").status == "compacted"
+    record = store.load_view("s").summary
+    assert record is not None and record.tokens == DEFAULT_COUNTER.text(summary_block(record))
+    view = guard.prepare("s", SYSTEM_PROMPT, None, 2000, "gpt-4o",
+                         pending=[{"role": "user", "content": "go on"}])
+    assert 0 <= view.report.estimated_prompt_tokens - DEFAULT_COUNTER.messages(
+        list(view.messages)) <= 1
+
+
 def test_incremental_merge_sends_only_new_messages(store: SessionStore,
                                                    demo_turns: list[list[Message]],
                                                    llm_server: FakeOpenAIServer) -> None:

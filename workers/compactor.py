@@ -111,6 +111,9 @@ def _commit_retried(commit: Callable[[], CommitResult], session_id: str) -> Comm
     return commit()
 Status = Literal["skipped", "compacted", "covered", "conflict", "lease_lost"]
 SUMMARY_FRAMING_TOKENS = 40
+"""What a summary costs at the least (its introduction and tags), set against what a cut
+would free when deciding whether it is worth making. A record's own tokens count its
+whole block (:func:`shared.core.view.summary_block`), framing included."""
 MAX_ATTEMPTS = 3
 """Summarize-and-swap attempts per job: a late job may lose to the guard's
 truncation twice in a row on a fast agent; a third loss is left to the next job."""
@@ -501,7 +504,7 @@ class Compactor:
             tokens=0, covers_from=start, source_version=state.version, model=draft.model,
             input_tokens=draft.input_tokens, output_tokens=draft.output_tokens,
             stages=draft.stages)
-        tokens = self.counter.text(summary_block(record)) + SUMMARY_FRAMING_TOKENS
+        tokens = self.counter.text(summary_block(record))
         return record.model_copy(update={"tokens": tokens}), draft.stages, draft.interrupted
 
 

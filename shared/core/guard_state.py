@@ -44,7 +44,15 @@ from shared.core.repaired import RepairedView, repair_added, repaired_view
 from shared.core.tokens import TokenCounter
 from shared.core.truncation import TruncationInput
 from shared.core.usage_learning import Sent
-from shared.core.view import Regions, assemble, summary_block, summary_region, view_estimate
+from shared.core.view import (
+    SUMMARY_FRAMING,
+    Regions,
+    assemble,
+    summary_block,
+    summary_framing,
+    summary_region,
+    view_estimate,
+)
 from shared.core.viewcache import CachedView, KnownCounts, placeholder
 from shared.core.wireview import carry, raw_items
 
@@ -274,10 +282,13 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
 
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         added = mended[3] if mended is not None else 0
+        framing = summary_framing(counter, req.system_prompt, snap.applied[:1] or extra[:1],
+                                  policy.summary_placement) if snap.summary else 0
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
                                      tools=req.tool_tokens, extra=sum(extra_tokens) + added,
-                                     notice=notice_tokens, prior=prior, family=family)
+                                     notice=notice_tokens, prior=prior, family=family,
+                                     framing=framing)
         return regions, est, check(req.window, req.reserve, regions, est, newest, policy)
 
     regions, estimated, report = estimate(snap.saved)
@@ -318,8 +329,13 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
         if summary is not None:  # it leads as the user message, not repair's opening one
             history, opening = without_conversation_start(history)
             kept_tokens -= counter.message(opening) if opening is not None else 0
-        regions = Regions(regions.system, summary_region(summary, notice_tokens), regions.tools,
-                          kept_tokens, regions.overhead)
+        # placed as the history it now leads asks (a history repair reshapes is not known
+        # yet: the larger framing)
+        framing = (summary_framing(counter, req.system_prompt, history[:1],
+                                   policy.summary_placement)
+                   if cut.source.repaired is cut.source.messages else SUMMARY_FRAMING)
+        regions = Regions(regions.system, summary_region(summary, notice_tokens, framing),
+                          regions.tools, kept_tokens, regions.overhead)
         estimated = math.ceil(regions.total * ratio - 1e-9)
         report = check(req.window, req.reserve, regions, estimated, newest, policy)
 

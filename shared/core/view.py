@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
-from shared.core.tokens import MESSAGE_OVERHEAD, Calibration, hybrid_estimate
+from shared.core.tokens import MESSAGE_OVERHEAD, Calibration, TokenCounter, hybrid_estimate
 
 SUMMARY_OPEN = "<conversation_summary>"
 SUMMARY_CLOSE = "</conversation_summary>"
@@ -33,14 +33,40 @@ SUMMARY_INTRO = (
 
 
 SUMMARY_FRAMING = MESSAGE_OVERHEAD
-"""What placing the summary costs beyond its text: joined to the system prompt it adds a
-blank line (~1 token); alone, or leading the history as a user message, a message's
-framing (4). The larger, so that the view is never estimated below its recount."""
+"""What placing the summary costs beyond its text alone, or leading the history as a user
+message: a message's framing. Where it is unknown how the summary will be placed (a
+worker's estimate), the larger of the two costs, so that a view is never estimated below
+its recount."""
+SUMMARY_JOIN = "\n\n"
+"""What joins the summary to the system prompt (:func:`assemble`): all that placing it
+there costs, as the counter counts it (counted apart, never below its share of the joined
+text)."""
 
 
-def summary_region(summary: SummaryRecord | None, notice: int = 0) -> int:
-    """Tokens of the summary region of a view: its block, the recall notice, its framing."""
-    return summary.tokens + notice + SUMMARY_FRAMING if summary is not None else 0
+def summary_region(summary: SummaryRecord | None, notice: int = 0,
+                   framing: int = SUMMARY_FRAMING) -> int:
+    """Tokens of the summary region of a view: its block, the recall notice, its framing
+    (:func:`summary_framing`)."""
+    return summary.tokens + notice + framing if summary is not None else 0
+
+
+def summary_joins(history: Sequence[Message], placement: str) -> bool:
+    """Whether :func:`assemble` puts the summary in the system message rather than leading
+    the history with it: Anthropic and Gemini need a user message first, so a history cut
+    inside a turn (an assistant message first) takes the summary as that message."""
+    return placement == "system" and (not history or history[0].role == "user")
+
+
+def summary_framing(counter: TokenCounter, system_prompt: str, history: Sequence[Message],
+                    placement: str) -> int:
+    """What the summary's placement costs in this view: the line break that joins it to a
+    non-empty system prompt, else a message's framing (its own system message or the user
+    message leading the history). A guard's view knows its placement; counting the join
+    as a message's framing put the head 3 tokens over its recount, which the provider's
+    usage then taught the calibration ratio as if it were the tokenizer's."""
+    if system_prompt and summary_joins(history, placement):
+        return counter.text(SUMMARY_JOIN)
+    return SUMMARY_FRAMING
 
 
 def summary_block(record: SummaryRecord, notice: str = "") -> str:
@@ -83,7 +109,7 @@ def assemble(system_prompt: str, summary: SummaryRecord | None, history: Sequenc
         # A cut inside a long turn leaves the history starting at an assistant
         # message; Anthropic and Gemini need a user message first, so the
         # summary then leads as that user message.
-        if placement == "system" and (not history or history[0].role == "user"):
+        if summary_joins(history, placement):
             system = f"{system_prompt}\n\n{block}" if system_prompt else block
         else:
             lead = Message(role="user", content=block, metadata={"compaction": "summary"})
@@ -145,7 +171,7 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
                   cheap_saved: int, length: int, *, overhead: int, system: int | None = None,
                   tools: int | None = None, extra: int = 0,
                   notice: int = 0, prior: float = 1.0,
-                  family: str = "") -> tuple[Regions, int]:
+                  family: str = "", framing: int = SUMMARY_FRAMING) -> tuple[Regions, int]:
     """The one estimate of a view's prompt tokens, for the guard and the workers alike.
 
     ``history_tokens``: store-counted tokens of ``log[watermark:length]``;
@@ -155,12 +181,13 @@ def view_estimate(state: SessionState, summary: SummaryRecord | None, history_to
     ones the session last recorded (a worker). ``notice``: tokens of the recall
     notice the request's summary carries. ``prior``: the model's ratio before any usage
     report (:func:`shared.core.calibration.prior_ratio`); ``family``: the request's
-    tokenizer family (:func:`shared.core.calibration.model_family`). Returns the regions and the
+    tokenizer family (:func:`shared.core.calibration.model_family`); ``framing``: what the
+    summary's placement costs (:func:`summary_framing`). Returns the regions and the
     calibrated (hybrid, when a usage anchor holds) total.
     """
     regions = Regions(
         system=state.system_tokens if system is None else system,
-        summary=summary_region(summary, notice),
+        summary=summary_region(summary, notice, framing),
         tools=state.tool_tokens if tools is None else tools,
         history=history_tokens - cheap_saved + extra,
         overhead=overhead)
@@ -186,6 +213,8 @@ __all__ = [
     "pairs_intact",
     "scan_pairs",
     "summary_block",
+    "summary_framing",
+    "summary_joins",
     "summary_region",
     "view_estimate",
 ]
