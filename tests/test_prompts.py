@@ -268,6 +268,22 @@ def test_units_too_large_for_a_request_are_clipped_until_the_range_splits(
         assert texts[i].endswith(rendered[i][-20:])
 
 
+@pytest.mark.parametrize("over", [1, 10, 30, 40, 200])
+def test_a_clip_never_makes_a_text_longer(over: int) -> None:
+    """A text a little over the limit is left whole: its clip's marker ("[... 10 characters
+    clipped ...]") is longer than what it would cut, so the clipped text came out longer
+    than the original (386 characters for 384; found by the property test above)."""
+    text = "head line\n" + "o" * (290 + over - 10)
+    message = Message(role="tool", tool_call_id="c1", content=text)
+    calls = [Message(role="assistant", tool_calls=[ToolCall(id="c1", name="bash",
+                                                             arguments="{}")])]
+    whole = render_messages([*calls, message])[1]
+    clipped = render_messages([*calls, message], max_message_chars=290, max_tool_chars=290)[1]
+    assert len(clipped) <= len(whole)
+    if clipped != whole:
+        assert "characters clipped ...]" in clipped and clipped.endswith(whole[-20:])
+
+
 def test_a_unit_no_clip_can_fit_is_still_reported() -> None:
     calls = [ToolCall(id=f"c{k}", name="bash", arguments={"command": f"echo {k}"})
              for k in range(300)]

@@ -59,12 +59,16 @@ Reply with the summary and nothing else."""
 
 
 def _clip(text: str, limit: int) -> str:
-    """Head and tail of ``text`` with a marker, so the summarizer still sees how it ends."""
+    """Head and tail of ``text`` with a marker, so the summarizer still sees how it ends;
+    ``text`` itself where the marker would be longer than what it cuts."""
     if len(text) <= limit:
         return text
     head = limit * 2 // 3
     tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - head - tail} characters clipped ...]\n{text[-tail:]}"
+    marker = f"\n[... {len(text) - head - tail} characters clipped ...]\n"
+    if len(marker) >= len(text) - limit:
+        return text
+    return f"{text[:head]}{marker}{text[-tail:]}"
 
 
 def _attr(value: object) -> str:
