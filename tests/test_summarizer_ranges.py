@@ -111,17 +111,20 @@ def test_a_fold_past_its_deadline_keeps_the_chunks_it_folded(
     engine = compactor.engine
     calls = 0
     complete = engine.client.complete  # type: ignore[union-attr]
+    # the deadline passes during the second call, however slow a loaded machine makes the
+    # first one (a 0.3 s deadline could pass during the first)
+    deadline = time.monotonic() + 3.0
 
     def slow(messages: list[dict[str, Any]], max_output_tokens: int) -> Completion:
         nonlocal calls
         calls += 1
-        if calls == 2:  # the deadline passes during the second call
-            time.sleep(0.5)
+        if calls == 2:
+            time.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
         return complete(messages, max_output_tokens)
 
     engine.client.complete = slow  # type: ignore[union-attr, method-assign]
     with pytest.raises(SummarizerUnavailable, match="deadline"):
-        compactor.run("s", force=True, keep_recent=500, deadline=time.monotonic() + 0.3)
+        compactor.run("s", force=True, keep_recent=500, deadline=deadline)
     checkpoint = store.summaries("s")[-1]
     assert calls == 2 and checkpoint.kind == "llm"
     assert checkpoint.watermark == max(shown(server)) + 1
