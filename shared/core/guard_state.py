@@ -120,6 +120,7 @@ class Request:
     system_tokens: int
     tool_tokens: int
     overhead: int
+    summary_join: int  # tokens of the line break that joins a summary to the system prompt
     extra: Sequence[Message] = ()
     extra_tokens: Sequence[int] = ()
     extra_wire: Sequence[dict[str, Any]] = ()  # per pending message: its wire forms, kept
@@ -282,8 +283,8 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
 
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         added = mended[3] if mended is not None else 0
-        framing = summary_framing(counter, req.system_prompt, snap.applied[:1] or extra[:1],
-                                  policy.summary_placement) if snap.summary else 0
+        framing = summary_framing(req.summary_join, req.system_prompt,
+                                  snap.applied[:1] or extra[:1], policy.summary_placement)
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
                                      tools=req.tool_tokens, extra=sum(extra_tokens) + added,
@@ -331,7 +332,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
             kept_tokens -= counter.message(opening) if opening is not None else 0
         # placed as the history it now leads asks (a history repair reshapes is not known
         # yet: the larger framing)
-        framing = (summary_framing(counter, req.system_prompt, history[:1],
+        framing = (summary_framing(req.summary_join, req.system_prompt, history[:1],
                                    policy.summary_placement)
                    if cut.source.repaired is cut.source.messages else SUMMARY_FRAMING)
         regions = Regions(regions.system, summary_region(summary, notice_tokens, framing),

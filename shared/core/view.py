@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, SessionState, SummaryRecord
-from shared.core.tokens import MESSAGE_OVERHEAD, Calibration, TokenCounter, hybrid_estimate
+from shared.core.tokens import MESSAGE_OVERHEAD, Calibration, hybrid_estimate
 
 SUMMARY_OPEN = "<conversation_summary>"
 SUMMARY_CLOSE = "</conversation_summary>"
@@ -57,15 +57,16 @@ def summary_joins(history: Sequence[Message], placement: str) -> bool:
     return placement == "system" and (not history or history[0].role == "user")
 
 
-def summary_framing(counter: TokenCounter, system_prompt: str, history: Sequence[Message],
+def summary_framing(join: int, system_prompt: str, history: Sequence[Message],
                     placement: str) -> int:
-    """What the summary's placement costs in this view: the line break that joins it to a
-    non-empty system prompt, else a message's framing (its own system message or the user
-    message leading the history). A guard's view knows its placement; counting the join
-    as a message's framing put the head 3 tokens over its recount, which the provider's
-    usage then taught the calibration ratio as if it were the tokenizer's."""
+    """What the summary's placement costs in this view: ``join``, the counter's tokens of
+    :data:`SUMMARY_JOIN`, where it joins a non-empty system prompt, else a message's
+    framing (its own system message or the user message leading the history). A guard's
+    view knows its placement; counting the join as a message's framing put the head 3
+    tokens over its recount, which the provider's usage then taught the calibration ratio
+    as if it were the tokenizer's."""
     if system_prompt and summary_joins(history, placement):
-        return counter.text(SUMMARY_JOIN)
+        return join
     return SUMMARY_FRAMING
 
 

@@ -54,7 +54,7 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.usage_learning import Sent, usage_fields
-from shared.core.view import Regions, ViewCache, assemble
+from shared.core.view import SUMMARY_JOIN, Regions, ViewCache, assemble
 from shared.core.viewcache import PENDING_TURNS, CachedView, KnownCounts
 from shared.guard._fresh import FreshViews
 from shared.guard._pending import PendingTurns
@@ -171,7 +171,7 @@ class GuardShell(FreshViews, Recovery):
         self._fixed_cache: dict[str, int] = {}
         self._tools_seen: tuple[Any, int, bool] | None = None
         self._system_seen: tuple[str, int] | None = None
-        self._overhead = (self.counter, self.counter.messages([]))  # per request
+        self._overhead = self._counted_overhead()  # per request
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._known_seen: dict[str, int | None] = {}
         self._sent: dict[str, Sent] = {}
@@ -209,12 +209,16 @@ class GuardShell(FreshViews, Recovery):
             value = self._fixed_cache[key] = compute()
         return value
 
-    def _request_overhead(self) -> int:
-        """The counter's tokens per request, whatever its messages (made once per counter)."""
-        counter, tokens = self._overhead
-        if counter is not self.counter:
-            self._overhead = counter, tokens = self.counter, self.counter.messages([])
-        return tokens
+    def _counted_overhead(self) -> tuple[TokenCounter, int, int]:
+        return self.counter, self.counter.messages([]), self.counter.text(SUMMARY_JOIN)
+
+    def _request_overhead(self) -> tuple[int, int]:
+        """The counter's tokens per request, whatever its messages, and of the join of a
+        summary to the system prompt (made once per counter: counting even a line break
+        costs a warm prepare ~10%)."""
+        if self._overhead[0] is not self.counter:
+            self._overhead = self._counted_overhead()
+        return self._overhead[1], self._overhead[2]
 
     def _system_tokens(self, system_prompt: str) -> int:
         last = self._system_seen  # an agent sends the same prompt call after call
@@ -383,7 +387,8 @@ class GuardShell(FreshViews, Recovery):
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
         so_far = self.turns.known(session_id, scan, extra)
-        system_tokens, overhead = self._system_tokens(system_prompt), self._request_overhead()
+        system_tokens, (overhead, join) = (self._system_tokens(system_prompt),
+                                           self._request_overhead())
         fixed = system_tokens + tool_tokens + overhead + newest_tokens(extra, extra_tokens)
         reserve = output_reserve(limits, max_tokens, fixed_tokens=fixed,
                                  min_input_tokens=1 if exact else MIN_INPUT_TOKENS)
@@ -394,7 +399,7 @@ class GuardShell(FreshViews, Recovery):
             session_id=session_id, system_prompt=system_prompt, model=model,
             window=limits.context_window, reserve=reserve,
             limits_source=limits.source, system_tokens=system_tokens,
-            tool_tokens=tool_tokens, overhead=overhead,
+            tool_tokens=tool_tokens, overhead=overhead, summary_join=join,
             extra=extra, extra_tokens=extra_tokens,
             extra_wire=so_far.wire, extra_scan=so_far.scan, extra_cut=so_far.cut,
             extra_renamed=so_far.renamed, counted=so_far.counted,
