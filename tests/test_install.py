@@ -86,10 +86,12 @@ def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield path
 
 
-def run(venv_path: Path, *argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(venv_path: Path, *argv: str, cwd: Path | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*argv], capture_output=True, text=True, timeout=120,
                           cwd=cwd or venv_path.parent, check=False,
-                          env={**_env(), "PATH": f"{venv_path / 'bin'}:{os.environ['PATH']}"})
+                          env={**_env(), **(env or {}),
+                               "PATH": f"{venv_path / 'bin'}:{os.environ['PATH']}"})
 
 
 @pytest.mark.slow
@@ -145,6 +147,14 @@ def test_a_command_needing_an_extra_says_which_in_one_line(bare_venv: Path) -> N
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("compaction: error: ")
     assert "context-compaction[embedded]" in lines[0]
+    # the servers: the same one line, with the prefix every other error has, before
+    # anything connects (no Redis listens on port 1: the extra is what is missing)
+    nowhere = {"COMPACTION_REDIS_URL": "redis://127.0.0.1:1/0"}
+    for argv, extra in ((["serve"], "server"), (["mcp"], "mcp")):
+        done = run(bare_venv, script, *argv, env=nowhere)
+        assert (done.returncode, done.stderr) == (2, (
+            f"compaction: error: {argv[0]} needs the '{extra}' extra: "
+            f"pip install 'context-compaction[{extra}]'\n")), argv
 
 
 def test_optional_modules_list_names_real_modules() -> None:

@@ -36,6 +36,7 @@ from shared.store.recall_index import index_stats
 from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
 from workers.cli._common import guard_for, load_session, open_store, store_errors
+from workers.cli._format import needs_extra
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -98,8 +99,7 @@ def build_server(store: SessionStore, settings: Settings, *,
         from mcp.server.mcpserver import Context, MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
-        raise ConfigError("`compaction mcp` needs the mcp extra: "
-                          "pip install 'context-compaction[mcp]'") from None
+        raise ConfigError(needs_extra("mcp", "mcp")) from None
     from workers.server.bearer import TENANT_STATE
 
     server = MCPServer("context-compaction", instructions=INSTRUCTIONS)
@@ -214,7 +214,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a known one gets 401.")
 
 
+def _require_extra() -> None:
+    """The missing extra said first: not a Redis error of the store opened before it."""
+    try:
+        import mcp.server.mcpserver  # noqa: F401
+    except ImportError:
+        raise ConfigError(needs_extra("mcp", "mcp")) from None
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    _require_extra()
     if args.transport == "http":
         tokens = http_tokens(args.tenant)  # before anything connects: refuse to start open
         import anyio

@@ -20,13 +20,14 @@ import argparse
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 
+from shared.core.errors import ConfigError
+from workers.cli._format import needs_extra
 from workers.settings import Settings
 
-MISSING = "needs the 'server' extra: pip install 'context-compaction[server]'"
+MISSING = needs_extra("serve", "server")
 FLAGS = {"host": "--host", "port": "--port", "workers": "--workers"}  # named in errors
 
 
@@ -45,8 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError:
-        print(MISSING, file=sys.stderr)
-        return 2
+        raise ConfigError(MISSING) from None  # one line, exit status 2, as every command
     from workers.server.config import load_server_config, require_tokens
     from workers.server.main import build_app
 
