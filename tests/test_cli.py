@@ -278,6 +278,11 @@ def test_doctor_without_workers_fails_on_workers(urls: tuple[str, str],
     assert found["guard reads"] == "OK"
     assert found["broker"] in ("OK", "WARN") and found["workers"] == "FAIL"
     assert found["summarizer"] == "OK"
+    # the hint is the command the Procfile (and README, compose, the image) runs
+    procfile = dict(line.split(": ", 1) for line in
+                    (ROOT / "Procfile").read_text().splitlines() if ": " in line)
+    (workers,) = [c for c in json.loads(out) if c["name"] == "workers"]
+    assert f"as the Procfile does: {procfile['worker']})" in workers["detail"], workers
     code, out, _ = cli(capsys, "doctor", "--timeout", "0.5")
     assert code == 1 and "FAIL workers" in out and "OK   redis store" in out
 

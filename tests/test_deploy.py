@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from workers.app import celery_config
+from workers.cli.doctor import WORKER_COMMAND
 from workers.settings import ENV_PREFIX, FILE_SUFFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -445,6 +446,7 @@ def test_the_documented_worker_commands_are_one_command(services: dict[str, Any]
         "Procfile": _procfile()["worker"].split(),
         "Dockerfile": [str(a) for a in json.loads(cmd)],
         **{f"README {i}": c.split() for i, c in enumerate(documented)},
+        "compaction doctor's hint": WORKER_COMMAND.split(),
     }
     shapes = {where: _worker_shape(argv) for where, argv in commands.items()}
     expected = {"app": "workers.app", "pool": "threads", "concurrency": "32",

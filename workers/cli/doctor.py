@@ -46,6 +46,8 @@ KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
 PINGS = 5
 MEMORY_BROKER = "memory://"  # the embedded stack's in-process broker
+# the Procfile's worker (tests/test_deploy.py: the same as README's, compose's and the image's)
+WORKER_COMMAND = "celery -A workers.app worker --pool threads --concurrency 32 --loglevel INFO -E"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,15 +237,20 @@ def _queue_length(url: str, queue: str, timeout: float) -> Check:
     return Check("queue", "OK", f"{length} job(s) waiting in {queue!r}")
 
 
+def _start_hint(queue: str) -> str:
+    """The Procfile's command (it has no ``-Q``: a worker consumes ``COMPACTION_QUEUE``)."""
+    where = "" if queue == QUEUE else f", with COMPACTION_QUEUE={queue}"
+    return f"start one as the Procfile does: {WORKER_COMMAND}{where}"
+
+
 def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
     app = publisher_app(url, timeout=timeout)
     try:
         replies = app.control.ping(timeout=timeout) or []
         names = sorted(name for reply in replies for name in reply)
         if not names:
-            return Check("workers", "FAIL",
-                         f"no worker answered within {timeout:g} s (start one as the Procfile "
-                         f"does: celery -A workers.app worker --pool threads -Q {queue})")
+            return Check("workers", "FAIL", f"no worker answered within {timeout:g} s "
+                                            f"({_start_hint(queue)})")
         queues = app.control.inspect(destination=names, timeout=timeout,
                                      limit=len(names)).active_queues() or {}
     finally:
@@ -354,5 +361,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["Check", "add_arguments", "check_broker", "check_store", "check_summarizer",
-           "check_tracking", "check_workers", "run", "run_checks"]
+__all__ = ["WORKER_COMMAND", "Check", "add_arguments", "check_broker", "check_store",
+           "check_summarizer", "check_tracking", "check_workers", "run", "run_checks"]
