@@ -16,8 +16,8 @@ import yaml
 from shared.store.commands import ids_key
 from shared.store.keys import SessionKeys
 from tests.test_deploy import _lock_tool
-from workers.server.config import server_variables
-from workers.settings import NOT_SETTINGS, known_variables
+from workers.server.config import ServerConfig, server_variables
+from workers.settings import NOT_SETTINGS, Settings, known_variables
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / name for name in (
@@ -93,3 +93,71 @@ def test_the_docker_readme_describes_the_image_and_the_services() -> None:
     named = {"redis": "Redis", "worker": "worker", "flower": "Flower", "server": "`server`"}
     assert set(compose["services"]) == set(named)
     assert all(word in row for word in named.values()), row
+
+
+# a row of the README's settings table: `COMPACTION_X` [/ `_Y` ...] | default [/ default ...] |
+ROW = re.compile(r"^\| `(COMPACTION_[A-Z0-9_]+)`((?: / `_[A-Z0-9_]+`)*) \| ([^|]*) \|", re.M)
+# defaults the table states in words: what the code computes for them
+IN_WORDS = {"provider's cheap model": None, "from the model's name": None}
+
+
+def _documented_defaults(text: str, known: frozenset[str]) -> dict[str, str]:
+    """``{variable: default cell}`` of the settings table (``a / b`` cells split per name)."""
+    out = {}
+    for match in ROW.finditer(text):
+        names = _names(f"`{match.group(1)}`{match.group(2)}", known)
+        cell = match.group(3).strip()
+        cells = cell.split(" / ") if len(names) > 1 else [cell]
+        assert len(cells) == len(names), match.group(0)
+        out.update(zip(names, (c.strip().strip("`") for c in cells), strict=True))
+    return out
+
+
+def _shown(value: object) -> str:
+    """A default as the table writes it: none, true/false, numbers as given."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _matches(cell: str, value: object) -> bool:
+    if cell in IN_WORDS or cell.startswith("lease + "):  # computed: see the next test
+        return value is None
+    try:
+        return float(cell) == float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return cell == _shown(value)
+
+
+def _drift(text: str) -> list[str]:
+    defaults = {f"COMPACTION_{n.upper()}": f.default for n, f in Settings.model_fields.items()}
+    defaults |= {f"COMPACTION_SERVER_{n.upper()}": f.default
+                 for n, f in ServerConfig.model_fields.items()}
+    documented = _documented_defaults(text, frozenset(defaults))
+    return [f"{name}: README {cell!r}, code {defaults.get(name, 'no such setting')!r}"
+            for name, cell in documented.items()
+            if name not in defaults or not _matches(cell, defaults[name])]
+
+
+def test_the_readme_settings_table_states_the_code_defaults() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(_documented_defaults(text, known_variables() | server_variables())) > 40
+    assert _drift(text) == []
+    # the defaults stated as a computation: the figure given is the one computed
+    settings = Settings()
+    assert f"({settings.visibility_timeout} s with the defaults)" in text
+    cheap = [settings.model_copy(update={"summarizer": p}).summarizer_model_name
+             for p in ("openai", "gemini")]
+    assert f"| provider's cheap model | `{cheap[0]}` / `{cheap[1]}` |" in text
+
+
+def test_a_wrong_default_in_the_table_is_caught() -> None:
+    """The check above can fail: a changed number, word or suffix default is found."""
+    text = ("| `COMPACTION_TRIGGER_RATIO` | 0.75 | x |\n"
+            "| `COMPACTION_LOG_FORMAT` | `json` | x |\n"
+            "| `COMPACTION_MAX_RETRIES` / `_RETRY_BACKOFF_MAX` | 3 / 60 | x |\n"
+            "| `COMPACTION_PROACTIVE` | true | x |\n")
+    assert [line.split(":")[0] for line in _drift(text)] == [
+        "COMPACTION_TRIGGER_RATIO", "COMPACTION_LOG_FORMAT", "COMPACTION_RETRY_BACKOFF_MAX"]
