@@ -37,7 +37,7 @@ class ServerProcess:
     """A uvicorn child serving the app built from ``env`` (``COMPACTION_*`` variables)."""
 
     def __init__(self, env: Mapping[str, str], *, port: int | None = None,
-                 startup_timeout: float = 20.0, log_level: str = "warning") -> None:
+                 startup_timeout: float = 60.0, log_level: str = "warning") -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **env}
