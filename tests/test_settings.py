@@ -262,8 +262,11 @@ def test_an_empty_unrecognised_overflow_threshold_is_an_error(
     """Empty is a configuration error, as for every other number: only ``none`` / ``off``
     turn the net off (an empty value used to switch it off without a word)."""
     monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", "")
-    with pytest.raises(ConfigError, match="COMPACTION_UNRECOGNISED_OVERFLOW_AT=''"):
+    with pytest.raises(ConfigError, match="COMPACTION_UNRECOGNISED_OVERFLOW_AT=''") as raised:
         load_settings()
+    # the line names the fix (it used to say only "Input should be a valid number"): a
+    # blank meant off before 55704c3, so whoever upgrades with one needs the word for off
+    assert "`off`" in str(raised.value) and "number" in str(raised.value), raised.value
     for word in ("none", "off", "never", " Off "):
         monkeypatch.setenv("COMPACTION_UNRECOGNISED_OVERFLOW_AT", word)
         assert load_settings().unrecognised_overflow_at is None

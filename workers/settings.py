@@ -309,6 +309,8 @@ class Settings(BaseSettings):
         other number (a blank left in a template must not switch a feature off)."""
         if isinstance(value, str) and value.strip().lower() in ("none", "off", "never"):
             return None
+        if isinstance(value, str) and not value.strip():  # it meant off before 55704c3
+            raise ValueError("empty: give a number in (0, 1], or `off` to turn it off")
         return value
 
     @field_validator("recall_index", mode="before")
