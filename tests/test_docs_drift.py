@@ -161,3 +161,15 @@ def test_a_wrong_default_in_the_table_is_caught() -> None:
             "| `COMPACTION_PROACTIVE` | true | x |\n")
     assert [line.split(":")[0] for line in _drift(text)] == [
         "COMPACTION_TRIGGER_RATIO", "COMPACTION_LOG_FORMAT", "COMPACTION_RETRY_BACKOFF_MAX"]
+
+
+def test_every_knob_of_the_compose_files_is_documented() -> None:
+    """A ``${VAR:-default}`` in a compose file is a setting of the deployment: the operator
+    finds it in docker/README.md or, for the metrics overlay, docs/observability.md."""
+    docs = (ROOT / "docker" / "README.md").read_text() + \
+        (ROOT / "docs" / "observability.md").read_text() + (ROOT / "README.md").read_text()
+    knobs = {name for compose in ("docker-compose.yml", "docker-compose.metrics.yml")
+             for name in re.findall(r"\$\{([A-Z][A-Z0-9_]*)", (ROOT / "docker" / compose)
+                                    .read_text())}
+    assert "PROMETHEUS_PORT" in knobs and "WORKER_CPUS" in knobs
+    assert sorted(k for k in knobs if not re.search(rf"`{k}[`=]", docs)) == []
