@@ -173,3 +173,41 @@ def test_every_knob_of_the_compose_files_is_documented() -> None:
                                     .read_text())}
     assert "PROMETHEUS_PORT" in knobs and "WORKER_CPUS" in knobs
     assert sorted(k for k in knobs if not re.search(rf"`{k}[`=]", docs)) == []
+
+
+def _cli_options() -> dict[str, set[str]]:
+    """``{command: its option strings}`` of the real parser (every command loaded)."""
+    import argparse
+
+    from workers.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return {name: {o for action in parser._actions for o in action.option_strings}
+            for name, parser in sub.choices.items()}
+
+
+def _cli_drift(text: str, options: dict[str, set[str]]) -> list[str]:
+    """Commands and options README's CLI table and its ``--json`` sentence name that the
+    parser lacks, and commands it has that the table leaves out."""
+    rows = re.findall(r"^\| `compaction (\w+)((?:[^|\\]|\\\|)*)` \|", text, re.M)
+    named: dict[str, set[str]] = {}
+    for command, rest in rows:
+        named.setdefault(command, set()).update(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", rest))
+        for other in re.findall(r"` / `(\w+)", rest):  # `history ...` / `rewind ...`
+            named.setdefault(other, set())
+    sentence = re.search(r"^((?:`\w+`, )+`\w+` and `\w+`) take\s+`--json`", text, re.M)
+    for command in re.findall(r"`(\w+)`", sentence.group(1) if sentence else ""):
+        named.setdefault(command, set()).add("--json")
+    wrong = [f"{c} {o}" for c, opts in named.items() for o in sorted(opts)
+             if o not in options.get(c, set())]
+    wrong += [f"{c}: not in the parser" for c in named if c not in options]
+    return wrong + [f"{c}: not in README's table" for c in options if c not in named]
+
+
+def test_the_readme_cli_table_names_real_commands_and_options() -> None:
+    options = _cli_options()
+    assert _cli_drift((ROOT / "README.md").read_text(), options) == []
+    # the check can fail: an option no command has, a command missing from the table
+    text = "| `compaction stats SESSION [--watch]` | x |\n`show` and `stats` take `--json`"
+    assert {"stats --watch", "demo: not in README's table"} <= set(_cli_drift(text, options))
