@@ -211,3 +211,29 @@ def test_the_readme_cli_table_names_real_commands_and_options() -> None:
     # the check can fail: an option no command has, a command missing from the table
     text = "| `compaction stats SESSION [--watch]` | x |\n`show` and `stats` take `--json`"
     assert {"stats --watch", "demo: not in README's table"} <= set(_cli_drift(text, options))
+
+
+def test_the_runbooks_key_patterns_match_the_keys_they_are_for() -> None:
+    """An operator deletes what ``redis-cli --scan --pattern`` finds: each documented
+    pattern matches the keys its text names, and no session's log or state."""
+    from fnmatch import fnmatchcase
+
+    import fakeredis
+
+    from shared.store.recall_index import recall_keys
+    from shared.store.sessions import SessionStore
+
+    store = SessionStore(fakeredis.FakeRedis())
+    keys = store.keys("s1")
+    rx = recall_keys(store, "s1")
+    meant = {"cmp:{*}:pending": {keys.pending}, "cmp:rx:{*}:queued": {rx.queued},
+             "cmp:rx:{*}*": {rx.meta, rx.queued, rx.term_prefix + "word"},
+             "cmp:{*}:req*": {keys.requests, keys.request_order}}
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "upgrading.md").read_text()
+    documented = set(re.findall(r"--pattern '([^']+)'", text)) | \
+        set(re.findall(r"`'(cmp:[^']+)'`", text))
+    assert documented == set(meant), documented
+    never = {keys.log, keys.state}
+    for pattern, targets in meant.items():
+        assert all(fnmatchcase(k, pattern) for k in targets), (pattern, targets)
+        assert not any(fnmatchcase(k, pattern) for k in never), pattern
