@@ -711,3 +711,38 @@ def test_deleting_a_session_frees_its_keys_off_the_main_thread(
     store.delete_session("s")
     assert store.length("s") == 0 and store.redis.exists(recall_keys(store, "s").doc) == 0
     assert not list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*"))
+
+
+def test_a_database_the_server_lacks_names_the_setting_to_fix(redis_url: str) -> None:
+    """A Redis URL naming a database above the server's count (``/99`` on a default
+    16-database server) raised redis-py's bare ``ResponseError``, naming neither the URL nor
+    the store's errors: it is a :class:`StoreError` saying what to fix, and not
+    :class:`StoreUnavailable`, which the guard would ride out as an outage, on both
+    shells."""
+    import asyncio
+
+    from shared.core.errors import StoreError
+    from shared.guard import AsyncContextGuard, ContextGuard
+    from shared.store.aio import AsyncSessionStore, connect_async
+
+    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+    url = f"{base}/99"
+    config = StoreConfig(key_prefix="nodb")
+    store = SessionStore(connect(url, config), config)
+    with pytest.raises(StoreError, match="COMPACTION_REDIS_URL") as caught:
+        store.append("s", [{"role": "user", "content": "hi"}])
+    assert not isinstance(caught.value, StoreUnavailable)
+    with pytest.raises(StoreError, match="no such database") as caught:
+        ContextGuard(store).prepare("s", "sys", model="gpt-4o")
+    assert not isinstance(caught.value, StoreUnavailable)
+
+    async def run() -> None:
+        astore = AsyncSessionStore(connect_async(url, config), config)
+        try:
+            with pytest.raises(StoreError, match="no such database") as caught:
+                await AsyncContextGuard(astore).prepare("s", "sys", model="gpt-4o")
+            assert not isinstance(caught.value, StoreUnavailable)
+        finally:
+            await astore.redis.aclose()
+
+    asyncio.run(run())

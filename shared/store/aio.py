@@ -35,12 +35,12 @@ from shared.store import commands
 from shared.store.commands import EncodedBatch, T
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.sessions import (
-    _REDIS_FAILURES,
     IDEMPOTENCY_KEEP,
     IDEMPOTENCY_TTL_SECONDS,
     SCRIPTS,
     _load_lua,
     driver_info,
+    redis_errors,
     session_full,
 )
 
@@ -110,10 +110,8 @@ class AsyncSessionStore:
         return True
 
     async def _call(self, what: str, awaitable: Any) -> Any:
-        try:
+        with redis_errors(what):
             return await awaitable
-        except _REDIS_FAILURES as exc:
-            raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
 
     async def execute(self, cmd: commands.Command[T]) -> T:
         script = self._scripts[cmd.script]

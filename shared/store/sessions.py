@@ -32,7 +32,7 @@ from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
 from shared.core.config import StoreConfig
-from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
+from shared.core.errors import InvalidInput, LimitExceeded, StoreError, StoreUnavailable
 from shared.core.messages import Message
 from shared.core.records import (
     AppendResult,
@@ -92,13 +92,35 @@ def session_full(exc: Exception, session_id: str, config: StoreConfig) -> Except
     return exc
 
 
+def typed_failure(what: str, exc: Exception) -> StoreError | None:
+    """The typed error for a failure of Redis itself (None: a reply the caller reads, such
+    as a script's refusal): connection trouble is :class:`StoreUnavailable`, which the
+    guard rides out; a database number the server does not have is a configuration
+    mistake no retry mends, so it says which setting to fix."""
+    if isinstance(exc, _REDIS_FAILURES):
+        return StoreUnavailable(f"redis unavailable during {what}: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError) and "DB index is out of range" in str(exc):
+        return StoreError(
+            f"redis has no such database ({exc}, during {what}): the number at the end of "
+            "the Redis URL (COMPACTION_REDIS_URL) must be below the server's `databases` "
+            "setting, 16 by default")
+    return None
+
+
+_TYPED = (*_REDIS_FAILURES, redis.exceptions.ResponseError)
+"""What :func:`typed_failure` may type; anything else passes through as it is."""
+
+
 @contextmanager
 def redis_errors(what: str) -> Iterator[None]:
-    """Turn connection trouble into the typed StoreUnavailable."""
+    """Turn connection trouble into the typed StoreUnavailable (:func:`typed_failure`)."""
     try:
         yield
-    except _REDIS_FAILURES as exc:
-        raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
+    except _TYPED as exc:
+        typed = typed_failure(what, exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def driver_info() -> DriverInfo:
@@ -204,10 +226,8 @@ class SessionStore(LeaseOps):
             _scripts=self._scripts))
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
-        try:
+        with redis_errors(what):
             return fn()
-        except _REDIS_FAILURES as exc:
-            raise StoreUnavailable(f"redis unavailable during {what}: {exc}") from exc
 
     def execute(self, cmd: commands.Command[T]) -> T:
         """Run one sans-I/O command (:mod:`shared.store.commands`) and parse its reply."""
