@@ -868,3 +868,29 @@ def test_an_edit_removing_nothing_a_query_counts_succeeds_on_redis(
     meta = _meta(store, "s")
     assert (meta["hwm"], meta["gen"]) == ("2", "1")
     assert index_stats(store, "s")["terms_total"] == before["terms_total"]
+
+
+@pytest.mark.parametrize("ttl", [None, 500])
+@pytest.mark.parametrize("when", ["before a batch", "after the batches"])
+def test_a_session_deleted_while_it_is_indexed_leaves_no_key(
+        any_redis: Any, key_prefix: str, monkeypatch: pytest.MonkeyPatch, when: str,
+        ttl: int | None) -> None:
+    """Soak (scripts/soak.py): an index job that read the session before the agent
+    deleted it wrote its batches after the delete, so the deleted conversation's terms
+    came back as keys (without a TTL when sessions have none: kept for ever)."""
+    store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=ttl))
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+    real = recall_index_module._add_batch
+
+    def deleted_around(*args: Any, **kwargs: Any) -> Any:
+        if when == "before a batch":
+            store.delete_session("s")
+            return real(*args, **kwargs)
+        out = real(*args, **kwargs)
+        store.delete_session("s")
+        return out
+
+    monkeypatch.setattr(recall_index_module, "_add_batch", deleted_around)
+    index_compacted(store, "s")
+    assert [k for k in any_redis.scan_iter(match=f"{key_prefix}:*")] == []

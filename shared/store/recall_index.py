@@ -233,7 +233,8 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         next_pid = (_int(meta["next_pid"]) if meta.get("next_pid") is not None
                     else secrets.randbelow(1 << 30))
         expected_pid = expected_at_start = meta.get("next_pid") or ""
-        if not expected_at_start and target > hwm:
+        started_new = not expected_at_start and target > hwm
+        if started_new:
             # a new index is marked before its first batch: a call that dies after it, or
             # a second job meanwhile, continues it instead of taking it for an old one
             # (the batch sets the TTL; one that never runs leaves a field the next drops)
@@ -260,6 +261,10 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
                 _client(store).hset(k.meta, "ttl_at", f"{time.time():.3f}")
             elif time.time() - _float(meta.get("ttl_at")) >= ttl / 2:
                 _refresh_ttl(store, k, ttl)
+        if (report.messages or started_new) and not _client(store).exists(k.state):
+            # Deleted while this ran: the delete's own drop came before one of our
+            # writes (the meta fields above), or it would find the state still here.
+            drop_index(store, session_id)
     report.ms = round((time.perf_counter() - started) * 1000, 3)
     return report
 

@@ -26,10 +26,16 @@
 -- all of them). A batch costs one call per term (it cost three: APPEND, HINCRBY of
 -- a count hash, EXPIRE).
 --
--- Returns {'ok', new_hwm} or {'conflict', reason, hwm} (reason: 'hwm' or 'gen').
+-- Returns {'ok', new_hwm} or {'conflict', reason, hwm} (reason: 'hwm', 'gen' or 'gone':
+-- the session's state is gone, deleted or expired).
 
 local meta = redis.call('HMGET', KEYS[1], 'hwm', 'next_pid', 'gen')
 local hwm = tonumber(meta[1]) or 0
+-- a session deleted (or expired) since the caller read it: writing would bring its
+-- terms back as keys nothing deletes
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  return {'conflict', 'gone', hwm}
+end
 local gen = redis.call('HGET', KEYS[5], 'gen') or '0'
 if hwm ~= tonumber(ARGV[1]) or (meta[2] or '') ~= ARGV[5] then
   return {'conflict', 'hwm', hwm}
