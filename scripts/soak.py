@@ -322,8 +322,7 @@ def run_sync_agent(cfg: AgentConfig) -> None:
                 except Exception as exc:  # reported, the loop goes on
                     s.violation(f"session raised {exc!r}")
                     logging.exception("session %s raised", s.sid)
-                with contextlib.suppress(RuntimeError):
-                    model.reset()
+                model.reset()  # its request log holds every body: not the guard's memory
 
         threads = [threading.Thread(target=loop, args=(n,)) for n in range(cfg.parallel)]
         for t in threads:
@@ -522,6 +521,7 @@ async def _async_main(cfg: AgentConfig) -> None:
                 except Exception as exc:
                     s.violation(f"session raised {exc!r}")
                     logging.exception("session %s raised", s.sid)
+                model.reset()  # its request log holds every body: not the guard's memory
 
         await asyncio.gather(*(loop(n) for n in range(cfg.parallel)))
         await guard.aclose()
@@ -814,7 +814,13 @@ def final_checks(run: Run, tallies: list[dict[str, Any]], llm_url: str) -> dict[
             plan = compactor.plan(sid, store.load_view(sid), force=False, keep_recent=None)
             if not isinstance(plan, str):
                 figures["still_due"] += 1
-                run.violations.append(f"{sid} still due after the drain (lost job?)")
+                k = store.keys(sid)
+                flags = {name: int(client.pttl(key)) for name, key in (
+                    ("pending", k.pending), ("lease", k.lease), ("dirty", k.dirty),
+                    ("taken", k.taken)) if client.exists(key)}
+                run.violations.append(f"{sid} still due after the drain (lost job?): "
+                                      f"watermark {state.watermark}, version {state.version}, "
+                                      f"log {store.length(sid)}, flags (pttl ms) {flags}")
             if sid in due and state.watermark == 0 and not isinstance(plan, str):
                 run.violations.append(f"{sid} became due and was never compacted")
             run.violations += integrity(store, sid)
