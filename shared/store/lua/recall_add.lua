@@ -7,7 +7,7 @@
 -- KEYS[2] rx:terms string the index's terms, each followed by a newline (appended)
 -- KEYS[3] rx:doc   hash   passage id -> "index:start:end:crc:length"
 -- KEYS[4] rx:mp    list   first passage id of each indexed message (parallel to log)
--- KEYS[5] state    hash   read only: 'gen', bumped by every history edit
+-- KEYS[5] state    hash   read only: 'gen', bumped by every history edit; gone: the session was deleted
 -- KEYS[6..] rx:t:<term>  string  packed postings (ARGV[4] bytes each), appended
 -- ARGV[1] expected hwm, ARGV[2] new hwm, ARGV[3] the log generation the caller read
 -- ARGV[4] bytes per posting
