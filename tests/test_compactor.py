@@ -494,3 +494,24 @@ def test_a_job_for_a_session_it_cannot_find_says_which_keys_it_read(
     assert "no session 'elsewhere' under key prefix" in outcome.reason
     assert "COMPACTION_KEY_PREFIX" in outcome.reason
     assert any("no session 'elsewhere'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_session_deleted_as_its_summary_commits_leaves_no_key(
+        store: SessionStore, demo_turns: list[list[Message]]) -> None:
+    """A job whose session is deleted right after its commit (the agent's delete landing
+    between the commit and the job's last write) left the state hash behind: clearing the
+    guard's force request with HSET made a state of one field, which no delete would
+    come for (no TTL by default). Found by the soak run (1 of 444 deleted sessions)."""
+    feed(store, demo_turns[:12])
+    store.update_state("s", force_requested=1)
+    commit = store.commit_summary
+
+    def commit_then_delete(*args: Any, **kwargs: Any) -> Any:
+        result = commit(*args, **kwargs)
+        store.delete_session("s")
+        return result
+
+    store.commit_summary = commit_then_delete  # type: ignore[method-assign]
+    assert Compactor(store, SummaryEngine(None)).run("s").status == "compacted"
+    prefix = store.config.key_prefix
+    assert [k for k in store.redis.scan_iter(match=f"{prefix}:*")] == []

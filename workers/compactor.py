@@ -444,7 +444,7 @@ class Compactor:
         if interrupted is not None:  # the retry, or the fallback, goes on from the commit
             raise interrupted
         if state.force_requested:
-            self.store.update_state(session_id, force_requested=0)
+            self.store.clear_state_flags(session_id, "force_requested")
         after = _view_after(data, record, result.version, counter)
         outcome.status = "compacted"
         outcome.over_truncation = kept

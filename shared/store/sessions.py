@@ -346,6 +346,13 @@ class SessionStore(LeaseOps):
 
         self._run("update_state", write)
 
+    def clear_state_flags(self, session_id: str, *names: str) -> None:
+        """Flags of the state back to their default (absent: 0). An HDEL, which never makes a
+        state: a worker clearing a flag of a session deleted since it read it would bring
+        the state back, alone, for ever where sessions have no TTL."""
+        self._run("clear_state_flags",
+                  lambda: self.redis.hdel(self.keys(session_id).state, *names))
+
     def read_view(self, session_id: str, since: ViewCursor | None = None, *,
                   with_counts: bool = False) -> RawView:
         """One atomic read of the view, undecoded; only what is new when ``since`` still holds.
