@@ -80,7 +80,11 @@ def test_max_tokens_that_tips_over_uses_the_completion_variant(server: FakeOpenA
     with pytest.raises(openai.BadRequestError) as caught:
         ask(client_for(server), messages, max_tokens=600)
     assert caught.value.code == "context_length_exceeded"
-    assert caught.value.message.endswith(
+    # the server's message from the body: the SDK's ``.message`` wraps it (a repr of the
+    # whole body before openai 3.x, the message alone after)
+    body = caught.value.body
+    assert isinstance(body, dict)
+    assert body["message"].endswith(
         f"However, you requested {prompt + 600} tokens ({prompt} in the messages, 600 in the "
         "completion). Please reduce the length of the messages or completion."
     )

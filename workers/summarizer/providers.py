@@ -98,11 +98,14 @@ def _finish_class(finish: str) -> str:
 
 
 def _openai_httpx() -> ModuleType:
-    """The httpx flavour the installed openai SDK sends through (httpx2 from openai 3 on)."""
-    try:
-        return importlib.import_module("httpx2")
-    except ImportError:  # pragma: no cover - openai < 3
-        return importlib.import_module("httpx")
+    """The httpx flavour the installed openai SDK sends through (httpx2 from openai 3 on).
+
+    Read from the SDK's own client class, not from what is importable: google-genai 3
+    installs httpx2 beside an openai 2 that takes only an ``httpx.Client``."""
+    import openai
+
+    base = openai.DefaultHttpxClient.__mro__[1]  # httpx.Client or httpx2.Client
+    return importlib.import_module(base.__module__.partition(".")[0])
 
 
 class OpenAIClient:
