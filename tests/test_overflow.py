@@ -8,6 +8,9 @@ cause chains, proxy-wrapped JSON, false-alarm traps, and a never-raises property
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -1206,3 +1209,24 @@ def test_a_prompt_over_the_models_max_length_is_an_overflow(text: str,
 ])
 def test_the_conversations_own_limit_stays_an_overflow(text: str) -> None:
     assert is_context_overflow(ProviderError(text, 400)), text
+
+
+def test_the_patterns_are_compiled_on_the_first_error_not_at_import() -> None:
+    """An agent process imports the guard at start-up; the families (~150 ms to compile)
+    wait for the first error classified."""
+    code = textwrap.dedent("""
+        import json, sys
+        import shared.guard
+        before = sorted(m for m in sys.modules if m.startswith("shared.core.overflow_"))
+        from shared.core.overflow import is_context_overflow
+        hit = is_context_overflow("This model's maximum context length is 8192 tokens")
+        after = sorted(m for m in sys.modules if m.startswith("shared.core.overflow_"))
+        print(json.dumps({"before": before, "hit": hit, "after": after}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["before"] == []
+    assert result["hit"] is True
+    assert "shared.core.overflow_read" in result["after"]
+    assert "shared.core.overflow_patterns" in result["after"]

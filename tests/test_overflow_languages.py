@@ -9,10 +9,10 @@ from re import _parser  # the pattern tree: which alternatives can match plain A
 
 import pytest
 
-from shared.core import overflow
 from shared.core import overflow_language_kinds as language_kinds
 from shared.core import overflow_languages as languages
 from shared.core import overflow_patterns as patterns
+from shared.core import overflow_read
 from shared.core.overflow import ErrorKind, classify_error, is_context_overflow, unrecognised
 
 FAMILIES = ("TOOL_PAIRING", "CAPACITY", "QUOTA", "PER_SHORT_WINDOW", "RATE", "OUTPUT_OVER_WINDOW",
@@ -104,8 +104,8 @@ def test_english_text_is_read_with_the_english_families_alone() -> None:
     for text in ("❌ Conversation context too long for claude-3-5-sonnet",
                  "The model\u2019s maximum context length is 8192 tokens — reduce the prompt",
                  "Rate limit reached for requests … retry in 20s"):
-        assert overflow._decide_any_language(text, None)[2] is overflow._ENGLISH
-    assert isinstance(overflow._ENGLISH.strong, re.Pattern | patterns.Gated)
+        assert overflow_read._decide_any_language(text, None)[2] is overflow_read._ENGLISH
+    assert isinstance(overflow_read._ENGLISH.strong, re.Pattern | patterns.Gated)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -380,7 +380,7 @@ OUTPUT_RESERVE = _rx(r"tokens? (?:remaining|left|available) for (?:the )?(?:outp
 # sequence exceeds maximum length of 32 tokens", "logit_bias: too many tokens in logit_bias",
 # "tools[2].function.description exceeds ..."): what is too long is that parameter, which no
 # compaction of the conversation shortens. Consulted only where it overlaps the overflow wording
-# found (shared.core.overflow._parameters_own), so a parameter named elsewhere changes nothing.
+# found (shared.core.overflow_read._parameters_own), so a parameter named elsewhere changes nothing.
 _PARAMETER = (r"(?:logit[_ ]bias|stop[_ ](?:sequences?|words?|strings?)|[`'\"]stop[`'\"]"
               r"|(?:functions?|tools?)(?:\[\d+\])?(?:\.function)?[._ ](?:description|name"
               r"|parameters|schema)s?"
