@@ -75,7 +75,45 @@ class AsyncShell:
             self.loop.close()
 
 
-OPEN: list[AsyncShell] = []
+class AsyncStoreShell:
+    """The asyncio store's session edits with the sync store's signatures (for tests);
+    everything else (appends, reads for the test's checks) is the sync store's."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.loop = asyncio.new_event_loop()
+        OPEN.append(self)
+        self.astore = AsyncSessionStore(async_client(store.redis), store.config,
+                                        tenant=store.tenant, counter=store.counter)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in ASYNC_STORE_EDITS:
+            return getattr(self.store, name)
+        attr = getattr(self.astore, name)  # never the sync store's: the test would not fail
+        assert inspect.iscoroutinefunction(attr), f"AsyncSessionStore.{name} is not async"
+
+        def run(*args: Any, **kw: Any) -> Any:
+            return self.loop.run_until_complete(attr(*args, **kw))
+        return run
+
+    def close(self) -> None:
+        if not self.loop.is_closed():
+            try:
+                self.loop.run_until_complete(self.astore.redis.aclose())
+            finally:
+                self.loop.close()
+
+
+ASYNC_STORE_EDITS = ("truncate_after", "rewind", "delete_session")
+"""What :class:`AsyncStoreShell` runs on the asyncio store."""
+
+
+def store_shell(shell: str, store: SessionStore) -> Any:
+    """``store``, or the asyncio store over the same server for its session edits."""
+    return store if shell == "sync" else AsyncStoreShell(store)
+
+
+OPEN: list[AsyncShell | AsyncStoreShell] = []
 """Shells not closed yet. A test's frames can outlive it (a traceback kept by a
 library), and with them its shells: hundreds of event loops in one run (a
 property test makes one per example) ran the process out of file descriptors."""

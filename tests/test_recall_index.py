@@ -17,6 +17,7 @@ from shared.core.records import SummaryRecord
 from shared.store.recall_index import drop_index, forget_after, index_compacted, index_stats
 from shared.store.recall_query import answer_recall_call, recall
 from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, store_shell
 from workers.compactor import Compactor
 from workers.summarizer.engine import SummaryEngine
 
@@ -725,29 +726,26 @@ def _meta(store: SessionStore, sid: str) -> dict[str, str]:
     return {a.decode(): b.decode() for a, b in raw.items()}
 
 
+@pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize("per_call", [1, 7, 512])
 def test_an_edits_cut_in_bounded_calls_forgets_what_one_call_did(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch, per_call: int) -> None:
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch, per_call: int, shell: str) -> None:
+    """The sync and the asyncio store's edits forget the same passages, in the same calls."""
     fill(store, "s", range(30))
     commit(store, "s", 60)
     index_compacted(store, "s")
     before = _meta(store, "s")
     calls: list[list[Any]] = []
-    real = recall_index_module._script
+    real = recall_index_module.send_step
 
-    def spied(st: SessionStore, name: str) -> Any:
-        script = real(st, name)
-        if name != "recall_cut":
-            return script
-
-        def call(*, keys: list[str], args: list[Any]) -> Any:
-            calls.append(args)
-            return script(keys=keys, args=args)
-        return call
+    def spied(client: Any, step: Any) -> Any:
+        if isinstance(step, recall_index_module.ScriptCall) and step.script == "recall_cut":
+            calls.append(step.args)
+        return real(client, step)
 
     monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", per_call)
-    monkeypatch.setattr(recall_index_module, "_script", spied)
-    store.truncate_after("s", 25)
+    monkeypatch.setattr(recall_index_module, "send_step", spied)
+    store_shell(shell, store).truncate_after("s", 25)
     assert len(calls) == -(-35 // per_call) and all(a[1] == per_call for a in calls)
     meta = _meta(store, "s")
     assert (meta["hwm"], meta["n_docs"], meta["stale"]) == ("25", "25", "35")
@@ -788,31 +786,27 @@ def test_a_cut_claims_its_own_edits_generation_not_a_later_ones(
     commit(store, "s", 60)
     index_compacted(store, "s")
     monkeypatch.setattr(recall_index_module, "CUT_PASSAGES", 4)
-    real = recall_index_module._script
+    real = recall_index_module.send_step
     calls = {"n": 0}
 
-    def b_edits_after_as_first_cut_call(st: SessionStore, name: str) -> Any:
-        script = real(st, name)
-        if name != "recall_cut":
-            return script
-
-        def call(*, keys: list[str], args: list[Any]) -> Any:
-            out = script(keys=keys, args=args)
-            calls["n"] += 1
-            if calls["n"] == 1:
-                if second == "cuts_meanwhile":
-                    store.truncate_after("s", 10)
-                    return out
-                with monkeypatch.context() as m:
-                    m.setattr(recall_index_module, "forget_after", _dies)
-                    with pytest.raises(RuntimeError):
-                        store.truncate_after("s", 10)
+    def b_edits_after_as_first_cut_call(client: Any, step: Any) -> Any:
+        out = real(client, step)
+        if not (isinstance(step, recall_index_module.ScriptCall) and step.script == "recall_cut"):
             return out
-        return call
+        calls["n"] += 1
+        if calls["n"] == 1:
+            if second == "cuts_meanwhile":
+                store.truncate_after("s", 10)
+                return out
+            with monkeypatch.context() as m:
+                m.setattr(recall_index_module, "forget_after", _dies)
+                with pytest.raises(RuntimeError):
+                    store.truncate_after("s", 10)
+        return out
 
-    monkeypatch.setattr(recall_index_module, "_script", b_edits_after_as_first_cut_call)
+    monkeypatch.setattr(recall_index_module, "send_step", b_edits_after_as_first_cut_call)
     store.truncate_after("s", 40)  # A
-    monkeypatch.setattr(recall_index_module, "_script", real)
+    monkeypatch.setattr(recall_index_module, "send_step", real)
     assert store.length("s") == 10
     store.append("s", [{"role": "user", "content": f"fresh NEWTOKEN_{i}"} for i in range(30)])
     commit(store, "s", 40)

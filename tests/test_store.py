@@ -13,6 +13,7 @@ from shared.core.errors import InvalidInput, LimitExceeded, StoreUnavailable
 from shared.core.records import CheapDecision, HistoryEdit, SummaryRecord, ViewCursor
 from shared.store.keys import SessionKeys
 from shared.store.sessions import SessionStore, connect
+from tests.guard_shells import SHELLS, store_shell
 from workers.harness.stack.redis_server import ReplyDroppingProxy
 
 
@@ -80,32 +81,47 @@ def test_commit_summary_compare_and_swap(store: SessionStore) -> None:
     assert len(view.history) == 4
 
 
-def test_truncate_after_falls_back_to_newest_covering_summary(store: SessionStore) -> None:
+@pytest.mark.parametrize("shell", SHELLS)
+def test_truncate_after_falls_back_to_newest_covering_summary(store: SessionStore,
+                                                              shell: str) -> None:
+    edits = store_shell(shell, store)
     for i in range(4):
         store.append("s", turn(i))
     assert store.commit_summary("s", summary(4, text="a"), 0).ok
     assert store.commit_summary("s", summary(12, text="b"), 1).ok
-    state = store.truncate_after("s", 9)
+    state = edits.truncate_after("s", 9)
     assert state.version == 3 and state.watermark == 4
     assert store.length("s") == 9
     assert [r.watermark for r in store.summaries("s")] == [4]
     # A worker that read version 2 can no longer write.
     assert not store.commit_summary("s", summary(8), 2).ok
-    with pytest.raises(InvalidInput, match="index"):
-        store.truncate_after("s", 99)
+    with pytest.raises(InvalidInput, match="index") as past:
+        edits.truncate_after("s", 99)
+    assert past.value.field == "index" and "9 messages" in str(past.value)
+    for bad in (-1, True, "3"):
+        with pytest.raises(InvalidInput) as refused:
+            edits.truncate_after("s", bad)
+        assert refused.value.field == "index"
+    assert store.length("s") == 9
 
 
-def test_rewind(store: SessionStore) -> None:
+@pytest.mark.parametrize("shell", SHELLS)
+def test_rewind(store: SessionStore, shell: str) -> None:
+    edits = store_shell(shell, store)
     for i in range(3):
         store.append("s", turn(i))
     store.commit_summary("s", summary(4, text="first"), 0)
     store.commit_summary("s", summary(8, text="second"), 1)
-    state = store.rewind("s", 4)
+    state = edits.rewind("s", 4)
     assert state.watermark == 4 and state.version == 3
     assert store.length("s") == 12  # the log is untouched
-    assert store.rewind("s", 0).watermark == 0
-    with pytest.raises(InvalidInput, match="no kept summary"):
-        store.rewind("s", 5)
+    assert edits.rewind("s", 0).watermark == 0
+    with pytest.raises(InvalidInput, match="no kept summary") as missing:
+        edits.rewind("s", 5)
+    assert missing.value.field == "watermark"
+    with pytest.raises(InvalidInput):
+        edits.rewind("s", -4)
+    assert store.state("s").watermark == 0
 
 
 def test_a_truncation_does_not_replace_a_real_summary_kept_at_its_watermark(
@@ -424,14 +440,16 @@ def test_an_append_whose_reply_was_lost_is_not_duplicated(redis_url: str,
 
 
 # -- history edits and incremental reads --------------------------------------------------------
-def test_truncate_after_returns_the_version_it_created(store: SessionStore) -> None:
+@pytest.mark.parametrize("shell", SHELLS)
+def test_truncate_after_returns_the_version_it_created(store: SessionStore, shell: str) -> None:
+    edits = store_shell(shell, store)
     for i in range(3):
         store.append("s", turn(i))
     store.commit_summary("s", summary(4), 0)
-    edit = store.truncate_after("s", 6)
+    edit = edits.truncate_after("s", 6)
     assert edit == HistoryEdit(version=2, watermark=4, length=6)
-    assert store.truncate_after("s", 6).version == 3  # an edit always bumps
-    assert store.truncate_after("s", 0) == HistoryEdit(version=4, watermark=0, length=0)
+    assert edits.truncate_after("s", 6).version == 3  # an edit always bumps
+    assert edits.truncate_after("s", 0) == HistoryEdit(version=4, watermark=0, length=0)
 
 
 def test_incremental_reads_only_bring_what_is_new(store: SessionStore) -> None:

@@ -10,12 +10,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shared.store.edits as edits_module
-import shared.store.sessions as sessions_module
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.store.commands import ids_key
 from shared.store.edits import stored_calls
 from shared.store.sessions import SessionStore
+from tests.guard_shells import SHELLS, store_shell
+
+
+@pytest.fixture(params=SHELLS)
+def edits(request: pytest.FixtureRequest, store: SessionStore) -> Any:
+    """Where the edit runs: the sync store, or the asyncio store on the same server (the
+    same sans-I/O steps, :func:`shared.store.edits.truncate_steps`)."""
+    return store_shell(request.param, store)
 
 
 def call_turn(text: str, call_ids: list[str]) -> list[dict[str, Any]]:
@@ -70,44 +77,44 @@ def test_edits_keep_the_map_on_each_providers_newest_call(
 
 
 def test_fixes_read_before_an_append_are_refused_and_read_again(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: SessionStore, edits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """An append between the edit's reads and its script: the script refuses fixes made
     for the shorter log (LOG_MOVED), the edit reads again and removes the new call too."""
     store.append("s", call_turn("first", ["c1"]))
     store.append("s", call_turn("second", ["c1"]))
-    real = sessions_module.id_fixes
+    real = edits_module.id_fixes
     calls = {"n": 0}
 
     def with_an_append(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
+        out = yield from real(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 1:
             store.append("s", call_turn("late", ["c1", "c7"]))
         return out
 
-    monkeypatch.setattr(sessions_module, "id_fixes", with_an_append)
-    edit = store.truncate_after("s", 3)
+    monkeypatch.setattr(edits_module, "id_fixes", with_an_append)
+    edit = edits.truncate_after("s", 3)
     assert calls["n"] == 2 and edit.length == 3
     assert id_map(store, "s") == {"c1": "c1"} == expected_map(store, "s")
 
 
 def test_a_log_that_never_stops_moving_fails_the_edit_typed(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: SessionStore, edits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store.append("s", call_turn("first", ["c1"]))
-    real = sessions_module.id_fixes
+    real = edits_module.id_fixes
 
     def always_an_append(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
+        out = yield from real(*args, **kwargs)
         store.append("s", [{"role": "user", "content": "more"}])
         return out
 
-    monkeypatch.setattr(sessions_module, "id_fixes", always_an_append)
+    monkeypatch.setattr(edits_module, "id_fixes", always_an_append)
     with pytest.raises(StoreUnavailable, match="kept changing"):
-        store.truncate_after("s", 1)
-    assert store.length("s") == 3 + sessions_module.EDIT_ATTEMPTS  # nothing was cut
+        edits.truncate_after("s", 1)
+    assert store.length("s") == 3 + edits_module.EDIT_ATTEMPTS  # nothing was cut
 
 
-def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore,
+def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore, edits: Any,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The log before the edit is read newest first, only as far as the removed call's
     earlier holder; no read takes more than READ_CHUNK messages."""
@@ -117,15 +124,16 @@ def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore,
     store.append("s", call_turn("mid", ["c1"]))
     store.append("s", call_turn("new", ["c1"]))
     ranges: list[tuple[int, int]] = []
-    real = store.redis.lrange
+    real = edits_module._read
 
-    def spy(key: Any, start: int, end: int) -> Any:
-        ranges.append((start, end))
-        return real(key, start, end)
+    def spy(*call: Any) -> Any:
+        if call[0] == "LRANGE":
+            ranges.append((call[2], call[3]))
+        return real(*call)
 
-    monkeypatch.setattr(store.redis, "lrange", spy)
+    monkeypatch.setattr(edits_module, "_read", spy)
     length = store.length("s")
-    store.truncate_after("s", length - 3)
+    edits.truncate_after("s", length - 3)
     assert ranges and all(end - start + 1 <= 4 for start, end in ranges)
     assert min(start for start, _ in ranges) >= 40  # stopped at the "mid" turn's call
     monkeypatch.undo()
@@ -133,7 +141,8 @@ def test_an_edit_reads_the_log_in_bounded_chunks(store: SessionStore,
     assert id_map(store, "s")["c1"] != "c1"  # the "mid" call, renamed at its append
 
 
-def test_an_edit_removing_hundreds_of_mapped_calls_fixes_each(store: SessionStore) -> None:
+def test_an_edit_removing_hundreds_of_mapped_calls_fixes_each(store: SessionStore,
+                                                              edits: Any) -> None:
     """More fixes than the script applies at once (200): every one lands."""
     ids = [f"c{i}" for i in range(450)]
     store.append("s", call_turn("old", ids[:300]))
@@ -142,48 +151,48 @@ def test_an_edit_removing_hundreds_of_mapped_calls_fixes_each(store: SessionStor
     store.append("s", call_turn("repeat", ids[::2]))  # renamed: the map moves to them
     store.append("s", call_turn("new", [f"n{i}" for i in range(250)]))
     assert id_map(store, "s")["c0"] != "c0"
-    store.truncate_after("s", length)
+    edits.truncate_after("s", length)
     assert id_map(store, "s") == expected_map(store, "s") == {c: c for c in ids}
 
 
 @pytest.mark.parametrize("other", ["later", "earlier", "same"])
 def test_an_edit_racing_another_applies_each_fix_once(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch, other: str) -> None:
+        store: SessionStore, edits: Any, monkeypatch: pytest.MonkeyPatch, other: str) -> None:
     """Another edit between this edit's reads and its script (not an append: the length may
     come back the same): refused on the generation (LOG_MOVED), read again against the
     edited log, or out of range when that log is now shorter; the map is the log's."""
     for n in range(6):
         store.append("s", call_turn(f"turn {n}", ["c1", f"u{n}"]))  # 4 messages a turn
-    real = sessions_module.id_fixes
+    real = edits_module.id_fixes
     calls = {"n": 0}
     at = {"later": 20, "earlier": 8, "same": 12}[other]
 
     def with_another_edit(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
+        out = yield from real(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 1:
-            monkeypatch.setattr(sessions_module, "id_fixes", real)
+            monkeypatch.setattr(edits_module, "id_fixes", real)
             store.truncate_after("s", at)
             if other == "same":  # back to the length this edit read, other calls
                 store.append("s", call_turn("other", ["c1", "x1", "x2"]) * 2
                              + [{"role": "user", "content": "end"}] * 2)
                 assert store.length("s") == 24
-            monkeypatch.setattr(sessions_module, "id_fixes", with_another_edit)
+            monkeypatch.setattr(edits_module, "id_fixes", with_another_edit)
         return out
 
-    monkeypatch.setattr(sessions_module, "id_fixes", with_another_edit)
+    monkeypatch.setattr(edits_module, "id_fixes", with_another_edit)
     if other == "earlier":
         with pytest.raises(InvalidInput):
-            store.truncate_after("s", 12)
+            edits.truncate_after("s", 12)
         assert calls["n"] == 1 and store.length("s") == 8
     else:
-        assert store.truncate_after("s", 12).length == 12
+        assert edits.truncate_after("s", 12).length == 12
         assert calls["n"] == 2
     assert id_map(store, "s") == expected_map(store, "s")
 
 
 def test_an_edit_under_steady_appends_reads_only_what_was_appended(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: SessionStore, edits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """An append after every third read of the log (an agent appending while a long edit
     reads): each attempt read the whole removed range again (10 reads here), saw the log
     move and failed the edit after EDIT_ATTEMPTS (an edit at 0 of 10k messages, ~90 ms of
@@ -192,16 +201,17 @@ def test_an_edit_under_steady_appends_reads_only_what_was_appended(
     store.append("s", call_turn("old", ["c1"]))
     for n in range(12):
         store.append("s", call_turn(f"turn {n}", ["c1", f"u{n}"]))
-    real = store.redis.lrange
+    real = edits_module._read
     reads = {"n": 0}
 
-    def spy(key: Any, start: int, end: int) -> Any:
-        reads["n"] += 1
-        if reads["n"] % 3 == 0:
-            store.append("s", call_turn("late", ["c1", "late"]))
-        return real(key, start, end)
+    def spy(*call: Any) -> Any:
+        if call[0] == "LRANGE":
+            reads["n"] += 1
+            if reads["n"] % 3 == 0:
+                store.append("s", call_turn("late", ["c1", "late"]))
+        return real(*call)
 
-    monkeypatch.setattr(store.redis, "lrange", spy)
-    assert store.truncate_after("s", 3).length == 3
+    monkeypatch.setattr(edits_module, "_read", spy)
+    assert edits.truncate_after("s", 3).length == 3
     monkeypatch.undo()
     assert id_map(store, "s") == expected_map(store, "s") == {"c1": "c1"}

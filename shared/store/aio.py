@@ -4,7 +4,9 @@
 reads the replies with its parsers, exactly like
 :class:`shared.store.sessions.SessionStore`; only the client call is awaited.
 It offers what the async guard needs (the hot path: read the view, append a
-turn, record decisions, commit a truncation, the pending flag, state);
+turn, record decisions, commit a truncation, the pending flag, state) and what an
+async agent does to its own sessions (history edits: :meth:`~AsyncSessionStore.truncate_after`,
+:meth:`~AsyncSessionStore.rewind`), through the same sans-I/O steps as the sync store;
 workers and operators keep the sync store.
 """
 
@@ -24,6 +26,7 @@ from shared.core.records import (
     AppendResult,
     CheapDecision,
     CommitResult,
+    HistoryEdit,
     InlineJob,
     RawView,
     SessionState,
@@ -33,6 +36,7 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch, T
+from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.sessions import (
     IDEMPOTENCY_KEEP,
@@ -220,6 +224,22 @@ class AsyncSessionStore:
         raw = await self._call("summaries", self.redis.hgetall(self.keys(session_id).summaries))
         return sorted((SummaryRecord.model_validate_json(v) for v in raw.values()),
                       key=lambda r: r.watermark)
+
+    # -- history edits -----------------------------------------------------------
+    async def truncate_after(self, session_id: str, index: int) -> HistoryEdit:
+        """See :meth:`shared.store.sessions.SessionStore.truncate_after`."""
+        version, watermark, length, gen = await commands.drive_async(
+            truncate_steps(self.keys(session_id), session_id, index, self.config.ttl_seconds or 0),
+            self._send)
+        from shared.store.recall_index import forget_after_async  # imports the store modules
+        await forget_after_async(self, session_id, index, gen=gen)
+        return HistoryEdit(version=version, watermark=watermark, length=length)
+
+    async def rewind(self, session_id: str, watermark: int) -> SessionState:
+        """See :meth:`shared.store.sessions.SessionStore.rewind`."""
+        return await commands.drive_async(
+            rewind_steps(self.keys(session_id), watermark, self.config.ttl_seconds or 0),
+            self._send)
 
     # -- the pending flag ----------------------------------------------------------
     async def mark_pending(self, session_id: str) -> bool:

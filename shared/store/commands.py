@@ -414,26 +414,36 @@ def view_steps(k: SessionKeys, since: ViewCursor | None, with_counts: bool = Fal
 
 
 def drive(steps: Generator[S, Any, T], send: Callable[[S], Any]) -> T:
-    """Run sans-I/O steps with a blocking ``send`` (the sync store; recall queries)."""
+    """Run sans-I/O steps with a blocking ``send`` (the sync store; recall queries). A
+    step that fails is thrown into the steps, which may handle it (an edit reads again
+    when the log moved) or let it out."""
     reply: Any = None
+    error: Exception | None = None
     while True:
         try:
-            step = steps.send(reply)
+            step = steps.send(reply) if error is None else steps.throw(error)
         except StopIteration as done:
             return cast(T, done.value)
-        reply = send(step)
+        try:
+            reply, error = send(step), None
+        except Exception as exc:
+            reply, error = None, exc
 
 
 async def drive_async(steps: Generator[S, Any, T],
                       send: Callable[[S], Awaitable[Any]]) -> T:
     """:func:`drive` with an awaited ``send`` (the asyncio store)."""
     reply: Any = None
+    error: Exception | None = None
     while True:
         try:
-            step = steps.send(reply)
+            step = steps.send(reply) if error is None else steps.throw(error)
         except StopIteration as done:
             return cast(T, done.value)
-        reply = await send(step)
+        try:
+            reply, error = await send(step), None
+        except Exception as exc:
+            reply, error = None, exc
 
 
 def cheap_command(k: SessionKeys, config: StoreConfig, decisions: Sequence[CheapDecision],

@@ -49,6 +49,7 @@ import struct
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,7 @@ from shared.core.recall import (
     checksum,
     split_passages,
 )
+from shared.store.commands import drive, drive_async
 from shared.store.sessions import _load_lua, _s, redis_errors
 
 if TYPE_CHECKING:
@@ -157,6 +159,34 @@ def _registered(client: Any, name: str) -> Any:
     if script is None:
         script = scripts[name] = client.register_script(_load_lua(f"{name}.lua"))
     return script
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """Send: one script call (its reply comes back as is)."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCall:
+    """Send: read commands in one pipeline, not a transaction (the list of replies comes
+    back). Each is a client method name and its arguments."""
+
+    commands: list[tuple[str, tuple[Any, ...]]]
+
+
+def send_step(client: Any, step: ScriptCall | PipelineCall) -> Any:
+    """Send ``step`` with ``client``: its reply (redis-py), or an awaitable of it
+    (redis.asyncio: the script's call and ``execute`` are coroutines there)."""
+    if isinstance(step, ScriptCall):
+        return _registered(client, step.script)(keys=step.keys, args=step.args)
+    pipe = client.pipeline(transaction=False)
+    for method, args in step.commands:
+        getattr(pipe, method)(*args)
+    return pipe.execute()
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -461,24 +491,40 @@ def _call(store: SessionStore, k: RecallKeys, gen: str, added: _Added, run: list
     added.next_pid, added.expected = after, str(after)
 
 
+def forget_steps(k: RecallKeys, index: int,
+                 gen: int | None = None) -> Generator[ScriptCall, Any, int]:
+    """Forget indexed passages of messages ``>= index`` (:func:`forget_after`), in calls
+    of :data:`CUT_PASSAGES` passage ids each (``recall_cut.lua``): an edit far back in a
+    long session forgets thousands. Returns the passages forgotten."""
+    removed = 0
+    while True:
+        count, _, done = yield ScriptCall("recall_cut", [k.meta, k.doc, k.mp, k.state],
+                                          [index, CUT_PASSAGES, "" if gen is None else gen])
+        removed += int(count)
+        if int(done):
+            return removed
+
+
 def forget_after(store: SessionStore, session_id: str, index: int,
                  gen: int | None = None) -> int:
     """The edit hook: forget indexed passages of messages ``>= index``; call it right
     after :meth:`SessionStore.truncate_after` (same session, same index), with ``gen``
     the log generation that edit created (default: the session's now, which a later
     edit may have moved: the index is then left for the indexer to rebuild).
-    Returns the passages forgotten. In calls of :data:`CUT_PASSAGES` passage ids each
-    (``recall_cut.lua``): an edit far back in a long session forgets thousands."""
-    k = recall_keys(store, session_id)
-    removed = 0
+    Returns the passages forgotten."""
+    client = _client(store)
     with redis_errors("recall forget"):
-        while True:
-            count, _, done = _script(store, "recall_cut")(
-                keys=[k.meta, k.doc, k.mp, k.state],
-                args=[index, CUT_PASSAGES, "" if gen is None else gen])
-            removed += int(count)
-            if int(done):
-                return removed
+        return drive(forget_steps(recall_keys(store, session_id), index, gen),
+                     lambda step: send_step(client, step))
+
+
+async def forget_after_async(store: AsyncSessionStore, session_id: str, index: int,
+                             gen: int | None = None) -> int:
+    """:func:`forget_after` over redis.asyncio: the same steps, each reply awaited."""
+    client = _client(store)
+    with redis_errors("recall forget"):
+        return await drive_async(forget_steps(recall_keys(store, session_id), index, gen),
+                                 lambda step: send_step(client, step))
 
 
 def drop_index(store: SessionStore, session_id: str) -> None:
@@ -536,6 +582,20 @@ def index_stats(store: SessionStore, session_id: str) -> dict[str, int]:
             "terms_total": _int(total)}
 
 
-__all__ = ["IndexReport", "RecallKeys", "claim_index_job", "drop_index", "forget_after",
-           "index_compacted", "index_stats", "legacy_recall_keys", "recall_keys",
-           "release_index_job"]
+__all__ = [
+    "IndexReport",
+    "PipelineCall",
+    "RecallKeys",
+    "ScriptCall",
+    "claim_index_job",
+    "drop_index",
+    "forget_after",
+    "forget_after_async",
+    "forget_steps",
+    "index_compacted",
+    "index_stats",
+    "legacy_recall_keys",
+    "recall_keys",
+    "release_index_job",
+    "send_step",
+]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shared.core.errors import InvalidInput, SessionNotFound
@@ -37,11 +36,13 @@ from shared.store.recall_index import (
     POSTING,
     QUERY_POSTINGS,
     TERM_POSTINGS,
+    PipelineCall,
     RecallKeys,
+    ScriptCall,
     _client,
     _int,
-    _registered,
     recall_keys,
+    send_step,
 )
 from shared.store.sessions import _s, redis_errors
 
@@ -68,23 +69,6 @@ TAIL_CHUNK = 250
 
 _TERMS_PER_CHAR = 1 / 6
 """Terms per character when none was analyzed (about one word per 6 characters)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """Send: one script call (its reply comes back as is)."""
-
-    script: str
-    keys: list[str]
-    args: list[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineCall:
-    """Send: read commands in one pipeline, not a transaction (the list of replies comes
-    back). Each is a client method name and its arguments."""
-
-    commands: list[tuple[str, tuple[Any, ...]]]
 
 
 RecallSteps = Generator[ScriptCall | PipelineCall, Any, list[RecallHit]]
@@ -210,7 +194,7 @@ def recall(store: SessionStore, session_id: str, query: str, *, limit: int = DEF
                          tenant=store.tenant)
     client = _client(store)
     with redis_errors("recall"):
-        return drive(steps, lambda step: _send(client, step))
+        return drive(steps, lambda step: send_step(client, step))
 
 
 async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
@@ -223,18 +207,7 @@ async def recall_async(store: AsyncSessionStore, session_id: str, query: str, *,
                          tenant=store.tenant)
     client = _client(store)
     with redis_errors("recall"):
-        return await drive_async(steps, lambda step: _send(client, step))
-
-
-def _send(client: Any, step: ScriptCall | PipelineCall) -> Any:
-    """Send ``step`` with ``client``: its reply (redis-py), or an awaitable of it
-    (redis.asyncio: the script's call and ``execute`` are coroutines there)."""
-    if isinstance(step, ScriptCall):
-        return _registered(client, step.script)(keys=step.keys, args=step.args)
-    pipe = client.pipeline(transaction=False)
-    for method, args in step.commands:
-        getattr(pipe, method)(*args)
-    return pipe.execute()
+        return await drive_async(steps, lambda step: send_step(client, step))
 
 
 def answer_recall_call(store: SessionStore, session_id: str,

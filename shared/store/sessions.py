@@ -50,7 +50,7 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch
-from shared.store.edits import EarlierCalls, RemovedCalls, id_fixes, read_log_at
+from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.lease import LeaseOps
 
@@ -68,7 +68,6 @@ _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
-EDIT_ATTEMPTS = 8  # an edit reads the log again when an append landed meanwhile
 
 
 @functools.cache
@@ -433,40 +432,8 @@ class SessionStore(LeaseOps):
         user changed history; compaction itself never deletes. Returns the
         version the edit created (read atomically with it).
         """
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise InvalidInput("must be a non-negative integer", field="index")
-        k = self.keys(session_id)
-        ids = commands.ids_key(k)
-        keys = [k.log, k.cum, k.state, k.summaries, k.summary_index, k.cheap, ids,
-                k.requests, k.request_order]
-        earlier, removed = EarlierCalls(), RemovedCalls()
-
-        def attempt() -> Any:
-            # The id map's fixes are read outside the script, in bounded reads; the
-            # script refuses them if the log moved since (an append, another edit).
-            log = read_log_at(self.redis, k.state, k.log)
-            fixes = ([] if index > log.length
-                     else id_fixes(self.redis, k.log, ids, log, index, earlier, removed))
-            args: list[Any] = [index, self._ttl, log.epoch, log.gen, log.length, len(fixes)]
-            for fix in fixes:
-                args.extend(fix)
-            return self._scripts["truncate"](keys=keys, args=args)
-
-        for _ in range(EDIT_ATTEMPTS):
-            try:
-                raw = self._run("truncate_after", attempt)
-                break
-            except redis.exceptions.ResponseError as exc:
-                if str(exc).startswith("INDEX_OUT_OF_RANGE"):
-                    length = str(exc).split()[-1]
-                    raise InvalidInput(f"{index} is past the end of the log ({length} "
-                                       "messages)", field="index") from None
-                if not str(exc).startswith("LOG_MOVED"):
-                    raise
-        else:
-            raise StoreUnavailable(f"truncate_after on {session_id!r}: the log kept changing "
-                                   f"while the edit read it ({EDIT_ATTEMPTS} attempts)")
-        version, watermark, new_length, gen = (int(x) for x in raw)
+        version, watermark, new_length, gen = commands.drive(
+            truncate_steps(self.keys(session_id), session_id, index, self._ttl), self._send)
         # Recall answers from the log itself and checks each hit's checksum, so this
         # only frees index space early; nothing past the edit is returned either way.
         from shared.store.recall_index import forget_after  # recall_index imports this module
@@ -475,18 +442,8 @@ class SessionStore(LeaseOps):
 
     def rewind(self, session_id: str, watermark: int) -> SessionState:
         """Make the kept summary at ``watermark`` current (0: no summary); the state after."""
-        if not isinstance(watermark, int) or isinstance(watermark, bool) or watermark < 0:
-            raise InvalidInput("must be a non-negative integer", field="watermark")
-        k = self.keys(session_id)
-        keys = [k.state, k.summaries, k.cheap, k.log, k.cum, k.summary_index]
-        try:
-            self._script("rewind", "rewind", keys, [watermark, self._ttl])
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).startswith("NO_SUMMARY"):
-                raise InvalidInput(f"no kept summary at watermark {watermark}",
-                                   field="watermark") from None
-            raise
-        return self.state(session_id)
+        return commands.drive(rewind_steps(self.keys(session_id), watermark, self._ttl),
+                              self._send)
 
     # -- cheap-stage decisions ---------------------------------------------------
     def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
