@@ -888,3 +888,24 @@ def test_a_session_deleted_while_it_is_indexed_leaves_no_key(
     monkeypatch.setattr(recall_index_module, "_add_batch", deleted_around)
     index_compacted(store, "s")
     assert [k for k in any_redis.scan_iter(match=f"{key_prefix}:*")] == []
+
+
+def test_a_new_index_mark_takes_the_sessions_ttl(any_redis: Any, key_prefix: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new index is marked (``analyzer``) before its first batch, which sets the TTL: a
+    first batch that lost its swap (or a job killed before it) left the mark with none, a
+    hash that outlived the session's every other key where sessions expire."""
+    store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix, ttl_seconds=500))
+    fill(store, "s", range(10))
+    commit(store, "s", 20)
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        added = recall_index_module._Added(args[3], args[5], args[6])
+        added.conflict = "hwm"
+        return added
+
+    monkeypatch.setattr(recall_index_module, "_add_batch", lost)
+    assert index_compacted(store, "s").conflict == "hwm"
+    meta = recall_index_module.recall_keys(store, "s").meta
+    assert any_redis.hget(meta, "analyzer") is not None
+    assert 0 < any_redis.ttl(meta) <= 500

@@ -199,7 +199,8 @@ class CommitResult(BaseModel):
     ok: bool
     version: int
     watermark: int
-    reason: Literal["", "lease", "version", "backwards", "beyond_log"] = ""
+    reason: Literal["", "lease", "gone", "version", "backwards", "beyond_log"] = ""
+    """``gone``: the session was deleted (or expired) since the writer read it."""
 
 
 class ViewData(BaseModel):

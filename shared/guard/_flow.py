@@ -352,8 +352,8 @@ class GuardFlow(GuardShell):
                          result.reason)
                 return False
             _sent_at(plan, result.version)
-        if plan.clear_recover_next:
-            yield Io("update_state", (session_id,), {"recover_next": 0})
+        if plan.clear_recover_next:  # an HDEL: never makes the state of a session deleted since
+            yield Io("clear_state_flags", (session_id, "recover_next"))
         return True
 
     def _enqueue(self, session_id: str, *, force: bool = False) -> Steps[bool]:

@@ -157,19 +157,21 @@ class FreshViews:
         if plan.figures:
             fields = commands.state_fields(plan.figures)
             steps.append(("HSET", k.state, *itertools.chain.from_iterable(fields.items())))
-            if config.ttl_seconds:  # the session's TTL refreshed, as every write does
-                steps.append(("EXPIRE", k.state, config.ttl_seconds))
+        if wanted and force:
+            steps.append(("HSET", k.state, "force_requested", 1))
+        if (plan.figures or (wanted and force)) and config.ttl_seconds:
+            # the session's TTL refreshed, as every write does; after every HSET: one that
+            # makes the state (a session deleted since its read) must not leave it for ever
+            steps.append(("EXPIRE", k.state, config.ttl_seconds))
         if plan.cheap:
             at["cheap"] = len(steps)
             steps.append(commands.cheap_command(k, config, plan.cheap, plan.version))
         if plan.truncation is not None:
             at["commit"] = len(steps)
             steps.append(commands.commit_command(k, config, plan.truncation, plan.version))
-        if plan.clear_recover_next:
-            steps.append(("HSET", k.state, "recover_next", 0))
+        if plan.clear_recover_next:  # HDEL (absent: 0) never makes a state
+            steps.append(("HDEL", k.state, "recover_next"))
         if wanted:
-            if force:
-                steps.append(("HSET", k.state, "force_requested", 1))
             at["pending"] = len(steps)
             steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds)
                          if job is None else commands.pending_command(k, config, job))

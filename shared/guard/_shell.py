@@ -72,7 +72,8 @@ DEFAULT_MODEL = "gpt-4o"
 """What a call that names no model is budgeted for (with a warning)."""
 
 
-WRITES = ("update_state", "record_cheap", "commit_summary", "mark_pending", "clear_pending")
+WRITES = ("update_state", "clear_state_flags", "record_cheap", "commit_summary", "mark_pending",
+          "clear_pending")
 """The store's methods a prepare writes with: the own-writes connection stands in for
 them only where they are the store class's own (a store that overrides one, such as a
 dry run that drops writes, keeps them)."""

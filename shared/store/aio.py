@@ -207,6 +207,11 @@ class AsyncSessionStore:
 
         await self._call("update_state", write())
 
+    async def clear_state_flags(self, session_id: str, *names: str) -> None:
+        """See :meth:`shared.store.sessions.SessionStore.clear_state_flags` (an HDEL)."""
+        await self._call("clear_state_flags",
+                         self.redis.hdel(self.keys(session_id).state, *names))
+
     async def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
                     expected_version: int | None = None) -> int:
         items = list(decisions)
@@ -232,7 +237,8 @@ class AsyncSessionStore:
             truncate_steps(self.keys(session_id), session_id, index, self.config.ttl_seconds or 0),
             self._send)
         from shared.store.recall_index import forget_after_async  # imports the store modules
-        await forget_after_async(self, session_id, index, gen=gen)
+        if gen:  # 0: no session, nothing was edited
+            await forget_after_async(self, session_id, index, gen=gen)
         return HistoryEdit(version=version, watermark=watermark, length=length)
 
     async def rewind(self, session_id: str, watermark: int) -> SessionState:

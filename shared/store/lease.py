@@ -200,15 +200,17 @@ class LeaseOps:
         k = self.keys(session_id)
         return bool(self._run("requests_waiting", lambda: self.redis.exists(k.dirty, k.taken)))
 
-    def record_request_failure(self, session_id: str, requests: list[str], error: str) -> None:
-        """Requests given up on: counted in the state (``requests_failed``) with why."""
+    def record_request_failure(self, session_id: str, requests: list[str], error: str) -> bool:
+        """Requests given up on: counted in the state (``requests_failed``) with why. False
+        when the session is gone (deleted or expired since the job read it): nothing is
+        written, as a count alone would be a state no delete comes for (the task's result
+        still names the requests)."""
         k = self.keys(session_id)
         detail = json.dumps({"at": round(time.time(), 3), "error": error[:300],
                              "requests": [asdict(Request.decode(r)) for r in requests[:10]]},
                             sort_keys=True)
-        self._run("record_request_failure", lambda: self.redis.pipeline(transaction=True)
-                  .hincrby(k.state, "requests_failed", max(1, len(requests)))
-                  .hset(k.state, "last_request_failure", detail).execute())
+        return bool(self._script("record_request_failure", "request_failure", [k.state],
+                                 [max(1, len(requests)), detail]))
 
 
 class Renewal:

@@ -267,8 +267,10 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
         if started_new:
             # a new index is marked before its first batch: a call that dies after it, or
             # a second job meanwhile, continues it instead of taking it for an old one
-            # (the batch sets the TTL; one that never runs leaves a field the next drops)
-            _client(store).hset(k.meta, "analyzer", _ANALYZER)
+            # (one that never runs leaves a field the next drops); with the session's TTL,
+            # which the batch would set: a mark whose batch never ran had none, and
+            # outlived the session it marked
+            _mark_new(store, k)
         while hwm < target:
             stop = min(target, hwm + BATCH_MESSAGES)
             raw = _client(store).lrange(k.log, hwm, stop - 1)
@@ -297,6 +299,15 @@ def index_compacted(store: SessionStore, session_id: str, end: int | None = None
             drop_index(store, session_id)
     report.ms = round((time.perf_counter() - started) * 1000, 3)
     return report
+
+
+def _mark_new(store: SessionStore, k: RecallKeys) -> None:
+    """The analyzer of a new index, in its meta, with the session's TTL where it has one."""
+    pipe = _client(store).pipeline(transaction=False)  # one key: fine on a Cluster too
+    pipe.hset(k.meta, "analyzer", _ANALYZER)
+    if store.config.ttl_seconds:
+        pipe.expire(k.meta, store.config.ttl_seconds)
+    pipe.execute()
 
 
 def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:

@@ -65,7 +65,8 @@ log = logging.getLogger("shared.store")
 _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                    redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
                    redis.exceptions.RedisClusterException)
-SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap")
+SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap",
+           "request_failure")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
 
@@ -430,18 +431,22 @@ class SessionStore(LeaseOps):
         The summary becomes the newest one whose watermark is ``<= index``.
         This is the only operation that removes messages from the log: the
         user changed history; compaction itself never deletes. Returns the
-        version the edit created (read atomically with it).
+        version the edit created (read atomically with it); ``HistoryEdit(0, 0, 0)``
+        for a session that does not exist (deleted, expired): nothing is written.
         """
         version, watermark, new_length, gen = commands.drive(
             truncate_steps(self.keys(session_id), session_id, index, self._ttl), self._send)
         # Recall answers from the log itself and checks each hit's checksum, so this
         # only frees index space early; nothing past the edit is returned either way.
         from shared.store.recall_index import forget_after  # recall_index imports this module
-        forget_after(self, session_id, index, gen=gen)
+        if gen:  # 0: no session, nothing was edited
+            forget_after(self, session_id, index, gen=gen)
         return HistoryEdit(version=version, watermark=watermark, length=new_length)
 
     def rewind(self, session_id: str, watermark: int) -> SessionState:
-        """Make the kept summary at ``watermark`` current (0: no summary); the state after."""
+        """Make the kept summary at ``watermark`` current (0: no summary); the state after.
+        A session that does not exist (deleted, expired) has nothing to rewind: nothing is
+        written (its state reads as the default)."""
         return commands.drive(rewind_steps(self.keys(session_id), watermark, self._ttl),
                               self._send)
 

@@ -145,6 +145,9 @@ class DryRunStore(SessionStore):
     def update_state(self, session_id: str, **fields: Any) -> None:
         return None
 
+    def clear_state_flags(self, session_id: str, *names: str) -> None:
+        return None
+
     def record_cheap(self, session_id: str, decisions: Iterable[CheapDecision],
                      expected_version: int | None = None) -> int:
         return 0

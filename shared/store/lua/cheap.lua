@@ -10,13 +10,21 @@
 --
 -- KEYS[1] cheap    hash   message index -> decision JSON
 -- KEYS[2] state    hash   version (checked); cheap_gen is bumped when a
---                         decision is new (readers re-read decisions only then)
+--                         decision is new (readers re-read decisions only then);
+--                         gone: the session was deleted (or expired) since the
+--                         guard read it, and nothing is written (an absent state
+--                         reads as version 0, and the HINCRBY would make a state of
+--                         its own, with no TTL, that no delete comes for)
 -- ARGV[1] ttl in seconds (0 = no expiry)
 -- ARGV[2] the session version the decisions were planned at ('' = unchecked)
 -- ARGV[3..] pairs: message index, decision JSON
 --
--- Returns the number of decisions that were new, or -1 when the version moved.
+-- Returns the number of decisions that were new, or -1 when the version moved or the
+-- state is gone.
 
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return -1
+end
 if ARGV[2] ~= '' then
   local version = redis.call('HGET', KEYS[2], 'version') or '0'
   if version ~= ARGV[2] then

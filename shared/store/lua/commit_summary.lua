@@ -1,6 +1,7 @@
 -- commit_summary.lua: the one compare-and-swap writer of compaction state.
 --
--- KEYS[1] state      hash   version, watermark, summary_tokens, summary_kind
+-- KEYS[1] state      hash   version, watermark, summary_tokens, summary_kind; gone:
+--                           the session was deleted (or expired), nothing is written
 -- KEYS[2] sums       hash   watermark -> summary record JSON (a truncation keeps a real
 --                           summary already there, see below)
 -- KEYS[3] sumidx     zset   watermark scored by watermark (ordering, retention)
@@ -23,8 +24,11 @@
 --      or {"conflict", reason, current_version, current_watermark}
 -- with reason "lease" (the writer's lease expired or moved to another job:
 -- checked first, so a job that lost its lease never writes, even when the
--- version still matches), "version" (someone else wrote or history was
--- edited), "backwards" (the watermark would move back) or "beyond_log".
+-- version still matches), "gone" (no state: the session was deleted since the writer
+-- read it; an absent state reads as version 0 and an empty log as length 0, so a commit
+-- at watermark 0 passed every other check and made the session's keys again), "version"
+-- (someone else wrote or history was edited), "backwards" (the watermark would move
+-- back) or "beyond_log".
 
 local expected = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
@@ -33,6 +37,9 @@ local version = tonumber(cur[1]) or 0
 local cur_w = tonumber(cur[2]) or 0
 if ARGV[8] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[8] then
   return {'conflict', 'lease', version, cur_w}
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'conflict', 'gone', version, cur_w}
 end
 if version ~= expected then
   return {'conflict', 'version', version, cur_w}

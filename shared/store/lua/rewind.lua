@@ -1,7 +1,10 @@
 -- rewind.lua: make the summary at an earlier (or any kept) watermark current.
 -- The log is untouched; 0 means "no summary, send the whole log".
 --
--- KEYS[1] state    hash   version, watermark, summary_tokens, summary_kind
+-- KEYS[1] state    hash   version, watermark, summary_tokens, summary_kind; gone: no
+--                         such session (deleted or expired), nothing is written
+--                         (a rewind to 0 needs no kept summary: it made a state of
+--                         its own, with no TTL where sessions have none)
 -- KEYS[2] sums     hash   read: the target summary must exist
 -- KEYS[3] cheap    hash   cleared: decisions were made for the old view
 -- KEYS[4] log      list   read only: its length is returned
@@ -9,7 +12,8 @@
 -- ARGV[1] watermark
 -- ARGV[2] ttl in seconds (0 = no expiry)
 --
--- Returns {new_version, watermark, length} or the error reply "NO_SUMMARY <watermark>".
+-- Returns {new_version, watermark, length} ({0, 0, 0} when the state is gone: no
+-- session, nothing to rewind) or the error reply "NO_SUMMARY <watermark>".
 
 local w = tonumber(ARGV[1])
 local tokens = 0
@@ -22,6 +26,9 @@ if w ~= 0 then
   local record = cjson.decode(raw)
   tokens = record['tokens'] or 0
   kind = record['kind'] or ''
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {0, 0, 0}
 end
 redis.call('DEL', KEYS[3])
 local version = redis.call('HINCRBY', KEYS[1], 'version', 1)

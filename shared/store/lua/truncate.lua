@@ -6,7 +6,8 @@
 -- KEYS[1] log      list
 -- KEYS[2] cum      list   trimmed in step with log
 -- KEYS[3] state    hash   version, gen (log generation), watermark, summary_*, anchor_*;
---                         epoch read (ARGV[3])
+--                         epoch read (ARGV[3]); gone: no session (deleted or expired),
+--                         nothing to edit and nothing is written
 -- KEYS[4] sums     hash   summaries past the index are deleted (they cover gone messages)
 -- KEYS[5] sumidx   zset
 -- KEYS[6] cheap    hash   decisions at or past the index are deleted, and so are
@@ -29,7 +30,8 @@
 --         only for the log they were read from: append-only while epoch and generation
 --         hold, and of that length.
 --
--- Returns {new_version, new_watermark, new_length, new_gen}, the error reply
+-- Returns {new_version, new_watermark, new_length, new_gen} ({0, 0, 0, 0} when the state
+-- is gone: an empty log took index 0, and the edit made a state of its own), the error reply
 -- "INDEX_OUT_OF_RANGE <length>", or "LOG_MOVED <length>" when the log is no longer the
 -- one the caller read (nothing is written; it reads again).
 
@@ -37,6 +39,9 @@ local index = tonumber(ARGV[1])
 local len = redis.call('LLEN', KEYS[1])
 if index < 0 or index > len then
   return redis.error_reply('INDEX_OUT_OF_RANGE ' .. len)
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  return {0, 0, 0, 0}
 end
 
 local cur = redis.call('HMGET', KEYS[3], 'epoch', 'gen')
