@@ -270,13 +270,19 @@ def test_an_index_an_older_version_wrote_is_dropped_and_built_again(
     assert not index_compacted(store, "s").rebuilt  # once
 
 
+@pytest.mark.parametrize("shell", SHELLS)
 def test_dropping_an_index_drops_an_older_version_s_too(
-        store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: SessionStore, monkeypatch: pytest.MonkeyPatch, shell: str) -> None:
+    """A deleted session leaves no key: its log, state and summaries, its index (terms
+    included) and an older version's index; on the sync and the asyncio store alike."""
     fill(store, "s", range(10))
     commit(store, "s", 20)
+    index_compacted(store, "s")
     _legacy_index(store, "s", monkeypatch)
     legacy = recall_index_module.legacy_recall_keys(store, "s")
-    store.delete_session("s")
+    current = recall_index_module.recall_keys(store, "s")
+    assert store.redis.exists(legacy.meta, current.meta, current.term("handler_3")) == 3
+    store_shell(shell, store).delete_session("s")
     assert not list(store.redis.scan_iter(match=legacy.meta.removesuffix("meta") + "*"))
     assert not list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*"))
 

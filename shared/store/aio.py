@@ -6,7 +6,8 @@ reads the replies with its parsers, exactly like
 It offers what the async guard needs (the hot path: read the view, append a
 turn, record decisions, commit a truncation, the pending flag, state) and what an
 async agent does to its own sessions (history edits: :meth:`~AsyncSessionStore.truncate_after`,
-:meth:`~AsyncSessionStore.rewind`), through the same sans-I/O steps as the sync store;
+:meth:`~AsyncSessionStore.rewind`, :meth:`~AsyncSessionStore.delete_session`), through
+the same sans-I/O steps as the sync store;
 workers and operators keep the sync store.
 """
 
@@ -246,6 +247,13 @@ class AsyncSessionStore:
         return await commands.drive_async(
             rewind_steps(self.keys(session_id), watermark, self.config.ttl_seconds or 0),
             self._send)
+
+    async def delete_session(self, session_id: str) -> None:
+        """See :meth:`shared.store.sessions.SessionStore.delete_session`."""
+        from shared.store.recall_index import drop_index_async  # imports the store modules
+        k = self.keys(session_id)
+        await self._call("delete", self.redis.unlink(*k.all_keys(), commands.ids_key(k)))
+        await drop_index_async(self, session_id)
 
     # -- the pending flag ----------------------------------------------------------
     async def mark_pending(self, session_id: str) -> bool:

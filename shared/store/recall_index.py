@@ -538,27 +538,47 @@ async def forget_after_async(store: AsyncSessionStore, session_id: str, index: i
                                  lambda step: send_step(client, step))
 
 
-def drop_index(store: SessionStore, session_id: str) -> None:
-    """Delete a session's whole index (also call it from ``delete_session``), and an
-    index an older version wrote for it (:func:`legacy_recall_keys`)."""
-    with redis_errors("recall drop"):
-        _drop(store, recall_keys(store, session_id))
-        legacy = legacy_recall_keys(store, session_id)
-        if _client(store).exists(legacy.meta, legacy.terms, legacy.df):
-            _drop(store, legacy)
+def _drop_steps(k: RecallKeys) -> Generator[PipelineCall, Any, None]:
+    """Delete one index. One key per command: a Cluster pipeline refuses multi-key
+    commands (same slot or not). UNLINK: the docs hash and the message map of a long
+    session are freed off the main thread."""
+    listed, counted = yield PipelineCall([("get", (k.terms,)), ("hkeys", (k.df,))])
+    terms = [*(_s(listed).split("\n")[:-1] if listed else []), *(_s(t) for t in counted)]
+    keys = [*(k.term(t) for t in terms), k.meta, k.terms, k.df, k.doc, k.mp, k.queued]
+    for i in range(0, len(keys), 1000):
+        yield PipelineCall([("unlink", (key,)) for key in keys[i:i + 1000]])
+
+
+def drop_steps(k: RecallKeys, legacy: RecallKeys) -> Generator[PipelineCall, Any, None]:
+    """Delete an index (``k``) and the one an older version wrote (``legacy``), if any."""
+    yield from _drop_steps(k)
+    found = yield PipelineCall([("exists", (key,)) for key in (legacy.meta, legacy.terms,
+                                                                legacy.df)])
+    if any(found):
+        yield from _drop_steps(legacy)
 
 
 def _drop(store: SessionStore, k: RecallKeys) -> None:
-    # One key per command: a Cluster pipeline refuses multi-key DEL (same slot or not).
-    # UNLINK: the docs hash and the message map of a long session are freed off the
-    # main thread.
-    keys = [*(k.term(t) for t in _terms(store, k)), k.meta, k.terms, k.df, k.doc, k.mp,
-            k.queued]
-    for i in range(0, len(keys), 1000):
-        pipe = _client(store).pipeline(transaction=False)
-        for key in keys[i:i + 1000]:
-            pipe.unlink(key)
-        pipe.execute()
+    client = _client(store)
+    drive(_drop_steps(k), lambda step: send_step(client, step))
+
+
+def drop_index(store: SessionStore, session_id: str) -> None:
+    """Delete a session's whole index (also call it from ``delete_session``), and an
+    index an older version wrote for it (:func:`legacy_recall_keys`)."""
+    client = _client(store)
+    with redis_errors("recall drop"):
+        drive(drop_steps(recall_keys(store, session_id), legacy_recall_keys(store, session_id)),
+              lambda step: send_step(client, step))
+
+
+async def drop_index_async(store: AsyncSessionStore, session_id: str) -> None:
+    """:func:`drop_index` over redis.asyncio: the same steps, each reply awaited."""
+    client = _client(store)
+    with redis_errors("recall drop"):
+        await drive_async(drop_steps(recall_keys(store, session_id),
+                                     legacy_recall_keys(store, session_id)),
+                          lambda step: send_step(client, step))
 
 
 def claim_index_job(store: SessionStore, session_id: str, ttl_seconds: int) -> bool:
@@ -600,6 +620,8 @@ __all__ = [
     "ScriptCall",
     "claim_index_job",
     "drop_index",
+    "drop_index_async",
+    "drop_steps",
     "forget_after",
     "forget_after_async",
     "forget_steps",
