@@ -9,25 +9,38 @@ chain (55 messages, as an HTTP client sends them: new dicts each call) for each 
 afterwards (tracemalloc, gc not frozen, the view cache off so only the turns count),
 with the chain's tool outputs as they are and padded to ``--big`` bytes each.
 
-    PYTHONPATH=scripts:. .venv/bin/python scripts/bench_guard_memory.py [--sessions 1200]
+Then, for each shell, ``--recorded`` sessions of three real turns each (prepare, the
+view in OpenAI's format, ``record_turn``; every seventh session deleted) through one
+guard with its default bounds: the process's RSS and the collector's objects at each
+quarter. Past the first quarter (the view cache full) nothing should grow but the
+bounded structures: the change feed's per-session marks (forgotten past 100,000
+sessions) and the session-id check's memo (4,096 ids).
+
+    PYTHONPATH=scripts:. .venv/bin/python scripts/bench_guard_memory.py [--sessions 1200] \
+        [--recorded 8000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
+import os
+import time
 import tracemalloc
 from typing import Any
 
-from _guard_sessions import SYSTEM, Env
+from _guard_sessions import SYSTEM, Env, all_turns
+from _timing import proc_memory
 from bench_guard_turns import chain_turn
 
 from shared.core.messages import validate_messages
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.viewcache import PENDING_TOKENS, PENDING_TURNS, ViewCache
 from shared.enqueue import NullEnqueuer
-from shared.guard import ContextGuard
+from shared.guard import AsyncContextGuard, ContextGuard
+from shared.store.aio import AsyncSessionStore, connect_async
 
 MODEL = "bench-memory"
 
@@ -60,10 +73,76 @@ def held(env: Env, sessions: int, body: str) -> tuple[float, int]:
     return used / 1e6, kept
 
 
+RECORDED_MODEL = "bench-8k"
+
+
+def checkpoint(done: int, started: float) -> tuple[int, float, int, float]:
+    gc.collect()
+    return done, proc_memory(os.getpid())[0], len(gc.get_objects()), time.monotonic() - started
+
+
+def turns_for(i: int, turns: list[Any]) -> list[tuple[list[Any], list[Any]]]:
+    """Three real turns for session ``i``: (what the call sends as pending, the turn)."""
+    out = []
+    for k in range(3):
+        turn = turns[(i * 3 + k) % len(turns)]
+        answer = max([j for j, m in enumerate(turn) if m.role == "assistant"] or [0])
+        out.append((turn[:answer], turn))
+    return out
+
+
+def recorded_sync(env: Env, n: int) -> list[tuple[int, float, int, float]]:
+    store, turns = env.store(), all_turns()
+    guard = ContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
+    marks, started = [], time.monotonic()
+    for i in range(n):
+        for pending, turn in turns_for(i, turns):
+            view = guard.prepare(f"r{i}", SYSTEM, pending=pending, max_tokens=2000,
+                                 model=RECORDED_MODEL)
+            view.openai()
+            guard.record_turn(f"r{i}", turn,
+                              usage={"prompt_tokens": view.report.estimated_prompt_tokens})
+        if i % 7 == 0:
+            store.delete_session(f"r{i}")
+        if (i + 1) % (n // 4) == 0:
+            marks.append(checkpoint(i + 1, started))
+    guard.close()
+    return marks
+
+
+async def recorded_async(env: Env, n: int) -> list[tuple[int, float, int, float]]:
+    store, turns = AsyncSessionStore(connect_async(env.url, env.config), env.config), all_turns()
+    guard = AsyncContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
+    marks, started = [], time.monotonic()
+    for i in range(n):
+        for pending, turn in turns_for(i, turns):
+            view = await guard.prepare(f"a{i}", SYSTEM, pending=pending, max_tokens=2000,
+                                       model=RECORDED_MODEL)
+            view.openai()
+            await guard.record_turn(f"a{i}", turn, usage={
+                "prompt_tokens": view.report.estimated_prompt_tokens})
+        if i % 7 == 0:
+            await store.delete_session(f"a{i}")
+        if (i + 1) % (n // 4) == 0:
+            marks.append(checkpoint(i + 1, started))
+    await guard.aclose()
+    return marks
+
+
+def report_recorded(shell: str, marks: list[tuple[int, float, int, float]]) -> None:
+    for done, rss, objects, seconds in marks:
+        print(f"| {shell} | {done:,} | {seconds:,.0f} | {rss:,.1f} | {objects:,} |")
+    (first, rss0, obj0, _), (last, rss1, obj1, _) = marks[0], marks[-1]
+    per = 1000 / max(1, last - first)
+    print(f"| {shell}: growth per 1,000 sessions past the first quarter | | | "
+          f"{(rss1 - rss0) * per:+.2f} | {(obj1 - obj0) * per:+,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=1200)
     parser.add_argument("--big", type=int, default=40_000)
+    parser.add_argument("--recorded", type=int, default=8000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
     args = parser.parse_args()
     env = Env(args.redis_url)
@@ -78,6 +157,12 @@ def main() -> None:
             label = "as recorded" if not big else f"{big:,} bytes each"
             print(f"| {label} | {len(body) / 1e3:,.0f} kB | {tokens:,} | {kept:,} | {mb:,.0f} | "
                   f"{mb * 1e6 / max(1, kept * tokens):.1f} |")
+        if args.recorded >= 4:
+            print(f"\n{args.recorded:,} sessions of three recorded turns through one guard "
+                  "(default bounds), gc not frozen\n")
+            print("| shell | sessions | seconds | RSS MiB | objects |\n|---|---|---|---|---|")
+            report_recorded("sync", recorded_sync(env, args.recorded))
+            report_recorded("async", asyncio.run(recorded_async(env, args.recorded)))
     finally:
         env.cleanup()
 
