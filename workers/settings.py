@@ -70,6 +70,7 @@ GENAI_KEY_VARIABLES = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
 STORE_FIELD_SETTINGS = {"key_prefix": "key_prefix", "summary_retention": "summary_retention",
                         "ttl_seconds": "session_ttl_seconds",
                         "pending_ttl_seconds": "pending_ttl_seconds",
+                        "pending_stale_seconds": "pending_stale_seconds",
                         "socket_timeout": "redis_socket_timeout",
                         "connect_timeout": "redis_socket_timeout"}
 
@@ -120,6 +121,11 @@ class Settings(BaseSettings):
         default=600, gt=0, description="a queued job's pending flag expires after this: a "
         "job message lost on the way (a purge, a broker that lost its lists) holds the "
         "session's next job back at most this long")
+    pending_stale_seconds: int | None = Field(
+        default=None, ge=0, description="a pending flag no worker claimed for this long "
+        "(its job lost, or queued that long) is re-armed by the next turn, which publishes "
+        "the job again; 0: never; default: half of COMPACTION_PENDING_TTL_SECONDS (300 s), "
+        "above the broker's visibility timeout with the default timing")
     summary_retention: int = Field(default=50, ge=1)
 
     # policy
@@ -362,6 +368,7 @@ class Settings(BaseSettings):
             return StoreConfig(
                 key_prefix=self.key_prefix, summary_retention=self.summary_retention,
                 lease_ttl_seconds=self.lease_seconds, pending_ttl_seconds=self.pending_ttl_seconds,
+                pending_stale_seconds=self.pending_stale_seconds,
                 request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
                 ttl_seconds=self.session_ttl_seconds, socket_timeout=self.redis_socket_timeout,
                 connect_timeout=self.redis_socket_timeout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class StoreConfig(BaseModel):
@@ -24,12 +24,46 @@ class StoreConfig(BaseModel):
     summary_retention: int = Field(default=50, ge=1, description="summaries kept per session")
     ttl_seconds: int | None = Field(default=None, gt=0, description="refreshed on every write")
     pending_ttl_seconds: int = Field(default=600, gt=0)
+    pending_stale_seconds: int | None = Field(
+        default=None, ge=0, description="a pending flag no worker claimed for this long is "
+        "taken for a lost job's: the next writer re-arms it and publishes the job again; "
+        "0: never; None: half of pending_ttl_seconds (see pending_stale_after)")
     lease_ttl_seconds: int = Field(default=300, gt=0)
     request_ttl_seconds: int = Field(
         default=3600, gt=0, description="requests left for the lease holder (dirty flag, and "
         "those it took but had not run when it died): must outlive a job's redelivery")
     socket_timeout: float = Field(default=0.5, gt=0)
     connect_timeout: float = Field(default=0.5, gt=0)
+
+    @field_validator("pending_stale_seconds")
+    @classmethod
+    def _stale_before_expiry(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """A flag is never older than its TTL: an age at or past it would never be met."""
+        ttl = info.data.get("pending_ttl_seconds")
+        if value and isinstance(ttl, int) and value >= ttl:
+            raise ValueError(f"must be below pending_ttl_seconds ({ttl}), or 0 to never "
+                             "publish a pending job again")
+        return value
+
+    @property
+    def pending_stale_after(self) -> int:
+        """Seconds after which a pending flag no worker claimed is re-armed and its job
+        published again by the next writer that would have set it (0: never).
+
+        The default is half the flag's TTL: 300 s with the default 600 s. A queued job
+        clears the flag when a worker starts it, so the flag's age is how long its job has
+        waited. 300 s is above the broker's visibility timeout with the workers' default
+        timing (258 s, ``workers.settings``): a job whose worker was killed after taking it
+        is redelivered, and clears the flag, before it counts as stale; what is left is a
+        job lost for good (a purge, a message lost between the broker and a killed
+        worker) or a queue minutes behind. A duplicate job is harmless (the lease and the
+        watermark's compare-and-swap make it a no-op or a small extra compaction) and
+        there is at most one per session per stale period, the re-armed flag being young
+        again. Half of a shorter TTL keeps the rule valid for any TTL and never re-publishes
+        later than the flag's expiry would have let the next turn publish anyway."""
+        if self.pending_stale_seconds is None:
+            return self.pending_ttl_seconds // 2
+        return self.pending_stale_seconds
 
 
 class CompactionPolicy(BaseModel):
