@@ -30,8 +30,9 @@ from redis.retry import Retry
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import InlineJob
+from shared.store.commands import rearmed
 from shared.telemetry.propagation import publish_headers
-from shared.telemetry.publish_log import publish_failures
+from shared.telemetry.publish_log import log_republished, publish_failures
 
 TASK_MAYBE_SUMMARIZE = "compaction.maybe_summarize"
 TASK_COMPACT = "compaction.compact"
@@ -369,8 +370,11 @@ def request_summary(store: Any, enqueuer: Enqueuer, session_id: str) -> bool:
     If publishing fails the pending flag is cleared again, so that the next
     turn retries instead of waiting for the flag to expire.
     """
-    if not store.mark_pending(session_id):
+    marked = store.mark_pending(session_id)
+    if not marked:
         return False
+    if rearmed(marked):  # a stale flag re-armed: its job was lost
+        log_republished(session_id)
     return publish_marked(store, enqueuer, session_id)
 
 

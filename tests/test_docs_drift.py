@@ -98,7 +98,8 @@ def test_the_docker_readme_describes_the_image_and_the_services() -> None:
 # a row of the README's settings table: `COMPACTION_X` [/ `_Y` ...] | default [/ default ...] |
 ROW = re.compile(r"^\| `(COMPACTION_[A-Z0-9_]+)`((?: / `_[A-Z0-9_]+`)*) \| ([^|]*) \|", re.M)
 # defaults the table states in words: what the code computes for them
-IN_WORDS = {"provider's cheap model": None, "from the model's name": None}
+IN_WORDS = {"provider's cheap model": None, "from the model's name": None,
+            "half the pending TTL (300 s with the defaults)": None}
 
 
 def _documented_defaults(text: str, known: frozenset[str]) -> dict[str, str]:
@@ -148,6 +149,8 @@ def test_the_readme_settings_table_states_the_code_defaults() -> None:
     # the defaults stated as a computation: the figure given is the one computed
     settings = Settings()
     assert f"({settings.visibility_timeout} s with the defaults)" in text
+    stale = settings.store_config().pending_stale_after
+    assert f"| half the pending TTL ({stale} s with the defaults) |" in text
     cheap = [settings.model_copy(update={"summarizer": p}).summarizer_model_name
              for p in ("openai", "gemini")]
     assert f"| provider's cheap model | `{cheap[0]}` / `{cheap[1]}` |" in text

@@ -21,7 +21,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from shared.core.config import StoreConfig
+from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import ConfigError
 from shared.core.records import InlineJob
 from shared.enqueue import CallbackEnqueuer, request_summary
@@ -276,7 +276,9 @@ def test_a_truncating_prepare_applies_the_rule_too(any_redis: Any, key_prefix: s
     for i in range(12):
         store.append("s", coding_turn(i, 2000))
     tokens = store.range_tokens("s", 0, store.length("s"))
-    guard = make(shell, store, CallbackEnqueuer(jobs), overrides={"m": int(tokens * 0.7)})
+    no_cheap = CompactionPolicy(clear_keep_recent_turns=100, clear_tool_outputs_over_tokens=10**9)
+    guard = make(shell, store, CallbackEnqueuer(jobs), overrides={"m": int(tokens * 0.7)},
+                 policy=no_cheap)
     _age(store, "s", age)
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert view.report.truncated

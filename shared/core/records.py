@@ -335,7 +335,9 @@ class AppendResult:
     ``length`` / ``tokens_before`` are those of the first append. ``marked``:
     this append set the session's pending flag, so its caller publishes the
     summary job (coalescing: one job per burst), unless ``published``: the
-    script pushed the :class:`InlineJob` it was given. ``state`` is the session
+    script pushed the :class:`InlineJob` it was given. ``republished``: the flag
+    it set had stood past the store's stale age with no worker claiming its job
+    (lost): re-armed, and the job is asked for again. ``state`` is the session
     state after the append, when it was asked for.
     """
 
@@ -350,6 +352,7 @@ class AppendResult:
     batch: Sequence[tuple[str | bytes, int]] = ()  # what was sent: (stored JSON, token count) each
     pending: bool | None = None  # the pending flag right after the append (None: not told)
     published: bool = False  # the script pushed the job it carried (InlineJob)
+    republished: bool = False  # marked by re-arming a stale flag: its job is asked for again
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,12 +45,13 @@ from shared.guard._shell import (
     plain_writes,
     settle_garbage,
 )
+from shared.store import commands
 from shared.store.changes import CHANGED
 from shared.store.commands import Command
 from shared.store.keys import validate_session_id
 from shared.store.own_writes import OwnMark, vouch
 from shared.telemetry import get_metrics
-from shared.telemetry.publish_log import publish_failures
+from shared.telemetry.publish_log import log_republished, publish_failures
 
 log = logging.getLogger("shared.guard")
 T = TypeVar("T")
@@ -117,9 +118,13 @@ class NotSent(Exception):
     its plan's writes, so that a recovery that gives up leaves the session as it was."""
 
 
-def _published() -> None:
-    """A job got to the broker: counted, and the end of a publish outage if one was on."""
-    get_metrics().enqueue("published")
+def _published(session_id: str = "", republished: bool = False) -> None:
+    """A job got to the broker: counted, and the end of a publish outage if one was on.
+    ``republished``: its pending flag was a stale one re-armed (the first job was lost):
+    counted apart and logged."""
+    get_metrics().enqueue("republished" if republished else "published")
+    if republished:
+        log_republished(session_id)
     publish_failures.published()
 
 
@@ -329,12 +334,14 @@ class GuardFlow(GuardShell):
             "run_many", (self.session_base(session_id), built[0]), own=True)
         if done is None:
             return None
-        won, marked, pushed, version = self.own_written(session_id, snap, built[0], built[1],
-                                                        done[0], done[1], before)
+        won, marked, version = self.own_written(session_id, snap, built[0], built[1],
+                                                done[0], done[1], before)
         _sent_at(plan, version)
-        if marked and pushed:
-            _published()  # pushed by the write's own script
-        published = marked and (pushed or (yield from self._publish(session_id)))
+        again = commands.rearmed(marked)
+        if marked and commands.pushed(marked):
+            _published(session_id, again)  # pushed by the write's own script
+        published = bool(marked) and (commands.pushed(marked)
+                                      or (yield from self._publish(session_id, again)))
         return won, published
 
     def _perform(self, session_id: str, plan: Plan) -> Steps[bool]:
@@ -361,14 +368,16 @@ class GuardFlow(GuardShell):
         if force:
             self.touched(session_id)
             yield Io("update_state", (session_id,), {"force_requested": 1})
-        if not (yield Io("mark_pending", (session_id,))):
+        marked = yield Io("mark_pending", (session_id,))
+        if not marked:
             return False
-        return (yield from self._publish(session_id))
+        return (yield from self._publish(session_id, commands.rearmed(marked)))
 
-    def _publish(self, session_id: str) -> Steps[bool]:
+    def _publish(self, session_id: str, republished: bool = False) -> Steps[bool]:
         """Publish the job whose pending flag this call set (the enqueuer is synchronous in
         both shells: a broker publish, ~1 ms); on failure the flag is cleared again, so
-        that the next turn asks again instead of waiting for it to expire."""
+        that the next turn asks again instead of waiting for it to expire. ``republished``:
+        the flag was a stale one this call re-armed."""
         try:
             self.enqueuer.enqueue(self.store.tenant, session_id)
         except Exception as exc:
@@ -377,7 +386,7 @@ class GuardFlow(GuardShell):
             publish_failures.failed(session_id, exc)  # the first of an outage, then 1/min
             get_metrics().enqueue("failed")
             return False
-        _published()
+        _published(session_id, republished)
         return True
 
     # -- after the call --------------------------------------------------------------
@@ -416,9 +425,9 @@ class GuardFlow(GuardShell):
             self.unanswered(session_id, None, "")
             self.appended(session_id, cached, result, marks[-1] if marks else None)
             if result.marked and not result.published:
-                yield from self._publish(session_id)
+                yield from self._publish(session_id, result.republished)
             elif result.marked:
-                _published()  # pushed by the append's own script
+                _published(session_id, result.republished)  # pushed by the append's script
             return trace.turn(result.length)
 
     def _own_runner(self, session_id: str, marks: list[OwnMark | None],

@@ -172,9 +172,8 @@ class FreshViews:
         if plan.clear_recover_next:  # HDEL (absent: 0) never makes a state
             steps.append(("HDEL", k.state, "recover_next"))
         if wanted:
-            at["pending"] = len(steps)
-            steps.append(("SET", k.pending, "1", "NX", "EX", config.pending_ttl_seconds)
-                         if job is None else commands.pending_command(k, config, job))
+            at["pending"] = len(steps)  # set if absent, or a stale flag re-armed
+            steps.append(commands.pending_command(k, config, job))
         at["view"] = len(steps)
         steps.append(commands.view_command(k, _after_own_cheap(cursor, plan), True,
                                            (commands.BULK_MESSAGES, commands.BULK_TOKENS)))
@@ -183,10 +182,10 @@ class FreshViews:
     def own_written(self, session_id: str, snap: CachedView, steps: list[Any],
                     at: dict[str, int], replies: list[Any], mark: OwnMark | None,
                     before: tuple[int, int, int] | None,
-                    ) -> tuple[bool, bool, bool, int | None]:
-        """Read the replies of :meth:`own_steps`: (the truncation won its swap, this call
-        set the pending flag, it pushed the job too, the version its commit made). The
-        view read after the writes
+                    ) -> tuple[bool, int, int | None]:
+        """Read the replies of :meth:`own_steps`: (the truncation won its swap, what its
+        pending flag step did: ``pending.lua``'s reply, 0 without one; the version its
+        commit made). The view read after the writes
         becomes the cached view, vouched for like an own append
         (:func:`shared.store.own_writes.vouch`)."""
         for reply in replies:
@@ -205,14 +204,13 @@ class FreshViews:
                 won = False
             else:
                 version = result.version
-        flag = replies[at["pending"]] if "pending" in at else None
-        marked = flag not in (None, False, 0)  # SET's OK, or pending.lua's 1 or 2
+        marked = int(replies[at["pending"]]) if "pending" in at else 0
         if isinstance(raw, RawView):  # a large range (deferred) is left to the next read
             fresh = decode_view(raw, snap, carry)
             fresh.mark = vouch(mark, before, self.own_tally(session_id))
             if raw.epoch:
                 self.views.put(session_id, fresh)
-        return won, marked, flag == 2, version
+        return won, marked, version
 
     def own_tally(self, session_id: str) -> tuple[int, int, int] | None:
         """The change feed's tally for the session, around an own append."""

@@ -256,9 +256,9 @@ class AsyncSessionStore:
         await drop_index_async(self, session_id)
 
     # -- the pending flag ----------------------------------------------------------
-    async def mark_pending(self, session_id: str) -> bool:
-        return bool(await self._call("mark_pending", self.redis.set(
-            self.keys(session_id).pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+    async def mark_pending(self, session_id: str) -> int:
+        """See :meth:`shared.store.lease.LeaseOps.mark_pending` (a stale flag re-armed: 3)."""
+        return await self.execute(commands.pending_command(self.keys(session_id), self.config))
 
     async def clear_pending(self, session_id: str) -> None:
         await self._call("clear_pending", self.redis.delete(self.keys(session_id).pending))

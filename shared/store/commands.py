@@ -161,7 +161,7 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
     request = "" if opts.request_id is None else f"{opts.request_id} {batch_digest(encoded)}"
     args: list[Any] = [config.max_messages_per_session, config.ttl_seconds or 0,
                        secrets.token_hex(8), request, idempotency_keep,
-                       idempotency_ttl, config.pending_ttl_seconds if opts.mark_pending else 0,
+                       idempotency_ttl, pending_arg(config) if opts.mark_pending else 0,
                        1 if opts.with_state else 0,
                        "" if opts.fields_version is None else opts.fields_version, len(fields)]
     for name, value in fields:
@@ -182,6 +182,28 @@ def append_command(k: SessionKeys, config: StoreConfig, encoded: Sequence[tuple[
         args.extend((opts.job.db, opts.job.store_db, opts.job.message))
     return Command("append", keys, args, functools.partial(parse_append, batch=encoded),
                    "append")
+
+
+def pending_arg(config: StoreConfig) -> str:
+    """append.lua's ARGV[7] when it may set the pending flag: its TTL and its stale age."""
+    return f"{config.pending_ttl_seconds} {config.pending_stale_after}"
+
+
+MARK_REARMED = 3
+"""pending.lua's and append.lua's ``marked`` at or above this: a stale flag was re-armed
+(1 and 3: the caller publishes the job, 2 and 4: the script pushed it, 0: a job is
+pending)."""
+
+
+def rearmed(marked: int | bool) -> bool:
+    """Whether a flag setter's reply (``marked``, or a store's ``mark_pending``) re-armed a
+    stale flag: the job is published again (a bool, as stand-in stores return, never)."""
+    return int(marked) >= MARK_REARMED
+
+
+def pushed(marked: int | bool) -> bool:
+    """Whether the script pushed the job it was given along with setting the flag."""
+    return int(marked) in (2, MARK_REARMED + 1)
 
 
 def batch_digest(encoded: Sequence[tuple[str | bytes, int]]) -> str:
@@ -219,7 +241,7 @@ def parse_append(result: Any, batch: Sequence[tuple[str | bytes, int]] = ()) -> 
     return AppendResult(
         length=int(length), watermark=int(watermark), version=int(version),
         tokens_before=int(before), duplicate=bool(duplicate), marked=bool(marked),
-        published=int(marked) == 2,
+        published=pushed(marked), republished=rearmed(marked),
         state=SessionState.from_hash(state_raw) if state_raw is not None else None,
         state_raw=state_raw, batch=batch,
         pending=bool(result[7]) if len(result) > 7 else None)
@@ -457,12 +479,18 @@ def cheap_command(k: SessionKeys, config: StoreConfig, decisions: Sequence[Cheap
     return Command("cheap", [k.cheap, k.state], args, int, "record_cheap")
 
 
-def pending_command(k: SessionKeys, config: StoreConfig, job: InlineJob) -> Command[int]:
-    """Set the pending flag if absent and push ``job`` with it (``pending.lua``): 0 already
-    set, 1 set (the caller publishes), 2 set and pushed."""
-    return Command("pending", [k.pending, job.key],
-                   [config.pending_ttl_seconds, job.db, job.store_db, job.message], int,
-                   "mark_pending")
+def pending_command(k: SessionKeys, config: StoreConfig,
+                    job: InlineJob | None = None) -> Command[int]:
+    """Set the pending flag if absent, or re-arm it when it stood past the config's
+    :attr:`~shared.core.config.StoreConfig.pending_stale_after` unclaimed, and push
+    ``job`` with it (``pending.lua``): 0 a job is pending, 1 set (the caller publishes),
+    2 set and pushed; 3 and 4 the same for a re-armed flag (:func:`rearmed`)."""
+    keys = [k.pending]
+    args: list[Any] = [config.pending_ttl_seconds, config.pending_stale_after]
+    if job is not None:
+        keys.append(job.key)
+        args.extend((job.db, job.store_db, job.message))
+    return Command("pending", keys, args, int, "mark_pending")
 
 
 def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
@@ -490,6 +518,7 @@ __all__ = [
     "BULK_CHUNK",
     "BULK_MESSAGES",
     "BULK_TOKENS",
+    "MARK_REARMED",
     "AppendOptions",
     "Batch",
     "Command",
@@ -510,6 +539,10 @@ __all__ = [
     "parse_append",
     "parse_commit",
     "parse_view",
+    "pending_arg",
+    "pending_command",
+    "pushed",
+    "rearmed",
     "renamed_after",
     "request_conflict",
     "state_fields",

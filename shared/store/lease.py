@@ -5,7 +5,9 @@ Keys (all under the session's hash tag, see :mod:`shared.store.keys`):
 ``pending``: "a job is queued". The guard sets it (``SET NX``, with the
     append) and publishes only when it was absent: a burst of turns leaves at
     most one queued job. A job clears it first (``claim``); it expires, so a
-    job lost on the way never blocks the session.
+    job lost on the way never blocks the session, and one that stood unclaimed
+    past ``StoreConfig.pending_stale_after`` is re-armed by the next writer, which
+    publishes the job again (in the same script: one re-publish per stale period).
 ``lease``: the holder's random token with an expiry: one job at a time per
     session. ``SET NX PX``; extended and released only by its owner (``lease.lua``).
 ``dirty``: requests left for the holder by jobs that found the lease taken,
@@ -67,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import CommitResult, SummaryRecord
+from shared.store.commands import pending_command
 from shared.store.requests import Request, distinct
 
 if TYPE_CHECKING:
@@ -97,11 +100,13 @@ class LeaseOps:
         def _commit(self, session_id: str, record: SummaryRecord, expected_version: int,
                     token: str) -> CommitResult: ...
 
-    def mark_pending(self, session_id: str) -> bool:
-        """Set the pending flag if absent; True means the caller should enqueue a job."""
-        k = self.keys(session_id)
-        return bool(self._run("mark_pending", lambda: self.redis.set(
-            k.pending, "1", nx=True, ex=self.config.pending_ttl_seconds)))
+    def mark_pending(self, session_id: str) -> int:
+        """Set the pending flag if absent, or re-arm a stale one (``pending.lua``); truthy
+        means the caller should enqueue a job: 1, or 3 when the flag had stood unclaimed
+        past the config's ``pending_stale_after``
+        (:func:`shared.store.commands.rearmed`)."""
+        cmd = pending_command(self.keys(session_id), self.config)
+        return cmd.parse(self._script(cmd.what, cmd.script, cmd.keys, cmd.args))
 
     def clear_pending(self, session_id: str) -> None:
         self._run("clear_pending", lambda: self.redis.delete(self.keys(session_id).pending))

@@ -87,8 +87,10 @@ class Metrics(Protocol):
         ``unrecognised_overflow`` (taken for one by the refused request's size)."""
 
     def enqueue(self, outcome: str) -> None:
-        """A job the guard asked for: ``published``, or ``failed`` (the broker refused or
-        was unreachable; the session compacts only by truncation until one gets through)."""
+        """A job the guard asked for: ``published``, ``republished`` (again: the session's
+        pending flag stood unclaimed past its stale age, its job lost), or ``failed`` (the
+        broker refused or was unreachable; the session compacts only by truncation until
+        one gets through)."""
 
     def silent_truncation(self) -> None:
         """The provider reported far fewer prompt tokens than were sent."""
@@ -234,7 +236,8 @@ class PrometheusMetrics:
         self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
                                   "lease taken.", ["result"], registry=reg)
         self.enqueues = prom.Counter(p + "enqueue", "Jobs the guard asked for, by outcome "
-                                     "(published, failed).", ["outcome"], registry=reg)
+                                     "(published, republished, failed).", ["outcome"],
+                                     registry=reg)
         self._prepare_children: dict[str, tuple[Any, Any, Any, Any]] = {}
         self.depth = QueueDepthCollector()
         reg.register(self.depth)

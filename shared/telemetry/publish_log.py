@@ -63,8 +63,18 @@ class PublishFailureLog:
                         extra={"failed_publishes": total})
 
 
+def log_republished(session_id: str) -> None:
+    """A job published again for a pending flag that stood past its stale age with no
+    worker claiming it (``StoreConfig.pending_stale_after``): one line per re-publish, at
+    most one per session per stale period. Many of them mean jobs are being lost, or the
+    queue waits that long (``compaction_enqueue_total{outcome="republished"}``)."""
+    log.warning("session %s: its pending flag stood past its stale age with no worker "
+                "claiming the job (lost, or queued that long): job published again",
+                session_id, extra={"session_id": session_id})
+
+
 publish_failures = PublishFailureLog()
 """This process's: a broker outage is the process's, whatever guard or session met it."""
 
 
-__all__ = ["REPEAT_SECONDS", "PublishFailureLog", "publish_failures"]
+__all__ = ["REPEAT_SECONDS", "PublishFailureLog", "log_republished", "publish_failures"]

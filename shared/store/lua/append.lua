@@ -24,7 +24,9 @@
 --         carry the same batch (shared.store.commands.batch_digest)
 -- ARGV[5] request ids kept per session
 -- ARGV[6] ttl of the request ids, seconds
--- ARGV[7] pending flag ttl in seconds (0 = do not set the flag)
+-- ARGV[7] pending flag ttl in seconds (0 = do not set the flag), then optionally a space
+--         and the stale age in seconds: a flag older than that (ttl - PTTL; no worker
+--         claimed its job) is re-armed as if it was absent (0 or none = never)
 -- ARGV[8] 1 = also return the state hash as JSON
 -- ARGV[9] a version ('' = none) and ARGV[10] f, then f field/value pairs: set
 --         on the state hash only if its version is still that one (the
@@ -45,7 +47,9 @@
 -- duplicate = 1: the request id was seen; nothing was written and the
 -- figures (length, tokens before, marked) are those of the first append.
 -- marked = 1: this append set the pending flag, so its caller publishes the job;
--- marked = 2: it set the flag and pushed the job it carried (KEYS[11]).
+-- marked = 2: it set the flag and pushed the job it carried (KEYS[11]);
+-- marked = 3 or 4: the same (3: the caller publishes, 4: pushed) for a stale flag it
+-- re-armed with a fresh TTL: the job is published again (the first one was lost).
 -- (A retry does not set the fields again: the first attempt did, or they were stale.)
 -- Error reply "SESSION_FULL <current length>" when the limit would be passed, and
 -- "REQUEST_CONFLICT <length>" when the request id was used for another batch.
@@ -158,10 +162,30 @@ if n_fields > 0 and redis.call('HGET', KEYS[3], 'version') == ARGV[9] then
   redis.call('HSET', KEYS[3], unpack(pairs_))
 end
 
+-- 1: the flag was absent and is set; 3: it stood at least `stale` seconds (its age is
+-- its TTL's start minus what is left of it) and is set again, young; 0: left as it was
+-- (a young flag, or one without an expiry, whose age cannot be told).
+local function mark(key, flag_ttl, stale)
+  if redis.call('SET', key, '1', 'NX', 'EX', flag_ttl) then
+    return 1
+  end
+  if stale > 0 then
+    local left = redis.call('PTTL', key)
+    if left >= 0 and flag_ttl * 1000 - left >= stale * 1000 then
+      redis.call('SET', key, '1', 'EX', flag_ttl)
+      return 3
+    end
+  end
+  return 0
+end
+
+local pending_ttl, stale = string.match(ARGV[7], '^(%d+) ?(%d*)$')
+pending_ttl, stale = tonumber(pending_ttl), tonumber(stale) or 0
 local marked = 0
-local pending_ttl = tonumber(ARGV[7])
-if pending_ttl > 0 and redis.call('SET', KEYS[6], '1', 'NX', 'EX', pending_ttl) then
-  marked = 1
+if pending_ttl > 0 then
+  marked = mark(KEYS[6], pending_ttl, stale)
+end
+if marked > 0 then
   if job then
     if job_db ~= own_db then
       redis.call('SELECT', job_db)
@@ -170,7 +194,7 @@ if pending_ttl > 0 and redis.call('SET', KEYS[6], '1', 'NX', 'EX', pending_ttl) 
     if job_db ~= own_db then
       redis.call('SELECT', own_db)
     end
-    marked = 2
+    marked = marked + 1
   end
 end
 
