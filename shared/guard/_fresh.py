@@ -229,8 +229,9 @@ class FreshViews:
                    cached: CachedView | None) -> InlineJob | None:
         """The job for the append script to push if it sets the pending flag, when the
         broker is the store's own Redis (one round trip for the turn instead of two). None
-        when the cached view shows a job already pending (the append will not mark) or
-        the enqueuer cannot (then a marking append publishes as before)."""
+        when the cached view shows a job already pending (the append marks only if that
+        flag went stale, and its caller then publishes) or the enqueuer cannot (then a
+        marking append publishes as before)."""
         if not self.policy.proactive or self.server is None \
                 or (cached is not None and cached.pending):
             return None
