@@ -590,6 +590,43 @@ def test_cheap_decisions_whose_write_failed_are_planned_again(
     assert view.report.cheap_applied == len(stored) == 3
 
 
+WRITES = ("run_many", "record_cheap", "commit_summary", "mark_pending", "update_state")
+
+
+def test_a_write_failing_after_a_good_read_sends_the_planned_view_with_fallback(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """Redis gone between a prepare's read and its writes (a restart, found by the soak):
+    with ``fallback_messages`` the call still answers, with the view planned from that
+    read (not a degraded one); without it, it raises as before."""
+    guard = make_guard(store, overrides={"m": 8_000},
+                       policy=CompactionPolicy(clear_keep_recent_turns=1))
+    for i in range(4):
+        turn = coding_turn(i, 3000)
+        guard.prepare("s", SYSTEM, model="m", pending=turn[:1])
+        guard.record_turn("s", turn)
+    inner = getattr(guard, "inner", guard)  # the async shell's guard
+    perform, failed = inner.perform, []
+
+    def failing(io: Any) -> Any:
+        if io.method in WRITES:
+            failed.append(io.method)
+            raise StoreUnavailable(f"redis unavailable during {io.method}: timed out")
+        return perform(io)
+
+    inner.perform = failing
+    new = coding_turn(9, 3000)
+    with pytest.raises(StoreUnavailable):
+        guard.prepare("s", SYSTEM, model="m", pending=new[:1])
+    failed.clear()
+    view = guard.prepare("s", SYSTEM, model="m", pending=new[:1], fallback_messages=[])
+    assert failed and not view.report.degraded
+    assert view.report.budget.within_budget and view.messages[-1].content == new[0]["content"]
+    assert validate_view(view.messages, "openai") == []
+    inner.perform = perform
+    again = guard.prepare("s", SYSTEM, model="m", pending=new[:1])
+    assert again.report.estimated_prompt_tokens == view.report.estimated_prompt_tokens
+
+
 def test_silent_truncation_is_flagged(guard: ContextGuard) -> None:
     for i in range(3):
         guard.store.append("s", coding_turn(i))

@@ -230,9 +230,19 @@ class GuardFlow(GuardShell):
                                  extra, extra_tokens, force)
             if not _writes(*planned):  # a quiet call: no step at all
                 return trace.view(self._quiet(session_id, planned[0], started))
-            view = yield from self._write(session_id, *planned, system_prompt, tools,
-                                          max_tokens, model, extra, extra_tokens, started,
-                                          force)
+            try:
+                view = yield from self._write(session_id, *planned, system_prompt, tools,
+                                              max_tokens, model, extra, extra_tokens, started,
+                                              force)
+            except StoreUnavailable as exc:
+                if fallback_messages is None:
+                    raise
+                # The read answered, its writes did not (Redis went away in between): the
+                # view planned from that read is still the one to send; the next call
+                # plans its writes again.
+                log.warning("session %s: the view's writes failed, sent unrecorded (%s)",
+                            session_id, exc)
+                return trace.view(self.finish(planned[0], False, started))
             return trace.view(view)
 
     def _build(self, session_id: str, snap: CachedView, system_prompt: str,
