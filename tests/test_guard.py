@@ -558,18 +558,25 @@ def test_redis_down_is_typed_and_bounded_with_local_fallback(
     assert validate_view(view.messages, "openai") == []
 
 
-def test_cheap_decisions_whose_write_failed_are_planned_again(
-        make_guard: Callable[..., Any], store: SessionStore) -> None:
-    """A prepare whose cheap-stage write did not reach Redis (a timeout; in the async
-    shell, a cancellation: tests/test_async_cancel.py) kept the decisions in its cached
-    view: the next prepare showed them, planned nothing new and wrote nothing, and
-    Redis (workers, other guards) never got them."""
+def guard_over_its_cheap_stages(make_guard: Callable[..., Any], store: SessionStore) -> Any:
+    """A guard whose session "s" (four turns of big tool outputs in an 8k window) has
+    cheap-stage decisions to write on its next prepare."""
     guard = make_guard(store, overrides={"m": 8_000},
                        policy=CompactionPolicy(clear_keep_recent_turns=1))
     for i in range(4):
         turn = coding_turn(i, 3000)
         guard.prepare("s", SYSTEM, model="m", pending=turn[:1])
         guard.record_turn("s", turn)
+    return guard
+
+
+def test_cheap_decisions_whose_write_failed_are_planned_again(
+        make_guard: Callable[..., Any], store: SessionStore) -> None:
+    """A prepare whose cheap-stage write did not reach Redis (a timeout; in the async
+    shell, a cancellation: tests/test_async_cancel.py) kept the decisions in its cached
+    view: the next prepare showed them, planned nothing new and wrote nothing, and
+    Redis (workers, other guards) never got them."""
+    guard = guard_over_its_cheap_stages(make_guard, store)
     inner = getattr(guard, "inner", guard)  # the async shell's guard
     perform, failed = inner.perform, []
 
@@ -598,12 +605,7 @@ def test_a_write_failing_after_a_good_read_sends_the_planned_view_with_fallback(
     """Redis gone between a prepare's read and its writes (a restart, found by the soak):
     with ``fallback_messages`` the call still answers, with the view planned from that
     read (not a degraded one); without it, it raises as before."""
-    guard = make_guard(store, overrides={"m": 8_000},
-                       policy=CompactionPolicy(clear_keep_recent_turns=1))
-    for i in range(4):
-        turn = coding_turn(i, 3000)
-        guard.prepare("s", SYSTEM, model="m", pending=turn[:1])
-        guard.record_turn("s", turn)
+    guard = guard_over_its_cheap_stages(make_guard, store)
     inner = getattr(guard, "inner", guard)  # the async shell's guard
     perform, failed = inner.perform, []
 
