@@ -331,14 +331,16 @@ def _refresh_ttl(store: SessionStore, k: RecallKeys, ttl: int) -> None:
     _client(store).hset(k.meta, "ttl_at", f"{time.time():.3f}")
 
 
-def _terms(store: SessionStore, k: RecallKeys) -> list[str]:
+def _terms_steps(k: RecallKeys) -> Generator[PipelineCall, Any, list[str]]:
     """Every term of the index: the term list, and an older index's count hash."""
-    pipe = _client(store).pipeline(transaction=False)
-    pipe.get(k.terms)
-    pipe.hkeys(k.df)
-    listed, counted = pipe.execute()
+    listed, counted = yield PipelineCall([("get", (k.terms,)), ("hkeys", (k.df,))])
     terms = _s(listed).split("\n")[:-1] if listed else []
     return terms + [_s(t) for t in counted]
+
+
+def _terms(store: SessionStore, k: RecallKeys) -> list[str]:
+    client = _client(store)
+    return drive(_terms_steps(k), lambda step: send_step(client, step))
 
 
 def _read_heads(store: SessionStore,
@@ -542,8 +544,7 @@ def _drop_steps(k: RecallKeys) -> Generator[PipelineCall, Any, None]:
     """Delete one index. One key per command: a Cluster pipeline refuses multi-key
     commands (same slot or not). UNLINK: the docs hash and the message map of a long
     session are freed off the main thread."""
-    listed, counted = yield PipelineCall([("get", (k.terms,)), ("hkeys", (k.df,))])
-    terms = [*(_s(listed).split("\n")[:-1] if listed else []), *(_s(t) for t in counted)]
+    terms = yield from _terms_steps(k)
     keys = [*(k.term(t) for t in terms), k.meta, k.terms, k.df, k.doc, k.mp, k.queued]
     for i in range(0, len(keys), 1000):
         yield PipelineCall([("unlink", (key,)) for key in keys[i:i + 1000]])
