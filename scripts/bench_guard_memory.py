@@ -12,9 +12,10 @@ with the chain's tool outputs as they are and padded to ``--big`` bytes each.
 Then, for each shell, ``--recorded`` sessions of three real turns each (prepare, the
 view in OpenAI's format, ``record_turn``; every seventh session deleted) through one
 guard with its default bounds: the process's RSS and the collector's objects at each
-quarter. Past the first quarter (the view cache full) nothing should grow but the
-bounded structures: the change feed's per-session marks (forgotten past 100,000
-sessions) and the session-id check's memo (4,096 ids).
+checkpoint (``--marks``, 4 by default). Past the first (the view cache full) nothing
+should grow but the bounded structures: the change feed's per-session marks (forgotten past 100,000
+sessions) and the session-id check's memo (4,096 ids). ``--shells`` runs one guard only
+(two processes can then run side by side); ``--marks`` sets the checkpoints.
 
     PYTHONPATH=scripts:. .venv/bin/python scripts/bench_guard_memory.py [--sessions 1200] \
         [--recorded 8000]
@@ -91,10 +92,10 @@ def turns_for(i: int, turns: list[Any]) -> list[tuple[list[Any], list[Any]]]:
     return out
 
 
-def recorded_sync(env: Env, n: int) -> list[tuple[int, float, int, float]]:
+def recorded_sync(env: Env, n: int, marks: int) -> list[tuple[int, float, int, float]]:
     store, turns = env.store(), all_turns()
     guard = ContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
-    marks, started = [], time.monotonic()
+    done, started = [], time.monotonic()
     for i in range(n):
         for pending, turn in turns_for(i, turns):
             view = guard.prepare(f"r{i}", SYSTEM, pending=pending, max_tokens=2000,
@@ -104,16 +105,16 @@ def recorded_sync(env: Env, n: int) -> list[tuple[int, float, int, float]]:
                               usage={"prompt_tokens": view.report.estimated_prompt_tokens})
         if i % 7 == 0:
             store.delete_session(f"r{i}")
-        if (i + 1) % (n // 4) == 0:
-            marks.append(checkpoint(i + 1, started))
+        if (i + 1) % max(1, n // marks) == 0:
+            done.append(checkpoint(i + 1, started))
     guard.close()
-    return marks
+    return done
 
 
-async def recorded_async(env: Env, n: int) -> list[tuple[int, float, int, float]]:
+async def recorded_async(env: Env, n: int, marks: int) -> list[tuple[int, float, int, float]]:
     store, turns = AsyncSessionStore(connect_async(env.url, env.config), env.config), all_turns()
     guard = AsyncContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
-    marks, started = [], time.monotonic()
+    done, started = [], time.monotonic()
     for i in range(n):
         for pending, turn in turns_for(i, turns):
             view = await guard.prepare(f"a{i}", SYSTEM, pending=pending, max_tokens=2000,
@@ -123,10 +124,10 @@ async def recorded_async(env: Env, n: int) -> list[tuple[int, float, int, float]
                 "prompt_tokens": view.report.estimated_prompt_tokens})
         if i % 7 == 0:
             await store.delete_session(f"a{i}")
-        if (i + 1) % (n // 4) == 0:
-            marks.append(checkpoint(i + 1, started))
+        if (i + 1) % max(1, n // marks) == 0:
+            done.append(checkpoint(i + 1, started))
     await guard.aclose()
-    return marks
+    return done
 
 
 def report_recorded(shell: str, marks: list[tuple[int, float, int, float]]) -> None:
@@ -134,7 +135,7 @@ def report_recorded(shell: str, marks: list[tuple[int, float, int, float]]) -> N
         print(f"| {shell} | {done:,} | {seconds:,.0f} | {rss:,.1f} | {objects:,} |")
     (first, rss0, obj0, _), (last, rss1, obj1, _) = marks[0], marks[-1]
     per = 1000 / max(1, last - first)
-    print(f"| {shell}: growth per 1,000 sessions past the first quarter | | | "
+    print(f"| {shell}: growth per 1,000 sessions past the first mark | | | "
           f"{(rss1 - rss0) * per:+.2f} | {(obj1 - obj0) * per:+,.0f} |")
 
 
@@ -143,6 +144,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1200)
     parser.add_argument("--big", type=int, default=40_000)
     parser.add_argument("--recorded", type=int, default=8000)
+    parser.add_argument("--shells", default="sync,async",
+                        help="which guards serve the recorded sessions: sync, async or both")
+    parser.add_argument("--marks", type=int, default=4, help="checkpoints per recorded run")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
     args = parser.parse_args()
     env = Env(args.redis_url)
@@ -161,8 +165,12 @@ def main() -> None:
             print(f"\n{args.recorded:,} sessions of three recorded turns through one guard "
                   "(default bounds), gc not frozen\n")
             print("| shell | sessions | seconds | RSS MiB | objects |\n|---|---|---|---|---|")
-            report_recorded("sync", recorded_sync(env, args.recorded))
-            report_recorded("async", asyncio.run(recorded_async(env, args.recorded)))
+            shells = args.shells.split(",")
+            if "sync" in shells:
+                report_recorded("sync", recorded_sync(env, args.recorded, args.marks))
+            if "async" in shells:
+                marks = asyncio.run(recorded_async(env, args.recorded, args.marks))
+                report_recorded("async", marks)
     finally:
         env.cleanup()
 

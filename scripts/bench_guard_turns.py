@@ -85,8 +85,7 @@ def worker(url: str, prefix: str, sid: str, stop: Any) -> None:
 
 
 def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argparse.Namespace,
-           ) -> tuple[list[float], list[float], list[float], list[float], list[float],
-                      list[float]]:
+           full: FullCollections) -> tuple[list[float], ...]:
     """Per turn: wall ms of every prepare plus record_turn (and the same in this thread's
     CPU ms, which other load on the machine does not inflate). Per quiet prepare (nothing
     to compact): its ms, and LangChain's hook on the same messages at the same point of
@@ -104,6 +103,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
                 time.sleep(args.llm_ms / 1000)  # the model call the last view was sent to
             hook_first = len(quiet) % 2 == 1
             lc = timed_hook(hook, lc_state.state) if hook_first else None
+            full.guarding = True
             cpu_started, started = time.thread_time(), time.perf_counter()
             view = guard.prepare(sid, SYSTEM, pending=turn[:i], **kw)
             prepared = time.perf_counter()
@@ -112,6 +112,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
             else:
                 getattr(view, args.format)(shared=True)
             took = (time.perf_counter() - started) * 1000
+            full.guarding = False
             used += (time.thread_time() - cpu_started) * 1000
             if not hook_first:
                 lc = timed_hook(hook, lc_state.state)
@@ -130,8 +131,10 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
         assert view is not None
         if args.llm_ms:
             time.sleep(args.llm_ms / 1000)  # the model call whose answer ends the turn
+        full.guarding = True
         cpu_started, started = time.thread_time(), time.perf_counter()
         guard.record_turn(sid, turn, usage={"prompt_tokens": view.report.estimated_prompt_tokens})
+        full.guarding = False
         per_turn.append(wait + (time.perf_counter() - started) * 1000)
         cpu.append(used + (time.thread_time() - cpu_started) * 1000)
         if number:  # the first turn's first call has no state for the hook yet
@@ -140,11 +143,15 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
 
 
 class FullCollections:
-    """A ``gc.callbacks`` hook: the wall ms of each full (generation 2) collection."""
+    """A ``gc.callbacks`` hook: the wall ms of each full (generation 2) collection, and
+    whether it ran inside a guard call (``guarding`` is set around each): a collection
+    runs in whichever call's allocation crosses the threshold, though the garbage may be
+    anyone's (LangChain's hook and state in this loop make most of it)."""
 
     def __init__(self) -> None:
-        self.took: list[float] = []
+        self.took: list[tuple[float, bool]] = []
         self.started = 0.0
+        self.guarding = False
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if info["generation"] != 2:
@@ -152,7 +159,14 @@ class FullCollections:
         if phase == "start":
             self.started = time.perf_counter()
         else:
-            self.took.append((time.perf_counter() - self.started) * 1000)
+            self.took.append(((time.perf_counter() - self.started) * 1000, self.guarding))
+
+    def described(self) -> str:
+        if not self.took:
+            return "gc_full 0"
+        inside = sum(1 for _, guarding in self.took if guarding)
+        times = ", ".join(f"{ms:.1f}" for ms, _ in self.took)
+        return f"gc_full {len(self.took)} ({times} ms; {inside} inside the guard's calls)"
 
 
 class LcState:
@@ -232,7 +246,7 @@ def main() -> None:
         full = FullCollections()
         gc.callbacks.append(full)
         try:
-            per_turn, quiet, chain, cpu, lc, lc_turns = replay(guard, sid, turns, args)
+            per_turn, quiet, chain, cpu, lc, lc_turns = replay(guard, sid, turns, args, full)
         finally:
             gc.callbacks.remove(full)
         summaries = len(guard.store.summaries(sid))
@@ -243,8 +257,7 @@ def main() -> None:
     print(f"load average {loadavg()}; {len(turns)} turns, {sum(len(t) for t in turns)} "
           f"messages, window {args.window}, {summaries} summaries kept at the end, "
           f"model call {args.llm_ms:g} ms; gc "
-          f"{'frozen after start-up' if args.gc_freeze else 'as is'}, gc_full {len(full.took)} "
-          f"({', '.join(f'{t:.1f}' for t in full.took) or 'none'} ms)\n")
+          f"{'frozen after start-up' if args.gc_freeze else 'as is'}, {full.described()}\n")
     print("| figure | p50 ms | p99 ms | target |\n|---|---|---|---|")
     print(f"| guard wait per turn | {percentile(per_turn, 50):.2f} | "
           f"{percentile(per_turn, 99):.2f} | p99 <= 5 |")
