@@ -116,11 +116,13 @@ class Env:
     url: str
     prefix: str = field(default_factory=lambda: "bench" + uuid.uuid4().hex[:8])
     stores: list[SessionStore] = field(default_factory=list)
+    ttl_seconds: int | None = None  # sessions expire (a long run's Redis memory stays bounded)
 
     @property
     def config(self) -> StoreConfig:
         return StoreConfig(key_prefix=self.prefix, max_messages_per_session=400_000,
-                           socket_timeout=60.0)  # a cold read of 100k messages is ~100 MB
+                           socket_timeout=60.0,  # a cold read of 100k messages is ~100 MB
+                           ttl_seconds=self.ttl_seconds)
 
     def store(self) -> SessionStore:
         s = SessionStore(connect(self.url, self.config), self.config)
