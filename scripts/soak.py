@@ -107,6 +107,10 @@ class Redis:
         return redis.Redis.from_url(self.url(db), socket_timeout=10)
 
     def start(self) -> None:
+        with contextlib.suppress(redis.exceptions.RedisError):
+            if self.client().ping():  # someone else's: the soak flushes and restarts its own
+                raise RuntimeError(f"a Redis already answers on port {self.port}: pass "
+                                   "another --port")
         subprocess.run([self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                         "--save", "", "--appendonly", "no", "--daemonize", "yes",
                         "--dir", self.directory, "--logfile", f"{self.directory}/redis.log",
