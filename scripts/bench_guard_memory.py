@@ -9,7 +9,7 @@ chain (55 messages, as an HTTP client sends them: new dicts each call) for each 
 afterwards (tracemalloc, gc not frozen, the view cache off so only the turns count),
 with the chain's tool outputs as they are and padded to ``--big`` bytes each.
 
-Then, for each shell, ``--recorded`` sessions of three real turns each (prepare, the
+Then, for each shell, ``--recorded`` sessions of ``--turns`` real turns each (prepare, the
 view in OpenAI's format, ``record_turn``; every seventh session deleted) through one
 guard with its default bounds: the process's RSS and the collector's objects at each
 checkpoint (``--marks``, 4 by default). Past the first (the view cache full) nothing
@@ -78,27 +78,31 @@ def held(env: Env, sessions: int, body: str) -> tuple[float, int]:
 RECORDED_MODEL = "bench-8k"
 
 
-def checkpoint(done: int, started: float) -> tuple[int, float, int, float]:
+def checkpoint(shell: str, done: int, started: float) -> tuple[int, float, int, float]:
+    """RSS and the collector's objects now, printed at once (a long run shows its
+    progress, and a run cut short keeps what it measured)."""
     gc.collect()
-    return done, proc_memory(os.getpid())[0], len(gc.get_objects()), time.monotonic() - started
+    mark = done, proc_memory(os.getpid())[0], len(gc.get_objects()), time.monotonic() - started
+    print(f"| {shell} | {done:,} | {mark[3]:,.0f} | {mark[1]:,.1f} | {mark[2]:,} |", flush=True)
+    return mark
 
 
-def turns_for(i: int, turns: list[Any]) -> list[tuple[list[Any], list[Any]]]:
-    """Three real turns for session ``i``: (what the call sends as pending, the turn)."""
+def turns_for(i: int, turns: list[Any], count: int) -> list[tuple[list[Any], list[Any]]]:
+    """``count`` real turns for session ``i``: (what the call sends as pending, the turn)."""
     out = []
-    for k in range(3):
-        turn = turns[(i * 3 + k) % len(turns)]
+    for k in range(count):
+        turn = turns[(i * count + k) % len(turns)]
         answer = max([j for j, m in enumerate(turn) if m.role == "assistant"] or [0])
         out.append((turn[:answer], turn))
     return out
 
 
-def recorded_sync(env: Env, n: int, marks: int) -> list[tuple[int, float, int, float]]:
+def recorded_sync(env: Env, n: int, marks: int, per: int) -> list[tuple[int, float, int, float]]:
     store, turns = env.store(), all_turns()
     guard = ContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
     done, started = [], time.monotonic()
     for i in range(n):
-        for pending, turn in turns_for(i, turns):
+        for pending, turn in turns_for(i, turns, per):
             view = guard.prepare(f"r{i}", SYSTEM, pending=pending, max_tokens=2000,
                                  model=RECORDED_MODEL)
             view.openai()
@@ -107,17 +111,18 @@ def recorded_sync(env: Env, n: int, marks: int) -> list[tuple[int, float, int, f
         if i % 7 == 0:
             store.delete_session(f"r{i}")
         if (i + 1) % max(1, n // marks) == 0:
-            done.append(checkpoint(i + 1, started))
+            done.append(checkpoint("sync", i + 1, started))
     guard.close()
     return done
 
 
-async def recorded_async(env: Env, n: int, marks: int) -> list[tuple[int, float, int, float]]:
+async def recorded_async(env: Env, n: int, marks: int, per: int,
+                         ) -> list[tuple[int, float, int, float]]:
     store, turns = AsyncSessionStore(connect_async(env.url, env.config), env.config), all_turns()
     guard = AsyncContextGuard(store, NullEnqueuer(), overrides={RECORDED_MODEL: 8000})
     done, started = [], time.monotonic()
     for i in range(n):
-        for pending, turn in turns_for(i, turns):
+        for pending, turn in turns_for(i, turns, per):
             view = await guard.prepare(f"a{i}", SYSTEM, pending=pending, max_tokens=2000,
                                        model=RECORDED_MODEL)
             view.openai()
@@ -126,14 +131,12 @@ async def recorded_async(env: Env, n: int, marks: int) -> list[tuple[int, float,
         if i % 7 == 0:
             await store.delete_session(f"a{i}")
         if (i + 1) % max(1, n // marks) == 0:
-            done.append(checkpoint(i + 1, started))
+            done.append(checkpoint("async", i + 1, started))
     await guard.aclose()
     return done
 
 
 def report_recorded(shell: str, marks: list[tuple[int, float, int, float]]) -> None:
-    for done, rss, objects, seconds in marks:
-        print(f"| {shell} | {done:,} | {seconds:,.0f} | {rss:,.1f} | {objects:,} |")
     (first, rss0, obj0, _), (last, rss1, obj1, _) = marks[0], marks[-1]
     per = 1000 / max(1, last - first)
     print(f"| {shell}: growth per 1,000 sessions past the first mark | | | "
@@ -148,6 +151,7 @@ def main() -> None:
     parser.add_argument("--shells", default="sync,async",
                         help="which guards serve the recorded sessions: sync, async or both")
     parser.add_argument("--marks", type=int, default=4, help="checkpoints per recorded run")
+    parser.add_argument("--turns", type=int, default=3, help="real turns per recorded session")
     parser.add_argument("--ttl", type=int, default=None,
                         help="the sessions' TTL in seconds (a run of 100,000 sessions keeps "
                              "~5 GB in Redis without one)")
@@ -166,14 +170,15 @@ def main() -> None:
             print(f"| {label} | {len(body) / 1e3:,.0f} kB | {tokens:,} | {kept:,} | {mb:,.0f} | "
                   f"{mb * 1e6 / max(1, kept * tokens):.1f} |")
         if args.recorded >= 4:
-            print(f"\n{args.recorded:,} sessions of three recorded turns through one guard "
+            print(f"\n{args.recorded:,} sessions of {args.turns} recorded turns through one guard "
                   "(default bounds), gc not frozen\n")
             print("| shell | sessions | seconds | RSS MiB | objects |\n|---|---|---|---|---|")
             shells = args.shells.split(",")
             if "sync" in shells:
-                report_recorded("sync", recorded_sync(env, args.recorded, args.marks))
+                report_recorded("sync", recorded_sync(env, args.recorded, args.marks, args.turns))
             if "async" in shells:
-                marks = asyncio.run(recorded_async(env, args.recorded, args.marks))
+                marks = asyncio.run(recorded_async(env, args.recorded, args.marks,
+                                                   args.turns))
                 report_recorded("async", marks)
     finally:
         env.cleanup()
