@@ -70,7 +70,8 @@ def encoded(items: list[Message], offset: int) -> list[bytes | None]:
 
 class _Turn:
     """One session's turn so far, as parallel lists (each call extends them at C speed: a
-    long chain's calls do not walk the whole turn in Python), scan and cut."""
+    long chain's calls do not walk the whole turn in Python), scan and cut. The lists are
+    set once, before the record is kept: a call makes a new record, never changes them."""
 
     __slots__ = ("cut", "extra", "given", "raw", "renamed", "scan", "slots", "tokens")
 
@@ -161,9 +162,14 @@ class PendingTurns:
             raise
         fresh_raw = encoded(fresh, reuse)
         assert reuse == 0 or found is not None
-        turn = found if found is not None else _Turn()  # kept (as most recent) by _sized
+        # A new record, kept whole (as most recent) by _sized: another request of the
+        # session may be reading or replacing ``found`` meanwhile (filled in place, its
+        # fields came from two requests, and a recording took one's messages with the
+        # other's stored JSON).
+        turn = _Turn()
         keep = found is not None and reuse == len(given)
         base = found if found is not None else turn
+        turn.scan, turn.cut, turn.renamed = base.scan, base.cut, base.renamed
 
         def kept(part: list[Any]) -> list[Any]:
             return part if keep else part[:reuse]
