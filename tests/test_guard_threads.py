@@ -226,3 +226,155 @@ def test_threads_on_many_sessions_see_the_views_a_fresh_guard_builds(
     for sid in sessions:
         assert unrenamed(guard.prepare(sid, SYSTEM, **M).openai()) == \
             unrenamed(fresh_guard(store).prepare(sid, SYSTEM, **M).openai())
+
+
+def test_threads_racing_on_one_session_keep_the_log_and_the_cache_right(
+        real_redis: redis.Redis, key_prefix: str, fine_switching: None) -> None:
+    """Four requests of one session at once, each a tool chain of prepares with its own
+    pending turn, then its record, while a worker commits summaries: each turn stored
+    once and whole (its five messages together, none of another turn's), each view valid
+    and holding its own pending messages, and afterwards the guard's view and cached
+    entry are what Redis holds."""
+    from shared.core.records import SummaryRecord
+    from tests.test_own_writes import assert_cached_is_fresh
+
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    guard = ContextGuard(store, overrides={"m": 1_000_000})
+    n, rounds = 4, 25
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def agent(a: int) -> None:
+        try:
+            for k in range(rounds):
+                turn = tagged_turn(f"t{a}-{k}")
+                for size in (1, 3, 5):
+                    view = guard.prepare("s", SYSTEM, pending=turn[:size], **M)
+                    assert validate_view(list(view.messages), "openai") == []
+                    assert [m.content for m in view.messages[-size:]] == \
+                        [m["content"] for m in turn[:size]]
+                guard.record_turn("s", turn)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def worker() -> None:
+        while not stop.is_set():
+            state, length = store.state("s"), store.length("s")
+            target = length - length % 5 - 10
+            if target > state.watermark:
+                store.commit_summary("s", SummaryRecord(
+                    watermark=target, kind="llm", text=f"up to {target}", tokens=9),
+                    state.version)
+
+    threads = [threading.Thread(target=agent, args=(a,)) for a in range(n)]
+    summarizer = threading.Thread(target=worker)
+    for thread in [*threads, summarizer]:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    stop.set()
+    summarizer.join(60)
+    assert not errors, errors[:3]
+    log = [str(m.content).split(":")[0] for m in store.messages("s")]
+    turns = [log[i:i + 5] for i in range(0, len(log), 5)]
+    assert all(len(set(t)) == 1 for t in turns), [t for t in turns if len(set(t)) > 1][:3]
+    assert sorted(t[0] for t in turns) == sorted(f"t{a}-{k}" for a in range(n)
+                                                 for k in range(rounds))
+    assert store.state("s").watermark > 0
+    assert unrenamed(guard.prepare("s", SYSTEM, **M).openai()) == \
+        unrenamed(fresh_guard(store).prepare("s", SYSTEM, **M).openai())
+    assert_cached_is_fresh(guard, store)
+
+
+def test_threads_sharing_the_own_connection_and_the_feed_each_read_their_own_replies(
+        real_redis: redis.Redis, key_prefix: str, fine_switching: None) -> None:
+    """The guard's own connections used by eight threads at once (each with its keys,
+    written meanwhile by another client so that pushes arrive): every batch that ran on
+    the own-writes connection got its own replies, in order (a reply read by the wrong
+    thread would show another thread's value), the others were refused (busy: the
+    caller uses the store), and the change feed answered every check."""
+    from shared.store.changes import ChangeFeed, feed_for
+    from shared.store.own_writes_sync import OwnWrites
+
+    kwargs = real_redis.connection_pool.connection_kwargs
+    own = OwnWrites(kwargs, probe_key=f"{key_prefix}:")
+    feed = feed_for(real_redis, f"{key_prefix}:{{")
+    assert isinstance(feed, ChangeFeed)
+    ran, wrong = [0], []
+    stop = threading.Event()
+
+    def thread(t: int) -> None:
+        base = f"{key_prefix}:{{t{t}}}"
+        for k in range(300):
+            value = f"{t}-{k}"
+            done = own.run_many(base, [("SET", f"{base}:v", value), ("GET", f"{base}:v"),
+                                       ("ECHO", value)])
+            if done is not None:
+                ran[0] += 1
+                got = [r.decode() if isinstance(r, bytes) else r for r in done[0]]
+                if got != ["OK", value, value]:
+                    wrong.append((value, got))
+            mark = feed.mark()
+            if mark is None or feed.tally(base) is None:
+                wrong.append((value, "feed could not vouch"))
+
+    def writer() -> None:
+        other = redis.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379),
+                            db=kwargs.get("db", 0))
+        while not stop.is_set():
+            for t in range(8):
+                other.set(f"{key_prefix}:{{t{t}}}:log", "x")
+
+    threads = [threading.Thread(target=thread, args=(t,)) for t in range(8)]
+    noise = threading.Thread(target=writer)
+    for th in [*threads, noise]:
+        th.start()
+    for th in threads:
+        th.join(120)
+    stop.set()
+    noise.join(10)
+    own.close()
+    feed.close()
+    assert wrong == []
+    assert ran[0] > 0
+    print(f"own-writes batches run: {ran[0]} of 2400 (the others found it busy)")
+
+
+def test_bounded_caches_keep_their_books_under_threads(fine_switching: None) -> None:
+    """Threads getting, putting and dropping entries of one view cache and one bounded
+    map at their bounds (an eviction on every put): the totals they keep are the sums of
+    what they hold, within the bounds, and every entry read is the one put for its key."""
+    from types import SimpleNamespace
+
+    from shared.core.boundedlru import BoundedLRU
+
+    lru: BoundedLRU[str] = BoundedLRU(8, 40)
+    views = ViewCache(6, 30)
+    wrong: list[Any] = []
+
+    def thread(t: int) -> None:
+        for k in range(3000):
+            key = f"k{(t * 7 + k) % 13}"
+            lru.put(key, key, size=k % 9)
+            got = lru.get(f"k{k % 13}")
+            if got is not None and got != f"k{k % 13}":
+                wrong.append(got)
+            if k % 5 == 0:
+                lru.pop(key)
+            views.put(key, SimpleNamespace(epoch=key, history=[None] * (k % 7)))  # type: ignore[arg-type]
+            seen = views.get(f"k{k % 13}")
+            if seen is not None and seen.epoch != f"k{k % 13}":
+                wrong.append(seen.epoch)
+
+    threads = [threading.Thread(target=thread, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert wrong == []
+    book = lru._book
+    assert book.size == sum(size for _, size in book.entries.values()) <= 40
+    assert len(book.entries) <= 8
+    shelf = views._shelf
+    assert shelf.messages == sum(len(v.history) for v in shelf.entries.values()) <= 30
+    assert len(shelf.entries) <= 6
