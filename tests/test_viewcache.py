@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,10 +12,36 @@ from hypothesis import strategies as st
 
 from shared.core.viewcache import ViewCache
 
+_EPOCHS = itertools.count()
 
-def entry(messages: int) -> Any:
-    """A cached view as the cache sees it: only its history's length counts."""
-    return SimpleNamespace(history=[None] * messages)
+
+def entry(messages: int, *, epoch: str | None = None, gen: int = 0, version: int = 1,
+          end: int = 0) -> Any:
+    """A cached view as the cache sees it: its history's length, and where in the log it
+    was read (a log of its own unless ``epoch`` is given)."""
+    return SimpleNamespace(history=[None] * messages, epoch=epoch or f"e{next(_EPOCHS)}",
+                           gen=gen, version=version, end=end)
+
+
+def test_a_view_read_before_the_kept_one_does_not_replace_it() -> None:
+    """Two requests of one session finishing out of order (a threaded server): the
+    prepare that read before the other's append puts its view last."""
+    cache = ViewCache(8, 100)
+    appended = entry(3, epoch="e", version=4, end=12)
+    cache.put("s", appended)
+    for older in (entry(2, epoch="e", version=4, end=10), entry(3, epoch="e", version=3, end=12),
+                  entry(2, epoch="e", version=3, end=10)):
+        cache.put("s", older)
+        assert cache.get("s") is appended and cache.messages == 3
+    for newer in (entry(3, epoch="e", version=4, end=12),  # the same read: its later plan
+                  entry(4, epoch="e", version=5, end=12),  # a summary landed
+                  entry(1, epoch="e", gen=1, version=6, end=8),  # an edit cut the log
+                  entry(1, epoch="f", version=1, end=2),  # deleted, then a new session
+                  entry(2, epoch="f", version=2, end=1)):  # not behind on both: kept
+        cache.put("s", newer)
+        assert cache.get("s") is newer and cache.messages == len(newer.history)
+    cache.discard("s")
+    assert cache.get("s") is None and cache.messages == 0
 
 
 def test_scopes_keep_the_same_session_id_apart() -> None:

@@ -197,9 +197,17 @@ class ViewCache:
             return entry
 
     def put(self, session_id: str, entry: CachedView | None) -> None:
+        """Keep ``entry`` (None: drop the session's), unless the one kept is newer: two
+        requests of one session in a threaded server can finish out of order, and a
+        prepare that read before the other's append would otherwise put its older view
+        over the one the append made (stale until the append's push arrives, which can
+        come after the next call)."""
         shelf, key = self._shelf, (self._scope, session_id) if self._scope else session_id
         with shelf.lock:
-            old = shelf.entries.pop(key, None)
+            old = shelf.entries.get(key)
+            if old is not None and entry is not None and _older(entry, old):
+                return
+            shelf.entries.pop(key, None)
             if old is not None:
                 shelf.messages -= len(old.history)
             if entry is None or len(entry.history) > shelf.max_messages \
@@ -223,6 +231,15 @@ class ViewCache:
     def __len__(self) -> int:
         """Sessions cached in all, every scope's."""
         return len(self._shelf.entries)
+
+
+def _older(entry: CachedView, kept: CachedView) -> bool:
+    """Whether ``entry`` was read before ``kept``: the same log (epoch and generation: no
+    edit, no delete between), where the version and the length only grow, and neither
+    further on while one is behind."""
+    return (entry.epoch == kept.epoch and entry.gen == kept.gen
+            and entry.version <= kept.version and entry.end <= kept.end
+            and (entry.version < kept.version or entry.end < kept.end))
 
 
 class KnownCounts:
