@@ -195,6 +195,7 @@ def test_a_truncating_chain_requests_its_forced_job_once(guard: ContextGuard,
                           if isinstance(step, tuple) and "force_requested" in step)
             return run_many(base, steps)
         own.run_many = spy_own
+    guard.record_turn("s", coding_turn(9, 100))  # a job has something stored to compact
     turn = coding_turn(0, 12_000) + coding_turn(1, 12_000)[1:] + coding_turn(2, 12_000)[1:]
     calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
     reports = [guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
@@ -204,6 +205,25 @@ def test_a_truncating_chain_requests_its_forced_job_once(guard: ContextGuard,
     assert [w for w in writes if "force_requested" in w] == [{"force_requested": 1}]
     assert jobs.jobs == [("default", "s")]
     assert guard.store.state("s").force_requested == 1
+
+
+def test_a_new_sessions_first_turn_asks_no_job_until_it_is_recorded(
+        guard: ContextGuard, jobs: Recorder) -> None:
+    """Nothing is stored yet: a job would find no session. Each truncating call of a long
+    first turn asked for one, the worker's claim clearing the flag for the next call to set
+    again; the turn's record asks once the stored log is due."""
+    turn = coding_turn(0, 12_000) + coding_turn(1, 12_000)[1:] + coding_turn(2, 12_000)[1:]
+    calls = [i for i, m in enumerate(turn) if m["role"] == "assistant"]
+    truncated = []
+    for i in calls[1:]:
+        view = guard.prepare("s", SYSTEM, max_tokens=1000, model="small-model",
+                             pending=turn[:i])
+        truncated.append(view.report.truncated)
+        guard.store.clear_pending("s")  # a worker claiming whatever job was asked
+    assert truncated == [False, False, True, True, True]
+    assert jobs.jobs == []
+    guard.record_turn("s", turn)
+    assert jobs.jobs == [("default", "s")]
 
 
 def test_irreducible_floor_is_a_clear_error(guard: ContextGuard) -> None:

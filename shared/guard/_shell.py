@@ -487,7 +487,13 @@ class GuardShell(FreshViews, Recovery):
     def job_wanted(plan: Plan, snap: CachedView) -> tuple[bool, bool]:
         """Whether to request the summary job, and forced. Not again while the view shows
         one queued, forced already when this plan forces (each call of a tool chain that
-        overflows truncates: it would write the same flag and read it back every call)."""
+        overflows truncates: it would write the same flag and read it back every call).
+        Never while nothing is stored: a job compacts the stored log only, and a new
+        session's first turn (a long tool chain) asked on every call, each job finding no
+        session and clearing the flag for the next call to set again; the turn's record
+        asks when the stored log is due."""
+        if not snap.end:
+            return False, False
         force = plan.force and not (snap.pending and snap.state.force_requested)
         return plan.enqueue and (force or not snap.pending), force
 
