@@ -49,6 +49,15 @@ def test_a_plain_mistake_gets_no_converter_hint() -> None:
     assert "wire format" not in str(raised.value)
 
 
+@pytest.mark.parametrize("kind", [[], {}, ["text"]])
+def test_a_content_part_whose_type_is_not_a_string_is_a_validation_error(kind: Any) -> None:
+    """Found by the fuzz test: a list as a part's type made the wire-format check raise
+    TypeError (unhashable) instead of the error that names the field."""
+    with pytest.raises(InvalidInput) as raised:
+        validate_messages([{"role": "user", "content": [{"type": kind}]}])
+    assert raised.value.field is not None and raised.value.field.startswith("messages[0]")
+
+
 def test_the_guard_names_the_converter_for_pending_messages(guard: Any) -> None:
     with pytest.raises(InvalidInput, match=r"shared\.from_openai\(\)") as raised:
         guard.prepare("s", "sys", max_tokens=500, model="small-model",

@@ -201,7 +201,7 @@ def _wire_format(data: Mapping[str, Any]) -> str | None:
         return "from_openai"
     if isinstance(content, list):
         parts = [p for p in content if isinstance(p, Mapping)]
-        types = {p.get("type") for p in parts}
+        types = {p.get("type") for p in parts if isinstance(p.get("type"), str)}
         if types & _ANTHROPIC_PARTS or any(p.get("type") == "image" and "source" in p
                                            for p in parts):
             return "from_anthropic"
