@@ -361,10 +361,11 @@ def test_bounded_caches_keep_their_books_under_threads(fine_switching: None) -> 
                 wrong.append(got)
             if k % 5 == 0:
                 lru.pop(key)
-            views.put(key, SimpleNamespace(epoch=key, history=[None] * (k % 7)))  # type: ignore[arg-type]
+            views.put(key, SimpleNamespace(epoch=object(), gen=0, version=0, end=0, key=key,
+                                            history=[None] * (k % 7)))  # type: ignore[arg-type]
             seen = views.get(f"k{k % 13}")
-            if seen is not None and seen.epoch != f"k{k % 13}":
-                wrong.append(seen.epoch)
+            if seen is not None and seen.key != f"k{k % 13}":
+                wrong.append(seen.key)
 
     threads = [threading.Thread(target=thread, args=(t,)) for t in range(6)]
     for th in threads:
