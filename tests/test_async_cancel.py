@@ -23,6 +23,8 @@ import redis.asyncio.connection
 from shared import AsyncContextGuard
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.store.aio import AsyncSessionStore, connect_async
+from shared.store.own_writes import own_writes_for
+from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.sessions import SessionStore
 from tests.test_guard import SYSTEM, coding_turn
 
@@ -38,9 +40,10 @@ class Gate:
 
     def __init__(self) -> None:
         self.armed, self.seen, self.at, self.held = False, 0, -1, ""
+        self.only = ""  # "read": only the reads are counted and held
 
     async def passing(self, what: str) -> None:
-        if not self.armed:
+        if not self.armed or self.only not in ("", what):
             return
         self.seen += 1
         if self.seen - 1 == self.at:
@@ -237,3 +240,101 @@ def test_a_cancellation_requested_in_flight_is_never_ignored(
         for key in sync.redis.scan_iter(match=f"{key_prefix}:*"):
             sync.redis.delete(key)
         sync.redis.close()
+
+
+@pytest.mark.parametrize("edit", ["truncate_after", "rewind", "delete_session", "append"])
+def test_a_cancellation_of_an_async_store_call_is_never_ignored(
+        redis_url: str, key_prefix: str, edit: str) -> None:
+    """The asyncio store's own calls (an agent's history edits, its appends) lost the
+    cancellation Python 3.11's ``asyncio.wait_for`` swallowed in redis-py's send (as the
+    guard's flows did): cancelled at 14 of 35 loop counts, ``truncate_after`` went on and
+    returned, and the agent's cancelled task ran its remaining turns (its ``cancelling()``
+    count left at 1, the guard's next calls saw no new request). After each, the guard's
+    view is a fresh guard's."""
+    config = StoreConfig(key_prefix=key_prefix)
+    sync = SessionStore(redis.Redis.from_url(redis_url), config)
+
+    async def main() -> list[int]:
+        store = AsyncSessionStore(connect_async(redis_url), config)
+        guard = AsyncContextGuard(store, overrides=WINDOW, policy=POLICY)
+        await guard.warm_up()
+        ignored = []
+        for n in range(40):
+            sid = f"s{n}"
+            for i in range(3):
+                await guard.record_turn(sid, coding_turn(i, 1000))
+            await guard.prepare(sid, SYSTEM, model="m")
+            call = (store.truncate_after(sid, 7) if edit == "truncate_after"
+                    else store.rewind(sid, 0) if edit == "rewind"
+                    else store.delete_session(sid) if edit == "delete_session"
+                    else store.append(sid, coding_turn(3, 100), request_id=f"r{n}"))
+            task = asyncio.ensure_future(call)
+            for _ in range(n):
+                await asyncio.sleep(0)
+            if task.done():
+                await task
+                break
+            task.cancel()
+            try:
+                await task
+                ignored.append(n)
+            except asyncio.CancelledError:
+                pass
+            fresh = AsyncContextGuard(AsyncSessionStore(connect_async(redis_url), config),
+                                      overrides=WINDOW, policy=POLICY)
+            view = await guard.prepare(sid, SYSTEM, model="m")
+            assert views_equal(view, await fresh.prepare(sid, SYSTEM, model="m")), n
+            await fresh.aclose()
+            await fresh.store.aclose()
+        assert n > 2, "the call ended before any cancellation landed"
+        await guard.aclose()
+        await store.aclose()
+        return ignored
+
+    try:
+        assert asyncio.run(main()) == []
+    finally:
+        for key in sync.redis.scan_iter(match=f"{key_prefix}:*"):
+            sync.redis.delete(key)
+        sync.redis.close()
+
+
+@pytest.mark.parametrize("only", ["read", ""], ids=["in_read", "at_any_step"])
+def test_an_own_writes_connect_cancelled_at_any_step_leaves_no_connection_open(
+        redis_url: str, key_prefix: str, gate: Gate, monkeypatch: pytest.MonkeyPatch,
+        only: str) -> None:
+    """Cancelled while it probed the server (a guard's first call, and every call after
+    a cancelled probe), the own-writes connection being made was left open: no one held
+    it, redis-py closed it only when the garbage collector got to it (a ResourceWarning,
+    a client on the server meanwhile). ``in_read``: held inside ``read_response``, where
+    a real cancellation lands (redis-py closes the connection that reads, not the other
+    one the probe uses)."""
+    made: list[Any] = []
+    new = AsyncOwnWrites._new
+
+    def recorded(self: AsyncOwnWrites) -> Any:
+        made.append(new(self))
+        return made[-1]
+
+    monkeypatch.setattr(AsyncOwnWrites, "_new", recorded)
+    config = StoreConfig(key_prefix=key_prefix)
+
+    async def main() -> list[tuple[int, str]]:
+        client = connect_async(redis_url, config)
+        left: list[tuple[int, str]] = []
+        for at in range(40):
+            own = own_writes_for(client, f"{key_prefix}:")
+            assert isinstance(own, AsyncOwnWrites)
+            made.clear()
+            gate.only = only
+            step = await cancelled_at(gate, at, own.warm_up)
+            if not step:
+                break
+            left += [(at, step) for conn in made if conn is not own._conn and conn.is_connected]
+            assert await own.warm_up() or own._conn is None  # usable again (or backing off)
+            await own.aclose()
+        assert at > 5, "the connect ended before any cancellation landed"
+        await client.aclose()
+        return left
+
+    assert asyncio.run(main()) == []

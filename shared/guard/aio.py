@@ -29,6 +29,7 @@ from shared.guard._flow import Io, Steps, abandon
 from shared.guard._recover_flow import RecoveringFlow
 from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
+from shared.store.cancelled import cancel_mark, raise_swallowed, swallowed
 from shared.store.changes import ChangeFeed
 from shared.store.own_writes_aio import AsyncOwnWrites
 
@@ -56,30 +57,6 @@ async def sent(result: Awaitable[R]) -> R:
                            "send needs ContextGuard, AsyncContextGuard.call awaits what send "
                            "returns", field="send")
     return await result
-
-
-def swallowed() -> asyncio.CancelledError:
-    """The cancellation a step's library swallowed: Python 3.11's ``asyncio.wait_for``
-    (redis-py sends every command through it) returns the inner result when the
-    cancellation lands as the send completes (CPython gh-86296, fixed in 3.12), so the
-    request was lost: the call went on and returned, an ``asyncio.timeout`` block
-    overran, a framework's cancelled run kept going (6 of 12 loop iterations of a cold
-    prepare). The task's ``cancelling()`` count still shows the request."""
-    return asyncio.CancelledError("cancelled during a step that did not raise it")
-
-
-def cancel_mark() -> tuple[asyncio.Task[Any] | None, int]:
-    """The running task and its pending cancellation requests, before awaiting a library."""
-    task = asyncio.current_task()
-    return task, task.cancelling() if task is not None else 0
-
-
-def raise_swallowed(mark: tuple[asyncio.Task[Any] | None, int]) -> None:
-    """Raise the cancellation requested since ``mark`` that an awaited library swallowed
-    (:func:`swallowed`)."""
-    task, before = mark
-    if task is not None and task.cancelling() > before:
-        raise swallowed()
 
 
 class AsyncContextGuard(RecoveringFlow):
@@ -273,4 +250,4 @@ class AsyncContextGuard(RecoveringFlow):
         return await self.drive(self.stats_steps(session_id))
 
 
-__all__ = ["AsyncContextGuard"]
+__all__ = ["AsyncContextGuard", "cancel_mark", "raise_swallowed", "swallowed"]

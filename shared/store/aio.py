@@ -36,6 +36,7 @@ from shared.core.records import (
 )
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
+from shared.store.cancelled import cancel_mark, raise_swallowed
 from shared.store.commands import EncodedBatch, T
 from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
@@ -115,8 +116,15 @@ class AsyncSessionStore:
         return True
 
     async def _call(self, what: str, awaitable: Any) -> Any:
-        with redis_errors(what):
-            return await awaitable
+        """Every client call of the store: a cancellation that redis-py swallowed during
+        it is raised after it (:mod:`shared.store.cancelled`), else the agent's cancelled
+        task went on."""
+        mark = cancel_mark()
+        try:
+            with redis_errors(what):
+                return await awaitable
+        finally:
+            raise_swallowed(mark)
 
     async def execute(self, cmd: commands.Command[T]) -> T:
         script = self._scripts[cmd.script]

@@ -39,6 +39,7 @@ from shared.core.records import (
     ViewCursor,
 )
 from shared.core.tokens import TokenCounter
+from shared.store.cancelled import cancel_mark, raise_swallowed
 from shared.store.keys import SessionKeys, validate_request_id
 
 T = TypeVar("T")
@@ -454,7 +455,9 @@ def drive(steps: Generator[S, Any, T], send: Callable[[S], Any]) -> T:
 
 async def drive_async(steps: Generator[S, Any, T],
                       send: Callable[[S], Awaitable[Any]]) -> T:
-    """:func:`drive` with an awaited ``send`` (the asyncio store)."""
+    """:func:`drive` with an awaited ``send`` (the asyncio store). A cancellation of the
+    task that redis-py swallowed during a step is raised after it
+    (:mod:`shared.store.cancelled`)."""
     reply: Any = None
     error: Exception | None = None
     while True:
@@ -462,10 +465,12 @@ async def drive_async(steps: Generator[S, Any, T],
             step = steps.send(reply) if error is None else steps.throw(error)
         except StopIteration as done:
             return cast(T, done.value)
+        mark = cancel_mark()
         try:
             reply, error = await send(step), None
         except Exception as exc:
             reply, error = None, exc
+        raise_swallowed(mark)
 
 
 def cheap_command(k: SessionKeys, config: StoreConfig, decisions: Sequence[CheapDecision],

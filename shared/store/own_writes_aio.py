@@ -199,6 +199,7 @@ class AsyncOwnWrites:
         async def pushed(push: Any) -> None:
             seen.invalidated(push)
 
+        conn = None
         try:
             conn = self._new()
             await conn.connect()
@@ -210,7 +211,13 @@ class AsyncOwnWrites:
                 if not self.state.usable:
                     await conn.disconnect()
                     return False
-        except Exception as exc:
+        except BaseException as exc:
+            # not ours yet, so no one else closes it: left open (a cancelled probe, a
+            # failed one) until the garbage collector got to it
+            if conn is not None:
+                await conn.disconnect(nowait=True)
+            if not isinstance(exc, Exception):
+                raise  # cancelled: not the server's failure
             await self._fail(exc)
             return False
         self._conn = conn
