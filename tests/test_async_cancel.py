@@ -338,3 +338,38 @@ def test_an_own_writes_connect_cancelled_at_any_step_leaves_no_connection_open(
         return left
 
     assert asyncio.run(main()) == []
+
+
+def test_a_call_cancelled_on_the_own_writes_connection_is_not_taken_for_an_outage(
+        redis_url: str, key_prefix: str, gate: Gate) -> None:
+    """redis-py closes a connection whose read is cancelled; the own-writes connection's
+    next call found it closed and counted a failure of the server: logged as unavailable,
+    and the appends went through the store for 0.5 s, longer after each cancellation
+    (the backoff of an outage). It is replaced at once instead."""
+    config = StoreConfig(key_prefix=key_prefix)
+    sync = SessionStore(redis.Redis.from_url(redis_url), config)
+
+    async def main() -> None:
+        store = AsyncSessionStore(connect_async(redis_url), config)
+        guard = AsyncContextGuard(store, overrides=WINDOW)
+        await guard.warm_up()
+        own = guard.own
+        assert isinstance(own, AsyncOwnWrites)
+        await guard.record_turn("s", coding_turn(0, 100))
+        for n in range(1, 4):
+            gate.only = "read"
+            step = await cancelled_at(gate, 0, functools.partial(
+                guard.record_turn, "s", coding_turn(n, 100), request_id=f"r{n}"))
+            assert step == "read"
+            assert (await guard.record_turn("s", coding_turn(n, 100),
+                                            request_id=f"r{n}")) == 5 * (n + 1)
+            assert own.state.failures == 0 and own._conn is not None, n
+        await guard.aclose()
+        await store.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for key in sync.redis.scan_iter(match=f"{key_prefix}:*"):
+            sync.redis.delete(key)
+        sync.redis.close()

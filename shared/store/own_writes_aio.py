@@ -154,6 +154,10 @@ class AsyncOwnWrites:
     async def _ready(self) -> bool:
         if self.closed:
             return False
+        if self._conn is not None and not self._conn.is_connected:
+            # closed by redis-py when a call on it was cancelled (a failure is dropped
+            # by _fail): replaced now, not taken for an outage (logged, backed off)
+            await self._drop()
         if self._conn is None and not (self.state.may_connect(time.monotonic())
                                        and await self._connect()):
             return False
