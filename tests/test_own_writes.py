@@ -576,10 +576,20 @@ def test_a_truncation_that_loses_its_swap_rebuilds_from_the_read_it_made(
 
     def worker_first(session_id: str) -> Any:
         if not landed:  # the worker commits after the guard's read, before its writes
+            start = tally(session_id)
             version = other.state("s").version
             assert other.commit_summary("s", SummaryRecord(
                 watermark=10, kind="offline", text="WORKER-SUMMARY", tokens=20), version).ok
             landed.append(version)
+            # its push reaches the feed before the guard writes: one still in flight then
+            # counts with the guard's own, and the call reads again (safe; not this test's
+            # case; it made the test fail 2 runs in 6)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                now = tally(session_id)
+                if start is None or now is None or now[2] > start[2]:
+                    break
+                time.sleep(0.002)
         return tally(session_id)
 
     g.own_tally = worker_first
