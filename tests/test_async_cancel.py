@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -88,6 +88,23 @@ async def cancelled_at(gate: Gate, at: int, call: Callable[[], Any]) -> str:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return gate.held
+
+
+async def cancelled_after_steps(call: Awaitable[Any], steps: int) -> str:
+    """``call`` run as a task and cancelled after ``steps`` passes of the event loop:
+    "done" (it ended first), "cancelled", or "ignored" (it returned although cancelled)."""
+    task = asyncio.ensure_future(call)
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    if task.done():
+        await task
+        return "done"
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return "cancelled"
+    return "ignored"
 
 
 def views_equal(a: Any, b: Any) -> bool:
@@ -215,17 +232,11 @@ def test_a_cancellation_requested_in_flight_is_never_ignored(
             call = (guard.prepare(sid, SYSTEM, model="m") if what == "prepare"
                     else guard.recall(sid, "failing test output") if what == "recall"
                     else guard.record_turn(sid, coding_turn(1, 100)))
-            task = asyncio.ensure_future(call)
-            for _ in range(n):
-                await asyncio.sleep(0)
-            if task.done():
+            outcome = await cancelled_after_steps(call, n)
+            if outcome == "done":
                 break
-            task.cancel()
-            try:
-                await task
+            if outcome == "ignored":
                 ignored.append(n)
-            except asyncio.CancelledError:
-                pass
             assert (await guard.record_turn(sid, coding_turn(1, 100))) == 10  # once
             view = await guard.prepare(sid, SYSTEM, model="m")
             assert [m.content for m in view.messages if m.role == "user"] == [
@@ -268,18 +279,11 @@ def test_a_cancellation_of_an_async_store_call_is_never_ignored(
                     else store.rewind(sid, 0) if edit == "rewind"
                     else store.delete_session(sid) if edit == "delete_session"
                     else store.append(sid, coding_turn(3, 100), request_id=f"r{n}"))
-            task = asyncio.ensure_future(call)
-            for _ in range(n):
-                await asyncio.sleep(0)
-            if task.done():
-                await task
+            outcome = await cancelled_after_steps(call, n)
+            if outcome == "done":
                 break
-            task.cancel()
-            try:
-                await task
+            if outcome == "ignored":
                 ignored.append(n)
-            except asyncio.CancelledError:
-                pass
             fresh = AsyncContextGuard(AsyncSessionStore(connect_async(redis_url), config),
                                       overrides=WINDOW, policy=POLICY)
             view = await guard.prepare(sid, SYSTEM, model="m")
