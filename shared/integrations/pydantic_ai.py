@@ -89,6 +89,7 @@ from shared.integrations._common import (
     record_failed,
     tag,
 )
+from shared.store.cancelled import cancel_mark, raise_swallowed
 
 STAMP_KEY = "pai_ts"
 # Request parts that carry no conversation content (pydantic-ai's own bookkeeping).
@@ -452,6 +453,7 @@ class ContextGuardCapability(AbstractCapability[Any]):
                                     request_context: ModelRequestContext) -> ModelRequestContext:
         history = list(ctx.messages)
         key = _key(ctx)
+        mark = cancel_mark()
         with self._lock:
             run = self._runs.get(key)
         if run is None or run.retry is None:
@@ -471,6 +473,9 @@ class ContextGuardCapability(AbstractCapability[Any]):
             else:  # the whole history is this call's: a prepare must not add the log to it
                 view = degraded_view(self.aguard, session_id, fixed, pending)
             run = _Pending(session_id, fixed, pending, system, known=known)
+            # a cancellation Python 3.11 dropped in an await above (the run timed out) is
+            # raised before the entry is made: wrap_run, which drops it, may be done already
+            raise_swallowed(mark)
             with self._lock:
                 self._runs[key] = run
         else:
