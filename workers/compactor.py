@@ -63,7 +63,7 @@ from typing import Any, Literal
 from shared.core.budget import check_budget
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
-from shared.core.errors import StoreUnavailable, SummarizerError
+from shared.core.errors import SessionDamaged, StoreUnavailable, SummarizerError
 from shared.core.facts import extract_facts
 from shared.core.ledger import Ledger
 from shared.core.limits import LimitBook, model_limits, output_reserve
@@ -385,7 +385,12 @@ class Compactor:
                  deadline: float | None, manual: bool, lease_token: str | None,
                  llm_failed: bool, *,
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
-        data = self.store.load_view(session_id, with_counts=True)
+        try:
+            data = self.store.load_view(session_id, with_counts=True)
+        except SessionDamaged as exc:  # the guard starts it afresh at the session's next call
+            outcome = JobOutcome(session_id=session_id, status="skipped", reason=str(exc))
+            log.warning("compaction job for %s: %s", session_id, exc)
+            return outcome, None
         state = data.state
         interrupted: SummarizerError | None = None  # the fold stopped; its part is committed
         counter = job_counter(self.counter)  # counts each message of this read once

@@ -9,7 +9,8 @@ this project derives from :class:`CompactionError`::
     ├── IrreducibleOverflow     system + tools + reserve + newest message alone exceed the window
     ├── StoreError              the session store failed
     │   ├── StoreUnavailable    Redis down, refused or slower than its timeout
-    │   └── SessionNotFound     no such session
+    │   ├── SessionNotFound     no such session
+    │   └── SessionDamaged      part of a session's keys is gone (evicted, deleted by hand)
     ├── SummarizerError         a summarizer call failed or answered unusably
     │   ├── SummarizerUnavailable   transport error, timeout, 429/5xx: retry later
     │   └── BadSummary          empty, refusal, error text, longer than its input
@@ -63,6 +64,28 @@ class StoreUnavailable(StoreError):
 
 class SessionNotFound(StoreError):
     """The session has no log."""
+
+
+class SessionDamaged(StoreError):
+    """Some of a session's keys are gone and the rest no longer agree: its log is shorter
+    than its watermark, or its running token totals and its log differ in length.
+
+    A healthy session never gets there (one script writes the log and its totals
+    together), but Redis evicting keys one at a time under memory pressure (any
+    ``maxmemory-policy`` but ``noeviction``), or a hand-made ``DEL``, leaves it so. The
+    guard starts such a session afresh, as it would an expired one; other readers raise
+    this. ``key`` names the session's log key."""
+
+    def __init__(self, key: str, *, log_length: int, totals_length: int,
+                 watermark: int) -> None:
+        self.key = key
+        self.log_length = log_length
+        self.totals_length = totals_length
+        self.watermark = watermark
+        super().__init__(
+            f"session damaged ({key}): its log holds {log_length} messages, its running "
+            f"token totals {totals_length}, its watermark is {watermark}. Part of it was "
+            "evicted or deleted: the store's Redis needs maxmemory-policy noeviction")
 
 
 class SummarizerError(CompactionError):

@@ -30,7 +30,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
-from shared.core.errors import SessionNotFound, StoreUnavailable
+from shared.core.errors import SessionDamaged, SessionNotFound, StoreUnavailable
 from shared.core.guard_state import Plan, plan_view
 from shared.core.messages import Message, check_tool_results, validate_messages
 from shared.core.prepared import PreparedView
@@ -188,8 +188,13 @@ class GuardFlow(GuardShell):
                     return self.settled(session_id, own[0], max(seen, own[2]))
         cached = self.views.get(session_id)
         mark = self.mark()
-        raw = yield Io("read_view", (session_id, cached.cursor if cached is not None else None),
-                       {"with_counts": True})
+        try:
+            raw = yield Io("read_view", (session_id, cached.cursor if cached is not None
+                                         else None), {"with_counts": True})
+        except SessionDamaged as exc:
+            yield from self._reset_damaged(session_id, exc)
+            cached = None
+            raw = yield Io("read_view", (session_id, None), {"with_counts": True})
         snap: CachedView
         if sum(map(len, raw.messages)) > DECODE_OFF_LOOP_BYTES:  # <1% of what it decides on
             snap = yield Io("decoded", (raw, _decoding(cached)), local=True)
@@ -200,6 +205,15 @@ class GuardFlow(GuardShell):
         if raw.epoch:
             self.views.put(session_id, snap)
         return snap
+
+    def _reset_damaged(self, session_id: str, exc: SessionDamaged) -> Steps[None]:
+        """Some of the session's keys were evicted: the rest are removed too (checked again
+        in the same script), and the session starts afresh, as an expired one would."""
+        self.views.discard(session_id)
+        removed = yield Io("reset_damaged", (session_id,))
+        if removed:
+            log.warning("session %s: %s; its other keys were removed and it starts afresh",
+                        session_id, exc)
 
     # -- prepare -------------------------------------------------------------------
     def prepare_steps(self, session_id: str, system_prompt: str,
@@ -427,6 +441,14 @@ class GuardFlow(GuardShell):
                     log.info("session %s: append %s unanswered (%s); retrying once",
                              session_id, rid, exc)
                     result = yield append
+                except SessionDamaged as exc:  # refused, nothing written: into a fresh one
+                    yield from self._reset_damaged(session_id, exc)
+                    cached = None
+                    result = yield Io("append_encoded", (session_id, encoded), {
+                        "request_id": rid, "mark_pending": self.policy.proactive,
+                        "job": self.inline_job(self.enqueuer, self.store.tenant, session_id,
+                                               None),
+                        "run": self._own_runner(session_id, marks)})
             except BaseException:  # failed or cancelled, perhaps applied: a retry of the
                 if request_id is None:  # same messages re-uses the id (stored at most once)
                     self.unanswered(session_id, encoded.messages, rid)

@@ -28,6 +28,7 @@ from shared.store.keys import watched_prefix
 from shared.store.own_writes import OwnMark, is_async_client, own_writes_for, vouch
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.own_writes_sync import OwnWrites
+from shared.store.sessions import typed_failure
 
 log = logging.getLogger("shared.guard")
 
@@ -189,8 +190,8 @@ class FreshViews:
         becomes the cached view, vouched for like an own append
         (:func:`shared.store.own_writes.vouch`)."""
         for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+            if isinstance(reply, Exception):  # Redis refusing writes (OOM) is an outage
+                raise typed_failure("a guard's writes", reply) or reply
         raw = steps[at["view"]].parse(replies[at["view"]])
         if "cheap" in at and isinstance(raw, RawView) and not raw.cheap_included \
                 and replies[at["cheap"]] != len(steps[at["cheap"]].args[2:]) // 2:

@@ -45,9 +45,9 @@ from shared.store.sessions import (
     IDEMPOTENCY_TTL_SECONDS,
     SCRIPTS,
     _load_lua,
+    append_refusal,
     driver_info,
     redis_errors,
-    session_full,
 )
 
 log = logging.getLogger("shared.store")
@@ -161,7 +161,7 @@ class AsyncSessionStore:
             except redis.exceptions.ResponseError as exc:
                 renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
                 if renamed is None:
-                    raise session_full(exc, session_id, self.config) from None
+                    raise append_refusal(exc, session_id, self.config) from None
                 encoded = renamed
         raise StoreUnavailable(f"append to {session_id!r}: tool-call ids kept colliding")
 
@@ -255,6 +255,14 @@ class AsyncSessionStore:
         return await commands.drive_async(
             rewind_steps(self.keys(session_id), watermark, self.config.ttl_seconds or 0),
             self._send)
+
+    async def reset_damaged(self, session_id: str) -> bool:
+        """See :meth:`shared.store.sessions.SessionStore.reset_damaged`."""
+        from shared.store.recall_index import drop_index_async  # imports the store modules
+        if not await self.execute(commands.reset_damaged_command(self.keys(session_id))):
+            return False
+        await drop_index_async(self, session_id)
+        return True
 
     async def delete_session(self, session_id: str) -> None:
         """See :meth:`shared.store.sessions.SessionStore.delete_session`."""

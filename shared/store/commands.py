@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from shared.core.callids import Claims, disambiguate
 from shared.core.config import StoreConfig
-from shared.core.errors import InvalidInput, LimitExceeded
+from shared.core.errors import InvalidInput, LimitExceeded, SessionDamaged
 from shared.core.messages import Message, validate_messages
 from shared.core.records import (
     AppendResult,
@@ -234,6 +234,25 @@ def request_conflict(error: Exception) -> InvalidInput | None:
     return InvalidInput("was used for a different turn (its first append made the log "
                         f"{text.split()[-1]} messages long); a retry must send the same "
                         "messages, a new turn needs a new request id", field="request_id")
+
+
+def session_damaged(error: Exception) -> SessionDamaged | None:
+    """The typed error for a ``SESSION_DAMAGED`` reply (view.lua, append.lua: some of the
+    session's keys were evicted or deleted), else None."""
+    text = str(error)
+    if not text.startswith("SESSION_DAMAGED "):
+        return None
+    key, log_length, totals_length, watermark = text.split()[1:5]
+    return SessionDamaged(key, log_length=int(log_length), totals_length=int(totals_length),
+                          watermark=int(watermark))
+
+
+def reset_damaged_command(k: SessionKeys) -> Command[bool]:
+    """``reset_damaged.lua``: the session's keys removed if it is damaged (True), else
+    nothing written (False)."""
+    rest = [key for key in k.all_keys() if key not in (k.log, k.cum, k.state)]
+    return Command("reset_damaged", [k.log, k.cum, k.state, *rest, ids_key(k)], [],
+                   lambda raw: bool(int(raw)), "reset damaged session")
 
 
 def parse_append(result: Any, batch: Sequence[tuple[str | bytes, int]] = ()) -> AppendResult:
@@ -550,6 +569,8 @@ __all__ = [
     "rearmed",
     "renamed_after",
     "request_conflict",
+    "reset_damaged_command",
+    "session_damaged",
     "state_fields",
     "view_command",
     "view_steps",

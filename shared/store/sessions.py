@@ -66,7 +66,7 @@ _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
                    redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
                    redis.exceptions.RedisClusterException)
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap",
-           "request_failure", "pending")
+           "request_failure", "pending", "reset_damaged")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
 
@@ -84,12 +84,37 @@ def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def session_full(exc: Exception, session_id: str, config: StoreConfig) -> Exception:
-    """The typed error for a full session, else ``exc`` itself."""
+def append_refusal(exc: Exception, session_id: str, config: StoreConfig) -> Exception:
+    """The typed error for an append the script refused (a full session, a damaged one),
+    else ``exc`` itself."""
+    damaged = commands.session_damaged(exc)
+    if damaged is not None:
+        return damaged
+    refused = _refusal(exc)  # sent on the guard's own connection: not typed on the way
+    if refused:
+        return StoreUnavailable(f"redis refused the append: {refused}")
     if str(exc).startswith("SESSION_FULL"):
         return LimitExceeded(f"session {session_id!r} would exceed "
                              f"{config.max_messages_per_session} messages", field="messages")
     return exc
+
+
+_REFUSING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+             redis.exceptions.MasterDownError)
+_REFUSING_CODES = ("MISCONF", "BUSY", "NOREPLICAS")
+
+
+def _refusal(exc: Exception) -> str:
+    """Why Redis refuses commands for now, as an outage: a server at ``maxmemory`` under
+    ``noeviction`` (the policy sessions need), one that cannot persist, a busy script, a
+    replica answering after a failover. '' for anything else."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return (f"out of memory ({exc}): raise its maxmemory, or bound sessions with "
+                "COMPACTION_SESSION_TTL")
+    if isinstance(exc, _REFUSING) or (isinstance(exc, redis.exceptions.ResponseError)
+                                      and str(exc).startswith(_REFUSING_CODES)):
+        return str(exc)
+    return ""
 
 
 def typed_failure(what: str, exc: Exception) -> StoreError | None:
@@ -99,6 +124,13 @@ def typed_failure(what: str, exc: Exception) -> StoreError | None:
     mistake no retry mends, so it says which setting to fix."""
     if isinstance(exc, _REDIS_FAILURES):
         return StoreUnavailable(f"redis unavailable during {what}: {exc}")
+    refused = _refusal(exc)
+    if refused:
+        return StoreUnavailable(f"redis refused {what}: {refused}")
+    if isinstance(exc, redis.exceptions.ResponseError):
+        damaged = commands.session_damaged(exc)
+        if damaged is not None:
+            return damaged
     if isinstance(exc, redis.exceptions.ResponseError) and "DB index is out of range" in str(exc):
         return StoreError(
             f"redis has no such database ({exc}, during {what}): the number at the end of "
@@ -292,7 +324,7 @@ class SessionStore(LeaseOps):
                 # Ids repeat in the session: rename against its mapping and send again.
                 renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
                 if renamed is None:
-                    raise session_full(exc, session_id, self.config) from None
+                    raise append_refusal(exc, session_id, self.config) from None
                 encoded = renamed
         raise StoreUnavailable(f"append to {session_id!r}: tool-call ids kept colliding")
 
@@ -459,6 +491,17 @@ class SessionStore(LeaseOps):
             return 0
         return self.execute(commands.cheap_command(self.keys(session_id), self.config, items,
                                                     expected_version))
+
+    def reset_damaged(self, session_id: str) -> bool:
+        """Remove the keys of a session whose log and totals no longer agree (Redis evicted
+        some of them: :class:`~shared.core.errors.SessionDamaged`), recall index included,
+        so that it starts afresh as an expired session would. False, and nothing removed,
+        when the session is not damaged (any more)."""
+        from shared.store.recall_index import drop_index  # recall_index imports this module
+        if not self.execute(commands.reset_damaged_command(self.keys(session_id))):
+            return False
+        drop_index(self, session_id)
+        return True
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only). UNLINK: the keys

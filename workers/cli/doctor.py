@@ -2,7 +2,8 @@
 
 Checks, each with one verdict line (OK / WARN / FAIL) and every one bounded
 by ``--timeout``: the Redis store (reachable, version, latency, eviction
-policy), whether a warm guard can skip its reads there (client tracking), the
+policy: anything but ``noeviction`` evicts sessions' keys one at a time),
+whether a warm guard can skip its reads there (client tracking), the
 broker (reachable, ``maxmemory-policy``: anything but
 ``noeviction`` may silently drop queued jobs), the queue length, the
 workers (Celery ``control.ping``, and whether they consume the queue,
@@ -126,9 +127,13 @@ def check_store(settings: Settings) -> Check:
     detail = (f"{redact_url(url)}: Redis {version}, ping {statistics.median(timings):.2f} ms "
               f"(median of {PINGS}), key prefix {settings.key_prefix!r}, tenant "
               f"{settings.tenant!r}")
-    if policy is not None and policy.startswith("allkeys"):
-        return Check(name, "WARN", f"{detail}; maxmemory-policy {policy} may evict sessions "
-                                   "(use noeviction, or volatile-* with COMPACTION_SESSION_TTL)")
+    if policy is not None and policy != "noeviction":
+        # Eviction takes a session's keys one at a time (TTLs expire them together): the
+        # guard then starts that session afresh, its history lost (SessionDamaged).
+        return Check(name, "WARN", f"{detail}; maxmemory-policy {policy}: under memory "
+                                   "pressure Redis evicts sessions' keys one at a time, and "
+                                   "such a session starts afresh, its history lost (use "
+                                   "noeviction, and COMPACTION_SESSION_TTL to bound memory)")
     return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
 
 

@@ -51,6 +51,8 @@
 -- marked = 3 or 4: the same (3: the caller publishes, 4: pushed) for a stale flag it
 -- re-armed with a fresh TTL: the job is published again (the first one was lost).
 -- (A retry does not set the fields again: the first attempt did, or they were stale.)
+-- Error reply "SESSION_DAMAGED <log key> <log length> <totals length> <watermark>" when
+-- the session's keys no longer agree (see view.lua): nothing is written.
 -- Error reply "SESSION_FULL <current length>" when the limit would be passed, and
 -- "REQUEST_CONFLICT <length>" when the request id was used for another batch.
 
@@ -94,6 +96,12 @@ local n_fields = tonumber(ARGV[10])
 local at = fields_at + 2 * n_fields
 local n = tonumber(ARGV[at])
 local len = redis.call('LLEN', KEYS[1])
+local totals_len = redis.call('LLEN', KEYS[2])
+local at_watermark = tonumber(redis.call('HGET', KEYS[3], 'watermark')) or 0
+if totals_len ~= len or at_watermark > len then  -- keys evicted: see view.lua
+  return redis.error_reply('SESSION_DAMAGED ' .. KEYS[1] .. ' ' .. len .. ' ' .. totals_len
+                           .. ' ' .. at_watermark)
+end
 if len + n > max_len then
   return redis.error_reply('SESSION_FULL ' .. len)
 end

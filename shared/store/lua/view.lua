@@ -35,6 +35,9 @@
 -- restored backup), only log[end:] is sent, and the summary only if the
 -- version changed.
 --
+-- Error reply "SESSION_DAMAGED <log key> <log length> <totals length> <watermark>" when
+-- the log and its totals differ in length or the watermark is past the log's end.
+--
 -- Returns {state_json, messages, tokens_before_watermark, tokens_total, length,
 --          summary_json_or_false, cheap_json, pending, start, incremental,
 --          summary_included, totals, cheap_included, deferred}
@@ -50,6 +53,14 @@ local state = redis.call('HGETALL', KEYS[1])
 local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen')
 local w = tonumber(cur[1]) or 0
 local len = redis.call('LLEN', KEYS[2])
+-- A session some of whose keys Redis evicted (or someone deleted) no longer agrees with
+-- itself: the log and its running totals are written together, and the watermark never
+-- passes the log's end. Nothing is read from it (reset_damaged.lua starts it afresh).
+local totals_len = redis.call('LLEN', KEYS[3])
+if totals_len ~= len or w > len then
+  return redis.error_reply('SESSION_DAMAGED ' .. KEYS[2] .. ' ' .. len .. ' ' .. totals_len
+                           .. ' ' .. w)
+end
 local total = 0
 if len > 0 then
   total = tonumber(redis.call('LINDEX', KEYS[3], -1)) or 0
