@@ -105,3 +105,18 @@ def test_is_object_says_what_json_says(value: Any, cut: int, junk: str) -> None:
 ])
 def test_is_object_where_orjson_differs(text: str) -> None:
     assert fast_is_object(text) == json_is_object(text)
+
+
+def _nested(depth: int, kind: str) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": value} if kind == "dict" else [value]
+    return value
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+def test_depth_is_bounded_by_our_limit_not_the_interpreters(kind: str) -> None:
+    assert not fastjson.deeper_than(_nested(fastjson.MAX_DEPTH, kind))
+    assert fastjson.deeper_than(_nested(fastjson.MAX_DEPTH + 1, kind))
+    assert fastjson.deeper_than(_nested(200_000, kind))  # no recursion: no stack to run out of
+    assert not fastjson.deeper_than("leaf") and not fastjson.deeper_than({})

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, LimitExceeded
-from shared.core.messages import ROLES
+from shared.core.messages import ROLES, validate_messages
 from shared.core.repair import PROVIDERS, validate_view
 from shared.core.wire import to_anthropic, to_gemini, to_openai
 from shared.guard import ContextGuard, PreparedView
@@ -359,13 +359,26 @@ def test_bad_system_prompt_is_named(system_prompt: Any) -> None:
     _expect_invalid(lambda: ContextGuard(store).prepare("s", system_prompt), "system_prompt")
 
 
-def test_deeply_nested_tool_schema_is_named() -> None:
+@pytest.mark.parametrize("depth", [150, 5000])
+def test_deeply_nested_tool_schema_is_named(depth: int) -> None:
+    """Bounded by our own limit: Python 3.13's json wrote 5,000 levels (3.11's stopped),
+    and the guard's copy of the definitions then raised a bare RecursionError."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     schema: Any = {}
-    for _ in range(5000):
+    for _ in range(depth):
         schema = {"items": schema}
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     _expect_invalid(lambda: ContextGuard(store).prepare("s", "", tools), "tools")
+
+
+def test_arguments_given_as_deeply_nested_objects_are_named() -> None:
+    nested: Any = {}
+    for _ in range(150):
+        nested = {"k": nested}
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c", "name": "f", "arguments": nested}]}
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        validate_messages([call])
 
 
 @pytest.mark.parametrize("tools", [1, 2.5, True])

@@ -88,6 +88,8 @@ class ToolCall(_Frozen):
     @classmethod
     def _arguments_are_json(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, Mapping):
+            if fastjson.deeper_than(dict(value)):
+                raise ValueError("arguments are nested too deeply")
             try:  # NaN and Infinity are refused: json would write them, no API reads them
                 return json.dumps(value, ensure_ascii=False, allow_nan=False)
             except RecursionError:

@@ -34,6 +34,7 @@ from shared.core.budget import ensure_reducible
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
 from shared.core.errors import InvalidInput
+from shared.core.fastjson import MAX_DEPTH, deeper_than
 from shared.core.guard_state import Plan, Request, check, newest_tokens
 from shared.core.limits import (
     MIN_INPUT_TOKENS,
@@ -238,6 +239,8 @@ class GuardShell(FreshViews, Recovery):
         seen = self._tools_seen
         if seen is not None and seen[0] == tools:  # the same definitions as last call
             return int(seen[1]), bool(seen[2])
+        if deeper_than(tools):
+            raise InvalidInput(f"nested more than {MAX_DEPTH} levels deep", field="tools")
         try:
             raw = json.dumps(tools, sort_keys=True, default=str)
         except (ValueError, RecursionError) as exc:
