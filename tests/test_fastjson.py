@@ -120,3 +120,13 @@ def test_depth_is_bounded_by_our_limit_not_the_interpreters(kind: str) -> None:
     assert fastjson.deeper_than(_nested(fastjson.MAX_DEPTH + 1, kind))
     assert fastjson.deeper_than(_nested(200_000, kind))  # no recursion: no stack to run out of
     assert not fastjson.deeper_than("leaf") and not fastjson.deeper_than({})
+
+
+@pytest.mark.parametrize("depth", [fastjson.MAX_TEXT_DEPTH + 1, 5_000])
+def test_json_text_deeper_than_orjson_reads_is_refused_on_every_python(depth: int) -> None:
+    """Python 3.13's json reads 5,000 levels, 3.11's stopped near 1,000 less the caller's
+    frames: the bound is ours."""
+    with pytest.raises(RecursionError):
+        fastjson.loads_finite("[" * depth + "]" * depth)
+    within = fastjson.MAX_TEXT_DEPTH
+    assert fastjson.loads_finite("[" * within + "]" * within) is not None

@@ -359,7 +359,7 @@ def test_bad_system_prompt_is_named(system_prompt: Any) -> None:
     _expect_invalid(lambda: ContextGuard(store).prepare("s", system_prompt), "system_prompt")
 
 
-@pytest.mark.parametrize("depth", [150, 5000])
+@pytest.mark.parametrize("depth", [250, 5000])
 def test_deeply_nested_tool_schema_is_named(depth: int) -> None:
     """Bounded by our own limit: Python 3.13's json wrote 5,000 levels (3.11's stopped),
     and the guard's copy of the definitions then raised a bare RecursionError."""
@@ -373,7 +373,7 @@ def test_deeply_nested_tool_schema_is_named(depth: int) -> None:
 
 def test_arguments_given_as_deeply_nested_objects_are_named() -> None:
     nested: Any = {}
-    for _ in range(150):
+    for _ in range(250):
         nested = {"k": nested}
     call = {"role": "assistant", "content": None,
             "tool_calls": [{"id": "c", "name": "f", "arguments": nested}]}

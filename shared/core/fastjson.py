@@ -72,7 +72,9 @@ def _no_constant(name: str) -> Any:
 
 
 def loads_finite(text: str | bytes) -> Any:
-    """``json.loads(text)``, raising :class:`NonFinite` where a provider could not read it."""
+    """``json.loads(text)``, raising :class:`NonFinite` where a provider could not read it
+    (and RecursionError past :data:`MAX_TEXT_DEPTH`: :func:`check_text_depth`)."""
+    check_text_depth(text)
     return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
 
 
@@ -135,11 +137,34 @@ def loads_sendable(text: str | bytes) -> Any:
     return json.loads(text, parse_float=_finite_or_none, parse_constant=_none)
 
 
-MAX_DEPTH = 100
+MAX_DEPTH = 200
 """How deeply a value handed in as objects (tool definitions, a call's arguments) may
 nest. Real schemas stay within a few dozen levels; Python's own limits are not a bound to
 lean on: json on Python 3.13 writes 5,000 levels where 3.11 stopped, and the code after
-it then ran out of stack instead."""
+it then ran out of stack instead. (orjson writes at most 255.)"""
+
+MAX_TEXT_DEPTH = 512
+"""How deeply JSON handed in as text may nest. json, which reads it, stopped near Python's
+recursion limit on 3.11 (less the caller's own frames) and reads 5,000 levels on 3.13:
+the bound is ours, well inside both."""
+
+
+def check_text_depth(text: str | bytes) -> None:
+    """RecursionError (what callers already report as "nested too deeply") for JSON text
+    nested past :data:`MAX_TEXT_DEPTH`, on every Python version. Text with fewer opening
+    brackets than that cannot nest that deep, and is not parsed here."""
+    openers = text.count("[") + text.count("{") if isinstance(text, str) \
+        else text.count(b"[") + text.count(b"{")
+    if openers <= MAX_TEXT_DEPTH:
+        return
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise RecursionError(f"nested more than {MAX_TEXT_DEPTH} levels") from None
+        return  # not JSON, or NaN and the like: the caller's parse says which
+    if deeper_than(value, MAX_TEXT_DEPTH):
+        raise RecursionError(f"nested more than {MAX_TEXT_DEPTH} levels")
 
 
 def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -161,6 +186,7 @@ def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-__all__ = ["MAX_DEPTH", "NonFinite", "deeper_than", "is_finite_object", "is_object", "loads",
-           "loads_finite", "loads_message", "loads_sendable", "loads_unchecked"]
+__all__ = ["MAX_DEPTH", "MAX_TEXT_DEPTH", "NonFinite", "check_text_depth", "deeper_than",
+           "is_finite_object", "is_object", "loads", "loads_finite", "loads_message",
+           "loads_sendable", "loads_unchecked"]
 

@@ -176,6 +176,8 @@ def json_arguments(value: Any, loc: Loc) -> str:
 def finite_json(value: Mapping[str, Any], loc: Loc) -> str:
     """An object's JSON as :func:`canonical_json` writes it; a non-finite number (which it
     would write as ``Infinity``, no JSON) is refused at ``loc``."""
+    if fastjson.deeper_than(value):
+        raise loc.error("nested too deeply")
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
     except RecursionError:
