@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 from kombu import serialization
@@ -342,16 +342,33 @@ class NullEnqueuer:
         return None
 
 
+def tls_verified(url: str) -> str:
+    """``url`` (each URL of a ``;`` failover list) with ``ssl_cert_reqs=required`` added
+    to a ``rediss://`` URL that names no ``ssl_cert_reqs``. Without it kombu connects to
+    the broker without checking the server's certificate ("defaulting to insecure SSL
+    behaviour"), where redis-py, the store's client, checks it. A URL that names one,
+    ``ssl_cert_reqs=none`` included, is kept as it is."""
+    parts = []
+    for part in url.split(";"):
+        split = urlsplit(part)
+        if split.scheme.lower() == "rediss" and "ssl_cert_reqs" not in parse_qs(split.query):
+            query = "&".join(q for q in (split.query, "ssl_cert_reqs=required") if q)
+            part = urlunsplit(split._replace(query=query))
+        parts.append(part)
+    return ";".join(parts)
+
+
 def publisher_app(broker_url: str, *, timeout: float = 1.0) -> Any:
     """A minimal Celery app for the agent side: publish only, bounded time.
 
     Publishing retries are kept short (the hot path must not stall on a
     broker hiccup): one retry after 0.1 s, and a bounded connection timeout.
-    A missed enqueue is harmless: the next turn enqueues again.
+    A missed enqueue is harmless: the next turn enqueues again. A ``rediss://`` broker's
+    certificate is checked (:func:`tls_verified`).
     """
     from celery import Celery
 
-    app = Celery("compaction-agent", broker=broker_url, set_as_current=False)
+    app = Celery("compaction-agent", broker=tls_verified(broker_url), set_as_current=False)
     app.conf.update(
         broker_connection_timeout=timeout,
         broker_connection_retry_on_startup=False,
@@ -405,4 +422,5 @@ __all__ = [
     "publisher_app",
     "redis_server",
     "request_summary",
+    "tls_verified",
 ]

@@ -38,7 +38,7 @@ from pydantic_settings import (
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import ConfigError, InvalidInput
 from shared.core.tokens_exact import build_counter
-from shared.enqueue import QUEUE
+from shared.enqueue import QUEUE, tls_verified
 from shared.store.keys import validate_tenant
 from workers.settings_sources import (
     ENV_PREFIX,
@@ -232,10 +232,11 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _broker_url(cls, value: str) -> str:
-        """One URL, or kombu's ``;``-separated failover list of them."""
+        """One URL, or kombu's ``;``-separated failover list of them; a ``rediss://`` one
+        checks the server's certificate unless it says otherwise (:func:`tls_verified`)."""
         for part in value.split(";"):
             check_broker_url(part)
-        return value
+        return tls_verified(value)
 
     @field_validator("summarizer_base_url")
     @classmethod
