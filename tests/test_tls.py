@@ -131,9 +131,9 @@ def test_a_rediss_broker_checks_the_servers_certificate(tls_redis: tuple[int, Pa
     assert tls_verified(bare + "?ssl_cert_reqs=none") == bare + "?ssl_cert_reqs=none"
     assert Settings(broker_url=bare).broker_url == bare + "?ssl_cert_reqs=required"
     untrusted = publisher_app(bare, timeout=2.0)
-    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
-        with untrusted.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1)
+    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"), \
+            untrusted.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1)
     trusted = publisher_app(url(tls_redis, 1), timeout=2.0)
     with trusted.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1)
