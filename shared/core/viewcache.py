@@ -128,6 +128,8 @@ class _Shelf:
     ids: KnownIds
     turns: BoundedLRU[Any]
     counted: BoundedLRU[Any]
+    sent: BoundedLRU[Any]
+    unanswered: BoundedLRU[Any]
     entries: OrderedDict[Any, CachedView] = field(default_factory=OrderedDict)
     messages: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -152,9 +154,12 @@ class ViewCache:
     def __init__(self, max_sessions: int = 256, max_messages: int = 200_000, *,
                  pending_turns: int = PENDING_TURNS,
                  pending_tokens: int = PENDING_TOKENS) -> None:
+        remembered = max(pending_turns, max_sessions) or PENDING_TURNS  # usage learns uncached
         self._shelf = _Shelf(max_sessions, max_messages, KnownIds(max_sessions),
                              BoundedLRU(pending_turns, pending_tokens),
-                             BoundedLRU(pending_turns, max_messages))
+                             BoundedLRU(pending_turns, max_messages),
+                             BoundedLRU(remembered, remembered),
+                             BoundedLRU(remembered, remembered))
         self._scope = ""
 
     def scoped(self, scope: str) -> ViewCache:
@@ -179,6 +184,17 @@ class ViewCache:
         if not self._scope:
             return shelf.turns, shelf.counted
         return shelf.turns.scoped(self._scope), shelf.counted.scoped(self._scope)
+
+    def remembered(self) -> tuple[BoundedLRU[Any], BoundedLRU[Any]]:
+        """Where this cache's guards keep, per session, the last request prepared (until a
+        usage report describes it) and a turn's unanswered append: ``max(pending_turns,
+        max_sessions)`` sessions each (:data:`PENDING_TURNS` when both are 0), every
+        scope's together, so a server's many tenants share one bound (each tenant's guard
+        kept its own); this scope's."""
+        shelf = self._shelf
+        if not self._scope:
+            return shelf.sent, shelf.unanswered
+        return shelf.sent.scoped(self._scope), shelf.unanswered.scoped(self._scope)
 
     @property
     def max_sessions(self) -> int:

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from shared.core.boundedlru import BoundedLRU
 from shared.core.config import CompactionPolicy
 from shared.core.limits import (
     LimitBook,
@@ -95,7 +96,7 @@ class Recovery:
     overrides: dict[str, ModelLimits | int]
     counter: TokenCounter
     _lock: threading.Lock
-    _sent: dict[str, Sent]
+    _sent: BoundedLRU[Sent]
 
     def model_limits(self, model: str, state: SessionState | None = None) -> ModelLimits:
         raise NotImplementedError  # GuardShell's

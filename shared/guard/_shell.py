@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shared.core.boundedlru import BoundedLRU
 from shared.core.budget import ensure_reducible
 from shared.core.calibration import model_family, prior_ratio
 from shared.core.config import CompactionPolicy
@@ -56,7 +57,7 @@ from shared.core.truncation import emergency_truncate
 from shared.core.usage import reported_prompt_tokens
 from shared.core.usage_learning import Sent, usage_fields
 from shared.core.view import SUMMARY_JOIN, Regions, ViewCache, assemble
-from shared.core.viewcache import PENDING_TURNS, CachedView, KnownCounts
+from shared.core.viewcache import CachedView, KnownCounts
 from shared.guard._fresh import FreshViews
 from shared.guard._pending import PendingTurns
 from shared.guard._recovery import Recovery
@@ -176,8 +177,10 @@ class GuardShell(FreshViews, Recovery):
         self._overhead = self._counted_overhead()  # per request
         self._limits_seen: dict[tuple[str, int, LimitBook, int], ModelLimits] = {}
         self._known_seen: dict[str, int | None] = {}
-        self._sent: dict[str, Sent] = {}
-        self._unanswered: dict[str, tuple[list[Message], str]] = {}
+        # per session, bounded with the view cache (every tenant's guard of a server together)
+        self._sent: BoundedLRU[Sent]
+        self._unanswered: BoundedLRU[tuple[list[Message], str]]
+        self._sent, self._unanswered = self.views.remembered()
         self._capped_seen: set[tuple[str, int, int]] = set()
         self.turns = PendingTurns(self.counter, *self.views.pending())
         self.known_ids = self.views.known_ids()
@@ -413,10 +416,8 @@ class GuardShell(FreshViews, Recovery):
                 state.model, lambda: self.known_window(state.model))))
 
     def remember(self, session_id: str, sent: Sent) -> None:
-        with self._lock:
-            self._sent[session_id] = sent
-            if len(self._sent) > max(PENDING_TURNS, self.views.max_sessions):
-                self._sent.pop(next(iter(self._sent)))
+        with self._lock:  # against unsent()'s look-then-put
+            self._sent.put(session_id, sent)
 
     def unsent(self, session_id: str, sent: Sent | None) -> None:
         """``sent`` kept again: the append of the turn its usage report described failed
@@ -424,20 +425,17 @@ class GuardShell(FreshViews, Recovery):
         remembered another since."""
         if sent is not None:
             with self._lock:
-                self._sent.setdefault(session_id, sent)
+                if self._sent.peek(session_id) is None:
+                    self._sent.put(session_id, sent)
 
     def unanswered(self, session_id: str, messages: list[Message] | None, rid: str) -> None:
         """Keep the request id of a turn's append that raised or was cancelled (its
         script may have run), or forget the session's (``messages`` None: answered)."""
-        if messages is None and session_id not in self._unanswered:
-            return  # the common case, without the lock
-        with self._lock:
-            if messages is None:
-                self._unanswered.pop(session_id, None)
-                return
-            self._unanswered[session_id] = (messages, rid)
-            if len(self._unanswered) > max(PENDING_TURNS, self.views.max_sessions):
-                self._unanswered.pop(next(iter(self._unanswered)))
+        if messages is None:
+            if self._unanswered.peek(session_id) is not None:  # rare: no lock otherwise
+                self._unanswered.pop(session_id)
+            return
+        self._unanswered.put(session_id, (messages, rid))
 
     def unanswered_id(self, session_id: str, messages: list[Message]) -> str | None:
         """The request id of the session's unanswered append when ``messages`` are its
@@ -452,7 +450,7 @@ class GuardShell(FreshViews, Recovery):
         """The last request prepared, when a usage report describes it (else kept)."""
         with self._lock:
             self.turns.forget(session_id)  # the turn is recorded: a new one starts
-            return self._sent.pop(session_id, None) if reported else None
+            return self._sent.pop(session_id) if reported else None
 
     # -- observability: spans and metrics, the same for both shells ---------------------------
     @staticmethod
