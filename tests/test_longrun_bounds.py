@@ -13,10 +13,11 @@ import fakeredis
 import pytest
 
 from shared.core.config import StoreConfig
+from shared.core.limits import LimitBook
 from shared.core.viewcache import ViewCache
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
-from tests.test_guard import SYSTEM
+from tests.test_guard import SYSTEM, coding_turn
 
 TENANTS = ("alpha", "beta", "gamma")
 SESSIONS = 12
@@ -52,3 +53,27 @@ def test_prepared_requests_of_every_tenant_share_the_caches_bound(shell_name: st
                                       {"role": "assistant", "content": "a"}],
                        usage={"prompt_tokens": 50})
     assert _remembered(newest, sessions) == 7
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_windows_learned_per_model_name_are_bounded(shell_name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model names come from requests: a window learned from an overflow for each name the
+    callers use (a guessed window: the name is unknown) was kept for the process's life;
+    the book keeps the newest ``MAX_MODELS`` (each session keeps its own learned window)."""
+    monkeypatch.setattr(LimitBook, "MAX_MODELS", 4, raising=False)
+    store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="p"))
+    guard = make(shell_name, store)
+    for i in range(4):
+        store.append("s", coding_turn(i))
+    models = [f"in-house-model-{i}" for i in range(10)]
+    for model in models:
+        view = guard.recover("s", RuntimeError("This model's maximum context length is 6000 "
+                                               "tokens. Please reduce the length."),
+                             SYSTEM, max_tokens=500, model=model)
+        assert view is not None and view.report.budget.window == 6000
+    shell = getattr(guard, "inner", guard)  # the async guard behind its test driver
+    assert len(shell.limits) == 4
+    assert [shell.limits.get(m) for m in models[-4:]] == [6000] * 4  # the newest kept
+    assert shell.limits.get(models[0]) is None
+    assert store.state("s").learned_window == 6000  # the session's own stays

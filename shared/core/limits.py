@@ -330,13 +330,21 @@ class LimitBook:
 
     MIN_CREDIBLE = 512
     MAX_CREDIBLE = 100_000_000
+    MAX_MODELS = 1_024
+    """Model names a book keeps (the names come from requests: a process serving callers
+    that name models at will would otherwise grow for as long as it runs); past it, the
+    one learned first is forgotten. Its sessions keep their own learned window."""
 
     @classmethod
     def credible(cls, limit: int) -> bool:
         """Whether ``limit`` can be a context window (else a misparse, never learned)."""
         return cls.MIN_CREDIBLE <= limit <= cls.MAX_CREDIBLE
 
-    def __init__(self, initial: Mapping[str, int] | None = None) -> None:
+    def __init__(self, initial: Mapping[str, int] | None = None, *,
+                 max_models: int | None = None) -> None:
+        self.max_models = self.MAX_MODELS if max_models is None else max_models
+        if self.max_models < 1:
+            raise ValueError("a LimitBook keeps at least one model")
         self._limits: dict[str, int] = {}
         self._lock = threading.Lock()
         self.version = 0  # moves on with every change: what a reader keys a cache on
@@ -361,6 +369,8 @@ class LimitBook:
             if current is not None and current <= limit:
                 return False
             self._limits[key] = limit
+            while len(self._limits) > self.max_models:
+                del self._limits[next(iter(self._limits))]  # learned first, forgotten first
             self.version += 1
             return True
 
