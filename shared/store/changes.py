@@ -95,9 +95,12 @@ IO_TIMEOUT = 0.25
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Waits before reconnecting after consecutive failures (then the last one, repeated)."""
 _KWARGS = ("host", "port", "db", "username", "password", "socket_connect_timeout", "path",
-           "driver_info",
-           "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data",
-           "ssl_check_hostname", "client_name")
+           "driver_info", "credential_provider", "client_name")
+# Every TLS option (``ssl_*``) is the store's too: a CA directory (``ssl_ca_path``), a
+# client key's ``ssl_password``, ``ssl_min_version``... Without one the tracking
+# connection failed where the store's succeeded (the guard then read on every call), or
+# OpenSSL asked for the key's pass phrase on the terminal, inside a guard call.
+_TLS_PREFIX = "ssl_"
 
 
 def feed_kwargs(connection_kwargs: Mapping[str, Any], *, short: bool = True) -> dict[str, Any]:
@@ -105,7 +108,8 @@ def feed_kwargs(connection_kwargs: Mapping[str, Any], *, short: bool = True) -> 
     credentials; ``short``: timeouts of at most :data:`IO_TIMEOUT` whatever the store's
     (the feed's checks run inside a guard call; a slow answer only turns the shortcut
     off for a while)."""
-    kwargs = {k: v for k, v in connection_kwargs.items() if k in _KWARGS}
+    kwargs = {k: v for k, v in connection_kwargs.items()
+              if k in _KWARGS or k.startswith(_TLS_PREFIX)}
     for name in ("socket_timeout", "socket_connect_timeout"):
         given = connection_kwargs.get(name)
         kwargs[name] = (min(float(given or IO_TIMEOUT), IO_TIMEOUT) if short or given is None
