@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -23,6 +24,7 @@ from shared.enqueue import publisher_app, tls_verified
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.sessions import SessionStore, connect
+from workers.cli.main import main
 from workers.harness.stack.redis_server import free_port, redis_binary
 from workers.settings import Settings
 
@@ -222,3 +224,37 @@ def test_a_rediss_broker_checks_the_servers_certificate(tls_redis: tuple[int, Pa
     with trusted.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1)
         assert conn.connected
+
+
+def test_doctor_over_tls_with_client_certificates(
+        mtls_url: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every check passes over TLS (no worker runs: that one fails), the change feed
+    included, and the client key's pass phrase is never printed."""
+    monkeypatch.setenv("COMPACTION_REDIS_URL", mtls_url.replace("/0?", "/3?"))
+    monkeypatch.setenv("COMPACTION_BROKER_URL", mtls_url.replace("/0?", "/4?"))
+    code = main(["doctor", "--timeout", "1", "--json"])
+    out, err = capsys.readouterr()
+    found = {c["name"]: c["verdict"] for c in json.loads(out)}
+    assert code == 1 and found.pop("workers") == "FAIL", out
+    assert set(found.values()) == {"OK"}, out
+    assert "secret" not in out + err
+    assert "ssl_password=***" in out
+    main(["doctor", "--timeout", "1"])
+    assert "secret" not in "".join(capsys.readouterr())
+
+
+def test_a_bare_rediss_broker_raises_no_insecure_warning(
+        tls_redis: tuple[int, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """A ``rediss://`` broker URL without options is checked (ssl_cert_reqs=required is
+    added), so kombu's "defaulting to insecure SSL behaviour" must not be printed; a
+    certificate the system does not trust is one FAIL line per check."""
+    bare = f"rediss://127.0.0.1:{tls_redis[0]}"
+    monkeypatch.setenv("COMPACTION_REDIS_URL", f"{bare}/3")
+    monkeypatch.setenv("COMPACTION_BROKER_URL", f"{bare}/4")
+    code = main(["doctor", "--timeout", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out + err
+    assert "insecure" not in out + err + caplog.text
+    assert "FAIL broker" in out and "CERTIFICATE_VERIFY_FAILED" in out

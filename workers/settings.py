@@ -234,9 +234,10 @@ class Settings(BaseSettings):
     def _broker_url(cls, value: str) -> str:
         """One URL, or kombu's ``;``-separated failover list of them; a ``rediss://`` one
         checks the server's certificate unless it says otherwise (:func:`tls_verified`)."""
-        for part in value.split(";"):
+        verified = tls_verified(value)  # first: kombu warns of a bare rediss:// it parses
+        for part in verified.split(";"):
             check_broker_url(part)
-        return tls_verified(value)
+        return verified
 
     @field_validator("summarizer_base_url")
     @classmethod

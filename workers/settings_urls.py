@@ -7,6 +7,7 @@ kombu's parsers), reused by the messages that must never show a password.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote, urlsplit
 
 from kombu.connection import Connection
@@ -14,11 +15,16 @@ from redis.connection import parse_url as parse_redis_url
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
+# Query options that carry a secret: redis-py's ``password`` and a TLS client key's pass
+# phrase (``ssl_password``), as a ``rediss://`` URL for client certificates may hold.
+_SECRET_OPTIONS = re.compile(r"([?&](?:ssl_)?password=)[^&#]*")
+
 __all__ = ["check_broker_url", "check_store_url", "redact_url", "with_password"]
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (every part of a failover list)."""
+    """``url`` with its password and any ``password``/``ssl_password`` option replaced by
+    ``***`` (every part of a failover list)."""
     parts = []
     for part in url.split(";"):
         try:
@@ -30,7 +36,7 @@ def redact_url(url: str) -> str:
             userinfo, at, rest = tail.rpartition("@")
             user = userinfo.split(":", 1)[0]
             part = f"{head}{sep}{user}:***{at}{rest}"
-        parts.append(part)
+        parts.append(_SECRET_OPTIONS.sub(r"\1***", part))
     return ";".join(parts)
 
 
