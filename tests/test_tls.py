@@ -20,13 +20,17 @@ import pytest
 import redis
 
 from shared.core.config import StoreConfig
-from shared.enqueue import publisher_app, tls_verified
+from shared.enqueue import CeleryEnqueuer, publisher_app, redis_server, tls_verified
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.sessions import SessionStore, connect
 from workers.cli.main import main
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.redis_server import free_port, redis_binary
+from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+from workers.harness.timing import wait_for
 from workers.settings import Settings
+from workers.urls import with_db
 
 TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
@@ -258,3 +262,56 @@ def test_a_bare_rediss_broker_raises_no_insecure_warning(
     assert code == 1 and "Traceback" not in out + err
     assert "insecure" not in out + err + caplog.text
     assert "FAIL broker" in out and "CERTIFICATE_VERIFY_FAILED" in out
+
+
+@pytest.mark.celery
+def test_a_worker_compacts_over_rediss_with_the_job_pushed_by_the_append(
+        tls_redis: tuple[int, Path], key_prefix: str) -> None:
+    """Store and broker on the same TLS server: the append script pushes each job (the
+    publisher's own LPUSH is never called), and a real worker (threads pool) reached over
+    ``rediss://`` only summarizes the session."""
+    store_url, broker_url = url(tls_redis, 0), url(tls_redis, 1)
+    purge_queue(broker_url)
+    worker = WorkerProcess("tls", worker_env(broker_url=broker_url, redis_url=store_url,
+                                             key_prefix=key_prefix)).start()
+    config = StoreConfig(key_prefix=key_prefix)
+    enqueuer = CeleryEnqueuer(publisher_app(broker_url))
+    try:
+        assert enqueuer.publisher is not None
+        published: list[Any] = []  # jobs the publisher's own LPUSH wrote: none expected
+        def lpush(*args: Any, **kwargs: Any) -> int:
+            published.append(args)
+            return 1
+
+        enqueuer.publisher.client.lpush = lpush  # type: ignore[method-assign]
+        store = SessionStore(connect(store_url, config), config)
+        assert enqueuer.inline_job(store.tenant, "s", redis_server(store.redis)) is not None
+        guard = ContextGuard(store, enqueuer, overrides={"gpt-4o": 24_000})
+        for turn in demo_turns(30):
+            view = guard.prepare("s", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+            assert view.report.budget.within_budget
+            guard.record_turn("s", turn)
+            time.sleep(0.05)  # as tests/test_celery_worker.py: the worker runs in between
+        assert wait_for(lambda: store.state("s").watermark > 0, 30), worker.log()[-3000:]
+        assert wait_for(lambda: not store.is_pending("s"), 30)
+        assert store.summaries("s")
+        assert "compaction.maybe_summarize" in worker.log()
+        assert "insecure" not in worker.log()
+        assert published == [], "the append script pushed every job itself"
+    finally:
+        enqueuer.close()
+        worker.stop()
+        purge_queue(broker_url)
+
+
+def test_the_demo_s_derived_broker_keeps_the_store_s_tls_options(mtls_url: str) -> None:
+    """``compaction demo`` with only ``COMPACTION_REDIS_URL`` set puts the broker on the
+    next database of that Redis (``with_db``): the CA, client certificate and key options
+    must come along (they were dropped: the broker failed its certificate checks)."""
+    broker = with_db(mtls_url, 1)
+    client = redis.Redis.from_url(broker, socket_connect_timeout=2)
+    try:
+        assert client.ping() and client.connection_pool.connection_kwargs["db"] == 1
+    finally:
+        client.close()
+    assert broker == mtls_url.replace("/0?", "/1?")

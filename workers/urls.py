@@ -12,9 +12,10 @@ from workers.settings_urls import redact_url  # one redaction for settings, CLI 
 
 
 def with_db(url: str, db: int) -> str:
-    """``url`` pointing at database ``db`` (query and fragment dropped)."""
+    """``url`` pointing at database ``db``; its query is kept (a ``rediss://`` URL's CA and
+    client certificate options are the other database's too), its fragment dropped."""
     parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
 
 
 def db_number(url: str) -> int:
