@@ -30,6 +30,11 @@ USER = {"role": "user", "content": "and now?"}
                                    "it's currently unable to persist to disk."),
     redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
     redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+    # a pipeline's command, as redis-py wraps it (sync, then asyncio's form)
+    redis.exceptions.ResponseError("Command # 1 (HSET k f v) of pipeline caused error: "
+                                   "NOREPLICAS Not enough good replicas to write."),
+    redis.exceptions.ResponseError("Command # 2 (('HSET', 'k', 'f', 'v')) of pipeline caused "
+                                   "error: MISCONF Redis is configured to save RDB snapshots"),
 ])
 def test_refusals_are_outages(error: Exception) -> None:
     typed = typed_failure("append", error)

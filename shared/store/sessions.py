@@ -104,15 +104,28 @@ _REFUSING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
 _REFUSING_CODES = ("MISCONF", "BUSY", "NOREPLICAS")
 
 
+_PIPELINE_ERROR = " of pipeline caused error: "
+
+
+def server_error(exc: Exception) -> str:
+    """The server's error text of ``exc``, also where redis-py wrapped it for a pipeline's
+    command (``Command # 1 (HSET ...) of pipeline caused error: NOREPLICAS ...``; the
+    asyncio client's shows the arguments' tuple)."""
+    text = str(exc)
+    _, sep, tail = text.rpartition(_PIPELINE_ERROR)
+    return tail.lstrip("('\"") if sep else text
+
+
 def _refusal(exc: Exception) -> str:
     """Why Redis refuses commands for now, as an outage: a server at ``maxmemory`` under
     ``noeviction`` (the policy sessions need), one that cannot persist, a busy script, a
-    replica answering after a failover. '' for anything else."""
+    replica answering after a failover, a primary short of ``min-replicas-to-write``
+    replicas (a pipeline's command too). '' for anything else."""
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return (f"out of memory ({exc}): raise its maxmemory, or bound sessions with "
                 "COMPACTION_SESSION_TTL")
     if isinstance(exc, _REFUSING) or (isinstance(exc, redis.exceptions.ResponseError)
-                                      and str(exc).startswith(_REFUSING_CODES)):
+                                      and server_error(exc).startswith(_REFUSING_CODES)):
         return str(exc)
     return ""
 
