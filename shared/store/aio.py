@@ -13,6 +13,7 @@ workers and operators keep the sync store.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -265,9 +266,22 @@ class AsyncSessionStore:
         return True
 
     async def delete_session(self, session_id: str) -> None:
-        """See :meth:`shared.store.sessions.SessionStore.delete_session`."""
+        """See :meth:`shared.store.sessions.SessionStore.delete_session`.
+
+        Finished even when the caller is cancelled midway (a client disconnecting, a
+        timeout): the recall index's keys sit outside the session's, and one left behind
+        without a session TTL would never go. The cancellation is raised once it is done.
+        """
+        k = self.keys(session_id)  # bad input is refused here, before anything runs
+        done = asyncio.ensure_future(self._delete(session_id, k))
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            done.add_done_callback(_retrieved)  # its failure is the caller's no longer
+            raise
+
+    async def _delete(self, session_id: str, k: SessionKeys) -> None:
         from shared.store.recall_index import drop_index_async  # imports the store modules
-        k = self.keys(session_id)
         await self._call("delete", self.redis.unlink(*k.all_keys(), commands.ids_key(k)))
         await drop_index_async(self, session_id)
 
@@ -285,6 +299,12 @@ class AsyncSessionStore:
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A delete its caller stopped waiting for: a failure is logged, not lost."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a cancelled delete_session failed afterwards: %s", task.exception())
 
 
 def _check_positive(name: str, value: object) -> None:
