@@ -1,4 +1,5 @@
-"""A session Redis evicted some keys of: the guard starts it afresh, other readers name it.
+"""A session Redis evicted some keys of: the guard mends it (its running totals counted
+again from its log) or starts it afresh (its log gone); other readers name it.
 
 Eviction (any ``maxmemory-policy`` but ``noeviction``) removes keys one at a time, so a
 session can lose its log and keep its state, or lose its running token totals and keep
@@ -66,8 +67,8 @@ def store(key_prefix: str) -> SessionStore:
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize("which", ["log", "totals", "both"])
-def test_a_session_missing_its_log_or_totals_starts_afresh(
+@pytest.mark.parametrize("which", ["log", "both"])
+def test_a_session_missing_its_log_starts_afresh(
         store: SessionStore, shell: str, which: str, caplog: pytest.LogCaptureFixture) -> None:
     warm = summarized(store, shell)
     evict(store, which)
@@ -85,13 +86,50 @@ def test_a_session_missing_its_log_or_totals_starts_afresh(
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_a_turn_recorded_into_a_damaged_session_is_its_fresh_start(
-        store: SessionStore, shell: str) -> None:
+def test_a_session_missing_its_totals_keeps_its_history(
+        store: SessionStore, shell: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Its log is whole: the totals are counted again from it, the same figures."""
+    warm = summarized(store, shell)
+    before = warm.prepare("s", SYSTEM_PROMPT, TOOLS, 1000, MODEL, pending=[USER])
+    k = store.keys("s")
+    totals = store.redis.lrange(k.cum, 0, -1)
+    state = store.state("s")
+    epoch = store.redis.hget(k.state, "epoch")
+    length = store.redis.llen(k.log)
+    evict(store, "totals")
+    for guard in (warm, make(shell, store, overrides={MODEL: WINDOW})):  # cached, and cold
+        with caplog.at_level(logging.WARNING, logger="shared.guard"):
+            view = guard.prepare("s", SYSTEM_PROMPT, TOOLS, 1000, MODEL, pending=[USER])
+        assert [m.model_dump() for m in view.messages] == \
+            [m.model_dump() for m in before.messages]
+        assert (view.report.length, view.report.watermark) == (length, state.watermark)
+        assert view.report.estimated_prompt_tokens == before.report.estimated_prompt_tokens
+    assert sum("counted again" in r.getMessage() for r in caplog.records) == 1
+    assert store.redis.lrange(k.cum, 0, -1) == totals
+    assert store.state("s").watermark == state.watermark
+    assert store.redis.hget(k.state, "epoch") not in (epoch, None)  # cached views read again
+    assert warm.record_turn("s", [USER, REPLY]) == length + 2
+    assert "damaged" not in Compactor(store, SummaryEngine(None)).run("s").reason
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("which", ["log", "totals"])
+def test_a_turn_recorded_into_a_damaged_session(store: SessionStore, shell: str,
+                                                which: str) -> None:
     """The append refuses to write into a damaged session (a turn there would be lost with
-    it); the guard resets it and appends the turn as the new session's first."""
+    it); the guard mends it and appends the turn: after the history when only the totals
+    went, as the new session's first when the log did."""
     guard = summarized(store, shell)
     guard.prepare("s", SYSTEM_PROMPT, TOOLS, 1000, MODEL, pending=[USER])
-    evict(store, "totals")
+    length = store.redis.llen(store.keys("s").log)
+    evict(store, which)
+    if which == "totals":
+        assert guard.record_turn("s", [USER, REPLY]) == length + 2
+        assert [m.content for m in store.messages("s")[-2:]] == ["and now?", "done."]
+        assert store.range_tokens("s", length, length + 2) > 0
+        assert guard.prepare("s", SYSTEM_PROMPT, TOOLS, 1000, MODEL,
+                             pending=[USER]).report.length == length + 2
+        return
     assert guard.record_turn("s", [USER, REPLY]) == 2
     assert [m.content for m in store.messages("s")] == ["and now?", "done."]
     assert store.range_tokens("s", 0, 2) > 0
@@ -116,12 +154,30 @@ def test_a_healthy_session_is_never_reset(store: SessionStore) -> None:
     assert store.reset_damaged("s") is False
     assert own_keys(store) == before
     assert store.reset_damaged("nobody") is False
+    assert store.mend_damaged("s") == "" and store.mend_damaged("nobody") == ""
+    assert own_keys(store) == before
+
+
+def test_totals_are_written_only_for_the_log_they_were_counted_from(
+        store: SessionStore) -> None:
+    """An edit or a reset between the count and the write makes the write a no-op."""
+    from shared.store.damage import retotal_command
+    summarized(store, "sync")
+    k = store.keys("s")
+    totals = [int(v) for v in store.redis.lrange(k.cum, 0, -1)]
+    evict(store, "totals")
+    assert store.execute(retotal_command(k, len(totals) - 1, totals[:-1])) is False
+    assert store.execute(retotal_command(k, len(totals), totals[:-1])) is False
+    assert not store.redis.exists(k.cum)
+    assert store.execute(retotal_command(k, len(totals), totals)) is True
+    assert store.execute(retotal_command(k, len(totals), totals)) is False  # mended already
+    store.load_view("s")
 
 
 def test_eviction_under_memory_pressure_never_breaks_a_session(
         own_redis: RedisServer, key_prefix: str) -> None:
     """A real Redis evicting with volatile-lru (every session key has a TTL): whatever it
-    took, each session answers, whole or afresh."""
+    took, each session answers, whole (mended) or afresh."""
     client = redis.Redis.from_url(own_redis.url)
     store = SessionStore(client, StoreConfig(key_prefix=key_prefix, ttl_seconds=3600))
     guard = make("sync", store, overrides={MODEL: 1_000_000})

@@ -387,7 +387,7 @@ class Compactor:
                  lost: _Lost | None = None) -> tuple[JobOutcome, _Lost | None]:
         try:
             data = self.store.load_view(session_id, with_counts=True)
-        except SessionDamaged as exc:  # the guard starts it afresh at the session's next call
+        except SessionDamaged as exc:  # the guard mends it at the session's next call
             outcome = JobOutcome(session_id=session_id, status="skipped", reason=str(exc))
             log.warning("compaction job for %s: %s", session_id, exc)
             return outcome, None

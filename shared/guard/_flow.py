@@ -192,7 +192,7 @@ class GuardFlow(GuardShell):
             raw = yield Io("read_view", (session_id, cached.cursor if cached is not None
                                          else None), {"with_counts": True})
         except SessionDamaged as exc:
-            yield from self._reset_damaged(session_id, exc)
+            yield from self._mend_damaged(session_id, exc)
             cached = None
             raw = yield Io("read_view", (session_id, None), {"with_counts": True})
         snap: CachedView
@@ -206,12 +206,17 @@ class GuardFlow(GuardShell):
             self.views.put(session_id, snap)
         return snap
 
-    def _reset_damaged(self, session_id: str, exc: SessionDamaged) -> Steps[None]:
-        """Some of the session's keys were evicted: the rest are removed too (checked again
-        in the same script), and the session starts afresh, as an expired one would."""
+    def _mend_damaged(self, session_id: str, exc: SessionDamaged) -> Steps[None]:
+        """Some of the session's keys were evicted: its running totals are counted again
+        from its log when that is whole (its history kept), else the rest of its keys are
+        removed and it starts afresh, as an expired one would (:mod:`shared.store.damage`:
+        checked again in the same script as each write)."""
         self.views.discard(session_id)
-        removed = yield Io("reset_damaged", (session_id,))
-        if removed:
+        done = yield Io("mend_damaged", (session_id,))
+        if done == "retotaled":
+            log.warning("session %s: %s; its running totals were counted again from its "
+                        "log, its history kept", session_id, exc)
+        elif done == "reset":
             log.warning("session %s: %s; its other keys were removed and it starts afresh",
                         session_id, exc)
 
@@ -441,8 +446,8 @@ class GuardFlow(GuardShell):
                     log.info("session %s: append %s unanswered (%s); retrying once",
                              session_id, rid, exc)
                     result = yield append
-                except SessionDamaged as exc:  # refused, nothing written: into a fresh one
-                    yield from self._reset_damaged(session_id, exc)
+                except SessionDamaged as exc:  # refused, nothing written: mended, or a fresh one
+                    yield from self._mend_damaged(session_id, exc)
                     cached = None
                     result = yield Io("append_encoded", (session_id, encoded), {
                         "request_id": rid, "mark_pending": self.policy.proactive,

@@ -39,6 +39,7 @@ from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.cancelled import cancel_mark, raise_swallowed
 from shared.store.commands import EncodedBatch, T
+from shared.store.damage import Mended, mend_steps
 from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.sessions import (
@@ -264,6 +265,15 @@ class AsyncSessionStore:
             return False
         await drop_index_async(self, session_id)
         return True
+
+    async def mend_damaged(self, session_id: str) -> Mended:
+        """See :meth:`shared.store.sessions.SessionStore.mend_damaged` (same steps)."""
+        from shared.store.recall_index import drop_index_async  # imports the store modules
+        done = await commands.drive_async(mend_steps(self.keys(session_id), self.counter),
+                                          self._send)
+        if done == "reset":
+            await drop_index_async(self, session_id)
+        return done
 
     async def delete_session(self, session_id: str) -> None:
         """See :meth:`shared.store.sessions.SessionStore.delete_session`.

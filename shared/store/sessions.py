@@ -50,6 +50,7 @@ from shared.core.records import (
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.store import commands
 from shared.store.commands import EncodedBatch
+from shared.store.damage import Mended, mend_steps
 from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
 from shared.store.lease import LeaseOps
@@ -66,7 +67,7 @@ _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
                    redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
                    redis.exceptions.RedisClusterException)
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap",
-           "request_failure", "pending", "reset_damaged")
+           "request_failure", "pending", "reset_damaged", "retotal")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
 
@@ -515,6 +516,17 @@ class SessionStore(LeaseOps):
             return False
         drop_index(self, session_id)
         return True
+
+    def mend_damaged(self, session_id: str) -> Mended:
+        """Mend a session Redis damaged (:class:`~shared.core.errors.SessionDamaged`): its
+        running totals counted again from its intact log ("retotaled", history kept), or
+        its keys removed, recall index included ("reset": the log is gone); "" when it is
+        not damaged (any more). See :mod:`shared.store.damage`."""
+        from shared.store.recall_index import drop_index  # recall_index imports this module
+        done = commands.drive(mend_steps(self.keys(session_id), self.counter), self._send)
+        if done == "reset":
+            drop_index(self, session_id)
+        return done
 
     def delete_session(self, session_id: str) -> None:
         """Remove every key of a session (explicit user request only). UNLINK: the keys

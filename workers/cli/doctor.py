@@ -128,12 +128,13 @@ def check_store(settings: Settings) -> Check:
               f"(median of {PINGS}), key prefix {settings.key_prefix!r}, tenant "
               f"{settings.tenant!r}")
     if policy is not None and policy != "noeviction":
-        # Eviction takes a session's keys one at a time (TTLs expire them together): the
-        # guard then starts that session afresh, its history lost (SessionDamaged).
+        # Eviction takes a session's keys one at a time (TTLs expire them together): a
+        # session that lost its log starts afresh, its history lost (SessionDamaged).
         return Check(name, "WARN", f"{detail}; maxmemory-policy {policy}: under memory "
                                    "pressure Redis evicts sessions' keys one at a time, and "
-                                   "such a session starts afresh, its history lost (use "
-                                   "noeviction, and COMPACTION_SESSION_TTL to bound memory)")
+                                   "a session whose log is evicted starts afresh, its "
+                                   "history lost (use noeviction, and "
+                                   "COMPACTION_SESSION_TTL to bound memory)")
     return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
 
 
