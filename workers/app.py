@@ -256,8 +256,9 @@ def _preload_on_worker_start(sender: Any = None, **_: Any) -> None:
         log.info("summarizer SDK %s imported before the pool starts", module)
 
 
-# Observability (docs/observability.md): /metrics on COMPACTION_METRICS_PORT, JSON logs.
-from workers import logging_setup, metrics  # noqa: E402, F401  (Celery signal receivers)
+# Observability (docs/observability.md): /metrics on COMPACTION_METRICS_PORT, JSON logs;
+# the sweep re-publishing lost jobs (workers/sweep.py, COMPACTION_SWEEP_SECONDS).
+from workers import logging_setup, metrics, sweep  # noqa: E402, F401  (signal receivers)
 
 __all__ = ["SUMMARIZER_SDKS", "app", "celery_config", "create_app", "preload_summarizer_sdk",
            "restore_lock_seconds"]

@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     # worker (time limits, lease, retries and redelivery: see "Timing" below)
     broker_restore_sweep_seconds: int = Field(
         default=10, gt=0, description="how often unacked jobs past the timeout are requeued")
+    sweep_seconds: int = Field(
+        default=60, ge=0, description="how often one worker of the deployment re-publishes "
+        "the jobs of sessions whose pending flag went stale with no worker on them (a job "
+        "lost between the broker and a killed worker; workers.sweep); 0: never")
     queue: str = Field(default=QUEUE, min_length=1, description="Celery queue the CLI, "
                        "compaction serve and doctor publish to and check; the workers "
                        "consume it (no -Q needed)")

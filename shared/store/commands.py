@@ -517,6 +517,28 @@ def pending_command(k: SessionKeys, config: StoreConfig,
     return Command("pending", keys, args, int, "mark_pending")
 
 
+def flag_stale(left_ms: int, config: StoreConfig) -> bool:
+    """Whether a pending flag with ``left_ms`` of its TTL left (``PTTL``) stood past the
+    config's :attr:`~shared.core.config.StoreConfig.pending_stale_after` with no worker
+    claiming its job: its age is its TTL minus what is left, the rule ``append.lua``,
+    ``pending.lua`` and ``rearm_lost.lua`` apply. Never with a stale age of 0, nor for a
+    flag that is absent (-2) or has no expiry (-1): its age cannot be told. The workers'
+    sweep reads ``PTTL`` in bulk with it and runs :func:`rearm_lost_command` (the same
+    rule, atomic, with the lease) only on the flags it passes."""
+    stale, ttl = config.pending_stale_after, config.pending_ttl_seconds
+    return stale > 0 and left_ms >= 0 and ttl * 1000 - left_ms >= stale * 1000
+
+
+def rearm_lost_command(k: SessionKeys, config: StoreConfig) -> Command[bool]:
+    """Re-arm a pending flag that stood past the stale age while no worker holds the
+    session's lease (``rearm_lost.lua``): True when this call did, and its caller
+    publishes the job again; False (nothing changed) for a flag that is gone, young (an
+    append or another sweeper re-armed it), without expiry, or a held lease."""
+    return Command("rearm_lost", [k.pending, k.lease],
+                   [config.pending_ttl_seconds, config.pending_stale_after],
+                   lambda raw: bool(int(raw)), "rearm_lost")
+
+
 def commit_command(k: SessionKeys, config: StoreConfig, record: SummaryRecord,
                    expected_version: int, token: str = "") -> Command[CommitResult]:
     """The one compare-and-swap writer; a non-empty ``token`` fences it by the lease."""
@@ -557,6 +579,7 @@ __all__ = [
     "drive",
     "drive_async",
     "encode",
+    "flag_stale",
     "id_conflict",
     "ids_key",
     "json_pairs",
@@ -566,6 +589,7 @@ __all__ = [
     "pending_arg",
     "pending_command",
     "pushed",
+    "rearm_lost_command",
     "rearmed",
     "renamed_after",
     "request_conflict",

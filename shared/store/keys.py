@@ -142,10 +142,31 @@ def session_pattern(prefix: str, tenant: str) -> str:
     return f"{prefix}:{{{tenant}:*}}:state"
 
 
+def pending_pattern(prefix: str) -> str:
+    """SCAN pattern matching the pending flag of every session, of every tenant (the
+    recall index keys, ``<prefix>:rx:{...}``, do not match: no ``{`` after the prefix)."""
+    return f"{prefix}:{{*}}:pending"
+
+
+def session_of_pending(prefix: str, key: str | bytes) -> tuple[str, str] | None:
+    """(tenant, session id) of a key ``<prefix>:{<tenant>:<id>}:pending`` (tenant ids have
+    no ``:``); None for any other key, or ids that are not valid ones."""
+    text = key.decode(errors="replace") if isinstance(key, bytes) else key
+    head, tail = f"{prefix}:{{", "}:pending"
+    if not text.startswith(head) or not text.endswith(tail):
+        return None
+    tenant, sep, session_id = text[len(head):-len(tail)].partition(":")
+    if not sep or not TENANT_RE.fullmatch(tenant) or not SESSION_RE.fullmatch(session_id):
+        return None
+    return tenant, session_id
+
+
 __all__ = [
     "DEFAULT_TENANT",
     "SessionKeys",
+    "pending_pattern",
     "recall_base",
+    "session_of_pending",
     "session_pattern",
     "validate_request_id",
     "validate_session_id",

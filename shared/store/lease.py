@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import CommitResult, SummaryRecord
-from shared.store.commands import pending_command
+from shared.store.commands import pending_command, rearm_lost_command
 from shared.store.requests import Request, distinct
 
 if TYPE_CHECKING:
@@ -106,6 +106,14 @@ class LeaseOps:
         past the config's ``pending_stale_after``
         (:func:`shared.store.commands.rearmed`)."""
         cmd = pending_command(self.keys(session_id), self.config)
+        return cmd.parse(self._script(cmd.what, cmd.script, cmd.keys, cmd.args))
+
+    def rearm_lost(self, session_id: str) -> bool:
+        """Re-arm the pending flag if it stood past the stale age while no worker holds
+        the lease (``rearm_lost.lua``): True when this call did and the caller publishes
+        the job again (the workers' sweep, :mod:`workers.sweep`); False, nothing changed,
+        otherwise (:func:`shared.store.commands.rearm_lost_command`)."""
+        cmd = rearm_lost_command(self.keys(session_id), self.config)
         return cmd.parse(self._script(cmd.what, cmd.script, cmd.keys, cmd.args))
 
     def clear_pending(self, session_id: str) -> None:

@@ -67,7 +67,7 @@ _REDIS_FAILURES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
                    redis.exceptions.BusyLoadingError, redis.exceptions.ClusterError,
                    redis.exceptions.RedisClusterException)
 SCRIPTS = ("append", "commit_summary", "truncate", "rewind", "view", "lease", "cheap",
-           "request_failure", "pending", "reset_damaged", "retotal")
+           "request_failure", "pending", "reset_damaged", "retotal", "rearm_lost")
 IDEMPOTENCY_KEEP = 64  # request ids remembered per session (a retry comes within seconds)
 IDEMPOTENCY_TTL_SECONDS = 3600
 
