@@ -205,6 +205,7 @@ class AgentConfig:
     out: str
     edit_share: float = 0.03
     delete_share: float = 0.4
+    pending_stale: int | None = None  # the workers' too (--pending-stale)
 
 
 @dataclass
@@ -301,7 +302,8 @@ def _sessions() -> list[tuple[str, list[Message]]]:
 
 
 def _store_config(cfg: AgentConfig) -> StoreConfig:
-    return StoreConfig(key_prefix=PREFIX, ttl_seconds=cfg.ttl)
+    return StoreConfig(key_prefix=PREFIX, ttl_seconds=cfg.ttl,
+                       pending_stale_seconds=cfg.pending_stale)
 
 
 def run_sync_agent(cfg: AgentConfig) -> None:
@@ -883,6 +885,12 @@ def main() -> int:
     ap.add_argument("--ttl", type=int, default=7200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="directory for logs and samples")
+    ap.add_argument("--sweep-seconds", type=int, default=10,
+                    help="the workers' COMPACTION_SWEEP_SECONDS (0: no sweep)")
+    ap.add_argument("--pending-stale", type=int, default=60,
+                    help="COMPACTION_PENDING_STALE_SECONDS of agents and workers, scaled to "
+                         "the run (above its 40 s visibility timeout, so a killed worker's "
+                         "redelivered job clears the flag first)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="soak-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -897,7 +905,9 @@ def main() -> int:
                      summarizer_api_key="k", summarizer_timeout="5", max_retries="2",
                      retry_backoff_max="2", broker_visibility_timeout="40",
                      broker_restore_sweep_seconds="2", task_time_limit="30",
-                     task_soft_time_limit="25", session_ttl_seconds=str(args.ttl))
+                     task_soft_time_limit="25", session_ttl_seconds=str(args.ttl),
+                     sweep_seconds=str(args.sweep_seconds),
+                     pending_stale_seconds=str(args.pending_stale))
     run = Run(args, out, r, env)
     code = 1
     try:
@@ -920,7 +930,7 @@ def soak(run: Run, llm: FlakyLLM) -> int:
     for i, (kind, parallel) in enumerate((("sync", 2), ("sync", 2), ("async", 4))):
         cfg = AgentConfig(f"agent{i}{kind}", kind, parallel, args.seed * 10 + i, deadline,
                           run.redis.url(0), run.redis.url(1), args.window, args.ttl,
-                          str(run.out))
+                          str(run.out), pending_stale=args.pending_stale)
         p = ctx.Process(target=run_agent, args=(cfg,), name=cfg.name)
         p.start()
         agents.append((cfg.name, p))
