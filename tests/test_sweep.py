@@ -16,8 +16,9 @@ from shared.core.config import StoreConfig
 from shared.guard import ContextGuard
 from shared.store.commands import flag_stale
 from shared.store.keys import pending_pattern, session_of_pending
-from shared.store.sessions import SessionStore
+from shared.store.sessions import SessionStore, connect_cluster
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
+from workers.harness.stack.redis_server import LocalCluster
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.settings import Settings
@@ -178,6 +179,32 @@ def test_a_failed_publish_is_counted_and_tried_again_a_stale_period_later(
     published = Published()
     PendingSweep(store_of(client), published, 60).sweep()
     assert published.jobs == [("default", "s1")]
+
+
+@pytest.mark.redis
+def test_the_sweep_walks_every_primary_of_a_cluster(cluster: LocalCluster,
+                                                    key_prefix: str) -> None:
+    config = StoreConfig(key_prefix=key_prefix, pending_ttl_seconds=TTL,
+                         pending_stale_seconds=STALE)
+    client = connect_cluster(cluster.url, config)
+    store = SessionStore(client, config)
+    sessions = {("default", f"s{i}") for i in range(40)} | {("acme", f"s{i}") for i in range(5)}
+    slots = set()
+    try:
+        for tenant, sid in sessions:
+            key = SessionStore(client, config, tenant=tenant).keys(sid).pending
+            client.set(key, "1", px=(TTL - STALE - 1) * 1000)
+            slots.add(client.keyslot(key) * 3 // 16384)  # which third of the slots
+        assert len(slots) == 3  # flags on every primary
+        SessionStore(client, config).acquire_lease("s0", 30)
+        published = Published()
+        report = PendingSweep(store, published, 1, scan_count=7).run_once()
+        assert report is not None and report.flags == len(sessions)
+        assert sorted(published.jobs) == sorted(sessions - {("default", "s0")})
+    finally:
+        for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
 
 
 def test_the_setting_turns_the_sweep_off() -> None:
