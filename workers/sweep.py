@@ -34,9 +34,10 @@ in-process worker (``celery.contrib.testing``, the embedded demo) sends no
 connection), built from the worker's settings.
 
 Cost: a SCAN walks the whole keyspace of the store's database (``COUNT``
-:data:`SCAN_COUNT` per call), about 15 keys per session: 10^6 sessions are
-~1.5*10^4 SCAN calls of a few ms each per sweep, spread over the sweep's
-duration, plus a PTTL per flag found (only sessions with a job queued have one).
+:data:`SCAN_COUNT` per call, about 1 ms of Redis time each: 1.5 million keys
+took 1,501 calls, 1.4 s of Redis time, 1.7 s for the sweep), once per period
+for the deployment, plus a PTTL per flag found (only sessions with a job queued
+have one). A keyspace of tens of millions of keys wants a longer period.
 """
 
 from __future__ import annotations
