@@ -68,12 +68,18 @@ def connect_async(url: str, config: StoreConfig | None = None, *,
     released (redis-py's default pool failed it at once: an async server with more calls
     in flight lost them). The wait is bounded: ``pool_timeout`` seconds, by default the
     store's connect and socket timeouts (what the call holding a connection may take),
-    then StoreUnavailable."""
+    then StoreUnavailable. A ``redis+sentinel://`` URL gives a client of the primary that
+    Sentinel names (:func:`shared.store.sentinel.connect_sentinel_async`)."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     _check_positive("max_connections", max_connections)
     cfg = config or StoreConfig()
+    if url.lower().startswith("redis+sentinel://"):
+        from shared.store.sentinel import connect_sentinel_async
+
+        return connect_sentinel_async(url, cfg, max_connections=max_connections,
+                                      pool_timeout=pool_timeout)
     wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=wait,

@@ -1,0 +1,367 @@
+"""The session store on a Redis Sentinel deployment: clients that follow the primary.
+
+URL form (one string, so that ``COMPACTION_REDIS_URL`` can name it)::
+
+    redis+sentinel://[user:password@]host1:26379,host2:26379/<service>[/<db>]
+        [?sentinel_username=...&sentinel_password=...]
+
+The credentials before ``@`` are the data nodes' (primary and replicas); the Sentinels'
+own, where they need any, are the ``sentinel_*`` options. A host without a port is on
+26379. ``<service>`` is the name the Sentinels monitor (``sentinel monitor <service>
+...``), ``<db>`` the database number (0 when absent).
+
+Why not redis-py's stock :class:`~redis.sentinel.SentinelConnectionPool` as it is: it
+asks the Sentinels only when a connection opens. A connection it pooled keeps writing
+to the primary it opened on; after a planned failover that old primary goes on taking
+writes for several seconds (until the Sentinels demote it) and every one of them is
+lost when it resynchronises from the new primary. :class:`FollowingSentinelPool` (and
+its asyncio twin) adds two things and nothing else:
+
+- it asks the Sentinels again at least every ``follow_seconds`` while it is used (one
+  ``SENTINEL MASTERS`` round trip a second, on the call that finds the answer stale),
+  and when the answer changed it drops the idle connections to the old primary; busy
+  ones are dropped when they come back (redis-py's ``owns_connection``);
+- a connection error, a timeout or a ``READONLY`` reply (also inside a script's error)
+  makes the next call ask again, at most every ``error_gap`` seconds (a dead primary
+  must not turn every call into a Sentinel query).
+
+The call that met the error fails (:class:`~shared.core.errors.StoreUnavailable`
+through the store): no silent retry, as with :func:`shared.store.sessions.connect`.
+The change feed and the guard's own-writes connection stay off on these clients (they
+pin one server; :func:`shared.store.changes.tracking_pool` declines the pool), and so
+does the inline job (:func:`shared.enqueue.redis_server`): each guard call reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel as aio_sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelConnectionPoolProxy,
+    SentinelManagedConnection,
+)
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
+from shared.store.sessions import driver_info, server_error
+
+log = logging.getLogger("shared.store.sentinel")
+
+SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
+FOLLOW_SECONDS = 1.0
+"""How stale the pool's idea of the primary may get while it is used."""
+ERROR_GAP_SECONDS = 0.2
+"""The least time between two Sentinel queries prompted by errors."""
+_OPTIONS = frozenset({"sentinel_username", "sentinel_password"})
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.lower().startswith(SCHEME + "://")
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """A parsed ``redis+sentinel://`` URL (see the module docstring)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """The parts of ``url``; :class:`InvalidInput` (field ``url``) naming what is wrong."""
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput(f"{why} (expected {SCHEME}://[user:password@]host:port"
+                            "[,host:port...]/<service>[/<db>])", field="url")
+
+    if not is_sentinel_url(url):
+        raise bad(f"the scheme must be {SCHEME}://")
+    rest = url[len(SCHEME) + 3:]
+    rest = rest.partition("#")[0]
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = []
+    for host in hostlist.split(","):
+        if not host:
+            raise bad("a Sentinel address is empty")
+        try:
+            split = urlsplit("//" + host)
+            port = split.port or DEFAULT_SENTINEL_PORT
+        except ValueError as exc:
+            raise bad(f"bad Sentinel address {host!r}: {exc}") from None
+        if not split.hostname:
+            raise bad(f"bad Sentinel address {host!r}")
+        sentinels.append((split.hostname, port))
+    parts = [unquote(p) for p in path.split("/")] if path else []
+    if not parts or not parts[0]:
+        raise bad("the URL names no service")
+    if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise bad(f"the database must be a number, not {'/'.join(parts[1:])!r}")
+    options = parse_qs(query, keep_blank_values=True, strict_parsing=False)
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise bad(f"unknown option(s) {', '.join(sorted(unknown))}; known: "
+                  f"{', '.join(sorted(_OPTIONS))}")
+    return SentinelURL(
+        sentinels=tuple(sentinels), service=parts[0],
+        db=int(parts[1]) if len(parts) == 2 and parts[1] else 0,
+        username=username, password=password,
+        sentinel_username=options.get("sentinel_username", [None])[-1] or None,
+        sentinel_password=options.get("sentinel_password", [None])[-1] or None)
+
+
+def is_readonly(exc: BaseException) -> bool:
+    """A ``READONLY`` refusal: the server answering is a replica now (also inside a
+    script's error text, as Redis reports a write a script attempted there)."""
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and (
+        server_error(exc).startswith("READONLY") or "-READONLY" in str(exc))
+
+
+class _Follow:
+    """When the pool must ask the Sentinels again: the sans-I/O part both shells share."""
+
+    def __init__(self, follow_seconds: float, error_gap: float) -> None:
+        self.follow_seconds = follow_seconds
+        self.error_gap = error_gap
+        self.asked = -math.inf
+        self.suspect = False
+
+    def due(self, known: bool) -> bool:
+        gap = self.error_gap if self.suspect else self.follow_seconds
+        return not known or time.monotonic() - self.asked >= gap
+
+    def asking(self) -> None:
+        self.asked = time.monotonic()
+        self.suspect = False
+
+
+# -- blocking ------------------------------------------------------------------------------
+class _FollowingProxy(SentinelConnectionPoolProxy):
+    """The stock proxy (what connections ask for the primary's address), answering from
+    its last answer until that is due again (:class:`_Follow`)."""
+
+    def __init__(self, *args: Any, follow: _Follow, **kwargs: Any) -> None:
+        self.follow = follow
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def get_master_address(self) -> Any:
+        known = self.master_address
+        if known is not None and not self.follow.due(True):
+            return known
+        self.follow.asking()
+        return super().get_master_address()  # type: ignore[no-untyped-call]
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A primary's connection that tells its pool when the primary may have moved."""
+
+    def _suspect(self, exc: BaseException) -> None:
+        proxy = self.connection_pool
+        if isinstance(proxy, _FollowingProxy):
+            proxy.follow.suspect = True
+        log.debug("sentinel-managed connection failed (%s): ask the Sentinels again", exc)
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self._suspect(exc)
+            raise
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self._suspect(exc)
+            raise
+        except redis.exceptions.ResponseError as exc:
+            if not is_readonly(exc):
+                raise
+            self._suspect(exc)
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise redis.exceptions.ConnectionError(
+                f"the primary has become a replica: {exc}") from exc
+
+
+class FollowingSentinelPool(SentinelConnectionPool):
+    """redis-py's Sentinel pool that follows a moved primary (see the module docstring)."""
+
+    def __init__(self, service_name: str, sentinel_manager: Any, *,
+                 follow_seconds: float = FOLLOW_SECONDS,
+                 error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
+        kwargs.setdefault("connection_class", FollowingConnection)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self.follow = _Follow(follow_seconds, error_gap)
+        self.proxy = _FollowingProxy(
+            connection_pool=self, is_master=self.is_master,
+            check_connection=self.check_connection, service_name=service_name,
+            sentinel_manager=sentinel_manager, follow=self.follow)
+        self.connection_kwargs["connection_pool"] = self.proxy
+
+    def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        if self.is_master and self.follow.due(self.proxy.master_address is not None):
+            self._refresh()
+        return super().get_connection(command_name, *keys, **options)
+
+    def _refresh(self) -> None:
+        """Ask the Sentinels now; a failure with a primary known keeps using it (the next
+        call asks again after ``error_gap``), with none known it is the call's failure."""
+        try:
+            self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            if self.proxy.master_address is None:
+                raise
+            self.follow.suspect = True
+            log.debug("the Sentinels did not answer (%s): keeping %s", exc,
+                      self.proxy.master_address)
+
+
+def _node_kwargs(cfg: StoreConfig, parsed: SentinelURL) -> dict[str, Any]:
+    return {"db": parsed.db, "username": parsed.username, "password": parsed.password,
+            "socket_timeout": cfg.socket_timeout,
+            "socket_connect_timeout": cfg.connect_timeout, "health_check_interval": 30,
+            "driver_info": driver_info()}
+
+
+def _sentinel_kwargs(cfg: StoreConfig, parsed: SentinelURL, retry: Any) -> dict[str, Any]:
+    return {"socket_timeout": cfg.socket_timeout, "socket_connect_timeout": cfg.connect_timeout,
+            "username": parsed.sentinel_username, "password": parsed.sentinel_password,
+            "retry": retry}
+
+
+def connect_sentinel(url: str, config: StoreConfig | None = None, *,
+                     pool_class: type[SentinelConnectionPool] = FollowingSentinelPool,
+                     ) -> redis.Redis:
+    """A client of the primary a Sentinel deployment names (``url``: see the module
+    docstring), with bounded socket timeouts and no silent retries, like
+    :func:`shared.store.sessions.connect`. Nothing is sent until the first command.
+    ``pool_class``: redis-py's stock pool for comparisons (``scripts/failover.py``)."""
+    cfg = config or StoreConfig()
+    parsed = parse_sentinel_url(url)
+    manager = Sentinel(list(parsed.sentinels),  # type: ignore[no-untyped-call]
+                       sentinel_kwargs=_sentinel_kwargs(cfg, parsed, Retry(NoBackoff(), 0)))
+    client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+        parsed.service, connection_pool_class=pool_class, retry=Retry(NoBackoff(), 0),
+        **_node_kwargs(cfg, parsed))
+    return client
+
+
+# -- asyncio -------------------------------------------------------------------------------
+class AsyncFollowingConnection(aio_sentinel.SentinelManagedConnection):
+    """The asyncio twin of :class:`FollowingConnection`."""
+
+    def _suspect(self, exc: BaseException) -> None:
+        follow = getattr(self.connection_pool, "follow", None)
+        if isinstance(follow, _Follow):
+            follow.suspect = True
+        log.debug("sentinel-managed connection failed (%s): ask the Sentinels again", exc)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self._suspect(exc)
+            raise
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self._suspect(exc)
+            raise
+        except redis.exceptions.ResponseError as exc:
+            if not is_readonly(exc):
+                raise
+            self._suspect(exc)
+            await self.disconnect()
+            raise redis.exceptions.ConnectionError(
+                f"the primary has become a replica: {exc}") from exc
+
+
+class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
+                                 redis.asyncio.BlockingConnectionPool):
+    """The asyncio twin of :class:`FollowingSentinelPool`; like
+    :func:`shared.store.aio.connect_async`'s pool, a call beyond ``max_connections`` waits
+    (at most ``timeout`` seconds) for a connection instead of failing at once."""
+
+    def __init__(self, service_name: str, sentinel_manager: Any, *,
+                 follow_seconds: float = FOLLOW_SECONDS,
+                 error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
+        kwargs.setdefault("connection_class", AsyncFollowingConnection)
+        self.follow = _Follow(follow_seconds, error_gap)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def get_master_address(self) -> Any:
+        known = self.master_address
+        if known is not None and not self.follow.due(True):
+            return known
+        self.follow.asking()
+        return await super().get_master_address()  # type: ignore[no-untyped-call]
+
+    async def get_connection(self, command_name: Any = None, *keys: Any,
+                             **options: Any) -> Any:
+        if self.is_master and self.follow.due(self.master_address is not None):
+            try:
+                await self.get_master_address()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                if self.master_address is None:
+                    raise
+                self.follow.suspect = True
+                log.debug("the Sentinels did not answer (%s): keeping %s", exc,
+                          self.master_address)
+        return await super().get_connection(  # type: ignore[no-untyped-call]
+            command_name, *keys, **options)
+
+
+def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
+                           max_connections: int = 100, pool_timeout: float | None = None,
+                           pool_class: type[Any] = AsyncFollowingSentinelPool,
+                           ) -> redis.asyncio.Redis:
+    """The asyncio twin of :func:`connect_sentinel` (pool bounds as
+    :func:`shared.store.aio.connect_async`'s)."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    cfg = config or StoreConfig()
+    parsed = parse_sentinel_url(url)
+    manager = aio_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(parsed.sentinels),
+        sentinel_kwargs=_sentinel_kwargs(cfg, parsed, AsyncRetry(NoBackoff(), 0)))
+    extra: dict[str, Any] = {"max_connections": max_connections}
+    if issubclass(pool_class, redis.asyncio.BlockingConnectionPool):
+        extra["timeout"] = (cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None
+                            else pool_timeout)
+    client: redis.asyncio.Redis = manager.master_for(
+        parsed.service, connection_pool_class=pool_class, retry=AsyncRetry(NoBackoff(), 0),
+        **_node_kwargs(cfg, parsed), **extra)
+    return client
+
+
+__all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FOLLOW_SECONDS", "SCHEME",
+           "AsyncFollowingConnection", "AsyncFollowingSentinelPool", "FollowingConnection",
+           "FollowingSentinelPool", "SentinelURL", "connect_sentinel",
+           "connect_sentinel_async", "is_readonly", "is_sentinel_url", "parse_sentinel_url"]
