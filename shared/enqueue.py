@@ -358,13 +358,22 @@ def tls_verified(url: str) -> str:
     return ";".join(parts)
 
 
-def publisher_app(broker_url: str, *, timeout: float = 1.0) -> Any:
+def sentinel_options(master_name: str | None) -> dict[str, str]:
+    """The transport option a ``sentinel://`` broker needs: the service the Sentinels
+    monitor (kombu's ``master_name``); nothing without one."""
+    return {"master_name": master_name} if master_name else {}
+
+
+def publisher_app(broker_url: str, *, timeout: float = 1.0,
+                  sentinel_master: str | None = None) -> Any:
     """A minimal Celery app for the agent side: publish only, bounded time.
 
     Publishing retries are kept short (the hot path must not stall on a
     broker hiccup): one retry after 0.1 s, and a bounded connection timeout.
     A missed enqueue is harmless: the next turn enqueues again. A ``rediss://`` broker's
-    certificate is checked (:func:`tls_verified`).
+    certificate is checked (:func:`tls_verified`). A Redis Sentinel broker: kombu's
+    ``sentinel://h1:26379/<db>;sentinel://h2:26379/<db>`` URL and the ``sentinel_master``
+    the Sentinels monitor (jobs then go through ``send_task``).
     """
     from celery import Celery
 
@@ -376,7 +385,8 @@ def publisher_app(broker_url: str, *, timeout: float = 1.0) -> Any:
         task_publish_retry_policy={"max_retries": 1, "interval_start": 0.1,
                                    "interval_step": 0.1, "interval_max": 0.1},
         task_serializer="json",
-        broker_transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout},
+        broker_transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                                  **sentinel_options(sentinel_master)},
     )
     return app
 
@@ -422,5 +432,6 @@ __all__ = [
     "publisher_app",
     "redis_server",
     "request_summary",
+    "sentinel_options",
     "tls_verified",
 ]

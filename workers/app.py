@@ -51,6 +51,7 @@ from celery.signals import celeryd_after_setup, celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.core.errors import ConfigError
+from shared.enqueue import sentinel_options
 from workers.broker import worker_transport
 from workers.settings import (
     RECALL_INDEX_PRIORITY,
@@ -115,6 +116,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # burst of acks failed (MaxConnectionsError) and those jobs were run
             # again after the visibility timeout. Keep it at or above --concurrency.
             "max_connections": settings.broker_max_connections,
+            **sentinel_options(settings.broker_sentinel_master),
         },
         "broker_connection_retry_on_startup": True,
         # Routing: everything on the dedicated queue (COMPACTION_QUEUE, "compaction"), so

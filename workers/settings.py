@@ -103,13 +103,19 @@ class Settings(BaseSettings):
 
     # connections
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
-                           description="session store: a standalone Redis, or any node of a "
-                           "Redis Cluster with COMPACTION_REDIS_CLUSTER")
+                           description="session store: a standalone Redis, any node of a "
+                           "Redis Cluster with COMPACTION_REDIS_CLUSTER, or a Sentinel "
+                           "deployment: redis+sentinel://host:26379,host2:26379/<service>/<db>")
     redis_cluster: bool = Field(default=False, description="the store is a Redis Cluster "
                                 "(a session's keys share one slot); the broker stays "
                                 "a standalone Redis")
     broker_url: str = Field(default="redis://127.0.0.1:6379/1",
-                            description="Celery broker: a separate db or instance, noeviction")
+                            description="Celery broker: a separate db or instance, noeviction "
+                            "(Sentinel: sentinel://host:26379/<db>;sentinel://host2:26379/<db> "
+                            "with COMPACTION_BROKER_SENTINEL_MASTER)")
+    broker_sentinel_master: str | None = Field(
+        default=None, min_length=1, description="the service name the Sentinels of a "
+        "sentinel:// COMPACTION_BROKER_URL monitor (kombu's master_name)")
     tenant: str = Field(default="default", description="tenant namespace of the keys")
     key_prefix: str = "cmp"
     redis_password: SecretStr | None = Field(
@@ -292,6 +298,13 @@ class Settings(BaseSettings):
         if self.redis_cluster and urlsplit(self.redis_url).path.strip("/") not in ("", "0"):
             raise ValueError("COMPACTION_REDIS_CLUSTER: a Redis Cluster has only database 0; "
                              "drop the /<db> from COMPACTION_REDIS_URL")
+        sentinel_broker = self.broker_url.lower().startswith("sentinel://")
+        if sentinel_broker and not self.broker_sentinel_master:
+            raise ValueError("COMPACTION_BROKER_SENTINEL_MASTER is required with a sentinel:// "
+                             "COMPACTION_BROKER_URL (the service name the Sentinels monitor)")
+        if self.broker_sentinel_master and not sentinel_broker:
+            raise ValueError("COMPACTION_BROKER_SENTINEL_MASTER applies to a sentinel:// "
+                             "COMPACTION_BROKER_URL only")
         if self.summarizer == "vertex" and not self.vertex_project:
             raise ValueError("COMPACTION_VERTEX_PROJECT is required when "
                              "COMPACTION_SUMMARIZER=vertex")

@@ -14,10 +14,12 @@ from kombu.connection import Connection
 from redis.connection import parse_url as parse_redis_url
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEME = "redis+sentinel"  # the store's Sentinel form: shared.store.sentinel
 
-# Query options that carry a secret: redis-py's ``password`` and a TLS client key's pass
-# phrase (``ssl_password``), as a ``rediss://`` URL for client certificates may hold.
-_SECRET_OPTIONS = re.compile(r"([?&](?:ssl_)?password=)[^&#]*")
+# Query options that carry a secret: redis-py's ``password``, a TLS client key's pass
+# phrase (``ssl_password``), as a ``rediss://`` URL for client certificates may hold, and
+# the Sentinels' own password of a ``redis+sentinel://`` URL (``sentinel_password``).
+_SECRET_OPTIONS = re.compile(r"([?&](?:ssl_|sentinel_)?password=)[^&#]*")
 
 __all__ = ["check_broker_url", "check_store_url", "redact_url", "with_password"]
 
@@ -49,7 +51,7 @@ def with_password(url: str, password: str) -> str:
     parts = []
     for part in url.split(";"):
         head, sep, tail = part.partition("://")
-        if sep and head.lower() in ("redis", "rediss", "unix", "sentinel"):
+        if sep and head.lower() in ("redis", "rediss", "unix", "sentinel", SENTINEL_SCHEME):
             userinfo, at, rest = tail.rpartition("@")
             if not at:
                 part = f"{head}://:{quote(password, safe='')}@{tail}"
@@ -60,10 +62,21 @@ def with_password(url: str, password: str) -> str:
 
 
 def check_store_url(url: str) -> None:
-    """Raise ValueError unless redis-py would connect with ``url`` (what ``connect`` parses)."""
+    """Raise ValueError unless redis-py would connect with ``url`` (what ``connect`` parses;
+    a ``redis+sentinel://`` URL as :func:`shared.store.sentinel.parse_sentinel_url` does)."""
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        from shared.core.errors import InvalidInput
+        from shared.store.sentinel import parse_sentinel_url
+
+        try:
+            parse_sentinel_url(url)
+        except InvalidInput as exc:
+            raise ValueError(str(exc).removeprefix(f"{exc.field}: ")) from None
+        return
     split = urlsplit(url)
     if split.scheme not in REDIS_SCHEMES or not url.startswith(split.scheme + "://"):
-        raise ValueError("the scheme must be one of redis://, rediss://, unix://")
+        raise ValueError("the scheme must be one of redis://, rediss://, unix://, "
+                         f"{SENTINEL_SCHEME}://")
     split.port  # noqa: B018 - a port that is not a number in range raises ValueError
     if split.scheme == "unix":
         if not split.path:

@@ -90,7 +90,8 @@ def _working(what: str) -> Iterator[None]:
 def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:
     """Publish the task by name (as the agent side does) on ``COMPACTION_QUEUE``; returns
     the task id."""
-    app = publisher_app(settings.broker_url, timeout=2.0)
+    app = publisher_app(settings.broker_url, timeout=2.0,
+                        sentinel_master=settings.broker_sentinel_master)
     try:
         result = app.send_task(TASK_COMPACT, args=[session_id], kwargs=kwargs,
                                queue=settings.queue)

@@ -35,7 +35,8 @@ def build_app(settings: Settings, config: ServerConfig) -> FastAPI:
     from workers.cli._common import open_store  # one PING: a clear error when Redis is down
 
     store = open_store(settings)
-    publisher = publisher_app(settings.broker_url, timeout=2.0)
+    publisher = publisher_app(settings.broker_url, timeout=2.0,
+                              sentinel_master=settings.broker_sentinel_master)
     return create_app(config, store, CeleryEnqueuer(publisher, queue=settings.queue),
                       policy=settings.policy(),
                       compact=compact_publisher(publisher, settings.queue))
