@@ -223,10 +223,10 @@ class FollowingSentinelPool(SentinelConnectionPool):
             sentinel_manager=sentinel_manager, follow=self.follow)
         self.connection_kwargs["connection_pool"] = self.proxy
 
-    def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master and self.follow.due(self.proxy.master_address is not None):
             self._refresh()
-        return super().get_connection(command_name, *keys, **options)
+        return super().get_connection(*args, **kwargs)
 
     def _refresh(self) -> None:
         """Ask the Sentinels now; a failure with a primary known keeps using it (the next
@@ -323,8 +323,7 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
         self.follow.asking()
         return await super().get_master_address()  # type: ignore[no-untyped-call]
 
-    async def get_connection(self, command_name: Any = None, *keys: Any,
-                             **options: Any) -> Any:
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master and self.follow.due(self.master_address is not None):
             try:
                 await self.get_master_address()
@@ -334,8 +333,7 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
                 self.follow.suspect = True
                 log.debug("the Sentinels did not answer (%s): keeping %s", exc,
                           self.master_address)
-        return await super().get_connection(  # type: ignore[no-untyped-call]
-            command_name, *keys, **options)
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,

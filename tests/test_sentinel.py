@@ -1,0 +1,278 @@
+"""The store and the broker on Redis Sentinel: URLs, settings, failover, a real worker.
+
+Each test that needs servers starts its own deployment (a primary, a replica, three
+Sentinels on free ports, about 0.3 s: :mod:`workers.harness.stack.sentinel_pair`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+import redis
+from redis.sentinel import SentinelConnectionPool
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.enqueue import CeleryEnqueuer, publisher_app
+from shared.guard import AsyncContextGuard, ContextGuard
+from shared.store.aio import AsyncSessionStore, connect_async
+from shared.store.changes import feed_for
+from shared.store.sentinel import (
+    FollowingSentinelPool,
+    connect_sentinel,
+    is_readonly,
+    parse_sentinel_url,
+)
+from shared.store.sessions import SessionStore, connect
+from workers.app import celery_config
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
+from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
+from workers.harness.stack.worker_process import WorkerProcess, worker_env
+from workers.harness.timing import wait_for
+from workers.settings import Settings
+from workers.settings_urls import redact_url
+
+SHELLS = ("sync", "async")
+
+
+# -- URLs and settings (no servers) ---------------------------------------------------------
+def test_the_url_names_sentinels_service_db_and_credentials() -> None:
+    parsed = parse_sentinel_url("redis+sentinel://app:s%40cret@10.0.0.1:26380,sentinel-b,"
+                                "[::1]:26381/cache-primary/3?sentinel_password=sp")
+    assert parsed.sentinels == (("10.0.0.1", 26380), ("sentinel-b", 26379), ("::1", 26381))
+    assert (parsed.service, parsed.db, parsed.username, parsed.password) == (
+        "cache-primary", 3, "app", "s@cret")
+    assert parsed.sentinel_password == "sp" and parsed.sentinel_username is None
+    assert parse_sentinel_url("redis+sentinel://h/svc").db == 0
+
+
+@pytest.mark.parametrize("url, why", [
+    ("redis://h:26379/svc", "scheme"),
+    ("redis+sentinel://h:26379", "no service"),
+    ("redis+sentinel://h:26379/svc/one", "database must be a number"),
+    ("redis+sentinel://h:70000/svc", "bad Sentinel address"),
+    ("redis+sentinel://h:1,,h2:2/svc", "empty"),
+    ("redis+sentinel://h/svc?password=x", "unknown option"),
+])
+def test_a_bad_url_says_what_is_wrong(url: str, why: str) -> None:
+    with pytest.raises(InvalidInput, match=why) as info:
+        parse_sentinel_url(url)
+    assert info.value.field == "url"
+
+
+def test_settings_take_a_sentinel_store_and_broker_and_redact_their_secrets() -> None:
+    settings = Settings(
+        redis_url="redis+sentinel://u:pw@127.0.0.1:26379,127.0.0.1:26380/svc/0"
+                  "?sentinel_password=sentinel-secret",
+        broker_url="sentinel://:pw@127.0.0.1:26379/1;sentinel://:pw@127.0.0.1:26380/1",
+        broker_sentinel_master="svc")
+    shown = redact_url(settings.redis_url) + redact_url(settings.broker_url)
+    assert "pw" not in shown.replace("password", "") and "sentinel-secret" not in shown
+    options = celery_config(settings)["broker_transport_options"]
+    assert options["master_name"] == "svc"
+    app = publisher_app(settings.broker_url, sentinel_master="svc")
+    assert app.conf.broker_transport_options["master_name"] == "svc"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"redis_url": "redis+sentinel://u:topsecret@h:26379/svc/x"}, "redis_url"),
+    ({"broker_url": "sentinel://h:26379/1"}, "COMPACTION_BROKER_SENTINEL_MASTER is required"),
+    ({"broker_sentinel_master": "svc"}, "applies to a sentinel://"),
+])
+def test_bad_sentinel_settings_name_the_setting(fields: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)  # type: ignore[arg-type]
+
+
+def test_load_settings_redacts_a_bad_sentinel_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.core.errors import ConfigError
+    from workers.settings import load_settings
+
+    monkeypatch.setenv("COMPACTION_REDIS_URL", "redis+sentinel://u:topsecret@h:26379/svc/x")
+    with pytest.raises(ConfigError, match="COMPACTION_REDIS_URL") as info:
+        load_settings()
+    assert "topsecret" not in str(info.value)
+
+
+def test_readonly_is_recognised_bare_and_inside_a_script_error() -> None:
+    assert is_readonly(redis.exceptions.ReadOnlyError("You can't write against a replica"))
+    assert is_readonly(redis.exceptions.ResponseError(
+        "Error running script (call to f_1): @user_script:1: -READONLY You can't write"))
+    assert not is_readonly(redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas"))
+
+
+# -- a real deployment -----------------------------------------------------------------------
+@pytest.fixture
+def deployment() -> Iterator[SentinelDeployment]:
+    with start_sentinel_deployment() as running:
+        yield running
+
+
+def _turn(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"question {i}"},
+            {"role": "assistant", "content": f"answer {i}"}]
+
+
+class Shell:
+    """One guard (sync or async) on a store built from the Sentinel URL, driven by
+    blocking calls; ``log_length_on(port)`` reads the session's log on one server."""
+
+    def __init__(self, kind: str, url: str, **guard_kwargs: Any) -> None:
+        self.config = StoreConfig(key_prefix="ts", socket_timeout=0.5, connect_timeout=0.5)
+        self.kind = kind
+        self.loop = asyncio.new_event_loop()
+        if kind == "sync":
+            self.store: Any = SessionStore(connect(url, self.config), self.config)
+            self.guard: Any = ContextGuard(self.store, None, **guard_kwargs)
+        else:
+            self.store = AsyncSessionStore(connect_async(url, self.config), self.config)
+            self.guard = AsyncContextGuard(self.store, None, **guard_kwargs)
+
+    def _run(self, value: Any) -> Any:
+        return self.loop.run_until_complete(value) if self.kind == "async" else value
+
+    def turn(self, sid: str, i: int) -> int:
+        self._run(self.guard.prepare(sid, "system", None, 256, "gpt-4o",
+                                     pending=_turn(i)[:1]))
+        return int(self._run(self.guard.record_turn(sid, _turn(i))))
+
+    def log_length_on(self, port: int, sid: str, db: int = 0) -> int:
+        with closing(redis.Redis(port=port, db=db, socket_timeout=2)) as direct:
+            return int(direct.llen(self.store.keys(sid).log))
+
+    def close(self) -> None:
+        if self.kind == "async":
+            self.loop.run_until_complete(self.guard.aclose())
+            self.loop.run_until_complete(self.store.redis.aclose())
+        else:
+            self.guard.close()
+            self.store.redis.close()
+        self.loop.close()
+
+
+@pytest.fixture(params=SHELLS)
+def shell_on(request: pytest.FixtureRequest) -> Iterator[Callable[[str], Shell]]:
+    made: list[Shell] = []
+
+    def make(url: str) -> Shell:
+        made.append(Shell(request.param, url))
+        return made[-1]
+
+    yield make
+    for shell in made:
+        shell.close()
+
+
+def test_the_guard_prepares_and_records_through_a_sentinel_url(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    shell = shell_on(deployment.url(2))
+    assert feed_for(shell.store.redis, "ts") is None  # the change feed is off: each call reads
+    lengths = [shell.turn("s1", i) for i in range(5)]
+    assert lengths == [2, 4, 6, 8, 10]
+    assert shell.log_length_on(deployment.primary_port(), "s1", db=2) == 10
+
+
+def _ride_out(shell: Shell, sid: str, start: int, until: Callable[[], bool],
+              timeout: float = 20.0) -> tuple[int, list[BaseException]]:
+    """Turns every 20 ms until ``until()`` holds after a successful one; StoreUnavailable
+    is allowed meanwhile (anything else propagates). (turns done, failures seen)."""
+    failures: list[BaseException] = []
+    i, deadline = start, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            shell.turn(sid, i)
+            i += 1
+            if until():
+                return i, failures
+        except StoreUnavailable as exc:
+            failures.append(exc)
+        time.sleep(0.02)
+    raise AssertionError(f"no recovery within {timeout} s; last failures {failures[-3:]}")
+
+
+def test_after_a_planned_failover_the_next_calls_go_to_the_new_primary(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    shell = shell_on(deployment.url())
+    done = sum(1 for i in range(5) if shell.turn("s1", i))
+    old = deployment.primary_port()
+    deployment.failover()
+    new = deployment.wait_primary_not(old)
+    # the old primary takes writes for seconds after the switch (until it is demoted):
+    # within a follow interval every call must have left it
+    time.sleep(1.2)
+    length = shell.turn("s1", done)
+    assert shell.log_length_on(new, "s1") >= length, "the call went to the old primary"
+    done, _ = _ride_out(shell, "s1", done + 1,
+                        lambda: shell.log_length_on(new, "s1") >= 2 * 3)
+    assert shell.turn("s1", done) == shell.log_length_on(new, "s1")
+
+
+def test_after_the_primary_is_killed_the_guard_recovers(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    shell = shell_on(deployment.url())
+    for i in range(5):
+        shell.turn("s1", i)
+    killed = deployment.kill_primary()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        shell.turn("s1", 5)  # the dead primary: a typed outage, no redis exception
+    new = deployment.wait_primary_not(killed)
+    done, failures = _ride_out(shell, "s1", 5, lambda: True)
+    recovered = time.monotonic() - started
+    assert recovered < 15, recovered
+    assert all(isinstance(f, StoreUnavailable) for f in failures)
+    assert shell.turn("s1", done) == shell.log_length_on(new, "s1")
+
+
+def test_the_stock_pool_is_what_the_failover_test_tells_apart(
+        deployment: SentinelDeployment) -> None:
+    """The failover test's check, on redis-py's stock pool: its pooled connection still
+    writes to the old primary after the switch, ours does not."""
+    config = StoreConfig(key_prefix="ts", socket_timeout=0.5, connect_timeout=0.5)
+    stock = connect_sentinel(deployment.url(), config, pool_class=SentinelConnectionPool)
+    ours = connect_sentinel(deployment.url(), config)
+    assert isinstance(ours.connection_pool, FollowingSentinelPool)
+    try:
+        stock.set("k", "0")
+        ours.set("k", "0")
+        old = deployment.primary_port()
+        deployment.failover()
+        new = deployment.wait_primary_not(old)
+        time.sleep(1.2)
+        stock.set("stock", "1")
+        ours.set("ours", "1")
+        with closing(redis.Redis(port=new, socket_timeout=2)) as direct:
+            assert direct.get("ours") == b"1"
+            assert direct.get("stock") is None  # the write went to the old primary
+    finally:
+        stock.close()
+        ours.close()
+
+
+@pytest.mark.celery
+def test_a_worker_on_a_sentinel_broker_compacts_a_session(
+        deployment: SentinelDeployment) -> None:
+    broker, store_url, master = deployment.broker_url(1), deployment.url(0), deployment.service
+    env = worker_env(broker_url=broker, redis_url=store_url, key_prefix="tw",
+                     broker_sentinel_master=master)
+    worker = WorkerProcess("sentinel", env, concurrency=2).start()
+    config = StoreConfig(key_prefix="tw")
+    store = SessionStore(connect(store_url, config), config)
+    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker, sentinel_master=master)),
+                         overrides={"gpt-4o": 24_000})
+    try:
+        for turn in demo_turns(30):
+            guard.prepare("s1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+            guard.record_turn("s1", turn)
+            time.sleep(0.05)
+        assert wait_for(lambda: store.state("s1").watermark > 0, 20), worker.log()[-3000:]
+        assert "compaction.maybe_summarize" in worker.log()
+    finally:
+        worker.stop()
+        guard.close()
+        store.redis.close()
