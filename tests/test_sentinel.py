@@ -24,8 +24,11 @@ from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.changes import feed_for
 from shared.store.sentinel import (
     FollowingSentinelPool,
+    _Follow,
+    _settle,
     connect_sentinel,
     is_readonly,
+    newest_primary,
     parse_sentinel_url,
 )
 from shared.store.sessions import SessionStore, connect
@@ -104,6 +107,38 @@ def test_readonly_is_recognised_bare_and_inside_a_script_error() -> None:
     assert is_readonly(redis.exceptions.ResponseError(
         "Error running script (call to f_1): @user_script:1: -READONLY You can't write"))
     assert not is_readonly(redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas"))
+
+
+def _state(port: int, epoch: int, flags: str = "master") -> dict[str, Any]:
+    return {"ip": "127.0.0.1", "port": port, "config-epoch": epoch, "flags": flags,
+            "is_master": "master" in flags.split(","), "is_sdown": False, "is_odown": False,
+            "num-other-sentinels": 2}
+
+
+def test_the_sentinel_with_the_newest_configuration_names_the_primary() -> None:
+    manager = redis.sentinel.Sentinel([])
+    # a Sentinel that has not heard of the failover yet still names the old primary
+    assert newest_primary([_state(1, 3), _state(2, 4), _state(1, 3)], manager, "s") == (
+        "127.0.0.1", 2)
+    assert newest_primary([_state(1, 3, "master,o_down") | {"is_odown": True}], manager,
+                          "s") is None
+
+
+def test_a_failover_in_progress_holds_calls_and_silent_sentinels_keep_the_primary() -> None:
+    manager, follow = redis.sentinel.Sentinel([]), _Follow(1.0, 0.2)
+    flagged = _state(1, 3, "master,failover_in_progress,force_failover")
+    follow.asking()
+    assert _settle(follow, [flagged, _state(1, 3)], manager, "s", None) == ("127.0.0.1", 1)
+    assert follow.holding() and not follow.due(True)
+    time.sleep(0.2)
+    assert follow.due(True)  # while holding, asked again every error_gap
+    assert _settle(follow, [_state(2, 4)], manager, "s", ("127.0.0.1", 1)) == ("127.0.0.1", 2)
+    assert not follow.holding()
+    assert _settle(follow, [], manager, "s", ("127.0.0.1", 2)) == ("127.0.0.1", 2)
+    assert follow.suspect  # asked again after error_gap, not a second later
+    with pytest.raises(redis.exceptions.ConnectionError, match="No master found"):
+        _settle(follow, [_state(2, 4, "slave") | {"is_master": False}], manager, "s",
+                ("127.0.0.1", 2))
 
 
 # -- a real deployment -----------------------------------------------------------------------

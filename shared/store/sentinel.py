@@ -23,7 +23,12 @@ its asyncio twin) adds two things and nothing else:
   ones are dropped when they come back (redis-py's ``owns_connection``);
 - a connection error, a timeout or a ``READONLY`` reply (also inside a script's error)
   makes the next call ask again, at most every ``error_gap`` seconds (a dead primary
-  must not turn every call into a Sentinel query).
+  must not turn every call into a Sentinel query);
+- while a Sentinel reports a failover of the service in progress (the flag
+  ``failover_in_progress``, set before the replica is promoted), calls fail at once
+  instead of writing to a primary about to be replaced, for at most
+  :data:`FAILOVER_HOLD_SECONDS`. Each check asks every Sentinel for that flag (only the
+  one leading the failover sets it), so a check is one round trip per Sentinel.
 
 The call that met the error fails (:class:`~shared.core.errors.StoreUnavailable`
 through the store): no silent retry, as with :func:`shared.store.sessions.connect`.
@@ -47,6 +52,7 @@ import redis.asyncio.sentinel as aio_sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelConnectionPool,
     SentinelConnectionPoolProxy,
@@ -64,7 +70,11 @@ DEFAULT_SENTINEL_PORT = 26379
 FOLLOW_SECONDS = 1.0
 """How stale the pool's idea of the primary may get while it is used."""
 ERROR_GAP_SECONDS = 0.2
-"""The least time between two Sentinel queries prompted by errors."""
+"""The least time between two Sentinel queries prompted by errors (or a failover)."""
+FAILOVER_HOLD_SECONDS = 5.0
+"""The longest calls wait for a failover a Sentinel reports in progress (one that never
+completes, say for want of a good replica, must not stop writes for its whole
+``failover-timeout``)."""
 _OPTIONS = frozenset({"sentinel_username", "sentinel_password"})
 
 
@@ -150,14 +160,70 @@ class _Follow:
         self.error_gap = error_gap
         self.asked = -math.inf
         self.suspect = False
+        self.hold_since: float | None = None
 
     def due(self, known: bool) -> bool:
-        gap = self.error_gap if self.suspect else self.follow_seconds
+        gap = self.error_gap if self.suspect or self.hold_since is not None \
+            else self.follow_seconds
         return not known or time.monotonic() - self.asked >= gap
 
     def asking(self) -> None:
         self.asked = time.monotonic()
         self.suspect = False
+
+    def saw_failover(self, seen: bool) -> None:
+        """Whether a Sentinel reported a failover in progress at the last check."""
+        if not seen:
+            self.hold_since = None
+        elif self.hold_since is None:
+            self.hold_since = time.monotonic()
+
+    def holding(self) -> bool:
+        """Calls must wait for the new primary (a failover reported, not for too long)."""
+        return (self.hold_since is not None
+                and time.monotonic() - self.hold_since < FAILOVER_HOLD_SECONDS)
+
+
+def failover_flagged(state: Any) -> bool:
+    """A Sentinel's ``SENTINEL MASTER`` state of a service being failed over."""
+    flags = state.get("flags", "") if isinstance(state, dict) else ""
+    return "failover_in_progress" in (flags if isinstance(flags, str) else ",".join(flags))
+
+
+def newest_primary(states: list[Any], manager: Any, service: str) -> tuple[str, int] | None:
+    """The primary named by the Sentinel with the newest configuration (``config-epoch``)
+    among those that vouch for it (redis-py's ``check_master_state``: a master, not down,
+    enough peers). redis-py takes the first Sentinel's answer: one that has not heard of
+    a failover yet names the old primary for up to a second more."""
+    valid = [s for s in states if isinstance(s, dict) and manager.check_master_state(s, service)]
+    if not valid:
+        return None
+    best = max(valid, key=lambda s: int(s.get("config-epoch") or 0))
+    forced = getattr(manager, "_force_master_ip", None)
+    return (forced if forced is not None else str(best["ip"]), int(best["port"]))
+
+
+def _settle(follow: _Follow, states: list[Any], manager: Any, service: str,
+            known: tuple[str, int] | None) -> tuple[str, int]:
+    """The primary to use after asking every Sentinel (``states``: the answers): the
+    newest one; with no answer at all, the one ``known`` (the Sentinels may be out of
+    reach while the primary is fine); MasterNotFoundError when they answered and none
+    vouches for a primary, or none answered and none is known."""
+    follow.saw_failover(any(failover_flagged(s) for s in states))
+    address = newest_primary(states, manager, service)
+    if address is not None:
+        return address
+    if not states and known is not None:
+        follow.suspect = True
+        log.debug("no Sentinel answered: keeping %s", known)
+        return known
+    raise MasterNotFoundError(f"No master found for {service!r} "
+                              f"({len(states)} Sentinel(s) answered)")
+
+
+def _holding_error(service: str) -> redis.exceptions.ConnectionError:
+    return redis.exceptions.ConnectionError(
+        f"a failover of {service!r} is in progress: calls wait for the new primary")
 
 
 # -- blocking ------------------------------------------------------------------------------
@@ -170,11 +236,25 @@ class _FollowingProxy(SentinelConnectionPoolProxy):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def get_master_address(self) -> Any:
+        """The stock proxy's, with every Sentinel asked (:func:`newest_primary`)."""
         known = self.master_address
         if known is not None and not self.follow.due(True):
             return known
         self.follow.asking()
-        return super().get_master_address()  # type: ignore[no-untyped-call]
+        states = []
+        for sentinel in self.sentinel_manager.sentinels:
+            try:
+                states.append(sentinel.sentinel_master(self.service_name))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.ResponseError):
+                continue
+        address = _settle(self.follow, states, self.sentinel_manager, self.service_name, known)
+        if self.is_master and address != self.master_address:
+            self.master_address = address
+            pool = self.connection_pool_ref()
+            if pool is not None:  # idle connections to the old primary: closed now
+                pool.disconnect(inuse_connections=False)
+        return address
 
 
 class FollowingConnection(SentinelManagedConnection):
@@ -224,21 +304,12 @@ class FollowingSentinelPool(SentinelConnectionPool):
         self.connection_kwargs["connection_pool"] = self.proxy
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self.is_master and self.follow.due(self.proxy.master_address is not None):
-            self._refresh()
+        if self.is_master:
+            if self.follow.due(self.proxy.master_address is not None):
+                self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+            if self.follow.holding():
+                raise _holding_error(self.service_name)
         return super().get_connection(*args, **kwargs)
-
-    def _refresh(self) -> None:
-        """Ask the Sentinels now; a failure with a primary known keeps using it (the next
-        call asks again after ``error_gap``), with none known it is the call's failure."""
-        try:
-            self.proxy.get_master_address()  # type: ignore[no-untyped-call]
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            if self.proxy.master_address is None:
-                raise
-            self.follow.suspect = True
-            log.debug("the Sentinels did not answer (%s): keeping %s", exc,
-                      self.proxy.master_address)
 
 
 def _node_kwargs(cfg: StoreConfig, parsed: SentinelURL) -> dict[str, Any]:
@@ -317,22 +388,30 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     async def get_master_address(self) -> Any:
+        """See :meth:`_FollowingProxy.get_master_address`."""
         known = self.master_address
         if known is not None and not self.follow.due(True):
             return known
         self.follow.asking()
-        return await super().get_master_address()  # type: ignore[no-untyped-call]
+        states = []
+        for sentinel in self.sentinel_manager.sentinels:
+            try:
+                states.append(await sentinel.sentinel_master(self.service_name))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.ResponseError):
+                continue
+        address = _settle(self.follow, states, self.sentinel_manager, self.service_name, known)
+        if self.is_master and address != self.master_address:
+            self.master_address = address
+            await self.disconnect(inuse_connections=False)
+        return address
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self.is_master and self.follow.due(self.master_address is not None):
-            try:
+        if self.is_master:
+            if self.follow.due(self.master_address is not None):
                 await self.get_master_address()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                if self.master_address is None:
-                    raise
-                self.follow.suspect = True
-                log.debug("the Sentinels did not answer (%s): keeping %s", exc,
-                          self.master_address)
+            if self.follow.holding():
+                raise _holding_error(self.service_name)
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
@@ -359,7 +438,9 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
     return client
 
 
-__all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FOLLOW_SECONDS", "SCHEME",
+__all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FAILOVER_HOLD_SECONDS",
+           "FOLLOW_SECONDS", "SCHEME",
            "AsyncFollowingConnection", "AsyncFollowingSentinelPool", "FollowingConnection",
            "FollowingSentinelPool", "SentinelURL", "connect_sentinel",
-           "connect_sentinel_async", "is_readonly", "is_sentinel_url", "parse_sentinel_url"]
+           "connect_sentinel_async", "failover_flagged", "is_readonly", "is_sentinel_url",
+           "newest_primary", "parse_sentinel_url"]

@@ -127,8 +127,9 @@ class SentinelDeployment:
         return next(n for n in self.nodes if n.port == port)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until every Sentinel knows the two others and a live replica, and the replica
-        reports its link to the primary up (a failover before that would fail)."""
+        """Until every Sentinel knows the two others and a live replica, and every replica
+        not killed reports its link to the primary up (a failover before that would fail;
+        after one, the old primary's demotion takes some 10 s)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._ready():
@@ -139,18 +140,18 @@ class SentinelDeployment:
     def _ready(self) -> bool:
         try:
             primary = self.primary_port()
+            live = [n.port for n in self.nodes if n.port != primary and n.port not in self.killed]
             for port in self.sentinel_ports:
                 with closing(_client(port)) as client:
                     state: Any = client.sentinel_master(self.service)
                     replicas: Any = client.sentinel_slaves(self.service)
                 if (int(state["port"]) != primary or int(state["num-other-sentinels"]) < 2
-                        or not any(not r["is_sdown"] for r in replicas)):
+                        or (live and not any(not r["is_sdown"] for r in replicas))):
                     return False
             with closing(_client(primary)) as client:
                 info = client.info("replication")
-            return int(info.get("connected_slaves", 0)) >= 1 and all(
-                int(self._offset(n.port) or 0) > 0 for n in self.nodes
-                if n.port != primary and n.port not in self.killed)
+            return (int(info.get("connected_slaves", 0)) >= len(live)
+                    and all(self._offset(port) > 0 for port in live))
         except (redis.exceptions.RedisError, KeyError, ValueError):
             return False
 
