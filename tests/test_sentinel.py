@@ -33,6 +33,7 @@ from shared.store.sentinel import (
 )
 from shared.store.sessions import SessionStore, connect
 from workers.app import celery_config
+from workers.cli.doctor import run_checks
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 from workers.harness.stack.worker_process import WorkerProcess, worker_env
@@ -307,6 +308,11 @@ def test_a_worker_on_a_sentinel_broker_compacts_a_session(
             time.sleep(0.05)
         assert wait_for(lambda: store.state("s1").watermark > 0, 20), worker.log()[-3000:]
         assert "compaction.maybe_summarize" in worker.log()
+        settings = Settings(redis_url=store_url, broker_url=broker, key_prefix="tw",
+                            broker_sentinel_master=master)
+        verdicts = {c.name: c.verdict for c in run_checks(settings, 5.0)}
+        assert verdicts["redis store"] == verdicts["broker"] == verdicts["queue"] == "OK"
+        assert verdicts["workers"] == "OK" and verdicts["guard reads"] == "WARN", verdicts
     finally:
         worker.stop()
         guard.close()

@@ -34,7 +34,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import StoreUnavailable
-from shared.enqueue import QUEUE, publisher_app
+from shared.enqueue import QUEUE, publisher_app, sentinel_options
+from shared.store.sentinel import is_sentinel_url
 from workers.cli._format import extra_for, needs_extra
 from workers.settings import Settings
 from workers.store_client import store_client
@@ -149,6 +150,10 @@ def check_tracking(settings: Settings) -> Check:
     if settings.redis_cluster:
         return Check(name, "WARN", "client tracking is off on a Redis Cluster: every prepare "
                                    "reads the session (one round trip)")
+    if is_sentinel_url(settings.redis_url):
+        return Check(name, "WARN", "client tracking is off on a Sentinel deployment (the "
+                                   "primary may move): every prepare reads the session "
+                                   "(one round trip)")
     try:
         client = store_client(settings)
     except (ValueError, StoreUnavailable) as exc:
@@ -182,13 +187,14 @@ def check_broker(settings: Settings, timeout: float) -> list[Check]:
     if url.startswith(MEMORY_BROKER):
         return [Check("broker", "FAIL", "memory:// lives inside one process: deployed workers "
                                         "need a real broker (COMPACTION_BROKER_URL)")]
+    master = settings.broker_sentinel_master
     broker = _guarded("broker", lambda: _broker_redis(url, timeout) if _is_redis(url)
-                      else _broker_kombu(url, timeout))
+                      else _broker_kombu(url, timeout, master))
     if broker.verdict == "FAIL":
         return [broker, Check("queue", "FAIL", "broker unreachable"),
                 Check("workers", "FAIL", "broker unreachable")]
-    queue = _guarded("queue", lambda: _queue_length(url, settings.queue, timeout))
-    workers = _guarded("workers", lambda: check_workers(url, timeout, settings.queue))
+    queue = _guarded("queue", lambda: _queue_length(url, settings.queue, timeout, master))
+    workers = _guarded("workers", lambda: check_workers(url, timeout, settings.queue, master))
     return [broker, queue, workers]
 
 
@@ -212,15 +218,17 @@ def _broker_redis(url: str, timeout: float) -> Check:
     return Check("broker", "OK", f"{detail}, maxmemory-policy noeviction")
 
 
-def _kombu_connection(url: str, timeout: float) -> Any:
-    """A kombu connection for non-Redis brokers (kombu ships no annotations)."""
+def _kombu_connection(url: str, timeout: float, master: str | None = None) -> Any:
+    """A kombu connection for non-Redis brokers (kombu ships no annotations); ``master``:
+    the service of a ``sentinel://`` broker."""
     from kombu.connection import Connection
 
-    return Connection(url, connect_timeout=timeout)  # type: ignore[no-untyped-call]
+    return Connection(url, connect_timeout=timeout,  # type: ignore[no-untyped-call]
+                      transport_options=sentinel_options(master))
 
 
-def _broker_kombu(url: str, timeout: float) -> Check:
-    with _kombu_connection(url, timeout) as conn:
+def _broker_kombu(url: str, timeout: float, master: str | None = None) -> Check:
+    with _kombu_connection(url, timeout, master) as conn:
         try:
             conn.ensure_connection(max_retries=1, timeout=timeout)
         except Exception as exc:  # kombu's OperationalError and transport errors
@@ -228,7 +236,7 @@ def _broker_kombu(url: str, timeout: float) -> Check:
         return Check("broker", "OK", f"{redact_url(url)}: reachable ({conn.transport_cls})")
 
 
-def _queue_length(url: str, queue: str, timeout: float) -> Check:
+def _queue_length(url: str, queue: str, timeout: float, master: str | None = None) -> Check:
     if _is_redis(url):
         client = _redis_client(url, timeout)
         try:
@@ -236,8 +244,13 @@ def _queue_length(url: str, queue: str, timeout: float) -> Check:
             length = sum(int(client.llen(n)) for n in names)
         finally:
             client.close()
+    elif url.startswith("sentinel://"):  # kombu's Redis lists, on the primary it finds
+        with _kombu_connection(url, timeout, master) as conn:
+            client = conn.default_channel.client
+            names = [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+            length = sum(int(client.llen(n)) for n in names)
     else:
-        with _kombu_connection(url, timeout) as conn:
+        with _kombu_connection(url, timeout, master) as conn:
             declared = conn.default_channel.queue_declare(queue, passive=True)
             length = int(declared.message_count)
     return Check("queue", "OK", f"{length} job(s) waiting in {queue!r}")
@@ -249,8 +262,9 @@ def _start_hint(queue: str) -> str:
     return f"start one as the Procfile does: {WORKER_COMMAND}{where}"
 
 
-def check_workers(url: str, timeout: float, queue: str = QUEUE) -> Check:
-    app = publisher_app(url, timeout=timeout)
+def check_workers(url: str, timeout: float, queue: str = QUEUE,
+                  sentinel_master: str | None = None) -> Check:
+    app = publisher_app(url, timeout=timeout, sentinel_master=sentinel_master)
     try:
         replies = app.control.ping(timeout=timeout) or []
         names = sorted(name for reply in replies for name in reply)
