@@ -5,8 +5,9 @@ Per trial: a fresh deployment (a primary, a replica, three Sentinels on loopback
 client each), each recording ``--rate`` turns a second (``prepare`` + ``record_turn``)
 through a ``redis+sentinel://`` URL. After ``--before`` seconds the event: a planned
 ``SENTINEL FAILOVER`` or a SIGKILL of the primary. The turns go on for ``--after``
-seconds; then the deployment settles (the old primary demoted and resynchronised) and
-each session's log is read from the primary.
+seconds (the event comes at a random point of the pools' one-second check cycle:
+``--before`` plus 0-1 s); then the deployment settles (the old primary demoted and
+resynchronised) and each session's log is read from the primary.
 
 - lost: turns whose ``record_turn`` returned (acknowledged) that are not in the log;
 - failed: calls that raised StoreUnavailable (allowed: the caller retries its turn);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import threading
 import time
@@ -99,7 +101,7 @@ def trial(pool: str, event: str, guards: int, rate: float, before: float,
             for c, r in zip(clients, runs, strict=True)]
         for t in threads:
             t.start()
-        time.sleep(before)
+        time.sleep(before + random.random())  # not in phase with the pools' checks
         old = deployment.primary_port()
         event_at.append(time.monotonic())
         if event == "failover":
