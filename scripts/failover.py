@@ -89,8 +89,8 @@ def _kept(deployment: SentinelDeployment, sid: str) -> set[int]:
 
 
 def trial(pool: str, event: str, guards: int, rate: float, before: float,
-          after: float) -> dict[str, Any]:
-    with start_sentinel_deployment() as deployment:
+          after: float, replicas: int = 1, node_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    with start_sentinel_deployment(*node_args, replicas=replicas) as deployment:
         runs = [GuardRun(f"g{g}") for g in range(guards)]
         clients = [connect_sentinel(deployment.url(), CONFIG, pool_class=POOLS[pool])
                    for _ in runs]
@@ -145,17 +145,22 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=12.0,
                         help="seconds of turns after the Sentinels name the new primary")
     parser.add_argument("--events", default="failover,kill")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--node-args", default="",
+                        help="more redis-server arguments for the data nodes, e.g. "
+                        "'--min-replicas-to-write 1 --min-replicas-max-lag 1'")
     args = parser.parse_args()
     results = []
     for n in range(args.trials):
         for event in args.events.split(","):
             for pool in POOLS:
-                result = trial(pool, event, args.guards, args.rate, args.before, args.after)
+                result = trial(pool, event, args.guards, args.rate, args.before, args.after,
+                               args.replicas, tuple(args.node_args.split()))
                 result["trial"] = n + 1
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    print(f"\n{args.guards} guards x {args.rate:g} turns/s; per pool and event: median "
-          "(min-max) over the trials")
+    print(f"\n{args.guards} guards x {args.rate:g} turns/s, {args.replicas} replica(s) "
+          f"{args.node_args}; per pool and event: median (min-max) over the trials")
     print(f"{'event':<9} {'pool':<10} {'lost acked turns':<20} {'failed calls':<16} "
           f"{'recovery s':<16} other")
     for event in args.events.split(","):

@@ -205,9 +205,10 @@ class SentinelDeployment:
 
 
 def start_sentinel_deployment(*extra_args: str, binary: str | None = None,
-                              service: str = SERVICE, sentinels: int = 3,
+                              service: str = SERVICE, sentinels: int = 3, replicas: int = 1,
                               timeout: float = 30.0) -> SentinelDeployment:
-    """A primary, a replica of it and ``sentinels`` Sentinels, settled (:meth:`wait_ready`).
+    """A primary, ``replicas`` replicas of it and ``sentinels`` Sentinels, settled
+    (:meth:`wait_ready`).
     ``extra_args``: more ``redis-server`` arguments for both data nodes."""
     binary = binary or redis_binary()
     if binary is None:
@@ -217,14 +218,16 @@ def start_sentinel_deployment(*extra_args: str, binary: str | None = None,
     try:
         primary = start_server(*extra_args, binary=binary)
         deployment.nodes.append(primary)
-        deployment.nodes.append(start_server(
-            "--replicaof", "127.0.0.1", str(primary.port), *extra_args, binary=binary))
+        for _ in range(replicas):
+            deployment.nodes.append(start_server(
+                "--replicaof", "127.0.0.1", str(primary.port), *extra_args, binary=binary))
         peers = tuple(SentinelProcess(free_port(), binary,
                                       tempfile.mkdtemp(prefix="cmp-sentinel-"))
                       for _ in range(sentinels))
+        known = tuple(n.port for n in deployment.nodes[1:])
         for sentinel in peers:
             deployment.sentinels.append(sentinel.start(
-                service, primary.port, peers=peers, replicas=(deployment.nodes[1].port,)))
+                service, primary.port, peers=peers, replicas=known))
         deployment.wait_ready(timeout)
         return deployment
     except BaseException:
