@@ -142,6 +142,36 @@ def test_a_failover_in_progress_holds_calls_and_silent_sentinels_keep_the_primar
                 ("127.0.0.1", 2))
 
 
+def test_an_async_connection_busy_at_the_switch_goes_back_disconnected() -> None:
+    import redis.asyncio.sentinel as aio_sentinel
+
+    from shared.store.sentinel import AsyncFollowingSentinelPool
+
+    class Busy:
+        host, port, closed = "127.0.0.1", 1, False
+
+        async def disconnect(self) -> None:
+            self.closed = True
+
+        def should_reconnect(self) -> bool:
+            return False
+
+        async def re_auth(self) -> None:
+            return None
+
+    async def run() -> tuple[bool, bool]:
+        pool = AsyncFollowingSentinelPool("s", aio_sentinel.Sentinel([]), max_connections=2)
+        old, current = Busy(), Busy()
+        current.port = 2
+        pool.master_address = ("127.0.0.1", 2)  # the Sentinels named a new primary meanwhile
+        for conn in (old, current):
+            pool._in_use_connections.add(conn)
+            await pool.release(conn)
+        return old.closed, current.closed
+
+    assert asyncio.run(run()) == (True, False)
+
+
 # -- a real deployment -----------------------------------------------------------------------
 @pytest.fixture
 def deployment() -> Iterator[SentinelDeployment]:

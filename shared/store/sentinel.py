@@ -213,8 +213,8 @@ def _settle(follow: _Follow, states: list[Any], manager: Any, service: str,
     address = newest_primary(states, manager, service)
     if address is not None:
         return address
+    follow.suspect = True  # ask again soon: this is a failover's time, or an outage's
     if not states and known is not None:
-        follow.suspect = True
         log.debug("no Sentinel answered: keeping %s", known)
         return known
     raise MasterNotFoundError(f"No master found for {service!r} "
@@ -413,6 +413,16 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
             if self.follow.holding():
                 raise _holding_error(self.service_name)
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def release(self, connection: Any) -> None:
+        """A connection that was busy when the primary moved goes back disconnected (it
+        reconnects to the new primary when used): redis.asyncio's pool, unlike the
+        blocking one, puts every released connection back as it is."""
+        address = self.master_address
+        if self.is_master and address is not None and \
+                (connection.host, connection.port) != tuple(address):
+            await connection.disconnect()
+        await super().release(connection)
 
 
 def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
