@@ -327,18 +327,21 @@ def _sentinel_kwargs(cfg: StoreConfig, parsed: SentinelURL, retry: Any) -> dict[
 
 def connect_sentinel(url: str, config: StoreConfig | None = None, *,
                      pool_class: type[SentinelConnectionPool] = FollowingSentinelPool,
-                     ) -> redis.Redis:
+                     follow_seconds: float = FOLLOW_SECONDS) -> redis.Redis:
     """A client of the primary a Sentinel deployment names (``url``: see the module
     docstring), with bounded socket timeouts and no silent retries, like
     :func:`shared.store.sessions.connect`. Nothing is sent until the first command.
-    ``pool_class``: redis-py's stock pool for comparisons (``scripts/failover.py``)."""
+    ``pool_class``: redis-py's stock pool for comparisons (``scripts/failover.py``).
+    ``follow_seconds``: how often the pool asks the Sentinels while it is used."""
     cfg = config or StoreConfig()
     parsed = parse_sentinel_url(url)
     manager = Sentinel(list(parsed.sentinels),  # type: ignore[no-untyped-call]
                        sentinel_kwargs=_sentinel_kwargs(cfg, parsed, Retry(NoBackoff(), 0)))
+    extra = ({"follow_seconds": follow_seconds}
+             if issubclass(pool_class, FollowingSentinelPool) else {})
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         parsed.service, connection_pool_class=pool_class, retry=Retry(NoBackoff(), 0),
-        **_node_kwargs(cfg, parsed))
+        **_node_kwargs(cfg, parsed), **extra)
     return client
 
 
@@ -428,7 +431,7 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
 def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
                            max_connections: int = 100, pool_timeout: float | None = None,
                            pool_class: type[Any] = AsyncFollowingSentinelPool,
-                           ) -> redis.asyncio.Redis:
+                           follow_seconds: float = FOLLOW_SECONDS) -> redis.asyncio.Redis:
     """The asyncio twin of :func:`connect_sentinel` (pool bounds as
     :func:`shared.store.aio.connect_async`'s)."""
     from redis.asyncio.retry import Retry as AsyncRetry
@@ -439,6 +442,8 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
         list(parsed.sentinels),
         sentinel_kwargs=_sentinel_kwargs(cfg, parsed, AsyncRetry(NoBackoff(), 0)))
     extra: dict[str, Any] = {"max_connections": max_connections}
+    if issubclass(pool_class, AsyncFollowingSentinelPool):
+        extra["follow_seconds"] = follow_seconds
     if issubclass(pool_class, redis.asyncio.BlockingConnectionPool):
         extra["timeout"] = (cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None
                             else pool_timeout)
