@@ -22,7 +22,7 @@ from workers.harness.stack.redis_server import LocalCluster
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.settings import Settings
-from workers.sweep import PendingSweep, build_sweep
+from workers.sweep import PendingSweep, SweepThread, build_sweep
 from workers.urls import with_db
 
 TTL, STALE = 60, 20
@@ -205,6 +205,24 @@ def test_the_sweep_walks_every_primary_of_a_cluster(cluster: LocalCluster,
         for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
             client.delete(key)
         client.close()
+
+
+def test_the_thread_sweeps_each_period_and_stops_at_shutdown(
+        client: fakeredis.FakeRedis) -> None:
+    flag(client, "default", "s1", STALE + 3)
+    published = Published()
+    thread = SweepThread(PendingSweep(store_of(client), published, 0.2)).start()
+    try:
+        assert wait_for(lambda: published.jobs == [("default", "s1")], 5)
+    finally:
+        began = time.monotonic()
+        thread.stop()
+        assert time.monotonic() - began < 1
+    stopped = threading.Event()
+    stopped.set()
+    flag(client, "default", "s2", STALE + 3)
+    report = PendingSweep(store_of(client), published, 60).sweep(stopped)
+    assert report.republished == 0  # a sweep told to stop reads no further
 
 
 def test_the_setting_turns_the_sweep_off() -> None:

@@ -60,7 +60,7 @@ from shared.store.sessions import SessionStore, redis_errors
 from workers.settings import Settings
 
 log = logging.getLogger("compaction.sweep")
-SCAN_COUNT = 1000  # keys a SCAN call looks at: a few ms of Redis time each
+SCAN_COUNT = 1000  # keys a SCAN call looks at: about 1 ms of Redis time each
 TRIES_PER_PERIOD = 4  # lock tries per worker and period
 
 
@@ -103,20 +103,20 @@ class PendingSweep:
 
     def sweep(self, stop: threading.Event | None = None) -> SweepReport:
         """One pass over the keyspace (no lock: :meth:`run_once` takes it); ``stop``, once
-        set, ends it after the batch under way."""
+        set, ends it at the next key (the worker is shutting down)."""
         began, report = time.monotonic(), SweepReport()
         batch: list[tuple[str, str, str]] = []
         with redis_errors("sweep scan"):
             for key in self.store.redis.scan_iter(match=pending_pattern(self.prefix),
                                                   count=self.scan_count):
+                if stop is not None and stop.is_set():
+                    break
                 found = session_of_pending(self.prefix, key)
                 if found is not None:
                     batch.append((*found, key.decode() if isinstance(key, bytes) else key))
                 if len(batch) >= self.scan_count:
                     self._settle(batch, report)
                     batch = []
-                    if stop is not None and stop.is_set():
-                        break
             self._settle(batch, report)
         report.seconds = time.monotonic() - began
         return report
@@ -225,7 +225,7 @@ def _start(sender: Any = None, **_: Any) -> None:
 
 
 def _stop(**_: Any) -> None:
-    """``worker_shutdown``: stop the thread (a sweep under way ends at its next batch)."""
+    """``worker_shutdown``: stop the thread (a sweep under way settles what it read)."""
     while _running:
         _running.pop().stop()
 
