@@ -89,8 +89,9 @@ def channel(redis_url: str, key_prefix: str,
 ])
 def test_only_single_redis_urls_get_this_transport(url: str, expected: str | None) -> None:
     assert worker_transport(url) == expected
-    assert "broker_transport" not in celery_config(load_settings(broker_url=url))
-    conf = create_app(load_settings(broker_url=url)).conf
+    sentinel = {"broker_sentinel_master": "mymaster"} if url.startswith("sentinel") else {}
+    assert "broker_transport" not in celery_config(load_settings(broker_url=url, **sentinel))
+    conf = create_app(load_settings(broker_url=url, **sentinel)).conf
     _select_worker_transport(conf=conf)  # what a starting `celery worker` runs
     assert conf.broker_transport == expected
 

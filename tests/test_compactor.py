@@ -65,7 +65,9 @@ def test_not_due_exits_fast(store: SessionStore, demo_turns: list[list[Message]]
     started = time.perf_counter()
     outcome = Compactor(store, SummaryEngine(None)).run("s")
     assert outcome.status == "skipped" and "below trigger" in outcome.reason
-    assert (time.perf_counter() - started) < 0.05
+    # no summarizer call, no retry wait: a bound that load on a shared machine cannot
+    # reach (the job's CPU is in BENCHMARKS.md's workers table, not here)
+    assert (time.perf_counter() - started) < 1.0
 
 
 def test_a_window_no_model_can_have_is_not_taken_from_the_state(
