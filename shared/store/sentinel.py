@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -221,6 +222,25 @@ def _settle(follow: _Follow, states: list[Any], manager: Any, service: str,
                               f"({len(states)} Sentinel(s) answered)")
 
 
+_NO_ANSWER = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+              redis.exceptions.ResponseError)
+"""A Sentinel that did not answer: the others decide."""
+
+
+def _ask(follow: _Follow, manager: Any, service: str, known: tuple[str, int] | None,
+         ) -> Generator[Any, Any, tuple[str, int]]:
+    """Ask every Sentinel, the sans-I/O part both pools drive: each Sentinel client is
+    yielded, and its ``SENTINEL MASTER`` answer sent back (None: it did not answer);
+    returns the primary to use (:func:`_settle`)."""
+    follow.asking()
+    states = []
+    for sentinel in manager.sentinels:
+        state = yield sentinel
+        if state is not None:
+            states.append(state)
+    return _settle(follow, states, manager, service, known)
+
+
 def _holding_error(service: str) -> redis.exceptions.ConnectionError:
     return redis.exceptions.ConnectionError(
         f"a failover of {service!r} is in progress: calls wait for the new primary")
@@ -240,15 +260,17 @@ class _FollowingProxy(SentinelConnectionPoolProxy):
         known = self.master_address
         if known is not None and not self.follow.due(True):
             return known
-        self.follow.asking()
-        states = []
-        for sentinel in self.sentinel_manager.sentinels:
-            try:
-                states.append(sentinel.sentinel_master(self.service_name))
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    redis.exceptions.ResponseError):
-                continue
-        address = _settle(self.follow, states, self.sentinel_manager, self.service_name, known)
+        asking = _ask(self.follow, self.sentinel_manager, self.service_name, known)
+        try:
+            sentinel = next(asking)
+            while True:
+                try:
+                    state = sentinel.sentinel_master(self.service_name)
+                except _NO_ANSWER:
+                    state = None
+                sentinel = asking.send(state)
+        except StopIteration as done:
+            address: tuple[str, int] = done.value
         if self.is_master and address != self.master_address:
             self.master_address = address
             pool = self.connection_pool_ref()
@@ -395,15 +417,17 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
         known = self.master_address
         if known is not None and not self.follow.due(True):
             return known
-        self.follow.asking()
-        states = []
-        for sentinel in self.sentinel_manager.sentinels:
-            try:
-                states.append(await sentinel.sentinel_master(self.service_name))
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    redis.exceptions.ResponseError):
-                continue
-        address = _settle(self.follow, states, self.sentinel_manager, self.service_name, known)
+        asking = _ask(self.follow, self.sentinel_manager, self.service_name, known)
+        try:
+            sentinel = next(asking)
+            while True:
+                try:
+                    state = await sentinel.sentinel_master(self.service_name)
+                except _NO_ANSWER:
+                    state = None
+                sentinel = asking.send(state)
+        except StopIteration as done:
+            address: tuple[str, int] = done.value
         if self.is_master and address != self.master_address:
             self.master_address = address
             await self.disconnect(inuse_connections=False)
