@@ -100,6 +100,7 @@ def test_every_name_is_exposed_with_prefix_and_units() -> None:
     m = PrometheusMetrics()
     m.queue_depth_source(lambda: 0.0)  # without a source (the agent process) it is absent
     m.worker_lag(messages=1)  # a worker's unlabelled series: created on first use here
+    m.sweep_done("done", 0.1)  # the sweep's series (a worker's) likewise
     text = m.exposition().decode()
     for name in METRIC_NAMES:
         assert name.startswith("compaction_")

@@ -204,7 +204,11 @@ def _start(sender: Any) -> None:
                       "empty directory (prometheus_client multiprocess mode) or use "
                       "--pool threads. No /metrics served.", MULTIPROC_ENV)
             return
-        start_metrics_server(settings.metrics_port, multiprocess=True, **where)
+        if start_metrics_server(settings.metrics_port, multiprocess=True, **where) is not None:
+            # The main process records too, into the directory: the lost-job sweep runs
+            # there (workers.sweep). Children forked later reuse the instance; its values
+            # move to a file of the child's pid at its first record (prometheus_client).
+            install_prometheus(role="worker")
         return
     start_metrics_server(settings.metrics_port, **where)
 

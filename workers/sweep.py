@@ -38,6 +38,11 @@ Cost: a SCAN walks the whole keyspace of the store's database (``COUNT``
 took 1,501 calls, 1.4 s of Redis time, 1.7 s for the sweep), once per period
 for the deployment, plus a PTTL per flag found (only sessions with a job queued
 have one). A keyspace of tens of millions of keys wants a longer period.
+
+Metrics (the process's :func:`~shared.telemetry.metrics.get_metrics`, read at each
+try: nothing without ``COMPACTION_METRICS_PORT``): every try of the lock counts in
+``compaction_sweeps_total`` by outcome, a sweep that ran its duration, and a sweep
+its flags read, stale, published again and failed, also when an error cut it short.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from shared.enqueue import TASK_MAYBE_SUMMARIZE
 from shared.store.commands import flag_stale, rearm_lost_command
 from shared.store.keys import SessionKeys, pending_pattern, session_of_pending
 from shared.store.sessions import SessionStore, redis_errors
+from shared.telemetry.metrics import get_metrics
 from workers.settings import Settings
 
 log = logging.getLogger("compaction.sweep")
@@ -93,18 +99,39 @@ class PendingSweep:
         self.lock_key = f"{self.prefix}:sweep:lock"
 
     def run_once(self, stop: threading.Event | None = None) -> SweepReport | None:
-        """Sweep if this caller takes the period's lock; None when another one holds it."""
+        """Sweep if this caller takes the period's lock; None when another one holds it.
+        Counted by outcome (:data:`~shared.telemetry.metrics.SWEEP_OUTCOMES`)."""
         token = secrets.token_hex(8)
         ms = max(1, int(self.period * 1000))
-        with redis_errors("sweep lock"):
-            if not self.store.redis.set(self.lock_key, token, nx=True, px=ms):
-                return None
-        return self.sweep(stop)
+        began, outcome = time.monotonic(), "failed"
+        try:
+            with redis_errors("sweep lock"):
+                if not self.store.redis.set(self.lock_key, token, nx=True, px=ms):
+                    outcome = "locked"
+                    return None
+            report = self.sweep(stop)
+            outcome = "done"
+            return report
+        except StoreUnavailable:
+            outcome = "store_unavailable"
+            raise
+        finally:
+            get_metrics().sweep_done(
+                outcome, None if outcome == "locked" else time.monotonic() - began)
 
     def sweep(self, stop: threading.Event | None = None) -> SweepReport:
         """One pass over the keyspace (no lock: :meth:`run_once` takes it); ``stop``, once
         set, ends it at the next key (the worker is shutting down)."""
         began, report = time.monotonic(), SweepReport()
+        try:
+            self._walk(report, stop)
+        finally:  # what a sweep cut short did is counted too
+            get_metrics().sweep_flags(seen=report.flags, stale=report.stale,
+                                      republished=report.republished, failed=report.failed)
+        report.seconds = time.monotonic() - began
+        return report
+
+    def _walk(self, report: SweepReport, stop: threading.Event | None) -> None:
         batch: list[tuple[str, str, str]] = []
         with redis_errors("sweep scan"):
             for key in self.store.redis.scan_iter(match=pending_pattern(self.prefix),
@@ -118,8 +145,6 @@ class PendingSweep:
                     self._settle(batch, report)
                     batch = []
             self._settle(batch, report)
-        report.seconds = time.monotonic() - began
-        return report
 
     def _settle(self, batch: list[tuple[str, str, str]], report: SweepReport) -> None:
         if not batch:

@@ -29,6 +29,9 @@ JOB_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.
 CALL_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 LAG_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 LAG_MESSAGES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000, 5000)
+# A sweep is one SCAN pass: milliseconds on a small store, 1.7 s for 1.5 million keys.
+SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SWEEP_OUTCOMES = ("done", "locked", "store_unavailable", "failed")
 
 COMPACTION_KINDS = ("cheap", "llm", "offline", "truncation", "recovery")
 
@@ -52,6 +55,12 @@ METRIC_NAMES = (
     "compaction_queue_depth",
     "compaction_lease_contention_total",
     "compaction_enqueue_total",
+    "compaction_sweeps_total",
+    "compaction_sweep_duration_seconds",
+    "compaction_sweep_pending_flags_total",
+    "compaction_sweep_stale_flags_total",
+    "compaction_sweep_republished_total",
+    "compaction_sweep_publish_failures_total",
 )
 
 # The processes that record each metric: ``guard`` (an agent process, ``compaction serve``)
@@ -117,6 +126,15 @@ class Metrics(Protocol):
     def queue_depth_source(self, read: Callable[[], float]) -> None:
         """``read()`` gives the broker queue's depth when the metrics are collected."""
 
+    def sweep_done(self, outcome: str, seconds: float | None = None) -> None:
+        """One try of the workers' lost-job sweep (:data:`SWEEP_OUTCOMES`): ``done``,
+        ``locked`` (another worker holds the period's lock: nothing read, no
+        ``seconds``), ``store_unavailable`` or ``failed`` (cut short by an error)."""
+
+    def sweep_flags(self, *, seen: int, stale: int, republished: int, failed: int) -> None:
+        """What one sweep found, also when cut short: pending flags read, stale ones,
+        jobs published again, publishes that failed (retried a stale period later)."""
+
 
 class NullMetrics:
     """Measures nothing: the default of every process."""
@@ -157,6 +175,12 @@ class NullMetrics:
     def queue_depth_source(self, read: Callable[[], float]) -> None:
         return None
 
+    def sweep_done(self, outcome: str, seconds: float | None = None) -> None:
+        return None
+
+    def sweep_flags(self, *, seen: int, stale: int, republished: int, failed: int) -> None:
+        return None
+
 
 def extra_missing(exc: ModuleNotFoundError) -> ModuleNotFoundError:
     """The error for prometheus_client missing: names the extra that installs it (the
@@ -177,8 +201,8 @@ class PrometheusMetrics:
     ``worker``. A labelled metric has no series until something is recorded;
     an unlabelled one would be exported as 0 from its creation, so those of
     the other role (the guard's silent-truncation counter, the workers' lag
-    histograms) are created on their first record only: a worker does not
-    show a flat "0 silent truncations" that nobody measures.
+    histograms and sweep counters) are created on their first record only: a
+    worker does not show a flat "0 silent truncations" that nobody measures.
     """
 
     def __init__(self, registry: Any = None, *, role: str = "guard") -> None:
@@ -233,6 +257,7 @@ class PrometheusMetrics:
                                    "provider and error type.", ["provider", "error"],
                                    registry=reg)
         self._lag: Any = None
+        self._sweep: Any = None
         self.lease = prom.Counter(p + "lease_contention", "Jobs that found the session's "
                                   "lease taken.", ["result"], registry=reg)
         self.enqueues = prom.Counter(p + "enqueue", "Jobs the guard asked for, by outcome "
@@ -245,6 +270,7 @@ class PrometheusMetrics:
             self.silent_counter()
         else:
             self.lag_histograms()
+            self.sweep_metrics()
 
     def silent_counter(self) -> Any:
         """``compaction_silent_truncation_suspected_total``, created on first use."""
@@ -272,6 +298,31 @@ class PrometheusMetrics:
                                        "time).", buckets=LAG_SECONDS_BUCKETS, registry=reg))
         lag: tuple[Any, Any] = self._lag
         return lag
+
+    def sweep_metrics(self) -> tuple[Any, ...]:
+        """The sweep's series (``compaction_sweep*``), created on first use: runs by
+        outcome, duration, then flags seen, stale, published again, failed publishes."""
+        if self._sweep is None:
+            with self._lazy_lock:
+                if self._sweep is None:
+                    prom, reg, p = self._prom, self.registry, PREFIX + "sweep_"
+                    self._sweep = (
+                        prom.Counter(PREFIX + "sweeps", "Tries of the lost-job sweep by "
+                                     "outcome (done, locked, store_unavailable, failed).",
+                                     ["outcome"], registry=reg),
+                        prom.Histogram(p + "duration_seconds", "Duration of the sweeps "
+                                       "that ran (the lock taken).", buckets=SWEEP_BUCKETS,
+                                       registry=reg),
+                        prom.Counter(p + "pending_flags", "Pending flags the sweep read.",
+                                     registry=reg),
+                        prom.Counter(p + "stale_flags", "Pending flags the sweep found past "
+                                     "their stale age.", registry=reg),
+                        prom.Counter(p + "republished", "Jobs the sweep published again: "
+                                     "each was lost.", registry=reg),
+                        prom.Counter(p + "publish_failures", "Jobs the sweep could not "
+                                     "publish again (a later sweep retries).", registry=reg))
+        found: tuple[Any, ...] = self._sweep
+        return found
 
     def prepare_done(self, seconds: float, *, view_tokens: int, log_tokens: int,
                      path: str = "prepare") -> None:
@@ -328,6 +379,18 @@ class PrometheusMetrics:
 
     def queue_depth_source(self, read: Callable[[], float]) -> None:
         self.depth.add(read)
+
+    def sweep_done(self, outcome: str, seconds: float | None = None) -> None:
+        runs, duration, *_ = self.sweep_metrics()
+        runs.labels(outcome).inc()
+        if seconds is not None:
+            duration.observe(max(0.0, seconds))
+
+    def sweep_flags(self, *, seen: int, stale: int, republished: int, failed: int) -> None:
+        for counter, n in zip(self.sweep_metrics()[2:], (seen, stale, republished, failed),
+                              strict=True):
+            if n > 0:
+                counter.inc(n)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (what /metrics serves)."""
@@ -461,7 +524,7 @@ class MetricsEndpoint:
 
 
 __all__ = ["COMPACTION_KINDS", "METRIC_NAMES", "METRIC_ROLES", "MULTIPROC_ENV", "PREFIX",
-           "ROLES", "Metrics",
+           "ROLES", "SWEEP_OUTCOMES", "Metrics",
            "MetricsEndpoint", "NullMetrics", "PrometheusMetrics", "get_metrics",
            "install_prometheus", "metrics_app", "metrics_enabled", "multiprocess_dir",
            "served_registry", "set_metrics"]
