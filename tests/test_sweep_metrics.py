@@ -138,6 +138,31 @@ def test_a_stopped_store_counts_as_store_unavailable(
         PendingSweep(store, Published(), 60).run_once()
     assert sweeps(metrics) == {"store_unavailable": 1}
     assert counts(metrics) == (0, 0, 0, 0)
+    # the lock's own command failed: no sweep ran, so no duration
+    assert value(metrics, "compaction_sweep_duration_seconds_count") == 0
+    client.close()
+
+
+def test_a_store_lost_mid_sweep_counts_what_the_sweep_did_before(
+        own_redis: RedisServer, metrics: PrometheusMetrics) -> None:
+    admin = redis.Redis.from_url(own_redis.url)
+    for sid in ("a", "b"):
+        flag(admin, "sm", sid, STALE + 3)
+    admin.close()
+    client = connect(own_redis.url, config_of("sm"))
+    published: list[str] = []
+
+    def publish_then_lose_the_store(tenant: str, session_id: str) -> None:
+        published.append(session_id)
+        own_redis.stop()  # the next flag's re-arm finds no Redis
+
+    store = SessionStore(client, config_of("sm"))
+    with pytest.raises(StoreUnavailable):
+        PendingSweep(store, publish_then_lose_the_store, 60).run_once()
+    assert len(published) == 1
+    assert sweeps(metrics) == {"store_unavailable": 1}
+    assert counts(metrics) == (2, 2, 1, 0)  # the batch read, both stale, one re-published
+    assert value(metrics, "compaction_sweep_duration_seconds_count") == 1
     client.close()
 
 

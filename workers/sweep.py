@@ -103,12 +103,13 @@ class PendingSweep:
         Counted by outcome (:data:`~shared.telemetry.metrics.SWEEP_OUTCOMES`)."""
         token = secrets.token_hex(8)
         ms = max(1, int(self.period * 1000))
-        began, outcome = time.monotonic(), "failed"
+        began, outcome, swept = time.monotonic(), "failed", False
         try:
             with redis_errors("sweep lock"):
                 if not self.store.redis.set(self.lock_key, token, nx=True, px=ms):
                     outcome = "locked"
                     return None
+            swept = True
             report = self.sweep(stop)
             outcome = "done"
             return report
@@ -116,8 +117,7 @@ class PendingSweep:
             outcome = "store_unavailable"
             raise
         finally:
-            get_metrics().sweep_done(
-                outcome, None if outcome == "locked" else time.monotonic() - began)
+            get_metrics().sweep_done(outcome, time.monotonic() - began if swept else None)
 
     def sweep(self, stop: threading.Event | None = None) -> SweepReport:
         """One pass over the keyspace (no lock: :meth:`run_once` takes it); ``stop``, once

@@ -128,8 +128,9 @@ class Metrics(Protocol):
 
     def sweep_done(self, outcome: str, seconds: float | None = None) -> None:
         """One try of the workers' lost-job sweep (:data:`SWEEP_OUTCOMES`): ``done``,
-        ``locked`` (another worker holds the period's lock: nothing read, no
-        ``seconds``), ``store_unavailable`` or ``failed`` (cut short by an error)."""
+        ``locked`` (another worker holds the period's lock: nothing read),
+        ``store_unavailable`` or ``failed`` (another error); ``seconds`` when it took
+        the lock and swept (None: no sweep ran, e.g. the lock's command failed)."""
 
     def sweep_flags(self, *, seen: int, stale: int, republished: int, failed: int) -> None:
         """What one sweep found, also when cut short: pending flags read, stale ones,
@@ -311,8 +312,8 @@ class PrometheusMetrics:
                                      "outcome (done, locked, store_unavailable, failed).",
                                      ["outcome"], registry=reg),
                         prom.Histogram(p + "duration_seconds", "Duration of the sweeps "
-                                       "that ran (the lock taken).", buckets=SWEEP_BUCKETS,
-                                       registry=reg),
+                                       "that took the lock (those cut short included).",
+                                       buckets=SWEEP_BUCKETS, registry=reg),
                         prom.Counter(p + "pending_flags", "Pending flags the sweep read.",
                                      registry=reg),
                         prom.Counter(p + "stale_flags", "Pending flags the sweep found past "
