@@ -358,10 +358,53 @@ def tls_verified(url: str) -> str:
     return ";".join(parts)
 
 
-def sentinel_options(master_name: str | None) -> dict[str, str]:
-    """The transport option a ``sentinel://`` broker needs: the service the Sentinels
-    monitor (kombu's ``master_name``); nothing without one."""
-    return {"master_name": master_name} if master_name else {}
+_TEXT_ONLY_TLS = frozenset({"ssl_min_version", "ssl_include_verify_flags",
+                            "ssl_exclude_verify_flags"})
+"""Options kombu hands to redis-py as the URL's text (it converts only ``ssl_cert_reqs``
+and ``ssl_check_hostname``): redis-py cannot use them so."""
+
+
+def sentinel_broker_tls(broker_url: str) -> dict[str, Any] | None:
+    """The TLS keywords of a ``sentinel://`` broker list whose URLs carry ``ssl_*`` options
+    (as a ``rediss://`` URL does), None without any (or another scheme).
+
+    kombu reads the options of the first URL only and drops them when it moves on to the
+    next one: every URL carries the same ones, or only the first. :class:`InvalidInput`
+    (field ``url``) otherwise, or naming a bad option (:func:`shared.store.tls.tls_options`)."""
+    from shared.store.tls import is_tls_option, tls_options
+
+    parts = broker_url.split(";")
+    if not all(p.lower().startswith("sentinel://") for p in parts):
+        return None
+    queries = [{k: v for k, v in parse_qs(urlsplit(p).query).items() if is_tls_option(k)}
+               for p in parts]
+    if not any(queries):
+        return None
+    if any(q and q != queries[0] for q in queries[1:]):
+        raise InvalidInput("the sentinel:// URLs carry different ssl_* options: give them "
+                           "on the first URL only, or the same on every one", field="url")
+    text_only = sorted(_TEXT_ONLY_TLS.intersection(queries[0]))
+    if text_only:
+        raise InvalidInput(f"{', '.join(text_only)}: not supported on a sentinel:// broker "
+                           "(kombu passes it on as text)", field="url")
+    return tls_options(queries[0])
+
+
+def sentinel_options(master_name: str | None, broker_url: str = "", *,
+                     timeout: float = 5.0) -> dict[str, Any]:
+    """The transport options a ``sentinel://`` broker needs: the service the Sentinels
+    monitor (kombu's ``master_name``); nothing without one. Over TLS
+    (:func:`sentinel_broker_tls`) also the Sentinels' own connection options (kombu's
+    ``sentinel_kwargs``: without them it reaches the Sentinels in plain TCP, with only
+    the data nodes on TLS), with ``timeout`` for their sockets as for the nodes'. The data
+    nodes' TLS is Celery's ``broker_use_ssl``: the same keywords."""
+    if not master_name:
+        return {}
+    tls = sentinel_broker_tls(broker_url)
+    if tls is None:
+        return {"master_name": master_name}
+    return {"master_name": master_name, "sentinel_kwargs": {
+        "ssl": True, **tls, "socket_timeout": timeout, "socket_connect_timeout": timeout}}
 
 
 def publisher_app(broker_url: str, *, timeout: float = 1.0,
@@ -373,7 +416,8 @@ def publisher_app(broker_url: str, *, timeout: float = 1.0,
     A missed enqueue is harmless: the next turn enqueues again. A ``rediss://`` broker's
     certificate is checked (:func:`tls_verified`). A Redis Sentinel broker: kombu's
     ``sentinel://h1:26379/<db>;sentinel://h2:26379/<db>`` URL and the ``sentinel_master``
-    the Sentinels monitor (jobs then go through ``send_task``).
+    the Sentinels monitor (jobs then go through ``send_task``); ``ssl_*`` options on it
+    put the Sentinels and the data nodes on TLS (:func:`sentinel_options`).
     """
     from celery import Celery
 
@@ -386,8 +430,12 @@ def publisher_app(broker_url: str, *, timeout: float = 1.0,
                                    "interval_step": 0.1, "interval_max": 0.1},
         task_serializer="json",
         broker_transport_options={"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                                  **sentinel_options(sentinel_master)},
+                                  **sentinel_options(sentinel_master, broker_url,
+                                                     timeout=timeout)},
     )
+    tls = sentinel_broker_tls(broker_url) if sentinel_master else None
+    if tls is not None:  # kept when kombu moves to the list's next URL (the URL's are not)
+        app.conf.broker_use_ssl = tls
     return app
 
 
@@ -432,6 +480,7 @@ __all__ = [
     "publisher_app",
     "redis_server",
     "request_summary",
+    "sentinel_broker_tls",
     "sentinel_options",
     "tls_verified",
 ]

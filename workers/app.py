@@ -51,7 +51,7 @@ from celery.signals import celeryd_after_setup, celeryd_init, worker_init
 from kombu.entity import Exchange, Queue
 
 from shared.core.errors import ConfigError
-from shared.enqueue import sentinel_options
+from shared.enqueue import sentinel_broker_tls, sentinel_options
 from workers.broker import worker_transport
 from workers.settings import (
     RECALL_INDEX_PRIORITY,
@@ -116,8 +116,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # burst of acks failed (MaxConnectionsError) and those jobs were run
             # again after the visibility timeout. Keep it at or above --concurrency.
             "max_connections": settings.broker_max_connections,
-            **sentinel_options(settings.broker_sentinel_master),
+            **sentinel_options(settings.broker_sentinel_master, settings.broker_url,
+                               timeout=5),
         },
+        # A sentinel:// broker over TLS (ssl_* options on its URL): the data nodes' TLS
+        # keywords, kept when kombu moves to the list's next URL (whose own are not).
+        "broker_use_ssl": sentinel_broker_tls(settings.broker_url) or False,
         "broker_connection_retry_on_startup": True,
         # Routing: everything on the dedicated queue (COMPACTION_QUEUE, "compaction"), so
         # the service can share a broker.

@@ -38,7 +38,7 @@ from pydantic_settings import (
 from shared.core.config import CompactionPolicy, StoreConfig
 from shared.core.errors import ConfigError, InvalidInput
 from shared.core.tokens_exact import build_counter
-from shared.enqueue import QUEUE, tls_verified
+from shared.enqueue import QUEUE, sentinel_broker_tls, tls_verified
 from shared.store.keys import validate_tenant
 from workers.settings_sources import (
     ENV_PREFIX,
@@ -105,14 +105,15 @@ class Settings(BaseSettings):
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
                            description="session store: a standalone Redis, any node of a "
                            "Redis Cluster with COMPACTION_REDIS_CLUSTER, or a Sentinel "
-                           "deployment: redis+sentinel://host:26379,host2:26379/<service>/<db>")
+                           "deployment: redis+sentinel://host:26379,host2:26379/<service>/<db> "
+                           "(rediss+sentinel:// over TLS)")
     redis_cluster: bool = Field(default=False, description="the store is a Redis Cluster "
                                 "(a session's keys share one slot); the broker stays "
                                 "a standalone Redis")
     broker_url: str = Field(default="redis://127.0.0.1:6379/1",
                             description="Celery broker: a separate db or instance, noeviction "
                             "(Sentinel: sentinel://host:26379/<db>;sentinel://host2:26379/<db> "
-                            "with COMPACTION_BROKER_SENTINEL_MASTER)")
+                            "with COMPACTION_BROKER_SENTINEL_MASTER; ssl_* options for TLS)")
     broker_sentinel_master: str | None = Field(
         default=None, min_length=1, description="the service name the Sentinels of a "
         "sentinel:// COMPACTION_BROKER_URL monitor (kombu's master_name)")
@@ -247,6 +248,7 @@ class Settings(BaseSettings):
         verified = tls_verified(value)  # first: kombu warns of a bare rediss:// it parses
         for part in verified.split(";"):
             check_broker_url(part)
+        sentinel_broker_tls(verified)  # a sentinel:// list's ssl_* options, named if bad
         return verified
 
     @field_validator("summarizer_base_url")

@@ -15,6 +15,7 @@ from redis.connection import parse_url as parse_redis_url
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEME = "redis+sentinel"  # the store's Sentinel form: shared.store.sentinel
+SENTINEL_TLS_SCHEME = "rediss+sentinel"  # the same over TLS
 
 # Query options that carry a secret: redis-py's ``password``, a TLS client key's pass
 # phrase (``ssl_password``), as a ``rediss://`` URL for client certificates may hold, and
@@ -51,7 +52,8 @@ def with_password(url: str, password: str) -> str:
     parts = []
     for part in url.split(";"):
         head, sep, tail = part.partition("://")
-        if sep and head.lower() in ("redis", "rediss", "unix", "sentinel", SENTINEL_SCHEME):
+        if sep and head.lower() in ("redis", "rediss", "unix", "sentinel", SENTINEL_SCHEME,
+                                    SENTINEL_TLS_SCHEME):
             userinfo, at, rest = tail.rpartition("@")
             if not at:
                 part = f"{head}://:{quote(password, safe='')}@{tail}"
@@ -63,8 +65,9 @@ def with_password(url: str, password: str) -> str:
 
 def check_store_url(url: str) -> None:
     """Raise ValueError unless redis-py would connect with ``url`` (what ``connect`` parses;
-    a ``redis+sentinel://`` URL as :func:`shared.store.sentinel.parse_sentinel_url` does)."""
-    if url.startswith(SENTINEL_SCHEME + "://"):
+    a ``redis+sentinel://`` or ``rediss+sentinel://`` URL as
+    :func:`shared.store.sentinel.parse_sentinel_url` does)."""
+    if url.startswith((SENTINEL_SCHEME + "://", SENTINEL_TLS_SCHEME + "://")):
         from shared.core.errors import InvalidInput
         from shared.store.sentinel import parse_sentinel_url
 
@@ -76,7 +79,7 @@ def check_store_url(url: str) -> None:
     split = urlsplit(url)
     if split.scheme not in REDIS_SCHEMES or not url.startswith(split.scheme + "://"):
         raise ValueError("the scheme must be one of redis://, rediss://, unix://, "
-                         f"{SENTINEL_SCHEME}://")
+                         f"{SENTINEL_SCHEME}://, {SENTINEL_TLS_SCHEME}://")
     split.port  # noqa: B018 - a port that is not a number in range raises ValueError
     if split.scheme == "unix":
         if not split.path:

@@ -68,14 +68,15 @@ def connect_async(url: str, config: StoreConfig | None = None, *,
     released (redis-py's default pool failed it at once: an async server with more calls
     in flight lost them). The wait is bounded: ``pool_timeout`` seconds, by default the
     store's connect and socket timeouts (what the call holding a connection may take),
-    then StoreUnavailable. A ``redis+sentinel://`` URL gives a client of the primary that
-    Sentinel names (:func:`shared.store.sentinel.connect_sentinel_async`)."""
+    then StoreUnavailable. A ``redis+sentinel://`` URL (``rediss+sentinel://`` over TLS)
+    gives a client of the primary that Sentinel names
+    (:func:`shared.store.sentinel.connect_sentinel_async`)."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     _check_positive("max_connections", max_connections)
     cfg = config or StoreConfig()
-    if url.lower().startswith("redis+sentinel://"):
+    if url.lower().startswith(("redis+sentinel://", "rediss+sentinel://")):
         from shared.store.sentinel import connect_sentinel_async
 
         return connect_sentinel_async(url, cfg, max_connections=max_connections,

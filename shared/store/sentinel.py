@@ -4,11 +4,15 @@ URL form (one string, so that ``COMPACTION_REDIS_URL`` can name it)::
 
     redis+sentinel://[user:password@]host1:26379,host2:26379/<service>[/<db>]
         [?sentinel_username=...&sentinel_password=...]
+    rediss+sentinel://...same...[&ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...]
 
 The credentials before ``@`` are the data nodes' (primary and replicas); the Sentinels'
 own, where they need any, are the ``sentinel_*`` options. A host without a port is on
 26379. ``<service>`` is the name the Sentinels monitor (``sentinel monitor <service>
-...``), ``<db>`` the database number (0 when absent).
+...``), ``<db>`` the database number (0 when absent). ``rediss+sentinel://`` reaches the
+Sentinels and the data nodes over TLS, both with the ``ssl_*`` options a ``rediss://``
+URL takes (:mod:`shared.store.tls`): hardened deployments run both on TLS ports, with
+one CA.
 
 Why not redis-py's stock :class:`~redis.sentinel.SentinelConnectionPool` as it is: it
 asks the Sentinels only when a connection opens. A connection it pooled keeps writing
@@ -63,10 +67,12 @@ from redis.sentinel import (
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
 from shared.store.sessions import driver_info, server_error
+from shared.store.tls import is_tls_option, tls_options
 
 log = logging.getLogger("shared.store.sentinel")
 
 SCHEME = "redis+sentinel"
+TLS_SCHEME = "rediss+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 FOLLOW_SECONDS = 1.0
 """How stale the pool's idea of the primary may get while it is used."""
@@ -80,7 +86,7 @@ _OPTIONS = frozenset({"sentinel_username", "sentinel_password"})
 
 
 def is_sentinel_url(url: str) -> bool:
-    return url.lower().startswith(SCHEME + "://")
+    return url.lower().startswith((SCHEME + "://", TLS_SCHEME + "://"))
 
 
 @dataclass(frozen=True)
@@ -94,17 +100,25 @@ class SentinelURL:
     password: str | None = None
     sentinel_username: str | None = None
     sentinel_password: str | None = None
+    tls: tuple[tuple[str, Any], ...] | None = None
+    """The TLS keywords (``rediss+sentinel://``), None for plain TCP."""
+
+    def tls_kwargs(self) -> dict[str, Any]:
+        """Connection keywords for TLS, the same for the Sentinels and the data nodes."""
+        return {} if self.tls is None else {"ssl": True, **dict(self.tls)}
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
     """The parts of ``url``; :class:`InvalidInput` (field ``url``) naming what is wrong."""
     def bad(why: str) -> InvalidInput:
-        return InvalidInput(f"{why} (expected {SCHEME}://[user:password@]host:port"
-                            "[,host:port...]/<service>[/<db>])", field="url")
+        return InvalidInput(f"{why} (expected {SCHEME}:// or {TLS_SCHEME}://"
+                            "[user:password@]host:port[,host:port...]/<service>[/<db>])",
+                            field="url")
 
     if not is_sentinel_url(url):
-        raise bad(f"the scheme must be {SCHEME}://")
-    rest = url[len(SCHEME) + 3:]
+        raise bad(f"the scheme must be {SCHEME}:// or {TLS_SCHEME}://")
+    scheme, _, rest = url.partition("://")
+    tls = scheme.lower() == TLS_SCHEME
     rest = rest.partition("#")[0]
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
@@ -132,16 +146,21 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise bad(f"the database must be a number, not {'/'.join(parts[1:])!r}")
     options = parse_qs(query, keep_blank_values=True, strict_parsing=False)
-    unknown = set(options) - _OPTIONS
+    given_tls = {name for name in options if is_tls_option(name)}
+    unknown = set(options) - _OPTIONS - given_tls
     if unknown:
         raise bad(f"unknown option(s) {', '.join(sorted(unknown))}; known: "
-                  f"{', '.join(sorted(_OPTIONS))}")
+                  f"{', '.join(sorted(_OPTIONS))} and, with {TLS_SCHEME}://, ssl_*")
+    if given_tls and not tls:
+        raise bad(f"{', '.join(sorted(given_tls))}: TLS options need the {TLS_SCHEME}:// "
+                  "scheme")
     return SentinelURL(
         sentinels=tuple(sentinels), service=parts[0],
         db=int(parts[1]) if len(parts) == 2 and parts[1] else 0,
         username=username, password=password,
         sentinel_username=options.get("sentinel_username", [None])[-1] or None,
-        sentinel_password=options.get("sentinel_password", [None])[-1] or None)
+        sentinel_password=options.get("sentinel_password", [None])[-1] or None,
+        tls=tuple(sorted(tls_options(options).items())) if tls else None)
 
 
 def is_readonly(exc: BaseException) -> bool:
@@ -310,13 +329,21 @@ class FollowingConnection(SentinelManagedConnection):
                 f"the primary has become a replica: {exc}") from exc
 
 
+class FollowingSSLConnection(FollowingConnection, redis.SSLConnection):
+    """:class:`FollowingConnection` over TLS (redis-py's ``SentinelManagedSSLConnection``
+    with the following added)."""
+
+
 class FollowingSentinelPool(SentinelConnectionPool):
-    """redis-py's Sentinel pool that follows a moved primary (see the module docstring)."""
+    """redis-py's Sentinel pool that follows a moved primary (see the module docstring).
+    ``ssl=True``: TLS to the data nodes, as redis-py's pool takes it."""
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
                  error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
-        kwargs.setdefault("connection_class", FollowingConnection)
+        ssl = kwargs.pop("ssl", False)
+        kwargs.setdefault("connection_class", FollowingSSLConnection if ssl
+                          else FollowingConnection)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
         self.follow = _Follow(follow_seconds, error_gap)
         self.proxy = _FollowingProxy(
@@ -338,13 +365,13 @@ def _node_kwargs(cfg: StoreConfig, parsed: SentinelURL) -> dict[str, Any]:
     return {"db": parsed.db, "username": parsed.username, "password": parsed.password,
             "socket_timeout": cfg.socket_timeout,
             "socket_connect_timeout": cfg.connect_timeout, "health_check_interval": 30,
-            "driver_info": driver_info()}
+            "driver_info": driver_info(), **parsed.tls_kwargs()}
 
 
 def _sentinel_kwargs(cfg: StoreConfig, parsed: SentinelURL, retry: Any) -> dict[str, Any]:
     return {"socket_timeout": cfg.socket_timeout, "socket_connect_timeout": cfg.connect_timeout,
             "username": parsed.sentinel_username, "password": parsed.sentinel_password,
-            "retry": retry}
+            "retry": retry, **parsed.tls_kwargs()}
 
 
 def connect_sentinel(url: str, config: StoreConfig | None = None, *,
@@ -399,6 +426,10 @@ class AsyncFollowingConnection(aio_sentinel.SentinelManagedConnection):
                 f"the primary has become a replica: {exc}") from exc
 
 
+class AsyncFollowingSSLConnection(AsyncFollowingConnection, redis.asyncio.SSLConnection):
+    """The asyncio twin of :class:`FollowingSSLConnection`."""
+
+
 class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
                                  redis.asyncio.BlockingConnectionPool):
     """The asyncio twin of :class:`FollowingSentinelPool`; like
@@ -408,7 +439,9 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
                  error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
-        kwargs.setdefault("connection_class", AsyncFollowingConnection)
+        ssl = kwargs.pop("ssl", False)
+        kwargs.setdefault("connection_class", AsyncFollowingSSLConnection if ssl
+                          else AsyncFollowingConnection)
         self.follow = _Follow(follow_seconds, error_gap)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
@@ -479,7 +512,8 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
 
 __all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FAILOVER_HOLD_SECONDS",
            "FOLLOW_SECONDS", "SCHEME",
-           "AsyncFollowingConnection", "AsyncFollowingSentinelPool", "FollowingConnection",
+           "TLS_SCHEME", "AsyncFollowingConnection", "AsyncFollowingSSLConnection",
+           "AsyncFollowingSentinelPool", "FollowingConnection", "FollowingSSLConnection",
            "FollowingSentinelPool", "SentinelURL", "connect_sentinel",
            "connect_sentinel_async", "failover_flagged", "is_readonly", "is_sentinel_url",
            "newest_primary", "parse_sentinel_url"]

@@ -182,11 +182,11 @@ def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
     redis-py clients built by hand retry failed commands up to ten times
     with backoff by default: seconds of stall on the hot path, and a
     replayed non-idempotent write. The store's callers decide about retries.
-    A ``redis+sentinel://`` URL gives a client of the primary that Sentinel names
-    (:func:`shared.store.sentinel.connect_sentinel`).
+    A ``redis+sentinel://`` URL (``rediss+sentinel://`` over TLS) gives a client of the
+    primary that Sentinel names (:func:`shared.store.sentinel.connect_sentinel`).
     """
     cfg = config or StoreConfig()
-    if url.lower().startswith("redis+sentinel://"):
+    if url.lower().startswith(("redis+sentinel://", "rediss+sentinel://")):
         from shared.store.sentinel import connect_sentinel
 
         return connect_sentinel(url, cfg)

@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import StoreUnavailable
-from shared.enqueue import QUEUE, publisher_app, sentinel_options
+from shared.enqueue import QUEUE, publisher_app, sentinel_broker_tls, sentinel_options
 from shared.store.sentinel import is_sentinel_url
 from workers.cli._format import extra_for, needs_extra
 from workers.settings import Settings
@@ -224,7 +224,8 @@ def _kombu_connection(url: str, timeout: float, master: str | None = None) -> An
     from kombu.connection import Connection
 
     return Connection(url, connect_timeout=timeout,  # type: ignore[no-untyped-call]
-                      transport_options=sentinel_options(master))
+                      ssl=(sentinel_broker_tls(url) or False) if master else False,
+                      transport_options=sentinel_options(master, url, timeout=timeout))
 
 
 def _broker_kombu(url: str, timeout: float, master: str | None = None) -> Check:
