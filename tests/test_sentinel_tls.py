@@ -1,0 +1,248 @@
+"""Redis Sentinel over TLS: the store's ``rediss+sentinel://`` URL and a ``sentinel://``
+broker with ``ssl_*`` options, against a deployment where every process (data nodes and
+Sentinels) listens on TLS only and asks for client certificates
+(:mod:`workers.harness.stack.sentinel_pair` with ``tls``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+
+import pytest
+import redis
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.enqueue import CeleryEnqueuer, publisher_app, sentinel_broker_tls
+from shared.guard import ContextGuard
+from shared.store.sentinel import FollowingSSLConnection, parse_sentinel_url
+from shared.store.sessions import SessionStore, connect
+from tests.test_sentinel import SHELLS, Shell, _ride_out
+from workers.app import celery_config
+from workers.cli.doctor import run_checks
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
+from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
+from workers.harness.stack.tls_files import TLSFiles, make_tls_files
+from workers.harness.stack.worker_process import WorkerProcess, worker_env
+from workers.harness.timing import wait_for
+from workers.settings import Settings
+from workers.settings_urls import redact_url
+
+TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    return make_tls_files(tmp_path_factory.mktemp("sentinel-tls"))
+
+
+# -- URLs and settings (no servers) ---------------------------------------------------------
+def test_the_tls_url_carries_the_rediss_options_for_sentinels_and_nodes(
+        tls_files: TLSFiles) -> None:
+    parsed = parse_sentinel_url(
+        f"rediss+sentinel://u:pw@127.0.0.1:26380,h2/svc/3?{tls_files.query()}"
+        "&ssl_cert_reqs=required&ssl_check_hostname=false&sentinel_password=sp")
+    assert (parsed.service, parsed.db, parsed.sentinel_password) == ("svc", 3, "sp")
+    assert parsed.tls_kwargs() == {"ssl": True, **tls_files.client_kwargs(),
+                                   "ssl_cert_reqs": "required", "ssl_check_hostname": False}
+    assert parse_sentinel_url("RediSS+sentinel://h/svc").tls_kwargs() == {"ssl": True}
+    assert parse_sentinel_url("redis+sentinel://h/svc").tls_kwargs() == {}
+
+
+@pytest.mark.parametrize("query, why", [
+    ("ssl_ca_certs=/no/such/ca.crt", "ssl_ca_certs: no such file"),
+    ("ssl_ca_path=/no/such/dir", "ssl_ca_path: no such directory"),
+    ("ssl_cert_reqs=maybe", "ssl_cert_reqs must be one of none, optional, required"),
+    ("ssl_min_version=tls1.2", "ssl_min_version: cannot read"),
+    ("ssl_verify=1", "unknown TLS option ssl_verify"),
+    ("password=x", "unknown option"),
+])
+def test_a_bad_tls_option_is_named(query: str, why: str) -> None:
+    with pytest.raises(InvalidInput, match=why) as info:
+        parse_sentinel_url(f"rediss+sentinel://h/svc?{query}")
+    assert info.value.field == "url"
+
+
+def test_tls_options_need_the_tls_scheme_and_a_key_its_certificate(
+        tls_files: TLSFiles) -> None:
+    with pytest.raises(InvalidInput, match="need the rediss\\+sentinel:// scheme"):
+        parse_sentinel_url(f"redis+sentinel://h/svc?ssl_ca_certs={tls_files.ca}")
+    with pytest.raises(InvalidInput, match="ssl_keyfile needs ssl_certfile"):
+        parse_sentinel_url(f"rediss+sentinel://h/svc?ssl_keyfile={tls_files.key('client')}")
+
+
+def test_settings_check_a_tls_store_url_and_redact_its_secrets(
+        tls_files: TLSFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.core.errors import ConfigError
+    from workers.settings import load_settings
+
+    good = (f"rediss+sentinel://u:topsecret@127.0.0.1:26379/svc/0?{tls_files.query()}"
+            "&ssl_password=keysecret&sentinel_password=sentsecret")
+    assert Settings(redis_url=good).redis_url == good
+    shown = redact_url(good)
+    assert not any(secret in shown for secret in ("topsecret", "keysecret", "sentsecret"))
+    assert "ssl_password=***" in shown and "u:***@" in shown
+    monkeypatch.setenv("COMPACTION_REDIS_URL", good + "&ssl_cert_reqs=maybe")
+    with pytest.raises(ConfigError, match="COMPACTION_REDIS_URL") as info:
+        load_settings()
+    assert "ssl_cert_reqs" in str(info.value)
+    assert "topsecret" not in str(info.value) and "keysecret" not in str(info.value)
+
+
+def test_a_tls_sentinel_broker_becomes_kombu_sentinel_kwargs_and_broker_use_ssl(
+        tls_files: TLSFiles) -> None:
+    first = f"sentinel://127.0.0.1:26379/1?{tls_files.query()}"
+    broker = f"{first};sentinel://127.0.0.1:26380/1"
+    settings = Settings(broker_url=broker, broker_sentinel_master="svc")
+    config = celery_config(settings)
+    assert config["broker_use_ssl"] == tls_files.client_kwargs()
+    assert config["broker_transport_options"]["sentinel_kwargs"] == {
+        "ssl": True, **tls_files.client_kwargs(), "socket_timeout": 5,
+        "socket_connect_timeout": 5}
+    assert celery_config(Settings(broker_url="sentinel://h:26379/1",
+                                  broker_sentinel_master="svc"))["broker_use_ssl"] is False
+    # kombu reads the first URL's options and forgets them when it moves to the next URL:
+    # broker_use_ssl keeps the nodes on TLS there
+    app = publisher_app(broker, sentinel_master="svc")
+    with app.connection_for_write() as conn:
+        conn.maybe_switch_next()
+        assert conn.hostname == "127.0.0.1" and conn.port == 26380
+        assert conn.ssl == tls_files.client_kwargs()
+
+
+@pytest.mark.parametrize("broker, why", [
+    ("sentinel://h:1/1?ssl_ca_certs=/no/such/ca.crt", "ssl_ca_certs: no such file"),
+    ("sentinel://h:1/1;sentinel://h:2/1?ssl_cert_reqs=none", "different ssl_\\* options"),
+    ("sentinel://h:1/1?ssl_min_version=3", "not supported on a sentinel:// broker"),
+])
+def test_bad_tls_options_of_a_sentinel_broker_are_named(broker: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        Settings(broker_url=broker, broker_sentinel_master="svc")
+
+
+def test_only_sentinel_lists_with_ssl_options_are_tls() -> None:
+    assert sentinel_broker_tls("sentinel://h:1/1;sentinel://h:2/1") is None
+    assert sentinel_broker_tls("rediss://h:1/1?ssl_cert_reqs=required") is None
+    assert sentinel_broker_tls("sentinel://h:1/1?ssl_cert_reqs=required;"
+                               "sentinel://h:2/1?ssl_cert_reqs=required") == {
+        "ssl_cert_reqs": "required"}
+
+
+# -- a real deployment, TLS only -------------------------------------------------------------
+@pytest.fixture
+def deployment(tls_files: TLSFiles) -> Iterator[SentinelDeployment]:
+    with start_sentinel_deployment(tls=tls_files) as running:
+        yield running
+
+
+class TLSShell(Shell):
+    """:class:`tests.test_sentinel.Shell` reading the servers over TLS."""
+
+    def __init__(self, kind: str, deployment: SentinelDeployment, url: str) -> None:
+        super().__init__(kind, url)
+        self.deployment = deployment
+
+    def log_length_on(self, port: int, sid: str, db: int = 0) -> int:
+        with closing(self.deployment.client(port)) as direct:
+            direct.select(db)
+            return int(direct.llen(self.store.keys(sid).log))
+
+
+@pytest.fixture(params=SHELLS)
+def shell_on(request: pytest.FixtureRequest,
+             deployment: SentinelDeployment) -> Iterator[Callable[[str], Shell]]:
+    made: list[Shell] = []
+
+    def make(url: str) -> Shell:
+        made.append(TLSShell(request.param, deployment, url))
+        return made[-1]
+
+    yield make
+    for shell in made:
+        shell.close()
+
+
+def test_the_guard_records_through_a_tls_sentinel_url(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    shell = shell_on(deployment.url(2))
+    assert [shell.turn("s1", i) for i in range(5)] == [2, 4, 6, 8, 10]
+    assert shell.log_length_on(deployment.primary_port(), "s1", db=2) == 10
+    if shell.kind == "sync":
+        pool = shell.store.redis.connection_pool
+        assert pool.connection_class is FollowingSSLConnection
+        sentinel = pool.sentinel_manager.sentinels[0].connection_pool
+        assert sentinel.connection_class is redis.SSLConnection
+
+
+def test_plaintext_and_certificate_less_clients_are_refused(
+        deployment: SentinelDeployment, tls_files: TLSFiles) -> None:
+    """The deployment is TLS only: the plain URL reaches no Sentinel (a typed outage),
+    neither a node nor a Sentinel answers plain TCP, and TLS without the client
+    certificate is refused too."""
+    config = StoreConfig(key_prefix="ts", socket_timeout=0.5, connect_timeout=0.5)
+    plain = SessionStore(connect(deployment.url().replace("rediss+", "redis+").split("?")[0],
+                                 config), config)
+    with pytest.raises(StoreUnavailable):
+        plain.append("s1", TURN)
+    plain.redis.close()
+    for port in (deployment.primary_port(), deployment.sentinel_ports[0]):
+        with closing(redis.Redis(port=port, socket_timeout=0.5)) as bare, \
+                pytest.raises(redis.exceptions.ConnectionError):
+            bare.ping()
+        with closing(redis.Redis(port=port, socket_timeout=0.5, ssl=True,
+                                 ssl_ca_certs=str(tls_files.ca))) as anonymous, \
+                pytest.raises(redis.exceptions.ConnectionError):
+            anonymous.ping()
+    with closing(deployment.client(deployment.primary_port())) as trusted:
+        assert trusted.ping()
+
+
+def test_after_a_planned_failover_over_tls_no_acknowledged_turn_is_lost(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    """As ``test_sentinel``'s planned failover, every link on TLS: within a follow
+    interval the calls reach the new primary and it holds every turn acknowledged."""
+    shell = shell_on(deployment.url())
+    done = sum(1 for i in range(5) if shell.turn("s1", i))
+    old = deployment.primary_port()
+    deployment.failover()
+    new = deployment.wait_primary_not(old)
+    time.sleep(1.2)
+    length = shell.turn("s1", done)
+    assert shell.log_length_on(new, "s1") >= length, "the call went to the old primary"
+    done, failures = _ride_out(shell, "s1", done + 1,
+                               lambda: shell.log_length_on(new, "s1") >= 2 * 3)
+    assert all(isinstance(f, StoreUnavailable) for f in failures)
+    assert shell.turn("s1", done) == shell.log_length_on(new, "s1")
+
+
+@pytest.mark.celery
+def test_a_worker_on_a_tls_sentinel_broker_compacts_a_session(
+        deployment: SentinelDeployment) -> None:
+    """Store and broker on the TLS deployment; a real worker (threads pool) consumes
+    through kombu's Sentinel transport and every doctor check but the guard's reads
+    (the feed is off on Sentinel) passes."""
+    broker, store_url, master = deployment.broker_url(1), deployment.url(0), deployment.service
+    env = worker_env(broker_url=broker, redis_url=store_url, key_prefix="tw",
+                     broker_sentinel_master=master)
+    worker = WorkerProcess("sentinel-tls", env, concurrency=2).start()
+    config = StoreConfig(key_prefix="tw")
+    store = SessionStore(connect(store_url, config), config)
+    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker, sentinel_master=master)),
+                         overrides={"gpt-4o": 24_000})
+    try:
+        for turn in demo_turns(30):
+            guard.prepare("s1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+            guard.record_turn("s1", turn)
+            time.sleep(0.05)
+        assert wait_for(lambda: store.state("s1").watermark > 0, 30), worker.log()[-3000:]
+        assert "compaction.maybe_summarize" in worker.log()
+        settings = Settings(redis_url=store_url, broker_url=broker, key_prefix="tw",
+                            broker_sentinel_master=master)
+        verdicts = {c.name: c.verdict for c in run_checks(settings, 5.0)}
+        assert verdicts["redis store"] == verdicts["broker"] == verdicts["queue"] == "OK"
+        assert verdicts["workers"] == "OK" and verdicts["guard reads"] == "WARN", verdicts
+    finally:
+        worker.stop()
+        guard.close()
+        store.redis.close()
