@@ -216,6 +216,21 @@ def test_after_a_planned_failover_over_tls_no_acknowledged_turn_is_lost(
     assert shell.turn("s1", done) == shell.log_length_on(new, "s1")
 
 
+def test_the_publisher_reaches_tls_only_sentinels_and_primary(
+        deployment: SentinelDeployment) -> None:
+    """kombu asks the Sentinels with its ``sentinel_kwargs`` (plain TCP without them, with
+    only the data nodes on TLS: this failed) and writes to the primary over TLS."""
+    app = publisher_app(deployment.broker_url(1), timeout=2.0,
+                        sentinel_master=deployment.service)
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1)
+        client = conn.default_channel.client
+        client.set("published", "1")
+    with closing(deployment.client(deployment.primary_port())) as direct:
+        direct.select(1)
+        assert direct.get("published") == b"1"
+
+
 @pytest.mark.celery
 def test_a_worker_on_a_tls_sentinel_broker_compacts_a_session(
         deployment: SentinelDeployment) -> None:
