@@ -5,6 +5,7 @@ Sentinels) listens on TLS only and asks for client certificates
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -21,9 +22,10 @@ from shared.store.sessions import SessionStore, connect
 from tests.test_sentinel import SHELLS, Shell, _ride_out
 from workers.app import celery_config
 from workers.cli.doctor import run_checks
+from workers.cli.main import main
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
-from workers.harness.stack.tls_files import TLSFiles, make_tls_files
+from workers.harness.stack.tls_files import KEY_PASSPHRASE, TLSFiles, make_tls_files
 from workers.harness.stack.worker_process import WorkerProcess, worker_env
 from workers.harness.timing import wait_for
 from workers.settings import Settings
@@ -229,6 +231,28 @@ def test_the_publisher_reaches_tls_only_sentinels_and_primary(
     with closing(deployment.client(deployment.primary_port())) as direct:
         direct.select(1)
         assert direct.get("published") == b"1"
+
+
+def test_doctor_with_an_encrypted_client_key_never_prints_its_pass_phrase(
+        deployment: SentinelDeployment, tls_files: TLSFiles, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The key's pass phrase reaches every link (Sentinels and primary, store and broker:
+    each check but the workers' passes; no worker runs) and is shown as ``***``."""
+    encrypted = f"ssl_keyfile={tls_files.key('client-enc')}&ssl_password={KEY_PASSPHRASE}"
+
+    def with_encrypted_key(url: str) -> str:
+        return url.replace(f"ssl_keyfile={tls_files.key('client')}", encrypted)
+
+    monkeypatch.setenv("COMPACTION_REDIS_URL", with_encrypted_key(deployment.url(3)))
+    monkeypatch.setenv("COMPACTION_BROKER_URL", with_encrypted_key(deployment.broker_url(4)))
+    monkeypatch.setenv("COMPACTION_BROKER_SENTINEL_MASTER", deployment.service)
+    code = main(["doctor", "--timeout", "2", "--json"])
+    out, err = capsys.readouterr()
+    found = {c["name"]: c["verdict"] for c in json.loads(out)}
+    assert code == 1 and found.pop("workers") == "FAIL", out
+    assert found.pop("guard reads") == "WARN", out  # the feed is off on Sentinel
+    assert set(found.values()) == {"OK"}, out
+    assert KEY_PASSPHRASE not in out + err and "ssl_password=***" in out
 
 
 @pytest.mark.celery

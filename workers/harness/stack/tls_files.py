@@ -1,4 +1,5 @@
-"""Throwaway TLS files for loopback servers: a CA, a server and a client certificate.
+"""Throwaway TLS files for loopback servers: a CA, a server and a client certificate
+(the client's key also encrypted, as ``client-enc.key``).
 
 For the TLS variants of the stack (:mod:`workers.harness.stack.sentinel_pair`): made with
 the ``openssl`` command, valid two days, the server's for ``127.0.0.1`` and
@@ -13,6 +14,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
+
+KEY_PASSPHRASE = "secret"
+"""The pass phrase of the client's encrypted key (``client-enc.key``)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ def make_tls_files(directory: Path) -> TLSFiles:
         _run(openssl, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey",
              "ca.key", "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", *extra,
              cwd=directory)
+    _run(openssl, "pkcs8", "-topk8", "-in", "client.key", "-out", "client-enc.key",
+         "-passout", f"pass:{KEY_PASSPHRASE}", cwd=directory)
     return TLSFiles(directory)
 
 
-__all__ = ["TLSFiles", "make_tls_files"]
+__all__ = ["KEY_PASSPHRASE", "TLSFiles", "make_tls_files"]
