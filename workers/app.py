@@ -52,7 +52,7 @@ from kombu.entity import Exchange, Queue
 
 from shared.core.errors import ConfigError
 from shared.enqueue import sentinel_broker_tls, sentinel_options
-from workers.broker import worker_transport
+from workers.broker import is_sentinel_url, use_sentinel_transport, worker_transport
 from workers.settings import (
     RECALL_INDEX_PRIORITY,
     RECALL_INDEX_TASK,
@@ -221,6 +221,16 @@ def _select_worker_transport(sender: Any = None, conf: Any = None, **_: Any) -> 
     """
     if conf is not None and not conf.get("broker_transport"):
         conf.broker_transport = worker_transport(conf.broker_url)
+
+
+@celeryd_init.connect
+def _select_sentinel_transport(sender: Any = None, conf: Any = None, **_: Any) -> None:
+    """A starting worker on a ``sentinel://`` broker consumes through
+    :class:`workers.broker.SentinelTransport` (it survives a primary killed mid-job);
+    an explicit ``broker_transport`` is left alone."""
+    if conf is not None and not conf.get("broker_transport") and is_sentinel_url(
+            conf.broker_url):
+        use_sentinel_transport()
 
 
 @celeryd_init.connect

@@ -44,6 +44,11 @@ transports), and ``unix://``, which kombu does not accept as a broker URL
 at all (its Unix-socket form is ``redis+socket:///path``). The messages on
 the wire are the ones kombu writes: publishers and consumers on the stock
 transport share the broker unchanged.
+
+A ``sentinel://`` broker keeps kombu's Sentinel channel with one fix only
+(:class:`SentinelChannel`: a worker survives its primary dying with a job in
+flight), selected through kombu's ``sentinel`` alias in a starting worker
+(:func:`use_sentinel_transport`), since its URL is a failover list.
 """
 
 from __future__ import annotations
@@ -55,10 +60,12 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES, _transport_cache
 from kombu.transport import redis as kombu_redis
 from kombu.utils.url import as_url
 
 TRANSPORT = "workers.broker:Transport"
+SENTINEL_TRANSPORT = "workers.broker:SentinelTransport"
 
 
 def worker_transport(broker_url: str) -> str | None:
@@ -119,9 +126,7 @@ class Channel(kombu_redis.Channel):
         take for a connection error, and the worker exited instead of reconnecting. The
         jobs it could not restore stay in the unacked index; the broker's visibility
         timeout delivers them again."""
-        if self.connection.client is None:
-            raise redis.exceptions.ConnectionError(
-                "the broker connection was released (the broker restarted or went away)")
+        _require_connection(self)
         params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
         return params
 
@@ -129,6 +134,58 @@ class Channel(kombu_redis.Channel):
         """Forget the shared client with the pool it uses (reconnect, close, fork)."""
         self._shared = None
         super()._disconnect_pools()  # type: ignore[no-untyped-call]
+
+
+def _require_connection(channel: Any) -> None:
+    """A connection error, not kombu's AttributeError, for a channel whose connection
+    was released (see :meth:`Channel._connparams`)."""
+    if channel.connection.client is None:
+        raise redis.exceptions.ConnectionError(
+            "the broker connection was released (the broker restarted or went away)")
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel; a released connection is a connection error.
+
+    The same defect as :meth:`Channel._connparams`, met on every primary that dies with
+    a job in flight: the worker's ack fails, the consumer closes the channel on the
+    released connection, restoring the job asks for a new pool, and kombu's
+    AttributeError stopped the worker ("Unrecoverable error") instead of letting it
+    reconnect to the promoted replica. The job it held is lost with the old primary's
+    data either way (``scripts/failover_broker.py``); the lost-job sweep publishes it
+    again. The client is not shared here: kombu's Sentinel pools are kept as they are.
+    """
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        _require_connection(self)
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
+        return params
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with :class:`SentinelChannel`."""
+
+    Channel = SentinelChannel
+
+
+def is_sentinel_url(broker_url: str) -> bool:
+    """Whether kombu serves ``broker_url`` (a ``;`` list: its first URL) with its
+    Sentinel transport."""
+    return urlsplit(broker_url.split(";", 1)[0]).scheme.lower() == "sentinel"
+
+
+def use_sentinel_transport() -> None:
+    """Resolve kombu's ``sentinel`` alias to :class:`SentinelTransport` in this process.
+
+    Why the alias and not ``broker_transport``: a ``sentinel://`` broker is a ``;`` list
+    of URLs, and each failed reconnect switches kombu's connection to the next one,
+    taking the transport from its scheme again (``Connection.switch``): a transport
+    given by class path would be replaced by kombu's own at the first failed attempt,
+    which is exactly when it matters. Called in a starting worker only; the messages on
+    the wire are kombu's, unchanged.
+    """
+    TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+    _transport_cache.pop("sentinel", None)  # resolved earlier: resolve it again
 
 
 class Transport(kombu_redis.Transport):
@@ -158,4 +215,5 @@ class Transport(kombu_redis.Transport):
                           sanitize=not include_password, mask=mask))
 
 
-__all__ = ["TRANSPORT", "Channel", "Transport", "worker_transport"]
+__all__ = ["SENTINEL_TRANSPORT", "TRANSPORT", "Channel", "SentinelChannel", "SentinelTransport",
+           "Transport", "is_sentinel_url", "use_sentinel_transport", "worker_transport"]
