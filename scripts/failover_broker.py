@@ -17,7 +17,10 @@ for every session to be compacted.
 - lost: published, never received;
 - failed publishes: ``enqueue`` calls that raised (``record_turn`` itself must never
   raise: counted as ``turn errors``); the slowest publish, in seconds;
-- resumed: seconds from the event until a worker received a job published after it;
+- worst wait: the longest a job published after the event waited for a worker;
+- disconnected: seconds from the event until a worker lost its broker connection (the
+  old primary killed, or demoted); reconnected: until the last of them was connected
+  again (Celery retries after 2, 4, 6, ... s, each round through every Sentinel);
 - still due: sessions the compactor would still compact when the settle time is over
   (a lost job leaves the session's pending flag set: only the lost-job sweep,
   ``COMPACTION_SWEEP_SECONDS``, or a later turn publishes its job again).
@@ -56,6 +59,8 @@ from workers.harness.timing import wait_for
 from workers.summarizer.engine import SummaryEngine
 
 PREFIX = "fb"
+LOST = re.compile(r"^\[([\d:, -]+): WARNING/\w+\] consumer: Connection to broker lost")
+CONNECTED = re.compile(r"^\[([\d:, -]+): INFO/\w+\] Connected to ")
 RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/\w+\] "
                       r"Task compaction\.maybe_summarize\[([0-9a-f-]+)\] received")
 
@@ -123,6 +128,31 @@ def _received(workers: list[WorkerProcess]) -> dict[str, float]:
     return out
 
 
+def _stamped(worker: WorkerProcess, pattern: re.Pattern[str], event_at: float) -> list[float]:
+    """Seconds after the event of the worker's log lines matching ``pattern``."""
+    out = []
+    for line in worker.log().splitlines():
+        match = pattern.match(line)
+        if match:
+            at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() - event_at
+            if at > 0:
+                out.append(at)
+    return out
+
+
+def _reconnects(workers: list[WorkerProcess], event_at: float) -> tuple[Any, Any]:
+    """(seconds until a worker first lost its broker connection: the old primary demoted
+    or killed, seconds until the last worker that lost it was connected again)."""
+    lost, back = [], []
+    for worker in workers:
+        down = _stamped(worker, LOST, event_at)
+        up = [t for t in _stamped(worker, CONNECTED, event_at) if down and t > down[0]]
+        if down:
+            lost.append(down[0])
+            back.append(up[-1] if up else float("inf"))
+    return (round(min(lost), 2) if lost else None, round(max(back), 2) if back else None)
+
+
 def _still_due(store: SessionStore, sids: list[str]) -> list[str]:
     compactor = Compactor(store, SummaryEngine(None))
     return [sid for sid in sids
@@ -185,9 +215,10 @@ def _trial(deployment: SentinelDeployment, store_url: str, config: StoreConfig, 
         every = [sid for group in sids for sid in group]
         wait_for(lambda: not _still_due(stores[0], every), args.settle, interval=1.0)
         received = _received(workers)
-        after = [received[i] for i, at in tally.published.items()
-                 if at > event_at and i in received]
         lost = [i for i in tally.published if i not in received]
+        waits = [received[i] - at for i, at in tally.published.items()
+                 if at > event_at and i in received]
+        lost_at, reconnected = _reconnects(workers, event_at)
         return {
             "event": event, "sweep_s": sweep, "promoted_s": round(float(promoted), 2),
             "published": len(tally.published),
@@ -195,7 +226,8 @@ def _trial(deployment: SentinelDeployment, store_url: str, config: StoreConfig, 
             "lost_before_event": sum(tally.published[i] <= event_at for i in lost),
             "failed_publishes": tally.failed, "slowest_publish_s": round(tally.slowest, 2),
             "turn_errors": len(tally.turn_errors),
-            "resumed_s": round(min(after) - event_at, 2) if after else None,
+            "worst_wait_s": round(max(waits), 2) if waits else None,
+            "disconnected_s": lost_at, "reconnected_s": reconnected,
             "still_due": len(_still_due(stores[0], every)),
             "sessions": len(every),
             "workers_alive": sum(w.process is not None and w.process.poll() is None
@@ -239,8 +271,8 @@ def main() -> None:
                 result["trial"] = n + 1
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    keys = ("published", "lost", "failed_publishes", "slowest_publish_s", "resumed_s",
-            "still_due", "turn_errors")
+    keys = ("published", "lost", "failed_publishes", "slowest_publish_s",
+            "worst_wait_s", "reconnected_s", "still_due", "turn_errors")
     print(f"\n{args.guards} guards x {args.rate:g} turns/s, {args.workers} workers; "
           "median over the trials")
     print("event     sweep  " + " ".join(f"{k:>17}" for k in keys))
@@ -249,7 +281,7 @@ def main() -> None:
             rows = [r for r in results if r["event"] == event and r["sweep_s"] == sweep]
             figures = [statistics.median(v) if (v := [r[k] for r in rows if r[k] is not None])
                        else None for k in keys]
-            print(f"{event:<9} {sweep:>5}  " + " ".join(f"{str(f):>17}" for f in figures))
+            print(f"{event:<9} {sweep:>5}  " + " ".join(f"{f!s:>17}" for f in figures))
 
 
 if __name__ == "__main__":
