@@ -12,12 +12,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kombu.transport
 import pytest
 import redis
+from kombu import Connection
 
 from shared.core.config import StoreConfig
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
 from shared.store.sessions import SessionStore
+from workers.app import _select_sentinel_transport, create_app
+from workers.broker import SentinelTransport, is_sentinel_url
 from workers.harness.demo_session import demo_turns
 from workers.harness.fakes.openai_server import FakeOpenAIServer
 from workers.harness.fakes.summaries import SummarizerResponder
@@ -25,6 +29,7 @@ from workers.harness.stack.redis_server import RedisServer, start_server
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 from workers.harness.stack.worker_process import WorkerProcess, worker_env
 from workers.harness.timing import wait_for
+from workers.settings import load_settings
 
 PREFIX = "tsb"
 
@@ -40,6 +45,44 @@ def store_server() -> Iterator[RedisServer]:
     server = start_server()
     yield server
     server.remove()
+
+
+@pytest.fixture
+def kombu_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kombu's transport aliases and their cache, restored after the test."""
+    aliases = kombu.transport.TRANSPORT_ALIASES
+    monkeypatch.setitem(aliases, "sentinel", aliases["sentinel"])
+    monkeypatch.setattr(kombu.transport, "_transport_cache", {})
+
+
+@pytest.mark.usefixtures("kombu_aliases")
+def test_a_starting_worker_keeps_this_transport_when_kombu_switches_sentinels() -> None:
+    """A failed reconnect switches kombu's connection to the next URL of the list and
+    takes the transport from its scheme again: the fix must hold after the switch."""
+    url = "sentinel://127.0.0.1:26379/1;sentinel://127.0.0.1:26380/1"
+    conf = create_app(load_settings(broker_url=url, broker_sentinel_master="m")).conf
+    _select_sentinel_transport(conf=conf)  # what a starting `celery worker` runs
+    assert not conf.get("broker_transport")  # the URL still chooses, by its scheme
+    conn = Connection(conf.broker_url,  # type: ignore[no-untyped-call]
+                      transport_options={"master_name": "m"})
+    assert conn.get_transport_cls() is SentinelTransport  # type: ignore[no-untyped-call]
+    conn.switch(conn.alt[1])  # type: ignore[no-untyped-call]
+    assert conn.get_transport_cls() is SentinelTransport  # type: ignore[no-untyped-call]
+    assert conn.as_uri().startswith("sentinel://")  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.usefixtures("kombu_aliases")
+def test_other_brokers_and_an_explicit_transport_are_left_alone() -> None:
+    stock = kombu.transport.TRANSPORT_ALIASES["sentinel"]
+    for url in ("redis://127.0.0.1:6379/1", "redis://a/1;redis://b/1"):
+        _select_sentinel_transport(conf=create_app(load_settings(broker_url=url)).conf)
+    conf = create_app(load_settings(broker_url="sentinel://h:26379/1",
+                                    broker_sentinel_master="m")).conf
+    conf.broker_transport = "sentinel"
+    _select_sentinel_transport(conf=conf)
+    assert kombu.transport.TRANSPORT_ALIASES["sentinel"] == stock
+    assert is_sentinel_url("SENTINEL://h:26379/1;sentinel://g:26379/1")
+    assert not is_sentinel_url("redis://h:6379/1;sentinel://g:26379/1")
 
 
 def _compact(app: Any, sid: str) -> None:

@@ -59,8 +59,8 @@ from threading import Lock
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import kombu.transport as kombu_transport
 import redis
-from kombu.transport import TRANSPORT_ALIASES, _transport_cache
 from kombu.transport import redis as kombu_redis
 from kombu.utils.url import as_url
 
@@ -184,8 +184,8 @@ def use_sentinel_transport() -> None:
     which is exactly when it matters. Called in a starting worker only; the messages on
     the wire are kombu's, unchanged.
     """
-    TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
-    _transport_cache.pop("sentinel", None)  # resolved earlier: resolve it again
+    kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+    kombu_transport._transport_cache.pop("sentinel", None)  # resolved before: once more
 
 
 class Transport(kombu_redis.Transport):
