@@ -25,10 +25,12 @@ for every session to be compacted.
   (a lost job leaves the session's pending flag set: only the lost-job sweep,
   ``COMPACTION_SWEEP_SECONDS``, or a later turn publishes its job again).
 
-Each trial runs twice: with the sweep (``--sweep-seconds``, the pending flag stale after
-``--stale-seconds``) and without it (sweep 0).
+Each trial runs once per ``--sweeps`` value (``COMPACTION_SWEEP_SECONDS``: 5 and 0, off),
+the pending flag stale after ``--stale-seconds``. Turns that stop soon after the event
+(``--after 12`` for a planned failover, past the old primary's demotion) leave a lost
+job's session to the sweep alone.
 
-    PYTHONPATH=. python scripts/failover_broker.py [--trials 1] [--events failover,kill]
+    PYTHONPATH=. python scripts/failover_broker.py [--trials 3] [--events failover,kill]
 """
 
 from __future__ import annotations
