@@ -320,13 +320,15 @@ def test_the_stock_pool_is_what_the_failover_test_tells_apart(
         ours.close()
 
 
-@pytest.mark.celery
-def test_a_worker_on_a_sentinel_broker_compacts_a_session(
-        deployment: SentinelDeployment) -> None:
+def worker_compacts_through(deployment: SentinelDeployment, name: str,
+                            timeout: float) -> None:
+    """Store and broker on ``deployment``: a real worker (threads pool) compacts a session
+    the guard records, and every doctor check but the guard's reads (the feed is off on
+    Sentinel) passes."""
     broker, store_url, master = deployment.broker_url(1), deployment.url(0), deployment.service
     env = worker_env(broker_url=broker, redis_url=store_url, key_prefix="tw",
                      broker_sentinel_master=master)
-    worker = WorkerProcess("sentinel", env, concurrency=2).start()
+    worker = WorkerProcess(name, env, concurrency=2).start()
     config = StoreConfig(key_prefix="tw")
     store = SessionStore(connect(store_url, config), config)
     guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker, sentinel_master=master)),
@@ -336,7 +338,7 @@ def test_a_worker_on_a_sentinel_broker_compacts_a_session(
             guard.prepare("s1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
             guard.record_turn("s1", turn)
             time.sleep(0.05)
-        assert wait_for(lambda: store.state("s1").watermark > 0, 20), worker.log()[-3000:]
+        assert wait_for(lambda: store.state("s1").watermark > 0, timeout), worker.log()[-3000:]
         assert "compaction.maybe_summarize" in worker.log()
         settings = Settings(redis_url=store_url, broker_url=broker, key_prefix="tw",
                             broker_sentinel_master=master)
@@ -347,3 +349,9 @@ def test_a_worker_on_a_sentinel_broker_compacts_a_session(
         worker.stop()
         guard.close()
         store.redis.close()
+
+
+@pytest.mark.celery
+def test_a_worker_on_a_sentinel_broker_compacts_a_session(
+        deployment: SentinelDeployment) -> None:
+    worker_compacts_through(deployment, "sentinel", 20)

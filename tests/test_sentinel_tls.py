@@ -15,19 +15,14 @@ import redis
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
-from shared.enqueue import CeleryEnqueuer, publisher_app, sentinel_broker_tls
-from shared.guard import ContextGuard
+from shared.enqueue import publisher_app, sentinel_broker_tls
 from shared.store.sentinel import FollowingSSLConnection, parse_sentinel_url
 from shared.store.sessions import SessionStore, connect
-from tests.test_sentinel import SHELLS, Shell, _ride_out
+from tests.test_sentinel import SHELLS, Shell, _ride_out, worker_compacts_through
 from workers.app import celery_config
-from workers.cli.doctor import run_checks
 from workers.cli.main import main
-from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 from workers.harness.stack.tls_files import KEY_PASSPHRASE, TLSFiles, make_tls_files
-from workers.harness.stack.worker_process import WorkerProcess, worker_env
-from workers.harness.timing import wait_for
 from workers.settings import Settings
 from workers.settings_urls import redact_url
 
@@ -258,30 +253,6 @@ def test_doctor_with_an_encrypted_client_key_never_prints_its_pass_phrase(
 @pytest.mark.celery
 def test_a_worker_on_a_tls_sentinel_broker_compacts_a_session(
         deployment: SentinelDeployment) -> None:
-    """Store and broker on the TLS deployment; a real worker (threads pool) consumes
-    through kombu's Sentinel transport and every doctor check but the guard's reads
-    (the feed is off on Sentinel) passes."""
-    broker, store_url, master = deployment.broker_url(1), deployment.url(0), deployment.service
-    env = worker_env(broker_url=broker, redis_url=store_url, key_prefix="tw",
-                     broker_sentinel_master=master)
-    worker = WorkerProcess("sentinel-tls", env, concurrency=2).start()
-    config = StoreConfig(key_prefix="tw")
-    store = SessionStore(connect(store_url, config), config)
-    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker, sentinel_master=master)),
-                         overrides={"gpt-4o": 24_000})
-    try:
-        for turn in demo_turns(30):
-            guard.prepare("s1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
-            guard.record_turn("s1", turn)
-            time.sleep(0.05)
-        assert wait_for(lambda: store.state("s1").watermark > 0, 30), worker.log()[-3000:]
-        assert "compaction.maybe_summarize" in worker.log()
-        settings = Settings(redis_url=store_url, broker_url=broker, key_prefix="tw",
-                            broker_sentinel_master=master)
-        verdicts = {c.name: c.verdict for c in run_checks(settings, 5.0)}
-        assert verdicts["redis store"] == verdicts["broker"] == verdicts["queue"] == "OK"
-        assert verdicts["workers"] == "OK" and verdicts["guard reads"] == "WARN", verdicts
-    finally:
-        worker.stop()
-        guard.close()
-        store.redis.close()
+    """Store and broker on the TLS deployment: the worker consumes through kombu's
+    Sentinel transport over TLS."""
+    worker_compacts_through(deployment, "sentinel-tls", 30)

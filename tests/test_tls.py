@@ -27,6 +27,7 @@ from shared.store.sessions import SessionStore, connect
 from workers.cli.main import main
 from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
 from workers.harness.stack.redis_server import free_port, redis_binary
+from workers.harness.stack.tls_files import make_tls_files
 from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
 from workers.harness.timing import wait_for
 from workers.settings import Settings
@@ -46,18 +47,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.fail("the TLS tests need openssl")
-    where = tmp_path_factory.mktemp("tls")
-    _run(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-         "-out", "ca.crt", "-days", "2", "-subj", "/CN=compaction-test-ca", cwd=where)
-    (where / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name, extra in (("server", ["-extfile", "ext.cnf"]), ("client", [])):
-        _run(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=where)
-        _run(openssl, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey",
-             "ca.key", "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", *extra,
-             cwd=where)
-    _run(openssl, "pkcs8", "-topk8", "-in", "client.key", "-out", "client-enc.key",
-         "-passout", "pass:secret", cwd=where)
+    where = make_tls_files(tmp_path_factory.mktemp("tls")).directory
     (where / "cadir").mkdir()
     shutil.copy(where / "ca.crt", where / "cadir" / "ca.crt")
     _run(openssl, "rehash", "cadir", cwd=where)
