@@ -59,8 +59,11 @@ def make_tls_files(directory: Path) -> TLSFiles:
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("TLS test servers need the openssl command")
+    # The CA's key usage: Python 3.13's default TLS context verifies strictly (X.509
+    # strict mode refuses a CA certificate without it).
     _run(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-         "-out", "ca.crt", "-days", "2", "-subj", "/CN=compaction-test-ca", cwd=directory)
+         "-out", "ca.crt", "-days", "2", "-subj", "/CN=compaction-test-ca",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=directory)
     (directory / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     for name, extra in (("server", ["-extfile", "ext.cnf"]), ("client", [])):
         _run(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
