@@ -7,6 +7,8 @@ Sentinels on free ports, about 0.3 s: :mod:`workers.harness.stack.sentinel_pair`
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -23,7 +25,9 @@ from shared.guard import AsyncContextGuard, ContextGuard
 from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.changes import feed_for
 from shared.store.sentinel import (
+    QUIET_MAX_SECONDS,
     FollowingSentinelPool,
+    _ask,
     _Follow,
     _settle,
     connect_sentinel,
@@ -140,6 +144,43 @@ def test_a_failover_in_progress_holds_calls_and_silent_sentinels_keep_the_primar
     with pytest.raises(redis.exceptions.ConnectionError, match="No master found"):
         _settle(follow, [_state(2, 4, "slave") | {"is_master": False}], manager, "s",
                 ("127.0.0.1", 2))
+
+
+def _drive(follow: _Follow, manager: Any, answers: dict[str, Any]) -> tuple[list[str],
+                                                                            tuple[str, int]]:
+    """Run :func:`_ask` as a pool does: (the Sentinels asked, in order; the primary)."""
+    asked: list[str] = []
+    asking = _ask(follow, manager, "s", None)
+    try:
+        sentinel = next(asking)
+        while True:
+            asked.append(sentinel)
+            sentinel = asking.send(answers[sentinel])
+    except StopIteration as done:
+        return asked, done.value
+
+
+def test_a_sentinel_that_did_not_answer_is_left_out_until_the_others_vouch_for_none() -> None:
+    manager, follow = redis.sentinel.Sentinel([]), _Follow(1.0, 0.2)
+    manager.sentinels = ["a", "b", "c"]
+    answers = {"a": None, "b": _state(1, 3), "c": _state(1, 3)}
+    assert _drive(follow, manager, answers) == (["a", "b", "c"], ("127.0.0.1", 1))
+    assert _drive(follow, manager, answers) == (["b", "c"], ("127.0.0.1", 1))
+    # those asked vouch for no primary: the quiet one is asked too, and its answer counts
+    answers = {"a": _state(2, 4), "b": None, "c": None}
+    assert _drive(follow, manager, answers) == (["b", "c", "a"], ("127.0.0.1", 2))
+    # each further miss doubles the time a Sentinel is left out, up to a bound
+    assert follow.misses == {1: 1, 2: 1}
+    for _ in range(12):
+        follow.answered(1, False)
+    assert QUIET_MAX_SECONDS - 1 < follow.quiet_until[1] - time.monotonic() <= QUIET_MAX_SECONDS
+    follow.answered(1, True)
+    assert 1 not in follow.misses and 1 not in follow.quiet_until
+    # none answered lately: all are asked
+    follow.quiet_until = {0: time.monotonic() + 60, 1: time.monotonic() + 60,
+                          2: time.monotonic() + 60}
+    asked, _ = _drive(follow, manager, {"a": _state(1, 3), "b": None, "c": None})
+    assert asked == ["a", "b", "c"]
 
 
 def test_an_async_connection_busy_at_the_switch_goes_back_disconnected() -> None:
@@ -259,6 +300,30 @@ def _ride_out(shell: Shell, sid: str, start: int, until: Callable[[], bool],
             failures.append(exc)
         time.sleep(0.02)
     raise AssertionError(f"no recovery within {timeout} s; last failures {failures[-3:]}")
+
+
+def test_a_sentinel_that_stops_answering_stalls_one_call_not_one_a_second(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    """A hung Sentinel (SIGSTOP: its port open, no answer) costs the call that finds it
+    so one socket timeout; the checks after that ask the two that answer. Before, every
+    check (once a second) waited the timeout on it: a 0.5 s stall each second."""
+    shell = shell_on(deployment.url(0))
+    shell.turn("hung", 0)
+    hung = deployment.sentinels[0].process
+    assert hung is not None
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        slow, i, began = 0, 1, time.monotonic()
+        while time.monotonic() - began < 4.5:
+            started = time.monotonic()
+            shell.turn("hung", i)
+            slow += time.monotonic() - started > 0.25
+            i += 1
+            time.sleep(0.02)
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    assert slow <= 1, f"{slow} calls stalled on the hung Sentinel in {i - 1} turns"
+    assert shell.log_length_on(deployment.primary_port(), "hung") == 2 * i
 
 
 def test_after_a_planned_failover_the_next_calls_go_to_the_new_primary(

@@ -78,6 +78,12 @@ FOLLOW_SECONDS = 1.0
 """How stale the pool's idea of the primary may get while it is used."""
 ERROR_GAP_SECONDS = 0.2
 """The least time between two Sentinel queries prompted by errors (or a failover)."""
+QUIET_SECONDS = 10.0
+"""How long a Sentinel that did not answer is left out of the checks, unless the others
+vouch for no primary: a hung one (its port open, no reply) cost the call making each
+check a whole socket timeout, once a second. Doubled at each further miss, up to
+:data:`QUIET_MAX_SECONDS`."""
+QUIET_MAX_SECONDS = 120.0
 FAILOVER_HOLD_SECONDS = 5.0
 """The longest calls wait for a failover a Sentinel reports in progress (one that never
 completes, say for want of a good replica, must not stop writes for its whole
@@ -181,6 +187,26 @@ class _Follow:
         self.asked = -math.inf
         self.suspect = False
         self.hold_since: float | None = None
+        self.quiet_until: dict[int, float] = {}  # Sentinel (its index) -> when to ask again
+        self.misses: dict[int, int] = {}  # Sentinel -> answers missed in a row
+
+    def to_ask(self, count: int) -> tuple[list[int], list[int]]:
+        """The Sentinels (of ``count``) to ask now, and those left out for now, having
+        not answered lately: all of them when none answered lately."""
+        now = time.monotonic()
+        active = [i for i in range(count) if self.quiet_until.get(i, 0.0) <= now]
+        if not active:
+            return list(range(count)), []
+        return active, [i for i in range(count) if i not in active]
+
+    def answered(self, index: int, ok: bool) -> None:
+        if ok:
+            self.quiet_until.pop(index, None)
+            self.misses.pop(index, None)
+            return
+        missed = self.misses[index] = self.misses.get(index, 0) + 1
+        self.quiet_until[index] = time.monotonic() + min(
+            QUIET_SECONDS * 2 ** min(missed - 1, 16), QUIET_MAX_SECONDS)
 
     def due(self, known: bool) -> bool:
         gap = self.error_gap if self.suspect or self.hold_since is not None \
@@ -250,13 +276,22 @@ def _ask(follow: _Follow, manager: Any, service: str, known: tuple[str, int] | N
          ) -> Generator[Any, Any, tuple[str, int]]:
     """Ask every Sentinel, the sans-I/O part both pools drive: each Sentinel client is
     yielded, and its ``SENTINEL MASTER`` answer sent back (None: it did not answer);
-    returns the primary to use (:func:`_settle`)."""
+    returns the primary to use (:func:`_settle`). One that did not answer is left out for
+    :data:`QUIET_SECONDS`, unless those asked vouch for no primary."""
     follow.asking()
-    states = []
-    for sentinel in manager.sentinels:
-        state = yield sentinel
-        if state is not None:
-            states.append(state)
+    states: list[Any] = []
+    active, skipped = follow.to_ask(len(manager.sentinels))
+
+    def ask(indexes: list[int]) -> Generator[Any, Any, None]:
+        for i in indexes:
+            state = yield manager.sentinels[i]
+            follow.answered(i, state is not None)
+            if state is not None:
+                states.append(state)
+
+    yield from ask(active)
+    if skipped and newest_primary(states, manager, service) is None:
+        yield from ask(skipped)
     return _settle(follow, states, manager, service, known)
 
 
@@ -511,7 +546,7 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
 
 
 __all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FAILOVER_HOLD_SECONDS",
-           "FOLLOW_SECONDS", "SCHEME",
+           "FOLLOW_SECONDS", "QUIET_MAX_SECONDS", "QUIET_SECONDS", "SCHEME",
            "TLS_SCHEME", "AsyncFollowingConnection", "AsyncFollowingSSLConnection",
            "AsyncFollowingSentinelPool", "FollowingConnection", "FollowingSSLConnection",
            "FollowingSentinelPool", "SentinelURL", "connect_sentinel",
