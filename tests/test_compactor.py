@@ -82,6 +82,24 @@ def test_a_window_no_model_can_have_is_not_taken_from_the_state(
     assert Compactor(store, SummaryEngine(None)).run("s").status != "skipped"
 
 
+def test_a_model_the_guard_was_given_a_window_for_does_not_warn_in_the_worker(
+        store: SessionStore, demo_turns: list[list[Message]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The guard stored the window its caller gave for a model no registry knows; the
+    worker sizes the job by it and does not log that it guessed one ("pass overrides to
+    the guard": the caller did)."""
+    model = "in-house-model-9k"  # a name stating a window other than the one given
+    guard = ContextGuard(store, overrides={model: 20_000})
+    for t in demo_turns[:12]:
+        guard.prepare("s", SYSTEM_PROMPT, TOOLS, 2000, model, pending=t[:1])
+        guard.record_turn("s", t)
+    with caplog.at_level("WARNING"):
+        outcome = Compactor(store, SummaryEngine(None)).run("s")
+    assert outcome.status == "compacted", outcome.reason
+    assert not [r for r in caplog.records if "unknown model" in r.getMessage()]
+    assert Compactor(store, SummaryEngine(None))._window(store.state("s"))[0] == 20_000
+
+
 def test_offline_compaction_cuts_on_a_turn_boundary(store: SessionStore,
                                                     demo_turns: list[list[Message]]) -> None:
     guard = feed(store, demo_turns[:12])

@@ -209,8 +209,11 @@ class Compactor:
     def _window(self, state: SessionState) -> tuple[int, int]:
         learned = state.stored_learned()
         learned = learned if LimitBook.credible(learned) else 0
-        limits = model_limits(state.model or "gpt-4o",
-                              learned={state.model: learned} if learned and state.model else None)
+        model = state.model or "gpt-4o"
+        # the window the guard was given (its overrides) is no guess: no "unknown model"
+        limits = model_limits(model, learned={model: learned} if learned and state.model
+                              else None,
+                              overrides={model: state.window} if state.window else None)
         window = learned or state.window or limits.context_window
         reserve = state.max_tokens or output_reserve(limits, None)
         return window, min(reserve, max(0, window - 1024))
