@@ -73,7 +73,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared.store.keys import VIEW_KEY_NAMES
@@ -195,8 +195,13 @@ class ChangeFeed:
     """
 
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
-                 connection_class: str = "Connection") -> None:
+                 connection_class: str = "Connection",
+                 locate: Callable[[], tuple[str, int] | None] | None = None) -> None:
         self._kwargs = feed_kwargs(connection_kwargs)
+        # On a Sentinel deployment: where the store's pool writes now (None while its answer
+        # is stale); the feed connects there and vouches only while that stands.
+        self._locate = locate
+        self._address: tuple[str, int] | None = None
         self._store_kwargs = dict(connection_kwargs)
         self._class = connection_class
         self.prefix = prefix
@@ -259,6 +264,8 @@ class ChangeFeed:
         for every tenant's guard (a busy one sends an append through the store)."""
         from shared.store.own_writes_sync import OwnWrites
 
+        if self._locate is not None:  # it would pin one server of a moving primary
+            return None
         with self._lock:
             if self._own is None:
                 self._own = OwnWrites(self._store_kwargs, connection_class=self._class,
@@ -319,7 +326,7 @@ class ChangeFeed:
         thread connects or PINGs. Vouched for only within VERIFY_SECONDS of the last PONG,
         as between two PINGs; the thread PINGs from half that age on while the feed is in
         use, so a guard between two turns of a model finds it verified."""
-        if self.closed:
+        if self.closed or not self._at_primary():
             return False
         now = self._used = time.monotonic()
         if self._conn is None:
@@ -358,7 +365,7 @@ class ChangeFeed:
     def _ready(self, verify_after: float | None = None) -> bool:
         """Connected, drained and verified recently (under the lock; ``verify_after``:
         the age of the last PONG that calls for a PING, by default VERIFY_SECONDS)."""
-        if self.closed:
+        if self.closed or not self._at_primary():
             return False
         now = time.monotonic()
         if self._conn is None and (now < self._retry_at or not self._connect()):
@@ -376,15 +383,40 @@ class ChangeFeed:
             return False
         return True
 
+    def _at_primary(self) -> bool:
+        """Whether the feed may vouch now as to where it is connected: always on a single
+        server; on a Sentinel deployment only while the store's pool knows the primary
+        afresh (else its next call asks the Sentinels: the guard reads through it), and
+        when that primary moved the connection is dropped, a new epoch (marks from
+        before are worthless: writes to the new primary were not seen)."""
+        if self._locate is None:
+            return True
+        where = self._locate()
+        if where is None:
+            return False
+        if self._conn is not None and where != self._address:
+            log.info("change feed for %s: the primary moved to %s:%s, reconnecting",
+                     self.prefix, *where)
+            self._drop()
+            self._retry_at = 0.0
+        return True
+
     def _connect(self) -> bool:
         import redis
 
+        target: dict[str, Any] = {}
+        if self._locate is not None:
+            where = self._locate()
+            if where is None:  # not known afresh: a later check connects
+                return False
+            target = {"host": where[0], "port": where[1]}
         try:
             cls = {"Connection": redis.Connection, "SSLConnection": redis.SSLConnection,
                    "UnixDomainSocketConnection": redis.UnixDomainSocketConnection}[self._class]
             from redis.driver_info import DriverInfo
 
-            given = {"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs}
+            given = {"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs,
+                     **target}
             conn = cls(**given, protocol=3)
             conn.connect()
             conn._parser.set_invalidation_push_handler(self._seen.invalidated)
@@ -394,6 +426,7 @@ class ChangeFeed:
             self._fail(exc)
             return False
         self._conn = conn
+        self._address = (target["host"], target["port"]) if target else None
         self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._seen.forget()  # changes before now were not seen: older marks are worthless
         self._verified = time.monotonic()
@@ -423,6 +456,7 @@ class ChangeFeed:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._address = None
         self._pushes = None
         self._seen.forget()
         if conn is not None:
@@ -490,7 +524,16 @@ def tracking_pool(client: Any) -> tuple[Mapping[str, Any], str] | None:
 
 def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
     """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
-    tracking cannot work (:func:`tracking_pool`)."""
+    tracking cannot work (:func:`tracking_pool`). On a Sentinel client of this project
+    (:mod:`shared.store.sentinel`), a feed that follows its pool's primary."""
+    pool = getattr(client, "connection_pool", None)
+    locate = getattr(pool, "primary_now", None)
+    if callable(locate):
+        kwargs = getattr(pool, "connection_kwargs", {})
+        cls = getattr(pool, "connection_class", object)
+        tls = any(c.__name__ == "SSLConnection" for c in cls.__mro__)
+        return ChangeFeed(kwargs, prefix, locate=locate,
+                          connection_class="SSLConnection" if tls else "Connection")
     found = tracking_pool(client)
     if found is None:
         return None

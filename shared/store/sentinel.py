@@ -36,9 +36,12 @@ its asyncio twin) adds two things and nothing else:
 
 The call that met the error fails (:class:`~shared.core.errors.StoreUnavailable`
 through the store): no silent retry, as with :func:`shared.store.sessions.connect`.
-The change feed and the guard's own-writes connection stay off on these clients (they
-pin one server; :func:`shared.store.changes.tracking_pool` declines the pool), and so
-does the inline job (:func:`shared.enqueue.redis_server`): each guard call reads.
+The guard's change feed follows the primary through the pool (``primary_now``: the
+pool's answer while it is fresh; :func:`shared.store.changes.feed_for`): it vouches for
+cached views only while its connection is on the server the pool writes to. The
+own-writes connection stays off (it pins one server;
+:func:`shared.store.changes.tracking_pool` declines the pool), and so does the inline
+job (:func:`shared.enqueue.redis_server`).
 """
 
 from __future__ import annotations
@@ -229,6 +232,14 @@ class _Follow:
         return (self.hold_since is not None
                 and time.monotonic() - self.hold_since < FAILOVER_HOLD_SECONDS)
 
+    def fresh(self, address: Any) -> tuple[str, int] | None:
+        """``address`` (the pool's last answer) while the pool would use it without asking
+        again: asked within ``follow_seconds``, no error since, no failover reported; else
+        None (the pool's next call asks the Sentinels)."""
+        if address is None or self.suspect or self.hold_since is not None or self.due(True):
+            return None
+        return str(address[0]), int(address[1])
+
 
 def failover_flagged(state: Any) -> bool:
     """A Sentinel's ``SENTINEL MASTER`` state of a service being failed over."""
@@ -387,6 +398,12 @@ class FollowingSentinelPool(SentinelConnectionPool):
             sentinel_manager=sentinel_manager, follow=self.follow)
         self.connection_kwargs["connection_pool"] = self.proxy
 
+    def primary_now(self) -> tuple[str, int] | None:
+        """The primary this pool writes to, while its answer is fresh (:meth:`_Follow.fresh`);
+        None when the next call will ask the Sentinels first. No I/O: the change feed asks
+        it on every check (:func:`shared.store.changes.feed_for`)."""
+        return self.follow.fresh(self.proxy.master_address) if self.is_master else None
+
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master:
             if self.follow.due(self.proxy.master_address is not None):
@@ -500,6 +517,10 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
             self.master_address = address
             await self.disconnect(inuse_connections=False)
         return address
+
+    def primary_now(self) -> tuple[str, int] | None:
+        """See :meth:`FollowingSentinelPool.primary_now` (no I/O: callable off the loop)."""
+        return self.follow.fresh(self.master_address) if self.is_master else None
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master:
