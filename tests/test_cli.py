@@ -580,6 +580,22 @@ def test_sessions_lists_filters_and_pages_with_scan(
     assert "last activity" in out and "job-" in out
 
 
+def test_sessions_next_page_command_keeps_the_page_size(
+        store: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command printed at the end of a page is the next page as the reader asked for
+    it: with ``--limit 5`` it pages by 5 too, not by the default 50."""
+    turn = split_turns(1)[0]
+    for i in range(60):
+        store.append(f"page-{i:03d}", turn)
+    code, out, _ = cli(capsys, "sessions", "--prefix", "page", "--limit", "5")
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("next page: compaction sessions"))
+    argv = line.removeprefix("next page: compaction ").split()
+    assert argv[argv.index("--limit") + 1] == "5" and "--prefix" in argv, line
+    page = cli_json(capsys, *argv)
+    assert 5 <= len(page["sessions"]) < 50, len(page["sessions"])
+
+
 def test_sessions_report_the_logs_idle_time_and_leave_it_alone(
         store: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
     """The listing shows how long ago the log was last used, and listing is no use: it

@@ -54,12 +54,17 @@ class Page:
     """Where the next page starts; 0: this was the last page."""
 
 
+DEFAULT_LIMIT = 50
+"""Sessions per page when ``--limit`` is not given."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", help="only this tenant's sessions (default: every tenant)")
     parser.add_argument("--prefix", default="", metavar="TEXT",
                         help="only sessions whose id starts with TEXT")
-    parser.add_argument("--limit", type=whole_number(1, 10_000), default=50, metavar="N",
-                        help="sessions per page (default 50; a page may hold a few more)")
+    parser.add_argument("--limit", type=whole_number(1, 10_000), default=DEFAULT_LIMIT,
+                        metavar="N", help=f"sessions per page (default {DEFAULT_LIMIT}; a page "
+                        "may hold a few more)")
     parser.add_argument("--cursor", type=whole_number(0), default=0, metavar="C",
                         help="where the page starts (printed at the end of the previous page)")
     parser.add_argument("--json", action="store_true",
@@ -226,6 +231,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             more.append(f"--tenant {args.tenant}")
         if args.prefix:
             more.append(f"--prefix {args.prefix}")
+        if args.limit != DEFAULT_LIMIT:  # the next page as long as this one
+            more.append(f"--limit {args.limit}")
         console.print(f"[grey70]next page: compaction sessions {' '.join(more)}[/]")
     elif args.cursor or page.sessions:
         console.print(f"[grey70]last page ({time.perf_counter() - started:.2f} s)[/]")
