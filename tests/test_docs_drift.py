@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / name for name in (
     "README.md", "Procfile", "docs/ARCHITECTURE.md", "docs/server.md",
     "docs/observability.md", "docs/upgrading.md", "docs/CONTRIBUTING.md", "docs/guard.md",
+    "docs/sentinel.md",
     "docker/README.md", "docker/docker-compose.yml", "docker/docker-compose.metrics.yml",
     "docker/Dockerfile", "examples/README.md")] + sorted((ROOT / "examples").glob("*.py"))
 # `COMPACTION_X` or `COMPACTION_X` / `_Y` / `_Z` (a row of the README's settings table)
