@@ -241,3 +241,45 @@ def test_the_runbooks_key_patterns_match_the_keys_they_are_for() -> None:
     for pattern, targets in meant.items():
         assert all(fnmatchcase(k, pattern) for k in targets), (pattern, targets)
         assert not any(fnmatchcase(k, pattern) for k in never), pattern
+
+
+def _blocks(text: str) -> list[str]:
+    """The paragraphs, list items and table rows of a Markdown text (code blocks left out),
+    each joined into one line; the short ones (a heading's lead-in, ``...``) are skipped."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        starts = not line.strip() or line.startswith(("|", "#")) or \
+            re.match(r"\s*(?:[-*]|\d+\.) ", line) is not None
+        if not starts:
+            current.append(line.strip())
+            continue
+        if current:
+            out.append(" ".join(current))
+        current = [line.strip()] if line.strip() and not line.startswith(("|", "#")) else []
+        if line.startswith("|"):
+            out.append(line)
+    if current:
+        out.append(" ".join(current))
+    return [block for block in out if len(block) >= 60]
+
+
+def _repeated(text: str) -> list[str]:
+    seen: set[str] = set()
+    repeated = []
+    for block in _blocks(text):
+        if block in seen:
+            repeated.append(block[:80])
+        seen.add(block)
+    return repeated
+
+
+def test_no_doc_says_the_same_paragraph_twice() -> None:
+    """A paragraph or bullet pasted twice (an edit applied twice) reads as a mistake and is
+    one more copy to keep true."""
+    assert {str(d.relative_to(ROOT)): r for d in DOCS if d.suffix == ".md"
+            for r in [_repeated(d.read_text())] if r} == {}
+    # the check can fail: a bullet given twice in one list is found
+    bullet = "- Windows learned from overflow errors are kept per model name, the newest 1,024.\n"
+    assert _repeated("## Memory\n\n- one\n" + bullet + bullet + "\nText.\n") == [bullet[:80]]
