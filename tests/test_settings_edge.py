@@ -48,6 +48,20 @@ def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, value: 
         load_settings()
 
 
+def test_a_stale_age_at_the_ttl_is_one_line_naming_both_variables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line names the settings a reader can change, not the store's field names, and
+    carries no pydantic "Value error," prefix (the README's promise: one line naming the
+    variable and the value)."""
+    monkeypatch.setenv("COMPACTION_PENDING_STALE_SECONDS", "600")
+    monkeypatch.delenv("COMPACTION_PENDING_TTL_SECONDS", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_settings().store_config()
+    assert str(info.value) == (
+        "COMPACTION_PENDING_STALE_SECONDS=600: must be below COMPACTION_PENDING_TTL_SECONDS "
+        "(600), or 0 to never publish a pending job again")
+
+
 @pytest.mark.parametrize("value", ["not-a-url", "ftp://host/v1", "http://", "127.0.0.1:8000",
                                    "http://127.0.0.1:99999/v1"])
 def test_a_summarizer_base_url_that_is_no_url_stops_start_up(monkeypatch: pytest.MonkeyPatch,

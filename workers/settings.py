@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -491,7 +492,10 @@ def _store_problems(exc: ValidationError) -> str:
         setting = STORE_FIELD_SETTINGS.get(field)
         where = (f"{ENV_PREFIX}{setting.upper()}={_shown(setting, err.get('input'))}"
                  if setting else f"store config {field} (derived from the timing settings)")
-        problems.append(f"{where}: {err['msg']}")
+        reason = err["msg"].removeprefix("Value error, ")
+        for name, named in STORE_FIELD_SETTINGS.items():  # a field the reason names, too
+            reason = re.sub(rf"\b{name}\b", f"{ENV_PREFIX}{named.upper()}", reason)
+        problems.append(f"{where}: {reason}")
     return " ".join("; ".join(problems).split())
 
 
