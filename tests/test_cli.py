@@ -252,6 +252,19 @@ def test_bad_settings_exit_2_naming_the_variable(monkeypatch: pytest.MonkeyPatch
         assert code == 2 and "COMPACTION_TRIGGER_RATIO" in err, err
 
 
+@pytest.mark.parametrize(("variable", "value"), [
+    ("COMPACTION_SERVER_PORT", "70000"), ("COMPACTION_SERVER_MAX_BODY_BYTES", "abc"),
+    ("COMPACTION_SERVER_TOKENS", '{"too-short": "acme"}')])
+def test_doctor_refuses_what_serve_would_refuse(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str],
+                                                variable: str, value: str) -> None:
+    """docs/upgrading.md has operators run ``doctor`` on the new pods' environment before
+    rolling; a server setting ``compaction serve`` stops on must stop it too (it passed)."""
+    monkeypatch.setenv(variable, value)
+    code, _, err = cli(capsys, "doctor", "--timeout", "0.5")
+    assert code == 2 and variable in err and "Traceback" not in err, err
+
+
 def test_invalid_redis_url_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COMPACTION_REDIS_URL", "foo://nowhere")

@@ -37,6 +37,7 @@ from shared.core.errors import StoreUnavailable
 from shared.enqueue import QUEUE, publisher_app, sentinel_broker_tls, sentinel_options
 from shared.store.sentinel import is_sentinel_url
 from workers.cli._format import extra_for, needs_extra
+from workers.server.config import load_server_config
 from workers.settings import Settings
 from workers.store_client import store_client
 from workers.urls import redact_url
@@ -385,6 +386,10 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    # `compaction serve` replicas read COMPACTION_SERVER_* too: a value they would refuse at
+    # start stops doctor the same way (status 2), so one run vets a pod's whole environment
+    # before a roll (docs/upgrading.md). No token is required here: workers have none.
+    load_server_config()
     # Each check is bounded by --timeout; together they can take seconds: a spinner meanwhile.
     with Progress(SpinnerColumn(), TextColumn("checking Redis, broker, workers, summarizer"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True):
