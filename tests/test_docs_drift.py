@@ -283,3 +283,28 @@ def test_no_doc_says_the_same_paragraph_twice() -> None:
     # the check can fail: a bullet given twice in one list is found
     bullet = "- Windows learned from overflow errors are kept per model name, the newest 1,024.\n"
     assert _repeated("## Memory\n\n- one\n" + bullet + bullet + "\nText.\n") == [bullet[:80]]
+
+
+# the directories whose modules CONTRIBUTING.md's map lists one by one (the others, such as
+# workers/cli/ or shared/telemetry/, it describes as a whole)
+MAPPED = ("shared/core", "shared/store", "shared/guard", "workers")
+
+
+def _unmapped(tree: str) -> list[str]:
+    """Modules of the :data:`MAPPED` directories the map's text does not name."""
+    return [f"{directory}/{module.name}" for directory in MAPPED
+            for module in sorted((ROOT / directory).glob("*.py"))
+            if module.name != "__init__.py"
+            and not re.search(rf"(?<![\w.]){re.escape(module.name)}\b", tree)
+            and not any(module.name.startswith(g.removesuffix("*.py")) for g in
+                        re.findall(r"\b\w+\*\.py", tree))]
+
+
+def test_the_module_map_names_every_module() -> None:
+    """docs/CONTRIBUTING.md calls its tree the full module map: a module added to a
+    directory it lists file by file is named there too."""
+    text = (ROOT / "docs" / "CONTRIBUTING.md").read_text()
+    tree = text.split("```", 2)[1]
+    assert _unmapped(tree) == []
+    # the check can fail: a map without the sweep is found out
+    assert _unmapped(tree.replace("sweep.py", "")) == ["workers/sweep.py"]
