@@ -308,3 +308,39 @@ def test_the_module_map_names_every_module() -> None:
     assert _unmapped(tree) == []
     # the check can fail: a map without the sweep is found out
     assert _unmapped(tree.replace("sweep.py", "")) == ["workers/sweep.py"]
+
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (code blocks left out)."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def _broken_links(doc: Path, text: str | None = None) -> list[str]:
+    """The relative links of ``doc`` (or of ``text`` read as if it were ``doc``) to a file
+    that does not exist, or to a heading that file does not have."""
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", doc.read_text() if text is None else text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = doc.parent / path if path else doc
+        if not target.exists() or (anchor and target.suffix == ".md"
+                                   and anchor not in _anchors(target)):
+            broken.append(f"{doc.relative_to(ROOT)}: {link}")
+    return broken
+
+
+def test_every_relative_link_of_the_docs_leads_somewhere() -> None:
+    """A Markdown link is relative to its own file: a path written from the repository's
+    root inside docs/ (``docs/benchmarks/guard.md`` in docs/benchmarks/) leads nowhere."""
+    docs = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    assert [b for doc in docs for b in _broken_links(doc)] == []
+    # the check can fail: a root-relative path and a heading that is not there are found
+    page = ROOT / "docs" / "benchmarks" / "guard.md"
+    text = ("[history](docs/benchmarks/guard.md), [memory](../guard.md#memory), "
+            "[threads](../guard.md#no-such-heading), [web](https://example.com/x)")
+    assert _broken_links(page, text) == ["docs/benchmarks/guard.md: docs/benchmarks/guard.md",
+                                         "docs/benchmarks/guard.md: ../guard.md#no-such-heading"]
