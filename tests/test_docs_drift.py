@@ -53,6 +53,30 @@ def test_every_compaction_variable_the_docs_name_is_read() -> None:
     assert not unknown, sorted(unknown)
 
 
+def _undocumented(texts: list[str], variables: frozenset[str]) -> list[str]:
+    """Variables no text names; a ``_FILE`` form counts as named where the README's
+    secrets sentence names its variable with the ``<NAME>_FILE`` rule."""
+    named = {n for text in texts for n in _names(text, variables)}
+    secrets = re.search(r"^Secrets from files: (.*?)\n\n", texts[0], re.S | re.M)
+    with_files = set(_names(secrets.group(1), variables)) \
+        if secrets and "`<NAME>_FILE=" in secrets.group(1) else set()
+    return sorted(v for v in variables if v not in named
+                  and v.removesuffix("_FILE") not in with_files)
+
+
+def test_every_setting_the_code_reads_is_documented() -> None:
+    """The other direction: a setting added to the code is named in some user doc (the
+    README's table, docs/server.md for ``compaction serve``'s), or a user never finds it."""
+    texts = [doc.read_text() for doc in DOCS]
+    assert DOCS[0].name == "README.md"
+    assert _undocumented(texts, known_variables() | server_variables()) == []
+    # the check can fail: a setting no text names is found, a secret's _FILE form is not
+    assert _undocumented(["Secrets from files: `COMPACTION_REDIS_URL` may be given as "
+                          "`<NAME>_FILE=/run/secrets/...`.\n\n"],
+                         frozenset({"COMPACTION_REDIS_URL", "COMPACTION_REDIS_URL_FILE",
+                                    "COMPACTION_QUEUE"})) == ["COMPACTION_QUEUE"]
+
+
 def test_a_misspelt_variable_in_a_doc_is_caught() -> None:
     """The check above can fail: a typo and a suffix naming no setting are both found."""
     known = known_variables()
