@@ -15,6 +15,7 @@ import httpx
 
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
+from workers.harness.stack.redis_server import RedisServer
 from workers.server.app import create_app
 from workers.server.config import ServerConfig
 from workers.server.process import ServerProcess
@@ -49,6 +50,25 @@ def test_a_real_uvicorn_process(redis_url: str, real_redis: Any, key_prefix: str
         assert compact.status_code == 202 and compact.json()["task_id"]
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="acme")
     assert store.length("u1") == 2  # in the tenant the token names
+
+
+@pytest.mark.redis
+def test_a_server_that_logs_a_lot_keeps_answering(own_redis: RedisServer) -> None:
+    """Every request the server cannot serve logs a warning (Redis down: 503). Its stderr
+    is drained while it runs: a pipe nobody reads fills at 64 kB, and the next log line
+    blocked the server's event loop, so every request after ~300 failures hung."""
+    env = {"COMPACTION_REDIS_URL": own_redis.url, "COMPACTION_KEY_PREFIX": "flood",
+           "COMPACTION_BROKER_URL": "memory://",
+           "COMPACTION_SERVER_TOKENS": json.dumps({TOKEN: "acme"})}
+    sid = "s" * 128  # long log lines: the pipe's 64 kB in fewer requests
+    with ServerProcess(env) as server, httpx.Client(base_url=server.url, timeout=5) as http:
+        own_redis.stop()
+        codes = {http.post(f"/v1/sessions/{sid}/prepare", json={}, headers=AUTH).status_code
+                 for _ in range(600)}  # ~150 kB of warnings
+        assert codes == {503}
+        assert http.get("/healthz").status_code == 503
+        assert len(server.stderr_tail()) > 1000
+        assert "redis unavailable" in server.stderr_tail()
 
 
 def test_httpx_asgi_transport(real_redis: Any, key_prefix: str) -> None:

@@ -9,6 +9,11 @@ Runs ``uvicorn --factory workers.server.main:app_from_env`` (what
 ``compaction serve`` runs) with this interpreter, waits until ``/healthz``
 answers, and stops it (SIGTERM, then SIGKILL) on exit. Imports nothing
 optional; the child needs the ``server`` extra.
+
+The child's stderr is read as it comes, keeping the last :data:`STDERR_TAIL`
+bytes (:meth:`ServerProcess.stderr_tail`, and the error when it fails to
+start): a pipe nobody reads fills at 64 kB, and the server's next log line
+(a warning for every 503 while Redis is down) would block its event loop.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from types import TracebackType
 
 import httpx
+
+#: bytes of the child's stderr kept (the newest)
+STDERR_TAIL = 64 * 1024
 
 
 def free_port() -> int:
@@ -44,6 +53,25 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.proc: subprocess.Popen[bytes] | None = None
+        self._stderr = bytearray()
+        self._stderr_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def _drain(self, fd: int) -> None:
+        """Read the child's stderr until it closes, keeping the newest bytes."""
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            with self._stderr_lock:
+                self._stderr += chunk
+                del self._stderr[:-STDERR_TAIL]
+
+    def stderr_tail(self) -> str:
+        """The newest :data:`STDERR_TAIL` bytes the server wrote to stderr."""
+        with self._stderr_lock:
+            return self._stderr.decode(errors="replace")
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
 
     def start(self) -> ServerProcess:
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "workers.server.main:app_from_env",
@@ -51,12 +79,16 @@ class ServerProcess:
                "--no-access-log"]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
+        assert self.proc.stderr is not None
+        self._reader = threading.Thread(target=self._drain, args=(self.proc.stderr.fileno(),),
+                                        name=f"server-stderr-{self.port}", daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                self._join_reader()  # the child is gone: its stderr ends
                 raise RuntimeError(f"the server exited with {self.proc.returncode}: "
-                                   f"{err.strip()[-2000:]}")
+                                   f"{self.stderr_tail().strip()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
                     return self
@@ -74,6 +106,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._join_reader()
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 
@@ -85,4 +118,4 @@ class ServerProcess:
         self.stop()
 
 
-__all__ = ["ServerProcess", "free_port"]
+__all__ = ["STDERR_TAIL", "ServerProcess", "free_port"]
