@@ -659,6 +659,48 @@ def test_sdk_objects_are_accepted_like_dicts() -> None:
     assert model.metadata["gemini_signatures"] == {"thought:0": b64(b"\x01\x02")}
 
 
+def test_sdk_dumps_with_their_unset_fields_are_accepted() -> None:
+    """What agents append to their history: the SDK's reply dumped to a dict. The OpenAI
+    SDK dumps every field, unset ones as None (``function_call`` among them), and
+    google-genai every field of a part (``media_resolution``, ``video_metadata``...):
+    both were refused, the OpenAI one as "the deprecated function-call format" named at
+    ``role``. A None is no data; a field that holds some is still refused by name."""
+    from google.genai import types
+    from openai.types.chat import ChatCompletionMessage
+
+    reply = ChatCompletionMessage.model_validate({
+        "role": "assistant", "content": None, "refusal": None,
+        "tool_calls": [{"id": "c9", "type": "function",
+                        "function": {"name": "f", "arguments": "{}"}}]})
+    result = {"role": "tool", "tool_call_id": "c9", "content": "done"}
+    expected = from_openai([reply.model_dump(exclude_none=True), result])
+    for dumped in (reply.model_dump(), reply.model_dump(mode="json")):
+        assert "function_call" in dumped
+        assert from_openai([dumped, result]) == expected
+    with pytest.raises(InvalidInput) as info:
+        from_openai([{"role": "assistant", "content": None,
+                      "function_call": {"name": "f", "arguments": "{}"}}])
+    assert str(info.value).startswith("messages[0].function_call: the deprecated")
+    with pytest.raises(InvalidInput, match=r"messages\[0\].colour: unknown field"):
+        from_openai([{"role": "user", "content": "x", "shade": None, "colour": "red"}])
+
+    contents = [
+        types.Content(role="user", parts=[
+            types.Part(text="look"),
+            types.Part(inline_data=types.Blob(mime_type="image/png", data=b"\x89PNG"))]),
+        types.Content(role="model", parts=[
+            types.Part(text="calling"),
+            types.Part(function_call=types.FunctionCall(id="g1", name="f", args={"a": 1}))]),
+        types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+            id="g1", name="f", response={"ok": True}))]),
+    ]
+    expected = from_gemini(contents)
+    for mode in ("python", "json"):
+        dumped = [c.model_dump(mode=mode) for c in contents]
+        assert any(v is None for v in dumped[0]["parts"][0].values())
+        assert from_gemini(dumped) == expected
+
+
 def test_anthropic_text_documents_of_any_text_type_go_back_as_text() -> None:
     block = {
         "type": "document",

@@ -87,10 +87,13 @@ def as_list(value: Any, loc: Loc) -> Sequence[Any]:
 
 
 def check_keys(obj: Mapping[str, Any], allowed: Iterable[str], loc: Loc) -> None:
-    """Refuse keys we would otherwise drop silently."""
+    """Refuse keys we would otherwise drop silently. A key set to None carries nothing
+    to drop: the providers' SDKs dump every field of their models, unset ones as None
+    (``ChatCompletionMessage.model_dump()``, google-genai's ``Content.model_dump()``),
+    including fields added after this code was written."""
     known = set(allowed)
-    for key in obj:
-        if key not in known:
+    for key, value in obj.items():
+        if key not in known and value is not None:
             raise (loc / str(key)).error(f"unknown field (expected one of {sorted(known)})")
 
 

@@ -83,8 +83,11 @@ def to_openai(
 
 def _message_in(raw: Any, loc: Loc) -> Message:
     obj = as_mapping(raw, loc)
-    if obj.get("role") == "function" or "function_call" in obj:
+    if obj.get("role") == "function":
         raise (loc / "role").error("the deprecated function-call format is not supported")
+    if obj.get("function_call") is not None:  # the SDK's dump sets it to None: no call
+        raise (loc / "function_call").error("the deprecated function-call format is not "
+                                            "supported (use tool_calls)")
     check_keys(obj, _MESSAGE_KEYS, loc)
     role = req_str(obj, "role", loc)
     if role not in _ROLES:
