@@ -4,11 +4,12 @@ A Sentinel deployment on loopback (a primary, a replica, three Sentinels: the ha
 Two guards of the same kind (sync or asyncio) on ``redis+sentinel://`` stores, each on a
 session of its own, replay the same real turns (``../shared/data/transcripts.dev.jsonl``)
 as an agent does: a prepare per model call with the turn so far pending, the view in
-OpenAI's format, then ``record_turn``. One guard has the change feed (the default), the
-other ``watch_changes=False`` (every prepare reads the session: what Sentinel deployments
-had before the feed followed the primary). They alternate turn by turn, so both see the
-same minutes of a shared machine. Reported per guard: prepare + wire p50 / p99, and the
-view reads per prepare (the primary's ``EVALSHA`` calls during its prepares).
+OpenAI's format, then ``record_turn``. One guard has the change feed and the own-writes
+connection (the default: both follow the primary), the other ``watch_changes=False``
+(every prepare reads the session: what Sentinel deployments had before they followed
+it). They alternate turn by turn, so both see the same minutes of a shared machine.
+Reported per guard: prepare + wire p50 / p99, and the view reads per prepare (the
+primary's ``EVALSHA`` calls during its prepares).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_sentinel_feed.py [--turns 120] [--shell sync|async]
 """
@@ -41,7 +42,7 @@ class Arm:
                  primary: int) -> None:
         config = StoreConfig(key_prefix="feed" if feed else "nofeed")
         self.kind, self.loop, self.primary = kind, loop, primary
-        self.name = "feed on" if feed else "feed off (every prepare reads)"
+        self.name = "feed and own writes (default)" if feed else "watch_changes=False"
         if kind == "sync":
             self.store: Any = SessionStore(connect(url, config), config)
             self.guard: Any = ContextGuard(self.store, None, watch_changes=feed)
@@ -116,7 +117,7 @@ def main() -> None:
               f"| {arm.reads / len(arm.times):.2f} | {percentile(arm.read_times, 50):.3f}; "
               f"{percentile(quiet, 50):.3f} |")
     on, off = (percentile(arm.times, 50) for arm in arms)
-    print(f"\nfeed off / feed on, p50: {off / on:.2f}x")
+    print(f"\nwatch_changes=False / default, p50: {off / on:.2f}x")
 
 
 if __name__ == "__main__":

@@ -312,6 +312,33 @@ def test_a_warm_guard_on_sentinel_skips_its_reads_and_sees_another_writer(
     assert _view_reads(port) - before <= 2
     writer.turn("s", 1)
     assert reader.seen("s")[-2:] == ["question 1", "answer 1"]
+    reader.turn("s", 2)  # its own append, on the own-writes connection to the primary
+    before = _view_reads(port)
+    assert reader.seen("s")[-2:] == ["question 2", "answer 2"]
+    assert _view_reads(port) == before  # vouched for: no read after its own turn
+
+
+def test_an_own_write_that_meets_a_replica_goes_through_the_store(
+        deployment: SentinelDeployment, shell_on: Callable[[str], Shell]) -> None:
+    """The own-writes connection writes only where the pool's fresh answer says the
+    primary is; were it on a replica (a demoted primary, in the moment before the pool
+    hears of it), its append answers READONLY: an outage of that connection, not a
+    script's error: the turn goes through the store, once."""
+    shell = shell_on(deployment.url())
+    shell.turn("s", 0)
+    pool = shell.store.redis.connection_pool
+    replica = next(n.port for n in deployment.nodes if n.port != deployment.primary_port())
+    fresh = pool.follow.fresh
+    pool.follow.fresh = lambda address: ("127.0.0.1", replica) if fresh(address) else None
+    own = shell.guard.own
+    assert own is not None and own._address == ("127.0.0.1", deployment.primary_port())
+    try:  # the "moved" primary: the connection is dropped and opened on the replica
+        assert shell.turn("s", 1) == 4
+        assert own._conn is None  # READONLY: dropped, backing off (the store took the turn)
+    finally:
+        pool.follow.fresh = fresh
+    assert shell.log_length_on(deployment.primary_port(), "s") == 4
+    assert shell.seen("s")[-2:] == ["question 1", "answer 1"]
 
 
 def _ride_out(shell: Shell, sid: str, start: int, until: Callable[[], bool],

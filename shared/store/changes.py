@@ -81,6 +81,10 @@ from shared.store.pushes import Pushes
 
 log = logging.getLogger("shared.store.changes")
 
+Locate = Callable[[], "tuple[str, int] | None"]
+"""Where a Sentinel deployment's primary is now, as the store's pool last heard it while
+that answer is fresh; None when it is not (the pool's next call asks the Sentinels)."""
+
 NOTHING, FLAG, CHANGED = 0, 1, 2
 """What a session saw since a mark (:meth:`ChangeFeed.since`): nothing; its job flag
 alone (a worker claimed the job, the flag expired, another process requested one: the
@@ -196,7 +200,7 @@ class ChangeFeed:
 
     def __init__(self, connection_kwargs: Mapping[str, Any], prefix: str, *,
                  connection_class: str = "Connection",
-                 locate: Callable[[], tuple[str, int] | None] | None = None) -> None:
+                 locate: Locate | None = None) -> None:
         self._kwargs = feed_kwargs(connection_kwargs)
         # On a Sentinel deployment: where the store's pool writes now (None while its answer
         # is stale); the feed connects there and vouches only while that stands.
@@ -264,12 +268,11 @@ class ChangeFeed:
         for every tenant's guard (a busy one sends an append through the store)."""
         from shared.store.own_writes_sync import OwnWrites
 
-        if self._locate is not None:  # it would pin one server of a moving primary
-            return None
         with self._lock:
             if self._own is None:
                 self._own = OwnWrites(self._store_kwargs, connection_class=self._class,
-                                      probe_key=self.prefix.split("{", 1)[0])
+                                      probe_key=self.prefix.split("{", 1)[0],
+                                      locate=self._locate)
             return self._own
 
     def close(self) -> None:
@@ -522,23 +525,33 @@ def tracking_pool(client: Any) -> tuple[Mapping[str, Any], str] | None:
     return kwargs, name
 
 
-def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
-    """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
-    tracking cannot work (:func:`tracking_pool`). On a Sentinel client of this project
-    (:mod:`shared.store.sentinel`), a feed that follows its pool's primary."""
+def sentinel_target(client: Any) -> tuple[Mapping[str, Any], str, Locate] | None:
+    """For a Sentinel client of this project (:mod:`shared.store.sentinel`, sync or
+    asyncio): its pool's connection arguments (no address: ``locate`` gives it), the
+    plain connection class to open, and its pool's ``primary_now``. None for others."""
     pool = getattr(client, "connection_pool", None)
     locate = getattr(pool, "primary_now", None)
-    if callable(locate):
-        kwargs = getattr(pool, "connection_kwargs", {})
-        cls = getattr(pool, "connection_class", object)
-        tls = any(c.__name__ == "SSLConnection" for c in cls.__mro__)
-        return ChangeFeed(kwargs, prefix, locate=locate,
-                          connection_class="SSLConnection" if tls else "Connection")
+    if not callable(locate):
+        return None
+    kwargs = getattr(pool, "connection_kwargs", {})
+    cls = getattr(pool, "connection_class", object)
+    tls = any(c.__name__ == "SSLConnection" for c in cls.__mro__)
+    return kwargs, "SSLConnection" if tls else "Connection", locate
+
+
+def feed_for(client: Any, prefix: str) -> ChangeFeed | None:
+    """A feed on the same server as ``client`` (redis-py, sync or asyncio), or None where
+    tracking cannot work (:func:`tracking_pool`). On a Sentinel client of this project,
+    a feed that follows its pool's primary (:func:`sentinel_target`)."""
+    located = sentinel_target(client)
+    if located is not None:
+        kwargs, name, locate = located
+        return ChangeFeed(kwargs, prefix, connection_class=name, locate=locate)
     found = tracking_pool(client)
     if found is None:
         return None
     return ChangeFeed(found[0], prefix, connection_class=found[1])
 
 
-__all__ = ["IO_TIMEOUT", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "feed_for",
-           "feed_kwargs", "session_base", "tracking_pool"]
+__all__ = ["IO_TIMEOUT", "RETRY_SECONDS", "VERIFY_SECONDS", "ChangeFeed", "Locate", "feed_for",
+           "feed_kwargs", "sentinel_target", "session_base", "tracking_pool"]

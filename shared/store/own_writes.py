@@ -33,6 +33,10 @@ A probe (:func:`probe_steps`, when the first connection opens) checks the
 behaviour all this rests on, on the server at hand; where it does not hold, or
 tracking is unavailable (fakeredis, Cluster), or another thread is using the
 connection, the append goes through the store and the next call reads, as before.
+On Sentinel the connection follows the primary (:func:`primary_moved`): it writes only
+while the store's pool knows the primary afresh, to that server, and a ``READONLY``
+answer (a primary demoted before the pool heard of it) is an outage of the connection,
+not a script's error: the append goes through the store.
 
 :class:`~shared.store.own_writes_sync.OwnWrites` is the blocking shell (the sync
 guard), :class:`~shared.store.own_writes_aio.AsyncOwnWrites` the asyncio one; both
@@ -45,10 +49,11 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from shared.store.changes import NOTHING, RETRY_SECONDS, VERIFY_SECONDS, _Seen
+from shared.store.changes import NOTHING, RETRY_SECONDS, VERIFY_SECONDS, Locate, _Seen
 
 if TYPE_CHECKING:
     from shared.store.own_writes_aio import AsyncOwnWrites
@@ -140,10 +145,34 @@ class OwnState:
 
 def is_reply_error(exc: BaseException) -> bool:
     """Redis answered with an error (the script's own, e.g. ``ID_CONFLICT``): the
-    connection is fine and the caller handles it."""
+    connection is fine and the caller handles it. Not ``READONLY``: the server is a
+    replica now (a demoted primary, on Sentinel), an outage of this connection."""
     import redis
 
-    return isinstance(exc, redis.ResponseError)
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return False
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and not (
+        text.startswith("READONLY") or "-READONLY" in text)
+
+
+def primary_moved(locate: Locate | None,
+                  address: tuple[str, int] | None) -> tuple[str, int] | bool | None:
+    """For a connection that follows a Sentinel primary (``locate``): None when the
+    pool's answer is stale (nothing may be written on the connection now), the new
+    address when the primary is no longer ``address`` (drop the connection), else False
+    (also without ``locate``: one server, nothing moves)."""
+    if locate is None:
+        return False
+    where = locate()
+    if where is None:
+        return None
+    return where if address is not None and where != address else False
+
+
+def target_address(target: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The address a connection opened with ``target`` (host and port) went to."""
+    return (str(target["host"]), int(target["port"])) if target else None
 
 
 def is_pong(reply: Any) -> bool:
@@ -198,18 +227,21 @@ def is_async_client(client: Any) -> bool:
 def own_writes_for(client: Any, probe_key: str) -> OwnWrites | AsyncOwnWrites | None:
     """The own-writes connection for ``client``'s server (a blocking one for redis-py's
     ``Redis``, an asyncio one for ``redis.asyncio.Redis``), or None where tracking cannot
-    work (the same cases as :func:`shared.store.changes.feed_for`)."""
-    from shared.store.changes import tracking_pool
+    work (the same cases as :func:`shared.store.changes.feed_for`). On a Sentinel client,
+    one that follows the primary as the change feed does (``locate``)."""
+    from shared.store.changes import sentinel_target, tracking_pool
     from shared.store.own_writes_aio import AsyncOwnWrites
     from shared.store.own_writes_sync import OwnWrites
 
-    found = tracking_pool(client)
+    found = sentinel_target(client) or tracking_pool(client)
     if found is None:
         return None
-    kwargs, name = found
+    kwargs, name, *locate = found
+    where = locate[0] if locate else None
     if is_async_client(client):
-        return AsyncOwnWrites(kwargs, connection_class=name, probe_key=probe_key)
-    return OwnWrites(kwargs, connection_class=name, probe_key=probe_key)
+        return AsyncOwnWrites(kwargs, connection_class=name, probe_key=probe_key,
+                              locate=where)
+    return OwnWrites(kwargs, connection_class=name, probe_key=probe_key, locate=where)
 
 
 __all__ = ["TRACKING", "OwnMark", "OwnState", "is_async_client", "is_pong", "is_reply_error",

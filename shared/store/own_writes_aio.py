@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
-from shared.store.changes import CHANGED, IO_TIMEOUT, feed_kwargs
+from shared.store.changes import CHANGED, IO_TIMEOUT, Locate, feed_kwargs
 from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
@@ -32,8 +32,15 @@ class AsyncOwnWrites:
     """The asyncio shell: one connection of the event loop that opened it."""
 
     def __init__(self, connection_kwargs: Mapping[str, Any], *,
-                 connection_class: str = "Connection", probe_key: str = "") -> None:
+                 connection_class: str = "Connection", probe_key: str = "",
+                 locate: Locate | None = None) -> None:
         self._kwargs = feed_kwargs(connection_kwargs, short=False)  # an append may take a while
+        # On Sentinel: the primary the store's pool writes to while its answer is fresh
+        # (:func:`shared.store.changes.sentinel_target`). The connection writes only there:
+        # a moved primary drops it, a stale answer sends the append through the store.
+        self._locate = locate
+        self._address: tuple[str, int] | None = None
+        self._target: dict[str, Any] = {}
         self._class = connection_class
         self._probe_key = probe_key
         self._busy = False
@@ -154,6 +161,12 @@ class AsyncOwnWrites:
     async def _ready(self) -> bool:
         if self.closed:
             return False
+        moved = own_writes.primary_moved(self._locate, self._address)
+        if moved is None:
+            return False
+        if isinstance(moved, tuple) and self._conn is not None:
+            log.info("own-writes connection: the primary moved to %s:%s", *moved)
+            await self._drop()
         if self._conn is not None and not self._conn.is_connected:
             # closed by redis-py when a call on it was cancelled (a failure is dropped
             # by _fail): replaced now, not taken for an outage (logged, backed off)
@@ -204,6 +217,8 @@ class AsyncOwnWrites:
             seen.invalidated(push)
 
         conn = None
+        if not self._aim():
+            return False
         try:
             conn = self._new()
             await conn.connect()
@@ -225,8 +240,20 @@ class AsyncOwnWrites:
             await self._fail(exc)
             return False
         self._conn = conn
+        self._address = own_writes.target_address(self._target)
         self._loaded.clear()
         self.state.connected()
+        return True
+
+    def _aim(self) -> bool:
+        """Where the next connection goes: on Sentinel the primary named now (False: not
+        known afresh, the append goes through the store)."""
+        if self._locate is None:
+            return True
+        where = self._locate()
+        if where is None:
+            return False
+        self._target = {"host": where[0], "port": where[1]}
         return True
 
     def _new(self) -> Any:
@@ -237,8 +264,8 @@ class AsyncOwnWrites:
                "SSLConnection": redis.asyncio.SSLConnection,
                "UnixDomainSocketConnection": redis.asyncio.UnixDomainSocketConnection,
                }[self._class]
-        return cls(**{"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs},
-                   protocol=3)
+        return cls(**{"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs,
+                      **self._target}, protocol=3)
 
     async def _probe(self, conn: Any, handler: Callable[[Any], Any]) -> bool:
         key = f"{self._probe_key}own-probe:{os.getpid()}:{id(self)}"
@@ -268,6 +295,7 @@ class AsyncOwnWrites:
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._address = None
         self.state.seen.forget()
         if conn is not None:
             try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
-from shared.store.changes import CHANGED, IO_TIMEOUT, feed_kwargs
+from shared.store.changes import CHANGED, IO_TIMEOUT, Locate, feed_kwargs
 from shared.store.commands import Command
 from shared.store.own_writes import (
     TRACKING,
@@ -32,8 +32,15 @@ class OwnWrites:
     """The sync shell: one connection, used by one thread at a time (others fall back)."""
 
     def __init__(self, connection_kwargs: Mapping[str, Any], *,
-                 connection_class: str = "Connection", probe_key: str = "") -> None:
+                 connection_class: str = "Connection", probe_key: str = "",
+                 locate: Locate | None = None) -> None:
         self._kwargs = feed_kwargs(connection_kwargs, short=False)  # an append may take a while
+        # On Sentinel: the primary the store's pool writes to while its answer is fresh
+        # (:func:`shared.store.changes.sentinel_target`). The connection writes only there:
+        # a moved primary drops it, a stale answer sends the append through the store.
+        self._locate = locate
+        self._address: tuple[str, int] | None = None
+        self._target: dict[str, Any] = {}
         self._class = connection_class
         self._probe_key = probe_key
         self._lock = threading.Lock()
@@ -141,6 +148,12 @@ class OwnWrites:
     def _ready(self) -> bool:
         if self.closed:
             return False
+        moved = own_writes.primary_moved(self._locate, self._address)
+        if moved is None:
+            return False
+        if isinstance(moved, tuple) and self._conn is not None:
+            log.info("own-writes connection: the primary moved to %s:%s", *moved)
+            self._drop()
         if self._conn is None and not (self.state.may_connect(time.monotonic())
                                        and self._connect()):
             return False
@@ -176,6 +189,8 @@ class OwnWrites:
             return self._eval(script, keys, args)
 
     def _connect(self) -> bool:
+        if not self._aim():
+            return False
         try:
             conn = self._new()
             conn.connect()
@@ -191,9 +206,21 @@ class OwnWrites:
             self._fail(exc)
             return False
         self._conn = conn
+        self._address = own_writes.target_address(self._target)
         self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._loaded.clear()
         self.state.connected()
+        return True
+
+    def _aim(self) -> bool:
+        """Where the next connection goes: on Sentinel the primary named now (False: not
+        known afresh, the append goes through the store)."""
+        if self._locate is None:
+            return True
+        where = self._locate()
+        if where is None:
+            return False
+        self._target = {"host": where[0], "port": where[1]}
         return True
 
     def _new(self) -> Any:
@@ -202,8 +229,8 @@ class OwnWrites:
 
         cls = {"Connection": redis.Connection, "SSLConnection": redis.SSLConnection,
                "UnixDomainSocketConnection": redis.UnixDomainSocketConnection}[self._class]
-        return cls(**{"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs},
-                   protocol=3)
+        return cls(**{"driver_info": DriverInfo(lib_version=redis.__version__), **self._kwargs,
+                      **self._target}, protocol=3)
 
     def _probe(self, conn: Any) -> bool:
         key = f"{self._probe_key}own-probe:{os.getpid()}:{id(self)}"
@@ -239,6 +266,7 @@ class OwnWrites:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._address = None
         self._pushes = None
         self.state.seen.forget()
         if conn is not None:

@@ -36,12 +36,12 @@ its asyncio twin) adds two things and nothing else:
 
 The call that met the error fails (:class:`~shared.core.errors.StoreUnavailable`
 through the store): no silent retry, as with :func:`shared.store.sessions.connect`.
-The guard's change feed follows the primary through the pool (``primary_now``: the
-pool's answer while it is fresh; :func:`shared.store.changes.feed_for`): it vouches for
-cached views only while its connection is on the server the pool writes to. The
-own-writes connection stays off (it pins one server;
-:func:`shared.store.changes.tracking_pool` declines the pool), and so does the inline
-job (:func:`shared.enqueue.redis_server`).
+The guard's change feed and own-writes connection follow the primary through the pool
+(``primary_now``: the pool's answer while it is fresh;
+:func:`shared.store.changes.sentinel_target`): they vouch for cached views, and write,
+only while their connection is on the server the pool would write to; a stale answer
+sends the call through the pool, a moved primary drops them. The inline job stays off
+(:func:`shared.enqueue.redis_server`).
 """
 
 from __future__ import annotations
