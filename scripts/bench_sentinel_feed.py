@@ -12,6 +12,10 @@ Reported per guard: prepare + wire p50 / p99, and the view reads per prepare (th
 primary's ``EVALSHA`` calls during its prepares).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_sentinel_feed.py [--turns 120] [--shell sync|async]
+        [--llm-ms 0]
+
+``--llm-ms``: a model call (a sleep) before each prepare. The guards vouch only within the
+store's pool's follow interval (1 s): calls further apart than that read as before.
 """
 
 from __future__ import annotations
@@ -56,9 +60,10 @@ class Arm:
     def _run(self, value: Any) -> Any:
         return self.loop.run_until_complete(value) if self.kind == "async" else value
 
-    def turn(self, turn: list[Any]) -> None:
+    def turn(self, turn: list[Any], llm_ms: float) -> None:
         calls = [i for i, m in enumerate(turn) if m.role == "assistant"] or [len(turn)]
         for i in calls:
+            time.sleep(llm_ms / 1000)  # the model call the last view was sent to
             before = _scripts_run(self.primary)
             started = time.perf_counter()
             view = self._run(self.guard.prepare("s", SYSTEM, max_tokens=4000, model=MODEL,
@@ -92,6 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=120)
     parser.add_argument("--shell", choices=("sync", "async"), default="sync")
+    parser.add_argument("--llm-ms", type=float, default=0.0,
+                        help="a model call this long before each prepare (0: back to back)")
     args = parser.parse_args()
     turns = all_turns()[: args.turns]
     loop = asyncio.new_event_loop()
@@ -102,13 +109,14 @@ def main() -> None:
         try:
             for number, turn in enumerate(turns):
                 for arm in arms if number % 2 else arms[::-1]:
-                    arm.turn(turn)
+                    arm.turn(turn, args.llm_ms)
         finally:
             for arm in arms:
                 arm.close()
             loop.close()
     print(f"load average {loadavg()}; {args.shell} guards on redis+sentinel://, {len(turns)} "
-          f"real turns, {len(arms[0].times)} prepares each, alternating turn by turn\n")
+          f"real turns, {len(arms[0].times)} prepares each, alternating turn by turn, model "
+          f"calls {args.llm_ms:g} ms\n")
     print("| guard | prepare + wire p50 ms | p99 ms | view reads per prepare | p50 of those "
           "that read; of the others |\n|---|---|---|---|---|")
     for arm in arms:
