@@ -170,6 +170,16 @@ def primary_moved(locate: Locate | None,
     return where if address is not None and where != address else False
 
 
+def aim(locate: Locate | None) -> dict[str, Any] | None:
+    """The host and port a new connection opens to: on Sentinel the primary named now
+    ({} on one server: the store's own arguments); None when the pool's answer is stale
+    (no connection now: the append goes through the store)."""
+    if locate is None:
+        return {}
+    where = locate()
+    return None if where is None else {"host": where[0], "port": where[1]}
+
+
 def target_address(target: Mapping[str, Any]) -> tuple[str, int] | None:
     """The address a connection opened with ``target`` (host and port) went to."""
     return (str(target["host"]), int(target["port"])) if target else None

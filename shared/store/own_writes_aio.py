@@ -217,8 +217,10 @@ class AsyncOwnWrites:
             seen.invalidated(push)
 
         conn = None
-        if not self._aim():
+        target = own_writes.aim(self._locate)  # on Sentinel: the primary named now
+        if target is None:
             return False
+        self._target = target
         try:
             conn = self._new()
             await conn.connect()
@@ -243,17 +245,6 @@ class AsyncOwnWrites:
         self._address = own_writes.target_address(self._target)
         self._loaded.clear()
         self.state.connected()
-        return True
-
-    def _aim(self) -> bool:
-        """Where the next connection goes: on Sentinel the primary named now (False: not
-        known afresh, the append goes through the store)."""
-        if self._locate is None:
-            return True
-        where = self._locate()
-        if where is None:
-            return False
-        self._target = {"host": where[0], "port": where[1]}
         return True
 
     def _new(self) -> Any:

@@ -189,8 +189,10 @@ class OwnWrites:
             return self._eval(script, keys, args)
 
     def _connect(self) -> bool:
-        if not self._aim():
+        target = own_writes.aim(self._locate)  # on Sentinel: the primary named now
+        if target is None:
             return False
+        self._target = target
         try:
             conn = self._new()
             conn.connect()
@@ -210,17 +212,6 @@ class OwnWrites:
         self._pushes = Pushes(conn, tls=self._class == "SSLConnection")
         self._loaded.clear()
         self.state.connected()
-        return True
-
-    def _aim(self) -> bool:
-        """Where the next connection goes: on Sentinel the primary named now (False: not
-        known afresh, the append goes through the store)."""
-        if self._locate is None:
-            return True
-        where = self._locate()
-        if where is None:
-            return False
-        self._target = {"host": where[0], "port": where[1]}
         return True
 
     def _new(self) -> Any:
