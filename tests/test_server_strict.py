@@ -142,3 +142,35 @@ def test_a_whole_number_written_as_a_float_is_that_integer(
                        headers=AUTH).status_code == 200
     response = client.post(f"/v1/sessions/s1/{path}", json=body, headers=AUTH)
     assert response.status_code < 300, response.text
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("error", [5, [1], True, None])
+def test_recover_error_of_neither_type_is_422_naming_error(client: TestClient,
+                                                          error: Any) -> None:
+    """``error`` is a string or an object: a value of neither names the field ``error``
+    (not pydantic's union member, ``error.str``) and says what it may be."""
+    response = client.post("/v1/sessions/s1/recover", json={"error": error}, headers=AUTH)
+    assert response.status_code == 422, response.text
+    body = response.json()["error"]
+    assert body["code"] == "invalid_input"
+    assert body["field"] == "error"
+    assert "string" in body["message"] and "object" in body["message"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("path", ["prepare", "record", "recover", "recall", "compact"])
+@pytest.mark.parametrize("raw", [b"null", b"5", b"[]", b'"x"'])
+def test_a_body_that_is_not_a_json_object_is_422_naming_body(
+        client: TestClient, path: str, raw: bytes) -> None:
+    """Valid JSON of the wrong shape: the field at fault is the body itself (compact's
+    body is optional: ``null`` there is no body, so it is not in this list)."""
+    if path == "compact" and raw == b"null":
+        return
+    response = client.post(f"/v1/sessions/s1/{path}", content=raw,
+                           headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    body = response.json()["error"]
+    assert body["code"] == "invalid_input"
+    assert body["field"] == "body"
+    assert "JSON object" in body["message"]

@@ -69,6 +69,10 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "n
               405: "method_not_allowed", 413: "payload_too_large", 503: "unavailable"}
 
 
+#: the 422's message when the body as a whole is wrong, by pydantic's error type
+BODY_MESSAGE = {"missing": "a JSON object is required (sent as Content-Type: application/json)"}
+
+
 def error_code(exc: BaseException) -> str:
     """``InvalidInput`` -> ``invalid_input``."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
@@ -227,6 +231,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, "invalid_json",
                                   f"the body is not valid JSON: {first.get('msg')}")
+        if tuple(first.get("loc", ())) == ("body",):  # the body itself, not one of its fields
+            return error_response(422, "invalid_input", BODY_MESSAGE.get(
+                str(first.get("type")), "the body should be a JSON object"), "body")
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         return error_response(422, "invalid_input", message, _field(first.get("loc", ())))
 

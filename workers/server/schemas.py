@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 from shared.core.prepared import ViewReport
 from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, MAX_QUERY_CHARS, RecallHit
@@ -60,8 +60,22 @@ class PrepareRequest(RequestFigures):
     pass
 
 
+def _provider_error(value: Any) -> str | dict[str, Any]:
+    """A string or an object, checked by hand: pydantic's union would name its member in
+    the field of the 422 (``error.str``), not the field."""
+    if isinstance(value, str | dict):
+        return value
+    raise ValueError("should be a string (the provider's error message) or an object "
+                     "(its JSON body)")
+
+
+ProviderError = Annotated[str | dict[str, Any], PlainValidator(
+    _provider_error, json_schema_input_type=str | dict[str, Any])]
+"""``RecoverRequest.error``: the provider's error text or its JSON body."""
+
+
 class RecoverRequest(RequestFigures):
-    error: str | dict[str, Any] = Field(
+    error: ProviderError = Field(
         description="the provider's error: its message, or its JSON body")
     status: Whole | None = Field(default=None, ge=100, le=599,
                                description="the HTTP status of the failed call")
