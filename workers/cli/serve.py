@@ -12,6 +12,11 @@ for its children (prometheus_client's multiprocess mode, read at import in
 each child), so each process's ``/metrics`` serves the sum over all of them,
 and removes the directory on exit. A directory the environment already names
 is used as is (empty it before each start).
+
+On SIGTERM uvicorn stops accepting connections and lets the requests in
+flight finish, for ``COMPACTION_SERVER_SHUTDOWN_GRACE_SECONDS`` at most:
+without a bound, one client holding a request open (a body sent part-way)
+kept the server up until the orchestrator killed it.
 """
 
 from __future__ import annotations
@@ -57,10 +62,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if config.workers > 1:  # each process builds its own app from the environment
         with shared_metrics_dir():
             uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
-                        port=config.port, workers=config.workers, log_level=args.log_level)
+                        port=config.port, workers=config.workers, log_level=args.log_level,
+                        timeout_graceful_shutdown=config.shutdown_grace_seconds)
         return 0
     app = build_app(settings, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
+                timeout_graceful_shutdown=config.shutdown_grace_seconds)
     return 0
 
 

@@ -69,6 +69,11 @@ class ServerConfig(TokenConfig):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024,
                                 description="larger request bodies get 413, unread")
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    shutdown_grace_seconds: int = Field(
+        default=8, ge=1,
+        description="on SIGTERM, how long requests in flight may still finish before they "
+                    "are cancelled and the server exits (under Docker's default 10 s stop "
+                    "timeout: a client holding a request open no longer keeps the server up)")
     cache_sessions: int = Field(
         default=1024, ge=0,
         description="sessions whose views a worker process keeps decoded, every tenant's "

@@ -6,8 +6,9 @@
         httpx.get(server.url + "/healthz")
 
 Runs ``uvicorn --factory workers.server.main:app_from_env`` (what
-``compaction serve`` runs) with this interpreter, waits until ``/healthz``
-answers, and stops it (SIGTERM, then SIGKILL) on exit. Imports nothing
+``compaction serve`` runs, with its shutdown grace) with this interpreter,
+waits until ``/healthz`` answers, and stops it (SIGTERM, then SIGKILL) on
+exit. Imports nothing
 optional; the child needs the ``server`` extra.
 
 The child's stderr is read as it comes, keeping the last :data:`STDERR_TAIL`
@@ -30,6 +31,11 @@ from collections.abc import Mapping
 from types import TracebackType
 
 import httpx
+
+from workers.server.config import ENV_PREFIX, ServerConfig
+
+#: uvicorn's own command line takes the grace as a flag (``compaction serve`` passes it)
+GRACE_ENV = f"{ENV_PREFIX}SHUTDOWN_GRACE_SECONDS"
 
 #: bytes of the child's stderr kept (the newest)
 STDERR_TAIL = 64 * 1024
@@ -74,9 +80,11 @@ class ServerProcess:
             self._reader.join(timeout=5)
 
     def start(self) -> ServerProcess:
+        grace = self.env.get(GRACE_ENV) or str(
+            ServerConfig.model_fields["shutdown_grace_seconds"].default)
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "workers.server.main:app_from_env",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level,
-               "--no-access-log"]
+               "--no-access-log", "--timeout-graceful-shutdown", grace]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         assert self.proc.stderr is not None

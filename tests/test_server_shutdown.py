@@ -1,0 +1,87 @@
+"""``compaction serve`` stops on SIGTERM within its grace period.
+
+A client that holds a request open (a body sent part-way, a slow upload)
+kept uvicorn waiting for it without end: ``docker stop`` then killed the
+server at its own deadline, whatever the other requests were doing. The
+server now waits ``COMPACTION_SERVER_SHUTDOWN_GRACE_SECONDS`` at most, then
+cancels what is left and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import httpx
+
+from shared.core.config import StoreConfig
+from shared.store.sessions import SessionStore
+from workers.metrics import MULTIPROC_ENV
+from workers.server.process import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "shutdown-test-token-0123456789"
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_with_a_request_held_open_exits_within_the_grace(
+        redis_url: str, real_redis: Any, key_prefix: str, tmp_path: Path, workers: int) -> None:
+    port = free_port()
+    env = {**os.environ, "COMPACTION_REDIS_URL": redis_url, "COMPACTION_KEY_PREFIX": key_prefix,
+           "COMPACTION_BROKER_URL": "memory://",
+           "COMPACTION_SERVER_TOKENS": json.dumps({TOKEN: "acme"}),
+           "COMPACTION_SERVER_SHUTDOWN_GRACE_SECONDS": "1",
+           "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop(MULTIPROC_ENV, None)
+    cmd = [sys.executable, "-m", "workers.cli.main", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    held = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "compaction serve did not start"
+            time.sleep(0.1)
+        held = socket.create_connection(("127.0.0.1", port))  # headers, then part of the body
+        held.sendall(f"POST /v1/sessions/h1/record HTTP/1.1\r\nHost: t\r\n"
+                     f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: 1000\r\n\r\n{{\"messages\": [".encode())
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("compaction serve still running 10 s after SIGTERM (grace: 1 s)")
+        assert time.monotonic() - started < 8
+        store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="acme")
+        assert store.length("h1") == 0  # the request never completed: nothing written
+    finally:
+        if held is not None:
+            held.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert not list(tmp_path.glob("compaction-metrics-*"))  # serve removed its directory
