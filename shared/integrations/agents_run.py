@@ -44,6 +44,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.truncation import emergency_truncate
 from shared.core.turns import leading_system_count
 from shared.guard import ContextGuard
+from shared.integrations._common import error_reader_loaded
 from shared.integrations.agents_items import items_to_messages, messages_to_items
 from shared.telemetry import get_metrics
 
@@ -390,6 +391,7 @@ class GuardedModel(Model):
         """The input to retry with and, after an output-reserve overflow, the lower
         ``max_tokens`` to send it with (None: the request's own). ``asked``: the
         ``max_tokens`` the refused request sent."""
+        await error_reader_loaded()
         budget, guard, model = self.budget, self.budget.guard, self.budget.model
         session_id = self.session.session_id if self.session is not None else ""
         items = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)

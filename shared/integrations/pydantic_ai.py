@@ -82,6 +82,7 @@ from shared.integrations._common import (
     degraded_view,
     divergence,
     edit_hint,
+    error_reader_loaded,
     origin,
     read_log,
     recall_failure,
@@ -493,6 +494,7 @@ class ContextGuardCapability(AbstractCapability[Any]):
             with self._lock:
                 self._runs.pop(_key(ctx), None)
             raise error
+        await error_reader_loaded()
         retry = await self.aguard.recover(run.session_id, error, pending=run.pending,
                                           **run.request.kwargs())
         if retry is None:
