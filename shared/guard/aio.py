@@ -9,8 +9,10 @@ instead of blocking on it. Both shells are tested by the same tests
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
@@ -57,6 +59,18 @@ async def sent(result: Awaitable[R]) -> R:
                            "send needs ContextGuard, AsyncContextGuard.call awaits what send "
                            "returns", field="send")
     return await result
+
+
+ERROR_READER = "shared.core.overflow_read"
+"""The error classifier's pattern tables, imported by :mod:`shared.core.overflow` on the
+first error it reads (~135 ms of module code and regex compilation)."""
+
+
+async def error_reader_loaded() -> None:
+    """Import the classifier's tables in a worker thread before an async path reads its
+    first error: imported on the event loop, they stalled every other coroutine on it."""
+    if ERROR_READER not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, ERROR_READER)
 
 
 class AsyncContextGuard(RecoveringFlow):
@@ -180,6 +194,7 @@ class AsyncContextGuard(RecoveringFlow):
                       prepared_tokens: int | None = None,
                       min_length: int | None = None) -> PreparedView | None:
         """See :meth:`shared.guard.sync.ContextGuard.recover`."""
+        await error_reader_loaded()
         return await self.drive(self.recover_steps(
             session_id, error, system_prompt, tools, max_tokens, model, pending,
             prepared_tokens, min_length))

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import inspect
 import logging
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -343,18 +341,6 @@ def as_async_guard(guard: Any) -> AsyncGuard:
     return ThreadedAsyncGuard(guard)
 
 
-#: the error classifier's pattern tables, imported by ``shared.core.overflow`` on the
-#: first error it reads (~135 ms of module code and regex compilation)
-ERROR_READER = "shared.core.overflow_read"
-
-
-async def error_reader_loaded() -> None:
-    """Import the classifier's tables in a worker thread before an async path reads its
-    first error: imported on the event loop, they stalled every other coroutine on it."""
-    if ERROR_READER not in sys.modules:
-        await asyncio.to_thread(importlib.import_module, ERROR_READER)
-
-
 async def arun_with_recovery(guard: AsyncGuard, session_id: str, request: Request,
                              pending: Sequence[Message],
                              send: Callable[[PreparedView], Awaitable[R]], *,
@@ -367,7 +353,6 @@ async def arun_with_recovery(guard: AsyncGuard, session_id: str, request: Reques
     try:
         return await send(view), view
     except Exception as exc:
-        await error_reader_loaded()
         retry = await guard.recover(session_id, exc, pending=pending, **request.kwargs())
         if retry is None:
             raise

@@ -44,7 +44,7 @@ from shared.core.repair import repair_tool_pairs
 from shared.core.truncation import emergency_truncate
 from shared.core.turns import leading_system_count
 from shared.guard import ContextGuard
-from shared.integrations._common import error_reader_loaded
+from shared.guard.aio import error_reader_loaded
 from shared.integrations.agents_items import items_to_messages, messages_to_items
 from shared.telemetry import get_metrics
 

@@ -82,7 +82,6 @@ from shared.integrations._common import (
     degraded_view,
     divergence,
     edit_hint,
-    error_reader_loaded,
     origin,
     read_log,
     recall_failure,
@@ -494,7 +493,6 @@ class ContextGuardCapability(AbstractCapability[Any]):
             with self._lock:
                 self._runs.pop(_key(ctx), None)
             raise error
-        await error_reader_loaded()
         retry = await self.aguard.recover(run.session_id, error, pending=run.pending,
                                           **run.request.kwargs())
         if retry is None:
