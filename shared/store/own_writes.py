@@ -145,15 +145,22 @@ class OwnState:
 
 def is_reply_error(exc: BaseException) -> bool:
     """Redis answered with an error (the script's own, e.g. ``ID_CONFLICT``): the
-    connection is fine and the caller handles it. Not ``READONLY``: the server is a
-    replica now (a demoted primary, on Sentinel), an outage of this connection."""
+    connection is fine and the caller handles it. Not ``READONLY`` (:func:`is_readonly`)."""
     import redis
 
-    if isinstance(exc, redis.exceptions.ReadOnlyError):
-        return False
+    return isinstance(exc, redis.ResponseError) and not is_readonly(exc)
+
+
+def is_readonly(exc: BaseException) -> bool:
+    """The server is a replica now (a primary demoted before the store's pool heard of it,
+    on Sentinel): it wrote nothing, and the same writes through the store reach the
+    primary. The connection is dropped and the caller falls back to the store."""
+    import redis
+
     text = str(exc)
-    return isinstance(exc, redis.ResponseError) and not (
-        text.startswith("READONLY") or "-READONLY" in text)
+    return isinstance(exc, redis.exceptions.ReadOnlyError) or (
+        isinstance(exc, redis.ResponseError)
+        and (text.startswith("READONLY") or "-READONLY" in text))
 
 
 def primary_moved(locate: Locate | None,

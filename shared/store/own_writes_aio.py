@@ -19,6 +19,7 @@ from shared.store.own_writes import (
     OwnMark,
     OwnState,
     is_pong,
+    is_readonly,
     is_reply_error,
     lua_source,
     probe_steps,
@@ -66,6 +67,8 @@ class AsyncOwnWrites:
                 if is_reply_error(exc):
                     raise
                 await self._fail(exc)
+                if is_readonly(exc):  # nothing written: the store's pool has the primary
+                    return None
                 raise StoreUnavailable(f"redis unavailable during {script}: {exc}") from exc
             self.state.answered()
             return reply, self.state.mark_after(base, before)
@@ -101,6 +104,8 @@ class AsyncOwnWrites:
                 await self._drain()
             except Exception as exc:
                 await self._fail(exc)
+                if is_readonly(exc):  # nothing written: the store's pool has the primary
+                    return None
                 raise StoreUnavailable(f"redis unavailable during a guard's writes: {exc}") \
                     from exc
             self.state.answered()

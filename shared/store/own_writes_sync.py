@@ -18,6 +18,7 @@ from shared.store.own_writes import (
     TRACKING,
     OwnMark,
     OwnState,
+    is_readonly,
     is_reply_error,
     lua_source,
     probe_steps,
@@ -70,6 +71,8 @@ class OwnWrites:
                 if is_reply_error(exc):
                     raise
                 self._fail(exc)
+                if is_readonly(exc):  # nothing written: the store's pool has the primary
+                    return None
                 raise StoreUnavailable(f"redis unavailable during {script}: {exc}") from exc
             self.state.answered()
             return reply, self.state.mark_after(base, before)
@@ -107,6 +110,8 @@ class OwnWrites:
                 self._drain()
             except Exception as exc:
                 self._fail(exc)
+                if is_readonly(exc):  # nothing written: the store's pool has the primary
+                    return None
                 raise StoreUnavailable(f"redis unavailable during a guard's writes: {exc}") \
                     from exc
             self.state.answered()
