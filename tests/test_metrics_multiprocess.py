@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ pytest.importorskip("uvicorn")
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.serve_support import start_serve
 from workers.metrics import MULTIPROC_ENV
 from workers.server.process import free_port
 
@@ -44,20 +43,8 @@ def serve_two(redis_url: str, key_prefix: str, tmp: Path) -> Iterator[str]:
            "COMPACTION_SERVER_TOKENS": json.dumps({TOKEN: "acme"}),
            "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
     env.pop(MULTIPROC_ENV, None)
-    cmd = [sys.executable, "-m", "workers.cli.main", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", "2", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(env, port, 2)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "compaction serve did not start"
-            time.sleep(0.1)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)  # uvicorn stops its workers, serve cleans up

@@ -9,13 +9,11 @@ cancels what is left and exits.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import httpx
 
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
+from tests.serve_support import start_serve
 from workers.metrics import MULTIPROC_ENV
 from workers.server.process import free_port
 
@@ -47,21 +45,9 @@ def test_sigterm_with_a_request_held_open_exits_within_the_grace(
            "COMPACTION_SERVER_SHUTDOWN_GRACE_SECONDS": "1",
            "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     env.pop(MULTIPROC_ENV, None)
-    cmd = [sys.executable, "-m", "workers.cli.main", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, _ = start_serve(env, port, workers)
     held = None
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "compaction serve did not start"
-            time.sleep(0.1)
         held = socket.create_connection(("127.0.0.1", port))  # headers, then part of the body
         held.sendall(f"POST /v1/sessions/h1/record HTTP/1.1\r\nHost: t\r\n"
                      f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
