@@ -44,6 +44,7 @@ check and every error are the same code.
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import struct
 import time
@@ -184,9 +185,22 @@ def send_step(client: Any, step: ScriptCall | PipelineCall) -> Any:
     if isinstance(step, ScriptCall):
         return _registered(client, step.script)(keys=step.keys, args=step.args)
     pipe = client.pipeline(transaction=False)
+    if inspect.iscoroutinefunction(pipe.execute):
+        return _queued_in_order(pipe, step.commands)
     for method, args in step.commands:
         getattr(pipe, method)(*args)
     return pipe.execute()
+
+
+async def _queued_in_order(pipe: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> Any:
+    """An asyncio pipeline's replies. redis.asyncio's cluster pipeline queues some
+    commands (``UNLINK``) in a coroutine: left unawaited, nothing was queued, and an async
+    ``delete_session`` on a Cluster left the session's whole recall index behind."""
+    for method, args in calls:
+        queued = getattr(pipe, method)(*args)
+        if inspect.iscoroutine(queued):  # not the pipeline itself, awaitable too
+            await queued
+    return await pipe.execute()
 
 
 def _int(value: Any, default: int = 0) -> int:

@@ -1,0 +1,173 @@
+"""An asyncio client of a Redis Cluster whose calls wait for a free connection.
+
+redis-py's asyncio cluster client keeps at most ``max_connections`` connections per node
+and fails a call at once when they are all busy (``MaxConnectionsError``, a connection
+error with no message): an async server with more calls in flight than that on one node
+lost them as :class:`~shared.core.errors.StoreUnavailable`, as the standalone client did
+before :func:`shared.store.aio.connect_async` gave it a blocking pool. The cluster client
+has no blocking pool, so :class:`WaitingCluster` bounds the calls in flight instead: at
+most ``max_connections`` across the cluster, so that no node can run out, each call
+waiting up to ``pool_timeout`` for its turn (then a connection error, which the store
+reports as StoreUnavailable naming the wait).
+
+Two more things of redis-py's asyncio cluster client (8.1) break concurrent calls, and
+:class:`WaitingCluster` mends them:
+
+- Calls made before the client knows the slot map are routed as keyless, to any node,
+  and come back ``MOVED``; every fifth ``MOVED`` (also after a resharding or a failover)
+  and every ``CLUSTERDOWN`` make the client call its own ``aclose()``, which closes
+  every connection, those other calls are using too: they failed with an
+  ``AttributeError`` from inside redis-py instead of an answer. The client now learns
+  the slot map before its first call, and a reset made inside a call marks the
+  connections for reconnection, as redis-py itself does after a connection error,
+  instead of closing them under the calls using them (or, idle, under the call about to
+  take them). redis-py still closes a failed node's idle connections on a connection
+  error, and a call taking one of them at that moment meets the same error: it is
+  reported as the connection error it is (StoreUnavailable through the store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+from typing import Any
+
+import redis.asyncio.cluster
+import redis.exceptions
+
+from shared.core.config import StoreConfig
+from shared.store.sessions import driver_info
+
+TOPOLOGY_HEADROOM = 2
+"""Connections per node beyond the bound on calls: a slot-map refresh, which the client
+makes on a node's connection while calls hold the rest, must not find them all taken."""
+
+
+_INSIDE_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_cluster_call",
+                                                                    default=False)
+"""Set while a call runs: an ``aclose()`` then is the client resetting itself."""
+
+
+class WaitingCluster(redis.asyncio.cluster.RedisCluster):
+    """redis-py's asyncio cluster client, each command and pipeline waiting for one of
+    ``calls_bound`` turns (the pool a standalone client has, counted across nodes)."""
+
+    def __init__(self, *args: Any, calls_bound: int, pool_timeout: float,
+                 **kwargs: Any) -> None:
+        kwargs["max_connections"] = calls_bound + TOPOLOGY_HEADROOM
+        super().__init__(*args, **kwargs)
+        self.calls_bound = calls_bound
+        self.pool_timeout = pool_timeout
+        self._turns = asyncio.Semaphore(calls_bound)
+
+    async def _take_turn(self) -> None:
+        if not self._turns.locked():  # a turn free: taken without a timer
+            await self._turns.acquire()
+            return
+        try:
+            await asyncio.wait_for(self._turns.acquire(), self.pool_timeout)
+        except TimeoutError:
+            raise redis.exceptions.ConnectionError(
+                f"all {self.calls_bound} connections to the cluster stayed busy for "
+                f"{self.pool_timeout:g} s (max_connections)") from None
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        await self._take_turn()
+        inside = _INSIDE_CALL.set(True)
+        try:
+            if self._initialize:  # the slot map first: a call resolved without it goes astray
+                await self.initialize()
+            return await super().execute_command(*args, **kwargs)
+        except AttributeError as exc:
+            raise _closed_under_call(exc) from exc
+        finally:
+            _INSIDE_CALL.reset(inside)
+            self._turns.release()
+
+    async def aclose(self) -> None:
+        """Close every connection; called by redis-py inside a call (a reset after
+        ``MOVED`` or ``CLUSTERDOWN``), only learn the slot map again and reconnect each
+        connection once it is free (the calls using them finish first)."""
+        if not _INSIDE_CALL.get():
+            await super().aclose()
+            return
+        self._initialize = True
+        manager = self.nodes_manager
+        for node in {**manager.startup_nodes, **manager.nodes_cache}.values():
+            for connection in node._connections:  # closed when next taken, or given back
+                connection.mark_for_reconnect()  # type: ignore[no-untyped-call]
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None,
+                 ) -> redis.asyncio.cluster.ClusterPipeline:
+        if shard_hint:  # refused as the stock client refuses it
+            return super().pipeline(transaction, shard_hint)
+        return _WaitingPipeline(self, transaction=transaction)  # type: ignore[abstract]
+
+
+class _WaitingPipeline(redis.asyncio.cluster.ClusterPipeline):
+    """A pipeline that takes one turn of its client for its ``execute`` (the store's
+    pipelines touch one session: one slot, one node)."""
+
+    async def execute(self, raise_on_error: bool = True,
+                      allow_redirections: bool = True) -> list[Any]:
+        client = self.cluster_client
+        if not isinstance(client, WaitingCluster):  # pragma: no cover - built by it
+            return await super().execute(raise_on_error, allow_redirections)
+        await client._take_turn()
+        inside = _INSIDE_CALL.set(True)
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except AttributeError as exc:
+            raise _closed_under_call(exc) from exc
+        finally:
+            _INSIDE_CALL.reset(inside)
+            client._turns.release()
+
+
+def _closed_under_call(exc: AttributeError) -> BaseException:
+    """A connection error for redis-py's connection used after another task closed it
+    (its stream gone: ``'NoneType' object has no attribute 'writelines'``), which the
+    client still does on a connection error (redis-py closes the idle connections of the
+    failed node, one of which another call is just taking). The store reports it as
+    StoreUnavailable, like the failure that set it off; any other AttributeError as is."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    if not where.endswith(_CONNECTION_MODULE):
+        return exc
+    return redis.exceptions.ConnectionError(
+        f"a cluster connection was closed while this call used it: {exc}")
+
+
+_CONNECTION_MODULE = os.path.join("redis", "asyncio", "connection.py")
+
+
+def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
+                          max_connections: int = 100,
+                          pool_timeout: float | None = None) -> WaitingCluster:
+    """An asyncio Redis Cluster client (any node's URL) for
+    :class:`~shared.store.aio.AsyncSessionStore`, with the sync
+    :func:`~shared.store.sessions.connect_cluster`'s bounded timeouts and one retry on a
+    connection error (slot moves, MOVED and ASK, are followed by the client). At most
+    ``max_connections`` calls are in flight; the others wait up to ``pool_timeout``
+    seconds (default: the store's connect and socket timeouts), as
+    :func:`~shared.store.aio.connect_async`'s do. Nothing is sent before the first call."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from shared.store.aio import _check_positive
+
+    _check_positive("max_connections", max_connections)
+    cfg = config or StoreConfig()
+    wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
+    client = WaitingCluster.from_url(
+        url, calls_bound=max_connections, pool_timeout=wait,
+        socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
+        retry=Retry(NoBackoff(), 1), driver_info=driver_info())
+    assert isinstance(client, WaitingCluster)
+    return client
+
+
+__all__ = ["WaitingCluster", "connect_cluster_async"]
