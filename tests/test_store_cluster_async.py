@@ -85,7 +85,13 @@ def test_the_async_guard_on_a_cluster(cluster: LocalCluster, key_prefix: str) ->
             state = await store.state("agent")
             assert state.watermark > 0 and state.summary_kind == "truncation"
             assert len(jobs) == 1, "one pending job for the whole burst"
+            rewound = await store.rewind("agent", 0)  # the history edits, on the cluster too
+            assert rewound.watermark == 0
+            edit = await store.truncate_after("agent", 10)
+            view = await store.read_view("agent")
+            assert edit.length == 10 and len(view.messages) == 10 - edit.watermark
             await store.delete_session("agent")
+            assert await store.length("agent") == 0
         finally:
             await guard.aclose()
             await cold.aclose()
