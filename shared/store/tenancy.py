@@ -23,7 +23,8 @@ Two layers, because the first alone is only a convention in Python:
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -31,7 +32,9 @@ from redis.retry import Retry
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
+from shared.core.records import AppendResult, InlineJob
 from shared.core.tokens import TokenCounter
+from shared.store import commands
 from shared.store.keys import validate_tenant
 from shared.store.sessions import SessionStore
 
@@ -45,6 +48,7 @@ _COMMANDS = ("-@all", "+@read", "+@write", "+@transaction", "+@connection", "-@d
 # A tenant handle has no change feed (it hides its client), so nothing of ours needs it.
 # Redis 6.2 knows no subcommand removal: there the user is made without this rule.
 _NO_TRACKING = "-client|tracking"
+T = TypeVar("T")
 HIDDEN = frozenset({"redis", "client", "for_tenant"})
 # The store's attributes a tenant handle forwards besides its public methods.
 _ATTRIBUTES = frozenset({"tenant", "config", "counter", "idempotency_keep", "idempotency_ttl"})
@@ -82,12 +86,42 @@ class TenantStore(_Handle):
     def __repr__(self) -> str:
         return f"TenantStore(tenant={self.__store.tenant!r})"
 
+    def execute(self, cmd: commands.Command[T]) -> T:
+        """The store's ``execute``, for a command on this tenant's keys only: a command
+        is built by the caller, so its keys could name any session of any tenant."""
+        store: SessionStore = self.__store
+        for key in cmd.keys:
+            own_key(store, key)
+        return store.execute(cmd)
+
+    def append_encoded(self, session_id: str, encoded: Sequence[tuple[str | bytes, int]],
+                       *, job: InlineJob | None = None, **options: Any) -> AppendResult:
+        """The store's ``append_encoded`` without an :class:`InlineJob`: the append
+        script pushes the job's message into the key it names, in the database it names,
+        which could be another tenant's log. A handle has no raw client, so a guard over
+        it never builds one (it publishes the job itself)."""
+        if job is not None:
+            raise InvalidInput("a tenant's store handle pushes no inline job (the caller "
+                               "publishes it)", field="job")
+        store: SessionStore = self.__store
+        return store.append_encoded(session_id, encoded, **options)
+
     def for_tenant(self, tenant: str) -> TenantStore:
         """Itself for its own tenant; a tenant handle never reaches another tenant."""
         if tenant != self.__store.tenant:
             raise InvalidInput("a tenant's store cannot be re-scoped to another tenant",
                                field="tenant")
         return self
+
+
+def own_key(store: SessionStore, key: str) -> str:
+    """``key``, when it is one of ``store``'s tenant's session keys (the session's hash
+    tag, or the recall index's); InvalidInput otherwise."""
+    prefix, tenant = store.config.key_prefix, store.tenant
+    if not isinstance(key, str) or not key.startswith(
+            (f"{prefix}:{{{tenant}:", f"{prefix}:rx:{{{tenant}:")):
+        raise InvalidInput(f"{key!r:.120} is not a key of tenant {tenant!r}", field="keys")
+    return key
 
 
 def backing_store(handle: SessionStore) -> SessionStore:

@@ -1,0 +1,135 @@
+"""Tenant isolation reviewed as an operator would try to break it: the Python API
+(``SessionStore.for_tenant``), odd tenant names, the HTTP server (token -> tenant) and the
+CLI, each against a real Redis."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
+from shared.core.records import InlineJob
+from shared.store import commands
+from shared.store.keys import SessionKeys, session_of_pending
+from shared.store.sessions import SessionStore
+from shared.store.tenancy import TenantStore
+
+ODD_TENANTS = [":", "a:b", "{a}", "a{", "a}", "a*", "*", "a?", "a[b]", "a b", " a", "a\n",
+               "a\t", "ü", "aü", "租户", "a/b", "a\\b", "", "-a", ".a", "x" * 65, "a\x00"]
+
+
+def _turn(tag: str, n: int = 0) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"{tag} secret plan {n}"},
+            {"role": "assistant", "content": f"noted for {tag} {n}"}]
+
+
+@pytest.fixture
+def operator(real_redis: redis.Redis, key_prefix: str) -> SessionStore:
+    return SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+
+
+def _own_keys(client: redis.Redis, prefix: str) -> dict[bytes, Any]:
+    """Every key under ``prefix`` with a dump of its value: what a tenant must not change."""
+    return {key: client.dump(key) for key in sorted(client.scan_iter(match=f"{prefix}:*"))}
+
+
+# ------------------------------------------------------------------ names
+
+@pytest.mark.parametrize("name", ODD_TENANTS)
+def test_odd_tenant_names_are_refused_everywhere(operator: SessionStore, name: str) -> None:
+    with pytest.raises(InvalidInput):
+        operator.for_tenant(name)
+    with pytest.raises(InvalidInput):
+        SessionStore(operator.redis, operator.config, tenant=name)
+    with pytest.raises(InvalidInput):
+        SessionKeys.for_session("cmp", name, "s")
+
+
+@pytest.mark.parametrize("session_id", ["{x}", "x}", "x{", "x*", "x y", "ü", "x\n", "",
+                                        "x" * 129, ":x"])
+def test_odd_session_ids_are_refused(operator: SessionStore, session_id: str) -> None:
+    with pytest.raises(InvalidInput):
+        operator.for_tenant("acme").append(session_id, _turn("x"))
+
+
+def test_a_tenant_and_session_pair_never_shares_a_key_with_another() -> None:
+    """``{tenant:session}``: tenants hold no ``:``, so the first ``:`` splits them back."""
+    pairs = [("a", "b:c"), ("a", "b"), ("a.b", "c"), ("a", "b.c"), ("a-b", "c"),
+             ("a", "b-c"), ("ab", "c"), ("a", "bc"), ("A", "b"), ("a", "B"),
+             ("x" * 64, "y" * 128)]
+    seen: dict[str, tuple[str, str]] = {}
+    for tenant, session in pairs:
+        keys = SessionKeys.for_session("cmp", tenant, session)
+        for key in (*keys.all_keys(), keys.recall):
+            assert key not in seen, (key, seen.get(key), (tenant, session))
+            seen[key] = (tenant, session)
+        assert session_of_pending("cmp", keys.pending) == (tenant, session)
+
+
+# ------------------------------------------------------------------ the Python API
+
+def test_tenant_b_reaches_none_of_tenant_a_sessions(real_redis: redis.Redis,
+                                                    operator: SessionStore,
+                                                    key_prefix: str) -> None:
+    alpha, beta = operator.for_tenant("alpha"), operator.for_tenant("beta")
+    alpha.append("s", _turn("alpha", 0))
+    alpha.append("s", _turn("alpha", 1))
+    before = _own_keys(real_redis, key_prefix)
+    assert beta.length("s") == 0 and beta.messages("s") == []
+    assert beta.load_view("s").length == 0 and beta.summaries("s") == []
+    assert beta.state("s").version == 0
+    beta.delete_session("s")
+    beta.rewind("s", 0)
+    beta.truncate_after("s", 0)
+    beta.reset_damaged("s")
+    beta.clear_pending("s")
+    assert _own_keys(real_redis, key_prefix) == before
+    assert alpha.messages("s")[0].content == "alpha secret plan 0"
+    with pytest.raises(InvalidInput):
+        beta.for_tenant("alpha")
+
+
+def test_a_tenant_handle_runs_no_command_on_another_tenants_keys(
+        real_redis: redis.Redis, operator: SessionStore, key_prefix: str) -> None:
+    """``execute`` is one of the store's methods a handle forwards: a command built on
+    another tenant's keys must be refused, not run (it would read or write them)."""
+    alpha, beta = operator.for_tenant("alpha"), operator.for_tenant("beta")
+    alpha.append("s", _turn("alpha"))
+    before = _own_keys(real_redis, key_prefix)
+    theirs = SessionKeys.for_session(key_prefix, "alpha", "s")
+    with pytest.raises(InvalidInput):
+        beta.execute(commands.view_command(theirs, None))
+    with pytest.raises(InvalidInput):
+        beta.execute(commands.reset_damaged_command(theirs))
+    assert _own_keys(real_redis, key_prefix) == before
+    # its own keys run as before
+    assert beta.execute(commands.view_command(beta.keys("s"), None)) is not None
+
+
+def test_a_tenant_handle_pushes_no_inline_job_into_another_tenants_keys(
+        real_redis: redis.Redis, operator: SessionStore, key_prefix: str) -> None:
+    """The append script pushes an :class:`InlineJob` into the key it names: through a
+    tenant's handle that key must not be another tenant's (or any session's) key."""
+    alpha, beta = operator.for_tenant("alpha"), operator.for_tenant("beta")
+    alpha.append("s", _turn("alpha"))
+    log_before = real_redis.lrange(alpha.keys("s").log, 0, -1)
+    db = int(real_redis.connection_pool.connection_kwargs.get("db", 0))
+    forged = json.dumps({"role": "user", "content": "beta wrote this"}).encode()
+    job = InlineJob(alpha.keys("s").log, forged, db, db)
+    encoded = beta.encode("mine", _turn("beta"))
+    with pytest.raises(InvalidInput):
+        beta.append_encoded("mine", encoded, mark_pending=True, job=job)
+    assert real_redis.lrange(alpha.keys("s").log, 0, -1) == log_before
+    assert beta.length("mine") == 0  # refused before anything was written
+    beta.append_encoded("mine", encoded, mark_pending=True)  # no job: as before
+    assert beta.length("mine") == 2
+
+
+def test_a_tenant_handle_is_not_a_way_around_its_checks() -> None:
+    store = TenantStore.__new__(TenantStore)
+    with pytest.raises(AttributeError):
+        store.tenant = "other"  # type: ignore[misc]
