@@ -133,3 +133,70 @@ def test_a_tenant_handle_is_not_a_way_around_its_checks() -> None:
     store = TenantStore.__new__(TenantStore)
     with pytest.raises(AttributeError):
         store.tenant = "other"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ the HTTP server
+
+def test_a_token_reaches_only_its_tenants_sessions(real_redis: redis.Redis,
+                                                   operator: SessionStore,
+                                                   key_prefix: str) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from shared.enqueue import CallbackEnqueuer
+    from workers.server.app import create_app
+    from workers.server.config import ServerConfig
+
+    tokens = {"alpha-token-0123456789": "alpha", "beta-token-01234567890": "beta"}
+    alpha_h = {"Authorization": "Bearer alpha-token-0123456789"}
+    beta_h = {"Authorization": "Bearer beta-token-01234567890"}
+    published: list[tuple[str, str]] = []
+    compacted: list[tuple[str, str]] = []
+
+    def compact(tenant: str, sid: str, keep: int | None, force: bool) -> str:
+        compacted.append((tenant, sid))
+        return "task-1"
+
+    app = create_app(ServerConfig(), operator,
+                     CallbackEnqueuer(lambda t, s: published.append((t, s))),
+                     compact=compact, tokens=tokens)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        url = "/v1/sessions/s"
+        assert client.post(f"{url}/record", json={"messages": _turn("alpha")},
+                           headers=alpha_h).status_code == 200
+        before = _own_keys(real_redis, key_prefix)
+        assert client.get(f"{url}/stats", headers=beta_h).status_code == 404
+        assert client.get(f"{url}/history", headers=beta_h).status_code == 404
+        assert client.post(f"{url}/compact", json={}, headers=beta_h).status_code == 404
+        recall = client.post(f"{url}/recall", json={"query": "secret plan"}, headers=beta_h)
+        assert recall.status_code == 404 or recall.json().get("hits") == [], recall.text
+        view = client.post(f"{url}/prepare", json={"system_prompt": "s", "max_tokens": 100,
+                                                   "model": "gpt-4o-mini"}, headers=beta_h)
+        assert view.status_code == 200 and "alpha" not in view.text, view.text
+        assert compacted == [] and _own_keys(real_redis, key_prefix).keys() >= before.keys()
+        # beta's own turn under the same id is beta's own session
+        assert client.post(f"{url}/record", json={"messages": _turn("beta")},
+                           headers=beta_h).status_code == 200
+        assert "beta" not in client.get(f"{url}/history", headers=alpha_h).text
+        assert client.get(f"{url}/stats", headers=alpha_h).json()["tenant"] == "alpha"
+        assert client.get(f"{url}/stats", headers=beta_h).json()["tenant"] == "beta"
+    assert operator.for_tenant("alpha").length("s") == 2
+    assert [m.content for m in operator.for_tenant("beta").messages("s")] == [
+        "beta secret plan 0", "noted for beta 0"]
+    assert {t for t, _ in published} <= {"alpha", "beta"}
+
+
+# ------------------------------------------------------------------ the CLI
+
+def test_cli_sessions_prefix_lists_only_ids_that_start_with_it(operator: SessionStore) -> None:
+    """``--prefix`` without ``--tenant``: the pattern's tenant ``*`` also matches the start
+    of a session id holding ``:``, so tenant a's ``x:b1`` matched ``--prefix b``."""
+    from workers.cli.sessions import list_page
+
+    operator.for_tenant("a").append("x:b1", _turn("a"))
+    operator.for_tenant("a").append("b2", _turn("a"))
+    operator.for_tenant("c").append("b3", _turn("c"))
+    rows = list_page(operator, prefix="b", limit=100).sessions
+    assert sorted((r.tenant, r.session_id) for r in rows) == [("a", "b2"), ("c", "b3")]
+    rows = list_page(operator, tenant="a", prefix="x:", limit=100).sessions
+    assert [(r.tenant, r.session_id) for r in rows] == [("a", "x:b1")]

@@ -106,7 +106,10 @@ def list_page(store: SessionStore, *, tenant: str | None = None, prefix: str = "
         for raw in keys:
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             parsed = _parse_state_key(key, key_prefix)
-            if parsed is not None:
+            # the pattern's tenant ``*`` also matches a session id's start up to a ``:``
+            # (tenant a's ``x:b1`` matches ``{*:b*}``): the parsed names decide
+            if parsed is not None and parsed[1].startswith(prefix) \
+                    and tenant in (None, parsed[0]):
                 found.append(parsed)
         # counted once read: a state without a log is no session, and must not end a page
         rows.extend(_figures(client, key_prefix, found))
