@@ -64,7 +64,8 @@ class JsonFormatter(logging.Formatter):
 
     The ids are always present (null when not bound), so a log pipeline can
     index them; fields passed with ``extra=`` are added; an exception is one
-    ``exc_info`` string.
+    ``exc_info`` string, a stack asked for with ``stack_info=True`` one ``stack_info``
+    string (Python's formatter writes both on lines of their own).
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -81,6 +82,8 @@ class JsonFormatter(logging.Formatter):
                     value is None) else repr(value)
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:  # ``stack_info=True``: the caller's stack, in the object too
+            entry["stack_info"] = self.formatStack(record.stack_info)
         return json.dumps(entry, ensure_ascii=False)
 
 

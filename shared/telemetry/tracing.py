@@ -109,7 +109,8 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = 
 
     ``kind``: ``internal``, ``client``, ``server``, ``producer`` or ``consumer``.
     ``parent``: a context from :func:`context_from` (default: the current one).
-    An exception leaving the block is recorded and sets the status to error.
+    An exception leaving the block is recorded, sets the status to error and, unless the
+    block set one, ``error.type`` to the exception's class name.
     """
     trace = _trace()
     tracer = _tracer(trace) if trace is not None else None
@@ -120,7 +121,20 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = 
     clean = {k: v for k, v in (attributes or {}).items() if v is not None}
     with tracer.start_as_current_span(name, context=parent, kind=span_kind,
                                       attributes=clean) as current:
-        yield current
+        try:
+            yield current
+        except Exception as exc:  # what OpenTelemetry records too (not GeneratorExit & co.)
+            _failed(current, exc)
+            raise
+
+
+def _failed(current: Any, exc: Exception) -> None:
+    """``error.type`` on a span an exception ends (the error conventions: its status alone
+    says nothing an alert can group by), unless the block set a bounded class itself
+    (a summarizer call's, :mod:`shared.telemetry.genai`)."""
+    if current.is_recording() and "error.type" not in (getattr(current, "attributes", None)
+                                                       or {}):
+        current.set_attribute("error.type", type(exc).__name__)
 
 
 def trace_headers() -> dict[str, str]:

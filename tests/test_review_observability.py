@@ -1,0 +1,273 @@
+"""Observability reviewed as an operator wiring it into production: the metrics table of
+docs/observability.md against what a registry exports, label cardinality over a scripted
+session, error spans and unended spans when a call raises, and the JSON log lines of jobs
+run one after the other on one thread."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from shared.core.config import StoreConfig
+from shared.core.errors import StoreUnavailable, SummarizerUnavailable
+from shared.enqueue import CallbackEnqueuer, NullEnqueuer
+from shared.store.sessions import SessionStore, connect
+from shared.telemetry import tracing
+from shared.telemetry.genai import model_call
+from shared.telemetry.logs import configure_json
+from shared.telemetry.metrics import METRIC_NAMES, PrometheusMetrics, set_metrics
+from tests.guard_shells import SHELLS, make
+from workers.harness.demo_session import SYSTEM_PROMPT, TOOLS, demo_turns
+from workers.metrics import observed
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "observability.md"
+TYPES = {"counter": "counter", "histogram": "histogram", "gauge": "gauge"}
+
+
+class Open(SpanProcessor):
+    """Spans started and not (yet) ended: a span a raising call leaves open leaks."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, str] = {}
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.open[span.context.span_id] = span.name
+
+    def on_end(self, span: ReadableSpan) -> None:
+        assert span.context is not None
+        self.open.pop(span.context.span_id, None)
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[InMemorySpanExporter, Open]]:
+    exported, still_open = InMemorySpanExporter(), Open()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    provider.add_span_processor(still_open)
+    tracing.use_tracer_provider(provider)
+    yield exported, still_open
+    tracing.use_tracer_provider(None)
+    provider.shutdown()
+
+
+@pytest.fixture
+def metrics() -> Iterator[PrometheusMetrics]:
+    m = PrometheusMetrics(role="worker")
+    set_metrics(m)
+    yield m
+    set_metrics(None)
+
+
+# ------------------------------------------------------------------ metrics vs the docs
+
+def _documented() -> dict[str, tuple[str, set[str]]]:
+    """``{name: (type, labels)}`` from the metrics table of docs/observability.md."""
+    found: dict[str, tuple[str, set[str]]] = {}
+    for line in DOC.read_text().splitlines():
+        if not line.startswith("| `compaction_"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names, kind, labels = cells[0], cells[1], cells[2]
+        depth, flat = 0, ""
+        for ch in labels:  # the label names, without the values in parentheses
+            depth += ch == "("
+            flat += ch if depth == 0 else ""
+            depth -= ch == ")"
+        label_set = set(re.findall(r"`([a-z_]+)`", flat))
+        first, *more = re.findall(r"`([a-z_]+)`", names)
+        found[first] = (kind, label_set)
+        for suffix in more:  # "`..._input_tokens_total` / `_output_tokens_total`"
+            base = first.rsplit("_", 3)[0] if suffix.startswith("_") else ""
+            found[base + suffix if base else suffix] = (kind, label_set)
+    return found
+
+
+def _exported(m: PrometheusMetrics) -> dict[str, tuple[str, set[str]]]:
+    m.prepare_done(0.001, view_tokens=10, log_tokens=20)
+    m.compaction("cheap", "recorded")
+    m.recovery("recovered")
+    m.enqueue("published")
+    m.silent_truncation()
+    m.job_done("maybe_summarize", "compacted", 0.5)
+    m.worker_lag(messages=3, seconds=0.2)
+    m.summarizer_call("openai", "gpt-4o-mini", 0.3, input_tokens=5, output_tokens=2,
+                      error="timeout")
+    m.lease_contention("busy")
+    m.queue_depth_source(lambda: 2.0)
+    m.sweep_done("done", 0.01)
+    m.sweep_flags(seen=1, stale=1, republished=1, failed=1)
+    out: dict[str, tuple[str, set[str]]] = {}
+    for family in m.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for s in family.samples for k in s.labels if k != "le"}
+        out[name] = (family.type, labels)
+    return out
+
+
+def test_every_documented_metric_is_exported_with_its_type_and_labels() -> None:
+    documented, exported = _documented(), _exported(PrometheusMetrics(role="worker"))
+    assert set(documented) == set(exported) == set(METRIC_NAMES)
+    for name, (kind, labels) in documented.items():
+        assert exported[name] == (TYPES[kind], labels), name
+
+
+def test_no_label_carries_a_session_id_or_a_tenant(fake_redis: object, key_prefix: str,
+                                                   shell: str) -> None:
+    m = PrometheusMetrics()
+    set_metrics(m)
+    try:
+        store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix))
+        sessions = [f"sess-{i}" for i in range(6)]
+        for i, sid in enumerate(sessions):
+            tenant = f"tenant-{i % 3}"
+            guard = make(shell, SessionStore(fake_redis, store.config, tenant=tenant),
+                         CallbackEnqueuer(lambda *_: None), overrides={"gpt-4o": 16_000})
+            for turn in demo_turns(8):
+                guard.prepare(sid, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+                guard.record_turn(sid, turn)
+            guard.recover(sid, "maximum context length is 16000 tokens", SYSTEM_PROMPT, TOOLS,
+                          2000, "gpt-4o", pending=[])
+        values = {v for f in m.registry.collect() for s in f.samples for v in s.labels.values()}
+        series = sum(len(f.samples) for f in m.registry.collect())
+    finally:
+        set_metrics(None)
+    assert not values & {*sessions, "tenant-0", "tenant-1", "tenant-2"}, values
+    assert series < 200  # bounded: six sessions of three tenants add no series of their own
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# ------------------------------------------------------------------ spans when a call raises
+
+def test_a_guard_call_that_raises_ends_its_span_as_an_error(
+        traced: tuple[InMemorySpanExporter, Open], shell: str) -> None:
+    exported, still_open = traced
+    cfg = StoreConfig(socket_timeout=0.2, connect_timeout=0.2)  # Redis is down
+    guard = make(shell, SessionStore(connect("redis://127.0.0.1:1/0", cfg), cfg),
+                 NullEnqueuer(), overrides={"gpt-4o": 16_000})
+    turn = demo_turns(1)[0]
+    with pytest.raises(StoreUnavailable):
+        guard.prepare("down", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    with pytest.raises(StoreUnavailable):
+        guard.record_turn("down", turn)
+    assert still_open.open == {}
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    for name in ("compaction.prepare", "compaction.record_turn"):
+        failed = spans[name]
+        assert failed.status.status_code == StatusCode.ERROR, name
+        assert dict(failed.attributes or {}).get("error.type") == "StoreUnavailable", name
+        assert [e.name for e in failed.events] == ["exception"], name
+
+
+def _task(job_id: str) -> Any:
+    request = SimpleNamespace(id=job_id, retries=0, headers={}, delivery_info={
+        "routing_key": "compaction"})
+    return SimpleNamespace(name="workers.tasks.maybe_summarize", request=request)
+
+
+def test_a_job_that_raises_ends_its_consumer_span_as_an_error(
+        traced: tuple[InMemorySpanExporter, Open], metrics: PrometheusMetrics) -> None:
+    exported, still_open = traced
+
+    def down() -> dict[str, Any]:
+        raise StoreUnavailable("Redis did not answer")
+
+    def busy_provider() -> dict[str, Any]:
+        error = SummarizerUnavailable("429 Too Many Requests")
+        error.error_class = "rate_limited"  # type: ignore[attr-defined]
+        with model_call("openai", "gpt-4o-mini", 500):
+            raise error
+
+    with pytest.raises(StoreUnavailable):
+        observed(_task("job-1"), "s1", "acme", down)
+    with pytest.raises(SummarizerUnavailable):
+        observed(_task("job-2"), "s2", "acme", busy_provider)
+    assert still_open.open == {}
+    jobs = [s for s in exported.get_finished_spans() if s.name == "compaction.maybe_summarize"]
+    assert [dict(s.attributes or {})["messaging.message.id"] for s in jobs] == ["job-1", "job-2"]
+    for job, kind in zip(jobs, ("StoreUnavailable", "SummarizerUnavailable"), strict=True):
+        assert job.kind == SpanKind.CONSUMER
+        assert job.status.status_code == StatusCode.ERROR
+        attrs = dict(job.attributes or {})
+        assert attrs["error.type"] == kind and attrs["compaction.tenant"] == "acme"
+    [chat] = [s for s in exported.get_finished_spans() if s.name == "chat gpt-4o-mini"]
+    assert chat.status.status_code == StatusCode.ERROR and chat.kind == SpanKind.CLIENT
+    assert dict(chat.attributes or {})["error.type"] == "rate_limited"  # the bounded class
+    assert chat.parent is not None and chat.parent.span_id == jobs[1].context.span_id
+    assert metrics.registry.get_sample_value(
+        "compaction_jobs_total", {"task": "maybe_summarize", "outcome": "error"}) == 1
+    assert metrics.registry.get_sample_value(
+        "compaction_jobs_total", {"task": "maybe_summarize", "outcome": "retry"}) == 1
+    assert metrics.registry.get_sample_value(
+        "compaction_summarizer_errors_total", {"provider": "openai", "error": "rate_limited"}) == 1
+
+
+# ------------------------------------------------------------------ JSON logs
+
+@pytest.fixture
+def json_lines() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    handler = configure_json(logging.StreamHandler(out))
+    logger = logging.getLogger("compaction.review")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield out
+    logger.removeHandler(handler)
+
+
+def _lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_jobs_on_one_thread_log_their_own_ids_and_nothing_after(
+        json_lines: io.StringIO, traced: tuple[InMemorySpanExporter, Open]) -> None:
+    log = logging.getLogger("compaction.review")
+
+    def first() -> dict[str, Any]:
+        log.info("first job")
+        try:
+            raise ValueError("line one\nline two")
+        except ValueError:
+            log.exception("it failed")
+        raise StoreUnavailable("down")
+
+    def second() -> dict[str, Any]:
+        log.info("second job", extra={"watermark": 4})
+        return {"status": "skipped"}
+
+    with pytest.raises(StoreUnavailable):
+        observed(_task("job-a"), "sess-a", "tenant-a", first)
+    log.info("between jobs")
+    observed(_task("job-b"), "sess-b", "tenant-b", second)
+    log.warning("after the jobs", stack_info=True)
+    lines = _lines(json_lines)
+    assert [line["message"] for line in lines] == [
+        "first job", "it failed", "between jobs", "second job", "after the jobs"]
+    a, failed, between, b, after = lines
+    assert (a["session_id"], a["tenant"], a["job_id"], a["task"]) == (
+        "sess-a", "tenant-a", "job-a", "maybe_summarize")
+    assert failed["job_id"] == "job-a" and "ValueError: line one\nline two" in failed["exc_info"]
+    assert "Traceback" in failed["exc_info"]
+    assert (b["session_id"], b["tenant"], b["job_id"], b["watermark"]) == (
+        "sess-b", "tenant-b", "job-b", 4)
+    assert a["trace_id"] and b["trace_id"] and a["trace_id"] != b["trace_id"]
+    for line in (between, after):
+        assert all(line[k] is None for k in ("session_id", "tenant", "job_id", "task",
+                                             "trace_id", "span_id")), line
+    assert "test_jobs_on_one_thread_log_their_own_ids" in after["stack_info"]
+    assert set(a) >= {"ts", "level", "logger", "message"}
