@@ -271,3 +271,64 @@ def test_jobs_on_one_thread_log_their_own_ids_and_nothing_after(
                                              "trace_id", "span_id")), line
     assert "test_jobs_on_one_thread_log_their_own_ids" in after["stack_info"]
     assert set(a) >= {"ts", "level", "logger", "message"}
+
+
+@pytest.mark.celery
+@pytest.mark.slow
+def test_a_real_worker_writes_each_jobs_lines_with_its_own_ids(own_redis_url: str,
+                                                                key_prefix: str) -> None:
+    """Three jobs in turn on one worker thread (two tenants, one failing): every log line
+    is one JSON object, and Celery's own line about each job's end (success, or failure
+    with its traceback) carries that job's ids, and no other job's."""
+    import redis
+
+    from shared.enqueue import TASK_COMPACT, TASK_MAYBE_SUMMARIZE, publisher_app
+    from workers.harness.stack.worker_process import WorkerProcess, purge_queue, worker_env
+    from workers.harness.timing import wait_for
+    from workers.urls import with_db
+
+    broker, store_url = with_db(own_redis_url, 12), with_db(own_redis_url, 11)
+    purge_queue(broker)
+    client = redis.Redis.from_url(store_url)
+    operator = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    for turn in demo_turns(12):
+        operator.for_tenant("alpha").append("s1", turn)
+        operator.for_tenant("beta").append("s2", turn)
+    worker = WorkerProcess("reviewlogs", worker_env(
+        broker_url=broker, redis_url=store_url, key_prefix=key_prefix, log_format="json"),
+        concurrency=1)
+    worker.start()
+    try:
+        app = publisher_app(broker)
+        force = {"force": True, "keep_recent": 500}
+        first = app.send_task(TASK_COMPACT, args=["s1"], kwargs={"tenant": "alpha", **force},
+                              queue="compaction")
+        failing = app.send_task(TASK_MAYBE_SUMMARIZE, args=["bad id!"],
+                                kwargs={"tenant": "beta"}, queue="compaction")
+        last = app.send_task(TASK_COMPACT, args=["s2"], kwargs={"tenant": "beta", **force},
+                             queue="compaction")
+        assert wait_for(lambda: worker.log().count(" succeeded in ") >= 2
+                        and f"{failing.id}] raised" in worker.log(), 40), worker.log()[-3000:]
+    finally:
+        worker.stop()
+        for key in client.scan_iter(match=f"{key_prefix}:*", count=1000):
+            client.delete(key)
+        client.close()
+    text = worker.log()
+    body = text[text.index('{"ts"'):]  # after Celery's banner (printed, not logged)
+    records = []
+    for line in body.splitlines():
+        if line.strip() and not line.startswith("worker: Warm shutdown"):  # printed too
+            records.append(json.loads(line))  # one object a line: no traceback lines
+    ends = {r["job_id"]: r for r in records if r["logger"] == "celery.app.trace"}
+    assert (ends[first.id]["session_id"], ends[first.id]["tenant"]) == ("s1", "alpha")
+    assert (ends[last.id]["session_id"], ends[last.id]["tenant"]) == ("s2", "beta")
+    failed = ends[failing.id]
+    assert (failed["level"], failed["session_id"], failed["tenant"], failed["task"]) == (
+        "ERROR", "bad id!", "beta", "maybe_summarize")
+    assert "Traceback" in failed["exc_info"] and "InvalidInput" in failed["exc_info"]
+    for record in records:
+        if record["logger"] == "celery.app.trace":  # a job's end: that job's ids
+            assert f"[{record['job_id']}]" in record["message"], record
+        if record["logger"] == "celery.worker.strategy":  # "received": the consumer's
+            assert record["job_id"] is None, record
