@@ -200,3 +200,52 @@ def test_cli_sessions_prefix_lists_only_ids_that_start_with_it(operator: Session
     assert sorted((r.tenant, r.session_id) for r in rows) == [("a", "b2"), ("c", "b3")]
     rows = list_page(operator, tenant="a", prefix="x:", limit=100).sessions
     assert [(r.tenant, r.session_id) for r in rows] == [("a", "x:b1")]
+
+
+def test_the_servers_log_lines_name_the_requests_tenant(
+        real_redis: redis.Redis, operator: SessionStore, key_prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session ids are per tenant: a server line about session ``s`` must say whose."""
+    pytest.importorskip("fastapi")
+    import io
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from shared.enqueue import CallbackEnqueuer
+    from shared.telemetry.logs import configure_json
+    from shared.telemetry.publish_log import publish_failures
+    from workers.server.app import ServerState, create_app
+    from workers.server.config import ServerConfig
+
+    def unreachable(_tenant: str, _sid: str) -> None:
+        raise ConnectionError("broker unreachable")
+
+    tokens = {"alpha-token-0123456789": "alpha", "beta-token-01234567890": "beta"}
+    beta_h = {"Authorization": "Bearer beta-token-01234567890"}
+    out = io.StringIO()
+    handler = configure_json(logging.StreamHandler(out))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    publish_failures.published()  # no outage left over by another test: its first line
+    try:
+        app = create_app(ServerConfig(), operator, CallbackEnqueuer(unreachable),
+                         tokens=tokens)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            # a guard's line, written on the route's thread
+            assert client.post("/v1/sessions/s/record", json={"messages": _turn("beta")},
+                               headers=beta_h).status_code == 200
+            # an unexpected error's line, written by Starlette's outermost middleware
+            monkeypatch.setattr(ServerState, "guard", lambda self, tenant: 1 / 0)
+            assert client.get("/v1/sessions/s/stats", headers=beta_h).status_code == 500
+            client.get("/v1/sessions/s/stats")  # no token: 401, nothing bound
+    finally:
+        root.removeHandler(handler)
+        publish_failures.published()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    failed = [r for r in lines if str(r["message"]).startswith("enqueue failed for session s")]
+    crashed = [r for r in lines if str(r["message"]).startswith("unhandled error on GET")]
+    assert failed and crashed, lines
+    for record in (*failed, *crashed):
+        assert (record["tenant"], record["session_id"]) == ("beta", "s"), record
+    assert "ZeroDivisionError" in crashed[0]["exc_info"]

@@ -51,6 +51,7 @@ from shared.store.changes import ChangeFeed, feed_for
 from shared.store.sessions import SessionStore
 from shared.telemetry import MetricsEndpoint
 from workers.server.config import NO_TOKEN, ServerConfig, TokenBook
+from workers.server.logids import LogIds, log_extra
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s", request.method, request.url.path,
+                      extra=log_extra(request.scope, request.app.state.server.tokens))
         return error_response(500, "internal_error", "internal error (logged on the server)")
 
 
@@ -277,6 +279,7 @@ def create_app(config: ServerConfig, store: SessionStore, enqueuer: Enqueuer | N
     app.include_router(router)
     app.include_router(health)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(LogIds, tokens=book)  # tenant and session id on its log lines
     # Prometheus scrapes without a token, like Flower's /metrics; no session ids in labels.
     # A route, not a mount: a mount answers /metrics with a redirect to /metrics/. With
     # several processes (`compaction serve --workers N`) it serves all their sums.
