@@ -332,3 +332,56 @@ def test_a_real_worker_writes_each_jobs_lines_with_its_own_ids(own_redis_url: st
             assert f"[{record['job_id']}]" in record["message"], record
         if record["logger"] == "celery.worker.strategy":  # "received": the consumer's
             assert record["job_id"] is None, record
+
+
+@pytest.mark.parametrize("path", ["inline", "lean", "send_task"])
+def test_every_publish_path_carries_the_guards_trace(
+        redis_url: str, key_prefix: str, traced: tuple[InMemorySpanExporter, Open],
+        shell: str, path: str) -> None:
+    """The job a turn asks for, as the broker holds it, names the span of the guard call
+    that asked (the append script's inline push, the lean publisher, ``send_task``), on
+    both shells; so does the one a truncation in ``prepare`` asks for."""
+    import base64
+    import secrets
+
+    import redis
+
+    from shared.enqueue import CeleryEnqueuer, publisher_app
+
+    exported, still_open = traced
+    queue = "tq" + secrets.token_hex(5)
+    client = redis.Redis.from_url(redis_url)
+    store = SessionStore(client, StoreConfig(key_prefix=key_prefix))
+    enqueuer = CeleryEnqueuer(publisher_app(redis_url), queue=queue, lean=path != "send_task")
+    guard = make(shell, store, enqueuer, overrides={"gpt-4o": 8_000})
+    if path == "lean":  # as for a broker on another server: the guard publishes itself
+        getattr(guard, "inner", guard).server = None
+    published: list[str] = []  # jobs the guard published itself (not the append script)
+    publish = enqueuer.enqueue
+    enqueuer.enqueue = lambda tenant, sid: (published.append(sid), publish(tenant, sid))[1]
+    try:
+        turns = demo_turns(30)
+        asked: list[str] = []
+        for i, turn in enumerate(turns):
+            guard.prepare("c1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+            guard.record_turn("c1", turn)
+            if client.llen(queue) > len(asked):  # a job was asked for in this turn
+                asked.append(json.loads(client.lindex(queue, 0))["headers"]["traceparent"])
+                store.clear_pending("c1")  # so that the next one is asked for again
+            if len(asked) >= 2 and i > 20:
+                break
+        assert asked, "no job was published"
+        assert len(published) == (0 if path == "inline" else len(asked)), published
+        finished = {s.context.span_id: s for s in exported.get_finished_spans()}
+        for parent in asked:
+            _, trace_id, span_id, _ = parent.split("-")
+            span = finished[int(span_id, 16)]
+            assert span.context.trace_id == int(trace_id, 16)
+            assert span.name in ("compaction.record_turn", "compaction.prepare"), span.name
+        message = json.loads(client.lindex(queue, 0))
+        body = json.loads(base64.b64decode(message["body"]))
+        assert body[0] == ["c1"] and body[1]["tenant"] == "default"
+        assert still_open.open == {}
+    finally:
+        client.delete(queue)
+        client.close()
