@@ -385,3 +385,67 @@ def test_every_publish_path_carries_the_guards_trace(
     finally:
         client.delete(queue)
         client.close()
+
+
+RECORDER = """
+import sys
+from shared.telemetry.metrics import PrometheusMetrics
+role, jobs, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+m = PrometheusMetrics(role=role)
+for _ in range(jobs):
+    if role == "worker":
+        m.job_done("maybe_summarize", "compacted", 0.5)
+        m.compaction("llm", "compacted")
+        m.summarizer_call("openai", "gpt-4o-mini", 1.0, input_tokens=tokens, output_tokens=7)
+        m.worker_lag(messages=30, seconds=2.0)
+        m.sweep_flags(seen=2, stale=1, republished=1, failed=0)
+    else:
+        m.prepare_done(0.001, view_tokens=tokens, log_tokens=3 * tokens)
+        m.compaction("truncation", "compacted")
+        m.silent_truncation()
+"""
+
+
+def test_multiprocess_mode_sums_every_process(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three processes (two workers, one guard) record into one directory; what a
+    /metrics endpoint serves is the sum of all of them, series by series."""
+    import os
+    import subprocess
+    import sys
+
+    from shared.telemetry.metrics import served_registry
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "PYTHONPATH": str(root)}
+    for role, jobs, tokens in (("worker", 3, 100), ("worker", 5, 40), ("guard", 4, 250)):
+        subprocess.run([sys.executable, "-c", RECORDER, role, str(jobs), str(tokens)],
+                       env=env, cwd=root, check=True, timeout=60)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    registry = served_registry()
+
+    def value(name: str, **labels: str) -> float | None:
+        found: float | None = registry.get_sample_value(name, labels)
+        return found
+
+    assert value("compaction_jobs_total", task="maybe_summarize", outcome="compacted") == 8
+    assert value("compaction_job_duration_seconds_count", task="maybe_summarize") == 8
+    assert value("compaction_job_duration_seconds_sum", task="maybe_summarize") == 4.0
+    assert value("compaction_compactions_total", kind="llm", outcome="compacted") == 8
+    assert value("compaction_compactions_total", kind="truncation", outcome="compacted") == 4
+    assert value("compaction_summarizer_calls_total", provider="openai",
+                 model="gpt-4o-mini") == 8
+    assert value("compaction_summarizer_input_tokens_total", provider="openai",
+                 model="gpt-4o-mini") == 3 * 100 + 5 * 40
+    assert value("compaction_summarizer_output_tokens_total", provider="openai",
+                 model="gpt-4o-mini") == 8 * 7
+    assert value("compaction_worker_lag_messages_count") == 8
+    assert value("compaction_worker_lag_seconds_bucket", le="5.0") == 8
+    assert value("compaction_sweep_pending_flags_total") == 16
+    assert value("compaction_sweep_republished_total") == 8
+    assert value("compaction_sweep_publish_failures_total") == 0
+    assert value("compaction_guard_prepare_duration_seconds_count", path="prepare") == 4
+    assert value("compaction_guard_view_tokens_total", path="prepare") == 1000
+    assert value("compaction_guard_saved_tokens_total", path="prepare") == 2000
+    assert value("compaction_silent_truncation_suspected_total") == 4
