@@ -249,3 +249,34 @@ def test_the_servers_log_lines_name_the_requests_tenant(
     for record in (*failed, *crashed):
         assert (record["tenant"], record["session_id"]) == ("beta", "s"), record
     assert "ZeroDivisionError" in crashed[0]["exc_info"]
+
+
+def test_cli_commands_with_another_tenant_reach_nothing_of_this_one(
+        redis_url: str, real_redis: redis.Redis, operator: SessionStore, key_prefix: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Any) -> None:
+    from workers.cli.main import main
+
+    for name in ("COMPACTION_TENANT", "COMPACTION_SUMMARIZER", "COMPACTION_TRIGGER_RATIO"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COMPACTION_REDIS_URL", redis_url)
+    monkeypatch.setenv("COMPACTION_KEY_PREFIX", key_prefix)
+    alpha = operator.for_tenant("alpha")
+    for n in range(4):
+        alpha.append("s", _turn("alpha", n))
+    before = _own_keys(real_redis, key_prefix)
+    for argv in (["stats", "s"], ["show", "s"], ["history", "s"], ["rewind", "s", "0"],
+                 ["report", "s", "-o", str(tmp_path / "r.html")]):
+        code = main([*argv, "--tenant", "beta"])
+        _, err = capsys.readouterr()
+        assert code == 1 and "no session 's' in tenant 'beta'" in err, (argv, code, err)
+    assert main(["sessions", "--tenant", "beta", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sessions"] == []
+    assert main(["sessions", "--tenant", "alpha", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["sessions"]
+    assert [(r["tenant"], r["session_id"]) for r in listed] == [("alpha", "s")]
+    for bad in ("a:b", "a*", "{a}", "ü"):
+        assert main(["sessions", "--tenant", bad, "--json"]) != 0
+        capsys.readouterr()
+    assert _own_keys(real_redis, key_prefix) == before
+    assert not (tmp_path / "r.html").exists()
