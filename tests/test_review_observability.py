@@ -449,3 +449,45 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path,
     assert value("compaction_guard_view_tokens_total", path="prepare") == 1000
     assert value("compaction_guard_saved_tokens_total", path="prepare") == 2000
     assert value("compaction_silent_truncation_suspected_total") == 4
+
+
+def test_a_cancelled_async_guard_call_ends_its_span(
+        pausable_redis: Any, traced: tuple[InMemorySpanExporter, Open]) -> None:
+    """A caller's timeout cancels ``prepare`` while Redis hangs: the span ends anyway (a
+    cancellation is no error: status unset), and nothing stays attached to the loop."""
+    import asyncio
+    import os
+    import signal
+
+    import redis.asyncio
+
+    from shared.guard import AsyncContextGuard
+    from shared.store.aio import AsyncSessionStore
+    from shared.telemetry.tracing import current_ids
+
+    exported, still_open = traced
+    cfg = StoreConfig(socket_timeout=30, connect_timeout=30)
+    client = redis.asyncio.Redis.from_url(pausable_redis.url, socket_timeout=30)
+    guard = AsyncContextGuard(AsyncSessionStore(client, cfg), NullEnqueuer(),
+                              overrides={"gpt-4o": 16_000})
+    turn = demo_turns(1)[0]
+
+    async def run() -> None:
+        await guard.record_turn("c1", turn)  # connected, scripts loaded
+        os.kill(pausable_redis.process.pid, signal.SIGSTOP)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(guard.prepare(
+                "c1", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1]), 0.5)
+        assert current_ids() is None  # no span of the cancelled call is current
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run())
+    finally:
+        os.kill(pausable_redis.process.pid, signal.SIGCONT)
+        loop.run_until_complete(guard.aclose())
+        loop.run_until_complete(client.aclose())
+        loop.close()
+    assert still_open.open == {}
+    [prepare] = [s for s in exported.get_finished_spans() if s.name == "compaction.prepare"]
+    assert prepare.status.status_code == StatusCode.UNSET
