@@ -491,3 +491,30 @@ def test_a_cancelled_async_guard_call_ends_its_span(
     assert still_open.open == {}
     [prepare] = [s for s in exported.get_finished_spans() if s.name == "compaction.prepare"]
     assert prepare.status.status_code == StatusCode.UNSET
+
+
+@pytest.mark.xfail(strict=True, reason="shared/store/lease.py starts the renewal thread "
+                   "without the job's context (contextvars.copy_context().run): its lines "
+                   "carry no job ids; outside this review's files (see the obs report)")
+def test_the_lease_renewal_threads_lines_carry_the_jobs_ids(json_lines: io.StringIO) -> None:
+    """A job's lease renewal runs on a thread of its own; its "lease lost" / "renewal
+    failed" lines are the job's (the session id alone does not say whose tenant)."""
+    import time
+
+    from shared.store import lease
+    from shared.telemetry.logs import log_context
+
+    class Down:
+        def extend_lease(self, session_id: str, token: str, ttl: float) -> bool:
+            raise StoreUnavailable("Redis did not answer")
+
+    handler = logging.getLogger("compaction.review").handlers[-1]
+    lease.log.addHandler(handler)
+    try:
+        with log_context(session_id="s", tenant="acme", job_id="job-r", task="compact"), \
+                lease.Renewal(Down(), "s", "token", 0.06, time.monotonic() + 5):  # type: ignore[arg-type]
+            time.sleep(0.1)
+    finally:
+        lease.log.removeHandler(handler)
+    [first, *_] = [r for r in _lines(json_lines) if "lease renewal of s failed" in r["message"]]
+    assert (first["tenant"], first["job_id"]) == ("acme", "job-r"), first
