@@ -280,3 +280,43 @@ def test_cli_commands_with_another_tenant_reach_nothing_of_this_one(
         capsys.readouterr()
     assert _own_keys(real_redis, key_prefix) == before
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_compaction_serve_writes_json_logs_naming_the_tenant(
+        redis_url: str, real_redis: redis.Redis, key_prefix: str, tmp_path: Any) -> None:
+    """``COMPACTION_LOG_FORMAT=json`` for ``compaction serve``: the guard's lines (here a
+    broker it cannot reach) are JSON objects with the request's tenant and session id,
+    as uvicorn's own lines are; before, the setting was ignored by the server: they were
+    the CLI's text lines (``compaction: warning: enqueue failed for session s9``), with
+    no tenant."""
+    import os
+    import signal
+
+    import httpx
+
+    from tests.serve_support import start_serve
+    from workers.server.process import free_port
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    token = "json-logs-token-0123456789"
+    env = {**os.environ, "COMPACTION_REDIS_URL": redis_url, "COMPACTION_KEY_PREFIX": key_prefix,
+           "COMPACTION_BROKER_URL": "redis://127.0.0.1:1/0", "COMPACTION_LOG_FORMAT": "json",
+           "COMPACTION_SERVER_TOKENS": json.dumps({token: "acme"}),
+           "TMPDIR": str(tmp_path), "PYTHONPATH": str(root)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc, url = start_serve(env, free_port(), 1)
+    try:
+        answer = httpx.post(f"{url}/v1/sessions/s9/record", json={"messages": _turn("acme")},
+                            headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    text = err.decode()
+    assert text
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]  # all JSON
+    [failed] = [r for r in records if str(r["message"]).startswith("enqueue failed for s")]
+    assert (failed["level"], failed["tenant"], failed["session_id"]) == ("WARNING", "acme", "s9")
+    assert failed["logger"] == "shared.enqueue"

@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 from shared.core.errors import ConfigError
 from workers.cli._format import needs_extra
@@ -53,21 +54,24 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except ImportError:
         raise ConfigError(MISSING) from None  # one line, exit status 2, as every command
     from workers.server.config import load_server_config, require_tokens
+    from workers.server.logconfig import log_config
     from workers.server.main import build_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                    ("workers", args.workers)) if v is not None}
     config = load_server_config(flags=FLAGS, **overrides)
     require_tokens(config)  # before any worker process starts, one line instead of N
+    logs = log_config(settings.log_format, args.log_level)  # COMPACTION_LOG_FORMAT
+    logging_kw: dict[str, Any] = {} if logs is None else {"log_config": logs}
     if config.workers > 1:  # each process builds its own app from the environment
         with shared_metrics_dir():
             uvicorn.run("workers.server.main:app_from_env", factory=True, host=config.host,
                         port=config.port, workers=config.workers, log_level=args.log_level,
-                        timeout_graceful_shutdown=config.shutdown_grace_seconds)
+                        timeout_graceful_shutdown=config.shutdown_grace_seconds, **logging_kw)
         return 0
     app = build_app(settings, config)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                timeout_graceful_shutdown=config.shutdown_grace_seconds)
+                timeout_graceful_shutdown=config.shutdown_grace_seconds, **logging_kw)
     return 0
 
 
