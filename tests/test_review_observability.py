@@ -174,6 +174,26 @@ def test_a_guard_call_that_raises_ends_its_span_as_an_error(
         assert [e.name for e in failed.events] == ["exception"], name
 
 
+def test_guard_spans_name_the_tenant_as_well_as_the_session(
+        traced: tuple[InMemorySpanExporter, Open], shell: str, fake_redis: object,
+        key_prefix: str) -> None:
+    """Session ids are per tenant: two tenants' session "s" were one in traces."""
+    exported, _ = traced
+    turn = demo_turns(1)[0]
+    for tenant in ("acme", "globex"):
+        store = SessionStore(fake_redis, StoreConfig(key_prefix=key_prefix), tenant=tenant)
+        guard = make(shell, store, NullEnqueuer(), overrides={"gpt-4o": 16_000})
+        guard.prepare("s", SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+        guard.record_turn("s", turn)
+        error = {"error": {"code": "context_length_exceeded",
+                           "message": "maximum context length is 16000 tokens"}}
+        guard.recover("s", error, SYSTEM_PROMPT, TOOLS, 2000, "gpt-4o", pending=turn[:1])
+    named = sorted((s.name, dict(s.attributes or {}).get("compaction.tenant"))
+                   for s in exported.get_finished_spans())
+    assert named == sorted((name, tenant) for tenant in ("acme", "globex") for name in (
+        "compaction.prepare", "compaction.record_turn", "compaction.recover"))
+
+
 def _task(job_id: str) -> Any:
     request = SimpleNamespace(id=job_id, retries=0, headers={}, delivery_info={
         "routing_key": "compaction"})
@@ -493,9 +513,6 @@ def test_a_cancelled_async_guard_call_ends_its_span(
     assert prepare.status.status_code == StatusCode.UNSET
 
 
-@pytest.mark.xfail(strict=True, reason="shared/store/lease.py starts the renewal thread "
-                   "without the job's context (contextvars.copy_context().run): its lines "
-                   "carry no job ids; outside this review's files (see the obs report)")
 def test_the_lease_renewal_threads_lines_carry_the_jobs_ids(json_lines: io.StringIO) -> None:
     """A job's lease renewal runs on a thread of its own; its "lease lost" / "renewal
     failed" lines are the job's (the session id alone does not say whose tenant)."""

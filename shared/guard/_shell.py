@@ -163,6 +163,8 @@ def settle_garbage(raw: RawView) -> None:
 class GuardShell(FreshViews, Recovery):
     """State and pure helpers of a guard shell (no store calls here)."""
 
+    store: Any  # the shell's; read here for its tenant only (the spans name it)
+
     def __init__(self, counter: TokenCounter | None, policy: CompactionPolicy | None,
                  overrides: Mapping[str, ModelLimits | int] | None,
                  view_cache: ViewCache | None) -> None:
@@ -453,22 +455,24 @@ class GuardShell(FreshViews, Recovery):
             return self._sent.pop(session_id) if reported else None
 
     # -- observability: spans and metrics, the same for both shells ---------------------------
-    @staticmethod
-    def traced_prepare(session_id: str, model: str) -> Traced:
+    # Each span names the tenant too: session ids are per tenant, and one server's guards
+    # serve every tenant its tokens name (two tenants' session "s" were one in traces).
+    def traced_prepare(self, session_id: str, model: str) -> Traced:
         return Traced("compaction.prepare", {"compaction.session_id": session_id,
+                                             "compaction.tenant": self.store.tenant,
                                              "gen_ai.request.model": model})
 
-    @staticmethod
-    def traced_recover(session_id: str, model: str, error: object) -> Traced:
+    def traced_recover(self, session_id: str, model: str, error: object) -> Traced:
         return Traced("compaction.recover", {"compaction.session_id": session_id,
+                                             "compaction.tenant": self.store.tenant,
                                              "gen_ai.request.model": model,
                                              "error.type": type(error).__name__})
 
-    @staticmethod
-    def traced_turn(session_id: str) -> Traced:
+    def traced_turn(self, session_id: str) -> Traced:
         """A producer span around the append and the publish: the job's message carries
         its trace context (:func:`shared.telemetry.propagation.publish_headers`)."""
-        return Traced("compaction.record_turn", {"compaction.session_id": session_id},
+        return Traced("compaction.record_turn", {"compaction.session_id": session_id,
+                                                 "compaction.tenant": self.store.tenant},
                       kind="producer")
 
     @staticmethod

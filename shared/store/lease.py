@@ -57,6 +57,7 @@ follow-up that finds the lease held again schedules the next.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import secrets
@@ -236,7 +237,10 @@ class Renewal:
         self.store, self.session_id, self.token = store, session_id, token
         self.ttl, self.until, self.renewals = ttl_seconds, until, 0
         self.lost, self._stop = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        # in the job's context: its log lines ("lease lost", "renewal failed") carry the
+        # job's ids, as the job's own lines do
+        self._thread = threading.Thread(target=contextvars.copy_context().run,
+                                        args=(self._loop,), daemon=True)
 
     def _loop(self) -> None:
         wait = self.ttl / 3
