@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -200,23 +201,51 @@ def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
     )
 
 
-def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
-    """A Redis Cluster client (any node's URL) with the same bounded timeouts.
+def cluster_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A cluster URL that may name several nodes (``redis://h1:7000,h2:7000/0``): the
+    URL of the first (with the credentials and options), and the others as (host, port).
 
-    Cluster clients follow slot moves (MOVED/ASK) themselves; retries on
-    connection errors are limited to one, so a dead node still surfaces as
-    :class:`StoreUnavailable` within a few socket timeouts.
+    One named node is one point of failure: a process started while it is down would
+    not find the cluster, however healthy the other masters are."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    first, *more = hosts.split(",")
+    others = []
+    for node in more:
+        host, colon, port = node.rpartition(":")
+        if not colon or "]" in port:  # no port (an IPv6 address alone, too): the default
+            host, port = node, "6379"
+        if not port.isdigit():
+            raise InvalidInput(f"cluster node {node!r} in the Redis URL: port is not a number",
+                               field="redis_url")
+        others.append((host.strip("[]"), int(port)))
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{first}")), others
+
+
+def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
+    """A Redis Cluster client with the same bounded timeouts.
+
+    ``url`` names one node or several (``redis://h1:7000,h2:7000``): the client asks the
+    first that answers for the slot map, then knows every node (a node named here may
+    die later; one that is down now is skipped). Cluster clients follow slot moves
+    (MOVED/ASK) themselves; retries on connection errors are limited to one, so a dead
+    node still surfaces as :class:`StoreUnavailable` within a few socket timeouts, and
+    so does a cluster no named node answers for (now: the client asks at once).
     """
-    from redis.cluster import RedisCluster
+    from redis.cluster import ClusterNode, RedisCluster
 
     cfg = config or StoreConfig()
-    return RedisCluster.from_url(
-        url,
-        socket_timeout=cfg.socket_timeout,
-        socket_connect_timeout=cfg.connect_timeout,
-        retry=Retry(NoBackoff(), 1),
-        driver_info=driver_info(),
-    )
+    first, others = cluster_nodes(url)
+    node: Any = ClusterNode  # untyped in redis-py
+    with redis_errors("connecting to the cluster"):
+        return RedisCluster.from_url(
+            first,
+            startup_nodes=[node(host, port) for host, port in others],
+            socket_timeout=cfg.socket_timeout,
+            socket_connect_timeout=cfg.connect_timeout,
+            retry=Retry(NoBackoff(), 1),
+            driver_info=driver_info(),
+        )
 
 
 class SessionStore(LeaseOps):

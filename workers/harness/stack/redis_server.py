@@ -338,7 +338,8 @@ def _command(client: redis.Redis, *args: str | int) -> Any:
 
 
 def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 30, *,
-                  replicas: int = 0, node_timeout_ms: int = 5000) -> LocalCluster:
+                  replicas: int = 0, node_timeout_ms: int = 5000,
+                  extra_args: tuple[str, ...] = ()) -> LocalCluster:
     """Start ``masters`` cluster-enabled servers (and ``replicas`` replicas of each) and
     join them by hand.
 
@@ -347,7 +348,9 @@ def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 
     master; returns once each node reports ``cluster_state:ok``, knows all the others
     and every replica's link to its master is up. ``node_timeout_ms``: the nodes'
     ``cluster-node-timeout`` (how long a silent master waits before its replica is
-    promoted; keep it short for tests that kill masters).
+    promoted; keep it short for tests that kill masters). ``extra_args``: more
+    redis-server arguments for every node, e.g. ``("--cluster-require-full-coverage",
+    "no")``.
     """
     binary = binary or redis_binary()
     if binary is None:
@@ -360,7 +363,8 @@ def start_cluster(binary: str | None = None, masters: int = 3, timeout: float = 
             directory = tempfile.mkdtemp(prefix=f"cmp-cluster-{port}-")
             nodes.append(RedisServer(port, binary, directory, [
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(node_timeout_ms), "--appendonly", "no"]).start())
+                "--cluster-node-timeout", str(node_timeout_ms), "--appendonly", "no",
+                *extra_args]).start())
         for i, node in enumerate(nodes[:masters]):
             lo, hi = SLOTS * i // masters, SLOTS * (i + 1) // masters
             with closing(_client(node.port)) as client:
