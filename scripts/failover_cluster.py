@@ -11,6 +11,9 @@ shard:
 
 - ``failover``: a planned ``CLUSTER FAILOVER`` on the master's replica;
 - ``kill``: SIGKILL of the master (its replica is promoted after the node timeout);
+- ``hang``: SIGSTOP of the master (a hung host: connections open, no reply, so calls
+  wait for their socket timeouts) until its replica is promoted, then SIGCONT (it
+  comes back as a replica);
 - ``migrate``: the slot moved to another master key by key (``--pause`` s between keys:
   clients meet the slot half moved, ASK and TRYAGAIN), as ``redis-cli --cluster
   reshard`` does.
@@ -24,7 +27,8 @@ The turns go on for ``--after`` seconds; then each session is read back and chec
 - failed_elsewhere: of those, the calls on sessions of the shards the event did not hit;
 - stall: the longest single call (prepare + record_turn) of any guard, seconds;
 - recovery: seconds from the event to the first acknowledged turn after the last failed
-  or lost one (from then on every acknowledged turn is kept), the worst guard;
+  or lost one (from then on every acknowledged turn is kept), the worst guard (inf: a
+  guard whose calls still failed when the trial ended);
 - bad: sessions failing the store's invariants afterwards (log and running totals of
   one length, totals increasing, a summary at the watermark, watermarks inside the log).
 
@@ -55,7 +59,7 @@ from workers.harness.stack.redis_server import LocalCluster, start_cluster
 from workers.summarizer.engine import SummaryEngine
 
 CONFIG = StoreConfig(key_prefix="fc", socket_timeout=0.5, connect_timeout=0.5)
-EVENTS = ("failover", "kill", "migrate")
+EVENTS = ("failover", "kill", "hang", "migrate")
 
 
 @dataclass
@@ -135,6 +139,10 @@ def _event(cluster: LocalCluster, event: str, slot: int, pause: float) -> None:
     elif event == "kill":
         cluster.kill(master)
         cluster.wait_master_not(master)
+    elif event == "hang":
+        cluster.pause(master)
+        cluster.wait_master_not(master)
+        cluster.resume(master)
     else:
         target = next(p for p in cluster.masters() if p != master)
         cluster.migrate_slot(slot, target, batch=1, pause=pause)
@@ -167,8 +175,8 @@ def _check(cluster: LocalCluster, runs: list[GuardRun], elsewhere: set[str]) -> 
                 if is_bad and at >= 0:
                     bad_until = max(bad_until, at)
             first_good = min((at for at, i, o, _ in run.attempts
-                              if o == "ok" and at > bad_until), default=math.nan)
-            recovery = max(recovery, first_good if bad_until > 0 else 0.0)
+                              if o == "ok" and at > bad_until), default=math.inf)
+            recovery = max(recovery, first_good if bad_until > 0 else 0.0)  # inf: never
     finally:
         store.redis.close()
     return {"lost": lost, "dup": dup, "failed": failed, "failed_elsewhere": failed_elsewhere,

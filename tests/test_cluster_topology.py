@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import redis
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
@@ -257,3 +258,39 @@ def test_cluster_url_bad_port() -> None:
 
     with pytest.raises(InvalidInput):
         cluster_nodes("redis://h1:7000,h2:x")
+
+
+BUSY = """
+local t0 = redis.call('TIME')
+local began = tonumber(t0[1]) + tonumber(t0[2]) / 1e6
+while true do
+  local t = redis.call('TIME')
+  if tonumber(t[1]) + tonumber(t[2]) / 1e6 - began > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+def test_a_timed_out_write_is_not_sent_again(cluster: LocalCluster) -> None:
+    """A write whose reply comes after the socket timeout (a master busy for 0.8 s) is
+    StoreUnavailable, and applied once: redis-py's cluster client re-sent it after the
+    timeout, so an append without a request id was stored twice (and the caller was
+    told it succeeded)."""
+    store = SessionStore(connect_cluster(cluster.url, CONFIG), CONFIG)
+    sid = "busy"
+    try:
+        assert store.append(sid, turn(sid, 0)) == 2
+        master = cluster.master_of_slot(slot_of(cluster, sid))
+        node = redis.Redis(port=master, socket_timeout=5)
+        busy = threading.Thread(target=node.eval, args=(BUSY, 0, 0.8))
+        busy.start()
+        time.sleep(0.1)
+        try:
+            with pytest.raises(StoreUnavailable):
+                store.append(sid, turn(sid, 1))
+        finally:
+            busy.join()
+            node.close()
+        assert [m.content for m in store.messages(sid) if m.role == "user"] == [
+            f"{sid} turn 0", f"{sid} turn 1"]
+    finally:
+        store.redis.close()

@@ -20,6 +20,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -206,6 +207,7 @@ class LocalCluster:
     """
 
     nodes: list[RedisServer]
+    paused: set[int] = field(default_factory=set)  # ports of nodes stopped by SIGSTOP
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
@@ -217,9 +219,13 @@ class LocalCluster:
         return f"redis://127.0.0.1:{self.live()[0].port}"
 
     def live(self) -> list[RedisServer]:
-        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+        """The nodes running and answering (not killed, not paused)."""
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None
+                and n.port not in self.paused]
 
     def stop(self) -> None:
+        for port in list(self.paused):
+            self.resume(port)
         for node in self.nodes:
             node.remove()
 
@@ -271,6 +277,21 @@ class LocalCluster:
         node = next(n for n in self.nodes if n.port == port)
         node.stop()
         return node
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP a node: its connections stay open and nothing answers (a hung host),
+        so clients wait for their socket timeouts; the cluster promotes its replica
+        after ``cluster-node-timeout``. :meth:`resume` wakes it (then demoted)."""
+        node = next(n for n in self.nodes if n.port == port)
+        assert node.process is not None
+        node.process.send_signal(signal.SIGSTOP)
+        self.paused.add(port)
+
+    def resume(self, port: int) -> None:
+        node = next(n for n in self.nodes if n.port == port)
+        assert node.process is not None
+        node.process.send_signal(signal.SIGCONT)
+        self.paused.discard(port)
 
     def wait_master_not(self, old_port: int, timeout: float = 30) -> None:
         """Until every live node reports ``cluster_state:ok`` and maps the slots
