@@ -315,3 +315,67 @@ def test_a_stopped_node_fails_its_calls_as_store_unavailable_only(key_prefix: st
         local.stop()
     assert set(seen) <= {"ok", "ok after", "StoreUnavailable"}, seen
     assert seen["StoreUnavailable"] > 0 and seen["ok after"] > 0, seen
+
+
+def test_a_timed_out_write_is_not_sent_again(cluster: LocalCluster, key_prefix: str) -> None:
+    """A master busy past the socket timeout: the append is StoreUnavailable and stored
+    once. redis-py's cluster client sends a command again after a timeout, when it may
+    have run (the sync client stored such an append twice)."""
+    import threading
+
+    import redis
+
+    from tests.test_cluster_topology import BUSY
+
+    config = StoreConfig(key_prefix=key_prefix, socket_timeout=0.5, connect_timeout=0.5)
+
+    async def scenario() -> list[str]:
+        client = connect_cluster_async(cluster.url, config)
+        store = AsyncSessionStore(client, config)
+        try:
+            await store.append("busy", turn(0))
+            slot = client.keyslot(store.keys("busy").log)
+            owner = client.nodes_manager.get_node_from_slot(slot)
+            node = redis.Redis(host=owner.host, port=owner.port, socket_timeout=5)
+            busy = threading.Thread(target=node.eval, args=(BUSY, 0, 0.8))
+            busy.start()
+            await asyncio.sleep(0.1)
+            try:
+                with pytest.raises(StoreUnavailable):
+                    await store.append("busy", turn(1))
+            finally:
+                await asyncio.to_thread(busy.join)
+                node.close()
+            return [str(m.content) for m in await store.messages("busy") if m.role == "user"]
+        finally:
+            await client.aclose()
+
+    questions = asyncio.run(scenario())
+    assert [q.split(" ")[1] for q in questions] == ["0", "1"], questions
+
+
+def test_a_url_may_name_several_nodes(key_prefix: str) -> None:
+    """``redis://h1:p1,h2:p2``: a client made after the first node named died (its
+    replica promoted) still finds the cluster through the others."""
+    local = start_cluster(replicas=1, node_timeout_ms=1000)
+    try:
+        dead = local.nodes[0]
+        was_master = dead.port in local.masters()
+        local.kill(dead.port)
+        if was_master:
+            local.wait_master_not(dead.port)
+        others = ",".join(f"127.0.0.1:{n.port}" for n in local.live()[:2])
+        url = f"redis://127.0.0.1:{dead.port},{others}"
+        config = StoreConfig(key_prefix=key_prefix, socket_timeout=0.5, connect_timeout=0.5)
+
+        async def scenario() -> list[int]:
+            client = connect_cluster_async(url, config)
+            store = AsyncSessionStore(client, config)
+            try:  # sessions on every shard
+                return [await store.append(f"s{n}", turn(n)) for n in range(9)]
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(scenario()) == [2] * 9
+    finally:
+        local.stop()

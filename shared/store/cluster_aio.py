@@ -37,7 +37,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from shared.core.config import StoreConfig
-from shared.store.sessions import driver_info
+from shared.store.sessions import cluster_nodes, driver_info
 
 TOPOLOGY_HEADROOM = 2
 """Connections per node beyond the bound on calls: a slot-map refresh, which the client
@@ -52,6 +52,13 @@ _INSIDE_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_clus
 class WaitingCluster(redis.asyncio.cluster.RedisCluster):
     """redis-py's asyncio cluster client, each command and pipeline waiting for one of
     ``calls_bound`` turns (the pool a standalone client has, counted across nodes)."""
+
+    ERRORS_ALLOW_RETRY: Any = (redis.exceptions.ClusterDownError,
+                               redis.exceptions.SlotNotCoveredError)
+    """Retried (the slot map reloaded first) only where the cluster refused a command
+    before running it; redis-py also re-sends one after a timeout or a broken connection,
+    when it may have run: the sync client stored an append twice that way
+    (:func:`shared.store.sessions.connect_cluster`)."""
 
     def __init__(self, *args: Any, calls_bound: int, pool_timeout: float,
                  **kwargs: Any) -> None:
@@ -147,10 +154,11 @@ _CONNECTION_MODULE = os.path.join("redis", "asyncio", "connection.py")
 def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
                           max_connections: int = 100,
                           pool_timeout: float | None = None) -> WaitingCluster:
-    """An asyncio Redis Cluster client (any node's URL) for
+    """An asyncio Redis Cluster client (``url``: one node or several,
+    ``redis://h1:7000,h2:7000``, as :func:`~shared.store.sessions.connect_cluster` takes) for
     :class:`~shared.store.aio.AsyncSessionStore`, with the sync
-    :func:`~shared.store.sessions.connect_cluster`'s bounded timeouts and one retry on a
-    connection error (slot moves, MOVED and ASK, are followed by the client). At most
+    :func:`~shared.store.sessions.connect_cluster`'s bounded timeouts and nothing sent
+    twice (slot moves, MOVED and ASK, are followed by the client). At most
     ``max_connections`` calls are in flight; the others wait up to ``pool_timeout``
     seconds (default: the store's connect and socket timeouts), as
     :func:`~shared.store.aio.connect_async`'s do. Nothing is sent before the first call."""
@@ -162,8 +170,11 @@ def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
     _check_positive("max_connections", max_connections)
     cfg = config or StoreConfig()
     wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
+    first, others = cluster_nodes(url)  # several nodes: none of them alone is needed
     client = WaitingCluster.from_url(
-        url, calls_bound=max_connections, pool_timeout=wait,
+        first, startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port)
+                              for host, port in others],
+        calls_bound=max_connections, pool_timeout=wait,
         socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 1), driver_info=driver_info())
     assert isinstance(client, WaitingCluster)
