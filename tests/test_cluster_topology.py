@@ -294,3 +294,28 @@ def test_a_timed_out_write_is_not_sent_again(cluster: LocalCluster) -> None:
             f"{sid} turn 0", f"{sid} turn 1"]
     finally:
         store.redis.close()
+
+
+def test_the_workers_store_client_takes_several_nodes(topology: LocalCluster,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``COMPACTION_REDIS_URL`` naming several nodes: a worker, CLI or server started after
+    the first one died still reaches the cluster (the setting refused the list before)."""
+    from workers.settings import load_settings
+    from workers.store_client import store_client
+
+    dead = topology.nodes[0]
+    was_master = dead.port in topology.masters()
+    topology.kill(dead.port)
+    if was_master:
+        topology.wait_master_not(dead.port)
+    nodes = ",".join(f"127.0.0.1:{n.port}" for n in [dead, *topology.live()[:2]])
+    monkeypatch.setenv("COMPACTION_REDIS_URL", f"redis://{nodes}")
+    monkeypatch.setenv("COMPACTION_REDIS_CLUSTER", "true")
+    monkeypatch.setenv("COMPACTION_KEY_PREFIX", CONFIG.key_prefix)
+    settings = load_settings()
+    client = store_client(settings)
+    try:
+        store = SessionStore(client, settings.store_config())
+        assert [store.append(f"w{n}", turn(f"w{n}", 0)) for n in range(6)] == [2] * 6
+    finally:
+        client.close()

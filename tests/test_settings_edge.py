@@ -9,6 +9,8 @@ the flag the guard sets lives that long.
 
 from __future__ import annotations
 
+import re
+
 import fakeredis
 import pytest
 
@@ -77,3 +79,23 @@ def test_a_summarizer_base_url_of_a_local_server_is_kept(monkeypatch: pytest.Mon
     monkeypatch.setenv("COMPACTION_SUMMARIZER", "openai")
     monkeypatch.setenv("COMPACTION_SUMMARIZER_BASE_URL", " http://127.0.0.1:8000/v1 ")
     assert load_settings().summarizer_base_url == "http://127.0.0.1:8000/v1"
+
+
+@pytest.mark.parametrize(("url", "cluster", "refused"), [
+    ("redis://127.0.0.1:7000,127.0.0.1:7001,[::1]:7002", "true", None),
+    ("redis://user:pw@h1:7000,h2/0", "true", None),
+    ("redis://h1:7000,h2:7001", "false", "COMPACTION_REDIS_CLUSTER=true"),
+    ("redis://h1:7000,h2:port", "true", "'h2:port'"),
+    ("redis://h1:7000,h2:70000", "true", "out of range"),
+])
+def test_a_cluster_url_may_name_several_nodes(monkeypatch: pytest.MonkeyPatch, url: str,
+                                              cluster: str, refused: str | None) -> None:
+    """One named node is one point of failure for every worker, CLI and server started
+    while it is down: ``COMPACTION_REDIS_URL`` takes the list ``connect_cluster`` takes."""
+    monkeypatch.setenv("COMPACTION_REDIS_URL", url)
+    monkeypatch.setenv("COMPACTION_REDIS_CLUSTER", cluster)
+    if refused is None:
+        assert load_settings().redis_url == url
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused)):
+        load_settings()

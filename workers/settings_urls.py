@@ -80,6 +80,18 @@ def check_store_url(url: str) -> None:
     if split.scheme not in REDIS_SCHEMES or not url.startswith(split.scheme + "://"):
         raise ValueError("the scheme must be one of redis://, rediss://, unix://, "
                          f"{SENTINEL_SCHEME}://, {SENTINEL_TLS_SCHEME}://")
+    if "," in split.netloc:  # a Redis Cluster's nodes (COMPACTION_REDIS_CLUSTER checks that)
+        from shared.core.errors import InvalidInput
+        from shared.store.sessions import cluster_nodes
+
+        try:
+            first, others = cluster_nodes(url)
+        except InvalidInput as exc:
+            raise ValueError(str(exc).removeprefix(f"{exc.field}: ")) from None
+        if any(not 0 < port < 65536 for _, port in others):
+            raise ValueError("a cluster node's port is out of range")
+        check_store_url(first)
+        return
     split.port  # noqa: B018 - a port that is not a number in range raises ValueError
     if split.scheme == "unix":
         if not split.path:
