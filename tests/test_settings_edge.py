@@ -87,6 +87,7 @@ def test_a_summarizer_base_url_of_a_local_server_is_kept(monkeypatch: pytest.Mon
     ("redis://h1:7000,h2:7001", "false", "COMPACTION_REDIS_CLUSTER=true"),
     ("redis://h1:7000,h2:port", "true", "'h2:port'"),
     ("redis://h1:7000,h2:70000", "true", "out of range"),
+    ("redis+sentinel://s1:26379,s2:26379/store", "false", None),  # Sentinels, not nodes
 ])
 def test_a_cluster_url_may_name_several_nodes(monkeypatch: pytest.MonkeyPatch, url: str,
                                               cluster: str, refused: str | None) -> None:

@@ -298,7 +298,8 @@ class Settings(BaseSettings):
         if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
             raise ValueError("COMPACTION_REDIS_CLUSTER needs a redis:// or rediss:// "
                              "COMPACTION_REDIS_URL (a node's host and port)")
-        if not self.redis_cluster and "," in urlsplit(self.redis_url).netloc:
+        if not self.redis_cluster and self.redis_url.startswith(("redis://", "rediss://")) \
+                and "," in urlsplit(self.redis_url).netloc:
             raise ValueError("COMPACTION_REDIS_URL names several nodes: that is a Redis "
                              "Cluster's form; set COMPACTION_REDIS_CLUSTER=true")
         if self.redis_cluster and urlsplit(self.redis_url).path.strip("/") not in ("", "0"):

@@ -12,14 +12,15 @@ context). An unauthenticated request binds nothing.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
-
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared.telemetry.logs import log_context
 from workers.server.bearer import tenant_for
 from workers.server.config import TokenBook
+
+if TYPE_CHECKING:  # types only: the module imports without the server extra
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)(?:/|$)")
 
