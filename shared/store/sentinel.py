@@ -48,7 +48,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
 import time
+import weakref
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +72,13 @@ from redis.sentinel import (
 
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput
+from shared.store.sentinel_events import (
+    EVENTS_SECONDS,
+    FAILOVER_HOLD_SECONDS,
+    EventTask,
+    EventThread,
+    SentinelEvents,
+)
 from shared.store.sessions import driver_info, server_error
 from shared.store.tls import is_tls_option, tls_options
 
@@ -87,11 +97,11 @@ vouch for no primary: a hung one (its port open, no reply) cost the call making 
 check a whole socket timeout, once a second. Doubled at each further miss, up to
 :data:`QUIET_MAX_SECONDS`."""
 QUIET_MAX_SECONDS = 120.0
-FAILOVER_HOLD_SECONDS = 5.0
-"""The longest calls wait for a failover a Sentinel reports in progress (one that never
-completes, say for want of a good replica, must not stop writes for its whole
-``failover-timeout``)."""
-_OPTIONS = frozenset({"sentinel_username", "sentinel_password"})
+# FAILOVER_HOLD_SECONDS (shared.store.sentinel_events): the longest calls wait for a
+# failover a Sentinel reports in progress (one that never completes, say for want of a
+# good replica, must not stop writes for its whole ``failover-timeout``).
+EVENTS_OPTION = "sentinel_events_seconds"
+_OPTIONS = frozenset({"sentinel_username", "sentinel_password", EVENTS_OPTION})
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -111,6 +121,9 @@ class SentinelURL:
     sentinel_password: str | None = None
     tls: tuple[tuple[str, Any], ...] | None = None
     """The TLS keywords (``rediss+sentinel://``), None for plain TCP."""
+    events_seconds: float = EVENTS_SECONDS
+    """How long the pool's answer stays fresh while it hears every Sentinel's events
+    (``sentinel_events_seconds``); 0: no subscription, a check every second as before."""
 
     def tls_kwargs(self) -> dict[str, Any]:
         """Connection keywords for TLS, the same for the Sentinels and the data nodes."""
@@ -163,13 +176,22 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     if given_tls and not tls:
         raise bad(f"{', '.join(sorted(given_tls))}: TLS options need the {TLS_SCHEME}:// "
                   "scheme")
+    events = options.get(EVENTS_OPTION, [str(EVENTS_SECONDS)])[-1]
+    try:
+        events_seconds = float(events)
+    except ValueError:
+        events_seconds = -1.0
+    if not 0 <= events_seconds <= 3600:
+        raise bad(f"{EVENTS_OPTION} must be a number of seconds from 0 (off) to 3600, "
+                  f"not {events!r}")
     return SentinelURL(
         sentinels=tuple(sentinels), service=parts[0],
         db=int(parts[1]) if len(parts) == 2 and parts[1] else 0,
         username=username, password=password,
         sentinel_username=options.get("sentinel_username", [None])[-1] or None,
         sentinel_password=options.get("sentinel_password", [None])[-1] or None,
-        tls=tuple(sorted(tls_options(options).items())) if tls else None)
+        tls=tuple(sorted(tls_options(options).items())) if tls else None,
+        events_seconds=events_seconds)
 
 
 def is_readonly(exc: BaseException) -> bool:
@@ -192,6 +214,7 @@ class _Follow:
         self.hold_since: float | None = None
         self.quiet_until: dict[int, float] = {}  # Sentinel (its index) -> when to ask again
         self.misses: dict[int, int] = {}  # Sentinel -> answers missed in a row
+        self.events: SentinelEvents | None = None  # the Sentinels' events, when heard
 
     def to_ask(self, count: int) -> tuple[list[int], list[int]]:
         """The Sentinels (of ``count``) to ask now, and those left out for now, having
@@ -211,10 +234,22 @@ class _Follow:
         self.quiet_until[index] = time.monotonic() + min(
             QUIET_SECONDS * 2 ** min(missed - 1, 16), QUIET_MAX_SECONDS)
 
+    def _gap(self) -> float:
+        """How long an answer lasts: ``error_gap`` after an error or while a failover is
+        reported; ``follow_seconds``, or the events' longer bound while every Sentinel is
+        heard (a failover would have been heard as it started)."""
+        events = self.events
+        if self.suspect or self.hold_since is not None or (
+                events is not None and events.holding()):
+            return self.error_gap
+        if events is not None and events.live():
+            return max(self.follow_seconds, events.fresh_seconds)
+        return self.follow_seconds
+
     def due(self, known: bool) -> bool:
-        gap = self.error_gap if self.suspect or self.hold_since is not None \
-            else self.follow_seconds
-        return not known or time.monotonic() - self.asked >= gap
+        events = self.events
+        return (not known or time.monotonic() - self.asked >= self._gap()
+                or (events is not None and events.changed >= self.asked))
 
     def asking(self) -> None:
         self.asked = time.monotonic()
@@ -228,15 +263,19 @@ class _Follow:
             self.hold_since = time.monotonic()
 
     def holding(self) -> bool:
-        """Calls must wait for the new primary (a failover reported, not for too long)."""
+        """Calls must wait for the new primary (a failover reported, by a check or an
+        event, not for too long)."""
+        if self.events is not None and self.events.holding():
+            return True
         return (self.hold_since is not None
                 and time.monotonic() - self.hold_since < FAILOVER_HOLD_SECONDS)
 
     def fresh(self, address: Any) -> tuple[str, int] | None:
         """``address`` (the pool's last answer) while the pool would use it without asking
-        again: asked within ``follow_seconds``, no error since, no failover reported; else
-        None (the pool's next call asks the Sentinels)."""
-        if address is None or self.suspect or self.hold_since is not None or self.due(True):
+        again: asked within ``follow_seconds`` (or the events' bound), no error or event
+        since, no failover reported; else None (the pool's next call asks the Sentinels)."""
+        if address is None or self.suspect or self.hold_since is not None \
+                or self.holding() or self.due(True):
             return None
         return str(address[0]), int(address[1])
 
@@ -386,12 +425,16 @@ class FollowingSentinelPool(SentinelConnectionPool):
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
-                 error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
+                 error_gap: float = ERROR_GAP_SECONDS,
+                 events_seconds: float = EVENTS_SECONDS, **kwargs: Any) -> None:
         ssl = kwargs.pop("ssl", False)
         kwargs.setdefault("connection_class", FollowingSSLConnection if ssl
                           else FollowingConnection)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
         self.follow = _Follow(follow_seconds, error_gap)
+        self.events_seconds = events_seconds
+        self.listener: EventThread | None = None
+        self._listen_lock = threading.Lock()
         self.proxy = _FollowingProxy(
             connection_pool=self, is_master=self.is_master,
             check_connection=self.check_connection, service_name=service_name,
@@ -402,15 +445,59 @@ class FollowingSentinelPool(SentinelConnectionPool):
         """The primary this pool writes to, while its answer is fresh (:meth:`_Follow.fresh`);
         None when the next call will ask the Sentinels first. No I/O: the change feed asks
         it on every check (:func:`shared.store.changes.feed_for`)."""
-        return self.follow.fresh(self.proxy.master_address) if self.is_master else None
+        if not self.is_master:
+            return None
+        if self.follow.events is not None:
+            self.follow.events.touch()
+        return self.follow.fresh(self.proxy.master_address)
+
+    def _listen(self) -> None:
+        """The events listener, started at the first call (again after a close, and in
+        a forked child: a thread does not survive a fork, nor may its state)."""
+        listener = self.listener
+        if listener is not None and listener.alive():
+            self.follow.events = listener.events
+            listener.events.touch()
+            return
+        if self.events_seconds <= 0 or not self.sentinel_manager.sentinels:
+            return
+        if listener is not None and listener.pid != os.getpid():
+            self._listen_lock = threading.Lock()  # the parent's, maybe held at the fork
+        with self._listen_lock:
+            if self.listener is not listener:
+                return
+            events = _events_for(self.follow, self.service_name,
+                                 len(self.sentinel_manager.sentinels), self.events_seconds)
+            self.listener = EventThread(events, self.sentinel_manager.sentinels).start()
+            weakref.finalize(self, self.listener.stopping.set)
+
+    def disconnect(self, inuse_connections: bool = True) -> None:
+        """Close the pool's connections; a full close (the client's) stops the listener
+        too (the next call starts it again)."""
+        if inuse_connections and self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+            self.follow.events = None
+        super().disconnect(inuse_connections)
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master:
+            self._listen()
             if self.follow.due(self.proxy.master_address is not None):
                 self.proxy.get_master_address()  # type: ignore[no-untyped-call]
             if self.follow.holding():
                 raise _holding_error(self.service_name)
         return super().get_connection(*args, **kwargs)
+
+
+def _events_for(follow: _Follow, service: str, count: int,
+                fresh_seconds: float) -> SentinelEvents:
+    """A fresh events state for a pool's listener, consulted by its ``follow`` from now
+    on (the Sentinels heard within ``follow_seconds`` count as live)."""
+    events = SentinelEvents(service, count, fresh_seconds=fresh_seconds,
+                            live_seconds=follow.follow_seconds)
+    follow.events = events
+    return events
 
 
 def _node_kwargs(cfg: StoreConfig, parsed: SentinelURL) -> dict[str, Any]:
@@ -438,7 +525,7 @@ def connect_sentinel(url: str, config: StoreConfig | None = None, *,
     parsed = parse_sentinel_url(url)
     manager = Sentinel(list(parsed.sentinels),  # type: ignore[no-untyped-call]
                        sentinel_kwargs=_sentinel_kwargs(cfg, parsed, Retry(NoBackoff(), 0)))
-    extra = ({"follow_seconds": follow_seconds}
+    extra = ({"follow_seconds": follow_seconds, "events_seconds": parsed.events_seconds}
              if issubclass(pool_class, FollowingSentinelPool) else {})
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         parsed.service, connection_pool_class=pool_class, retry=Retry(NoBackoff(), 0),
@@ -490,11 +577,14 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
-                 error_gap: float = ERROR_GAP_SECONDS, **kwargs: Any) -> None:
+                 error_gap: float = ERROR_GAP_SECONDS,
+                 events_seconds: float = EVENTS_SECONDS, **kwargs: Any) -> None:
         ssl = kwargs.pop("ssl", False)
         kwargs.setdefault("connection_class", AsyncFollowingSSLConnection if ssl
                           else AsyncFollowingConnection)
         self.follow = _Follow(follow_seconds, error_gap)
+        self.events_seconds = events_seconds
+        self.listener: EventTask | None = None
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     async def get_master_address(self) -> Any:
@@ -520,10 +610,37 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
 
     def primary_now(self) -> tuple[str, int] | None:
         """See :meth:`FollowingSentinelPool.primary_now` (no I/O: callable off the loop)."""
-        return self.follow.fresh(self.master_address) if self.is_master else None
+        if not self.is_master:
+            return None
+        if self.follow.events is not None:
+            self.follow.events.touch()
+        return self.follow.fresh(self.master_address)
+
+    def _listen(self) -> None:
+        """The events listener: a task on the running loop, started at the first call
+        (again after a close, on another loop, or in a forked child)."""
+        listener = self.listener
+        if listener is not None and listener.alive():
+            self.follow.events = listener.events
+            listener.events.touch()
+            return
+        if self.events_seconds <= 0 or not self.sentinel_manager.sentinels:
+            return
+        events = _events_for(self.follow, self.service_name,
+                             len(self.sentinel_manager.sentinels), self.events_seconds)
+        self.listener = EventTask(events, self.sentinel_manager.sentinels).start()
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        """See :meth:`FollowingSentinelPool.disconnect`."""
+        if inuse_connections and self.listener is not None:
+            listener, self.listener = self.listener, None
+            self.follow.events = None
+            await listener.stop()
+        await super().disconnect(inuse_connections)
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_master:
+            self._listen()
             if self.follow.due(self.master_address is not None):
                 await self.get_master_address()
             if self.follow.holding():
@@ -557,6 +674,7 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
     extra: dict[str, Any] = {"max_connections": max_connections}
     if issubclass(pool_class, AsyncFollowingSentinelPool):
         extra["follow_seconds"] = follow_seconds
+        extra["events_seconds"] = parsed.events_seconds
     if issubclass(pool_class, redis.asyncio.BlockingConnectionPool):
         extra["timeout"] = (cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None
                             else pool_timeout)
@@ -566,9 +684,9 @@ def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
     return client
 
 
-__all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "FAILOVER_HOLD_SECONDS",
-           "FOLLOW_SECONDS", "QUIET_MAX_SECONDS", "QUIET_SECONDS", "SCHEME",
-           "TLS_SCHEME", "AsyncFollowingConnection", "AsyncFollowingSSLConnection",
+__all__ = ["DEFAULT_SENTINEL_PORT", "ERROR_GAP_SECONDS", "EVENTS_OPTION", "EVENTS_SECONDS",
+           "FAILOVER_HOLD_SECONDS", "FOLLOW_SECONDS", "QUIET_MAX_SECONDS", "QUIET_SECONDS",
+           "SCHEME", "TLS_SCHEME", "AsyncFollowingConnection", "AsyncFollowingSSLConnection",
            "AsyncFollowingSentinelPool", "FollowingConnection", "FollowingSSLConnection",
            "FollowingSentinelPool", "SentinelURL", "connect_sentinel",
            "connect_sentinel_async", "failover_flagged", "is_readonly", "is_sentinel_url",
