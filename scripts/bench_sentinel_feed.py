@@ -12,10 +12,12 @@ Reported per guard: prepare + wire p50 / p99, and the view reads per prepare (th
 primary's ``EVALSHA`` calls during its prepares).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_sentinel_feed.py [--turns 120] [--shell sync|async]
-        [--llm-ms 0]
+        [--llm-ms 0] [--events-seconds 15]
 
-``--llm-ms``: a model call (a sleep) before each prepare. The guards vouch only within the
-store's pool's follow interval (1 s): calls further apart than that read as before.
+``--llm-ms``: a model call (a sleep) before each prepare. The guards vouch only while the
+store's pool's answer is fresh: asked within its follow interval (1 s), or within
+``--events-seconds`` (the URL's ``sentinel_events_seconds``) while it hears every
+Sentinel's events; ``--events-seconds 0``: no events, calls more than a second apart read.
 """
 
 from __future__ import annotations
@@ -99,13 +101,17 @@ def main() -> None:
     parser.add_argument("--shell", choices=("sync", "async"), default="sync")
     parser.add_argument("--llm-ms", type=float, default=0.0,
                         help="a model call this long before each prepare (0: back to back)")
+    parser.add_argument("--events-seconds", type=float, default=None,
+                        help="the URL's sentinel_events_seconds (default: the URL's default)")
     args = parser.parse_args()
     turns = all_turns()[: args.turns]
     loop = asyncio.new_event_loop()
     with start_sentinel_deployment() as deployment:
         deployment.wait_ready()
         primary = deployment.primary_port()
-        arms = [Arm(args.shell, deployment.url(), feed, loop, primary) for feed in (True, False)]
+        url = deployment.url() + ("" if args.events_seconds is None
+                                  else f"?sentinel_events_seconds={args.events_seconds:g}")
+        arms = [Arm(args.shell, url, feed, loop, primary) for feed in (True, False)]
         try:
             for number, turn in enumerate(turns):
                 for arm in arms if number % 2 else arms[::-1]:
@@ -116,7 +122,8 @@ def main() -> None:
             loop.close()
     print(f"load average {loadavg()}; {args.shell} guards on redis+sentinel://, {len(turns)} "
           f"real turns, {len(arms[0].times)} prepares each, alternating turn by turn, model "
-          f"calls {args.llm_ms:g} ms\n")
+          f"calls {args.llm_ms:g} ms, sentinel_events_seconds "
+          f"{'default' if args.events_seconds is None else f'{args.events_seconds:g}'}\n")
     print("| guard | prepare + wire p50 ms | p99 ms | view reads per prepare | p50 of those "
           "that read; of the others |\n|---|---|---|---|---|")
     for arm in arms:

@@ -16,9 +16,12 @@ resynchronised) and each session's log is read from the primary.
   failed or lost one (from then on every acknowledged turn is kept), the worst guard.
 
 Pools compared in the same run, trials interleaved: redis-py's stock
-``SentinelConnectionPool`` and ours (:class:`shared.store.sentinel.FollowingSentinelPool`).
+``SentinelConnectionPool``, ours (:class:`shared.store.sentinel.FollowingSentinelPool`,
+which hears the Sentinels' failover events) and ours with the events off
+(``sentinel_events_seconds=0``: a check every second only).
 
     PYTHONPATH=. python scripts/failover.py [--trials 3] [--guards 4] [--rate 20]
+        [--pools stock,following,polling]
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ from shared.store.sentinel import FollowingSentinelPool, connect_sentinel
 from shared.store.sessions import SessionStore, connect
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 
-POOLS: dict[str, type[SentinelConnectionPool]] = {
-    "stock": SentinelConnectionPool, "following": FollowingSentinelPool}
+POOLS: dict[str, tuple[type[SentinelConnectionPool], str]] = {
+    "stock": (SentinelConnectionPool, ""), "following": (FollowingSentinelPool, ""),
+    "polling": (FollowingSentinelPool, "?sentinel_events_seconds=0")}
+"""Each pool's class and what its URL adds."""
 CONFIG = StoreConfig(key_prefix="fo", socket_timeout=0.5, connect_timeout=0.5)
 
 
@@ -92,7 +97,8 @@ def trial(pool: str, event: str, guards: int, rate: float, before: float,
           after: float, replicas: int = 1, node_args: tuple[str, ...] = ()) -> dict[str, Any]:
     with start_sentinel_deployment(*node_args, replicas=replicas) as deployment:
         runs = [GuardRun(f"g{g}") for g in range(guards)]
-        clients = [connect_sentinel(deployment.url(), CONFIG, pool_class=POOLS[pool])
+        pool_class, options = POOLS[pool]
+        clients = [connect_sentinel(deployment.url() + options, CONFIG, pool_class=pool_class)
                    for _ in runs]
         event_at: list[float] = []
         stop = threading.Event()
@@ -145,15 +151,18 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=12.0,
                         help="seconds of turns after the Sentinels name the new primary")
     parser.add_argument("--events", default="failover,kill")
+    parser.add_argument("--pools", default=",".join(POOLS),
+                        help=f"of {', '.join(POOLS)}")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--node-args", default="",
                         help="more redis-server arguments for the data nodes, e.g. "
                         "'--min-replicas-to-write 1 --min-replicas-max-lag 1'")
     args = parser.parse_args()
+    pools = args.pools.split(",")
     results = []
     for n in range(args.trials):
         for event in args.events.split(","):
-            for pool in POOLS:
+            for pool in pools:
                 result = trial(pool, event, args.guards, args.rate, args.before, args.after,
                                args.replicas, tuple(args.node_args.split()))
                 result["trial"] = n + 1
@@ -164,7 +173,7 @@ def main() -> None:
     print(f"{'event':<9} {'pool':<10} {'lost acked turns':<20} {'failed calls':<16} "
           f"{'recovery s':<16} other")
     for event in args.events.split(","):
-        for pool in POOLS:
+        for pool in pools:
             rows = [r for r in results if r["pool"] == pool and r["event"] == event]
 
             def fig(key: str, rows: list[dict[str, Any]] = rows) -> str:
