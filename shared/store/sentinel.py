@@ -3,7 +3,7 @@
 URL form (one string, so that ``COMPACTION_REDIS_URL`` can name it)::
 
     redis+sentinel://[user:password@]host1:26379,host2:26379/<service>[/<db>]
-        [?sentinel_username=...&sentinel_password=...]
+        [?sentinel_username=...&sentinel_password=...&sentinel_events_seconds=15]
     rediss+sentinel://...same...[&ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...]
 
 The credentials before ``@`` are the data nodes' (primary and replicas); the Sentinels'
@@ -19,7 +19,7 @@ asks the Sentinels only when a connection opens. A connection it pooled keeps wr
 to the primary it opened on; after a planned failover that old primary goes on taking
 writes for several seconds (until the Sentinels demote it) and every one of them is
 lost when it resynchronises from the new primary. :class:`FollowingSentinelPool` (and
-its asyncio twin) adds two things and nothing else:
+its asyncio twin) adds these and nothing else:
 
 - it asks the Sentinels again at least every ``follow_seconds`` while it is used (one
   ``SENTINEL MASTERS`` round trip a second, on the call that finds the answer stale),
@@ -32,7 +32,12 @@ its asyncio twin) adds two things and nothing else:
   ``failover_in_progress``, set before the replica is promoted), calls fail at once
   instead of writing to a primary about to be replaced, for at most
   :data:`FAILOVER_HOLD_SECONDS`. Each check asks every Sentinel for that flag (only the
-  one leading the failover sets it), so a check is one round trip per Sentinel.
+  one leading the failover sets it), so a check is one round trip per Sentinel;
+- it hears the Sentinels' failover events as they happen (pub/sub, every Sentinel of
+  the URL: :mod:`shared.store.sentinel_events`): a failover starting holds calls at
+  once, ``+switch-master`` makes the next call ask; while every Sentinel is heard (a
+  PING answered within ``follow_seconds``), the answer lasts ``sentinel_events_seconds``
+  (15 s; 0: no subscription) instead of ``follow_seconds``.
 
 The call that met the error fails (:class:`~shared.core.errors.StoreUnavailable`
 through the store): no silent retry, as with :func:`shared.store.sessions.connect`.
