@@ -65,7 +65,9 @@ class Arm:
     def turn(self, turn: list[Any], llm_ms: float) -> None:
         calls = [i for i, m in enumerate(turn) if m.role == "assistant"] or [len(turn)]
         for i in calls:
-            time.sleep(llm_ms / 1000)  # the model call the last view was sent to
+            # the model call the last view was sent to (awaited on the loop, async)
+            self._run(asyncio.sleep(llm_ms / 1000)) if self.kind == "async" \
+                else time.sleep(llm_ms / 1000)
             before = _scripts_run(self.primary)
             started = time.perf_counter()
             view = self._run(self.guard.prepare("s", SYSTEM, max_tokens=4000, model=MODEL,
