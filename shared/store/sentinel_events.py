@@ -132,6 +132,8 @@ class SentinelEvents:
         self.pid = os.getpid()
         self.last_heard = [-math.inf] * count
         self.holds: dict[int, float] = {}  # Sentinel (its index) -> when it started one
+        # (replaced, never changed in place: other threads read it while the listener
+        # writes)
         self.changed = -math.inf
         self.used = time.monotonic()
 
@@ -163,11 +165,11 @@ class SentinelEvents:
         log.debug("Sentinel %d: %s %s", index, _text(message.get("channel")),
                   _text(message.get("data")))
         if event.kind == "start":
-            self.holds.setdefault(index, now)
+            self.holds = {index: now, **self.holds}
         elif event.kind == "abort":
-            self.holds.pop(index, None)
+            self.holds = {i: t for i, t in self.holds.items() if i != index}
         elif event.kind == "switch":
-            self.holds.clear()
+            self.holds = {}
         self.changed = now
         return event
 
