@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -340,10 +341,23 @@ class EventTask:
                 log.warning("Sentinel %d subscription failed", index, exc_info=True)
             finally:
                 self.events.lost(index)
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())
+                await _close_quietly(pubsub)
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_SECONDS)
+
+
+async def _close_quietly(pubsub: Any) -> None:
+    """Close a subscription, also from a task being cancelled (shielded) or on a loop
+    being closed, where the close cannot be scheduled: then it is dropped unstarted
+    (else Python warns that it was never awaited)."""
+    closing = pubsub.aclose()
+    try:
+        await asyncio.shield(closing)
+    except BaseException as exc:
+        if inspect.getcoroutinestate(closing) == inspect.CORO_CREATED:
+            closing.close()
+        if not isinstance(exc, Exception):
+            raise
 
 
 __all__ = ["CHANNELS", "EVENTS_SECONDS", "Event", "EventTask", "EventThread",
