@@ -29,6 +29,8 @@ from shared.store.aio import AsyncSessionStore
 from shared.store.cluster_aio import TOPOLOGY_HEADROOM, WaitingCluster, connect_cluster_async
 from workers.harness.stack.redis_server import LocalCluster, start_cluster
 
+PATIENT = StoreConfig(socket_timeout=5.0, connect_timeout=5.0)
+
 
 def turn(i: int, size: int = 40) -> list[dict[str, Any]]:
     return [{"role": "user", "content": f"question {i} " + "x" * size},
@@ -103,7 +105,7 @@ def test_the_async_guard_on_a_cluster(cluster: LocalCluster, key_prefix: str) ->
 def test_calls_beyond_the_connections_wait_for_one(cluster: LocalCluster,
                                                    key_prefix: str) -> None:
     async def scenario() -> None:
-        client = connect_cluster_async(cluster.url, max_connections=5, pool_timeout=60)
+        client = connect_cluster_async(cluster.url, PATIENT, max_connections=5, pool_timeout=60)
         try:
             assert await outcomes(store_on(client, key_prefix), 300, "wait") == {"ok": 300}
             per_node = [len(node._connections) for node in client.get_nodes()]
@@ -137,7 +139,7 @@ def test_a_call_kept_waiting_past_pool_timeout_is_store_unavailable(
 def test_the_first_calls_all_at_once_go_to_their_slots_owner(cluster: LocalCluster,
                                                              key_prefix: str) -> None:
     async def scenario() -> None:
-        client = connect_cluster_async(cluster.url)
+        client = connect_cluster_async(cluster.url, PATIENT)
         try:
             assert await outcomes(store_on(client, key_prefix), 60, "first") == {"ok": 60}
             assert client.reinitialize_counter == 0, "a first call was sent to another node"
@@ -157,7 +159,9 @@ def test_a_reset_inside_calls_leaves_the_others_running(cluster: LocalCluster,
     4 runs of 4: 1 to 36 calls of 600 with an ``AttributeError`` from inside redis-py,
     in two of them also 47-49 with StoreUnavailable)."""
     async def scenario() -> None:
-        client = connect_cluster_async(cluster.url)
+        # timeouts far above the storm's: the point is the reset, not a loaded host's
+        # loop stalling past the default 0.5 s while 100 calls reload the slot map
+        client = connect_cluster_async(cluster.url, PATIENT)
         store = store_on(client, key_prefix)
         resets = 0
         inner = client.initialize

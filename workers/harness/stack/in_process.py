@@ -86,7 +86,8 @@ def worker_thread(settings: Settings, store: SessionStore, *, broker_url: str,
             "worker_soft_shutdown_timeout": 0.0, "worker_send_task_events": False,
             "task_send_sent_event": False}
     runtime: Runtime = build_runtime(settings, store)  # the cooldown on it too
-    with worker_app_with(settings, **conf) as app:
+    root, root_level = logging.getLogger(), logging.getLogger().level
+    with worker_app_with(settings, **conf) as app, _restored_level(root, root_level):
         set_runtime(runtime)
         for signal, handler in handlers:
             signal.connect(handler, weak=False)
@@ -105,6 +106,17 @@ def worker_thread(settings: Settings, store: SessionStore, *, broker_url: str,
             for signal, handler in handlers:
                 signal.disconnect(handler)
             set_runtime(None)
+
+
+@contextlib.contextmanager
+def _restored_level(logger: logging.Logger, level: int) -> Iterator[None]:
+    """Celery's worker sets the root logger to its own level (ERROR here) and leaves it
+    there: every warning of the process after an in-process worker stopped was dropped
+    (an enqueue outage's line, say)."""
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class JobCapture(logging.Handler):
