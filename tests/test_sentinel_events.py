@@ -364,3 +364,45 @@ def test_a_forked_child_listens_for_itself(deployment: SentinelDeployment) -> No
         assert parent is not None and parent.alive()
     finally:
         client.close()
+
+
+class _SwallowingPubSub:
+    """A subscription whose wait swallows a cancellation, as redis-py's can on Python 3.11
+    (its ``wait_for`` returns when the cancellation lands as a read completes)."""
+
+    async def subscribe(self, *channels: str) -> None:
+        return None
+
+    async def ping(self) -> None:
+        return None
+
+    async def get_message(self, timeout: float = 0.0) -> None:
+        try:
+            await asyncio.sleep(timeout)
+        except asyncio.CancelledError:
+            return None  # swallowed
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Sentinel:
+    def pubsub(self) -> _SwallowingPubSub:
+        return _SwallowingPubSub()
+
+
+def test_an_async_listener_stops_though_its_library_swallowed_the_cancellation() -> None:
+    """The listener's stop awaited its task for good: a client's ``aclose()`` hung (300 s,
+    once in the full suite, on a TLS Sentinel deployment) when redis-py swallowed the
+    cancellation inside ``get_message``."""
+    async def scenario() -> float:
+        events = SentinelEvents(SERVICE, 2, fresh_seconds=10.0, live_seconds=1.0)
+        listener = sentinel_events.EventTask(events, [_Sentinel(), _Sentinel()]).start()
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await listener.stop()
+        assert not listener.alive()
+        return time.monotonic() - started
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) < sentinel_events.STOP_SECONDS

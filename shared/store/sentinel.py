@@ -358,11 +358,7 @@ class FollowingSentinelPool(SentinelConnectionPool):
         """The events listener, started at the first call (again after a close, and in
         a forked child: a thread does not survive a fork, nor may its state)."""
         listener = self.listener
-        if listener is not None and listener.alive():
-            self.follow.events = listener.events
-            listener.events.touch()
-            return
-        if self.events_seconds <= 0 or not self.sentinel_manager.sentinels:
+        if _kept(self.follow, listener) or not _listens(self):
             return
         if listener is not None and listener.pid != os.getpid():
             self._listen_lock = threading.Lock()  # the parent's, maybe held at the fork
@@ -391,6 +387,21 @@ class FollowingSentinelPool(SentinelConnectionPool):
             if self.follow.holding():
                 raise _holding_error(self.service_name)
         return super().get_connection(*args, **kwargs)
+
+
+def _kept(follow: _Follow, listener: EventThread | EventTask | None) -> bool:
+    """Whether ``listener`` is alive and kept (its events consulted, the pool in use):
+    both pools' first step at each call."""
+    if listener is None or not listener.alive():
+        return False
+    follow.events = listener.events
+    listener.events.touch()
+    return True
+
+
+def _listens(pool: Any) -> bool:
+    """Whether ``pool`` subscribes at all (``sentinel_events_seconds`` 0: it does not)."""
+    return bool(pool.events_seconds > 0 and pool.sentinel_manager.sentinels)
 
 
 def _events_for(follow: _Follow, service: str, count: int,
@@ -523,11 +534,7 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
         """The events listener: a task on the running loop, started at the first call
         (again after a close, on another loop, or in a forked child)."""
         listener = self.listener
-        if listener is not None and listener.alive():
-            self.follow.events = listener.events
-            listener.events.touch()
-            return
-        if self.events_seconds <= 0 or not self.sentinel_manager.sentinels:
+        if _kept(self.follow, listener) or not _listens(self):
             return
         events = _events_for(self.follow, self.service_name,
                              len(self.sentinel_manager.sentinels), self.events_seconds)

@@ -44,6 +44,8 @@ RETRY_SECONDS = 1.0
 """The first wait before subscribing again to a Sentinel that failed; doubled each time,
 up to :data:`RETRY_MAX_SECONDS`."""
 RETRY_MAX_SECONDS = 8.0
+STOP_SECONDS = 2.0
+"""The longest an async pool's close waits for its listener to end."""
 
 START_EVENTS = frozenset({
     "+try-failover", "+elected-leader", "+failover-state-select-slave", "+selected-slave",
@@ -290,6 +292,7 @@ class EventTask:
         self.sentinels = list(sentinels)
         self.pid = events.pid
         self.task: asyncio.Task[Any] | None = None
+        self.stopping = False  # read by each subscription's loop, whatever a library swallowed
 
     def start(self) -> EventTask:
         self.task = asyncio.get_running_loop().create_task(
@@ -307,26 +310,42 @@ class EventTask:
             return True
 
     async def stop(self) -> None:
+        """Cancel the listener and wait for it, at most :data:`STOP_SECONDS`: redis-py can
+        swallow a cancellation (Python 3.11's ``wait_for``, :mod:`shared.store.cancelled`),
+        and a close that waited on it for good hung the client's ``aclose()``. The loops
+        also end at their next turn by ``stopping``."""
+        self.stopping = True
         task, self.task = self.task, None
         if task is None or task.done():
             return
         task.cancel()
         if task.get_loop() is asyncio.get_running_loop():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=STOP_SECONDS)
+            if not done:
+                log.warning("Sentinel events listener of %s did not stop within %g s",
+                            self.events.service, STOP_SECONDS)
+            elif not task.cancelled() and task.exception() is not None:
+                log.debug("Sentinel events listener ended with %r", task.exception())
 
     async def _run(self) -> None:
         await asyncio.gather(*(self._one(i, s) for i, s in enumerate(self.sentinels)))
 
+    def _go_on(self) -> None:
+        """Raise a cancellation the last awaited call swallowed, or a stop."""
+        task = asyncio.current_task()
+        if self.stopping or (task is not None and task.cancelling()):
+            raise asyncio.CancelledError("the Sentinel events listener is stopping")
+
     async def _one(self, index: int, sentinel: Any) -> None:
         wait = RETRY_SECONDS
-        while True:
+        while not self.stopping:
             pubsub = sentinel.pubsub()
             try:
                 await pubsub.subscribe(*CHANNELS)
                 await pubsub.ping()
                 pinged = time.monotonic()
                 while True:
+                    self._go_on()
                     message = await pubsub.get_message(timeout=self.events.ping_every())
                     if message is not None:
                         self.events.heard(index, message)
@@ -342,6 +361,7 @@ class EventTask:
             finally:
                 self.events.lost(index)
                 await _close_quietly(pubsub)
+            self._go_on()
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_SECONDS)
 
