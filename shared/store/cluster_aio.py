@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import traceback
 from typing import Any
 
 import redis.asyncio.cluster
@@ -86,7 +87,7 @@ class WaitingCluster(redis.asyncio.cluster.RedisCluster):
             if self._initialize:  # the slot map first: a call resolved without it goes astray
                 await self.initialize()
             return await super().execute_command(*args, **kwargs)
-        except AttributeError as exc:
+        except (AttributeError, TypeError) as exc:
             raise _closed_under_call(exc) from exc
         finally:
             _INSIDE_CALL.reset(inside)
@@ -125,30 +126,38 @@ class _WaitingPipeline(redis.asyncio.cluster.ClusterPipeline):
         inside = _INSIDE_CALL.set(True)
         try:
             return await super().execute(raise_on_error, allow_redirections)
-        except AttributeError as exc:
+        except (AttributeError, TypeError) as exc:
             raise _closed_under_call(exc) from exc
         finally:
             _INSIDE_CALL.reset(inside)
             client._turns.release()
 
 
-def _closed_under_call(exc: AttributeError) -> BaseException:
-    """A connection error for redis-py's connection used after another task closed it
-    (its stream gone: ``'NoneType' object has no attribute 'writelines'``), which the
-    client still does on a connection error (redis-py closes the idle connections of the
-    failed node, one of which another call is just taking). The store reports it as
-    StoreUnavailable, like the failure that set it off; any other AttributeError as is."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
-    if not where.endswith(_CONNECTION_MODULE):
+def _closed_under_call(exc: Exception) -> BaseException:
+    """A connection error for redis-py's connection used after another task closed it,
+    which the client still does on a connection error (redis-py closes the idle
+    connections of the failed node, one of which another call is just taking): its
+    stream gone (``'NoneType' object has no attribute 'writelines'``, Python 3.11) or its
+    transport half torn down (``'NoneType' object is not callable`` inside asyncio's
+    ``writelines``, 3.12). The store reports it as StoreUnavailable, like the failure
+    that set it off. Only an error raised while a connection sends, reads or connects:
+    any other (a bad argument to ``pack_command``, a bug of ours) as is."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    redis_frames = [f for f in frames if f.filename.endswith(_CONNECTION_MODULE)]
+    if not redis_frames or redis_frames[-1].name not in _STREAM_CALLS:
+        return exc
+    raised_in = frames[-1].filename
+    if not (raised_in.endswith(_CONNECTION_MODULE) or _ASYNCIO_DIR in raised_in):
         return exc
     return redis.exceptions.ConnectionError(
-        f"a cluster connection was closed while this call used it: {exc}")
+        f"a cluster connection was closed while this call used it: {exc!r}")
 
 
 _CONNECTION_MODULE = os.path.join("redis", "asyncio", "connection.py")
+_ASYNCIO_DIR = f"{os.sep}asyncio{os.sep}"
+_STREAM_CALLS = frozenset({"_send_packed_command", "send_packed_command", "send_command",
+                           "read_response", "connect", "connect_check_health",
+                           "on_connect_check_health", "_connect"})
 
 
 def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
