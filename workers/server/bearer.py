@@ -35,6 +35,14 @@ def bearer_token(authorization: str | None) -> str | None:
     return token
 
 
+def authorization_header(scope: Scope) -> str | None:
+    """The request's ``Authorization`` header as text (its first), or None."""
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization":
+            return str(value.decode("latin-1"))
+    return None
+
+
 def tenant_for(tokens: TokenBook, authorization: str | None) -> str | None:
     """The tenant the request's ``Authorization`` header names, or None."""
     token = bearer_token(authorization)
@@ -51,12 +59,7 @@ class BearerAuth:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        header = None
-        for name, value in scope.get("headers") or []:
-            if name == b"authorization":
-                header = value.decode("latin-1")
-                break
-        token = bearer_token(header)
+        token = bearer_token(authorization_header(scope))
         tenant = None if token is None else self.tokens.tenant(token)
         if tenant is None:
             await self._unauthorized(send, "missing bearer token" if token is None
@@ -76,4 +79,4 @@ class BearerAuth:
         await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["TENANT_STATE", "BearerAuth", "bearer_token", "tenant_for"]
+__all__ = ["TENANT_STATE", "BearerAuth", "authorization_header", "bearer_token", "tenant_for"]

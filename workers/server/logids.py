@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from shared.telemetry.logs import log_context
-from workers.server.bearer import tenant_for
+from workers.server.bearer import authorization_header, tenant_for
 from workers.server.config import TokenBook
 
 if TYPE_CHECKING:  # types only: the module imports without the server extra
@@ -27,12 +27,7 @@ SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)(?:/|$)")
 
 def request_ids(scope: Scope, tokens: TokenBook) -> dict[str, str | None]:
     """``{"tenant", "session_id"}`` of a request (None for what it does not name)."""
-    header = None
-    for name, value in scope.get("headers") or []:
-        if name == b"authorization":
-            header = value.decode("latin-1")
-            break
-    tenant = tenant_for(tokens, header)
+    tenant = tenant_for(tokens, authorization_header(scope))
     found = SESSION_PATH.match(str(scope.get("path", "")))
     session = unquote(found.group(1)) if found and tenant is not None else None
     return {"tenant": tenant, "session_id": session}
