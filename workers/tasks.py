@@ -185,6 +185,14 @@ def run_job(task: Task, session_id: str, tenant: str, *, force: bool,
     try:
         ran = holder.run(request)
     except Exception as exc:
+        if isinstance(exc, StoreUnavailable) and not holder.claimed and not last_attempt:
+            # Redis did not answer the claim for seconds (lease.CLAIM_RETRY_DELAYS):
+            # nothing was taken, and the pending flag this job should have cleared stands,
+            # so no turn publishes another job until it goes stale. Celery brings it back.
+            countdown = retry_countdown(retries, None, settings)
+            log.warning("claim of %s failed (%s); retrying in %.1f s", session_id, exc,
+                        countdown)
+            raise task.retry(exc=exc, countdown=countdown) from exc
         if retried(exc) or not holder.failure.get("requests_waiting"):
             raise
         raise JobFailed(f"{type(exc).__name__}: {exc}; requests left for this job: "

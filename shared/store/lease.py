@@ -39,7 +39,12 @@ version compare-and-swap, so a job that lost its lease (expired, session
 deleted) gets ``CommitResult(ok=False, reason="lease")`` and writes nothing,
 even when its version still matches; its request goes back to the flag.
 
-Failures. A retried job comes back and finds the flag. One that fails for
+Failures. A claim Redis does not answer is sent again with the same token for a few
+seconds (:data:`CLAIM_RETRY_DELAYS`; the lease script takes a lease its token holds for
+the caller's, so a claim that ran but lost its answer is not busy with itself); still
+unanswered, the task asks Celery for a retry, since nothing was taken and the pending
+flag it did not clear keeps later turns from publishing. A retried job comes back and
+finds the flag. One that fails for
 good (``StoreUnavailable``, a bug) puts back what it took and hands waiting
 requests to a follow-up job (after the lease's TTL if it could not release),
 at most :data:`MAX_HANDOFFS` times in a row (a job stopped by its process,
@@ -82,6 +87,10 @@ MAX_RERUN_ROUNDS = 3  # rounds of "take the requests left while we held it, run 
 MAX_HANDOFFS = 3  # follow-up jobs in a row after failures, then requests are failed
 LEASE_LOST = "lease_lost"  # an outcome whose commit was refused: the lease was lost
 HOLD_TTL_SECONDS = 30.0  # a holder renews in steps of this: a killed one's lease is gone soon
+CLAIM_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Pauses between a job's claims while Redis does not answer (a restart, a failover, a
+freeze: ~8 s in all). A job that fails its claim leaves the pending flag set, and no
+later turn publishes a job until the flag goes stale (minutes): waiting here is cheaper."""
 
 
 def _lines(raw: Any) -> list[str]:
@@ -160,9 +169,12 @@ class LeaseOps:
         return token if self._lease("acquire_lease", session_id, token, "acquire",
                                     ttl_seconds) else None
 
-    def claim(self, session_id: str, ttl_seconds: float | None = None) -> str | None:
-        """A job's first step in one round trip: clear the pending flag, try the lease."""
-        token = secrets.token_hex(16)
+    def claim(self, session_id: str, ttl_seconds: float | None = None, *,
+              token: str | None = None) -> str | None:
+        """A job's first step in one round trip: clear the pending flag, try the lease.
+        ``token``: the one an earlier attempt of this claim sent (it may have run though
+        its answer was lost): a lease it holds is the caller's."""
+        token = token or secrets.token_hex(16)
         return token if self._lease("claim", session_id, token, "claim", ttl_seconds) else None
 
     def finish_lease(self, session_id: str, token: str,
@@ -290,6 +302,7 @@ class LeaseHolder(Generic[O]):
     reruns: list[str] = field(default_factory=list)
     renewals: int = 0
     failure: dict[str, Any] = field(default_factory=dict)
+    claimed: bool = False  # the claim answered (a failure after it is the holder's to hand over)
     _until: float = 0.0
     _renewal: Renewal | None = None
     _lost: bool = False  # a commit under the current token was refused
@@ -299,9 +312,8 @@ class LeaseHolder(Generic[O]):
         self._until = time.monotonic() + self.time_limit
         self.ttl_seconds = min(self.ttl_seconds, HOLD_TTL_SECONDS)
         own: Request | None = request
-        if self.handoff:  # a follow-up: requests left from now on need one of their own
-            self.store.clear_watched(self.session_id)
-        token = self.store.claim(self.session_id, self.ttl_seconds)  # clears pending too
+        token = self._claim()
+        self.claimed = True
         if token is None:
             self.store.mark_dirty(self.session_id, request.encode())
             token = self.store.acquire_lease(self.session_id, self.ttl_seconds)
@@ -316,6 +328,24 @@ class LeaseHolder(Generic[O]):
         if not finished:
             self._settle()
         return True
+
+    def _claim(self) -> str | None:
+        """The claim (and a follow-up's clearing of its watch), sent again with the same
+        token while Redis does not answer, for :data:`CLAIM_RETRY_DELAYS`; both steps are
+        safe to repeat. Then the last failure is raised."""
+        token = secrets.token_hex(16)
+        for delay in (*CLAIM_RETRY_DELAYS, None):
+            try:
+                if self.handoff:  # a follow-up: requests left from now on need their own
+                    self.store.clear_watched(self.session_id)
+                return self.store.claim(self.session_id, self.ttl_seconds, token=token)
+            except StoreUnavailable as exc:
+                if delay is None:
+                    raise
+                log.warning("claim of %s: redis did not answer (%s); again in %.2f s",
+                            self.session_id, exc, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _watch_holder(self) -> None:
         """A live holder runs the request before it ends; a killed one (-9) runs nothing,

@@ -16,6 +16,8 @@
 --   took but never finished (it died: their key outlives its lease) go back
 --   to the front of the dirty flag, for the new owner to run.
 -- "claim": clear the pending flag (later turns enqueue a new job), then acquire.
+--   Both answer 1 when the caller's token holds the lease already (extended): a
+--   claim sent again after a timeout finds the lease its first attempt took.
 -- "release": 1 when the caller owned the lease (released, its taken
 --   requests forgotten: it ran them or put them back), 0 otherwise.
 -- "extend": 1 when the caller owned the lease (extended), 0 otherwise: the
@@ -36,6 +38,10 @@ if mode == 'claim' or mode == 'acquire' then
     redis.call('DEL', KEYS[4])
   end
   if not redis.call('SET', KEYS[1], token, 'NX', 'PX', lease_ms) then
+    if redis.call('GET', KEYS[1]) == token then
+      redis.call('PEXPIRE', KEYS[1], lease_ms)
+      return 1
+    end
     return 0
   end
   local orphaned = redis.call('GET', KEYS[3])
