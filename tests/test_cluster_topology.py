@@ -209,7 +209,8 @@ def test_slot_migration_under_traffic(topology: LocalCluster) -> None:
     assert moved >= 3 * 3
     assert topology.master_of_slot(slot) == target
     assert_clean(traffic)
-    assert traffic.failed, "a session's scripts cannot run while its slot is half moved"
+    # calls wait the migration out up to a second (default migration_wait); a call
+    # that began as it did may still fail, as StoreUnavailable (tests/test_cluster_migration.py)
     assert_kept(topology, traffic)
 
 

@@ -24,6 +24,15 @@ Two more things of redis-py's asyncio cluster client (8.1) break concurrent call
   take them). redis-py still closes a failed node's idle connections on a connection
   error, and a call taking one of them at that moment meets the same error: it is
   reported as the connection error it is (StoreUnavailable through the store).
+- ``ASK`` (a key of a slot being migrated, already moved) was followed with ``ASKING``
+  sent on one connection of the target and the command on another, which the target
+  sends back (``MOVED``): during a migration, reads of moved keys failed, and the
+  stray ``ASKING`` let the next command on that connection run where it should not.
+  ``TRYAGAIN`` (a multi-key command, such as the store's scripts, during a migration;
+  not run) was tried 16 times in about 0.4 s. Both now as the sync client does
+  (:mod:`shared.store.cluster_sync`): ``ASKING`` and the command on one connection, and
+  ``TRYAGAIN`` waited out up to ``migration_wait`` seconds
+  (:mod:`shared.store.cluster_wait`).
 """
 
 from __future__ import annotations
@@ -36,8 +45,16 @@ from typing import Any
 
 import redis.asyncio.cluster
 import redis.exceptions
+from redis.asyncio.cluster import ClusterNode
+from redis.commands import READ_COMMANDS
+from redis.himport import parse_himport_set_args
 
 from shared.core.config import StoreConfig
+from shared.store.cluster_wait import (
+    MigrationWait,
+    check_migration_wait,
+    default_migration_wait,
+)
 from shared.store.sessions import cluster_nodes, driver_info
 
 TOPOLOGY_HEADROOM = 2
@@ -62,11 +79,12 @@ class WaitingCluster(redis.asyncio.cluster.RedisCluster):
     (:func:`shared.store.sessions.connect_cluster`)."""
 
     def __init__(self, *args: Any, calls_bound: int, pool_timeout: float,
-                 **kwargs: Any) -> None:
+                 migration_wait: float = 1.0, **kwargs: Any) -> None:
         kwargs["max_connections"] = calls_bound + TOPOLOGY_HEADROOM
         super().__init__(*args, **kwargs)
         self.calls_bound = calls_bound
         self.pool_timeout = pool_timeout
+        self.migration_wait = check_migration_wait(migration_wait)
         self._turns = asyncio.Semaphore(calls_bound)
 
     async def _take_turn(self) -> None:
@@ -92,6 +110,88 @@ class WaitingCluster(redis.asyncio.cluster.RedisCluster):
         finally:
             _INSIDE_CALL.reset(inside)
             self._turns.release()
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any,
+                               **kwargs: Any) -> Any:
+        """One command on one node, following ``MOVED`` and ``ASK`` (at most
+        ``RedisClusterRequestTTL`` redirections between two ``TRYAGAIN``) and waiting
+        out ``TRYAGAIN``; any other failure is redis-py's (:meth:`_send`)."""
+        if parse_himport_set_args(args) is not None:  # type: ignore[no-untyped-call]
+            # not a command the store sends
+            return await super()._execute_command(target_node, *args, **kwargs)
+        wait: MigrationWait | None = None
+        asked: ClusterNode | None = None
+        hops = int(self.RedisClusterRequestTTL)
+        while hops > 0:
+            hops -= 1
+            node = asked or target_node
+            try:
+                return await self._send(node, args, kwargs, asking=asked is not None)
+            except redis.exceptions.MovedError as exc:
+                await self._moved(exc)
+                asked, target_node = None, await self._owner(args)
+            except redis.exceptions.AskError as exc:
+                asked = await self._asked(exc)
+            except redis.exceptions.TryAgainError:
+                wait = wait or MigrationWait(self.migration_wait)
+                await asyncio.sleep(wait.pause(await self._determine_slot(*args), node.name))
+                # the migration may have ended (or been undone) since: the owner decides
+                asked, target_node = None, await self._owner(args)
+                hops = int(self.RedisClusterRequestTTL)
+        raise redis.exceptions.ClusterError("TTL exhausted.")
+
+    async def _owner(self, args: tuple[Any, ...]) -> ClusterNode:
+        read = args[0] in READ_COMMANDS
+        return self.nodes_manager.get_node_from_slot(
+            await self._determine_slot(*args), self.read_from_replicas and read,
+            self.load_balancing_strategy if read else None)
+
+    async def _moved(self, exc: redis.exceptions.MovedError) -> None:
+        """redis-py's handling: the slot map patched, or reloaded (:meth:`aclose`, here
+        a reset) every ``reinitialize_steps`` redirections."""
+        self.reinitialize_counter += 1
+        if self.reinitialize_steps and self.reinitialize_counter % self.reinitialize_steps == 0:
+            await self.aclose()
+            self.reinitialize_counter = 0
+        else:
+            await self.nodes_manager.move_slot(exc)
+
+    async def _asked(self, exc: redis.exceptions.AskError) -> ClusterNode:
+        """The node an ``ASK`` names (a node the slot map does not know yet: reloaded)."""
+        node = self.get_node(host=exc.host, port=exc.port)
+        if node is None:
+            await self.nodes_manager.initialize()
+            node = self.get_node(host=exc.host, port=exc.port)
+        if node is None:
+            raise redis.exceptions.ClusterError(
+                f"ASK to {exc.host}:{exc.port}, a node the cluster does not list")
+        return node
+
+    async def _send(self, node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    *, asking: bool) -> Any:
+        """One try on ``node`` (asked: ``ASKING`` first, on the same connection), with
+        redis-py's handling of every failure but the redirections, which it raises."""
+        try:
+            if asking:
+                return await _asking(node, args, kwargs)
+            return await node.execute_command(*args, **kwargs)
+        except (redis.exceptions.MaxConnectionsError, redis.exceptions.MovedError,
+                redis.exceptions.AskError, redis.exceptions.TryAgainError):
+            raise
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # redis-py's: the node's connections reconnect, the slot map is reloaded
+            # before the next call trying this node last; not sent again
+            node.update_active_connections_for_reconnect()
+            await node.disconnect_free_connections()
+            self.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+            failed: Any = exc
+            failed.last_failed_node_name = node.name  # read by execute_command
+            self._initialize = True
+            raise
+        except (redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError):
+            await self.aclose()  # redis-py's: a reset (see aclose), then a retry
+            await asyncio.sleep(0.25)
+            raise
 
     async def aclose(self) -> None:
         """Close every connection; called by redis-py inside a call (a reset after
@@ -133,6 +233,24 @@ class _WaitingPipeline(redis.asyncio.cluster.ClusterPipeline):
             client._turns.release()
 
 
+async def _asking(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``ASKING`` then the command on one connection of ``node``: the permission holds
+    for the next command of that connection only (redis-py sent the two on two
+    connections, taking whichever were free)."""
+    connection = node.acquire_connection()
+    try:
+        await node.disconnect_if_needed(connection)
+        await connection.send_command("ASKING")
+        await node.parse_response(connection, "ASKING")
+        await connection.send_packed_command(connection.pack_command(*args))
+        return await node.parse_response(connection, args[0], **kwargs)
+    finally:
+        try:
+            await node.disconnect_if_needed(connection)
+        finally:
+            node.release(connection)
+
+
 def _closed_under_call(exc: Exception) -> BaseException:
     """A connection error for redis-py's connection used after another task closed it,
     which the client still does on a connection error (redis-py closes the idle
@@ -162,7 +280,8 @@ _STREAM_CALLS = frozenset({"_send_packed_command", "send_packed_command", "send_
 
 def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
                           max_connections: int = 100,
-                          pool_timeout: float | None = None) -> WaitingCluster:
+                          pool_timeout: float | None = None,
+                          migration_wait: float | None = None) -> WaitingCluster:
     """An asyncio Redis Cluster client (``url``: one node or several,
     ``redis://h1:7000,h2:7000``, as :func:`~shared.store.sessions.connect_cluster` takes) for
     :class:`~shared.store.aio.AsyncSessionStore`, with the sync
@@ -170,7 +289,10 @@ def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
     twice (slot moves, MOVED and ASK, are followed by the client). At most
     ``max_connections`` calls are in flight; the others wait up to ``pool_timeout``
     seconds (default: the store's connect and socket timeouts), as
-    :func:`~shared.store.aio.connect_async`'s do. Nothing is sent before the first call."""
+    :func:`~shared.store.aio.connect_async`'s do. A call whose slot is being moved to
+    another master waits for the move to end, at most ``migration_wait`` seconds
+    (default: the connect and socket timeouts, as the sync client). Nothing is sent
+    before the first call."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
@@ -184,6 +306,8 @@ def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
         first, startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port)
                               for host, port in others],
         calls_bound=max_connections, pool_timeout=wait,
+        migration_wait=(default_migration_wait(cfg) if migration_wait is None
+                        else migration_wait),
         socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 1), driver_info=driver_info())
     assert isinstance(client, WaitingCluster)

@@ -222,49 +222,39 @@ def cluster_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:
     return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{first}")), others
 
 
-@functools.cache
-def _cluster_class() -> Any:
-    """redis-py's cluster client, sending nothing twice (imported on first use)."""
-    from redis.cluster import RedisCluster
-
-    class StoreCluster(RedisCluster):
-        """A cluster client that retries a command only where the cluster refused it
-        before running it (CLUSTERDOWN, a slot no node covers: it reloads the slot map
-        first). redis-py also re-sends a command after a timeout or a broken connection,
-        when it may have run already: an append without a request id was stored twice,
-        and a compare-and-swap that had won reported a loss. Without that retry a dead or
-        hung node costs a call one socket timeout, not two; the failed call has reloaded
-        the slot map, so the next one finds a promoted replica."""
-
-        ERRORS_ALLOW_RETRY: Any = (redis.exceptions.ClusterDownError,
-                                   redis.exceptions.SlotNotCoveredError)
-
-    return StoreCluster
-
-
-def connect_cluster(url: str, config: StoreConfig | None = None) -> Any:
+def connect_cluster(url: str, config: StoreConfig | None = None, *,
+                    migration_wait: float | None = None) -> Any:
     """A Redis Cluster client with the same bounded timeouts and no replayed commands.
 
     ``url`` names one node or several (``redis://h1:7000,h2:7000``): the client asks the
     first that answers for the slot map, then knows every node (a node named here may
     die later; one that is down now is skipped). Cluster clients follow slot moves
     (MOVED/ASK) themselves; a dead, hung or unreachable node surfaces as
-    :class:`StoreUnavailable` within a socket timeout (``_cluster_class``), and so does
-    a cluster no named node answers for (now: the client asks at once).
+    :class:`StoreUnavailable` within a socket timeout
+    (:class:`~shared.store.cluster_sync.StoreCluster`), and so does a cluster no named
+    node answers for (now: the client asks at once). A call whose slot is being moved
+    to another master waits for the move to end, at most ``migration_wait`` seconds
+    (default: the connect and socket timeouts), then is :class:`StoreUnavailable`.
     """
     from redis.cluster import ClusterNode
 
+    from shared.store.cluster_sync import StoreCluster
+    from shared.store.cluster_wait import check_migration_wait, default_migration_wait
+
     cfg = config or StoreConfig()
+    wait = check_migration_wait(default_migration_wait(cfg) if migration_wait is None
+                                else migration_wait)
     first, others = cluster_nodes(url)
     node: Any = ClusterNode  # untyped in redis-py
     with redis_errors("connecting to the cluster"):
-        return _cluster_class().from_url(
+        return StoreCluster.from_url(
             first,
             startup_nodes=[node(host, port) for host, port in others],
             socket_timeout=cfg.socket_timeout,
             socket_connect_timeout=cfg.connect_timeout,
             retry=Retry(NoBackoff(), 1),
             driver_info=driver_info(),
+            migration_wait=wait,
         )
 
 

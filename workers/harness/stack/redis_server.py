@@ -315,33 +315,54 @@ class LocalCluster:
               f"node {port} did not rejoin as a replica")
 
     def migrate_slot(self, slot: int, target_port: int, *, batch: int = 1,
-                     pause: float = 0.0, timeout_ms: int = 5000) -> int:
+                     pause: float = 0.0, hold: float = 0.0, timeout_ms: int = 5000) -> int:
         """Move ``slot`` to the master ``target_port`` the way ``redis-cli --cluster
         reshard`` does: SETSLOT IMPORTING on the target, MIGRATING on the source,
         MIGRATE ... KEYS ``batch`` keys at a time (``pause`` seconds between batches, so
-        that clients meet the slot half moved: ASK and TRYAGAIN), then SETSLOT NODE on
-        every master. Returns the number of keys moved."""
+        that clients meet the slot half moved: ASK and TRYAGAIN), ``hold`` seconds more
+        with every key moved and the slot not yet assigned (ASK, then TRYAGAIN for a
+        command naming a key that does not exist), then SETSLOT NODE on every master.
+        Returns the number of keys moved."""
+        source_port = self.begin_migration(slot, target_port)
+        moved = self.move_slot_keys(slot, source_port, target_port, batch=batch, pause=pause,
+                                    timeout_ms=timeout_ms)
+        if hold:
+            time.sleep(hold)
+        self.end_migration(slot, target_port)
+        return moved
+
+    def begin_migration(self, slot: int, target_port: int) -> int:
+        """Mark ``slot`` importing on ``target_port`` and migrating on its master, moving
+        no key yet; returns the master's (the source's) port."""
         source_port = self.master_of_slot(slot)
         if source_port == target_port:
             raise ValueError(f"slot {slot} is on {target_port} already")
         source_id, target_id = self.node_id(source_port), self.node_id(target_port)
-        moved = 0
         with closing(_client(source_port)) as source, closing(_client(target_port)) as target:
             _command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
             _command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        return source_port
+
+    def move_slot_keys(self, slot: int, source_port: int, target_port: int, *,
+                       batch: int = 1, pause: float = 0.0, timeout_ms: int = 5000) -> int:
+        """MIGRATE every key of ``slot`` from ``source_port`` to ``target_port``, ``batch``
+        keys at a time, ``pause`` seconds between batches; returns how many."""
+        moved = 0
+        with closing(_client(source_port)) as source:
             while keys := _command(source, "CLUSTER", "GETKEYSINSLOT", slot, batch):
                 _command(source, "MIGRATE", "127.0.0.1", target_port, "", 0, timeout_ms,
                          "KEYS", *keys)
                 moved += len(keys)
                 if pause:
                     time.sleep(pause)
-            _command(target, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
-            _command(source, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
-        for port in self.masters():
-            if port not in (source_port, target_port):
-                with closing(_client(port)) as other:
-                    _command(other, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
         return moved
+
+    def end_migration(self, slot: int, target_port: int) -> None:
+        """Assign ``slot`` to ``target_port`` on every master, the target first."""
+        target_id = self.node_id(target_port)
+        for port in [target_port, *(p for p in self.masters() if p != target_port)]:
+            with closing(_client(port)) as node:
+                _command(node, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
 
 
 def _s(value: Any) -> str:
