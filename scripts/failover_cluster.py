@@ -16,7 +16,8 @@ shard:
   comes back as a replica);
 - ``migrate``: the slot moved to another master key by key (``--pause`` s between keys:
   clients meet the slot half moved, ASK and TRYAGAIN), as ``redis-cli --cluster
-  reshard`` does.
+  reshard`` does. The clients wait a migration out up to ``--migration-wait`` s
+  (default: theirs, the connect and socket timeouts: 1 s here).
 
 The turns go on for ``--after`` seconds; then each session is read back and checked.
 
@@ -186,13 +187,16 @@ def _check(cluster: LocalCluster, runs: list[GuardRun], elsewhere: set[str]) -> 
 
 
 def trial(event: str, guards: int, rate: float, before: float, after: float,
-          node_timeout: int, pause: float, node_args: tuple[str, ...] = ()) -> dict[str, Any]:
+          node_timeout: int, pause: float, node_args: tuple[str, ...] = (),
+          migration_wait: float | None = None) -> dict[str, Any]:
     cluster = start_cluster(replicas=1, node_timeout_ms=node_timeout, extra_args=node_args)
     try:
         sids = session_ids(cluster, guards)
         runs = [GuardRun(sid) for sid in sids]
-        clients = [connect_cluster(cluster.url, CONFIG) for _ in runs]
-        compacting = SessionStore(connect_cluster(cluster.url, CONFIG), CONFIG)
+        clients = [connect_cluster(cluster.url, CONFIG, migration_wait=migration_wait)
+                   for _ in runs]
+        compacting = SessionStore(
+            connect_cluster(cluster.url, CONFIG, migration_wait=migration_wait), CONFIG)
         compactions: collections.Counter[str] = collections.Counter()
         event_at: list[float] = []
         stop = threading.Event()
@@ -242,19 +246,25 @@ def main() -> None:
                         "'--cluster-require-full-coverage no'")
     parser.add_argument("--pause", type=float, default=0.05,
                         help="seconds between two keys of a slot migration")
+    parser.add_argument("--migration-wait", type=float, default=None,
+                        help="seconds a call waits for a slot migration to end "
+                        "(default: the client's, connect + socket timeout)")
     args = parser.parse_args()
     events = args.events.split(",")
     results = []
     for n in range(args.trials):
         for event in events:
             result = trial(event, args.guards, args.rate, args.before, args.after,
-                           args.node_timeout, args.pause, tuple(args.node_args.split()))
+                           args.node_timeout, args.pause, tuple(args.node_args.split()),
+                           args.migration_wait)
             result["trial"] = n + 1
             print(json.dumps(result), flush=True)
             results.append(result)
     print(f"\n{args.guards} guards x {args.rate:g} turns/s, 3 masters + 3 replicas, "
           f"cluster-node-timeout {args.node_timeout} ms; per event: median (min-max) over "
-          f"{args.trials} trials {args.node_args}")
+          f"{args.trials} trials {args.node_args}"
+          + (f" migration-wait {args.migration_wait:g} s"
+             if args.migration_wait is not None else ""))
     keys = ("lost", "dup", "failed", "failed_elsewhere", "stall_s", "recovery_s", "bad")
     print(f"{'event':<9} " + " ".join(f"{k:<16}" for k in keys) + " other")
     for event in events:
