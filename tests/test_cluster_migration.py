@@ -19,10 +19,11 @@ import pytest
 import redis
 
 from shared.core.config import StoreConfig
-from shared.core.errors import StoreUnavailable
+from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.store.aio import AsyncSessionStore
 from shared.store.cluster_aio import connect_cluster_async
+from shared.store.cluster_wait import MAX_DELAY, MigrationWait, SlotMigrating
 from shared.store.keys import DEFAULT_TENANT, SessionKeys
 from shared.store.sessions import SessionStore, connect_cluster
 from workers.harness.reliability.common import integrity
@@ -280,3 +281,22 @@ def test_a_migration_longer_than_the_wait_is_store_unavailable_naming_the_slot(
     seed.append(sid, turn(sid, 2))
     assert_stored_once(moving, config, {sid: [0, 2]})
     seed.redis.close()
+
+
+def test_the_pauses_grow_to_a_tenth_of_a_second_and_stop_at_the_wait() -> None:
+    wait = MigrationWait(0.5)
+    pauses = [wait.pause(7, "n:1") for _ in range(5)]
+    assert pauses == pytest.approx([0.01, 0.02, 0.04, 0.08, MAX_DELAY], abs=1e-9)
+    wait.started -= 0.45  # as if 0.45 s had gone by: the last pause ends at the bound
+    assert 0 < wait.pause(7, "n:1") <= 0.05 + 1e-3
+    wait.started -= 0.1
+    with pytest.raises(SlotMigrating, match=r"slot 7 is being migrated.*n:1.*0.5 s"):
+        wait.pause(7, "n:1")
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True])
+def test_migration_wait_must_be_finite_seconds(bad: Any) -> None:
+    with pytest.raises(InvalidInput, match="migration_wait"):
+        connect_cluster("redis://127.0.0.1:1", migration_wait=bad)
+    with pytest.raises(InvalidInput, match="migration_wait"):
+        connect_cluster_async("redis://127.0.0.1:1", migration_wait=bad)

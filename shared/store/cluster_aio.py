@@ -300,14 +300,15 @@ def connect_cluster_async(url: str, config: StoreConfig | None = None, *,
 
     _check_positive("max_connections", max_connections)
     cfg = config or StoreConfig()
+    migrating = check_migration_wait(default_migration_wait(cfg) if migration_wait is None
+                                     else migration_wait)
     wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
     first, others = cluster_nodes(url)  # several nodes: none of them alone is needed
     client = WaitingCluster.from_url(
         first, startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port)
                               for host, port in others],
         calls_bound=max_connections, pool_timeout=wait,
-        migration_wait=(default_migration_wait(cfg) if migration_wait is None
-                        else migration_wait),
+        migration_wait=migrating,
         socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 1), driver_info=driver_info())
     assert isinstance(client, WaitingCluster)

@@ -15,11 +15,13 @@ through the store) naming the slot.
 
 from __future__ import annotations
 
+import math
 import time
 
 import redis.exceptions
 
 from shared.core.config import StoreConfig
+from shared.core.errors import InvalidInput
 
 FIRST_DELAY = 0.01
 """Seconds before the first retry of a refused call; doubled each time, up to
@@ -35,9 +37,12 @@ def default_migration_wait(config: StoreConfig) -> float:
 
 
 def check_migration_wait(value: float) -> float:
-    """``value`` as a wait in seconds (0: fail at the first ``TRYAGAIN``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"migration_wait must be a number of seconds >= 0, not {value!r}")
+    """``value`` as a wait in seconds (0: fail at the first ``TRYAGAIN``; a bound, so
+    finite)."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not (value >= 0 and math.isfinite(value))):
+        raise InvalidInput(f"must be a finite number of seconds >= 0, not {value!r}",
+                           field="migration_wait")
     return float(value)
 
 
