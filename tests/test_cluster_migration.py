@@ -300,3 +300,18 @@ def test_migration_wait_must_be_finite_seconds(bad: Any) -> None:
         connect_cluster("redis://127.0.0.1:1", migration_wait=bad)
     with pytest.raises(InvalidInput, match="migration_wait"):
         connect_cluster_async("redis://127.0.0.1:1", migration_wait=bad)
+
+
+def test_the_wait_is_a_setting_of_the_workers_and_a_field_of_the_store_config() -> None:
+    from shared.core.config import StoreConfig
+    from shared.core.errors import ConfigError
+    from shared.store.cluster_wait import default_migration_wait
+    from workers.settings import Settings, load_settings
+
+    config = Settings(redis_cluster_migration_wait=2.5).store_config()
+    assert config.cluster_migration_wait == 2.5 and default_migration_wait(config) == 2.5
+    assert default_migration_wait(StoreConfig(socket_timeout=0.4, connect_timeout=0.3)) == 0.7
+    with pytest.raises(ValueError, match="cluster_migration_wait"):
+        StoreConfig(cluster_migration_wait=float("inf"))
+    with pytest.raises(ConfigError, match="COMPACTION_REDIS_CLUSTER_MIGRATION_WAIT"):
+        load_settings(redis_cluster_migration_wait=-1)

@@ -73,7 +73,8 @@ STORE_FIELD_SETTINGS = {"key_prefix": "key_prefix", "summary_retention": "summar
                         "pending_ttl_seconds": "pending_ttl_seconds",
                         "pending_stale_seconds": "pending_stale_seconds",
                         "socket_timeout": "redis_socket_timeout",
-                        "connect_timeout": "redis_socket_timeout"}
+                        "connect_timeout": "redis_socket_timeout",
+                        "cluster_migration_wait": "redis_cluster_migration_wait"}
 
 
 class Settings(BaseSettings):
@@ -111,6 +112,10 @@ class Settings(BaseSettings):
     redis_cluster: bool = Field(default=False, description="the store is a Redis Cluster "
                                 "(a session's keys share one slot); the broker stays "
                                 "a standalone Redis")
+    redis_cluster_migration_wait: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="seconds a call waits for "
+        "its slot's migration to another master to end, then fails (default: twice "
+        "COMPACTION_REDIS_SOCKET_TIMEOUT)")
     broker_url: str = Field(default="redis://127.0.0.1:6379/1",
                             description="Celery broker: a separate db or instance, noeviction "
                             "(Sentinel: sentinel://host:26379/<db>;sentinel://host2:26379/<db> "
@@ -397,7 +402,8 @@ class Settings(BaseSettings):
                 pending_stale_seconds=self.pending_stale_seconds,
                 request_ttl_seconds=max(3600, 2 * self.visibility_timeout),
                 ttl_seconds=self.session_ttl_seconds, socket_timeout=self.redis_socket_timeout,
-                connect_timeout=self.redis_socket_timeout)
+                connect_timeout=self.redis_socket_timeout,
+                cluster_migration_wait=self.redis_cluster_migration_wait)
         except ValidationError as exc:
             raise ConfigError(_store_problems(exc)) from None
 

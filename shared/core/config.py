@@ -34,6 +34,10 @@ class StoreConfig(BaseModel):
         "those it took but had not run when it died): must outlive a job's redelivery")
     socket_timeout: float = Field(default=0.5, gt=0)
     connect_timeout: float = Field(default=0.5, gt=0)
+    cluster_migration_wait: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="on a Redis Cluster, how long "
+        "a call whose slot is being moved to another master waits for the move to end "
+        "before StoreUnavailable; None: connect_timeout + socket_timeout")
 
     @field_validator("pending_stale_seconds")
     @classmethod

@@ -31,8 +31,10 @@ MAX_DELAY = 0.1
 
 
 def default_migration_wait(config: StoreConfig) -> float:
-    """The default wait: the store's connect and socket timeouts, the time a call on a
-    dead node takes to fail (1 s with the defaults)."""
+    """The config's ``cluster_migration_wait``, by default the store's connect and socket
+    timeouts: the time a call on a dead node takes to fail (1 s with the defaults)."""
+    if config.cluster_migration_wait is not None:
+        return config.cluster_migration_wait
     return config.connect_timeout + config.socket_timeout
 
 
