@@ -36,7 +36,10 @@ System prompt parts and instructions are the fixed system prompt: never
 recorded, always sent. User images and documents (inline, by URL, uploaded)
 are recorded as image and file parts, audio and video as a text placeholder
 (the neutral model holds neither), cache points not at all; the model gets
-the original parts while they are in the view. Parts it cannot map raise
+the original parts while they are in the view. Response parts the provider makes and
+answers itself (native tool calls and results, its compaction, generated images and
+documents) are recorded as notes in the message's reasoning; the response goes back
+as it was while it is in the view. Parts it cannot map raise
 :class:`InvalidInput` naming ``messages[i].parts[j]`` before anything is
 written. pydantic-ai's hooks are async: the guard runs as
 ``AsyncContextGuard`` when given one, else in a thread (stopgap,
@@ -225,6 +228,32 @@ def _user_prompt(message: Message) -> Any:
     return pm.UserPromptPart(content=content)
 
 
+NOTE_CHARS = 2000  # the most of a native tool's arguments or result a note keeps
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= NOTE_CHARS else f"{text[:NOTE_CHARS]}... [{len(text)} chars]"
+
+
+def _note(part: Any) -> str | None:
+    """A text note for a response part the provider made and answers itself: native
+    tool calls and results (web search, code execution), a provider's compaction, a
+    generated image or document. Recorded as the message's reasoning, so the log and its
+    summaries say what happened; never sent as the answer's text (an untouched response
+    goes back as the original, ids and all). None: not such a part."""
+    if isinstance(part, pm.NativeToolCallPart):
+        return _clip(f"[{part.tool_name} call: {part.args_as_json_str()}]")
+    if isinstance(part, pm.NativeToolReturnPart):
+        return _clip(f"[{part.tool_name} result: {part.model_response_str()}]")
+    if isinstance(part, pm.CompactionPart):
+        return _clip(f"[provider compaction: {part.content}]") if part.content \
+            else "[provider compaction (opaque)]"
+    if isinstance(part, pm.FilePart) and not (part.content.is_audio or part.content.is_video):
+        return (f"[generated file: {part.content.media_type}, {len(part.content.data)} bytes, "
+                "not kept in the history]")
+    return None
+
+
 def _response(message: pm.ModelResponse, where: str) -> Message:
     texts: list[str] = []
     reasoning: list[str] = []
@@ -234,6 +263,8 @@ def _response(message: pm.ModelResponse, where: str) -> Message:
             texts.append(part.content)
         elif isinstance(part, pm.ThinkingPart):
             reasoning.append(part.content)
+        elif (note := _note(part)) is not None:
+            reasoning.append(note)
         elif isinstance(part, pm.ToolCallPart):
             try:
                 calls.append(ToolCall(id=part.tool_call_id, name=part.tool_name,
