@@ -437,10 +437,10 @@ def test_session_protocol(guard: ContextGuard) -> None:
 
 def test_an_unmappable_item_is_refused_and_nothing_is_written(guard: ContextGuard) -> None:
     session = GuardedSession(guard, "bad", model=MODEL)
-    batch = [{"role": "user", "content": "search"},
-             {"type": "web_search_call", "id": "ws_1", "status": "completed"}]
+    batch = [{"role": "user", "content": "click"},
+             {"type": "computer_call", "id": "cu_1", "call_id": "c1", "status": "completed"}]
     with pytest.raises(InvalidInput, match=r"items\[1\]\.type: cannot map item type "
-                                           r"'web_search_call'"):
+                                           r"'computer_call'"):
         run(session.add_items(cast(Any, batch)))
     assert guard.store.length("bad") == 0
     with pytest.raises(InvalidInput, match=r"items\[0\]\.call_id: required"):

@@ -21,12 +21,19 @@ item                            message
 ``function_call_output``        ``tool`` (``call_id`` -> ``tool_call_id``)
 ``reasoning``                   ``Message.reasoning`` of the next assistant
                                 message; the item itself kept in metadata
+hosted tool calls               as ``reasoning``: a note of the call (its
+(``web_search_call``,           arguments and result, clipped) in
+``file_search_call``,           ``Message.reasoning``, the item itself kept in
+``code_interpreter_call``,      metadata and sent back as it was
+``image_generation_call``,
+``mcp_call``, ``mcp_list_tools``)
 ==============================  ===============================================
 
-Any other item (hosted tool calls, computer use, item references...) is
-refused with :class:`InvalidInput` naming ``items[i].type``; a batch is
-mapped completely before anything is written, so a refused batch leaves
-the session as it was.
+The provider runs a hosted tool itself and returns call and result in one item, so it
+goes with its model turn like a reasoning item. Any other item (computer use, local
+shell and custom tool calls with their outputs, item references...) is refused with
+:class:`InvalidInput` naming ``items[i].type``; a batch is mapped completely before
+anything is written, so a refused batch leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -44,8 +51,11 @@ ID = "agents_id"  # the item id (msg_..., fc_..., rs_...) of a message
 ROLE = "agents_role"  # "developer" for a developer message
 PARTS = "agents_content"  # an assistant message's original output parts
 CALL_IDS = "agents_call_ids"  # {call_id: function_call item id}
-REASONING = "agents_reasoning"  # reasoning items that preceded the message
-SUPPORTED = ("message", "function_call", "function_call_output", "reasoning")
+REASONING = "agents_reasoning"  # reasoning and hosted tool items that preceded the message
+HOSTED = ("web_search_call", "file_search_call", "code_interpreter_call",
+          "image_generation_call", "mcp_call", "mcp_list_tools")
+SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED)
+NOTE_CHARS = 200  # the most of one field of a hosted call a note keeps
 
 __all__ = ["items_to_messages", "messages_to_items"]
 
@@ -115,6 +125,29 @@ def _input_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
     return parts
 
 
+def _clip(value: Any) -> Any:
+    """A hosted call's field for its note: long text (search results, a generated
+    image's base64) shortened to its head and length."""
+    if isinstance(value, str):
+        return value if len(value) <= NOTE_CHARS \
+            else f"{value[:NOTE_CHARS]}... [{len(value)} chars]"
+    if isinstance(value, Mapping):
+        return {k: _clip(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clip(v) for v in value[:20]]
+    return value
+
+
+def _preceding_texts(item: Mapping[str, Any]) -> list[str]:
+    """What a reasoning item (its summary) or a hosted tool call (a note of the call,
+    for the log and its summaries) adds to the next assistant message's reasoning."""
+    if item.get("type") == "reasoning":
+        return [str(s.get("text", "")) for s in item.get("summary") or []
+                if isinstance(s, Mapping)]
+    fields = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
+    return [f"[{item.get('type')}: {json.dumps(_clip(fields), default=str)}]"]
+
+
 @dataclass
 class _Builder:
     """Folds a flat item list into messages (one assistant message per model turn)."""
@@ -132,8 +165,7 @@ class _Builder:
                                 "metadata": meta}
         if self.reasoning:
             meta[REASONING] = self.reasoning
-            texts = [str(s.get("text", "")) for r in self.reasoning
-                     for s in r.get("summary") or [] if isinstance(s, Mapping)]
+            texts = [text for r in self.reasoning for text in _preceding_texts(r)]
             if any(texts):
                 turn["reasoning"] = "\n\n".join(t for t in texts if t)
             self.reasoning = []
@@ -176,7 +208,7 @@ class _Builder:
             self.out.append(_build({"role": "tool", "content": content, "metadata": meta,
                                     "tool_call_id": _str(item, "call_id", where, nonempty=True)},
                                    where))
-        elif kind == "reasoning":
+        elif kind == "reasoning" or kind in HOSTED:
             if self.turn is not None:
                 self.end_turn()
             self.turn_at = where
