@@ -46,6 +46,7 @@ from typing import Any, cast
 from shared.core.callids import wire_id
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
+from shared.integrations.notes import provider_note
 
 ID = "agents_id"  # the item id (msg_..., fc_..., rs_...) of a message
 ROLE = "agents_role"  # "developer" for a developer message
@@ -55,7 +56,6 @@ REASONING = "agents_reasoning"  # reasoning and hosted tool items that preceded 
 HOSTED = ("web_search_call", "file_search_call", "code_interpreter_call",
           "image_generation_call", "mcp_call", "mcp_list_tools")
 SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED)
-NOTE_CHARS = 200  # the most of one field of a hosted call a note keeps
 
 __all__ = ["items_to_messages", "messages_to_items"]
 
@@ -125,27 +125,13 @@ def _input_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _clip(value: Any) -> Any:
-    """A hosted call's field for its note: long text (search results, a generated
-    image's base64) shortened to its head and length."""
-    if isinstance(value, str):
-        return value if len(value) <= NOTE_CHARS \
-            else f"{value[:NOTE_CHARS]}... [{len(value)} chars]"
-    if isinstance(value, Mapping):
-        return {k: _clip(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clip(v) for v in value[:20]]
-    return value
-
-
 def _preceding_texts(item: Mapping[str, Any]) -> list[str]:
     """What a reasoning item (its summary) or a hosted tool call (a note of the call,
     for the log and its summaries) adds to the next assistant message's reasoning."""
     if item.get("type") == "reasoning":
         return [str(s.get("text", "")) for s in item.get("summary") or []
                 if isinstance(s, Mapping)]
-    fields = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
-    return [f"[{item.get('type')}: {json.dumps(_clip(fields), default=str)}]"]
+    return [provider_note(str(item.get("type")), item)]
 
 
 @dataclass

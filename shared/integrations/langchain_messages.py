@@ -37,9 +37,21 @@ from shared.core.wire import from_openai, to_openai
 from shared.core.wire._common import join_reasoning, split_reasoning
 from shared.core.wire.anthropic import THINKING_KEY
 from shared.integrations._common import FW_KEY, origin, tag
+from shared.integrations.notes import provider_note
 
 ID_KEY = "lc_id"
+SERVER_KEY = "lc_server_tools"  # notes of server-side tool blocks beside signed thinking
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+# Blocks of a tool the provider ran itself: LangChain v1's standard ones, the Responses
+# API's (ChatOpenAI's legacy output), Anthropic's (and every ``*_tool_result`` of its).
+SERVER_BLOCKS = frozenset({
+    "server_tool_call", "server_tool_call_chunk", "server_tool_result", "non_standard",
+    "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
+    "mcp_call", "mcp_list_tools", "server_tool_use", "mcp_tool_use", "mcp_tool_result"})
+
+
+def _server_block(kind: Any) -> bool:
+    return isinstance(kind, str) and (kind in SERVER_BLOCKS or kind.endswith("_tool_result"))
 
 
 def leading_system(state: Sequence[Any]) -> int:
@@ -88,12 +100,16 @@ def _reasoning_text(block: dict[str, Any]) -> str:
 
 def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
     """The message without its reasoning blocks (and v1 ``tool_call`` blocks, which repeat
-    ``tool_calls``), and the neutral fields they become (``reasoning``, metadata)."""
+    ``tool_calls``), and the neutral fields they become (``reasoning``, metadata). A
+    server-side tool's blocks become notes (:func:`provider_note`) in ``reasoning``, or in
+    metadata beside signed thinking (whose signature covers the reasoning's text): the
+    provider answered them itself, and the state's own message carries them back."""
     content = message.content
     if not isinstance(content, list):
         return message, {}
     kept: list[Any] = []
     texts: list[str] = []
+    notes: list[str] = []
     layout: list[dict[str, Any]] = []
     anthropic = True  # every text-bearing block has an Anthropic form (else no layout)
     found = False
@@ -101,6 +117,10 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_call" and message.tool_calls:
             found = True
+            continue
+        if isinstance(block, dict) and _server_block(kind):
+            found = True
+            notes.append(provider_note(str(kind), block))
             continue
         if not isinstance(block, dict) or kind not in REASONING_BLOCKS:
             kept.append(block)
@@ -126,10 +146,15 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
     if not found:
         return message, {}
     fields: dict[str, Any] = {}
+    signed = bool(layout) and anthropic
+    if signed and notes:  # the reasoning must stay the signed blocks' text, exactly
+        fields["metadata"] = {SERVER_KEY: notes}
+    elif notes:
+        texts.extend(notes)
     if texts:
         fields["reasoning"] = join_reasoning(texts)
-    if layout and anthropic:
-        fields["metadata"] = {THINKING_KEY: layout}
+    if signed:
+        fields["metadata"] = {**fields.get("metadata", {}), THINKING_KEY: layout}
     return message.model_copy(update={"content": kept or ""}), fields
 
 
