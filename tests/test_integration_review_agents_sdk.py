@@ -150,3 +150,24 @@ def test_the_mapping_round_trips_hosted_items_in_order() -> None:
     assert [m.role for m in messages] == ["user", "assistant"]
     assert len(messages[1].reasoning or "") < 1000  # a long output is clipped in the note
     assert messages_to_items(messages)[1:3] == items[1:3]
+
+
+def test_an_uploaded_image_by_file_id_is_saved_and_sent_back(guard: ContextGuard) -> None:
+    """``{"type": "input_image", "file_id": ...}``: an image uploaded with the Files API,
+    a documented Responses input; the run must not be refused before the model is asked."""
+    model = Searching()
+    agent = Agent(name="a", instructions="be brief")
+    session = GuardedSession.for_agent(guard, "sdk-image", agent, model="gpt-4o")
+    agent.model = session.wrap(model)
+    image = {"type": "input_image", "file_id": "file-abc123", "detail": "auto"}
+    first: Any = [{"role": "user", "content": [{"type": "input_text", "text": "What is it?"},
+                                               image]}]
+
+    async def runs() -> None:
+        await Runner.run(agent, first, session=session, run_config=session.run_config())
+        await Runner.run(agent, "And its colour?", session=session,
+                         run_config=session.run_config())
+
+    asyncio.run(runs())
+    assert guard.store.length("sdk-image") == 4
+    assert model.inputs[1][0]["content"][1] == image

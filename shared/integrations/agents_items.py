@@ -13,6 +13,8 @@ item                            message
 ``message`` user / system       ``user`` / ``system`` (``developer`` is a system
 / developer (easy or typed)     message with metadata ``agents_role``); parts
                                 ``input_text`` / ``input_image`` / ``input_file``
+                                (an image by ``file_id``: a file part of media
+                                type ``image/*``)
 ``message`` assistant           ``assistant``; ``output_text`` parts joined, the
                                 original parts and item id kept in metadata
 ``function_call``               a tool call on the assistant message before it
@@ -53,6 +55,7 @@ ROLE = "agents_role"  # "developer" for a developer message
 PARTS = "agents_content"  # an assistant message's original output parts
 CALL_IDS = "agents_call_ids"  # {call_id: function_call item id}
 REASONING = "agents_reasoning"  # reasoning and hosted tool items that preceded the message
+IMAGE_FILE = "image/*"  # the media type of an image uploaded with the Files API (by id)
 HOSTED = ("web_search_call", "file_search_call", "code_interpreter_call",
           "image_generation_call", "mcp_call", "mcp_list_tools")
 SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED)
@@ -104,9 +107,14 @@ def _input_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
                 image = {"type": "image", "data": data, "media_type": media}
             elif isinstance(url, str) and url:
                 image = {"type": "image", "url": url}
+            elif isinstance(part.get("file_id"), str) and part["file_id"]:
+                # an uploaded image: a file part by id, marked as an image (IMAGE_FILE)
+                parts.append({"type": "file", "file_id": part["file_id"],
+                              "media_type": IMAGE_FILE})
+                continue
             else:
-                raise InvalidInput("only images by URL or data URL are supported "
-                                   "(file_id images are not)", field=f"{at}.image_url")
+                raise InvalidInput("an image needs image_url (a URL or data URL) or file_id",
+                                   field=f"{at}.image_url")
             if isinstance(part.get("detail"), str):
                 image["detail"] = part["detail"]
             parts.append(image)
@@ -272,6 +280,8 @@ def _parts_out(content: Any, *, output: bool = False) -> Any:
             image: dict[str, Any] = {"type": "input_image", "image_url": url,
                                      "detail": part.detail or "auto"}
             out.append(image)
+        elif part.file_id is not None and part.media_type == IMAGE_FILE:
+            out.append({"type": "input_image", "file_id": part.file_id, "detail": "auto"})
         else:
             file: dict[str, Any] = {"type": "input_file"}
             for src, dst in (("url", "file_url"), ("file_id", "file_id"),
