@@ -93,3 +93,37 @@ def test_a_reply_with_server_tool_blocks_is_recorded_and_sent_back_as_it_was(
     assert "weather in Paris" in notes and len(notes) < 2000
     replies = [m for m in model.sent[1] if isinstance(m, AIMessage)]
     assert len(replies) == 1 and replies[0].content == blocks  # the state's own message
+
+
+ATTACHMENTS = [
+    {"type": "text", "text": "Compare these."},
+    {"type": "image", "file_id": "file-img1"},  # v1 standard: an image uploaded by id
+    {"type": "file", "url": "https://example.com/spec.pdf", "mime_type": "application/pdf"},
+    {"type": "text-plain", "text": "notes.txt says: ship on Friday", "mime_type": "text/plain"},
+    {"type": "document", "source": {"type": "url", "url": "https://example.com/terms.pdf"}},
+]
+
+
+def test_user_attachments_chat_completions_cannot_carry_are_noted_not_refused(
+        store: SessionStore) -> None:
+    """LangChain v1 standard blocks (an image by ``file_id``, a file by URL, ``text-plain``)
+    and Anthropic's ``document`` block, which providers other than Chat Completions take:
+    refused, the message would stay in the thread's checkpoint and every later call of it
+    would fail. The model gets the user's own message; the log a note of each."""
+    model = Replies(responses=[AIMessage("Both say Friday."), AIMessage("Yes.")], sent=[])
+    guard = ContextGuard(store, overrides={"fake": 32_000})
+    agent = create_agent(model, [], checkpointer=InMemorySaver(),
+                         middleware=[ContextGuardMiddleware(guard, model="fake")])
+    config: Any = {"configurable": {"thread_id": "lc-attach"}}
+    asked = HumanMessage(content=ATTACHMENTS, id="h-1")
+    agent.invoke({"messages": [asked]}, config)
+    agent.invoke({"messages": [HumanMessage("Sure?")]}, config)
+
+    assert model.sent[0][-1] is asked or model.sent[0][-1].content == ATTACHMENTS
+    assert model.sent[1][0].content == ATTACHMENTS
+    log = store.messages("lc-attach", 0, store.length("lc-attach"))
+    assert [m.role for m in log] == ["user", "assistant", "user", "assistant"]
+    text = log[0].text()
+    assert "Compare these." in text and "ship on Friday" in text
+    for source in ("file-img1", "https://example.com/spec.pdf", "https://example.com/terms.pdf"):
+        assert source in text

@@ -188,6 +188,55 @@ def _without_media(message: BaseMessage) -> BaseMessage:
         for b in content]})
 
 
+def _mapped(message: BaseMessage) -> Message:
+    """One LangChain message as a neutral one, through OpenAI's chat format."""
+    wire = convert_to_openai_messages(_without_media(message))
+    (neutral,) = from_openai([wire])
+    return neutral
+
+
+def _attachment_note(block: dict[str, Any]) -> dict[str, Any]:
+    """A text block standing for an attachment OpenAI's chat format cannot carry (an image
+    by ``file_id``, a file by URL, Anthropic's ``document``): its kind and source."""
+    raw = block.get("source")
+    source: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    kind = str(block.get("type") or "unknown")
+    found = [block.get(k) or source.get(k) for k in ("url", "file_id")]
+    found += [block.get("mime_type") or source.get("media_type"), block.get("filename")]
+    data = block.get("base64") or block.get("data") or source.get("data")
+    if isinstance(data, str):
+        found.append(f"{len(data) * 3 // 4} bytes")
+    detail = ", ".join(str(x) for x in found if isinstance(x, str) and x)
+    return {"type": "text", "text": f"[{kind} attachment: {detail + ', ' if detail else ''}"
+                                    "not kept in the history]"}
+
+
+def _with_notes(message: BaseMessage) -> BaseMessage:
+    """``message`` with each block the chat format refuses as a note (``text-plain`` as its
+    text): logged and summarized, while the model gets the state's original message as
+    long as it is in the view. ``message`` itself when no block is refused alone."""
+    content = message.content
+    if not isinstance(content, list):
+        return message
+    blocks: list[Any] = []
+    changed = False
+    for block in content:
+        if not isinstance(block, dict):
+            blocks.append(block)
+            continue
+        if block.get("type") == "text-plain" and isinstance(block.get("text"), str):
+            blocks.append({"type": "text", "text": block["text"]})
+            changed = True
+            continue
+        try:
+            _mapped(message.model_copy(update={"content": [block]}))
+            blocks.append(block)
+        except (ValueError, TypeError, KeyError, InvalidInput):
+            blocks.append(_attachment_note(block))
+            changed = True
+    return message.model_copy(update={"content": blocks}) if changed else message
+
+
 def _way_out(message: BaseMessage) -> str:
     """How a thread gets past a message nothing maps: the graph's checkpoint kept it, so
     every later call of the thread meets it again."""
@@ -209,19 +258,23 @@ def to_neutral(messages: Sequence[Any], start: int = 0) -> list[Message]:
         if isinstance(message, AIMessage):
             message, fields = _split_reasoning(message)
         try:
-            wire = convert_to_openai_messages(_without_media(message))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}"
-                               f"{_way_out(message)}", field=where, index=index) from None
-        try:
-            (neutral,) = from_openai([wire])
-        except InvalidInput as exc:
-            inner = exc.field or ""
-            reason = str(exc).removeprefix(f"{inner}: ")
-            raise InvalidInput(f"cannot map {type(message).__name__}: {reason}"
-                               f"{_way_out(message)}",
-                               field=where + inner.removeprefix("messages[0]"),
-                               index=index) from None
+            neutral = _mapped(message)
+        except (ValueError, TypeError, KeyError, InvalidInput) as exc:
+            noted = _with_notes(message)
+            try:
+                if noted is message:
+                    raise exc
+                neutral = _mapped(noted)
+            except InvalidInput:
+                inner = (exc.field or "") if isinstance(exc, InvalidInput) else ""
+                reason = str(exc).removeprefix(f"{inner}: ")[:200]
+                raise InvalidInput(f"cannot map {type(message).__name__}: {reason}"
+                                   f"{_way_out(message)}",
+                                   field=where + inner.removeprefix("messages[0]"),
+                                   index=index) from None
+            except (ValueError, TypeError, KeyError):
+                raise InvalidInput(f"cannot map {type(message).__name__}: {str(exc)[:200]}"
+                                   f"{_way_out(message)}", field=where, index=index) from None
         if fields:
             neutral = neutral.model_copy(update={
                 **fields, "metadata": {**neutral.metadata, **fields.get("metadata", {})}})
