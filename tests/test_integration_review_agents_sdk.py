@@ -171,3 +171,27 @@ def test_an_uploaded_image_by_file_id_is_saved_and_sent_back(guard: ContextGuard
     asyncio.run(runs())
     assert guard.store.length("sdk-image") == 4
     assert model.inputs[1][0]["content"][1] == image
+
+
+def test_an_agent_built_with_a_model_name_is_wrapped_and_budgeted_for_that_model(
+        guard: ContextGuard) -> None:
+    """``Agent(model="gpt-4o-mini")``, as most SDK users build one: ``session.wrap(agent.model)``
+    resolves the name as the runner would (here through a provider on the fake server's
+    Chat Completions), and ``for_agent`` budgets for that model, not for gpt-4o."""
+    from agents.models.openai_provider import OpenAIProvider
+    from openai import AsyncOpenAI
+
+    from workers.harness.fakes import FakeOpenAIServer
+
+    with FakeOpenAIServer(window=100_000) as fake:
+        agent = Agent(name="a", instructions="be brief", model="gpt-4o-mini")
+        session = GuardedSession.for_agent(guard, "sdk-named", agent)
+        client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+        agent.model = session.wrap(agent.model, provider=OpenAIProvider(
+            openai_client=client, use_responses=False))
+        result = asyncio.run(Runner.run(agent, "Hello there", session=session,
+                                        run_config=session.run_config()))
+        assert isinstance(result.final_output, str) and result.final_output
+        assert fake.requests[-1].body["model"] == "gpt-4o-mini"
+    assert session.model == session.input_filter.model == "gpt-4o-mini"
+    assert guard.store.length("sdk-named") == 2

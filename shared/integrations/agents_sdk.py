@@ -45,7 +45,8 @@ from typing import Any, cast
 
 try:
     from agents.items import TResponseInputItem
-    from agents.models.interface import Model
+    from agents.models.interface import Model, ModelProvider
+    from agents.models.multi_provider import MultiProvider
     from agents.run_config import RunConfig
     from agents.tool import FunctionTool
     from agents.tool_context import ToolContext
@@ -191,8 +192,13 @@ class GuardedSession:
 
     @classmethod
     def for_agent(cls, guard: ContextGuard, session_id: str, agent: Any, *,
-                  model: str = "gpt-4o", max_tokens: int | None = None) -> GuardedSession:
-        """A session that counts ``agent``'s instructions (when a string) and tools."""
+                  model: str | None = None, max_tokens: int | None = None) -> GuardedSession:
+        """A session that counts ``agent``'s instructions (when a string) and tools.
+        ``model``: the name the budget looks limits up by (default: ``agent.model`` when
+        it is a name, else ``"gpt-4o"``)."""
+        if model is None:
+            named = getattr(agent, "model", None)
+            model = named if isinstance(named, str) and named else "gpt-4o"
         instructions = agent.instructions if isinstance(agent.instructions, str) else ""
         return cls(guard, session_id, model=model, max_tokens=max_tokens,
                    instructions=instructions, tools=tool_schemas(agent.tools or []))
@@ -209,8 +215,14 @@ class GuardedSession:
             self.tools = [*(self.tools or []), *tool_schemas([tool])]
         return tool
 
-    def wrap(self, model: Model) -> GuardedModel:
-        """``model`` with overflow recovery sharing this session's budget."""
+    def wrap(self, model: Model | str | None, *,
+             provider: ModelProvider | None = None) -> GuardedModel:
+        """``model`` with overflow recovery sharing this session's budget. A model name (an
+        ``Agent(model="gpt-4o")``'s ``agent.model``; None: the SDK's default model) is
+        resolved here, as the runner would, by ``provider`` (default: the SDK's
+        ``MultiProvider``, which uses ``set_default_openai_client`` and ``_api``)."""
+        if model is None or isinstance(model, str):
+            model = (provider or MultiProvider()).get_model(model)
         return GuardedModel(model, self.input_filter, session=self)
 
     def run_config(self, **kwargs: Any) -> RunConfig:
