@@ -5,7 +5,9 @@ only to get back the turn it had just written. The append's reply already
 says everything that read would: the log length and token total before the
 batch, the state hash and the pending flag after it. When those show that the cached view is
 still the view just before the batch (same epoch, log generation, version,
-watermark and cheap-stage generation; the log ended where the cache ends),
+watermark and cheap-stage generation; the log ended where the cache ends, by
+the append the cache knows ended it: the state's ``tail``, since a failover
+can lose that append and another writer's batch of as many tokens take its place),
 :func:`appended_read` builds the read's result from the batch itself, and
 :func:`shared.core.viewcache.decode_view` extends the cache with it as with
 any incremental read. When anything else changed, it returns None and the
@@ -35,7 +37,9 @@ def appended_read(cached: CachedView, batch: Sequence[tuple[str | bytes, int]],
             or int(state.get("gen") or 0) != cached.gen
             or int(state.get("version") or 0) != cached.version
             or int(state.get("watermark") or 0) != cached.start
-            or state.get("cheap_gen", "") != cached.cheap_gen):
+            or state.get("cheap_gen", "") != cached.cheap_gen
+            or (result.tail_before is not None and cached.end > 0
+                and result.tail_before != cached.tail)):
         return None
     totals = list(itertools.accumulate((tokens for _, tokens in batch), initial=cached.total))
     stored = [raw if isinstance(raw, bytes) else raw.encode() for raw, _ in batch]

@@ -243,6 +243,10 @@ class ViewCursor:
     ``epoch``, and the summary current at ``version``. ``total`` is the
     running token total at ``end``, checked by the store as a guard against
     a log replaced behind the generation (a restored backup, a hand edit).
+    ``tail`` (the state's ``tail`` that named this end) and ``digest`` (sha1 of
+    the stored ``log[end - 1]`` the reader holds) tell the store which entry
+    ends it: a failover can lose an acknowledged append and another writer put
+    a batch of the same token count in its place ('' = not known, none held).
     """
 
     epoch: str
@@ -252,6 +256,8 @@ class ViewCursor:
     end: int
     total: int
     cheap_gen: str = ""
+    tail: str = ""
+    digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +359,7 @@ class AppendResult:
     pending: bool | None = None  # the pending flag right after the append (None: not told)
     published: bool = False  # the script pushed the job it carried (InlineJob)
     republished: bool = False  # marked by re-arming a stale flag: its job is asked for again
+    tail_before: str | None = None  # the state's ``tail`` before the append (None: not told)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ recently used first out.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -100,6 +101,9 @@ class CachedView:
     cheap_scan: CheapScan | None = None  # what planning read of this view (shared.core.cheap)
     repaired: RepairedView | None = None  # its repair, when it needs one (shared.core.repaired)
     mark: Any = None  # the change feed's mark of the read this entry came from (None: read)
+    tail: str = ""  # the state's ``tail`` naming ``end`` ('' = unknown): see :attr:`cursor`
+    tail_raw: bytes | None = None  # the stored ``log[end - 1]`` (None: not held)
+    digest_memo: str | None = None  # :attr:`digest`, once asked for
 
     @property
     def length(self) -> int:
@@ -108,8 +112,22 @@ class CachedView:
 
     @property
     def cursor(self) -> ViewCursor:
+        """What this view holds, for an incremental read; with the entry that ends it, so
+        that a log whose lost tail another writer replaced by as many tokens is read
+        again (``view.lua``)."""
         return ViewCursor(self.epoch, self.gen, self.version, self.start, self.end, self.total,
-                          self.cheap_gen)
+                          self.cheap_gen, self.tail, self.digest)
+
+    @property
+    def digest(self) -> str:
+        """sha1 of the stored ``log[end - 1]`` ('' when not held), made once per entry and
+        only when a read needs it (a call the change feed vouches for reads nothing)."""
+        memo = self.digest_memo
+        if memo is None:
+            raw = self.tail_raw
+            memo = "" if raw is None else hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+            self.digest_memo = memo
+        return memo
 
     @property
     def history_tokens(self) -> int:
@@ -500,7 +518,7 @@ def _decode_view(raw: RawView, cached: CachedView | None,
         # Nothing changed since the cached read (a tool chain's next call): the entry as is.
         return (cached if cached.pending == raw.pending
                 else dataclasses.replace(cached, pending=raw.pending))
-    state = (cached.state if cached is not None and cached.state_raw == raw.state_raw
+    state = (cached.state if cached is not None and _same_state(cached.state_raw, raw.state_raw)
              else raw.state())
     w = state.watermark
     cheap_gen = raw.state_raw.get("cheap_gen", "")
@@ -584,13 +602,37 @@ def _decode_view(raw: RawView, cached: CachedView | None,
             wire = {"openai": ReadWire.of_read(
                 _openai_of_read(new_raw, loaded, made, changes),
                 [None if i in changes else m for i, m in enumerate(bare)])}
+    tail_raw: bytes | None
+    digest_memo: str | None
+    if new_raw:
+        tail_raw, digest_memo = new_raw[-1], None
+    elif raw.incremental and cached is not None:  # the same end (checked above)
+        tail_raw, digest_memo = cached.tail_raw, cached.digest_memo
+    else:
+        tail_raw, digest_memo = None, None
     return CachedView(
         epoch=raw.epoch, gen=raw.gen, version=state.version, start=w, end=raw.length,
         total=raw.tokens_total, tokens_before=raw.tokens_before_watermark, history=history,
         applied=applied, saved=saved, summary=summary, state_raw=raw.state_raw, state=state,
         cheap_gen=cheap_gen, cheap=cheap, cheap_raw=cheap_raw, scan=scan, pending=raw.pending,
         counts=counts, wire=wire, planned_end=planned_end, cheap_scan=cheap_scan,
-        repaired=repaired)
+        repaired=repaired, tail=tail_at(raw.state_raw, raw.length), tail_raw=tail_raw,
+        digest_memo=digest_memo)
+
+
+def tail_at(state_raw: Mapping[str, str], length: int) -> str:
+    """The state's ``tail`` when it names the append that made the log ``length`` long
+    ('' otherwise: an edit shortened the log since, or no append recorded one)."""
+    tail = state_raw.get("tail", "")
+    return tail if tail.startswith(f"{length}:") else ""
+
+
+def _same_state(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether two state hashes hold the same :class:`SessionState` without parsing either:
+    equal but for ``tail`` (which every append changes and the model does not read)."""
+    if a == b:
+        return True
+    return a.keys() == b.keys() and all(v == b[k] for k, v in a.items() if k != "tail")
 
 
 __all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",

@@ -264,7 +264,8 @@ def parse_append(result: Any, batch: Sequence[tuple[str | bytes, int]] = ()) -> 
         published=pushed(marked), republished=rearmed(marked),
         state=SessionState.from_hash(state_raw) if state_raw is not None else None,
         state_raw=state_raw, batch=batch,
-        pending=bool(result[7]) if len(result) > 7 else None)
+        pending=bool(result[7]) if len(result) > 7 else None,
+        tail_before=_s(result[8]) if len(result) > 8 else None)
 
 
 def id_conflict(error: Exception) -> dict[str, str] | None:
@@ -343,6 +344,7 @@ def view_command(k: SessionKeys, since: ViewCursor | None, with_counts: bool = F
                         since.total])
     args.append("1" if with_counts else "0")
     args.append("" if since is None else since.cheap_gen)
+    args.extend(("", "") if since is None else (since.tail, since.digest))
     args.extend(("", "") if bulk is None else bulk)
 
     def parse(raw: Any) -> RawView | DeferredView:

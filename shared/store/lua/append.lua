@@ -3,7 +3,9 @@
 --
 -- KEYS[1] log        list   message JSON, append-only
 -- KEYS[2] cum        list   running token totals parallel to log (cum[i] = tokens of 0..i)
--- KEYS[3] state      hash   version, watermark, epoch, ... (created here)
+-- KEYS[3] state      hash   version, watermark, epoch, ... (created here); 'tail' =
+--                           "<new length>:<ARGV[3]>", set by every append that writes
+--                           messages: which append made the log that long (view.lua)
 -- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked:digest" of its append
 --                           (a record without the digest, from before it was kept, matches any batch)
 -- KEYS[5] reqorder   list   request ids, newest first (bounds reqs)
@@ -20,6 +22,7 @@
 -- ARGV[3] epoch: a random token kept only if the session has none yet. A
 --         deleted (or expired) session that comes back gets a new epoch, so
 --         readers that cache its view (keyed by epoch and version) notice.
+--         Drawn anew for every call: it is also this append's 'tail'.
 -- ARGV[4] request id ('' = none), with its batch's digest after a space: a retry must
 --         carry the same batch (shared.store.commands.batch_digest)
 -- ARGV[5] request ids kept per session
@@ -42,7 +45,9 @@
 -- of the batch's provider ids and nothing is written.
 --
 -- Returns {new_length, watermark, version, tokens_before_append, duplicate,
---          marked, state_json_or_false, pending}
+--          marked, state_json_or_false, pending, tail_before}
+-- tail_before: the state's 'tail' before this append ('' = none): a caller whose cached
+-- view ended at that tail holds the log this batch extends (shared.core.appended).
 -- pending = 1: the pending flag is set after the append (whoever set it).
 -- duplicate = 1: the request id was seen; nothing was written and the
 -- figures (length, tokens before, marked) are those of the first append.
@@ -148,6 +153,7 @@ if len > 0 then
   total = tonumber(redis.call('LINDEX', KEYS[2], -1)) or 0
 end
 local before = total
+local tail_before = redis.call('HGET', KEYS[3], 'tail') or ''
 local msgs = {}
 local cums = {}
 for i = 0, n - 1 do
@@ -158,6 +164,7 @@ end
 if n > 0 then
   redis.call('RPUSH', KEYS[1], unpack(msgs))
   redis.call('RPUSH', KEYS[2], unpack(cums))
+  redis.call('HSET', KEYS[3], 'tail', (len + n) .. ':' .. ARGV[3])
 end
 redis.call('HSETNX', KEYS[3], 'version', 0)
 redis.call('HSETNX', KEYS[3], 'watermark', 0)
@@ -236,4 +243,4 @@ local reply = state_reply()
 -- the writer too), so the next write by anyone else is pushed to it at once.
 redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[7], KEYS[9])
 return {len + n, tonumber(state[1]), tonumber(state[2]), before, 0, marked, reply,
-        redis.call('EXISTS', KEYS[6])}
+        redis.call('EXISTS', KEYS[6]), tail_before}

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] state    hash   read whole
 -- KEYS[2] log      list   read from the watermark (or the caller's end) to the end;
---                         only its length when the read is deferred (ARGV[9])
+--                         only its length when the read is deferred (ARGV[11])
 -- KEYS[3] cum      list   lookups: tokens before the watermark, total, the caller's end
 -- KEYS[4] sums     hash   the current summary record
 -- KEYS[5] cheap    hash   cheap-stage decisions of the current view
@@ -13,10 +13,13 @@
 -- ARGV[3] the caller's version (its summary is the current one if unchanged)
 -- ARGV[4] the caller's start and ARGV[5] its end: it holds log[start:end]
 -- ARGV[6] the running token total at that end (cum[end - 1], 0 when end = 0)
--- ARGV[8] the caller's cheap-stage generation (state field cheap_gen)
 -- ARGV[7] '1': also return the running totals of the messages sent (the
 --         worker's counts; the guard does not ask)
--- ARGV[9] the most messages, and ARGV[10] the most tokens (cum), this script
+-- ARGV[8] the caller's cheap-stage generation (state field cheap_gen)
+-- ARGV[9] the state's 'tail' when the caller read (or appended) up to its end
+--         ("<end>:<nonce>" of the append that made the log that long; '' = unknown)
+-- ARGV[10] sha1 hex of log[end - 1] as the caller holds it ('' = it holds none)
+-- ARGV[11] the most messages, and ARGV[12] the most tokens (cum), this script
 --         returns itself ('' = no limit). A larger range is left to the caller
 --         (deferred = 1: messages and totals empty), who reads log[start:length]
 --         and cum[...] with plain LRANGE in one MULTI/EXEC that re-reads epoch,
@@ -35,6 +38,13 @@
 -- restored backup), only log[end:] is sent, and the summary only if the
 -- version changed.
 --
+-- A failover can lose an acknowledged append (replication is asynchronous) and
+-- another writer can then append a batch of exactly its token count: length
+-- and total agree again, the entries do not. So log[end - 1] must also be the
+-- entry the caller holds: the same 'tail' (every append draws a new random one)
+-- when nothing was appended since, else the same bytes (its sha1, computed only
+-- then: appends by others were read anyway).
+--
 -- Error reply "SESSION_DAMAGED <log key> <log length> <totals length> <watermark>" when
 -- the log and its totals differ in length or the watermark is past the log's end.
 --
@@ -50,7 +60,7 @@
 -- costs the client a parse step (state and cheap come as one JSON string).
 
 local state = redis.call('HGETALL', KEYS[1])
-local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen')
+local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen', 'tail')
 local w = tonumber(cur[1]) or 0
 local len = redis.call('LLEN', KEYS[2])
 -- A session some of whose keys Redis evicted (or someone deleted) no longer agrees with
@@ -73,6 +83,20 @@ end
 local start = w
 local at_start = before  -- the running total at start (tokens of log[:start])
 local incremental = 0
+-- Whether log[known - 1] is the entry the caller holds (see above).
+local function holds(known)
+  local digest = ARGV[10] or ''
+  if known == 0 or digest == '' then
+    return true
+  end
+  if known == len and (ARGV[9] or '') ~= '' and cur[5] == ARGV[9] then
+    return true
+  end
+  if not redis.sha1hex then  -- fakeredis (tests) has none: the total alone, as before
+    return true
+  end
+  return redis.sha1hex(redis.call('LINDEX', KEYS[2], known - 1)) == digest
+end
 if ARGV[1] ~= '' and cur[3] == ARGV[1] and (cur[4] or '0') == ARGV[2] then
   local known_start = tonumber(ARGV[4])
   local known = tonumber(ARGV[5])
@@ -81,7 +105,7 @@ if ARGV[1] ~= '' and cur[3] == ARGV[1] and (cur[4] or '0') == ARGV[2] then
     if known > 0 then
       at = tonumber(redis.call('LINDEX', KEYS[3], known - 1)) or -1
     end
-    if at == tonumber(ARGV[6]) then
+    if at == tonumber(ARGV[6]) and holds(known) then
       start = known
       at_start = at
       incremental = 1
@@ -89,10 +113,10 @@ if ARGV[1] ~= '' and cur[3] == ARGV[1] and (cur[4] or '0') == ARGV[2] then
   end
 end
 
--- A large range is left to plain reads by the caller (see ARGV[9]); only for a
+-- A large range is left to plain reads by the caller (see ARGV[11]); only for a
 -- session with an epoch, which those reads check against.
 local deferred = 0
-local most, most_tokens = tonumber(ARGV[9] or ''), tonumber(ARGV[10] or '')
+local most, most_tokens = tonumber(ARGV[11] or ''), tonumber(ARGV[12] or '')
 if cur[3] and start < len and ((most and len - start > most)
                                or (most_tokens and total - at_start > most_tokens)) then
   deferred = 1
