@@ -140,13 +140,28 @@ def _read_sizes(shell_name: str, guard: Any) -> list[int]:
 
 
 @pytest.mark.parametrize("shell_name", SHELLS)
-def test_a_byte_identical_replacement_keeps_the_cached_view(
+def test_a_byte_identical_replacement_followed_by_more_keeps_the_cached_view(
         shell_name: str, stores: tuple[SessionStore, SessionStore]) -> None:
-    """The same turn appended again (an agent's retry after the failover) is what the
-    guard holds: its view continues with an incremental read that brings nothing."""
+    """The same turn appended again (an agent's retry after the failover), then another:
+    the entry that ends the guard's view is what it holds, and its view continues with
+    an incremental read of the turn after it."""
+    store, other = stores
+    guard = _lost_and_replaced(shell_name, store, other, _turn("apple"))
+    other.append("s", _turn("later"))
+    sizes = _read_sizes(shell_name, guard)
+    got = _contents(guard.prepare("s", SYSTEM, model="m", pending=GO))
+    assert sizes == [2]  # only the turn after it: the cached view continued
+    assert got == _cold(shell_name, store)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_byte_identical_replacement_alone_is_read_again(
+        shell_name: str, stores: tuple[SessionStore, SessionStore]) -> None:
+    """Nothing appended after it: another append's token ends the log, which is enough
+    to read the view again (its earlier messages could differ at the same total)."""
     store, other = stores
     guard = _lost_and_replaced(shell_name, store, other, _turn("apple"))
     sizes = _read_sizes(shell_name, guard)
     got = _contents(guard.prepare("s", SYSTEM, model="m", pending=GO))
-    assert sizes == [0]  # the cached view continued, not read whole again
+    assert sizes == [store.length("s")]  # read whole
     assert got == _cold(shell_name, store)

@@ -41,9 +41,9 @@
 -- A failover can lose an acknowledged append (replication is asynchronous) and
 -- another writer can then append a batch of exactly its token count: length
 -- and total agree again, the entries do not. So log[end - 1] must also be the
--- entry the caller holds: the same 'tail' (every append draws a new random one)
--- when nothing was appended since, else the same bytes (its sha1, computed only
--- then: appends by others were read anyway).
+-- entry the caller holds: when nothing was appended since, the same 'tail' (every
+-- append draws a new random one: another tail, another append); else the same
+-- bytes (its sha1, computed only then: what others appended is read anyway).
 --
 -- Error reply "SESSION_DAMAGED <log key> <log length> <totals length> <watermark>" when
 -- the log and its totals differ in length or the watermark is past the log's end.
@@ -89,8 +89,8 @@ local function holds(known)
   if known == 0 or digest == '' then
     return true
   end
-  if known == len and (ARGV[9] or '') ~= '' and cur[5] == ARGV[9] then
-    return true
+  if known == len and (ARGV[9] or '') ~= '' then  -- another tail: another append made it
+    return cur[5] == ARGV[9]
   end
   if not redis.sha1hex then  -- fakeredis (tests) has none: the total alone, as before
     return true
