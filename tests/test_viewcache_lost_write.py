@@ -81,7 +81,7 @@ def _lost_and_replaced(shell_name: str, store: SessionStore, other: SessionStore
     _lose_writes_since(client, prefix, kept)
     assert client.llen(cum) == length - 2
     other.append("s", replacement)
-    if replacement[-1]["content"] != "I picked the apple one.":
+    if replacement[1]["content"] != "I picked the apple one.":
         assert client.lindex(cum, length - 1) == total  # the same running total there
     return guard
 
@@ -114,6 +114,19 @@ def test_more_appends_after_the_replacement_are_read_with_it(
     store, other = stores
     guard = _lost_and_replaced(shell_name, store, other, _turn("grape"))
     other.append("s", _turn("later"))  # the log now runs past the guard's end
+    got = _contents(guard.prepare("s", SYSTEM, model="m", pending=GO))
+    assert "I picked the grape one." in got and "I picked the apple one." not in got
+    assert got == _cold(shell_name, store)
+
+
+@pytest.mark.parametrize("shell_name", SHELLS)
+def test_a_longer_replacement_batch_is_read_with_what_it_replaced(
+        shell_name: str, stores: tuple[SessionStore, SessionStore]) -> None:
+    """One batch: a turn of the lost one's token count, then more (the log runs past the
+    guard's end, with the guard's running total at it)."""
+    store, other = stores
+    guard = _lost_and_replaced(shell_name, store, other,
+                               [*_turn("grape"), {"role": "user", "content": "And now?"}])
     got = _contents(guard.prepare("s", SYSTEM, model="m", pending=GO))
     assert "I picked the grape one." in got and "I picked the apple one." not in got
     assert got == _cold(shell_name, store)

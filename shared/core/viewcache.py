@@ -629,10 +629,13 @@ def tail_at(state_raw: Mapping[str, str], length: int) -> str:
 
 def _same_state(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
     """Whether two state hashes hold the same :class:`SessionState` without parsing either:
-    equal but for ``tail`` (which every append changes and the model does not read)."""
+    equal but for the tails (which every append changes and the model does not read)."""
     if a == b:
         return True
-    return a.keys() == b.keys() and all(v == b[k] for k, v in a.items() if k != "tail")
+    return a.keys() == b.keys() and all(v == b[k] for k, v in a.items() if k not in _TAILS)
+
+
+_TAILS = frozenset(("tail", "tail_prev"))
 
 
 __all__ = ["BYTES_PER_MESSAGE", "CachedView", "KnownCounts", "ViewCache", "decode_view",

@@ -5,7 +5,8 @@
 -- KEYS[2] cum        list   running token totals parallel to log (cum[i] = tokens of 0..i)
 -- KEYS[3] state      hash   version, watermark, epoch, ... (created here); 'tail' =
 --                           "<new length>:<ARGV[3]>", set by every append that writes
---                           messages: which append made the log that long (view.lua)
+--                           messages: which append made the log that long (view.lua),
+--                           and 'tail_prev', the one before it
 -- KEYS[4] reqs       hash   request id -> "length:tokens_before:marked:digest" of its append
 --                           (a record without the digest, from before it was kept, matches any batch)
 -- KEYS[5] reqorder   list   request ids, newest first (bounds reqs)
@@ -164,7 +165,7 @@ end
 if n > 0 then
   redis.call('RPUSH', KEYS[1], unpack(msgs))
   redis.call('RPUSH', KEYS[2], unpack(cums))
-  redis.call('HSET', KEYS[3], 'tail', (len + n) .. ':' .. ARGV[3])
+  redis.call('HSET', KEYS[3], 'tail', (len + n) .. ':' .. ARGV[3], 'tail_prev', tail_before)
 end
 redis.call('HSETNX', KEYS[3], 'version', 0)
 redis.call('HSETNX', KEYS[3], 'watermark', 0)

@@ -42,8 +42,9 @@
 -- another writer can then append a batch of exactly its token count: length
 -- and total agree again, the entries do not. So log[end - 1] must also be the
 -- entry the caller holds: when nothing was appended since, the same 'tail' (every
--- append draws a new random one: another tail, another append); else the same
--- bytes (its sha1, computed only then: what others appended is read anyway).
+-- append draws a new random one: another tail, another append); after one append,
+-- the caller's tail as 'tail_prev'; else the same bytes (its sha1, computed only
+-- then: what others appended is read anyway).
 --
 -- Error reply "SESSION_DAMAGED <log key> <log length> <totals length> <watermark>" when
 -- the log and its totals differ in length or the watermark is past the log's end.
@@ -60,7 +61,8 @@
 -- costs the client a parse step (state and cheap come as one JSON string).
 
 local state = redis.call('HGETALL', KEYS[1])
-local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen', 'tail')
+local cur = redis.call('HMGET', KEYS[1], 'watermark', 'version', 'epoch', 'gen', 'tail',
+                       'tail_prev')
 local w = tonumber(cur[1]) or 0
 local len = redis.call('LLEN', KEYS[2])
 -- A session some of whose keys Redis evicted (or someone deleted) no longer agrees with
@@ -89,8 +91,14 @@ local function holds(known)
   if known == 0 or digest == '' then
     return true
   end
-  if known == len and (ARGV[9] or '') ~= '' then  -- another tail: another append made it
-    return cur[5] == ARGV[9]
+  local tail = ARGV[9] or ''
+  if tail ~= '' then
+    if known == len then  -- another tail: another append made the log that long
+      return cur[5] == tail
+    end
+    if cur[6] == tail then  -- the one append since began at the caller's end
+      return true
+    end
   end
   if not redis.sha1hex then  -- fakeredis (tests) has none: the total alone, as before
     return true
