@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,7 +218,7 @@ def test_threads_on_many_sessions_see_the_views_a_fresh_guard_builds(
         thread.join(300)
     stop.set()
     summarizer.join(60)
-    assert not errors, errors[:3]
+    assert not errors, "".join("".join(traceback.format_exception(e)) for e in errors[:3])
     assert commits[0] > 0
     users = [str(m.content) for sid in sessions for m in store.messages(sid)
              if m.role == "user"]
@@ -274,7 +275,7 @@ def test_threads_racing_on_one_session_keep_the_log_and_the_cache_right(
         thread.join(300)
     stop.set()
     summarizer.join(60)
-    assert not errors, errors[:3]
+    assert not errors, "".join("".join(traceback.format_exception(e)) for e in errors[:3])
     log = [str(m.content).split(":")[0] for m in store.messages("s")]
     turns = [log[i:i + 5] for i in range(0, len(log), 5)]
     assert all(len(set(t)) == 1 for t in turns), [t for t in turns if len(set(t)) > 1][:3]
