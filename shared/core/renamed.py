@@ -67,7 +67,7 @@ def renamed_turn(given: list[Message], snap: CachedView, known: RenamedTurn | No
     wire = given_wire if len(given_wire) == len(given) else ()
     added = [wire[k + j] if wire and new is old else {}
              for j, (new, old) in enumerate(zip(fresh, more, strict=True))]
-    made = ({fmt: found for fmt, found in slots.made.items() if len(found) <= len(slots)}
+    made = ({fmt: found for fmt, found in list(slots.made.items()) if len(found) <= len(slots)}
             if isinstance(slots, Slots) else {})  # the next wire() extends what it made
     return RenamedTurn(snap.scan, snap.end, nonce, tuple(given), (*renamed, *fresh), renaming,
                        scan_pairs(fresh, scan), Slots([*slots, *added], made))

@@ -158,7 +158,7 @@ class Slots(list[dict[str, Any]]):
         """The slots of the turn's next call: this turn's first ``keep`` (and what was
         made of them), then ``new`` empty ones."""
         made = {fmt: found if len(found) <= keep else found[:keep]
-                for fmt, found in self.made.items()}
+                for fmt, found in list(self.made.items())}  # a snapshot, as in carry
         return Slots((self if keep == len(self) else self[:keep]) + [{} for _ in range(new)],
                      made)
 
@@ -207,7 +207,9 @@ def carry(wire: Mapping[str, Any], drop: int, changes: Mapping[int, Message],
     :func:`convert_kept`). ``history``: the view's messages with the changes made (before
     ``new``), which Anthropic's and Gemini's folds join again around a change."""
     out: dict[str, Any] = {}
-    for fmt, chunks in wire.items():
+    # a snapshot: another thread's view of this session may add a format meanwhile (its
+    # lazy conversion); what it adds is made again from this view, when asked
+    for fmt, chunks in list(wire.items()):
         if fmt in FOLDED:  # Anthropic, Gemini: extended, the groups of a placeholder joined
             # again, the first ones dropped after a summary; else made again (once) at the
             # next request
