@@ -146,6 +146,39 @@ def scan_shapes(shapes: Iterable[Shape], state: PairScan = PAIRS_START) -> PairS
     return PairScan(True, begun, ids, position, frozenset(open_calls))
 
 
+def scan_rest(whole: PairScan, rest: Sequence[Message],
+              start: PairScan = PAIRS_START) -> PairScan | None:
+    """``scan_pairs(rest, start)`` where ``whole`` (ok) is the scan of a list that ends
+    with ``rest`` (a prefix dropped: a watermark moved), without reading the rest's shapes
+    again: its call ids alone; None when that cannot be told so (then scan it).
+
+    Where ``whole`` is ok, every result follows its call's message directly, so a rest
+    that does not start at a result starts with no call open; its messages pass the checks
+    they passed in ``whole`` (its ids are a part of those, unique), its end leaves the
+    calls open that ``whole``'s did; a start not ``begun`` asks one thing more, that its
+    first message after any system ones is a user message."""
+    if not whole.ok or not rest or rest[0].role == "tool" or start.ids is not None \
+            or start.open_calls or not start.ok:
+        return None
+    begun = start.begun
+    first: dict[str, int] = {}
+    position = start.position
+    for message in rest:
+        position += 1
+        if not begun:
+            if message.role == "system":
+                continue
+            if message.role != "user":
+                return None
+            begun = True
+        if message.role != "tool":  # as the scan reads them: a result's calls are not
+            for call in message.tool_calls:
+                first.setdefault(call.id, position)
+    ids = IdLog()
+    ids.first = first
+    return PairScan(True, begun, ids, position, whole.open_calls)
+
+
 def pairs_intact(messages: Sequence[Message]) -> bool:
     """True when :func:`shared.core.repair.repair_tool_pairs` would return ``messages`` unchanged.
 
@@ -159,5 +192,5 @@ def pairs_intact(messages: Sequence[Message]) -> bool:
     return scan_pairs(messages).intact
 
 
-__all__ = ["PAIRS_START", "IdLog", "PairScan", "Shape", "pairs_intact", "scan_pairs", "scan_shapes",
-           "shape", "stored_shape"]
+__all__ = ["PAIRS_START", "IdLog", "PairScan", "Shape", "pairs_intact", "scan_pairs", "scan_rest",
+           "scan_shapes", "shape", "stored_shape"]

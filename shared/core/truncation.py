@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message, TextPart
-from shared.core.pairs import PairScan, scan_pairs
+from shared.core.pairs import PairScan, scan_pairs, scan_rest
 from shared.core.repair import RepairReport, repair_tool_pairs_with_report
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
 from shared.core.turns import Unit, leading_system_count, tool_units
@@ -299,7 +299,9 @@ class TruncationInput:
         if at == len(self.unit_starts) or self.unit_starts[at] != count:
             return None
         messages = self.messages[count:]
-        scan = scan_pairs(messages)
+        scan = scan_rest(self.scan, messages)  # intact: the rest's ids alone are read
+        if scan is None:
+            scan = scan_pairs(messages)
         if not scan.intact or messages[0].role == "system":
             return None
         base = self.cum[count]

@@ -40,6 +40,7 @@ from shared.core.pairs import (
     PairScan,
     Shape,
     scan_pairs,
+    scan_rest,
     scan_shapes,
     shape,
     stored_shape,
@@ -359,6 +360,20 @@ class _Stored(Sequence[Message]):
         return decode_stored((self.raw[index],))[0]
 
 
+def _scan_dropped(cached: CachedView, drop: int, history: Chunks[Message],
+                  summary: SummaryRecord | None) -> PairScan:
+    """The pair scan of ``history``: ``cached``'s without its first ``drop`` messages (a
+    truncation moved the watermark), then the new ones. What is left of the cached
+    history is read for its call ids alone where :func:`scan_rest` can tell, the new
+    messages scanned on from there."""
+    kept = len(cached.history) - drop
+    start = _scan_start(summary)
+    rest = scan_rest(cached.scan, history[:kept], start) if kept > 0 else None
+    if rest is None:
+        return scan_pairs(history, start)
+    return scan_pairs(history[kept:], rest) if len(history) > kept else rest
+
+
 def _scan_start(summary: SummaryRecord | None) -> PairScan:
     """Where the pair scan of a view's history starts: with a summary, the view opens
     with a user message whatever the history starts with (the summary leads as one
@@ -572,7 +587,7 @@ def _decode_view(raw: RawView, cached: CachedView | None,
         applied = applied.extend_lazy(new_applied, decode_stored, decoded)
         saved += tail_saved
         scan = ((scan_shapes(shapes, cached.scan) if new_raw else cached.scan) if drop == 0
-                else scan_pairs(history, _scan_start(summary)))
+                else _scan_dropped(cached, drop, history, summary))
         new_counts = raw.message_counts()
         counts = (cached.counts.drop(drop).extend(new_counts)
                   if cached.counts is not None and new_counts is not None else None)
