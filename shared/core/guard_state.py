@@ -284,7 +284,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     def estimate(saved: int) -> tuple[Regions, int, BudgetReport]:
         added = mended[3] if mended is not None else 0
         framing = summary_framing(req.summary_join, req.system_prompt,
-                                  snap.applied[:1] or extra[:1], policy.summary_placement)
+                                  _first(snap.applied, extra), policy.summary_placement)
         regions, est = view_estimate(state, snap.summary, snap.history_tokens, saved,
                                      snap.end, overhead=req.overhead, system=req.system_tokens,
                                      tools=req.tool_tokens, extra=sum(extra_tokens) + added,
@@ -359,7 +359,7 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
     head: Sequence[Message] = ()
     head_wire: dict[str, Any] | None = None
     if incremental:  # the head alone; the history is shared with the cache, not copied
-        head, head_wire = _head(req.system_prompt, summary, snap.applied[:1] or extra[:1],
+        head, head_wire = _head(req.system_prompt, summary, _first(snap.applied, extra),
                                 policy.summary_placement, notice)
         messages = concat(head, snap.applied, extra)
     elif tail is not None and repaired is not None:  # the same over the kept repair
@@ -401,6 +401,12 @@ def plan_view(snap: CachedView, req: Request, policy: CompactionPolicy, counter:
                             + sum(extra_tokens)),
                 extra_scan=pending_scan if renamed is None and pending_scan.ok else None,
                 extra_cut=cut, extra_renamed=renamed), snap
+
+
+def _first(applied: Sequence[Message], extra: Sequence[Message]) -> Sequence[Message]:
+    """``applied[:1] or extra[:1]``: the message the view's history starts with, read by
+    index (a slice of the cached view walks its chunks, twice a call)."""
+    return (applied[0],) if len(applied) else extra[:1]
 
 
 def _mended(snap: CachedView, extra: list[Message], counter: TokenCounter,
