@@ -468,11 +468,15 @@ def _truncated_slots(kept: Sequence[Message], snap: CachedView, extra: Sequence[
         stored = None
     out: list[dict[str, Any]] = []
     at = dropped  # where the kept stored messages start, when none was clipped
+    size = len(applied)
     for m in kept:
         # the stored message it is, if any: the next one, or the one after (a clipped copy
         # stands for the one before)
-        here = next((j for j in (at, at + 1) if 0 <= j < len(applied) and applied[j] is m),
-                    None)
+        here: int | None = None
+        if 0 <= at < size and applied[at] is m:
+            here = at
+        elif 0 <= at + 1 < size and applied[at + 1] is m:
+            here = at + 1
         if here is not None:
             at = here + 1
         found = cut.slots.get(id(m))
