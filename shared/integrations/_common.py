@@ -31,9 +31,10 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast, overload
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from shared.core.errors import CompactionError, InvalidInput, SessionNotFound, StoreUnavailable
 from shared.core.messages import Message
@@ -52,6 +53,8 @@ from shared.core.records import ViewData
 FW_KEY = "fw"
 FP_KEY = "fp"
 R = TypeVar("R")
+V = TypeVar("V")
+D = TypeVar("D")
 log = logging.getLogger("shared.integrations")
 
 
@@ -69,13 +72,57 @@ def tag(message: Message, index: int, part: int = -1,
     return message.model_copy(update={"metadata": meta})
 
 
-def origin(message: Message) -> tuple[int, int] | None:
-    """(framework index, part) of a view message the compaction left untouched, else None."""
+def _origin(message: Message) -> tuple[int, int] | None:
     where = message.metadata.get(FW_KEY)
     if (not isinstance(where, list) or len(where) != 2
             or message.metadata.get(FP_KEY) != fingerprint(message)):
         return None
     return int(where[0]), int(where[1])
+
+
+class ByIdentity(Generic[V]):
+    """A value per live object, keyed by identity (frozen messages, their timestamps' holders).
+
+    The guard's cached view hands the same (frozen) message objects back call after
+    call, so what an adapter works out about one (its origin, its timestamp's match) is
+    worked out once, when it first appears, not on every call: a call's cost follows
+    what changed, not the history's length. An entry goes with its object (a weak
+    reference), so the memo never outgrows the live objects.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[weakref.ref[Any], V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def lookup(self, obj: object, default: D) -> V | D:
+        hit = self._items.get(id(obj))
+        return hit[1] if hit is not None and hit[0]() is obj else default
+
+    def put(self, obj: object, value: V) -> None:
+        key = id(obj)
+        items = self._items
+
+        def gone(ref: weakref.ref[Any]) -> None:
+            if (entry := items.get(key)) is not None and entry[0] is ref:
+                items.pop(key, None)
+
+        items[key] = (weakref.ref(obj, gone), value)
+
+
+_MISSING: Any = object()
+_ORIGINS: ByIdentity[tuple[int, int] | None] = ByIdentity()
+
+
+def origin(message: Message) -> tuple[int, int] | None:
+    """(framework index, part) of a view message the compaction left untouched, else None
+    (once per message object: a frozen message's fingerprint cannot change)."""
+    found = _ORIGINS.lookup(message, _MISSING)
+    if found is _MISSING:
+        found = _origin(message)
+        _ORIGINS.put(message, found)
+    return cast("tuple[int, int] | None", found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +482,7 @@ __all__ = [
     "RECALL_DESCRIPTION",
     "RECALL_NAME",
     "AsyncGuard",
+    "ByIdentity",
     "Cursors",
     "Deferred",
     "Divergence",

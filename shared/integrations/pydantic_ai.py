@@ -75,6 +75,7 @@ from shared.integrations._common import (
     RECALL_DESCRIPTION,
     RECALL_NAME,
     AsyncGuard,
+    ByIdentity,
     Cursors,
     Deferred,
     Request,
@@ -100,12 +101,33 @@ BOOKKEEPING = ("tool-availability-delta", "capability-load-delta", "model-settin
                "instruction-delta", "instruction-baseline")
 
 
-def _stamp(message: Any) -> str | None:
-    """A key of a history message that survives serialization: its timestamp."""
+def _timestamp(message: Any) -> Any:
     stamp = getattr(message, "timestamp", None)
     if stamp is None and getattr(message, "parts", None):
         stamp = getattr(message.parts[0], "timestamp", None)
+    return stamp
+
+
+def _stamp(message: Any) -> str | None:
+    """A key of a history message that survives serialization: its timestamp."""
+    stamp = _timestamp(message)
     return stamp.isoformat() if stamp is not None else None
+
+
+# view message -> the history timestamp (a datetime, immutable) found to match its stamp
+_MATCHED: ByIdentity[Any] = ByIdentity()
+
+
+def _same_stamp(source: Any, message: Message) -> bool:
+    """``source`` (a history message) carries the stamp ``message`` was recorded with: the
+    timestamp object seen matching last time (no formatting), else compared as text."""
+    stamp = _timestamp(source)
+    if stamp is not None and _MATCHED.lookup(message, None) is stamp:
+        return True
+    same = _stamp(source) == message.metadata.get(STAMP_KEY)
+    if same and stamp is not None:
+        _MATCHED.put(message, stamp)
+    return same
 
 
 def system_text(history: Sequence[Any]) -> str:
@@ -298,7 +320,7 @@ def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
     for message in messages:
         found = origin(message)
         source = history[found[0]] if found is not None and found[0] < len(history) else None
-        if source is not None and _stamp(source) != message.metadata.get(STAMP_KEY):
+        if source is not None and not _same_stamp(source, message):
             found, source = None, None
         if message.role == "assistant":
             if parts:
