@@ -134,3 +134,100 @@ def test_langchain_call_work_does_not_grow_with_the_history(
     assert model.seen[-1] == 2 * TURNS - 1  # the whole state went to the model
     assert guard.store.length("perf-lc") == 2 * TURNS
     assert_flat(counts)
+
+
+def test_agents_sdk_call_work_does_not_grow_with_the_history(
+        guard: ContextGuard, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget filter maps and counts the whole input before each model call, and the
+    session counts the view again to check a response's usage: items mapped to messages
+    and messages counted, per call, stay flat (the input and the view grow)."""
+    pytest.importorskip("agents")
+    import asyncio
+
+    from agents import Agent as SdkAgent
+    from agents import Runner, set_tracing_disabled
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.usage import Usage
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
+    import shared.integrations.agents_items as items
+    from shared.integrations.agents_sdk import GuardedSession
+
+    set_tracing_disabled(True)
+    counters = [Counted(monkeypatch, items._Builder, "add"),
+                Counted(monkeypatch, guard.counter, "message")]
+
+    class Fake(Model):
+        inputs: list[int] = []
+
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any,
+                               **kwargs: Any) -> ModelResponse:
+            self.inputs.append(len(input))
+            text = ResponseOutputText(type="output_text", text=ANSWER, annotations=[])
+            message = ResponseOutputMessage(id="msg_1", type="message", role="assistant",
+                                            status="completed", content=[text])
+            sent = 20 * len(input)
+            return ModelResponse(output=[message], response_id=None, usage=Usage(
+                requests=1, input_tokens=sent, output_tokens=20, total_tokens=sent + 20))
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    model = Fake()
+    session = GuardedSession(guard, "perf-sdk", model="fake", instructions="Answer.")
+    agent = SdkAgent(name="perf", instructions="Answer.", model=session.wrap(model))
+
+    async def converse() -> list[int]:
+        out = []
+        for i in range(TURNS):
+            before = sum(c.calls for c in counters)
+            await Runner.run(agent, f"question {i}", session=session,
+                             run_config=session.run_config())
+            out.append(sum(c.calls for c in counters) - before)
+        return out
+
+    counts = asyncio.run(converse())
+    assert model.inputs[-1] == 2 * TURNS - 1  # the whole history went to the model
+    assert guard.store.length("perf-sdk") == 2 * TURNS
+    assert_flat(counts)
+
+
+def test_agents_sdk_budget_maps_a_grown_input_as_a_fresh_mapping_would(
+        guard: ContextGuard) -> None:
+    """The filter reuses the last input's messages up to a cut: an assistant turn still
+    open at the end (function calls follow in the next input), reasoning waiting for its
+    turn, an edited earlier item, a shorter input: each maps as the whole input would."""
+    pytest.importorskip("agents")
+    from shared.integrations.agents_items import items_to_messages
+    from shared.integrations.agents_run import InputBudget
+
+    def user(text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    def said(text: str, n: int) -> dict[str, Any]:
+        return {"type": "message", "role": "assistant", "id": f"msg_{n}", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+    def call(n: int) -> dict[str, Any]:
+        return {"type": "function_call", "call_id": f"c{n}", "name": "lookup",
+                "arguments": '{"booking": "BK0042"}', "id": f"fc_{n}"}
+
+    def output(n: int) -> dict[str, Any]:
+        return {"type": "function_call_output", "call_id": f"c{n}", "output": f"result {n}"}
+
+    thinking = {"type": "reasoning", "id": "rs_1", "summary": [
+        {"type": "summary_text", "text": "Look the booking up."}]}
+    budget = InputBudget(guard, model="fake")
+    inputs = [
+        [user("a"), said("b", 1)],
+        [user("a"), said("b", 1), call(1)],  # the open turn gains a call
+        [user("a"), said("b", 1), call(1), output(1), thinking],
+        [user("a"), said("b", 1), call(1), output(1), thinking, said("c", 2), user("d")],
+        [user("A"), said("b", 1), call(1), output(1), thinking, said("c", 2), user("d")],
+        [user("A"), said("b", 1)],  # shorter: a new run from a compacted view
+        [user("A"), said("b", 1), call(2), output(2), user("e")],
+    ]
+    for items in inputs:
+        copies = [dict(item) for item in items]  # the runner sends new, equal objects
+        assert budget._messages(copies) == items_to_messages(copies, prefix="input"), items

@@ -60,7 +60,7 @@ HOSTED = ("web_search_call", "file_search_call", "code_interpreter_call",
           "image_generation_call", "mcp_call", "mcp_list_tools")
 SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED)
 
-__all__ = ["items_to_messages", "messages_to_items"]
+__all__ = ["items_to_messages", "mapped_from", "messages_to_items"]
 
 
 # -- items -> messages ---------------------------------------------------------------------
@@ -258,13 +258,25 @@ def _build(data: dict[str, Any], where: str) -> Message:
 
 def items_to_messages(items: Sequence[Any], prefix: str = "items") -> list[Message]:
     """Neutral messages from Responses input items (see the module docstring)."""
+    return mapped_from(items, prefix)[0]
+
+
+def mapped_from(items: Sequence[Any], prefix: str = "items", start: int = 0,
+                ) -> tuple[list[Message], list[tuple[int, int]]]:
+    """:func:`items_to_messages` of ``items[start:]`` (errors name absolute indices), and its
+    cuts: ``(i, n)`` where the first ``i`` items (from ``start``) made ``n`` messages and no
+    message is left open, so what follows ``i`` maps the same on its own (an assistant
+    turn absorbs the function calls after it; a cut never falls inside one)."""
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
         raise InvalidInput(f"expected a list of items, got {_kind(items)}", field=prefix)
     builder = _Builder(prefix)
-    for i, raw in enumerate(items):
-        builder.add(raw, i)
+    cuts: list[tuple[int, int]] = []
+    for i in range(start, len(items)):
+        builder.add(items[i], i)
+        if builder.turn is None and not builder.reasoning:
+            cuts.append((i + 1, len(builder.out)))
     builder.end_turn()
-    return builder.out
+    return builder.out, cuts
 
 
 # -- messages -> items ---------------------------------------------------------------------

@@ -45,7 +45,8 @@ from shared.core.truncation import emergency_truncate
 from shared.core.turns import leading_system_count
 from shared.guard import ContextGuard
 from shared.guard.aio import error_reader_loaded
-from shared.integrations.agents_items import items_to_messages, messages_to_items
+from shared.integrations._common import ByIdentity
+from shared.integrations.agents_items import items_to_messages, mapped_from, messages_to_items
 from shared.telemetry import get_metrics
 
 if TYPE_CHECKING:
@@ -145,6 +146,12 @@ class InputBudget:
         self.learned_window: int | None = None
         self._sent: _Measured | None = None
         self._anchor: _Anchor | None = None
+        # the heuristic tokens of the last input measured, by message key: the runner
+        # rebuilds its items each call, so a message is counted once, not on every call
+        self._counted: dict[str, int] = {}
+        # the last input mapped: its items, messages and cuts (agents_items.mapped_from)
+        self._mapped: tuple[list[Any], list[Message], list[tuple[int, int]]] | None = None
+        self._keys: ByIdentity[str] = ByIdentity()
 
     def limits(self) -> Any:
         """The model's limits, with the window this session learned (if smaller)."""
@@ -205,7 +212,7 @@ class InputBudget:
     def _measure(self, items: Sequence[Any], instructions: str | None,
                  tools: Sequence[Any]) -> _Measured:
         counter = self.guard.counter
-        messages = items_to_messages(items, prefix="input")
+        messages = self._messages(items)
         # the request's own tokens besides its messages: instructions, tools, framing
         outside = (counter.message(Message(role="system", content=instructions))
                    if instructions else 0) + counter.messages([])
@@ -213,11 +220,46 @@ class InputBudget:
         tool_tokens = counter.tools(schemas) if schemas else 0
         return self._measured(messages, outside, tool_tokens)
 
+    def _key(self, message: Message) -> str:
+        """A message's key (its JSON), once per message object: the last input's messages
+        are mostly those of the input before (:meth:`_messages`)."""
+        key = self._keys.lookup(message, None)
+        if key is None:
+            key = message.model_dump_json()
+            self._keys.put(message, key)
+        return key
+
+    def _messages(self, items: Sequence[Any]) -> list[Message]:
+        """``items`` as messages. The runner sends the items of the call before again (as
+        new, equal objects) with the new ones after them: the messages of the longest
+        equal prefix that ends at a cut are the last call's, only the rest is mapped."""
+        start, kept, cuts = 0, [], []
+        if self._mapped is not None:
+            before, messages, known = self._mapped
+            same = 0
+            for new, old in zip(items, before, strict=False):
+                if new != old:
+                    break
+                same += 1
+            for at, count in reversed(known):
+                if at <= same:
+                    start, kept = at, messages[:count]
+                    cuts = [cut for cut in known if cut[0] <= at]
+                    break
+        added, more = mapped_from(items, "input", start)
+        messages = [*kept, *added]
+        cuts += [(at, count + len(kept)) for at, count in more]
+        self._mapped = (list(items), messages, cuts)
+        return list(messages)  # the caller's own list
+
     def _measured(self, messages: list[Message], outside: int,
                   tool_tokens: int) -> _Measured:
         counter = self.guard.counter
-        tokens = [counter.message(m) for m in messages]
-        keys = [m.model_dump_json() for m in messages]
+        keys = [self._key(m) for m in messages]
+        known = self._counted
+        tokens = [known[k] if k in known else counter.message(m)
+                  for k, m in zip(keys, messages, strict=True)]
+        self._counted = dict(zip(keys, tokens, strict=True))
         ratio = self.ratio()
         plain = math.ceil((outside + tool_tokens + sum(tokens)) * ratio - 1e-9)
         anchored = self._anchored(outside + tool_tokens, keys, tokens, ratio)

@@ -62,6 +62,7 @@ from shared.guard import ContextGuard
 from shared.integrations._common import (
     RECALL_DESCRIPTION,
     RECALL_NAME,
+    ByIdentity,
     Deferred,
     Request,
     aanswer_recall,
@@ -178,6 +179,7 @@ class GuardedSession:
         self._whole = False  # whether the last get_items returned the whole view
         self._keep = keep  # for the session's copy, when this object makes it (local)
         self._window: int | None = None  # the model's window, the copy's bound in tokens
+        self._counts: ByIdentity[int] = ByIdentity()  # view message -> heuristic tokens
 
     @property
     def local(self) -> LocalHistory:
@@ -394,11 +396,20 @@ class GuardedSession:
             # compaction or an edit changed it: then the report describes no view of it
             view = self._prepare(self._pinned())
             history = view.messages[leading_system_count(view.messages):]
-            counted = len(history), sum(self.guard.counter.message(m) for m in history)
+            counted = len(history), sum(self._tokens(m) for m in history)
             if view.report.version == self.last_view.report.version \
                     and counted == self.input_filter.sent_history():
                 usage = reported
         return usage
+
+    def _tokens(self, message: Message) -> int:
+        """The heuristic tokens of a view message, counted once per message object (the
+        guard's cached view hands the same frozen messages back call after call)."""
+        tokens = self._counts.lookup(message, None)
+        if tokens is None:
+            tokens = self.guard.counter.message(message)
+            self._counts.put(message, tokens)
+        return tokens
 
     async def pop_item(self) -> TResponseInputItem | None:
         return cast(TResponseInputItem | None, await asyncio.to_thread(self._pop))
