@@ -114,20 +114,28 @@ def _stamp(message: Any) -> str | None:
     return stamp.isoformat() if stamp is not None else None
 
 
-# view message -> the history timestamp (a datetime, immutable) found to match its stamp
-_MATCHED: ByIdentity[Any] = ByIdentity()
+_MISS: Any = object()
+# view message -> (its origin, the history timestamp, a datetime, seen matching its stamp)
+_SOURCES: ByIdentity[tuple[tuple[int, int] | None, Any]] = ByIdentity()
 
 
-def _same_stamp(source: Any, message: Message) -> bool:
-    """``source`` (a history message) carries the stamp ``message`` was recorded with: the
-    timestamp object seen matching last time (no formatting), else compared as text."""
+def _source(message: Message, history: Sequence[Any]) -> tuple[tuple[int, int] | None, Any]:
+    """(origin, the history message) of a view message compaction left untouched, whose
+    history message still carries the stamp it was recorded with; else (None, None). A
+    timestamp object seen matching before matches again unformatted (one lookup a call)."""
+    found, matched = _SOURCES.lookup(message, (_MISS, None))
+    if found is _MISS:
+        found, matched = origin(message), None
+    if found is None or found[0] >= len(history):
+        return None, None
+    source = history[found[0]]
     stamp = _timestamp(source)
-    if stamp is not None and _MATCHED.lookup(message, None) is stamp:
-        return True
-    same = _stamp(source) == message.metadata.get(STAMP_KEY)
-    if same and stamp is not None:
-        _MATCHED.put(message, stamp)
-    return same
+    if stamp is not None and stamp is matched:
+        return found, source
+    if _stamp(source) != message.metadata.get(STAMP_KEY):
+        return None, None
+    _SOURCES.put(message, (found, stamp))
+    return found, source
 
 
 def system_text(history: Sequence[Any]) -> str:
@@ -318,10 +326,7 @@ def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
         if text:
             parts.append(pm.SystemPromptPart(content=text))
     for message in messages:
-        found = origin(message)
-        source = history[found[0]] if found is not None and found[0] < len(history) else None
-        if source is not None and not _same_stamp(source, message):
-            found, source = None, None
+        found, source = _source(message, history)
         if message.role == "assistant":
             if parts:
                 out.append(pm.ModelRequest(parts=parts))
