@@ -12,11 +12,13 @@ The garbage collector runs as usual (not frozen). The window is large enough tha
 nothing is compacted: every call's view is the whole history, the worst case for
 work that follows the history's length.
 
-Reported per framework: median bare and guarded call, median paired delta and its
-p90, and the median delta of the last quarter of the turns (a delta that grows with
-the history shows there). ``--baseline DIR``: the same measurement of another
-checkout's code (``DIR`` holds its ``shared/``), in child processes alternating
-with this checkout's, ``--rounds`` times each, and both rows in the table.
+Reported per framework, in ms: median bare and guarded call, median paired delta and
+its p90, the median delta of the last quarter of the turns (a delta that grows with
+the history shows there) and the median paired delta of the process's CPU time (all
+threads: steadier than wall time on a shared machine). Each measurement runs in a child
+process, ``--rounds`` of them. ``--baseline DIR``: the same measurement of another
+checkout's code (``DIR`` holds its ``shared/``), its children alternating with this
+checkout's, and both rows in the table.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_adapters.py [--turns 20] [--sessions 10]
         [--frameworks pydantic-ai,langchain,agents-sdk] [--baseline ../main] [--rounds 2]
@@ -43,7 +45,8 @@ TEXT = "Question about booking BK0042: fare, seat and meal please. " * 8
 ANSWER = "Answer: " + "ok " * 60
 WINDOW = 10_000_000  # nothing compacts: the view is the whole history
 FRAMEWORKS = ("pydantic-ai", "langchain", "agents-sdk")
-Session = Callable[[str, bool], list[float]]  # (session id, guarded) -> seconds per call
+Times = list[tuple[float, float]]  # per call: (wall seconds, process CPU seconds)
+Session = Callable[[str, bool], Times]  # (session id, guarded) -> per call
 
 
 def pydantic_ai_runner(guard: Any, turns: int) -> Session:
@@ -60,14 +63,14 @@ def pydantic_ai_runner(guard: Any, turns: int) -> Session:
     guarded = Agent(FunctionModel(answer, model_name="fake"),
                     capabilities=[ContextGuardCapability(guard, recall=False)])
 
-    def session(sid: str, with_guard: bool) -> list[float]:
+    def session(sid: str, with_guard: bool) -> Times:
         agent = guarded if with_guard else bare
         history: list[Any] = []
-        out: list[float] = []
+        out: Times = []
         for _ in range(turns):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = agent.run_sync(TEXT, message_history=history, conversation_id=sid)
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
             history = result.all_messages()
         return out
 
@@ -104,14 +107,14 @@ def langchain_runner(guard: Any, turns: int) -> Session:
     guarded = create_agent(model(), [], checkpointer=InMemorySaver(), middleware=[
         ContextGuardMiddleware(guard, model="fake", recall=False)])
 
-    def session(sid: str, with_guard: bool) -> list[float]:
+    def session(sid: str, with_guard: bool) -> Times:
         agent = guarded if with_guard else bare
         config: Any = {"configurable": {"thread_id": sid}}
-        out: list[float] = []
+        out: Times = []
         for _ in range(turns):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             agent.invoke({"messages": [HumanMessage(TEXT)]}, config)
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
         return out
 
     return session
@@ -141,28 +144,28 @@ def agents_sdk_runner(guard: Any, turns: int) -> Session:
         def stream_response(self, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError
 
-    async def bare(turns: int) -> list[float]:
+    async def bare(turns: int) -> Times:
         agent = Agent(name="bench", instructions="Answer.", model=Fake())
         items: list[Any] = []
-        out: list[float] = []
+        out: Times = []
         for _ in range(turns):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = await Runner.run(agent, [*items, {"role": "user", "content": TEXT}])
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
             items = result.to_input_list()
         return out
 
-    async def guarded(sid: str, turns: int) -> list[float]:
+    async def guarded(sid: str, turns: int) -> Times:
         session = GuardedSession(guard, sid, model="fake", instructions="Answer.")
         agent = Agent(name="bench", instructions="Answer.", model=session.wrap(Fake()))
-        out: list[float] = []
+        out: Times = []
         for _ in range(turns):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await Runner.run(agent, TEXT, session=session, run_config=session.run_config())
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
         return out
 
-    def session(sid: str, with_guard: bool) -> list[float]:
+    def session(sid: str, with_guard: bool) -> Times:
         return asyncio.run(guarded(sid, turns) if with_guard else bare(turns))
 
     return session
@@ -173,10 +176,12 @@ RUNNERS: dict[str, Callable[[Any, int], Session]] = {
     "agents-sdk": agents_sdk_runner}
 
 
-def measure(frameworks: list[str], turns: int, sessions: int,
-            redis_url: str) -> dict[str, dict[str, list[float]]]:
-    """Per framework: bare and guarded seconds per call, and the paired deltas (with the
-    turn index of each, for the last-quarter figure)."""
+Results = dict[str, dict[str, Times]]  # framework -> "bare"/"guarded" -> per call
+
+
+def measure(frameworks: list[str], turns: int, sessions: int, redis_url: str) -> Results:
+    """Per framework: the bare and the guarded calls, session after session (call ``i``
+    of one is paired with call ``i`` of the other)."""
     import redis
 
     from shared.core.config import StoreConfig
@@ -187,14 +192,14 @@ def measure(frameworks: list[str], turns: int, sessions: int,
     client = redis.Redis.from_url(redis_url)
     guard = ContextGuard(SessionStore(client, StoreConfig(key_prefix=prefix)),
                          overrides={"fake": WINDOW})
-    results: dict[str, dict[str, list[float]]] = {}
+    results: Results = {}
     try:
         for name in frameworks:
             run = RUNNERS[name](guard, turns)
             run(f"warm-{name}", False)  # imports, caches, first-call costs
             run(f"warm-{name}", True)
-            bare: list[float] = []
-            guarded: list[float] = []
+            bare: Times = []
+            guarded: Times = []
             for s in range(sessions):
                 bare += run(f"b{s}-{name}", False)
                 guarded += run(f"g{s}-{name}", True)
@@ -205,23 +210,28 @@ def measure(frameworks: list[str], turns: int, sessions: int,
     return results
 
 
-def summary(bare: list[float], guarded: list[float], turns: int) -> dict[str, float]:
-    deltas = [g - b for b, g in zip(bare, guarded, strict=True)]
+def summary(bare: Times, guarded: Times, turns: int) -> dict[str, float]:
+    """Medians in ms: wall (bare, guarded, paired delta, its p90, the delta over the last
+    quarter of the turns) and the paired delta of the process's CPU time (all threads)."""
+    deltas = [g[0] - b[0] for b, g in zip(bare, guarded, strict=True)]
+    cpu = [g[1] - b[1] for b, g in zip(bare, guarded, strict=True)]
     late = [d for i, d in enumerate(deltas) if i % turns >= turns - max(1, turns // 4)]
-    return {"bare": statistics.median(bare) * 1e3, "guarded": statistics.median(guarded) * 1e3,
-            "delta": statistics.median(deltas) * 1e3,
-            "p90": percentile(deltas, 90) * 1e3, "late": statistics.median(late) * 1e3,
+    return {"bare": statistics.median(b[0] for b in bare) * 1e3,
+            "guarded": statistics.median(g[0] for g in guarded) * 1e3,
+            "delta": statistics.median(deltas) * 1e3, "p90": percentile(deltas, 90) * 1e3,
+            "late": statistics.median(late) * 1e3, "cpu": statistics.median(cpu) * 1e3,
             "n": len(deltas)}
 
 
-def child(code: Path, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+def child(code: Path, args: argparse.Namespace) -> Results:
     """One measurement of ``code``'s adapters in a fresh process (its JSON on stdout)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--json", "--code", str(code),
                "--turns", str(args.turns), "--sessions", str(args.sessions),
                "--frameworks", args.frameworks, "--redis-url", args.redis_url]
     done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-    data: dict[str, dict[str, list[float]]] = json.loads(done.stdout.splitlines()[-1])
-    return data
+    data = json.loads(done.stdout.splitlines()[-1])
+    return {name: {k: [(w, c) for w, c in v] for k, v in runs.items()}
+            for name, runs in data.items()}
 
 
 def main() -> None:
@@ -230,7 +240,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
-    parser.add_argument("--rounds", type=int, default=2, help="alternations with --baseline")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="child processes per checkout (alternating with --baseline)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -245,8 +256,8 @@ def main() -> None:
     trees = {"this": ROOT}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
-    merged: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for _ in range(args.rounds if args.baseline is not None else 1):
+    merged: dict[tuple[str, str], dict[str, Times]] = {}
+    for _ in range(args.rounds):
         for label, tree in trees.items():
             for name, data in child(tree, args).items():
                 entry = merged.setdefault((label, name), {"bare": [], "guarded": []})
@@ -255,13 +266,14 @@ def main() -> None:
     print(f"turns={args.turns} sessions={args.sessions} load={loadavg()} "
           f"(ms per model call; delta = guarded - bare, paired call for call)")
     print(f"{'framework':12} {'code':9} {'bare':>7} {'guarded':>8} {'delta':>7} {'p90':>7} "
-          f"{'late':>7} {'n':>5}")
+          f"{'late':>7} {'cpu':>7} {'n':>5}")
     for name in names:
         for label in trees:
             row = summary(merged[label, name]["bare"], merged[label, name]["guarded"],
                           args.turns)
             print(f"{name:12} {label:9} {row['bare']:7.2f} {row['guarded']:8.2f} "
-                  f"{row['delta']:7.2f} {row['p90']:7.2f} {row['late']:7.2f} {row['n']:5.0f}")
+                  f"{row['delta']:7.2f} {row['p90']:7.2f} {row['late']:7.2f} {row['cpu']:7.2f} "
+                  f"{row['n']:5.0f}")
 
 
 if __name__ == "__main__":
