@@ -231,3 +231,26 @@ def test_agents_sdk_budget_maps_a_grown_input_as_a_fresh_mapping_would(
     for items in inputs:
         copies = [dict(item) for item in items]  # the runner sends new, equal objects
         assert budget._messages(copies) == items_to_messages(copies, prefix="input"), items
+
+
+def test_the_per_message_memo_goes_with_its_messages() -> None:
+    """What the adapters remember per view message (its origin, its matched timestamp) is
+    held weakly: it never keeps a message alive and empties as the messages go."""
+    import gc
+
+    from shared.core.messages import Message
+    from shared.integrations._common import ByIdentity, tag
+
+    memo: ByIdentity[int] = ByIdentity()
+    messages = [tag(Message(role="user", content=f"m{i}"), i) for i in range(500)]
+    for i, message in enumerate(messages):
+        memo.put(message, i)
+    assert len(memo) == 500
+    assert [memo.lookup(m, None) for m in messages[:3]] == [0, 1, 2]
+    assert memo.lookup(Message(role="user", content="m0"), None) is None  # equal, not it
+    kept = messages[-1]
+    del messages, message
+    gc.collect()
+    assert len(memo) == 1 and memo.lookup(kept, None) == 499
+    changed = kept.model_copy(update={"content": "edited"})  # compaction made a new message
+    assert common.origin(kept) == (499, -1) and common.origin(changed) is None

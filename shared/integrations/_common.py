@@ -80,6 +80,13 @@ def _origin(message: Message) -> tuple[int, int] | None:
     return int(where[0]), int(where[1])
 
 
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that knows its key in :class:`ByIdentity` (for its callback)."""
+
+    __slots__ = ("key",)
+    key: int
+
+
 class ByIdentity(Generic[V]):
     """A value per live object, keyed by identity (frozen messages, their timestamps' holders).
 
@@ -91,7 +98,7 @@ class ByIdentity(Generic[V]):
     """
 
     def __init__(self) -> None:
-        self._items: dict[int, tuple[weakref.ref[Any], V]] = {}
+        self._items: dict[int, tuple[_Ref, V]] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -101,14 +108,15 @@ class ByIdentity(Generic[V]):
         return hit[1] if hit is not None and hit[0]() is obj else default
 
     def put(self, obj: object, value: V) -> None:
-        key = id(obj)
-        items = self._items
+        ref = _Ref(obj, self._gone)
+        ref.key = id(obj)
+        self._items[ref.key] = (ref, value)
 
-        def gone(ref: weakref.ref[Any]) -> None:
-            if (entry := items.get(key)) is not None and entry[0] is ref:
-                items.pop(key, None)
-
-        items[key] = (weakref.ref(obj, gone), value)
+    def _gone(self, ref: weakref.ref[Any]) -> None:
+        key = cast(_Ref, ref).key
+        entry = self._items.get(key)
+        if entry is not None and entry[0] is ref:
+            self._items.pop(key, None)
 
 
 _MISSING: Any = object()
