@@ -94,3 +94,42 @@ def test_a_generated_image_and_a_provider_compaction_do_not_fail_the_run(
     assert PNG.hex() not in reasoning  # the bytes are not copied into the log's text
     responses = [m for m in model.requests[1] if isinstance(m, pm.ModelResponse)]
     assert responses == [first.all_messages()[1]]
+
+
+def test_generated_audio_does_not_fail_the_run(store: SessionStore) -> None:
+    audio = pm.FilePart(content=pm.BinaryContent(data=b"RIFF" + b"\x00" * 40,
+                                                 media_type="audio/wav"))
+    model = Recorder([pm.TextPart("Here it is, read aloud."), audio])
+    agent = agent_for(store, model, "pai-audio")
+    first = agent.run_sync("Read me the poem")
+    agent.run_sync("Slower, please", message_history=first.all_messages())
+
+    log = store.messages("pai-audio", 0, store.length("pai-audio"))
+    assert [m.role for m in log] == ["user", "assistant", "user", "assistant"]
+    assert log[1].text() == "Here it is, read aloud."
+    assert "audio/wav" in (log[1].reasoning or "")
+
+
+def test_a_realtime_sessions_speech_is_recorded_as_its_transcripts(
+        store: SessionStore) -> None:
+    """A history from a realtime (voice) session holds ``SpeechPart``s: the user's spoken
+    turns in requests, the model's in responses. pydantic-ai sends them to a standard model
+    as a user prompt and a text part; the log records their transcripts the same way."""
+    history: list[pm.ModelMessage] = [
+        pm.ModelRequest(parts=[pm.SpeechPart(speaker="user", transcript="Book a table for two")]),
+        pm.ModelResponse(parts=[pm.SpeechPart(speaker="assistant",
+                                              transcript="Booked for 8 pm tonight.")]),
+        pm.ModelRequest(parts=[pm.SpeechPart(speaker="user")]),  # no transcript kept
+        pm.ModelResponse(parts=[pm.TextPart("Sorry, I did not catch that.")]),
+    ]
+    model = Recorder([pm.TextPart("Moved to 9 pm.")])
+    agent = agent_for(store, model, "pai-speech")
+    result = agent.run_sync("Make it 9 pm instead", message_history=history)
+    assert result.output == "Moved to 9 pm."
+
+    log = store.messages("pai-speech", 0, store.length("pai-speech"))
+    assert [(m.role, m.text()) for m in log] == [
+        ("user", "Book a table for two"), ("assistant", "Booked for 8 pm tonight."),
+        ("user", "[speech without a transcript]"),
+        ("assistant", "Sorry, I did not catch that."),
+        ("user", "Make it 9 pm instead"), ("assistant", "Moved to 9 pm.")]

@@ -36,9 +36,11 @@ System prompt parts and instructions are the fixed system prompt: never
 recorded, always sent. User images and documents (inline, by URL, uploaded)
 are recorded as image and file parts, audio and video as a text placeholder
 (the neutral model holds neither), cache points not at all; the model gets
-the original parts while they are in the view. Response parts the provider makes and
-answers itself (native tool calls and results, its compaction, generated images and
-documents) are recorded as notes in the message's reasoning; the response goes back
+the original parts while they are in the view. A realtime session's speech is recorded
+as its transcripts (a user message, the answer's text), as pydantic-ai sends it to a
+standard model. Response parts the provider makes and answers itself (native tool calls
+and results, its compaction, generated images, audio and documents) are recorded as
+notes in the message's reasoning; the response goes back
 as it was while it is in the view. Parts it cannot map raise
 :class:`InvalidInput` naming ``messages[i].parts[j]`` before anything is
 written. pydantic-ai's hooks are async: the guard runs as
@@ -181,6 +183,8 @@ def _request_part(part: Any, where: str, index: int) -> Message | None:
         if isinstance(part, pm.ToolReturnPart):
             return Message(role="tool", tool_call_id=part.tool_call_id, name=part.tool_name,
                            content=part.model_response_str())
+        if isinstance(part, pm.SpeechPart):
+            return Message(role="user", content=_transcript(part))
         if isinstance(part, (pm.RetryPromptPart, pm.RetryFeedbackPart)):
             text = part.model_response()
             name = getattr(part, "tool_name", None)
@@ -278,10 +282,19 @@ def _note(part: Any) -> str | None:
     if isinstance(part, pm.CompactionPart):
         return _clip(f"[provider compaction: {part.content}]") if part.content \
             else "[provider compaction (opaque)]"
-    if isinstance(part, pm.FilePart) and not (part.content.is_audio or part.content.is_video):
+    if isinstance(part, pm.FilePart):
         return (f"[generated file: {part.content.media_type}, {len(part.content.data)} bytes, "
                 "not kept in the history]")
     return None
+
+
+SPEECH_WITHOUT_TRANSCRIPT = "[speech without a transcript]"
+
+
+def _transcript(part: pm.SpeechPart) -> str:
+    """What a realtime session's spoken part says, as pydantic-ai gives it to a standard
+    model (a user prompt, a text part): its transcript."""
+    return part.transcript if part.transcript else SPEECH_WITHOUT_TRANSCRIPT
 
 
 def _response(message: pm.ModelResponse, where: str) -> Message:
@@ -291,6 +304,8 @@ def _response(message: pm.ModelResponse, where: str) -> Message:
     for j, part in enumerate(message.parts):
         if isinstance(part, pm.TextPart):
             texts.append(part.content)
+        elif isinstance(part, pm.SpeechPart):
+            texts.append(_transcript(part))
         elif isinstance(part, pm.ThinkingPart):
             reasoning.append(part.content)
         elif (note := _note(part)) is not None:
