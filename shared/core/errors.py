@@ -62,6 +62,13 @@ class StoreUnavailable(StoreError):
     """Redis could not be reached or did not answer within its timeout."""
 
 
+class SlotMoved(StoreUnavailable):
+    """A Redis Cluster answered a transaction with a redirection (``MOVED``, ``ASK``,
+    ``TRYAGAIN``): its slot was moving to another master while it was sent. Nothing of
+    it ran; a single script over the same keys waits the move out where a transaction
+    cannot (its keys may be on two nodes until the slot is assigned)."""
+
+
 class SessionNotFound(StoreError):
     """The session has no log."""
 
@@ -112,6 +119,7 @@ __all__ = [
     "IrreducibleOverflow",
     "LimitExceeded",
     "SessionNotFound",
+    "SlotMoved",
     "StoreError",
     "StoreUnavailable",
     "SummarizerError",

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from shared.core.callids import Claims, disambiguate
 from shared.core.config import StoreConfig
-from shared.core.errors import InvalidInput, LimitExceeded, SessionDamaged
+from shared.core.errors import InvalidInput, LimitExceeded, SessionDamaged, SlotMoved
 from shared.core.messages import Message, validate_messages
 from shared.core.records import (
     AppendResult,
@@ -441,15 +441,19 @@ def view_steps(k: SessionKeys, since: ViewCursor | None, with_counts: bool = Fal
     """One consistent view read as steps for a shell to send (:func:`drive`): the script;
     for a range above :data:`BULK_MESSAGES` / :data:`BULK_TOKENS` (``bulk``), then its
     messages with plain reads (in chunks past :data:`BULK_CHUNK`); if those prove replaced
-    since, the script again, returning everything itself (atomic on its own)."""
+    since, or a cluster refused them (:class:`SlotMoved`), the script again, returning
+    everything itself (atomic on its own)."""
     limits = (BULK_MESSAGES, BULK_TOKENS) if bulk else None  # read now: tests lower them
     reply = yield view_command(k, since, with_counts, limits)
     if isinstance(reply, RawView):
         return reply
-    if reply.view.length - reply.view.start > BULK_CHUNK:
-        done = yield from chunked_bulk_steps(k, reply)
-    else:
-        done = yield bulk_batch(k, reply)
+    try:
+        if reply.view.length - reply.view.start > BULK_CHUNK:
+            done = yield from chunked_bulk_steps(k, reply)
+        else:
+            done = yield bulk_batch(k, reply)
+    except SlotMoved:  # a cluster slot began moving after the script: its keys may be
+        done = None    # split between two nodes, where only a script waits it out
     if isinstance(done, RawView):
         return done
     whole = yield view_command(k, since, with_counts, None)

@@ -33,7 +33,13 @@ from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
 from shared.core.config import StoreConfig
-from shared.core.errors import InvalidInput, LimitExceeded, StoreError, StoreUnavailable
+from shared.core.errors import (
+    InvalidInput,
+    LimitExceeded,
+    SlotMoved,
+    StoreError,
+    StoreUnavailable,
+)
 from shared.core.messages import Message
 from shared.core.records import (
     AppendResult,
@@ -106,6 +112,11 @@ _REFUSING = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
 _REFUSING_CODES = ("MISCONF", "BUSY", "NOREPLICAS")
 
 
+_REDIRECTIONS = (redis.exceptions.MovedError, redis.exceptions.AskError,
+                 redis.exceptions.TryAgainError)
+"""A cluster's answers that redis-py follows for a single command but lets out of a
+transaction (a pipeline's ``MULTI``/``EXEC``)."""
+
 _PIPELINE_ERROR = " of pipeline caused error: "
 
 
@@ -139,6 +150,9 @@ def typed_failure(what: str, exc: Exception) -> StoreError | None:
     mistake no retry mends, so it says which setting to fix."""
     if isinstance(exc, _REDIS_FAILURES):
         return StoreUnavailable(f"redis unavailable during {what}: {exc}")
+    if isinstance(exc, _REDIRECTIONS):
+        return SlotMoved(f"redis cluster redirected {what} ({type(exc).__name__}: "
+                         f"{server_error(exc)}): its slot is moving to another master")
     refused = _refusal(exc)
     if refused:
         return StoreUnavailable(f"redis refused {what}: {refused}")
