@@ -29,13 +29,24 @@ hosted tool calls               as ``reasoning``: a note of the call (its
 ``code_interpreter_call``,      metadata and sent back as it was
 ``image_generation_call``,
 ``mcp_call``, ``mcp_list_tools``)
+client tool calls               as ``function_call``: a tool call (name: the SDK
+(``computer_call``,             tool's or the custom tool's, arguments: the
+``local_shell_call``,           call's payload) on the model turn's assistant
+``shell_call``,                 message, the item kept in metadata
+``custom_tool_call``,           (:mod:`~shared.integrations.agents_client_items`)
+``apply_patch_call``)
+their outputs                   ``tool`` (``call_id`` -> ``tool_call_id``); a
+(``computer_call_output``...)   screenshot is an image part, shell output text;
+                                the item kept, rebuilt as its call's type when
+                                compaction changed the content
 ==============================  ===============================================
 
 The provider runs a hosted tool itself and returns call and result in one item, so it
-goes with its model turn like a reasoning item. Any other item (computer use, local
-shell and custom tool calls with their outputs, item references...) is refused with
-:class:`InvalidInput` naming ``items[i].type``; a batch is mapped completely before
-anything is written, so a refused batch leaves the session as it was.
+goes with its model turn like a reasoning item; the SDK runs a client tool in the agent's
+process, and its call and output pair like a function call's. Any other item (item
+references, MCP approval requests...) is refused with :class:`InvalidInput` naming
+``items[i].type``; a batch is mapped completely before anything is written, so a refused
+batch leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -48,6 +59,11 @@ from typing import Any, cast
 from shared.core.callids import wire_id
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
+from shared.integrations import agents_client_items as client
+from shared.integrations.agents_parts import IMAGE_FILE, json_copy, kind_of, parts_out
+from shared.integrations.agents_parts import input_parts as _input_parts
+from shared.integrations.agents_parts import mapping as _mapping
+from shared.integrations.agents_parts import string as _str
 from shared.integrations.notes import provider_note
 
 ID = "agents_id"  # the item id (msg_..., fc_..., rs_...) of a message
@@ -55,84 +71,21 @@ ROLE = "agents_role"  # "developer" for a developer message
 PARTS = "agents_content"  # an assistant message's original output parts
 CALL_IDS = "agents_call_ids"  # {call_id: function_call item id}
 REASONING = "agents_reasoning"  # reasoning and hosted tool items that preceded the message
-IMAGE_FILE = "image/*"  # the media type of an image uploaded with the Files API (by id)
 HOSTED = ("web_search_call", "file_search_call", "code_interpreter_call",
           "image_generation_call", "mcp_call", "mcp_list_tools")
-SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED)
+CALL_TYPES = frozenset({"function_call", *client.CALL_OUTPUT})
+"""Items that are a model's tool call (answered by an output item with its ``call_id``)."""
+OUTPUT_TYPES = frozenset({"function_call_output", *client.OUTPUT_CALL})
+"""Items that answer a tool call."""
+SUPPORTED = ("message", "function_call", "function_call_output", "reasoning", *HOSTED,
+             *client.CALL_OUTPUT, *client.OUTPUT_CALL)
 
-__all__ = ["items_to_messages", "mapped_from", "messages_to_items"]
+__all__ = ["CALL_TYPES", "IMAGE_FILE", "OUTPUT_TYPES", "items_to_messages", "mapped_from",
+           "messages_to_items"]
+_kind = kind_of
 
 
 # -- items -> messages ---------------------------------------------------------------------
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _mapping(raw: Any, where: str) -> Mapping[str, Any]:
-    if hasattr(raw, "model_dump"):  # an SDK pydantic item (ResponseFunctionToolCall...)
-        raw = raw.model_dump(mode="json", exclude_none=True)
-    if not isinstance(raw, Mapping):
-        raise InvalidInput(f"expected an object, got {_kind(raw)}", field=where)
-    return raw
-
-
-def _str(obj: Mapping[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise InvalidInput("required" if key not in obj else
-                           f"expected a string, got {_kind(value)}", field=f"{where}.{key}")
-    if nonempty and not value:
-        raise InvalidInput("must not be empty", field=f"{where}.{key}")
-    return value
-
-
-def _input_parts(content: Any, where: str) -> str | list[dict[str, Any]]:
-    """User/system/tool-output content: a string, or input_text/image/file parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidInput(f"expected a string or a list of parts, got {_kind(content)}",
-                           field=where)
-    parts: list[dict[str, Any]] = []
-    for j, raw in enumerate(content):
-        at = f"{where}[{j}]"
-        part = _mapping(raw, at)
-        kind = part.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": _str(part, "text", at)})
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
-                media, data = url[5:].split(";base64,", 1)
-                image = {"type": "image", "data": data, "media_type": media}
-            elif isinstance(url, str) and url:
-                image = {"type": "image", "url": url}
-            elif isinstance(part.get("file_id"), str) and part["file_id"]:
-                # an uploaded image: a file part by id, marked as an image (IMAGE_FILE)
-                parts.append({"type": "file", "file_id": part["file_id"],
-                              "media_type": IMAGE_FILE})
-                continue
-            else:
-                raise InvalidInput("an image needs image_url (a URL or data URL) or file_id",
-                                   field=f"{at}.image_url")
-            if isinstance(part.get("detail"), str):
-                image["detail"] = part["detail"]
-            parts.append(image)
-        elif kind == "input_file":
-            file: dict[str, Any] = {"type": "file"}
-            for src, dst in (("file_url", "url"), ("file_id", "file_id"),
-                             ("filename", "filename"), ("file_data", "data")):
-                if isinstance(part.get(src), str):
-                    file[dst] = part[src]
-            if not ({"url", "file_id", "data"} & file.keys()):
-                raise InvalidInput("a file needs file_url, file_id or file_data", field=at)
-            parts.append(file)
-        else:
-            raise InvalidInput(f"unknown content part type {kind!r} (expected input_text, "
-                               "input_image or input_file)", field=f"{at}.type")
-    return parts
-
-
 def _preceding_texts(item: Mapping[str, Any]) -> list[str]:
     """What a reasoning item (its summary) or a hosted tool call (a note of the call,
     for the log and its summaries) adds to the next assistant message's reasoning."""
@@ -151,6 +104,7 @@ class _Builder:
     reasoning: list[dict[str, Any]] = field(default_factory=list)
     turn: dict[str, Any] | None = None  # the assistant message being built
     turn_at: str = ""
+    call_ids: dict[str, str] = field(default_factory=dict)  # a call's item id -> call id
 
     def start_turn(self, content: str, meta: dict[str, Any], where: str) -> dict[str, Any]:
         """A new assistant message; reasoning items seen since the last one belong to it."""
@@ -202,11 +156,26 @@ class _Builder:
             self.out.append(_build({"role": "tool", "content": content, "metadata": meta,
                                     "tool_call_id": _str(item, "call_id", where, nonempty=True)},
                                    where))
+        elif kind in client.CALL_OUTPUT:
+            call, stored = client.read_call(item, where)
+            turn = self.turn if self.turn is not None else self.start_turn("", {}, where)
+            turn["metadata"].setdefault(client.CLIENT_CALLS, {})[
+                str(len(turn["tool_calls"]))] = stored
+            turn["tool_calls"].append(call)
+            if isinstance(item.get("id"), str):
+                self.call_ids[item["id"]] = call["id"]
+        elif kind in client.OUTPUT_CALL:
+            self.end_turn()
+            content, call_id = client.read_output(item, where, self.call_ids)
+            message = _build({"role": "tool", "content": content, "tool_call_id": call_id},
+                             where)
+            self.out.append(message.model_copy(update={
+                "metadata": {client.CLIENT_ITEM: client.stored_output(item, message)}}))
         elif kind == "reasoning" or kind in HOSTED:
             if self.turn is not None:
                 self.end_turn()
             self.turn_at = where
-            self.reasoning.append(json.loads(json.dumps(dict(item), default=str)))
+            self.reasoning.append(json_copy(dict(item)))
         else:
             raise InvalidInput(f"cannot map item type {kind!r} to a message (supported: "
                                f"{', '.join(SUPPORTED)})", field=f"{where}.type")
@@ -238,7 +207,7 @@ class _Builder:
                                            "(expected output_text or refusal)",
                                            field=f"{where}.content[{j}].type")
                 text = "".join(texts)
-                meta[PARTS] = json.loads(json.dumps(content, default=str))
+                meta[PARTS] = json_copy(content)
             self.start_turn(text, meta, where)
             return
         self.end_turn()
@@ -280,39 +249,23 @@ def mapped_from(items: Sequence[Any], prefix: str = "items", start: int = 0,
 
 
 # -- messages -> items ---------------------------------------------------------------------
-def _parts_out(content: Any, *, output: bool = False) -> Any:
-    if isinstance(content, str):
-        return content
-    out: list[dict[str, Any]] = []
-    for part in content:
-        if part.type == "text":
-            out.append({"type": "input_text", "text": part.text})
-        elif part.type == "image":
-            url = part.url or f"data:{part.media_type};base64,{part.data}"
-            image: dict[str, Any] = {"type": "input_image", "image_url": url,
-                                     "detail": part.detail or "auto"}
-            out.append(image)
-        elif part.file_id is not None and part.media_type == IMAGE_FILE:
-            out.append({"type": "input_image", "file_id": part.file_id, "detail": "auto"})
-        else:
-            file: dict[str, Any] = {"type": "input_file"}
-            for src, dst in (("url", "file_url"), ("file_id", "file_id"),
-                             ("filename", "filename"), ("data", "file_data")):
-                if getattr(part, src) is not None:
-                    file[dst] = getattr(part, src)
-            out.append(file)
-    return out
-
-
 def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Responses input items from neutral messages (the inverse of :func:`items_to_messages`)."""
     items: list[dict[str, Any]] = []
+    kinds: dict[str, str] = {}  # call id -> the type of the call item sent for it
+    call_item_ids: dict[str, str] = {}  # a client call's item id -> its call id
     for m in messages:
         meta = m.metadata
         if m.role == "tool":
             call_id = wire_id(m, m.tool_call_id) if m.tool_call_id else m.tool_call_id
+            stored = meta.get(client.CLIENT_ITEM)
+            kind = kinds.get(call_id or "")
+            if kind in client.CALL_OUTPUT or (kind is None and isinstance(stored, dict)):
+                items.append(client.output_item(stored if isinstance(stored, dict) else None,
+                                                m, kind, call_id or "", call_item_ids))
+                continue
             item: dict[str, Any] = {"type": "function_call_output", "call_id": call_id,
-                                    "output": _parts_out(m.content)}
+                                    "output": parts_out(m.content)}
             if ID in meta:
                 item["id"] = meta[ID]
             items.append(item)
@@ -331,16 +284,24 @@ def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 else:
                     items.append({"role": "assistant", "content": text})
             calls = meta.get(CALL_IDS, {})
-            for c in m.tool_calls:
+            stored_calls = meta.get(client.CLIENT_CALLS, {})
+            for n, c in enumerate(m.tool_calls):
                 provider_id = wire_id(m, c.id)  # the store may have renamed a repeated id
-                call: dict[str, Any] = {"type": "function_call", "call_id": provider_id,
-                                        "name": c.name, "arguments": c.arguments}
-                if provider_id in calls:
-                    call["id"] = calls[provider_id]
+                stored = stored_calls.get(str(n))  # by place: repair may rename the id too
+                if isinstance(stored, dict):
+                    call = client.call_item(stored, c, provider_id)
+                    if isinstance(stored.get("id"), str):
+                        call_item_ids[stored["id"]] = provider_id
+                else:
+                    call = {"type": "function_call", "call_id": provider_id,
+                            "name": c.name, "arguments": c.arguments}
+                    if provider_id in calls:
+                        call["id"] = calls[provider_id]
+                kinds[provider_id] = call["type"]
                 items.append(call)
         else:
             role = "developer" if meta.get(ROLE) == "developer" else m.role
-            item = {"role": role, "content": _parts_out(m.content)}
+            item = {"role": role, "content": parts_out(m.content)}
             if ID in meta:
                 item["id"], item["type"] = meta[ID], "message"
             items.append(item)

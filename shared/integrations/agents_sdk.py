@@ -70,7 +70,12 @@ from shared.integrations._common import (
     degraded_view,
     recall_parameters,
 )
-from shared.integrations.agents_items import items_to_messages, messages_to_items
+from shared.integrations.agents_items import (
+    CALL_TYPES,
+    OUTPUT_TYPES,
+    items_to_messages,
+    messages_to_items,
+)
 from shared.integrations.agents_local import IDS_TTL, KEEP, LocalHistory, copy_of
 from shared.integrations.agents_run import GuardedModel, InputBudget, tool_schemas
 
@@ -115,15 +120,19 @@ def _last(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     item (or output and call) that no longer fits. An output whose call is not in
     ``items`` at all is dropped. The items keep their order.
     """
-    calls = {i.get("call_id"): n for n, i in enumerate(items)
-             if i.get("type") == "function_call"}
+    calls: dict[Any, int] = {}
+    for n, i in enumerate(items):
+        if i.get("type") in CALL_TYPES:
+            calls[i.get("call_id")] = n
+            if i.get("type") == "local_shell_call" and "id" in i:
+                calls.setdefault(i["id"], n)  # a local shell output may name the call's id
     chosen: set[int] = set()
     for n in range(len(items) - 1, -1, -1):
         if n in chosen:
             continue
         need = {n}
-        if items[n].get("type") == "function_call_output":
-            call = calls.get(items[n].get("call_id"))
+        if items[n].get("type") in OUTPUT_TYPES:
+            call = calls.get(items[n].get("call_id", items[n].get("id")))
             if call is None:
                 continue  # an orphan: no call to send with it
             need.add(call)
