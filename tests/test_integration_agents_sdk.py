@@ -437,10 +437,9 @@ def test_session_protocol(guard: ContextGuard) -> None:
 
 def test_an_unmappable_item_is_refused_and_nothing_is_written(guard: ContextGuard) -> None:
     session = GuardedSession(guard, "bad", model=MODEL)
-    batch = [{"role": "user", "content": "click"},
-             {"type": "computer_call", "id": "cu_1", "call_id": "c1", "status": "completed"}]
+    batch = [{"role": "user", "content": "click"}, {"type": "item_reference", "id": "cu_1"}]
     with pytest.raises(InvalidInput, match=r"items\[1\]\.type: cannot map item type "
-                                           r"'computer_call'"):
+                                           r"'item_reference'"):
         run(session.add_items(cast(Any, batch)))
     assert guard.store.length("bad") == 0
     with pytest.raises(InvalidInput, match=r"items\[0\]\.call_id: required"):

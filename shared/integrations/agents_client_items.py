@@ -100,8 +100,9 @@ def _shell_text(output: Any, where: str) -> str:
         if chunk.get("stderr"):
             lines.append(f"stderr:\n{chunk['stderr']}")
         outcome = chunk.get("outcome")
-        if isinstance(outcome, Mapping) and outcome.get("type") == "exit":
-            lines.append(f"[exit code {outcome.get('exit_code')}]")
+        code = outcome.get("exit_code") if isinstance(outcome, Mapping) else None
+        if isinstance(code, int) and not isinstance(code, bool):
+            lines.append(f"[exit code {code}]")
         elif isinstance(outcome, Mapping) and outcome.get("type") == "timeout":
             lines.append("[timed out]")
         texts.append("\n".join(line for line in lines if line))
