@@ -416,3 +416,13 @@ def test_a_limit_keeps_client_outputs_with_their_calls(guard: ContextGuard) -> N
         assert all(i["call_id"] in calls for i in items if i.get("type") in OUTPUT_CALL)
     assert asyncio.run(session.pop_item()) == TURN[-1]
     assert asyncio.run(session.pop_item()) == TURN[-2]
+
+
+def test_call_ids_the_store_renamed_go_back_as_the_providers(guard: ContextGuard) -> None:
+    """The same call ids twice in a session: stored renamed (unique), sent as they came."""
+    session = GuardedSession(guard, "client-twice", model=MODEL)
+    asyncio.run(session.add_items(cast(Any, TURN)))
+    asyncio.run(session.add_items(cast(Any, TURN)))
+    log = guard.store.messages("client-twice")
+    assert len({c.id for m in log for c in m.tool_calls}) == 10
+    assert asyncio.run(session.get_items()) == [*TURN, *TURN]
