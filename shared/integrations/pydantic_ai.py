@@ -51,11 +51,10 @@ written. pydantic-ai's hooks are async: the guard runs as
 from __future__ import annotations
 
 import asyncio
-import base64
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 try:
     from pydantic_ai import AgentRunResult
@@ -71,9 +70,10 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
                               name=exc.name) from exc
 
 from shared.core.errors import InvalidInput, StoreUnavailable
-from shared.core.messages import ContentPart, FilePart, ImagePart, Message, TextPart, ToolCall
+from shared.core.messages import Message
 from shared.core.prepared import PreparedView
 from shared.integrations._common import (
+    FW_KEY,
     RECALL_DESCRIPTION,
     RECALL_NAME,
     AsyncGuard,
@@ -95,12 +95,15 @@ from shared.integrations._common import (
     record_failed,
     tag,
 )
+from shared.integrations.pydantic_ai_parts import (
+    rebuilt_request_part,
+    rebuilt_response,
+    request_part,
+    response_message,
+)
 from shared.store.cancelled import cancel_mark, raise_swallowed
 
 STAMP_KEY = "pai_ts"
-# Request parts that carry no conversation content (pydantic-ai's own bookkeeping).
-BOOKKEEPING = ("tool-availability-delta", "capability-load-delta", "model-settings-delta",
-               "instruction-delta", "instruction-baseline")
 
 
 def _timestamp(message: Any) -> Any:
@@ -117,27 +120,48 @@ def _stamp(message: Any) -> str | None:
 
 
 _MISS: Any = object()
-# view message -> (its origin, the history timestamp, a datetime, seen matching its stamp)
+# view message -> (where it was recorded from, the history timestamp seen matching its stamp)
 _SOURCES: ByIdentity[tuple[tuple[int, int] | None, Any]] = ByIdentity()
 
 
-def _source(message: Message, history: Sequence[Any]) -> tuple[tuple[int, int] | None, Any]:
-    """(origin, the history message) of a view message compaction left untouched, whose
-    history message still carries the stamp it was recorded with; else (None, None). A
+def _where(message: Message) -> tuple[int, int] | None:
+    """(framework index, part) a view message was recorded from, changed since or not."""
+    where = message.metadata.get(FW_KEY)
+    if not isinstance(where, list) or len(where) != 2:
+        return None
+    try:
+        return int(where[0]), int(where[1])
+    except (TypeError, ValueError):
+        return None
+
+
+def _source(message: Message, history: Sequence[Any],
+            ) -> tuple[tuple[int, int] | None, Any, bool]:
+    """(where, the history message, untouched) of a view message recorded from a history
+    message that still carries the stamp it was recorded with; else (None, None, False).
+    ``untouched``: compaction left the message as recorded (its fingerprint matches), so
+    the original goes back as it is; else the original is what a rebuild copies from. A
     timestamp object seen matching before matches again unformatted (one lookup a call)."""
     found, matched = _SOURCES.lookup(message, (_MISS, None))
     if found is _MISS:
-        found, matched = origin(message), None
-    if found is None or found[0] >= len(history):
-        return None, None
+        found, matched = _where(message), None
+    if found is None or not 0 <= found[0] < len(history):
+        return None, None, False
     source = history[found[0]]
     stamp = _timestamp(source)
-    if stamp is not None and stamp is matched:
-        return found, source
-    if _stamp(source) != message.metadata.get(STAMP_KEY):
-        return None, None
-    _SOURCES.put(message, (found, stamp))
-    return found, source
+    if stamp is None or stamp is not matched:
+        if _stamp(source) != message.metadata.get(STAMP_KEY):
+            return None, None, False
+        _SOURCES.put(message, (found, stamp))
+    return found, source, origin(message) is not None
+
+
+def _part(source: Any, found: tuple[int, int] | None) -> Any:
+    """The request part ``found`` names in ``source``, else None."""
+    parts = getattr(source, "parts", None)
+    if not isinstance(source, pm.ModelRequest) or found is None or parts is None:
+        return None
+    return parts[found[1]] if 0 <= found[1] < len(parts) else None
 
 
 def system_text(history: Sequence[Any]) -> str:
@@ -154,10 +178,10 @@ def to_neutral(history: Sequence[Any], start: int = 0) -> list[Message]:
         where = f"messages[{index}]"
         extra = {STAMP_KEY: _stamp(message)}
         if isinstance(message, pm.ModelResponse):
-            out.append(tag(_response(message, where), index, -1, extra))
+            out.append(tag(response_message(message, where), index, -1, extra))
         elif isinstance(message, pm.ModelRequest):
             for j, part in enumerate(message.parts):
-                neutral = _request_part(part, f"{where}.parts[{j}]", index)
+                neutral = request_part(part, f"{where}.parts[{j}]", index)
                 if neutral is not None:
                     out.append(tag(neutral, index, j, extra))
         else:
@@ -166,167 +190,10 @@ def to_neutral(history: Sequence[Any], start: int = 0) -> list[Message]:
     return out
 
 
-def _request_part(part: Any, where: str, index: int) -> Message | None:
-    kind = getattr(part, "part_kind", type(part).__name__)
-    try:
-        if isinstance(part, pm.SystemPromptPart) or kind in BOOKKEEPING:
-            return None
-        if isinstance(part, pm.UserPromptPart):
-            if isinstance(part.content, str):
-                return Message(role="user", content=part.content)
-            items: list[ContentPart] = []
-            for k, item in enumerate(part.content):
-                mapped = _user_content(item, f"{where}.content[{k}]", index)
-                if mapped is not None:
-                    items.append(mapped)
-            return Message(role="user", content=items)
-        if isinstance(part, pm.ToolReturnPart):
-            return Message(role="tool", tool_call_id=part.tool_call_id, name=part.tool_name,
-                           content=part.model_response_str())
-        if isinstance(part, pm.SpeechPart):
-            return Message(role="user", content=_transcript(part))
-        if isinstance(part, (pm.RetryPromptPart, pm.RetryFeedbackPart)):
-            text = part.model_response()
-            name = getattr(part, "tool_name", None)
-            call_id = getattr(part, "tool_call_id", None)
-            if name and call_id:
-                return Message(role="tool", tool_call_id=call_id, name=name, content=text)
-            return Message(role="user", content=text)
-    except InvalidInput:
-        raise
-    except (ValueError, TypeError) as exc:
-        raise InvalidInput(f"cannot map {kind}: {str(exc)[:200]}", field=where,
-                           index=index) from None
-    raise InvalidInput(f"cannot map a {kind} part", field=where, index=index)
-
-
-def _media_type(item: Any) -> str | None:
-    """A URL's media type, or None where pydantic-ai cannot infer one (no extension)."""
-    try:
-        return cast(str, item.media_type)
-    except ValueError:
-        return None
-
-
-def _user_content(item: Any, where: str, index: int) -> ContentPart | None:
-    """One item of a user prompt as a neutral part; None for a marker (``CachePoint``).
-
-    Images and documents (inline, by URL, uploaded) become image and file parts. The
-    neutral model holds no audio or video: those become a text placeholder naming the
-    media, so the log and the summaries say something was there (the model itself still
-    gets the original part while the message is in the view).
-    """
-    if isinstance(item, str):
-        return TextPart(text=item)
-    if isinstance(item, (pm.TextContent, pm.StructuredContent)):
-        return TextPart(text=item.content)
-    if isinstance(item, pm.CachePoint):
-        return None
-    if isinstance(item, pm.BinaryContent):
-        if item.is_image:
-            return ImagePart(data=item.base64, media_type=item.media_type)
-        if item.is_audio or item.is_video:
-            kind = "audio" if item.is_audio else "video"
-            return TextPart(text=f"[{kind} attachment: {item.media_type}, "
-                                 f"{len(item.data)} bytes, not kept in the history]")
-        return FilePart(data=item.base64, media_type=item.media_type)
-    if isinstance(item, pm.ImageUrl):
-        return ImagePart(url=item.url)
-    if isinstance(item, pm.DocumentUrl):
-        return FilePart(url=item.url, media_type=_media_type(item))
-    if isinstance(item, (pm.AudioUrl, pm.VideoUrl)):
-        kind = "audio" if isinstance(item, pm.AudioUrl) else "video"
-        return TextPart(text=f"[{kind} attachment: {item.url}]")
-    if isinstance(item, pm.UploadedFile):
-        return FilePart(file_id=item.file_id, media_type=item.media_type)
-    raise InvalidInput(f"cannot map user content {type(item).__name__}", field=where,
-                       index=index)
-
-
-def _user_prompt(message: Message) -> Any:
-    """A neutral user message rebuilt as a ``UserPromptPart`` (images and files kept)."""
-    if isinstance(message.content, str):
-        return pm.UserPromptPart(content=message.content)
-    content: list[Any] = []
-    for part in message.content:
-        if isinstance(part, TextPart):
-            content.append(part.text)
-        elif part.data is not None and part.media_type is not None:
-            content.append(pm.BinaryContent(data=base64.b64decode(part.data),
-                                            media_type=part.media_type))
-        elif part.url is not None:
-            content.append(pm.ImageUrl(url=part.url) if isinstance(part, ImagePart)
-                           else pm.DocumentUrl(url=part.url, media_type=part.media_type))
-        elif isinstance(part, FilePart) and part.file_id is not None:
-            content.append(f"[file attachment: {part.file_id}]")
-    return pm.UserPromptPart(content=content)
-
-
-NOTE_CHARS = 2000  # the most of a native tool's arguments or result a note keeps
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= NOTE_CHARS else f"{text[:NOTE_CHARS]}... [{len(text)} chars]"
-
-
-def _note(part: Any) -> str | None:
-    """A text note for a response part the provider made and answers itself: native
-    tool calls and results (web search, code execution), a provider's compaction, a
-    generated image or document. Recorded as the message's reasoning, so the log and its
-    summaries say what happened; never sent as the answer's text (an untouched response
-    goes back as the original, ids and all). None: not such a part."""
-    if isinstance(part, pm.NativeToolCallPart):
-        return _clip(f"[{part.tool_name} call: {part.args_as_json_str()}]")
-    if isinstance(part, pm.NativeToolReturnPart):
-        return _clip(f"[{part.tool_name} result: {part.model_response_str()}]")
-    if isinstance(part, pm.CompactionPart):
-        return _clip(f"[provider compaction: {part.content}]") if part.content \
-            else "[provider compaction (opaque)]"
-    if isinstance(part, pm.FilePart):
-        return (f"[generated file: {part.content.media_type}, {len(part.content.data)} bytes, "
-                "not kept in the history]")
-    return None
-
-
-SPEECH_WITHOUT_TRANSCRIPT = "[speech without a transcript]"
-
-
-def _transcript(part: pm.SpeechPart) -> str:
-    """What a realtime session's spoken part says, as pydantic-ai gives it to a standard
-    model (a user prompt, a text part): its transcript."""
-    return part.transcript if part.transcript else SPEECH_WITHOUT_TRANSCRIPT
-
-
-def _response(message: pm.ModelResponse, where: str) -> Message:
-    texts: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ToolCall] = []
-    for j, part in enumerate(message.parts):
-        if isinstance(part, pm.TextPart):
-            texts.append(part.content)
-        elif isinstance(part, pm.SpeechPart):
-            texts.append(_transcript(part))
-        elif isinstance(part, pm.ThinkingPart):
-            reasoning.append(part.content)
-        elif (note := _note(part)) is not None:
-            reasoning.append(note)
-        elif isinstance(part, pm.ToolCallPart):
-            try:
-                calls.append(ToolCall(id=part.tool_call_id, name=part.tool_name,
-                                      arguments=part.args_as_json_str()))
-            except ValueError as exc:
-                raise InvalidInput(f"cannot map the tool call: {str(exc)[:200]}",
-                                   field=f"{where}.parts[{j}]") from None
-        else:
-            raise InvalidInput(f"cannot map a {getattr(part, 'part_kind', '?')} part",
-                               field=f"{where}.parts[{j}]")
-    return Message(role="assistant", content="".join(texts), tool_calls=calls,
-                   reasoning="\n".join(reasoning) or None)
-
-
 def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
               system_parts: str) -> list[Any]:
-    """The view as pydantic-ai messages; untouched parts and responses are the originals.
+    """The view as pydantic-ai messages; untouched parts and responses are the originals,
+    changed ones are rebuilt from their originals (:mod:`.pydantic_ai_parts`).
 
     ``fixed_system`` is the system prompt the guard was given (system parts and
     instructions); only ``system_parts`` and the summary go back as a system
@@ -341,25 +208,18 @@ def from_view(view: PreparedView, history: Sequence[Any], fixed_system: str,
         if text:
             parts.append(pm.SystemPromptPart(content=text))
     for message in messages:
-        found, source = _source(message, history)
+        found, source, untouched = _source(message, history)
         if message.role == "assistant":
             if parts:
                 out.append(pm.ModelRequest(parts=parts))
                 parts = []
-            out.append(source if isinstance(source, pm.ModelResponse) else pm.ModelResponse(
-                parts=[*([pm.TextPart(content=message.text())] if message.text() else []),
-                       *(pm.ToolCallPart(tool_name=c.name, args=c.arguments,
-                                         tool_call_id=c.id) for c in message.tool_calls)]))
-        elif source is not None and found is not None and found[1] >= 0:
-            parts.append(source.parts[found[1]])
-        elif message.role == "tool":
-            parts.append(pm.ToolReturnPart(tool_name=message.name or "tool",
-                                           content=message.text(),
-                                           tool_call_id=message.tool_call_id or ""))
-        elif message.role == "system":
-            parts.append(pm.SystemPromptPart(content=message.text()))
-        else:
-            parts.append(_user_prompt(message))
+            response = source if isinstance(source, pm.ModelResponse) else None
+            out.append(response if response is not None and untouched
+                       else rebuilt_response(message, response))
+            continue
+        original = _part(source, found)
+        parts.append(original if original is not None and untouched
+                     else rebuilt_request_part(message, original))
     if parts:
         last = history[-1] if history else None
         out.append(pm.ModelRequest(parts=parts, instructions=getattr(last, "instructions", None)))
