@@ -207,11 +207,13 @@ def rebuilt_request_part(message: Message, original: Any) -> Any:
     """The request part for a view message compaction changed; ``original``: the history
     part it was recorded from (None when there is none).
 
-    A tool's return keeps its kind (a tool search's, a capability load's), call id, outcome,
-    metadata and timestamp: only the content (a cleared or clipped result) and a renamed
-    call id are the view's. A user prompt keeps its timestamp."""
+    A tool's return keeps its ``tool_kind``, outcome, metadata and timestamp: only the
+    content (a cleared or clipped result) and a renamed call id are the view's. A return
+    of a kind with typed content (a tool search's, a capability load's: pydantic-ai reads
+    their content as a structure) becomes a plain return, as a text cannot be that
+    content. A user prompt keeps its timestamp."""
     if message.role == "tool":
-        if (isinstance(original, pm.ToolReturnPart) and message.name == original.tool_name
+        if (type(original) is pm.ToolReturnPart and message.name == original.tool_name
                 and message.tool_call_id):
             return dataclasses.replace(original, content=message.text(),
                                        tool_call_id=message.tool_call_id)
