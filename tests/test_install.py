@@ -37,6 +37,7 @@ OPTIONAL_MODULES = {
     "shared.integrations.langchain": ("langchain", "langchain"),
     "shared.integrations.langchain_messages": ("langchain", "langchain_core"),
     "shared.integrations.pydantic_ai": ("pydantic-ai", "pydantic_ai"),
+    "shared.integrations.pydantic_ai_parts": ("pydantic-ai", "pydantic_ai"),
     "shared.integrations.agents_sdk": ("openai-agents", "agents"),
     "shared.integrations.agents_run": ("openai-agents", "agents"),
     # the HTTP service (README: compaction serve)

@@ -41,7 +41,10 @@ as its transcripts (a user message, the answer's text), as pydantic-ai sends it 
 standard model. Response parts the provider makes and answers itself (native tool calls
 and results, its compaction, generated images, audio and documents) are recorded as
 notes in the message's reasoning; the response goes back
-as it was while it is in the view. Parts it cannot map raise
+as it was while it is in the view. A response or part compaction changed (clipped text, a
+cleared result, a call id made unique) is rebuilt from its original, only the change
+replaced (:mod:`shared.integrations.pydantic_ai_parts`): signed thinking, encrypted
+reasoning, ids and the response's fields stay. Parts it cannot map raise
 :class:`InvalidInput` naming ``messages[i].parts[j]`` before anything is
 written. pydantic-ai's hooks are async: the guard runs as
 ``AsyncContextGuard`` when given one, else in a thread (stopgap,
