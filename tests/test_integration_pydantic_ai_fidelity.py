@@ -134,6 +134,27 @@ def test_a_renamed_call_keeps_its_kind_signature_and_loses_only_its_item_id() ->
     assert rebuilt.provider_name == "google-gla" and rebuilt.timestamp == WHEN
 
 
+def test_calls_the_view_does_not_pair_in_order_are_paired_by_id() -> None:
+    """No stage adds or removes a call of a kept message; were one to, the originals are
+    paired by id: one the view lacks is left out, one it adds goes after the last call."""
+    first = pm.ToolCallPart("a", {"n": 1}, tool_call_id="c1", id="fc_1", provider_name="openai")
+    second = pm.ToolCallPart("b", {"n": 2}, tool_call_id="c2", id="fc_2", provider_name="openai")
+    response = pm.ModelResponse(parts=[pm.ThinkingPart("t", signature="s", provider_name="openai"),
+                                       first, second, pm.TextPart("after")],
+                                **response_fields(provider_name="openai"))
+    history = history_of(response)
+    neutral = to_neutral(history)
+    calls = [neutral[1].tool_calls[1],
+             neutral[1].tool_calls[0].model_copy(update={"id": "c9", "name": "z"}),
+             neutral[1].tool_calls[0].model_copy(update={"id": "c8", "name": "y"})]
+    neutral[1] = neutral[1].model_copy(update={"tool_calls": calls})
+    rebuilt = from_view(view_of(neutral[:2]), history, "", "")[1]
+    kinds = [(type(p).__name__, getattr(p, "tool_call_id", None)) for p in rebuilt.parts]
+    assert kinds == [("ThinkingPart", None), ("ToolCallPart", "c2"), ("ToolCallPart", "c9"),
+                     ("ToolCallPart", "c8"), ("TextPart", None)]
+    assert rebuilt.parts[1] is second and rebuilt.parts[0] is response.parts[0]
+
+
 def test_a_cleared_tool_result_keeps_its_fields() -> None:
     found = pm.ToolReturnPart("lookup", {"rows": ["x" * 40] * 50}, tool_call_id="c1",
                               metadata={"seen": 1}, timestamp=WHEN, outcome="failed")
