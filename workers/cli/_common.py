@@ -77,15 +77,18 @@ def store_errors(url: str) -> Iterator[None]:
         raise StoreError(f"Redis at {redact_url(url)} answered with an error: {exc}") from None
 
 
-def open_store(settings: Settings, tenant: str | None = None) -> SessionStore:
-    """The configured store (``COMPACTION_REDIS_URL``), checked with one PING."""
+def open_store(settings: Settings, tenant: str | None = None, *,
+               check: bool = True) -> SessionStore:
+    """The configured store (``COMPACTION_REDIS_URL``), checked with one PING unless
+    ``check`` is false (a server that starts before Redis and serves once it is up)."""
     with store_errors(settings.redis_url):
         try:
             client = store_client(settings)
         except ValueError as exc:
             raise ConfigError(f"COMPACTION_REDIS_URL: {exc}") from None
-        with redis_errors("ping"):
-            client.ping()
+        if check:
+            with redis_errors("ping"):
+                client.ping()
     return SessionStore(client, settings.store_config(), tenant=tenant or settings.tenant,
                         counter=build_counter(settings.token_counter,
                                               encoding=settings.tiktoken_encoding,

@@ -21,22 +21,30 @@ time): the token names the tenant of that request, ``--tenant`` restricts
 the server to that tenant's tokens, and the server refuses to start without
 a token (an open port would hand out sessions verbatim). Needs the ``mcp``
 extra (``pip install 'context-compaction[mcp]'``, the SDK's ``MCPServer``,
-which mcp 2 renamed from ``FastMCP``).
+which mcp 2 renamed from ``FastMCP``). The tools themselves (schemas, results) are
+in :mod:`workers.mcp_tools`. The server starts when Redis is down (a client starts it
+when the client starts) and serves once Redis is up; under stdio Ctrl-C ends it.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING
 
-from shared.core.errors import CompactionError, ConfigError, InvalidInput
-from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, render_hits
-from shared.store.recall_index import index_stats
-from shared.store.recall_query import recall
+from shared.core.errors import ConfigError, StoreUnavailable
 from shared.store.sessions import SessionStore
-from workers.cli._common import guard_for, load_session, open_store, store_errors
+from workers.cli._common import open_store, store_errors
 from workers.cli._format import needs_extra
+from workers.mcp_tools import (
+    INSTRUCTIONS,
+    build_server,
+    compact_answer,
+    recall_answer,
+    stats_answer,
+)
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,123 +53,11 @@ if TYPE_CHECKING:
 
     from workers.server.config import TokenBook
 
+log = logging.getLogger(__name__)
+
 NO_MCP_TOKEN = ("compaction mcp --transport http: no bearer token configured "
                 "(COMPACTION_SERVER_TOKENS_FILE or COMPACTION_SERVER_TOKENS, {token: tenant}): "
                 "refusing to serve sessions openly (stdio needs none)")
-
-INSTRUCTIONS = (
-    "Context compaction for long agent sessions. `recall` brings back, verbatim, earlier "
-    "messages that were summarized away (search with exact words: file paths, identifiers, "
-    "error codes, numbers). `context_stats` shows how full a session's context is; "
-    "`compact` compacts it now.")
-
-
-def recall_tool(store: SessionStore, session_id: str, query: str, limit: int = DEFAULT_LIMIT,
-                start: int | None = None, end: int | None = None) -> dict[str, Any]:
-    """The ``recall`` tool's answer: hits as data, and as text for a model."""
-    hits = recall(store, session_id, query, limit=limit, start=start, end=end)
-    return {"session_id": session_id, "hits": [h.model_dump() for h in hits],
-            "text": render_hits(hits)}
-
-
-def stats_tool(store: SessionStore, settings: Settings, session_id: str) -> dict[str, Any]:
-    data = load_session(store, session_id)
-    figures = guard_for(store, settings, data).stats(session_id)
-    figures["recall_index"] = index_stats(store, session_id)
-    return figures
-
-
-def compact_tool(store: SessionStore, settings: Settings, session_id: str,
-                 keep_recent: int | None = None, force: bool = False,
-                 wait: bool = True) -> dict[str, Any]:
-    from workers.cli.compact import publish, run_inline
-
-    if keep_recent is not None and keep_recent < 0:
-        raise InvalidInput("must be >= 0", field="keep_recent")
-    load_session(store, session_id)
-    kwargs: dict[str, Any] = {"keep_recent": keep_recent, "force": force,
-                              "tenant": store.tenant}
-    if wait:
-        outcome = run_inline(settings, session_id, kwargs)
-        outcome["recall_index"] = index_stats(store, session_id)
-        return outcome
-    return {"session_id": session_id, "status": "queued",
-            "task_id": publish(settings, session_id, kwargs)}
-
-
-def build_server(store: SessionStore, settings: Settings, *,
-                 tenant_from_request: bool = False) -> MCPServer:
-    """An MCP server whose tools act on ``store``'s tenant; with ``tenant_from_request``
-    (the HTTP transport, behind :func:`http_app`) on the tenant the request's bearer
-    token named, and a request without one is refused."""
-    try:
-        import anyio
-        from mcp.server.mcpserver import Context, MCPServer
-        from mcp.server.mcpserver.exceptions import ToolError
-    except ImportError:
-        raise ConfigError(needs_extra("mcp", "mcp")) from None
-    from workers.server.bearer import TENANT_STATE
-
-    server = MCPServer("context-compaction", instructions=INSTRUCTIONS)
-
-    def store_of(ctx: Any) -> SessionStore:
-        if not tenant_from_request:
-            return store
-        request = ctx.request_context.request
-        state = getattr(request, "scope", {}).get("state") or {}
-        tenant = state.get(TENANT_STATE)
-        if not isinstance(tenant, str):  # BearerAuth sets it; never serve a default tenant
-            raise ToolError("unauthorized: no bearer token on this request")
-        return store.for_tenant(tenant)
-
-    def with_context(fn: Callable[..., Any]) -> Callable[..., Any]:
-        # The SDK injects the request's Context into the parameter annotated with it (found
-        # with get_type_hints, which cannot see this function's local import).
-        fn.__annotations__["ctx"] = Context
-        return fn
-
-    async def in_thread(fn: Any, *args: Any) -> dict[str, Any]:
-        """Run a blocking tool off the event loop; our errors reach the model as text
-        (bad input naming the field, unknown session, Redis down), crashes do not."""
-        def call() -> dict[str, Any]:
-            with store_errors(settings.redis_url):
-                result: dict[str, Any] = fn(*args)
-                return result
-        try:
-            answer: dict[str, Any] = await anyio.to_thread.run_sync(call)
-        except CompactionError as exc:
-            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
-        return answer
-
-    @server.tool(description=(
-        "Search the earlier messages of a session that compaction summarized away and get "
-        "them back verbatim. Use exact words: file paths, identifiers, error codes, numbers, "
-        f"commands. limit: 1-{MAX_LIMIT}; start/end: a range of message indexes (end "
-        "defaults to the watermark)."))
-    @with_context
-    async def recall(ctx: Any, session_id: str, query: str, limit: int = DEFAULT_LIMIT,
-                     start: int | None = None, end: int | None = None) -> dict[str, Any]:
-        return await in_thread(recall_tool, store_of(ctx), session_id, query, limit, start,
-                               end)
-
-    @server.tool(description=(
-        "The context meter of a session: tokens by region, usage ratio of the input budget, "
-        "watermark, summaries, pending job, and the recall index (messages indexed)."))
-    @with_context
-    async def context_stats(ctx: Any, session_id: str) -> dict[str, Any]:
-        return await in_thread(stats_tool, store_of(ctx), settings, session_id)
-
-    @server.tool(description=(
-        "Compact a session now (a manual /compact). wait=true runs the job here and returns "
-        "its outcome; wait=false queues it for the workers. keep_recent: tokens of recent "
-        "history kept verbatim; force: compact even when it frees little."))
-    @with_context
-    async def compact(ctx: Any, session_id: str, keep_recent: int | None = None,
-                      force: bool = False, wait: bool = True) -> dict[str, Any]:
-        return await in_thread(compact_tool, store_of(ctx), settings, session_id, keep_recent,
-                               force, wait)
-
-    return server
 
 
 def http_tokens(tenant: str | None = None) -> TokenBook:
@@ -222,6 +118,24 @@ def _require_extra() -> None:
         raise ConfigError(needs_extra("mcp", "mcp")) from None
 
 
+def serving_store(settings: Settings, tenant: str | None) -> SessionStore:
+    """The store the server serves, even when Redis is down at start: an MCP client starts
+    this process when it starts (maybe before Redis), and a process that exits is gone
+    until the client restarts. Each call then says Redis cannot be reached, until it can."""
+    try:
+        return open_store(settings, tenant)
+    except StoreUnavailable as exc:
+        log.warning("%s; serving anyway: each tool call reports it until Redis is back", exc)
+        with store_errors(settings.redis_url):
+            return open_store(settings, tenant, check=False)
+
+
+def _version() -> str:
+    from workers.cli.main import version
+
+    return version()
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     _require_extra()
     if args.transport == "http":
@@ -229,30 +143,31 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         import anyio
         import uvicorn
 
-        with store_errors(settings.redis_url):
-            store = open_store(settings, args.tenant)
-        server = build_server(store, settings, tenant_from_request=True)
+        server = build_server(serving_store(settings, args.tenant), settings,
+                              version=_version(), tenant_from_request=True)
         config = uvicorn.Config(http_app(server, tokens, args.host), host=args.host,
                                 port=args.port, log_level=server.settings.log_level.lower())
         anyio.run(uvicorn.Server(config).serve)
         return 0
-    with store_errors(settings.redis_url):
-        store = open_store(settings, args.tenant)
-    build_server(store, settings).run("stdio")
+    server = build_server(serving_store(settings, args.tenant), settings, version=_version())
+    # Ctrl-C ends the process as SIGTERM does: the SDK reads stdin in a thread nothing can
+    # cancel, so asyncio's own handler would wait for the next line (or EOF) to stop.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    server.run("stdio")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m workers.cli.mcp``: the same command without the CLI's command table."""
-    from workers.settings import load_settings
+    """``python -m workers.cli.mcp``: ``compaction mcp``, errors and all (one line, the
+    CLI's exit status, never a traceback)."""
+    from workers.cli.main import main as cli
 
-    parser = argparse.ArgumentParser(prog="compaction mcp", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv), load_settings())
+    return cli(["mcp", *(sys.argv[1:] if argv is None else argv)])
 
 
-__all__ = ["NO_MCP_TOKEN", "add_arguments", "build_server", "compact_tool", "http_app",
-           "http_tokens", "main", "recall_tool", "run", "stats_tool"]
+__all__ = ["INSTRUCTIONS", "NO_MCP_TOKEN", "add_arguments", "build_server", "compact_answer",
+           "http_app", "http_tokens", "main", "recall_answer", "run", "serving_store",
+           "stats_answer"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

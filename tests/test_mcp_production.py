@@ -1,0 +1,250 @@
+"""``compaction mcp`` as MCP clients run it, through the real SDK client and a real
+Redis: what a model reads from ``recall`` (each passage once), argument schemas a
+client can show and check, a server started before Redis, Ctrl-C under stdio, the
+``python -m`` entry's errors, and the README's client configuration as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters
+
+from shared.core.config import StoreConfig
+from shared.store.recall_index import drop_index
+from shared.store.sessions import SessionStore
+from workers.cli.mcp import build_server
+from workers.harness.stack.redis_server import RedisServer
+from workers.settings import Settings
+
+pytestmark = pytest.mark.redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bulky(n: int = 40) -> list[dict[str, Any]]:
+    filler = "lorem ipsum needle " * 400
+    return [{"role": "user", "content": f"needle ERR_{i} 日本語のログ {filler}"} for i in range(n)]
+
+
+def _in_process(store: SessionStore, settings: Settings, calls: list[tuple[str, dict[str, Any]]]
+                ) -> tuple[list[Any], list[Any]]:
+    async def main() -> tuple[list[Any], list[Any]]:
+        async with Client(build_server(store, settings)) as client:
+            tools = (await client.list_tools()).tools
+            return tools, [await client.call_tool(n, a) for n, a in calls]
+
+    return anyio.run(main)
+
+
+def test_recall_gives_the_model_each_passage_once(redis_url: str, real_redis: Any,
+                                                  key_prefix: str) -> None:
+    """The text block a model reads is the rendered hits, not a JSON dump holding every
+    passage twice (in ``hits`` and again in the rendered ``text``)."""
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    store.append("s1", _bulky())
+    try:
+        _, (compacted, found) = _in_process(store, settings, [
+            ("compact", {"session_id": "s1", "keep_recent": 100}),
+            ("recall", {"session_id": "s1", "query": "needle 日本語", "limit": 20})])
+        assert not compacted.is_error and not found.is_error, found.content
+        hits = found.structured_content["hits"]
+        assert len(hits) == 20
+        (block,) = found.content
+        passages = sum(len(h["text"]) for h in hits)
+        assert block.text.startswith("[message ")
+        assert passages <= len(block.text) < passages * 1.2  # once, with a header per hit
+        for hit in hits:
+            assert f"[message {hit['index']}, {hit['role']}" in block.text
+        assert "日本語" in block.text  # not escaped
+        assert set(found.structured_content) == {"session_id", "hits"}
+    finally:
+        drop_index(store, "s1")
+
+
+def test_tool_schemas_describe_and_bound_every_argument(redis_url: str, real_redis: Any,
+                                                        key_prefix: str) -> None:
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    tools, _ = _in_process(store, settings, [])
+    by_name = {t.name: t.input_schema for t in tools}
+    assert by_name["recall"]["required"] == ["session_id", "query"]
+    assert by_name["context_stats"]["required"] == ["session_id"]
+    assert by_name["compact"]["required"] == ["session_id"]
+    for name, schema in by_name.items():
+        for field, spec in schema["properties"].items():
+            assert len(spec.get("description", "")) > 20, (name, field)
+        assert schema.get("additionalProperties") is False, name
+        assert schema["properties"]["session_id"]["minLength"] == 1
+    limit = by_name["recall"]["properties"]["limit"]
+    assert (limit["minimum"], limit["maximum"]) == (1, 50)
+    assert by_name["recall"]["properties"]["query"]["minLength"] == 1
+
+
+def test_bad_arguments_are_tool_errors_naming_the_field(redis_url: str, real_redis: Any,
+                                                        key_prefix: str) -> None:
+    """Wrong types, out of range and misspelt arguments: an MCP tool error naming the
+    argument (a misspelt ``limt`` used to be dropped silently, the default served)."""
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    store.append("s1", _bulky(4))
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("recall", {"session_id": "s1", "query": "x", "limt": 3}, "limt"),
+        ("recall", {"session_id": "s1", "query": "x", "limit": 0}, "limit"),
+        ("recall", {"session_id": "s1", "query": "x", "limit": "many"}, "limit"),
+        ("recall", {"session_id": "s1", "query": 7}, "query"),
+        ("recall", {"session_id": "s1"}, "query"),
+        ("context_stats", {"session_id": None}, "session_id"),
+        ("context_stats", {"session_id": ""}, "session_id"),
+        ("compact", {"session_id": "s1", "keep_recent": -1}, "keep_recent"),
+        ("compact", {"session_id": "s1", "wait": "maybe"}, "wait"),
+    ]
+    _, results = _in_process(store, settings, [(n, a) for n, a, _ in cases])
+    for (name, args, field), result in zip(cases, results, strict=True):
+        assert result.is_error, (name, args)
+        (block,) = result.content
+        assert field in block.text, (name, args, block.text)
+        assert "Traceback" not in block.text
+
+
+def _stdio_env(redis_url: str, key_prefix: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    env.update({"PYTHONPATH": str(ROOT), "COMPACTION_REDIS_URL": redis_url,
+                "COMPACTION_KEY_PREFIX": key_prefix})
+    return env
+
+
+def test_stdio_server_started_before_redis_serves_once_it_is_up(
+        own_redis: RedisServer, key_prefix: str) -> None:
+    """A client (Claude Desktop, an IDE) starts the server when it starts, maybe before
+    Redis: the server starts anyway (a warning on stderr), each call says Redis cannot be
+    reached, and the same process serves once Redis is back. It used to exit at once."""
+    own_redis.stop()
+    params = StdioServerParameters(command=sys.executable, args=["-m", "workers.cli.mcp"],
+                                   env=_stdio_env(own_redis.url, key_prefix), cwd=str(ROOT))
+
+    async def main() -> tuple[list[str], Any, Any]:
+        async with Client(params) as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            down = await client.call_tool("context_stats", {"session_id": "s1"})
+            await anyio.to_thread.run_sync(own_redis.start)
+            await anyio.to_thread.run_sync(_seed, own_redis.url, key_prefix)
+            up = await client.call_tool("context_stats", {"session_id": "s1"})
+            return names, down, up
+
+    names, down, up = anyio.run(main)
+    assert names == ["compact", "context_stats", "recall"]
+    assert down.is_error and "cannot reach Redis" in down.content[0].text
+    assert not up.is_error, up.content
+    assert up.structured_content["length"] == 4
+
+
+def _seed(url: str, key_prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    SessionStore(client, StoreConfig(key_prefix=key_prefix)).append("s1", _bulky(4))
+    client.close()
+
+
+def _initialized(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    assert proc.stdin is not None and proc.stdout is not None
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "test", "version": "0"}}}
+    proc.stdin.write((json.dumps(hello) + "\n").encode())
+    proc.stdin.flush()
+    reply: dict[str, Any] = json.loads(proc.stdout.readline())
+    return reply
+
+
+@pytest.mark.slow
+def test_stdio_server_ends_on_ctrl_c(redis_url: str, key_prefix: str) -> None:
+    """SIGINT (Ctrl-C in a terminal, a client's interrupt) ends the stdio server while its
+    stdin is still open; it used to hang until stdin closed (the SDK reads stdin in a
+    thread that cannot be cancelled)."""
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp"], cwd=ROOT,
+                            env=_stdio_env(redis_url, key_prefix), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        reply = _initialized(proc)
+        assert reply["result"]["serverInfo"]["name"] == "context-compaction"
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code = proc.wait(timeout=10)
+        assert time.monotonic() - started < 5
+        assert code in (130, -signal.SIGINT)
+        assert reply["result"]["serverInfo"]["version"]  # was ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def test_python_m_entry_reports_errors_in_one_line() -> None:
+    """``python -m workers.cli.mcp`` (the stdio tests', and some clients', command) ends
+    a configuration error with the CLI's one line and status 2, not a traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    env.update({"PYTHONPATH": str(ROOT), "COMPACTION_REDIS_URL": "redis://127.0.0.1:1/0"})
+    done = subprocess.run([sys.executable, "-m", "workers.cli.mcp", "--transport", "http"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("compaction: error:")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _readme_config() -> dict[str, Any]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    configs = [json.loads(b) for b in blocks if '"mcpServers"' in b]
+    assert len(configs) == 1, "the README has one MCP client configuration"
+    config: dict[str, Any] = configs[0]
+    return config
+
+
+@pytest.mark.slow
+def test_readme_client_configuration_works_as_written(redis_url: str, real_redis: Any,
+                                                      key_prefix: str) -> None:
+    """The README's ``mcpServers`` entry, run as a client runs it: its command (the
+    installed ``compaction`` next to this interpreter) with its args and env, where only
+    the Redis URL and key prefix are this test's."""
+    (entry,) = _readme_config()["mcpServers"].values()
+    assert entry["command"] == "compaction"
+    command = str(Path(sys.executable).with_name("compaction"))
+    if not Path(command).exists():
+        pytest.skip("the compaction script is not installed next to this interpreter")
+    env = {**entry["env"], "COMPACTION_REDIS_URL": redis_url,
+           "COMPACTION_KEY_PREFIX": key_prefix, "PYTHONPATH": str(ROOT)}
+    assert set(entry["env"]) <= {"COMPACTION_REDIS_URL", "COMPACTION_TENANT",
+                                 "COMPACTION_KEY_PREFIX"}
+    tenant = entry["env"].get("COMPACTION_TENANT", "default")
+    SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant=tenant).append(
+        "s1", _bulky(6))
+    params = StdioServerParameters(command=command, args=entry["args"], env=env)
+
+    async def main() -> Any:
+        async with Client(params) as client:
+            return await client.call_tool("context_stats", {"session_id": "s1"})
+
+    result = anyio.run(main)
+    assert not result.is_error, result.content
+    assert result.structured_content["tenant"] == tenant
+    assert result.structured_content["length"] == 6
