@@ -209,6 +209,14 @@ def test_python_m_entry_reports_errors_in_one_line() -> None:
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("compaction: error:")
     assert len(done.stderr.strip().splitlines()) == 1
+    # a bad tenant stops it in one line, Redis down or not (no "serving anyway" first)
+    done = subprocess.run([sys.executable, "-m", "workers.cli.mcp", "--tenant", "a b"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "compaction: error: tenant: must be 1-64 characters of letters, digits, '_', '.', "
+        "'-' and start with a letter or digit (got 'a b')"]
 
 
 def _readme_config() -> dict[str, Any]:

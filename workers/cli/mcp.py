@@ -35,7 +35,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shared.core.errors import ConfigError, StoreUnavailable
-from shared.store.sessions import SessionStore
+from shared.store.sessions import SessionStore, redis_errors
 from workers.cli._common import open_store, store_errors
 from workers.cli._format import needs_extra
 from workers.mcp_tools import (
@@ -122,12 +122,13 @@ def serving_store(settings: Settings, tenant: str | None) -> SessionStore:
     """The store the server serves, even when Redis is down at start: an MCP client starts
     this process when it starts (maybe before Redis), and a process that exits is gone
     until the client restarts. Each call then says Redis cannot be reached, until it can."""
+    store = open_store(settings, tenant, check=False)  # a bad tenant or URL stops it first
     try:
-        return open_store(settings, tenant)
+        with store_errors(settings.redis_url), redis_errors("ping"):
+            store.redis.ping()
     except StoreUnavailable as exc:
         log.warning("%s; serving anyway: each tool call reports it until Redis is back", exc)
-        with store_errors(settings.redis_url):
-            return open_store(settings, tenant, check=False)
+    return store
 
 
 def _version() -> str:
