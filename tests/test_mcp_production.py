@@ -256,3 +256,46 @@ def test_readme_client_configuration_works_as_written(redis_url: str, real_redis
     assert not result.is_error, result.content
     assert result.structured_content["tenant"] == tenant
     assert result.structured_content["length"] == 6
+
+
+@pytest.mark.slow
+def test_stdio_stdout_carries_protocol_messages_only(redis_url: str, real_redis: Any,
+                                                     key_prefix: str) -> None:
+    """Under stdio, stdout is the protocol: a compaction's logs, a failing call, a line
+    that is not JSON and the warning of an unknown setting all stay on stderr, and a
+    closed stdin ends the server with status 0."""
+    SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)).append("s1", _bulky(12))
+    env = {**_stdio_env(redis_url, key_prefix), "COMPACTION_NOT_A_SETTING": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli.mcp"], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None
+    try:
+        _initialized(proc)
+        calls = [("compact", {"session_id": "s1", "keep_recent": 100}),
+                 ("recall", {"session_id": "s1", "query": "ERR_3"}),
+                 ("context_stats", {"session_id": "nobody"})]
+        lines: list[dict[str, Any]] = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+        lines += [{"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+                   "params": {"name": n, "arguments": a}} for i, (n, a) in enumerate(calls)]
+        assert proc.stdout is not None
+        proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in lines)
+                         + b"not json\n")
+        proc.stdin.flush()
+        by_id: dict[int, Any] = {}
+        while not {10, 11, 12} <= set(by_id):
+            reply = json.loads(proc.stdout.readline())  # every line JSON
+            by_id[reply.get("id", -1)] = reply
+        proc.stdin.close()
+        proc.stdin = None  # closed: communicate must not flush it
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert all(json.loads(line) for line in out.splitlines())
+    assert not by_id[10]["result"]["isError"] and not by_id[11]["result"]["isError"]
+    assert by_id[12]["result"]["isError"]
+    assert b"COMPACTION_NOT_A_SETTING" in err
+    drop_index(SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)), "s1")
