@@ -299,3 +299,61 @@ def test_stdio_stdout_carries_protocol_messages_only(redis_url: str, real_redis:
     assert by_id[12]["result"]["isError"]
     assert b"COMPACTION_NOT_A_SETTING" in err
     drop_index(SessionStore(real_redis, StoreConfig(key_prefix=key_prefix)), "s1")
+
+
+@pytest.mark.slow
+def test_parallel_clients_of_two_tenants_over_http(redis_url: str, real_redis: Any,
+                                                   key_prefix: str) -> None:
+    """Four clients (two per tenant) calling all three tools at once on the same sessions:
+    no call fails, each tenant's session is compacted (the others find it busy or done),
+    and each sees its own tenant only. Passed before too: the measurement, kept."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.mcp_support import mcp_http_server
+
+    tokens = {"tok-acme-0123456789abcdef": "acme", "tok-other-0123456789abcdef": "other"}
+    for tenant in tokens.values():
+        store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant=tenant)
+        for s in ("a", "b"):
+            store.append(s, _bulky(30))
+    results: list[tuple[str, str, Any]] = []
+
+    async def client(url: str, token: str) -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=60) as http, \
+                Client(streamable_http_client(url, http_client=http)) as mcp:
+            async def one(name: str, args: dict[str, Any]) -> None:
+                results.append((tokens[token], name, await mcp.call_tool(name, args)))
+
+            async with anyio.create_task_group() as group:
+                for s in ("a", "b"):
+                    group.start_soon(one, "compact", {"session_id": s, "keep_recent": 200})
+                    group.start_soon(one, "context_stats", {"session_id": s})
+                    group.start_soon(one, "recall", {"session_id": s, "query": "ERR_3"})
+
+    async def main(url: str) -> None:
+        async with anyio.create_task_group() as group:
+            for token in (*tokens, *tokens):
+                group.start_soon(client, url, token)
+
+    try:
+        with mcp_http_server(redis_url, key_prefix, tokens) as url:
+            anyio.run(main, url)
+        assert len(results) == 24
+        assert [r.content for _, _, r in results if r.is_error] == []
+        statuses: dict[tuple[str, str], list[str]] = {}
+        for tenant, name, result in results:
+            data = result.structured_content
+            if name == "compact":
+                statuses.setdefault((tenant, data["session_id"]), []).append(data["status"])
+            if name == "context_stats":
+                assert data["tenant"] == tenant
+        assert len(statuses) == 4
+        for outcome in statuses.values():
+            assert "compacted" in outcome and set(outcome) <= {"compacted", "busy", "skipped"}
+    finally:
+        for tenant in tokens.values():
+            store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant=tenant)
+            for s in ("a", "b"):
+                drop_index(store, s)
