@@ -97,7 +97,8 @@ def test_tool_schemas_describe_and_bound_every_argument(redis_url: str, real_red
 def test_bad_arguments_are_tool_errors_naming_the_field(redis_url: str, real_redis: Any,
                                                         key_prefix: str) -> None:
     """Wrong types, out of range and misspelt arguments: an MCP tool error naming the
-    argument (a misspelt ``limt`` used to be dropped silently, the default served)."""
+    argument in one line (a misspelt ``limt`` used to be dropped silently, the default
+    served; the others came as pydantic's report, type codes and a link included)."""
     settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
     store.append("s1", _bulky(4))
@@ -117,7 +118,12 @@ def test_bad_arguments_are_tool_errors_naming_the_field(redis_url: str, real_red
         assert result.is_error, (name, args)
         (block,) = result.content
         assert field in block.text, (name, args, block.text)
-        assert "Traceback" not in block.text
+        # one line for the model: no pydantic type codes or documentation links
+        assert block.text.startswith(f"invalid arguments for {name}: {field}: "), block.text
+        assert "\n" not in block.text and "pydantic.dev" not in block.text
+    assert results[0].content[0].text == (
+        "invalid arguments for recall: limt: not an argument of recall "
+        "(session_id, query, limit, start, end)")
 
 
 def _stdio_env(redis_url: str, key_prefix: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
 from shared.core.recall import DEFAULT_LIMIT, MAX_LIMIT, RecallHit, render_hits
@@ -104,6 +104,26 @@ def compact_answer(store: SessionStore, settings: Settings, session_id: str,
             "task_id": publish(settings, session_id, kwargs)}
 
 
+def invalid_arguments(tool: str, exc: ValidationError, known: list[str]) -> str:
+    """A tool's rejected arguments in one line for the model: each argument named with
+    what is wrong (no pydantic type codes, no documentation link)."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in err["loc"]) or "arguments"
+        if err["type"] == "extra_forbidden":
+            problems.append(f"{where}: not an argument of {tool} ({', '.join(known)})")
+        elif err["type"] == "missing":
+            problems.append(f"{where}: required")
+        else:
+            problems.append(f"{where}: {err['msg']} (got {_shown(err.get('input'))})")
+    return f"invalid arguments for {tool}: " + "; ".join(problems)
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 3]}..."
+
+
 def _strict(tool: Tool) -> Tool:
     """``tool`` refusing arguments it does not declare, in its schema and when called
     (the SDK reads ``fn_metadata.arg_model`` at each call)."""
@@ -141,11 +161,14 @@ def build_server(store: SessionStore, settings: Settings, *, version: str = "",
             raise ToolError("unauthorized: no bearer token on this request")
         return store.for_tenant(tenant)
 
-    def with_context(fn: Callable[..., Any], returns: Any = dict[str, Any]) -> Callable[..., Any]:
+    def with_context(fn: Callable[..., Any], name: str,
+                     returns: Any = dict[str, Any]) -> Callable[..., Any]:
         # The SDK finds the Context parameter and the output schema with get_type_hints,
-        # which cannot see this function's local imports: set them as objects.
+        # which cannot see this function's local imports: set them as objects. Its name
+        # names the argument model in validation errors.
         fn.__annotations__["ctx"] = Context
         fn.__annotations__["return"] = returns
+        fn.__name__ = fn.__qualname__ = name
         return fn
 
     async def in_thread(fn: Any, *args: Any) -> Any:
@@ -177,19 +200,21 @@ def build_server(store: SessionStore, settings: Settings, *, version: str = "",
     reads = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     tools = [
         Tool.from_function(
-            with_context(recall_fn, Annotated[CallToolResult, RecallAnswer]), name="recall",
+            with_context(recall_fn, "recall", Annotated[CallToolResult, RecallAnswer]),
+            name="recall",
             annotations=reads, description=(
                 "Search the earlier messages of a session that compaction summarized away "
                 "and get them back verbatim, best first, each headed by its message index "
                 "and role. Use exact words: file paths, identifiers, error codes, numbers, "
                 "commands.")),
         Tool.from_function(
-            with_context(stats_fn), name="context_stats", annotations=reads, description=(
+            with_context(stats_fn, "context_stats"), name="context_stats", annotations=reads,
+            description=(
                 "The context meter of a session: tokens by region, usage ratio of the input "
                 "budget, watermark, summaries, pending job, and the recall index (messages "
                 "indexed).")),
         Tool.from_function(
-            with_context(compact_fn), name="compact",
+            with_context(compact_fn, "compact"), name="compact",
             annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                         idempotent_hint=False, open_world_hint=False),
             description=(
@@ -197,9 +222,24 @@ def build_server(store: SessionStore, settings: Settings, *, version: str = "",
                 "the raw log is kept and stays recallable. wait=true runs the job here and "
                 "returns its outcome; wait=false queues it for the workers.")),
     ]
-    return MCPServer("context-compaction", instructions=INSTRUCTIONS, version=version,
-                     tools=[_strict(t) for t in tools])
+    strict = [_strict(t) for t in tools]
+    schemas = {t.name: t.parameters for t in strict}
+
+    class Server(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any],
+                            context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                if isinstance(exc.__cause__, ValidationError):
+                    known = list(schemas[name]["properties"])
+                    raise ToolError(invalid_arguments(name, exc.__cause__, known)) \
+                        from exc.__cause__
+                raise
+
+    return Server("context-compaction", instructions=INSTRUCTIONS, version=version,
+                  tools=strict)
 
 
-__all__ = ["INSTRUCTIONS", "RecallAnswer", "build_server", "compact_answer", "recall_answer",
-           "stats_answer"]
+__all__ = ["INSTRUCTIONS", "RecallAnswer", "build_server", "compact_answer", "invalid_arguments",
+           "recall_answer", "stats_answer"]
