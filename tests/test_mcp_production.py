@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -225,13 +226,16 @@ def test_python_m_entry_reports_errors_in_one_line() -> None:
         "'-' and start with a letter or digit (got 'a b')"]
 
 
-def _readme_config() -> dict[str, Any]:
+def _readme_entry(kind: str) -> dict[str, Any]:
+    """The README's ``mcpServers`` entry that has ``kind`` ("command": stdio, "url")."""
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
-    configs = [json.loads(b) for b in blocks if '"mcpServers"' in b]
-    assert len(configs) == 1, "the README has one MCP client configuration"
-    config: dict[str, Any] = configs[0]
-    return config
+    entries = [e for b in blocks if '"mcpServers"' in b
+               for e in json.loads(b)["mcpServers"].values()]
+    assert len(entries) == 2, "the README has one entry for stdio, one for HTTP"
+    (entry,) = [e for e in entries if kind in e]
+    found: dict[str, Any] = entry
+    return found
 
 
 @pytest.mark.slow
@@ -240,7 +244,7 @@ def test_readme_client_configuration_works_as_written(redis_url: str, real_redis
     """The README's ``mcpServers`` entry, run as a client runs it: its command (the
     installed ``compaction`` next to this interpreter) with its args and env, where only
     the Redis URL and key prefix are this test's."""
-    (entry,) = _readme_config()["mcpServers"].values()
+    entry = _readme_entry("command")
     assert entry["command"] == "compaction"
     command = str(Path(sys.executable).with_name("compaction"))
     if not Path(command).exists():
@@ -363,3 +367,32 @@ def test_parallel_clients_of_two_tenants_over_http(redis_url: str, real_redis: A
             store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant=tenant)
             for s in ("a", "b"):
                 drop_index(store, s)
+
+
+@pytest.mark.slow
+def test_readme_http_client_configuration_works_as_written(redis_url: str, real_redis: Any,
+                                                           key_prefix: str) -> None:
+    """The README's URL entry against ``compaction mcp --transport http``: its URL (the
+    port this test's server got) and its headers, ``<token>`` a token of the map."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.mcp_support import mcp_http_server
+
+    entry = _readme_entry("url")
+    assert entry["url"] == "http://127.0.0.1:8765/mcp"  # the default port
+    token = "tok-acme-0123456789abcdef"
+    headers = {k: v.replace("<token>", token) for k, v in entry["headers"].items()}
+    SessionStore(real_redis, StoreConfig(key_prefix=key_prefix), tenant="acme").append(
+        "s1", _bulky(6))
+
+    async def main(url: str) -> Any:
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http, \
+                Client(streamable_http_client(url, http_client=http)) as client:
+            return await client.call_tool("context_stats", {"session_id": "s1"})
+
+    with mcp_http_server(redis_url, key_prefix, {token: "acme"}) as url:
+        port = str(urlsplit(url).port)
+        result = anyio.run(main, entry["url"].replace(":8765/", f":{port}/"))
+    assert not result.is_error, result.content
+    assert result.structured_content["tenant"] == "acme"
