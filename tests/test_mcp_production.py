@@ -401,3 +401,22 @@ def test_readme_http_client_configuration_works_as_written(redis_url: str, real_
         result = anyio.run(main, entry["url"].replace(":8765/", f":{port}/"))
     assert not result.is_error, result.content
     assert result.structured_content["tenant"] == "acme"
+
+
+def test_recall_before_any_compaction_says_so(redis_url: str, real_redis: Any,
+                                              key_prefix: str) -> None:
+    """A session nothing of which was compacted: recall says so, instead of "try other
+    exact words" (which sent a model searching for words no query could find)."""
+    settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
+    store.append("s1", _bulky(4))
+    try:
+        _, (before, _compacted, missing) = _in_process(store, settings, [
+            ("recall", {"session_id": "s1", "query": "ERR_1"}),
+            ("compact", {"session_id": "s1", "keep_recent": 100}),
+            ("recall", {"session_id": "s1", "query": "NOWHERE_TO_BE_FOUND"})])
+        assert not before.is_error and before.structured_content["hits"] == []
+        assert before.content[0].text.startswith("Nothing of session 's1' has been compacted")
+        assert missing.content[0].text.startswith("No earlier message matches")
+    finally:
+        drop_index(store, "s1")

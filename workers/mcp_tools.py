@@ -77,6 +77,16 @@ def recall_answer(store: SessionStore, session_id: str, query: str, limit: int =
     return RecallAnswer(session_id=session_id, hits=list(hits))
 
 
+def recall_text(store: SessionStore, answer: RecallAnswer) -> str:
+    """The text a model reads: the rendered hits, or, for a session nothing of which was
+    compacted yet, that (not "try other words": no word would find anything)."""
+    if answer.hits or store.state(answer.session_id).watermark:
+        return render_hits(answer.hits)
+    return (f"Nothing of session {answer.session_id!r} has been compacted yet: all of it is "
+            "still in the conversation, and recall only finds what compaction summarized "
+            "away.")
+
+
 def stats_answer(store: SessionStore, settings: Settings, session_id: str) -> dict[str, Any]:
     """The context meter of one session and its recall index's figures."""
     data = load_session(store, session_id)
@@ -184,9 +194,12 @@ def build_server(store: SessionStore, settings: Settings, *, version: str = "",
 
     async def recall_fn(ctx: Any, session_id: SessionId, query: Query, limit: Limit = DEFAULT_LIMIT,
                         start: Start = None, end: End = None) -> Any:
-        answer: RecallAnswer = await in_thread(recall_answer, store_of(ctx), session_id, query,
-                                               limit, start, end)
-        return CallToolResult(content=[TextContent(type="text", text=render_hits(answer.hits))],
+        def answer_and_text(tenant_store: SessionStore) -> tuple[RecallAnswer, str]:
+            answer = recall_answer(tenant_store, session_id, query, limit, start, end)
+            return answer, recall_text(tenant_store, answer)
+
+        answer, text = await in_thread(answer_and_text, store_of(ctx))
+        return CallToolResult(content=[TextContent(type="text", text=text)],
                               structured_content=answer.model_dump(mode="json"))
 
     async def stats_fn(ctx: Any, session_id: SessionId) -> Any:
@@ -242,4 +255,4 @@ def build_server(store: SessionStore, settings: Settings, *, version: str = "",
 
 
 __all__ = ["INSTRUCTIONS", "RecallAnswer", "build_server", "compact_answer", "invalid_arguments",
-           "recall_answer", "stats_answer"]
+           "recall_answer", "recall_text", "stats_answer"]
