@@ -1,36 +1,89 @@
 """``compaction rewind SESSION WATERMARK``: make an earlier summary current again.
 
-Goes through the store's ``rewind`` script (it bumps the version, so any
-compaction in flight loses its compare-and-swap). Watermark 0 means no
-summary: the whole log is sent again (and compacted again when due).
+Goes through the store's ``rewind`` script (one atomic step: it bumps the
+version, so any compaction in flight loses its compare-and-swap, and clears
+the cheap-stage placeholders). Watermark 0 means no summary: the whole log is
+sent again (and compacted again when due).
+
+It changes what the agent's next call sends, so it asks first on a terminal;
+``--yes`` skips the question, and without a terminal to ask on (a script, a
+pipe) ``--yes`` is required. The watermark is checked before asking; a
+watermark that is already current changes nothing (no version bump, the
+placeholders stay).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
+from rich.markup import escape
 
+from shared.core.errors import CompactionError, InvalidInput
 from workers.cli._common import add_session, load_session, open_store, store_errors
 from workers.settings import Settings
+
+
+class NotConfirmed(CompactionError):
+    """The operator answered no at the prompt: nothing was changed."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_session(parser)
     parser.add_argument("watermark", type=int, metavar="WATERMARK",
                         help="watermark of a kept summary (see `compaction history`), 0 for none")
+    parser.add_argument("-y", "--yes", action="store_true",
+                        help="do not ask (required without a terminal, e.g. in a script)")
+
+
+def confirm(question: str) -> bool:
+    """Ask on the terminal; False for anything but y/yes (and for end of input)."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline()
+    except (OSError, ValueError):
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.watermark < 0:
+        raise InvalidInput("must be a non-negative integer", field="watermark")
+    if not args.yes and not _interactive():
+        raise InvalidInput("rewind changes what the agent's next call sends: pass --yes to "
+                           "confirm (no terminal to ask on)", field="--yes")
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
         before = load_session(store, args.session).state
+        if args.watermark and args.watermark not in {r.watermark for r in
+                                                     store.summaries(args.session)}:
+            raise InvalidInput(f"no kept summary at watermark {args.watermark} (see "
+                               f"`compaction history {args.session}`)", field="watermark")
+        if args.watermark == before.watermark:
+            Console().print(f"[cyan]{escape(args.session)}[/]: watermark {before.watermark} "
+                            "is already current: nothing changed", highlight=False)
+            return 0
+        if not args.yes:
+            target = (f"the summary at watermark {args.watermark}" if args.watermark
+                      else "no summary (the whole log)")
+            if not confirm(f"{args.session}: make {target} current instead of watermark "
+                           f"{before.watermark}?"):
+                raise NotConfirmed("not rewound: nothing changed")
         state = store.rewind(args.session, args.watermark)
     what = (f"the summary at watermark {state.watermark} ({state.summary_kind}) is current"
             if state.watermark else "no summary is current: the whole log is in the view")
-    Console().print(f"[cyan]{args.session}[/]: {what} (was watermark {before.watermark}, "
-                    f"version {before.version} → {state.version})")
+    Console().print(f"[cyan]{escape(args.session)}[/]: {what} (was watermark "
+                    f"{before.watermark}, version {before.version} → {state.version})",
+                    highlight=False)
     return 0
 
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "confirm", "run"]
