@@ -139,3 +139,13 @@ def test_rewind_checks_the_watermark_before_asking_and_the_current_one_is_a_no_o
     code, out, err = cli(capsys, "rewind", SESSION, str(before.watermark))
     assert code == 0 and "already current: nothing changed" in out and "[y/N]" not in err
     assert store.state(SESSION).version == before.version
+
+
+# -- output: stderr, colours, pipes ----------------------------------------------------------
+def test_doctor_writes_nothing_to_stderr_without_a_terminal(urls: tuple[str, str]) -> None:
+    """Before: its spinner, transient on a terminal, left an empty line on stderr elsewhere
+    (a cron job's mail, a CI log)."""
+    done = run_cli("doctor", "--timeout", "0.5")
+    assert done.returncode == 1  # no worker on this broker
+    assert done.stderr == "" and "\x1b" not in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("doctor: 1 FAIL")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from shared.core.budget import BudgetReport
@@ -60,6 +61,22 @@ def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+@contextlib.contextmanager
+def working(what: str) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while something slow runs (transient; on
+    a terminal only: elsewhere rich leaves an empty line on stderr, before the error or
+    the outcome, in a log that collects it)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=console, transient=True)
+    with progress:
+        progress.add_task(what, total=None)
+        yield
 
 
 # -- store -----------------------------------------------------------------------------
@@ -264,4 +281,5 @@ __all__ = [
     "store_errors",
     "whole_number",
     "window_source",
+    "working",
 ]

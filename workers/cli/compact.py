@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import CompactionError, InvalidInput
 from shared.enqueue import TASK_COMPACT, publisher_app
@@ -27,6 +26,7 @@ from workers.cli._common import (
     load_session,
     open_store,
     store_errors,
+    working,
 )
 from workers.cli._format import human
 from workers.settings import Settings
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     kwargs: dict[str, Any] = {"keep_recent": args.keep_recent, "force": args.force,
                               "tenant": tenant}
     if args.wait:
-        with _working(f"compacting {args.session}"):
+        with working(f"compacting {args.session}"):
             outcome = run_inline(settings, args.session, kwargs)
         if args.json:
             print(json.dumps(outcome, indent=2))
@@ -70,21 +70,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         Console().print(f"queued {TASK_COMPACT} for [cyan]{args.session}[/] "
                         f"(tenant {tenant}): task id [bold]{task_id}[/]")
     return 0
-
-
-@contextlib.contextmanager
-def _working(what: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while an inline job runs (transient; on a
-    terminal only: elsewhere rich leaves an empty line before the error or the outcome)."""
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield
-        return
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                        console=console, transient=True)
-    with progress:
-        progress.add_task(what, total=None)
-        yield
 
 
 def publish(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> str:

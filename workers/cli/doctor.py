@@ -31,11 +31,11 @@ from typing import Any, Literal
 import redis
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from shared.core.errors import StoreUnavailable
 from shared.enqueue import QUEUE, publisher_app, sentinel_broker_tls, sentinel_options
 from shared.store.sentinel import is_sentinel_url
+from workers.cli._common import working
 from workers.cli._format import extra_for, needs_extra
 from workers.server.config import load_server_config
 from workers.settings import Settings
@@ -371,8 +371,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # before a roll (docs/upgrading.md). No token is required here: workers have none.
     load_server_config()
     # Each check is bounded by --timeout; together they can take seconds: a spinner meanwhile.
-    with Progress(SpinnerColumn(), TextColumn("checking Redis, broker, workers, summarizer"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True):
+    with working("checking Redis, broker, workers, summarizer"):
         checks = run_checks(settings, args.timeout)
     failed = sum(c.verdict == "FAIL" for c in checks)
     if args.json:
