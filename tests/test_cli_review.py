@@ -9,6 +9,7 @@ Each test failed before its fix.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -149,3 +150,12 @@ def test_doctor_writes_nothing_to_stderr_without_a_terminal(urls: tuple[str, str
     assert done.returncode == 1  # no worker on this broker
     assert done.stderr == "" and "\x1b" not in done.stdout
     assert done.stdout.splitlines()[-1].startswith("doctor: 1 FAIL")
+
+
+def test_demo_json_writes_nothing_to_stderr_without_a_terminal(urls: tuple[str, str]) -> None:
+    """Before: the --json run's transient progress bar left an empty line on stderr."""
+    done = run_cli("demo", "--turns", "6", "--pace", "0", "--worker", "embedded", "--json",
+                   "--report", "", "--session", "quiet-1")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert json.loads(done.stdout)["turns"] == 6

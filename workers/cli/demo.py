@@ -334,10 +334,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             console.print(f"[yellow]--max-tokens {args.max_tokens} leaves no input budget in a "
                           f"{human(args.window)} window: every call sends max_tokens "
                           f"{replay.max_tokens}[/]")
-        if args.json:  # stdout is the JSON; a transient progress bar goes to stderr
+        if args.json:  # stdout is the JSON; a transient progress bar goes to a terminal's
+            # stderr (elsewhere rich leaves an empty line there)
             progress = Progress(TextColumn("[bold]replaying turns"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                                transient=True)
+                                transient=True, disable=not console.is_terminal)
             with progress:
                 task = progress.add_task("turns", total=len(replay.turns))
 
