@@ -159,3 +159,22 @@ def test_demo_json_writes_nothing_to_stderr_without_a_terminal(urls: tuple[str, 
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert json.loads(done.stdout)["turns"] == 6
+
+
+@pytest.mark.parametrize("columns", [40, 50, 64, 80])
+def test_stats_meter_never_wraps_a_bar_in_a_narrow_terminal(
+        store: SessionStore, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    """Before: the bars were 40 cells whatever the width: at 40 or 50 columns the usage bar
+    and the window split wrapped inside the panel (a bar's tail alone on a line)."""
+    for turn in split_turns(8, seed=2):
+        store.append(SESSION, turn)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = cli(capsys, "stats", SESSION)
+    assert code == 0
+    lines = out.splitlines()
+    meter = lines[1:lines.index(next(line for line in lines if not line[1:-1].strip()))]
+    assert all(len(line) <= columns for line in lines)
+    assert meter[0].startswith("│ context █") and meter[0].rstrip(" │").endswith("%")
+    assert all(line.startswith(("│ context ", "│ window  ", "│         ")) for line in meter), \
+        "\n".join(meter)

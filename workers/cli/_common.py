@@ -33,6 +33,7 @@ from workers.urls import redact_url
 GREEN, AMBER, RED = "green", "dark_orange", "red"
 UNREACHABLE = "cannot reach Redis at"
 LEGEND_WIDTH = 72  # a meter inside a panel on an 80-column terminal
+METER_CELLS = 40  # the bars' width where there is room
 REGION_STYLES = {"system": "blue", "summary": "magenta", "tools": "cyan", "history": "white"}
 
 
@@ -220,11 +221,14 @@ class Meter:
         return AMBER if self.usage_ratio < self.trigger_ratio else RED
 
 
-def render_meter(meter: Meter, width: int = 40) -> RenderableType:
+def render_meter(meter: Meter, columns: int = LEGEND_WIDTH + 4) -> RenderableType:
     """A usage bar coloured by the trigger, and the window split by region.
 
-    Lines stay under ~80 columns so the meter fits a panel in a narrow terminal.
+    ``columns``: the width it may use (a panel's inside, a terminal's width); the bars
+    (at most 40 cells) and the legend shrink to it, so a narrow terminal never wraps a bar.
     """
+    width = max(10, min(METER_CELLS, columns - 13))  # "context " + bar + " 100%"
+    legend_width = max(20, min(LEGEND_WIDTH, columns))
     budget = max(1, meter.window - meter.reserve)
     used = sum(meter.regions.values())
     filled = min(width, round(width * min(meter.usage_ratio, 1.0)))
@@ -239,8 +243,17 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
             bar.append("░", style="grey50")
     usage = Text.assemble(("context ", "bold"), bar,
                           (f" {pct(meter.usage_ratio):>4}", f"bold {meter.colour}"))
-    detail = Text(f"        {human(used)} of {human(budget)} input tokens · trigger "
-                  f"{pct(meter.trigger_ratio)} · window {human(meter.window)}", style="grey70")
+    detail = Text(style="grey70")
+    line_start = 0
+    for part in (f"{human(used)} of {human(budget)} input tokens",
+                 f"trigger {pct(meter.trigger_ratio)}", f"window {human(meter.window)}"):
+        if line_start == len(detail.plain):
+            detail.append(f"        {part}")
+        elif len(detail.plain) - line_start + 3 + len(part) > columns:  # wrapped by part
+            line_start = len(detail.plain) + 1
+            detail.append(f"\n        {part}")
+        else:
+            detail.append(f" · {part}")
     split = Text("window  ", style="bold")
     cells = 0
     scale = width / max(1, meter.window)
@@ -256,7 +269,7 @@ def render_meter(meter: Meter, width: int = 40) -> RenderableType:
     lines: list[Text] = []
     line = Text("        ")
     for mark, style, label in items:  # wrapped by item, never inside one: fits 76 columns
-        if len(line.plain) > 8 and len(line.plain) + 2 + len(mark) + len(label) > LEGEND_WIDTH:
+        if len(line.plain) > 8 and len(line.plain) + 2 + len(mark) + len(label) > legend_width:
             lines.append(line)
             line = Text("        ")
         if len(line.plain) > 8:

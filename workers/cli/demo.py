@@ -291,7 +291,8 @@ def _play_live(replay: Replay, console: Console) -> None:
     def frame(view: PreparedView | None) -> Group:
         if view is None:
             return Group(progress)
-        return Group(progress, render_meter(Meter.from_report(view.report.budget)))
+        return Group(progress, render_meter(Meter.from_report(view.report.budget),
+                                            columns=console.width))
 
     with Live(frame(None), console=console, refresh_per_second=12) as live:
         def on_turn(index: int, view: PreparedView, overflowed: bool) -> None:

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         table.add_row(name, value)
     title = f"session [cyan]{escape(args.session)}[/] (tenant {figures['tenant']})"
     console = Console(width=min(terminal_width(), 100))
-    console.print(Panel(Group(render_meter(meter), "", table), title=title, title_align="left"))
+    meter_view = render_meter(meter, columns=console.width - 4)  # inside the panel's borders
+    console.print(Panel(Group(meter_view, "", table), title=title, title_align="left"))
     return 0
 
 
