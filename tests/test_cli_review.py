@@ -8,11 +8,14 @@ Each test failed before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
 from workers.cli.demo import split_turns
 from workers.cli.main import main
+from workers.harness.stack.redis_server import free_port, redis_binary
+from workers.harness.stack.tls_files import make_tls_files
 from workers.urls import with_db
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,3 +183,86 @@ def test_stats_meter_never_wraps_a_bar_in_a_narrow_terminal(
     assert meter[0].startswith("│ context █") and meter[0].rstrip(" │").endswith("%")
     assert all(line.startswith(("│ context ", "│ window  ", "│         ")) for line in meter), \
         "\n".join(meter)
+
+
+# -- a login or TLS mismatch says so, and what to change ---------------------------------------
+@contextlib.contextmanager
+def server(*args: str, tls_in: Path | None = None) -> Iterator[int]:
+    """The port of a redis-server started with ``args`` (TLS only with the certificates in
+    ``tls_in``), once it accepts connections."""
+    binary = redis_binary()
+    assert binary is not None
+    port = free_port()
+    ports = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", "server.crt",
+             "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
+             "--tls-auth-clients", "no"] if tls_in else ["--port", str(port)]
+    process = subprocess.Popen([binary, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                "no", *ports, *args], cwd=tls_in,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert process.poll() is None and time.monotonic() < deadline, "no redis-server"
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def password_port() -> Iterator[int]:
+    with server("--requirepass", "s3cret-pw") as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    with server(tls_in=make_tls_files(tmp_path_factory.mktemp("tls")).directory) as port:
+        yield port
+
+
+def one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+             url: str) -> str:
+    monkeypatch.setenv("COMPACTION_REDIS_URL", url)
+    code, out, err = cli(capsys, "stats", SESSION)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err and "s3cret" not in err and "wrong-pw" not in err
+    return err
+
+
+def test_a_refused_login_is_not_an_unreachable_server(
+        urls: tuple[str, str], password_port: int, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: "cannot reach Redis at ...: Authentication required." for a server that
+    answered and refused the login."""
+    err = one_line(capsys, monkeypatch, f"redis://127.0.0.1:{password_port}/0")
+    assert err.startswith(f"compaction: error: Redis at redis://127.0.0.1:{password_port}/0 "
+                          "refused the login: Authentication required")
+    assert "the URL names no password" in err
+    err = one_line(capsys, monkeypatch, f"redis://:wrong-pw@127.0.0.1:{password_port}/0")
+    assert "refused the login" in err and "redis://:***@" in err
+    monkeypatch.setenv("COMPACTION_REDIS_URL", f"redis://:s3cret-pw@127.0.0.1:{password_port}/0")
+    code, _, err = cli(capsys, "stats", SESSION)
+    assert code == 1 and "no session" in err  # logged in: the session is just not there
+
+
+def test_a_tls_mismatch_names_the_scheme_to_try(
+        urls: tuple[str, str], tls_port: int, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: "Connection reset by peer" (redis:// to a TLS server), "Timeout connecting to
+    server" (rediss:// to a plain one), a certificate error with no word of ssl_ca_certs."""
+    err = one_line(capsys, monkeypatch, f"redis://127.0.0.1:{tls_port}/0")
+    assert err.rstrip().endswith("rediss:// in the URL?)")
+    err = one_line(capsys, monkeypatch, f"rediss://127.0.0.1:{tls_port}/0")
+    assert "certificate verify failed" in err and "?ssl_ca_certs=" in err
+    plain = urls[0].replace("redis://", "rediss://")
+    err = one_line(capsys, monkeypatch, plain)
+    assert err.rstrip().endswith("redis:// in the URL?)")
+    monkeypatch.setenv("COMPACTION_REDIS_URL", f"redis://127.0.0.1:{tls_port}/0")
+    code, out, _ = cli(capsys, "doctor", "--timeout", "0.5")
+    store_line = out.split("\nWARN")[0].split("\nOK")[0]
+    assert code == 1 and store_line.startswith("FAIL redis store")
+    assert "rediss:// in the URL?" in " ".join(store_line.split())

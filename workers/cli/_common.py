@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from rich.console import Console, Group, RenderableType
@@ -81,16 +82,46 @@ def working(what: str) -> Iterator[None]:
 
 
 # -- store -----------------------------------------------------------------------------
+def connection_trouble(url: str, cause: BaseException) -> str:
+    """Why a connection to Redis at ``url`` failed, in words an operator can act on: a
+    refused login is no unreachable server, and a TLS mismatch says which scheme to try
+    (redis-py only says "connection reset" or "timeout" for either)."""
+    where = redact_url(url)
+    if isinstance(cause, redis.exceptions.AuthenticationError):
+        named = urlsplit(url.split(",", 1)[0]).password is not None
+        return (f"Redis at {where} refused the login: {cause} "
+                + ("(the user and password in the URL)" if named else
+                   "(the URL names no password: redis://:PASSWORD@host or USER:PASSWORD@)"))
+    text = str(cause)
+    lowered = text.lower()
+    tls = url.lower().startswith(("rediss://", "rediss+sentinel://"))
+    if tls and "certificate verify failed" in lowered:
+        return (f"{UNREACHABLE} {where}: {text} (the CA that signed the server's certificate: "
+                "?ssl_ca_certs=/path/ca.crt in the URL)")
+    if not tls and any(sign in lowered for sign in PLAIN_TO_TLS):
+        return (f"{UNREACHABLE} {where}: {text} (a Redis that expects TLS closes a plain "
+                "connection: rediss:// in the URL?)")
+    if tls and any(sign in lowered for sign in TLS_TO_PLAIN):
+        return (f"{UNREACHABLE} {where}: {text} (a Redis without TLS never answers the TLS "
+                "handshake: redis:// in the URL?)")
+    return f"{UNREACHABLE} {where}: {text}"
+
+
+PLAIN_TO_TLS = ("connection reset by peer", "connection closed by server")
+TLS_TO_PLAIN = ("timeout connecting", "wrong version number", "record layer failure",
+                "unexpected eof")
+
+
 @contextlib.contextmanager
 def store_errors(url: str) -> Iterator[None]:
     """Redis trouble as one clean line naming the (redacted) URL."""
     try:
         yield
     except StoreUnavailable as exc:
-        if str(exc).startswith(UNREACHABLE):
+        if str(exc).startswith((UNREACHABLE, "Redis at ")):
             raise
         cause = exc.__cause__ or exc
-        raise StoreUnavailable(f"{UNREACHABLE} {redact_url(url)}: {cause}") from None
+        raise StoreUnavailable(connection_trouble(url, cause)) from None
     except redis.exceptions.RedisError as exc:
         raise StoreError(f"Redis at {redact_url(url)} answered with an error: {exc}") from None
 
@@ -285,6 +316,7 @@ __all__ = [
     "Meter",
     "add_json",
     "add_session",
+    "connection_trouble",
     "guard_for",
     "human",
     "load_session",

@@ -35,7 +35,7 @@ from rich.markup import escape
 from shared.core.errors import StoreUnavailable
 from shared.enqueue import QUEUE, publisher_app, sentinel_broker_tls, sentinel_options
 from shared.store.sentinel import is_sentinel_url
-from workers.cli._common import working
+from workers.cli._common import connection_trouble, working
 from workers.cli._format import extra_for, needs_extra
 from workers.server.config import load_server_config
 from workers.settings import Settings
@@ -123,7 +123,7 @@ def check_store(settings: Settings) -> Check:
         if settings.redis_cluster:
             version = f"{version} (Cluster, {len(client.get_primaries())} primaries)"
     except redis.exceptions.RedisError as exc:
-        return Check(name, "FAIL", f"cannot reach Redis at {redact_url(url)}: {exc}")
+        return Check(name, "FAIL", connection_trouble(url, exc))
     finally:
         client.close()
     detail = (f"{redact_url(url)}: Redis {version}, ping {statistics.median(timings):.2f} ms "
