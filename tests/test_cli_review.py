@@ -266,3 +266,31 @@ def test_a_tls_mismatch_names_the_scheme_to_try(
     store_line = out.split("\nWARN")[0].split("\nOK")[0]
     assert code == 1 and store_line.startswith("FAIL redis store")
     assert "rediss:// in the URL?" in " ".join(store_line.split())
+
+
+# -- doctor: each line says what it checked -------------------------------------------------------
+def test_doctor_names_the_gemini_endpoint_it_cannot_reach(
+        urls: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "ConnectError: [Errno 111] Connection refused", naming neither the API nor
+    the address (the OpenAI check names both)."""
+    monkeypatch.setenv("COMPACTION_SUMMARIZER", "gemini")
+    monkeypatch.setenv("COMPACTION_SUMMARIZER_API_KEY", "k")
+    monkeypatch.setenv("COMPACTION_SUMMARIZER_BASE_URL", "http://127.0.0.1:1")
+    code, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
+    summarizer = json.loads(out)[-1]
+    assert code == 1 and summarizer["verdict"] == "FAIL"
+    assert summarizer["detail"].startswith("gemini API at http://127.0.0.1:1: cannot connect")
+
+
+def test_doctor_does_not_blame_client_tracking_when_redis_is_down(
+        urls: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: with the store unreachable, "guard reads" said CLIENT TRACKING was refused
+    and the guard's user needed the client command: a second, wrong, diagnosis."""
+    monkeypatch.setenv("COMPACTION_REDIS_URL", "redis://127.0.0.1:1/0")
+    code, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
+    checks = {c["name"]: c for c in json.loads(out)}
+    assert code == 1 and checks["redis store"]["verdict"] == "FAIL"
+    assert checks["guard reads"] == {"name": "guard reads", "verdict": "WARN",
+                                     "detail": "not checked: the store is not reachable"}

@@ -339,7 +339,7 @@ def _openai(settings: Settings, timeout: float) -> Check:
 
 def _gemini(settings: Settings, timeout: float) -> Check:
     from google import genai
-    from google.genai import types
+    from google.genai import errors, types
 
     key = settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None
     options = types.HttpOptions(timeout=int(timeout * 1000), base_url=settings.summarizer_base_url,
@@ -350,18 +350,30 @@ def _gemini(settings: Settings, timeout: float) -> Check:
         where = f"vertex {settings.vertex_project}/{settings.vertex_location}"
     else:
         client = genai.Client(api_key=key, http_options=options)
-        where = "gemini API"
+        where = f"gemini API at {redact_url(settings.summarizer_base_url)}" \
+            if settings.summarizer_base_url else "gemini API"
     model = settings.summarizer_model_name
-    counted = client.models.count_tokens(model=model, contents="ping")
+    try:
+        counted = client.models.count_tokens(model=model, contents="ping")
+    except errors.APIError as exc:
+        what = "API key rejected" if exc.code in (401, 403) or "API_KEY" in str(exc) \
+            else f"HTTP {exc.code}"
+        return Check("summarizer", "FAIL", f"{where}: {what}: {exc.message or exc.status}")
+    except Exception as exc:  # httpx's connection errors and timeouts (not an API answer)
+        return Check("summarizer", "FAIL", f"{where}: cannot connect "
+                                           f"({type(exc).__name__}: {exc})")
     return Check("summarizer", "OK", f"{where}: countTokens on {model!r} answered "
                                      f"({counted.total_tokens} tokens)")
 
 
 # -- the command -------------------------------------------------------------------------------
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
-    return [_guarded("redis store", lambda: check_store(settings)),
-            _guarded("guard reads", lambda: check_tracking(settings)),
-            *check_broker(settings, timeout),
+    store = _guarded("redis store", lambda: check_store(settings))
+    # with no store to reach, client tracking cannot be told refused from unreachable
+    tracking = (Check("guard reads", "WARN", "not checked: the store is not reachable")
+                if store.verdict == "FAIL" else
+                _guarded("guard reads", lambda: check_tracking(settings)))
+    return [store, tracking, *check_broker(settings, timeout),
             check_summarizer(settings, timeout)]
 
 
