@@ -294,3 +294,17 @@ def test_doctor_does_not_blame_client_tracking_when_redis_is_down(
     assert code == 1 and checks["redis store"]["verdict"] == "FAIL"
     assert checks["guard reads"] == {"name": "guard reads", "verdict": "WARN",
                                      "detail": "not checked: the store is not reachable"}
+
+
+def test_a_connection_lost_mid_command_is_not_an_answer(urls: tuple[str, str]) -> None:
+    """``sessions`` sends SCAN and a pipeline itself, outside the store's error mapping: a
+    Redis gone after the first PING (a restart, a failover) read "Redis ... answered with
+    an error: Error 111 connecting"; it is unreachable, not answering."""
+    from shared.core.errors import StoreUnavailable
+    from workers.cli._common import store_errors
+
+    gone = f"redis://127.0.0.1:{free_port()}/0"
+    client = redis.Redis.from_url(gone, socket_connect_timeout=0.5)
+    with pytest.raises(StoreUnavailable) as caught, store_errors(gone):
+        client.scan(cursor=0, match="cmp:*", count=10)
+    assert str(caught.value).startswith(f"cannot reach Redis at {gone}: Error 111")

@@ -122,6 +122,9 @@ def store_errors(url: str) -> Iterator[None]:
             raise
         cause = exc.__cause__ or exc
         raise StoreUnavailable(connection_trouble(url, cause)) from None
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # a command the store does not wrap (SCAN, a pipeline): lost, not answered
+        raise StoreUnavailable(connection_trouble(url, exc)) from None
     except redis.exceptions.RedisError as exc:
         raise StoreError(f"Redis at {redact_url(url)} answered with an error: {exc}") from None
 
