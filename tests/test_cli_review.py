@@ -308,3 +308,35 @@ def test_a_connection_lost_mid_command_is_not_an_answer(urls: tuple[str, str]) -
     with pytest.raises(StoreUnavailable) as caught, store_errors(gone):
         client.scan(cursor=0, match="cmp:*", count=10)
     assert str(caught.value).startswith(f"cannot reach Redis at {gone}: Error 111")
+
+
+# -- large sessions ---------------------------------------------------------------------------
+def sent_bytes(url: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_net_output_bytes"])
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("argv", [["history", SESSION], ["compact", SESSION],
+                                  ["rewind", SESSION, "0", "--yes"]])
+def test_history_rewind_and_compact_do_not_read_a_large_log(
+        store: SessionStore, urls: tuple[str, str], capsys: pytest.CaptureFixture[str],
+        argv: list[str]) -> None:
+    """Before: each checked that the session exists with one read of its whole view: a
+    10k-message log (~6 MB here; 3.7 s and 350 MB for 100k messages) sent to list its
+    summaries. Now two small reads (state, length)."""
+    from shared.core.messages import Message
+
+    filler = "lorem ipsum dolor sit amet " * 20
+    for start in range(0, 10_000, 500):
+        store.append(SESSION, [Message(role="user" if i % 2 == 0 else "assistant",
+                                       content=f"message {i} {filler}")
+                               for i in range(start, start + 500)])
+    before = sent_bytes(urls[0])
+    code, out, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert sent_bytes(urls[0]) - before < 50_000  # the view is ~6 MB
+    if argv[0] == "history":
+        assert "no summaries yet (10000 messages)" in out

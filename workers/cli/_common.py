@@ -22,7 +22,13 @@ from rich.text import Text
 from shared.core.budget import BudgetReport
 from shared.core.errors import ConfigError, SessionNotFound, StoreError, StoreUnavailable
 from shared.core.limits import model_limits
-from shared.core.records import CheapDecision, CommitResult, SummaryRecord, ViewData
+from shared.core.records import (
+    CheapDecision,
+    CommitResult,
+    SessionState,
+    SummaryRecord,
+    ViewData,
+)
 from shared.core.tokens_exact import build_counter
 from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore, redis_errors
@@ -155,6 +161,19 @@ def load_session(store: SessionStore, session_id: str) -> ViewData:
             f"no session {session_id!r} in tenant {store.tenant!r} "
             f"(key prefix {store.config.key_prefix!r})")
     return data
+
+
+def session_state(store: SessionStore, session_id: str) -> tuple[SessionState, int]:
+    """The session's state and log length, SessionNotFound as :func:`load_session`, without
+    reading the log: for commands that need neither messages nor the view (``history``,
+    ``rewind``, ``compact``), so a session of 100k messages costs them two small reads."""
+    length = store.length(session_id)
+    state = store.state(session_id)
+    if length == 0 and state.watermark == 0:
+        raise SessionNotFound(
+            f"no session {session_id!r} in tenant {store.tenant!r} "
+            f"(key prefix {store.config.key_prefix!r})")
+    return state, length
 
 
 def guard_for(store: SessionStore, settings: Settings, data: ViewData,
@@ -326,6 +345,7 @@ __all__ = [
     "open_store",
     "percentile",
     "render_meter",
+    "session_state",
     "store_errors",
     "whole_number",
     "window_source",

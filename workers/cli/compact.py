@@ -23,8 +23,8 @@ from shared.enqueue import TASK_COMPACT, publisher_app
 from workers.cli._common import (
     add_json,
     add_session,
-    load_session,
     open_store,
+    session_state,
     store_errors,
     working,
 )
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidInput("must be >= 0", field="--keep-recent")
     tenant = args.tenant or settings.tenant
     with store_errors(settings.redis_url):
-        load_session(open_store(settings, tenant), args.session)
+        session_state(open_store(settings, tenant), args.session)  # it exists
     kwargs: dict[str, Any] = {"keep_recent": args.keep_recent, "force": args.force,
                               "tenant": tenant}
     if args.wait:

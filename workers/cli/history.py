@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from shared.core.records import SummaryRecord
-from workers.cli._common import add_json, add_session, load_session, open_store, store_errors
+from workers.cli._common import add_json, add_session, open_store, session_state, store_errors
 from workers.cli._format import clip, human
 from workers.settings import Settings
 
@@ -37,18 +37,18 @@ def first_lines(text: str, lines: int = FIRST_LINES, width: int = LINE_CHARS) ->
 def run(args: argparse.Namespace, settings: Settings) -> int:
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
-        data = load_session(store, args.session)
+        state, length = session_state(store, args.session)  # the log is not read
         records = store.summaries(args.session)
-    current = data.state.watermark
+    current = state.watermark
     if args.json:
         print(json.dumps([{**r.model_dump(exclude={"ledger_json"}),
                            "current": r.watermark == current} for r in records], indent=2))
         return 0
     console = Console()
     if not records:
-        console.print(f"[bold]{escape(args.session)}[/]: no summaries yet ({data.length} messages)")
+        console.print(f"[bold]{escape(args.session)}[/]: no summaries yet ({length} messages)")
         return 0
-    console.print(f"[bold]summaries of {escape(args.session)}[/] (log: {data.length} messages, "
+    console.print(f"[bold]summaries of {escape(args.session)}[/] (log: {length} messages, "
                   f"{len(records)} kept; [bold green]*[/] = current)")
     width = max(40, console.width)
     for record in records:

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from shared.core.errors import CompactionError, InvalidInput
-from workers.cli._common import add_session, load_session, open_store, store_errors
+from workers.cli._common import add_session, open_store, session_state, store_errors
 from workers.settings import Settings
 
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                            "confirm (no terminal to ask on)", field="--yes")
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
-        before = load_session(store, args.session).state
+        before, _ = session_state(store, args.session)  # the log is not read
         if args.watermark and args.watermark not in {r.watermark for r in
                                                      store.summaries(args.session)}:
             raise InvalidInput(f"no kept summary at watermark {args.watermark} (see "
