@@ -316,8 +316,8 @@ def test_doctor_with_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COMPACTION_BROKER_URL", "redis://127.0.0.1:1/1")
     found = verdicts(json.loads(cli(capsys, "doctor", "--timeout", "0.5", "--json")[1]))
-    assert found == {"redis store": "OK", "guard reads": "OK", "broker": "FAIL", "queue": "FAIL",
-                     "workers": "FAIL", "summarizer": "OK"}
+    assert found == {"redis store": "OK", "guard reads": "OK", "clock": "OK", "broker": "FAIL",
+                     "queue": "FAIL", "workers": "FAIL", "summarizer": "OK"}
 
 
 @pytest.mark.celery

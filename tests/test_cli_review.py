@@ -340,3 +340,24 @@ def test_history_rewind_and_compact_do_not_read_a_large_log(
     assert sent_bytes(urls[0]) - before < 50_000  # the view is ~6 MB
     if argv[0] == "history":
         assert "no summaries yet (10000 messages)" in out
+
+
+def test_doctor_warns_of_a_host_clock_off_the_stores(
+        urls: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: no check of the clock. Queue lag (publisher's send time against the worker's
+    clock), retry ETAs and kombu's redelivery compare wall clocks across hosts; the store's
+    TIME is the one reference every host reaches. This host's clock is moved, not Redis's."""
+    import time as time_module
+
+    from workers.cli import doctor
+
+    _, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
+    clock = {c["name"]: c for c in json.loads(out)}["clock"]
+    assert clock["verdict"] == "OK" and "the store's clock" in clock["detail"]
+    monkeypatch.setattr(doctor, "_wall_clock", lambda: time_module.time() + 45)
+    _, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
+    clock = {c["name"]: c for c in json.loads(out)}["clock"]
+    assert clock["verdict"] == "WARN", clock
+    assert clock["detail"].startswith("this host is 45.0") and "ahead of" in clock["detail"]
+    assert "NTP" in clock["detail"]

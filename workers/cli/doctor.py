@@ -7,12 +7,13 @@ whether a warm guard can skip its reads there (client tracking), the
 broker (reachable, ``maxmemory-policy``: anything but
 ``noeviction`` may silently drop queued jobs), the queue length, the
 workers (Celery ``control.ping``, and whether they consume the queue,
-``COMPACTION_QUEUE``), and the summarizer (a ``models.list()`` for
-OpenAI-compatible servers, a ``countTokens`` call for Vertex / Gemini, a
-note for the offline summarizer). A server that does not serve
-``GET /models`` (404, 405, 501: some gateways restrict it) is a WARN, not a
-FAIL: the workers only call chat completions, and checking those would cost a
-billed call; a rejected key (401, 403) or an unreachable host stays a FAIL.
+``COMPACTION_QUEUE``), this host's clock against the store's (a WARN beyond
+1 s), and the summarizer (a ``models.list()`` for OpenAI-compatible servers,
+a ``countTokens`` call for Vertex / Gemini, a note for the offline summarizer).
+A server that does not serve ``GET /models`` (404, 405, 501: some gateways
+restrict it) is a WARN, not a FAIL: the workers only call chat completions,
+and checking those would cost a billed call; a rejected key (401, 403) or an
+unreachable host stays a FAIL.
 Exit status 0 only if nothing FAILs.
 
 A check never raises: whatever goes wrong becomes its FAIL line.
@@ -138,6 +139,45 @@ def check_store(settings: Settings) -> Check:
                                    "history lost (use noeviction, and "
                                    "COMPACTION_SESSION_TTL to bound memory)")
     return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
+
+
+CLOCK_SKEW_WARN_SECONDS = 1.0
+"""This host's clock against the store's ``TIME``: beyond this a WARN. Hosts compare wall
+clocks in a few places: a job's queue lag (publisher's send time, worker's clock), a
+retry's countdown (an ETA another worker may hold) and kombu's redelivery of unacknowledged
+jobs (the visibility timeout, with a 30 s margin)."""
+
+
+def _wall_clock() -> float:
+    """This host's wall clock (a function of its own, so a test can move it)."""
+    return time.time()
+
+
+def check_clock(settings: Settings) -> Check:
+    """How far this host's clock is from the store's (Redis ``TIME``, half the round trip
+    as the margin): the hosts of a deployment are compared through one reference."""
+    name = "clock"
+    client = store_client(settings)
+    try:
+        before = _wall_clock()
+        reply = client.time()
+        after = _wall_clock()
+    except redis.exceptions.RedisError as exc:  # TIME refused (an ACL): nothing compared
+        return Check(name, "WARN", f"not checked: Redis TIME failed: {exc}")
+    finally:
+        client.close()
+    if isinstance(reply, dict):  # a cluster client answers by node
+        reply = next(iter(reply.values()))
+    seconds, micros = reply
+    offset = (int(seconds) + int(micros) / 1e6) - (before + after) / 2
+    margin = (after - before) / 2
+    ahead = "behind" if offset > 0 else "ahead of"
+    detail = f"this host is {abs(offset):.3f} s {ahead} the store's clock (± {margin:.3f} s)"
+    if abs(offset) - margin > CLOCK_SKEW_WARN_SECONDS:
+        return Check(name, "WARN", f"{detail}: queue-lag figures and retry delays are off by "
+                                   "as much, and beyond 30 s kombu redelivers jobs early or "
+                                   "late; sync the clocks (NTP)")
+    return Check(name, "OK", detail)
 
 
 def check_tracking(settings: Settings) -> Check:
@@ -370,10 +410,13 @@ def _gemini(settings: Settings, timeout: float) -> Check:
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
     store = _guarded("redis store", lambda: check_store(settings))
     # with no store to reach, client tracking cannot be told refused from unreachable
-    tracking = (Check("guard reads", "WARN", "not checked: the store is not reachable")
-                if store.verdict == "FAIL" else
-                _guarded("guard reads", lambda: check_tracking(settings)))
-    return [store, tracking, *check_broker(settings, timeout),
+    if store.verdict == "FAIL":
+        tracking = Check("guard reads", "WARN", "not checked: the store is not reachable")
+        clock = Check("clock", "WARN", "not checked: the store is not reachable")
+    else:
+        tracking = _guarded("guard reads", lambda: check_tracking(settings))
+        clock = _guarded("clock", lambda: check_clock(settings))
+    return [store, tracking, clock, *check_broker(settings, timeout),
             check_summarizer(settings, timeout)]
 
 
@@ -400,5 +443,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["WORKER_COMMAND", "Check", "add_arguments", "check_broker", "check_store",
-           "check_summarizer", "check_tracking", "check_workers", "run", "run_checks"]
+__all__ = ["WORKER_COMMAND", "Check", "add_arguments", "check_broker", "check_clock",
+           "check_store", "check_summarizer", "check_tracking", "check_workers", "run",
+           "run_checks"]
