@@ -361,3 +361,38 @@ def test_doctor_warns_of_a_host_clock_off_the_stores(
     assert clock["verdict"] == "WARN", clock
     assert clock["detail"].startswith("this host is 45.0") and "ahead of" in clock["detail"]
     assert "NTP" in clock["detail"]
+
+
+# -- --json: the documented shapes (README's table), and nothing on stdout for an error ---------
+def test_json_outputs_have_the_keys_readme_documents(
+        store: SessionStore, compacted: list[int], capsys: pytest.CaptureFixture[str]) -> None:
+    documented: dict[tuple[str, ...], set[str]] = {
+        ("sessions",): {"sessions", "cursor"},
+        ("stats", SESSION): {"length", "watermark", "version", "model", "window",
+                             "limits_source", "reserve", "regions", "estimated_prompt_tokens",
+                             "usage_ratio", "should_compact", "within_budget", "summaries",
+                             "pending_job", "limits_detail"},
+        ("show", SESSION): {"model", "max_tokens", "messages"},
+        ("compact", SESSION): {"task_id", "task", "session_id"},
+        ("compact", SESSION, "--wait", "--force"): {
+            "status", "reason", "tokens_before", "tokens_after", "watermark_before",
+            "watermark_after", "summary_kind", "latency_ms"},
+    }
+    for argv, keys in documented.items():
+        code, out, err = cli(capsys, *argv, "--json")
+        assert code == 0, err
+        assert keys <= set(json.loads(out)), argv
+    code, out, _ = cli(capsys, "sessions", "--json")
+    row = json.loads(out)["sessions"][0]
+    assert set(row) == {"tenant", "session_id", "messages", "tokens", "watermark", "model",
+                        "idle_seconds"}
+    code, out, _ = cli(capsys, "history", SESSION, "--json")
+    assert {"watermark", "kind", "text", "ledger", "tokens", "covers_from", "model",
+            "created_at", "current"} <= set(json.loads(out)[0])
+    code, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
+    assert all(set(c) == {"name", "verdict", "detail"} and c["verdict"] in ("OK", "WARN", "FAIL")
+               for c in json.loads(out))
+    for argv in (["stats", "nobody"], ["history", "nobody"], ["show", "nobody"],
+                 ["compact", "nobody"]):
+        code, out, err = cli(capsys, *argv, "--json")
+        assert (code, out) == (1, "") and err.startswith("compaction: error: no session")
