@@ -392,7 +392,6 @@ def test_json_outputs_have_the_keys_readme_documents(
     code, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
     assert all(set(c) == {"name", "verdict", "detail"} and c["verdict"] in ("OK", "WARN", "FAIL")
                for c in json.loads(out))
-    for argv in (["stats", "nobody"], ["history", "nobody"], ["show", "nobody"],
-                 ["compact", "nobody"]):
-        code, out, err = cli(capsys, *argv, "--json")
+    for command in ("stats", "history", "show", "compact"):
+        code, out, err = cli(capsys, command, "nobody", "--json")
         assert (code, out) == (1, "") and err.startswith("compaction: error: no session")
