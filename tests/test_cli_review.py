@@ -395,3 +395,24 @@ def test_json_outputs_have_the_keys_readme_documents(
     for command in ("stats", "history", "show", "compact"):
         code, out, err = cli(capsys, command, "nobody", "--json")
         assert (code, out) == (1, "") and err.startswith("compaction: error: no session")
+
+
+def test_replay_error_is_one_line_without_a_progress_bar(tmp_path: Path) -> None:
+    """Before: stderr not a terminal, the bar was still drawn there and left
+    "replaying sessions ━━━ 0/? 0:00:00" above the error line."""
+    pytest.importorskip("openai")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"bad\n')
+    for path in (str(tmp_path / "missing.jsonl"), str(broken)):
+        done = run_cli("replay", path, "--in-process")
+        assert done.returncode == 2
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert done.stderr.startswith("compaction: error: ")
+
+
+def test_show_refuses_a_negative_chars(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``--chars -5`` was taken as 0 (print everything), the opposite of a limit."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["show", SESSION, "--chars", "-5"])
+    assert stopped.value.code == 2
+    assert "compaction: error: argument --chars: must be >= 0 (got -5)" in capsys.readouterr().err

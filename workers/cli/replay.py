@@ -123,8 +123,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     configured = bool({"redis_url", "broker_url"} & settings.model_fields_set)
     rows: list[dict[str, Any]] = []
     console = Console(stderr=True)
+    # the bar on a terminal only: elsewhere (a log, CI) it is left as a line before the
+    # outcome or the error; the per-session lines are printed either way
     bar = Progress(TextColumn("[bold]replaying sessions"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, disable=args.quiet)
+                   TimeElapsedColumn(), console=console,
+                   disable=args.quiet or not console.is_terminal)
     task = bar.add_task("sessions", total=_session_count(args.sessions_file, args.sessions))
 
     def progress(report: SessionReport) -> None:

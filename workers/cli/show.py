@@ -29,6 +29,7 @@ from workers.cli._common import (
     load_session,
     open_store,
     store_errors,
+    whole_number,
     window_source,
 )
 from workers.cli._format import human, pct
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model of the call (default: the agent's last)")
     parser.add_argument("--max-tokens", type=int, metavar="N",
                         help="output reserve (default: the agent's last)")
-    parser.add_argument("--chars", type=int, default=600, metavar="N",
+    parser.add_argument("--chars", type=whole_number(0), default=600, metavar="N",
                         help="show at most N characters per message (0: everything)")
     add_json(parser)
 
