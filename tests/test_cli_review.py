@@ -416,3 +416,19 @@ def test_show_refuses_a_negative_chars(capsys: pytest.CaptureFixture[str]) -> No
         main(["show", SESSION, "--chars", "-5"])
     assert stopped.value.code == 2
     assert "compaction: error: argument --chars: must be >= 0 (got -5)" in capsys.readouterr().err
+
+
+def test_a_record_this_version_cannot_read_is_one_line(
+        store: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a summary record that does not parse (another version's, edited by hand)
+    ended history, stats, report and rewind with pydantic's traceback."""
+    for turn in split_turns(3, seed=1):
+        store.append(SESSION, turn)
+    sums = store.keys(SESSION).summaries
+    for bad in ("not json", '{"watermark": 5}'):
+        store.redis.hset(sums, "5", bad)
+        for argv in (["history", SESSION], ["stats", SESSION], ["rewind", SESSION, "5", "-y"]):
+            code, out, err = cli(capsys, *argv)
+            assert (code, out) == (1, ""), (argv, err)
+            assert err.startswith("compaction: error: cannot read a SummaryRecord from Redis: ")
+            assert len(err.splitlines()) == 1 and "another version" in err

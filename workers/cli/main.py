@@ -21,7 +21,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
 from workers.cli._format import DISTRIBUTION, extra_for, needs_extra
@@ -125,6 +127,17 @@ def message_of(exc: BaseException) -> str:
     return text
 
 
+def unreadable(exc: Any) -> str:
+    """A pydantic ``ValidationError`` in one line: in these commands it is a record read
+    from Redis that this version cannot read (another version's, or edited by hand)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (f"cannot read a {exc.title} from Redis: {where + ': ' if where else ''}"
+            f"{first.get('msg', exc)}{more} (written by another version, or edited by hand?)")
+
+
 def fail(exc: BaseException | str, code: int) -> int:
     text = exc if isinstance(exc, str) else message_of(exc)
     print(f"{PREFIX}{text}", file=sys.stderr)
@@ -159,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(exc, 2)
     except CompactionError as exc:
         return fail(exc, 1)
+    except ValidationError as exc:
+        return fail(unreadable(exc), 1)
     except ModuleNotFoundError as exc:
         missing = _missing_extra(exc, command or PROG)
         if missing is None:
