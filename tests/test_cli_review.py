@@ -432,3 +432,18 @@ def test_a_record_this_version_cannot_read_is_one_line(
             assert (code, out) == (1, ""), (argv, err)
             assert err.startswith("compaction: error: cannot read a SummaryRecord from Redis: ")
             assert len(err.splitlines()) == 1 and "another version" in err
+
+
+def test_a_message_this_version_cannot_read_is_one_line_naming_it(
+        store: SessionStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a log entry that does not parse was pydantic's traceback for stats, and for
+    ``compact --wait`` a line naming "list[function-after[_role_rules(), Message]]" with
+    the raw input and pydantic's URL in it."""
+    for turn in split_turns(3, seed=1):
+        store.append(SESSION, turn)
+    store.redis.lset(store.keys(SESSION).log, 1, "garbage")
+    for argv in (["stats", SESSION], ["compact", SESSION, "--wait", "--force"]):
+        code, out, err = cli(capsys, *argv)
+        assert (code, out) == (1, ""), (argv, err)
+        assert "cannot read a Message from Redis: Invalid JSON" in err, err
+        assert len(err.splitlines()) == 1 and "pydantic.dev" not in err

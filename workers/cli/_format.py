@@ -7,7 +7,9 @@ import the demo and replay machinery (or its optional dependencies).
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from typing import Any
 
 DISTRIBUTION = "context-compaction"
 
@@ -41,6 +43,19 @@ def extra_for(exc: ModuleNotFoundError) -> str | None:
 def needs_extra(what: str, extra: str) -> str:
     """``replay needs the 'openai' extra: pip install 'context-compaction[openai]'``."""
     return f"{what} needs the '{extra}' extra: pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def unreadable(exc: Any) -> str:
+    """A pydantic ``ValidationError`` in one line: in these commands it is a record read
+    from Redis that this version cannot read (another version's, or edited by hand)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    names = re.findall(r"\b[A-Z]\w*", exc.title)  # "list[function-after[..., Message]]"
+    return (f"cannot read a {names[-1] if names else exc.title} from Redis: "
+            f"{where + ': ' if where else ''}{first.get('msg', exc)}{more} (written by "
+            "another version, or edited by hand?)")
 
 
 def human(tokens: float) -> str:
@@ -77,4 +92,4 @@ def terminal_width(default: int = 80) -> int:
 
 
 __all__ = ["DISTRIBUTION", "EXTRAS", "clip", "extra_for", "human", "needs_extra", "pct",
-           "terminal_width"]
+           "terminal_width", "unreadable"]

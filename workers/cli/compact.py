@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from shared.core.errors import CompactionError, InvalidInput
@@ -28,7 +29,7 @@ from workers.cli._common import (
     store_errors,
     working,
 )
-from workers.cli._format import human
+from workers.cli._format import human, unreadable
 from workers.settings import Settings
 from workers.urls import redact_url
 
@@ -99,6 +100,8 @@ def run_inline(settings: Settings, session_id: str, kwargs: dict[str, Any]) -> d
         error = result.result
         if isinstance(error, CompactionError):
             raise error
+        if isinstance(error, ValidationError):  # a record in Redis this version cannot read
+            raise CompactionError(f"the compaction job failed: {unreadable(error)}")
         raise CompactionError(f"the compaction job failed: {type(error).__name__}: {error}")
     outcome: dict[str, Any] = result.result
     return outcome

@@ -21,12 +21,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pydantic import ValidationError
 
 from shared.core.errors import CompactionError, ConfigError, InvalidInput
-from workers.cli._format import DISTRIBUTION, extra_for, needs_extra
+from workers.cli._format import DISTRIBUTION, extra_for, needs_extra, unreadable
 
 PROG = "compaction"
 PREFIX = f"{PROG}: error: "
@@ -125,17 +125,6 @@ def message_of(exc: BaseException) -> str:
             text = text[len(prefix):].lstrip()
             lowered = text.lower()
     return text
-
-
-def unreadable(exc: Any) -> str:
-    """A pydantic ``ValidationError`` in one line: in these commands it is a record read
-    from Redis that this version cannot read (another version's, or edited by hand)."""
-    errors = exc.errors(include_url=False)
-    first = errors[0] if errors else {}
-    where = ".".join(str(part) for part in first.get("loc", ()))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return (f"cannot read a {exc.title} from Redis: {where + ': ' if where else ''}"
-            f"{first.get('msg', exc)}{more} (written by another version, or edited by hand?)")
 
 
 def fail(exc: BaseException | str, code: int) -> int:
