@@ -447,3 +447,31 @@ def test_a_message_this_version_cannot_read_is_one_line_naming_it(
         assert (code, out) == (1, ""), (argv, err)
         assert "cannot read a Message from Redis: Invalid JSON" in err, err
         assert len(err.splitlines()) == 1 and "pydantic.dev" not in err
+
+
+# -- delete: the erasure an operator had to script against the store ------------------------
+def test_delete_removes_every_key_of_the_session_and_asks_first(
+        store: SessionStore, compacted: list[int], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: no command removed a session (a user's erasure request meant Python against
+    the store, or redis-cli patterns); now ``delete``, confirmed like ``rewind``."""
+    from shared.store.recall_index import recall_keys
+
+    other = store.for_tenant("acme")
+    kept = other.append(SESSION, split_turns(2)[0])  # the same id in another tenant stays
+    done = run_cli("delete", SESSION)
+    assert done.returncode == 2 and "pass --yes to confirm" in done.stderr
+    monkeypatch.setattr(sys, "stdin", Terminal("no\n"))
+    code, _, err = cli(capsys, "delete", SESSION)
+    assert code == 1 and "delete its" in err and "not deleted: nothing changed" in err
+    assert store.length(SESSION) > 0
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    code, out, _ = cli(capsys, "delete", SESSION)
+    assert code == 0 and "deleted" in out and "2 summaries" in out
+    k, rx = store.keys(SESSION), recall_keys(store, SESSION)
+    assert store.redis.exists(*k.all_keys(), rx.meta) == 0
+    assert list(store.redis.scan_iter(match=f"{store.config.key_prefix}:*{{default:{SESSION}}}*")) \
+        == []
+    assert other.length(SESSION) == kept > 0
+    code, _, err = cli(capsys, "delete", SESSION, "--yes")
+    assert code == 1 and "no session" in err

@@ -40,6 +40,7 @@ COMMANDS = {
     "compact": "Enqueue a manual compaction (/compact) of a session.",
     "history": "The summaries of a session, by watermark.",
     "rewind": "Make an earlier summary of a session current again.",
+    "delete": "Remove a session for good: its log, summaries and recall index.",
     "doctor": "Check Redis, the broker, the workers and the summarizer.",
     "replay": "Replay JSONL sessions against a fake provider that enforces the window.",
     "mcp": "Serve recall, context_stats and compact as MCP tools (stdio or streamable HTTP).",

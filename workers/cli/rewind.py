@@ -15,51 +15,27 @@ placeholders stay).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 
-from shared.core.errors import CompactionError, InvalidInput
+from shared.core.errors import InvalidInput
 from workers.cli._common import add_session, open_store, session_state, store_errors
+from workers.cli._confirm import add_yes, confirmed_or_stop, require_yes
 from workers.settings import Settings
-
-
-class NotConfirmed(CompactionError):
-    """The operator answered no at the prompt: nothing was changed."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_session(parser)
     parser.add_argument("watermark", type=int, metavar="WATERMARK",
                         help="watermark of a kept summary (see `compaction history`), 0 for none")
-    parser.add_argument("-y", "--yes", action="store_true",
-                        help="do not ask (required without a terminal, e.g. in a script)")
-
-
-def confirm(question: str) -> bool:
-    """Ask on the terminal; False for anything but y/yes (and for end of input)."""
-    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
-    try:
-        answer = sys.stdin.readline()
-    except (OSError, ValueError):
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
-
-def _interactive() -> bool:
-    try:
-        return sys.stdin.isatty()
-    except (AttributeError, ValueError):
-        return False
+    add_yes(parser)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.watermark < 0:
         raise InvalidInput("must be a non-negative integer", field="watermark")
-    if not args.yes and not _interactive():
-        raise InvalidInput("rewind changes what the agent's next call sends: pass --yes to "
-                           "confirm (no terminal to ask on)", field="--yes")
+    require_yes(args, "rewind changes what the agent's next call sends")
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
         before, _ = session_state(store, args.session)  # the log is not read
@@ -71,12 +47,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             Console().print(f"[cyan]{escape(args.session)}[/]: watermark {before.watermark} "
                             "is already current: nothing changed", highlight=False)
             return 0
-        if not args.yes:
-            target = (f"the summary at watermark {args.watermark}" if args.watermark
-                      else "no summary (the whole log)")
-            if not confirm(f"{args.session}: make {target} current instead of watermark "
-                           f"{before.watermark}?"):
-                raise NotConfirmed("not rewound: nothing changed")
+        target = (f"the summary at watermark {args.watermark}" if args.watermark
+                  else "no summary (the whole log)")
+        confirmed_or_stop(args, f"{args.session}: make {target} current instead of watermark "
+                                f"{before.watermark}?", "not rewound: nothing changed")
         state = store.rewind(args.session, args.watermark)
     what = (f"the summary at watermark {state.watermark} ({state.summary_kind}) is current"
             if state.watermark else "no summary is current: the whole log is in the view")
@@ -86,4 +60,4 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "confirm", "run"]
+__all__ = ["add_arguments", "run"]
