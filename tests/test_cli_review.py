@@ -26,6 +26,7 @@ import redis
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
 from workers.cli.demo import split_turns
+from workers.cli._format import human
 from workers.cli.main import main
 from workers.harness.stack.redis_server import free_port, redis_binary
 from workers.harness.stack.tls_files import make_tls_files
@@ -475,3 +476,30 @@ def test_delete_removes_every_key_of_the_session_and_asks_first(
     assert other.length(SESSION) == kept > 0
     code, _, err = cli(capsys, "delete", SESSION, "--yes")
     assert code == 1 and "no session" in err
+
+
+@pytest.mark.parametrize("columns", [40, 50, 60, 80])
+def test_sessions_never_cut_a_figure_in_a_narrow_terminal(
+        store: SessionStore, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    """Before: below ~65 columns every column was cut ("messa…", "107.…", "many…"), though
+    the table promised that only the session id gives way. Now the figures are whole, the
+    session id keeps at least 8 columns, and where even that does not fit the last activity,
+    then the watermark, are left out (the title says so)."""
+    for turn in split_turns(40, seed=4):
+        store.append("wide-session-1", turn)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    (figures,) = json.loads(cli(capsys, "sessions", "--json")[1])["sessions"]
+    code, out, _ = cli(capsys, "sessions")
+    assert code == 0
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("tenant"))
+    cells = next(line for line in lines if line.startswith("default")).split()
+    assert all(len(line) <= columns for line in lines), out
+    assert header.split()[:4] == ["tenant", "session", "messages", "tokens"], out
+    assert cells[2:4] == [str(figures["messages"]), human(figures["tokens"])], out
+    assert cells[1].startswith("wide-") and len(cells[1]) >= 8
+    if columns >= 80:
+        assert "last activity" in header and "(narrow)" not in out
+    else:
+        assert "(narrow)" in " ".join(lines[:2])

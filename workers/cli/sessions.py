@@ -190,22 +190,45 @@ def ago(seconds: int | None) -> str:
     return f"{seconds} s ago"
 
 
+NARROW_DROPS = ("last activity", "watermark")
+"""Figures left out, in this order, where the terminal is too narrow for them all (the
+session id then gets at least 8 columns; ``--json`` has every figure)."""
+
+
 def render(page: Page, width: int = 80) -> Table:
-    table = Table(box=None, pad_edge=False, title_justify="left",
-                  title=f"{len(page.sessions)} session(s)")
-    # 80 columns: the session id gives way (ellipsis), the figures never do.
-    table.add_column("tenant", overflow="ellipsis", no_wrap=True, max_width=12)
+    """The page as a table of at most ``width`` columns: the session id gives way
+    (ellipsis), a figure is never cut; too narrow for them all, the least needed figures
+    are left out (named in the title)."""
+    figures = {
+        "messages": [str(r.messages) for r in page.sessions],
+        "tokens": [human(r.tokens) for r in page.sessions],
+        "watermark": [str(r.watermark) for r in page.sessions],
+        "last activity": [ago(r.idle_seconds) for r in page.sessions],
+    }
+    sizes = {name: max(len(name), *(len(v) for v in values)) for name, values in figures.items()}
     tenant_width = min(12, max([6, *(len(r.tenant) for r in page.sessions)]))
+
+    def fixed(names: list[str]) -> int:  # every column but the session id, with the gaps
+        return tenant_width + sum(sizes[n] for n in names) + 2 * (len(names) + 1)
+
+    shown = list(figures)
+    for name in NARROW_DROPS:
+        if fixed(shown) + 8 > width:
+            shown.remove(name)
+    left_out = [name for name in figures if name not in shown]
+    title = f"{len(page.sessions)} session(s)" + (f", no {' or '.join(left_out)} (narrow)"
+                                                   if left_out else "")
     session_width = max(8, min(max([7, *(len(r.session_id) for r in page.sessions)]),
-                               width - tenant_width - 46 - 10))
+                               width - fixed(shown)))
+    table = Table(box=None, pad_edge=False, title_justify="left", title=title)
+    table.add_column("tenant", overflow="ellipsis", no_wrap=True, max_width=tenant_width)
     table.add_column("session", overflow="ellipsis", no_wrap=True, max_width=session_width)
-    for name in ("messages", "tokens", "watermark"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("last activity", no_wrap=True, min_width=13)
-    for row in page.sessions:
-        table.add_row(clip(row.tenant, 12), escape(clip(row.session_id, session_width)),
-                      str(row.messages),
-                      human(row.tokens), str(row.watermark), ago(row.idle_seconds))
+    for name in shown:
+        table.add_column(name, justify="left" if name == "last activity" else "right",
+                         no_wrap=True, min_width=sizes[name])
+    for i, row in enumerate(page.sessions):
+        table.add_row(clip(row.tenant, tenant_width), escape(clip(row.session_id, session_width)),
+                      *(figures[name][i] for name in shown))
     return table
 
 
