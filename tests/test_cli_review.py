@@ -25,8 +25,8 @@ import redis
 
 from shared.core.config import StoreConfig
 from shared.store.sessions import SessionStore
-from workers.cli.demo import split_turns
 from workers.cli._format import human
+from workers.cli.demo import split_turns
 from workers.cli.main import main
 from workers.harness.stack.redis_server import free_port, redis_binary
 from workers.harness.stack.tls_files import make_tls_files
