@@ -220,7 +220,7 @@ def test_compact_wait_with_a_failing_summarizer_is_one_line(
 def test_unknown_session_is_a_clean_error(urls: tuple[str, str],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     for command in (["stats"], ["show"], ["history"], ["compact"], ["rewind"]):
-        argv = [*command, "nobody", *(["3", "--yes"] if command == ["rewind"] else [])]
+        argv = [*command, "nobody", *(["3"] if command == ["rewind"] else [])]
         code, _, err = cli(capsys, *argv)
         assert code == 1 and "no session 'nobody'" in err, (command, err)
 
@@ -236,7 +236,7 @@ def test_tenant_option_reads_another_tenant(store: SessionStore,
 def test_unreachable_redis_is_one_clean_line(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COMPACTION_REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
-    for argv in (["stats", "s"], ["show", "s"], ["history", "s"], ["rewind", "s", "1", "-y"],
+    for argv in (["stats", "s"], ["show", "s"], ["history", "s"], ["rewind", "s", "1"],
                  ["compact", "s"]):
         code, _, err = cli(capsys, *argv)
         assert code == 1

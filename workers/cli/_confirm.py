@@ -1,8 +1,9 @@
 """Confirmation of the commands that change what an agent sends (``rewind``, ``delete``).
 
 On a terminal they ask ``[y/N]`` on stderr; ``--yes`` skips the question; without a
-terminal to ask on (a script, a pipe, cron) ``--yes`` is required, checked before
-anything is read or written.
+terminal to ask on (a script, a pipe, cron) ``--yes`` is required (a usage error, exit
+2), checked once the command knows there is something to change (an unknown session is
+still "no session", exit 1) and before anything is written.
 """
 
 from __future__ import annotations

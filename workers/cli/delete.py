@@ -25,10 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    require_yes(args, "delete removes the session for good")
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
         _, length = session_state(store, args.session)  # SessionNotFound: nothing to delete
+        require_yes(args, "delete removes the session for good")
         kept = len(store.summaries(args.session))
         confirmed_or_stop(args, f"{args.session} (tenant {store.tenant}): delete its "
                                 f"{length} messages and {kept} summaries for good?",

@@ -7,9 +7,9 @@ sent again (and compacted again when due).
 
 It changes what the agent's next call sends, so it asks first on a terminal;
 ``--yes`` skips the question, and without a terminal to ask on (a script, a
-pipe) ``--yes`` is required. The watermark is checked before asking; a
-watermark that is already current changes nothing (no version bump, the
-placeholders stay).
+pipe) ``--yes`` is required (``_confirm``). The session and the watermark are
+checked first; a watermark that is already current changes nothing (no version
+bump, the placeholders stay) and needs no confirmation.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.watermark < 0:
         raise InvalidInput("must be a non-negative integer", field="watermark")
-    require_yes(args, "rewind changes what the agent's next call sends")
     with store_errors(settings.redis_url):
         store = open_store(settings, args.tenant)
         before, _ = session_state(store, args.session)  # the log is not read
@@ -47,6 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             Console().print(f"[cyan]{escape(args.session)}[/]: watermark {before.watermark} "
                             "is already current: nothing changed", highlight=False)
             return 0
+        require_yes(args, "rewind changes what the agent's next call sends")
         target = (f"the summary at watermark {args.watermark}" if args.watermark
                   else "no summary (the whole log)")
         confirmed_or_stop(args, f"{args.session}: make {target} current instead of watermark "
