@@ -360,7 +360,8 @@ def test_doctor_warns_of_a_host_clock_off_the_stores(
     _, out, _ = cli(capsys, "doctor", "--timeout", "0.5", "--json")
     clock = {c["name"]: c for c in json.loads(out)}["clock"]
     assert clock["verdict"] == "WARN", clock
-    assert clock["detail"].startswith("this host is 45.0") and "ahead of" in clock["detail"]
+    ahead = float(clock["detail"].removeprefix("this host is ").split(" s ahead of ")[0])
+    assert 44 < ahead < 46, clock  # 45 s, less a few ms of round trip
     assert "NTP" in clock["detail"]
 
 
