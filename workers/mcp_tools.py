@@ -22,7 +22,7 @@ from shared.store.keys import SESSION_RE
 from shared.store.recall_index import index_stats
 from shared.store.recall_query import recall
 from shared.store.sessions import SessionStore
-from workers.cli._common import guard_for, load_session, store_errors
+from workers.cli._common import guard_for, load_session, session_state, store_errors
 from workers.cli._format import needs_extra
 from workers.settings import Settings
 
@@ -103,7 +103,7 @@ def compact_answer(store: SessionStore, settings: Settings, session_id: str,
 
     if keep_recent is not None and keep_recent < 0:
         raise InvalidInput("must be >= 0", field="keep_recent")
-    load_session(store, session_id)
+    session_state(store, session_id)  # SessionNotFound, without reading the log
     kwargs: dict[str, Any] = {"keep_recent": keep_recent, "force": force,
                               "tenant": store.tenant}
     if wait:
