@@ -242,11 +242,45 @@ def _file_cost(part: FilePart, profile: ProviderProfile) -> tuple[float, int]:
     return 0.0, profile.file_tokens
 
 
+EXTRA_TOKENS = "extra_tokens"
+"""Metadata key: tokens of what an adapter sends with a message beyond the message's own
+fields, at the o200k baseline (before a provider's factor and the safety margin).
+
+A hosted tool's call and result (web search results, code interpreter output, a hosted
+MCP tool's output) go back to the provider as it returned them, while the log keeps a
+short note of them as the message's reasoning: without this figure a 30k-character
+result was counted at a note's ~600 tokens against ~9,400 sent, and the guard let an
+over-window request through. The adapter that records the message sets it
+(:func:`baseline_tokens` of what it sends, less the note); metadata is read with unknown
+keys ignored, so an older process reads such a message and counts it as before. A stage
+that clears or clips a message's notes must drop the figure with them; the adapters send
+a hosted part only while its note is in the message's reasoning."""
+
+_EXTRA_CAP = 100_000_000.0  # far beyond any window: a caller's absurd figure stays finite
+
+
+def extra_tokens(message: Message) -> float:
+    """The :data:`EXTRA_TOKENS` figure of ``message`` (0 when absent or not a positive
+    finite number: it can only add to a count)."""
+    value = message.metadata.get(EXTRA_TOKENS) if message.metadata else None
+    if type(value) is int:  # not a bool, whose type is its own
+        return min(float(value), _EXTRA_CAP) if value > 0 else 0.0
+    if type(value) is float and value > 0:  # NaN is not
+        return min(value, _EXTRA_CAP)
+    return 0.0
+
+
+def baseline_tokens(text: str) -> float:
+    """Tokens of ``text`` at the o200k baseline, unrounded, without a margin: the unit of
+    :data:`EXTRA_TOKENS`."""
+    return _raw_text(text, PROVIDERS["openai"])
+
+
 def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, int]:
     """(content tokens before margin, fixed tokens) of one message."""
     if not isinstance(message, Message):
         raise InvalidInput(f"expected a Message, got {type(message).__name__}", field="message")
-    content = _raw_text(message.text(), profile)
+    content = _raw_text(message.text(), profile) + profile.factor * extra_tokens(message)
     fixed = MESSAGE_OVERHEAD
     if message.name:
         content += _raw_text(message.name, profile)
@@ -269,7 +303,8 @@ def _message_parts(message: Message, profile: ProviderProfile) -> tuple[float, i
 def estimate_message_tokens(
     message: Message, provider: str = "openai", *, safety_margin: float = DEFAULT_SAFETY_MARGIN
 ) -> int:
-    """One message: text, name, reasoning, tool calls (name + JSON arguments), media, framing."""
+    """One message: text, name, reasoning, tool calls (name + JSON arguments), media, what
+    an adapter sends beside it (:data:`EXTRA_TOKENS`), framing."""
     content, fixed = _message_parts(message, provider_profile(provider))
     return fixed + _tokens(content, _check_margin(safety_margin))
 
@@ -404,6 +439,7 @@ DEFAULT_COUNTER: TokenCounter = HeuristicCounter()
 __all__ = [
     "DEFAULT_COUNTER",
     "DEFAULT_SAFETY_MARGIN",
+    "EXTRA_TOKENS",
     "MESSAGE_OVERHEAD",
     "NAME_OVERHEAD",
     "PROVIDERS",
@@ -415,10 +451,12 @@ __all__ = [
     "HeuristicCounter",
     "ProviderProfile",
     "TokenCounter",
+    "baseline_tokens",
     "estimate_message_tokens",
     "estimate_messages_tokens",
     "estimate_tokens",
     "estimate_tool_tokens",
+    "extra_tokens",
     "file_tokens",
     "hybrid_estimate",
     "image_tokens",

@@ -38,6 +38,7 @@ import binascii
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from shared.core.tokens import (
     TOOL_DEFINITION_OVERHEAD,
     TOOLS_BLOCK_OVERHEAD,
     TokenCounter,
+    extra_tokens,
     file_tokens,
     image_tokens,
     normalize_tool,
@@ -226,12 +228,14 @@ class TiktokenCounter:
         return len(self._encoding.encode_ordinary(text))
 
     def message(self, message: Message) -> int:
-        """One message with its framing, tool calls and media."""
+        """One message with its framing, tool calls, media and what an adapter sends beside
+        it (:data:`~shared.core.tokens.EXTRA_TOKENS`, the heuristic's figure)."""
         n = TOKENS_PER_MESSAGE + self.text(message.role) + self.text(message.text())
         if message.name:
             n += TOKENS_PER_NAME + self.text(message.name)
         if message.reasoning:
             n += self.text(message.reasoning)
+        n += math.ceil(extra_tokens(message))  # what an adapter sends beside it (estimated)
         for call in message.tool_calls:
             n += (
                 TOKENS_PER_MESSAGE + self.text(f"functions.{call.name}") + self.text(call.arguments)

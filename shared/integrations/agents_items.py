@@ -26,9 +26,11 @@ item                            message
 hosted tool calls               as ``reasoning``: a note of the call (its
 (``web_search_call``,           arguments and result, clipped) in
 ``file_search_call``,           ``Message.reasoning``, the item itself kept in
-``code_interpreter_call``,      metadata and sent back as it was
-``image_generation_call``,
+``code_interpreter_call``,      metadata and sent back as it was (counted as
+``image_generation_call``,      such: metadata ``extra_tokens``); left out, with
 ``mcp_call``, ``mcp_list_tools``)
+                                the turn's reasoning items, once its note is not
+                                in the reasoning
 client tool calls               as ``function_call``: a tool call (name: the SDK
 (``computer_call``,             tool's or the custom tool's, arguments: the
 ``local_shell_call``,           call's payload) on the model turn's assistant
@@ -59,12 +61,13 @@ from typing import Any, cast
 from shared.core.callids import wire_id
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
+from shared.core.tokens import EXTRA_TOKENS
 from shared.integrations import agents_client_items as client
 from shared.integrations.agents_parts import IMAGE_FILE, json_copy, kind_of, parts_out
 from shared.integrations.agents_parts import input_parts as _input_parts
 from shared.integrations.agents_parts import mapping as _mapping
 from shared.integrations.agents_parts import string as _str
-from shared.integrations.notes import provider_note
+from shared.integrations.notes import kept_notes, provider_note, sent_tokens
 
 ID = "agents_id"  # the item id (msg_..., fc_..., rs_...) of a message
 ROLE = "agents_role"  # "developer" for a developer message
@@ -116,6 +119,11 @@ class _Builder:
             texts = [text for r in self.reasoning for text in _preceding_texts(r)]
             if any(texts):
                 turn["reasoning"] = "\n\n".join(t for t in texts if t)
+            hosted = [r for r in self.reasoning if r.get("type") in HOSTED]
+            # counted as sent (the items go back whole), not as noted
+            extra = sent_tokens(hosted, "\n\n".join(_preceding_texts(r)[0] for r in hosted))
+            if extra:
+                meta[EXTRA_TOKENS] = extra
             self.reasoning = []
         self.turn, self.turn_at = turn, where
         return turn
@@ -249,6 +257,20 @@ def mapped_from(items: Sequence[Any], prefix: str = "items", start: int = 0,
 
 
 # -- messages -> items ---------------------------------------------------------------------
+def _preceding_items(m: Message) -> list[dict[str, Any]]:
+    """The reasoning and hosted tool items a message was recorded with, as they were; when
+    the message's reasoning no longer holds a hosted item's note (a stage cleared it, and
+    its tokens with it), without that item and without the turn's reasoning items (the
+    Responses API refuses a reasoning item without the item that followed it)."""
+    stored = cast(list[dict[str, Any]], m.metadata.get(REASONING, []))
+    hosted = [r for r in stored if isinstance(r, dict) and r.get("type") in HOSTED]
+    kept = kept_notes([_preceding_texts(r)[0] for r in hosted], m.reasoning)
+    if all(kept):
+        return stored
+    gone = {id(r) for r, keep in zip(hosted, kept, strict=True) if not keep}
+    return [r for r in stored if id(r) not in gone and r.get("type") != "reasoning"]
+
+
 def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Responses input items from neutral messages (the inverse of :func:`items_to_messages`)."""
     items: list[dict[str, Any]] = []
@@ -270,7 +292,7 @@ def messages_to_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 item["id"] = meta[ID]
             items.append(item)
         elif m.role == "assistant":
-            items.extend(cast(list[dict[str, Any]], meta.get(REASONING, [])))
+            items.extend(_preceding_items(m))
             text = m.text()
             if text or (not m.tool_calls and REASONING not in meta):
                 parts = meta.get(PARTS)

@@ -33,11 +33,12 @@ from langchain_core.messages import (
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
+from shared.core.tokens import EXTRA_TOKENS
 from shared.core.wire import from_openai, to_openai
 from shared.core.wire._common import join_reasoning, split_reasoning
 from shared.core.wire.anthropic import THINKING_KEY
 from shared.integrations._common import FW_KEY, origin, tag
-from shared.integrations.notes import provider_note
+from shared.integrations.notes import provider_note, sent_tokens
 
 ID_KEY = "lc_id"
 SERVER_KEY = "lc_server_tools"  # notes of server-side tool blocks beside signed thinking
@@ -103,13 +104,15 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
     ``tool_calls``), and the neutral fields they become (``reasoning``, metadata). A
     server-side tool's blocks become notes (:func:`provider_note`) in ``reasoning``, or in
     metadata beside signed thinking (whose signature covers the reasoning's text): the
-    provider answered them itself, and the state's own message carries them back."""
+    provider answered them itself, and the state's own message carries them back (counted
+    as sent: metadata ``extra_tokens``)."""
     content = message.content
     if not isinstance(content, list):
         return message, {}
     kept: list[Any] = []
     texts: list[str] = []
     notes: list[str] = []
+    server: list[dict[str, Any]] = []  # the server tool blocks, as they go back
     layout: list[dict[str, Any]] = []
     anthropic = True  # every text-bearing block has an Anthropic form (else no layout)
     found = False
@@ -121,6 +124,7 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
         if isinstance(block, dict) and _server_block(kind):
             found = True
             notes.append(provider_note(str(kind), block))
+            server.append(block)
             continue
         if not isinstance(block, dict) or kind not in REASONING_BLOCKS:
             kept.append(block)
@@ -147,10 +151,14 @@ def _split_reasoning(message: AIMessage) -> tuple[AIMessage, dict[str, Any]]:
         return message, {}
     fields: dict[str, Any] = {}
     signed = bool(layout) and anthropic
+    counted = ""  # the notes counted as reasoning: the blocks are counted beyond them
     if signed and notes:  # the reasoning must stay the signed blocks' text, exactly
         fields["metadata"] = {SERVER_KEY: notes}
     elif notes:
         texts.extend(notes)
+        counted = "\n\n".join(notes)
+    if server and (extra := sent_tokens(server, counted)):
+        fields["metadata"] = {**fields.get("metadata", {}), EXTRA_TOKENS: extra}
     if texts:
         fields["reasoning"] = join_reasoning(texts)
     if signed:

@@ -31,6 +31,7 @@ except ModuleNotFoundError as exc:  # tests/test_install.py runs this without th
 
 from shared.core.errors import InvalidInput
 from shared.core.messages import ContentPart, FilePart, ImagePart, Message, TextPart, ToolCall
+from shared.integrations.notes import kept_notes, with_sent
 
 # Request parts that carry no conversation content (pydantic-ai's own bookkeeping).
 BOOKKEEPING = ("tool-availability-delta", "capability-load-delta", "model-settings-delta",
@@ -141,6 +142,19 @@ def note(part: Any) -> str | None:
     return None
 
 
+def _sent(part: Any) -> str:
+    """What of a noted part goes back to the provider (and is read again): a native call's
+    arguments, its result's content (Anthropic gets it inline, OpenAI re-reads it by the
+    item's id), a compaction's summary; nothing for a generated file (not kept)."""
+    if isinstance(part, pm.NativeToolCallPart):
+        return part.args_as_json_str()
+    if isinstance(part, pm.NativeToolReturnPart):
+        return part.model_response_str()
+    if isinstance(part, pm.CompactionPart):
+        return part.content or ""
+    return ""
+
+
 def transcript(part: pm.SpeechPart) -> str:
     """What a realtime session's spoken part says, as pydantic-ai gives it to a standard
     model (a user prompt, a text part): its transcript."""
@@ -161,6 +175,8 @@ def response_message(message: pm.ModelResponse, where: str) -> Message:
     the content, its tool calls, its thinking and provider-made parts as reasoning."""
     texts: list[str] = []
     reasoning: list[str] = []
+    notes: list[str] = []
+    sent: list[str] = []
     calls: list[ToolCall] = []
     for j, part in enumerate(message.parts):
         if (said := _said(part)) is not None:
@@ -169,6 +185,8 @@ def response_message(message: pm.ModelResponse, where: str) -> Message:
             reasoning.append(part.content)
         elif (found := note(part)) is not None:
             reasoning.append(found)
+            notes.append(found)
+            sent.append(_sent(part))
         elif isinstance(part, pm.ToolCallPart):
             try:
                 calls.append(ToolCall(id=part.tool_call_id, name=part.tool_name,
@@ -179,8 +197,9 @@ def response_message(message: pm.ModelResponse, where: str) -> Message:
         else:
             raise InvalidInput(f"cannot map a {getattr(part, 'part_kind', '?')} part",
                                field=f"{where}.parts[{j}]")
-    return Message(role="assistant", content="".join(texts), tool_calls=calls,
-                   reasoning="\n".join(reasoning) or None)
+    neutral = Message(role="assistant", content="".join(texts), tool_calls=calls,
+                      reasoning="\n".join(reasoning) or None)
+    return with_sent(neutral, sent, "\n".join(notes))  # counted as sent, not as noted
 
 
 # -- back --------------------------------------------------------------------------------
@@ -233,8 +252,9 @@ def rebuilt_response(message: Message, original: pm.ModelResponse | None) -> pm.
     With its ``original`` (the history's response it was recorded from), the original
     with only the changed parts replaced: the text parts the view's text no longer
     matches (:func:`_merged_text`) and the tool calls it renamed (:func:`_merged_calls`).
-    Thinking (signatures, ids), native tool parts, generated files, compaction parts and
-    the response's own fields (``provider_name``, ``provider_response_id``, ``model_name``,
+    Thinking (signatures, ids), native tool parts, generated files, compaction parts (each
+    while its note is in the view's reasoning: :func:`_noted_kept`) and the response's own
+    fields (``provider_name``, ``provider_response_id``, ``model_name``,
     ``finish_reason``, ``usage``, ``timestamp``...) are the original's: no compaction
     stage changes reasoning. Without one (a message this history does not hold), a
     response of the text and the calls alone."""
@@ -243,9 +263,26 @@ def rebuilt_response(message: Message, original: pm.ModelResponse | None) -> pm.
             *([pm.TextPart(content=message.text())] if message.text() else []),
             *(pm.ToolCallPart(tool_name=c.name, args=c.arguments, tool_call_id=c.id)
               for c in message.tool_calls)])
-    parts = _merged_calls(_merged_text(list(original.parts), message.text()),
-                          message.tool_calls)
+    parts = _merged_calls(_merged_text(_noted_kept(list(original.parts), message.reasoning),
+                                       message.text()), message.tool_calls)
     return dataclasses.replace(original, parts=parts)
+
+
+def _noted_kept(parts: list[Any], reasoning: str | None) -> list[Any]:
+    """``parts`` without the noted ones (native calls and results, compactions, generated
+    files) whose note the view's ``reasoning`` no longer holds, and without the native
+    call or result paired with one of them (same ``tool_call_id``): a provider refuses a
+    result without its call, and a stage that cleared the note took its tokens out of the
+    count. The others as they are."""
+    noted = [(j, found) for j, p in enumerate(parts) if (found := note(p)) is not None]
+    kept = kept_notes([found for _, found in noted], reasoning)
+    gone = {j for (j, _), keep in zip(noted, kept, strict=True) if not keep}
+    if not gone:
+        return parts
+    native = (pm.NativeToolCallPart, pm.NativeToolReturnPart)
+    ids = {parts[j].tool_call_id for j in gone if isinstance(parts[j], native)}
+    return [p for j, p in enumerate(parts)
+            if j not in gone and not (isinstance(p, native) and p.tool_call_id in ids)]
 
 
 def _common_prefix(a: str, b: str) -> int:
