@@ -5,7 +5,8 @@ An adapter mirrors the framework's conversation into the session log: each
 framework message (or part) becomes one neutral :class:`Message` tagged with
 where it came from (``metadata["fw"]``: its index in the framework's history,
 and part index or -1) and a fingerprint of what was recorded
-(``metadata["fp"]``). Metadata is stored, never counted, never sent. On the
+(``metadata["fp"]``). Metadata is stored, never sent, and never counted but for
+``extra_tokens`` (what is sent beside a message: :mod:`shared.integrations.notes`). On the
 way back, a view message whose fingerprint still matches was not changed by
 compaction, so the adapter can send the framework's original object (ids,
 provider details, reasoning signatures intact); a changed one (placeholder,
