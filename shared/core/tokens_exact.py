@@ -48,6 +48,7 @@ from shared.core.errors import ConfigError
 from shared.core.messages import FilePart, ImagePart, Message
 from shared.core.tokens import (
     DEFAULT_COUNTER,
+    DEFAULT_SAFETY_MARGIN,
     TOOL_DEFINITION_OVERHEAD,
     TOOLS_BLOCK_OVERHEAD,
     TokenCounter,
@@ -229,13 +230,15 @@ class TiktokenCounter:
 
     def message(self, message: Message) -> int:
         """One message with its framing, tool calls, media and what an adapter sends beside
-        it (:data:`~shared.core.tokens.EXTRA_TOKENS`, the heuristic's figure)."""
+        it (:data:`~shared.core.tokens.EXTRA_TOKENS`, the heuristic's figure, with the
+        heuristic's safety margin)."""
         n = TOKENS_PER_MESSAGE + self.text(message.role) + self.text(message.text())
         if message.name:
             n += TOKENS_PER_NAME + self.text(message.name)
         if message.reasoning:
             n += self.text(message.reasoning)
-        n += math.ceil(extra_tokens(message))  # what an adapter sends beside it (estimated)
+        # what an adapter sends beside it: the heuristic's estimate, so with its margin
+        n += math.ceil(extra_tokens(message) * (1.0 + DEFAULT_SAFETY_MARGIN))
         for call in message.tool_calls:
             n += (
                 TOKENS_PER_MESSAGE + self.text(f"functions.{call.name}") + self.text(call.arguments)
