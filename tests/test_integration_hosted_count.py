@@ -394,3 +394,28 @@ def test_a_generated_image_counts_as_an_image_not_as_its_base64() -> None:
             "result": png}
     (message,) = agents_items.items_to_messages([item, {"role": "assistant", "content": TEXT}])
     assert 765 <= DEFAULT_COUNTER.message(message) <= 1_100  # the note and one image
+
+
+def test_pydantic_ai_requests_stay_inside_the_window_with_hosted_results(
+        store: SessionStore) -> None:
+    """Each answer carries a hosted MCP result of ~8k tokens; with a 24k window the guard
+    must drop older turns before the request outgrows it (it let 4+ of them through, each
+    counted as its ~600-token note, and the provider refused the request)."""
+    parts = [*pydantic_parts("mcp"), pm.TextPart(TEXT)]
+    requests: list[list[pm.ModelMessage]] = []
+
+    def answer(messages: list[pm.ModelMessage], info: AgentInfo) -> pm.ModelResponse:
+        requests.append(list(messages))
+        return pm.ModelResponse(parts=list(parts))
+
+    guard = ContextGuard(store, overrides={"fn": 24_000})
+    agent = Agent(FunctionModel(answer, model_name="fn"), instructions="be brief",
+                  capabilities=[ContextGuardCapability(guard, session_id="window")])
+    history: list[pm.ModelMessage] = []
+    for n in range(6):
+        history = agent.run_sync(f"Issues, page {n}?", message_history=history).all_messages()
+    for sent in requests:
+        hosted = sum(read(pydantic_sent(m.parts)) for m in sent
+                     if isinstance(m, pm.ModelResponse))
+        assert hosted < 24_000
+    assert sum(isinstance(m, pm.ModelResponse) for m in requests[-1]) < 5
