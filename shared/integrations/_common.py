@@ -114,7 +114,8 @@ class ByIdentity(Generic[V]):
         self._items[ref.key] = (ref, value)
 
     def _gone(self, ref: weakref.ref[Any]) -> None:
-        key = cast(_Ref, ref).key
+        # no module globals here: at interpreter exit they may already be None
+        key: int = ref.key  # type: ignore[attr-defined]
         entry = self._items.get(key)
         if entry is not None and entry[0] is ref:
             self._items.pop(key, None)
