@@ -38,8 +38,8 @@ from shared.core.records import AppendResult, RawView
 from shared.core.viewcache import CachedView, decode_view
 from shared.core.wireview import carry
 from shared.enqueue import Enqueuer
+from shared.guard._again import QuietAgain
 from shared.guard._shell import (
-    GuardShell,
     check_min_length,
     check_request,
     plain_writes,
@@ -136,7 +136,7 @@ def _sent_at(plan: Plan, version: int | None) -> None:
         plan.sent = dataclasses.replace(plan.sent, version=version)
 
 
-class GuardFlow(GuardShell):
+class GuardFlow(QuietAgain):
     """What both guards do, as steps. A shell sets ``store``, ``enqueuer``, the store and
     own-writes classes it writes through, and runs steps with :meth:`drive`."""
 
@@ -293,6 +293,11 @@ class GuardFlow(GuardShell):
               *, exact: bool = False) -> tuple[Plan, CachedView, bool, bool]:
         """The core's plan for this request, the cached entry it leaves, and whether a job
         is wanted (and forced)."""
+        if force_ratio is None and not exact:  # a tool chain's next quiet call: the delta
+            again = self.planned_again(session_id, snap, system_prompt, tools, max_tokens,
+                                       model, extra, extra_tokens)
+            if again is not None:  # nothing to write, no job: the cached entry stays
+                return again, snap, False, False
         state = snap.state
         req = self.request(session_id, system_prompt, tools, max_tokens, model, state,
                            extra, extra_tokens, force_ratio, scan=snap.scan, exact=exact)
@@ -301,6 +306,8 @@ class GuardFlow(GuardShell):
         if plan.truncation is not None and self.squeezed(req, max_tokens, state):
             plan = replace(plan, truncation=None, force=False)  # this call's, not stored
         self.scanned(session_id, req, plan, base)
+        self.keep_quiet(session_id, snap, req, plan, system_prompt, tools, max_tokens, model,
+                        extra, exact)
         if snap.epoch:
             self.views.put(session_id, snap)
         # a job already queued (the flag in this view) needs no second request

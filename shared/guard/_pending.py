@@ -20,6 +20,7 @@ from shared.core.errors import InvalidInput
 from shared.core.guard_state import Counted, TurnCut
 from shared.core.messages import Message, validate_messages
 from shared.core.pairs import PairScan
+from shared.core.quiet import Again
 from shared.core.renamed import RenamedTurn
 from shared.core.tokens import TokenCounter
 from shared.core.wireview import Slots
@@ -73,7 +74,7 @@ class _Turn:
     long chain's calls do not walk the whole turn in Python), scan and cut. The lists are
     set once, before the record is kept: a call makes a new record, never changes them."""
 
-    __slots__ = ("cut", "extra", "given", "raw", "renamed", "scan", "slots", "tokens")
+    __slots__ = ("again", "cut", "extra", "given", "raw", "renamed", "scan", "slots", "tokens")
 
     def __init__(self) -> None:
         self.given: list[Any] = []  # each message as given (a mapping: a copy of it)
@@ -84,6 +85,8 @@ class _Turn:
         self.scan: tuple[PairScan, tuple[Message, ...], PairScan] | None = None
         self.cut: TurnCut | None = None
         self.renamed: RenamedTurn | None = None
+        # the last call's quiet plan and the request key it was made for (shared.core.quiet)
+        self.again: tuple[Again, Any] | None = None
 
 
 class SoFar(NamedTuple):
@@ -170,6 +173,7 @@ class PendingTurns:
         keep = found is not None and reuse == len(given)
         base = found if found is not None else turn
         turn.scan, turn.cut, turn.renamed = base.scan, base.cut, base.renamed
+        turn.again = base.again if keep else None
 
         def kept(part: list[Any]) -> list[Any]:
             return part if keep else part[:reuse]
@@ -217,6 +221,27 @@ class PendingTurns:
         turn.scan = None if scan is None or not extra else (base, tuple(extra), scan)
         if cut is not None:
             turn.cut = cut
+
+    def again(self, session_id: str, extra: list[Message],
+              ) -> tuple[Again, Any, Sequence[dict[str, Any]]] | None:
+        """The turn's last quiet plan (:class:`~shared.core.quiet.Again`), the request key
+        it was made for and the pending messages' wire slots, when ``extra`` is the list
+        :meth:`rows` last returned (this call continues that turn)."""
+        turn = self._turns.peek(session_id) if extra else None
+        if turn is None or turn.extra is not extra or turn.again is None:
+            return None
+        return turn.again[0], turn.again[1], turn.slots
+
+    def keep_again(self, session_id: str, extra: list[Message], again: Again | None,
+                   key: Any) -> None:
+        """Keep ``again`` (made for request ``key``) for the turn's next call, and its pair
+        scan for a call planned in full (see :meth:`scanned`)."""
+        turn = self._turns.peek(session_id) if extra else None
+        if turn is None or turn.extra is not extra:
+            return
+        turn.again = None if again is None else (again, key)
+        if again is not None:
+            turn.scan, turn.renamed = (again.snap.scan, again.extra, again.scan), None
 
     def recorded(self, session_id: str, messages: Sequence[Any],
                  ) -> tuple[list[Message], dict[int, int], dict[int, tuple[bytes, int]],

@@ -1,0 +1,129 @@
+"""A tool chain's next quiet prepare from the last one's plan: only what the turn added.
+
+Between two recorded turns an agent prepares once per model call, each time with the
+turn so far as pending. When the last plan of the turn was *quiet* (nothing to compact,
+nothing to write: the view is the cached history with the pending turn after it) and
+nothing changed since but one or a few appended pending messages, most of what
+:func:`shared.core.guard_state.plan_view` works out is what it worked out last time: the
+request's fixed figures, the summary's framing and notice, the calibration prior, the
+view's head. :func:`plan_again` keeps those (:class:`Again`) and does only the delta:
+the pair scan resumed over the new messages, the one estimate, the budget check, the
+report. Anything else (a new snapshot, another request, a pending turn that is not a
+continuation, a scan that needs repair or renaming, a view that reaches the trigger)
+answers None and the caller plans in full, so the plan is the one
+:func:`~shared.core.guard_state.plan_view` makes (a differential test holds it:
+``tests/test_guard_quiet_delta.py``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from shared.core.calibration import model_family, prior_ratio
+from shared.core.chunks import Chunks, concat
+from shared.core.config import CompactionPolicy
+from shared.core.guard_state import Plan, Request, _notice, check, newest_tokens
+from shared.core.messages import Message
+from shared.core.pairs import PairScan, scan_pairs
+from shared.core.prepared import PreparedView, ViewReport
+from shared.core.tokens import TokenCounter
+from shared.core.usage_learning import Sent
+from shared.core.view import summary_framing, view_estimate
+from shared.core.viewcache import CachedView
+
+
+class Again(NamedTuple):
+    """What a quiet incremental plan of ``snap`` for ``req`` leaves for the turn's next
+    call: the pending messages it covered (``extra``, by identity), their pair scan, and
+    the figures that depend only on the snapshot and the request's fixed part (a tuple:
+    one is made per call)."""
+
+    snap: CachedView
+    req: Request
+    extra: tuple[Message, ...]
+    scan: PairScan
+    newest: int
+    notice_tokens: int
+    prior: float
+    family: str
+    framing: int
+    head: Sequence[Message]
+    head_wire: dict[str, Any] | None
+    log_fixed: int  # system + tools + overhead + the stored log's tokens
+    prefix: Chunks[Message]  # the view before the pending turn: head + the cached history
+
+
+def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolicy,
+             counter: TokenCounter) -> Again | None:
+    """The :class:`Again` of a plan :func:`plan_view` made for a prepare, when it is quiet
+    and incremental (else None: the next call plans in full)."""
+    view, scan = plan.view, plan.extra_scan
+    report = view.report
+    if (plan.figures or plan.cheap or plan.truncation is not None or plan.enqueue
+            or plan.clear_recover_next or plan.extra_renamed is not None or scan is None
+            or not scan.intact or req.force_ratio is not None or report.truncated
+            or report.budget.should_compact or not report.budget.within_budget):
+        return None
+    private = view.__pydantic_private__
+    assert private is not None
+    extra = private["_extra"]
+    if private["_applied"] is not snap.applied or private["_wire"] is not snap.wire \
+            or len(extra) != len(req.extra):
+        return None  # not the incremental view (a repaired one, say)
+    first = (snap.applied[0],) if len(snap.applied) else tuple(extra[:1])
+    head = private["_head"]
+    return Again(
+        snap=snap, req=req, extra=tuple(extra), scan=scan,
+        newest=newest_tokens(extra, req.extra_tokens),
+        notice_tokens=_notice(snap.summary, req, counter)[1],
+        prior=prior_ratio(req.model, counter), family=model_family(req.model),
+        framing=summary_framing(req.summary_join, req.system_prompt, first,
+                                policy.summary_placement),
+        head=head, head_wire=private["_head_wire"],
+        log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total,
+        prefix=concat(head, snap.applied))
+
+
+def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens: list[int],
+               extra_wire: Sequence[dict[str, Any]],
+               policy: CompactionPolicy) -> tuple[Plan, Again] | None:
+    """The plan :func:`plan_view` makes for ``snap`` and the same request's fixed part with
+    the pending turn ``extra`` (``base.extra`` and what was appended since), and the
+    :class:`Again` it leaves; None where it may differ from a quiet incremental one."""
+    k = len(base.extra)
+    if snap is not base.snap or len(extra) < k or not all(map(operator.is_, base.extra, extra)):
+        return None
+    newest = newest_tokens(extra, extra_tokens)
+    if newest != base.newest:  # the reserve was sized with it
+        return None
+    scan = scan_pairs(extra[k:], base.scan) if len(extra) > k else base.scan
+    if not scan.intact:  # renaming or repair: planned in full
+        return None
+    req, state = base.req, snap.state
+    added = sum(extra_tokens)
+    regions, estimated = view_estimate(
+        state, snap.summary, snap.history_tokens, snap.saved, snap.end, overhead=req.overhead,
+        system=req.system_tokens, tools=req.tool_tokens, extra=added,
+        notice=base.notice_tokens, prior=base.prior, family=base.family, framing=base.framing)
+    report = check(req.window, req.reserve, regions, estimated, newest, policy)
+    if report.should_compact or not report.within_budget:
+        return None
+    given = list(extra)
+    view = PreparedView.built(
+        base.prefix.plus(given),  # concat(head, applied, given), the prefix's walk kept
+        ViewReport.built(req.session_id, req.model, req.limits_source, report, estimated,
+                         snap.start, state.version, snap.end, state.summary_kind,
+                         len(snap.cheap), False, 0, "", False, snap.pending, False, False,
+                         0.0),
+        head=base.head, head_wire=base.head_wire, wire=snap.wire, applied=snap.applied,
+        extra=given, extra_wire=extra_wire if len(extra_wire) == len(given) else ())
+    sent = Sent(regions.total, estimated, snap.end + len(given), req.window, state.version,
+                state, req.model)
+    plan = Plan(view=view, sent=sent, version=state.version,
+                log_tokens=base.log_fixed + added, extra_scan=scan)
+    return plan, Again(snap, req, tuple(given), scan, *base[4:])
+
+
+__all__ = ["Again", "again_of", "plan_again"]
