@@ -8,6 +8,7 @@ from typing import Any, Literal, overload
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from shared.core.budget import BudgetReport
+from shared.core.chunks import Chunks
 from shared.core.constructed import constructed
 from shared.core.messages import Message
 
@@ -89,22 +90,32 @@ class PreparedView(BaseModel):
     def wire(self, fmt: str = "openai") -> Sequence[dict[str, Any]]:
         """The view in an incremental wire format (``openai``, ``openai+reasoning``)
         without copying: the history's converted messages are shared with the cache."""
-        from shared.core.chunks import concat
-        from shared.core.wireview import convert, convert_kept, history_wire
-
+        concat, convert, convert_kept, history_wire, Slots = _wire_parts()
         private = self.__pydantic_private__  # a slot: no __getattr__ per attribute
         assert private is not None
         wire, applied = private["_wire"], private["_applied"]
         if wire is None or applied is None:
-            return convert(fmt, self.messages)
+            whole: list[dict[str, Any]] = convert(fmt, self.messages)
+            return whole
         kept = private["_head_wire"]
         head = kept.get(fmt) if kept is not None else None
         if head is None:
             head = convert(fmt, private["_head"])
             if kept is not None:
                 kept[fmt] = head
-        return concat(head, history_wire(wire, fmt, applied),
-                      convert_kept(fmt, private["_extra"], private["_extra_wire"]))
+        history = history_wire(wire, fmt, applied)
+        pending = convert_kept(fmt, private["_extra"], private["_extra_wire"])
+        slots = private["_extra_wire"]
+        if not isinstance(slots, Slots):
+            joined: Chunks[dict[str, Any]] = concat(head, history, pending)
+            return joined
+        # head + history, kept with the turn's slots while both are the same (a tool chain's
+        # calls): each call appends its pending forms, the history's chunks not walked
+        found = slots.prefix.get(fmt)
+        if found is None or found[0] is not history or found[1] is not head:
+            found = slots.prefix[fmt] = (history, head, concat(head, history))
+        prefix: Chunks[dict[str, Any]] = found[2]
+        return prefix.plus(pending)
 
     def openai(self, *, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """The view in OpenAI Chat Completions format (a new list; its dicts are shared,
@@ -176,6 +187,21 @@ class PreparedView(BaseModel):
         if isinstance(fold, AnthropicFold):
             return anthropic_view(head, fold, pending, head_memo, pending_memo, shared=shared)
         return gemini_view(head, fold, pending, head_memo, pending_memo, shared=shared)
+
+
+_PARTS: tuple[Any, ...] = ()
+
+
+def _wire_parts() -> tuple[Any, ...]:
+    """:meth:`PreparedView.wire`'s helpers, imported on its first call (not at import
+    time; an import statement per call cost ~1.3 µs of a tool chain's ~100)."""
+    global _PARTS
+    if not _PARTS:
+        from shared.core.chunks import concat
+        from shared.core.wireview import Slots, convert, convert_kept, history_wire
+
+        _PARTS = (concat, convert, convert_kept, history_wire, Slots)
+    return _PARTS
 
 
 __all__ = ["PreparedView", "ViewReport"]

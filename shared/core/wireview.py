@@ -147,20 +147,27 @@ class Slots(list[dict[str, Any]]):
     :func:`convert_kept` made of them so far, per format: the next call of the chain
     starts from that list (a prefix of its own) and looks at its new messages alone."""
 
-    __slots__ = ("made",)
+    __slots__ = ("made", "prefix")
 
     def __init__(self, slots: Iterable[dict[str, Any]] = (),
-                 made: dict[str, list[dict[str, Any]]] | None = None) -> None:
+                 made: dict[str, list[dict[str, Any]]] | None = None,
+                 prefix: dict[str, tuple[Any, Any, Chunks[dict[str, Any]]]] | None = None,
+                 ) -> None:
         super().__init__(slots)
         self.made = made if made is not None else {}
+        # per format: (the history's forms, the head's, the two joined), for the view's
+        # wire form before the turn (PreparedView.wire), kept for the turn's next calls
+        self.prefix = prefix if prefix is not None else {}
 
     def continued(self, keep: int, new: int) -> Slots:
         """The slots of the turn's next call: this turn's first ``keep`` (and what was
         made of them), then ``new`` empty ones."""
         made = {fmt: found if len(found) <= keep else found[:keep]
                 for fmt, found in list(self.made.items())}  # a snapshot, as in carry
-        return Slots((self if keep == len(self) else self[:keep]) + [{} for _ in range(new)],
-                     made)
+        out = Slots((), made, self.prefix)
+        out += self if keep == len(self) else self[:keep]
+        out += [{} for _ in range(new)]
+        return out
 
 
 def convert_kept(fmt: str, messages: Sequence[Message],
@@ -174,10 +181,10 @@ def convert_kept(fmt: str, messages: Sequence[Message],
     prefix: list[Any] = made if made is not None and len(made) <= len(messages) else []
     start = len(prefix)
     out = prefix + list(map(dict.get, kept[start:], itertools.repeat(fmt)))  # C speed
-    if None in out:  # the new messages of this call: converted once, kept in their slots
-        for i in range(start, len(out)):
-            if out[i] is None:
-                out[i] = kept[i][fmt] = convert(fmt, [messages[i]])[0]
+    if None in out:  # the new messages of this call: converted once (together), kept
+        todo = [i for i in range(start, len(out)) if out[i] is None]
+        for i, made_one in zip(todo, convert(fmt, [messages[i] for i in todo]), strict=True):
+            out[i] = kept[i][fmt] = made_one
     if isinstance(kept, Slots):
         kept.made[fmt] = out
     return out

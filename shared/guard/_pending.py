@@ -41,12 +41,15 @@ def _kept(item: Any) -> Any:
 def _plain_ascii(m: Message) -> bool:
     """Whether ``m``'s JSON cannot fail: text and ids all ASCII (no lone surrogate), no
     metadata (no nesting to exhaust the stack), no content parts."""
-    return (type(m.content) is str and m.content.isascii() and not m.metadata
+    if not (type(m.content) is str and m.content.isascii() and not m.metadata
             and (m.reasoning is None or m.reasoning.isascii())
             and (m.name is None or m.name.isascii())
-            and (m.tool_call_id is None or m.tool_call_id.isascii())
-            and all(c.id.isascii() and c.name.isascii() and c.arguments.isascii()
-                    for c in m.tool_calls))
+            and (m.tool_call_id is None or m.tool_call_id.isascii())):
+        return False
+    for c in m.tool_calls:  # noqa: SIM110 (a loop: no generator for a call or none)
+        if not (c.id.isascii() and c.name.isascii() and c.arguments.isascii()):
+            return False
+    return True
 
 
 def encoded(items: list[Message], offset: int) -> list[bytes | None]:
@@ -169,20 +172,23 @@ class PendingTurns:
         # session may be reading or replacing ``found`` meanwhile (filled in place, its
         # fields came from two requests, and a recording took one's messages with the
         # other's stored JSON).
-        turn = _Turn()
         keep = found is not None and reuse == len(given)
-        base = found if found is not None else turn
+        base = found if found is not None else _Turn()
+        turn = _Turn.__new__(_Turn)  # every field set below
         turn.scan, turn.cut, turn.renamed = base.scan, base.cut, base.renamed
         turn.again = base.again if keep else None
-
-        def kept(part: list[Any]) -> list[Any]:
-            return part if keep else part[:reuse]
-
         # new lists (an earlier view holds the last ones), made at C speed
-        turn.given = kept(base.given) + [_kept(item) for item in raw[reuse:]]
-        turn.extra = extra = kept(base.extra) + fresh
-        turn.tokens = tokens = kept(base.tokens) + [self.counter.message(m) for m in fresh]
-        turn.raw = kept(base.raw) + fresh_raw
+        if keep:
+            turn.given = base.given + [_kept(item) for item in raw[reuse:]]
+            turn.extra = extra = base.extra + fresh
+            turn.tokens = tokens = base.tokens + [self.counter.message(m) for m in fresh]
+            turn.raw = base.raw + fresh_raw
+        else:
+            turn.given = base.given[:reuse] + [_kept(item) for item in raw[reuse:]]
+            turn.extra = extra = base.extra[:reuse] + fresh
+            turn.tokens = tokens = (base.tokens[:reuse]
+                                    + [self.counter.message(m) for m in fresh])
+            turn.raw = base.raw[:reuse] + fresh_raw
         turn.slots = (base.slots if isinstance(base.slots, Slots) else Slots(base.slots)
                       ).continued(reuse, len(fresh))
         self._sized(session_id, turn)

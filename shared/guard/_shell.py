@@ -458,9 +458,9 @@ class GuardShell(FreshViews, Recovery):
     # Each span names the tenant too: session ids are per tenant, and one server's guards
     # serve every tenant its tokens name (two tenants' session "s" were one in traces).
     def traced_prepare(self, session_id: str, model: str) -> Traced:
-        return Traced("compaction.prepare", {"compaction.session_id": session_id,
-                                             "compaction.tenant": self.store.tenant,
-                                             "gen_ai.request.model": model})
+        return Traced.of("compaction.prepare", lambda: {"compaction.session_id": session_id,
+                                                        "compaction.tenant": self.store.tenant,
+                                                        "gen_ai.request.model": model})
 
     def traced_recover(self, session_id: str, model: str, error: object) -> Traced:
         return Traced("compaction.recover", {"compaction.session_id": session_id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared.core.prepared import PreparedView
@@ -25,6 +25,16 @@ class Traced:
                  kind: str = "internal") -> None:
         self._cm = span(name, attributes, kind=kind) if configured() else None
         self.current: Any = NO_SPAN
+
+    @classmethod
+    def of(cls, name: str, attributes: Callable[[], Mapping[str, Any]],
+           kind: str = "internal") -> Traced:
+        """A span named ``name``, its ``attributes`` made only when spans record; else the
+        one no-op span (a prepare of a tool chain made an attribute dict and a span object
+        per call for nothing)."""
+        if not configured():
+            return _NOOP
+        return cls(name, attributes(), kind)
 
     def __enter__(self) -> Traced:
         if self._cm is not None:
@@ -49,5 +59,8 @@ class Traced:
         self.current.set_attribute("compaction.log_length", length)
         return length
 
+
+_NOOP = Traced.__new__(Traced)  # no SDK: nothing recorded, nothing kept (shared by threads)
+_NOOP._cm, _NOOP.current = None, NO_SPAN
 
 __all__ = ["Traced"]
