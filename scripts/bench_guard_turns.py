@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import multiprocessing
 import time
 from collections.abc import Sequence
@@ -91,7 +92,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
     to compact): its ms, and LangChain's hook on the same messages at the same point of
     the loop (after the same model call), in alternating order."""
     per_turn, quiet, chain, cpu, hooked, hook_turns = [], [], [], [], [], []
-    alone, converted = args.alone, args.converted
+    alone, converted, quiet_cpu = args.alone, args.converted, args.quiet_cpu
     hook, lc_state = middleware_hook(), LcState()
     kw = {"max_tokens": args.max_tokens, "model": MODEL}
     for number, turn in enumerate(turns):
@@ -113,7 +114,8 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
                 getattr(view, args.format)(shared=True)
             took = (time.perf_counter() - started) * 1000
             full.guarding = False
-            used += (time.thread_time() - cpu_started) * 1000
+            this_cpu = (time.thread_time() - cpu_started) * 1000
+            used += this_cpu
             if not hook_first:
                 lc = timed_hook(hook, lc_state.state)
             wait += took
@@ -121,6 +123,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
             report = view.report
             if not (report.truncated or report.budget.should_compact or report.cheap_applied):
                 quiet.append(took)
+                quiet_cpu.append(this_cpu)
                 alone.append((prepared - started) * 1000)
                 if lc is not None:
                     hooked.append(lc[0])
@@ -137,6 +140,7 @@ def replay(guard: ContextGuard, sid: str, turns: list[list[Message]], args: argp
         full.guarding = False
         per_turn.append(wait + (time.perf_counter() - started) * 1000)
         cpu.append(used + (time.thread_time() - cpu_started) * 1000)
+        args.turn_calls.append(len(calls))
         if number:  # the first turn's first call has no state for the hook yet
             hook_turns.append(hook_wait)
     return per_turn, quiet, chain, cpu, hooked, hook_turns
@@ -229,7 +233,7 @@ def main() -> None:
                         help="the model call after each prepare, in ms (0: none, the worker "
                              "always behind: the worst case)")
     args = parser.parse_args()
-    args.alone, args.converted = [], []
+    args.alone, args.converted, args.quiet_cpu, args.turn_calls = [], [], [], []
     turns = all_turns()[: args.turns - 1]
     args.chain_at = len(turns) // 2
     turns.insert(args.chain_at, chain_turn(args.chain))
@@ -268,6 +272,13 @@ def main() -> None:
     print(f"| tool chain of {args.chain} calls: per prepare | {percentile(chain, 50):.2f} | "
           f"{percentile(chain, 99):.2f} | total {sum(chain):.1f} ms |")
     alone, converted = args.alone, args.converted
+    ranked = sorted(range(len(cpu)), key=cpu.__getitem__)
+    p99_turn = ranked[max(0, math.ceil(0.99 * len(cpu)) - 1)]  # nearest rank, as percentile
+    print(f"| the p99 turn (nearest rank, by CPU): its CPU / wall, calls | {cpu[p99_turn]:.2f} | "
+          f"{per_turn[p99_turn]:.2f} | {args.turn_calls[p99_turn]} calls |")
+    print(f"| prepare, nothing to compact, the view in {args.format}'s format: CPU of the "
+          f"agent's thread | {percentile(args.quiet_cpu, 50):.3f} | "
+          f"{percentile(args.quiet_cpu, 99):.3f} | |")
     print(f"| prepare, nothing to compact | {percentile(alone, 50):.3f} | "
           f"{percentile(alone, 99):.3f} | <= 2x middleware |")
     print(f"| the same, the view in {args.format}'s format | {percentile(quiet, 50):.3f} | "
