@@ -187,3 +187,29 @@ def test_the_shortcut_is_a_quiet_again_of_both_shells() -> None:
     from shared.guard import AsyncContextGuard, ContextGuard
 
     assert issubclass(ContextGuard, QuietAgain) and issubclass(AsyncContextGuard, QuietAgain)
+
+
+def test_a_pending_turn_keeps_no_view_the_cache_dropped(client: redis.Redis) -> None:
+    """The turn's quiet plan holds its cached view weakly: a view the cache evicts is freed
+    though the turn goes on (a turn is kept longer than a view, by other bounds)."""
+    import gc
+    import weakref
+
+    world = World(client, "sync", False, 1_000_000)
+    try:
+        world.guard.record_turn("s", [{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "hello"}])
+        turn: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for c in range(3):
+            turn.append({"role": "assistant", "content": "", "tool_calls": [
+                {"id": f"w{c}", "name": "read_file", "arguments": "{}"}]})
+            turn.append({"role": "tool", "tool_call_id": f"w{c}", "content": "ok"})
+            world.prepare(turn, SYSTEMS[0], None, None)
+        assert world.again >= 1
+        cached = weakref.ref(world.guard.views.get("s"))
+        world.guard.views.discard("s")
+        gc.collect()
+        assert cached() is None
+        world.prepare(turn, SYSTEMS[0], None, None)  # read again, planned in full
+    finally:
+        world.close(client)

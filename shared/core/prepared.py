@@ -74,23 +74,25 @@ class PreparedView(BaseModel):
     _extra_wire: Sequence[dict[str, Any]] = PrivateAttr(default=())  # kept across prepares
 
     _head_wire: dict[str, Any] | None = PrivateAttr(default=None)  # per format; "memo"
+    _memo: dict[Any, Any] | None = PrivateAttr(default=None)  # the cached view's, see wire()
 
     @classmethod
     def built(cls, messages: Sequence[Message], report: ViewReport, *,
               head: Sequence[Message] = (), head_wire: dict[str, Any] | None = None,
               wire: dict[str, Any] | None = None, applied: Any = None,
               extra: Sequence[Message] = (),
-              extra_wire: Sequence[dict[str, Any]] = ()) -> PreparedView:
+              extra_wire: Sequence[dict[str, Any]] = (),
+              memo: dict[Any, Any] | None = None) -> PreparedView:
         """A view from parts the guard already holds: :meth:`model_construct` without its
         per-field walk (a prepare made two of them, a tenth of a warm call)."""
         return constructed(cls, {"messages": messages, "report": report},
                      {"_head": head, "_wire": wire, "_applied": applied, "_extra": extra,
-                      "_extra_wire": extra_wire, "_head_wire": head_wire})
+                      "_extra_wire": extra_wire, "_head_wire": head_wire, "_memo": memo})
 
     def wire(self, fmt: str = "openai") -> Sequence[dict[str, Any]]:
         """The view in an incremental wire format (``openai``, ``openai+reasoning``)
         without copying: the history's converted messages are shared with the cache."""
-        concat, convert, convert_kept, history_wire, Slots = _wire_parts()
+        concat, convert, convert_kept, history_wire = _wire_parts()
         private = self.__pydantic_private__  # a slot: no __getattr__ per attribute
         assert private is not None
         wire, applied = private["_wire"], private["_applied"]
@@ -105,15 +107,15 @@ class PreparedView(BaseModel):
                 kept[fmt] = head
         history = history_wire(wire, fmt, applied)
         pending = convert_kept(fmt, private["_extra"], private["_extra_wire"])
-        slots = private["_extra_wire"]
-        if not isinstance(slots, Slots):
+        memo = private["_memo"]
+        if memo is None:
             joined: Chunks[dict[str, Any]] = concat(head, history, pending)
             return joined
-        # head + history, kept with the turn's slots while both are the same (a tool chain's
-        # calls): each call appends its pending forms, the history's chunks not walked
-        found = slots.prefix.get(fmt)
+        # head + history, kept with the cached view while both are the same (a tool chain's
+        # quiet calls): each call appends its pending forms, the history's chunks not walked
+        found = memo.get(fmt)
         if found is None or found[0] is not history or found[1] is not head:
-            found = slots.prefix[fmt] = (history, head, concat(head, history))
+            found = memo[fmt] = (history, head, concat(head, history))
         prefix: Chunks[dict[str, Any]] = found[2]
         return prefix.plus(pending)
 
@@ -198,9 +200,9 @@ def _wire_parts() -> tuple[Any, ...]:
     global _PARTS
     if not _PARTS:
         from shared.core.chunks import concat
-        from shared.core.wireview import Slots, convert, convert_kept, history_wire
+        from shared.core.wireview import convert, convert_kept, history_wire
 
-        _PARTS = (concat, convert, convert_kept, history_wire, Slots)
+        _PARTS = (concat, convert, convert_kept, history_wire)
     return _PARTS
 
 

@@ -17,12 +17,14 @@ answers None and the caller plans in full, so the plan is the one
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from shared.core.calibration import model_family, prior_ratio
-from shared.core.chunks import Chunks, concat
+from shared.core.chunks import concat
 from shared.core.config import CompactionPolicy
 from shared.core.guard_state import Plan, Request, _notice, check, newest_tokens
 from shared.core.messages import Message
@@ -40,8 +42,8 @@ class Again(NamedTuple):
     the figures that depend only on the snapshot and the request's fixed part (a tuple:
     one is made per call)."""
 
-    snap: CachedView
-    req: Request
+    snap: weakref.ref[CachedView]  # weakly: a turn kept longer must not keep the view
+    req: Request  # its fixed part (the pending turn's fields left empty)
     extra: tuple[Message, ...]
     scan: PairScan
     newest: int
@@ -52,7 +54,6 @@ class Again(NamedTuple):
     head: Sequence[Message]
     head_wire: dict[str, Any] | None
     log_fixed: int  # system + tools + overhead + the stored log's tokens
-    prefix: Chunks[Message]  # the view before the pending turn: head + the cached history
 
 
 def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolicy,
@@ -74,16 +75,17 @@ def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolic
         return None  # not the incremental view (a repaired one, say)
     first = (snap.applied[0],) if len(snap.applied) else tuple(extra[:1])
     head = private["_head"]
+    fixed = dataclasses.replace(req, extra=(), extra_tokens=(), extra_wire=(), extra_scan=None,
+                                extra_cut=None, extra_renamed=None, counted=None)
     return Again(
-        snap=snap, req=req, extra=tuple(extra), scan=scan,
+        snap=weakref.ref(snap), req=fixed, extra=tuple(extra), scan=scan,
         newest=newest_tokens(extra, req.extra_tokens),
         notice_tokens=_notice(snap.summary, req, counter)[1],
         prior=prior_ratio(req.model, counter), family=model_family(req.model),
         framing=summary_framing(req.summary_join, req.system_prompt, first,
                                 policy.summary_placement),
         head=head, head_wire=private["_head_wire"],
-        log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total,
-        prefix=concat(head, snap.applied))
+        log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total)
 
 
 def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens: list[int],
@@ -93,7 +95,7 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
     the pending turn ``extra`` (``base.extra`` and what was appended since), and the
     :class:`Again` it leaves; None where it may differ from a quiet incremental one."""
     k = len(base.extra)
-    if snap is not base.snap or len(extra) < k or not all(map(operator.is_, base.extra, extra)):
+    if snap is not base.snap() or len(extra) < k or not all(map(operator.is_, base.extra, extra)):
         return None
     newest = newest_tokens(extra, extra_tokens)
     if newest != base.newest:  # the reserve was sized with it
@@ -111,19 +113,24 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
     if report.should_compact or not report.within_budget:
         return None
     given = list(extra)
+    memo = snap.quiet  # head + history, made once per cached view and head
+    found = memo.get("messages")
+    if found is None or found[0] is not snap.applied or found[1] is not base.head:
+        found = memo["messages"] = (snap.applied, base.head, concat(base.head, snap.applied))
     view = PreparedView.built(
-        base.prefix.plus(given),  # concat(head, applied, given), the prefix's walk kept
+        found[2].plus(given),  # concat(head, applied, given), the prefix's walk kept
         ViewReport.built(req.session_id, req.model, req.limits_source, report, estimated,
                          snap.start, state.version, snap.end, state.summary_kind,
                          len(snap.cheap), False, 0, "", False, snap.pending, False, False,
                          0.0),
         head=base.head, head_wire=base.head_wire, wire=snap.wire, applied=snap.applied,
-        extra=given, extra_wire=extra_wire if len(extra_wire) == len(given) else ())
+        extra=given, extra_wire=extra_wire if len(extra_wire) == len(given) else (),
+        memo=memo)
     sent = Sent(regions.total, estimated, snap.end + len(given), req.window, state.version,
                 state, req.model)
     plan = Plan(view=view, sent=sent, version=state.version,
                 log_tokens=base.log_fixed + added, extra_scan=scan)
-    return plan, Again(snap, req, tuple(given), scan, *base[4:])
+    return plan, Again(base.snap, req, tuple(given), scan, *base[4:])
 
 
 __all__ = ["Again", "again_of", "plan_again"]

@@ -74,7 +74,7 @@ tool chains, 3 on the same chains with 40 kB tool outputs (tracemalloc).
 Counted in tokens, not messages, so that a few turns of huge tool outputs are bounded too."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # weakly held by a pending turn's quiet plan
 class CachedView:
     """One session's view as of one read: ``log[start:end]`` and what derives from it."""
 
@@ -105,6 +105,10 @@ class CachedView:
     tail: str = ""  # the state's ``tail`` naming ``end`` ('' = unknown): see :attr:`cursor`
     tail_raw: bytes | None = None  # the stored ``log[end - 1]`` (None: not held)
     digest_memo: str | None = None  # :attr:`digest`, once asked for
+    # what a tool chain's quiet calls share (shared.core.quiet): the view before the
+    # pending turn, messages and wire forms, keyed by what each was made of (a replaced
+    # copy shares the dict: every entry is checked against its parts before use)
+    quiet: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def length(self) -> int:

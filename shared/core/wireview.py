@@ -147,24 +147,19 @@ class Slots(list[dict[str, Any]]):
     :func:`convert_kept` made of them so far, per format: the next call of the chain
     starts from that list (a prefix of its own) and looks at its new messages alone."""
 
-    __slots__ = ("made", "prefix")
+    __slots__ = ("made",)
 
     def __init__(self, slots: Iterable[dict[str, Any]] = (),
-                 made: dict[str, list[dict[str, Any]]] | None = None,
-                 prefix: dict[str, tuple[Any, Any, Chunks[dict[str, Any]]]] | None = None,
-                 ) -> None:
+                 made: dict[str, list[dict[str, Any]]] | None = None) -> None:
         super().__init__(slots)
         self.made = made if made is not None else {}
-        # per format: (the history's forms, the head's, the two joined), for the view's
-        # wire form before the turn (PreparedView.wire), kept for the turn's next calls
-        self.prefix = prefix if prefix is not None else {}
 
     def continued(self, keep: int, new: int) -> Slots:
         """The slots of the turn's next call: this turn's first ``keep`` (and what was
         made of them), then ``new`` empty ones."""
         made = {fmt: found if len(found) <= keep else found[:keep]
                 for fmt, found in list(self.made.items())}  # a snapshot, as in carry
-        out = Slots((), made, self.prefix)
+        out = Slots((), made)
         out += self if keep == len(self) else self[:keep]
         out += [{} for _ in range(new)]
         return out

@@ -246,8 +246,9 @@ class PendingTurns:
         if turn is None or turn.extra is not extra:
             return
         turn.again = None if again is None else (again, key)
-        if again is not None:
-            turn.scan, turn.renamed = (again.snap.scan, again.extra, again.scan), None
+        snap = again.snap() if again is not None else None
+        if again is not None and snap is not None:
+            turn.scan, turn.renamed = (snap.scan, again.extra, again.scan), None
 
     def recorded(self, session_id: str, messages: Sequence[Any],
                  ) -> tuple[list[Message], dict[int, int], dict[int, tuple[bytes, int]],
