@@ -17,7 +17,6 @@ answers None and the caller plans in full, so the plan is the one
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import weakref
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ class Again(NamedTuple):
     one is made per call)."""
 
     snap: weakref.ref[CachedView]  # weakly: a turn kept longer must not keep the view
-    req: Request  # its fixed part (the pending turn's fields left empty)
+    req: Request  # read for its fixed part (what else it holds, the pending turn keeps too)
     extra: tuple[Message, ...]
     scan: PairScan
     newest: int
@@ -75,10 +74,8 @@ def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolic
         return None  # not the incremental view (a repaired one, say)
     first = (snap.applied[0],) if len(snap.applied) else tuple(extra[:1])
     head = private["_head"]
-    fixed = dataclasses.replace(req, extra=(), extra_tokens=(), extra_wire=(), extra_scan=None,
-                                extra_cut=None, extra_renamed=None, counted=None)
     return Again(
-        snap=weakref.ref(snap), req=fixed, extra=tuple(extra), scan=scan,
+        snap=weakref.ref(snap), req=req, extra=tuple(extra), scan=scan,
         newest=newest_tokens(extra, req.extra_tokens),
         notice_tokens=_notice(snap.summary, req, counter)[1],
         prior=prior_ratio(req.model, counter), family=model_family(req.model),

@@ -58,8 +58,11 @@ class QuietAgain(GuardShell):
                    max_tokens: int | None, model: str, extra: list[Message],
                    exact: bool) -> None:
         """After a full plan of a prepare: what it leaves for the turn's next quiet call
-        (none for a plan that is not quiet, or a request made to fit, ``exact``)."""
-        if exact or not extra:
+        (none for a plan that is not quiet, or a request made to fit, ``exact``). Not made
+        while the newest pending message is the user's: it sizes the reserve, so the turn's
+        next call (a tool call and its result after it) could not use it, and an agent's
+        first call of every turn would pay for it."""
+        if exact or not extra or extra[-1].role == "user":
             return
         again = again_of(snap, req, plan, self.policy, self.counter)
         key = (self.request_key(system_prompt, tools, max_tokens, model, snap)
