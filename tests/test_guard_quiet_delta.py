@@ -57,7 +57,7 @@ def chains(draw: st.DrawFn) -> dict[str, Any]:
                                       + _text(draw, 1, 12)}]
         for c in range(calls):
             width = draw(st.integers(1, 3))  # parallel calls now and then
-            ids = [f"c{t}_{c}_{k}" if not draw(st.integers(0, 30)) == 0 else f"c0_0_{k}"
+            ids = [f"c{t}_{c}_{k}" if draw(st.integers(0, 30)) != 0 else f"c0_0_{k}"
                    for k in range(width)]  # a repeated id now and then: renamed
             out.append({"role": "assistant", "content": draw(st.sampled_from(["", "Looking."])),
                         "tool_calls": [{"id": i, "name": "read_file",
