@@ -42,6 +42,7 @@ from shared.store.commands import EncodedBatch, T
 from shared.store.damage import Mended, mend_steps
 from shared.store.edits import rewind_steps, truncate_steps
 from shared.store.keys import DEFAULT_TENANT, SessionKeys, validate_tenant
+from shared.store.pools import AsyncFairConnectionPool
 from shared.store.sessions import (
     IDEMPOTENCY_KEEP,
     IDEMPOTENCY_TTL_SECONDS,
@@ -65,10 +66,13 @@ def connect_async(url: str, config: StoreConfig | None = None, *,
     """An asyncio client with the same bounded timeouts and no silent retries.
 
     Its pool holds at most ``max_connections``; a call beyond them waits for one to be
-    released (redis-py's default pool failed it at once: an async server with more calls
-    in flight lost them). The wait is bounded: ``pool_timeout`` seconds, by default the
-    store's connect and socket timeouts (what the call holding a connection may take),
-    then StoreUnavailable. A ``redis+sentinel://`` URL (``rediss+sentinel://`` over TLS)
+    released, first come first served (redis-py's default pool failed it at once: an
+    async server with more calls in flight lost them). The wait is bounded by Redis's
+    silence, not by its length: a waiting call fails (StoreUnavailable) once no
+    connection has come back from an answered call for ``pool_timeout`` seconds, by
+    default the store's connect and socket timeouts (what the call holding a connection
+    may take); while Redis answers, a burst of any size waits its turn
+    (:mod:`shared.store.pools`). A ``redis+sentinel://`` URL (``rediss+sentinel://`` over TLS)
     gives a client of the primary that Sentinel names
     (:func:`shared.store.sentinel.connect_sentinel_async`)."""
     from redis.asyncio.retry import Retry
@@ -82,7 +86,7 @@ def connect_async(url: str, config: StoreConfig | None = None, *,
         return connect_sentinel_async(url, cfg, max_connections=max_connections,
                                       pool_timeout=pool_timeout)
     wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
+    pool = AsyncFairConnectionPool.from_url(
         url, max_connections=max_connections, timeout=wait,
         socket_timeout=cfg.socket_timeout, socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 0), health_check_interval=30,

@@ -191,28 +191,49 @@ def driver_info() -> DriverInfo:
     return DriverInfo(lib_version=redis.__version__)
 
 
-def connect(url: str, config: StoreConfig | None = None) -> redis.Redis:
+MAX_CONNECTIONS = 100
+"""connect's (and connect_async's) default pool size: calls beyond it wait their turn."""
+
+
+def connect(url: str, config: StoreConfig | None = None, *,
+            max_connections: int = MAX_CONNECTIONS,
+            pool_timeout: float | None = None) -> redis.Redis:
     """A client with bounded socket timeouts and no silent retries (no call can hang).
 
     redis-py clients built by hand retry failed commands up to ten times
     with backoff by default: seconds of stall on the hot path, and a
     replayed non-idempotent write. The store's callers decide about retries.
+    Its pool holds at most ``max_connections``; a thread beyond them waits for one,
+    first come first served (redis-py's pool, 100 connections, failed the 101st thread's
+    call at once with ``Too many connections`` while Redis answered every call), and
+    fails (StoreUnavailable) once no connection has come back from an answered call for
+    ``pool_timeout`` seconds, by default the connect and socket timeouts
+    (:mod:`shared.store.pools`).
     A ``redis+sentinel://`` URL (``rediss+sentinel://`` over TLS) gives a client of the
     primary that Sentinel names (:func:`shared.store.sentinel.connect_sentinel`).
     """
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
+            or max_connections < 1:
+        raise InvalidInput("must be a positive integer", field="max_connections")
     cfg = config or StoreConfig()
     if url.lower().startswith(("redis+sentinel://", "rediss+sentinel://")):
         from shared.store.sentinel import connect_sentinel
 
         return connect_sentinel(url, cfg)
-    return redis.Redis.from_url(
+    from shared.store.pools import FairConnectionPool
+
+    wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout
+    pool = FairConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=wait,
         socket_timeout=cfg.socket_timeout,
         socket_connect_timeout=cfg.connect_timeout,
         retry=Retry(NoBackoff(), 0),
         health_check_interval=30,
         driver_info=driver_info(),
     )
+    return redis.Redis.from_pool(pool)
 
 
 def cluster_nodes(url: str) -> tuple[str, list[tuple[str, int]]]:

@@ -1,0 +1,213 @@
+"""Bounded connection pools whose callers wait their turn, and fail only when Redis does.
+
+Why not redis-py's blocking pools as they are (8.1): a call beyond ``max_connections``
+waits at most ``timeout`` seconds *of its own wait*, and a released connection goes to
+whichever caller asks first, not to the one that has waited longest. Under a burst (an
+asyncio server with 1,000 conversations on one loop, 128 threads on one guard) a caller
+queued behind hundreds of others, or overtaken again and again, ran out of its wait
+while Redis answered every call in a millisecond: ``StoreUnavailable: No connection
+available`` from a healthy Redis, and the agent sent a view without its history
+(``scripts/bench_guard_concurrency.py``: 515 of 5,000 turns). The non-blocking pool
+that :func:`shared.store.sessions.connect` used failed such a call at once (``Too many
+connections``, 139 of 640 turns with 128 threads).
+
+Here a connection released goes to the caller that has waited longest (first in,
+first out), and a waiting caller gives up only after ``timeout`` seconds during which
+no connection came back from an answered call: while Redis answers, a queue of any
+length drains in order; when it stops answering (calls time out and their
+connections come back closed), every waiting caller fails within ``timeout`` of the
+last answer, as before. ``timeout=None`` waits for as long as it takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import redis
+import redis.asyncio
+
+NO_CONNECTION = "no connection of the pool's {size} came back from an answered call " \
+    "for {timeout:g} s (max_connections, pool_timeout)"
+
+
+def _no_connection(size: int, timeout: float | None) -> redis.ConnectionError:
+    return redis.ConnectionError(NO_CONNECTION.format(size=size, timeout=timeout or 0))
+
+
+class _Waiter:
+    """One caller waiting for a connection, on a thread."""
+
+    __slots__ = ("event", "granted")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.granted = False
+
+
+class ThreadTurns:
+    """``size`` turns handed out first in, first out, across threads."""
+
+    def __init__(self, size: int, timeout: float | None) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.free = size
+        self.answered = 0.0  # time.monotonic() of the last answered call's release
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._queue: deque[_Waiter] = deque()
+
+    def take(self) -> None:
+        with self._lock:
+            if self.free and not self._queue:
+                self.free -= 1
+                return
+            waiter = _Waiter()
+            self._queue.append(waiter)
+        began = time.monotonic()
+        while True:
+            left = None if self.timeout is None else \
+                max(began, self.answered) + self.timeout - time.monotonic()
+            if waiter.event.wait(None if left is None else max(left, 0.0)):
+                return
+            with self._lock:
+                if waiter.granted:
+                    return
+                if max(began, self.answered) + (self.timeout or 0) <= time.monotonic():
+                    self._queue.remove(waiter)
+                    raise _no_connection(self.size, self.timeout)
+
+    def give(self, answered: bool) -> None:
+        with self._lock:
+            if answered:
+                self.answered = time.monotonic()
+            if self._queue:
+                waiter = self._queue.popleft()
+                waiter.granted = True
+                waiter.event.set()
+            else:
+                self.free += 1
+
+
+class LoopTurns:
+    """``size`` turns handed out first in, first out, to the tasks of one event loop."""
+
+    def __init__(self, size: int, timeout: float | None) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.free = size
+        self.answered = 0.0  # time.monotonic() of the last answered call's release
+        self._queue: deque[asyncio.Future[None]] = deque()
+
+    async def take(self) -> None:
+        if self.free and not self._queue:
+            self.free -= 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        began = time.monotonic()
+        try:
+            while not turn.done():
+                if self.timeout is None:
+                    await asyncio.wait((turn,))
+                    continue
+                left = max(began, self.answered) + self.timeout - time.monotonic()
+                if left <= 0:
+                    raise _no_connection(self.size, self.timeout)
+                await asyncio.wait((turn,), timeout=left)
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(False)  # granted as it gave up: the next caller's
+            else:
+                turn.cancel()
+                self._queue.remove(turn)
+            raise
+
+    def give(self, answered: bool) -> None:
+        if answered:
+            self.answered = time.monotonic()
+        while self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
+
+
+class FairConnectionPool(redis.BlockingConnectionPool):
+    """redis-py's blocking pool, its waits first in, first out and bounded by Redis's
+    silence (the module's docstring)."""
+
+    def __init__(self, max_connections: int = 100, timeout: float | None = 1.0,
+                 **kwargs: Any) -> None:
+        self.turns = ThreadTurns(max_connections, timeout)
+        self._holding: set[int] = set()
+        super().__init__(max_connections=max_connections,  # type: ignore[no-untyped-call]
+                         timeout=timeout, **kwargs)
+
+    def reset(self) -> None:
+        """A forked child starts with every turn free (the parent's threads are not
+        there to give theirs back)."""
+        super().reset()  # type: ignore[no-untyped-call]
+        turns = getattr(self, "turns", None)
+        if turns is not None and turns.pid != os.getpid():
+            self.turns = ThreadTurns(turns.size, turns.timeout)
+            self._holding = set()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self._checkpid()
+        self.turns.take()
+        try:
+            connection = super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except BaseException:
+            self.turns.give(False)
+            raise
+        self._holding.add(id(connection))
+        return connection
+
+    def release(self, connection: Any) -> None:
+        answered = bool(connection.is_connected)
+        held = id(connection) in self._holding
+        self._holding.discard(id(connection))
+        try:
+            super().release(connection)  # type: ignore[no-untyped-call]
+        finally:
+            if held:
+                self.turns.give(answered)
+
+
+class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
+    """The asyncio twin of :class:`FairConnectionPool`."""
+
+    def __init__(self, max_connections: int = 100, timeout: float | None = 1.0,
+                 **kwargs: Any) -> None:
+        self.turns = LoopTurns(max_connections, timeout)
+        self._holding: set[int] = set()
+        super().__init__(max_connections=max_connections, timeout=timeout, **kwargs)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        await self.turns.take()
+        try:
+            connection = await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except BaseException:
+            self.turns.give(False)
+            raise
+        self._holding.add(id(connection))
+        return connection
+
+    async def release(self, connection: Any) -> None:
+        answered = bool(connection.is_connected)
+        held = id(connection) in self._holding
+        self._holding.discard(id(connection))
+        try:
+            await super().release(connection)
+        finally:
+            if held:
+                self.turns.give(answered)
+
+
+__all__ = ["AsyncFairConnectionPool", "FairConnectionPool", "LoopTurns", "ThreadTurns"]
