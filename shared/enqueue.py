@@ -135,7 +135,8 @@ def redis_server(client: Any) -> tuple[Any, ...] | None:
     kwargs = getattr(pool, "connection_kwargs", None)
     connection = getattr(pool, "connection_class", None)
     if not isinstance(kwargs, dict) or type(pool).__name__ not in {
-            "ConnectionPool", "BlockingConnectionPool"} \
+            "ConnectionPool", "BlockingConnectionPool", "FairConnectionPool",
+            "AsyncFairConnectionPool"} \
             or not getattr(connection, "__module__", "").startswith("redis."):
         return None  # fakeredis, say: its "server" is in this process
     return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0))

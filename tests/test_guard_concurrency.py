@@ -20,6 +20,7 @@ import pytest
 from shared import AsyncContextGuard, ContextGuard
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
+from shared.enqueue import redis_server
 from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.pools import LoopTurns, ThreadTurns
 from shared.store.sessions import SessionStore, connect
@@ -199,6 +200,13 @@ def test_a_cancelled_waiter_gives_no_turn_away(server: RedisServer) -> None:
         await store.aclose()
 
     asyncio.run(main())
+
+
+def test_the_guard_still_knows_which_server_its_store_is_on(server: RedisServer) -> None:
+    """The inline job (one LPUSH when the broker is the store's Redis) needs the store's
+    server; it is named for the pools connect and connect_async build."""
+    assert redis_server(connect(server.url)) == ("127.0.0.1", server.port, None, 0)
+    assert redis_server(connect_async(server.url)) == ("127.0.0.1", server.port, None, 0)
 
 
 # -- the turns themselves ----------------------------------------------------------------
