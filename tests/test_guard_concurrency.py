@@ -25,6 +25,7 @@ from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.pools import LoopTurns, ThreadTurns
 from shared.store.sessions import SessionStore, connect
 from workers.harness.stack.redis_server import RedisServer
+from workers.harness.stack.sentinel_pair import start_sentinel_deployment
 
 pytestmark = pytest.mark.redis
 
@@ -152,13 +153,22 @@ def test_a_burst_on_a_busy_loop_waits_while_redis_answers(server: RedisServer) -
     assert [g for g in got if isinstance(g, BaseException)] == []
 
 
-def test_a_task_calling_again_and_again_does_not_starve_a_waiting_one(
-        server: RedisServer) -> None:
+@pytest.fixture(params=["standalone", "sentinel"])
+def any_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis URL: a server of the test's own, or a Sentinel deployment's."""
+    if request.param == "standalone":
+        yield request.getfixturevalue("server").url
+        return
+    with start_sentinel_deployment() as deployment:
+        yield deployment.url()
+
+
+def test_a_task_calling_again_and_again_does_not_starve_a_waiting_one(any_url: str) -> None:
     """One connection: a task that calls in a loop got it back each time before the task
     that had been waiting (redis-py's pool hands a released connection to whoever asks
     first), which waited for the whole loop or failed."""
     async def main() -> tuple[int, Any]:
-        client = connect_async(server.url, PATIENT, max_connections=1, pool_timeout=30)
+        client = connect_async(any_url, PATIENT, max_connections=1, pool_timeout=30)
         store = AsyncSessionStore(client, PATIENT)
         await store.append("s", turn(0))
         done = 0

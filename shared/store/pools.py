@@ -170,7 +170,7 @@ class FairConnectionPool(redis.BlockingConnectionPool):
         return connection
 
     def release(self, connection: Any) -> None:
-        answered = bool(connection.is_connected)
+        answered = bool(getattr(connection, "is_connected", False))
         held = id(connection) in self._holding
         self._holding.discard(id(connection))
         try:
@@ -200,7 +200,7 @@ class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
         return connection
 
     async def release(self, connection: Any) -> None:
-        answered = bool(connection.is_connected)
+        answered = bool(getattr(connection, "is_connected", False))
         held = id(connection) in self._holding
         self._holding.discard(id(connection))
         try:

@@ -62,6 +62,7 @@ from redis.sentinel import (
 )
 
 from shared.core.config import StoreConfig
+from shared.store.pools import AsyncFairConnectionPool
 from shared.store.sentinel_events import (
     EVENTS_SECONDS,
     FAILOVER_HOLD_SECONDS,
@@ -484,10 +485,11 @@ class AsyncFollowingSSLConnection(AsyncFollowingConnection, redis.asyncio.SSLCon
 
 
 class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
-                                 redis.asyncio.BlockingConnectionPool):
+                                 AsyncFairConnectionPool):
     """The asyncio twin of :class:`FollowingSentinelPool`; like
     :func:`shared.store.aio.connect_async`'s pool, a call beyond ``max_connections`` waits
-    (at most ``timeout`` seconds) for a connection instead of failing at once."""
+    its turn for a connection instead of failing at once, and fails once no connection
+    came back from an answered call for ``timeout`` seconds (:mod:`shared.store.pools`)."""
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
@@ -555,7 +557,7 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
                 await self.get_master_address()
             if self.follow.holding():
                 raise _holding_error(self.service_name)
-        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        return await super().get_connection(*args, **kwargs)
 
     async def release(self, connection: Any) -> None:
         """A connection that was busy when the primary moved goes back disconnected (it
