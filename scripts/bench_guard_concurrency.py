@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+import redis.asyncio
 from _timing import loadavg, percentile, proc_memory
 
 from shared import AsyncContextGuard, ContextGuard
@@ -109,10 +110,15 @@ async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
 
 
 async def async_agents(url: str, prefix: str, tasks: int, sessions: int, turns: int,
-                       latency: tuple[float, float], max_connections: int | None) -> None:
+                       latency: tuple[float, float], max_connections: int | None,
+                       rounds: int = 1) -> None:
     config = StoreConfig(key_prefix=prefix)
-    client = (connect_async(url, config) if max_connections is None
-              else connect_async(url, config, max_connections=max_connections))
+    if max_connections == 0:  # --max-connections 0: redis-py's own client, as users build it
+        client: Any = redis.asyncio.Redis.from_url(url, socket_timeout=config.socket_timeout,
+                                                   socket_connect_timeout=config.connect_timeout)
+    else:
+        client = (connect_async(url, config) if max_connections is None
+                  else connect_async(url, config, max_connections=max_connections))
     store = AsyncSessionStore(client, config)
     guard = AsyncContextGuard(store)
     await guard.warm_up()
@@ -142,14 +148,17 @@ async def async_agents(url: str, prefix: str, tasks: int, sessions: int, turns: 
     tick = asyncio.create_task(ticker(stop, lags))
     began, cpu = time.perf_counter(), time.process_time()
     with ClientPeak(url) as peak:
-        await asyncio.gather(*(agent(t) for t in range(tasks)))
+        rss_rounds = []
+        for _ in range(rounds):
+            await asyncio.gather(*(agent(t) for t in range(tasks)))
+            rss_rounds.append(proc_memory(os.getpid())[0])
     took, cpu = time.perf_counter() - began, time.process_time() - cpu
     stop.set()
     await tick
     rss_after = proc_memory(os.getpid())[0]
     pool = client.connection_pool
     bound = getattr(pool, "max_connections", None)
-    print(f"  {tasks} tasks x {turns} turns over {sessions} sessions, latency "
+    print(f"  {rounds} x {tasks} tasks x {turns} turns over {sessions} sessions, latency "
           f"{latency[0] * 1000:.0f}-{latency[1] * 1000:.0f} ms, pool bound {bound}: "
           f"{took:.1f} s, {len(record_ms) / took:.0f} turns/s recorded, process CPU "
           f"{cpu * 1000 / max(len(record_ms), 1):.2f} ms a turn")
@@ -159,7 +168,8 @@ async def async_agents(url: str, prefix: str, tasks: int, sessions: int, turns: 
     print(f"  loop lag    {ms(lags)} ({len(lags)} ticks)")
     print(f"  redis connections opened at peak: {peak.opened} (pool holds "
           f"{len(getattr(pool, '_connections', []) or pool._available_connections)}); "
-          f"RSS +{rss_after - rss_before:.1f} MiB")
+          f"RSS +{rss_after - rss_before:.1f} MiB (after each round: "
+          f"{', '.join(f'{r:.0f}' for r in rss_rounds)} MiB)")
     await guard.aclose()
     await store.aclose()
 
@@ -296,17 +306,20 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="async: run the tasks this many times (memory growth)")
     parser.add_argument("--latency-ms", type=float, nargs=2, default=(5.0, 50.0))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 8, 64, 128])
     parser.add_argument("--max-connections", type=int, default=None,
-                        help="the pool's bound (default: the connector's default)")
+                        help="the pool's bound (default: the connector's default; async: 0 "
+                        "for redis.asyncio.Redis.from_url(url), redis-py's own pool)")
     args = parser.parse_args()
     latency = (args.latency_ms[0] / 1000, args.latency_ms[1] / 1000)
     prefix = f"bcc{uuid.uuid4().hex[:6]}"
     runs: dict[str, Callable[[str, RedisServer | None], None]] = {
         "async": lambda url, _: asyncio.run(async_agents(
             url, f"{prefix}a", args.tasks, args.sessions, args.turns, latency,
-            args.max_connections)),
+            args.max_connections, args.rounds)),
         "exhausted": lambda _, server: asyncio.run(async_exhausted(
             server, f"{prefix}e", args.tasks)) if server else print(
             "  skipped: needs a Redis of the script's own (no --url)"),

@@ -219,6 +219,29 @@ def test_the_guard_still_knows_which_server_its_store_is_on(server: RedisServer)
     assert redis_server(connect_async(server.url)) == ("127.0.0.1", server.port, None, 0)
 
 
+def test_a_store_on_redis_pys_own_pool_says_so_once(server: RedisServer,
+                                                    caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis.asyncio.Redis.from_url(url) fails a call beyond its 100 connections at once:
+    the store says which connector waits instead, once a process."""
+    import redis.asyncio
+
+    from shared.store import aio
+
+    monkeypatch.setattr(aio, "_WARNED_POOL", False)
+
+    async def main() -> None:
+        for client in (connect_async(server.url), redis.asyncio.Redis.from_url(server.url),
+                       redis.asyncio.Redis.from_url(server.url)):
+            await AsyncSessionStore(client, PATIENT).aclose()
+
+    with caplog.at_level("WARNING", logger="shared.store"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "redis-py's own pool" in r.getMessage()]
+    assert len(said) == 1
+    assert "100 connections" in said[0] and "connect_async" in said[0]
+
+
 # -- the turns themselves ----------------------------------------------------------------
 def test_loop_turns_go_first_in_first_out_and_survive_cancellation() -> None:
     async def main() -> list[str]:

@@ -104,6 +104,7 @@ class AsyncSessionStore:
         _check_positive("idempotency_keep", idempotency_keep)
         _check_positive("idempotency_ttl", idempotency_ttl)
         self.redis = client
+        _warn_unless_waiting(client)
         self.config = config or StoreConfig()
         self.tenant = validate_tenant(tenant)
         self.counter = counter or DEFAULT_COUNTER
@@ -326,6 +327,25 @@ def _retrieved(task: asyncio.Future[None]) -> None:
     """A delete its caller stopped waiting for: a failure is logged, not lost."""
     if not task.cancelled() and task.exception() is not None:
         log.warning("a cancelled delete_session failed afterwards: %s", task.exception())
+
+
+def _warn_unless_waiting(client: Any) -> None:
+    """A client built with redis-py's own pool (``redis.asyncio.Redis.from_url``) fails a
+    call beyond its connections at once: 1,000 agent tasks on one loop lost 4,599 of
+    5,000 turns that way (``Too many connections``, ``scripts/bench_guard_concurrency.py``).
+    Said once a process: which pool, and the connector whose calls wait their turn."""
+    global _WARNED_POOL  # once a process, not once a store
+    pool = getattr(client, "connection_pool", None)
+    if _WARNED_POOL or type(pool) is not redis.asyncio.ConnectionPool:
+        return
+    _WARNED_POOL = True
+    log.warning("the store's client has redis-py's own pool: a call beyond its %s "
+                "connections fails at once (Too many connections) instead of waiting; build "
+                "it with shared.store.aio.connect_async(url, config, max_connections=...)",
+                pool.max_connections)
+
+
+_WARNED_POOL = False
 
 
 def _check_positive(name: str, value: object) -> None:
