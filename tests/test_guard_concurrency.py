@@ -22,9 +22,10 @@ from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.enqueue import redis_server
 from shared.store.aio import AsyncSessionStore, connect_async
+from shared.store.cluster_aio import connect_cluster_async
 from shared.store.pools import LoopTurns, ThreadTurns
 from shared.store.sessions import SessionStore, connect
-from workers.harness.stack.redis_server import RedisServer
+from workers.harness.stack.redis_server import LocalCluster, RedisServer
 from workers.harness.stack.sentinel_pair import start_sentinel_deployment
 
 pytestmark = pytest.mark.redis
@@ -161,6 +162,29 @@ def any_url(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     with start_sentinel_deployment() as deployment:
         yield deployment.url()
+
+
+def test_a_burst_on_a_busy_loop_waits_on_a_cluster_too(cluster: LocalCluster) -> None:
+    """connect_cluster_async's turns: the same burst; its wait was each call's own too."""
+    async def main() -> list[Any]:
+        config = StoreConfig(key_prefix="concc", socket_timeout=5.0, connect_timeout=5.0)
+        client = connect_cluster_async(cluster.url, config, max_connections=10,
+                                       pool_timeout=0.3)
+        store = AsyncSessionStore(client, config)
+        await store.warm_up()  # the slot map learnt before the burst
+        stop = asyncio.Event()
+        busy = asyncio.create_task(hog(stop))
+        got = await asyncio.gather(*(store.append(f"c{i}", turn(i)) for i in range(300)),
+                                   return_exceptions=True)
+        stop.set()
+        await busy
+        for i in range(300):
+            await store.delete_session(f"c{i}")
+        await client.aclose()
+        return list(got)
+
+    got = asyncio.run(main())
+    assert [g for g in got if isinstance(g, BaseException)] == []
 
 
 def test_a_task_calling_again_and_again_does_not_starve_a_waiting_one(any_url: str) -> None:

@@ -55,6 +55,7 @@ from shared.store.cluster_wait import (
     check_migration_wait,
     default_migration_wait,
 )
+from shared.store.pools import LoopTurns
 from shared.store.sessions import cluster_nodes, driver_info
 
 TOPOLOGY_HEADROOM = 2
@@ -85,31 +86,36 @@ class WaitingCluster(redis.asyncio.cluster.RedisCluster):
         self.calls_bound = calls_bound
         self.pool_timeout = pool_timeout
         self.migration_wait = check_migration_wait(migration_wait)
-        self._turns = asyncio.Semaphore(calls_bound)
+        # first in, first out; a waiting call fails only once no call was answered for
+        # pool_timeout (shared.store.pools: a burst on a busy loop waits, a dead cluster fails)
+        self._turns = LoopTurns(calls_bound, pool_timeout)
 
     async def _take_turn(self) -> None:
-        if not self._turns.locked():  # a turn free: taken without a timer
-            await self._turns.acquire()
-            return
         try:
-            await asyncio.wait_for(self._turns.acquire(), self.pool_timeout)
-        except TimeoutError:
+            await self._turns.take()
+        except redis.exceptions.ConnectionError:
             raise redis.exceptions.ConnectionError(
-                f"all {self.calls_bound} connections to the cluster stayed busy for "
-                f"{self.pool_timeout:g} s (max_connections)") from None
+                f"no call to the cluster was answered while this one waited {self.pool_timeout:g} "
+                f"s for one of {self.calls_bound} connections (max_connections)") from None
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         await self._take_turn()
         inside = _INSIDE_CALL.set(True)
+        answered = False
         try:
             if self._initialize:  # the slot map first: a call resolved without it goes astray
                 await self.initialize()
-            return await super().execute_command(*args, **kwargs)
+            result = await super().execute_command(*args, **kwargs)
+            answered = True
+            return result
+        except redis.exceptions.ResponseError:
+            answered = True  # an error reply is an answer
+            raise
         except (AttributeError, TypeError) as exc:
             raise _closed_under_call(exc) from exc
         finally:
             _INSIDE_CALL.reset(inside)
-            self._turns.release()
+            self._turns.give(answered)
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any,
                                **kwargs: Any) -> Any:
@@ -224,13 +230,19 @@ class _WaitingPipeline(redis.asyncio.cluster.ClusterPipeline):
             return await super().execute(raise_on_error, allow_redirections)
         await client._take_turn()
         inside = _INSIDE_CALL.set(True)
+        answered = False
         try:
-            return await super().execute(raise_on_error, allow_redirections)
+            result = await super().execute(raise_on_error, allow_redirections)
+            answered = True
+            return result
+        except redis.exceptions.ResponseError:
+            answered = True
+            raise
         except (AttributeError, TypeError) as exc:
             raise _closed_under_call(exc) from exc
         finally:
             _INSIDE_CALL.reset(inside)
-            client._turns.release()
+            client._turns.give(answered)
 
 
 async def _asking(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
