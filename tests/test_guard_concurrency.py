@@ -106,6 +106,26 @@ def test_the_sync_pool_size_is_a_setting(server: RedisServer) -> None:
         connect(server.url, max_connections=0)
 
 
+def test_a_forked_child_starts_with_every_turn_free(server: RedisServer) -> None:
+    """A prefork worker forks while a parent's thread holds a connection: the child's
+    pool must not count that thread's turn as taken (it is not there to give it back)."""
+    client = connect(server.url, PATIENT, max_connections=1)
+    store = SessionStore(client, PATIENT)
+    store.append("s", turn(0))
+    held = pool_of(client).get_connection()  # a parent's call in flight at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: one call, its exit status the answer
+        try:
+            os._exit(0 if store.length("s") == 2 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    pool_of(client).release(held)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.length("s") == 2
+    client.close()
+
+
 def test_threads_waiting_on_a_stopped_redis_fail_typed_and_soon(server: RedisServer,
                                                                   paused: Any) -> None:
     config = StoreConfig(key_prefix="conc", socket_timeout=0.3, connect_timeout=0.3)
