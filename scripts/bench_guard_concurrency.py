@@ -166,8 +166,8 @@ async def async_agents(url: str, prefix: str, tasks: int, sessions: int, turns: 
     print(f"  prepare     {ms(prepare_ms)}")
     print(f"  record_turn {ms(record_ms)}")
     print(f"  loop lag    {ms(lags)} ({len(lags)} ticks)")
-    print(f"  redis connections opened at peak: {peak.opened} (pool holds "
-          f"{len(getattr(pool, '_connections', []) or pool._available_connections)}); "
+    print(f"  connections: {made(client)} made by the pool, {peak.opened} open at the "
+          "peak sampled; "
           f"RSS +{rss_after - rss_before:.1f} MiB (after each round: "
           f"{', '.join(f'{r:.0f}' for r in rss_rounds)} MiB)")
     await guard.aclose()
@@ -268,9 +268,19 @@ def threaded(url: str, prefix: str, counts: list[int], sessions: int, turns: int
             done = len(rec)
             print(f"    {threads:>3} threads: {done / took:7.0f} turns/s, errors "
                   f"{errors_line(errors)}; prepare {ms(prep)}; record_turn {ms(rec)}; "
-                  f"connections opened at peak {peak.opened}")
+                  f"connections: {made(client)} made by the pool, {peak.opened} open at the "
+                  "peak sampled")
             guard.close()
             client.close()
+
+
+def made(client: Any) -> int:
+    """How many connections the client's pool made (sync or asyncio, redis-py's or ours)."""
+    pool = client.connection_pool
+    made = getattr(pool, "_connections", None)
+    if made is not None:
+        return len(made)
+    return len(pool._available_connections) + len(pool._in_use_connections)
 
 
 def connect_client(url: str, config: StoreConfig, max_connections: int | None) -> Any:
