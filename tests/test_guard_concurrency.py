@@ -151,18 +151,18 @@ async def hog(stop: asyncio.Event) -> None:
 
 
 def test_a_burst_on_a_busy_loop_waits_while_redis_answers(server: RedisServer) -> None:
-    """300 calls on a pool of 10 with a busy loop: the last waits ~1 s for its turn, past
-    the pool's 0.3 s. redis-py's pool failed those with 'No connection available' though
+    """400 calls on a pool of 10 with a busy loop: the last waits 1+ s for its turn, past
+    the pool's 0.6 s. redis-py's pool failed those with 'No connection available' though
     Redis answered every call at once."""
     async def main() -> list[Any]:
         config = StoreConfig(key_prefix="conc", socket_timeout=5.0, connect_timeout=5.0)
-        client = connect_async(server.url, config, max_connections=10, pool_timeout=0.3)
+        client = connect_async(server.url, config, max_connections=10, pool_timeout=0.6)
         store = AsyncSessionStore(client, config)
         guard = AsyncContextGuard(store, watch_changes=False)
         await guard.warm_up()
         stop = asyncio.Event()
         busy = asyncio.create_task(hog(stop))
-        got = await asyncio.gather(*(guard.record_turn(f"b{i}", turn(i)) for i in range(300)),
+        got = await asyncio.gather(*(guard.record_turn(f"b{i}", turn(i)) for i in range(400)),
                                    return_exceptions=True)
         stop.set()
         await busy
@@ -189,16 +189,16 @@ def test_a_burst_on_a_busy_loop_waits_on_a_cluster_too(cluster: LocalCluster) ->
     async def main() -> list[Any]:
         config = StoreConfig(key_prefix="concc", socket_timeout=5.0, connect_timeout=5.0)
         client = connect_cluster_async(cluster.url, config, max_connections=10,
-                                       pool_timeout=0.3)
+                                       pool_timeout=0.6)
         store = AsyncSessionStore(client, config)
         await store.warm_up()  # the slot map learnt before the burst
         stop = asyncio.Event()
         busy = asyncio.create_task(hog(stop))
-        got = await asyncio.gather(*(store.append(f"c{i}", turn(i)) for i in range(300)),
+        got = await asyncio.gather(*(store.append(f"c{i}", turn(i)) for i in range(400)),
                                    return_exceptions=True)
         stop.set()
         await busy
-        for i in range(300):
+        for i in range(400):
             await store.delete_session(f"c{i}")
         await client.aclose()
         return list(got)
