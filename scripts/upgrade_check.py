@@ -102,6 +102,11 @@ def serve_guard(redis_url: str, broker_url: str, prefix: str, log_path: str) -> 
                                          model=MODEL, pending=req["pending"],
                                          fallback_messages=[])
                     r = view.report
+                    if req.get("overflow"):  # the model refused it: recover, send that
+                        view = guard.recover(req["sid"], req["overflow"], req["system"],
+                                             max_tokens=RESERVE, model=MODEL,
+                                             pending=req["pending"]) or view
+                    r = view.report
                     reply["view"] = [m.model_dump(mode="json") for m in view.messages]
                     reply["report"] = {
                         "estimated": r.estimated_prompt_tokens, "reserve": r.budget.reserve,
@@ -110,6 +115,9 @@ def serve_guard(redis_url: str, broker_url: str, prefix: str, log_path: str) -> 
                         "due": r.budget.should_compact}
                 reply["length"] = guard.record_turn(req["sid"], req["turn"],
                                                     request_id=req["rid"])
+            elif req["op"] == "recall":
+                reply["hits"] = [{"index": h.index, "text": h.text}
+                                 for h in guard.recall(req["sid"], req["query"])]
             elif req["op"] == "read":
                 state = store.state(req["sid"])
                 store.load_view(req["sid"])  # parses summaries and state as this tree does
@@ -197,6 +205,7 @@ class Session:
     version: int = 0
     state_version: int = 0
     due: bool = False
+    starts: dict[int, int] = field(default_factory=dict)  # turn -> its user message's index
     sent: tuple[int, int, list[dict[str, Any]]] | None = None  # watermark, version, view
 
 
@@ -214,6 +223,9 @@ class Run:
     retries: int = 0
     truncated: int = 0
     prefix_changes: int = 0
+    overflows: int = 0
+    recalls: int = 0
+    recall_misses: int = 0
     findings: list[str] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)
     workers: list[Any] = field(default_factory=list)
@@ -226,22 +238,37 @@ class Run:
             print(f"  [{self.scenario}] FINDING {text}", flush=True)
 
 
+OVERFLOW = ("Error code: 400 - {'error': {'message': \"This model's maximum context length "
+            "is 11500 tokens. However, your messages resulted in 12100 tokens. Please reduce "
+            "the length of the messages.\", 'type': 'invalid_request_error', 'param': "
+            "'messages', 'code': 'context_length_exceeded'}}")
+"""An overflow a turn's first call gets now and then (a stated limit: a learned window)."""
+
+
+def unique_word(sid: str, k: int) -> str:
+    """A word only turn ``k`` of ``sid`` has (in its user message): recall's target."""
+    return f"zq{sid}x{k}"
+
+
 def make_turn(rng: random.Random, sid: str, k: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A user message, then 1-2 tool calls with bulky results, then the answer."""
+    """A user message, then 1-2 tool calls with bulky results, then the answer. Calls
+    re-read a few files (cheap stages drop superseded reads); now and then a result is
+    huge (the guard truncates before a worker's summary lands)."""
     words = ["alpha", "beta", "config", "retry", "cache", "parser", "token", "worker",
              "session", "budget", "window", "summary", "ledger", "redis", "queue"]
-    user = {"role": "user", "content": f"[{sid}] turn {k}: fix issue #{rng.randint(1, 9999)} "
-                                       f"in src/mod_{k}.py, keep the API stable"}
-    calls = [{"id": f"call_{sid}_{k}_{j}", "name": rng.choice(["read_file", "grep", "run"]),
-              "arguments": json.dumps({"path": f"src/mod_{k}_{j}.py"})}
+    user = {"role": "user", "content": f"[{sid}] turn {k}: fix issue {unique_word(sid, k)} "
+                                       f"in src/mod_{k % 5}.py, keep the API stable"}
+    calls = [{"id": f"call_{sid}_{k}_{j}", "name": rng.choice(["read_file", "read_file", "grep"]),
+              "arguments": json.dumps({"path": f"src/mod_{rng.randrange(5)}.py"})}
              for j in range(rng.randint(1, 2))]
     out: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": calls}]
     for c in calls:
-        body = " ".join(rng.choice(words) for _ in range(rng.randint(150, 500)))
+        size = rng.randint(2500, 4000) if rng.random() < 0.06 else rng.randint(150, 500)
+        body = " ".join(rng.choice(words) for _ in range(size))
         out.append({"role": "tool", "tool_call_id": c["id"],
                     "content": f"{c['id']} result: {body}"})
     out.append({"role": "assistant", "content": f"[{sid}] done with turn {k}: changed "
-                                                f"src/mod_{k}.py ({rng.randint(1, 99)} lines)"})
+                                                f"src/mod_{k % 5}.py ({rng.randint(1, 99)} lines)"})
     return user, out
 
 
@@ -277,21 +304,44 @@ def check_view(run: Run, s: Session, guard: Guard, reply: dict[str, Any]) -> Non
 def turn(run: Run, s: Session, k: int, guard: Guard, others: list[Guard], store: Any) -> None:
     user, answer = make_turn(run.rng, s.sid, k)
     rid = secrets.token_hex(8)
+    overflow = OVERFLOW if run.rng.random() < 0.03 else None
+    run.overflows += int(overflow is not None)
     reply = guard.ask({"op": "turn", "sid": s.sid, "system": s.system, "pending": [user],
-                       "turn": [user, *answer], "rid": rid})
+                       "turn": [user, *answer], "rid": rid, "overflow": overflow})
     if "error" in reply:
         run.finding(f"{guard.name} ({guard.tree.name}) raised on a turn: {reply['error']}")
         return  # not acknowledged: not expected in the log
     check_view(run, s, guard, reply)
+    s.starts[k] = len(s.expected)
     s.expected += [shape(m) for m in [user, *answer]]
     s.last = (rid, [user, *answer])
     run.turns += 1
     if others and run.rng.random() < 0.15:  # the agent's retry: the reply was lost
         retry(run, s, run.rng.choice(others))
     state = store.state(s.sid)
+    if run.rng.random() < 0.1:
+        recall(run, s, guard, state.watermark)
     if state.version < s.state_version:
         run.finding(f"{s.sid}: stored version went back {s.state_version} -> {state.version}")
     s.state_version = max(s.state_version, state.version)
+
+
+def recall(run: Run, s: Session, guard: Guard, watermark: int) -> None:
+    """A compacted turn's unique word: recall must bring back its user message."""
+    below = [k for k, at in s.starts.items() if at < watermark]
+    if not below:
+        return
+    k = run.rng.choice(below)
+    run.recalls += 1
+    reply = guard.ask({"op": "recall", "sid": s.sid, "query": unique_word(s.sid, k)})
+    if "error" in reply:
+        run.finding(f"{guard.name} ({guard.tree.name}) raised on recall: {reply['error']}")
+    elif not any(h["index"] == s.starts[k] and unique_word(s.sid, k) in h["text"]
+                 for h in reply["hits"]):
+        run.recall_misses += 1
+        run.finding(f"{guard.name} ({guard.tree.name}): recall of {s.sid}'s turn {k} "
+                    f"(message {s.starts[k]}, watermark {watermark}) missed: "
+                    f"{[h['index'] for h in reply['hits']]}")
 
 
 def retry(run: Run, s: Session, guard: Guard) -> None:
@@ -481,30 +531,43 @@ def scenario(run: Run, minutes: float, llm_url: str) -> dict[str, Any]:
     drain(run)
     old_reader = start_guard("reader-old", old, run)
     figures = final_checks(run, sessions, store, old_reader, llm_url)
-    old_reader.stop()
+    new_reader = start_guard("reader-new", new, run)
+    for reader in (old_reader, new_reader):  # after the drain, every index job done
+        for s in sessions:
+            recall(run, s, reader, store.state(s.sid).watermark)
+        reader.stop()
     for g in guards:
         g.stop()
     stop_workers(run, list(run.workers))
     job_outcomes(run)
     log_errors(run)
     return {**figures, "turns": run.turns, "views": run.views, "truncated": run.truncated,
-            "prefix_changes": run.prefix_changes,
+            "prefix_changes": run.prefix_changes, "overflows": run.overflows,
+            "recalls": run.recalls, "recall_misses": run.recall_misses,
             "retries": run.retries, "jobs": run.jobs}
 
 
 @contextlib.contextmanager
-def old_tree(commit: str) -> Iterator[Path]:
+def old_tree(commit: str, repo: Path = ROOT) -> Iterator[Path]:
     """The commit's files in a temporary directory (``git archive``; no checkout)."""
     with tempfile.TemporaryDirectory(prefix=f"upgrade-{commit}-") as tmp:
-        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+        archive = subprocess.run(["git", "archive", commit], cwd=repo, capture_output=True,
                                  check=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         yield Path(tmp)
 
 
+def has_commit(commit: str, repo: Path = ROOT) -> bool:
+    """Whether ``repo``'s history holds ``commit`` (a shallow clone, or a copy of the
+    tracked files such as .ci/run's, does not)."""
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo,
+                          capture_output=True).returncode == 0
+
+
 def run_check(commit: str, minutes: float, scenarios: str, out: Path,
-              print_to: IO[str] = sys.stdout) -> dict[str, Any]:
-    """Every scenario asked for against ``commit``; what each found."""
+              print_to: IO[str] = sys.stdout, repo: Path = ROOT) -> dict[str, Any]:
+    """Every scenario asked for against ``commit`` (from ``repo``'s history); what each
+    found."""
     from workers.harness.fakes.openai_server import FakeOpenAIServer
     from workers.harness.fakes.summaries import SummarizerResponder
     from workers.harness.stack.redis_server import start_server
@@ -514,7 +577,7 @@ def run_check(commit: str, minutes: float, scenarios: str, out: Path,
     llm = FakeOpenAIServer(responder=SummarizerResponder(), latency=0.05)
     llm.start()
     try:
-        with old_tree(commit) as tree:
+        with old_tree(commit, repo) as tree:
             for n, name in enumerate(scenarios):
                 print(f"[{time.strftime('%H:%M:%S')}] {commit} scenario {name}: "
                       f"{SCENARIOS[name]}", file=print_to, flush=True)
@@ -545,15 +608,16 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=1.0, help="per scenario, turns paced")
     ap.add_argument("--scenarios", default="abcd")
     ap.add_argument("--out", default=None, help="directory for the logs")
+    ap.add_argument("--repo", type=Path, default=ROOT,
+                    help="the git repository holding the old commit (default: this checkout)")
     args = ap.parse_args()
-    if subprocess.run(["git", "cat-file", "-e", f"{args.old}^{{commit}}"], cwd=ROOT,
-                      capture_output=True).returncode:
-        print(f"upgrade_check: no commit {args.old} in this clone (fetch the history: "
+    if not has_commit(args.old, args.repo):
+        print(f"upgrade_check: no commit {args.old} in {args.repo} (fetch the history: "
               "git fetch --unshallow)", file=sys.stderr)
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="upgrade-check-"))
     out.mkdir(parents=True, exist_ok=True)
-    results = run_check(args.old, args.minutes, args.scenarios, out)
+    results = run_check(args.old, args.minutes, args.scenarios, out, repo=args.repo)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     failed = False
     for name, r in results.items():
@@ -562,7 +626,8 @@ def main() -> int:
               f"(truncated {r['truncated']}, prefix changes without a summary "
               f"{r['prefix_changes']}), retries by request id {r['retries']}, "
               f"compacted {r['compacted']}/{r['sessions']}, still due {r['still_due']}")
-        print(f"jobs per worker: {r['jobs']}")
+        print(f"overflows recovered {r['overflows']}, recalls {r['recalls']} "
+              f"(missed {r['recall_misses']}); jobs per worker: {r['jobs']}")
         for e in r["expected"]:
             print(f"  expected: {e}")
         for f in r["findings"]:
