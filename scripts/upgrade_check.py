@@ -496,7 +496,7 @@ def log_errors(run: Run) -> None:
                     run.finding(f"{path.name}: {line.strip()[:240]}")
 
 
-def scenario(run: Run, minutes: float, llm_url: str) -> dict[str, Any]:
+def scenario(run: Run, minutes: float, llm_url: str, rounds: int = 36) -> dict[str, Any]:
     from shared.core.config import StoreConfig
     from shared.store.sessions import SessionStore, connect
 
@@ -510,7 +510,6 @@ def scenario(run: Run, minutes: float, llm_url: str) -> dict[str, Any]:
     workers = [start_workers(run, t, [f"{i}{'old' if t != ROOT else 'new'}"], llm_url)[0]
                for i, t in enumerate(worker_trees)]
     sessions = [Session(f"{run.scenario}s{i}", f"You are agent {i}.") for i in range(6)]
-    rounds = 36
     pause = max(0.0, minutes * 60 / rounds - 0.3)
     for k in range(rounds):
         if run.scenario == "d" and k == rounds // 2:
@@ -565,7 +564,8 @@ def has_commit(commit: str, repo: Path = ROOT) -> bool:
 
 
 def run_check(commit: str, minutes: float, scenarios: str, out: Path,
-              print_to: IO[str] = sys.stdout, repo: Path = ROOT) -> dict[str, Any]:
+              print_to: IO[str] = sys.stdout, repo: Path = ROOT,
+              rounds: int = 36) -> dict[str, Any]:
     """Every scenario asked for against ``commit`` (from ``repo``'s history); what each
     found."""
     from workers.harness.fakes.openai_server import FakeOpenAIServer
@@ -586,7 +586,7 @@ def run_check(commit: str, minutes: float, scenarios: str, out: Path,
                           "up" + secrets.token_hex(3), random.Random(n))
                 began = time.monotonic()
                 try:
-                    figures = scenario(run, minutes, llm.base_url)
+                    figures = scenario(run, minutes, llm.base_url, rounds)
                 finally:
                     for w in list(run.workers):
                         w.stop()
@@ -606,7 +606,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", required=True, help="the old build's commit (e.g. 02f23f1)")
     ap.add_argument("--minutes", type=float, default=1.0, help="per scenario, turns paced")
-    ap.add_argument("--scenarios", default="abcd")
+    ap.add_argument("--scenarios", default="abcd", help="any of n (baseline), a, b, c, d")
+    ap.add_argument("--rounds", type=int, default=36, help="turns per session")
     ap.add_argument("--out", default=None, help="directory for the logs")
     ap.add_argument("--repo", type=Path, default=ROOT,
                     help="the git repository holding the old commit (default: this checkout)")
@@ -617,7 +618,8 @@ def main() -> int:
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="upgrade-check-"))
     out.mkdir(parents=True, exist_ok=True)
-    results = run_check(args.old, args.minutes, args.scenarios, out, repo=args.repo)
+    results = run_check(args.old, args.minutes, args.scenarios, out, repo=args.repo,
+                        rounds=args.rounds)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     failed = False
     for name, r in results.items():
