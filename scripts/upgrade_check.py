@@ -47,6 +47,7 @@ import os
 import random
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -258,7 +259,8 @@ def unique_word(sid: str, k: int) -> str:
 def make_turn(rng: random.Random, sid: str, k: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A user message, then 1-2 tool calls with bulky results, then the answer. Calls
     re-read a few files (cheap stages drop superseded reads); now and then a result is
-    huge (the guard truncates before a worker's summary lands)."""
+    huge (two of them outgrow the window: the guard truncates, a worker cuts inside the
+    turn)."""
     words = ["alpha", "beta", "config", "retry", "cache", "parser", "token", "worker",
              "session", "budget", "window", "summary", "ledger", "redis", "queue"]
     user = {"role": "user", "content": f"[{sid}] turn {k}: fix issue {unique_word(sid, k)} "
@@ -268,7 +270,7 @@ def make_turn(rng: random.Random, sid: str, k: int) -> tuple[dict[str, Any], lis
              for j in range(rng.randint(1, 2))]
     out: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": calls}]
     for c in calls:
-        size = rng.randint(2500, 4000) if rng.random() < 0.06 else rng.randint(150, 500)
+        size = rng.randint(3500, 6000) if rng.random() < 0.06 else rng.randint(150, 500)
         body = " ".join(rng.choice(words) for _ in range(size))
         out.append({"role": "tool", "tool_call_id": c["id"],
                     "content": f"{c['id']} result: {body}"})
@@ -658,4 +660,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stops workers and Redis
     sys.exit(main())
