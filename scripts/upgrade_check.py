@@ -489,6 +489,9 @@ def job_outcomes(run: Run) -> None:
 
     for w in run.retired + run.workers:
         tally: dict[str, int] = {}
+        for unknown in sorted(set(re.findall(r"ignoring (COMPACTION_\w+)", w.log()))):
+            run.expected.append(f"workers of this build ignore {unknown}, with a warning "
+                                "[upgrading.md, What is compatible: Settings]")
         for job in parse_job_lines(w.log().splitlines()):
             status = str(job.get("status"))
             if status == "compacted":  # the fake LLM never fails: an offline summary is news
