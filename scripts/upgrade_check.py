@@ -197,7 +197,9 @@ def start_guard(name: str, tree: Path, run: Run) -> Guard:
     errors = (run.out / f"{run.scenario}-guard-{name}.stderr").open("w")
     proc = subprocess.Popen(cmd, cwd=tree, env=tree_env(tree), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=errors, text=True)
-    return Guard(name, tree, proc)
+    guard = Guard(name, tree, proc)
+    run.guards.append(guard)
+    return guard
 
 
 @dataclass
@@ -234,6 +236,7 @@ class Run:
     recall_misses: int = 0
     findings: list[str] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)
+    guards: list[Guard] = field(default_factory=list)
     workers: list[Any] = field(default_factory=list)
     retired: list[Any] = field(default_factory=list)
     jobs: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -609,7 +612,10 @@ def run_check(commit: str, minutes: float, scenarios: str, out: Path,
                 began = time.monotonic()
                 try:
                     figures = scenario(run, minutes, llm.base_url, rounds)
-                finally:
+                finally:  # whatever went wrong: no process of the run is left
+                    for g in run.guards:
+                        if g.proc.poll() is None:
+                            g.stop()
                     for w in list(run.workers):
                         w.stop()
                 results[name] = {"what": SCENARIOS[name], **figures,
