@@ -372,8 +372,8 @@ def retry(run: Run, s: Session, guard: Guard) -> None:
         text = f"{guard.name} ({guard.tree.name}) raised on a retry with a request id: " \
                f"{reply['error']}"
         if "ValueError" in reply["error"] and guard.tree != ROOT:
-            run.expected.append(f"{text} [upgrading.md, Rollback: a request id's record "
-                                "written since c56336a]")
+            run.expected.append(f"{text} [upgrading.md, Order 2 and Rollback: a request "
+                                "id's record written since c56336a]")
         else:
             run.finding(text)
 
