@@ -32,12 +32,12 @@ def _check_module() -> ModuleType:
 
 def test_yesterdays_build_runs_beside_this_one(tmp_path: Path) -> None:
     # .ci/run tests a copy of the tracked files (no .git): it names the checkout
-    repo = Path(os.environ.get("COMPACTION_UPGRADE_REPO", ROOT))
+    repo = Path(os.environ.get("UPGRADE_CHECK_REPO", ROOT))
     check = _check_module()
     if not check.has_commit(OLD, repo):
         pytest.fail(f"commit {OLD} is not in the history of {repo}, so the upgrade check "
                     "cannot run the old code: clone with history (`git fetch --unshallow`), "
-                    "or name a clone that has it in COMPACTION_UPGRADE_REPO", pytrace=False)
+                    "or name a clone that has it in UPGRADE_CHECK_REPO", pytrace=False)
     results = check.run_check(OLD, 0.1, "abc", tmp_path, repo=repo, rounds=ROUNDS)
     assert set(results) == {"a", "b", "c"}
     for name, r in results.items():
