@@ -62,7 +62,7 @@ from redis.sentinel import (
 )
 
 from shared.core.config import StoreConfig
-from shared.store.pools import AsyncFairConnectionPool
+from shared.store.pools import AsyncFairConnectionPool, ThreadTurns
 from shared.store.sentinel_events import (
     EVENTS_SECONDS,
     FAILOVER_HOLD_SECONDS,
@@ -79,7 +79,7 @@ from shared.store.sentinel_url import (  # the URL's names, importable from here
     is_sentinel_url,
     parse_sentinel_url,
 )
-from shared.store.sessions import driver_info, server_error
+from shared.store.sessions import MAX_CONNECTIONS, driver_info, server_error
 
 log = logging.getLogger("shared.store.sentinel")
 
@@ -325,16 +325,29 @@ class FollowingSSLConnection(FollowingConnection, redis.SSLConnection):
 
 class FollowingSentinelPool(SentinelConnectionPool):
     """redis-py's Sentinel pool that follows a moved primary (see the module docstring).
-    ``ssl=True``: TLS to the data nodes, as redis-py's pool takes it."""
+    ``ssl=True``: TLS to the data nodes, as redis-py's pool takes it.
+
+    Like :func:`shared.store.sessions.connect`'s pool, a thread beyond
+    ``max_connections`` waits its turn, first in, first out, and fails once no
+    connection came back from an answered call for ``timeout`` seconds
+    (:class:`shared.store.pools.ThreadTurns`; ``None``: it waits as long as it takes).
+    redis-py's pool under it never waits: it failed the 101st thread's call at once
+    with ``Too many connections`` while Redis answered every call. A turn is taken
+    before the pool consults the Sentinels, so a call that waited uses the primary
+    named when its turn came; a connection busy when the primary moved still goes back
+    disconnected (redis-py's ``owns_connection``), and its turn to the next caller."""
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
                  error_gap: float = ERROR_GAP_SECONDS,
-                 events_seconds: float = EVENTS_SECONDS, **kwargs: Any) -> None:
+                 events_seconds: float = EVENTS_SECONDS,
+                 timeout: float | None = 1.0, **kwargs: Any) -> None:
         ssl = kwargs.pop("ssl", False)
         kwargs.setdefault("connection_class", FollowingSSLConnection if ssl
                           else FollowingConnection)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self.turns = ThreadTurns(self.max_connections, timeout)
+        self._holding: set[int] = set()  # the connections handed out with a turn
         self.follow = _Follow(follow_seconds, error_gap)
         self.events_seconds = events_seconds
         self.listener: EventThread | None = None
@@ -380,14 +393,43 @@ class FollowingSentinelPool(SentinelConnectionPool):
             self.follow.events = None
         super().disconnect(inuse_connections)
 
+    def reset(self) -> None:
+        """A forked child starts with every turn free (the parent's threads are not
+        there to give theirs back)."""
+        super().reset()  # type: ignore[no-untyped-call]
+        turns = getattr(self, "turns", None)
+        if turns is not None and turns.pid != os.getpid():
+            self.turns = ThreadTurns(turns.size, turns.timeout)
+            self._holding = set()
+
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self.is_master:
-            self._listen()
-            if self.follow.due(self.proxy.master_address is not None):
-                self.proxy.get_master_address()  # type: ignore[no-untyped-call]
-            if self.follow.holding():
-                raise _holding_error(self.service_name)
-        return super().get_connection(*args, **kwargs)
+        self._checkpid()
+        self.turns.take()
+        try:
+            if self.is_master:
+                self._listen()
+                if self.follow.due(self.proxy.master_address is not None):
+                    self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+                if self.follow.holding():
+                    raise _holding_error(self.service_name)
+            connection = super().get_connection(*args, **kwargs)
+        except BaseException:
+            self.turns.give(False)
+            raise
+        self._holding.add(id(connection))
+        return connection
+
+    def release(self, connection: Any) -> None:
+        """redis-py's release (a connection to a primary no longer named goes back
+        disconnected), then the turn to the caller that has waited longest."""
+        answered = bool(getattr(connection, "is_connected", False))
+        held = id(connection) in self._holding
+        self._holding.discard(id(connection))
+        try:
+            super().release(connection)
+        finally:
+            if held:
+                self.turns.give(answered)
 
 
 def _kept(follow: _Follow, listener: EventThread | EventTask | None) -> bool:
@@ -429,19 +471,30 @@ def _sentinel_kwargs(cfg: StoreConfig, parsed: SentinelURL, retry: Any) -> dict[
 
 
 def connect_sentinel(url: str, config: StoreConfig | None = None, *,
+                     max_connections: int = MAX_CONNECTIONS, pool_timeout: float | None = None,
                      pool_class: type[SentinelConnectionPool] = FollowingSentinelPool,
                      follow_seconds: float = FOLLOW_SECONDS) -> redis.Redis:
     """A client of the primary a Sentinel deployment names (``url``: see the module
     docstring), with bounded socket timeouts and no silent retries, like
     :func:`shared.store.sessions.connect`. Nothing is sent until the first command.
-    ``pool_class``: redis-py's stock pool for comparisons (``scripts/failover.py``).
-    ``follow_seconds``: how often the pool asks the Sentinels while it is used."""
+    Its pool holds at most ``max_connections``; a thread beyond them waits its turn,
+    first come first served, and fails once no connection came back from an answered
+    call for ``pool_timeout`` seconds, by default the connect and socket timeouts
+    (:class:`FollowingSentinelPool`; redis-py's Sentinel pool failed the 101st thread's
+    call at once with ``Too many connections`` while Redis answered every call).
+    ``pool_class``: redis-py's stock pool for comparisons (``scripts/failover.py``; it
+    does not wait). ``follow_seconds``: how often the pool asks the Sentinels while it
+    is used."""
     cfg = config or StoreConfig()
     parsed = parse_sentinel_url(url)
     manager = Sentinel(list(parsed.sentinels),  # type: ignore[no-untyped-call]
                        sentinel_kwargs=_sentinel_kwargs(cfg, parsed, Retry(NoBackoff(), 0)))
-    extra = ({"follow_seconds": follow_seconds, "events_seconds": parsed.events_seconds}
-             if issubclass(pool_class, FollowingSentinelPool) else {})
+    extra: dict[str, Any] = {"max_connections": max_connections}
+    if issubclass(pool_class, FollowingSentinelPool):
+        extra["follow_seconds"] = follow_seconds
+        extra["events_seconds"] = parsed.events_seconds
+        extra["timeout"] = (cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None
+                            else pool_timeout)
     client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         parsed.service, connection_pool_class=pool_class, retry=Retry(NoBackoff(), 0),
         **_node_kwargs(cfg, parsed), **extra)

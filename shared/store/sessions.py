@@ -219,7 +219,8 @@ def connect(url: str, config: StoreConfig | None = None, *,
     if url.lower().startswith(("redis+sentinel://", "rediss+sentinel://")):
         from shared.store.sentinel import connect_sentinel
 
-        return connect_sentinel(url, cfg)
+        return connect_sentinel(url, cfg, max_connections=max_connections,
+                                pool_timeout=pool_timeout)
     from shared.store.pools import FairConnectionPool
 
     wait = cfg.connect_timeout + cfg.socket_timeout if pool_timeout is None else pool_timeout

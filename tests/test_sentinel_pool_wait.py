@@ -1,0 +1,183 @@
+"""Threads on one sync guard over a Sentinel URL: more calls in flight than the pool holds.
+
+The sync Sentinel pool (:class:`shared.store.sentinel.FollowingSentinelPool`) waits its
+turn like the store's other pools (``shared.store.pools``): redis-py's Sentinel pool
+under it failed the 101st thread's call at once with ``Too many connections`` while
+Redis answered every call. Each test starts its own deployment (a primary, a replica,
+three Sentinels: :mod:`workers.harness.stack.sentinel_pair`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+import redis
+
+from shared import ContextGuard
+from shared.core.config import StoreConfig
+from shared.core.errors import StoreUnavailable
+from shared.store.sentinel import FollowingSentinelPool, connect_sentinel
+from shared.store.sessions import SessionStore, connect
+from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
+
+pytestmark = pytest.mark.redis
+
+PATIENT = StoreConfig(key_prefix="spw", socket_timeout=5.0, connect_timeout=5.0)
+
+
+@pytest.fixture
+def deployment() -> Iterator[SentinelDeployment]:
+    with start_sentinel_deployment() as running:
+        yield running
+
+
+def turn(i: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"u{i}"}, {"role": "assistant", "content": f"a{i}"}]
+
+
+def in_threads(count: int, call: Any) -> list[Any]:
+    results: list[Any] = [None] * count
+
+    def run(i: int) -> None:
+        try:
+            results[i] = call(i)
+        except Exception as exc:  # collected: the test asserts on them
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def primary_pid(deployment: SentinelDeployment) -> int:
+    process = deployment.node(deployment.primary_port()).process
+    assert process is not None
+    return process.pid
+
+
+def test_128_threads_on_one_sync_guard_over_sentinel_wait_their_turn(
+        deployment: SentinelDeployment) -> None:
+    """Every call held a connection while the primary was stopped (0.4 s, under the
+    Sentinels' 1 s down-after): the 101st thread's failed at once with 'Too many
+    connections' from a healthy deployment."""
+    client = connect(deployment.url(), PATIENT)
+    pool: Any = client.connection_pool
+    assert isinstance(pool, FollowingSentinelPool)
+    guard = ContextGuard(SessionStore(client, PATIENT), watch_changes=False)
+    guard.warm_up()
+    pid = primary_pid(deployment)
+    os.kill(pid, signal.SIGSTOP)  # every call waits for Redis, holding its connection
+    released = threading.Timer(0.4, os.kill, args=(pid, signal.SIGCONT))
+    released.start()
+    try:
+        got = in_threads(128, lambda i: guard.record_turn(f"t{i}", turn(i)))
+    finally:
+        released.join()
+        os.kill(pid, signal.SIGCONT)
+    assert [g for g in got if isinstance(g, BaseException)] == []
+    assert got == [2] * 128
+    assert pool._created_connections <= 100
+    assert (pool.turns.free, len(pool.turns._queue)) == (100, 0)
+    views = in_threads(128, lambda i: guard.prepare(f"t{i}", "sys", model="gpt-4o"))
+    assert [len(v.messages) for v in views] == [3] * 128
+    guard.close()
+    client.close()
+
+
+def test_the_sentinel_pool_size_is_a_setting_of_connect(deployment: SentinelDeployment) -> None:
+    """connect(sentinel_url, max_connections=...) built a pool of 100 whatever was asked."""
+    client = connect(deployment.url(), PATIENT, max_connections=3)
+    store = SessionStore(client, PATIENT)
+    got = in_threads(40, lambda i: store.append(f"s{i}", turn(i)))
+    assert got == [2] * 40
+    assert client.connection_pool.max_connections == 3
+    assert client.connection_pool._created_connections <= 3
+    client.close()
+
+
+def test_a_thread_waits_for_the_one_connection_held(deployment: SentinelDeployment) -> None:
+    client = connect_sentinel(deployment.url(), PATIENT, max_connections=1)
+    pool: Any = client.connection_pool
+    client.set("k", "0")
+    held = pool.get_connection()  # another thread's call in flight
+    threading.Timer(0.3, pool.release, args=(held,)).start()
+    began = time.monotonic()
+    assert client.incr("k") == 1  # failed at once: Too many connections
+    assert time.monotonic() - began >= 0.25
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    client.close()
+
+
+def test_threads_waiting_on_a_stopped_primary_fail_typed_and_soon(
+        deployment: SentinelDeployment) -> None:
+    config = StoreConfig(key_prefix="spw", socket_timeout=0.2, connect_timeout=0.2)
+    client = connect(deployment.url(), config, max_connections=2)
+    store = SessionStore(client, config)
+    store.append("s", turn(0))
+    pid = primary_pid(deployment)
+    os.kill(pid, signal.SIGSTOP)  # resumed before the Sentinels' 1 s down-after
+    try:
+        began = time.monotonic()
+        got = in_threads(12, lambda i: store.length("s"))
+        took = time.monotonic() - began
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert all(isinstance(g, StoreUnavailable) for g in got), got
+    assert took < 0.9, took
+    pool: Any = client.connection_pool
+    assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+    assert store.length("s") == 2
+    client.close()
+
+
+def settled(call: Any) -> Any:
+    """``call``'s result once the switch has settled (a failover still reported in
+    progress fails calls at once, typed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return call()
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_a_connection_busy_at_the_switch_goes_back_closed_and_gives_its_turn(
+        deployment: SentinelDeployment) -> None:
+    """Two connections, one held across a planned failover and the other taken after it
+    (the pool asks the Sentinels, names the new primary): a third call waits; the held
+    one comes back disconnected (it is on the old primary), its turn goes to the waiting
+    call, whose write lands on the new primary on a connection of its own."""
+    client = connect_sentinel(deployment.url(), PATIENT, max_connections=2)
+    pool: Any = client.connection_pool
+    client.set("k", "0")
+    held = pool.get_connection()
+    old = deployment.primary_port()
+    assert held.port == old
+    deployment.failover()
+    new = deployment.wait_primary_not(old)
+    time.sleep(1.2)  # the pool's answer is stale: the next call asks the Sentinels
+    current = settled(pool.get_connection)
+    assert (current.host, current.port) == tuple(pool.master_address)
+    assert current.port == new
+    threading.Timer(0.3, pool.release, args=(held,)).start()
+    began = time.monotonic()
+    settled(lambda: client.set("waited", "1"))
+    assert time.monotonic() - began >= 0.25  # it waited for the held connection
+    assert not held.is_connected  # busy at the switch: dropped when it came back
+    with closing(redis.Redis(port=new, socket_timeout=2)) as direct:
+        assert direct.get("waited") == b"1"
+    pool.release(current)
+    assert pool._created_connections <= 2
+    assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+    client.close()
