@@ -181,3 +181,24 @@ def test_a_connection_busy_at_the_switch_goes_back_closed_and_gives_its_turn(
     assert pool._created_connections <= 2
     assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
     client.close()
+
+
+def test_a_forked_child_starts_with_every_turn_free(deployment: SentinelDeployment) -> None:
+    """A prefork worker forks while a parent's thread holds the only connection: the
+    child's pool must not count that turn as taken (no one there gives it back)."""
+    client = connect(deployment.url(), PATIENT, max_connections=1, pool_timeout=1.0)
+    store = SessionStore(client, PATIENT)
+    store.append("s", turn(0))
+    pool: Any = client.connection_pool
+    held = pool.get_connection()  # a parent's call in flight at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: one call, its exit status the answer
+        try:
+            os._exit(0 if store.length("s") == 2 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    pool.release(held)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.length("s") == 2
+    client.close()
