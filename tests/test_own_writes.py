@@ -584,10 +584,17 @@ def test_a_truncation_that_loses_its_swap_rebuilds_from_the_read_it_made(
             # its push reaches the feed before the guard writes: one still in flight then
             # counts with the guard's own, and the call reads again (safe; not this test's
             # case; it made the test fail 2 runs in 6)
+            # (the commit touches several keys: wait until the feed is quiet again, not
+            # for its first push only, or a later one may land after the guard's write)
             deadline = time.monotonic() + 2
+            last, quiet_since = start, time.monotonic()
             while time.monotonic() < deadline:
                 now = tally(session_id)
-                if start is None or now is None or now[2] > start[2]:
+                if start is None or now is None:
+                    break
+                if now != last:
+                    last, quiet_since = now, time.monotonic()
+                elif now[2] > start[2] and time.monotonic() - quiet_since > 0.05:
                     break
                 time.sleep(0.002)
         return tally(session_id)
