@@ -147,6 +147,10 @@ def _replay(client: redis.Redis, shell: str, case: dict[str, Any]) -> int:
                 assert _canonical(views[0]) == _canonical(views[1])
             for w in worlds:
                 w.guard.record_turn("s", turn)
+            # the append stores the ids the prepares sent, however they were planned
+            logs = [_canonical({"log": [m.model_dump() for m in w.store.messages("s")]})
+                    for w in worlds]
+            assert logs[0] == logs[1]
         return worlds[0].again
     finally:
         for w in worlds:
@@ -181,6 +185,40 @@ def test_a_long_chain_is_planned_from_its_last_call(client: redis.Redis) -> None
     case = {"recorded": [first], "live": [turn], "window": 1_000_000, "max_tokens": 1_000,
             "twists": [0] * 40}
     assert _replay(client, "sync", case) == 25
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_chain_whose_call_ids_repeat_is_planned_from_its_last_call(
+        client: redis.Redis, shell: str) -> None:
+    """A real agent's 26-call chain can call an id twice (a provider's positional ids, or
+    an id it used earlier in the turn): the turn is renamed, and each call continues that
+    renaming from the last quiet plan instead of planning the view in full (it did from
+    the first repeated id on). The views are the full plan's, and the append stores the
+    ids the last prepare sent."""
+    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
+    for c in range(26):
+        cid = f"k{c % 9}"  # from the tenth call on, every id was called before in the turn
+        turn.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": cid, "name": "read_file", "arguments": f'{{"path": "f{c}.py"}}'}]})
+        turn.append({"role": "tool", "tool_call_id": cid, "content": "x = 1\n" * 50})
+    turn.append({"role": "assistant", "content": "done"})
+    first = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    case = {"recorded": [first], "live": [turn], "window": 1_000_000, "max_tokens": 1_000,
+            "twists": [0] * 40}
+    # every call after the turn's second but the one whose id first repeats (it renames)
+    assert _replay(client, shell, case) == 24
+
+    world = World(client, "sync", False, 1_000_000)
+    try:
+        world.guard.record_turn("s", first)
+        sent = world.prepare(turn[:-1], SYSTEMS[0], None, 1_000)["messages"][-52:]
+        world.guard.record_turn("s", turn)
+        stored = [m.model_dump() for m in world.store.messages("s")][-53:-1]
+        ids = [[c["id"] for c in m["tool_calls"]] or m["tool_call_id"] for m in sent]
+        assert ids == [[c["id"] for c in m["tool_calls"]] or m["tool_call_id"] for m in stored]
+        assert len({i[0] for i in ids if isinstance(i, list)}) == 26  # renamed apart
+    finally:
+        world.close(client)
 
 
 def test_the_shortcut_is_a_quiet_again_of_both_shells() -> None:

@@ -7,9 +7,10 @@ nothing changed since but one or a few appended pending messages, most of what
 :func:`shared.core.guard_state.plan_view` works out is what it worked out last time: the
 request's fixed figures, the summary's framing and notice, the calibration prior, the
 view's head. :func:`plan_again` keeps those (:class:`Again`) and does only the delta:
-the pair scan resumed over the new messages, the one estimate, the budget check, the
-report. Anything else (a new snapshot, another request, a pending turn that is not a
-continuation, a scan that needs repair or renaming, a view that reaches the trigger)
+the pair scan resumed over the new messages (or, in a turn whose call ids repeat, its
+renaming: :mod:`shared.core.renamed`), the one estimate, the budget check, the report.
+Anything else (a new snapshot, another request, a pending turn that is not a
+continuation, a scan that needs repair, a view that reaches the trigger)
 answers None and the caller plans in full, so the plan is the one
 :func:`~shared.core.guard_state.plan_view` makes (a differential test holds it:
 ``tests/test_guard_quiet_delta.py``). Pure: no I/O.
@@ -29,6 +30,7 @@ from shared.core.guard_state import Plan, Request, _notice, check, newest_tokens
 from shared.core.messages import Message
 from shared.core.pairs import PairScan, scan_pairs
 from shared.core.prepared import PreparedView, ViewReport
+from shared.core.renamed import RenamedTurn, known_renamed
 from shared.core.tokens import TokenCounter
 from shared.core.usage_learning import Sent
 from shared.core.view import summary_framing, view_estimate
@@ -53,18 +55,22 @@ class Again(NamedTuple):
     head: Sequence[Message]
     head_wire: dict[str, Any] | None
     log_fixed: int  # system + tools + overhead + the stored log's tokens
+    # the pending turn renamed (its call ids repeat): continued call by call, as a full plan
+    # continues it, so that such a turn's calls cost what theirs do
+    renamed: RenamedTurn | None = None
 
 
 def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolicy,
              counter: TokenCounter) -> Again | None:
     """The :class:`Again` of a plan :func:`plan_view` made for a prepare, when it is quiet
     and incremental (else None: the next call plans in full)."""
-    view, scan = plan.view, plan.extra_scan
+    view, renamed = plan.view, plan.extra_renamed
+    scan = plan.extra_scan if renamed is None else renamed.scan
     report = view.report
     if (plan.figures or plan.cheap or plan.truncation is not None or plan.enqueue
-            or plan.clear_recover_next or plan.extra_renamed is not None or scan is None
-            or not scan.intact or req.force_ratio is not None or report.truncated
-            or report.budget.should_compact or not report.budget.within_budget):
+            or plan.clear_recover_next or scan is None or not scan.intact
+            or req.force_ratio is not None or report.truncated or report.budget.should_compact
+            or not report.budget.within_budget):
         return None
     private = view.__pydantic_private__
     assert private is not None
@@ -75,14 +81,16 @@ def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolic
     first = (snap.applied[0],) if len(snap.applied) else tuple(extra[:1])
     head = private["_head"]
     return Again(
-        snap=weakref.ref(snap), req=req, extra=tuple(extra), scan=scan,
+        snap=weakref.ref(snap), req=req,
+        extra=tuple(extra) if renamed is None else tuple(req.extra), scan=scan,
         newest=newest_tokens(extra, req.extra_tokens),
         notice_tokens=_notice(snap.summary, req, counter)[1],
         prior=prior_ratio(req.model, counter), family=model_family(req.model),
         framing=summary_framing(req.summary_join, req.system_prompt, first,
                                 policy.summary_placement),
         head=head, head_wire=private["_head_wire"],
-        log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total)
+        log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total,
+        renamed=renamed)
 
 
 def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens: list[int],
@@ -94,11 +102,20 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
     k = len(base.extra)
     if snap is not base.snap() or len(extra) < k or not all(map(operator.is_, base.extra, extra)):
         return None
-    newest = newest_tokens(extra, extra_tokens)
-    if newest != base.newest:  # the reserve was sized with it
-        return None
-    scan = scan_pairs(extra[k:], base.scan) if len(extra) > k else base.scan
+    renamed = base.renamed
+    sent: list[Message]
+    if renamed is not None:  # as plan_view continues the turn's renaming
+        renamed = known_renamed(extra, snap, renamed)
+        if renamed is None:
+            return None
+        scan, sent, extra_wire = renamed.scan, list(renamed.renamed), renamed.slots
+    else:
+        scan = scan_pairs(extra[k:], base.scan) if len(extra) > k else base.scan
+        sent = list(extra)
     if not scan.intact:  # renaming or repair: planned in full
+        return None
+    newest = newest_tokens(sent, extra_tokens)
+    if newest != base.newest:  # the reserve was sized with it
         return None
     req, state = base.req, snap.state
     added = sum(extra_tokens)
@@ -109,25 +126,24 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
     report = check(req.window, req.reserve, regions, estimated, newest, policy)
     if report.should_compact or not report.within_budget:
         return None
-    given = list(extra)
     memo = snap.quiet  # head + history, made once per cached view and head
     found = memo.get("messages")
     if found is None or found[0] is not snap.applied or found[1] is not base.head:
         found = memo["messages"] = (snap.applied, base.head, concat(base.head, snap.applied))
     view = PreparedView.built(
-        found[2].plus(given),  # concat(head, applied, given), the prefix's walk kept
+        found[2].plus(sent),  # concat(head, applied, sent), the prefix's walk kept
         ViewReport.built(req.session_id, req.model, req.limits_source, report, estimated,
                          snap.start, state.version, snap.end, state.summary_kind,
                          len(snap.cheap), False, 0, "", False, snap.pending, False, False,
                          0.0),
         head=base.head, head_wire=base.head_wire, wire=snap.wire, applied=snap.applied,
-        extra=given, extra_wire=extra_wire if len(extra_wire) == len(given) else (),
+        extra=sent, extra_wire=extra_wire if len(extra_wire) == len(sent) else (),
         memo=memo)
-    sent = Sent(regions.total, estimated, snap.end + len(given), req.window, state.version,
-                state, req.model)
-    plan = Plan(view=view, sent=sent, version=state.version,
-                log_tokens=base.log_fixed + added, extra_scan=scan)
-    return plan, Again(base.snap, req, tuple(given), scan, *base[4:])
+    plan = Plan(view=view, sent=Sent(regions.total, estimated, snap.end + len(sent), req.window,
+                                     state.version, state, req.model),
+                version=state.version, log_tokens=base.log_fixed + added,
+                extra_scan=scan if renamed is None else None, extra_renamed=renamed)
+    return plan, base._replace(extra=tuple(extra), scan=scan, renamed=renamed)
 
 
 __all__ = ["Again", "again_of", "plan_again"]

@@ -247,8 +247,9 @@ class PendingTurns:
             return
         turn.again = None if again is None else (again, key)
         snap = again.snap() if again is not None else None
-        if again is not None and snap is not None:
-            turn.scan, turn.renamed = (snap.scan, again.extra, again.scan), None
+        if again is not None and snap is not None:  # as :meth:`scanned` keeps a full plan's
+            turn.scan, turn.renamed = ((snap.scan, again.extra, again.scan), None) \
+                if again.renamed is None else (None, again.renamed)
 
     def recorded(self, session_id: str, messages: Sequence[Any],
                  ) -> tuple[list[Message], dict[int, int], dict[int, tuple[bytes, int]],
