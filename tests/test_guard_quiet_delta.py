@@ -221,6 +221,39 @@ def test_a_chain_whose_call_ids_repeat_is_planned_from_its_last_call(
         world.close(client)
 
 
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_chain_over_the_trigger_is_planned_from_its_last_call(
+        client: redis.Redis, shell: str) -> None:
+    """A chain that crosses the compaction trigger while its worker is behind: the first
+    call over it plans the cheap stages and queues the job; the calls after it, the job
+    queued and nothing new stored, write nothing and are planned from the last (they were
+    planned in full, each one). The views are the full plan's."""
+    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
+    for c in range(26):
+        turn.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"t{c}", "name": "read_file", "arguments": f'{{"path": "f{c}.py"}}'}]})
+        turn.append({"role": "tool", "tool_call_id": f"t{c}", "content": "x = 1\n" * 40})
+    turn.append({"role": "assistant", "content": "done"})
+    first = [{"role": "user", "content": "hi " * 13_000}, {"role": "assistant", "content": "hello"}]
+    case = {"recorded": [first], "live": [turn], "window": 21_000, "max_tokens": 1_000,
+            "twists": [0] * 40}
+    worlds = [World(client, shell, full, case["window"]) for full in (False, True)]
+    try:
+        for w in worlds:
+            w.guard.record_turn("s", first)
+        over = 0
+        for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
+            views = [w.prepare(turn[:i], SYSTEMS[0], None, 1_000) for w in worlds]
+            assert _canonical(views[0]) == _canonical(views[1])
+            assert views[0]["report"]["budget"]["within_budget"]
+            over += views[0]["report"]["budget"]["should_compact"]
+        assert over >= 10  # the chain ends over the trigger
+        assert worlds[0].again >= 23
+    finally:
+        for w in worlds:
+            w.close(client)
+
+
 def test_the_shortcut_is_a_quiet_again_of_both_shells() -> None:
     from shared.guard import AsyncContextGuard, ContextGuard
 

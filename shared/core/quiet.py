@@ -1,16 +1,18 @@
 """A tool chain's next quiet prepare from the last one's plan: only what the turn added.
 
 Between two recorded turns an agent prepares once per model call, each time with the
-turn so far as pending. When the last plan of the turn was *quiet* (nothing to compact,
-nothing to write: the view is the cached history with the pending turn after it) and
+turn so far as pending. When the last plan of the turn was *quiet* (nothing to
+write: the view is the cached history with the pending turn after it) and
 nothing changed since but one or a few appended pending messages, most of what
 :func:`shared.core.guard_state.plan_view` works out is what it worked out last time: the
 request's fixed figures, the summary's framing and notice, the calibration prior, the
 view's head. :func:`plan_again` keeps those (:class:`Again`) and does only the delta:
 the pair scan resumed over the new messages (or, in a turn whose call ids repeat, its
 renaming: :mod:`shared.core.renamed`), the one estimate, the budget check, the report.
+Over the trigger it applies while the cheap stages were planned for the snapshot and the
+summary job is queued (as the worker catches up, a chain's calls write nothing).
 Anything else (a new snapshot, another request, a pending turn that is not a
-continuation, a scan that needs repair, a view that reaches the trigger)
+continuation, a scan that needs repair, a view over its budget)
 answers None and the caller plans in full, so the plan is the one
 :func:`~shared.core.guard_state.plan_view` makes (a differential test holds it:
 ``tests/test_guard_quiet_delta.py``). Pure: no I/O.
@@ -67,10 +69,10 @@ def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolic
     view, renamed = plan.view, plan.extra_renamed
     scan = plan.extra_scan if renamed is None else renamed.scan
     report = view.report
-    if (plan.figures or plan.cheap or plan.truncation is not None or plan.enqueue
-            or plan.clear_recover_next or scan is None or not scan.intact
-            or req.force_ratio is not None or report.truncated or report.budget.should_compact
-            or not report.budget.within_budget):
+    if (plan.figures or plan.cheap or plan.truncation is not None or plan.force
+            or (plan.enqueue and not _job_asked(snap)) or plan.clear_recover_next
+            or scan is None or not scan.intact or req.force_ratio is not None
+            or report.truncated or not report.budget.within_budget):
         return None
     private = view.__pydantic_private__
     assert private is not None
@@ -91,6 +93,12 @@ def again_of(snap: CachedView, req: Request, plan: Plan, policy: CompactionPolic
         head=head, head_wire=private["_head_wire"],
         log_fixed=req.system_tokens + req.tool_tokens + req.overhead + snap.total,
         renamed=renamed)
+
+
+def _job_asked(snap: CachedView) -> bool:
+    """Whether a plan that wants the summary job asks for nothing (the shell's
+    ``job_wanted``): the view shows it queued, or nothing is stored for it to compact."""
+    return snap.pending or not snap.end
 
 
 def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens: list[int],
@@ -124,7 +132,12 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
         system=req.system_tokens, tools=req.tool_tokens, extra=added,
         notice=base.notice_tokens, prior=base.prior, family=base.family, framing=base.framing)
     report = check(req.window, req.reserve, regions, estimated, newest, policy)
-    if report.should_compact or not report.within_budget:
+    if not report.within_budget:
+        return None
+    # Over the trigger, a proactive plan plans the cheap stages (planned already for this
+    # snapshot: none) and wants the job (queued already: not asked again): nothing to write.
+    enqueue = report.should_compact and policy.proactive
+    if enqueue and not (snap.planned_end == snap.end and _job_asked(snap)):
         return None
     memo = snap.quiet  # head + history, made once per cached view and head
     found = memo.get("messages")
@@ -141,7 +154,7 @@ def plan_again(base: Again, snap: CachedView, extra: list[Message], extra_tokens
         memo=memo)
     plan = Plan(view=view, sent=Sent(regions.total, estimated, snap.end + len(sent), req.window,
                                      state.version, state, req.model),
-                version=state.version, log_tokens=base.log_fixed + added,
+                version=state.version, enqueue=enqueue, log_tokens=base.log_fixed + added,
                 extra_scan=scan if renamed is None else None, extra_renamed=renamed)
     return plan, base._replace(extra=tuple(extra), scan=scan, renamed=renamed)
 
