@@ -138,31 +138,39 @@ class LoopTurns:
         self.free += 1
 
 
-class FairConnectionPool(redis.BlockingConnectionPool):
-    """redis-py's blocking pool, its waits first in, first out and bounded by Redis's
-    silence (the module's docstring)."""
+class TurnTakingPool(redis.ConnectionPool):
+    """The turn-taking both blocking pools share (:class:`FairConnectionPool`, the
+    Sentinel pool :class:`shared.store.sentinel.FollowingSentinelPool`), mixed in before
+    redis-py's pool class: a call takes a turn (:class:`ThreadTurns`) before the pool
+    under it hands out a connection, so that pool never runs out nor makes a caller wait
+    unfairly, and gives it back when its connection comes back. One copy: the two pools'
+    copies had drifted apart before."""
 
-    def __init__(self, max_connections: int = 100, timeout: float | None = 1.0,
-                 **kwargs: Any) -> None:
-        self.turns = ThreadTurns(max_connections, timeout)
-        self._holding: set[int] = set()
-        super().__init__(max_connections=max_connections,  # type: ignore[no-untyped-call]
-                         timeout=timeout, **kwargs)
+    turns: ThreadTurns
+    _holding: set[int]  # the connections handed out with a turn
+
+    def _start_turns(self, size: int, timeout: float | None) -> None:
+        self.turns = ThreadTurns(size, timeout)
+        self._holding = set()
 
     def reset(self) -> None:
         """A forked child starts with every turn free (the parent's threads are not
         there to give theirs back)."""
-        super().reset()  # type: ignore[no-untyped-call]
+        super().reset()
         turns = getattr(self, "turns", None)
         if turns is not None and turns.pid != os.getpid():
-            self.turns = ThreadTurns(turns.size, turns.timeout)
-            self._holding = set()
+            self._start_turns(turns.size, turns.timeout)
+
+    def _in_turn(self) -> None:
+        """What a call does once its turn came, before the pool under it hands out a
+        connection (nothing here; the Sentinel pool asks the Sentinels)."""
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         self._checkpid()
         self.turns.take()
         try:
-            connection = super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            self._in_turn()
+            connection = super().get_connection(*args, **kwargs)
         except BaseException:
             self.turns.give(False)
             raise
@@ -174,10 +182,21 @@ class FairConnectionPool(redis.BlockingConnectionPool):
         held = id(connection) in self._holding
         self._holding.discard(id(connection))
         try:
-            super().release(connection)  # type: ignore[no-untyped-call]
+            super().release(connection)
         finally:
             if held:
                 self.turns.give(answered)
+
+
+class FairConnectionPool(TurnTakingPool, redis.BlockingConnectionPool):
+    """redis-py's blocking pool, its waits first in, first out and bounded by Redis's
+    silence (the module's docstring)."""
+
+    def __init__(self, max_connections: int = 100, timeout: float | None = 1.0,
+                 **kwargs: Any) -> None:
+        super().__init__(max_connections=max_connections,  # type: ignore[no-untyped-call]
+                         timeout=timeout, **kwargs)
+        self._start_turns(max_connections, timeout)
 
 
 class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
@@ -210,4 +229,5 @@ class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
                 self.turns.give(answered)
 
 
-__all__ = ["AsyncFairConnectionPool", "FairConnectionPool", "LoopTurns", "ThreadTurns"]
+__all__ = ["AsyncFairConnectionPool", "FairConnectionPool", "LoopTurns", "ThreadTurns",
+           "TurnTakingPool"]

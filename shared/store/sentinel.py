@@ -62,7 +62,7 @@ from redis.sentinel import (
 )
 
 from shared.core.config import StoreConfig
-from shared.store.pools import AsyncFairConnectionPool, ThreadTurns
+from shared.store.pools import AsyncFairConnectionPool, TurnTakingPool
 from shared.store.sentinel_events import (
     EVENTS_SECONDS,
     FAILOVER_HOLD_SECONDS,
@@ -323,7 +323,7 @@ class FollowingSSLConnection(FollowingConnection, redis.SSLConnection):
     with the following added)."""
 
 
-class FollowingSentinelPool(SentinelConnectionPool):
+class FollowingSentinelPool(TurnTakingPool, SentinelConnectionPool):
     """redis-py's Sentinel pool that follows a moved primary (see the module docstring).
     ``ssl=True``: TLS to the data nodes, as redis-py's pool takes it.
 
@@ -346,8 +346,7 @@ class FollowingSentinelPool(SentinelConnectionPool):
         kwargs.setdefault("connection_class", FollowingSSLConnection if ssl
                           else FollowingConnection)
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
-        self.turns = ThreadTurns(self.max_connections, timeout)
-        self._holding: set[int] = set()  # the connections handed out with a turn
+        self._start_turns(self.max_connections, timeout)
         self.follow = _Follow(follow_seconds, error_gap)
         self.events_seconds = events_seconds
         self.listener: EventThread | None = None
@@ -393,43 +392,15 @@ class FollowingSentinelPool(SentinelConnectionPool):
             self.follow.events = None
         super().disconnect(inuse_connections)
 
-    def reset(self) -> None:
-        """A forked child starts with every turn free (the parent's threads are not
-        there to give theirs back)."""
-        super().reset()  # type: ignore[no-untyped-call]
-        turns = getattr(self, "turns", None)
-        if turns is not None and turns.pid != os.getpid():
-            self.turns = ThreadTurns(turns.size, turns.timeout)
-            self._holding = set()
-
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        self._checkpid()
-        self.turns.take()
-        try:
-            if self.is_master:
-                self._listen()
-                if self.follow.due(self.proxy.master_address is not None):
-                    self.proxy.get_master_address()  # type: ignore[no-untyped-call]
-                if self.follow.holding():
-                    raise _holding_error(self.service_name)
-            connection = super().get_connection(*args, **kwargs)
-        except BaseException:
-            self.turns.give(False)
-            raise
-        self._holding.add(id(connection))
-        return connection
-
-    def release(self, connection: Any) -> None:
-        """redis-py's release (a connection to a primary no longer named goes back
-        disconnected), then the turn to the caller that has waited longest."""
-        answered = bool(getattr(connection, "is_connected", False))
-        held = id(connection) in self._holding
-        self._holding.discard(id(connection))
-        try:
-            super().release(connection)
-        finally:
-            if held:
-                self.turns.give(answered)
+    def _in_turn(self) -> None:
+        """The primary named when the call's turn came (asked again when due), and no
+        call while a failover is reported in progress."""
+        if self.is_master:
+            self._listen()
+            if self.follow.due(self.proxy.master_address is not None):
+                self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+            if self.follow.holding():
+                raise _holding_error(self.service_name)
 
 
 def _kept(follow: _Follow, listener: EventThread | EventTask | None) -> bool:
