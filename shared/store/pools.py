@@ -68,6 +68,21 @@ class ThreadTurns:
                 return
             waiter = _Waiter()
             self._queue.append(waiter)
+        try:
+            self._wait(waiter)
+        except BaseException:
+            # gave up other than by the timeout (a signal handler's exception in this
+            # thread: Celery's soft time limit, a KeyboardInterrupt): out of the queue,
+            # or the turn granted meanwhile to the next caller; left in, the next
+            # connection released went to no one and the pool was a turn short for good
+            with self._lock:
+                if waiter.granted:
+                    self._hand_on()
+                elif waiter in self._queue:
+                    self._queue.remove(waiter)
+            raise
+
+    def _wait(self, waiter: _Waiter) -> None:
         began = time.monotonic()
         while True:
             left = None if self.timeout is None else \
@@ -85,12 +100,16 @@ class ThreadTurns:
         with self._lock:
             if answered:
                 self.answered = time.monotonic()
-            if self._queue:
-                waiter = self._queue.popleft()
-                waiter.granted = True
-                waiter.event.set()
-            else:
-                self.free += 1
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """A turn back: to the caller that has waited longest, else free (lock held)."""
+        if self._queue:
+            waiter = self._queue.popleft()
+            waiter.granted = True
+            waiter.event.set()
+        else:
+            self.free += 1
 
 
 class LoopTurns:
@@ -147,16 +166,20 @@ class TurnTakingPool(redis.ConnectionPool):
     copies had drifted apart before."""
 
     turns: ThreadTurns
-    _holding: set[int]  # the connections handed out with a turn
+    _holding: dict[int, int]  # the connections handed out with a turn -> generation
+    _generation = 0  # how many times the pool was reset in this process
 
     def _start_turns(self, size: int, timeout: float | None) -> None:
         self.turns = ThreadTurns(size, timeout)
-        self._holding = set()
+        self._holding = {}
 
     def reset(self) -> None:
         """A forked child starts with every turn free (the parent's threads are not
-        there to give theirs back)."""
+        there to give theirs back). In the same process the turns stay (the calls
+        holding them give them back), and the connections they hold are the pool's no
+        more: closed as they come back (:meth:`release`)."""
         super().reset()
+        self._generation += 1
         turns = getattr(self, "turns", None)
         if turns is not None and turns.pid != os.getpid():
             self._start_turns(turns.size, turns.timeout)
@@ -174,17 +197,25 @@ class TurnTakingPool(redis.ConnectionPool):
         except BaseException:
             self.turns.give(False)
             raise
-        self._holding.add(id(connection))
+        self._holding[id(connection)] = self._generation
         return connection
 
     def release(self, connection: Any) -> None:
+        """The connection back to redis-py's pool and its turn to the caller that has
+        waited longest; one the pool no longer knows (handed out before a reset, or by
+        the parent process) is closed instead: redis-py put it back into a queue that
+        did not count it (left open by :meth:`disconnect`), or raised ``queue.Full``."""
+        self._checkpid()  # in a forked child, its own turns: not the parent's to give
         answered = bool(getattr(connection, "is_connected", False))
-        held = id(connection) in self._holding
-        self._holding.discard(id(connection))
+        generation = self._holding.pop(id(connection), None)
         try:
-            super().release(connection)
+            if generation not in (None, self._generation) \
+                    or getattr(connection, "pid", self.pid) != self.pid:
+                connection.disconnect()
+            else:
+                super().release(connection)
         finally:
-            if held:
+            if generation is not None:
                 self.turns.give(answered)
 
 
@@ -202,11 +233,19 @@ class FairConnectionPool(TurnTakingPool, redis.BlockingConnectionPool):
 class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
     """The asyncio twin of :class:`FairConnectionPool`."""
 
+    _generation = 0  # how many times the pool was reset
+
     def __init__(self, max_connections: int = 100, timeout: float | None = 1.0,
                  **kwargs: Any) -> None:
         self.turns = LoopTurns(max_connections, timeout)
-        self._holding: set[int] = set()
+        self._holding: dict[int, int] = {}  # handed out with a turn -> generation
         super().__init__(max_connections=max_connections, timeout=timeout, **kwargs)
+
+    def reset(self) -> None:
+        """The turns stay (the calls holding them give them back); the connections
+        they hold are the pool's no more: closed as they come back (:meth:`release`)."""
+        super().reset()  # type: ignore[no-untyped-call]
+        self._generation += 1
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         await self.turns.take()
@@ -215,18 +254,29 @@ class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
         except BaseException:
             self.turns.give(False)
             raise
-        self._holding.add(id(connection))
+        self._holding[id(connection)] = self._generation
         return connection
 
     async def release(self, connection: Any) -> None:
+        """The connection back (:meth:`_put_back`) and its turn to the task that has
+        waited longest; one handed out before a :meth:`reset` is closed instead
+        (redis.asyncio's pool no longer knows it: its release raised KeyError into the
+        call that had succeeded)."""
         answered = bool(getattr(connection, "is_connected", False))
-        held = id(connection) in self._holding
-        self._holding.discard(id(connection))
+        generation = self._holding.pop(id(connection), None)
         try:
-            await super().release(connection)
+            if generation not in (None, self._generation):
+                await connection.disconnect()
+            else:
+                await self._put_back(connection)
         finally:
-            if held:
+            if generation is not None:
                 self.turns.give(answered)
+
+    async def _put_back(self, connection: Any) -> None:
+        """redis.asyncio's release (the Sentinel pool closes a connection to an old
+        primary first)."""
+        await super().release(connection)
 
 
 __all__ = ["AsyncFairConnectionPool", "FairConnectionPool", "LoopTurns", "ThreadTurns",

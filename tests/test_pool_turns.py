@@ -1,0 +1,183 @@
+"""The fair pools' turns when a caller gives up, a pool is reset, or the process forks
+(:mod:`shared.store.pools`): no turn lost, none handed out twice, no connection left open.
+
+Each test runs on a redis-server of its own (real redis-py, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from shared.store.pools import AsyncFairConnectionPool, FairConnectionPool
+from workers.harness.stack.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+class _Interrupted(Exception):
+    """What a signal handler raises in the waiting thread (Celery's soft time limit,
+    a KeyboardInterrupt)."""
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted()
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, before)
+
+
+def clients_of(server: RedisServer) -> int:
+    with redis.Redis(port=server.port, socket_timeout=2) as direct:
+        return len(direct.client_list()) - 1  # not this one
+
+
+def test_a_thread_interrupted_while_it_waits_leaves_no_turn_behind(
+        own_redis: RedisServer, alarm: None) -> None:
+    """The waiter stayed in the queue: the next connection released went to it, gone,
+    and the pool was a turn short for good (here: no call could run at all)."""
+    pool = FairConnectionPool.from_url(own_redis.url, max_connections=1, timeout=0.5)
+    held = pool.get_connection()
+    signal.setitimer(signal.ITIMER_REAL, 0.1)  # raised in this thread while it waits
+    with pytest.raises(_Interrupted):
+        pool.get_connection()
+    pool.release(held)
+    began = time.monotonic()
+    assert redis.Redis(connection_pool=pool).ping()  # failed: no connection ... for 0.5 s
+    assert time.monotonic() - began < 0.3
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    pool.disconnect()
+
+
+def test_a_forked_child_releasing_a_parents_connection_keeps_the_bound(
+        own_redis: RedisServer) -> None:
+    """The child's first call was the release of a connection it inherited, in use at
+    the fork: it raised ``queue.Full`` (redis-py put a placeholder into a full queue),
+    and gave the child a turn too many (two calls at once on a pool of one)."""
+    pool = FairConnectionPool.from_url(own_redis.url, max_connections=1, timeout=0.2)
+    held = pool.get_connection()
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status says how far it got
+        status = 1
+        try:
+            pool.release(held)
+            status = 2
+            first = pool.get_connection()
+            status = 3
+            try:
+                pool.get_connection()
+            except redis.ConnectionError as exc:  # the bound: one connection, held
+                status = 0 if "no connection of the pool's 1" in str(exc) else 4
+            pool.release(first)
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    pool.release(held)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    assert redis.Redis(connection_pool=pool).ping()
+    pool.disconnect()
+
+
+def test_a_connection_from_before_a_reset_is_closed_when_it_comes_back(
+        own_redis: RedisServer) -> None:
+    """``pool.reset()`` while a call holds a connection: it came back into the new queue,
+    a connection the pool no longer knew, left open by ``disconnect()`` (client.close())."""
+    pool = FairConnectionPool.from_url(own_redis.url, max_connections=2, timeout=0.5)
+    client = redis.Redis(connection_pool=pool)
+    held = pool.get_connection()
+    pool.reset()
+    assert client.ping()
+    pool.release(held)
+    assert not held.is_connected
+    assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+    pool.disconnect()
+    assert clients_of(own_redis) == 0
+
+
+def test_an_async_pool_reset_while_a_call_waits(own_redis: RedisServer) -> None:
+    """``pool.reset()`` while a call holds the only connection and another waits: the
+    held one's release raised KeyError (redis.asyncio's pool no longer knew it) into the
+    call that had succeeded, and left it open."""
+    async def main() -> None:
+        pool = AsyncFairConnectionPool.from_url(own_redis.url, max_connections=1,
+                                                timeout=2.0)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        held = await pool.get_connection()
+        waiting = asyncio.create_task(client.ping())
+        await asyncio.sleep(0.05)
+        pool.reset()
+        await pool.release(held)  # raised KeyError
+        assert await asyncio.wait_for(waiting, 1.0)
+        assert not held.is_connected
+        assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+        await pool.disconnect()
+        assert clients_of(own_redis) == 0
+
+    asyncio.run(main())
+
+
+def test_an_async_waiter_cancelled_in_a_burst_keeps_the_queue_in_order(
+        own_redis: RedisServer) -> None:
+    """Cancelled and timed-out waiters leave the queue; every other call runs, in order."""
+    async def main() -> list[int]:
+        pool = AsyncFairConnectionPool.from_url(own_redis.url, max_connections=2,
+                                                timeout=5.0)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        order: list[int] = []
+
+        async def call(i: int) -> None:
+            await client.incr("n")
+            order.append(i)
+
+        tasks = [asyncio.create_task(call(i)) for i in range(40)]
+        await asyncio.sleep(0)
+        for task in tasks[5::3]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+        assert int(await client.get("n") or 0) == len(order)
+        await pool.disconnect()
+        return order
+
+    order = asyncio.run(main())
+    assert order == sorted(order)
+    assert len(order) == 40 - len(range(5, 40, 3))
+
+
+def test_threads_waiting_while_the_pool_is_reset_all_run(own_redis: RedisServer) -> None:
+    pool = FairConnectionPool.from_url(own_redis.url, max_connections=2, timeout=5.0)
+    client = redis.Redis(connection_pool=pool)
+    held = [pool.get_connection(), pool.get_connection()]
+    done: list[Any] = []
+
+    def call() -> None:
+        try:
+            done.append(client.incr("n"))
+        except Exception as exc:  # collected: the test asserts on them
+            done.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    pool.reset()
+    for connection in held:
+        pool.release(connection)
+    for thread in threads:
+        thread.join(5)
+    assert sorted(done) == list(range(1, 9))
+    assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+    pool.disconnect()
+    assert clients_of(own_redis) == 0
