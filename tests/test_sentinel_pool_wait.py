@@ -8,6 +8,7 @@ three Sentinels: :mod:`workers.harness.stack.sentinel_pair`)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -22,7 +23,11 @@ import redis
 from shared import ContextGuard
 from shared.core.config import StoreConfig
 from shared.core.errors import StoreUnavailable
-from shared.store.sentinel import FollowingSentinelPool, connect_sentinel
+from shared.store.sentinel import (
+    FollowingSentinelPool,
+    connect_sentinel,
+    connect_sentinel_async,
+)
 from shared.store.sessions import SessionStore, connect
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 
@@ -202,3 +207,40 @@ def test_a_forked_child_starts_with_every_turn_free(deployment: SentinelDeployme
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.length("s") == 2
     client.close()
+
+
+def test_an_async_release_cancelled_while_it_closes_a_connection_to_the_old_primary(
+        deployment: SentinelDeployment) -> None:
+    """A connection busy across a failover is closed as it comes back, an await: a
+    cancellation landing there (``asyncio.timeout`` expiring as the call ends) kept it
+    in redis.asyncio's pool as in use and its turn taken, for good."""
+    async def main() -> None:
+        client = connect_sentinel_async(deployment.url(), PATIENT, max_connections=2)
+        pool: Any = client.connection_pool
+        await client.set("k", "0")
+        held = await pool.get_connection()
+        old = deployment.primary_port()
+        deployment.failover()
+        deployment.wait_primary_not(old)
+        await asyncio.sleep(1.2)  # the pool's answer is stale: the next call asks
+        deadline = time.monotonic() + 30
+        while True:  # a failover still reported in progress fails calls at once
+            try:
+                await client.set("after", "1")
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+        assert pool.master_address[1] != old
+        releasing = asyncio.create_task(pool.release(held))
+        await asyncio.sleep(0)  # in the release, closing the connection
+        releasing.cancel()
+        await asyncio.gather(releasing, return_exceptions=True)
+        assert not held.is_connected
+        assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
+        assert len(pool._in_use_connections) == 0
+        counts = await asyncio.gather(*(client.incr("n") for _ in range(10)))
+        assert sorted(counts) == list(range(1, 11))
+        await client.aclose()
+
+    asyncio.run(main())

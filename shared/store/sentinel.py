@@ -583,15 +583,19 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
                 raise _holding_error(self.service_name)
         return await super().get_connection(*args, **kwargs)
 
-    async def release(self, connection: Any) -> None:
+    async def _put_back(self, connection: Any) -> None:
         """A connection that was busy when the primary moved goes back disconnected (it
         reconnects to the new primary when used): redis.asyncio's pool, unlike the
-        blocking one, puts every released connection back as it is."""
+        blocking one, puts every released connection back as it is. Back even when the
+        close is cancelled (an await: kept as in use, its turn taken, for good), and
+        inside the shared release, which counted a call answered before the close."""
         address = self.master_address
-        if self.is_master and address is not None and \
-                (connection.host, connection.port) != tuple(address):
-            await connection.disconnect()
-        await super().release(connection)
+        try:
+            if self.is_master and address is not None and \
+                    (connection.host, connection.port) != tuple(address):
+                await connection.disconnect()
+        finally:
+            await super()._put_back(connection)
 
 
 def connect_sentinel_async(url: str, config: StoreConfig | None = None, *,
