@@ -244,3 +244,34 @@ def test_an_async_release_cancelled_while_it_closes_a_connection_to_the_old_prim
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_forked_child_releasing_a_parents_connection_keeps_the_bound(
+        deployment: SentinelDeployment) -> None:
+    """The child's first call released a connection in use at the fork: the turn went
+    back to the child's fresh turns, one too many, and its second call at once failed
+    with redis-py's 'Too many connections' instead of waiting its turn."""
+    client = connect_sentinel(deployment.url(), PATIENT, max_connections=1, pool_timeout=0.2)
+    client.set("k", "0")
+    pool: Any = client.connection_pool
+    held = pool.get_connection()
+    pid = os.fork()
+    if pid == 0:  # the child: its exit status says how far it got
+        status = 1
+        try:
+            pool.release(held)
+            first = pool.get_connection()
+            status = 3
+            try:
+                pool.get_connection()
+            except redis.ConnectionError as exc:  # the bound: one connection, held
+                status = 0 if "no connection of the pool's 1" in str(exc) else 4
+            pool.release(first)
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    pool.release(held)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert client.incr("k") == 1
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    client.close()
