@@ -6,7 +6,6 @@ Each test runs on a redis-server of its own (real redis-py, real sockets)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ import pytest
 import redis
 
 from shared.store.pools import AsyncFairConnectionPool, FairConnectionPool
+from tests.pool_support import child_after_release
 from workers.harness.stack.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -67,24 +67,8 @@ def test_a_forked_child_releasing_a_parents_connection_keeps_the_bound(
     and gave the child a turn too many (two calls at once on a pool of one)."""
     pool = FairConnectionPool.from_url(own_redis.url, max_connections=1, timeout=0.2)
     held = pool.get_connection()
-    pid = os.fork()
-    if pid == 0:  # the child: its exit status says how far it got
-        status = 1
-        try:
-            pool.release(held)
-            status = 2
-            first = pool.get_connection()
-            status = 3
-            try:
-                pool.get_connection()
-            except redis.ConnectionError as exc:  # the bound: one connection, held
-                status = 0 if "no connection of the pool's 1" in str(exc) else 4
-            pool.release(first)
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
+    assert child_after_release(pool, held) == 0
     pool.release(held)
-    assert os.waitstatus_to_exitcode(status) == 0
     assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
     assert redis.Redis(connection_pool=pool).ping()
     pool.disconnect()
@@ -115,7 +99,11 @@ def test_an_async_pool_reset_while_a_call_waits(own_redis: RedisServer) -> None:
                                                 timeout=2.0)
         client = redis.asyncio.Redis(connection_pool=pool)
         held = await pool.get_connection()
-        waiting = asyncio.create_task(client.ping())
+
+        async def ping() -> Any:
+            return await client.ping()
+
+        waiting = asyncio.create_task(ping())
         await asyncio.sleep(0.05)
         pool.reset()
         await pool.release(held)  # raised KeyError

@@ -29,6 +29,7 @@ from shared.store.sentinel import (
     connect_sentinel_async,
 )
 from shared.store.sessions import SessionStore, connect
+from tests.pool_support import child_after_release
 from workers.harness.stack.sentinel_pair import SentinelDeployment, start_sentinel_deployment
 
 pytestmark = pytest.mark.redis
@@ -255,23 +256,8 @@ def test_a_forked_child_releasing_a_parents_connection_keeps_the_bound(
     client.set("k", "0")
     pool: Any = client.connection_pool
     held = pool.get_connection()
-    pid = os.fork()
-    if pid == 0:  # the child: its exit status says how far it got
-        status = 1
-        try:
-            pool.release(held)
-            first = pool.get_connection()
-            status = 3
-            try:
-                pool.get_connection()
-            except redis.ConnectionError as exc:  # the bound: one connection, held
-                status = 0 if "no connection of the pool's 1" in str(exc) else 4
-            pool.release(first)
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
+    assert child_after_release(pool, held) == 0
     pool.release(held)
-    assert os.waitstatus_to_exitcode(status) == 0
     assert client.incr("k") == 1
     assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
     client.close()
