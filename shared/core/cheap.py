@@ -7,7 +7,11 @@ Two stages, both on tool results older than the newest few turns:
   grep) becomes a one-line pointer to the later one. A partial read never
   stands for a different read.
 - ``clear_tool_output``: a bulky tool result is replaced by a placeholder
-  that says what was cleared (tool, size) and how to get it back.
+  that says what was cleared (tool, size) and how to get it back. So are the
+  bulky hosted tool parts of an assistant message (web search results, code
+  interpreter output the adapters send back with it, counted as its
+  ``extra_tokens``): their notes in its reasoning become one placeholder note
+  and the figure goes with them, so the adapters stop sending the parts.
 
 Decisions are made once, in a batch, when the view reaches the trigger
 ratio, and are then recorded in the store (first writer wins). Between
@@ -26,6 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +41,7 @@ from shared.core.config import CompactionPolicy
 from shared.core.fileops import read_scope
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, decode_messages
-from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.tokens import DEFAULT_COUNTER, EXTRA_TOKENS, TokenCounter, extra_tokens
 
 Read = tuple[str, str]
 """(path, scope) of a call that only reads one file: see :func:`read_scope`."""
@@ -51,14 +56,57 @@ def _read_path(name: str, arguments: str) -> Read | None:
     return read_scope(name, args)
 
 
-Fields = tuple[str, str | None, list[tuple[str, str, str]]]
+Fields = tuple[str, str | None, list[tuple[str, str, str]], float]
 """What planning reads of a message: its role, the call its result answers, its calls
-(id, name, arguments)."""
+(id, name, arguments), its :data:`EXTRA_TOKENS` figure (hosted parts sent with it)."""
 
 
 def _fields(message: Message) -> Fields:
     return (message.role, message.tool_call_id,
-            [(c.id, c.name, c.arguments) for c in message.tool_calls])
+            [(c.id, c.name, c.arguments) for c in message.tool_calls], extra_tokens(message))
+
+
+def _stored_extra(data: dict[str, object]) -> float:
+    """:func:`extra_tokens` of a stored message's JSON (its rules: a positive number)."""
+    metadata = data.get("metadata")
+    value = metadata.get(EXTRA_TOKENS) if type(metadata) is dict else None
+    if (type(value) is int or type(value) is float) and value > 0:  # not a bool; NaN is not
+        return min(float(value), 100_000_000.0)  # (extra_tokens' cap: a note prints it)
+    return 0.0
+
+
+_NOTE_START = re.compile(r"\[([^\[\]\n]{1,120}?)(?:: | \(opaque\)\]$)")
+"""The first line of a hosted note as the adapters write them
+(:mod:`shared.integrations.notes`): ``[kind: ...`` (``[web_search_call: {...}]``,
+pydantic-ai's ``[web_search result: ...``, ``[provider compaction: ...``, ``[generated
+file: ...``) or ``[provider compaction (opaque)]``; group 1 is the kind."""
+
+
+def without_notes(reasoning: str) -> tuple[str, list[str]]:
+    """``reasoning`` without its hosted notes, and the kinds of the notes taken out.
+
+    Reasoning holds thinking text and notes, joined by newlines; a note starts a line
+    (``[kind: ...``) and ends at the first line that ends with ``]`` (a pydantic-ai
+    result note may span lines). Taking out a note's first line is enough to stop its
+    part being sent (the adapters look for the whole note:
+    :func:`shared.integrations.notes.kept_notes`); the rest of a note cut short by an
+    inner line ending in ``]`` stays as text (counted, not sent: the safe side). A
+    thinking line of the note form is taken out too: deterministic, and only ever text
+    of an old message."""
+    kept: list[str] = []
+    kinds: list[str] = []
+    inside = False
+    for line in reasoning.split("\n"):
+        if not inside and (found := _NOTE_START.match(line)) is not None:
+            kinds.append(found.group(1))
+            inside = True
+        if inside:
+            inside = not line.endswith("]")
+            continue
+        kept.append(line)
+    if not kinds:
+        return reasoning, []
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip("\n"), kinds
 
 
 def _decoded(item: Message | bytes) -> Message:
@@ -83,6 +131,7 @@ def _stored_fields(raw: bytes) -> Fields | None:
     if type(data) is not dict:
         return None
     role, call_id, calls = data.get("role"), data.get("tool_call_id"), data.get("tool_calls", [])
+    extra = _stored_extra(data) if role == "assistant" else 0.0
     if type(role) is not str or type(calls) is not list \
             or (call_id is not None and type(call_id) is not str):
         return None
@@ -94,16 +143,18 @@ def _stored_fields(raw: bytes) -> Fields | None:
         if type(cid) is not str or type(name) is not str or type(arguments) is not str:
             return None
         out.append((cid, name, arguments))
-    return role, call_id, out
+    return role, call_id, out, extra
 
 
 @dataclass(frozen=True, slots=True)
 class _Result:
-    """A tool result not decided yet: its call's tool, file and scope, its tokens."""
+    """A tool result not decided yet: its call's tool, file and scope, its tokens; or
+    (``hosted``: its figure) an assistant message's hosted parts."""
 
     name: str
     read: Read | None
     tokens: int
+    hosted: float = 0.0
 
 
 @dataclass
@@ -152,10 +203,13 @@ class CheapScan:
         read without a model."""
         for k, item in enumerate(messages):
             i = self.end + k
-            m, (role, call_id, calls) = _read(item)
+            m, (role, call_id, calls, extra) = _read(item)
             if role == "assistant":
                 for cid, name, arguments in calls:
                     self.calls[cid] = (name, _read_path(name, arguments), i)
+                if extra > self.threshold:  # bulky hosted parts: cleared like a result
+                    self.undecided[i] = _Result("", None, 0, extra)
+                    heapq.heappush(self.big, i)
             elif role == "user":
                 self.starts.append(i)
             elif role == "tool" and call_id in self.calls:
@@ -223,7 +277,9 @@ class CheapScan:
                 result = self.undecided.pop(i, None)
                 if result is None or i in existing:
                     continue
-                decision = self._decision(i, history[i - self.start], result, counter)
+                decision = self._hosted(i, history[i - self.start], result, counter) \
+                    if result.hosted else \
+                    self._decision(i, history[i - self.start], result, counter)
                 if decision is not None:
                     plan.append(decision)
                 elif result.read is not None and self._later_read(i, result.read) == i:
@@ -233,6 +289,30 @@ class CheapScan:
                     self.open_reads.setdefault(result.read[0], {})[i] = result.read[1]
         plan.sort(key=lambda d: d.index)
         return plan
+
+    @staticmethod
+    def _hosted(i: int, m: Message, result: _Result,
+                counter: TokenCounter) -> CheapDecision | None:
+        """Clear an old message's bulky hosted parts: their notes in its reasoning become
+        one placeholder note, its content stays (``placeholder`` is the content itself: a
+        version that only replaces content shows the message as it was, and counts it so:
+        :attr:`CheapDecision.hosted_tokens`)."""
+        if not isinstance(m.content, str) or not m.reasoning:
+            return None
+        kept, kinds = without_notes(m.reasoning)
+        if not kinds:  # its notes are not in its reasoning (beside signed thinking)
+            return None
+        note = (f"[hosted tool output cleared to save context: "
+                f"{', '.join(dict.fromkeys(kinds))} (~{round(result.hosted)} tokens sent "
+                f"back with this message). The full parts are kept in the session log as "
+                f"message #{i}; run the tool again if you need them.]")
+        reasoning = f"{kept}\n\n{note}" if kept else note
+        decision = CheapDecision(index=i, stage="clear_tool_output", placeholder=m.content,
+                                 saved_tokens=0, reasoning=reasoning)
+        saved = counter.message(m) - counter.message(decision.apply(m))
+        if saved <= 0:
+            return None
+        return decision.model_copy(update={"saved_tokens": saved, "hosted_tokens": saved})
 
     def _decision(self, i: int, m: Message, result: _Result,
                   counter: TokenCounter) -> CheapDecision | None:

@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_serializer
 
 from shared.core.limits import known_window, model_limits, plausible_unowned
 from shared.core.messages import Message
+from shared.core.tokens import EXTRA_TOKENS
 
 SummaryKind = Literal["llm", "offline", "truncation"]
 
@@ -61,6 +62,31 @@ class CheapDecision(BaseModel):
         default=DEDUPE_RULE, ge=1,
         description="the planning rule that made it (stored JSON without it: 1, see "
                     ":func:`stored_decision`); see :attr:`current`")
+    reasoning: str | None = Field(
+        default=None,
+        description="clear_tool_output of a message's hosted tool parts: the reasoning the "
+                    "view message gets (its notes replaced by one that says what was "
+                    "cleared), and its extra_tokens figure is dropped, so the adapters stop "
+                    "sending the parts; None: reasoning and metadata kept")
+    hosted_tokens: int = Field(
+        default=0, ge=0,
+        description="of saved_tokens, what clearing the hosted parts saves. Stored apart: "
+                    "the stored saved_tokens leaves it out, since a version before this "
+                    "field replaces the content only (with itself: ``placeholder`` is the "
+                    "message's content) and keeps sending the parts; "
+                    ":func:`stored_decision` adds it back")
+
+    @field_serializer("saved_tokens")
+    def _stored_saved(self, saved: int) -> int:
+        return saved - self.hosted_tokens
+
+    def apply(self, message: Message) -> Message:
+        """``message`` as the view shows it under this decision."""
+        if self.reasoning is None:
+            return message.model_copy(update={"content": self.placeholder})
+        metadata = {k: v for k, v in message.metadata.items() if k != EXTRA_TOKENS}
+        return message.model_copy(update={"content": self.placeholder,
+                                          "reasoning": self.reasoning, "metadata": metadata})
 
     @property
     def current(self) -> bool:
@@ -73,8 +99,12 @@ class CheapDecision(BaseModel):
 
 def stored_decision(raw: str | bytes) -> CheapDecision:
     """A decision from its stored JSON; one stored without ``rule`` (by a version before
-    it existed) is of rule 1."""
+    it existed) is of rule 1. Its ``saved_tokens`` is what the view saves (with
+    ``hosted_tokens``: the stored figure leaves them out)."""
     decision = CheapDecision.model_validate_json(raw)
+    if decision.hosted_tokens:  # stored without it (see CheapDecision.hosted_tokens)
+        decision = decision.model_copy(
+            update={"saved_tokens": decision.saved_tokens + decision.hosted_tokens})
     if "rule" not in decision.model_fields_set:
         return decision.model_copy(update={"rule": 1})
     return decision

@@ -90,7 +90,7 @@ def apply_cheap(messages: Sequence[Message], offset: int,
     for i, message in enumerate(messages):
         decision = decisions.get(offset + i)
         out.append(message if decision is None
-                   else message.model_copy(update={"content": decision.placeholder}))
+                   else decision.apply(message))
     return out
 
 

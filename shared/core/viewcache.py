@@ -325,7 +325,7 @@ class KnownCounts:
 
 
 def placeholder(message: Message, decision: CheapDecision) -> Message:
-    return message.model_copy(update={"content": decision.placeholder})
+    return decision.apply(message)
 
 
 def _apply(history: Sequence[Message], start: int, decisions: Mapping[int, CheapDecision],

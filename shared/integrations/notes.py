@@ -15,7 +15,8 @@ OpenAI re-reads a replayed item's results server-side from its id, Anthropic get
 inline: either way the model reads them again. A generated image's base64 is counted as
 one image (:data:`IMAGE_TOKENS`), not as text. And a hosted part goes back only while
 its note is in the view message's reasoning (:func:`kept_notes`): a stage that cleared a
-note drops what it stood for.
+note drops what it stood for. The stages find notes by their first line
+(:func:`shared.core.cheap.without_notes`): a new note form starts ``[kind: `` too.
 """
 
 from __future__ import annotations
