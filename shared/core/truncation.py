@@ -11,7 +11,11 @@ budget:
 3. inside that last turn keep its user message and drop whole units (a call
    with all its results) from the oldest side, keeping the newest unit;
 4. clip the largest remaining message: its text keeps head and tail around a
-   marker saying how many characters were removed (:data:`CLIP_MARKER`);
+   marker saying how many characters were removed (:data:`CLIP_MARKER`); where that
+   cannot fit a message that carries hosted tool parts (web search results, code
+   interpreter output the adapters send back with it: its ``extra_tokens``), their notes
+   leave its reasoning and the figure goes with them (the adapters stop sending the
+   parts), then its text is clipped as far as still needed;
 5. replace the media of the kept tool results and assistant messages, oldest first, with
    a line of text saying what is not sent (:data:`MEDIA_OMITTED`): a step of screenshots
    that does not fit keeps its calls and their texts, where dropping it made the model
@@ -43,11 +47,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shared.core.cheap import without_notes
 from shared.core.errors import InvalidInput
 from shared.core.messages import FilePart, ImagePart, Message, TextPart
 from shared.core.pairs import PairScan, scan_pairs, scan_rest
 from shared.core.repair import RepairReport, repair_tool_pairs_with_report
-from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
+from shared.core.tokens import DEFAULT_COUNTER, EXTRA_TOKENS, TokenCounter, extra_tokens
 from shared.core.turns import Unit, leading_system_count, tool_units
 from shared.core.wire._common import omitted_text
 
@@ -159,7 +164,27 @@ def _files_of_arguments(arguments: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _clip(original: Message, limit: int, count: TokenCounter) -> tuple[Message, int]:
+def _clip(original: Message, limit: int, count: TokenCounter) -> tuple[Message, int, int]:
+    """:func:`_clip_text`, and the number of hosted notes dropped: where the text clipped
+    does not fit and the message carries hosted parts (:data:`EXTRA_TOKENS`), their notes
+    leave its reasoning with the figure (a part is sent only while its note is there: the
+    two go together), and only then is its text clipped, as far as still needed."""
+    clipped, removed = _clip_text(original, limit, count)
+    if not extra_tokens(original) or not original.reasoning \
+            or count.message(clipped) <= limit:
+        return clipped, removed, 0
+    kept, kinds = without_notes(original.reasoning)
+    if not kinds:  # its notes are not in its reasoning: its parts cannot be told apart
+        return clipped, removed, 0
+    metadata = {k: v for k, v in original.metadata.items() if k != EXTRA_TOKENS}
+    bare = original.model_copy(update={"reasoning": kept or None, "metadata": metadata})
+    if count.message(bare) <= limit:
+        return bare, 0, len(kinds)
+    clipped, removed = _clip_text(bare, limit, count)
+    return clipped, removed, len(kinds)
+
+
+def _clip_text(original: Message, limit: int, count: TokenCounter) -> tuple[Message, int]:
     """``original`` with its longest text cut head and tail to fit ``limit`` tokens if it can
     (else cut to the marker alone), and the number of characters removed."""
     parts = original.content if isinstance(original.content, list) else None
@@ -368,6 +393,7 @@ class _Cut:
         self.used = src.cum[-1]
         self.clipped: dict[int, tuple[Message, int, int]] = {}  # i -> clipped, removed, size
         self.media: dict[int, int] = {}  # i -> media parts replaced by a line of text
+        self.hosted: dict[int, int] = {}  # i -> hosted notes dropped with its figure
 
     def over(self) -> bool:
         return self.used > self.room
@@ -433,11 +459,14 @@ class _Cut:
             i = max(candidates, key=self.size)
             done.add(i)
             before = self.size(i)
-            clipped, removed = _clip(body[i], before - (self.used - self.room), self.count)
+            clipped, removed, hosted = _clip(body[i], before - (self.used - self.room),
+                                             self.count)
             size = self.count.message(clipped)
             if size < before:
                 self.used -= before - size
                 self.clipped[i] = (clipped, removed, size)
+                if hosted:
+                    self.hosted[i] = hosted
 
     def omit_media(self) -> None:
         """Replace the media of kept tool results and assistant messages, oldest first,
@@ -486,6 +515,7 @@ class _Cut:
         removed = sum(self.clipped[i][1] for i in kept if i in self.clipped)
         clips = sum(1 for i in kept if i in self.clipped and self.clipped[i][1])
         media = sum(self.media.get(i, 0) for i in kept)
+        hosted = sum(self.hosted.get(i, 0) for i in kept)
         if src.repaired is src.messages:
             prefix = kept[0] if kept else len(src.messages) - head
         else:  # a lower bound of the first input place shown after the input's leading
@@ -509,7 +539,7 @@ class _Cut:
             chars_removed=removed, tokens_before=src.fixed + src.cum[-1],
             tokens_after=after, budget_tokens=budget, within_budget=after <= budget,
             repair=src.repair,
-            note=_note(by_role, files, clips, removed, media),
+            note=_note(by_role, files, clips, removed, media, hosted),
             media_removed=media,
         )
 
@@ -538,14 +568,14 @@ def _plural(n: int, noun: str) -> str:
 
 
 def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
-          media: int) -> str:
+          media: int, hosted: int = 0) -> str:
     """What the cut lost, for the model to read; "" when it lost nothing (a view the cut
     left whole is the same conversation: a note would read as a compaction that never
     happened). Whether the result fits is the caller's (``within_budget``,
     ``tokens_after``), never the note's: the cut's budget is an internal figure (a
     recovery's can be scaled down to a few tokens), and a note saying "still over budget:
     8 > 1 tokens" was sent to the model in the summary block."""
-    if not (dropped or clips or media):
+    if not (dropped or clips or media or hosted):
         return ""
     parts = []
     if dropped:
@@ -559,6 +589,9 @@ def _note(dropped: Counter[str], files: list[str], clips: int, removed: int,
         parts.append(f"{_plural(clips, 'message')} clipped ({removed} characters removed)")
     if media:
         parts.append(f"{_plural(media, 'media part')} of tool steps replaced by a note")
+    if hosted:
+        parts.append(f"{_plural(hosted, 'hosted tool part')} (provider-run calls and their "
+                     "results) removed")
     return "[context truncated: " + "; ".join(parts) + "]"
 
 
