@@ -47,7 +47,8 @@ one only when it holds all the earlier held (:func:`shared.core.fileops.read_sco
 
 
 class CheapDecision(BaseModel):
-    """A cheap-stage replacement of one message's content, decided once and kept."""
+    """A cheap-stage replacement of one message's content (or, with ``reasoning``, of its
+    hosted parts' notes and figure), decided once and kept; :meth:`apply` shows it."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
