@@ -89,3 +89,27 @@ def test_pydantic_ai_a_run_sends_the_native_only_and_compaction_responses() -> N
     parts = [p for m in sent if isinstance(m, pm.ModelResponse) for p in m.parts]
     kinds = [type(p).__name__ for p in parts]
     assert kinds == ["NativeToolCallPart", "NativeToolReturnPart", "CompactionPart"], kinds
+
+
+@pytest.mark.parametrize("reasoning, extra", [
+    ("[web_search_call: {...}]", 900),  # counted hosted parts
+    ("[provider compaction (opaque)]", None),  # sent with no figure
+])
+def test_the_pair_scan_agrees_that_a_hosted_only_message_needs_no_repair(
+        reasoning: str, extra: int | None) -> None:
+    """The guard skips the repair of a view whose pair scan is intact: a hosted-only
+    message (kept by repair) is not blank to the scan either, from the model or from its
+    stored JSON, else every call of such a session repaired its whole view."""
+    from shared.core.pairs import pairs_intact, shape, stored_shape
+
+    hosted = Message(role="assistant", content="", reasoning=reasoning,
+                     metadata={EXTRA_TOKENS: extra} if extra else {})
+    messages = [Message(role="user", content="weather?"), hosted,
+                Message(role="user", content="and tomorrow?")]
+    assert repair_tool_pairs(messages) == messages
+    assert pairs_intact(messages)
+    assert shape(hosted) == stored_shape(hosted.model_dump(mode="json"))
+    cleared = hosted.model_copy(update={"reasoning": "[hosted tool output cleared]",
+                                        "metadata": {}})
+    assert not pairs_intact([messages[0], cleared, messages[2]])  # repair drops it
+    assert shape(cleared) == stored_shape(cleared.model_dump(mode="json"))

@@ -13,18 +13,51 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.core.messages import Message
+from shared.core.tokens import EXTRA_TOKENS, extra_tokens
 
 Shape = tuple[str, str | None, tuple[str, ...], bool]
 """What the scan reads of a message: role, tool_call_id, its calls' ids, blank."""
 
 
+UNCOUNTED_NOTES = ("[provider compaction (opaque)]", "[generated file: ")
+"""Notes (pydantic-ai's) of parts an adapter sends back with no :data:`EXTRA_TOKENS`
+figure: an encrypted compaction item, a generated file."""
+
+
+def sends_hosted(message: Message) -> bool:
+    """Whether an adapter sends provider-run parts with ``message`` (the Agents SDK its
+    hosted items, pydantic-ai its native tool and compaction parts, LangChain its server
+    tool blocks): its :data:`~shared.core.tokens.EXTRA_TOKENS` figure, which a stage that
+    clears the parts' notes drops with them, or a note of a part sent without one. Such an
+    assistant message is not blank though it has no text: repair keeps it."""
+    if extra_tokens(message) > 0:
+        return True
+    reasoning = message.reasoning
+    return bool(reasoning) and any(line.startswith(UNCOUNTED_NOTES)
+                                   for line in (reasoning or "").split("\n"))
+
+
+def _stored_sends_hosted(data: Mapping[str, Any]) -> bool:
+    """:func:`sends_hosted` of a message's stored JSON, decoded as plain data."""
+    metadata = data.get("metadata")
+    value = metadata.get(EXTRA_TOKENS) if type(metadata) is dict else None
+    if (type(value) is int or type(value) is float) and value > 0:  # not a bool, nor NaN
+        return True
+    reasoning = data.get("reasoning")
+    return type(reasoning) is str and any(line.startswith(UNCOUNTED_NOTES)
+                                          for line in reasoning.split("\n"))
+
+
 def _blank(message: Message) -> bool:
-    """A user/assistant message without tool calls, media or text (repair drops these)."""
+    """A user/assistant message without tool calls, media, text or hosted parts (repair
+    drops these)."""
     if message.tool_calls or message.role not in ("user", "assistant"):
         return False
     if isinstance(message.content, str):
-        return not message.content.strip()
-    return message.media_count() == 0 and not message.text().strip()
+        blank = not message.content.strip()
+    else:
+        blank = message.media_count() == 0 and not message.text().strip()
+    return blank and not (message.role == "assistant" and sends_hosted(message))
 
 
 def shape(message: Message) -> Shape:
@@ -44,6 +77,7 @@ def stored_shape(data: Mapping[str, Any]) -> Shape:
         else:
             blank = (all(p.get("type") == "text" for p in content)
                      and not "\n".join(p["text"] for p in content).strip())
+        blank = blank and not (role == "assistant" and _stored_sends_hosted(data))
     return role, data.get("tool_call_id"), tuple(c["id"] for c in calls), blank
 
 
@@ -192,5 +226,5 @@ def pairs_intact(messages: Sequence[Message]) -> bool:
     return scan_pairs(messages).intact
 
 
-__all__ = ["PAIRS_START", "IdLog", "PairScan", "Shape", "pairs_intact", "scan_pairs", "scan_rest",
-           "scan_shapes", "shape", "stored_shape"]
+__all__ = ["PAIRS_START", "UNCOUNTED_NOTES", "IdLog", "PairScan", "Shape", "pairs_intact",
+           "scan_pairs", "scan_rest", "scan_shapes", "sends_hosted", "shape", "stored_shape"]

@@ -20,7 +20,8 @@ What a repaired list guarantees, for OpenAI, Anthropic and Gemini alike:
 * assistant messages without tool calls that carry no text and no media are
   dropped, unless they carry hosted tool parts the adapters send with them (a
   response that was only a web search and its results, a provider's compaction item:
-  :func:`_sends_hosted`), and user messages without text or media get :data:`EMPTY_USER_TEXT`
+  :func:`shared.core.pairs.sends_hosted`), and user messages without text or media get
+  :data:`EMPTY_USER_TEXT`
   (Anthropic and Gemini reject empty content; dropping the user's message
   would leave the model answering its own last message, or, on Anthropic,
   continuing it as a prefill);
@@ -47,7 +48,7 @@ from typing import Any
 from shared.core.callids import SYNTHETIC_KEY
 from shared.core.errors import InvalidInput
 from shared.core.messages import Message, ToolCall
-from shared.core.tokens import extra_tokens
+from shared.core.pairs import sends_hosted
 from shared.core.turns import leading_system_count
 
 MISSING_RESULT_TEXT = "[tool result missing: the call was interrupted or its result was dropped]"
@@ -111,26 +112,8 @@ def _is_empty(message: Message) -> bool:
         and not message.tool_calls
         and message.media_count() == 0
         and not message.text().strip()
-        and not (message.role == "assistant" and _sends_hosted(message))
+        and not (message.role == "assistant" and sends_hosted(message))
     )
-
-
-UNCOUNTED_NOTES = ("[provider compaction (opaque)]", "[generated file: ")
-"""Notes (pydantic-ai's) of parts an adapter sends back with no :data:`EXTRA_TOKENS`
-figure: an encrypted compaction item, a generated file."""
-
-
-def _sends_hosted(message: Message) -> bool:
-    """Whether an adapter sends provider-run parts with ``message`` (the Agents SDK its
-    hosted items, pydantic-ai its native tool and compaction parts, LangChain its server
-    tool blocks): its :data:`~shared.core.tokens.EXTRA_TOKENS` figure, which a stage that
-    clears the parts' notes drops with them, or a note of a part sent without one. A
-    message whose parts were cleared sends nothing and is dropped like any empty one."""
-    if extra_tokens(message) > 0:
-        return True
-    reasoning = message.reasoning
-    return bool(reasoning) and any(line.startswith(UNCOUNTED_NOTES)
-                                   for line in (reasoning or "").split("\n"))
 
 
 def _fresh_id(original: str, taken: set[str]) -> str:
