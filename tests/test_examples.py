@@ -261,3 +261,30 @@ def test_the_agent_loop_rides_out_a_redis_outage(urls: tuple[str, str],
         assert store.length(sid) == 6
     finally:
         redis_server.remove()
+
+
+def test_the_agent_loop_sends_the_reserve_the_window_leaves(urls: tuple[str, str],
+                                                            key_prefix: str) -> None:
+    """The README's loop on a model whose window leaves no room for its ``max_tokens``
+    (3,000 tokens, 2,000 asked for: a small self-hosted model): the guard reserves less
+    and the loop sends that reserve, so every turn is answered. Sending the 2,000 asked
+    for instead, the retry after a recovery was refused again and the loop raised."""
+    (block,) = [b for b in blocks() if b.kind == "fragment" and "unrecorded" in b.code]
+    sid = f"{key_prefix}-small"
+    store = SessionStore(connect(urls[0]))
+    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(urls[1])))
+    unrecorded: list[Any] = []
+    try:
+        with FakeOpenAIServer(window=3000) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            for turn, words in enumerate((40, 40, 150, 40)):
+                exec(compile(block.code, block.name, "exec"), {
+                    "openai": openai, "from_openai": from_openai,
+                    "StoreUnavailable": StoreUnavailable, "guard": guard, "client": client,
+                    "sid": sid, "text": f"turn {turn}: " + "look at src/app/main.py and " * words,
+                    "SYSTEM": "You are terse.", "TOOLS": [], "MODEL": "gpt-4o",
+                    "unrecorded": unrecorded})
+            assert server.requests[-1].status == 200
+        assert store.length(sid) == 8 and unrecorded == []
+    finally:
+        store.delete_session(sid)
