@@ -13,7 +13,18 @@ session id), and the root logger gets uvicorn's stderr handler instead. With
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
+
+
+class NoColour(logging.Filter):
+    """uvicorn logs its start-up lines with ``extra={"color_message": ...}``: the same
+    text with ANSI colour codes, for its own coloured formatter. The JSON formatter writes
+    every ``extra`` field, so each such line carried the escape codes as a second message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        return True
 
 
 def log_config(log_format: str, level: str = "info") -> dict[str, Any] | None:
@@ -25,11 +36,12 @@ def log_config(log_format: str, level: str = "info") -> dict[str, Any] | None:
     config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
     formatter = {"()": "shared.telemetry.logs.JsonFormatter"}
     config["formatters"] = {name: dict(formatter) for name in config["formatters"]}
-    config["filters"] = {"ids": {"()": "shared.telemetry.logs.ContextFilter"}}
+    config["filters"] = {"ids": {"()": "shared.telemetry.logs.ContextFilter"},
+                         "no_colour": {"()": "workers.server.logconfig.NoColour"}}
     for handler in config["handlers"].values():
-        handler["filters"] = ["ids"]
+        handler["filters"] = ["ids", "no_colour"]
     config["root"] = {"handlers": ["default"], "level": level.upper()}
     return config
 
 
-__all__ = ["log_config"]
+__all__ = ["NoColour", "log_config"]
