@@ -137,7 +137,7 @@ def check_store(settings: Settings) -> Check:
                                    "pressure Redis evicts sessions' keys one at a time, and "
                                    "a session whose log is evicted starts afresh, its "
                                    "history lost (use noeviction, and "
-                                   "COMPACTION_SESSION_TTL to bound memory)")
+                                   "COMPACTION_SESSION_TTL_SECONDS to bound memory)")
     return Check(name, "OK", detail + (f", maxmemory-policy {policy}" if policy else ""))
 
 
