@@ -89,9 +89,12 @@ class Agent:
         self.history: list[Message] = []
 
     def _call(self, view: PreparedView) -> Any:
+        # the view's reserve: max_tokens, or less when the model's window or output cap
+        # has no room for it (the guard says so once); sent max_tokens itself, the call
+        # and its retry after recover are refused
         return self.client.chat.completions.create(
             model=self.model, messages=view.openai(),  # type: ignore[arg-type]
-            tools=TOOLS, max_tokens=self.max_tokens)  # type: ignore[arg-type]
+            tools=TOOLS, max_tokens=view.report.budget.reserve)  # type: ignore[arg-type]
 
     def _record_missed(self, session_id: str) -> None:
         """Record the turns Redis missed, oldest first, while it answers: the next view

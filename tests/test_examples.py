@@ -288,3 +288,26 @@ def test_the_agent_loop_sends_the_reserve_the_window_leaves(urls: tuple[str, str
         assert store.length(sid) == 8 and unrecorded == []
     finally:
         store.delete_session(sid)
+
+
+def test_examples_agent_loop_sends_the_reserve_the_window_leaves(tmp_path: Path) -> None:
+    """``examples/agent_loop.py`` on a model whose window leaves no room for its
+    ``--max-tokens`` (3,000 tokens, 2,000 asked for): it sends the view's reserve, so every
+    turn is answered (sending ``--max-tokens`` itself, a call and its retry after recover
+    were refused and the loop raised)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agent_loop", ROOT / "examples" / "agent_loop.py")
+    assert spec is not None and spec.loader is not None
+    agent_loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_loop)
+    with FakeOpenAIServer(window=3000) as server:
+        code = agent_loop.main([
+            "--base-url", server.base_url, "--api-key", "test", "--model", "small-model",
+            "--window", "3000", "--max-tokens", "2000", "--root", str(tmp_path),
+            *("--prompt", "look at src/app/main.py and " * 150),
+            *("--prompt", "and now the tests, please " * 40)])
+        assert code == 0
+        assert [r.status for r in server.requests][-1] == 200
+        sent = [r.body["max_tokens"] for r in server.requests]
+    assert sent and all(tokens < 2000 for tokens in sent)

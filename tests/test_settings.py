@@ -272,23 +272,26 @@ def test_an_empty_unrecognised_overflow_threshold_is_an_error(
         assert load_settings().unrecognised_overflow_at is None
 
 
-def test_every_variable_the_workers_name_is_one_they_read() -> None:
+def test_every_variable_the_code_names_is_one_the_settings_read() -> None:
     """A message that tells the operator to set ``COMPACTION_X`` names a variable the
-    settings read: ``compaction doctor``'s eviction warning said
-    ``COMPACTION_SESSION_TTL``, which the settings ignore with a "not a setting" warning
-    (the setting is ``COMPACTION_SESSION_TTL_SECONDS``)."""
+    settings read: ``compaction doctor``'s eviction warning and the store's out-of-memory
+    error said ``COMPACTION_SESSION_TTL``, which the settings ignore with a "not a
+    setting" warning (the setting is ``COMPACTION_SESSION_TTL_SECONDS``)."""
     import re
     from pathlib import Path
 
     from workers.settings import known_variables
     from workers.settings_sources import unknown_among
 
-    root = Path(__file__).resolve().parents[1] / "workers"
-    named = {(name, str(path.relative_to(root)))
-             for path in root.rglob("*.py")
-             for name in re.findall(r"COMPACTION_[A-Z0-9_]+", path.read_text())
-             # a prefix (COMPACTION_SERVER_*, COMPACTION_<NAME>) or a docstring's placeholder
-             if not name.endswith("_") and name != "COMPACTION_X"}
+    top = Path(__file__).resolve().parents[1]
+    named = {(name, str(path.relative_to(top)))
+             for path in [*(top / "workers").rglob("*.py"), *(top / "shared").rglob("*.py")]
+             for text in [path.read_text()]
+             for name in re.findall(r"COMPACTION_[A-Z0-9_]+", text)
+             # a prefix (COMPACTION_SERVER_*, COMPACTION_<NAME>), a docstring's placeholder,
+             # or a constant the module defines (COMPACTION_KINDS)
+             if not name.endswith("_") and name != "COMPACTION_X"
+             and not re.search(rf"^{name}\b.*=", text, re.MULTILINE)}
     unknown = sorted((name, where) for name, where in named
                      if unknown_among({name: "1"}, known_variables()))
     assert unknown == []

@@ -136,7 +136,7 @@ def _refusal(exc: Exception) -> str:
     replicas (a pipeline's command too). '' for anything else."""
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return (f"out of memory ({exc}): raise its maxmemory, or bound sessions with "
-                "COMPACTION_SESSION_TTL")
+                "COMPACTION_SESSION_TTL_SECONDS")
     if isinstance(exc, _REFUSING) or (isinstance(exc, redis.exceptions.ResponseError)
                                       and server_error(exc).startswith(_REFUSING_CODES)):
         return str(exc)
