@@ -261,3 +261,74 @@ def test_a_forked_child_releasing_a_parents_connection_keeps_the_bound(
     assert client.incr("k") == 1
     assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
     client.close()
+
+
+def _flagged(deployment: SentinelDeployment) -> bool:
+    """Whether a Sentinel still reports a failover of the service in progress."""
+    for port in deployment.sentinel_ports:
+        with closing(deployment.client(port)) as client:
+            if "failover_in_progress" in str(client.sentinel_master(deployment.service)):
+                return True
+    return False
+
+
+async def _until(check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+def test_an_async_call_that_waited_while_the_primary_moved_asks_after_its_turn(
+        deployment: SentinelDeployment) -> None:
+    """A call queued for the only connection across a planned failover: the asyncio pool
+    asked the Sentinels before its wait, not after, and took the pooled connection to
+    the old primary (demoted: READONLY, the call failed; not yet: a write lost when it
+    resynchronised). The sync pool asks once the turn came; so does this one."""
+    async def main() -> None:
+        client = connect_sentinel_async(deployment.url(), PATIENT, max_connections=1)
+        pool: Any = client.connection_pool
+        await client.set("k", "0")
+        held = await pool.get_connection()
+        old = deployment.primary_port()
+        waiting = asyncio.create_task(client.set("waited", "1"))
+        await asyncio.sleep(0.05)
+        assert len(pool.turns._queue) == 1  # it waits for the held connection
+        await asyncio.to_thread(deployment.failover)
+        new = await asyncio.to_thread(deployment.wait_primary_not, old)
+        await _until(lambda: not _flagged(deployment))  # no hold: the switch is done
+        assert pool.master_address[1] == old  # no call asked since
+        await pool.release(held)
+        assert await asyncio.wait_for(waiting, 10) is True
+        with closing(redis.Redis(port=new, socket_timeout=2)) as direct:
+            assert direct.get("waited") == b"1"  # None: written to the old primary
+        assert pool.master_address[1] == new
+        assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_async_call_whose_turn_comes_during_a_failover_is_held(
+        deployment: SentinelDeployment) -> None:
+    """A call queued before a failover started, its turn coming while the failover is
+    in progress: it went to the primary about to be replaced instead of failing at once,
+    typed, as every call does during the hold (and as the sync pool's did)."""
+    async def main() -> None:
+        client = connect_sentinel_async(deployment.url(), PATIENT, max_connections=1)
+        pool: Any = client.connection_pool
+        await client.set("k", "0")
+        await _until(lambda: pool.follow.events is not None and pool.follow.events.live())
+        held = await pool.get_connection()
+        waiting = asyncio.create_task(client.set("held", "1"))
+        await asyncio.sleep(0.05)
+        assert len(pool.turns._queue) == 1
+        await asyncio.to_thread(deployment.failover)
+        await _until(pool.follow.holding, 10.0)  # heard as it started
+        await pool.release(held)
+        with pytest.raises(redis.ConnectionError, match=r"failover .* in progress"):
+            await asyncio.wait_for(waiting, 10)
+        assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+        await client.aclose()
+
+    asyncio.run(main())

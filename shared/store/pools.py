@@ -247,9 +247,14 @@ class AsyncFairConnectionPool(redis.asyncio.BlockingConnectionPool):
         super().reset()  # type: ignore[no-untyped-call]
         self._generation += 1
 
+    async def _in_turn(self) -> None:
+        """See :meth:`TurnTakingPool._in_turn`: after the wait, so a call that waited
+        decides on what is true when its turn came, not before."""
+
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         await self.turns.take()
         try:
+            await self._in_turn()
             connection = await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
         except BaseException:
             self.turns.give(False)

@@ -254,6 +254,24 @@ def _holding_error(service: str) -> redis.exceptions.ConnectionError:
         f"a failover of {service!r} is in progress: calls wait for the new primary")
 
 
+def _ask_in_turn(pool: Any, address: Any) -> bool:
+    """A call's first step once its turn came, both pools (``address``: the pool's last
+    answer): the events listener kept or started, and whether to ask the Sentinels now.
+    After the wait, not before: a call that waited through a failover, or past the
+    moment the primary moved, decides on what is true when its turn came."""
+    if not pool.is_master:
+        return False
+    pool._listen()
+    return bool(pool.follow.due(address is not None))
+
+
+def _hold_in_turn(pool: Any) -> None:
+    """A call's last step before a connection, both pools (after :func:`_ask_in_turn`
+    and the asking): none while a failover is reported in progress."""
+    if pool.is_master and pool.follow.holding():
+        raise _holding_error(pool.service_name)
+
+
 # -- blocking ------------------------------------------------------------------------------
 class _FollowingProxy(SentinelConnectionPoolProxy):
     """The stock proxy (what connections ask for the primary's address), answering from
@@ -394,13 +412,11 @@ class FollowingSentinelPool(TurnTakingPool, SentinelConnectionPool):
 
     def _in_turn(self) -> None:
         """The primary named when the call's turn came (asked again when due), and no
-        call while a failover is reported in progress."""
-        if self.is_master:
-            self._listen()
-            if self.follow.due(self.proxy.master_address is not None):
-                self.proxy.get_master_address()  # type: ignore[no-untyped-call]
-            if self.follow.holding():
-                raise _holding_error(self.service_name)
+        call while a failover is reported in progress (:func:`_ask_in_turn`,
+        :func:`_hold_in_turn`; the asyncio pool's twin awaits the asking)."""
+        if _ask_in_turn(self, self.proxy.master_address):
+            self.proxy.get_master_address()  # type: ignore[no-untyped-call]
+        _hold_in_turn(self)
 
 
 def _kept(follow: _Follow, listener: EventThread | EventTask | None) -> bool:
@@ -513,7 +529,9 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
     """The asyncio twin of :class:`FollowingSentinelPool`; like
     :func:`shared.store.aio.connect_async`'s pool, a call beyond ``max_connections`` waits
     its turn for a connection instead of failing at once, and fails once no connection
-    came back from an answered call for ``timeout`` seconds (:mod:`shared.store.pools`)."""
+    came back from an answered call for ``timeout`` seconds (:mod:`shared.store.pools`).
+    As in the sync pool, a call asks the Sentinels (when due) and checks for a failover
+    in progress once its turn came (:meth:`_in_turn`)."""
 
     def __init__(self, service_name: str, sentinel_manager: Any, *,
                  follow_seconds: float = FOLLOW_SECONDS,
@@ -574,14 +592,13 @@ class AsyncFollowingSentinelPool(aio_sentinel.SentinelConnectionPool,
             await listener.stop()
         await super().disconnect(inuse_connections)
 
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self.is_master:
-            self._listen()
-            if self.follow.due(self.master_address is not None):
-                await self.get_master_address()
-            if self.follow.holding():
-                raise _holding_error(self.service_name)
-        return await super().get_connection(*args, **kwargs)
+    async def _in_turn(self) -> None:
+        """See :meth:`FollowingSentinelPool._in_turn`. Before the wait, as this pool did,
+        a call that waited through a failover's start, or past the switch, went to the
+        old primary on the connection it was handed."""
+        if _ask_in_turn(self, self.master_address):
+            await self.get_master_address()
+        _hold_in_turn(self)
 
     async def _put_back(self, connection: Any) -> None:
         """A connection that was busy when the primary moved goes back disconnected (it
