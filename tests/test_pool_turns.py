@@ -169,3 +169,44 @@ def test_threads_waiting_while_the_pool_is_reset_all_run(own_redis: RedisServer)
     assert (pool.turns.free, len(pool.turns._queue)) == (2, 0)
     pool.disconnect()
     assert clients_of(own_redis) == 0
+
+
+@pytest.mark.parametrize("when", ["granted", "queued"])
+def test_a_waiter_of_a_closed_event_loop_eats_no_turn(own_redis: RedisServer,
+                                                      when: str) -> None:
+    """A test client runs each call on a loop of its own and closes it, its other tasks
+    not cancelled: one waiting for a turn was left in the queue, or handed the turn just
+    before its loop closed. Handed a turn it never ran to use, or the next one (raising
+    'Event loop is closed' into the release), it took it for good: with ``size`` such
+    waiters every later call failed, 'no connection ... came back', from an idle pool."""
+    pool = AsyncFairConnectionPool.from_url(own_redis.url, max_connections=1, timeout=0.5)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    first = asyncio.new_event_loop()
+
+    async def hold() -> Any:
+        connection = await pool.get_connection()
+        await connection.disconnect()  # nothing of this loop left on it
+        return connection
+
+    held = first.run_until_complete(hold())
+    waiter = first.create_task(client.incr("n"))
+    first.run_until_complete(asyncio.sleep(0.05))
+    assert len(pool.turns._queue) == 1
+    if when == "granted":
+        first.run_until_complete(pool.release(held))
+    first.close()
+
+    async def then(release: bool = False) -> list[Any]:
+        if release:
+            await pool.release(held)  # raised RuntimeError: Event loop is closed
+        counts = [await client.incr("n") for _ in range(3)]
+        await pool.disconnect()  # the next loop's calls connect anew
+        return counts
+
+    assert asyncio.run(then(when == "queued")) == [1, 2, 3]  # failed: no connection ... for 0.5 s
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    waiter.get_coro().close()  # as when the task is collected: nothing given twice
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    assert asyncio.run(then()) == [4, 5, 6]
+    assert (pool.turns.free, len(pool.turns._queue)) == (1, 0)
+    assert clients_of(own_redis) == 0

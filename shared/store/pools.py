@@ -113,7 +113,12 @@ class ThreadTurns:
 
 
 class LoopTurns:
-    """``size`` turns handed out first in, first out, to the tasks of one event loop."""
+    """``size`` turns handed out first in, first out, to the tasks of one event loop at a
+    time: used from another loop later on (a test client's ``asyncio.run`` after another,
+    each loop closed at its end), a turn handed to a waiter of a loop that closed before
+    the waiter ran comes back, and a closed loop's waiters leave the queue; before, each
+    such waiter ate a turn for good (the pool failed every call once they were all
+    eaten) and a closed loop's waiter handed its turn raised into a release."""
 
     def __init__(self, size: int, timeout: float | None) -> None:
         self.size = size
@@ -121,8 +126,24 @@ class LoopTurns:
         self.free = size
         self.answered = 0.0  # time.monotonic() of the last answered call's release
         self._queue: deque[asyncio.Future[None]] = deque()
+        self._granted: set[asyncio.Future[None]] = set()  # handed, their waiter not back
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the last take
+
+    def _sweep(self) -> None:
+        """On a loop other than the last take's: the turns handed to the waiters of a
+        closed loop back, and its waiters out of the queue (their tasks never run again).
+        Once per change of loop: a long queue is not walked at every call."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        self._loop = loop
+        self._queue = deque(t for t in self._queue if not t.get_loop().is_closed())
+        for turn in [t for t in self._granted if t.get_loop().is_closed()]:
+            self._granted.discard(turn)
+            self.give(False)
 
     async def take(self) -> None:
+        self._sweep()
         if self.free and not self._queue:
             self.free -= 1
             return
@@ -139,19 +160,26 @@ class LoopTurns:
                     raise _no_connection(self.size, self.timeout)
                 await asyncio.wait((turn,), timeout=left)
         except BaseException:
+            # (a closed loop's task, its coroutine closed when collected: its turn or
+            # its place already dealt with by a sweep, not given back twice)
             if turn.done() and not turn.cancelled():
-                self.give(False)  # granted as it gave up: the next caller's
+                if turn in self._granted:  # granted as it gave up: the next caller's
+                    self._granted.discard(turn)
+                    self.give(False)
             else:
                 turn.cancel()
-                self._queue.remove(turn)
+                if turn in self._queue:
+                    self._queue.remove(turn)
             raise
+        self._granted.discard(turn)
 
     def give(self, answered: bool) -> None:
         if answered:
             self.answered = time.monotonic()
         while self._queue:
             turn = self._queue.popleft()
-            if not turn.done():
+            if not turn.done() and not turn.get_loop().is_closed():
+                self._granted.add(turn)
                 turn.set_result(None)
                 return
         self.free += 1
