@@ -222,6 +222,31 @@ def test_an_output_reserve_overflow_with_nothing_to_drop_lowers_the_reserve(
     assert view.messages[-1].text() == user[0].text()  # not clipped
 
 
+def test_a_retry_with_less_room_for_the_answer_names_the_max_tokens_asked_for(
+        make_guard: Callable[..., Any], store: SessionStore,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The retry of an output-reserve overflow with nothing to drop sends less than the
+    caller's max_tokens: the warning names the figure the caller asked for and the room
+    left (it said "max_tokens 1460 leaves no input budget" for a caller who asked 2000,
+    the recovery's own figure)."""
+    guard = make_guard(store)
+    history(store, "s", 1, 20)
+    user = [Message(role="user", content="summarise " + "word " * 2500)]
+    refused = guard.prepare("s", "sys", max_tokens=2000, model="qwen-local", pending=user)
+    prompt = refused.report.estimated_prompt_tokens - 50
+    error = sdk_error(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                            "message": VLLM.format(out=2000, window=4096, prompt=prompt)})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shared.guard"):
+        view = guard.recover("s", error, "sys", max_tokens=2000, model="qwen-local",
+                             pending=user)
+    assert view is not None and view.report.budget.reserve < 2000
+    said = [r.getMessage() for r in caplog.records if "max_tokens" in r.getMessage()]
+    assert said == [f"session s: the retry leaves room for {view.report.budget.reserve} "
+                    "tokens of answer, not the max_tokens 2000 asked for: send "
+                    "view.report.budget.reserve as max_tokens"]
+
+
 REQUEST_TOO_LARGE = {"type": "error", "error": {
     "type": "request_too_large", "message": "Request exceeds the maximum allowed number of bytes."}}
 

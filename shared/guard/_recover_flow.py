@@ -160,6 +160,11 @@ class RecoveringFlow(GuardFlow):
             if why or view is None:
                 _not_retried(trace, session_id, refused, why)
                 return None
+            if max_tokens is not None and view.report.budget.reserve < max_tokens:
+                log.warning("session %s: the retry leaves room for %d tokens of answer, not "
+                            "the max_tokens %d asked for: send view.report.budget.reserve "
+                            "as max_tokens", session_id, view.report.budget.reserve,
+                            max_tokens)
             return trace.recovered(view)
 
     def _refused(self, session_id: str, snap: CachedView, system_prompt: str,
@@ -193,7 +198,7 @@ class RecoveringFlow(GuardFlow):
         would raise): planned on a copy of the entry, cached nowhere, written nowhere."""
         force = self.policy.recovery_ratio if snap.state.recover_next else None
         req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
-                           extra, extra_tokens, force, scan=snap.scan)
+                           extra, extra_tokens, force, scan=snap.scan, said=False)
         try:
             plan, _ = plan_view(replace(snap), req, self.policy, self.counter)
         except IrreducibleOverflow:
@@ -226,7 +231,7 @@ class RecoveringFlow(GuardFlow):
         """``ratio``, or for a refusal of the body's bytes the share of the window that
         keeps ``ratio`` of the view's bytes (:meth:`payload_ratio`)."""
         req = self.request(session_id, system_prompt, tools, max_tokens, model, snap.state,
-                           extra, extra_tokens, None, scan=snap.scan)
+                           extra, extra_tokens, None, scan=snap.scan, said=False)
         found = self.payload_ratio(error, [*snap.applied, *extra],
                                    req.system_tokens + req.tool_tokens + req.overhead,
                                    req.window, ratio)

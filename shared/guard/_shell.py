@@ -389,10 +389,12 @@ class GuardShell(FreshViews, Recovery):
                 tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None, model: str,
                 state: SessionState | None, extra: list[Message], extra_tokens: list[int],
                 force_ratio: float | None, *, scan: PairScan | None = None,
-                exact: bool = False) -> Request:
+                exact: bool = False, said: bool = True) -> Request:
         """The core's request. ``exact``: ``max_tokens`` was made to fit this very view (an
         output-reserve overflow's retry), so the reserve leaves the input no more room than
-        its fixed part, not :func:`output_reserve`'s minimum input budget on top."""
+        its fixed part, not :func:`output_reserve`'s minimum input budget on top.
+        ``said``: a reserve below ``max_tokens`` is logged (:meth:`_capped`); a recovery's
+        requests are not (it says so of the view it sends)."""
         limits = self.model_limits(model, state)
         tool_tokens, offers = self._tool_figures(tools)
         so_far = self.turns.known(session_id, scan, extra)
@@ -401,7 +403,8 @@ class GuardShell(FreshViews, Recovery):
         fixed = system_tokens + tool_tokens + overhead + newest_tokens(extra, extra_tokens)
         reserve = output_reserve(limits, max_tokens, fixed_tokens=fixed,
                                  min_input_tokens=1 if exact else MIN_INPUT_TOKENS)
-        if max_tokens is not None and reserve < max_tokens:
+        if max_tokens is not None and reserve < max_tokens and said and not exact \
+                and force_ratio is None:  # a recovery's views: it says so of the one sent
             self._capped(limits, max_tokens, reserve)
         moved = state is not None and state.unowned_learned() and state.model != model
         return Request(
