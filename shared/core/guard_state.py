@@ -48,7 +48,7 @@ from shared.core.view import (
     SUMMARY_FRAMING,
     Regions,
     assemble,
-    summary_block,
+    block_tokens,
     summary_framing,
     summary_region,
     view_estimate,
@@ -553,13 +553,16 @@ def _truncation(snap: CachedView, counter: TokenCounter, dropped: int,
     if not logged and not note:
         return previous, None
     text = (previous.text + "\n\n" if previous else "") + note
+    ledger = previous.ledger if previous else ""
+    # what the block shows is the text and the ledger alone: counted from a draft of
+    # them, the record is made (and validated) once, with its tokens
+    draft = SummaryRecord.model_construct(watermark=0, kind="truncation", text=text,
+                                          ledger=ledger, tokens=0)
     record = SummaryRecord(
-        watermark=state.watermark + logged, kind="truncation", text=text,
-        ledger=previous.ledger if previous else "",
+        watermark=state.watermark + logged, kind="truncation", text=text, ledger=ledger,
         ledger_json=previous.ledger_json if previous else None,
-        tokens=0, covers_from=state.watermark, source_version=state.version,
-        stages=["emergency_truncation"])
-    record = record.model_copy(update={"tokens": counter.text(summary_block(record))})
+        tokens=block_tokens(counter, draft, previous, note), covers_from=state.watermark,
+        source_version=state.version, stages=["emergency_truncation"])
     return record, (record if logged else None)
 
 
