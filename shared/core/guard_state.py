@@ -553,16 +553,13 @@ def _truncation(snap: CachedView, counter: TokenCounter, dropped: int,
     if not logged and not note:
         return previous, None
     text = (previous.text + "\n\n" if previous else "") + note
-    ledger = previous.ledger if previous else ""
-    # what the block shows is the text and the ledger alone: counted from a draft of
-    # them, the record is made (and validated) once, with its tokens
-    draft = SummaryRecord.model_construct(watermark=0, kind="truncation", text=text,
-                                          ledger=ledger, tokens=0)
     record = SummaryRecord(
-        watermark=state.watermark + logged, kind="truncation", text=text, ledger=ledger,
+        watermark=state.watermark + logged, kind="truncation", text=text,
+        ledger=previous.ledger if previous else "",
         ledger_json=previous.ledger_json if previous else None,
-        tokens=block_tokens(counter, draft, previous, note), covers_from=state.watermark,
-        source_version=state.version, stages=["emergency_truncation"])
+        tokens=0, covers_from=state.watermark, source_version=state.version,
+        stages=["emergency_truncation"])
+    record = record.model_copy(update={"tokens": block_tokens(counter, record, previous, note)})
     return record, (record if logged else None)
 
 

@@ -164,8 +164,7 @@ def joined_tokens(counter: TokenCounter, head: str, middle: str, tail: str) -> i
     markup = "<" in text
     before = entry[1].get(markup)
     if before is None:  # head less its last _CONTEXT characters (context of the middle)
-        before = entry[1][markup] = _less(_parts(head, markup),
-                                          _parts(head[-_CONTEXT:], markup))
+        before = entry[1][markup] = _head_parts(head, markup)
     after = _TAIL_PARTS.get((tail, markup))
     if after is None:  # tail less its first _CONTEXT characters (counted with the middle)
         after = _less(_parts(tail, markup), _parts(tail[:_CONTEXT], markup))
@@ -185,6 +184,25 @@ def joined_tokens(counter: TokenCounter, head: str, middle: str, tail: str) -> i
             or _tokens(raw * (1 + _MARGIN), counter.safety_margin) != tokens:
         return counter.text(text)
     return tokens
+
+
+def _head_parts(head: str, markup: bool) -> _Features:
+    """The features of ``head`` less those of its last :data:`_CONTEXT` characters, from
+    the longest head kept that it continues (a turn's truncation committed: the next
+    record's text is the last one's, a blank line and its note), else counted whole."""
+    tail = head[-_CONTEXT:]
+    best: tuple[str, _Features] | None = None
+    for known, (_, parts) in list(_HEAD_PARTS.items()):
+        found = parts.get(markup)
+        if (found is not None and _CONTEXT < len(known) < len(head)
+                and (best is None or len(known) > len(best[0])) and head.startswith(known)):
+            best = known, found
+    if best is None:
+        return _less(_parts(head, markup), _parts(tail, markup))
+    known, found = best
+    grown = _parts(known[-_CONTEXT:] + head[len(known):], markup)
+    return _less((found[0] + grown[0], found[1] + grown[1], found[2] + grown[2],
+                  found[3] + grown[3]), _parts(tail, markup))
 
 
 def _parts(text: str, markup: bool) -> _Features:
