@@ -1,10 +1,10 @@
 """A tool chain that outgrows the window truncates on every call: each call's truncation
 record (the previous summary, then the cut's note) is counted from its parts
-(shared.core.view.joined_tokens), the summary once per record, the note per call. The
+(shared.core.tokens_joined.joined_tokens), the summary once per record, the note per call. The
 figure is the whole block's, and the views are the ones counting it whole makes.
 
 Two worlds on one real Redis (a key prefix each) take the same calls: in one the block is
-counted from its parts, in the other whole (``view.JOINED`` off around its calls). Every
+counted from its parts, in the other whole (``tokens_joined.JOINED`` off around its calls). Every
 view must match.
 """
 
@@ -21,13 +21,13 @@ import redis
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.core import tokens, view
+from shared.core import tokens, tokens_joined
 from shared.core.config import StoreConfig
 from shared.core.errors import CompactionError
 from shared.core.records import SummaryRecord
 from shared.core.tokens import HeuristicCounter
 from shared.core.tokens_classes import _CHUNK
-from shared.core.view import joined_tokens
+from shared.core.tokens_joined import joined_tokens
 from shared.store.sessions import SessionStore
 from tests.guard_shells import make
 
@@ -68,13 +68,13 @@ def test_the_parts_are_counted_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     expected = [counter.text(head + note + tail) for note in notes]
     joined_tokens(counter, head, "[note]", tail)
     counted: list[int] = []
-    real = view._parts
+    real = tokens_joined._parts
 
     def spy(text: str, markup: bool) -> tuple[float, float, int, int]:
         counted.append(len(text))
         return real(text, markup)
 
-    monkeypatch.setattr(view, "_parts", spy)
+    monkeypatch.setattr(tokens_joined, "_parts", spy)
     monkeypatch.setattr(tokens, "_features", lambda text: pytest.fail("counted whole"))
     assert [joined_tokens(counter, head, note, tail) for note in notes] == expected
     assert max(counted) < 200
@@ -139,14 +139,14 @@ class World:
         self.whole = whole
 
     def prepare(self, pending: list[Any], max_tokens: int | None) -> dict[str, Any]:
-        joined, view.JOINED = view.JOINED, not self.whole
+        joined, tokens_joined.JOINED = tokens_joined.JOINED, not self.whole
         try:
             got = self.guard.prepare("s", "You are a careful coding agent.", None, max_tokens,
                                      "m", pending=pending)
         except CompactionError as exc:  # what cannot fit at all: alike in both worlds
             return {"error": type(exc).__name__}
         finally:
-            view.JOINED = joined
+            tokens_joined.JOINED = joined
         report = got.report.model_dump(exclude={"elapsed_ms"})
         return {"messages": [m.model_dump() for m in got.messages], "report": report,
                 "openai": list(got.wire("openai")), "anthropic": got.anthropic(),
