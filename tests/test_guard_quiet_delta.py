@@ -10,9 +10,6 @@ must have been taken.
 
 from __future__ import annotations
 
-import json
-import re
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +18,9 @@ import redis
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.core.config import StoreConfig
 from shared.core.messages import Message
 from shared.guard._again import QuietAgain
-from shared.store.sessions import SessionStore
-from tests.guard_shells import make
+from tests.worlds import GREETING, KeyedWorld, canonical, tool_chain
 
 SYSTEMS = ("You are a careful coding agent.", "You are a careful coding agent. Be brief.")
 TOOLS = (None, [{"type": "function", "function": {
@@ -33,15 +28,6 @@ TOOLS = (None, [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}])
 WORDS = ("def", "return", "x", "path", "src/app.py", "ok", "FAILED", "café", "42", "{", "}",
          "\n", "    ", "assert", "日本", "error:", "line", "==")
-
-
-def _canonical(view: dict[str, Any]) -> str:
-    """``view`` as JSON, the random nonce of each renamed call id (the store's, one per
-    append: the two worlds draw their own) replaced by its order of appearance."""
-    text = json.dumps(view, sort_keys=True, ensure_ascii=False)
-    seen: dict[str, str] = {}
-    return re.sub(r"-r([0-9a-f]{6})",
-                  lambda m: "-r#" + seen.setdefault(m.group(1), str(len(seen))), text)
 
 
 def _text(draw: st.DrawFn, low: int, high: int) -> str:
@@ -81,13 +67,11 @@ def chains(draw: st.DrawFn) -> dict[str, Any]:
             "twists": draw(st.lists(st.integers(0, 24), min_size=40, max_size=40))}
 
 
-class World:
+class World(KeyedWorld):
     """One guard over its own keys; ``full``: every call planned in full."""
 
     def __init__(self, client: redis.Redis, shell: str, full: bool, window: int) -> None:
-        self.prefix = "q" + secrets.token_hex(5)
-        self.store = SessionStore(client, StoreConfig(key_prefix=self.prefix))
-        self.guard = make(shell, self.store, overrides={"m": window})
+        super().__init__(client, shell, window, "q")
         inner = getattr(self.guard, "inner", self.guard)
         self.again = 0
         if full:
@@ -111,12 +95,6 @@ class World:
                 "reasoning": view.openai(include_reasoning=True),
                 "anthropic": view.anthropic(), "gemini": view.gemini(),
                 "shared": list(view.anthropic(shared=True)[1])}
-
-    def close(self, client: redis.Redis) -> None:
-        self.guard.close()
-        keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
 
 
 @pytest.fixture
@@ -144,11 +122,11 @@ def _replay(client: redis.Redis, shell: str, case: dict[str, Any]) -> int:
                 system = SYSTEMS[twist == 1]
                 tools = TOOLS[twist == 2]
                 views = [w.prepare(pending, system, tools, case["max_tokens"]) for w in worlds]
-                assert _canonical(views[0]) == _canonical(views[1])
+                assert canonical(views[0]) == canonical(views[1])
             for w in worlds:
                 w.guard.record_turn("s", turn)
             # the append stores the ids the prepares sent, however they were planned
-            logs = [_canonical({"log": [m.model_dump() for m in w.store.messages("s")]})
+            logs = [canonical({"log": [m.model_dump() for m in w.store.messages("s")]})
                     for w in worlds]
             assert logs[0] == logs[1]
         return worlds[0].again
@@ -175,15 +153,8 @@ def test_a_long_chain_is_planned_from_its_last_call(client: redis.Redis) -> None
     view is not cached): every call after the turn's second is planned
     from the last (the first has the user message newest, which sizes the reserve), and
     the views are the full plan's."""
-    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
-    for c in range(26):
-        turn.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"k{c}", "name": "read_file", "arguments": f'{{"path": "f{c}.py"}}'}]})
-        turn.append({"role": "tool", "tool_call_id": f"k{c}", "content": "x = 1\n" * 50})
-    turn.append({"role": "assistant", "content": "done"})
-    first = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    case = {"recorded": [first], "live": [turn], "window": 1_000_000, "max_tokens": 1_000,
-            "twists": [0] * 40}
+    case = {"recorded": [GREETING], "live": [tool_chain(26, "x = 1\n" * 50)],
+            "window": 1_000_000, "max_tokens": 1_000, "twists": [0] * 40}
     assert _replay(client, "sync", case) == 25
 
 
@@ -195,14 +166,9 @@ def test_a_chain_whose_call_ids_repeat_is_planned_from_its_last_call(
     renaming from the last quiet plan instead of planning the view in full (it did from
     the first repeated id on). The views are the full plan's, and the append stores the
     ids the last prepare sent."""
-    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
-    for c in range(26):
-        cid = f"k{c % 9}"  # from the tenth call on, every id was called before in the turn
-        turn.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": cid, "name": "read_file", "arguments": f'{{"path": "f{c}.py"}}'}]})
-        turn.append({"role": "tool", "tool_call_id": cid, "content": "x = 1\n" * 50})
-    turn.append({"role": "assistant", "content": "done"})
-    first = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    # from the tenth call on, every id was called before in the turn
+    turn = tool_chain(26, "x = 1\n" * 50, call_id=lambda c: f"k{c % 9}")
+    first = GREETING
     case = {"recorded": [first], "live": [turn], "window": 1_000_000, "max_tokens": 1_000,
             "twists": [0] * 40}
     # every call after the turn's second but the one whose id first repeats (it renames)
@@ -228,12 +194,7 @@ def test_a_chain_over_the_trigger_is_planned_from_its_last_call(
     call over it plans the cheap stages and queues the job; the calls after it, the job
     queued and nothing new stored, write nothing and are planned from the last (they were
     planned in full, each one). The views are the full plan's."""
-    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
-    for c in range(26):
-        turn.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"t{c}", "name": "read_file", "arguments": f'{{"path": "f{c}.py"}}'}]})
-        turn.append({"role": "tool", "tool_call_id": f"t{c}", "content": "x = 1\n" * 40})
-    turn.append({"role": "assistant", "content": "done"})
+    turn = tool_chain(26, "x = 1\n" * 40)
     first = [{"role": "user", "content": "hi " * 13_000}, {"role": "assistant", "content": "hello"}]
     case = {"recorded": [first], "live": [turn], "window": 21_000, "max_tokens": 1_000,
             "twists": [0] * 40}
@@ -244,7 +205,7 @@ def test_a_chain_over_the_trigger_is_planned_from_its_last_call(
         over = 0
         for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
             views = [w.prepare(turn[:i], SYSTEMS[0], None, 1_000) for w in worlds]
-            assert _canonical(views[0]) == _canonical(views[1])
+            assert canonical(views[0]) == canonical(views[1])
             assert views[0]["report"]["budget"]["within_budget"]
             over += views[0]["report"]["budget"]["should_compact"]
         assert over >= 10  # the chain ends over the trigger

@@ -10,9 +10,6 @@ view must match.
 
 from __future__ import annotations
 
-import json
-import re
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,14 +19,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shared.core import tokens, tokens_joined
-from shared.core.config import StoreConfig
 from shared.core.errors import CompactionError
 from shared.core.records import SummaryRecord
 from shared.core.tokens import HeuristicCounter
 from shared.core.tokens_classes import _CHUNK
 from shared.core.tokens_joined import joined_tokens
-from shared.store.sessions import SessionStore
-from tests.guard_shells import make
+from tests.worlds import GREETING, KeyedWorld, canonical, tool_chain
 
 PIECES = ("a", "Ab", "xyz ", "word ", "  ", "    ", "\n", "\r\n", "\t", "é", "日本", "Жук", "😀",
           "</", '="', '">', "/>", "<b>", "123", " 45", '{"k": ', "\\n", "QUJDRA" * 12, "-_=+/",
@@ -86,15 +81,6 @@ WORDS = ("def", "return", "x", "path", "src/app.py", "ok", "FAILED", "café", "4
          "\n", "    ", "assert", "日本", "error:", "line", "==", "<div>", "</p>")
 
 
-def _canonical(value: dict[str, Any]) -> str:
-    """``value`` as JSON, the random nonce of each renamed call id replaced by its order
-    of appearance (the two worlds' stores draw their own)."""
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    seen: dict[str, str] = {}
-    return re.sub(r"-r([0-9a-f]{6})",
-                  lambda m: "-r#" + seen.setdefault(m.group(1), str(len(seen))), text)
-
-
 def _words(draw: st.DrawFn, low: int, high: int) -> str:
     return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=low, max_size=high)))
 
@@ -129,13 +115,11 @@ def chains(draw: st.DrawFn) -> dict[str, Any]:
             "max_tokens": draw(st.sampled_from([200, 300, 600]))}
 
 
-class World:
+class World(KeyedWorld):
     """One guard over its own keys; ``whole``: every truncation block counted whole."""
 
     def __init__(self, client: redis.Redis, shell: str, whole: bool, window: int) -> None:
-        self.prefix = "t" + secrets.token_hex(5)
-        self.store = SessionStore(client, StoreConfig(key_prefix=self.prefix))
-        self.guard = make(shell, self.store, overrides={"m": window})
+        super().__init__(client, shell, window, "t")
         self.whole = whole
 
     def prepare(self, pending: list[Any], max_tokens: int | None) -> dict[str, Any]:
@@ -151,12 +135,6 @@ class World:
         return {"messages": [m.model_dump() for m in got.messages], "report": report,
                 "openai": list(got.wire("openai")), "anthropic": got.anthropic(),
                 "gemini": got.gemini()}
-
-    def close(self, client: redis.Redis) -> None:
-        self.guard.close()
-        keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
 
 
 @pytest.fixture
@@ -183,11 +161,11 @@ def _replay(client: redis.Redis, shell: str, case: dict[str, Any]) -> int:
         for turn in case["live"]:
             for i in [i for i, m in enumerate(turn) if m["role"] == "assistant"]:
                 views = [w.prepare(turn[:i], case["max_tokens"]) for w in worlds]
-                assert _canonical(views[0]) == _canonical(views[1])
+                assert canonical(views[0]) == canonical(views[1])
                 truncated += "report" in views[0] and views[0]["report"]["truncated"]
             for w in worlds:
                 w.guard.record_turn("s", turn)
-            logs = [_canonical({"log": [m.model_dump() for m in w.store.messages("s")],
+            logs = [canonical({"log": [m.model_dump() for m in w.store.messages("s")],
                                 "state": w.store.state("s").model_dump(),
                                 "summaries": [r.model_dump(exclude={"created_at"})
                                               for r in w.store.summaries("s")]})
@@ -214,14 +192,8 @@ def test_the_async_guard_truncates_them_alike(client: redis.Redis,
 
 
 def _long_chain() -> dict[str, Any]:
-    turn: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
-    for c in range(26):
-        turn.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"k{c}", "name": "read_file", "arguments": f'{{"path": "src/f{c}.py"}}'}]})
-        turn.append({"role": "tool", "tool_call_id": f"k{c}", "content": "x = 1\n" * 60})
-    turn.append({"role": "assistant", "content": "done"})
-    first = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    return {"recorded": [first], "live": [turn], "window": 2_500, "max_tokens": 300,
+    return {"recorded": [GREETING], "live": [tool_chain(26, "x = 1\n" * 60, path="src/f{}.py")],
+            "window": 2_500, "max_tokens": 300,
             "summary": "We read src/app.py, ran the tests and fixed two of them. " * 120,
             "ledger": "- src/app.py: fixed"}
 
