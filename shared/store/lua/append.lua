@@ -103,7 +103,11 @@ local at = fields_at + 2 * n_fields
 local n = tonumber(ARGV[at])
 local len = redis.call('LLEN', KEYS[1])
 local totals_len = redis.call('LLEN', KEYS[2])
-local at_watermark = tonumber(redis.call('HGET', KEYS[3], 'watermark')) or 0
+-- The state's fields this script reads, in one call (each redis.call costs the script
+-- a few microseconds of the server's one thread): nothing else writes the state before
+-- the HSET below, so they are still these there.
+local cur = redis.call('HMGET', KEYS[3], 'watermark', 'version', 'epoch', 'tail')
+local at_watermark = tonumber(cur[1]) or 0
 if totals_len ~= len or at_watermark > len then  -- keys evicted: see view.lua
   return redis.error_reply('SESSION_DAMAGED ' .. KEYS[1] .. ' ' .. len .. ' ' .. totals_len
                            .. ' ' .. at_watermark)
@@ -144,8 +148,10 @@ if n_calls + n_results > 0 then
     end
     return redis.error_reply('ID_CONFLICT ' .. cjson.encode(map))
   end
-  for i = 0, n_calls - 1 do
-    redis.call('HSET', KEYS[10], ARGV[claims_at + 1 + 2 * i], ARGV[claims_at + 2 + 2 * i])
+  -- pairs set in order, as one HSET each would, a thousand a call (unpack's bound)
+  for i = 0, n_calls - 1, 1000 do
+    local last = math.min(i + 1000, n_calls) - 1
+    redis.call('HSET', KEYS[10], unpack(ARGV, claims_at + 1 + 2 * i, claims_at + 2 + 2 * last))
   end
 end
 
@@ -154,7 +160,7 @@ if len > 0 then
   total = tonumber(redis.call('LINDEX', KEYS[2], -1)) or 0
 end
 local before = total
-local tail_before = redis.call('HGET', KEYS[3], 'tail') or ''
+local tail_before = cur[4] or ''
 local msgs = {}
 local cums = {}
 for i = 0, n - 1 do
@@ -162,20 +168,41 @@ for i = 0, n - 1 do
   total = total + tonumber(ARGV[at + 2 + 2 * i])
   cums[#cums + 1] = total
 end
+-- The state's writes in one HSET, in the order they were made one call each: the tail,
+-- version / watermark / epoch where absent (HSETNX), then the fields if the version
+-- (after that) is still theirs; a field named twice takes its last value, as before.
+local watermark, version = cur[1] or '0', cur[2] or '0'
+local state_set = {}
 if n > 0 then
   redis.call('RPUSH', KEYS[1], unpack(msgs))
   redis.call('RPUSH', KEYS[2], unpack(cums))
-  redis.call('HSET', KEYS[3], 'tail', (len + n) .. ':' .. ARGV[3], 'tail_prev', tail_before)
+  state_set = {'tail', (len + n) .. ':' .. ARGV[3], 'tail_prev', tail_before}
 end
-redis.call('HSETNX', KEYS[3], 'version', 0)
-redis.call('HSETNX', KEYS[3], 'watermark', 0)
-redis.call('HSETNX', KEYS[3], 'epoch', ARGV[3])
-if n_fields > 0 and redis.call('HGET', KEYS[3], 'version') == ARGV[9] then
-  local pairs_ = {}
-  for i = fields_at, at - 1 do
-    pairs_[#pairs_ + 1] = ARGV[i]
+if not cur[2] then
+  state_set[#state_set + 1] = 'version'
+  state_set[#state_set + 1] = 0
+end
+if not cur[1] then
+  state_set[#state_set + 1] = 'watermark'
+  state_set[#state_set + 1] = 0
+end
+if not cur[3] then
+  state_set[#state_set + 1] = 'epoch'
+  state_set[#state_set + 1] = ARGV[3]
+end
+if n_fields > 0 and version == ARGV[9] then
+  for i = fields_at, at - 1, 2 do
+    state_set[#state_set + 1] = ARGV[i]
+    state_set[#state_set + 1] = ARGV[i + 1]
+    if ARGV[i] == 'watermark' then
+      watermark = ARGV[i + 1]
+    elseif ARGV[i] == 'version' then
+      version = ARGV[i + 1]
+    end
   end
-  redis.call('HSET', KEYS[3], unpack(pairs_))
+end
+if #state_set > 0 then
+  redis.call('HSET', KEYS[3], unpack(state_set))
 end
 
 -- 1: the flag was absent and is set; 3: it stood at least `stale` seconds (its age is
@@ -217,10 +244,11 @@ end
 if request_id ~= '' then
   redis.call('HSET', KEYS[4], request_id, (len + n) .. ':' .. before .. ':' .. marked .. ':'
              .. digest)
-  redis.call('LPUSH', KEYS[5], request_id)
+  local kept = redis.call('LPUSH', KEYS[5], request_id)  -- the list's length
   local keep = tonumber(ARGV[5])
-  while redis.call('LLEN', KEYS[5]) > keep do
+  while kept > keep do
     redis.call('HDEL', KEYS[4], redis.call('RPOP', KEYS[5]))
+    kept = kept - 1
   end
   local req_ttl = tonumber(ARGV[6])
   if ttl > 0 and ttl < req_ttl then
@@ -237,11 +265,15 @@ if ttl > 0 then
     end
   end
 end
-local state = redis.call('HMGET', KEYS[3], 'watermark', 'version')
 local reply = state_reply()
 -- Last, a read of every key a view is made of: a caller with client tracking (default
 -- mode, NOLOOP) keeps them tracked after its own write (a write untracks the key for
 -- the writer too), so the next write by anyone else is pushed to it at once.
 redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[7], KEYS[9])
-return {len + n, tonumber(state[1]), tonumber(state[2]), before, 0, marked, reply,
-        redis.call('EXISTS', KEYS[6]), tail_before}
+-- The flag is set after mark() whenever it ran (set, re-armed, or found set).
+local pending = 1
+if pending_ttl == 0 then
+  pending = redis.call('EXISTS', KEYS[6])
+end
+return {len + n, tonumber(watermark), tonumber(version), before, 0, marked, reply,
+        pending, tail_before}
