@@ -28,7 +28,16 @@ import time
 import uuid
 from typing import Any
 
-from _guard_sessions import OVERRIDES, SYSTEM, WINDOW_MODEL, Env, fresh_ids, history, next_turns, seed
+from _guard_sessions import (
+    OVERRIDES,
+    SYSTEM,
+    WINDOW_MODEL,
+    Env,
+    fresh_ids,
+    history,
+    next_turns,
+    seed,
+)
 from _timing import loadavg, percentile
 
 from shared.enqueue import CeleryEnqueuer, publisher_app

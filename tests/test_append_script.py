@@ -1,0 +1,98 @@
+"""append.lua's cost on the server and the own-writes connection's packing: a turn's
+record runs both once, so each is held to what it must do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from shared.core.config import StoreConfig
+from shared.core.records import InlineJob
+from shared.store.own_writes_sync import OwnWrites
+from shared.store.sessions import SessionStore
+
+
+def _turn(i: int) -> list[dict[str, Any]]:
+    call = f"call_{i}"
+    return [{"role": "user", "content": f"step {i}"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": call, "name": "read", "arguments": "{}"}]},
+            {"role": "tool", "tool_call_id": call, "content": "ok"},
+            {"role": "assistant", "content": f"done {i}"}]
+
+
+def test_a_turns_append_makes_few_redis_calls(own_redis: Any) -> None:
+    """A guard's append (request id, calibration fields, the pending flag and its job, a
+    tool call) reads the state once and writes it in one HSET: 21 calls inside the
+    script (31 before: each redis.call is a few microseconds of Redis's one thread,
+    every other client waiting)."""
+    client = redis.Redis.from_url(own_redis.url)
+    store = SessionStore(client, StoreConfig(key_prefix="calls"), idempotency_keep=2)
+    for i in range(3):  # the request ids' ring is full: the append drops the oldest
+        store.append("s", _turn(i), request_id=f"r{i}")
+    client.config_resetstat()
+    result = store.append_encoded(
+        "s", store.encode("s", _turn(3)), request_id="r3", mark_pending=True, with_state=True,
+        state_fields={"calibration_ratio": 1.5}, fields_version=0,
+        job=InlineJob(key="calls-queue", message=b"job", db=0, store_db=0))
+    stats = client.info("commandstats")
+    inner = {name[len("cmdstat_"):]: row["calls"] for name, row in stats.items()
+             if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")}
+    assert result.length == 16 and result.published and result.pending
+    assert sum(inner.values()) <= 21, inner
+    assert "hsetnx" not in inner and inner.get("llen") == 2  # the damage check's two
+    assert client.hlen(store.keys("s").requests) == 2  # the ring still bounded
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_the_append_writes_and_answers_the_state_as_each_call_did(store: SessionStore,
+                                                                  any_redis: Any,
+                                                                  mark: bool) -> None:
+    """A state made by a prepare's figures alone (no version, watermark or epoch yet):
+    the append adds those as absent fields, then the fields of its version; its reply
+    tells the state after it and whether the pending flag is set (set by another
+    caller too)."""
+    store.update_state("s", model="m", window=1000)
+    k = store.keys("s")
+    first = store.append_encoded("s", store.encode("s", _turn(0)), request_id="a",
+                                 with_state=True, mark_pending=mark,
+                                 state_fields={"calibration_ratio": 1.5}, fields_version=0)
+    state = {key.decode(): value.decode() for key, value in any_redis.hgetall(k.state).items()}
+    assert state["version"] == state["watermark"] == "0" and state["model"] == "m"
+    assert state["calibration_ratio"] == "1.5" and state["tail"].startswith("4:")
+    assert state["epoch"] == state["tail"][2:] and state["tail_prev"] == ""
+    assert first.state is not None and first.state.calibration_ratio == 1.5
+    assert (first.watermark, first.version, first.tokens_before) == (0, 0, 0)
+    assert first.pending is mark and first.marked is mark
+    any_redis.set(k.pending, "1")  # another caller's job
+    second = store.append_encoded("s", store.encode("s", _turn(1)), with_state=True)
+    assert second.pending and not second.marked and second.tail_before == state["tail"]
+    assert any_redis.hget(k.state, "epoch").decode() == state["epoch"]  # kept
+    any_redis.delete(k.pending)
+    third = store.append_encoded("s", [], state_fields={"calibration_ratio": 2.5},
+                                 fields_version=0, with_state=True)
+    assert third.pending is False and third.length == 8
+    assert any_redis.hget(k.state, "calibration_ratio") == b"2.5"
+    assert second.state_raw is not None  # an empty batch leaves the tail
+    assert any_redis.hget(k.state, "tail") == second.state_raw["tail"].encode()
+
+
+@pytest.mark.parametrize("command", [
+    ("EVALSHA", "a" * 40, 2, "k:{s}:log", "k:{s}:cum", 500, 0, b'{"role":"user"}', 1.25,
+     "caf\u00e9", b"", ""),
+    ("HSET", "k:{s}:state", "calibration_ratio", 1.1, "n", 7),
+    ("CLIENT TRACKING", "ON"),  # a name with a space: split, as redis-py does
+])
+def test_own_writes_pack_as_redis_py_does(command: tuple[Any, ...]) -> None:
+    own = OwnWrites({"host": "127.0.0.1", "port": 1})
+    own._conn = redis.Connection()
+    assert b"".join(own._pack(command)) == b"".join(own._conn.pack_command(*command))
+
+
+def test_own_writes_refuse_what_redis_py_refuses() -> None:
+    own = OwnWrites({"host": "127.0.0.1", "port": 1})
+    own._conn = redis.Connection()
+    with pytest.raises(redis.exceptions.DataError):
+        own._pack(("SET", "k", {"not": "packable"}))
