@@ -10,7 +10,10 @@ import redis
 import redis.asyncio
 
 from shared.core.config import StoreConfig
+from shared.core.messages import Message
 from shared.core.records import InlineJob
+from shared.core.tokens import HeuristicCounter
+from shared.store.commands import EncodedBatch
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
@@ -124,3 +127,40 @@ def test_async_own_writes_keep_the_connections_encoding() -> None:
     command = ("SET", "k", "caf\u00e9")
     assert own._pack(command) == own._conn.pack_command(*command)
     assert b"caf\xe9" in b"".join(own._pack(command))
+
+
+class _Counting(HeuristicCounter):
+    """The default counter, counting its calls of :meth:`message`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def message(self, message: Message) -> int:
+        self.calls += 1
+        return super().message(message)
+
+
+def test_a_batch_renamed_after_a_conflict_is_not_counted_again(any_redis: Any,
+                                                               key_prefix: str) -> None:
+    """The second attempt of an append whose call id the session holds (``ID_CONFLICT``:
+    renamed against the session's mapping) keeps the first attempt's counts, message for
+    message (a renamed message is counted as given); it only encodes the renamed ones
+    again."""
+    counter = _Counting()
+    store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix), counter=counter)
+    store.append("s", _turn(0))
+    counter.calls = 0
+    batch = store.encode("s", _turn(0))  # call_0 again: the script refuses, then renamed
+    counted = counter.calls
+    assert counted == 4
+    result = store.append_encoded("s", batch, with_state=True)
+    assert counter.calls == counted  # before: the call and its result counted twice more
+    stored = result.batch
+    assert isinstance(stored, EncodedBatch) and stored is not batch
+    assert [tokens for _, tokens in stored] == [tokens for _, tokens in batch] \
+        == [HeuristicCounter().message(m) for m in batch.messages]
+    assert stored.unique[1].tool_calls[0].id != "call_0"  # renamed
+    k = store.keys("s")
+    totals = [int(t) for t in any_redis.lrange(k.cum, 0, -1)]
+    assert totals[-1] - totals[3] == sum(tokens for _, tokens in batch)
