@@ -14,8 +14,6 @@ from shared.core.messages import Message
 from shared.core.records import InlineJob
 from shared.core.tokens import HeuristicCounter
 from shared.store.commands import EncodedBatch
-from shared.store.own_writes_aio import AsyncOwnWrites
-from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
 
 
@@ -82,51 +80,6 @@ def test_the_append_writes_and_answers_the_state_as_each_call_did(store: Session
     assert any_redis.hget(k.state, "calibration_ratio") == b"2.5"
     assert second.state_raw is not None  # an empty batch leaves the tail
     assert any_redis.hget(k.state, "tail") == second.state_raw["tail"].encode()
-
-
-def _own(kind: str) -> Any:
-    """An own-writes shell of ``kind`` with a connection that was never opened (packing
-    needs none)."""
-    if kind == "sync":
-        own: Any = OwnWrites({"host": "127.0.0.1", "port": 1})
-        own._conn = redis.Connection()
-    else:
-        own = AsyncOwnWrites({"host": "127.0.0.1", "port": 1})
-        own._conn = redis.asyncio.Connection()
-    return own
-
-
-COMMANDS = [
-    ("EVALSHA", "a" * 40, 2, "k:{s}:log", "k:{s}:cum", 500, 0, b'{"role":"user"}', 1.25,
-     "caf\u00e9 \U0001f600", b"\x00\xff", "", -7, 2**70, 0.1 + 0.2, float("inf")),
-    ("HSET", "k:{s}:state", "calibration_ratio", 1.1, "n", 7),
-    ("CLIENT TRACKING", "ON"),  # a name with a space: split, as redis-py does
-]
-
-
-@pytest.mark.parametrize("kind", ["sync", "async"])
-@pytest.mark.parametrize("command", COMMANDS)
-def test_own_writes_pack_as_redis_py_does(kind: str, command: tuple[Any, ...]) -> None:
-    own = _own(kind)
-    assert b"".join(own._pack(command)) == b"".join(own._conn.pack_command(*command))
-
-
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_own_writes_refuse_what_redis_py_refuses(kind: str) -> None:
-    own = _own(kind)
-    with pytest.raises(redis.exceptions.DataError):
-        own._pack(("SET", "k", {"not": "packable"}))
-    if kind == "async":  # redis.asyncio refuses a bool; hiredis would send it as 1
-        with pytest.raises(redis.exceptions.DataError):
-            own._pack(("SET", "k", True))
-
-
-def test_async_own_writes_keep_the_connections_encoding() -> None:
-    own = _own("async")
-    own._conn = redis.asyncio.Connection(encoding="latin-1")
-    command = ("SET", "k", "caf\u00e9")
-    assert own._pack(command) == own._conn.pack_command(*command)
-    assert b"caf\xe9" in b"".join(own._pack(command))
 
 
 class _Counting(HeuristicCounter):

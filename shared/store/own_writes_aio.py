@@ -28,13 +28,6 @@ from shared.store.own_writes import (
 
 log = logging.getLogger("shared.store.own_writes")
 
-_hiredis_pack: Any
-try:  # packs as redis.asyncio does, for the types in _PLAIN (AsyncOwnWrites._pack)
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - redis-py packs in Python then
-    _hiredis_pack = None
-_PLAIN = frozenset({str, bytes, int, float})
-
 
 class AsyncOwnWrites:
     """The asyncio shell: one connection of the event loop that opened it."""
@@ -99,8 +92,7 @@ class AsyncOwnWrites:
                         packed.append(("EVALSHA", sha, len(step.keys), *step.keys, *step.args))
                     else:
                         packed.append(step)
-                await self._conn.send_packed_command([b"".join(  # one write
-                    chunk for command in packed for chunk in self._pack(command))])
+                await self._conn.send_packed_command(self._conn.pack_commands(packed))
                 replies: list[Any] = []
                 for _ in packed:
                     try:
@@ -217,26 +209,11 @@ class AsyncOwnWrites:
             await self._conn.read_response()
             self._loaded.add(sha)
         try:
-            await self._conn.send_packed_command(self._pack(("EVALSHA", sha, len(keys),
-                                                             *keys, *args)))
+            await self._conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
             return await self._conn.read_response()
         except redis.exceptions.NoScriptError:
             self._loaded.discard(sha)
             return await self._eval(script, keys, args)
-
-    def _pack(self, command: tuple[Any, ...]) -> list[bytes]:
-        """``command`` in the protocol, as the connection's ``send_command`` packs it:
-        redis.asyncio packs in Python, argument by argument (~1-2 µs each, ~40 in an
-        append); hiredis makes the same bytes at once for what it packs alike (str in
-        UTF-8, bytes, int, float by its ``repr``), the rest (a bool, which redis-py
-        refuses; another encoding) goes redis-py's way."""
-        name, encoder = command[0], self._conn.encoder
-        if _hiredis_pack is not None and isinstance(name, str) and " " not in name \
-                and encoder.encoding == "utf-8" and encoder.encoding_errors == "strict" \
-                and set(map(type, command)) <= _PLAIN:
-            return [_hiredis_pack(command)]
-        packed: list[bytes] = self._conn.pack_command(*command)
-        return packed
 
     async def _connect(self) -> bool:
         seen = self.state.seen

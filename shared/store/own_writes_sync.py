@@ -10,8 +10,6 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from redis.connection import HiredisRespSerializer
-
 from shared.core.errors import StoreUnavailable
 from shared.store import own_writes
 from shared.store.changes import CHANGED, IO_TIMEOUT, Locate, feed_kwargs
@@ -29,12 +27,6 @@ from shared.store.own_writes import (
 from shared.store.pushes import Pushes
 
 log = logging.getLogger("shared.store.own_writes")
-
-_hiredis_pack: Any
-try:  # what redis-py's default packer packs with, where installed (OwnWrites._pack)
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - redis-py packs in Python then
-    _hiredis_pack = None
 
 
 class OwnWrites:
@@ -106,8 +98,7 @@ class OwnWrites:
                         packed.append(("EVALSHA", sha, len(step.keys), *step.keys, *step.args))
                     else:
                         packed.append(step)
-                self._conn.send_packed_command([b"".join(  # one write, as pack_commands
-                    chunk for command in packed for chunk in self._pack(command))])
+                self._conn.send_packed_command(self._conn.pack_commands(packed))
                 replies: list[Any] = []
                 for _ in packed:
                     try:
@@ -196,30 +187,11 @@ class OwnWrites:
             self._conn.read_response()
             self._loaded.add(sha)
         try:
-            self._conn.send_packed_command(self._pack(("EVALSHA", sha, len(keys), *keys,
-                                                       *args)))
+            self._conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
             return self._conn.read_response()
         except redis.exceptions.NoScriptError:  # the server's script cache was flushed
             self._loaded.discard(sha)
             return self._eval(script, keys, args)
-
-    def _pack(self, command: tuple[Any, ...]) -> list[bytes]:
-        """``command`` in the protocol, as the connection's ``send_command`` packs it. Its
-        hiredis packer (redis-py's default) checks each argument in Python first, for a
-        bytearray or memoryview, which a script's arguments never are: ~1 µs an argument,
-        and an append sends ~40 (30 µs of a turn's record); hiredis packs them alone, and
-        refuses (TypeError) what it does not take, which then goes redis-py's way."""
-        packer = self._conn._command_packer
-        name = command[0]  # redis-py splits a name with spaces ("CLIENT TRACKING")
-        if _hiredis_pack is not None and type(packer) is HiredisRespSerializer \
-                and isinstance(name, str) \
-                and " " not in name:
-            try:
-                return [_hiredis_pack(command)]
-            except TypeError:
-                pass
-        packed: list[bytes] = packer.pack(*command)
-        return packed
 
     def _connect(self) -> bool:
         target = own_writes.aim(self._locate)  # on Sentinel: the primary named now
