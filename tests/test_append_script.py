@@ -3,6 +3,7 @@ record runs both once, so each is held to what it must do."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ from shared.core.config import StoreConfig
 from shared.core.messages import Message
 from shared.core.records import InlineJob
 from shared.core.tokens import HeuristicCounter
+from shared.store.aio import AsyncSessionStore
 from shared.store.commands import EncodedBatch
 from shared.store.sessions import SessionStore
+from tests.guard_shells import async_client
 
 
 def _turn(i: int) -> list[dict[str, Any]]:
@@ -94,12 +97,14 @@ class _Counting(HeuristicCounter):
         return super().message(message)
 
 
+@pytest.mark.parametrize("shell", ["sync", "async"])
 def test_a_batch_renamed_after_a_conflict_is_not_counted_again(any_redis: Any,
-                                                               key_prefix: str) -> None:
+                                                               key_prefix: str,
+                                                               shell: str) -> None:
     """The second attempt of an append whose call id the session holds (``ID_CONFLICT``:
     renamed against the session's mapping) keeps the first attempt's counts, message for
     message (a renamed message is counted as given); it only encodes the renamed ones
-    again."""
+    again. Both stores."""
     counter = _Counting()
     store = SessionStore(any_redis, StoreConfig(key_prefix=key_prefix), counter=counter)
     store.append("s", _turn(0))
@@ -107,7 +112,16 @@ def test_a_batch_renamed_after_a_conflict_is_not_counted_again(any_redis: Any,
     batch = store.encode("s", _turn(0))  # call_0 again: the script refuses, then renamed
     counted = counter.calls
     assert counted == 4
-    result = store.append_encoded("s", batch, with_state=True)
+    if shell == "sync":
+        result = store.append_encoded("s", batch, with_state=True)
+    else:
+        async def append() -> Any:
+            astore = AsyncSessionStore(async_client(any_redis), store.config, counter=counter)
+            try:
+                return await astore.append_encoded("s", batch, with_state=True)
+            finally:
+                await astore.redis.aclose()
+        result = asyncio.run(append())
     assert counter.calls == counted  # before: the call and its result counted twice more
     stored = result.batch
     assert isinstance(stored, EncodedBatch) and stored is not batch

@@ -39,6 +39,7 @@ from shared.core.records import (
     ViewCursor,
 )
 from shared.core.tokens import TokenCounter
+from shared.core.viewcache import KnownCounts
 from shared.store.cancelled import cancel_mark, raise_swallowed
 from shared.store.keys import SessionKeys, validate_request_id
 
@@ -290,6 +291,11 @@ def renamed_after(error: Exception, encoded: Sequence[tuple[str | bytes, int]], 
     if known is None or not isinstance(encoded, EncodedBatch):
         return None
     reuse = {id(message): row for message, row in zip(encoded.unique, encoded, strict=True)}
+    if len(encoded.messages) == len(encoded):
+        # renamed, a message differs in its ids alone and is counted as given (encode):
+        # its first attempt's count stands (~14 us a tool result not counted again)
+        counter = KnownCounts(counter, {id(message): tokens for message, (_, tokens)
+                                        in zip(encoded.messages, encoded, strict=True)})
     renamed = encode((), config, counter, known=known, validated=encoded.messages, reuse=reuse)
     renamed.slots, renamed.slots_for = encoded.slots, encoded.slots_for  # by index
     return renamed

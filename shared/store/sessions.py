@@ -55,7 +55,6 @@ from shared.core.records import (
     current_decisions,
 )
 from shared.core.tokens import DEFAULT_COUNTER, TokenCounter
-from shared.core.viewcache import KnownCounts
 from shared.store import commands
 from shared.store.commands import EncodedBatch
 from shared.store.damage import Mended, mend_steps
@@ -295,17 +294,6 @@ def connect_cluster(url: str, config: StoreConfig | None = None, *,
         )
 
 
-def _counted(encoded: Sequence[tuple[str | bytes, int]], counter: TokenCounter) -> TokenCounter:
-    """``counter``, answering from ``encoded``'s own counts for its messages as given: a
-    batch renamed after an ``ID_CONFLICT`` differs from them in its ids alone and is
-    counted as given (:func:`shared.store.commands.encode`), so the second attempt of a
-    turn's record does not count its renamed messages again (~14 µs a tool result)."""
-    if not isinstance(encoded, EncodedBatch) or len(encoded.messages) != len(encoded):
-        return counter
-    return KnownCounts(counter, {id(message): tokens for message, (_, tokens)
-                                 in zip(encoded.messages, encoded, strict=True)})
-
-
 class SessionStore(LeaseOps):
     """Sessions of one tenant in Redis (standalone or Cluster; fakeredis for tests).
 
@@ -429,8 +417,7 @@ class SessionStore(LeaseOps):
                 return self.execute(cmd) if run is None else run(cmd)
             except redis.exceptions.ResponseError as exc:
                 # Ids repeat in the session: rename against its mapping and send again.
-                renamed = commands.renamed_after(exc, encoded, self.config,
-                                                 _counted(encoded, self.counter))
+                renamed = commands.renamed_after(exc, encoded, self.config, self.counter)
                 if renamed is None:
                     raise append_refusal(exc, session_id, self.config) from None
                 encoded = renamed
