@@ -605,7 +605,8 @@ def test_ids_renamed_for_a_log_position_land_only_there(store: SessionStore) -> 
 
 def test_a_renamed_batch_encodes_only_the_renamed_messages_again(store: SessionStore) -> None:
     """The retry after ID_CONFLICT re-uses the first attempt's JSON and counts for every
-    message the renaming left alone (a 50-message tool chain repeats one old id)."""
+    message the renaming left alone (a 50-message tool chain repeats one old id), and
+    the first attempt's counts for the renamed ones (their ids alone changed)."""
     from shared.store import commands
 
     def call(cid: str, n: int) -> list[dict[str, Any]]:
@@ -632,7 +633,7 @@ def test_a_renamed_batch_encodes_only_the_renamed_messages_again(store: SessionS
     conflict = Exception('ID_CONFLICT {"old": "old"}')
     renamed = commands.renamed_after(conflict, first, store.config, Counting())  # type: ignore[arg-type]
     assert renamed is not None
-    assert len(counted) == 2  # the call and its result, renamed
+    assert counted == []  # the call and its result, renamed, were counted twice
     fresh = commands.encode((), store.config, store.counter, known={"old": "old"},
                             validated=first.messages, nonce="x")
     assert [t for _, t in renamed] == [t for _, t in fresh]
