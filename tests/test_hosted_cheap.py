@@ -118,10 +118,13 @@ OLD = "02f23f1"  # the build tests/test_upgrade_compat.py runs beside this one
 def test_yesterdays_build_applies_a_stored_hosted_decision_as_nothing(tmp_path: Path) -> None:
     """The REAL old code (its shared/ from git) reads the stored decision: no error, the
     message shown as recorded, nothing counted as saved."""
-    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{OLD}^{{commit}}"],
+    # .ci/run tests a copy of the tracked files (no .git): it names the checkout
+    repo = Path(os.environ.get("UPGRADE_CHECK_REPO", ROOT))
+    if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{OLD}^{{commit}}"],
                       capture_output=True).returncode:
-        pytest.fail(f"commit {OLD} is not in the history of {ROOT}", pytrace=False)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", OLD, "shared"],
+        pytest.fail(f"commit {OLD} is not in the history of {repo}: clone with history, "
+                    "or name a clone that has it in UPGRADE_CHECK_REPO", pytrace=False)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", OLD, "shared"],
                              capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp_path, filter="data")
