@@ -13,7 +13,7 @@ the messages stored since its last plan.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import fakeredis
@@ -27,7 +27,6 @@ from shared.core.fileops import read_scope
 from shared.core.messages import Message
 from shared.core.records import CheapDecision, stored_decision
 from shared.core.turns import turn_starts
-from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from tests.strategies import CharCounter, conversations, damaged_conversations
 from tests.test_guard import SYSTEM, coding_turn
@@ -140,7 +139,8 @@ def test_slices_decide_as_from_scratch_on_damaged_conversations(
                _policy(keep, threshold), reference=False, stored=stored)
 
 
-def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: Any) -> None:
+def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(
+        monkeypatch: Any, make_guard: Callable[..., Any]) -> None:
     read: list[str] = []
     real = cheap_module._read_path
 
@@ -154,12 +154,12 @@ def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: 
         store.append("s", coding_turn(i, 400))
     policy = CompactionPolicy(clear_tool_outputs_over_tokens=10**9)  # reads deduped only
     tokens = store.range_tokens("s", 0, store.length("s"))
-    deduped = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy
+    deduped = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy
                            ).prepare("s", SYSTEM, max_tokens=500, model="m").report
     assert deduped.cheap_applied  # recorded: the guards below find them applied
     window = int(deduped.budget.total_input / 0.9) + 500  # still over the trigger
     read.clear()
-    guard = ContextGuard(store, overrides={"m": window}, policy=policy)
+    guard = make_guard(store, overrides={"m": window}, policy=policy)
     assert guard.prepare("s", SYSTEM, max_tokens=500, model="m").report.budget.should_compact
     assert len(read) == 120  # every call of the view, once
     for i in range(60, 66):
@@ -170,7 +170,7 @@ def test_a_guard_over_the_trigger_reads_only_what_was_stored_since(monkeypatch: 
         assert len(read) == 2, "only the new turn's two calls"
         folds = view.anthropic(shared=True), view.gemini(shared=True)  # kept across batches
     assert view.report.cheap_applied, "the new reads made earlier ones redundant"
-    fresh = ContextGuard(store, overrides={"m": window}, policy=policy)
+    fresh = make_guard(store, overrides={"m": window}, policy=policy)
     again = fresh.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert list(again.wire("openai")) == list(view.wire("openai")), \
         "the same view as a guard planning from scratch"
@@ -308,14 +308,15 @@ def _reads_then_an_empty_grep(store: SessionStore) -> str:
     return code
 
 
-def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing() -> None:
+def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing(
+        make_guard: Callable[..., Any]) -> None:
     """Through the real guard (fakeredis): the view sent keeps an old range read of a file
     whose later read is an empty grep, and still points an old whole read at a newer one."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="c"))
     code = _reads_then_an_empty_grep(store)
     policy = CompactionPolicy(clear_keep_recent_turns=2, clear_tool_outputs_over_tokens=10**9)
     tokens = store.range_tokens("s", 0, store.length("s"))
-    guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    guard = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert view.report.cheap_applied
     results = [m.text() for m in view.messages if m.role == "tool"]
@@ -325,7 +326,8 @@ def test_the_guard_keeps_a_range_read_when_a_later_grep_finds_nothing() -> None:
     assert results[2] == code[:2000], "the range read must stay: no later read holds it"
 
 
-def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way() -> None:
+def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way(
+        make_guard: Callable[..., Any]) -> None:
     """Decisions stored before reads were checked for holding what they replace (no
     ``rule``: 1) pointed whole and range reads at an empty grep. A guard of today shows
     such a read whole; where today's rule decides the same message otherwise, its decision
@@ -348,7 +350,7 @@ def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way() -> None:
     assert 14 in store.load_view("s").cheap
     policy = CompactionPolicy(clear_keep_recent_turns=2, clear_tool_outputs_over_tokens=10**9)
     tokens = store.range_tokens("s", 0, store.length("s"))
-    guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    guard = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
     results = [m.text() for m in view.messages if m.role == "tool"]
     assert results[0].startswith("[earlier read of src/app.py omitted: the file was read "
@@ -359,6 +361,6 @@ def test_pointers_stored_by_the_old_rule_are_not_applied_and_give_way() -> None:
     assert stored[2].rule == 2 and stored[2].refers_to == 5
     assert stored[8].rule == 1 and not stored[8].current  # nothing replaced it; not applied
     assert stored[14].rule == 1 and stored[14].current
-    fresh = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    fresh = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
     again = fresh.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert [m.text() for m in again.messages if m.role == "tool"] == results

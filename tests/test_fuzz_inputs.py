@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fakeredis
@@ -33,8 +33,9 @@ from shared.core.errors import InvalidInput, LimitExceeded
 from shared.core.messages import ROLES, validate_messages
 from shared.core.repair import PROVIDERS, validate_view
 from shared.core.wire import to_anthropic, to_gemini, to_openai
-from shared.guard import ContextGuard, PreparedView
+from shared.guard import PreparedView
 from shared.store.sessions import SessionStore
+from tests.guard_shells import OPEN, SHELLS, make
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -50,9 +51,15 @@ def store() -> SessionStore:
     return SessionStore(fakeredis.FakeRedis(), StoreConfig(max_message_bytes=200_000))
 
 
-@pytest.fixture(scope="module")
-def guard(store: SessionStore) -> ContextGuard:
-    return ContextGuard(store, overrides={"gpt-4o": 32_000})
+@pytest.fixture(scope="module", params=SHELLS)
+def guard(request: pytest.FixtureRequest, store: SessionStore) -> Iterator[Any]:
+    """One guard of each shell for the module's examples (an async shell is closed at the
+    module's end, not after each test as tests.guard_shells.close_all would)."""
+    guard = make(request.param, store, overrides={"gpt-4o": 32_000})
+    if guard in OPEN:
+        OPEN.remove(guard)
+    yield guard
+    guard.close()
 
 
 def usable(view: PreparedView) -> None:
@@ -184,7 +191,7 @@ def test_append_rejects_bad_input_by_field_and_writes_nothing(
 @given(batch=st.lists(valid_messages(), min_size=1, max_size=12),
        more=st.lists(valid_messages(), max_size=6), cut=st.integers(0, 20))
 def test_prepare_reads_back_whatever_append_accepted(
-        store: SessionStore, guard: ContextGuard, batch: list[dict[str, Any]],
+        store: SessionStore, guard: Any, batch: list[dict[str, Any]],
         more: list[dict[str, Any]], cut: int) -> None:
     """Orphan results, leading assistant or tool messages, NUL, bidi, emoji: views stay valid."""
     sid = fresh_session()
@@ -205,7 +212,7 @@ def test_prepare_reads_back_whatever_append_accepted(
        tools=st.one_of(st.none(), text, junk, st.lists(st.one_of(junk, st.fixed_dictionaries(
            {"type": st.just("function"), "function": st.fixed_dictionaries(
                {"name": text, "parameters": json_values})})), max_size=2)))
-def test_prepare_validates_its_arguments(guard: ContextGuard, pending: Any, system: str,
+def test_prepare_validates_its_arguments(guard: Any, pending: Any, system: str,
                                          max_tokens: Any, model: Any, tools: Any) -> None:
     sid = fresh_session()
     guard.store.append(sid, [{"role": "user", "content": "hello"}])
@@ -271,9 +278,10 @@ def test_bad_messages_are_named(batch: Any, field: str) -> None:
     _rejected(SessionStore(fakeredis.FakeRedis(), StoreConfig()), batch, field)
 
 
-def test_orphan_tool_results_are_kept_in_the_log_and_repaired_in_the_view() -> None:
+def test_orphan_tool_results_are_kept_in_the_log_and_repaired_in_the_view(
+        make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
-    guard = ContextGuard(store)
+    guard = make_guard(store)
     store.append("s", [{"role": "tool", "tool_call_id": "ghost", "content": "lost result"},
                        {"role": "user", "content": "hi"},
                        {"role": "assistant", "tool_calls": [{"id": "c1", "name": "f"}]},
@@ -284,7 +292,8 @@ def test_orphan_tool_results_are_kept_in_the_log_and_repaired_in_the_view() -> N
     assert "lost result" not in json.dumps(view.openai())
 
 
-def test_moderately_deep_json_is_accepted_and_read_back() -> None:
+def test_moderately_deep_json_is_accepted_and_read_back(
+        make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     nested: Any = "leaf"
     for _ in range(60):
@@ -293,7 +302,7 @@ def test_moderately_deep_json_is_accepted_and_read_back() -> None:
                        {"role": "assistant", "tool_calls": [
                            {"id": "c", "name": "f", "arguments": json.dumps({"q": nested})}]},
                        {"role": "tool", "tool_call_id": "c", "content": "ok"}])
-    usable(ContextGuard(store).prepare("s"))
+    usable(make_guard(store).prepare("s"))
 
 
 # -- inputs that once slipped through (each was a bug found by fuzzing) ---------------------------
@@ -304,12 +313,12 @@ def _expect_invalid(call: Callable[[], Any], field_prefix: str) -> None:
     assert_names_a_field(caught.value, field_prefix)
 
 
-def test_content_parts_survive_the_store() -> None:
+def test_content_parts_survive_the_store(make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     store.append("s", [{"role": "user", "content": [
         {"type": "text", "text": "look at this"},
         {"type": "image", "url": "https://example.com/cat.png"}]}])
-    usable(ContextGuard(store).prepare("s"))
+    usable(make_guard(store).prepare("s"))
 
 
 def test_lone_surrogate_is_rejected_by_field() -> None:
@@ -335,7 +344,7 @@ def test_deeply_nested_arguments_are_rejected_by_field() -> None:
         {"id": "c", "name": "f", "arguments": deep}]}]), "messages[0].tool_calls")
 
 
-def test_non_object_arguments_are_refused_or_converted() -> None:
+def test_non_object_arguments_are_refused_or_converted(make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     batch = [{"role": "user", "content": "x"},
              {"role": "assistant", "tool_calls": [{"id": "c", "name": "f", "arguments": "[1, 2]"}]},
@@ -345,7 +354,7 @@ def test_non_object_arguments_are_refused_or_converted() -> None:
     except InvalidInput as exc:
         assert_names_a_field(exc, "messages[1].tool_calls")
         return
-    usable(ContextGuard(store).prepare("s"))
+    usable(make_guard(store).prepare("s"))
 
 
 def test_none_instead_of_a_list_is_named() -> None:
@@ -354,13 +363,15 @@ def test_none_instead_of_a_list_is_named() -> None:
 
 
 @pytest.mark.parametrize("system_prompt", [5, None, ["a"], "\ud800"])
-def test_bad_system_prompt_is_named(system_prompt: Any) -> None:
+def test_bad_system_prompt_is_named(
+        system_prompt: Any, make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
-    _expect_invalid(lambda: ContextGuard(store).prepare("s", system_prompt), "system_prompt")
+    _expect_invalid(lambda: make_guard(store).prepare("s", system_prompt), "system_prompt")
 
 
 @pytest.mark.parametrize("depth", [250, 5000])
-def test_deeply_nested_tool_schema_is_named(depth: int) -> None:
+def test_deeply_nested_tool_schema_is_named(
+        depth: int, make_guard: Callable[..., Any]) -> None:
     """Bounded by our own limit: Python 3.13's json wrote 5,000 levels (3.11's stopped),
     and the guard's copy of the definitions then raised a bare RecursionError."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
@@ -368,7 +379,7 @@ def test_deeply_nested_tool_schema_is_named(depth: int) -> None:
     for _ in range(depth):
         schema = {"items": schema}
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
-    _expect_invalid(lambda: ContextGuard(store).prepare("s", "", tools), "tools")
+    _expect_invalid(lambda: make_guard(store).prepare("s", "", tools), "tools")
 
 
 def test_arguments_given_as_deeply_nested_objects_are_named() -> None:
@@ -382,6 +393,6 @@ def test_arguments_given_as_deeply_nested_objects_are_named() -> None:
 
 
 @pytest.mark.parametrize("tools", [1, 2.5, True])
-def test_non_list_tools_are_named(tools: Any) -> None:
+def test_non_list_tools_are_named(tools: Any, make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
-    _expect_invalid(lambda: ContextGuard(store).prepare("s", "", tools), "tools")
+    _expect_invalid(lambda: make_guard(store).prepare("s", "", tools), "tools")

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ from shared.core.messages import Message
 from shared.core.records import CheapDecision, stored_decision
 from shared.core.tokens import DEFAULT_COUNTER, EXTRA_TOKENS, extra_tokens
 from shared.core.view import apply_cheap
-from shared.guard import ContextGuard
 from shared.integrations.agents_items import items_to_messages, messages_to_items
 from shared.integrations.notes import provider_note
 from shared.store.sessions import SessionStore
@@ -149,7 +149,8 @@ print(json.dumps({"same": view == messages, "saved": cheap_savings(decisions, 0,
     assert json.loads(out) == {"same": True, "saved": 0}
 
 
-def test_the_guard_clears_an_old_hosted_result_in_the_view_it_sends() -> None:
+def test_the_guard_clears_an_old_hosted_result_in_the_view_it_sends(
+        make_guard: Callable[..., Any]) -> None:
     """Through the real guard (fakeredis): over the trigger, the view's old hosted message
     loses its notes and figure, the view's count drops with them, and the decision is
     recorded (a fresh guard applies the same)."""
@@ -158,7 +159,7 @@ def test_the_guard_clears_an_old_hosted_result_in_the_view_it_sends() -> None:
     store.append("s", [m.model_dump(exclude_none=True) for m in messages])
     tokens = store.range_tokens("s", 0, store.length("s"))
     policy = CompactionPolicy()
-    guard = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    guard = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
     view = guard.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert view.report.cheap_applied
     hosted = next(m for m in view.messages if m.text() == "Done: 3000 rows.")
@@ -166,7 +167,7 @@ def test_the_guard_clears_an_old_hosted_result_in_the_view_it_sends() -> None:
     assert (hosted.reasoning or "").startswith("I will run code.\n\n[hosted tool output")
     assert view.report.budget.history < tokens - 9_000
     assert set(store.load_view("s").cheap) == {1}
-    fresh = ContextGuard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
+    fresh = make_guard(store, overrides={"m": int(tokens / 0.9) + 500}, policy=policy)
     again = fresh.prepare("s", SYSTEM, max_tokens=500, model="m")
     assert [m.model_dump() for m in again.messages] == [m.model_dump() for m in view.messages]
 

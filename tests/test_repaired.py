@@ -11,6 +11,7 @@ sends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import fakeredis
@@ -23,7 +24,6 @@ from shared.core.config import StoreConfig
 from shared.core.messages import Message
 from shared.core.repair import call_ids, open_unit_start, repair_continued, repair_tool_pairs
 from shared.core.repaired import repaired_view
-from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from tests.strategies import damaged_conversations
 from tests.test_guard import SYSTEM, coding_turn
@@ -69,7 +69,8 @@ def _counting(monkeypatch: Any) -> list[int]:
     return sizes
 
 
-def test_a_guard_repairs_only_what_follows_its_kept_repair(monkeypatch: Any) -> None:
+def test_a_guard_repairs_only_what_follows_its_kept_repair(
+        monkeypatch: Any, make_guard: Callable[..., Any]) -> None:
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="r"))
     for i in range(40):
         store.append("s", coding_turn(i, 300))
@@ -77,7 +78,7 @@ def test_a_guard_repairs_only_what_follows_its_kept_repair(monkeypatch: Any) -> 
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "lost", "name": "bash", "arguments": '{"command": "make"}'}]},
         {"role": "user", "content": "That got cut off; go on."}])
-    guard = ContextGuard(store, overrides={"m": 1_000_000})
+    guard = make_guard(store, overrides={"m": 1_000_000})
     sizes = _counting(monkeypatch)
     pending = [{"role": "user", "content": "Next step."}]
     first = guard.prepare("s", SYSTEM, model="m", pending=pending)
@@ -90,7 +91,7 @@ def test_a_guard_repairs_only_what_follows_its_kept_repair(monkeypatch: Any) -> 
         guard.record_turn("s", turn)
         view = guard.prepare("s", SYSTEM, model="m", pending=pending)
         assert sizes and max(sizes) <= len(turn) + 2, sizes  # the new turn and the pending
-        fresh = ContextGuard(store, overrides={"m": 1_000_000})
+        fresh = make_guard(store, overrides={"m": 1_000_000})
         assert list(view.wire("openai")) == list(
             fresh.prepare("s", SYSTEM, model="m", pending=pending).wire("openai"))
         again = fresh.prepare("s", SYSTEM, model="m", pending=pending)

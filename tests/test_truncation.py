@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ from shared.core.repair import PROVIDERS, repair_tool_pairs, validate_view
 from shared.core.tokens import DEFAULT_COUNTER
 from shared.core.truncation import CLIP_MARKER, emergency_truncate, files_in_calls
 from shared.core.turns import leading_system_count, turn_starts
-from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from tests.strategies import (
     CharCounter,
@@ -314,20 +314,20 @@ def test_peer_truncation_cases_meet_our_invariants(data_dir: Path) -> None:
 # -- the guard's use of it: one ratio sizes the cut and re-estimates the result -------------
 @pytest.mark.parametrize(("anchored", "calibration"), [(0.8, 1.3), (1.3, 1.0)])
 def test_a_truncated_view_is_within_the_budget_it_was_cut_for(
-        anchored: float, calibration: float) -> None:
+        anchored: float, calibration: float, make_guard: Callable[..., Any]) -> None:
     """The provider's last report says this view costs ``anchored`` x the heuristic, the
     session's calibration says ``calibration`` x: whichever is larger sizes the cut, and
     the same ratio re-estimates it (the re-check used the calibration alone)."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     store.append("s", [m for k in range(40) for m in (
         user(f"step {k}: " + "why " * 120), bot(f"did {k}: " + "because " * 120))])
-    wide = ContextGuard(store, overrides={"gpt-4o": 128_000})
+    wide = make_guard(store, overrides={"gpt-4o": 128_000})
     total = wide.prepare("s", "be brief", max_tokens=1000).report.estimated_prompt_tokens
     state = store.state("s")
     store.update_state("s", calibration_ratio=calibration, calibration_samples=5,
                        anchor_reported=int(total * anchored), anchor_estimated=total,
                        anchor_end=store.length("s"), anchor_version=state.version)
-    guard = ContextGuard(store, overrides={"gpt-4o": 8000})
+    guard = make_guard(store, overrides={"gpt-4o": 8000})
     view = guard.prepare("s", "be brief", max_tokens=1000)
     report = view.report
     assert report.truncated and report.budget.within_budget, report.budget
@@ -336,14 +336,15 @@ def test_a_truncated_view_is_within_the_budget_it_was_cut_for(
     assert report.estimated_prompt_tokens <= report.budget.input_budget
 
 
-def test_a_guard_records_the_cut_of_a_view_whose_turns_share_a_message_object() -> None:
+def test_a_guard_records_the_cut_of_a_view_whose_turns_share_a_message_object(
+        make_guard: Callable[..., Any]) -> None:
     """The view is over the window and no summary comes (workers behind): the first call
     truncates and records the cut (the watermark moves), the next calls of the chain need
     no cut, though the agent sends the same user message object every turn (the guard's
     cached view holds the objects it was given)."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
     again = user("Continue with the next step.")
-    guard = ContextGuard(store, overrides={"wide": 128_000, "narrow": 8000})
+    guard = make_guard(store, overrides={"wide": 128_000, "narrow": 8000})
     for k in range(80):  # each turn as an agent runs it: prepared, then recorded
         guard.prepare("s", "be brief", max_tokens=1000, model="wide", pending=[again])
         guard.record_turn("s", [again, bot(f"did {k}: " + "because " * 120)])
@@ -355,13 +356,14 @@ def test_a_guard_records_the_cut_of_a_view_whose_turns_share_a_message_object() 
     assert not views[1].report.truncated and not views[2].report.truncated
 
 
-def test_a_stored_system_message_the_cut_keeps_is_not_put_behind_the_watermark() -> None:
+def test_a_stored_system_message_the_cut_keeps_is_not_put_behind_the_watermark(
+        make_guard: Callable[..., Any]) -> None:
     """The log after the watermark opens with a system message the agent recorded: the cut
     keeps it (never dropped) and drops what follows, which is no prefix of the log: the
     watermark stays (it moved to a position inside the dropped run: the system message left
     every later view and a dropped message came back)."""
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig())
-    guard = ContextGuard(store, overrides={"wide": 1_000_000, "narrow": 3000})
+    guard = make_guard(store, overrides={"wide": 1_000_000, "narrow": 3000})
     rules = Message(role="system", content="STORED RULES: answer in French")
     guard.record_turn("s", [rules, user("u0"), bot("a0 " + "x " * 400)])
     for k in range(1, 12):
