@@ -20,31 +20,35 @@ from redis.backoff import NoBackoff
 from shared.guard import AsyncContextGuard, ContextGuard
 from shared.store.aio import AsyncSessionStore
 from shared.store.sessions import SessionStore
+from shared.store.tenancy import backing_store
 
 SHELLS = ("sync", "async")
 
 
 def async_client(sync_client: Any) -> Any:
-    """An asyncio client talking to the same server as ``sync_client``."""
+    """An asyncio client talking to the same server as ``sync_client`` (as its user)."""
     kwargs = sync_client.connection_pool.connection_kwargs
     if isinstance(sync_client, fakeredis.FakeRedis):
         return fakeredis.FakeAsyncRedis(server=kwargs["server"], host=kwargs["host"],
                                         port=kwargs["port"], db=kwargs["db"])
     return redis.asyncio.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379),
-                               db=kwargs.get("db", 0),
+                               db=kwargs.get("db", 0), username=kwargs.get("username"),
+                               password=kwargs.get("password"),
                                socket_timeout=kwargs.get("socket_timeout"),
                                socket_connect_timeout=kwargs.get("socket_connect_timeout"),
                                retry=Retry(NoBackoff(), 0))  # as connect_async() does
 
 
 class AsyncShell:
-    """The async guard with the sync guard's call signatures (for tests)."""
+    """The async guard with the sync guard's call signatures (for tests). Over a tenant
+    handle (:class:`~shared.store.tenancy.TenantStore`), the async guard's store is the
+    tenant's :class:`AsyncSessionStore` on the same server."""
 
     def __init__(self, store: SessionStore, enqueuer: Any = None, **kwargs: Any) -> None:
         self.store = store
         self.loop = asyncio.new_event_loop()
         OPEN.append(self)  # closed when the test ends (close_all): see there
-        self.astore = AsyncSessionStore(async_client(store.redis), store.config,
+        self.astore = AsyncSessionStore(async_client(backing_store(store).redis), store.config,
                                         tenant=store.tenant, counter=store.counter)
         self.inner = AsyncContextGuard(self.astore, enqueuer, **kwargs)
 
@@ -83,7 +87,7 @@ class AsyncStoreShell:
         self.store = store
         self.loop = asyncio.new_event_loop()
         OPEN.append(self)
-        self.astore = AsyncSessionStore(async_client(store.redis), store.config,
+        self.astore = AsyncSessionStore(async_client(backing_store(store).redis), store.config,
                                         tenant=store.tenant, counter=store.counter)
 
     def __getattr__(self, name: str) -> Any:

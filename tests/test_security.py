@@ -42,7 +42,6 @@ from shared.core.facts import extract_facts
 from shared.core.messages import Message, ToolCall
 from shared.core.records import SessionState, SummaryRecord
 from shared.enqueue import QUEUE, TASK_COMPACT, publisher_app
-from shared.guard import ContextGuard
 from shared.store.keys import SessionKeys, session_pattern, validate_session_id
 from shared.store.sessions import SessionStore
 from workers.compactor import Compactor
@@ -87,7 +86,7 @@ def _snapshot(store: SessionStore, sid: str) -> tuple[Any, ...]:
 
 
 def test_a_tenant_can_neither_read_nor_write_another_tenants_session(
-        any_redis: Any, key_prefix: str) -> None:
+        any_redis: Any, key_prefix: str, make_guard: Callable[..., Any]) -> None:
     config = StoreConfig(key_prefix=key_prefix)
     acme = SessionStore(any_redis, config, tenant="acme")
     globex = SessionStore(any_redis, config, tenant="globex")
@@ -103,7 +102,7 @@ def test_a_tenant_can_neither_read_nor_write_another_tenants_session(
     assert globex.state("s1") == SessionState() and globex.summaries("s1") == []
     assert globex.summary("s1", 2) is None and not globex.is_pending("s1")
     assert globex.load_view("s1").length == 0
-    view = ContextGuard(globex).prepare("s1", "system prompt of globex")
+    view = make_guard(globex).prepare("s1", "system prompt of globex")
     assert "acme" not in json.dumps(view.openai())
 
     # Writes through every mutating call land in globex's namespace only.
@@ -163,7 +162,7 @@ ESCAPES = [
 NOT_STRINGS: list[Any] = [None, 5, 5.0, b"bytes", ["list"], {"d": 1}]
 
 
-def _entry_points(store: SessionStore, guard: ContextGuard,
+def _entry_points(store: SessionStore, guard: Any,
                   sid: Any) -> list[Callable[[], Any]]:
     record = SummaryRecord(watermark=0, kind="llm", text="x", tokens=1)
     return [
@@ -181,17 +180,20 @@ def _entry_points(store: SessionStore, guard: ContextGuard,
         lambda: store.requests_waiting(sid), lambda: store.delete_session(sid),
         lambda: guard.prepare(sid, "system"), lambda: guard.stats(sid),
         lambda: guard.record_turn(sid, [{"role": "user", "content": "x"}]),
+        lambda: guard.snapshot(sid), lambda: guard.recall(sid, "x"),
+        lambda: guard.recover(sid, "maximum context length is 4000 tokens"),
     ]
 
 
 @pytest.mark.parametrize("handle", ["store", "tenant"])
 @pytest.mark.parametrize("sid", [*ESCAPES, *NOT_STRINGS], ids=repr)
-def test_session_ids_that_could_escape_are_refused_everywhere(sid: Any, handle: str) -> None:
+def test_session_ids_that_could_escape_are_refused_everywhere(
+        sid: Any, handle: str, make_guard: Callable[..., Any]) -> None:
     client = fakeredis.FakeRedis()
     store = SessionStore(client, StoreConfig())
     if handle == "tenant":  # the handle an agent gets: the same validation, no raw client
         store = store.for_tenant("acme")
-    guard = ContextGuard(store)
+    guard = make_guard(store)
     for call in _entry_points(store, guard, sid):
         with pytest.raises(InvalidInput) as caught:
             call()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fakeredis
@@ -19,7 +19,6 @@ import redis
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, StoreUnavailable
 from shared.core.records import SummaryRecord
-from shared.guard import ContextGuard
 from shared.store.recall_index import index_compacted, index_stats
 from shared.store.sessions import SessionStore
 from shared.store.tenancy import (
@@ -70,9 +69,9 @@ def test_a_tenant_handle_hands_out_no_raw_client() -> None:
         acme.messages("s1}:log")  # ids are validated into the tenant's keys
 
 
-def test_a_tenant_handle_runs_the_guard_and_a_worker_job() -> None:
+def test_a_tenant_handle_runs_the_guard_and_a_worker_job(make_guard: Callable[..., Any]) -> None:
     acme = SessionStore(fakeredis.FakeRedis(), StoreConfig()).for_tenant("acme")
-    guard = ContextGuard(acme)
+    guard = make_guard(acme)
     for n in range(8):
         guard.prepare("s1", "system", model="gpt-4o")
         guard.record_turn("s1", _turn("acme", n))
@@ -111,7 +110,7 @@ CONFIG = StoreConfig(key_prefix="tst")
 
 
 def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
-        acl_server: RedisServer, admin: redis.Redis) -> None:
+        acl_server: RedisServer, admin: redis.Redis, make_guard: Callable[..., Any]) -> None:
     for tenant in ("acme", "globex"):
         create_tenant_user(admin, tenant, PASSWORD, "tst")
     globex = connect_tenant(acl_server.url, "globex", PASSWORD, CONFIG)
@@ -121,7 +120,7 @@ def test_a_tenant_user_reaches_its_own_sessions_and_nothing_else(
 
     acme = connect_tenant(acl_server.url, "acme", PASSWORD, CONFIG)
     # Everything the guard and a worker do, as the tenant's user (scripts included).
-    guard = ContextGuard(acme)
+    guard = make_guard(acme)
     for n in range(6):
         guard.prepare("s1", "system", model="gpt-4o")
         guard.record_turn("s1", _turn("acme", n))
