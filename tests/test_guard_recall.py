@@ -3,14 +3,19 @@ redis.asyncio (the same sans-I/O query, shared.store.recall_query.recall_steps).
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
 
 import shared.store.recall_index as recall_index_module
+from shared import AsyncContextGuard
 from shared.core.config import StoreConfig
 from shared.core.errors import InvalidInput, SessionNotFound, StoreUnavailable
 from shared.core.records import SummaryRecord
+from shared.store import recall_query
+from shared.store.aio import AsyncSessionStore, connect_async
 from shared.store.recall_index import index_compacted
 from shared.store.sessions import SessionStore, connect
 from tests.guard_shells import SHELLS, make
@@ -188,3 +193,44 @@ def test_after_a_truncation_recall_finds_what_the_notice_names(store: SessionSto
     assert guard.recall("s", "MARKER_3", limit=1)[0].index == 6
     newest = (watermark - 1) // 2
     assert guard.recall("s", f"MARKER_{newest}", limit=1)[0].index == 2 * newest
+
+
+@pytest.mark.redis
+def test_the_async_recall_scores_off_its_event_loop(real_redis: Any, redis_url: str,
+                                                    key_prefix: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query parses and scores what was compacted but not indexed yet itself (up to
+    TAIL_SCAN_MESSAGES, 4 MB), and scores the index's postings: ~0.5 s for a full tail,
+    which the async guard spent on its event loop, every other request of the server
+    waiting (the sync guard blocks its own caller only). The async guard runs that work on
+    a worker thread, with the same hits."""
+    config = StoreConfig(key_prefix=key_prefix)
+    store = SessionStore(real_redis, config)
+    for first in range(0, 300, 100):
+        fill(store, "s", range(first, first + 100), "retry " * 200)
+    compact(store, "s", 200)  # indexed up to 200
+    store.update_state("s", watermark=560)  # compacted past the index: the tail is scanned
+    where: list[int] = []
+    for name in ("_tail_passages", "bm25"):
+        real = getattr(recall_query, name)
+
+        def traced(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            where.append(threading.get_ident())
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(recall_query, name, traced)
+    expected = make("sync", store).recall("s", "ERR_STEP_250_FAILED handler_12", limit=10)
+    assert {h.index for h in expected} >= {25, 501}  # one indexed, one from the tail
+
+    async def main() -> tuple[list[Any], int]:
+        astore = AsyncSessionStore(connect_async(redis_url, config), config)
+        guard = AsyncContextGuard(astore)
+        where.clear()
+        hits = await guard.recall("s", "ERR_STEP_250_FAILED handler_12", limit=10)
+        await guard.aclose()
+        await astore.aclose()
+        return hits, threading.get_ident()
+
+    hits, loop_thread = asyncio.run(main())
+    assert hits == expected
+    assert where and loop_thread not in where, "scored on the event loop's thread"

@@ -14,7 +14,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from shared.core.config import CompactionPolicy
@@ -22,7 +22,7 @@ from shared.core.errors import InvalidInput
 from shared.core.limits import ModelLimits
 from shared.core.messages import Message
 from shared.core.prepared import PreparedView
-from shared.core.recall import DEFAULT_LIMIT, RecallHit
+from shared.core.recall import DEFAULT_LIMIT, RecallHit, validate_query
 from shared.core.tokens import TokenCounter
 from shared.core.view import ViewCache
 from shared.core.viewcache import CachedView
@@ -34,9 +34,12 @@ from shared.store.aio import AsyncSessionStore
 from shared.store.cancelled import cancel_mark, raise_swallowed, swallowed
 from shared.store.changes import ChangeFeed
 from shared.store.own_writes_aio import AsyncOwnWrites
+from shared.store.recall_index import recall_keys, send_step
+from shared.store.sessions import redis_errors
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
+S = TypeVar("S")
 T = TypeVar("T")
 
 
@@ -71,6 +74,42 @@ async def error_reader_loaded() -> None:
     first error: imported on the event loop, they stalled every other coroutine on it."""
     if ERROR_READER not in sys.modules:
         await asyncio.to_thread(importlib.import_module, ERROR_READER)
+
+
+async def recall_off_loop(steps: Generator[S, Any, T],
+                          send: Callable[[S], Awaitable[Any]]) -> T:
+    """:func:`shared.store.commands.drive_async` for a recall query, each step after the
+    first (a reply's parsing and scoring) on a worker thread: a query parses and scores
+    up to :data:`~shared.store.recall_query.TAIL_SCAN_MESSAGES` unindexed messages itself
+    (4 MB, ~0.5 s), and the index's postings; on the event loop, every other request of
+    the server waited for it. A few thread hops (~0.1 ms each) per query, a tool call's.
+    A cancellation of the task that redis-py swallowed during a step is raised after it."""
+    step = steps.send(None)
+    while True:
+        mark = cancel_mark()
+        try:
+            reply = await send(step)
+        except Exception as exc:
+            raise_swallowed(mark)
+            try:
+                step = steps.throw(exc)
+            except StopIteration as done:
+                return cast(T, done.value)
+            continue
+        raise_swallowed(mark)
+        ended, value = await asyncio.to_thread(_advanced, steps, reply)
+        if ended:
+            return cast(T, value)
+        step = value
+
+
+def _advanced(steps: Generator[Any, Any, Any], reply: Any) -> tuple[bool, Any]:
+    """``steps`` sent ``reply``: (False, its next step) or (True, its result) (a
+    StopIteration cannot cross a future)."""
+    try:
+        return False, steps.send(reply)
+    except StopIteration as done:
+        return True, done.value
 
 
 class AsyncContextGuard(RecoveringFlow):
@@ -226,13 +265,21 @@ class AsyncContextGuard(RecoveringFlow):
                      start: int | None = None, end: int | None = None) -> list[RecallHit]:
         """Messages of the session's compacted range that best match ``query``, best first.
 
+        See :func:`shared.store.recall_query.recall`: ``end`` defaults to the
+        watermark; nothing past a history edit is returned; :class:`InvalidInput`
+        for a bad query or range, :class:`SessionNotFound` for an unknown session.
         The sync guard's query over redis.asyncio: the same sans-I/O steps
-        (:func:`shared.store.recall_query.recall_steps`), each reply awaited.
+        (:func:`shared.store.recall_query.recall_steps`), each reply awaited and each
+        step between two replies run on a worker thread (:func:`recall_off_loop`).
         """
         self._on_its_loop()
         mark = cancel_mark()
-        hits = await recall_query.recall_async(self.store, session_id, query, limit=limit,
-                                               start=start, end=end)
+        q = validate_query(query, limit=limit, start=start, end=end)
+        steps = recall_query.recall_steps(recall_keys(self.store, session_id), q,
+                                          session_id=session_id, tenant=self.store.tenant)
+        client = self.store.redis
+        with redis_errors("recall"):
+            hits = await recall_off_loop(steps, lambda step: send_step(client, step))
         raise_swallowed(mark)  # Python 3.11 (:func:`swallowed`)
         return hits
 
