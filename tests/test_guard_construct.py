@@ -4,6 +4,7 @@ once, naming what to use instead (not with a coroutine error at the first call).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import warnings
 from typing import Any
 
@@ -82,3 +83,59 @@ def test_the_async_call_refuses_a_send_whose_result_cannot_be_awaited(
     with pytest.raises(InvalidInput, match="ContextGuard") as caught:
         asyncio.run(run())
     assert caught.value.field == "send"
+
+
+# -- the two shells' public API: the same names, signatures and documented behaviour ------
+IO_METHODS = ("call", "drive", "load", "prepare", "recall", "record_turn", "recover", "snapshot",
+              "stats", "warm_up")
+"""What the async guard awaits: every call that may reach Redis (or the provider)."""
+
+DOCS_DIFFER = {
+    "call": "send is a plain function, or one returning an awaitable",
+    "drive": "each step blocking, or awaited",
+    "perform": "the async shell runs a local step on a worker thread",
+    "warm_up": "the async constructor connects only the change feed",
+    "own_class": "OwnWrites or AsyncOwnWrites",
+    "store_class": "SessionStore or AsyncSessionStore",
+}
+"""Public names whose docstrings differ on purpose: what the shell does differently."""
+
+
+def public(cls: type) -> list[str]:
+    return sorted(name for name in dir(cls) if not name.startswith("_"))
+
+
+def test_the_async_guard_has_every_public_name_of_the_sync_one() -> None:
+    missing = set(public(ContextGuard)) - set(public(AsyncContextGuard))
+    assert not missing, f"AsyncContextGuard lacks {sorted(missing)}"
+    assert set(public(AsyncContextGuard)) - set(public(ContextGuard)) == {"aclose"}
+
+
+@pytest.mark.parametrize("name", [n for n in public(ContextGuard)
+                                  if inspect.isfunction(getattr(ContextGuard, n))])
+def test_each_method_has_the_sync_ones_signature(name: str) -> None:
+    """Parameter for parameter (name, kind, default, annotation), the return type too;
+    only ``call``'s ``send`` returns an awaitable on the async guard."""
+    sync, aio = (inspect.signature(getattr(cls, name)) for cls in (ContextGuard,
+                                                                    AsyncContextGuard))
+    if name == "call":
+        assert sync.parameters["send"].annotation == "Callable[[PreparedView], R]"
+        assert aio.parameters["send"].annotation == "Callable[[PreparedView], Awaitable[R]]"
+        sync = sync.replace(parameters=[p for p in sync.parameters.values() if p.name != "send"])
+        aio = aio.replace(parameters=[p for p in aio.parameters.values() if p.name != "send"])
+    assert aio == sync, f"{name}: async {aio} vs sync {sync}"
+    assert inspect.iscoroutinefunction(getattr(AsyncContextGuard, name)) == (name in IO_METHODS)
+    assert not inspect.iscoroutinefunction(getattr(ContextGuard, name))
+
+
+@pytest.mark.parametrize("name", public(ContextGuard))
+def test_each_docstring_says_what_the_sync_one_says(name: str) -> None:
+    """The async guard's docstring repeats the sync one's (it may add to it) or points at
+    it; where they differ on purpose, the reason is listed in :data:`DOCS_DIFFER`."""
+    sync = inspect.getdoc(getattr(ContextGuard, name)) or ""
+    aio = inspect.getdoc(getattr(AsyncContextGuard, name)) or ""
+    if name in DOCS_DIFFER:
+        assert aio and aio != sync, f"{name} is listed as differing: {DOCS_DIFFER[name]}"
+        return
+    assert aio.startswith(sync) or f"ContextGuard.{name}`" in aio, \
+        f"{name}:\n  sync:  {sync[:200]!r}\n  async: {aio[:200]!r}"
