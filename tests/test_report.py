@@ -14,14 +14,15 @@ import shutil
 import struct
 import subprocess
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from shared.core.config import StoreConfig
 from shared.enqueue import CallbackEnqueuer
-from shared.guard import ContextGuard
 from shared.store.sessions import SessionStore
 from workers.cli.main import main
 from workers.cli.report import collect, render, write_report
@@ -38,7 +39,8 @@ OVERFLOW = ("This model's maximum context length is 12000 tokens. However, your 
             "resulted in 13500 tokens. Please reduce the length of the messages.")
 
 
-def make_session(store: SessionStore, llm: FakeOpenAIServer) -> None:
+def make_session(store: SessionStore, llm: FakeOpenAIServer,
+                 make_guard: Callable[..., Any]) -> None:
     """60 turns, 16k window, an LLM summarizer (a fake OpenAI server behind the real SDK).
 
     The LLM is unreachable for turns 18-26 (the worker falls back to the offline
@@ -54,7 +56,7 @@ def make_session(store: SessionStore, llm: FakeOpenAIServer) -> None:
         if worker_up[0]:
             compactor.run(session_id, use_llm=llm_up[0])
 
-    guard = ContextGuard(store, CallbackEnqueuer(job), overrides={"gpt-4o": 16_000})
+    guard = make_guard(store, CallbackEnqueuer(job), overrides={"gpt-4o": 16_000})
     for i, turn in enumerate(demo_turns(60)):
         worker_up[0] = not 38 <= i <= 45
         llm_up[0] = not 18 <= i <= 26
@@ -66,10 +68,11 @@ def make_session(store: SessionStore, llm: FakeOpenAIServer) -> None:
 
 
 @pytest.fixture
-def store(real_redis: redis.Redis, key_prefix: str) -> SessionStore:
+def store(real_redis: redis.Redis, key_prefix: str,
+          make_guard: Callable[..., Any]) -> SessionStore:
     store = SessionStore(real_redis, StoreConfig(key_prefix=key_prefix))
     with FakeOpenAIServer(responder=SummarizerResponder()) as llm:
-        make_session(store, llm)
+        make_session(store, llm, make_guard)
     return store
 
 
