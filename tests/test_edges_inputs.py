@@ -122,7 +122,8 @@ def test_arguments_stored_before_the_check_are_still_read() -> None:
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
-def test_a_view_of_arguments_stored_before_the_check_can_be_sent(number: str) -> None:
+def test_a_view_of_arguments_stored_before_the_check_can_be_sent(
+        number: str, make_guard: Callable[..., Any]) -> None:
     """An older version stored them: every format's view of the session is still JSON an
     API takes (a non-finite number goes out as null where arguments are an object), from
     the cold read's stored JSON and from the messages alike."""
@@ -130,7 +131,6 @@ def test_a_view_of_arguments_stored_before_the_check_can_be_sent(number: str) ->
 
     from shared.core.config import StoreConfig
     from shared.core.wire import to_anthropic, to_gemini
-    from shared.guard import ContextGuard
 
     store = SessionStore(fakeredis.FakeRedis(), StoreConfig(key_prefix="legacy"))
     arguments = '{"x": %s, "y": 2.5, "z": 12345678901234567890123}'
@@ -138,7 +138,7 @@ def test_a_view_of_arguments_stored_before_the_check_can_be_sent(number: str) ->
     stored = json.loads(store.redis.lindex(store.keys("s").log, 1))
     stored["tool_calls"][0]["arguments"] = arguments % number  # as an older version wrote it
     store.redis.lset(store.keys("s").log, 1, json.dumps(stored))
-    guard = ContextGuard(store, overrides={"m": 100_000})
+    guard = make_guard(store, overrides={"m": 100_000})
     view = guard.prepare("s", "sys", model="m", pending=[{"role": "user", "content": "next"}])
     history = list(view.messages)
     for messages in (view.anthropic()[1], view.gemini()[1], to_anthropic(history)[1],
