@@ -3,6 +3,7 @@ read after ``record_turn``, yet every write by anyone else is in the next call."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from shared.store.own_writes_sync import OwnWrites
 from shared.store.sessions import SessionStore
 from tests.guard_shells import SHELLS, make
 from tests.test_changes import reads
+from workers.harness.stack.redis_server import RedisServer
 from workers.harness.timing import wait_for
 
 SYSTEM = "be brief"
@@ -259,6 +261,33 @@ def test_a_dropped_guard_closes_its_own_connection(real_store: SessionStore,
             time.sleep(0.02)
     finally:
         gc.enable()
+
+
+def test_close_closes_the_feed_and_the_own_connection(own_redis: RedisServer, key_prefix: str,
+                                                     shell: str) -> None:
+    """``close()`` leaves the server with the guard's two connections of its own, on either
+    shell (the async guard's ``aclose()`` awaits the same). The async guard's dropped its
+    own-writes connection unclosed: its socket stayed open until the garbage collector
+    got to it (a ResourceWarning then). On a server of the test's own: the count of
+    connected clients is the test's alone."""
+    client = redis.Redis.from_url(own_redis.url)
+    guard = make(shell, SessionStore(client, StoreConfig(key_prefix=key_prefix)),
+                 overrides={"m": 100_000})
+    guard.record_turn("s", turn(0))
+    guard.prepare("s", SYSTEM, **M)
+    assert inner(guard).own is not None and inner(guard).feed is not None
+    before = len(client.client_list())
+    if shell == "async":  # called on the guard's loop (a shutdown hook, a closing())
+        async def closing() -> None:
+            inner(guard).close()
+            await asyncio.sleep(0.05)
+        guard.loop.run_until_complete(closing())
+    else:
+        guard.close()
+    assert wait_for(lambda: len(client.client_list()) == before - 2, 5), \
+        client.client_list()
+    assert guard.prepare("s", SYSTEM, **M).report.length == 2  # working, reading each call
+    client.close()
 
 
 def test_a_write_in_the_same_pass_as_the_own_append_is_seen(

@@ -142,6 +142,7 @@ class AsyncContextGuard(RecoveringFlow):
         store = async_store(store)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
         super().__init__(counter or store.counter, policy, overrides, view_cache)
         self.store = store
         self.enqueuer = enqueuer or NullEnqueuer()
@@ -305,7 +306,27 @@ class AsyncContextGuard(RecoveringFlow):
         is the caller's to close."""
         if isinstance(self.own, AsyncOwnWrites):
             await self.own.aclose()
-        self.close()
+        super().close()
+
+    def close(self) -> None:
+        """Close the change feed's connection (the guard keeps working, reading every call).
+
+        The own-writes connection is closed too: called on the guard's event loop (a
+        ``contextlib.closing``, a shutdown hook), by a task of that loop, since closing
+        it is awaited (:meth:`aclose` awaits it before returning); elsewhere it is only
+        dropped. Left to :meth:`GuardShell.close`, it was dropped unclosed on the loop
+        too: its socket open until the garbage collector got to it."""
+        own = self.own
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if isinstance(own, AsyncOwnWrites) and running is not None and running is self._loop:
+            self.own = None  # closed by the task, not dropped by the shell's close
+            task = running.create_task(own.aclose())
+            self._closing.add(task)  # held until done (the loop keeps weak references)
+            task.add_done_callback(self._closing.discard)
+        super().close()
 
     async def stats(self, session_id: str) -> dict[str, Any]:
         """Tokens by region, usage ratio, watermark, summaries, pending job."""
