@@ -14,7 +14,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from shared.core.config import CompactionPolicy
@@ -33,13 +33,13 @@ from shared.store import recall_query
 from shared.store.aio import AsyncSessionStore
 from shared.store.cancelled import cancel_mark, raise_swallowed, swallowed
 from shared.store.changes import ChangeFeed
+from shared.store.commands import drive_async
 from shared.store.own_writes_aio import AsyncOwnWrites
 from shared.store.recall_index import recall_keys, send_step
 from shared.store.sessions import redis_errors
 
 log = logging.getLogger("shared.guard")
 R = TypeVar("R")
-S = TypeVar("S")
 T = TypeVar("T")
 
 
@@ -74,42 +74,6 @@ async def error_reader_loaded() -> None:
     first error: imported on the event loop, they stalled every other coroutine on it."""
     if ERROR_READER not in sys.modules:
         await asyncio.to_thread(importlib.import_module, ERROR_READER)
-
-
-async def recall_off_loop(steps: Generator[S, Any, T],
-                          send: Callable[[S], Awaitable[Any]]) -> T:
-    """:func:`shared.store.commands.drive_async` for a recall query, each step after the
-    first (a reply's parsing and scoring) on a worker thread: a query parses and scores
-    up to :data:`~shared.store.recall_query.TAIL_SCAN_MESSAGES` unindexed messages itself
-    (4 MB, ~0.5 s), and the index's postings; on the event loop, every other request of
-    the server waited for it. A few thread hops (~0.1 ms each) per query, a tool call's.
-    A cancellation of the task that redis-py swallowed during a step is raised after it."""
-    step = steps.send(None)
-    while True:
-        mark = cancel_mark()
-        try:
-            reply = await send(step)
-        except Exception as exc:
-            raise_swallowed(mark)
-            try:
-                step = steps.throw(exc)
-            except StopIteration as done:
-                return cast(T, done.value)
-            continue
-        raise_swallowed(mark)
-        ended, value = await asyncio.to_thread(_advanced, steps, reply)
-        if ended:
-            return cast(T, value)
-        step = value
-
-
-def _advanced(steps: Generator[Any, Any, Any], reply: Any) -> tuple[bool, Any]:
-    """``steps`` sent ``reply``: (False, its next step) or (True, its result) (a
-    StopIteration cannot cross a future)."""
-    try:
-        return False, steps.send(reply)
-    except StopIteration as done:
-        return True, done.value
 
 
 class AsyncContextGuard(RecoveringFlow):
@@ -271,7 +235,7 @@ class AsyncContextGuard(RecoveringFlow):
         for a bad query or range, :class:`SessionNotFound` for an unknown session.
         The sync guard's query over redis.asyncio: the same sans-I/O steps
         (:func:`shared.store.recall_query.recall_steps`), each reply awaited and each
-        step between two replies run on a worker thread (:func:`recall_off_loop`).
+        step between two replies run on a worker thread (``drive_async(off_loop=True)``).
         """
         self._on_its_loop()
         mark = cancel_mark()
@@ -280,7 +244,8 @@ class AsyncContextGuard(RecoveringFlow):
                                           session_id=session_id, tenant=self.store.tenant)
         client = self.store.redis
         with redis_errors("recall"):
-            hits = await recall_off_loop(steps, lambda step: send_step(client, step))
+            hits = await drive_async(steps, lambda step: send_step(client, step),
+                                     off_loop=True)
         raise_swallowed(mark)  # Python 3.11 (:func:`swallowed`)
         return hits
 
