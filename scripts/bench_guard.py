@@ -58,6 +58,7 @@ import sys
 import time
 import tracemalloc
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from _guard_sessions import (
@@ -216,12 +217,14 @@ REAL_WINDOW = 1_048_576  # a 1M-token model: 10k messages of these transcripts (
 
 
 def record_publish(env: Env, broker_url: str, sid: str, calls: int,
-                   stored_ids: bool = False) -> list[float]:
+                   stored_ids: bool = False,
+                   timed: Callable[[Callable[[], None]], float] | None = None) -> list[float]:
     """``record_turn`` as the agent loop calls it: after a prepare (untimed, the call
     before the model's answer, the turn so far pending), the job published every time (a
     worker claimed the last one). The turns carry new call ids, as a provider's new
     response does; ``stored_ids``: the transcript's own ids, which the session already
-    holds (an ``ID_CONFLICT`` round trip wherever they left the view)."""
+    holds (an ``ID_CONFLICT`` round trip wherever they left the view). ``timed``: runs
+    each record and returns its figure (default: its wall ms)."""
     queue = "bench-" + uuid.uuid4().hex[:8]
     store = env.store()
     guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker_url), queue=queue),
@@ -236,14 +239,22 @@ def record_publish(env: Env, broker_url: str, sid: str, calls: int,
             answer = max([i for i, m in enumerate(turn) if m.role == "assistant"] or [0])
             view = guard.prepare(sid, SYSTEM, pending=turn[:answer], **ARGS)
             view.openai()
-            started = time.perf_counter()
-            guard.record_turn(sid, turn,
-                              usage={"prompt_tokens": view.report.estimated_prompt_tokens})
-            times.append((time.perf_counter() - started) * 1000)
+            usage = {"prompt_tokens": view.report.estimated_prompt_tokens}
+
+            def record(turn: list[Message] = turn, usage: dict[str, int] = usage) -> None:
+                guard.record_turn(sid, turn, usage=usage)
+
+            times.append(timed(record) if timed is not None else _wall_ms(record))
     finally:
         import redis
         redis.Redis.from_url(broker_url).delete(queue)
     return times
+
+
+def _wall_ms(run: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    run()
+    return (time.perf_counter() - started) * 1000
 
 
 def cached_bytes(env: Env, sid: str, fmt: str = "openai") -> float:

@@ -25,25 +25,12 @@ import json
 import pstats
 import sys
 import time
-import uuid
+from collections.abc import Callable
 from typing import Any
 
-from _guard_sessions import (
-    OVERRIDES,
-    SYSTEM,
-    WINDOW_MODEL,
-    Env,
-    fresh_ids,
-    history,
-    next_turns,
-    seed,
-)
+from _guard_sessions import Env, history, seed
 from _timing import loadavg, percentile
-
-from shared.enqueue import CeleryEnqueuer, publisher_app
-from shared.guard import ContextGuard
-
-ARGS = {"max_tokens": 4000, "model": WINDOW_MODEL}
+from bench_guard import record_publish
 
 
 class Trips:
@@ -65,36 +52,25 @@ class Trips:
 
 def records(env: Env, broker_url: str, sid: str, calls: int, stored_ids: bool,
             trips: Trips, profile: cProfile.Profile | None) -> dict[str, Any]:
-    queue = "bench-" + uuid.uuid4().hex[:8]
-    store = env.store()
-    guard = ContextGuard(store, CeleryEnqueuer(publisher_app(broker_url), queue=queue),
-                         overrides=OVERRIDES)
-    turns = next_turns(False)
-    wall, cpu, sent = [], [], []
-    try:
-        for _ in range(calls):
-            store.clear_pending(sid)
-            turn = next(turns)
-            turn = turn if stored_ids else fresh_ids(turn)
-            answer = max([i for i, m in enumerate(turn) if m.role == "assistant"] or [0])
-            view = guard.prepare(sid, SYSTEM, pending=turn[:answer], **ARGS)
-            view.openai()
-            usage = {"prompt_tokens": view.report.estimated_prompt_tokens}
-            before = trips.count
-            if profile is not None:
-                profile.enable()
-            c0, w0 = time.thread_time(), time.perf_counter()
-            guard.record_turn(sid, turn, usage=usage)
-            w1, c1 = time.perf_counter(), time.thread_time()
-            if profile is not None:
-                profile.disable()
-            wall.append((w1 - w0) * 1000)
-            cpu.append((c1 - c0) * 1000)
-            sent.append(trips.count - before)
-    finally:
-        import redis
-        redis.Redis.from_url(broker_url).delete(queue)
-        guard.close()
+    wall: list[float] = []
+    cpu: list[float] = []
+    sent: list[int] = []
+
+    def timed(record: Callable[[], None]) -> float:
+        before = trips.count
+        if profile is not None:
+            profile.enable()
+        c0, w0 = time.thread_time(), time.perf_counter()
+        record()
+        w1, c1 = time.perf_counter(), time.thread_time()
+        if profile is not None:
+            profile.disable()
+        wall.append((w1 - w0) * 1000)
+        cpu.append((c1 - c0) * 1000)
+        sent.append(trips.count - before)
+        return wall[-1]
+
+    record_publish(env, broker_url, sid, calls, stored_ids, timed)
     return {"wall_p50": percentile(wall, 50), "wall_p99": percentile(wall, 99),
             "cpu_p50": percentile(cpu, 50), "cpu_p99": percentile(cpu, 99),
             "trips": sum(sent) / len(sent), "calls": calls}
