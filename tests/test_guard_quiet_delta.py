@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from shared.core.messages import Message
 from shared.guard._again import QuietAgain
-from tests.worlds import GREETING, KeyedWorld, canonical, tool_chain
+from tests.worlds import GREETING, KeyedWorld, canonical, recorded_alike, tool_chain
 
 SYSTEMS = ("You are a careful coding agent.", "You are a careful coding agent. Be brief.")
 TOOLS = (None, [{"type": "function", "function": {
@@ -123,12 +123,7 @@ def _replay(client: redis.Redis, shell: str, case: dict[str, Any]) -> int:
                 tools = TOOLS[twist == 2]
                 views = [w.prepare(pending, system, tools, case["max_tokens"]) for w in worlds]
                 assert canonical(views[0]) == canonical(views[1])
-            for w in worlds:
-                w.guard.record_turn("s", turn)
-            # the append stores the ids the prepares sent, however they were planned
-            logs = [canonical({"log": [m.model_dump() for m in w.store.messages("s")]})
-                    for w in worlds]
-            assert logs[0] == logs[1]
+            recorded_alike(worlds, turn)
         return worlds[0].again
     finally:
         for w in worlds:

@@ -24,7 +24,7 @@ from shared.core.records import SummaryRecord
 from shared.core.tokens import HeuristicCounter
 from shared.core.tokens_classes import _CHUNK
 from shared.core.tokens_joined import joined_tokens
-from tests.worlds import GREETING, KeyedWorld, canonical, tool_chain
+from tests.worlds import GREETING, KeyedWorld, canonical, recorded_alike, tool_chain
 
 PIECES = ("a", "Ab", "xyz ", "word ", "  ", "    ", "\n", "\r\n", "\t", "é", "日本", "Жук", "😀",
           "</", '="', '">', "/>", "<b>", "123", " 45", '{"k": ', "\\n", "QUJDRA" * 12, "-_=+/",
@@ -163,14 +163,7 @@ def _replay(client: redis.Redis, shell: str, case: dict[str, Any]) -> int:
                 views = [w.prepare(turn[:i], case["max_tokens"]) for w in worlds]
                 assert canonical(views[0]) == canonical(views[1])
                 truncated += "report" in views[0] and views[0]["report"]["truncated"]
-            for w in worlds:
-                w.guard.record_turn("s", turn)
-            logs = [canonical({"log": [m.model_dump() for m in w.store.messages("s")],
-                                "state": w.store.state("s").model_dump(),
-                                "summaries": [r.model_dump(exclude={"created_at"})
-                                              for r in w.store.summaries("s")]})
-                    for w in worlds]
-            assert logs[0] == logs[1]
+            recorded_alike(worlds, turn, summaries=True)
         return truncated
     finally:
         for w in worlds:

@@ -58,3 +58,21 @@ class KeyedWorld:
         keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
         if keys:
             client.delete(*keys)
+
+
+def recorded_alike(worlds: list[Any], turn: list[dict[str, Any]], *,
+                   summaries: bool = False) -> None:
+    """``turn`` recorded in every world, and what each stored the same (its log; with
+    ``summaries``, its state and summaries too): the append stores the ids the
+    prepares sent, however they were planned."""
+    for w in worlds:
+        w.guard.record_turn("s", turn)
+    stored = []
+    for w in worlds:
+        kept: dict[str, Any] = {"log": [m.model_dump() for m in w.store.messages("s")]}
+        if summaries:
+            kept["state"] = w.store.state("s").model_dump()
+            kept["summaries"] = [r.model_dump(exclude={"created_at"})
+                                 for r in w.store.summaries("s")]
+        stored.append(canonical(kept))
+    assert stored[0] == stored[1]
