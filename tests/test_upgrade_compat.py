@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = "02f23f1"
-ROUNDS = 24  # turns per session: each becomes due (~10 turns) and is compacted
+ROUNDS = 16  # turns per session: each becomes due (~10 turns) and is compacted
 
 
 def _check_module() -> ModuleType:
